@@ -1,0 +1,134 @@
+"""One error tree, on DB-API 2.0 names, and the one place that renders a caret line.
+
+Every error a user can cause is a subclass of :class:`Error`. An error may carry the statement
+text and a span inside it; ``str(err)`` then shows the message, ``LINE n: ...`` and a caret::
+
+    tensordb.BinderError: label 'j' has size 512 in A but 256 in B
+    LINE 1: C[i,k] = SUM(A[i,j] * B[j,k])
+                                  ^
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "Span", "render_caret",
+    "Warning", "Error", "InterfaceError", "DatabaseError", "DataError", "OperationalError",
+    "IntegrityError", "InternalError", "ProgrammingError", "NotSupportedError",
+    "ParserError", "BinderError", "CatalogError", "OutOfMemoryError",
+]
+
+_CONTEXT = 40  # display columns kept on each side of the caret, as DuckDB does
+
+
+@dataclass(frozen=True)
+class Span:
+    """A half-open character range [start, end) in a statement's source text."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.end < self.start:
+            raise ValueError(f"bad span {self.start}..{self.end}")
+
+
+def render_caret(text: str, span: Span) -> str:
+    """Return ``LINE n: <line>`` and a caret line under ``span.start``."""
+    start = min(span.start, len(text))
+    line_no = text.count("\n", 0, start) + 1
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", start)
+    line = text[line_start: line_end if line_end >= 0 else len(text)]
+    col = start - line_start
+    lo, hi = max(0, col - _CONTEXT), min(len(line), col + _CONTEXT)
+    shown = ("..." if lo else "") + line[lo:hi] + ("..." if hi < len(line) else "")
+    prefix = f"LINE {line_no}: "
+    caret_col = len(prefix) + (3 if lo else 0) + (col - lo)
+    width = max(1, min(span.end, line_start + hi) - start)
+    return f"{prefix}{shown}\n{' ' * caret_col}^{'~' * (width - 1) if width > 1 else ''}"
+
+
+class Warning(Exception):  # noqa: A001 - DB-API name
+    """DB-API warning."""
+
+
+class Error(Exception):
+    """Root of every tensordb error.
+
+    ``statement`` is the source text the error refers to (if any) and ``span`` the position in it.
+    """
+
+    def __init__(self, message: str, *, statement: str | None = None, span: Span | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.statement = statement
+        self.span = span
+        self.hint = hint
+
+    def with_source(self, statement: str, span: Span | None = None) -> "Error":
+        """Attach the statement text (and a span, if the error has none yet); returns self."""
+        if self.statement is None:
+            self.statement = statement
+        if self.span is None and span is not None:
+            self.span = span
+        return self
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.statement is not None and self.span is not None:
+            parts.append(render_caret(self.statement, self.span))
+        elif self.statement is not None:
+            parts.append(f"in statement: {self.statement.strip()[:200]}")
+        if self.hint:
+            parts.append(f"HINT: {self.hint}")
+        return "\n".join(parts)
+
+
+class InterfaceError(Error):
+    """Misuse of the interface itself (for example, a closed connection)."""
+
+
+class DatabaseError(Error):
+    """Errors related to the database."""
+
+
+class DataError(DatabaseError):
+    """Bad data: unreadable or corrupt files, unsupported dtypes, values outside a shape."""
+
+
+class OperationalError(DatabaseError):
+    """I/O, locking and resource errors that are not the statement's fault."""
+
+
+class IntegrityError(DatabaseError):
+    """The catalog's integrity would be violated."""
+
+
+class InternalError(DatabaseError):
+    """A bug in tensordb: please report it."""
+
+
+class ProgrammingError(DatabaseError):
+    """The statement is wrong: syntax, names, labels, shapes."""
+
+
+class NotSupportedError(DatabaseError):
+    """A feature that tensordb does not support."""
+
+
+class ParserError(ProgrammingError):
+    """The text is not a valid statement."""
+
+
+class BinderError(ProgrammingError):
+    """Names, labels, shapes or types do not fit together."""
+
+
+class CatalogError(ProgrammingError):
+    """A tensor or table does not exist, or already exists."""
+
+
+class OutOfMemoryError(OperationalError):
+    """The work does not fit the memory budget."""

@@ -1,0 +1,219 @@
+"""The extended einsum IR: one operation kind, and a DAG of them (an EinGraph).
+
+    out[o] = AGG over a of JOIN(in_1[labels_1], ..., in_n[labels_n])
+
+Output labels ``o`` are listed on the operation; every other label is aggregated with ``agg``.
+Nodes are frozen dataclasses that check themselves when built.
+
+>>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 2, "j": 3, "k": 4})
+>>> op.agg_labels, op.out_shape
+(('j',), (2, 4))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import BinderError
+from . import scalar
+from .scalar import Expr
+
+__all__ = ["AGGS", "SUPPORTED_DTYPES", "Operand", "EinOp", "TensorInfo", "EinGraph", "check_dtype"]
+
+AGGS = ("sum", "max", "min", "prod")
+SUPPORTED_DTYPES = ("float32", "float64", "int32", "int64")
+
+
+def check_dtype(dtype, what: str) -> np.dtype:
+    """Return ``np.dtype(dtype)`` if tensordb supports it, else raise a DataError naming ``what``."""
+    from ..errors import DataError
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise DataError(f"{what}: unknown dtype {dtype!r}") from None
+    if dt.name not in SUPPORTED_DTYPES:
+        raise DataError(f"{what}: unsupported dtype {dt.name}",
+                        hint=f"supported dtypes: {', '.join(SUPPORTED_DTYPES)}")
+    return dt
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One input of an operation: a tensor name and one label per dimension."""
+
+    tensor: str
+    labels: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", tuple(self.labels))
+
+
+@dataclass(frozen=True)
+class EinOp:
+    """One extended einsum. ``sizes`` maps every label to its size; ``dtype`` is the result dtype."""
+
+    output: str
+    out_labels: tuple[str, ...]
+    inputs: tuple[Operand, ...]
+    sizes: tuple[tuple[str, int], ...]
+    join: Expr
+    agg: str | None = "sum"
+    dtype: str = "float64"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out_labels", tuple(self.out_labels))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "sizes", tuple((str(k), int(v)) for k, v in dict(self.sizes).items()))
+        if not self.inputs:
+            raise BinderError(f"{self.output}: an operation needs at least one input")
+        dup = {l for l in self.out_labels if self.out_labels.count(l) > 1}
+        if dup:
+            raise BinderError(f"{self.output}: label(s) {', '.join(sorted(dup))} repeated in the output")
+        used = {l for o in self.inputs for l in o.labels}
+        orphan = [l for l in self.out_labels if l not in used]
+        if orphan:
+            raise BinderError(f"{self.output}: output label(s) {', '.join(orphan)} appear in no input")
+        size = dict(self.sizes)
+        missing = [l for l in used if l not in size]
+        if missing or any(v < 0 for v in size.values()):
+            raise BinderError(f"{self.output}: no valid size for label(s) {', '.join(missing)}")
+        bad = [i for i in self.join.inputs() if not 0 <= i < len(self.inputs)]
+        if bad:
+            raise BinderError(f"{self.output}: join refers to input x{bad[0]}, but there are "
+                              f"{len(self.inputs)} inputs")
+        if self.agg_labels and self.agg not in AGGS:
+            raise BinderError(f"{self.output}: unknown aggregate {self.agg!r}",
+                              hint=f"valid aggregates: {', '.join(AGGS)}")
+        if not self.agg_labels:
+            object.__setattr__(self, "agg", None)
+        check_dtype(self.dtype, self.output)
+
+    @staticmethod
+    def contraction(output: str, out_labels: Iterable[str], inputs: Sequence[tuple[str, Iterable[str]]],
+                    sizes: Mapping[str, int], *, join: Expr | None = None, agg: str = "sum",
+                    dtype: str = "float64") -> "EinOp":
+        ops = tuple(Operand(t, tuple(ls)) for t, ls in inputs)
+        return EinOp(output, tuple(out_labels), ops, tuple(sizes.items()),
+                     join if join is not None else scalar.product(len(ops)), agg, dtype)
+
+    # -- derived views -------------------------------------------------------------------------
+    @property
+    def size(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+    @property
+    def agg_labels(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for o in self.inputs:
+            for l in o.labels:
+                if l not in self.out_labels and l not in seen:
+                    seen.append(l)
+        return tuple(seen)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Every label: output labels first, then aggregated labels in order of appearance."""
+        return self.out_labels + self.agg_labels
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        s = self.size
+        return tuple(s[l] for l in self.out_labels)
+
+    @property
+    def is_contraction(self) -> bool:
+        """A product join with a sum (or no) aggregate: BLAS territory."""
+        return self.agg in ("sum", None) and scalar.product_of(self.join) is not None
+
+    @property
+    def flops(self) -> int:
+        """Estimated floating-point operations: 2 per element of the join space for a product."""
+        s = self.size
+        space = int(np.prod([s[l] for l in self.labels], dtype=np.float64))
+        return space * max(1, _count_ops(self.join))
+
+    def describe(self) -> str:
+        names = [f"{o.tensor}[{','.join(o.labels)}]" for o in self.inputs]
+        body = scalar.render(self.join, names)
+        if self.agg_labels:
+            body = f"{self.agg.upper()}({body})"
+        return f"{self.output}[{','.join(self.out_labels)}] = {body}"
+
+
+def _count_ops(expr: Expr) -> int:
+    if isinstance(expr, scalar.Call):
+        return 1 + sum(_count_ops(a) for a in expr.args)
+    return 0
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What the graph needs to know about a stored input tensor."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class EinGraph:
+    """A DAG of operations in topological order over stored input tensors.
+
+    ``outputs`` are the operation outputs that are stored; every other operation output is a
+    temporary that lives only while the graph runs.
+    """
+
+    inputs: tuple[TensorInfo, ...]
+    ops: tuple[EinOp, ...]
+    outputs: tuple[str, ...]
+    _index: dict = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "ops", tuple(self.ops))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        shapes = {t.name: t.shape for t in self.inputs}
+        produced: dict[str, EinOp] = {}
+        for op in self.ops:
+            if op.output in shapes or op.output in produced:
+                raise BinderError(f"'{op.output}' is defined twice in one graph")
+            for pos, o in enumerate(op.inputs):
+                shape = shapes.get(o.tensor)
+                if shape is None:
+                    if o.tensor not in produced:
+                        raise BinderError(f"{op.output}: unknown tensor '{o.tensor}'")
+                    shape = produced[o.tensor].out_shape
+                if len(shape) != len(o.labels):
+                    raise BinderError(f"{op.output}: {o.tensor} has {len(shape)} dimension(s) "
+                                      f"but is indexed with {len(o.labels)} label(s) "
+                                      f"[{','.join(o.labels)}]")
+                for axis, (l, n) in enumerate(zip(o.labels, shape)):
+                    if op.size[l] != n:
+                        raise BinderError(f"{op.output}: label '{l}' has size {op.size[l]}, but "
+                                          f"{o.tensor} axis {axis} has size {n}")
+            produced[op.output] = op
+        missing = [n for n in self.outputs if n not in produced]
+        if missing:
+            raise BinderError(f"graph outputs {missing} are not produced by any operation")
+        object.__setattr__(self, "_index", produced)
+
+    def op(self, name: str) -> EinOp:
+        return self._index[name]
+
+    def producer(self, tensor: str) -> EinOp | None:
+        return self._index.get(tensor)
+
+    def consumers(self, tensor: str) -> list[EinOp]:
+        return [op for op in self.ops if any(o.tensor == tensor for o in op.inputs)]
+
+    def shape_of(self, tensor: str) -> tuple[int, ...]:
+        if tensor in self._index:
+            return self._index[tensor].out_shape
+        return next(t.shape for t in self.inputs if t.name == tensor)
+
+    def dtype_of(self, tensor: str) -> str:
+        if tensor in self._index:
+            return self._index[tensor].dtype
+        return next(t.dtype for t in self.inputs if t.name == tensor)

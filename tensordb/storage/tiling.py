@@ -1,0 +1,109 @@
+"""Tile grids: where each dimension of a tensor is cut.
+
+A grid is one tuple of boundaries per dimension, ``(0, b1, ..., n)``; tile ``c`` along a dimension
+spans ``[bounds[c], bounds[c+1])``. Stored tensors use a regular grid (a tile shape, the last tile
+shorter); an operation split into ``d`` pieces uses an even grid (the first ``n % d`` pieces get
+one element more).
+
+>>> regular_bounds(10, 4)
+(0, 4, 8, 10)
+>>> even_bounds(10, 3)
+(0, 4, 7, 10)
+>>> default_tile_shape((4096, 4096), "float32")
+(1024, 4096)
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
+           "default_tile_shape", "grid_shape", "tile_box", "overlapping"]
+
+Grid = tuple[tuple[int, ...], ...]
+
+# Tiles of about 16 MiB: big enough that a kernel call on one runs for milliseconds (per-task
+# overheads are tens of microseconds), small enough that a few per worker fit in cache-friendly
+# memory and that block-sparse structure is visible.
+TARGET_TILE_BYTES = 16 << 20
+_MIN_SLAB_ROWS = 64
+
+
+def regular_bounds(n: int, tile: int) -> tuple[int, ...]:
+    tile = max(1, int(tile))
+    return tuple(range(0, n, tile)) + (n,) if n > 0 else (0, 0)
+
+
+def even_bounds(n: int, pieces: int) -> tuple[int, ...]:
+    pieces = max(1, min(int(pieces), max(n, 1)))
+    q, r = divmod(n, pieces)
+    out, at = [0], 0
+    for p in range(pieces):
+        at += q + (1 if p < r else 0)
+        out.append(at)
+    return tuple(out)
+
+
+def regular_grid(shape: Sequence[int], tile_shape: Sequence[int]) -> Grid:
+    return tuple(regular_bounds(n, t) for n, t in zip(shape, tile_shape))
+
+
+def grid_shape(grid: Grid) -> tuple[int, ...]:
+    """Number of tiles along each dimension."""
+    return tuple(len(b) - 1 for b in grid)
+
+
+def tile_box(grid: Grid, coords: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(starts, stops) of tile ``coords``."""
+    return (tuple(b[c] for b, c in zip(grid, coords)),
+            tuple(b[c + 1] for b, c in zip(grid, coords)))
+
+
+def overlapping(bounds: Sequence[int], start: int, stop: int) -> range:
+    """Indices of the pieces of ``bounds`` that overlap [start, stop)."""
+    import bisect
+    lo = bisect.bisect_right(bounds, start) - 1
+    hi = bisect.bisect_left(bounds, stop)
+    return range(max(lo, 0), min(hi, len(bounds) - 1))
+
+
+def default_tile_shape(shape: Sequence[int], dtype, target_bytes: int = TARGET_TILE_BYTES
+                       ) -> tuple[int, ...]:
+    """A tile shape of at most about ``target_bytes``, cutting leading dimensions first.
+
+    Trailing dimensions stay whole while they fit, so a tile is a contiguous slab of the C-ordered
+    tensor and consecutive tiles are adjacent: a box spanning several row tiles can be read as one
+    view. When a row itself is too large, the trailing dimensions are cut into near-square pieces.
+    """
+    shape = tuple(int(n) for n in shape)
+    if not shape:
+        return ()
+    budget = max(1, target_bytes // np.dtype(dtype).itemsize)  # elements per tile
+    tile = list(shape)
+    # Walk from the last dimension: keep it whole if the elements to its right fit the budget.
+    inner = 1
+    for d in range(len(shape) - 1, -1, -1):
+        n = max(shape[d], 1)
+        if inner * n <= budget:
+            inner *= n
+            continue
+        tile[d] = max(1, budget // inner)
+        for e in range(d - 1, -1, -1):
+            tile[e] = 1
+        if d == len(shape) - 2 and tile[d] < min(_MIN_SLAB_ROWS, shape[d]):
+            # Rows are so long that a slab would be thin: cut into square-ish pieces instead.
+            return _square_tiles(shape, budget)
+        break
+    return tuple(min(t, max(n, 1)) for t, n in zip(tile, shape))
+
+
+def _square_tiles(shape: tuple[int, ...], budget: int) -> tuple[int, ...]:
+    side = max(1, int(math.floor(budget ** (1.0 / len(shape)))))
+    tile = [min(side, max(n, 1)) for n in shape]
+    # Give unused budget back to the trailing dimensions (they keep rows contiguous).
+    for d in range(len(shape) - 1, -1, -1):
+        rest = budget // max(1, math.prod(tile) // tile[d])
+        tile[d] = min(max(shape[d], 1), max(tile[d], rest))
+    return tuple(tile)
