@@ -27,3 +27,6 @@ Catalog tables (schema ``tensordb``):
     tiles(tensor, version, coords BIGINT[], starts BIGINT[], shape BIGINT[], file, "offset",
           nbytes, nnz)
 """
+from .store import Store, TensorMeta, TensorReader, TensorWriter  # noqa: E402
+
+__all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter"]

@@ -1,0 +1,109 @@
+"""Connection settings (``SET name = value``) and the TENSORDB_DEBUG stage timer."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, fields
+
+from .errors import ProgrammingError
+
+__all__ = ["Settings", "parse_bytes", "format_bytes", "debug_level", "stage"]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(value) -> int | None:
+    """``'2GB'`` -> 2000000000; ``'512MiB'``, ints and None (no limit) are accepted too."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value <= 0:
+            raise ProgrammingError(f"memory size must be positive, got {value}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ProgrammingError(f"cannot read {value!r} as a memory size",
+                               hint="write it like '512MB', '2GB' or '1GiB'")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ProgrammingError(f"memory size must be positive, got {value!r}")
+    return n
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "none"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class Settings:
+    """What ``SET`` changes. ``workers``: kernel workers; ``memory_limit``: bytes for all workers
+    together (None: no limit); ``executor``: 'local' or 'dask://host:port'; ``tiling``: the
+    registered tiling strategy; ``progress``: show progress for long queries in the CLI."""
+
+    workers: int = 0
+    memory_limit: int | None = None
+    executor: str = "local"
+    tiling: str = ""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            self.workers = _default_workers()
+
+    def set(self, name: str, value) -> None:
+        key = name.lower()
+        if key not in {f.name for f in fields(self)}:
+            raise ProgrammingError(f"unknown setting '{name}'",
+                                   hint=f"settings: {', '.join(f.name for f in fields(self))}")
+        if key == "workers":
+            try:
+                value = int(value)
+            except (TypeError, ValueError):
+                raise ProgrammingError(f"workers must be a positive integer, got {value!r}") from None
+            if value < 1:
+                raise ProgrammingError(f"workers must be a positive integer, got {value!r}")
+        elif key == "memory_limit":
+            value = parse_bytes(value)
+        elif key == "progress":
+            value = str(value).lower() in ("1", "true", "on", "yes")
+        else:
+            value = str(value)
+        setattr(self, key, value)
+
+    def items(self) -> list[tuple[str, object]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+
+
+def debug_level() -> int:
+    try:
+        return int(os.environ.get("TENSORDB_DEBUG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+@contextlib.contextmanager
+def stage(name: str):
+    """Time a pipeline stage; printed to stderr when TENSORDB_DEBUG >= 1."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        if debug_level() >= 1:
+            print(f"[tensordb] {name:<10} {1e3 * (time.perf_counter() - t0):9.2f} ms", file=sys.stderr)

@@ -1,0 +1,186 @@
+"""Connection: the embedded database. It runs the pipeline; each stage is one call.
+
+    text --dialect--> statements --binder--> EinGraph --optimizer--> Decomposition
+         --lower--> TilePlan --place--> --executor--> tiles --> store
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import optimizer, physical
+from .config import Settings, debug_level, stage
+from .errors import Error, InterfaceError
+from .plan.builder import Graph, bind
+from .plan.ir import EinGraph
+from .storage import Store
+
+__all__ = ["Connection", "connect"]
+
+
+def connect(path: str | os.PathLike | None = None, *, workers: int | None = None,
+            memory_limit: int | str | None = None, executor: str = "local",
+            read_only: bool = False) -> "Connection":
+    """Open a database: in memory when ``path`` is None, else a directory that persists.
+
+    >>> import numpy as np, tensordb
+    >>> with tensordb.connect() as con:
+    ...     con.load("A", np.eye(3))
+    ...     con.einsum("ij,jk->ik", "A", "A", into="B")
+    ...     float(con.tensor("B").sum())
+    3.0
+    """
+    return Connection(path, workers=workers, memory_limit=memory_limit, executor=executor,
+                      read_only=read_only)
+
+
+class Connection:
+    """One open database. Use as a context manager: leaving the block closes it."""
+
+    def __init__(self, path=None, *, workers=None, memory_limit=None, executor="local",
+                 read_only=False) -> None:
+        self.settings = Settings()
+        for key, value in (("workers", workers), ("memory_limit", memory_limit),
+                           ("executor", executor)):
+            if value is not None:
+                self.settings.set(key, value)
+        self._store: Store | None = Store(path, read_only=read_only)
+        self._executor = None
+        self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise InterfaceError("the connection is closed")
+        return self._store
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def set(self, name: str, value: Any) -> None:
+        """Change a setting (``workers``, ``memory_limit``, ``executor``, ``tiling``, ...)."""
+        self.settings.set(name, value)
+        if name.lower() in ("workers", "executor") and self._executor is not None:
+            self._executor.close()
+            self._executor = None
+
+    # -- the SQL dialect -----------------------------------------------------------------------
+    def execute(self, sql: str, parameters: Sequence[Any] | None = None):
+        """Run one or more statements of the dialect; returns the result of the last one."""
+        from . import dialect
+        return dialect.execute(self, sql, parameters)
+
+    def explain(self, sql: str, format: str = "text", analyze: bool = False) -> str:
+        """EXPLAIN [ANALYZE] a statement, as text or JSON."""
+        from . import dialect
+        return dialect.explain(self, sql, format=format, analyze=analyze)
+
+    def sql(self, query: str):
+        """Plain SQL over tables and tensors (a DuckDB relation); tensors appear as
+        relations with one column per dimension plus ``value``."""
+        from .storage.relations import sql
+        return sql(self.store, query)
+
+    # -- tensors in and out --------------------------------------------------------------------
+    def load(self, name: str, source, *, tile: Sequence[int] | None = None, replace: bool = False,
+             **options) -> None:
+        """Store a tensor from a numpy array, a .npy/.npz/.parquet/.csv path, or a SQL query.
+
+        Options: ``array`` (npz member), ``index``/``value``/``shape`` (coordinate tables),
+        ``dims`` (dimension names), ``format`` (when the suffix does not say), ``query`` (SQL).
+        """
+        from .storage.load import load_tensor
+        with stage("load"):
+            load_tensor(self.store, name, source, tile=tile, replace=replace, **options)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The tensor as a dense numpy array."""
+        return self.store.open(name).to_numpy()
+
+    def tensors(self) -> list[dict]:
+        """One dict per stored tensor: name, shape, dtype, tiling, bytes, stored tiles, density."""
+        from .storage.info import list_tensors
+        return list_tensors(self.store)
+
+    def describe(self, name: str) -> dict:
+        from .storage.info import describe_tensor
+        return describe_tensor(self.store, name)
+
+    def export(self, name: str, path: str | os.PathLike, format: str | None = None) -> None:
+        """Write a tensor to .npy, .parquet or .csv (COPY name TO 'path')."""
+        from .storage.export import export_tensor
+        export_tensor(self.store, name, path, format=format)
+
+    def drop(self, name: str, if_exists: bool = False) -> None:
+        self.store.drop(name, if_exists=if_exists)
+
+    # -- einsum --------------------------------------------------------------------------------
+    def einsum(self, spec: str, *operands: str, into: str, join: str | None = None,
+               agg: str = "sum", tile: Mapping[str, int] | None = None, replace: bool = False):
+        """Run a numpy-style einsum over stored tensors and store the result as ``into``.
+
+        ``join`` replaces the product with a scalar expression over x0, x1, ... (for example
+        ``"x0 + x1"`` with ``agg="min"`` is a min-plus product); ``tile`` pins pieces per label.
+        """
+        graph = Graph().einsum(spec, *operands, into=into, join=join, agg=agg, tile=tile)
+        return self.run(graph, replace=replace)
+
+    def run(self, graph: Graph | EinGraph, *, hints: Mapping[str, Mapping[str, int]] | None = None,
+            replace: bool = False, analyze: bool = False):
+        """Plan and run a whole graph of operations at once; stores its outputs atomically."""
+        if isinstance(graph, Graph):
+            hints = {**graph.hints, **(hints or {})}
+            with stage("bind"):
+                graph = bind(graph, self.store)
+        return self._run_graph(graph, hints=hints, replace=replace, analyze=analyze)
+
+    def plan(self, graph: EinGraph, hints=None):
+        """Optimize, lower and place a bound graph: the TilePlan (nothing runs)."""
+        grids = {t.name: self.store.meta(t.name).grid for t in graph.inputs}
+        with stage("optimize"):
+            decomp = optimizer.decompose(graph, self.settings.workers, strategy=self.settings.tiling,
+                                         memory_limit=self.settings.memory_limit, hints=hints,
+                                         input_grids=grids)
+        with stage("lower"):
+            plan = physical.lower(graph, decomp, self.store)
+        with stage("place"):
+            plan = optimizer.place(plan)
+        if debug_level() >= 2:
+            print(physical.describe(plan), file=sys.stderr)
+        return decomp, plan
+
+    def _run_graph(self, graph: EinGraph, *, hints=None, replace=False, analyze=False):
+        for name in graph.outputs:
+            if self.store.has(name) and not replace:
+                from .errors import CatalogError
+                raise CatalogError(f"tensor '{name}' already exists",
+                                   hint="use replace=True (CREATE OR REPLACE) to overwrite it")
+        decomp, plan = self.plan(graph, hints)
+        with stage("run"):
+            result = self._get_executor().run(plan, self.store)
+        with stage("store"):
+            physical.store_outputs(self.store, plan, result.tiles, replace=replace)
+        self.last_plan = plan
+        return result
+
+    def _get_executor(self):
+        if self._executor is None:
+            from .exec import make_executor
+            self._executor = make_executor(self.settings.executor, self.settings.workers,
+                                           memory_limit=self.settings.memory_limit)
+        return self._executor
