@@ -50,6 +50,7 @@ class Connection:
         self._store: Store | None = Store(path, read_only=read_only)
         self._executor = None
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
+        self.progress_callback = None  # called as (done, total) tasks while a plan runs (the CLI)
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -172,7 +173,7 @@ class Connection:
                                    hint="use replace=True (CREATE OR REPLACE) to overwrite it")
         decomp, plan = self.plan(graph, hints)
         with stage("run"):
-            result = self._get_executor().run(plan, self.store)
+            result = self._get_executor().run(plan, self.store, progress=self.progress_callback)
         with stage("store"):
             physical.store_outputs(self.store, plan, result.tiles, replace=replace)
         self.last_plan = plan

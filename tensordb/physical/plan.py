@@ -120,11 +120,16 @@ class TilePlan:
     outputs: dict[str, OutputTiles]
     stats: list[OpStats]
     workers: int
+    owner: dict[int, int] = field(default_factory=dict)    # task key -> index of its operation
+    readers: dict = field(default_factory=dict)            # stored input name -> TensorReader
 
     def task(self, key: int) -> Task:
         return self.tasks[self._pos[key]]
 
     def __post_init__(self) -> None:
+        self.reindex()
+
+    def reindex(self) -> None:
         self._pos = {t.key: i for i, t in enumerate(self.tasks)}
 
     def consumers(self) -> dict[int, list[int]]:

@@ -1,0 +1,28 @@
+"""Execution: worker pools that run a TilePlan, and the tile kernels (NumPy; CuPy on GPUs).
+
+Executors are named: ``local`` (in-process threads, the default), ``gpu`` (one worker per GPU,
+CuPy kernels) and ``dask://host:port`` (a Dask cluster). An unknown name fails with the list.
+"""
+from __future__ import annotations
+
+from ..errors import ProgrammingError
+from .pool import LocalExecutor, RunResult
+
+__all__ = ["LocalExecutor", "RunResult", "make_executor", "EXECUTORS"]
+
+
+def _local(spec: str, workers: int, **kw):
+    return LocalExecutor(workers, **kw)
+
+
+EXECUTORS = {"local": _local}
+
+
+def make_executor(spec: str, workers: int, *, memory_limit=None):
+    """Build the executor named by ``spec`` ('local', or a registered scheme such as 'dask://')."""
+    scheme = spec.split("://", 1)[0] if "://" in spec else spec
+    factory = EXECUTORS.get(scheme)
+    if factory is None:
+        raise ProgrammingError(f"unknown executor '{spec}'",
+                               hint=f"valid executors: {', '.join(sorted(EXECUTORS))}")
+    return factory(spec, workers, memory_limit=memory_limit)

@@ -1,0 +1,170 @@
+"""Tile kernels: one call computes one operation over one tile of its join space.
+
+A product join with a sum goes to BLAS (opt_einsum's contract, which uses tensordot/matmul);
+anything else is evaluated with broadcasting NumPy, in chunks of an aggregated label so that, for
+example, a min-plus tile never materialises its n^3 join space. Backends are named and registered;
+CuPy registers itself only when the GPU backend is asked for.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import opt_einsum as oe
+
+from ..errors import NotSupportedError
+from ..plan import scalar
+from ..plan.ir import EinOp
+
+__all__ = ["KernelSpec", "BACKENDS", "get_backend", "AGG_UFUNCS", "combine"]
+
+AGG_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+CHUNK_ELEMENTS = 1 << 22  # the most join-space elements a non-BLAS kernel materialises at once
+
+
+@dataclass
+class KernelSpec:
+    """What a kernel needs to know about its operation, computed once per plan."""
+
+    op: EinOp
+    xp: object = np
+    _exprs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        op = self.op
+        self.labels = op.labels
+        self.n_out = len(op.out_labels)
+        prod = scalar.product_of(op.join)
+        self.blas = (op.agg in ("sum", None) and prod is not None
+                     and sorted(prod[1]) == list(range(len(op.inputs))))
+        self.scale = prod[0] if prod else 1.0
+        sym = {l: oe.get_symbol(i) for i, l in enumerate(op.labels)}
+        self.eq = ",".join("".join(sym[l] for l in o.labels) for o in op.inputs) + "->" + \
+            "".join(sym[l] for l in op.out_labels)
+        self.dtype = np.dtype(op.dtype)
+        # For the broadcasting path: per operand, its labels made unique (diagonal taken first)
+        # and the axes it occupies in the join space.
+        self.unique = []
+        for o in op.inputs:
+            uniq = list(dict.fromkeys(o.labels))
+            diag = None
+            if len(uniq) != len(o.labels):
+                diag = "".join(sym[l] for l in o.labels) + "->" + "".join(sym[l] for l in uniq)
+            self.unique.append((uniq, diag))
+
+    def __call__(self, args: list, arg_shapes, out_shape):
+        xp = self.xp
+        arrays = [xp.zeros(s, dtype=self.op.dtype) if a is None else a for a, s in zip(args, arg_shapes)]
+        if self.blas:
+            return self._contract(arrays)
+        return self._broadcast(arrays)
+
+    # -- BLAS ----------------------------------------------------------------------------------
+    def _contract(self, arrays):
+        shapes = tuple(a.shape for a in arrays)
+        expr = self._exprs.get(shapes)
+        if expr is None:
+            expr = self._exprs[shapes] = oe.contract_expression(self.eq, *shapes, optimize="auto")
+        if self.xp is np:
+            out = expr(*arrays)
+        else:
+            out = expr(*arrays, backend="cupy")
+        if self.scale != 1.0:
+            out = out * self.scale
+        return out if out.dtype == self.dtype else out.astype(self.dtype)
+
+    # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
+    def _broadcast(self, arrays):
+        xp = self.xp
+        op = self.op
+        views, ext = [], {}
+        for a, (uniq, diag), o in zip(arrays, self.unique, op.inputs):
+            if diag is not None:
+                a = xp.einsum(diag, a)
+            for l, n in zip(uniq, a.shape):
+                ext[l] = n
+            order = sorted(range(len(uniq)), key=lambda i: self.labels.index(uniq[i]))
+            a = a.transpose(order)
+            present = [uniq[i] for i in order]
+            shape = [ext[l] if l in present else 1 for l in self.labels]
+            views.append(a.reshape(shape))
+        full = [ext[l] for l in self.labels]
+        agg_axes = tuple(range(self.n_out, len(self.labels)))
+        ufunc = AGG_UFUNCS.get(op.agg) if agg_axes else None
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if not agg_axes:
+                out = scalar.evaluate(op.join, views, xp)
+                return xp.broadcast_to(xp.asarray(out, dtype=self.dtype), full).copy() \
+                    if getattr(out, "shape", None) != tuple(full) or out.dtype != self.dtype \
+                    else xp.ascontiguousarray(out)
+            # Chunk along the largest aggregated label so one chunk stays near CHUNK_ELEMENTS.
+            axis = max(agg_axes, key=lambda ax: full[ax])
+            per_slice = math.prod(full) // max(full[axis], 1)
+            step = max(1, CHUNK_ELEMENTS // max(per_slice, 1))
+            acc = None
+            for lo in range(0, max(full[axis], 1), step):
+                hi = min(lo + step, full[axis])
+                sl = [v if v.shape[axis] == 1 else _slice(v, axis, lo, hi, xp) for v in views]
+                shape = list(full)
+                shape[axis] = hi - lo
+                val = xp.broadcast_to(xp.asarray(scalar.evaluate(op.join, sl, xp)), shape)
+                part = ufunc.reduce(val, axis=agg_axes) if xp is np else \
+                    getattr(xp, ufunc.__name__).reduce(val, axis=agg_axes)
+                acc = part if acc is None else ufunc(acc, part) if xp is np else \
+                    getattr(xp, ufunc.__name__)(acc, part)
+            if acc is None:  # an empty aggregated label: the aggregate's identity
+                acc = xp.full(full[:self.n_out], _identity(op.agg), dtype=self.dtype)
+            return xp.asarray(acc, dtype=self.dtype)
+
+
+def _slice(a, axis: int, lo: int, hi: int, xp):
+    index = [slice(None)] * a.ndim
+    index[axis] = slice(lo, hi)
+    return a[tuple(index)]
+
+
+def _identity(agg: str):
+    return {"sum": 0, "prod": 1, "max": -np.inf, "min": np.inf}[agg]
+
+
+def combine(agg: str, acc, part, xp=np):
+    """Accumulate ``part`` into ``acc`` in place (acc must be writable and owned)."""
+    fn = AGG_UFUNCS[agg] if xp is np else getattr(xp, AGG_UFUNCS[agg].__name__)
+    fn(acc, part, out=acc)
+    return acc
+
+
+# -- backends ----------------------------------------------------------------------------------
+
+def _numpy_backend():
+    return np
+
+
+def _cupy_backend():
+    try:
+        import cupy  # noqa: F401 - imported only when the GPU backend is asked for
+    except ImportError:
+        raise NotSupportedError("the GPU backend needs CuPy, which is not installed",
+                                hint="pip install 'tensordb[gpu]' on a machine with an NVIDIA GPU") from None
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CUDA reports many kinds of failure
+        raise NotSupportedError(f"CuPy is installed but no GPU is usable: {exc}") from None
+    if n == 0:
+        raise NotSupportedError("CuPy is installed but no GPU is present")
+    return cupy
+
+
+BACKENDS: dict[str, Callable[[], object]] = {"numpy": _numpy_backend, "cupy": _cupy_backend}
+
+
+def get_backend(name: str):
+    factory = BACKENDS.get(name)
+    if factory is None:
+        raise NotSupportedError(f"unknown kernel backend '{name}'",
+                                hint=f"valid backends: {', '.join(sorted(BACKENDS))}")
+    return factory()

@@ -1,0 +1,258 @@
+"""The local executor: a pool of worker threads running a TilePlan as a dataflow graph.
+
+Each worker has its own queue and runs only the tasks placed on it. A task is queued when its
+inputs exist; an aggregation accumulates each partial as soon as it arrives (on the aggregation's
+worker), so partials do not pile up. Tiles are freed when their last consumer has run. A tile read
+by a task on another worker than the one that produced it counts as a transfer.
+
+BLAS threads are set once for the whole run (threadpoolctl limits are process-wide): with W busy
+workers each gets cores // W BLAS threads.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import Error, InternalError, OutOfMemoryError
+from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
+from .kernels import KernelSpec, combine, get_backend
+from .tasks import finish_aggregate, run_assemble, run_kernel, run_load, start_aggregate
+
+__all__ = ["LocalExecutor", "RunResult"]
+
+_controller = None
+
+
+def _blas_limits(threads: int):
+    """A context manager capping BLAS threads for the whole process."""
+    global _controller
+    from threadpoolctl import ThreadpoolController
+    if _controller is None:
+        _controller = ThreadpoolController()
+    return _controller.limit(limits=threads, user_api="blas")
+
+
+@dataclass
+class RunResult:
+    tiles: dict                 # output task key -> tile (numpy array)
+    seconds: float = 0.0
+    bytes_moved: int = 0        # bytes of tiles read by a worker other than their producer
+    peak_bytes: int = 0         # the most tile bytes alive at once (owned arrays, not mmap views)
+    kernel_calls: int = 0
+    worker_busy: list = field(default_factory=list)
+
+
+def _owned_nbytes(a) -> int:
+    return int(a.nbytes) if getattr(a, "flags", None) is not None and a.flags.owndata else 0
+
+
+class LocalExecutor:
+    """W in-process workers (threads)."""
+
+    name = "local"
+
+    def __init__(self, workers: int, *, memory_limit: int | None = None, backend: str = "numpy"):
+        self.workers = max(1, int(workers))
+        self.memory_limit = memory_limit
+        self.xp = get_backend(backend)
+        self.cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                         else os.cpu_count() or 1)
+
+    def close(self) -> None:
+        pass
+
+    def run(self, plan: TilePlan, store=None, progress=None) -> RunResult:
+        if not plan.tasks:
+            return RunResult({})
+        busy = {t.worker for t in plan.tasks if isinstance(t, Kernel)}
+        blas = max(1, self.cores // max(1, len(busy)))
+        with _blas_limits(blas):
+            return _Run(self, plan, progress).go()
+
+
+class _Run:
+    def __init__(self, ex: LocalExecutor, plan: TilePlan, progress) -> None:
+        self.ex, self.plan, self.progress = ex, plan, progress
+        self.xp = ex.xp
+        self.specs = {i: KernelSpec(op, self.xp) for i, op in enumerate(plan.ops)}
+        self.lock = threading.Lock()
+        self.queues = [queue.SimpleQueue() for _ in range(ex.workers)]
+        self.results: dict[int, object] = {}
+        self.made_on: dict[int, int] = {}
+        consumers = plan.consumers()
+        self.consumers = consumers
+        self.refs = {k: len(v) for k, v in consumers.items()}
+        self.waiting = {t.key: len(t.inputs) for t in plan.tasks if not isinstance(t, Aggregate)}
+        self.acc: dict[int, object] = {}
+        self.acc_left = {t.key: len(t.parts) for t in plan.tasks if isinstance(t, Aggregate)}
+        self.agg_of: dict[int, int] = {}
+        for t in plan.tasks:
+            if isinstance(t, Aggregate):
+                for p in t.parts:
+                    self.agg_of[p] = t.key
+        self.keep = {k for out in plan.outputs.values() if out.stored for k in out.tiles.values()}
+        self.total = len(plan.tasks)
+        self.done = 0
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+        self.live = 0
+        self.peak = 0
+        self.moved = 0
+        self.busy = [0.0] * ex.workers
+        n_ops = len(plan.ops)
+        self.op_seconds = [0.0] * n_ops
+        self.op_moved = [0] * n_ops
+        self.op_peak = [0] * n_ops
+        self.op_calls = [0] * n_ops
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def go(self) -> RunResult:
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=self._worker, args=(w,), daemon=True,
+                                    name=f"tensordb-worker-{w}") for w in range(self.ex.workers)]
+        for th in threads:
+            th.start()
+        for t in self.plan.tasks:
+            if not isinstance(t, Aggregate) and self.waiting[t.key] == 0:
+                self._queue(t.worker, ("run", t))
+        self.finished.wait()
+        for q in self.queues:
+            q.put(None)
+        for th in threads:
+            th.join()
+        if self.error is not None:
+            raise self._translate(self.error)
+        seconds = time.perf_counter() - t0
+        for s, sec, moved, peak, calls in zip(self.plan.stats, self.op_seconds, self.op_moved,
+                                              self.op_peak, self.op_calls):
+            s.measured = {"seconds": sec, "kernel_calls": calls, "bytes_moved": moved,
+                          "peak_tile_bytes": peak}
+        tiles = {k: self.results[k] for k in self.keep}
+        return RunResult(tiles, seconds, self.moved, self.peak, sum(self.op_calls), self.busy)
+
+    def _queue(self, worker: int, item) -> None:
+        self.queues[worker % len(self.queues)].put(item)
+
+    def _worker(self, w: int) -> None:
+        q = self.queues[w]
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue
+            try:
+                t0 = time.perf_counter()
+                kind, task = item[0], item[1]
+                if kind == "run":
+                    self._run_task(w, task)
+                else:
+                    self._accumulate(w, task, item[2])
+                dt = time.perf_counter() - t0
+                self.busy[w] += dt
+                self.op_seconds[self.plan.owner.get(task.key, 0)] += dt
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+                with self.lock:
+                    if self.error is None:
+                        self.error = exc
+                self.finished.set()
+
+    def _fetch(self, w: int, task, key: int):
+        value = self.results[key]
+        if self.made_on.get(key, w) != w:
+            n = int(getattr(value, "nbytes", 0))
+            with self.lock:
+                self.moved += n
+                self.op_moved[self.plan.owner.get(task.key, 0)] += n
+        return value
+
+    def _run_task(self, w: int, task) -> None:
+        if isinstance(task, Load):
+            value = run_load(task, self.plan.readers[task.tensor], self.xp)
+        elif isinstance(task, Assemble):
+            value = run_assemble(task, [self._fetch(w, task, k) for k in task.inputs], self.xp)
+        elif isinstance(task, Kernel):
+            args = [None if a is None else self._fetch(w, task, a) for a in task.args]
+            value = run_kernel(task, self.specs[task.op], args)
+            self.op_calls[task.op] += 1
+        else:  # pragma: no cover - aggregations are driven by _accumulate
+            raise InternalError(f"unexpected task {task!r}")
+        self._release(task.inputs)
+        self._publish(w, task, value)
+
+    def _accumulate(self, w: int, agg: Aggregate, part_key: int) -> None:
+        part = self._fetch(w, agg, part_key)
+        acc = self.acc.get(agg.key)
+        if acc is None:
+            acc = self.acc[agg.key] = start_aggregate(agg, part, self.xp)
+            self._track(_owned_nbytes(acc) if acc is not part else 0)
+        else:
+            combine(agg.agg, acc, part, self.xp)
+        self._release((part_key,))
+        self.acc_left[agg.key] -= 1
+        if self.acc_left[agg.key] == 0:
+            value = finish_aggregate(agg, self.acc.pop(agg.key), self.xp)
+            self._track(-_owned_nbytes(value))  # _publish counts it again
+            self._publish(w, agg, value)
+
+    def _track(self, delta: int) -> None:
+        with self.lock:
+            self.live += delta
+            self.peak = max(self.peak, self.live)
+        limit = self.ex.memory_limit
+        if limit is not None and self.live > limit:
+            raise OutOfMemoryError(f"tiles in flight need {self.live} bytes, over the memory "
+                                   f"limit of {limit} bytes",
+                                   hint="raise memory_limit, or use more pieces (WITH (TILE ...))")
+
+    def _publish(self, w: int, task, value) -> None:
+        self.results[task.key] = value
+        self.made_on[task.key] = w
+        nbytes = _owned_nbytes(value)
+        self._track(nbytes)
+        op = self.plan.owner.get(task.key, 0)
+        ready = []
+        with self.lock:
+            self.op_peak[op] = max(self.op_peak[op], int(getattr(value, "nbytes", 0)))
+            self.done += 1
+            for c in self.consumers[task.key]:
+                if c in self.waiting:
+                    self.waiting[c] -= 1
+                    if self.waiting[c] == 0:
+                        ready.append(c)
+            done = self.done
+        agg = self.agg_of.get(task.key)
+        if agg is not None:
+            t = self.plan.task(agg)
+            self._queue(t.worker, ("acc", t, task.key))
+        for c in ready:
+            t = self.plan.task(c)
+            self._queue(t.worker, ("run", t))
+        if self.progress is not None:
+            self.progress(done, self.total)
+        if done == self.total:
+            self.finished.set()
+
+    def _release(self, keys) -> None:
+        for k in keys:
+            with self.lock:
+                self.refs[k] -= 1
+                last = self.refs[k] == 0 and k not in self.keep
+                value = self.results.pop(k, None) if last else None
+            if value is not None:
+                self._track(-_owned_nbytes(value))
+
+    @staticmethod
+    def _translate(exc: BaseException) -> Error:
+        if isinstance(exc, Error):
+            return exc
+        if isinstance(exc, MemoryError):
+            return OutOfMemoryError(f"out of memory while running a tile task: {exc}")
+        err = InternalError(f"a tile task failed: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return err

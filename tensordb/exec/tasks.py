@@ -1,0 +1,54 @@
+"""Running one tile task, the same way in every executor (threads here, Dask workers there)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..physical.plan import Aggregate, Assemble, Kernel, Load
+from .kernels import AGG_UFUNCS, KernelSpec, combine
+
+__all__ = ["run_load", "run_assemble", "run_kernel", "start_aggregate", "finish_aggregate", "run_aggregate"]
+
+
+def run_load(task: Load, reader, xp=np):
+    """A box of a stored tensor: a memory-mapped view when possible, zeros where absent."""
+    out = reader.read_box(task.starts, task.stops)
+    if out is None:
+        out = np.zeros(tuple(b - a for a, b in zip(task.starts, task.stops)), reader.meta.dtype)
+    return out if xp is np else xp.asarray(out)
+
+
+def run_assemble(task: Assemble, sources: list, xp=np):
+    """Cut pieces out of producer tiles and place them into a new tile (a re-tiling)."""
+    out = xp.zeros(task.shape, dtype=task.dtype)
+    for (_, src_sl, dst_sl), src in zip(task.pieces, sources):
+        out[tuple(slice(a, b) for a, b in dst_sl)] = src[tuple(slice(a, b) for a, b in src_sl)]
+    return out
+
+
+def run_kernel(task: Kernel, spec: KernelSpec, args: list):
+    return spec(args, task.arg_shapes, task.out_shape)
+
+
+def start_aggregate(task: Aggregate, first, xp=np):
+    """The accumulator for an aggregation: a private, writable copy of the first partial."""
+    acc = first
+    if not (getattr(acc, "flags", None) is not None and acc.flags.owndata and acc.flags.writeable):
+        acc = xp.array(acc, dtype=task.dtype, copy=True)
+    elif acc.dtype != np.dtype(task.dtype):
+        acc = acc.astype(task.dtype)
+    return acc
+
+
+def finish_aggregate(task: Aggregate, acc, xp=np):
+    if task.fill_zero:  # absent combinations are zeros and take part in a max or min
+        AGG_UFUNCS[task.agg](acc, 0, out=acc) if xp is np else \
+            getattr(xp, AGG_UFUNCS[task.agg].__name__)(acc, 0, out=acc)
+    return acc
+
+
+def run_aggregate(task: Aggregate, parts: list, xp=np):
+    """All partials at once (executors that cannot stream them)."""
+    acc = start_aggregate(task, parts[0], xp)
+    for p in parts[1:]:
+        combine(task.agg, acc, p, xp)
+    return finish_aggregate(task, acc, xp)
