@@ -1,0 +1,64 @@
+"""DuckDB error translation and quoting: no duckdb exception leaves the storage package."""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import duckdb
+
+from .. import errors
+
+__all__ = ["translate", "translating", "quote_ident", "quote_str"]
+
+# Most specific first: DuckDB's exception classes form a tree, ours too.
+_MAP = (
+    (duckdb.CatalogException, errors.CatalogError),
+    (duckdb.ParserException, errors.ParserError),
+    (duckdb.BinderException, errors.BinderError),
+    (duckdb.OutOfMemoryException, errors.OutOfMemoryError),
+    (duckdb.ConstraintException, errors.IntegrityError),
+    (duckdb.ConversionException, errors.DataError),
+    (duckdb.InvalidInputException, errors.DataError),
+    (duckdb.DataError, errors.DataError),
+    (duckdb.IOException, errors.OperationalError),
+    (duckdb.ConnectionException, errors.OperationalError),
+    (duckdb.OperationalError, errors.OperationalError),
+    (duckdb.NotImplementedException, errors.NotSupportedError),
+    (duckdb.InternalException, errors.InternalError),
+    (duckdb.ProgrammingError, errors.ProgrammingError),
+    (duckdb.IntegrityError, errors.IntegrityError),
+    (duckdb.Error, errors.DatabaseError),
+)
+
+
+def translate(exc: BaseException, context: str | None = None) -> errors.Error:
+    """The tensordb error for a duckdb exception (``context`` prefixes the message)."""
+    cls = next((ours for theirs, ours in _MAP if isinstance(exc, theirs)), errors.DatabaseError)
+    message = str(exc)
+    return cls(f"{context}: {message}" if context else message)
+
+
+@contextlib.contextmanager
+def translating(context: str | None = None):
+    """Re-raise any duckdb exception inside the block as a tensordb error."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        raise translate(exc, context) from exc
+
+
+def translated(fn):
+    """Decorator form of :func:`translating`."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with translating():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def quote_ident(name: str) -> str:
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def quote_str(text: str) -> str:
+    return "'" + str(text).replace("'", "''") + "'"

@@ -1,0 +1,129 @@
+"""The catalog tables in DuckDB (schema ``tensordb``) and the rows that describe a tensor.
+
+    tensors(name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density, created)
+    tiles(tensor, version, coords, starts, shape, file, "offset", nbytes, nnz)
+
+A tensor is one ``tensors`` row plus one ``tiles`` row per stored tile; absent tiles are zeros.
+Physical planning joins ``tiles`` with SQL, so its columns are part of the interface.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .meta import TensorMeta
+from .reader import TileEntry
+
+__all__ = ["SCHEMA", "create", "exists", "find", "all_metas", "tile_entries", "insert",
+           "delete", "referenced_files", "max_version", "table_named"]
+
+SCHEMA = "tensordb"
+
+_DDL = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+CREATE TABLE IF NOT EXISTS {SCHEMA}.tensors (
+    name VARCHAR NOT NULL, version BIGINT NOT NULL, dtype VARCHAR NOT NULL,
+    shape BIGINT[] NOT NULL, dims VARCHAR[] NOT NULL, grid BIGINT[][] NOT NULL,
+    nbytes BIGINT NOT NULL, tile_count BIGINT NOT NULL, nnz BIGINT NOT NULL,
+    density DOUBLE NOT NULL, created TIMESTAMP NOT NULL DEFAULT current_localtimestamp());
+CREATE TABLE IF NOT EXISTS {SCHEMA}.tiles (
+    tensor VARCHAR NOT NULL, version BIGINT NOT NULL, coords BIGINT[] NOT NULL,
+    starts BIGINT[] NOT NULL, shape BIGINT[] NOT NULL, file VARCHAR NOT NULL,
+    "offset" BIGINT NOT NULL, nbytes BIGINT NOT NULL, nnz BIGINT NOT NULL);
+"""
+
+_COLUMNS = "name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density"
+
+_TILES_SCHEMA = pa.schema([
+    ("tensor", pa.string()), ("version", pa.int64()), ("coords", pa.list_(pa.int64())),
+    ("starts", pa.list_(pa.int64())), ("shape", pa.list_(pa.int64())), ("file", pa.string()),
+    ("offset", pa.int64()), ("nbytes", pa.int64()), ("nnz", pa.int64())])
+
+
+def create(duck) -> None:
+    duck.execute(_DDL)
+
+
+def exists(duck) -> bool:
+    return bool(duck.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = 'tensors' "
+        "AND database_name = current_database()", [SCHEMA]).fetchone()[0])
+
+
+def _meta(row) -> TensorMeta:
+    name, version, dtype, shape, dims, grid, nbytes, tiles, nnz, density = row
+    return TensorMeta(name, int(version), np.dtype(dtype), tuple(shape), tuple(dims),
+                      tuple(tuple(b) for b in grid), int(nbytes), int(tiles), int(nnz),
+                      float(density))
+
+
+def find(duck, name: str) -> TensorMeta | None:
+    """The tensor called ``name`` (case-insensitive), or None."""
+    row = duck.execute(f"SELECT {_COLUMNS} FROM {SCHEMA}.tensors WHERE lower(name) = lower(?)",
+                       [name]).fetchone()
+    return None if row is None else _meta(row)
+
+
+def all_metas(duck) -> list[TensorMeta]:
+    rows = duck.execute(f"SELECT {_COLUMNS} FROM {SCHEMA}.tensors ORDER BY lower(name)").fetchall()
+    return [_meta(r) for r in rows]
+
+
+def tile_entries(duck, meta: TensorMeta) -> tuple[str | None, list[TileEntry]]:
+    """(payload file name, entries) of one tensor version."""
+    rows = duck.execute(
+        f'SELECT coords, starts, shape, file, "offset", nbytes, nnz FROM {SCHEMA}.tiles '
+        'WHERE tensor = ? AND version = ? ORDER BY "offset"', [meta.name, meta.version]).fetchall()
+    files = {r[3] for r in rows}
+    if len(files) > 1:  # pragma: no cover - the writer never does this
+        raise AssertionError(f"tensor {meta.name} spans several payload files: {files}")
+    entries = [TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz))
+               for c, s, sh, _, o, nb, nz in rows]
+    return (files.pop() if files else None), entries
+
+
+def insert(duck, meta: TensorMeta, file: str, entries) -> None:
+    duck.execute(f"INSERT INTO {SCHEMA}.tensors ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 [meta.name, meta.version, meta.dtype.name, list(meta.shape), list(meta.dims),
+                  [list(b) for b in meta.grid], meta.nbytes, meta.tile_count, meta.nnz,
+                  meta.density])
+    if not entries:
+        return
+    rows = pa.Table.from_pydict({
+        "tensor": [meta.name] * len(entries), "version": [meta.version] * len(entries),
+        "coords": [list(e.coords) for e in entries], "starts": [list(e.starts) for e in entries],
+        "shape": [list(e.shape) for e in entries], "file": [file] * len(entries),
+        "offset": [e.offset for e in entries], "nbytes": [e.nbytes for e in entries],
+        "nnz": [e.nnz for e in entries]}, schema=_TILES_SCHEMA)
+    view = f"__tensordb_rows_{meta.version}"
+    duck.register(view, rows)
+    try:
+        duck.execute(f"INSERT INTO {SCHEMA}.tiles SELECT * FROM {view}")
+    finally:
+        duck.unregister(view)
+
+
+def delete(duck, meta: TensorMeta) -> None:
+    duck.execute(f"DELETE FROM {SCHEMA}.tiles WHERE tensor = ? AND version = ?",
+                 [meta.name, meta.version])
+    duck.execute(f"DELETE FROM {SCHEMA}.tensors WHERE name = ? AND version = ?",
+                 [meta.name, meta.version])
+
+
+def referenced_files(duck) -> set[str]:
+    return {r[0] for r in duck.execute(f"SELECT DISTINCT file FROM {SCHEMA}.tiles").fetchall()}
+
+
+def max_version(duck) -> int:
+    return int(duck.execute(f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.tensors").fetchone()[0])
+
+
+def table_named(duck, name: str) -> str | None:
+    """The user table or view in the main schema whose name equals ``name`` ignoring case."""
+    row = duck.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = 'main' AND lower(table_name) = lower(?) "
+        "UNION ALL SELECT view_name FROM duckdb_views() WHERE database_name = current_database() "
+        "AND schema_name = 'main' AND NOT temporary AND NOT internal "
+        "AND lower(view_name) = lower(?)", [name, name]).fetchone()
+    return None if row is None else row[0]

@@ -1,0 +1,138 @@
+"""Tensor metadata and the checks every name, dimension list and grid goes through."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DataError, ProgrammingError
+from ..plan.ir import check_dtype
+from .tiling import Grid, grid_shape, regular_grid
+
+__all__ = ["TensorMeta", "check_name", "check_dims", "check_grid", "check_tile_shape",
+           "default_dims", "supported_dtype"]
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_MAX_NAME = 128
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One stored tensor, as the catalog describes it.
+
+    ``nbytes`` is what the stored tiles take on disk (absent tiles take nothing), ``nnz`` the
+    nonzero elements they hold and ``density`` is ``nnz / size``.
+    """
+
+    name: str
+    version: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    dims: tuple[str, ...]
+    grid: Grid
+    nbytes: int
+    tile_count: int
+    nnz: int
+    density: float
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def tile_shape(self) -> tuple[int, ...]:
+        """The extent of the first (largest) tile along each dimension."""
+        return tuple(b[1] - b[0] for b in self.grid)
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        return grid_shape(self.grid)
+
+    @property
+    def total_tiles(self) -> int:
+        """Tiles in the grid, stored or not."""
+        return math.prod(self.grid_shape)
+
+
+def check_name(name, what: str = "tensor") -> str:
+    """A tensor name is an SQL identifier: a letter or _, then letters, digits or _."""
+    if not isinstance(name, str) or not _IDENT.match(name) or len(name) > _MAX_NAME:
+        raise ProgrammingError(
+            f"invalid {what} name {name!r}",
+            hint="names start with a letter or _ followed by letters, digits or _ "
+                 f"(at most {_MAX_NAME} characters)")
+    return name
+
+
+def default_dims(ndim: int) -> tuple[str, ...]:
+    return tuple(f"d{k}" for k in range(ndim))
+
+
+def check_dims(dims: Sequence[str] | None, ndim: int, tensor: str) -> tuple[str, ...]:
+    """Dimension names become SQL columns: identifiers, distinct, and never ``value``."""
+    if dims is None:
+        return default_dims(ndim)
+    if isinstance(dims, str):
+        dims = [dims] if ndim == 1 else list(dims)
+    dims = tuple(dims)
+    if len(dims) != ndim:
+        raise ProgrammingError(f"tensor '{tensor}' has {ndim} dimension(s) but {len(dims)} "
+                               f"dimension name(s) were given: {list(dims)}")
+    seen = set()
+    for d in dims:
+        check_name(d, "dimension")
+        if d.lower() == "value":
+            raise ProgrammingError(f"tensor '{tensor}': 'value' cannot name a dimension",
+                                   hint="'value' is the column that holds the elements in SQL")
+        if d.lower() in seen:
+            raise ProgrammingError(f"tensor '{tensor}': dimension name '{d}' is repeated")
+        seen.add(d.lower())
+    return dims
+
+
+def check_tile_shape(tile, shape: Sequence[int], tensor: str) -> tuple[int, ...]:
+    """A requested tile shape: one positive int per dimension, clamped to the shape."""
+    try:
+        tile = tuple(int(t) for t in tile)
+    except (TypeError, ValueError):
+        raise ProgrammingError(f"tensor '{tensor}': tile must be a tuple of integers, got {tile!r}") \
+            from None
+    if len(tile) != len(shape) or any(t < 1 for t in tile):
+        raise ProgrammingError(f"tensor '{tensor}': tile {tile} does not fit shape {tuple(shape)}",
+                               hint="give one positive tile extent per dimension")
+    return tuple(min(t, max(n, 1)) for t, n in zip(tile, shape))
+
+
+def check_grid(grid, shape: Sequence[int], tensor: str) -> Grid:
+    """Accept a grid (boundaries per dimension) or a tile shape (ints) and return a grid."""
+    shape = tuple(int(n) for n in shape)
+    grid = tuple(grid)
+    if all(isinstance(g, (int, np.integer)) for g in grid) and (grid or not shape):
+        return regular_grid(shape, check_tile_shape(grid, shape, tensor))
+    out = []
+    if len(grid) != len(shape):
+        raise ProgrammingError(f"tensor '{tensor}': grid has {len(grid)} dimension(s), shape {shape}")
+    for d, (bounds, n) in enumerate(zip(grid, shape)):
+        bounds = tuple(int(b) for b in bounds)
+        ok = len(bounds) >= 2 and bounds[0] == 0 and bounds[-1] == n and (
+            all(a < b for a, b in zip(bounds, bounds[1:])) or bounds == (0, 0))
+        if not ok:
+            raise ProgrammingError(f"tensor '{tensor}': bad grid boundaries {bounds} for dimension "
+                                   f"{d} of size {n}")
+        out.append(bounds)
+    return tuple(out)
+
+
+def supported_dtype(dtype, what: str) -> np.dtype:
+    """``check_dtype`` plus a message that names the tensor or file."""
+    try:
+        return check_dtype(dtype, what)
+    except TypeError:  # pragma: no cover - check_dtype already maps this
+        raise DataError(f"{what}: unknown dtype {dtype!r}") from None

@@ -1,0 +1,163 @@
+"""TensorWriter: tiles go into a new payload file; the catalog sees them only at commit.
+
+The payload file ``tiles/<version>.bin`` holds the stored tiles back to back, each C-ordered and
+starting at a 64-byte aligned offset. Until :meth:`TensorWriter.commit` it is referenced by no
+catalog row, so a crash leaves an orphan that the next open deletes.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..errors import DataError, InterfaceError, InternalError, OperationalError
+from .meta import TensorMeta
+from .reader import TileEntry
+from .tiling import Grid, grid_shape, tile_box
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import Store
+
+__all__ = ["TensorWriter", "ALIGN"]
+
+ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
+_ZEROS = bytes(ALIGN)
+
+
+class TensorWriter:
+    """Writes one new version of tensor ``name``. Use as a context manager, or call
+    :meth:`commit` / :meth:`abort`. ``write_tile`` may be called from several threads."""
+
+    def __init__(self, store: "Store", name: str, shape: tuple[int, ...], dtype: np.dtype,
+                 grid: Grid, dims: tuple[str, ...], replace: bool, version: int) -> None:
+        self.store = store
+        self.name, self.shape, self.dtype, self.grid, self.dims = name, shape, dtype, grid, dims
+        self.replace = replace
+        self.version = version
+        self.file = f"{version}.bin"
+        self.path = os.path.join(store.tiles_dir, self.file)
+        self.entries: dict[tuple[int, ...], TileEntry] = {}
+        self._fd: int | None = None
+        self._pos = 0
+        self._lock = threading.Lock()
+        self._state = "open"
+        self._grid_shape = grid_shape(grid)
+
+    def __repr__(self) -> str:
+        return f"TensorWriter({self.name!r}, shape={self.shape}, tiles={len(self.entries)}, {self._state})"
+
+    def __enter__(self) -> "TensorWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self._state == "open":
+            self.commit()
+
+    # -- writing -------------------------------------------------------------------------------
+    def write_tile(self, coords: Sequence[int], array) -> bool:
+        """Store tile ``coords``; returns False (and stores nothing) when it is all zero."""
+        coords = tuple(int(c) for c in coords)
+        if len(coords) != len(self.shape) or any(
+                not 0 <= c < n for c, n in zip(coords, self._grid_shape)):
+            raise InternalError(f"tensor '{self.name}': tile {coords} is outside its grid "
+                                f"{self._grid_shape}")
+        starts, stops = tile_box(self.grid, coords)
+        shape = tuple(b - a for a, b in zip(starts, stops))
+        a = np.asarray(array)
+        if a.shape != shape:
+            raise DataError(f"tensor '{self.name}': tile {coords} should have shape {shape}, "
+                            f"got {a.shape}")
+        if a.dtype != self.dtype:
+            a = a.astype(self.dtype)
+        nnz = int(np.count_nonzero(a))
+        if nnz == 0:
+            return False
+        flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
+        with self._lock:
+            if self._state != "open":
+                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
+            if coords in self.entries:
+                raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                pad = -self._pos % ALIGN
+                if pad:
+                    _write_all(self._fd, _ZEROS[:pad])
+                offset = self._pos + pad
+                _write_all(self._fd, memoryview(flat).cast("B"))
+            except OSError as exc:
+                self._fail()
+                raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
+                                       f"{exc.strerror or exc}") from None
+            self._pos = offset + flat.nbytes
+            self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes, nnz)
+        return True
+
+    # -- finishing -----------------------------------------------------------------------------
+    def meta(self) -> TensorMeta:
+        """The catalog entry this writer will commit."""
+        size = math.prod(self.shape)
+        nnz = sum(e.nnz for e in self.entries.values())
+        return TensorMeta(self.name, self.version, self.dtype, self.shape, self.dims, self.grid,
+                          sum(e.nbytes for e in self.entries.values()), len(self.entries), nnz,
+                          nnz / size if size else 0.0)
+
+    def commit(self) -> TensorMeta:
+        """Make the tensor visible: flush the payload, then swap catalog rows atomically."""
+        with self._lock:
+            if self._state != "open":
+                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
+            self._state = "committing"
+        try:
+            self._close_file(sync=self.store.fsync)
+            meta = self.store._commit_writer(self)
+        except BaseException:
+            self._fail()
+            raise
+        self._state = "committed"
+        return meta
+
+    def abort(self) -> None:
+        """Forget everything written; the catalog never saw it."""
+        if self._state in ("committed", "aborted"):
+            return
+        self._fail()
+
+    def _close_file(self, sync: bool) -> None:
+        if self._fd is None:
+            return
+        try:
+            if sync:
+                os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def _fail(self) -> None:
+        self._state = "aborted"
+        try:
+            self._close_file(sync=False)
+        except OSError:  # pragma: no cover - the file is going away anyway
+            pass
+        if self.entries or os.path.exists(self.path):
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    @property
+    def has_file(self) -> bool:
+        return bool(self.entries)
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while len(view):
+        n = os.write(fd, view)
+        view = view[n:]
