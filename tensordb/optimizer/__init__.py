@@ -12,13 +12,17 @@ Interface relied on by the rest of tensordb:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from ..errors import ProgrammingError
 from ..plan.ir import EinGraph, EinOp
+from .baselines import data_parallel_tilings, even_tilings
+from .cost import DEFAULT_PARAMS, CostParams, PlanCost, evaluate
+from .dp import Choice, solve
 
-__all__ = ["Decomposition", "decompose", "place", "STRATEGIES", "register_strategy"]
+__all__ = ["Decomposition", "decompose", "place", "STRATEGIES", "register_strategy",
+           "DEFAULT_STRATEGY", "CostParams", "PlanCost", "Choice", "evaluate"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ def register_strategy(name: str, fn: StrategyFn) -> None:
 
 
 def _split_largest_output(graph: EinGraph, workers: int, *, hints=None, **_) -> Decomposition:
-    """The simple default: split each operation's largest output label across the workers."""
+    """The first engine default: split each operation's largest output label across the workers."""
     tilings = {}
     for op in graph.ops:
         pieces = {l: 1 for l in op.labels}
@@ -57,18 +61,57 @@ def _split_largest_output(graph: EinGraph, workers: int, *, hints=None, **_) -> 
     return Decomposition(workers, tilings, "default")
 
 
+def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, hints=None, input_grids=None,
+               params: CostParams = DEFAULT_PARAMS, **_) -> Decomposition:
+    """The cost-based search: the dynamic program of dp.py over the candidates of candidates.py."""
+    tilings, choices, dp_cost, seconds = solve(graph, workers, memory_limit=memory_limit,
+                                               hints=hints, input_grids=input_grids, params=params)
+    return Decomposition(workers, tilings, "eindecomp",
+                         {"choices": choices, "dp_cost": dp_cost, "search_seconds": seconds})
+
+
+def _fixed(rule, name):
+    def strategy(graph: EinGraph, workers: int, *, hints=None, **_) -> Decomposition:
+        return Decomposition(workers, rule(graph, workers, hints), name)
+    strategy.__doc__ = rule.__doc__
+    return strategy
+
+
 register_strategy("default", _split_largest_output)
-DEFAULT_STRATEGY = "default"
+register_strategy("eindecomp", _eindecomp)
+register_strategy("data-parallel", _fixed(data_parallel_tilings, "data-parallel"))
+register_strategy("even", _fixed(even_tilings, "even"))
+DEFAULT_STRATEGY = "eindecomp"
 
 
 def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, memory_limit=None,
-              hints=None, input_grids=None) -> Decomposition:
+              hints=None, input_grids=None, params: CostParams | None = None) -> Decomposition:
+    """Choose the pieces of every label of every operation with the named strategy.
+
+    The result's ``details["cost"]`` is the cost model's estimate (a ``PlanCost``), whatever the
+    strategy, so that EXPLAIN and the benchmarks compare strategies with one yardstick.
+
+    >>> from tensordb.plan.ir import EinOp, EinGraph, TensorInfo
+    >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 4096, "j": 8, "k": 8})
+    >>> g = EinGraph((TensorInfo("A", (4096, 8), "float64"), TensorInfo("B", (8, 8), "float64")),
+    ...              (op,), ("C",))
+    >>> decompose(g, 4).pieces("C")     # tall and skinny: split the rows
+    {'i': 4, 'k': 1, 'j': 1}
+    """
     name = strategy or DEFAULT_STRATEGY
     fn = STRATEGIES.get(name)
     if fn is None:
         raise ProgrammingError(f"unknown tiling strategy '{name}'",
                                hint=f"valid strategies: {', '.join(sorted(STRATEGIES))}")
-    return fn(graph, workers, memory_limit=memory_limit, hints=hints, input_grids=input_grids)
+    workers = max(1, int(workers))
+    prm = params or DEFAULT_PARAMS
+    kwargs = {"params": prm} if fn is _eindecomp else {}
+    decomp = fn(graph, workers, memory_limit=memory_limit, hints=hints, input_grids=input_grids,
+                **kwargs)
+    if "cost" not in decomp.details:
+        cost = evaluate(graph, decomp.tilings, workers, params=prm, input_grids=input_grids)
+        decomp = replace(decomp, details={**decomp.details, "cost": cost})
+    return decomp
 
 
 def place(plan):

@@ -1,0 +1,143 @@
+"""Candidate tilings of one operation, and user hints that pin some labels.
+
+A candidate gives every label of the operation a number of pieces ``d_l <= size_l``. The product
+(the number of kernel calls) is the number of workers ``p``: every worker gets work, none gets two
+shares. Three exceptions:
+
+- a small operation (at most ``CostParams.small_op_flops``) may also use any divisor of ``p``
+  kernel calls, down to one: the cost model then weighs task overhead against idle workers;
+- when the labels are too small to make ``p`` pieces, every reachable divisor of ``p`` is offered;
+- when a memory budget is set and no candidate's kernel call fits it, the product doubles
+  (``2p``, ``4p``, ...) until one does; if even splitting every label completely does not fit,
+  the operation cannot run and ``OutOfMemoryError`` names it.
+
+Pinned labels (hints) keep their pieces; the search completes the others. A pin never makes
+planning fail: if the pins do not divide ``p``, the free labels make the largest power of two
+that keeps the product at most ``p`` (whole, if the pins alone exceed ``p``).
+
+>>> from tensordb.plan.ir import EinOp
+>>> from tensordb.optimizer.cost import OpModel
+>>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 256, "j": 256, "k": 256})
+>>> cands = candidates(OpModel.of(op, {"A": "float32", "B": "float32"}, 4))   # labels i, k, j
+>>> len(cands), sorted(cands)[:3]
+(6, [(1, 1, 4), (1, 2, 2), (1, 4, 1)])
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Mapping
+
+from ..errors import OutOfMemoryError, ProgrammingError
+from ..plan.ir import EinGraph
+from .cost import OpModel
+
+__all__ = ["candidates", "pins_from_hints", "divisors"]
+
+
+@lru_cache(maxsize=None)
+def divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n``, ascending.
+
+    >>> divisors(12)
+    (1, 2, 3, 4, 6, 12)
+    """
+    return tuple(k for k in range(1, n + 1) if n % k == 0)
+
+
+@lru_cache(maxsize=4096)
+def _level(sizes: tuple[int, ...], pins: tuple[int, ...], total: int) -> tuple[tuple[int, ...], ...]:
+    """Every vector with ``pins`` (0 = free) kept whose free entries multiply to ``total``."""
+    free = [i for i, p in enumerate(pins) if not p]
+    out: list[tuple[int, ...]] = []
+    vec = [p or 1 for p in pins]
+
+    def rec(at: int, rest: int) -> None:
+        if at == len(free):
+            if rest == 1:
+                out.append(tuple(vec))
+            return
+        i = free[at]
+        for v in divisors(rest):
+            if v > max(sizes[i], 1):
+                break
+            vec[i] = v
+            rec(at + 1, rest // v)
+        vec[i] = 1
+
+    rec(0, total)
+    return tuple(out)
+
+
+def candidates(model: OpModel, pins: Mapping[str, int] | None = None,
+               budget: int | None = None) -> list[tuple[int, ...]]:
+    """Candidate pieces vectors (in ``model.labels`` order) for one operation."""
+    p = model.workers
+    sizes = model.sizes
+    pin_vec = [0] * len(sizes)
+    for l, d in (pins or {}).items():
+        i = model.labels.index(l)
+        pin_vec[i] = max(1, min(int(d), max(sizes[i], 1)))
+    pin_t = tuple(pin_vec)
+    pin_prod = math.prod(d for d in pin_vec if d)
+    free_reach = math.prod(max(n, 1) for n, d in zip(sizes, pin_vec) if not d)
+    if p % pin_prod == 0:
+        base = p // pin_prod
+    else:  # pins that do not divide p: fill up to the largest power of two that still fits
+        base = 1 << max(0, (p // pin_prod).bit_length() - 1) if pin_prod <= p else 1
+    small = model.flops <= model.params.small_op_flops
+    levels = divisors(base) if small else (base,)
+    cands = [v for t in levels for v in _level(sizes, pin_t, t)]
+    if not cands:  # labels too small to make ``base`` pieces: every reachable divisor of it
+        cands = [v for t in divisors(base) for v in _level(sizes, pin_t, t)]
+    if budget is None:
+        return cands
+    fits = [v for v in cands if model.working_set(v) <= budget]
+    total = base
+    while not fits and total * 2 <= free_reach:
+        total *= 2
+        fits = [v for v in _level(sizes, pin_t, total) if model.working_set(v) <= budget]
+    if not fits:  # last resort: every free label split completely
+        full = tuple(d or max(n, 1) for n, d in zip(sizes, pin_vec))
+        if model.working_set(full) <= budget:
+            fits = [full]
+    if not fits:
+        smallest = model.working_set(tuple(d or max(n, 1) for n, d in zip(sizes, pin_vec)))
+        op = model.op
+        raise OutOfMemoryError(
+            f"{op.describe()}: no tiling of labels "
+            f"{', '.join(f'{l}={n}' for l, n in zip(model.labels, sizes))} fits the memory budget "
+            f"of {budget} bytes per worker; the smallest kernel call needs {smallest} bytes",
+            hint="raise memory_limit, use fewer workers, or unpin labels")
+    return fits
+
+
+def pins_from_hints(graph: EinGraph, hints: Mapping[str, Mapping[str, int]] | None
+                    ) -> dict[str, dict[str, int]]:
+    """Map user hints (result name -> {label: pieces}) to pins per operation.
+
+    A hint on ``D`` also applies to the pairwise steps ``D.1``, ``D.2``, ... that a multi-operand
+    einsum into ``D`` was split into, for each label that step has.
+    """
+    pins: dict[str, dict[str, int]] = {}
+    for key, labels in (hints or {}).items():
+        group = [op for op in graph.ops if op.output == key or op.output.startswith(f"{key}.")]
+        if not group:
+            raise ProgrammingError(f"tiling hint for '{key}', which no operation produces",
+                                   hint=f"results: {', '.join(op.output for op in graph.ops)}")
+        for l, d in dict(labels).items():
+            try:
+                d = int(d)
+            except (TypeError, ValueError):
+                raise ProgrammingError(f"tiling hint {key}.{l}: pieces must be an integer, "
+                                       f"got {d!r}") from None
+            if d < 1:
+                raise ProgrammingError(f"tiling hint {key}.{l}: pieces must be at least 1, got {d}")
+            hit = [op for op in group if l in op.size]
+            if not hit:
+                known = sorted({x for op in group for x in op.labels})
+                raise ProgrammingError(f"tiling hint for '{key}' names label '{l}', which it "
+                                       f"does not have", hint=f"labels: {', '.join(known)}")
+            for op in hit:
+                pins.setdefault(op.output, {})[l] = d
+    return pins

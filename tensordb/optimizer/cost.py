@@ -1,0 +1,252 @@
+"""The cost model: what a tiling of an operation costs, in bytes (DESIGN.md section 3).
+
+For an operation with pieces ``d`` per label, ``K = prod(d)`` kernel calls run, and
+
+- join cost: each input tile is read by every kernel call that needs it, so input ``i`` costs
+  ``bytes(In_i) * K / prod(d over i's labels)`` (input replication);
+- aggregation cost: ``bytes(Out) * (prod(d over aggregated labels) - 1)`` partial results combined;
+- re-tiling cost, per input edge: zero when the producer's output tiling is exactly what the
+  operation needs for that input, else the producer's whole output is re-cut and moved. A stored
+  input is compared with its stored grid; cutting it off that grid is a local copy, charged at a
+  fraction (``CostParams.stored_retile``) of its bytes.
+
+Two terms turn "use the workers well" into bytes, so that one number ranks candidates: every
+kernel call costs a fixed overhead (a task is not free: splitting a 10-element tensor 16 ways is
+worse than not splitting it), and an operation with fewer kernel calls than workers pays for the
+idle workers' share of its flops. Both are zero-sum for the communication part, which is reported
+on its own (``OpCost.bytes``).
+
+>>> from tensordb.plan.ir import EinOp
+>>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 8, "j": 8, "k": 8})
+>>> m = OpModel.of(op, {"A": "float64", "B": "float64"}, 4)
+>>> c = m.cost((2, 1, 2))     # labels i, k, j: di=2, dk=1, dj=2; each matrix is 512 bytes
+>>> c.bytes == 512 * 1 + 512 * 2 + 512 * (2 - 1)    # |A| dk + |B| di + |C| (dj - 1)
+True
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..plan.ir import EinGraph, EinOp
+from ..storage.tiling import Grid, even_bounds
+
+__all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "evaluate", "stored_aligned"]
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Exchange rates between bytes moved and the other things a plan spends.
+
+    ``task_bytes``: the overhead of one kernel call, as bytes moved in the same time (tens of
+    microseconds in-process is a few hundred KiB of memcpy; we use a modest 4 KiB so that
+    communication still dominates for real workloads). ``bytes_per_flop``: 1/8, a core does about
+    eight flops in the time it copies a byte. ``stored_retile``: cutting a stored tensor off its
+    stored grid is a local copy, not a transfer. ``small_op_flops``: operations at most this big
+    may use fewer kernel calls than workers.
+    """
+
+    task_bytes: float = 4096.0
+    bytes_per_flop: float = 1.0 / 8.0
+    stored_retile: float = 0.25
+    small_op_flops: int = 1 << 20
+
+
+DEFAULT_PARAMS = CostParams()
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """The cost of one operation under one tiling. ``bytes`` is the communication volume."""
+
+    join: float
+    aggregation: float
+    retile: float
+    overhead: float
+    balance: float
+    kernel_calls: int
+    fan_in: int
+    flops: float
+    tile_bytes: int          # the working set of the largest kernel call: input tiles + output tile
+
+    @property
+    def bytes(self) -> float:
+        return self.join + self.aggregation + self.retile
+
+    @property
+    def total(self) -> float:
+        return self.bytes + self.overhead + self.balance
+
+    def plus_retile(self, extra: float) -> "OpCost":
+        return OpCost(self.join, self.aggregation, self.retile + extra, self.overhead, self.balance,
+                      self.kernel_calls, self.fan_in, self.flops, self.tile_bytes)
+
+
+@dataclass(frozen=True)
+class _Input:
+    tensor: str
+    pos: tuple[int, ...]       # positions of this input's labels in op.labels
+    nbytes: int
+    itemsize: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OpModel:
+    """Everything the cost of one operation depends on, precomputed once per operation."""
+
+    op: EinOp
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    inputs: tuple[_Input, ...]
+    n_out: int                 # out labels are positions 0..n_out-1 of labels
+    out_bytes: int
+    out_itemsize: int
+    flops: float
+    workers: int
+    params: CostParams = DEFAULT_PARAMS
+
+    @staticmethod
+    def of(op: EinOp, dtypes: Mapping[str, str], workers: int,
+           params: CostParams = DEFAULT_PARAMS) -> "OpModel":
+        """``dtypes`` maps each input tensor name to its dtype."""
+        labels = op.labels
+        size = op.size
+        sizes = tuple(size[l] for l in labels)
+        ins = []
+        for o in op.inputs:
+            item = np.dtype(dtypes[o.tensor]).itemsize
+            shape = tuple(size[l] for l in o.labels)
+            ins.append(_Input(o.tensor, tuple(labels.index(l) for l in o.labels),
+                              math.prod(shape) * item, item, shape))
+        item = np.dtype(op.dtype).itemsize
+        return OpModel(op, labels, sizes, tuple(ins), len(op.out_labels),
+                       math.prod(op.out_shape) * item, item, float(op.flops), max(1, workers), params)
+
+    def clamp(self, pieces: Sequence[int]) -> tuple[int, ...]:
+        return tuple(max(1, min(int(d), n)) if n > 0 else 1 for d, n in zip(pieces, self.sizes))
+
+    def out_tiling(self, d: Sequence[int]) -> tuple[int, ...]:
+        return tuple(d[: self.n_out])
+
+    def need(self, d: Sequence[int], which: int) -> tuple[int, ...]:
+        """The tiling (pieces per dimension) this operation needs of input ``which``."""
+        return tuple(d[p] for p in self.inputs[which].pos)
+
+    def working_set(self, d: Sequence[int]) -> int:
+        """Bytes one kernel call holds: its largest input tiles plus its output tile."""
+        tile = [-(-n // k) if n else 0 for n, k in zip(self.sizes, d)]
+        total = self.out_itemsize * math.prod(tile[: self.n_out])
+        for i in self.inputs:
+            total += i.itemsize * math.prod(tile[p] for p in i.pos)
+        return total
+
+    def cost(self, d: Sequence[int], retile: float = 0.0) -> OpCost:
+        """The cost of tiling ``d`` (one entry per label, in ``labels`` order), without the
+        re-tiling of inputs unless given as ``retile``."""
+        k = math.prod(d)
+        join = 0.0
+        for i in self.inputs:
+            join += i.nbytes * (k / math.prod(d[p] for p in i.pos))
+        fan_in = math.prod(d[self.n_out:])
+        agg = float(self.out_bytes * (fan_in - 1))
+        p = self.workers
+        par = min(k, p)
+        prm = self.params
+        balance = max(0.0, self.flops / par - self.flops / p) * p * prm.bytes_per_flop
+        return OpCost(join, agg, retile, prm.task_bytes * k, balance, k, fan_in, self.flops,
+                      self.working_set(d))
+
+
+def stored_aligned(grid: Grid | None, shape: Sequence[int], need: Sequence[int]) -> bool:
+    """True when every piece of the needed even tiling is a union of stored tiles.
+
+    >>> stored_aligned(((0, 4, 8),), (8,), (2,)), stored_aligned(((0, 4, 8),), (8,), (4,))
+    (True, False)
+    """
+    if grid is None:
+        return True
+    for bounds, n, d in zip(grid, shape, need):
+        if not set(even_bounds(n, d)) <= set(bounds):
+            return False
+    return True
+
+
+def dtypes_of(graph: EinGraph) -> dict[str, str]:
+    out = {t.name: t.dtype for t in graph.inputs}
+    out.update({op.output: op.dtype for op in graph.ops})
+    return out
+
+
+def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS
+              ) -> dict[str, OpModel]:
+    dt = dtypes_of(graph)
+    return {op.output: OpModel.of(op, dt, workers, params) for op in graph.ops}
+
+
+def edge_retile(model: OpModel, which: int, d: Sequence[int], producer: "OpModel | None",
+                producer_d: Sequence[int] | None, grid: Grid | None) -> float:
+    """The re-tiling cost of input ``which`` of ``model`` under tiling ``d``."""
+    inp = model.inputs[which]
+    need = model.need(d, which)
+    if producer is None:
+        if stored_aligned(grid, inp.shape, need):
+            return 0.0
+        return model.params.stored_retile * inp.nbytes
+    return 0.0 if producer.out_tiling(producer_d) == need else float(producer.out_bytes)
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """Per-operation costs of a whole decomposition, and their totals."""
+
+    ops: Mapping[str, OpCost]
+    workers: int
+
+    @property
+    def total(self) -> float:
+        return sum(c.total for c in self.ops.values())
+
+    @property
+    def bytes(self) -> float:
+        return sum(c.bytes for c in self.ops.values())
+
+    @property
+    def flops(self) -> float:
+        return sum(c.flops for c in self.ops.values())
+
+    @property
+    def peak_tile_bytes(self) -> int:
+        return max((c.tile_bytes for c in self.ops.values()), default=0)
+
+
+def evaluate(graph: EinGraph, tilings: Mapping[str, Mapping[str, int]], workers: int, *,
+             params: CostParams = DEFAULT_PARAMS, input_grids: Mapping[str, Grid] | None = None,
+             models: Mapping[str, OpModel] | None = None) -> PlanCost:
+    """The cost of a complete decomposition (pieces per label for every operation): the oracle
+    that the dynamic program's choice, the baselines and brute force are all measured with."""
+    models = models or models_of(graph, workers, params)
+    grids = input_grids or {}
+    vec = {name: m.clamp([tilings[name].get(l, 1) for l in m.labels]) for name, m in models.items()}
+    out: dict[str, OpCost] = {}
+    for op in graph.ops:
+        m = models[op.output]
+        d = vec[op.output]
+        retile = 0.0
+        for which, o in enumerate(op.inputs):
+            prod = models.get(o.tensor)
+            retile += edge_retile(m, which, d, prod, vec.get(o.tensor), grids.get(o.tensor))
+        out[op.output] = m.cost(d, retile)
+    return PlanCost(out, workers)
+
+
+def as_vector(model: OpModel, pieces: Mapping[str, int]) -> tuple[int, ...]:
+    return model.clamp([pieces.get(l, 1) for l in model.labels])
+
+
+def as_dict(model: OpModel, d: Sequence[int]) -> dict[str, int]:
+    return dict(zip(model.labels, (int(x) for x in d)))
+
