@@ -1,93 +1,224 @@
-"""Placement: which worker runs each tile task.
+"""Placement: which worker runs each tile task. The executor follows it exactly.
 
-Kernel calls are spread so that flops are balanced (largest first, onto the least-loaded worker,
-preferring the worker that already holds partials of the same output tile); an aggregation runs
-where most of its partial bytes already are; reading a stored tile is free on any worker (it is a
-memory-mapped view), so each worker that needs a stored tile gets its own Load.
+Operations are placed one after another, in plan order. Within one operation:
+
+- Kernel calls, largest first, grouped by the output tile they contribute to, each go to the
+  worker that already holds the most bytes of their inputs (owner computes) plus, when partials of
+  the same output tile are already there, the bytes of one partial (a local aggregation moves
+  nothing). A worker whose share of the operation's flops would pass ``(1 + SLACK) / p`` of the
+  total is skipped, so flops stay balanced; ties go to the least loaded worker overall.
+- An aggregation runs where most of its partial bytes already are.
+- An Assemble (re-tiling of an intermediate) is built on the worker of its first consumer, which
+  fetches the pieces it does not hold.
+- Reading stored tiles is free anywhere (memory-mapped views): each worker that consumes a Load
+  gets its own copy of that Load task (fresh keys, inserted right after the original).
+
+>>> from tensordb.physical.plan import Kernel, Load, TilePlan
+>>> from tensordb.plan.ir import EinOp
+>>> op = EinOp.contraction("Y", "i", [("X", "i")], {"i": 8})
+>>> tasks = [Load(0, "X", (0,), (4,)), Load(1, "X", (4,), (8,)),
+...          Kernel(2, 0, (0,), ((4,),), (4,), (0,), 4), Kernel(3, 0, (1,), ((4,),), (4,), (1,), 4)]
+>>> placed = place(TilePlan((op,), tasks, {}, [], 2, {t.key: 0 for t in tasks}))
+>>> [(t.key, t.worker) for t in placed.tasks]
+[(0, 0), (1, 1), (2, 0), (3, 1)]
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 
 import numpy as np
 
-from ..physical.plan import Aggregate, Kernel, Load, TilePlan
+from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
 
-__all__ = ["place"]
+__all__ = ["place", "transfers", "worker_flops", "SLACK"]
+
+SLACK = 0.05  # how far above an even share of an operation's flops a worker may go
+
+
+def _itemsize(dtype) -> int:
+    return np.dtype(dtype).itemsize
+
+
+class _Sizes:
+    """Bytes of the tile each task produces."""
+
+    def __init__(self, plan: TilePlan) -> None:
+        self.plan = plan
+        self.cache: dict[int, int] = {}
+
+    def __call__(self, key: int) -> int:
+        n = self.cache.get(key)
+        if n is None:
+            n = self.cache[key] = self._compute(self.plan.task(key))
+        return n
+
+    def _compute(self, t) -> int:
+        if isinstance(t, Kernel):
+            return math.prod(t.out_shape) * _itemsize(self.plan.ops[t.op].dtype)
+        if isinstance(t, (Aggregate, Assemble)):
+            return math.prod(t.shape) * _itemsize(t.dtype)
+        reader = getattr(self.plan, "readers", {}).get(t.tensor)
+        item = _itemsize(reader.meta.dtype) if reader is not None else 8
+        return math.prod(b - a for a, b in zip(t.starts, t.stops)) * item
+
+
+def _args(t) -> tuple[int, ...]:
+    return t.inputs
 
 
 def place(plan: TilePlan) -> TilePlan:
-    p = max(1, plan.workers)
-    load = np.zeros(p)
+    """Return a copy of ``plan`` with a worker on every task (see the module docstring)."""
+    p = max(1, int(plan.workers))
+    size = _Sizes(plan)
     where: dict[int, int] = {}
-    consumers = plan.consumers()
-    # Kernels: group the partials of one output tile, then balance flops.
-    kernels = [t for t in plan.tasks if isinstance(t, Kernel)]
-    group_of: dict[int, int] = {}
-    for t in plan.tasks:
-        if isinstance(t, Aggregate):
-            for k in t.parts:
-                group_of[k] = t.key
-    by_op: dict[int, list[Kernel]] = defaultdict(list)
-    for k in kernels:
-        by_op[k.op].append(k)
-    for op_kernels in by_op.values():
-        held: dict[int, set[int]] = defaultdict(set)
-        for k in sorted(op_kernels, key=lambda k: -k.flops):
-            g = group_of.get(k.key, k.key)
-            best = min(range(p), key=lambda w: (load[w], w not in held[g], w))
-            where[k.key] = best
-            held[g].add(best)
-            load[best] += max(k.flops, 1)
-    tasks = []
+    load = [0.0] * p                      # flops placed on each worker so far
+    kernels_of: dict[int, list[Kernel]] = defaultdict(list)
+    aggs_of: dict[int, list[Aggregate]] = defaultdict(list)
+    agg_of_part: dict[int, int] = {}
+    owner = getattr(plan, "owner", {}) or {}
+    order: list[int] = []
     for t in plan.tasks:
         if isinstance(t, Kernel):
-            tasks.append(dataclasses.replace(t, worker=where[t.key]))
+            if t.op not in kernels_of:
+                order.append(t.op)
+            kernels_of[t.op].append(t)
         elif isinstance(t, Aggregate):
-            weight: dict[int, int] = defaultdict(int)
             for k in t.parts:
-                weight[where.get(k, 0)] += 1
-            w = max(weight, key=lambda w: (weight[w], -load[w]))
-            where[t.key] = w
-            tasks.append(dataclasses.replace(t, worker=w))
-        else:
-            tasks.append(t)
-    # Inputs (Load/Assemble) go where they are consumed; a Load read by several workers is
-    # duplicated (free), an Assemble is built once on its first consumer's worker.
-    final: list = []
-    next_key = max((t.key for t in plan.tasks), default=-1) + 1
-    rename: dict[tuple[int, int], int] = {}
-    for t in tasks:
-        if isinstance(t, Kernel) or isinstance(t, Aggregate):
-            final.append(t)
-            continue
-        users = sorted({where.get(c, _first_worker(c, consumers, where)) for c in consumers[t.key]}) or [0]
+                agg_of_part[k] = t.key
+            aggs_of[owner.get(t.key, _op_of(plan, t))].append(t)
+
+    def held(key: int, w: int) -> int:
+        """Bytes of task ``key``'s result that worker ``w`` already has (or gets for free)."""
+        t = plan.task(key)
         if isinstance(t, Load):
-            for n, w in enumerate(users):
-                key = t.key if n == 0 else next_key
-                next_key += n > 0
-                rename[(t.key, w)] = key
-                final.append(dataclasses.replace(t, key=key, worker=w))
-        else:
-            where[t.key] = users[0]
-            final.append(dataclasses.replace(t, worker=users[0]))
-    out = []
-    for t in final:
+            return 0
+        if key in where:
+            return size(key) if where[key] == w else 0
+        if isinstance(t, Assemble):  # built where its consumer runs: its local pieces count
+            return sum(held(k, w) for k in t.inputs)
+        return 0
+
+    for op in order:
+        ks = kernels_of[op]
+        flops = [max(1, k.flops) for k in ks]
+        cap = max(sum(flops) / p, max(flops)) * (1 + SLACK)
+        group = {k.key: agg_of_part.get(k.key, k.key) for k in ks}
+        gflops: dict[int, int] = defaultdict(int)
+        for k, f in zip(ks, flops):
+            gflops[group[k.key]] += f
+        ks = sorted(ks, key=lambda k: (-gflops[group[k.key]], group[k.key], -k.flops, k.key))
+        op_load = [0.0] * p
+        holders: dict[int, set[int]] = defaultdict(set)
+        for k in ks:
+            f = max(1, k.flops)
+            g = group[k.key]
+            ok = [w for w in range(p) if op_load[w] + f <= cap] or list(range(p))
+            out = size(k.key)
+
+            def score(w: int):
+                gain = sum(held(a, w) for a in k.inputs) + (out if w in holders[g] else 0)
+                return (-gain, op_load[w], load[w], w)
+
+            w = min(ok, key=score)
+            where[k.key] = w
+            holders[g].add(w)
+            op_load[w] += f
+            load[w] += f
+            for a in k.inputs:
+                if a not in where and isinstance(plan.task(a), Assemble):
+                    where[a] = w
+        for a in aggs_of.get(op, ()):
+            _place_by_bytes(a, where, size, load, p)
+    for t in plan.tasks:  # anything left: Assembles with no kernel consumer, stray aggregations
+        if not isinstance(t, Load) and t.key not in where:
+            _place_by_bytes(t, where, size, load, p)
+    return _with_loads(plan, where)
+
+
+def _op_of(plan: TilePlan, agg: Aggregate) -> int:
+    for k in agg.parts:
+        t = plan.task(k)
         if isinstance(t, Kernel):
-            t = dataclasses.replace(t, args=tuple(None if a is None else rename.get((a, t.worker), a)
-                                                  for a in t.args))
-        out.append(t)
-    # Keep a topological order: loads first, then everything else in its planned order.
-    out.sort(key=lambda t: (not isinstance(t, Load),))
-    owner = dict(plan.owner)
-    for (old, _w), new in rename.items():
-        owner[new] = plan.owner.get(old, 0)
-    return TilePlan(plan.ops, out, plan.outputs, plan.stats, plan.workers, owner, plan.readers)
+            return t.op
+    return -1
 
 
-def _first_worker(key: int, consumers, where) -> int:
-    for c in consumers.get(key, ()):
-        if c in where:
-            return where[c]
-    return 0
+def _place_by_bytes(t, where, size, load, p) -> None:
+    weight = [0] * p
+    for k in t.inputs:
+        if k in where:
+            weight[where[k]] += size(k)
+    where[t.key] = min(range(p), key=lambda w: (-weight[w], load[w], w))
+
+
+def _with_loads(plan: TilePlan, where: dict[int, int]) -> TilePlan:
+    """Give every consuming worker its own Load, rewire the consumers, set every worker."""
+    users: dict[int, set[int]] = defaultdict(set)
+    loads = {t.key for t in plan.tasks if isinstance(t, Load)}
+    for t in plan.tasks:
+        if t.key in where:
+            for k in t.inputs:
+                if k in loads:
+                    users[k].add(where[t.key])
+    next_key = max((t.key for t in plan.tasks), default=-1) + 1
+    copy: dict[tuple[int, int], int] = {}
+    owner = dict(getattr(plan, "owner", {}) or {})
+    tasks: list = []
+    for t in plan.tasks:
+        if isinstance(t, Load):
+            ws = sorted(users.get(t.key, ())) or [0]
+            for n, w in enumerate(ws):
+                key = t.key if n == 0 else next_key
+                if n:
+                    next_key += 1
+                    if t.key in owner:
+                        owner[key] = owner[t.key]
+                copy[(t.key, w)] = key
+                tasks.append(dataclasses.replace(t, key=key, worker=w))
+            continue
+        w = where[t.key]
+
+        def fix(k):
+            return None if k is None else copy.get((k, w), k)
+
+        if isinstance(t, Kernel):
+            t = dataclasses.replace(t, args=tuple(fix(a) for a in t.args), worker=w)
+        elif isinstance(t, Assemble):
+            t = dataclasses.replace(t, pieces=tuple((fix(s), a, b) for s, a, b in t.pieces),
+                                    worker=w)
+        elif isinstance(t, Aggregate):
+            t = dataclasses.replace(t, parts=tuple(fix(k) for k in t.parts), worker=w)
+        tasks.append(t)
+    fields = {f.name for f in dataclasses.fields(plan)}
+    kw = {"tasks": tasks}
+    if "owner" in fields:
+        kw["owner"] = owner
+    return dataclasses.replace(plan, **kw)
+
+
+def transfers(plan: TilePlan) -> tuple[int, list[int]]:
+    """Bytes the placed plan moves between workers, in total and per operation: every input a
+    task reads from a tile produced on another worker (the executor's count)."""
+    size = _Sizes(plan)
+    on = {t.key: t.worker for t in plan.tasks}
+    owner = getattr(plan, "owner", {}) or {}
+    per_op = [0] * len(plan.ops)
+    for t in plan.tasks:
+        for k in t.inputs:
+            if on[k] != t.worker:
+                n = size(k)
+                op = owner.get(t.key, t.op if isinstance(t, Kernel) else 0)
+                if 0 <= op < len(per_op):
+                    per_op[op] += n
+    return sum(per_op), per_op
+
+
+def worker_flops(plan: TilePlan) -> list[int]:
+    """Kernel flops placed on each worker."""
+    out = [0] * max(1, plan.workers)
+    for t in plan.tasks:
+        if isinstance(t, Kernel):
+            out[t.worker % len(out)] += t.flops
+    return out
