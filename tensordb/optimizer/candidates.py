@@ -8,8 +8,8 @@ shares. Three exceptions:
   kernel calls, down to one: the cost model then weighs task overhead against idle workers;
 - when the labels are too small to make ``p`` pieces, every reachable divisor of ``p`` is offered;
 - when a memory budget is set and no candidate's kernel call fits it, the product doubles
-  (``2p``, ``4p``, ...) until one does; if even splitting every label completely does not fit,
-  the operation cannot run and ``OutOfMemoryError`` names it.
+  (``2p``, ``4p``, ...) until one does; if none does with at most ``MAX_CALLS_PER_WORKER``
+  kernel calls per worker, the operation cannot run and ``OutOfMemoryError`` names it.
 
 Pinned labels (hints) keep their pieces; the search completes the others. A pin never makes
 planning fail: if the pins do not divide ``p``, the free labels make the largest power of two
@@ -32,7 +32,9 @@ from ..errors import OutOfMemoryError, ProgrammingError
 from ..plan.ir import EinGraph
 from .cost import OpModel
 
-__all__ = ["candidates", "pins_from_hints", "divisors"]
+__all__ = ["candidates", "pins_from_hints", "divisors", "MAX_CALLS_PER_WORKER"]
+
+MAX_CALLS_PER_WORKER = 4096
 
 
 @lru_cache(maxsize=None)
@@ -42,7 +44,8 @@ def divisors(n: int) -> tuple[int, ...]:
     >>> divisors(12)
     (1, 2, 3, 4, 6, 12)
     """
-    return tuple(k for k in range(1, n + 1) if n % k == 0)
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return tuple(sorted(set(small) | {n // k for k in small}))
 
 
 @lru_cache(maxsize=4096)
@@ -93,21 +96,21 @@ def candidates(model: OpModel, pins: Mapping[str, int] | None = None,
     if budget is None:
         return cands
     fits = [v for v in cands if model.working_set(v) <= budget]
-    total = base
-    while not fits and total * 2 <= free_reach:
+    # More kernel calls than this per worker is not a plan anyone wants to run: stop there.
+    limit = max(p, 1) * MAX_CALLS_PER_WORKER
+    total, level = base, cands
+    while not fits and total * 2 <= min(free_reach, limit):
         total *= 2
-        fits = [v for v in _level(sizes, pin_t, total) if model.working_set(v) <= budget]
-    if not fits:  # last resort: every free label split completely
-        full = tuple(d or max(n, 1) for n, d in zip(sizes, pin_vec))
-        if model.working_set(full) <= budget:
-            fits = [full]
+        level = _level(sizes, pin_t, total) or level
+        fits = [v for v in level if model.working_set(v) <= budget]
     if not fits:
-        smallest = model.working_set(tuple(d or max(n, 1) for n, d in zip(sizes, pin_vec)))
         op = model.op
+        smallest = min(model.working_set(v) for v in level) if level else 0
         raise OutOfMemoryError(
             f"{op.describe()}: no tiling of labels "
-            f"{', '.join(f'{l}={n}' for l, n in zip(model.labels, sizes))} fits the memory budget "
-            f"of {budget} bytes per worker; the smallest kernel call needs {smallest} bytes",
+            f"{', '.join(f'{l}={n}' for l, n in zip(model.labels, sizes))} into at most "
+            f"{min(total, limit)} kernel calls fits the memory budget of {budget} bytes per "
+            f"worker; the smallest kernel call needs {smallest} bytes",
             hint="raise memory_limit, use fewer workers, or unpin labels")
     return fits
 
