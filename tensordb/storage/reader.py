@@ -162,7 +162,7 @@ class TensorReader:
         try:
             for c in self.coords():
                 e = self.entries[c]
-                dest = out[tuple(slice(s, s + n) for s, n in zip(e.starts, e.shape))]
+                dest = out[tuple(slice(s, s + n) for s, n in zip(e.starts, e.shape))] if meta.shape else out
                 if dest.flags.c_contiguous:
                     _pread_into(fd, memoryview(dest.reshape(-1)).cast("B"), e.offset)
                 else:

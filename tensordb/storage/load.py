@@ -1,0 +1,163 @@
+"""load_tensor: numpy arrays, .npy, .npz, Parquet, CSV and SQL queries become stored tensors.
+
+Arrays are cut into tiles and written one tile at a time (a .npy file is memory-mapped, so a
+file larger than memory loads in about one tile of memory). Tables go through DuckDB; see
+tables.py. Every load is one writer commit: on any error nothing is stored.
+
+>>> import numpy as np
+>>> from tensordb.storage import Store
+>>> with Store() as store:
+...     load_tensor(store, "A", np.eye(3, dtype="float32"), dims=["i", "j"])
+...     store.meta("A").shape
+(3, 3)
+"""
+from __future__ import annotations
+
+import os
+import zipfile
+import zlib
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import DataError, ProgrammingError
+from .meta import TensorMeta, check_name, check_tile_shape, supported_dtype
+from .npyfile import NpyFile, open_input
+from .tiling import default_tile_shape, grid_shape, tile_box
+
+__all__ = ["load_tensor", "load_array", "FORMATS"]
+
+FORMATS = ("npy", "npz", "parquet", "csv", "sql")
+_SUFFIX = {".npy": "npy", ".npz": "npz", ".parquet": "parquet", ".pq": "parquet",
+           ".csv": "csv", ".tsv": "csv", ".txt": "csv"}
+
+
+def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
+                replace: bool = False, array: str | None = None,
+                index: Sequence[str] | None = None, value: str | None = None,
+                shape: Sequence[int] | None = None, dims: Sequence[str] | None = None,
+                format: str | None = None, query: str | None = None) -> TensorMeta:
+    """Store ``source`` as tensor ``name``; returns its catalog entry.
+
+    ``source``: a numpy array (or anything ``np.asarray`` takes), a path to .npy/.npz/.parquet/
+    .csv, a SQL string with ``format="sql"``, or None with ``query=``. Table options: ``index``
+    (coordinate columns) with ``value`` (the value column, default ``value``) and ``shape``;
+    without ``index`` every column must be numeric and the table becomes a rows x columns matrix.
+    """
+    store._check_open(writing=True)
+    check_name(name)
+    fmt, target = _resolve(source, format, query)
+    table_opts = {"index": index, "value": value, "shape": shape}
+    if fmt not in ("parquet", "csv", "sql"):
+        given = [k for k, v in table_opts.items() if v is not None]
+        if given:
+            raise ProgrammingError(f"load '{name}': {', '.join(given)} apply to tables "
+                                   "(Parquet, CSV, SQL), not to arrays")
+    if array is not None and fmt != "npz":
+        raise ProgrammingError(f"load '{name}': array= chooses a member of a .npz file")
+    if fmt != "npz" or array is not None:
+        store.check_free(name, replace)  # fail before reading any data
+    if fmt == "numpy":
+        return load_array(store, name, target, tile=tile, replace=replace, dims=dims,
+                          what=f"tensor '{name}'")
+    if fmt == "npy":
+        with NpyFile(target) as npy:
+            return load_array(store, name, npy.array, tile=tile, replace=replace, dims=dims,
+                              what=target, after_tile=npy.release)
+    if fmt == "npz":
+        return _load_npz(store, name, target, array, tile=tile, replace=replace, dims=dims)
+    from .tables import load_table
+    return load_table(store, name, fmt, target, tile=tile, replace=replace, dims=dims,
+                      **table_opts)
+
+
+def _resolve(source, format: str | None, query: str | None) -> tuple[str, object]:
+    """(format, array or path or SQL text)."""
+    if format is not None:
+        format = str(format).lower().lstrip(".")
+        if format not in FORMATS:
+            raise ProgrammingError(f"unknown format '{format}'", hint=f"formats: {', '.join(FORMATS)}")
+    if query is not None:
+        if source is not None:
+            raise ProgrammingError("give either a source or query=, not both")
+        return "sql", str(query)
+    if format == "sql":
+        if not isinstance(source, str):
+            raise ProgrammingError("format='sql' needs the query text as the source")
+        return "sql", source
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if format is None:
+            format = _SUFFIX.get(os.path.splitext(path)[1].lower())
+            if format is None:
+                raise ProgrammingError(f"cannot tell the format of {path} from its suffix",
+                                       hint="pass format='npy', 'npz', 'parquet' or 'csv'")
+        if not os.path.exists(path):
+            open_input(path).close()  # raises: file not found
+        return format, path
+    if source is None:
+        raise ProgrammingError("nothing to load: give an array, a path or query=")
+    if format is not None:
+        raise ProgrammingError(f"format='{format}' applies to paths, not to in-memory arrays")
+    try:
+        arr = np.asarray(source)
+    except Exception as exc:  # ragged lists and the like
+        raise DataError(f"cannot read {type(source).__name__} as an array: {exc}") from None
+    return "numpy", arr
+
+
+def load_array(store, name: str, arr: np.ndarray, *, tile=None, replace=False, dims=None,
+               what: str, after_tile: Callable[[], None] | None = None) -> TensorMeta:
+    """Cut ``arr`` (any layout) into tiles and store them; all-zero tiles are skipped."""
+    if arr.dtype.hasobject:
+        raise DataError(f"{what}: unsupported dtype object",
+                        hint="supported dtypes: float32, float64, int32, int64")
+    dtype = supported_dtype(arr.dtype, what)
+    tile_shape = (check_tile_shape(tile, arr.shape, name) if tile is not None
+                  else default_tile_shape(arr.shape, dtype))
+    with store.writer(name, arr.shape, dtype, tile_shape, dims=dims, replace=replace) as w:
+        for coords in np.ndindex(*grid_shape(w.grid)):
+            lo, hi = tile_box(w.grid, coords)
+            block = arr[tuple(slice(a, b) for a, b in zip(lo, hi))] if arr.ndim else arr[...]
+            w.write_tile(coords, block)
+            if after_tile is not None:
+                after_tile()
+    return w.meta()
+
+
+def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
+    with open_input(path):
+        pass
+    try:
+        z = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise DataError(f"cannot read {path} as a .npz file: {exc}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        z = None
+        raise DataError(f"{path} is not a .npz archive (it holds a single array: use .npy)")
+    with z:
+        members = list(z.files)
+        if member is not None:
+            if member not in members:
+                raise DataError(f"{path} has no array '{member}'",
+                                hint=f"its arrays: {', '.join(members) or '(none)'}")
+            chosen = {name: member}
+        elif len(members) == 1:
+            chosen = {name: members[0]}
+        elif not members:
+            raise DataError(f"{path} holds no arrays")
+        else:
+            # One tensor per array, named <name>_<member>, stored together or not at all.
+            chosen = {check_name(f"{name}_{m}"): m for m in members}
+        for tname in chosen:
+            store.check_free(tname, replace)
+        metas = []
+        with store.transaction():
+            for tname, m in chosen.items():
+                try:
+                    arr = z[m]
+                except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+                    raise DataError(f"cannot read array '{m}' of {path}: {exc}") from None
+                metas.append(load_array(store, tname, arr, tile=tile, replace=replace, dims=dims,
+                                        what=f"{path}['{m}']"))
+        return metas[0] if len(metas) == 1 else metas

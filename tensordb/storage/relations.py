@@ -1,0 +1,134 @@
+"""Tensors as SQL relations: one column per dimension plus ``value``, one row per nonzero.
+
+Absent cells (zeros) do not appear, whatever the tensor's density: a tensor is shown as its COO
+table, the same table a COO load reads and a Parquet/CSV export writes. Each query that names a
+tensor registers it with DuckDB as an Arrow stream that is produced tile by tile when (and each
+time) the query runs; the stream reads the tensor as it was when ``sql`` was called.
+
+>>> import numpy as np
+>>> from tensordb.storage import Store
+>>> from tensordb.storage.load import load_tensor
+>>> with Store() as store:
+...     load_tensor(store, "A", np.array([[0, 2], [3, 0]], "int32"), dims=["i", "j"])
+...     sql(store, "SELECT i, j, value FROM A ORDER BY i").fetchall()
+[(0, 1, 2), (1, 0, 3)]
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+
+from ._duck import translating
+from .reader import TensorReader
+
+__all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relation"]
+
+# Strings and comments are skipped; quoted and bare identifiers are collected.
+_TOKEN = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/|\"((?:[^\"]|\"\")*)\"|([A-Za-z_][A-Za-z0-9_$]*)",
+                    re.S)
+_ARROW = {"float32": pa.float32(), "float64": pa.float64(), "int32": pa.int32(),
+          "int64": pa.int64()}
+
+
+def referenced_names(query: str) -> set[str]:
+    """Identifiers in ``query``, lower-cased (over-matching only registers an extra view)."""
+    out = set()
+    for m in _TOKEN.finditer(query):
+        if m.group(1) is not None:
+            out.add(m.group(1).replace('""', '"').lower())
+        elif m.group(2) is not None:
+            out.add(m.group(2).lower())
+    return out
+
+
+def arrow_schema(meta) -> pa.Schema:
+    return pa.schema([(d, pa.int64()) for d in meta.dims] + [("value", _ARROW[meta.dtype.name])])
+
+
+def coo_batches(reader: TensorReader):
+    """One Arrow batch of (coordinates..., value) per stored tile, nonzeros only."""
+    meta = reader.meta
+    schema = arrow_schema(meta)
+    for entry, tile in reader.tiles():
+        if meta.ndim == 0:
+            if tile != 0:
+                yield pa.record_batch([pa.array(tile.reshape(1))], schema=schema)
+            continue
+        nz = np.nonzero(tile)
+        cols = [pa.array(ix.astype(np.int64) + s) for ix, s in zip(nz, entry.starts)]
+        yield pa.record_batch(cols + [pa.array(tile[nz])], schema=schema)
+
+
+class TensorStream:
+    """An Arrow stream source DuckDB can scan any number of times (a fresh stream each scan)."""
+
+    def __init__(self, reader: TensorReader) -> None:
+        self.reader = reader
+        self.schema = arrow_schema(reader.meta)
+        if reader.path is not None:
+            reader.mapping()  # map now: the snapshot survives a later replace or drop
+
+    def __arrow_c_schema__(self):
+        return self.schema.__arrow_c_schema__()
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        stream = pa.RecordBatchReader.from_batches(self.schema, coo_batches(self.reader))
+        return stream.__arrow_c_stream__(requested_schema)
+
+
+def expose_tensors(store, query: str) -> list[str]:
+    """Register every stored tensor that ``query`` names; returns their names."""
+    wanted = referenced_names(query)
+    names = [m.name for m in store.list() if m.name.lower() in wanted]
+    for name in names:
+        store._register_view(name, TensorStream(store.open(name)))
+    return names
+
+
+def sql(store, query: str):
+    """Run plain SQL over tables and tensors; a :class:`Relation` for queries, else None."""
+    store._check_open()
+    expose_tensors(store, query)
+    with store._lock, translating():
+        rel = store.duck.sql(query)
+    return None if rel is None else Relation(rel)
+
+
+class Relation:
+    """A DuckDB relation whose errors are tensordb errors; ``.relation`` is the DuckDB one.
+
+    Every method of DuckDB's relation is available (``fetchall``, ``df``, ``arrow``,
+    ``fetchnumpy``, ``filter``, ``show``, ...); methods returning relations return wrapped ones.
+    """
+
+    __slots__ = ("relation",)
+
+    def __init__(self, relation) -> None:
+        self.relation = relation
+
+    def __getattr__(self, attr):
+        with translating():
+            value = getattr(self.relation, attr)
+        if not callable(value):
+            return value
+
+        def call(*args, **kwargs):
+            args = [a.relation if isinstance(a, Relation) else a for a in args]
+            with translating():
+                out = value(*args, **kwargs)
+            return Relation(out) if type(out) is type(self.relation) else out
+        call.__name__ = attr
+        call.__doc__ = getattr(value, "__doc__", None)
+        return call
+
+    def __len__(self) -> int:
+        with translating():
+            return len(self.relation)
+
+    def __repr__(self) -> str:
+        with translating():
+            return repr(self.relation)
+
+    __str__ = __repr__

@@ -1,0 +1,231 @@
+"""Tables (Parquet, CSV, any DuckDB query) as tensors, streamed through DuckDB tile by tile.
+
+COO (``index=[...]``): each row is one element; DuckDB computes every row's tile coordinates and
+sorts by them, so the loader fills one dense tile buffer at a time and never holds the table.
+Missing cells are zeros; tiles with no nonzero row are not stored. Rules: indices are integers,
+at least 0 and inside ``shape`` (inferred as max + 1 when not given); a coordinate may appear
+at most once (a duplicate is a DataError naming it: summing or keeping the last would silently
+change data); NULL indices or values are errors.
+
+Dense (no ``index``): every column must be numeric; the table is a rows x columns matrix in the
+order the source yields rows, dtype the NumPy result type of the columns.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..errors import DataError, ProgrammingError
+from ._duck import quote_ident, quote_str, translating
+from .meta import check_dims, check_tile_shape, supported_dtype
+from .tiling import default_tile_shape, grid_shape, tile_box
+
+__all__ = ["load_table", "source_sql", "numpy_type"]
+
+_INT32 = {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT"}
+_INT64 = {"BIGINT", "UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"}
+_SQL_TYPE = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT"}
+_BATCH = 1 << 20  # rows per Arrow batch pulled from DuckDB
+
+
+def numpy_type(duck_type: str, column: str, where: str) -> np.dtype:
+    """The stored dtype of a numeric DuckDB column (small integers widen to int32)."""
+    t = duck_type.upper()
+    if t in _INT32:
+        return np.dtype("int32")
+    if t in _INT64:
+        return np.dtype("int64")
+    if t == "FLOAT":
+        return np.dtype("float32")
+    if t == "DOUBLE" or t.startswith("DECIMAL"):
+        return np.dtype("float64")
+    if t == "BOOLEAN":
+        return supported_dtype("bool", f"{where}: column '{column}'")
+    raise DataError(f"{where}: column '{column}' has type {duck_type}, which is not numeric")
+
+
+def source_sql(fmt: str, target: str) -> str:
+    if fmt == "parquet":
+        return f"read_parquet({quote_str(target)})"
+    if fmt == "csv":
+        return f"read_csv({quote_str(target)})"
+    query = target.strip().rstrip(";").strip()
+    if not query:
+        raise ProgrammingError("empty query")
+    return f"({query})"
+
+
+def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape):
+    where = target if fmt != "sql" else f"query for '{name}'"
+    if fmt == "sql":
+        from .relations import expose_tensors
+        expose_tensors(store, target)
+    src = source_sql(fmt, target)
+    with store._lock, translating(f"cannot read {where}"):
+        rel = store.duck.sql(f"SELECT * FROM {src}")
+        columns = dict(zip(rel.columns, (str(t) for t in rel.types)))
+        if index is not None:
+            return _load_coo(store, name, src, columns, where, tile=tile, replace=replace,
+                             dims=dims, index=index, value=value, shape=shape)
+        if value is not None or shape is not None:
+            raise ProgrammingError(f"load '{name}': value= and shape= need index= (a COO table)")
+        return _load_dense(store, name, src, columns, where, tile=tile, replace=replace, dims=dims)
+
+
+def _column(columns: dict, col: str, where: str) -> str:
+    """The source's own spelling of column ``col`` (matched ignoring case, as SQL does)."""
+    for c in columns:
+        if c.lower() == str(col).lower():
+            return c
+    raise DataError(f"{where} has no column '{col}'", hint=f"its columns: {', '.join(columns)}")
+
+
+def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, value, shape):
+    duck = store.duck
+    index = [index] if isinstance(index, str) else list(index)
+    if not index:
+        raise ProgrammingError(f"load '{name}': index= needs at least one column")
+    idx = [_column(columns, c, where) for c in index]
+    val = _column(columns, "value" if value is None else value, where)
+    for c in idx:
+        if columns[c].upper() not in _INT32 | _INT64:
+            raise DataError(f"{where}: index column '{c}' has type {columns[c]}, not an integer type")
+    dtype = numpy_type(columns[val], val, where)
+    dims = check_dims(dims if dims is not None else idx, len(idx), name)
+    q = [quote_ident(c) for c in idx]
+    qv = quote_ident(val)
+    stats = duck.execute(
+        f"SELECT count(*), count({qv}), "
+        + ", ".join(f"count({c}), min({c}), max({c})" for c in q) + f" FROM {src}").fetchone()
+    rows, vals = stats[0], stats[1]
+    counts, mins, maxs = stats[2::3], stats[3::3], stats[4::3]
+    for c, n in zip(idx, counts):
+        if n != rows:
+            raise DataError(f"{where}: index column '{c}' has NULL values")
+    if vals != rows:
+        raise DataError(f"{where}: value column '{val}' has NULL values")
+    coord = ", ".join(q)
+    if rows and min(mins) < 0:
+        bad = duck.execute(f"SELECT {coord} FROM {src} WHERE " + " OR ".join(f"{c} < 0" for c in q)
+                       + " LIMIT 1").fetchone()
+        raise DataError(f"{where}: negative coordinate {_fmt(idx, bad)}",
+                        hint="coordinates count from 0")
+    if shape is None:
+        shape = tuple(int(m) + 1 if rows else 0 for m in maxs)
+    else:
+        shape = tuple(int(n) for n in ([shape] if isinstance(shape, int) else shape))
+        if len(shape) != len(idx) or any(n < 0 for n in shape):
+            raise ProgrammingError(f"load '{name}': shape {shape} does not fit index {idx}")
+        if rows and any(m >= n for m, n in zip(maxs, shape)):
+            bad = duck.execute(f"SELECT {coord} FROM {src} WHERE "
+                           + " OR ".join(f"{c} >= {n}" for c, n in zip(q, shape))
+                           + " LIMIT 1").fetchone()
+            raise DataError(f"{where}: coordinate {_fmt(idx, bad)} is outside shape {shape}")
+    dup = duck.execute(f"SELECT {coord}, count(*) FROM {src} GROUP BY {coord} HAVING count(*) > 1 "
+                   "LIMIT 1").fetchone()
+    if dup is not None:
+        raise DataError(f"{where}: coordinate {_fmt(idx, dup[:-1])} appears {dup[-1]} times",
+                        hint="each coordinate may appear once; aggregate first, e.g. "
+                             "query='SELECT i, j, SUM(value) AS value FROM ... GROUP BY i, j'")
+    tile_shape = (check_tile_shape(tile, shape, name) if tile is not None
+                  else default_tile_shape(shape, dtype))
+    keys = [f"{c} // {max(t, 1)}" for c, t in zip(q, tile_shape)]
+    select = (f"SELECT {', '.join(k + f' AS __t{d}' for d, k in enumerate(keys))}, "
+              + ", ".join(f"CAST({c} AS BIGINT)" for c in q)
+              + f", CAST({qv} AS {_SQL_TYPE[dtype.name]}) FROM {src} WHERE {qv} != 0 "
+              + f"ORDER BY {', '.join(f'__t{d}' for d in range(len(keys)))}")
+    # The writer first: DuckDB runs nothing else on the connection while a result streams.
+    with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
+        with _stream(duck, select) as reader:
+            _fill_coo(w, reader, len(idx))
+    return w.meta()
+
+
+def _fill_coo(w, reader, ndim: int) -> None:
+    """Scatter rows sorted by tile into one dense tile buffer at a time."""
+    current, buf, lo = None, None, None
+    for batch in reader:
+        cols = [batch.column(k).to_numpy(zero_copy_only=False) for k in range(2 * ndim + 1)]
+        tkeys = np.stack(cols[:ndim], axis=1) if ndim else np.zeros((batch.num_rows, 0), np.int64)
+        coords, values = cols[ndim:2 * ndim], cols[2 * ndim]
+        change = np.flatnonzero(np.any(tkeys[1:] != tkeys[:-1], axis=1)) + 1
+        for a, b in zip(np.r_[0, change], np.r_[change, batch.num_rows]):
+            key = tuple(int(k) for k in tkeys[a])
+            if key != current:
+                if buf is not None:
+                    w.write_tile(current, buf)
+                current = key
+                lo, hi = tile_box(w.grid, key)
+                buf = np.zeros(tuple(h - l for l, h in zip(lo, hi)), w.dtype)
+            buf[tuple(c[a:b] - l for c, l in zip(coords, lo))] = values[a:b]
+    if buf is not None:
+        w.write_tile(current, buf)
+
+
+def _load_dense(store, name, src, columns, where, *, tile, replace, dims):
+    if not columns:
+        raise DataError(f"{where} has no columns")
+    dtypes = [numpy_type(t, c, where) for c, t in columns.items()]
+    dtype = np.result_type(*dtypes)
+    rows = store.duck.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
+    shape = (int(rows), len(columns))
+    tile_shape = (check_tile_shape(tile, shape, name) if tile is not None
+                  else default_tile_shape(shape, dtype))
+    dims = check_dims(dims, 2, name)
+    sql_type = _SQL_TYPE[dtype.name]
+    select = ("SELECT " + ", ".join(f"CAST({quote_ident(c)} AS {sql_type})" for c in columns)
+              + f" FROM {src}")
+    with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
+        with _stream(store.duck, select) as reader:
+            _fill_dense(w, reader, list(columns), where)
+    return w.meta()
+
+
+def _fill_dense(w, reader, names, where) -> None:
+    """Collect rows into one slab of row tiles at a time and write its tiles."""
+    row_bounds, col_bounds = w.grid
+    nrows = row_bounds[-1]
+    slab_index, filled = 0, 0
+    slab = np.zeros((row_bounds[1] - row_bounds[0] if nrows else 0, len(names)), w.dtype)
+    seen = 0
+    for batch in reader:
+        at = 0
+        while at < batch.num_rows:
+            take = min(batch.num_rows - at, slab.shape[0] - filled)
+            if take <= 0:
+                raise DataError(f"{where} yielded more rows than it counted")
+            for k, col in enumerate(batch.columns):
+                part = col.slice(at, take)
+                if part.null_count:
+                    raise DataError(f"{where}: column '{names[k]}' has NULL values "
+                                    f"(near row {seen + at})")
+                slab[filled:filled + take, k] = part.to_numpy(zero_copy_only=False)
+            at += take
+            filled += take
+            if filled == slab.shape[0]:
+                for cj in range(len(col_bounds) - 1):
+                    w.write_tile((slab_index, cj), slab[:, col_bounds[cj]:col_bounds[cj + 1]])
+                slab_index += 1
+                filled = 0
+                if slab_index < len(row_bounds) - 1:
+                    slab = np.zeros((row_bounds[slab_index + 1] - row_bounds[slab_index],
+                                     len(names)), w.dtype)
+        seen += batch.num_rows
+    if seen != nrows:
+        raise DataError(f"{where} yielded {seen} rows but counted {nrows}")
+
+
+@contextlib.contextmanager
+def _stream(duck, select: str):
+    """Arrow batches of a query; closed on the way out so the connection is free again."""
+    reader = duck.sql(select).to_arrow_reader(_BATCH)
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
+def _fmt(names, values) -> str:
+    return "(" + ", ".join(f"{n}={v}" for n, v in zip(names, values)) + ")"
+
