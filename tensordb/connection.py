@@ -13,8 +13,8 @@ import numpy as np
 
 from . import optimizer, physical
 from .config import Settings, debug_level, stage
-from .errors import Error, InterfaceError
-from .plan.builder import Graph, bind
+from .errors import CatalogError, InterfaceError
+from .plan.builder import Graph, bind, expand_hints
 from .plan.ir import EinGraph
 from .storage import Store
 
@@ -153,6 +153,7 @@ class Connection:
     def plan(self, graph: EinGraph, hints=None):
         """Optimize, lower and place a bound graph: the TilePlan (nothing runs)."""
         grids = {t.name: self.store.meta(t.name).grid for t in graph.inputs}
+        hints = expand_hints(graph, hints)
         with stage("optimize"):
             decomp = optimizer.decompose(graph, self.settings.workers, strategy=self.settings.tiling,
                                          memory_limit=self.settings.memory_limit, hints=hints,
@@ -167,8 +168,8 @@ class Connection:
 
     def _run_graph(self, graph: EinGraph, *, hints=None, replace=False, analyze=False):
         for name in graph.outputs:
+            name = graph.stored_name(name)
             if self.store.has(name) and not replace:
-                from .errors import CatalogError
                 raise CatalogError(f"tensor '{name}' already exists",
                                    hint="use replace=True (CREATE OR REPLACE) to overwrite it")
         decomp, plan = self.plan(graph, hints)

@@ -97,10 +97,10 @@ class KernelSpec:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:
-                out = scalar.evaluate(op.join, views, xp)
-                return xp.broadcast_to(xp.asarray(out, dtype=self.dtype), full).copy() \
-                    if getattr(out, "shape", None) != tuple(full) or out.dtype != self.dtype \
-                    else xp.ascontiguousarray(out)
+                out = xp.asarray(scalar.evaluate(op.join, views, xp), dtype=self.dtype)
+                if out.shape != tuple(full):  # the join ignores some label: repeat it
+                    out = xp.broadcast_to(out, full).copy()
+                return out
             # Chunk along the largest aggregated label so one chunk stays near CHUNK_ELEMENTS.
             axis = max(agg_axes, key=lambda ax: full[ax])
             per_slice = math.prod(full) // max(full[axis], 1)

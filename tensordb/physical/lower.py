@@ -117,6 +117,8 @@ class _Lowering:
                 ctes.append(f"r_{len(label_col)} AS (SELECT unnest(range({pieces[l]})) AS c0)")
                 from_parts.append(f"r_{len(label_col)}")
                 label_col[l] = f"r_{len(label_col)}.c0"
+        if not from_parts:  # no labels and no input that must be present: one call
+            from_parts.append("(SELECT 1 AS one) AS unit")
         sql_from = from_parts[0]
         for part in from_parts[1:]:
             sql_from += f" CROSS JOIN {part}" if not conds else f" JOIN {part} ON TRUE"
@@ -178,7 +180,8 @@ class _Lowering:
                                                         parts[0][1], op.dtype, fill), index)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
         self.outputs[op.output] = OutputTiles(op.output, op.out_shape, op.dtype, grid, out_tiles,
-                                              op.output in self.graph.outputs)
+                                              op.output in self.graph.outputs,
+                                              self.graph.stored_name(op.output))
         self._op_index[op.output] = index
         self._record_output(index, op, out_tiles)
         self.stats.append(stats)
@@ -273,7 +276,7 @@ def store_outputs(store, plan: TilePlan, tiles: dict[int, np.ndarray], *, replac
                 continue
             op = next(o for o in plan.ops if o.output == out.name)
             dims = [l if l.isidentifier() else f"d{n}" for n, l in enumerate(op.out_labels)]
-            with store.writer(out.name, out.shape, out.dtype, out.grid, dims=dims,
+            with store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid, dims=dims,
                               replace=replace) as w:
                 for coords in sorted(out.tiles):
                     w.write_tile(coords, tiles[out.tiles[coords]])

@@ -96,6 +96,7 @@ class OutputTiles:
     grid: Grid
     tiles: dict[tuple[int, ...], int]   # output tile coords -> key of the task producing it
     stored: bool                        # a graph output (stored) or a temporary
+    store_name: str = ""                # the catalog name it is stored under (default: name)
 
 
 @dataclass

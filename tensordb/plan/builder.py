@@ -197,7 +197,9 @@ def split_pairwise(into: str, labels: list[list[str]], output: list[str], sizes:
             keep = set(output) | {l for _, ls in live for l in ls}
             out = []
             for _, ls in picked:
-                out += [l for l in ls if l in keep and l not in out]
+                for l in ls:
+                    if l in keep and l not in out:
+                        out.append(l)
             name = f"{into}.{step + 1}"
         steps.append((name, out, picked))
         live.append((name, out))
@@ -223,8 +225,11 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
     inputs: dict[str, TensorInfo] = {}
     ops: list[EinOp] = []
     outputs: list[str] = []
+    alias: dict[str, str] = {}     # a name redefined after it was read -> its newest definition
+    store_as: list[tuple[str, str]] = []
 
     def lookup(name: str, into: str) -> tuple[tuple[int, ...], str]:
+        name = alias.get(name, name)
         if name in known:
             return known[name]
         if not catalog.has(name):
@@ -239,9 +244,9 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
         if step.agg not in AGGS:
             raise BinderError(f"{step.into}: unknown aggregate '{step.agg}'",
                               hint=f"valid aggregates: {', '.join(AGGS)}")
-        if step.into in known:
+        if step.into in known and step.into not in inputs or step.into in alias:
             raise BinderError(f"'{step.into}' is defined twice in one graph")
-        names = [t for t, _ in step.inputs]
+        names = [alias.get(t, t) for t, _ in step.inputs]
         metas = [lookup(t, step.into) for t in names]
         shapes = [m[0] for m in metas]
         dtypes = [m[1] for m in metas]
@@ -265,10 +270,15 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
                     sizes[l] = n
         dtype = infer_dtype(join, dtypes)
         check_dtype(dtype, f"{step.into} (result of {', '.join(dict.fromkeys(dtypes))})")
+        into = step.into
+        if into in inputs:  # replaces a tensor this graph reads: compute under another name
+            into = alias[step.into] = step.into + "'"
+            if step.store:
+                store_as.append((into, step.into))
         if scalar.product_of(join) == (1.0, tuple(range(len(names)))) and step.agg == "sum":
-            pieces = split_pairwise(step.into, labels, out, sizes, names)
+            pieces = split_pairwise(into, labels, out, sizes, names)
         else:
-            pieces = [(step.into, out, list(zip(names, labels)))]
+            pieces = [(into, out, list(zip(names, labels)))]
         for name, out_labels, operands in pieces:
             k = len(operands)
             j = join if len(pieces) == 1 else scalar.product(k)
@@ -279,5 +289,19 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
                              tuple((l, sizes[l]) for l in sizes if l in used), j, step.agg, op_dtype))
             known[name] = (ops[-1].out_shape, op_dtype)
         if step.store:
-            outputs.append(step.into)
-    return EinGraph(tuple(inputs.values()), tuple(ops), tuple(outputs))
+            outputs.append(into)
+    return EinGraph(tuple(inputs.values()), tuple(ops), tuple(outputs), tuple(store_as))
+
+
+def expand_hints(graph: EinGraph, hints: Mapping[str, Mapping[str, int]] | None
+                 ) -> dict[str, dict[str, int]]:
+    """Hints are given per statement; a statement split into pairwise steps ('D.1', 'D.2', ...,
+    'D') passes each step the pins of the labels it has."""
+    out: dict[str, dict[str, int]] = {}
+    for name, pins in (hints or {}).items():
+        for op in graph.ops:
+            if op.output == name or op.output.startswith(name + "."):
+                mine = {l: int(d) for l, d in pins.items() if l in op.size}
+                if mine:
+                    out[op.output] = mine
+    return out

@@ -162,12 +162,14 @@ class EinGraph:
     """A DAG of operations in topological order over stored input tensors.
 
     ``outputs`` are the operation outputs that are stored; every other operation output is a
-    temporary that lives only while the graph runs.
+    temporary that lives only while the graph runs. ``store_as`` renames outputs when stored: an
+    operation that replaces a tensor it also reads gets an internal name (``A'``) in the graph.
     """
 
     inputs: tuple[TensorInfo, ...]
     ops: tuple[EinOp, ...]
     outputs: tuple[str, ...]
+    store_as: tuple[tuple[str, str], ...] = ()
     _index: dict = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -198,6 +200,10 @@ class EinGraph:
         if missing:
             raise BinderError(f"graph outputs {missing} are not produced by any operation")
         object.__setattr__(self, "_index", produced)
+
+    def stored_name(self, output: str) -> str:
+        """The catalog name an output is stored under."""
+        return dict(self.store_as).get(output, output)
 
     def op(self, name: str) -> EinOp:
         return self._index[name]
