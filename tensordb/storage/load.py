@@ -7,7 +7,7 @@ tables.py. Every load is one writer commit: on any error nothing is stored.
 >>> import numpy as np
 >>> from tensordb.storage import Store
 >>> with Store() as store:
-...     load_tensor(store, "A", np.eye(3, dtype="float32"), dims=["i", "j"])
+...     _ = load_tensor(store, "A", np.eye(3, dtype="float32"), dims=["i", "j"])
 ...     store.meta("A").shape
 (3, 3)
 """

@@ -104,10 +104,10 @@ def check_tile_shape(tile, shape: Sequence[int], tensor: str) -> tuple[int, ...]
     except (TypeError, ValueError):
         raise ProgrammingError(f"tensor '{tensor}': tile must be a tuple of integers, got {tile!r}") \
             from None
-    if len(tile) != len(shape) or any(t < 1 for t in tile):
+    if len(tile) != len(shape) or any(t < 1 and n > 0 for t, n in zip(tile, shape)):
         raise ProgrammingError(f"tensor '{tensor}': tile {tile} does not fit shape {tuple(shape)}",
                                hint="give one positive tile extent per dimension")
-    return tuple(min(t, max(n, 1)) for t, n in zip(tile, shape))
+    return tuple(max(1, min(t, n)) for t, n in zip(tile, shape))
 
 
 def check_grid(grid, shape: Sequence[int], tensor: str) -> Grid:

@@ -9,7 +9,7 @@ time) the query runs; the stream reads the tensor as it was when ``sql`` was cal
 >>> from tensordb.storage import Store
 >>> from tensordb.storage.load import load_tensor
 >>> with Store() as store:
-...     load_tensor(store, "A", np.array([[0, 2], [3, 0]], "int32"), dims=["i", "j"])
+...     _ = load_tensor(store, "A", np.array([[0, 2], [3, 0]], "int32"), dims=["i", "j"])
 ...     sql(store, "SELECT i, j, value FROM A ORDER BY i").fetchall()
 [(0, 1, 2), (1, 0, 3)]
 """
