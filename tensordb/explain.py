@@ -1,0 +1,263 @@
+"""EXPLAIN: print a plan as a table (text), as JSON, or as a Graphviz graph (dot).
+
+``render(decomp, plan)`` is a pure function of the optimizer's Decomposition and the placed
+TilePlan; ``explain_graph(con, graph)`` plans a graph on a connection (and, with ``analyze``, runs
+it) and renders the result. See docs/explain.md for how to read the output.
+
+The text form is a header with totals, then one row per operation: its expression, pieces per
+label (output labels | aggregated labels), the tile shape of one kernel call, kernel calls,
+aggregation fan-in, estimated flops, bytes the placed plan moves between workers, and the cost
+model's figure; under each row, the runner-up tilings the search considered with their costs.
+EXPLAIN ANALYZE adds the measured time, kernel calls, bytes moved and peak tile memory.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+from .config import format_bytes
+from .errors import ProgrammingError
+
+__all__ = ["explain_graph", "render", "plan_summary", "FORMATS"]
+
+FORMATS = ("text", "json", "dot")
+
+
+def explain_graph(con, graph, *, hints: Mapping | None = None, format: str = "text",
+                  analyze: bool = False) -> str:
+    """EXPLAIN [ANALYZE] a graph (a builder ``Graph`` or a bound ``EinGraph``) on ``con``.
+
+    With ``analyze`` the statement runs (its outputs are stored, replacing older ones) and the
+    measured figures are shown next to the estimates.
+    """
+    from .plan.builder import Graph, bind
+    _check_format(format)
+    if isinstance(graph, Graph):
+        hints = {**graph.hints, **(hints or {})}
+        graph = bind(graph, con.store)
+    decomp, plan = con.plan(graph, hints)
+    result = None
+    if analyze:
+        result = con._run_graph(graph, hints=hints, replace=True, analyze=True)
+        plan = getattr(con, "last_plan", None) or plan
+    return render(decomp, plan, format=format, result=result)
+
+
+def _check_format(format: str) -> None:
+    if format not in FORMATS:
+        raise ProgrammingError(f"unknown EXPLAIN format '{format}'",
+                               hint=f"valid formats: {', '.join(FORMATS)}")
+
+
+def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
+    """Everything EXPLAIN shows, as plain data (this is the JSON form)."""
+    from .optimizer import evaluate
+    from .optimizer.placement import transfers, worker_flops
+    cost = decomp.details.get("cost")
+    if cost is None:  # a Decomposition made by hand: price it now
+        cost = evaluate(_graph_of(plan), decomp.tilings, decomp.workers)
+    choices = decomp.details.get("choices", {})
+    moved, moved_per_op = transfers(plan)
+    nodes = []
+    for i, op in enumerate(plan.ops):
+        stats = plan.stats[i] if i < len(plan.stats) else None
+        pieces = decomp.pieces(op.output) if op.output in decomp.tilings else dict(stats.pieces)
+        pieces = {l: int(pieces.get(l, 1)) for l in op.labels}
+        tile = {l: -(-op.size[l] // pieces[l]) if op.size[l] else 0 for l in op.labels}
+        c = cost.ops.get(op.output) if cost is not None else None
+        node: dict[str, Any] = {
+            "output": op.output,
+            "expression": op.describe(),
+            "labels": list(op.labels),
+            "out_labels": list(op.out_labels),
+            "aggregated_labels": list(op.agg_labels),
+            "partition": pieces,
+            "tile_shape": tile,
+            "kernel_calls": stats.kernel_calls if stats else math.prod(pieces.values()),
+            "fan_in": stats.max_fan_in if stats and stats.max_fan_in else
+            math.prod(pieces[l] for l in op.agg_labels),
+            "aggregations": stats.aggregations if stats else 0,
+            "flops": int(stats.flops) if stats else int(op.flops),
+            "bytes_moved": int(moved_per_op[i]),
+            "retile_bytes": int(stats.retile_bytes) if stats else 0,
+        }
+        if c is not None:
+            node["cost"] = {"join": c.join, "aggregation": c.aggregation, "retile": c.retile,
+                            "overhead": c.overhead, "balance": c.balance, "total": c.total,
+                            "tile_bytes": c.tile_bytes}
+        ch = choices.get(op.output)
+        if ch is not None:
+            node["search"] = {"cost": ch.cost, "candidates": ch.candidates}
+            node["runner_ups"] = [{"partition": dict(p), "cost": v} for p, v in ch.runner_ups]
+        if result is not None and stats is not None and stats.measured:
+            node["measured"] = dict(stats.measured)
+        nodes.append(node)
+    per_worker = worker_flops(plan)
+    mean = sum(per_worker) / len(per_worker) if per_worker else 0
+    total: dict[str, Any] = {
+        "flops": int(sum(n["flops"] for n in nodes)),
+        "bytes_moved": int(moved),
+        "cost": cost.total if cost is not None else 0.0,
+        "comm_bytes": cost.bytes if cost is not None else 0.0,
+        "peak_tile_bytes": cost.peak_tile_bytes if cost is not None else 0,
+        "kernel_calls": int(sum(n["kernel_calls"] for n in nodes)),
+        "tasks": len(plan.tasks),
+        "imbalance": (max(per_worker) / mean) if mean else 1.0,
+    }
+    out: dict[str, Any] = {"workers": plan.workers, "strategy": decomp.strategy, "nodes": nodes,
+                           "total": total}
+    if "search_seconds" in decomp.details:
+        out["search_seconds"] = decomp.details["search_seconds"]
+    if result is not None:
+        out["measured"] = {"seconds": getattr(result, "seconds", None),
+                           "bytes_moved": getattr(result, "bytes_moved", None),
+                           "peak_bytes": getattr(result, "peak_bytes", None),
+                           "kernel_calls": getattr(result, "kernel_calls", None)}
+    return out
+
+
+def _graph_of(plan):
+    """The EinGraph a TilePlan was lowered from (stored inputs' dtypes from its readers)."""
+    from .plan.ir import EinGraph, TensorInfo
+    produced = {op.output for op in plan.ops}
+    readers = getattr(plan, "readers", {}) or {}
+    inputs: dict[str, TensorInfo] = {}
+    for op in plan.ops:
+        for o in op.inputs:
+            if o.tensor not in produced and o.tensor not in inputs:
+                r = readers.get(o.tensor)
+                dtype = str(r.meta.dtype) if r is not None else op.dtype
+                inputs[o.tensor] = TensorInfo(o.tensor, tuple(op.size[l] for l in o.labels), dtype)
+    return EinGraph(tuple(inputs.values()), plan.ops, ())
+
+
+def render(decomp, plan, format: str = "text", result=None) -> str:
+    """Render a planned (and, with ``result``, executed) TilePlan."""
+    _check_format(format)
+    data = plan_summary(decomp, plan, result)
+    if format == "json":
+        return json.dumps(data, indent=2, default=float)
+    if format == "dot":
+        return _dot(data, plan)
+    return _text(data)
+
+
+# -- text ----------------------------------------------------------------------------------------
+
+def count(n: float | None) -> str:
+    """A count in three significant digits: ``count(1234567) == '1.23M'``.
+
+    >>> count(999), count(1234567), count(2.5e10)
+    ('999', '1.23M', '25.0G')
+    """
+    if n is None:
+        return "-"
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.3g}{unit}" if v >= 100 else f"{v:.2f}{unit}" if v < 10 else f"{v:.1f}{unit}"
+    return f"{n:.0f}" if float(n).is_integer() else f"{n:.3g}"
+
+
+def _pieces(node: Mapping, partition: Mapping[str, int]) -> str:
+    outs = " ".join(f"{l}={partition.get(l, 1)}" for l in node["out_labels"])
+    aggs = " ".join(f"{l}={partition.get(l, 1)}" for l in node["aggregated_labels"])
+    return f"{outs} | {aggs}" if aggs else outs or "-"
+
+
+def _tile(node: Mapping) -> str:
+    t = node["tile_shape"]
+    outs = "x".join(str(t[l]) for l in node["out_labels"]) or "1"
+    aggs = "x".join(str(t[l]) for l in node["aggregated_labels"])
+    return f"{outs} | {aggs}" if aggs else outs
+
+
+def _delta(x: float) -> str:
+    """A relative cost difference: ``+1.4%``, ``+76%``, ``-0.5%``, ``x3.2``."""
+    if x >= 9.5:
+        return f"x{x + 1:.1f}"
+    pct = 100 * x
+    return f"{pct:+.1f}%" if abs(pct) < 10 else f"{pct:+.0f}%"
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _text(data: Mapping) -> str:
+    t = data["total"]
+    analyze = "measured" in data
+    lines = [f"EXPLAIN{' ANALYZE' if analyze else ''}: {len(data['nodes'])} operation(s) on "
+             f"{data['workers']} worker(s), strategy {data['strategy']}"
+             + (f" (search {_seconds(data['search_seconds'])})" if "search_seconds" in data else "")]
+    lines.append(f"  total: {count(t['flops'])} flops, {t['kernel_calls']} kernel calls, "
+                 f"{format_bytes(t['bytes_moved'])} moved between workers, "
+                 f"cost {format_bytes(t['cost'])} (communication {format_bytes(t['comm_bytes'])}), "
+                 f"peak tile memory {format_bytes(t['peak_tile_bytes'])} (largest kernel call), "
+                 f"flop imbalance {t['imbalance']:.2f}")
+    if analyze:
+        m = data["measured"]
+        lines.append(f"  measured: {_seconds(m['seconds'])}, {format_bytes(m['bytes_moved'])} moved, "
+                     f"peak tile memory {format_bytes(m['peak_bytes'])} (tiles alive at once)")
+    head = ["#", "operation", "pieces", "tile", "calls", "fan-in", "flops", "moved", "cost"]
+    if analyze:
+        head += ["time", "calls*", "moved*", "peak*"]
+    rows = []
+    for i, n in enumerate(data["nodes"], 1):
+        row = [str(i), n["expression"], _pieces(n, n["partition"]), _tile(n), str(n["kernel_calls"]),
+               str(n["fan_in"]), count(n["flops"]), format_bytes(n["bytes_moved"]),
+               format_bytes(n["cost"]["total"]) if "cost" in n else "-"]
+        if analyze:
+            m = n.get("measured", {})
+            row += [_seconds(m.get("seconds")), str(m.get("kernel_calls", "-")),
+                    format_bytes(m.get("bytes_moved")) if "bytes_moved" in m else "-",
+                    format_bytes(m.get("peak_tile_bytes")) if "peak_tile_bytes" in m else "-"]
+        rows.append((row, n))
+    widths = [max(len(head[c]), *(len(r[c]) for r, _ in rows)) for c in range(len(head))]
+    right = {0, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+
+    def fmt(cells):
+        return "  " + "  ".join(c.rjust(w) if k in right else c.ljust(w)
+                                for k, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    lines += ["", fmt(head), "  " + "  ".join("-" * w for w in widths)]
+    for row, n in rows:
+        lines.append(fmt(row))
+        ups = n.get("runner_ups")
+        if ups:
+            base = n["search"]["cost"] or 1.0
+            alts = ", ".join(f"{_pieces(n, u['partition'])} ({_delta(u['cost'] / base - 1)})"
+                             for u in ups)
+            lines.append(f"  {'':>{widths[0]}}  runner-ups: {alts}")
+    if analyze:
+        lines.append("")
+        lines.append("  * measured while running; the other columns are estimates")
+    return "\n".join(lines)
+
+
+# -- dot -----------------------------------------------------------------------------------------
+
+def _dot(data: Mapping, plan) -> str:
+    produced = {n["output"] for n in data["nodes"]}
+    out = ["digraph plan {", "  rankdir=LR;", "  node [shape=box, fontname=monospace];"]
+    stored = []
+    for op in plan.ops:
+        for o in op.inputs:
+            if o.tensor not in produced and o.tensor not in stored:
+                stored.append(o.tensor)
+    for name in stored:
+        out.append(f'  "{name}" [shape=cylinder];')
+    for n, op in zip(data["nodes"], plan.ops):
+        label = f"{n['expression']}\\n{_pieces(n, n['partition'])}\\n{n['kernel_calls']} calls"
+        out.append(f'  "{n["output"]}" [label="{_esc(label)}"];')
+        for o in op.inputs:
+            out.append(f'  "{o.tensor}" -> "{n["output"]}";')
+    out.append("}")
+    return "\n".join(out)
+
+
+def _esc(s: str) -> str:
+    return s.replace('"', '\\"')
