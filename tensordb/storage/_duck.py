@@ -8,7 +8,7 @@ import duckdb
 
 from .. import errors
 
-__all__ = ["translate", "translating", "quote_ident", "quote_str"]
+__all__ = ["translate", "translate_message", "translating", "quote_ident", "quote_str"]
 
 # Most specific first: DuckDB's exception classes form a tree, ours too.
 _MAP = (
@@ -45,6 +45,18 @@ def translating(context: str | None = None):
         yield
     except duckdb.Error as exc:
         raise translate(exc, context) from exc
+
+
+_PREFIX = (("Conversion Error", errors.DataError), ("Invalid Input Error", errors.DataError),
+           ("Out of Memory Error", errors.OutOfMemoryError), ("IO Error", errors.OperationalError),
+           ("Catalog Error", errors.CatalogError), ("Binder Error", errors.BinderError))
+
+
+def translate_message(message: str, context: str | None = None) -> errors.Error:
+    """The tensordb error for a DuckDB error that reached us as text (through an Arrow stream)."""
+    cls = next((ours for prefix, ours in _PREFIX if message.startswith(prefix)),
+               errors.DatabaseError)
+    return cls(f"{context}: {message}" if context else message)
 
 
 def translated(fn):

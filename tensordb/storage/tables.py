@@ -15,9 +15,10 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import DataError, ProgrammingError
-from ._duck import quote_ident, quote_str, translating
+from ._duck import quote_ident, quote_str, translate_message, translating
 from .meta import check_dims, check_tile_shape, supported_dtype
 from .tiling import default_tile_shape, grid_shape, tile_box
 
@@ -222,6 +223,8 @@ def _stream(duck, select: str):
     reader = duck.sql(select).to_arrow_reader(_BATCH)
     try:
         yield reader
+    except (pa.ArrowException, OSError) as exc:  # DuckDB errors met while streaming
+        raise translate_message(str(exc)) from None
     finally:
         reader.close()
 
