@@ -45,6 +45,7 @@ class KernelSpec:
         self.eq = ",".join("".join(sym[l] for l in o.labels) for o in op.inputs) + "->" + \
             "".join(sym[l] for l in op.out_labels)
         self.dtype = np.dtype(op.dtype)
+        self.tensordot = _tensordot_plan(op) if self.blas else None
         # For the broadcasting path: per operand, its labels made unique (diagonal taken first)
         # and the axes it occupies in the join space.
         self.unique = []
@@ -64,6 +65,12 @@ class KernelSpec:
 
     # -- BLAS ----------------------------------------------------------------------------------
     def _contract(self, arrays):
+        if self.tensordot is not None:
+            first, second, axes = self.tensordot
+            out = self.xp.tensordot(arrays[first], arrays[second], axes=axes)
+            if self.scale != 1.0:
+                out *= self.scale
+            return out if out.dtype == self.dtype else out.astype(self.dtype)
         shapes = tuple(a.shape for a in arrays)
         expr = self._exprs.get(shapes)
         if expr is None:
@@ -74,7 +81,8 @@ class KernelSpec:
             out = expr(*arrays, backend="cupy")
         if self.scale != 1.0:
             out = out * self.scale
-        return out if out.dtype == self.dtype else out.astype(self.dtype)
+        # Tiles are stored and accumulated C-ordered: pay the transpose here, on the worker.
+        return self.xp.ascontiguousarray(out, dtype=self.dtype)
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
     def _broadcast(self, arrays):
@@ -119,6 +127,31 @@ class KernelSpec:
             if acc is None:  # an empty aggregated label: the aggregate's identity
                 acc = xp.full(full[:self.n_out], _identity(op.agg), dtype=self.dtype)
             return xp.asarray(acc, dtype=self.dtype)
+
+
+def _tensordot_plan(op: EinOp):
+    """(first, second, axes) when one tensordot yields the output already in C order.
+
+    tensordot returns the free axes of its first operand, then those of its second; when that is
+    the output order (possibly after swapping the operands) the result needs no transpose, which
+    would otherwise cost a full copy of every output tile. Batched or diagonal cases return None.
+    """
+    if len(op.inputs) != 2:
+        return None
+    a, b = (o.labels for o in op.inputs)
+    if len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None
+    shared = [l for l in a if l in b]
+    if any(l in op.out_labels for l in shared):   # a batch label: not a plain tensordot
+        return None
+    if any(l not in b and l not in op.out_labels for l in a) or \
+            any(l not in a and l not in op.out_labels for l in b):
+        return None                                # a label summed inside one operand
+    for first, second, x, y in ((0, 1, a, b), (1, 0, b, a)):
+        free = [l for l in x if l not in shared] + [l for l in y if l not in shared]
+        if tuple(free) == op.out_labels:
+            return first, second, ([x.index(l) for l in shared], [y.index(l) for l in shared])
+    return None
 
 
 def _slice(a, axis: int, lo: int, hi: int, xp):
