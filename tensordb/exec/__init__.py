@@ -5,6 +5,8 @@ CuPy kernels) and ``dask://host:port`` (a Dask cluster). An unknown name fails w
 """
 from __future__ import annotations
 
+from importlib import import_module  # dask and cupy load only when their executor is chosen
+
 from ..errors import ProgrammingError
 from .pool import LocalExecutor, RunResult
 
@@ -15,7 +17,9 @@ def _local(spec: str, workers: int, **kw):
     return LocalExecutor(workers, **kw)
 
 
-EXECUTORS = {"local": _local}
+EXECUTORS = {"local": _local,
+             "dask": lambda *a, **kw: import_module(".dask", __package__).make(*a, **kw),
+             "gpu": lambda *a, **kw: import_module(".gpu", __package__).make(*a, **kw)}
 
 
 def make_executor(spec: str, workers: int, *, memory_limit=None):

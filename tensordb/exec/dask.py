@@ -1,0 +1,482 @@
+"""The Dask executor: a TilePlan submitted to a Dask distributed cluster as one graph.
+
+    con = tensordb.connect(executor="dask://10.0.0.5:8786")    # an existing scheduler
+    con = tensordb.connect(workers=2, executor="dask://local")  # a LocalCluster owned by us
+
+Each Dask worker is one tensordb worker: plan worker ``w`` runs on ``addresses[w % n]`` (the
+sorted worker addresses), pinned with ``allow_other_workers=False``. Dask does the scheduling and
+moves tiles between workers; the tile code is the pool's (``tasks.py``), so results are the same.
+Stored input tiles are read on their worker from the memory-mapped payload when the worker shares
+this machine, else read here and scattered to it. Only the stored outputs are gathered; every
+other key is released when the run ends, so nothing outlives the query on a worker.
+
+A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices,
+cancels the run and runs the plan again, once, on the workers alive then; a second loss raises
+``OperationalError``. Spec options: ``?retries=N`` (default 1), ``?scatter=auto|always|never``,
+``?backend=numpy|cupy`` (CuPy tiles on dask-cuda workers), ``?timeout=S`` (seconds to wait for
+workers). ``dask://local-cuda`` starts dask-cuda's LocalCUDACluster (one worker per GPU).
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import replace
+from urllib.parse import parse_qsl
+
+import numpy as np
+
+from ..errors import Error, InternalError, NotSupportedError, OperationalError, OutOfMemoryError
+from ..physical.plan import Assemble, Kernel, Load, TilePlan
+from .pool import RunResult
+
+__all__ = ["DaskExecutor", "local_cluster"]
+
+AGG_FAN_IN = 8  # partials one aggregation task combines; more become a tree on the same worker
+POLL_SECONDS = 0.25  # how often a running query checks that its workers are still alive
+
+
+def local_cluster(n_workers: int = 2, **kwargs):
+    """A LocalCluster on 127.0.0.1: worker processes with one thread each, no dashboard.
+
+    >>> cluster = local_cluster(2)                       # doctest: +SKIP
+    >>> con = tensordb.connect(executor=f"dask://{cluster.scheduler_address}")  # doctest: +SKIP
+    """
+    from distributed import LocalCluster
+    opts = dict(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address=None)
+    opts.update(kwargs)
+    return LocalCluster(**opts)
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """'dask://host:port?retries=0' -> ('host:port', {'retries': '0'})."""
+    rest = spec.split("://", 1)[1] if "://" in spec else ""
+    target, _, query = rest.partition("?")
+    return target, dict(parse_qsl(query))
+
+
+class DaskExecutor:
+    """Runs tile plans on a Dask cluster; ``workers`` is the cluster's worker count."""
+
+    name = "dask"
+
+    def __init__(self, spec: str = "dask://local", workers: int = 2, *, memory_limit=None,
+                 client=None) -> None:
+        from distributed import Client
+        target, opts = parse_spec(spec)
+        self.spec = spec
+        self.memory_limit = memory_limit
+        self.retries = int(opts.get("retries", 1))
+        self.scatter = opts.get("scatter", "auto")
+        self.backend = opts.get("backend", "numpy")
+        self.timeout = float(opts.get("timeout", 30))
+        if self.scatter not in ("auto", "always", "never"):
+            raise NotSupportedError(f"unknown scatter mode '{self.scatter}'",
+                                    hint="scatter=auto, always or never")
+        self._cluster = None
+        try:
+            if client is not None:
+                self.client = client
+            else:
+                if target in ("", "local"):
+                    self._cluster = local_cluster(max(1, int(workers)))
+                    target = self._cluster.scheduler_address
+                elif target == "local-cuda":
+                    self._cluster = _local_cuda_cluster()
+                    self.backend = "cupy"
+                    target = self._cluster.scheduler_address
+                self.client = Client(target if "://" in target else f"tcp://{target}",
+                                     set_as_default=False, timeout=self.timeout)
+            self.client.wait_for_workers(1, timeout=self.timeout)
+        except Error:
+            self.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - connection failures come in many types
+            self.close()
+            raise OperationalError(f"cannot reach the Dask scheduler for '{spec}': {exc}",
+                                   hint="start one with `dask scheduler` and `dask worker ADDRESS`,"
+                                        " or use executor='dask://local'") from None
+        if self.backend == "cupy":
+            _check_gpu_workers(self.client)
+        self.last_run: dict = {}
+
+    # -- the cluster ---------------------------------------------------------------------------
+    def addresses(self) -> list[str]:
+        """The workers' addresses, sorted: plan worker w runs on addresses()[w % n]."""
+        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    @property
+    def workers(self) -> int:
+        return max(1, len(self.addresses()))
+
+    def close(self) -> None:
+        client, cluster = getattr(self, "client", None), self._cluster
+        self.client, self._cluster = None, None
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+
+    # -- running a plan ------------------------------------------------------------------------
+    def run(self, plan: TilePlan, store=None, progress=None) -> RunResult:
+        if not plan.tasks:
+            return RunResult({})
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                result = _Attempt(self, plan, progress).go()
+            except _WorkerLost as lost:
+                if attempts > self.retries:
+                    raise OperationalError(
+                        f"a Dask worker left while the query ran ({lost}); the query was tried "
+                        f"{attempts} time(s) and nothing was stored",
+                        hint="check the workers' logs (memory limits, crashes) and run it again") \
+                        from None
+                self._wait_for_any_worker()
+                continue
+            self.last_run["attempts"] = attempts
+            return result
+
+    def _wait_for_any_worker(self) -> None:
+        try:
+            self.client.wait_for_workers(1, timeout=self.timeout)
+        except Exception:  # noqa: BLE001 - a timeout is the only expected failure
+            raise OperationalError(f"no Dask worker is left to run the query "
+                                   f"(waited {self.timeout:.0f} s)") from None
+
+
+class _WorkerLost(Exception):
+    pass
+
+
+class _Attempt:
+    """One submission of the whole plan, on the workers alive when it starts."""
+
+    def __init__(self, ex: DaskExecutor, plan: TilePlan, progress) -> None:
+        self.ex, self.plan, self.progress = ex, plan, progress
+        self.client = ex.client
+        self.run_id = uuid.uuid4().hex[:12]
+        self.addresses = ex.addresses()
+        if not self.addresses:
+            raise _WorkerLost("no workers")
+        n = len(self.addresses)
+        self.addr = {t.key: self.addresses[t.worker % n] for t in plan.tasks}
+
+    def dkey(self, key: int, part: str = "") -> str:
+        return f"tdb-{self.run_id}-{key}{part}"
+
+    # -- the graph -----------------------------------------------------------------------------
+    def go(self) -> RunResult:
+        import dask
+        t0 = time.perf_counter()
+        scattered, scattered_bytes = self._scatter_loads()
+        graph, where = self._graph(set(scattered))
+        outs = [k for out in self.plan.outputs.values() if out.stored for k in out.tiles.values()]
+        out_keys = [self._final_key(k) for k in outs]
+        try:
+            with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=False):
+                futures = self.client.get(graph, out_keys, sync=False)
+            self._wait(futures)
+            values = self.client.gather(futures)
+        except _WorkerLost:
+            self._release(locals().get("futures", []), scattered, forget=True)
+            raise
+        except Exception as exc:  # noqa: BLE001 - translated below
+            self._release(locals().get("futures", []), scattered, forget=True)
+            raise _translate(exc) from exc
+        tiles = {k: _host(v) for k, v in zip(outs, values)}
+        self._release(futures, scattered, forget=False)
+        del futures, values
+        seconds = time.perf_counter() - t0
+        return self._result(tiles, seconds, scattered_bytes)
+
+    def _final_key(self, key: int) -> str:
+        return self.dkey(key, "-host") if self.ex.backend == "cupy" else self.dkey(key)
+
+    def _graph(self, scattered: set[int]):
+        from dask.task_spec import Task, TaskRef
+        plan, run, backend = self.plan, self.run_id, self.ex.backend
+        graph, where = {}, {}
+
+        def add(dk, addr, *args):
+            graph[dk] = Task(dk, _task, run, backend, *args)
+            where[dk] = addr
+
+        for t in plan.tasks:
+            dk, addr = self.dkey(t.key), self.addr[t.key]
+            if isinstance(t, Load):
+                if t.key not in scattered:
+                    add(dk, addr, t, _sub_reader(plan.readers[t.tensor], t.starts, t.stops))
+            elif isinstance(t, Assemble):
+                add(dk, addr, t, None, *[TaskRef(self.dkey(k)) for k in t.inputs])
+            elif isinstance(t, Kernel):
+                add(dk, addr, t, plan.ops[t.op], *[TaskRef(self.dkey(k)) for k in t.inputs])
+            else:  # Aggregate: a tree of at most AGG_FAN_IN partials per task, all on its worker
+                parts, level = [self.dkey(k) for k in t.parts], 0
+                while len(parts) > AGG_FAN_IN:
+                    level += 1
+                    inner = replace(t, fill_zero=False)
+                    nxt = []
+                    for i in range(0, len(parts), AGG_FAN_IN):
+                        ik = self.dkey(t.key, f"-l{level}-{i // AGG_FAN_IN}")
+                        add(ik, addr, inner, "inner", *[TaskRef(p) for p in parts[i:i + AGG_FAN_IN]])
+                        nxt.append(ik)
+                    parts = nxt
+                add(dk, addr, t, None, *[TaskRef(p) for p in parts])
+        if backend == "cupy":  # stored outputs come back to the client as NumPy
+            for out in plan.outputs.values():
+                if out.stored:
+                    for k in out.tiles.values():
+                        hk = self.dkey(k, "-host")
+                        graph[hk] = Task(hk, _to_host, TaskRef(self.dkey(k)))
+                        where[hk] = self.addr[k]
+        return graph, where
+
+    def _scatter_loads(self) -> tuple[dict[int, object], int]:
+        """Read here and scatter the Load tiles of workers that cannot read the payload files."""
+        mode = self.ex.scatter
+        if mode == "never":
+            return {}, 0
+        local = set() if mode == "always" else {a for a in self.addresses if _is_local(a)}
+        by_addr: dict[str, dict] = defaultdict(dict)
+        keys: dict[str, int] = {}
+        nbytes = 0
+        from .tasks import run_load
+        for t in self.plan.tasks:
+            if isinstance(t, Load) and self.addr[t.key] not in local:
+                tile = np.ascontiguousarray(run_load(t, self.plan.readers[t.tensor]))
+                by_addr[self.addr[t.key]][self.dkey(t.key)] = tile
+                keys[self.dkey(t.key)] = t.key
+                nbytes += tile.nbytes
+        futures = {}
+        for addr, data in by_addr.items():
+            for dk, fut in self.client.scatter(data, workers=[addr], broadcast=False).items():
+                futures[keys[dk]] = fut
+        return futures, nbytes
+
+    # -- waiting, with an eye on the workers ----------------------------------------------------
+    def _wait(self, futures) -> None:
+        done = threading.Event()
+        left = [len(futures)]
+        lock = threading.Lock()
+
+        def on_done(fut):
+            with lock:
+                left[0] -= 1
+                finished = left[0] == 0 or fut.status == "error"
+                n = len(futures) - left[0]
+            if self.progress is not None:
+                self.progress(n, len(futures))
+            if finished:
+                done.set()
+
+        for f in futures:
+            f.add_done_callback(on_done)
+        needed = set(self.addresses)
+        while not done.wait(POLL_SECONDS):
+            gone = needed - set(self.ex.addresses())
+            if gone:
+                raise _WorkerLost(f"worker {', '.join(sorted(gone))} is gone")
+
+    def _release(self, futures, scattered, *, forget: bool) -> None:
+        """Drop every key of this run from the cluster (and the workers' records on failure)."""
+        try:
+            if futures or scattered:
+                self.client.cancel(list(futures) + list(scattered.values()), force=True)
+            if forget:
+                self.client.run(_forget, self.run_id)
+        except Exception:  # noqa: BLE001 - best effort: the keys die with their futures anyway
+            pass
+
+    # -- what happened --------------------------------------------------------------------------
+    def _result(self, tiles, seconds, scattered_bytes) -> RunResult:
+        plan = self.plan
+        logs = self.client.run(_collect, self.run_id)
+        n_ops = len(plan.ops)
+        op_seconds, op_calls, op_peak = [0.0] * n_ops, [0] * n_ops, [0] * n_ops
+        busy = defaultdict(float)
+        ran_on, peak = {}, 0
+        kernel_keys = {t.key for t in plan.tasks if isinstance(t, Kernel)}
+        for addr, (records, held) in logs.items():
+            peak += held
+            for key, dt, nb, final in records:
+                op = plan.owner.get(key, 0)
+                op_seconds[op] += dt
+                busy[addr] += dt
+                if final:
+                    ran_on[key] = addr
+                    op_peak[op] = max(op_peak[op], nb)
+                    op_calls[op] += key in kernel_keys
+        moved, op_moved = self._moved()
+        for s, sec, calls, mv, pk in zip(plan.stats, op_seconds, op_calls, op_moved, op_peak):
+            s.measured = {"seconds": sec, "kernel_calls": calls, "bytes_moved": mv,
+                          "peak_tile_bytes": pk}
+        self.ex.last_run = {"addresses": self.addresses, "planned_on": dict(self.addr),
+                            "ran_on": ran_on, "scattered_bytes": scattered_bytes}
+        worker_busy = [busy.get(a, 0.0) for a in self.addresses]
+        return RunResult(tiles, seconds, moved, peak, sum(op_calls), worker_busy)
+
+    def _moved(self) -> tuple[int, list[int]]:
+        """Bytes of tiles read on another worker than their producer's (from the plan)."""
+        plan = self.plan
+        size = {t.key: _tile_bytes(plan, t) for t in plan.tasks}
+        per_op = [0] * len(plan.ops)
+        for t in plan.tasks:
+            for k in t.inputs:
+                if self.addr[k] != self.addr[t.key]:
+                    per_op[plan.owner.get(t.key, 0)] += size[k]
+        return sum(per_op), per_op
+
+
+def _tile_bytes(plan: TilePlan, t) -> int:
+    if isinstance(t, Load):
+        shape, dtype = [b - a for a, b in zip(t.starts, t.stops)], plan.readers[t.tensor].meta.dtype
+    elif isinstance(t, Kernel):
+        shape, dtype = t.out_shape, plan.ops[t.op].dtype
+    else:
+        shape, dtype = t.shape, t.dtype
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _sub_reader(reader, starts, stops):
+    """A reader holding only the tiles that overlap the box, so each Load task ships little."""
+    try:
+        from ..storage.reader import TensorReader
+        keep = [e for e in reader.entries.values()
+                if all(s < b and s + n > a for s, n, a, b in zip(e.starts, e.shape, starts, stops))]
+        return TensorReader(reader.meta, reader.path, keep)
+    except (AttributeError, TypeError):  # another reader type: ship it whole
+        return reader
+
+
+def _is_local(address: str) -> bool:
+    """Whether a worker runs on this machine (and so can map the payload files itself)."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return True
+    try:
+        mine = set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        mine = set()
+    return host in mine or host == socket.gethostname()
+
+
+def _translate(exc: BaseException) -> Error:
+    if isinstance(exc, Error):
+        return exc
+    if isinstance(exc, MemoryError):
+        return OutOfMemoryError(f"a Dask worker ran out of memory running a tile task: {exc}")
+    if type(exc).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError",
+                              "CancelledError", "TimeoutError"):
+        return OperationalError(f"the Dask cluster failed the query: {type(exc).__name__}: {exc}")
+    err = InternalError(f"a tile task failed on a Dask worker: {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+def _local_cuda_cluster():
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        raise NotSupportedError("dask://local-cuda needs dask-cuda, which is not installed",
+                                hint="pip install 'dask-cuda[cu12]' on a machine with NVIDIA GPUs")
+    from .kernels import get_backend
+    get_backend("cupy")  # a clear message when CuPy or a GPU is missing
+    return LocalCUDACluster(host="127.0.0.1", dashboard_address=None)
+
+
+def _check_gpu_workers(client) -> None:
+    answers = client.run(_gpu_count)
+    bad = {a: m for a, m in answers.items() if isinstance(m, str)}
+    if bad:
+        addr, msg = sorted(bad.items())[0]
+        raise NotSupportedError(f"backend=cupy needs a GPU on every Dask worker; {addr}: {msg}")
+
+
+# -- what runs on the workers ----------------------------------------------------------------------
+
+_LOG: dict[str, list] = defaultdict(list)    # run id -> (key, seconds, nbytes, final) per task
+_HELD: dict[str, int] = defaultdict(int)     # run id -> most bytes the worker held during the run
+_SPECS: dict[tuple, object] = {}             # (run id, op) -> KernelSpec, built once per worker
+
+
+def _xp(backend: str):
+    from .kernels import get_backend
+    return get_backend(backend)
+
+
+def _task(run: str, backend: str, task, extra, *inputs):
+    """Run one tile task with the pool's functions, recording its time on this worker."""
+    from .kernels import KernelSpec
+    from .tasks import run_aggregate, run_assemble, run_kernel, run_load
+    xp = _xp(backend)
+    t0 = time.perf_counter()
+    if isinstance(task, Load):
+        value = run_load(task, extra, xp)
+    elif isinstance(task, Assemble):
+        value = run_assemble(task, list(inputs), xp)
+    elif isinstance(task, Kernel):
+        spec = _SPECS.get((run, task.op))
+        if spec is None:
+            spec = _SPECS[(run, task.op)] = KernelSpec(extra, xp)
+        it = iter(inputs)
+        value = run_kernel(task, spec, [None if a is None else next(it) for a in task.args])
+    else:
+        # Dask keeps every input in the worker's store until it is released: never write into
+        # one, so the accumulator starts from a copy.
+        first = xp.array(inputs[0], dtype=task.dtype, copy=True)
+        value = run_aggregate(task, [first, *inputs[1:]], xp)
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()  # time the kernel, not its launch
+    _LOG[run].append((task.key, time.perf_counter() - t0, int(getattr(value, "nbytes", 0)),
+                      extra != "inner"))
+    _HELD[run] = max(_HELD[run], _worker_bytes())
+    return value
+
+
+def _worker_bytes() -> int:
+    try:
+        from distributed import get_worker
+        return int(get_worker().state.nbytes)
+    except Exception:  # noqa: BLE001 - not on a worker, or an older WorkerState
+        return 0
+
+
+def _to_host(value):
+    import cupy
+    return cupy.asnumpy(value)
+
+
+def _host(value):
+    return value if isinstance(value, np.ndarray) else np.asarray(value)
+
+
+def _collect(run: str):
+    """The worker's records of one run (then forgotten): ([(key, s, nbytes, final)], peak)."""
+    records, held = _LOG.pop(run, []), _HELD.pop(run, 0)
+    _forget(run)
+    return records, held
+
+
+def _forget(run: str) -> None:
+    _LOG.pop(run, None)
+    _HELD.pop(run, None)
+    for k in [k for k in _SPECS if k[0] == run]:
+        del _SPECS[k]
+
+
+def _gpu_count():
+    try:
+        from .kernels import get_backend
+        return int(get_backend("cupy").cuda.runtime.getDeviceCount())
+    except Exception as exc:  # noqa: BLE001 - reported to the client
+        return str(exc)
+
+
+def make(spec: str, workers: int, *, memory_limit=None) -> DaskExecutor:
+    """The registry's factory for ``dask://...`` (``workers`` sizes a ``dask://local`` cluster)."""
+    return DaskExecutor(spec, workers, memory_limit=memory_limit)
