@@ -56,7 +56,9 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
     from .optimizer.placement import transfers, worker_flops
     cost = decomp.details.get("cost")
     if cost is None:  # a Decomposition made by hand: price it now
-        cost = evaluate(_graph_of(plan), decomp.tilings, decomp.workers)
+        readers = getattr(plan, "readers", {}) or {}
+        grids = {n: r.meta.grid for n, r in readers.items() if hasattr(r, "meta")}
+        cost = evaluate(_graph_of(plan), decomp.tilings, decomp.workers, input_grids=grids)
     choices = decomp.details.get("choices", {})
     moved, moved_per_op = transfers(plan)
     nodes = []
