@@ -1,0 +1,98 @@
+"""Tensors in plain SQL: one column per dimension plus value, one row per nonzero element."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensordb
+
+
+@pytest.fixture
+def a():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((50, 40)).astype("float32")
+    x[:, 10:30] = 0  # whole absent tiles with tile=(16, 10)
+    return x
+
+
+def test_select_where_matches_numpy(con, a):
+    con.load("A", a, dims=["i", "j"], tile=(16, 10))
+    rows = con.sql("SELECT i, j, value FROM A WHERE value > 0").fetchall()
+    i, j = np.nonzero(a > 0)
+    assert sorted((int(r[0]), int(r[1])) for r in rows) == sorted(zip(i.tolist(), j.tolist()))
+    assert all(a[r[0], r[1]] == r[2] for r in rows)
+    assert con.sql("SELECT count(*) FROM a").fetchall() == [(np.count_nonzero(a),)]
+    types = dict(zip(*[con.sql("SELECT * FROM A").columns, map(str, con.sql("SELECT * FROM A").types)]))
+    assert types == {"i": "BIGINT", "j": "BIGINT", "value": "FLOAT"}
+
+
+def test_default_dims_and_dtypes(con):
+    con.load("B", np.array([[0, 5], [7, 0]], "int64"))
+    assert con.sql("SELECT d0, d1, value FROM B ORDER BY d0").fetchall() == [(0, 1, 5), (1, 0, 7)]
+    con.load("V", np.arange(4, dtype="int32"), dims=["k"])
+    assert con.sql('SELECT sum(value) FROM "V"').fetchall() == [(6,)]
+    con.load("S", np.array(2.5))
+    assert con.sql("SELECT * FROM S").fetchall() == [(2.5,)]
+
+
+def test_join_with_ordinary_table(con, a):
+    con.load("A", a, dims=["i", "j"], tile=(16, 10))
+    con.sql("CREATE TABLE weights (i BIGINT, w DOUBLE)")
+    con.sql("INSERT INTO weights SELECT range, range * 0.5 FROM range(50)")
+    got = con.sql("SELECT A.i, sum(A.value * weights.w) AS s FROM A JOIN weights ON A.i = weights.i "
+                  "GROUP BY A.i ORDER BY A.i").fetchall()
+    want = (a.astype(np.float64) * (np.arange(50) * 0.5)[:, None]).sum(axis=1)
+    nonzero_rows = [k for k in range(50) if np.any(a[k])]
+    assert [r[0] for r in got] == nonzero_rows
+    np.testing.assert_allclose([r[1] for r in got], want[nonzero_rows], rtol=1e-5)
+
+
+def test_relation_reruns_and_chains(con, a):
+    con.load("A", a, dims=["i", "j"])
+    rel = con.sql("SELECT i, value FROM A")
+    n = np.count_nonzero(a)
+    assert len(rel.fetchall()) == n and len(rel.fetchall()) == n  # rescannable
+    assert len(rel.filter("i < 10").fetchall()) == np.count_nonzero(a[:10])
+    assert rel.fetchnumpy()["value"].dtype == np.float32
+
+
+def test_tensor_and_table_in_one_query(con):
+    con.load("M", np.eye(3, dtype="float64"), dims=["r", "c"])
+    con.sql("CREATE TABLE names AS SELECT * FROM (VALUES (0, 'a'), (1, 'b'), (2, 'c')) t(r, label)")
+    got = con.sql("SELECT label, value FROM M NATURAL JOIN names ORDER BY label").fetchall()
+    assert got == [("a", 1.0), ("b", 1.0), ("c", 1.0)]
+
+
+def test_names_in_strings_and_comments_are_not_tensors(con):
+    con.load("A", np.ones(2))
+    assert con.sql("SELECT 'A' AS x -- A\n").fetchall() == [("A",)]
+
+
+def test_replace_and_drop_seen_by_sql(con):
+    con.load("A", np.ones(3), dims=["i"])
+    assert con.sql("SELECT sum(value) FROM A").fetchall() == [(3.0,)]
+    con.load("A", np.full(2, 5.0), dims=["i"], replace=True)
+    assert con.sql("SELECT sum(value) FROM A").fetchall() == [(10.0,)]
+    con.drop("A")
+    with pytest.raises(tensordb.CatalogError):
+        con.sql("SELECT * FROM A").fetchall()
+    con.sql("CREATE TABLE A AS SELECT 1 AS x")  # the name is free again, for a table
+    assert con.sql("SELECT x FROM A").fetchall() == [(1,)]
+
+
+def test_sql_errors_are_tensordb_errors(con):
+    con.load("A", np.ones(2))
+    with pytest.raises(tensordb.ParserError):
+        con.sql("SELEC 1")
+    with pytest.raises(tensordb.BinderError):
+        con.sql("SELECT nope FROM A")
+    rel = con.sql("SELECT 'x'::INTEGER")
+    with pytest.raises(tensordb.DataError):
+        rel.fetchall()
+
+
+def test_sql_on_reopened_database(db_path):
+    with tensordb.connect(db_path) as c:
+        c.load("A", np.arange(1, 5, dtype="int32"), dims=["k"])
+    with tensordb.connect(db_path, read_only=True) as c:
+        assert c.sql("SELECT sum(value) FROM A").fetchall() == [(10,)]
