@@ -1,0 +1,245 @@
+"""Syntax nodes, exactly as written. Every node carries a Span into the full script text.
+
+Expressions: ``Number``, ``String``, ``Ref`` (a tensor with labels; ``labels`` is None for a bare
+name), ``Call``, ``BinOp``, ``Neg``. Statements are the classes ending in ``Stmt``; plain SQL that
+DuckDB runs is ``SqlStmt``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from ..errors import Span
+
+__all__ = [
+    "Label", "Number", "String", "Ref", "Call", "BinOp", "Neg", "Expr", "Target", "Dim", "Pin",
+    "CreateStmt", "LoadStmt", "AssignStmt", "ExplainStmt", "ShowTensorsStmt", "ShowSettingStmt",
+    "DescribeStmt", "DropStmt", "CopyStmt", "SetStmt", "BeginStmt", "CommitStmt", "RollbackStmt",
+    "SqlStmt", "Statement", "walk", "refs",
+]
+
+
+@dataclass(frozen=True)
+class Label:
+    name: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class Number:
+    value: float
+    span: Span
+
+
+@dataclass(frozen=True)
+class String:
+    value: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class Ref:
+    """``A[i,j]``; ``labels`` is None for a bare name (a scalar, or an EINSUM operand)."""
+
+    name: str
+    labels: tuple[Label, ...] | None
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
+class Call:
+    fn: str
+    args: tuple["Expr", ...]
+    span: Span
+    fn_span: Span
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # + - * /
+    left: "Expr"
+    right: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: "Expr"
+    span: Span
+
+
+Expr = Union[Number, String, Ref, Call, BinOp, Neg]
+
+
+def walk(expr: Expr):
+    """Every node of an expression, parents before children."""
+    yield expr
+    if isinstance(expr, Call):
+        for a in expr.args:
+            yield from walk(a)
+    elif isinstance(expr, BinOp):
+        yield from walk(expr.left)
+        yield from walk(expr.right)
+    elif isinstance(expr, Neg):
+        yield from walk(expr.operand)
+
+
+def refs(expr: Expr) -> list[Ref]:
+    return [n for n in walk(expr) if isinstance(n, Ref)]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The left side: ``C[i,k]``, or ``s`` / ``C`` (labels None)."""
+
+    name: str
+    labels: tuple[Label, ...] | None
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One dimension of CREATE TENSOR: an optional name and a size."""
+
+    name: str | None
+    size: int
+    span: Span
+
+
+@dataclass(frozen=True)
+class Pin:
+    """``label pieces`` in TILE (...) lists: a label (or dimension) and a number."""
+
+    label: str | None
+    value: int
+    span: Span
+
+
+@dataclass(frozen=True)
+class CreateStmt:
+    """CREATE [OR REPLACE] TENSOR name (dims) [dtype] [TILE (...)]: a tensor of zeros."""
+
+    name: str
+    dims: tuple[Dim, ...]
+    dtype: str
+    tile: tuple[Pin, ...] | None
+    replace: bool
+    if_not_exists: bool
+    span: Span
+    name_span: Span
+    dtype_span: Span
+
+
+@dataclass(frozen=True)
+class LoadStmt:
+    """LOAD TENSOR / CREATE TENSOR ... FROM a file, a table or a query."""
+
+    name: str
+    dims: tuple[Label, ...] | None
+    path: str | None
+    query: str | None
+    table: str | None
+    format: str | None
+    array: str | None
+    index: tuple[str, ...] | None
+    value: str | None
+    shape: tuple[int, ...] | None
+    tile: tuple[Pin, ...] | None
+    replace: bool
+    span: Span
+    name_span: Span
+    source_span: Span
+
+
+@dataclass(frozen=True)
+class AssignStmt:
+    """``C[i,k] = expr``, ``CREATE [OR REPLACE] TENSOR C[i,k] AS expr`` or ``LET H[b,f] = expr``.
+
+    ``mode``: 'assign' (replaces an existing tensor), 'create', 'replace' or 'let'.
+    """
+
+    target: Target
+    expr: Expr
+    hints: tuple[Pin, ...]
+    mode: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class ExplainStmt:
+    statement: "Statement"
+    analyze: bool
+    format: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class ShowTensorsStmt:
+    span: Span
+
+
+@dataclass(frozen=True)
+class ShowSettingStmt:
+    name: str | None  # None: SHOW ALL
+    span: Span
+
+
+@dataclass(frozen=True)
+class DescribeStmt:
+    name: str
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
+class DropStmt:
+    name: str
+    if_exists: bool
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
+class CopyStmt:
+    name: str
+    path: str
+    format: str | None
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
+class SetStmt:
+    name: str
+    value: object
+    span: Span
+
+
+@dataclass(frozen=True)
+class BeginStmt:
+    span: Span
+
+
+@dataclass(frozen=True)
+class CommitStmt:
+    span: Span
+
+
+@dataclass(frozen=True)
+class RollbackStmt:
+    span: Span
+
+
+@dataclass(frozen=True)
+class SqlStmt:
+    """Plain SQL, handed to DuckDB as written."""
+
+    text: str
+    span: Span
+
+
+Statement = Union[CreateStmt, LoadStmt, AssignStmt, ExplainStmt, ShowTensorsStmt, ShowSettingStmt,
+                  DescribeStmt, DropStmt, CopyStmt, SetStmt, BeginStmt, CommitStmt, RollbackStmt,
+                  SqlStmt]

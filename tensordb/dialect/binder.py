@@ -1,0 +1,300 @@
+"""Einsum statements (AST) -> steps of a ``plan.builder.Graph``, with every check made here so
+that errors point at the source.
+
+Label rules (the Einstein convention, with explicit aggregates):
+
+* a label on the left is kept; every other label is aggregated;
+* a label is aggregated by the innermost aggregate call (SUM, MAX, MIN, PROD with one argument)
+  that contains all of its uses; a label used outside every aggregate is summed by an implicit
+  SUM around the whole right side (``C[i,k] = A[i,j] * B[j,k]``);
+* a nested aggregate becomes a temporary step of its own (``H.t1``), never stored;
+* a label has one size throughout a statement.
+
+>>> from tensordb.dialect.parser import parse
+>>> class Cat:
+...     def has(self, n): return n in "XWc"
+...     def meta(self, n): return type("M", (), {"shape": {"X": (2, 3), "W": (3, 4), "c": (4,)}[n],
+...                                              "dtype": "float64"})
+>>> text = "H[b,f] = RELU(SUM(X[b,h] * W[h,f]) + c[f])"
+>>> low = lower(text, parse(text)[0], Lookup(Cat()).resolve, "H")
+>>> [(s.into, s.out_labels, s.agg) for s in low.steps], low.shape
+([('H.t1', ('b', 'f'), 'sum'), ('H', ('b', 'f'), 'sum')], (2, 4))
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import BinderError, CatalogError, Error, Span
+from ..plan import scalar
+from ..plan.builder import infer_dtype, parse_spec
+from . import ast as A
+
+__all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pins"]
+
+AGGREGATES = ("sum", "max", "min", "prod")
+# User-visible scalar functions: the alphabetic entries of the join language.
+SCALAR_FUNCTIONS = tuple(sorted(f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"))
+
+
+@dataclass(frozen=True)
+class BoundStep:
+    """One operation for the Graph: ``into[out_labels] = agg(join(inputs))`` or a numpy spec."""
+
+    into: str
+    out_labels: tuple[str, ...]
+    inputs: tuple[tuple[str, tuple[str, ...]], ...]
+    join: scalar.Expr | None
+    agg: str
+    store: bool
+    spec: str | None = None
+
+
+# resolve(name, span) -> (graph name, shape, dtype); raises CatalogError with the span.
+Resolver = Callable[[str, Span], tuple[str, tuple[int, ...], str]]
+
+
+class Lookup:
+    """Resolve names against the catalog only (what a single statement sees)."""
+
+    def __init__(self, catalog) -> None:
+        self.catalog = catalog
+
+    def resolve(self, name: str, span: Span):
+        if not self.catalog.has(name):
+            raise CatalogError(f"unknown tensor '{name}'", span=span)
+        meta = self.catalog.meta(name)
+        return name, tuple(int(n) for n in meta.shape), np.dtype(meta.dtype).name
+
+
+def _err(script: str, span: Span, message: str, cls=BinderError, hint: str | None = None) -> Error:
+    return cls(message, statement=script, span=span, hint=hint)
+
+
+def check_pins(script: str, pins, labels: set[str], what: str) -> dict[str, int]:
+    """TILE (label pieces, ...) of a WITH clause -> {label: pieces}, each label one the statement has."""
+    out: dict[str, int] = {}
+    for pin in pins:
+        if pin.label is None:
+            raise _err(script, pin.span, "WITH (TILE ...) names labels: write TILE (i 4, k 2)")
+        if pin.label not in labels:
+            raise _err(script, pin.span, f"TILE names label '{pin.label}', which {what} does not use",
+                       hint=f"labels: {', '.join(sorted(labels))}")
+        if pin.value < 1:
+            raise _err(script, pin.span, f"label '{pin.label}' needs at least 1 piece, got {pin.value}")
+        if pin.label in out:
+            raise _err(script, pin.span, f"label '{pin.label}' is pinned twice")
+        out[pin.label] = pin.value
+    return out
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """The steps of one statement (temporaries first), the result's shape and dtype, hint pins."""
+
+    steps: list[BoundStep]
+    shape: tuple[int, ...]
+    dtype: str
+    pins: dict[str, int]
+
+
+def lower(script: str, stmt: A.AssignStmt, resolve: Resolver, into: str, *, store: bool = True
+          ) -> Lowered:
+    """The steps computing ``stmt`` into graph name ``into``."""
+    expr = stmt.expr
+    for node in A.walk(expr):
+        if isinstance(node, A.Call) and node.fn == "einsum" and node is not expr:
+            raise _err(script, node.fn_span, "EINSUM must be the whole right side of a statement")
+    if isinstance(expr, A.Call) and expr.fn == "einsum":
+        return _lower_einsum(script, stmt, expr, resolve, into, store)
+    return _Lowering(script, stmt, resolve, into, store).run()
+
+
+def _lower_einsum(script, stmt, call: A.Call, resolve, into, store):
+    if stmt.target.labels is not None:
+        raise _err(script, stmt.target.span, "EINSUM's spec gives the output labels: write "
+                   f"{stmt.target.name} = EINSUM('...', ...) without labels on the left")
+    if not call.args or not isinstance(call.args[0], A.String):
+        raise _err(script, call.span, "EINSUM needs a spec string first: EINSUM('ij,jk->ik', A, B)")
+    spec = call.args[0].value
+    names, shapes, dtypes = [], [], []
+    for arg in call.args[1:]:
+        if not isinstance(arg, A.Ref) or arg.labels is not None:
+            raise _err(script, arg.span, "EINSUM operands are tensor names (without labels)")
+        gname, shape, dtype = resolve(arg.name, arg.name_span)
+        names.append(gname)
+        dtypes.append(dtype)
+        shapes.append(shape)
+    if not names:
+        raise _err(script, call.span, "EINSUM needs at least one tensor operand")
+    try:
+        labels, out, sizes = parse_spec(spec, shapes)
+    except BinderError as exc:
+        raise _err(script, call.args[0].span, exc.message, hint=exc.hint) from None
+    used = {l for ls in labels for l in ls}
+    pins = check_pins(script, stmt.hints, {l for l in used if len(l) == 1}, "the spec")
+    step = BoundStep(into, tuple(out), tuple((n, None) for n in names), None, "sum", store, spec)
+    dtype = np.result_type(*[np.dtype(d) for d in dtypes]).name
+    return Lowered([step], tuple(sizes[l] for l in out), dtype, pins)
+
+
+class _Lowering:
+    """One index-notation statement -> steps (temporaries for nested aggregates first)."""
+
+    def __init__(self, script, stmt: A.AssignStmt, resolve: Resolver, into: str, store: bool):
+        self.script, self.stmt, self.resolve = script, stmt, resolve
+        self.into, self.store = into, store
+        self.steps: list[BoundStep] = []
+        self.sizes: dict[str, tuple[int, str, Span]] = {}  # label -> (size, where, span)
+        self.refs: dict[int, tuple[str, tuple[int, ...], str]] = {}  # id(Ref) -> resolved
+        self.temp_shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, str] = {}
+
+    def err(self, span, message, **kw):
+        return _err(self.script, span, message, **kw)
+
+    def run(self):
+        stmt = self.stmt
+        lhs = stmt.target.labels or ()
+        seen = set()
+        for lab in lhs:
+            if lab.name in seen:
+                raise self.err(lab.span, f"label '{lab.name}' appears twice on the left")
+            seen.add(lab.name)
+        self._resolve_refs(stmt.expr)
+        used = Counter(l.name for r in A.refs(stmt.expr) for l in (r.labels or ()))
+        for lab in lhs:
+            if lab.name not in used:
+                raise self.err(lab.span, f"label '{lab.name}' on the left appears nowhere on the right")
+        self.total = used
+        self.lhs = [l.name for l in lhs]
+        expr = stmt.expr
+        agg, body = (expr.fn, expr.args[0]) if _is_aggregate(expr) else ("sum", expr)
+        slots: list[tuple[str, tuple[str, ...]]] = []
+        join = self.conv(body, slots)
+        if not slots:
+            raise self.err(expr.span, "the right side uses no tensor")
+        if _is_aggregate(expr) and all(l in self.lhs for _, ls in slots for l in ls):
+            raise self.err(expr.fn_span, f"{expr.fn.upper()} aggregates no label: every label "
+                           "of its argument is on the left",
+                           hint="a label that is not on the left is aggregated")
+        self.steps.append(BoundStep(self.into, tuple(self.lhs), tuple(slots), join, agg, self.store))
+        pins = check_pins(self.script, stmt.hints, set(used), "the statement")
+        shape = tuple(self.sizes[l][0] for l in self.lhs)
+        dtype = infer_dtype(join, [self.dtypes[t] for t, _ in slots])
+        return Lowered(self.steps, shape, dtype, pins)
+
+    # -- names, label counts and sizes --------------------------------------------------------
+    def _resolve_refs(self, expr) -> None:
+        for ref in A.refs(expr):
+            gname, shape, dtype = self.resolve(ref.name, ref.name_span)
+            labels = ref.labels or ()
+            if len(labels) != len(shape):
+                shown = f"[{','.join(l.name for l in labels)}]" if ref.labels is not None else "no labels"
+                raise self.err(ref.span, f"{ref.name} has {len(shape)} dimension(s) but is indexed "
+                               f"with {len(labels)} label(s): {shown}",
+                               hint=f"{ref.name} has shape {shape}")
+            for axis, (lab, n) in enumerate(zip(labels, shape)):
+                where = f"{ref.name} axis {axis}"
+                if lab.name in self.sizes and self.sizes[lab.name][0] != n:
+                    first_n, first_where, _ = self.sizes[lab.name]
+                    raise self.err(lab.span, f"label '{lab.name}' has size {first_n} in {first_where} "
+                                   f"but {n} in {where}")
+                self.sizes.setdefault(lab.name, (n, where, lab.span))
+            self.refs[id(ref)] = (gname, shape, dtype)
+            self.dtypes[gname] = dtype
+
+    # -- expressions -> joins over input slots --------------------------------------------------
+    def conv(self, node, slots) -> scalar.Expr:
+        if isinstance(node, A.Number):
+            return scalar.Const(float(node.value))
+        if isinstance(node, A.String):
+            raise self.err(node.span, f"type error: the string '{node.value}' cannot be used in "
+                           "arithmetic", hint="tensor expressions compute with numbers")
+        if isinstance(node, A.Ref):
+            gname = self.refs[id(node)][0]
+            return _slot(slots, gname, tuple(l.name for l in node.labels or ()))
+        if isinstance(node, A.Neg):
+            inner = self.conv(node.operand, slots)
+            return scalar.Const(-inner.value) if isinstance(inner, scalar.Const) else \
+                scalar.Call("neg", (inner,))
+        if isinstance(node, A.BinOp):
+            return _fold(scalar.Call(node.op, (self.conv(node.left, slots), self.conv(node.right, slots))))
+        if isinstance(node, A.Call):
+            return self.call(node, slots)
+        raise TypeError(f"unexpected node {node!r}")  # pragma: no cover
+
+    def call(self, node: A.Call, slots) -> scalar.Expr:
+        fn, args = node.fn, node.args
+        if _is_aggregate(node):
+            return self.aggregate(node, slots)
+        if fn in ("sum", "prod"):
+            raise self.err(node.span, f"{fn.upper()} takes one argument, got {len(args)}")
+        if fn in ("max", "min") and len(args) != 2:
+            raise self.err(node.span, f"{fn.upper()} takes one argument (an aggregate) or two "
+                           f"(elementwise), got {len(args)}")
+        spec = scalar.FUNCTIONS.get(fn) if fn.isalpha() else None
+        if spec is None:
+            raise self.err(node.fn_span, f"unknown function '{fn}'",
+                           hint="functions: " + ", ".join(sorted(set(SCALAR_FUNCTIONS) | set(AGGREGATES))))
+        if len(args) != spec.arity:
+            raise self.err(node.span, f"{fn.upper()} takes {spec.arity} argument(s), got {len(args)}")
+        return _fold(scalar.Call(fn, tuple(self.conv(a, slots) for a in args)))
+
+    def aggregate(self, node: A.Call, slots) -> scalar.Expr:
+        """A nested aggregate: a temporary step, referenced by the enclosing expression."""
+        inside = Counter(l.name for r in A.refs(node) for l in (r.labels or ()))
+        kept = [l for l in _labels_in(node.args[0])
+                if l in self.lhs or self.total[l] > inside[l]]
+        if len(kept) == len(inside):
+            raise self.err(node.fn_span, f"{node.fn.upper()} aggregates no label: each label of "
+                           "its argument is also used outside it or on the left",
+                           hint="use a label of its own for the dimension to aggregate, "
+                                "e.g. MAX(X[i,k]) next to X[i,j]")
+        inner: list[tuple[str, tuple[str, ...]]] = []
+        join = self.conv(node.args[0], inner)
+        if not inner:
+            raise self.err(node.span, f"{node.fn.upper()} of no tensor")
+        name = f"{self.into}.t{sum(1 for s in self.steps) + 1}"
+        self.steps.append(BoundStep(name, tuple(kept), tuple(inner), join, node.fn, False))
+        self.dtypes[name] = infer_dtype(join, [self.dtypes[t] for t, _ in inner])
+        return _slot(slots, name, tuple(kept))
+
+
+def _is_aggregate(node) -> bool:
+    return isinstance(node, A.Call) and node.fn in AGGREGATES and len(node.args) == 1
+
+
+def _labels_in(expr) -> list[str]:
+    out: list[str] = []
+    for r in A.refs(expr):
+        for l in r.labels or ():
+            if l.name not in out:
+                out.append(l.name)
+    return out
+
+
+def _slot(slots: list, tensor: str, labels: tuple[str, ...]) -> scalar.Input:
+    key = (tensor, labels)
+    if key not in slots:
+        slots.append(key)
+    return scalar.Input(slots.index(key))
+
+
+def _walk_scalar(e):
+    yield e
+    if isinstance(e, scalar.Call):
+        for a in e.args:
+            yield from _walk_scalar(a)
+
+
+def _fold(call: scalar.Call) -> scalar.Expr:
+    """Fold calls on constants only (``2 * 3`` -> 6), as numpy would compute them."""
+    if all(isinstance(a, scalar.Const) for a in call.args):
+        with np.errstate(all="ignore"):
+            value = scalar.evaluate(call, [])
+        return scalar.Const(float(value))
+    return call

@@ -1,0 +1,259 @@
+"""Running statements: blocks, transactions, groups of einsum statements, everything else.
+
+One ``execute`` call is one unit: parsed completely before anything runs, then run inside one
+store transaction, so a failing statement leaves the database as it was before the call. BEGIN
+... COMMIT makes a unit of statements sent in several calls (the REPL). Consecutive einsum
+statements of a unit are bound into one graph and run by one ``Connection.run``.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import (BinderError, Error, InternalError, NotSupportedError,
+                      ProgrammingError, Span)
+from ..result import Result
+from . import ast as A
+from . import statements
+from .group import GroupBinder, LetDef
+from .parser import parse
+
+__all__ = ["Session", "session", "run_script", "explain_script"]
+
+Emit = Callable[[Result], None]
+
+
+@dataclass
+class Session:
+    """Per-connection dialect state: LET definitions and an open BEGIN block."""
+
+    lets: dict[str, LetDef] = field(default_factory=dict)
+    block: list[tuple[str, A.Statement]] | None = None
+    block_failed: bool = False
+
+
+_SESSIONS: "weakref.WeakKeyDictionary[object, Session]" = weakref.WeakKeyDictionary()
+
+
+def session(con) -> Session:
+    s = _SESSIONS.get(con)
+    if s is None:
+        s = _SESSIONS[con] = Session()
+    return s
+
+
+def run_script(con, script: str, parameters=None, on_result: Emit | None = None) -> list[Result]:
+    """Run every statement of ``script``; ``on_result`` sees each result as soon as it exists."""
+    if not isinstance(script, str):
+        raise ProgrammingError(f"a statement must be a string, got {type(script).__name__}")
+    sess = session(con)
+    results: list[Result] = []
+
+    def emit(r: Result) -> None:
+        results.append(r)
+        if on_result is not None:
+            on_result(r)
+
+    try:
+        stmts = parse(script)
+        if parameters:
+            return _run_with_parameters(con, script, stmts, parameters, emit) or results
+        unit: list[tuple[str, A.Statement]] = []
+        for stmt in stmts:
+            text = _text(script, stmt)
+            if sess.block is not None:
+                if isinstance(stmt, A.CommitStmt):
+                    block, failed = sess.block, sess.block_failed
+                    sess.block, sess.block_failed = None, False
+                    if failed:
+                        raise ProgrammingError("the transaction was aborted by an earlier error; "
+                                               "nothing was stored", statement=script, span=stmt.span)
+                    run_unit(con, block, emit)
+                    emit(Result.status("COMMIT", text))
+                elif isinstance(stmt, A.RollbackStmt):
+                    sess.block, sess.block_failed = None, False
+                    emit(Result.status("ROLLBACK", text))
+                elif isinstance(stmt, A.BeginStmt):
+                    raise ProgrammingError("a transaction is already open", statement=script,
+                                           span=stmt.span, hint="COMMIT or ROLLBACK it first")
+                else:
+                    sess.block.append((script, stmt))
+                    emit(Result.status("queued until COMMIT", text))
+                continue
+            if isinstance(stmt, A.BeginStmt):
+                run_unit(con, unit, emit)
+                unit = []
+                sess.block = []
+                emit(Result.status("BEGIN", text))
+            elif isinstance(stmt, (A.CommitStmt, A.RollbackStmt)):
+                raise ProgrammingError("no transaction is open", statement=script, span=stmt.span,
+                                       hint="BEGIN starts one")
+            else:
+                unit.append((script, stmt))
+        run_unit(con, unit, emit)
+    except Error:
+        if sess.block is not None:
+            sess.block_failed = True
+        raise
+    return results
+
+
+def _text(script: str, stmt) -> str:
+    return script[stmt.span.start:stmt.span.end]
+
+
+def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit) -> None:
+    """Run statements atomically: on any error the database and LETs are as before."""
+    if not items:
+        return
+    sess = session(con)
+    lets_before = dict(sess.lets)
+    store = con.store
+    txn = contextlib.nullcontext() if store.read_only else store.transaction()
+    try:
+        with txn:
+            group: list[tuple[str, A.AssignStmt]] = []
+            for script, stmt in items:
+                if isinstance(stmt, A.AssignStmt):
+                    group.append((script, stmt))
+                    continue
+                _run_group(con, group, emit)
+                group = []
+                emit(_timed(lambda: _run_one(con, script, stmt), script, stmt.span))
+            _run_group(con, group, emit)
+    except BaseException:
+        sess.lets.clear()
+        sess.lets.update(lets_before)
+        raise
+
+
+def _timed(fn, script: str, span: Span) -> Result:
+    t0 = time.perf_counter()
+    try:
+        result = fn()
+    except Error as exc:
+        raise exc.with_source(script, span)
+    except Exception as exc:  # a bug, or a library error nobody translated
+        raise _internal(exc, script, span) from exc
+    result.elapsed = time.perf_counter() - t0
+    return result
+
+
+def _internal(exc: Exception, script: str, span: Span) -> Error:
+    return InternalError(f"internal error: {type(exc).__name__}: {exc}", statement=script, span=span)
+
+
+def bind_group(con, group: list[tuple[str, A.AssignStmt]]) -> GroupBinder:
+    """Bind statements into one graph (nothing runs)."""
+    binder = GroupBinder(con.store, session(con).lets)
+    last: dict[str, int] = {}
+    for k, (_, stmt) in enumerate(group):
+        if stmt.mode != "let":
+            last[stmt.target.name.lower()] = k
+    for k, (script, stmt) in enumerate(group):
+        try:
+            binder.add(script, stmt, last=last.get(stmt.target.name.lower()) in (k, None))
+        except Error as exc:
+            raise exc.with_source(script, stmt.span)
+        except Exception as exc:
+            raise _internal(exc, script, stmt.span) from exc
+    return binder
+
+
+def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
+    if not group:
+        return
+    t0 = time.perf_counter()
+    binder = bind_group(con, group)
+    script, first = group[0]
+    span = first.span if len(group) == 1 or group[-1][0] is not script else \
+        Span(first.span.start, group[-1][1].span.end)
+    if binder.graph.steps and binder.outputs:
+        try:
+            con.run(binder.graph, replace=True)
+            for hidden, name in binder.moves:
+                statements.move_tensor(con.store, hidden, name)
+        except Error as exc:
+            raise exc.with_source(script, span)
+        except Exception as exc:
+            raise _internal(exc, script, span) from exc
+    elapsed = time.perf_counter() - t0
+    for script, stmt in group:
+        text = _text(script, stmt)
+        if stmt.mode == "let":
+            let = session(con).lets[stmt.target.name.lower()]
+            r = Result.status(f"LET {let.name}: {let.dtype} {let.shape}", text)
+        else:
+            r = Result.for_tensor(con, stmt.target.name, text)
+        r.elapsed = elapsed
+        emit(r)
+
+
+def _run_one(con, script: str, stmt: A.Statement) -> Result:
+    text = _text(script, stmt)
+    if isinstance(stmt, A.ExplainStmt):
+        return Result.explain(explain_statements(con, [(script, stmt.statement)], stmt.format,
+                                                 stmt.analyze), text)
+    if isinstance(stmt, A.DescribeStmt) and stmt.name.lower() in session(con).lets:
+        let = session(con).lets[stmt.name.lower()]
+        return Result.rows(["property", "value"], [
+            ("name", let.name), ("kind", "LET (computed where used, never stored)"),
+            ("shape", let.shape), ("dtype", let.dtype), ("definition", _text(let.script, let.stmt))],
+            text)
+    if isinstance(stmt, A.DropStmt) and stmt.name.lower() in session(con).lets:
+        del session(con).lets[stmt.name.lower()]
+        return Result.status(f"DROP LET {stmt.name}", text)
+    if isinstance(stmt, (A.CreateStmt, A.LoadStmt)) and stmt.name.lower() in session(con).lets:
+        raise BinderError(f"'{stmt.name}' is a LET intermediate", statement=script,
+                          span=stmt.name_span, hint=f"DROP TENSOR {stmt.name} to forget the LET first")
+    return statements.run(con, script, stmt, text)
+
+
+def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str = "text",
+                       analyze: bool = False) -> str:
+    try:
+        from ..explain import explain_graph
+    except ImportError:  # the renderer is another module's job; say so plainly
+        raise NotSupportedError("EXPLAIN is not available in this build") from None
+    binder = bind_group(con, items)
+    script, first = items[0]
+    try:
+        return explain_graph(con, binder.graph, hints=dict(binder.graph.hints), format=format,
+                             analyze=analyze)
+    except Error as exc:
+        raise exc.with_source(script, first.span)
+
+
+def explain_script(con, sql: str, format: str = "text", analyze: bool = False) -> str:
+    """``Connection.explain``: the plan of the einsum statements in ``sql`` (or DuckDB's plan of
+    one SQL statement)."""
+    fmt = str(format).lower()
+    if fmt not in ("text", "json"):
+        raise ProgrammingError(f"EXPLAIN format must be 'text' or 'json', not {format!r}")
+    stmts = parse(sql)
+    if len(stmts) == 1 and isinstance(stmts[0], A.ExplainStmt):
+        s = stmts[0]
+        return explain_statements(con, [(sql, s.statement)], s.format, s.analyze or analyze)
+    if len(stmts) == 1 and isinstance(stmts[0], A.SqlStmt):
+        prefix = "EXPLAIN ANALYZE " if analyze else "EXPLAIN "
+        rel = con.sql(prefix + stmts[0].text)
+        return "\n".join(str(r[-1]) for r in rel.fetchall())
+    if not stmts or not all(isinstance(s, A.AssignStmt) for s in stmts):
+        bad = next((s for s in stmts if not isinstance(s, A.AssignStmt)), None)
+        raise ProgrammingError("EXPLAIN works on einsum statements (or one SQL statement)",
+                               statement=sql, span=bad.span if bad else Span(0, len(sql)))
+    return explain_statements(con, [(sql, s) for s in stmts], fmt, analyze)
+
+
+def _run_with_parameters(con, script, stmts, parameters, emit) -> list[Result] | None:
+    """``?`` parameters: for one plain SQL statement, passed to DuckDB."""
+    if len(stmts) != 1 or not isinstance(stmts[0], A.SqlStmt):
+        raise NotSupportedError("parameters are supported for one plain SQL statement",
+                                statement=script, span=stmts[0].span if stmts else None)
+    emit(_timed(lambda: statements.sql_with_parameters(con, stmts[0].text, parameters), script,
+                stmts[0].span))
+    return None
+

@@ -1,0 +1,120 @@
+"""The grammar of our statements (lark, LALR). Plain SQL never reaches it: see parser.classify.
+
+Keywords are case-insensitive and only reserved where the grammar expects them (lark's contextual
+lexer), so ``value`` or ``index`` still work as tensor names and labels. Function names are plain
+names: the binder checks them, so an unknown function gets a precise error instead of a syntax one.
+"""
+from __future__ import annotations
+
+KEYWORDS = (
+    "CREATE", "OR", "REPLACE", "TENSOR", "IF", "NOT", "EXISTS", "FROM", "FORMAT", "ARRAY", "INDEX",
+    "VALUE", "SHAPE", "TILE", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
+    "DESC", "DROP", "COPY", "TO", "SET", "BEGIN", "START", "TRANSACTION", "COMMIT", "END",
+    "ROLLBACK", "ABORT",
+)
+
+_RULES = r"""
+start: create_zeros | create_load | load | create_as | assign | let
+     | show | describe | drop | copy | set | begin | commit | rollback
+
+or_replace: OR REPLACE
+if_not_exists: IF NOT EXISTS
+if_exists: IF EXISTS
+
+create_zeros: CREATE [or_replace] TENSOR [if_not_exists] NAME LPAR dim (COMMA dim)* RPAR [NAME] [tile]
+dim: NAME INT -> named_dim
+   | INT -> bare_dim
+
+create_load: CREATE [or_replace] TENSOR NAME [dimnames] FROM source load_opt*
+load: LOAD [or_replace] TENSOR NAME [dimnames] FROM source load_opt*
+dimnames: LPAR NAME (COMMA NAME)* RPAR
+source: STRING -> src_file
+      | LPAR RPAR -> src_query
+      | NAME -> src_table
+load_opt: FORMAT NAME -> opt_format
+        | ARRAY STRING -> opt_array
+        | INDEX LPAR NAME (COMMA NAME)* RPAR -> opt_index
+        | VALUE NAME -> opt_value
+        | SHAPE LPAR INT (COMMA INT)* RPAR -> opt_shape
+        | tile -> opt_tile
+tile: TILE LPAR pin (COMMA pin)* RPAR
+pin: NAME INT -> named_pin
+   | INT -> bare_pin
+
+create_as: CREATE [or_replace] TENSOR target AS expr [with_clause]
+assign: target EQ expr [with_clause]
+let: LET target EQ expr [with_clause]
+target: NAME -> bare_target
+      | NAME LSQB [labels] RSQB -> labeled_target
+labels: NAME (COMMA NAME)*
+with_clause: WITH LPAR tile (COMMA tile)* RPAR
+
+?expr: sum
+?sum: product
+    | sum PLUS product -> binop
+    | sum MINUS product -> binop
+?product: unary
+    | product STAR unary -> binop
+    | product SLASH unary -> binop
+?unary: atom
+    | MINUS unary -> neg
+    | PLUS unary -> pos
+?atom: NUMBER -> number
+    | STRING -> string
+    | NAME LSQB [labels] RSQB -> ref
+    | NAME -> bare_ref
+    | NAME LPAR [args] RPAR -> call
+    | LPAR expr RPAR -> paren
+args: expr (COMMA expr)*
+
+show: SHOW TENSORS -> show_tensors
+    | SHOW ALL -> show_all
+    | SHOW NAME -> show_setting
+describe: (DESCRIBE | DESC) NAME
+drop: DROP TENSOR [if_exists] NAME
+copy: COPY NAME TO STRING [copy_format]
+copy_format: LPAR FORMAT NAME RPAR | FORMAT NAME
+set: SET NAME (EQ | TO) set_value
+set_value: NUMBER -> set_number
+    | MINUS NUMBER -> set_negative
+    | STRING -> set_string
+    | NAME -> set_name
+begin: BEGIN [TRANSACTION] | START TRANSACTION
+commit: COMMIT [TRANSACTION] | END [TRANSACTION]
+rollback: ROLLBACK [TRANSACTION] | ABORT [TRANSACTION]
+
+NAME: /[^\W\d]\w*/
+INT: /\d+/
+NUMBER: /(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?/
+STRING: /'(?:[^']|'')*'/
+LPAR: "("
+RPAR: ")"
+LSQB: "["
+RSQB: "]"
+COMMA: ","
+EQ: "="
+PLUS: "+"
+MINUS: "-"
+STAR: "*"
+SLASH: "/"
+
+COMMENT: /--[^\n]*/ | /\/\*(.|\n)*?\*\//
+%import common.WS
+%ignore WS
+%ignore COMMENT
+"""
+
+
+def grammar() -> str:
+    # Keywords outrank NAME (priority 2) and need a word boundary, so ``created`` stays a name.
+    kw = "\n".join(f"{k}.2: /{k.lower()}\\b/i" for k in KEYWORDS)
+    return _RULES + "\n" + kw + "\n"
+
+
+# Readable names for lark's terminals in "expected ..." messages.
+READABLE = {
+    "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "STRING": "a 'string'",
+    "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQ": "'='",
+    "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "$END": "the end of the statement",
+    **{k: k for k in KEYWORDS},
+}

@@ -1,0 +1,146 @@
+"""Consecutive einsum statements -> one ``plan.builder.Graph``, so the optimizer sees them all.
+
+Names resolve to, in order: a result of an earlier statement of the same group, a LET (its steps
+are inlined, never stored), a stored tensor. Reassigning a name inside a group makes the earlier
+versions temporaries (``P.v1``); the last one is stored. When a statement replaces a tensor the
+group also reads (``P[i,j] = MIN(P[i,k] + P[k,j])``) the result is computed under a hidden name
+and moved into place after the run, because a graph cannot read and write one name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import BinderError, CatalogError, Span
+from ..plan.builder import Graph
+from . import ast as A
+from .binder import Lowered, lower
+
+__all__ = ["GroupBinder", "LetDef", "HIDDEN_PREFIX"]
+
+HIDDEN_PREFIX = "__tdb_new_"
+
+
+@dataclass(frozen=True)
+class LetDef:
+    """A LET: its source and statement, and the shape/dtype it had when defined."""
+
+    script: str
+    stmt: A.AssignStmt
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return self.stmt.target.name
+
+
+@dataclass
+class GroupBinder:
+    """Bind statements one by one into ``graph``; ``moves`` lists (hidden, name) to rename."""
+
+    store: object
+    lets: dict[str, LetDef]
+    graph: Graph = field(default_factory=Graph)
+    known: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # graph name -> shape, dtype
+    current: dict[str, str] = field(default_factory=dict)  # lower(name) -> graph name
+    stored_reads: set[str] = field(default_factory=set)
+    moves: list[tuple[str, str]] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # user names stored by the group
+    _versions: int = 0
+
+    # -- name resolution -----------------------------------------------------------------------
+    def resolve(self, name: str, span: Span, script: str = ""):
+        key = name.lower()
+        if key in self.current:
+            g = self.current[key]
+            return (g, *self.known[g])
+        if key in self.lets:
+            return self._inline_let(self.lets[key])
+        if self.store.has(name):
+            meta = self.store.meta(name)
+            self.stored_reads.add(key)
+            return meta.name, tuple(int(n) for n in meta.shape), np.dtype(meta.dtype).name
+        known = [m.name for m in self.store.list()][:12]
+        raise CatalogError(f"unknown tensor '{name}'", statement=script or None, span=span,
+                           hint=f"stored tensors: {', '.join(known)}" if known else
+                           "the database holds no tensors yet")
+
+    def _resolver(self, script: str):
+        return lambda name, span: self.resolve(name, span, script)
+
+    def _inline_let(self, let: LetDef):
+        key = let.name.lower()
+        low = lower(let.script, let.stmt, self._resolver(let.script), let.name, store=False)
+        self._add(low)
+        self.current[key] = let.name
+        return let.name, low.shape, low.dtype
+
+    def _add(self, low: Lowered) -> None:
+        for s in low.steps:
+            if s.spec is not None:
+                self.graph.einsum(s.spec, *[t for t, _ in s.inputs], into=s.into, store=s.store)
+            else:
+                self.graph.op(s.into, s.out_labels, s.inputs, join=s.join, agg=s.agg, store=s.store)
+        last = low.steps[-1].into
+        self.known[last] = (low.shape, low.dtype)
+        if low.pins:
+            self.graph.hints[last] = dict(low.pins)
+
+    def reads(self, stmt: A.AssignStmt, seen: frozenset = frozenset()) -> set[str]:
+        """Lower-cased names a statement reads from the store, looking through LETs."""
+        out = set()
+        for ref in A.refs(stmt.expr):
+            key = ref.name.lower()
+            if key in self.current:
+                continue
+            if key in self.lets and key not in seen:
+                out |= self.reads(self.lets[key].stmt, seen | {key})
+            else:
+                out.add(key)
+        return out
+
+    # -- statements ----------------------------------------------------------------------------
+    def add(self, script: str, stmt: A.AssignStmt, *, last: bool = True) -> None:
+        """Bind one statement. ``last``: no later statement of the group assigns the same name."""
+        t = stmt.target
+        key = t.name.lower()
+        if stmt.mode == "let":
+            self._add_let(script, stmt)
+            return
+        if key in self.lets:
+            raise BinderError(f"'{t.name}' is a LET intermediate, not a stored tensor",
+                              statement=script, span=t.name_span,
+                              hint=f"DROP TENSOR {t.name} to forget the LET, or pick another name")
+        exists = key in self.current or self.store.has(t.name)
+        if stmt.mode == "create" and exists:
+            raise CatalogError(f"tensor '{t.name}' already exists", statement=script, span=t.name_span,
+                               hint=f"CREATE OR REPLACE TENSOR {t.name} ..., or a plain assignment, "
+                                    "replaces it")
+        if not last:
+            self._versions += 1
+            gname, store = f"{t.name}.v{self._versions}", False
+        elif key in self.stored_reads or key in self.reads(stmt):
+            gname, store = HIDDEN_PREFIX + t.name, True
+        else:
+            gname, store = t.name, True
+        low = lower(script, stmt, self._resolver(script), gname, store=store)
+        self._add(low)
+        self.current[key] = gname
+        if store:
+            if gname != t.name:
+                self.moves.append((gname, t.name))
+            self.outputs.append(t.name)
+
+    def _add_let(self, script: str, stmt: A.AssignStmt) -> None:
+        t = stmt.target
+        key = t.name.lower()
+        if self.store.has(t.name) or key in self.current:
+            raise CatalogError(f"a tensor named '{t.name}' exists; a LET needs a name of its own",
+                               statement=script, span=t.name_span)
+        # Check it now (errors belong to the LET), without adding its steps: it is inlined
+        # where it is used, or nowhere.
+        probe = GroupBinder(self.store, self.lets, known=dict(self.known), current=dict(self.current))
+        low = lower(script, stmt, probe._resolver(script), t.name, store=False)
+        self.lets[key] = LetDef(script, stmt, low.shape, low.dtype)

@@ -1,0 +1,442 @@
+"""Text -> statements (AST with spans into the full script).
+
+A statement is ours when its first words say so (CREATE TENSOR, LOAD TENSOR, LET, EXPLAIN of one of
+ours, SHOW TENSORS/ALL/<setting>, DESCRIBE <name>, DROP TENSOR, COPY <name> TO, SET <setting>,
+BEGIN/COMMIT/ROLLBACK, or an assignment ``name[...] =`` / ``name =``); everything else is plain
+SQL for DuckDB.
+
+>>> [type(s).__name__ for s in parse("C[i,k] = A[i,j] * B[j,k]; SELECT 42")]
+['AssignStmt', 'SqlStmt']
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import fields
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from ..config import Settings
+from ..errors import ParserError, Span
+from . import ast as A
+from .grammar import READABLE, grammar
+from .lexer import Word, skip_space, split, words
+
+__all__ = ["parse", "parse_statement", "classify"]
+
+_SETTINGS = {f.name for f in fields(Settings)}
+
+
+@functools.lru_cache(maxsize=1)
+def _lark() -> Lark:
+    return Lark(grammar(), parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def parse(script: str) -> list[A.Statement]:
+    """Every statement of ``script``; raises ParserError (with a caret) on the first bad one."""
+    return [parse_statement(script, span) for span in split(script)]
+
+
+def parse_statement(script: str, span: Span) -> A.Statement:
+    w = words(script, span.start, span.end)
+    if w and w[0].upper == "EXPLAIN":
+        return _explain(script, span, w)
+    if classify(w) == "sql":
+        return A.SqlStmt(script[span.start:span.end], span)
+    return _parse_ours(script, span)
+
+
+def _is_ident(word: Word) -> bool:
+    return word.text[:1].isalpha() or word.text[:1] == "_"
+
+
+def classify(w: list[Word]) -> str:
+    """'ours' or 'sql', from the first words of a statement."""
+    up = [x.upper for x in w]
+    if not up:
+        return "sql"
+    first = up[0]
+    nxt = up[1:]
+    if first == "CREATE":
+        return "ours" if nxt[:1] == ["TENSOR"] or nxt[:3] == ["OR", "REPLACE", "TENSOR"] else "sql"
+    if first == "LOAD":
+        return "ours" if nxt[:1] == ["TENSOR"] or nxt[:3] == ["OR", "REPLACE", "TENSOR"] else "sql"
+    if first == "LET":
+        return "ours"
+    if first == "SHOW":
+        if nxt[:1] in (["TENSORS"],) or (nxt == ["ALL"]):
+            return "ours"
+        return "ours" if len(w) == 2 and w[1].text.lower() in _SETTINGS else "sql"
+    if first in ("DESCRIBE", "DESC"):
+        return "ours" if len(w) == 2 and _is_ident(w[1]) else "sql"
+    if first == "DROP":
+        return "ours" if nxt[:1] == ["TENSOR"] else "sql"
+    if first == "COPY":
+        return "ours" if len(w) >= 3 and _is_ident(w[1]) and up[2] == "TO" else "sql"
+    if first == "SET":
+        return "ours" if len(w) >= 2 and w[1].text.lower() in _SETTINGS else "sql"
+    if first in ("BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT"):
+        return "ours"
+    if _is_ident(w[0]) and len(w) >= 2 and w[1].text in ("[", "="):
+        return "ours"
+    return "sql"
+
+
+def _explain(script: str, span: Span, w: list[Word]) -> A.Statement:
+    """EXPLAIN [ANALYZE] [(FORMAT TEXT | JSON [, ANALYZE])] <statement>."""
+    analyze, fmt = False, "text"
+    i = w[0].start + len(w[0].text)
+    while True:
+        nxt = words(script, i, span.end, 1)
+        if nxt and nxt[0].upper == "ANALYZE":
+            analyze, i = True, nxt[0].start + 7
+            continue
+        if nxt and nxt[0].text == "(":
+            opts = words(script, nxt[0].start + 1, span.end, 12)
+            j = 0
+            while j < len(opts) and opts[j].text != ")":
+                o = opts[j]
+                if o.upper == "FORMAT" and j + 1 < len(opts):
+                    fmt = opts[j + 1].text.strip("'").lower()
+                    if fmt not in ("text", "json"):
+                        raise ParserError(f"EXPLAIN format must be TEXT or JSON, not {opts[j + 1].text}",
+                                          statement=script,
+                                          span=Span(opts[j + 1].start, opts[j + 1].start + len(opts[j + 1].text)))
+                    j += 2
+                elif o.upper == "ANALYZE":
+                    analyze, j = True, j + 1
+                elif o.text == ",":
+                    j += 1
+                else:
+                    # Not our option list: let DuckDB judge the whole EXPLAIN.
+                    return A.SqlStmt(script[span.start:span.end], span)
+            if j >= len(opts):
+                raise ParserError("EXPLAIN options are not closed: expected ')'", statement=script,
+                                  span=Span(nxt[0].start, nxt[0].start + 1))
+            i = opts[j].start + 1
+            continue
+        break
+    start = skip_space(script, i, span.end)
+    if start >= span.end:
+        raise ParserError("EXPLAIN needs a statement to explain", statement=script,
+                          span=Span(span.end, span.end))
+    inner_span = Span(start, span.end)
+    inner = parse_statement(script, inner_span)
+    if isinstance(inner, A.SqlStmt):
+        return A.SqlStmt(script[span.start:span.end], span)
+    if not isinstance(inner, A.AssignStmt):
+        raise ParserError("EXPLAIN works on tensor assignments (and on plain SQL)", statement=script,
+                          span=inner_span)
+    return A.ExplainStmt(inner, analyze, fmt, span)
+
+
+# -- our statements: lark -----------------------------------------------------------------------
+
+def _blank_subquery(script: str, span: Span) -> tuple[str, dict[int, str]]:
+    """Replace the text of ``FROM ( <query> )`` with spaces (same length, so positions hold) and
+    return it by the position of its '('; lark cannot parse arbitrary SQL, DuckDB will."""
+    text = script[span.start:span.end]
+    w = words(script, span.start, span.end, 64)
+    for k, word in enumerate(w[:-1]):
+        if word.upper == "FROM" and w[k + 1].text == "(":
+            open_at = w[k + 1].start - span.start
+            close_at = _matching_paren(text, open_at)
+            if close_at is None:
+                raise ParserError("the query after FROM is not closed: expected ')'",
+                                  statement=script, span=Span(w[k + 1].start, w[k + 1].start + 1))
+            query = text[open_at + 1:close_at].strip()
+            blanked = text[:open_at + 1] + " " * (close_at - open_at - 1) + text[close_at:]
+            return blanked, {open_at + span.start: query}
+    return text, {}
+
+
+def _matching_paren(text: str, open_at: int) -> int | None:
+    depth, i, n = 0, open_at, len(text)
+    while i < n:
+        c = text[i]
+        if c in "'\"":
+            j = text.find(c, i + 1)
+            if j < 0:
+                return None
+            i = j + 1
+            continue
+        if text.startswith("--", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j + 1
+            continue
+        if text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def _parse_ours(script: str, span: Span) -> A.Statement:
+    text, queries = _blank_subquery(script, span)
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, script, span, text) from None
+    return _Build(script, span.start, queries).transform(tree)
+
+
+def _syntax_error(exc: UnexpectedInput, script: str, span: Span, text: str) -> ParserError:
+    expected: set[str] = set()
+    if isinstance(exc, UnexpectedToken):
+        expected = set(exc.expected) | set(getattr(exc, "accepts", None) or ())
+        tok = exc.token
+        if tok.type == "$END":
+            pos, found = len(text), "the end of the statement"
+        else:
+            pos, found = tok.start_pos, repr(str(tok))
+    elif isinstance(exc, UnexpectedCharacters):
+        expected = set(exc.allowed or ())
+        pos, found = exc.pos_in_stream, repr(text[exc.pos_in_stream])
+    elif isinstance(exc, UnexpectedEOF):
+        expected = set(exc.expected)
+        pos, found = len(text), "the end of the statement"
+    else:  # pragma: no cover - lark has no other kinds
+        pos, found = 0, "this"
+    names = sorted({READABLE.get(e, e.lower()) for e in expected if not e.startswith("__")})
+    if len(names) > 8:
+        names = names[:8] + ["..."]
+    msg = f"syntax error at {found}"
+    if names:
+        msg += ": expected " + (names[0] if len(names) == 1 else "one of " + ", ".join(names))
+    pos = min(pos, len(text))
+    end = pos + 1 if pos < len(text) else pos
+    return ParserError(msg, statement=script, span=Span(span.start + pos, span.start + end))
+
+
+def _span(meta, base: int) -> Span:
+    if getattr(meta, "empty", True):
+        return Span(base, base)
+    return Span(base + meta.start_pos, base + meta.end_pos)
+
+
+def _tspan(tok: Token, base: int) -> Span:
+    return Span(base + tok.start_pos, base + tok.end_pos)
+
+
+def _unquote(tok: Token) -> str:
+    return str(tok)[1:-1].replace("''", "'")
+
+
+def _toks(children, kind: str) -> list[Token]:
+    return [c for c in children if isinstance(c, Token) and c.type == kind]
+
+
+@v_args(meta=True)
+class _Build(Transformer):
+    """lark tree -> AST. Positions are shifted by the statement's offset in the script."""
+
+    def __init__(self, script: str, base: int, queries: dict[int, str]) -> None:
+        super().__init__()
+        self.script, self.base, self.queries = script, base, queries
+
+    def sp(self, meta) -> Span:
+        return _span(meta, self.base)
+
+    def ts(self, tok: Token) -> Span:
+        return _tspan(tok, self.base)
+
+    def start(self, meta, c):
+        return c[0]
+
+    # -- expressions ---------------------------------------------------------------------------
+    def number(self, meta, c):
+        return A.Number(float(c[0]), self.sp(meta))
+
+    def string(self, meta, c):
+        return A.String(_unquote(c[0]), self.sp(meta))
+
+    def labels(self, meta, c):
+        return tuple(A.Label(str(t), self.ts(t)) for t in _toks(c, "NAME"))
+
+    def ref(self, meta, c):
+        return A.Ref(str(c[0]), c[2] or (), self.sp(meta), self.ts(c[0]))
+
+    def bare_ref(self, meta, c):
+        return A.Ref(str(c[0]), None, self.sp(meta), self.ts(c[0]))
+
+    def args(self, meta, c):
+        return tuple(x for x in c if not isinstance(x, Token))
+
+    def call(self, meta, c):
+        return A.Call(str(c[0]).lower(), c[2] or (), self.sp(meta), self.ts(c[0]))
+
+    def paren(self, meta, c):
+        return c[1]
+
+    def binop(self, meta, c):
+        return A.BinOp(str(c[1]), c[0], c[2], self.sp(meta))
+
+    def neg(self, meta, c):
+        if isinstance(c[1], A.Number):
+            return A.Number(-c[1].value, self.sp(meta))
+        return A.Neg(c[1], self.sp(meta))
+
+    def pos(self, meta, c):
+        return c[1]
+
+    # -- pieces --------------------------------------------------------------------------------
+    def or_replace(self, meta, c):
+        return True
+
+    if_not_exists = if_exists = or_replace
+
+    def named_dim(self, meta, c):
+        return A.Dim(str(c[0]), int(c[1]), self.sp(meta))
+
+    def bare_dim(self, meta, c):
+        return A.Dim(None, int(c[0]), self.sp(meta))
+
+    def named_pin(self, meta, c):
+        return A.Pin(str(c[0]), int(c[1]), self.sp(meta))
+
+    def bare_pin(self, meta, c):
+        return A.Pin(None, int(c[0]), self.sp(meta))
+
+    def tile(self, meta, c):
+        return tuple(x for x in c if isinstance(x, A.Pin))
+
+    def dimnames(self, meta, c):
+        return tuple(A.Label(str(t), self.ts(t)) for t in _toks(c, "NAME"))
+
+    def bare_target(self, meta, c):
+        return A.Target(str(c[0]), None, self.sp(meta), self.ts(c[0]))
+
+    def labeled_target(self, meta, c):
+        return A.Target(str(c[0]), c[2] or (), self.sp(meta), self.ts(c[0]))
+
+    def with_clause(self, meta, c):
+        return tuple(p for x in c if isinstance(x, tuple) for p in x)
+
+    # -- statements ----------------------------------------------------------------------------
+    def create_zeros(self, meta, c):
+        names = _toks(c, "NAME")
+        name = names[0]
+        dtype_tok = names[1] if len(names) > 1 else None
+        dims = tuple(x for x in c if isinstance(x, A.Dim))
+        tile = c[-1] if isinstance(c[-1], tuple) else None
+        dspan = self.ts(dtype_tok) if dtype_tok is not None else self.sp(meta)
+        return A.CreateStmt(str(name), dims, str(dtype_tok) if dtype_tok else "float64", tile,
+                            bool(c[1]), bool(c[3]), self.sp(meta), self.ts(name), dspan)
+
+    def src_file(self, meta, c):
+        return ("path", _unquote(c[0]), self.sp(meta))
+
+    def src_query(self, meta, c):
+        query = self.queries.get(self.base + c[0].start_pos, "")
+        return ("query", query, self.sp(meta))
+
+    def src_table(self, meta, c):
+        return ("table", str(c[0]), self.sp(meta))
+
+    def opt_format(self, meta, c):
+        return ("format", str(c[1]).lower())
+
+    def opt_array(self, meta, c):
+        return ("array", _unquote(c[1]))
+
+    def opt_index(self, meta, c):
+        return ("index", tuple(str(t) for t in _toks(c, "NAME")))
+
+    def opt_value(self, meta, c):
+        return ("value", str(c[1]))
+
+    def opt_shape(self, meta, c):
+        return ("shape", tuple(int(t) for t in _toks(c, "INT")))
+
+    def opt_tile(self, meta, c):
+        return ("tile", c[0])
+
+    def _load(self, meta, c):
+        name = next(x for x in c if isinstance(x, Token) and x.type == "NAME")
+        dims = next((x for x in c if isinstance(x, tuple) and x and isinstance(x[0], A.Label)), None)
+        source = next(x for x in c if isinstance(x, tuple) and len(x) == 3 and x[0] in ("path", "query", "table"))
+        opts: dict = {}
+        for x in c:
+            if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str):
+                if x[0] in opts:
+                    raise ParserError(f"option {x[0].upper()} is given twice", statement=self.script,
+                                      span=self.sp(meta))
+                opts[x[0]] = x[1]
+        kind, value, sspan = source
+        if kind == "query" and not value:
+            raise ParserError("FROM ( ) needs a query", statement=self.script, span=sspan)
+        return A.LoadStmt(str(name), dims, value if kind == "path" else None,
+                          value if kind == "query" else None, value if kind == "table" else None,
+                          opts.get("format"), opts.get("array"), opts.get("index"), opts.get("value"),
+                          opts.get("shape"), opts.get("tile"), bool(c[1]), self.sp(meta),
+                          self.ts(name), sspan)
+
+    create_load = load = _load
+
+    def _assign(self, meta, c, mode):
+        target = next(x for x in c if isinstance(x, A.Target))
+        expr = c[c.index(target) + 2]
+        hints = c[-1] if isinstance(c[-1], tuple) else ()
+        return A.AssignStmt(target, expr, hints, mode, self.sp(meta))
+
+    def create_as(self, meta, c):
+        return self._assign(meta, c, "replace" if c[1] else "create")
+
+    def assign(self, meta, c):
+        return self._assign(meta, c, "assign")
+
+    def let(self, meta, c):
+        return self._assign(meta, c, "let")
+
+    def show_tensors(self, meta, c):
+        return A.ShowTensorsStmt(self.sp(meta))
+
+    def show_all(self, meta, c):
+        return A.ShowSettingStmt(None, self.sp(meta))
+
+    def show_setting(self, meta, c):
+        return A.ShowSettingStmt(str(c[1]).lower(), self.sp(meta))
+
+    def describe(self, meta, c):
+        return A.DescribeStmt(str(c[-1]), self.sp(meta), self.ts(c[-1]))
+
+    def drop(self, meta, c):
+        return A.DropStmt(str(c[-1]), bool(c[2]), self.sp(meta), self.ts(c[-1]))
+
+    def copy_format(self, meta, c):
+        return str(_toks(c, "NAME")[0]).lower()
+
+    def copy(self, meta, c):
+        return A.CopyStmt(str(c[1]), _unquote(c[3]), c[4], self.sp(meta), self.ts(c[1]))
+
+    def set_number(self, meta, c):
+        v = float(c[0])
+        return int(v) if v.is_integer() and "." not in str(c[0]) else v
+
+    def set_negative(self, meta, c):
+        return -self.set_number(meta, c[1:])
+
+    def set_string(self, meta, c):
+        return _unquote(c[0])
+
+    def set_name(self, meta, c):
+        return str(c[0])
+
+    def set(self, meta, c):
+        return A.SetStmt(str(c[1]).lower(), c[3], self.sp(meta))
+
+    def begin(self, meta, c):
+        return A.BeginStmt(self.sp(meta))
+
+    def commit(self, meta, c):
+        return A.CommitStmt(self.sp(meta))
+
+    def rollback(self, meta, c):
+        return A.RollbackStmt(self.sp(meta))

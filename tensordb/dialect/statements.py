@@ -1,0 +1,270 @@
+"""The statements that are not einsums: DDL on tensors, SHOW/DESCRIBE, COPY, SET, plain SQL."""
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+
+import numpy as np
+
+from ..config import Settings, format_bytes
+from ..errors import (BinderError, CatalogError, DataError, Error, IntegrityError, InternalError,
+                      NotSupportedError, OperationalError, OutOfMemoryError, ParserError,
+                      ProgrammingError, Span)
+from ..result import Result
+from . import ast as A
+
+__all__ = ["run", "DTYPES", "move_tensor", "translate_duckdb", "sql_with_parameters"]
+
+DTYPES = {
+    "float32": "float32", "float": "float32", "real": "float32", "float4": "float32",
+    "float64": "float64", "double": "float64", "float8": "float64",
+    "int32": "int32", "int": "int32", "integer": "int32", "int4": "int32",
+    "int64": "int64", "bigint": "int64", "int8": "int64", "long": "int64",
+}
+_SETTINGS = [f.name for f in fields(Settings)]
+
+
+def run(con, script: str, stmt: A.Statement, text: str) -> Result:
+    handler = _HANDLERS[type(stmt)]
+    return handler(con, script, stmt, text)
+
+
+def _err(cls, script, span, message, hint=None) -> Error:
+    return cls(message, statement=script, span=span, hint=hint)
+
+
+# -- CREATE TENSOR (zeros) ----------------------------------------------------------------------
+
+def _create(con, script, s: A.CreateStmt, text) -> Result:
+    dtype = DTYPES.get(s.dtype.lower())
+    if dtype is None:
+        raise _err(BinderError, script, s.dtype_span, f"unknown type '{s.dtype}'",
+                   hint="types: FLOAT32, FLOAT64 (DOUBLE), INT32, INT64 (BIGINT)")
+    named = [d.name is not None for d in s.dims]
+    if any(named) and not all(named):
+        bad = next(d for d in s.dims if d.name is None)
+        raise _err(BinderError, script, bad.span, "name every dimension or none")
+    dims = [d.name for d in s.dims] if all(named) else None
+    for k, d in enumerate(s.dims):
+        if d.size < 1:
+            raise _err(BinderError, script, d.span, f"dimension sizes must be positive, got {d.size}")
+        if dims and d.name in dims[:k]:
+            raise _err(BinderError, script, d.span, f"dimension '{d.name}' is named twice")
+    shape = tuple(d.size for d in s.dims)
+    if con.store.has(s.name):
+        if s.if_not_exists and not s.replace:
+            return Result.status(f"tensor {s.name} exists: nothing done", text)
+        if not s.replace:
+            raise _err(CatalogError, script, s.name_span, f"tensor '{s.name}' already exists",
+                       hint=f"CREATE OR REPLACE TENSOR {s.name} ... replaces it")
+    tile = tile_shape(script, s.tile, shape, dims) if s.tile else None
+    if tile is None:
+        from ..storage.tiling import default_tile_shape
+        tile = default_tile_shape(shape, dtype)
+    # A writer with no tiles is a tensor of zeros: absent tiles are zeros, nothing is written.
+    con.store.writer(s.name, shape, np.dtype(dtype), tuple(tile), dims=dims, replace=s.replace).commit()
+    return Result.status(f"CREATE TENSOR {s.name}: {dtype} {shape}", text)
+
+
+def tile_shape(script: str, pins, shape, dims) -> tuple[int, ...]:
+    """TILE (i 512, k 1024) or TILE (512, 1024) -> one tile extent per dimension (``shape`` is
+    None when not known yet, as for LOAD)."""
+    if all(p.label is None for p in pins):
+        if shape is not None and len(pins) != len(shape):
+            raise _err(BinderError, script, pins[0].span, f"TILE gives {len(pins)} extent(s) for "
+                       f"{len(shape)} dimension(s)")
+        out = [p.value for p in pins]
+    else:
+        if dims is None:
+            raise _err(BinderError, script, pins[0].span, "TILE names dimensions, but the tensor's "
+                       "dimensions have no names",
+                       hint="write TILE (512, 1024), or name the dimensions: LOAD TENSOR B (i, j) ...")
+        out = list(shape) if shape is not None else [None] * len(dims)
+        given = set()
+        for p in pins:
+            if p.label is None:
+                raise _err(BinderError, script, p.span, "name every TILE extent or none")
+            if p.label not in dims:
+                raise _err(BinderError, script, p.span, f"TILE names '{p.label}', which is not a "
+                           f"dimension", hint=f"dimensions: {', '.join(dims)}")
+            if p.label in given:
+                raise _err(BinderError, script, p.span, f"TILE gives '{p.label}' twice")
+            given.add(p.label)
+            out[dims.index(p.label)] = p.value
+        if None in out:  # the shape is not known before loading: every extent is needed
+            missing = [d for d, t in zip(dims, out) if t is None]
+            raise _err(BinderError, script, pins[0].span,
+                       f"TILE needs an extent for every dimension; missing: {', '.join(missing)}")
+    for p in pins:
+        if p.value < 1:
+            raise _err(BinderError, script, p.span, f"tile extents must be positive, got {p.value}")
+    return tuple(out) if not shape else tuple(min(t, n) for t, n in zip(out, shape))
+
+
+# -- LOAD TENSOR / CREATE TENSOR ... FROM ---------------------------------------------------------
+
+def _load(con, script, s: A.LoadStmt, text) -> Result:
+    if con.store.has(s.name) and not s.replace:
+        raise _err(CatalogError, script, s.name_span, f"tensor '{s.name}' already exists",
+                   hint="CREATE OR REPLACE TENSOR ... FROM (or LOAD OR REPLACE TENSOR) replaces it")
+    dims = [d.name for d in s.dims] if s.dims else (list(s.index) if s.index else None)
+    tile = tile_shape(script, s.tile, None, dims) if s.tile else None
+    options = dict(tile=tile, replace=s.replace, dims=dims, format=s.format)
+    for key in ("array", "index", "value", "shape"):
+        if getattr(s, key) is not None:
+            options[key] = list(getattr(s, key)) if isinstance(getattr(s, key), tuple) else getattr(s, key)
+    if s.path is not None:
+        source = s.path
+    elif s.query is not None:
+        source, options["query"] = None, s.query
+    else:
+        source, options["query"] = None, f'SELECT * FROM "{s.table}"'
+    try:
+        con.load(s.name, source, **options)
+    except Error as exc:
+        raise exc.with_source(script, s.source_span)
+    return Result.for_tensor(con, s.name, text)
+
+
+# -- SHOW, DESCRIBE, DROP, COPY, SET ------------------------------------------------------------
+
+def _show_tensors(con, script, s, text) -> Result:
+    rows = con.tensors()
+    cols = ["name", "shape", "dtype", "dims", "tile_shape", "tile_count", "total_tiles", "density",
+            "bytes"]
+    return Result.rows(cols, [tuple(r.get(c) for c in cols) for r in rows], text)
+
+
+def _setting_value(con, name):
+    value = getattr(con.settings, name)
+    return format_bytes(value) if name == "memory_limit" and value is not None else value
+
+
+def _show_setting(con, script, s: A.ShowSettingStmt, text) -> Result:
+    names = _SETTINGS if s.name is None else [s.name]
+    return Result.rows(["name", "value"], [(n, _setting_value(con, n)) for n in names], text)
+
+
+def _describe(con, script, s: A.DescribeStmt, text) -> Result:
+    if not con.store.has(s.name):
+        return _sql(con, script, A.SqlStmt(text, s.span), text)  # DESCRIBE <table>
+    info = con.describe(s.name)
+    rows = [(k, v) for k, v in info.items() if k != "dimensions"]
+    for d in info.get("dimensions", ()):
+        rows.append((f"dimension {d['name']}", f"size {d['size']}, tile {d['tile']}, "
+                     f"{d['tiles']} tile(s)"))
+    return Result.rows(["property", "value"], rows, text)
+
+
+def _drop(con, script, s: A.DropStmt, text) -> Result:
+    try:
+        con.drop(s.name, if_exists=s.if_exists)
+    except Error as exc:
+        raise exc.with_source(script, s.name_span)
+    return Result.status(f"DROP TENSOR {s.name}", text)
+
+
+def _copy(con, script, s: A.CopyStmt, text) -> Result:
+    if not con.store.has(s.name):
+        return _sql(con, script, A.SqlStmt(text, s.span), text)  # COPY <table> TO ...
+    con.export(s.name, s.path, format=s.format)
+    return Result.status(f"COPY {s.name} TO '{s.path}'", text)
+
+
+def _set(con, script, s: A.SetStmt, text) -> Result:
+    value = s.value
+    if isinstance(value, str) and value.lower() in ("on", "true", "off", "false") and s.name == "progress":
+        value = value.lower() in ("on", "true")
+    con.set(s.name, value)
+    return Result.status(f"SET {s.name} = {_setting_value(con, s.name)}", text)
+
+
+# -- plain SQL ---------------------------------------------------------------------------------
+
+def _sql(con, script, s: A.SqlStmt, text) -> Result:
+    try:
+        return Result.from_relation(con.sql(s.text), text)
+    except Error as exc:
+        raise _position_from_message(exc, script, s.span)
+    except Exception as exc:
+        raise _position_from_message(translate_duckdb(exc), script, s.span) from exc
+
+
+def sql_with_parameters(con, query: str, parameters) -> Result:
+    from ..storage.relations import expose_tensors
+    store = con.store
+    try:
+        expose_tensors(store, query)
+        cur = store.duck.execute(query, list(parameters))
+        cols = [d[0] for d in cur.description] if cur.description else []
+        return Result.rows(cols, cur.fetchall(), query) if cols else Result.status("OK", query)
+    except Error:
+        raise
+    except Exception as exc:
+        raise translate_duckdb(exc) from exc
+
+
+_DUCK_ERRORS = {
+    "ParserException": ParserError, "SyntaxException": ParserError,
+    "CatalogException": CatalogError, "BinderException": BinderError,
+    "ConversionException": DataError, "InvalidInputException": DataError,
+    "OutOfRangeException": DataError, "TypeMismatchException": DataError,
+    "IOException": OperationalError, "HTTPException": OperationalError,
+    "OutOfMemoryException": OutOfMemoryError, "ConstraintException": IntegrityError,
+    "NotImplementedException": NotSupportedError, "InternalException": InternalError,
+    "FatalException": InternalError,
+}
+
+
+def translate_duckdb(exc: Exception) -> Error:
+    """A DuckDB exception as a tensordb error (by class name: only storage imports duckdb)."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _DUCK_ERRORS:
+            return _DUCK_ERRORS[cls.__name__](str(exc))
+    if type(exc).__module__.split(".")[0] in ("duckdb", "_duckdb"):
+        return ProgrammingError(str(exc))
+    return InternalError(f"internal error: {type(exc).__name__}: {exc}")
+
+
+_DUCK_CARET = re.compile(r"\n*LINE (\d+): ([^\n]*)\n( *)\^[^\n]*")
+
+
+def _position_from_message(exc: Error, script: str, span: Span) -> Error:
+    """DuckDB puts its own caret in the message; turn it into our span into the script."""
+    if exc.span is not None:
+        return exc
+    m = _DUCK_CARET.search(exc.message)
+    pos = span.start
+    if m:
+        line_no, shown, pad = int(m.group(1)), m.group(2), len(m.group(3))
+        col = pad - len(f"LINE {line_no}: ")
+        text = script[span.start:span.end]
+        lines = text.split("\n")
+        if 1 <= line_no <= len(lines):
+            line_start = sum(len(l) + 1 for l in lines[:line_no - 1])
+            line = lines[line_no - 1]
+            if shown.startswith("..."):
+                # DuckDB elides long lines: find the shown text to learn the offset
+                at = line.find(shown[3:].rstrip(".")[:30])
+                col = col - 3 + (at if at >= 0 else 0)
+            pos = span.start + line_start + max(0, min(col, len(line)))
+        exc.message = (exc.message[:m.start()] + exc.message[m.end():]).strip()
+        exc.args = (exc.message,)
+    return exc.with_source(script, Span(pos, min(pos + 1, span.end)) if pos < span.end else span)
+
+
+def move_tensor(store, src: str, dst: str) -> None:
+    """Store ``src``'s tiles as ``dst`` (replacing it) and drop ``src``; in the caller's transaction."""
+    reader = store.open(src)
+    meta = reader.meta
+    with store.writer(dst, meta.shape, meta.dtype, meta.grid, dims=meta.dims, replace=True) as w:
+        for coords in reader.coords():
+            w.write_tile(coords, reader.tile(coords))
+    store.drop(src)
+
+
+_HANDLERS = {
+    A.CreateStmt: _create, A.LoadStmt: _load, A.ShowTensorsStmt: _show_tensors,
+    A.ShowSettingStmt: _show_setting, A.DescribeStmt: _describe, A.DropStmt: _drop,
+    A.CopyStmt: _copy, A.SetStmt: _set, A.SqlStmt: _sql,
+}
