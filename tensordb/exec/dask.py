@@ -373,7 +373,7 @@ def _translate(exc: BaseException) -> Error:
     if type(exc).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError",
                               "CancelledError", "TimeoutError"):
         return OperationalError(f"the Dask cluster failed the query: {type(exc).__name__}: {exc}")
-    err = InternalError(f"a tile task failed on a Dask worker: {type(exc).__name__}: {exc}")
+    err = InternalError(f"a tile task failed: {type(exc).__name__}: {exc}")
     err.__cause__ = exc
     return err
 

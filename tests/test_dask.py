@@ -1,0 +1,166 @@
+"""The Dask executor on a real LocalCluster (2 worker processes on 127.0.0.1): the correctness
+corpus against the local pool, placement checked on the workers, scatter, clean-up."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.plan.scalar import parse_join
+
+from tests.oracle import extended_einsum
+from tests.test_engine_corpus import make_case
+
+pytestmark = pytest.mark.distributed
+distributed = pytest.importorskip("distributed")
+
+N_SEEDS = 40
+
+
+@pytest.fixture(scope="session")
+def dask_cluster(tmp_path_factory):
+    from tensordb.exec.dask import local_cluster
+    with local_cluster(2, local_directory=str(tmp_path_factory.mktemp("dask"))) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def dcon(dask_cluster):
+    with tensordb.connect(workers=2, executor=f"dask://{dask_cluster.scheduler_address}") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def lcon():
+    with tensordb.connect(workers=2) as c:
+        yield c
+
+
+def _run_case(con, seed):
+    operands, out, arrays, join, agg, pins, _ = make_case(seed)
+    names = []
+    for k, (a, tile) in enumerate(arrays):
+        names.append(f"in{seed}_{k}")
+        con.load(names[-1], a, tile=tile or None, replace=True)
+    g = tensordb.Graph().op(f"out{seed}", out, list(zip(names, operands)), join=join, agg=agg,
+                            tile=pins)
+    try:
+        con.run(g, replace=True)
+        return con.tensor(f"out{seed}")
+    finally:
+        for name in names + [f"out{seed}"]:
+            con.drop(name, if_exists=True)
+
+
+def _outcome(con, seed):
+    try:
+        return _run_case(con, seed), None
+    except tensordb.Error as exc:
+        return None, exc
+
+
+@pytest.mark.parametrize("seed", range(N_SEEDS))
+def test_corpus_on_dask_equals_local_pool(dcon, lcon, seed):
+    (got, err), (want, local_err) = _outcome(dcon, seed), _outcome(lcon, seed)
+    if local_err is not None:  # the executor's contract: the pool's outcome, errors included
+        assert type(err) is type(local_err) and str(err) == str(local_err)
+        return
+    assert err is None, err
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if np.issubdtype(got.dtype, np.floating):
+        # Same plan, same tile functions; only the order partials are summed in may differ.
+        tol = 1e-5 if got.dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, float(np.abs(want).max(initial=0))))
+    else:
+        np.testing.assert_array_equal(got, want)
+    operands, out, arrays, join, agg, _, _ = make_case(seed)
+    expr = parse_join(join) if join else parse_join(" * ".join(f"x{i}" for i in range(len(arrays))))
+    oracle = extended_einsum(out, [(a, ls) for (a, _), ls in zip(arrays, operands)], expr, agg, got.dtype)
+    np.testing.assert_allclose(got, oracle, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(oracle).max(initial=0))))
+
+
+def test_executor_reports_cluster_workers(dcon):
+    ex = dcon._get_executor()
+    assert ex.workers == 2
+    assert ex.addresses() == sorted(ex.client.scheduler_info()["workers"])
+
+
+def _matmul(con, into="C", tile=None, **load):
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((256, 192)), rng.standard_normal((192, 128))
+    con.load("A", a, tile=(64, 64), replace=True, **load)
+    con.load("B", b, tile=(64, 64), replace=True, **load)
+    result = con.einsum("ij,jk->ik", "A", "B", into=into, replace=True,
+                        tile=tile or {"i": 4, "j": 3, "k": 2})
+    return a @ b, result
+
+
+def test_every_task_ran_on_its_planned_worker(dcon):
+    want, result = _matmul(dcon)
+    np.testing.assert_allclose(dcon.tensor("C"), want, atol=1e-9)
+    run = dcon._get_executor().last_run
+    # ran_on is what each worker process recorded about the tasks it executed itself.
+    assert set(run["ran_on"]) == {t.key for t in dcon.last_plan.tasks}
+    assert run["ran_on"] == run["planned_on"]
+    assert set(run["ran_on"].values()) == set(run["addresses"])  # both workers had work
+    planned = {t.key: run["addresses"][t.worker % 2] for t in dcon.last_plan.tasks}
+    assert run["planned_on"] == planned
+    assert result.kernel_calls == dcon.last_plan.kernel_calls
+    measured = dcon.last_plan.stats[0].measured
+    assert measured["kernel_calls"] == dcon.last_plan.kernel_calls and measured["seconds"] > 0
+
+
+def test_bytes_moved_match_the_local_pool(dcon, lcon):
+    _, on_dask = _matmul(dcon)
+    _, local = _matmul(lcon)
+    assert on_dask.bytes_moved == local.bytes_moved
+    assert dcon.last_plan.stats[0].measured["bytes_moved"] == on_dask.bytes_moved
+
+
+def test_nothing_stays_on_the_workers(dcon):
+    _matmul(dcon)
+    client = dcon._get_executor().client
+    deadline = time.monotonic() + 5
+    while True:
+        held = client.run(lambda dask_worker: [k for k in dask_worker.data if "tdb-" in str(k)])
+        if not any(held.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not any(held.values())
+
+
+def test_scatter_from_the_client(dask_cluster, lcon):
+    spec = f"dask://{dask_cluster.scheduler_address}?scatter=always"
+    with tensordb.connect(workers=2, executor=spec) as con:
+        want, _ = _matmul(con)
+        np.testing.assert_allclose(con.tensor("C"), want, atol=1e-9)
+        run = con._get_executor().last_run
+        assert run["scattered_bytes"] > 0
+        loads = {t.key for t in con.last_plan.tasks if type(t).__name__ == "Load"}
+        assert loads and not loads & set(run["ran_on"])  # no Load ran on a worker
+
+
+def test_graph_with_temporaries_and_aggregation_tree(dcon, lcon):
+    rng = np.random.default_rng(3)
+    x, w1, w2 = rng.standard_normal((64, 512)), rng.standard_normal((512, 32)), rng.standard_normal((32, 16))
+    for con in (dcon, lcon):
+        con.load("X", x, replace=True)
+        con.load("W1", w1, replace=True)
+        con.load("W2", w2, replace=True)
+        g = (tensordb.Graph()
+             .einsum("bh,hf->bf", "X", "W1", into="Z", store=False, tile={"h": 16})
+             .einsum("bf,fo->bo", "Z", "W2", into="Y"))
+        con.run(g, replace=True)
+        assert not con.store.has("Z")
+    np.testing.assert_allclose(dcon.tensor("Y"), lcon.tensor("Y"), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dcon.tensor("Y"), x @ w1 @ w2, atol=1e-9)
+
+
+def test_unreachable_scheduler_is_an_operational_error():
+    with tensordb.connect(executor="dask://127.0.0.1:1?timeout=1") as con:
+        con.load("A", np.eye(2))
+        with pytest.raises(tensordb.OperationalError, match="cannot reach the Dask scheduler"):
+            con.einsum("ij,jk->ik", "A", "A", into="B")
+        assert not con.store.has("B")
