@@ -137,7 +137,7 @@ def _show_tensors(con, script, s, text) -> Result:
 
 def _setting_value(con, name):
     value = getattr(con.settings, name)
-    return format_bytes(value) if name == "memory_limit" and value is not None else value
+    return format_bytes(value) if name == "memory_limit" else value
 
 
 def _show_setting(con, script, s: A.ShowSettingStmt, text) -> Result:

@@ -1,0 +1,315 @@
+"""The command line: ``tensordb [DB] [-c SQL]... [-f FILE]...``, and a REPL without -c/-f.
+
+Scripts and commands run in the order given; each is one unit (nothing is stored if a statement in
+it fails), and the first failure ends the run with exit status 1 and a message naming the
+statement (file:line) with a caret line. Errors never print a traceback unless TENSORDB_DEBUG is set.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+import traceback
+
+from . import __version__
+from .errors import Error
+from .result import Result, format_array, format_cell
+
+__all__ = ["main", "Shell"]
+
+HISTORY_FILE = "~/.tensordb_history"
+PROGRESS_DELAY = 0.5   # seconds before a progress bar appears: quick work prints nothing extra
+MAX_ROWS = 40          # rows printed; the middle of longer results is elided
+MAX_PRINTED_ELEMENTS = 1_000_000  # larger tensors are described, not read
+
+HELP = """\
+Statements end with ';' and may span lines. Examples:
+  CREATE TENSOR A (i 1000, j 500) FLOAT32;       LOAD TENSOR B FROM 'b.npy';
+  C[i,k] = A[i,j] * B[j,k];                      EXPLAIN C[i,k] = A[i,j] * B[j,k];
+  SHOW TENSORS;  DESCRIBE C;  SELECT * FROM C LIMIT 5;  COPY C TO 'c.npy';
+Commands:
+  .help              this text
+  .timer on|off      show how long each statement took (also \\timing)
+  .tensors           SHOW TENSORS
+  .tables            SHOW TABLES
+  .read FILE         run a script
+  .quit              leave (also .exit, \\q, Ctrl-D)
+See docs/sql.md for the whole dialect."""
+
+
+class _Progress:
+    """A rich progress bar that appears only when a statement runs longer than a moment."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.started = 0.0
+        self.bar = None
+        self.task = None
+
+    def reset(self) -> None:
+        with self.lock:
+            self.started = time.perf_counter()
+            self._stop()
+
+    def __call__(self, done: int, total: int) -> None:
+        with self.lock:
+            if self.bar is None:
+                if time.perf_counter() - self.started < PROGRESS_DELAY or not _isatty(self.stream):
+                    return
+                from rich.console import Console
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                           TimeElapsedColumn)
+                self.bar = Progress(TextColumn("running"), BarColumn(), MofNCompleteColumn(),
+                                    TimeElapsedColumn(), console=Console(file=self.stream),
+                                    transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task("tasks", total=total)
+            self.bar.update(self.task, completed=done, total=total)
+
+    def stop(self) -> None:
+        with self.lock:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Shell:
+    """Runs text against a connection and prints results (rich tables, numpy-style tensors)."""
+
+    def __init__(self, con, out=None, err=None, where: str | None = None) -> None:
+        self.con = con
+        self.where = where
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.timer = False
+        self.progress = _Progress(self.err)
+        con.progress_callback = self._on_progress
+
+    def _on_progress(self, done: int, total: int) -> None:
+        if getattr(self.con.settings, "progress", True):
+            self.progress(done, total)
+
+    # -- running -------------------------------------------------------------------------------
+    def run_text(self, text: str, source: str) -> bool:
+        """Run every statement of ``text``; False (and a message on stderr) if one failed."""
+        from .dialect import run_script
+        self.progress.reset()
+        try:
+            run_script(self.con, text, on_result=self.show)
+            return True
+        except Error as exc:
+            self.progress.stop()
+            self.print_error(exc, text, source)
+            return False
+        except KeyboardInterrupt:
+            self.progress.stop()
+            print("interrupted", file=self.err)
+            return False
+        except Exception as exc:  # a bug: one line, unless debugging
+            self.progress.stop()
+            if os.environ.get("TENSORDB_DEBUG"):
+                traceback.print_exc(file=self.err)
+            print(f"internal error: {type(exc).__name__}: {exc}", file=self.err)
+            return False
+
+    def print_error(self, exc: Error, text: str, source: str) -> None:
+        where = source
+        if exc.statement == text and exc.span is not None:
+            where = f"{source}:{text.count(chr(10), 0, exc.span.start) + 1}"
+        if os.environ.get("TENSORDB_DEBUG") and exc.__cause__ is not None:
+            traceback.print_exception(exc.__cause__, file=self.err)
+        print(f"{where}: {type(exc).__name__}: {exc}", file=self.err)
+
+    # -- printing ------------------------------------------------------------------------------
+    def show(self, result: Result) -> None:
+        self.progress.stop()
+        if result.kind == "rows":
+            self._table(result)
+        elif result.kind == "tensor":
+            self._tensor(result)
+        elif result.kind == "explain":
+            self._print(result.text or "")
+        else:
+            self._print(result.message or "OK", style="dim")
+        if self.timer and result.elapsed is not None:
+            self._print(f"Run Time: {result.elapsed:.3f} s", style="dim")
+        self.progress.reset()
+
+    def _console(self):
+        from rich.console import Console
+        return Console(file=self.out, highlight=False, soft_wrap=True,
+                       width=None if _isatty(self.out) else 120)
+
+    def _print(self, text: str, style: str | None = None) -> None:
+        self._console().print(text, style=style, markup=False)
+
+    def _table(self, result: Result) -> None:
+        from rich import box
+        from rich.table import Table
+        rows = result.fetchall()
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for c in result.columns:
+            table.add_column(str(c), overflow="fold")
+        shown = rows if len(rows) <= MAX_ROWS else rows[:MAX_ROWS // 2] + [None] + rows[-MAX_ROWS // 2:]
+        for r in shown:
+            table.add_row(*(["…"] * len(result.columns) if r is None else [format_cell(v) for v in r]))
+        console = self._console()
+        console.print(table)
+        console.print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", style="dim",
+                      markup=False)
+
+    def _tensor(self, result: Result) -> None:
+        size = 1
+        for n in result.shape or ():
+            size *= n
+        head = f"{result.name}: {result.dtype} {result.shape}"
+        if size > MAX_PRINTED_ELEMENTS:
+            self._print(head + f"  ({size:,} elements: SELECT or COPY it to see them)")
+            return
+        self._print(head + "\n" + format_array(result.tensor()))
+
+    # -- the REPL ------------------------------------------------------------------------------
+    def command(self, line: str) -> bool:
+        """A dot command; False to leave the REPL."""
+        parts = line.strip().split()
+        cmd, args = parts[0].lower(), parts[1:]
+        if cmd in (".quit", ".exit", "\\q"):
+            return False
+        if cmd in (".timer", "\\timing"):
+            if args and args[0].lower() not in ("on", "off"):
+                print(f"usage: {cmd} on|off", file=self.err)
+            else:
+                self.timer = (args[0].lower() == "on") if args else not self.timer
+                self._print(f"timer {'on' if self.timer else 'off'}", style="dim")
+        elif cmd == ".help":
+            self._print(HELP)
+        elif cmd == ".tensors":
+            self.run_text("SHOW TENSORS;", "<stdin>")
+        elif cmd == ".tables":
+            self.run_text("SHOW TABLES;", "<stdin>")
+        elif cmd == ".read" and args:
+            run_file(self, args[0])
+        else:
+            print(f"unknown command {parts[0]}: try .help", file=self.err)
+        return True
+
+    def repl(self, read=input) -> None:
+        from .dialect import is_complete
+        _history()
+        self._print(f"tensordb {__version__} ({self.where or 'in-memory database'}). "
+                    "End statements with ';'. .help for help.")
+        buffer = ""
+        while True:
+            try:
+                line = read("tensordb> " if not buffer else "     ...> ")
+            except EOFError:
+                print(file=self.out)
+                break
+            except KeyboardInterrupt:
+                print("^C", file=self.out)
+                buffer = ""
+                continue
+            if not buffer and line.strip()[:1] in (".", "\\"):
+                if not self.command(line):
+                    break
+                continue
+            if not buffer and not line.strip():
+                continue
+            buffer += line + "\n"
+            if is_complete(buffer):
+                self.run_text(buffer, "<stdin>")
+                buffer = ""
+
+
+def _history() -> None:
+    """Line editing and a history file, where the platform has readline."""
+    try:
+        import atexit
+        import readline
+    except ImportError:
+        return
+    path = os.path.expanduser(HISTORY_FILE)
+    try:
+        readline.read_history_file(path)
+    except (OSError, ValueError):
+        pass
+    readline.set_history_length(2000)
+
+    def save() -> None:
+        try:
+            readline.write_history_file(path)
+        except OSError:
+            pass
+    atexit.register(save)
+
+
+def run_file(shell: Shell, path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        print(f"{path}: cannot read: {exc.strerror or exc}", file=shell.err)
+        return False
+    return shell.run_text(text, path)
+
+
+class _Ordered(argparse.Action):
+    """Keep -c and -f in the order given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        items = list(getattr(namespace, self.dest) or [])
+        items.append((option_string, values))
+        setattr(namespace, self.dest, items)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tensordb", description="tensordb: einsum queries over tiled tensors, in SQL.",
+        epilog="Without -c or -f, an interactive shell. Example: tensordb demo.tdb -f sql/quickstart.sql")
+    parser.add_argument("db", nargs="?", help="database directory (default: a database in memory)")
+    parser.add_argument("-c", dest="actions", action=_Ordered, metavar="SQL",
+                        help="run SQL (may be repeated)")
+    parser.add_argument("-f", dest="actions", action=_Ordered, metavar="FILE",
+                        help="run a script file (may be repeated)")
+    parser.add_argument("--timer", action="store_true", help="print the time of each statement")
+    parser.add_argument("--read-only", action="store_true", help="open the database read-only")
+    parser.add_argument("--version", action="version", version=f"tensordb {__version__}")
+    args = parser.parse_args(argv)
+
+    import tensordb
+    try:
+        con = tensordb.connect(args.db, read_only=args.read_only)
+    except Error as exc:
+        print(f"tensordb: cannot open {args.db or 'an in-memory database'}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        shell = Shell(con, where=args.db)
+        shell.timer = args.timer
+        if not args.actions:
+            shell.repl()
+            return 0
+        for n, (option, value) in enumerate(args.actions, 1):
+            ok = run_file(shell, value) if option == "-f" else \
+                shell.run_text(value, f"-c #{n}" if len(args.actions) > 1 else "-c")
+            if not ok:
+                return 1
+        return 0
+    finally:
+        con.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
