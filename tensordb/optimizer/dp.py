@@ -10,7 +10,8 @@ included::
 
 The edge term depends only on ``u``'s output tiling, so each producer keeps the best entry per
 output tiling and each edge costs one dictionary lookup: the whole search is
-O(sum of candidates x inputs). When every intermediate has one consumer (a tree) this is exact.
+O(sum of candidates x inputs). Operations that differ only by name (the layers of a model) share
+their candidates and own costs. When every intermediate has one consumer (a tree) this is exact.
 
 Shared intermediates (used by more than one operand) are fixed greedily, with one step of
 look-ahead: when ``u``'s table is complete, ``u`` takes the tiling ``e`` that minimises
@@ -21,7 +22,7 @@ tiling, measured against brute force on small DAGs, is in tests/test_optimizer_d
 """
 from __future__ import annotations
 
-import math
+import heapq
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -50,11 +51,13 @@ class Choice:
 
 
 class _Table:
-    __slots__ = ("cands", "local", "total", "back", "by_out", "best")
+    __slots__ = ("cands", "local", "needs", "outs", "total", "back", "by_out", "best")
 
-    def __init__(self, cands, local) -> None:
+    def __init__(self, cands, local, needs, outs) -> None:
         self.cands = cands
         self.local = local
+        self.needs = needs    # per input: the tiling each candidate needs of it
+        self.outs = outs      # per candidate: its output tiling
         self.total = list(local)
         self.back: list[list] = [[] for _ in cands]   # per candidate: (producer, index) picks
         self.by_out: dict[tuple, tuple[float, int]] = {}
@@ -72,60 +75,75 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
     grids = dict(input_grids or {})
     budget = None if memory_limit is None else max(1, int(memory_limit) // p)
     uses: dict[str, int] = {}
+    readers: dict[str, list[tuple[str, int]]] = {}   # tensor -> (consumer, operand position)
     for op in graph.ops:
-        for o in op.inputs:
+        for which, o in enumerate(op.inputs):
             uses[o.tensor] = uses.get(o.tensor, 0) + 1
+            readers.setdefault(o.tensor, []).append((op.output, which))
 
     # Pass 1: candidates and each operation's own cost (stored inputs' re-tiling included).
+    # Repeated layers have identical operations up to names: price each shape once.
     tables: dict[str, _Table] = {}
+    seen: dict[tuple, tuple] = {}
     for op in graph.ops:
         m = models[op.output]
-        cands = candidates(m, pins.get(op.output), budget)
-        local = []
-        for d in cands:
-            retile = 0.0
-            for which, o in enumerate(op.inputs):
-                if o.tensor not in models:
-                    retile += edge_retile(m, which, d, None, None, grids.get(o.tensor))
-            local.append(m.cost(d, retile).total)
-        tables[op.output] = _Table(cands, local)
+        pin = pins.get(op.output)
+        sig = (m.sizes, m.n_out, m.out_bytes, m.flops, tuple(sorted((pin or {}).items())),
+               tuple((i.pos, i.nbytes, i.itemsize,
+                      grids.get(o.tensor, ()) if o.tensor not in models else None)
+                     for i, o in zip(m.inputs, op.inputs)))
+        hit = seen.get(sig)
+        if hit is None:
+            cands = candidates(m, pin, budget)
+            local = []
+            for d in cands:
+                retile = 0.0
+                for which, o in enumerate(op.inputs):
+                    if o.tensor not in models:
+                        retile += edge_retile(m, which, d, None, None, grids.get(o.tensor))
+                local.append(m.cost(d, retile).total)
+            needs = [[m.need(d, w) for d in cands] for w in range(len(op.inputs))]
+            outs = [m.out_tiling(d) for d in cands]
+            hit = seen[sig] = (cands, local, needs, outs)
+        tables[op.output] = _Table(*hit)
 
     # Pass 2: the tables, in topological order.
     fixed: dict[str, int] = {}
     constant = 0.0
     for op in graph.ops:
         name = op.output
-        m, t = models[name], tables[name]
+        t = tables[name]
         for which, o in enumerate(op.inputs):
             u = tables.get(o.tensor)
             if u is None:
                 continue
             um = models[o.tensor]
             recut = float(um.out_bytes)
+            needs = t.needs[which]
             if o.tensor in fixed:
-                have = um.out_tiling(u.cands[fixed[o.tensor]])
-                for c, d in enumerate(t.cands):
-                    if m.need(d, which) != have:
+                have = u.outs[fixed[o.tensor]]
+                for c in range(len(t.cands)):
+                    if needs[c] != have:
                         t.total[c] += recut
                 continue
             best_cost, best_idx = u.best
-            for c, d in enumerate(t.cands):
-                hit = u.by_out.get(m.need(d, which))
+            for c in range(len(t.cands)):
+                hit = u.by_out.get(needs[c])
                 if hit is not None and hit[0] <= best_cost + recut:
                     t.total[c] += hit[0]
                     t.back[c].append((o.tensor, hit[1]))
                 else:
                     t.total[c] += best_cost + recut
                     t.back[c].append((o.tensor, best_idx))
-        for c, d in enumerate(t.cands):
-            key = m.out_tiling(d)
+        for c in range(len(t.cands)):
+            key = t.outs[c]
             v = t.total[c]
             if v < t.by_out.get(key, (_INF,))[0]:
                 t.by_out[key] = (v, c)
             if v < t.best[0]:
                 t.best = (v, c)
         if uses.get(name, 0) > 1:
-            fixed[name] = _fix_shared(graph, name, models, tables)
+            fixed[name] = _fix_shared(name, readers[name], models, tables)
             constant += t.total[fixed[name]]
 
     # Reconstruct: shared producers from their fixed pick, sinks from their best entry.
@@ -149,35 +167,30 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
         m, t = models[name], tables[name]
         c = chosen[name]
         tilings[name] = as_dict(m, t.cands[c])
-        order = sorted(range(len(t.cands)), key=lambda i: t.total[i])
+        order = heapq.nsmallest(RUNNER_UPS + 1, range(len(t.cands)), key=t.total.__getitem__)
         ups = tuple((as_dict(m, t.cands[i]), t.total[i]) for i in order if i != c)[:RUNNER_UPS]
         choices[name] = Choice(tilings[name], t.total[c], ups, len(t.cands))
     return tilings, choices, dp_cost, time.perf_counter() - t0
 
 
-def _fix_shared(graph: EinGraph, name: str, models: Mapping[str, OpModel],
+def _fix_shared(name: str, readers: list[tuple[str, int]], models: Mapping[str, OpModel],
                 tables: Mapping[str, _Table]) -> int:
     """Pick the tiling of a shared intermediate: its own table plus a one-step look-ahead."""
-    um, u = models[name], tables[name]
-    recut = float(um.out_bytes)
+    u = tables[name]
+    recut = float(models[name].out_bytes)
     looks: list[tuple[dict, float]] = []
-    for op in graph.ops:
-        for which, o in enumerate(op.inputs):
-            if o.tensor != name:
-                continue
-            m, t = models[op.output], tables[op.output]
-            by_need: dict[tuple, float] = {}
-            for c, d in enumerate(t.cands):
-                need = m.need(d, which)
-                if t.local[c] < by_need.get(need, _INF):
-                    by_need[need] = t.local[c]
-            looks.append((by_need, min(t.local)))
+    for consumer, which in readers:
+        t = tables[consumer]
+        by_need: dict[tuple, float] = {}
+        for c, need in enumerate(t.needs[which]):
+            if t.local[c] < by_need.get(need, _INF):
+                by_need[need] = t.local[c]
+        looks.append((by_need, min(t.local)))
     best, pick = _INF, u.best[1]
-    for c, d in enumerate(u.cands):
-        out = um.out_tiling(d)
+    for c, out in enumerate(u.outs):
         v = u.total[c]
         for by_need, floor in looks:
             v += min(by_need.get(out, _INF), floor + recut)
-        if v < best - 1e-9 * abs(best) if math.isfinite(best) else v < best:
+        if v < best:  # ties keep the earlier candidate: deterministic plans
             best, pick = v, c
     return pick

@@ -64,10 +64,6 @@ class _Sizes:
         return math.prod(b - a for a, b in zip(t.starts, t.stops)) * item
 
 
-def _args(t) -> tuple[int, ...]:
-    return t.inputs
-
-
 def place(plan: TilePlan) -> TilePlan:
     """Return a copy of ``plan`` with a worker on every task (see the module docstring)."""
     p = max(1, int(plan.workers))
