@@ -14,7 +14,8 @@ import functools
 from dataclasses import fields
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import (UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken,
+                             VisitError)
 
 from ..config import Settings
 from ..errors import ParserError, Span
@@ -184,7 +185,10 @@ def _parse_ours(script: str, span: Span) -> A.Statement:
         tree = _lark().parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, script, span, text) from None
-    return _Build(script, span.start, queries).transform(tree)
+    try:
+        return _Build(script, span.start, queries).transform(tree)
+    except VisitError as exc:  # lark wraps what the transformer raises
+        raise exc.orig_exc if isinstance(exc.orig_exc, ParserError) else exc from None
 
 
 def _syntax_error(exc: UnexpectedInput, script: str, span: Span, text: str) -> ParserError:
