@@ -45,8 +45,10 @@ def local_cluster(n_workers: int = 2, **kwargs):
     >>> con = tensordb.connect(executor=f"dask://{cluster.scheduler_address}")  # doctest: +SKIP
     """
     from distributed import LocalCluster
+    # No dashboard; the scheduler's small HTTP server (health, metrics) takes any free port
+    # rather than 8787, so several clusters can run side by side (tests, notebooks).
     opts = dict(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address=None)
+                dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
     opts.update(kwargs)
     return LocalCluster(**opts)
 
