@@ -32,7 +32,9 @@ def run_kernel(task: Kernel, spec: KernelSpec, args: list):
 def start_aggregate(task: Aggregate, first, xp=np):
     """The accumulator for an aggregation: a private, writable copy of the first partial."""
     acc = first
-    if not (getattr(acc, "flags", None) is not None and acc.flags.owndata and acc.flags.writeable):
+    # CuPy's flags have no ``writeable`` (device arrays always are).
+    if not (getattr(acc, "flags", None) is not None and acc.flags.owndata
+            and getattr(acc.flags, "writeable", True)):
         acc = xp.array(acc, dtype=task.dtype, copy=True)
     elif acc.dtype != np.dtype(task.dtype):
         acc = acc.astype(task.dtype)
