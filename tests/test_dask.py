@@ -164,3 +164,12 @@ def test_unreachable_scheduler_is_an_operational_error():
         with pytest.raises(tensordb.OperationalError, match="cannot reach the Dask scheduler"):
             con.einsum("ij,jk->ik", "A", "A", into="B")
         assert not con.store.has("B")
+
+
+def test_cupy_backend_on_workers_without_gpus_says_so(dask_cluster):
+    spec = f"dask://{dask_cluster.scheduler_address}?backend=cupy"
+    with tensordb.connect(executor=spec) as con:
+        con.load("A", np.eye(2))
+        with pytest.raises(tensordb.NotSupportedError, match="GPU on every Dask worker"):
+            con.einsum("ij,jk->ik", "A", "A", into="B")
+        assert not con.store.has("B")

@@ -65,12 +65,11 @@ class DaskExecutor:
 
     name = "dask"
 
-    def __init__(self, spec: str = "dask://local", workers: int = 2, *, memory_limit=None,
-                 client=None) -> None:
+    def __init__(self, spec: str = "dask://local", workers: int = 2, *, memory_limit=None) -> None:
         from distributed import Client
         target, opts = parse_spec(spec)
         self.spec = spec
-        self.memory_limit = memory_limit
+        self.memory_limit = memory_limit  # Dask workers enforce their own (--memory-limit)
         self.retries = int(opts.get("retries", 1))
         self.scatter = opts.get("scatter", "auto")
         self.backend = opts.get("backend", "numpy")
@@ -80,19 +79,18 @@ class DaskExecutor:
                                     hint="scatter=auto, always or never")
         self._cluster = None
         try:
-            if client is not None:
-                self.client = client
-            else:
-                if target in ("", "local"):
-                    self._cluster = local_cluster(max(1, int(workers)))
-                    target = self._cluster.scheduler_address
-                elif target == "local-cuda":
-                    self._cluster = _local_cuda_cluster()
-                    self.backend = "cupy"
-                    target = self._cluster.scheduler_address
-                self.client = Client(target if "://" in target else f"tcp://{target}",
-                                     set_as_default=False, timeout=self.timeout)
+            if target in ("", "local"):
+                self._cluster = local_cluster(max(1, int(workers)))
+                target = self._cluster.scheduler_address
+            elif target == "local-cuda":
+                self._cluster = _local_cuda_cluster()
+                self.backend = "cupy"
+                target = self._cluster.scheduler_address
+            self.client = Client(target if "://" in target else f"tcp://{target}",
+                                 set_as_default=False, timeout=self.timeout)
             self.client.wait_for_workers(1, timeout=self.timeout)
+            if self.backend == "cupy":
+                _check_gpu_workers(self.client)
         except Error:
             self.close()
             raise
@@ -101,8 +99,6 @@ class DaskExecutor:
             raise OperationalError(f"cannot reach the Dask scheduler for '{spec}': {exc}",
                                    hint="start one with `dask scheduler` and `dask worker ADDRESS`,"
                                         " or use executor='dask://local'") from None
-        if self.backend == "cupy":
-            _check_gpu_workers(self.client)
         self.last_run: dict = {}
 
     # -- the cluster ---------------------------------------------------------------------------
