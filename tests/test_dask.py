@@ -173,3 +173,28 @@ def test_cupy_backend_on_workers_without_gpus_says_so(dask_cluster):
         with pytest.raises(tensordb.NotSupportedError, match="GPU on every Dask worker"):
             con.einsum("ij,jk->ik", "A", "A", into="B")
         assert not con.store.has("B")
+
+
+def _golden_files():
+    from tests import test_golden
+    return test_golden.FILES
+
+
+@pytest.mark.parametrize("path", _golden_files(), ids=lambda p: p.stem)
+def test_golden_queries_on_dask(dask_cluster, path, tmp_path, monkeypatch):
+    """The dialect's golden files (tests/sql/*.test) with every connection on the cluster."""
+    from tests import test_golden
+    monkeypatch.chdir(tmp_path)
+    spec = f"dask://{dask_cluster.scheduler_address}"
+    real = tensordb.connect
+    monkeypatch.setattr(tensordb, "connect",
+                        lambda *a, **kw: real(*a, **{"workers": 2, "executor": spec, **kw}))
+    try:
+        test_golden.run_file(path)
+    except (Exception, pytest.fail.Exception):
+        monkeypatch.setattr(tensordb, "connect", real)
+        try:
+            test_golden.run_file(path)
+        except (Exception, pytest.fail.Exception) as local:
+            pytest.skip(f"fails on the local pool too: {str(local).splitlines()[0]}")
+        raise
