@@ -82,7 +82,8 @@ class KernelSpec:
         if self.scale != 1.0:
             out = out * self.scale
         # Tiles are stored and accumulated C-ordered: pay the transpose here, on the worker.
-        return self.xp.ascontiguousarray(out, dtype=self.dtype)
+        out = self.xp.asarray(out, dtype=self.dtype)
+        return out if out.flags.c_contiguous else out.copy()
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
     def _broadcast(self, arrays):
@@ -139,8 +140,8 @@ def _tensordot_plan(op: EinOp):
     if len(op.inputs) != 2:
         return None
     a, b = (o.labels for o in op.inputs)
-    if len(set(a)) != len(a) or len(set(b)) != len(b):
-        return None
+    if not a or not b or len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None  # a scalar operand (tensordot mis-shapes 0-d arrays) or a diagonal
     shared = [l for l in a if l in b]
     if any(l in op.out_labels for l in shared):   # a batch label: not a plain tensordot
         return None

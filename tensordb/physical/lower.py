@@ -44,6 +44,7 @@ class _Lowering:
         self.stats: list[OpStats] = []
         self.readers = {t.name: store.open(t.name) for t in graph.inputs}
         self._loads: dict[tuple, int] = {}
+        self._tables: set[str] = set()
         self._assembled: dict[tuple, int] = {}
 
     def _add(self, task, op_index: int) -> int:
@@ -68,7 +69,7 @@ class _Lowering:
             same = [False] * len(labels)
         else:
             out = self.outputs[tensor]
-            src = f"out_{self._op_index[tensor]}"
+            src = self._materialize(tensor)
             lo, hi, same = [], [], []
             for d, l in enumerate(labels):
                 same.append(tuple(out.grid[d]) == tuple(bounds[l]))
@@ -91,15 +92,27 @@ class _Lowering:
             sql = f"SELECT * FROM ({sql}) WHERE {' AND '.join(where)}"
         return sql
 
-    # -- one operation -------------------------------------------------------------------------
-    def lower_op(self, index: int, op: EinOp) -> None:
-        pieces = self.decomp.pieces(op.output)
-        bounds = {l: even_bounds(op.size[l], pieces.get(l, 1)) for l in op.labels}
-        pieces = {l: len(b) - 1 for l, b in bounds.items()}
-        stats = OpStats(op, pieces)
-        inner = [k for k in range(len(op.inputs)) if scalar.zero_when_absent(op.join, {k})]
-        outer = [k for k in range(len(op.inputs)) if k not in inner]
+    # -- the tile join -------------------------------------------------------------------------
+    def _complete(self, tensor: str) -> bool:
+        """Every tile of this input is present, so its presence at any grid is complete."""
+        if tensor in self.readers:
+            meta = self.readers[tensor].meta
+            return meta.tile_count == meta.total_tiles
+        out = self.outputs[tensor]
+        return len(out.tiles) == math.prod(len(b) - 1 for b in out.grid)
 
+    def _join(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> list[tuple]:
+        """The kernel calls of ``op``: one row of label piece indices (then presence flags of
+        the outer inputs) per call.
+
+        When every input is complete the join is the whole grid, enumerated directly; otherwise
+        DuckDB joins the present tiles."""
+        if all(self._complete(o.tensor) for o in op.inputs):
+            flags = (True,) * len(outer)
+            return [c + flags for c in itertools.product(*(range(pieces[l]) for l in op.labels))]
+        return self._join_sql(op, pieces, bounds, inner, outer)
+
+    def _join_sql(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> list[tuple]:
         ctes = [f"in{k} AS ({self._presence_sql(o.tensor, o.labels, bounds)})"
                 for k, o in enumerate(op.inputs)]
         label_col: dict[str, str] = {}
@@ -137,6 +150,17 @@ class _Lowering:
             rows = self.duck.execute(sql).fetchall()
         except Exception as exc:  # a bug in the generated SQL, never the user's fault
             raise InternalError(f"tile join for {op.describe()} failed: {exc}\n{sql}") from exc
+        return rows
+
+    # -- one operation -------------------------------------------------------------------------
+    def lower_op(self, index: int, op: EinOp) -> None:
+        pieces = self.decomp.pieces(op.output)
+        bounds = {l: even_bounds(op.size[l], pieces.get(l, 1)) for l in op.labels}
+        pieces = {l: len(b) - 1 for l, b in bounds.items()}
+        stats = OpStats(op, pieces)
+        inner = [k for k in range(len(op.inputs)) if scalar.zero_when_absent(op.join, {k})]
+        outer = [k for k in range(len(op.inputs)) if k not in inner]
+        rows = self._join(op, pieces, bounds, inner, outer)
 
         n_out, n_lab = len(op.out_labels), len(op.labels)
         groups: dict[tuple, list[tuple]] = defaultdict(list)
@@ -183,20 +207,22 @@ class _Lowering:
                                               op.output in self.graph.outputs,
                                               self.graph.stored_name(op.output))
         self._op_index[op.output] = index
-        self._record_output(index, op, out_tiles)
         self.stats.append(stats)
 
-    def _record_output(self, index: int, op: EinOp, tiles: dict) -> None:
-        """Keep the present output tiles as a DuckDB table, for consumers' tile joins."""
-        if not any(op.output in (o.tensor for o in c.inputs) for c in self.graph.ops):
-            return
-        r = len(op.out_labels)
-        cols = ", ".join(f"c{d} BIGINT" for d in range(r)) or "one INTEGER"
-        self.duck.execute(f"CREATE OR REPLACE TEMP TABLE out_{index} ({cols})")
-        if tiles:
-            values = list(tiles) if r else [(1,)]
-            self.duck.executemany(f"INSERT INTO out_{index} VALUES ({', '.join('?' * max(r, 1))})",
-                                  [list(v) for v in values])
+    def _materialize(self, tensor: str) -> str:
+        """The present output tiles of an earlier operation as a DuckDB table (made on first use)."""
+        table = f"out_{self._op_index[tensor]}"
+        if table not in self._tables:
+            out = self.outputs[tensor]
+            r = len(out.shape)
+            cols = [f"c{d}" for d in range(r)] or ["one"]
+            rows = [tuple(c) for c in out.tiles] if r else ([(1,)] if out.tiles else [])
+            values = ", ".join("(" + ", ".join(str(int(v)) for v in row) + ")" for row in rows)
+            body = f"SELECT * FROM (VALUES {values}) AS v({', '.join(cols)})" if rows else \
+                f"SELECT {', '.join(f'NULL::BIGINT AS {c}' for c in cols)} WHERE FALSE"
+            self.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {body}")
+            self._tables.add(table)
+        return table
 
     # -- input tiles ---------------------------------------------------------------------------
     def _input_tile(self, index: int, tensor: str, box, stats: OpStats) -> int | None:
