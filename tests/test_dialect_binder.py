@@ -254,3 +254,20 @@ def test_type_errors():
 def test_more_errors(text, message, shown):
     err, got, _ = error(text)
     assert message in err.message and got == shown
+
+
+def test_implicit_sum_is_per_term_like_einstein():
+    # only the product sums over j; the bias term is added once
+    g = bind("Y[i,k] = A[i,j] * B[j,k] + 1")
+    t, y = g.graph.steps
+    assert (t.into, t.out_labels, t.agg, t.store) == ("Y.t1", ("i", "k"), "sum", False)
+    assert y.inputs == (("Y.t1", ("i", "k")),)
+    # each term is its own scope: MAX aggregates j although another term uses j too
+    g = bind("Y[i] = MAX(A[i,j]) - I[i,j]")
+    mx, sm, y = g.graph.steps
+    assert (mx.agg, mx.out_labels, sm.agg, sm.out_labels) == ("max", ("i",), "sum", ("i",))
+    # one term: one step, a contraction the engine can hand to BLAS
+    assert len(bind("Y[i,k] = -A[i,j] * B[j,k]").graph.steps) == 1
+    # inside a function there are no terms to split: the sum is around RELU
+    [step] = bind("Y[i,k] = RELU(A[i,j] * B[j,k])").graph.steps
+    assert step.agg == "sum" and step.join.fn == "relu"

@@ -6,7 +6,8 @@ Label rules (the Einstein convention, with explicit aggregates):
 * a label on the left is kept; every other label is aggregated;
 * a label is aggregated by the innermost aggregate call (SUM, MAX, MIN, PROD with one argument)
   that contains all of its uses; a label used outside every aggregate is summed by an implicit
-  SUM around the whole right side (``C[i,k] = A[i,j] * B[j,k]``);
+  SUM around its term, as in Einstein's convention: ``C[i,k] = A[i,j] * B[j,k] + D[i,k]`` sums
+  the product over j, not D;
 * a nested aggregate becomes a temporary step of its own (``H.t1``), never stored;
 * a label has one size throughout a statement.
 
@@ -172,7 +173,13 @@ class _Lowering:
         self.total = used
         self.lhs = [l.name for l in lhs]
         expr = stmt.expr
-        agg, body = (expr.fn, expr.args[0]) if _is_aggregate(expr) else ("sum", expr)
+        self.scopes: dict[int, Counter] = {}
+        if _is_aggregate(expr):
+            agg, body = expr.fn, expr.args[0]
+        else:
+            agg, body = "sum", expr
+            if len(_terms(expr)) > 1:
+                body = self._split_terms(expr)
         slots: list[tuple[str, tuple[str, ...]]] = []
         join = self.conv(body, slots)
         if not slots:
@@ -186,6 +193,21 @@ class _Lowering:
         shape = tuple(self.sizes[l][0] for l in self.lhs)
         dtype = infer_dtype(join, [self.dtypes[t] for t, _ in slots])
         return Lowered(self.steps, shape, dtype, pins)
+
+    def _split_terms(self, node):
+        """Einstein's convention sums per term: in ``A[i,j]*B[j,k] + c[k]`` only the product sums
+        over j. Each top-level term is its own scope; a term with labels that are not on the left
+        (outside its own aggregates) becomes an implicit SUM of that term."""
+        if isinstance(node, A.BinOp) and node.op in "+-":
+            return A.BinOp(node.op, self._split_terms(node.left), self._split_terms(node.right), node.span)
+        if isinstance(node, A.Neg):
+            return A.Neg(self._split_terms(node.operand), node.span)
+        scope = Counter(l.name for r in A.refs(node) for l in (r.labels or ()))
+        free = [l for l in _free_labels(node) if l not in self.lhs]
+        if free:
+            node = A.Call("sum", (node,), node.span, node.span)
+        self.scopes[id(node)] = scope
+        return node
 
     # -- names, label counts and sizes --------------------------------------------------------
     def _resolve_refs(self, expr) -> None:
@@ -209,6 +231,16 @@ class _Lowering:
 
     # -- expressions -> joins over input slots --------------------------------------------------
     def conv(self, node, slots) -> scalar.Expr:
+        scope = self.scopes.get(id(node))
+        if scope is not None:  # uses are counted within this term only
+            outer, self.total = self.total, scope
+            try:
+                return self._conv(node, slots)
+            finally:
+                self.total = outer
+        return self._conv(node, slots)
+
+    def _conv(self, node, slots) -> scalar.Expr:
         if isinstance(node, A.Number):
             return scalar.Const(float(node.value))
         if isinstance(node, A.String):
@@ -266,6 +298,25 @@ class _Lowering:
 
 def _is_aggregate(node) -> bool:
     return isinstance(node, A.Call) and node.fn in AGGREGATES and len(node.args) == 1
+
+
+def _terms(expr) -> list:
+    if isinstance(expr, A.BinOp) and expr.op in "+-":
+        return _terms(expr.left) + _terms(expr.right)
+    if isinstance(expr, A.Neg):
+        return _terms(expr.operand)
+    return [expr]
+
+
+def _free_labels(expr) -> list[str]:
+    """Labels of the tensors of ``expr`` that are not inside one of its aggregate calls."""
+    if isinstance(expr, A.Ref):
+        return [l.name for l in expr.labels or ()]
+    if _is_aggregate(expr):
+        return []
+    kids = expr.args if isinstance(expr, A.Call) else (expr.left, expr.right) \
+        if isinstance(expr, A.BinOp) else (expr.operand,) if isinstance(expr, A.Neg) else ()
+    return [l for k in kids for l in _free_labels(k)]
 
 
 def _labels_in(expr) -> list[str]:

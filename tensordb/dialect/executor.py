@@ -220,9 +220,16 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
         raise NotSupportedError("EXPLAIN is not available in this build") from None
     binder = bind_group(con, items)
     script, first = items[0]
+    # EXPLAIN ANALYZE runs the statements: their results are stored, atomically
+    txn = con.store.transaction() if analyze else contextlib.nullcontext()
     try:
-        return explain_graph(con, binder.graph, hints=dict(binder.graph.hints), format=format,
-                             analyze=analyze)
+        with txn:
+            text = explain_graph(con, binder.graph, hints=dict(binder.graph.hints), format=format,
+                                 analyze=analyze)
+            if analyze:
+                for hidden, name in binder.moves:
+                    statements.move_tensor(con.store, hidden, name)
+        return text
     except Error as exc:
         raise exc.with_source(script, first.span)
 

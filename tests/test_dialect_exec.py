@@ -1,0 +1,375 @@
+"""Running dialect statements end to end: results against numpy, atomicity, blocks, LETs, SQL."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.errors import (BinderError, CatalogError, Error, NotSupportedError, ParserError,
+                             ProgrammingError)
+
+
+@pytest.fixture
+def db(con):
+    rng = np.random.default_rng(0)
+    con.load("A", rng.standard_normal((5, 4)))
+    con.load("B", rng.standard_normal((4, 3)))
+    con.load("bias", rng.standard_normal(3))
+    con.load("D", rng.random((6, 6)))
+    return con
+
+
+def state(con):
+    """Every tensor's name, shape and contents: equal before and after means nothing changed."""
+    return {t["name"]: con.tensor(t["name"]).tolist() for t in con.tensors()}
+
+
+def test_matmul_forms_agree_with_numpy(db):
+    A, B = db.tensor("A"), db.tensor("B")
+    for stmt in ("C[i,k] = SUM(A[i,j] * B[j,k])", "C[i,k] = A[i,j] * B[j,k]",
+                 "C = EINSUM('ij,jk->ik', A, B)"):
+        r = db.execute(stmt)
+        assert r.kind == "tensor" and r.name == "C" and r.shape == (5, 3)
+        assert np.allclose(r.tensor(), A @ B)
+
+
+def test_mlp_layer_nested_aggregate(db):
+    r = db.execute("H[b,f] = RELU(SUM(A[b,h] * B[h,f]) + bias[f])")
+    expect = np.maximum(db.tensor("A") @ db.tensor("B") + db.tensor("bias"), 0)
+    assert np.allclose(r.tensor(), expect)
+    assert "H.t1" not in {t["name"] for t in db.tensors()}
+
+
+def test_reductions_and_scalars(db):
+    A = db.tensor("A")
+    db.execute("M[i] = MAX(A[i,j]); mn[j] = MIN(A[i,j]); s = SUM(A[i,j] * A[i,j]); p[i] = PROD(A[i,j])")
+    assert np.allclose(db.tensor("M"), A.max(1))
+    assert np.allclose(db.tensor("mn"), A.min(0))
+    assert np.allclose(db.tensor("s"), (A * A).sum())
+    assert np.allclose(db.tensor("p"), A.prod(1))
+
+
+def test_min_plus_and_softmax(db):
+    D, A = db.tensor("D"), db.tensor("A")
+    db.execute("P[i,j] = MIN(D[i,k] + D[k,j])")
+    assert np.allclose(db.tensor("P"), (D[:, :, None] + D[None, :, :]).min(1))
+    db.execute("""
+        LET E[i,j] = EXP(A[i,j] - MAX(A[i,k]));
+        S[i,j] = E[i,j] / SUM(E[i,k])""")
+    e = np.exp(A - A.max(1, keepdims=True))
+    assert np.allclose(db.tensor("S"), e / e.sum(1, keepdims=True))
+    assert not db.store.has("E")
+
+
+def test_elementwise_functions(db):
+    A = db.tensor("A")
+    db.execute("Y[i,j] = SIGMOID(A[i,j]) + TANH(A[i,j]) * SQUARE(A[i,j]) - ABS(A[i,j]) / 2 "
+               "+ POW(A[i,j], 2) + MAX(A[i,j], 0) + MIN(A[i,j], 0) + COS(A[i,j]) - SIN(A[i,j]) "
+               "+ SQRT(ABS(A[i,j])) + LOG(1 + ABS(A[i,j]))")
+    expect = (1 / (1 + np.exp(-A)) + np.tanh(A) * A ** 2 - abs(A) / 2 + A ** 2 + np.maximum(A, 0)
+              + np.minimum(A, 0) + np.cos(A) - np.sin(A) + np.sqrt(abs(A)) + np.log(1 + abs(A)))
+    assert np.allclose(db.tensor("Y"), expect)
+
+
+def test_numpy_einsum_semantics_with_ellipsis(con):
+    rng = np.random.default_rng(1)
+    X, Y = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 4, 5))
+    con.load("X", X)
+    con.load("Y", Y)
+    for spec in ("...ij,...jk->...ik", "bij,bjk", "ijk->", "ijk->kji", "...k->..."):
+        ops = ["X", "Y"] if "," in spec else ["X"]
+        con.execute(f"Z = EINSUM('{spec}', {', '.join(ops)})")
+        assert np.allclose(con.tensor("Z"), np.einsum(spec, *[X, Y][:len(ops)])), spec
+
+
+def test_plain_assignment_replaces_create_does_not(db):
+    db.execute("C[i,k] = A[i,j] * B[j,k]")
+    db.execute("C[i] = bias[i] * 2")
+    assert db.tensor("C").shape == (3,)
+    with pytest.raises(CatalogError, match="already exists") as info:
+        db.execute("CREATE TENSOR C[i] AS bias[i]")
+    assert "CREATE OR REPLACE" in str(info.value)
+    db.execute("CREATE OR REPLACE TENSOR C[i] AS bias[i] + 1")
+    assert np.allclose(db.tensor("C"), db.tensor("bias") + 1)
+
+
+def test_self_update_and_reassignment_in_one_group(db):
+    D = db.tensor("D")
+    db.execute("D[i,j] = MIN(D[i,k] + D[k,j]); D[i,j] = MIN(D[i,k] + D[k,j])")
+    step = lambda M: (M[:, :, None] + M[None, :, :]).min(1)  # noqa: E731
+    assert np.allclose(db.tensor("D"), step(step(D)))
+    names = {t["name"] for t in db.tensors()}
+    assert not any(n.startswith("__") or "." in n for n in names)
+
+
+def test_statements_in_one_call_see_each_other(db):
+    db.execute("T[i,k] = A[i,j] * B[j,k]; U[i] = SUM(T[i,k]); CREATE TENSOR V AS EINSUM('i->', U)")
+    assert np.allclose(db.tensor("V"), (db.tensor("A") @ db.tensor("B")).sum())
+
+
+def test_nothing_stored_when_a_later_statement_fails(db):
+    before = state(db)
+    with pytest.raises(CatalogError):
+        db.execute("C[i,k] = A[i,j] * B[j,k]; CREATE TENSOR Z (i 3); Q[i] = NOPE[i]")
+    assert state(db) == before
+    # a failure in the engine, after other statements ran: everything is undone
+    db.execute("CREATE TABLE t AS SELECT 1 AS x")
+    with pytest.raises(Error):
+        db.execute("CREATE TENSOR Z (i 3); INSERT INTO t VALUES (2); SELECT * FROM no_such_table")
+    assert state(db) == before
+    assert db.execute("SELECT count(*) FROM t").fetchone() == (1,)
+
+
+def test_begin_commit_across_calls(db):
+    before = state(db)
+    assert db.execute("BEGIN").message == "BEGIN"
+    assert db.execute("C[i,k] = A[i,j] * B[j,k]").message == "queued until COMMIT"
+    db.execute("s = SUM(C[i,k])")
+    assert state(db) == before
+    db.execute("COMMIT")
+    assert np.allclose(db.tensor("s"), (db.tensor("A") @ db.tensor("B")).sum())
+
+
+def test_rollback_and_failed_blocks(db):
+    before = state(db)
+    db.execute("BEGIN; C[i,k] = A[i,j] * B[j,k]; ROLLBACK")
+    assert state(db) == before
+    db.execute("BEGIN")
+    db.execute("C[i,k] = A[i,j] * B[j,k]")
+    with pytest.raises(ParserError):
+        db.execute("D[i = 1")
+    with pytest.raises(ProgrammingError, match="aborted"):
+        db.execute("COMMIT")
+    assert state(db) == before
+    with pytest.raises(ProgrammingError, match="no transaction"):
+        db.execute("COMMIT")
+    with pytest.raises(ProgrammingError, match="already open"):
+        db.execute("BEGIN; BEGIN")
+    db.execute("ROLLBACK")
+
+
+def test_block_failing_at_commit_stores_nothing(db):
+    before = state(db)
+    db.execute("BEGIN; C[i,k] = A[i,j] * B[j,k]")
+    db.execute("CREATE TENSOR C2 (i 2)")
+    db.execute("X[i] = C2[i] + missing[i]")
+    with pytest.raises(CatalogError, match="missing"):
+        db.execute("COMMIT")
+    assert state(db) == before
+
+
+def test_let_persists_in_the_session_and_can_be_dropped(db):
+    db.execute("LET T[i,k] = A[i,j] * B[j,k]")
+    r = db.execute("DESCRIBE T")
+    assert ("shape", (5, 3)) in r.fetchall()
+    db.execute("U[i,k] = T[i,k] + 1")
+    assert np.allclose(db.tensor("U"), db.tensor("A") @ db.tensor("B") + 1)
+    with pytest.raises(BinderError, match="LET"):
+        db.execute("T[i] = bias[i]")
+    db.execute("DROP TENSOR T")
+    with pytest.raises(CatalogError, match="unknown tensor 'T'"):
+        db.execute("U2[i,k] = T[i,k]")
+
+
+def test_let_defined_in_a_failed_call_is_forgotten(db):
+    with pytest.raises(CatalogError):
+        db.execute("LET T[i,k] = A[i,j] * B[j,k]; X[i] = nope[i]")
+    with pytest.raises(CatalogError, match="unknown tensor 'T'"):
+        db.execute("U[i,k] = T[i,k]")
+
+
+def test_create_tensor_is_sparse_zeros(con):
+    r = con.execute("CREATE TENSOR A (i 4096, k 1024) FLOAT32 TILE (i 512, k 1024)")
+    assert r.kind == "status"
+    info = con.describe("A")
+    assert info["shape"] == (4096, 1024) and info["dtype"] == "float32"
+    assert info["dims"] == ("i", "k") and info["tile_shape"] == (512, 1024)
+    assert info["tile_count"] == 0 and info["bytes"] == 0
+    con.execute("CREATE TENSOR z (3, 2) INT64")
+    assert con.tensor("z").tolist() == [[0, 0], [0, 0], [0, 0]]
+    assert con.execute("CREATE TENSOR IF NOT EXISTS z (5)").message.endswith("nothing done")
+    con.execute("CREATE OR REPLACE TENSOR z (5) DOUBLE")
+    assert con.tensor("z").shape == (5,)
+
+
+@pytest.mark.parametrize("text, cls, shown", [
+    ("CREATE TENSOR q (i 3) FLOAT16", BinderError, "FLOAT16"),
+    ("CREATE TENSOR q (i 3, 4)", BinderError, "4"),
+    ("CREATE TENSOR q (i 0)", BinderError, "i 0"),
+    ("CREATE TENSOR q (i 3, i 4)", BinderError, "i 4"),
+    ("CREATE TENSOR q (i 3) TILE (j 2)", BinderError, "j 2"),
+    ("CREATE TENSOR q (3, 4) TILE (i 2)", BinderError, "i 2"),
+    ("CREATE TENSOR q (3, 4) TILE (2)", BinderError, "2"),
+])
+def test_create_errors(con, text, cls, shown):
+    with pytest.raises(cls) as info:
+        con.execute(text)
+    e = info.value
+    assert text[e.span.start:e.span.end] == shown
+    assert not con.tensors()
+
+
+def test_load_copy_round_trip(con, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    con.load("X", x)
+    for ext in ("npy", "parquet", "csv"):
+        con.execute(f"COPY X TO 'x.{ext}'")
+    con.execute("LOAD TENSOR Y FROM 'x.npy' TILE (2, 4)")
+    assert con.describe("Y")["tile_shape"] == (2, 4)
+    np.savez("x.npz", first=x, second=x * 2)
+    con.execute("LOAD TENSOR Z (r, c) FROM 'x.npz' ARRAY 'second' TILE (r 1, c 4)")
+    assert np.array_equal(con.tensor("Z"), x * 2) and con.describe("Z")["dims"] == ("r", "c")
+    con.execute("LOAD TENSOR P FROM 'x.parquet' INDEX (d0, d1) VALUE value SHAPE (3, 4)")
+    assert np.array_equal(con.tensor("P"), x)
+    con.execute("CREATE OR REPLACE TENSOR P FROM 'x.csv' INDEX (d0, d1) VALUE value")
+    assert np.array_equal(con.tensor("P")[:, 1:], x[:, 1:])  # the all-zero first cell is absent
+    with pytest.raises(CatalogError, match="already exists"):
+        con.execute("LOAD TENSOR P FROM 'x.npy'")
+    with pytest.raises(Error) as info:
+        con.execute("LOAD TENSOR Q FROM 'missing.npy'")
+    assert info.value.span is not None
+
+
+def test_create_from_query_and_table(con):
+    con.execute("CREATE TABLE ratings AS SELECT u, i, (u * 10 + i)::DOUBLE AS r "
+                "FROM range(4) t1(u), range(3) t2(i) WHERE (u + i) % 2 = 0")
+    con.execute("CREATE TENSOR R FROM (SELECT u, i, r FROM ratings) INDEX (u, i) VALUE r SHAPE (4, 3)")
+    expect = np.zeros((4, 3))
+    for u in range(4):
+        for i in range(3):
+            if (u + i) % 2 == 0:
+                expect[u, i] = u * 10 + i
+    assert np.array_equal(con.tensor("R"), expect) and con.describe("R")["dims"] == ("u", "i")
+    con.execute("CREATE TENSOR R2 FROM ratings INDEX (u, i) VALUE r")
+    assert np.array_equal(con.tensor("R2"), expect)
+    con.execute("CREATE TENSOR M FROM (SELECT 1.0 AS a, 2.0 AS b UNION ALL SELECT 3.0, 4.0)")
+    assert sorted(con.tensor("M").ravel().tolist()) == [1, 2, 3, 4]
+
+
+def test_tensors_are_relations_in_sql(db):
+    r = db.execute("SELECT count(*) AS n, sum(value) AS total FROM A")
+    assert r.columns == ["n", "total"]
+    n, total = r.fetchone()
+    assert n == 20 and np.isclose(total, db.tensor("A").sum())
+
+
+def test_result_api(db):
+    r = db.execute("SELECT range AS x, range * 2.5 AS y FROM range(3)")
+    assert r.kind == "rows" and r.rowcount == 3
+    assert [d[0] for d in r.description] == ["x", "y"]
+    assert r.fetchone() == (0, 0.0) and r.fetchmany(1) == [(1, 2.5)] and r.fetchall() == [(2, 5.0)]
+    cols = r.fetchnumpy()
+    assert cols["x"].tolist() == [0, 1, 2]
+    assert r.arrow().num_rows == 3
+    assert "x" in str(r) and "3 rows" in str(r)
+    t = db.execute("C[i,k] = A[i,j] * B[j,k]")
+    assert repr(t).startswith("<Result tensor C") and "C: float64 (5, 3)" in str(t)
+    assert np.asarray(t).shape == (5, 3)
+    with pytest.raises(ProgrammingError):
+        r.tensor()
+
+
+def test_show_describe_set(db):
+    names = [row[0] for row in db.execute("SHOW TENSORS").fetchall()]
+    assert names == [t["name"] for t in db.tensors()]
+    db.execute("SET workers = 3")
+    db.execute("SET memory_limit = '2GB'")
+    assert db.settings.workers == 3 and db.settings.memory_limit == 2 * 10 ** 9
+    assert db.execute("SHOW workers").fetchall() == [("workers", 3)]
+    assert {row[0] for row in db.execute("SHOW ALL").fetchall()} >= {"workers", "memory_limit", "executor"}
+    with pytest.raises(ProgrammingError):
+        db.execute("SET workers = 0")
+    desc = dict(db.execute("DESCRIBE A").fetchall())
+    assert desc["shape"] == (5, 4)
+    db.execute("SET threads = 1")  # not ours: DuckDB's setting
+
+
+def test_describe_copy_drop_fall_back_to_sql_for_tables(con, tmp_path):
+    con.execute("CREATE TABLE t AS SELECT 1 AS x")
+    assert ("x",) == con.execute("DESCRIBE t").fetchone()[:1]
+    out = tmp_path / "t.csv"
+    con.execute(f"COPY t TO '{out}'")
+    assert out.exists()
+    with pytest.raises(CatalogError):
+        con.execute("DROP TENSOR t")
+
+
+def test_duckdb_errors_are_tensordb_errors(con):
+    with pytest.raises(ParserError) as info:
+        con.execute("SELECT 1;\nSELEC 2")
+    assert "LINE 2: SELEC 2" in str(info.value)
+    with pytest.raises(CatalogError) as info:
+        con.execute("SELECT * FROM nowhere")
+    assert info.value.statement is not None
+    with pytest.raises(Error):
+        con.execute("SELECT 'a'::INTEGER")
+
+
+def test_parameters_for_plain_sql(db):
+    assert db.execute("SELECT ? + 1 AS x", [41]).fetchall() == [(42,)]
+    assert db.execute("SELECT count(*) FROM A WHERE value > ?", [100.0]).fetchone() == (0,)
+    with pytest.raises(NotSupportedError):
+        db.execute("C[i] = bias[i]", [1])
+
+
+def test_empty_and_comment_only(con):
+    assert con.execute("").kind == "status"
+    assert con.execute("-- nothing\n;").kind == "status"
+    with pytest.raises(ProgrammingError):
+        con.execute(42)
+
+
+def test_names_are_case_insensitive_like_sql(db):
+    db.execute("c2[i,k] = a[i,j] * b[j,k]")
+    assert np.allclose(db.tensor("C2"), db.tensor("A") @ db.tensor("B"))
+
+
+def test_hints_reach_the_plan(db):
+    text = db.explain("C[i,k] = A[i,j] * B[j,k] WITH (TILE (i 5))", format="json")
+    plan = json.loads(text)
+    node = next(n for n in plan["nodes"] if n["output"] == "C")
+    assert node["partition"]["i"] == 5
+
+
+def test_explain_statement_and_method(db):
+    r = db.execute("EXPLAIN C[i,k] = A[i,j] * B[j,k]")
+    assert r.kind == "explain" and "C" in r.text
+    assert not db.store.has("C")
+    plan = json.loads(db.execute("EXPLAIN (FORMAT JSON) C[i,k] = A[i,j] * B[j,k]").text)
+    assert plan["nodes"] and "total" in plan
+    text = db.explain("T[i,k] = A[i,j] * B[j,k]; U[i] = SUM(T[i,k])")
+    assert "T" in text and "U" in text
+    analyzed = db.execute("EXPLAIN ANALYZE C[i,k] = A[i,j] * B[j,k]")
+    assert analyzed.kind == "explain"
+    assert "SEQ_SCAN" in db.explain("SELECT * FROM range(3)").upper().replace(" ", "_") or \
+        db.explain("SELECT * FROM range(3)")
+
+
+def test_explain_errors_have_carets(db):
+    with pytest.raises(CatalogError) as info:
+        db.execute("EXPLAIN C[i,k] = A[i,j] * Nope[j,k]")
+    assert info.value.span is not None
+    with pytest.raises(ProgrammingError):
+        db.explain("SHOW TENSORS")
+    with pytest.raises(ProgrammingError):
+        db.explain("C[i] = bias[i]", format="xml")
+
+
+def test_tensordb_connection_methods_still_work_alongside(db):
+    db.execute("C[i,k] = A[i,j] * B[j,k]")
+    db.einsum("ij->ji", "C", into="Ct")
+    assert np.allclose(db.execute("CT2[k,i] = Ct[k,i] * 1").tensor(), db.tensor("C").T)
+
+
+def test_read_only_database_allows_queries(tmp_path):
+    path = tmp_path / "ro.tdb"
+    with tensordb.connect(path) as c:
+        c.execute("CREATE TENSOR A (i 3); CREATE TABLE t AS SELECT 1 AS x")
+    with tensordb.connect(path, read_only=True) as c:
+        assert c.execute("SELECT * FROM t").fetchall() == [(1,)]
+        assert c.execute("SHOW TENSORS").rowcount == 1
+        with pytest.raises(Error):
+            c.execute("B[i] = A[i] + 1")
