@@ -52,7 +52,7 @@ def _owned_nbytes(a) -> int:
 
 
 class LocalExecutor:
-    """W in-process workers (threads)."""
+    """W in-process workers: threads that live as long as the executor, one queue each."""
 
     name = "local"
 
@@ -62,17 +62,40 @@ class LocalExecutor:
         self.xp = get_backend(backend)
         self.cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                          else os.cpu_count() or 1)
+        self.queues = [queue.SimpleQueue() for _ in range(self.workers)]
+        self.threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # one plan runs at a time
+
+    def _start(self) -> None:
+        if not self.threads:
+            self.threads = [threading.Thread(target=_worker_loop, args=(w, self.queues[w]), daemon=True,
+                                             name=f"tensordb-worker-{w}") for w in range(self.workers)]
+            for th in self.threads:
+                th.start()
 
     def close(self) -> None:
-        pass
+        for q in self.queues:
+            q.put(None)
+        for th in self.threads:
+            th.join()
+        self.threads = []
 
     def run(self, plan: TilePlan, store=None, progress=None) -> RunResult:
         if not plan.tasks:
             return RunResult({})
         busy = {t.worker for t in plan.tasks if isinstance(t, Kernel)}
         blas = max(1, self.cores // max(1, len(busy)))
-        with _blas_limits(blas):
+        with self._lock, _blas_limits(blas):
+            self._start()
             return _Run(self, plan, progress).go()
+
+
+def _worker_loop(w: int, q: queue.SimpleQueue) -> None:
+    while True:
+        item = q.get()
+        if item is None:
+            return
+        item[0].handle(w, item[1:])
 
 
 class _Run:
@@ -81,7 +104,7 @@ class _Run:
         self.xp = ex.xp
         self.specs = {i: KernelSpec(op, self.xp) for i, op in enumerate(plan.ops)}
         self.lock = threading.Lock()
-        self.queues = [queue.SimpleQueue() for _ in range(ex.workers)]
+        self.queues = ex.queues
         self.results: dict[int, object] = {}
         self.made_on: dict[int, int] = {}
         consumers = plan.consumers()
@@ -100,6 +123,8 @@ class _Run:
         self.done = 0
         self.error: BaseException | None = None
         self.finished = threading.Event()
+        self.drained = threading.Event()
+        self.draining = False
         self.live = 0
         self.peak = 0
         self.moved = 0
@@ -113,18 +138,16 @@ class _Run:
     # -- scheduling ----------------------------------------------------------------------------
     def go(self) -> RunResult:
         t0 = time.perf_counter()
-        threads = [threading.Thread(target=self._worker, args=(w,), daemon=True,
-                                    name=f"tensordb-worker-{w}") for w in range(self.ex.workers)]
-        for th in threads:
-            th.start()
+        self.pending = 0  # items queued and not yet handled: the run ends when it drops to 0
         for t in self.plan.tasks:
             if not isinstance(t, Aggregate) and self.waiting[t.key] == 0:
                 self._queue(t.worker, ("run", t))
         self.finished.wait()
-        for q in self.queues:
-            q.put(None)
-        for th in threads:
-            th.join()
+        with self.lock:  # after a failure, let the workers drain what is already queued
+            self.draining = True
+            idle = self.pending == 0
+        if not idle:
+            self.drained.wait()
         if self.error is not None:
             raise self._translate(self.error)
         seconds = time.perf_counter() - t0
@@ -136,17 +159,14 @@ class _Run:
         return RunResult(tiles, seconds, self.moved, self.peak, sum(self.op_calls), self.busy)
 
     def _queue(self, worker: int, item) -> None:
-        self.queues[worker % len(self.queues)].put(item)
+        with self.lock:
+            self.pending += 1
+        self.queues[worker % len(self.queues)].put((self,) + item)
 
-    def _worker(self, w: int) -> None:
-        q = self.queues[w]
-        while True:
-            item = q.get()
-            if item is None:
-                return
-            if self.error is not None:
-                continue
-            try:
+    def handle(self, w: int, item) -> None:
+        """Run one queued item on worker ``w`` (called from the executor's worker threads)."""
+        try:
+            if self.error is None:
                 t0 = time.perf_counter()
                 kind, task = item[0], item[1]
                 if kind == "run":
@@ -154,13 +174,20 @@ class _Run:
                 else:
                     self._accumulate(w, task, item[2])
                 dt = time.perf_counter() - t0
-                self.busy[w] += dt
-                self.op_seconds[self.plan.owner.get(task.key, 0)] += dt
-            except BaseException as exc:  # noqa: BLE001 - reported to the caller below
                 with self.lock:
-                    if self.error is None:
-                        self.error = exc
-                self.finished.set()
+                    self.busy[w] += dt
+                    self.op_seconds[self.plan.owner.get(task.key, 0)] += dt
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller by go()
+            with self.lock:
+                if self.error is None:
+                    self.error = exc
+            self.finished.set()
+        finally:
+            with self.lock:
+                self.pending -= 1
+                last = self.draining and self.pending == 0
+            if last:
+                self.drained.set()
 
     def _fetch(self, w: int, task, key: int):
         value = self.results[key]
