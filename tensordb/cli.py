@@ -146,6 +146,8 @@ class Shell:
             self._print(result.message or "OK", style="dim")
         if self.timer and result.elapsed is not None:
             self._print(f"Run Time: {result.elapsed:.3f} s", style="dim")
+        if result.kind != "status":
+            print(file=self.out)  # a blank line between larger outputs
         self.progress.reset()
 
     def _console(self):
