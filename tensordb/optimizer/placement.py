@@ -85,16 +85,16 @@ def place(plan: TilePlan) -> TilePlan:
                 agg_of_part[k] = t.key
             aggs_of[owner.get(t.key, _op_of(plan, t))].append(t)
 
-    def held(key: int, w: int) -> int:
-        """Bytes of task ``key``'s result that worker ``w`` already has (or gets for free)."""
-        t = plan.task(key)
-        if isinstance(t, Load):
-            return 0
+    def held(key: int, gains: dict[int, int]) -> None:
+        """Add to ``gains[w]`` the bytes of task ``key``'s result that worker w already holds."""
         if key in where:
-            return size(key) if where[key] == w else 0
+            gains[where[key]] += size(key)
+            return
+        t = plan.task(key)
         if isinstance(t, Assemble):  # built where its consumer runs: its local pieces count
-            return sum(held(k, w) for k in t.inputs)
-        return 0
+            for k in t.inputs:
+                held(k, gains)
+        # a Load is free anywhere: no worker gains by holding it
 
     for op in order:
         ks = kernels_of[op]
@@ -111,13 +111,12 @@ def place(plan: TilePlan) -> TilePlan:
             f = max(1, k.flops)
             g = group[k.key]
             ok = [w for w in range(p) if op_load[w] + f <= cap] or list(range(p))
-            out = size(k.key)
-
-            def score(w: int):
-                gain = sum(held(a, w) for a in k.inputs) + (out if w in holders[g] else 0)
-                return (-gain, op_load[w], load[w], w)
-
-            w = min(ok, key=score)
+            gains: dict[int, int] = defaultdict(int)
+            for a in k.inputs:
+                held(a, gains)
+            for w in holders[g]:
+                gains[w] += size(k.key)
+            w = min(ok, key=lambda w: (-gains.get(w, 0), op_load[w], load[w], w))
             where[k.key] = w
             holders[g].add(w)
             op_load[w] += f
