@@ -104,6 +104,26 @@ def test_hints_show_in_explain(con4):
     assert data["nodes"][2]["partition"]["b"] == 2
 
 
+@pytest.mark.parametrize("limit,calls", [(None, 4), (8 << 20, 8), (4 << 20, 16)])
+def test_memory_limit_end_to_end(limit, calls):
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((512, 512)), rng.standard_normal((512, 512))
+    with tensordb.connect(workers=4, memory_limit=limit) as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.einsum("ij,jk->ik", "A", "B", into="C")
+        assert con.last_plan.stats[0].kernel_calls == calls
+        np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-10)
+
+
+def test_out_of_memory_names_the_operation():
+    with tensordb.connect(workers=4, memory_limit=40) as con:
+        con.load("A", np.ones((64, 64)))
+        with pytest.raises(tensordb.OutOfMemoryError, match=r"C\[i,k\] = SUM.*i=64.*budget of 10 bytes"):
+            con.einsum("ij,jk->ik", "A", "A", into="C")
+        assert not con.store.has("C")
+
+
 CORPUS = [
     ("ij,jk->ik", {"A": (40, 24), "B": (24, 36)}, {}),
     ("ij,jk->ik", {"A": (4, 300), "B": (300, 4)}, {}),

@@ -266,7 +266,9 @@ def test_default_strategy_is_eindecomp():
 def test_runner_ups_are_recorded():
     d = decompose(mlp_graph(8, 256, 1024), 4)
     ch = d.details["choices"]["Y"]
-    assert ch.runner_ups and all(cost >= ch.cost - 1e-6 or True for _, cost in ch.runner_ups)
+    costs = [cost for _, cost in ch.runner_ups]
+    assert costs and costs == sorted(costs)
+    assert all(dict(p) != dict(ch.pieces) for p, _ in ch.runner_ups)
     assert ch.candidates >= len(ch.runner_ups) + 1
 
 
