@@ -1,24 +1,36 @@
-"""Storage: the DuckDB catalog, tile payload files, import and export.
+"""Storage: the DuckDB catalog, tile payload files, import and export (docs/storage.md).
 
-Only this package imports duckdb for the catalog. The interface the rest of tensordb relies on:
+Only this package imports duckdb, and no duckdb exception leaves it (each becomes a tensordb
+error). The interface the rest of tensordb relies on:
 
 ``Store(path=None, *, read_only=False)``
-    Opens (creating if needed) a database directory, or an in-memory database when ``path`` is None.
-    A second process opening the same database for writing gets an OperationalError.
-    Attributes: ``duck`` (the DuckDB connection; user tables live there too), ``root`` (directory).
+    Opens (creating if needed) a database directory (``catalog.duckdb`` + ``tiles/``), or an
+    in-memory database when ``path`` is None (payloads in a temporary directory, deleted on
+    close). A second writer, in another process or this one, gets an OperationalError; so does a
+    path that is a regular file. Opening for writing deletes payload files the catalog does not
+    reference (crash leftovers). Attributes: ``duck`` (the DuckDB connection; user tables live
+    there too, schema main), ``root`` (directory), ``tiles_dir``, ``read_only``, ``fsync`` (sync
+    payloads before commit; on for on-disk databases).
 ``Store.list() -> list[TensorMeta]``, ``has(name)``, ``meta(name) -> TensorMeta`` (CatalogError if
-    missing), ``open(name) -> TensorReader``, ``drop(name, if_exists=False)``,
-    ``writer(name, shape, dtype, grid, dims=None, replace=False) -> TensorWriter``,
+    missing; names are case-insensitive), ``open(name) -> TensorReader``,
+    ``drop(name, if_exists=False)``,
+    ``writer(name, shape, dtype, grid, dims=None, replace=False) -> TensorWriter`` (``grid``: one
+    tuple of boundaries per dimension, or a tile shape of ints; CatalogError at once if the name
+    is taken and not ``replace``, or is a table), ``check_free(name, replace)``,
     ``transaction()`` (a context manager: every writer commit and drop inside it lands atomically
-    together, or none does), ``close()``.
-``TensorMeta`` (frozen): name, version, dtype (np.dtype), shape, dims, grid, nbytes, tile_count,
-    nnz, density; ``size``, ``tile_shape``.
-``TensorReader`` (picklable: no DuckDB handles): ``meta``, ``coords()`` (present tile coordinates),
-    ``tile(coords)`` (read-only view of one tile, memory-mapped), ``read_box(starts, stops)``
-    (ndarray for any box, or None when no stored tile overlaps it; a view when it is one tile or a
-    contiguous run of tiles, else an assembled copy with absent tiles as zeros), ``to_numpy()``.
-``TensorWriter``: ``write_tile(coords, array)`` (all-zero tiles are not stored), then ``commit()``
-    or ``abort()``; a context manager that commits on success. Nothing is visible before commit.
+    together, or none does; nested blocks join the outer one), ``close()``.
+``TensorMeta`` (frozen): name, version, dtype (np.dtype), shape, dims, grid, nbytes (stored
+    bytes), tile_count (stored tiles), nnz, density (nnz / size); ``size``, ``ndim``,
+    ``tile_shape``, ``grid_shape``, ``total_tiles``.
+``TensorReader`` (picklable: no DuckDB handles; maps its file lazily, once): ``meta``, ``path``,
+    ``coords()`` (present tile coordinates, in file order), ``has(coords)``, ``tile(coords)``
+    (read-only view of one tile, memory-mapped; None if absent), ``tiles()`` (entry, view) pairs,
+    ``read_box(starts, stops)`` (ndarray for any box, or None when no stored tile overlaps it; a
+    view when it lies in one tile or in a run of full-width row tiles adjacent in the file, else an
+    assembled copy with absent tiles as zeros), ``to_numpy()`` (a new dense array).
+``TensorWriter``: ``write_tile(coords, array)`` (cast to the dtype; all-zero tiles are not stored;
+    thread-safe), then ``commit() -> TensorMeta`` or ``abort()``; a context manager that commits
+    on success and aborts on an exception. Nothing is visible before commit.
 
 Catalog tables (schema ``tensordb``):
 
@@ -26,6 +38,9 @@ Catalog tables (schema ``tensordb``):
             tile_count, nnz, density, created)
     tiles(tensor, version, coords BIGINT[], starts BIGINT[], shape BIGINT[], file, "offset",
           nbytes, nnz)
+
+Modules: store (Store), catalog (the tables), writer/reader (payload files), load and tables
+(sources), relations (tensors in SQL), export, info (listing), npyfile, meta (names, grids).
 """
 from .store import Store, TensorMeta, TensorReader, TensorWriter  # noqa: E402
 

@@ -138,6 +138,12 @@ class TensorWriter:
         finally:
             os.close(self._fd)
             self._fd = None
+        if sync:  # the new file's directory entry too, so power loss cannot lose its name
+            fd = os.open(self.store.tiles_dir, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def _fail(self) -> None:
         self._state = "aborted"
