@@ -247,3 +247,17 @@ def test_closed_connection(db_path):
     c.close()
     with pytest.raises(tensordb.InterfaceError, match="closed"):
         c.tensor("A")
+
+
+def test_threads_write_tiles_and_read_during_a_transaction(store):
+    import concurrent.futures as cf
+    write(store, "In", np.arange(8.0), (2,))
+    with store.transaction():
+        w = store.writer("Out", (64, 8), "float64", (8, 8))
+        with cf.ThreadPoolExecutor(4) as pool:
+            # Worker threads read the catalog and write tiles while the block is open.
+            list(pool.map(lambda k: w.write_tile((k, 0), np.full((8, 8), k + 1.0)
+                                                 + store.open("In").to_numpy()), range(8)))
+        w.commit()
+    got = store.open("Out").to_numpy()
+    np.testing.assert_array_equal(got, np.repeat(np.arange(1.0, 9), 8)[:, None] + np.arange(8.0))

@@ -279,7 +279,8 @@ class Store:
     def _commit_writer(self, w: TensorWriter) -> TensorMeta:
         meta = w.meta()
         entries = sorted(w.entries.values(), key=lambda e: e.offset)
-        with self.transaction() as txn:
+        # The lock spans the whole swap: no other thread's commit can interleave with it.
+        with self._lock, self.transaction() as txn:
             if w.has_file:
                 txn.created.append(w.path)
             self.check_free(w.name, w.replace)
@@ -294,7 +295,7 @@ class Store:
     def drop(self, name: str, if_exists: bool = False) -> None:
         """Remove a tensor; CatalogError when it does not exist (unless ``if_exists``)."""
         self._check_open(writing=True)
-        with self.transaction() as txn:
+        with self._lock, self.transaction() as txn:
             old = self._find(name)
             if old is None:
                 if if_exists:
@@ -314,23 +315,27 @@ class Store:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[_Txn]:
         """Group writer commits and drops: all of them land, or none does. Nested blocks join
-        the outermost one."""
+        the outermost one. The store lock is not held across the block: worker threads may read
+        the catalog meanwhile (they see the block's uncommitted changes, as DuckDB does)."""
         self._check_open(writing=True)
         with self._lock:
-            if self._txn is not None:
-                yield self._txn
-                return
-            try:
-                self.duck.execute("BEGIN TRANSACTION")
-                txn = _Txn(external=False)
-            except duckdb.TransactionException:
-                txn = _Txn(external=True)  # the user began one: its COMMIT decides
-            except duckdb.Error as exc:
-                raise translate(exc) from None
-            self._txn = txn
-            try:
-                yield txn
-            except BaseException:
+            joined = self._txn
+            if joined is None:
+                try:
+                    self.duck.execute("BEGIN TRANSACTION")
+                    txn = _Txn(external=False)
+                except duckdb.TransactionException:
+                    txn = _Txn(external=True)  # the user began one: its COMMIT decides
+                except duckdb.Error as exc:
+                    raise translate(exc) from None
+                self._txn = txn
+        if joined is not None:
+            yield joined
+            return
+        try:
+            yield txn
+        except BaseException:
+            with self._lock:
                 self._txn = None
                 self._cache.clear()
                 if not txn.external:
@@ -338,7 +343,8 @@ class Store:
                         self.duck.execute("ROLLBACK")
                     for path in txn.created:
                         _remove(path)
-                raise
+            raise
+        with self._lock:
             self._txn = None
             self._cache.clear()
             if txn.external:
