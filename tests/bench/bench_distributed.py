@@ -1,0 +1,140 @@
+"""The workload suite on a local Dask cluster (2 worker processes) against the local pool
+(2 worker threads), in the same run. Run by hand; the table goes to docs/benchmarks.md between
+the distributed markers:
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_distributed.py
+
+Both executors get the same plans (workers=2) from stored tensors to a stored result. Each figure
+is the median of --repeat runs after one warm-up. With a GPU, --gpu also times the GPU executor
+against CuPy's own matmul/einsum on the same device.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import tensordb  # noqa: E402
+from tests.bench.workloads import suite  # noqa: E402
+
+DOCS = ROOT / "docs" / "benchmarks.md"
+COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_distributed.py"
+
+
+def blas(info) -> str:
+    return ", ".join(f"{i['internal_api']} {i.get('version', '')} {i.get('architecture', '')} "
+                     f"x{i['num_threads']}" for i in info if i["user_api"] == "blas") or "none"
+
+
+def _threadpools():
+    from threadpoolctl import threadpool_info
+    import numpy  # noqa: F401 - loads the BLAS that threadpoolctl reports
+    return threadpool_info()
+
+
+def run_workload(w, cons: dict, repeat: int) -> dict:
+    """Median times per executor, timed in alternation so that both see the same machine load;
+    the ratio is the median of the paired ratios."""
+    arrays = w.arrays(np.random.default_rng(0))
+    graph = w.graph()
+    row, times = {"name": w.name}, {label: [] for label in cons}
+    for con in cons.values():
+        for name, a in arrays.items():
+            con.load(name, a, tile=w.tile.get(name), replace=True)
+        con.run(graph, replace=True)  # warm-up: worker imports, kernel caches, page cache
+    labels = list(cons)
+    for r in range(repeat):
+        for label in labels if r % 2 == 0 else labels[::-1]:
+            t0 = time.perf_counter()
+            cons[label].run(graph, replace=True)
+            times[label].append(time.perf_counter() - t0)
+    for label, con in cons.items():
+        row[label] = statistics.median(times[label])
+        row[f"{label}_moved"] = sum(s.measured.get("bytes_moved", 0) for s in con.last_plan.stats)
+        row["tasks"] = len(con.last_plan.tasks)
+    row["ratio"] = statistics.median(d / l for d, l in zip(times["dask"], times["local"]))
+    want, got = cons["local"].tensor(w.output), cons["dask"].tensor(w.output)
+    row["diff"] = float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
+    for con in cons.values():
+        for name in list(arrays) + [w.output]:
+            con.drop(name, if_exists=True)
+    return row
+
+
+def render(rows, args, local_blas: str, worker_blas: str) -> str:
+    lines = [
+        f"Command: `{COMMAND} --repeat {args.repeat}`",
+        "",
+        f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}; "
+        f"BLAS in the client (local pool): {local_blas}; on each Dask worker: {worker_blas}. "
+        "Both executors run the same plans for 2 workers: the local pool as 2 threads with 1 BLAS "
+        "thread each, Dask as a LocalCluster on 127.0.0.1 with 2 worker processes x 1 thread "
+        "(the nanny sets 1 BLAS thread). Times are medians of "
+        f"{args.repeat} runs after a warm-up, from stored inputs to a stored result, in ms; the two "
+        "executors are timed in alternation and 'Dask / local' is the median of the paired "
+        f"ratios. Load average when the run ended: {os.getloadavg()[0]:.1f} (on 2 cores; other "
+        "work shared the machine, so single figures are noisy).",
+        "",
+        "| workload | tasks | local pool ms | Dask ms | Dask / local | moved (plan) | max diff |",
+        "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['tasks']} | {1e3 * r['local']:.0f} | {1e3 * r['dask']:.0f} | "
+                     f"{r['ratio']:.2f} | {r['dask_moved'] / 2**20:.1f} MiB | {r['diff']:.1e} |")
+    lines.append("| GPU executor vs cupy matmul/einsum | | | | not measured: no GPU available in "
+                 "this session | | |")
+    ratios = [r["ratio"] for r in rows]
+    geo = float(np.exp(np.mean(np.log(ratios))))
+    lines += ["", f"Geometric mean of Dask / local pool: **{geo:.2f}**. 'moved' is what the plan "
+              "moves between workers (the same for both executors); 'max diff' compares the two "
+              "results, relative to the largest value."]
+    return "\n".join(lines)
+
+
+def write_section(text: str) -> None:
+    begin, end = "<!-- distributed:begin -->", "<!-- distributed:end -->"
+    old = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    block = f"{begin}\n## Dask executor against the local pool\n\n{text}\n{end}"
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip() + "\n\n" + block + "\n"
+    DOCS.write_text(new)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", default="", help="run workloads whose name contains this text")
+    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    args = ap.parse_args(argv)
+    from tensordb.exec.dask import local_cluster
+    rows = []
+    with local_cluster(2) as cluster, \
+            tensordb.connect(workers=2) as local, \
+            tensordb.connect(workers=2, executor=f"dask://{cluster.scheduler_address}") as dask:
+        client = dask._get_executor().client
+        worker_blas = {a: blas(i) for a, i in client.run(_threadpools).items()}
+        local_blas = blas(_threadpools())
+        for w in suite():
+            if args.only and args.only not in w.name:
+                continue
+            row = run_workload(w, {"local": local, "dask": dask}, args.repeat)
+            rows.append(row)
+            print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    text = render(rows, args, local_blas, "; ".join(sorted(set(worker_blas.values()))))
+    print(text)
+    if not args.no_write and not args.only:
+        write_section(text)
+
+
+if __name__ == "__main__":
+    main()
