@@ -37,7 +37,8 @@ def snapshot():
         tensors = store.duck.execute(
             "SELECT name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz "
             "FROM tensordb.tensors ORDER BY name").fetchall()
-        tiles = store.duck.execute("SELECT * FROM tensordb.tiles ORDER BY tensor, file, \"offset\"").fetchall()
+        tiles = store.duck.execute(
+            'SELECT * FROM tensordb.tiles ORDER BY tensor, file, "offset"').fetchall()
         files = sorted((e.name, e.stat().st_size) for e in os.scandir(store.tiles_dir))
         return tensors, tiles, files
     return take

@@ -96,3 +96,12 @@ def test_sql_on_reopened_database(db_path):
         c.load("A", np.arange(1, 5, dtype="int32"), dims=["k"])
     with tensordb.connect(db_path, read_only=True) as c:
         assert c.sql("SELECT sum(value) FROM A").fetchall() == [(10,)]
+
+
+def test_table_cannot_take_a_tensor_name(con):
+    con.load("A", np.ones(2))
+    for stmt in ("CREATE TABLE a AS SELECT 1 AS x", 'CREATE OR REPLACE TABLE "A" (x INT)',
+                 "create view main.A as select 1"):
+        with pytest.raises(tensordb.CatalogError, match="a tensor named 'A' exists"):
+            con.sql(stmt)
+    assert con.sql("SELECT count(*) FROM A").fetchall() == [(2,)]

@@ -20,6 +20,7 @@ import re
 import numpy as np
 import pyarrow as pa
 
+from ..errors import CatalogError
 from ._duck import translating
 from .reader import TensorReader
 
@@ -87,9 +88,19 @@ def expose_tensors(store, query: str) -> list[str]:
     return names
 
 
+_CREATE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+|TEMPORARY\s+)?(?:TABLE|VIEW)\s+"
+                     r"(?:IF\s+NOT\s+EXISTS\s+)?(?:main\.)?(?:\"((?:[^\"]|\"\")+)\"|(\w+))", re.I)
+
+
 def sql(store, query: str):
     """Run plain SQL over tables and tensors; a :class:`Relation` for queries, else None."""
     store._check_open()
+    m = _CREATE.match(query)
+    created = m and (m.group(1) or m.group(2))
+    if created and store.has(created):
+        raise CatalogError(f"cannot create table '{created}': a tensor named "
+                           f"'{store.meta(created).name}' exists",
+                           hint="tensors and tables share one namespace")
     expose_tensors(store, query)
     with store._lock, translating():
         rel = store.duck.sql(query)

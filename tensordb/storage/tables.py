@@ -20,7 +20,7 @@ import pyarrow as pa
 from ..errors import DataError, ProgrammingError
 from ._duck import quote_ident, quote_str, translate_message, translating
 from .meta import check_dims, check_tile_shape, supported_dtype
-from .tiling import default_tile_shape, grid_shape, tile_box
+from .tiling import default_tile_shape, tile_box
 
 __all__ = ["load_table", "source_sql", "numpy_type"]
 
@@ -209,9 +209,9 @@ def _fill_dense(w, reader, names, where) -> None:
                     w.write_tile((slab_index, cj), slab[:, col_bounds[cj]:col_bounds[cj + 1]])
                 slab_index += 1
                 filled = 0
-                if slab_index < len(row_bounds) - 1:
-                    slab = np.zeros((row_bounds[slab_index + 1] - row_bounds[slab_index],
-                                     len(names)), w.dtype)
+                rows = (row_bounds[slab_index + 1] - row_bounds[slab_index]
+                        if slab_index < len(row_bounds) - 1 else 0)  # 0: no room for more rows
+                slab = np.zeros((rows, len(names)), w.dtype)
         seen += batch.num_rows
     if seen != nrows:
         raise DataError(f"{where} yielded {seen} rows but counted {nrows}")
