@@ -11,9 +11,9 @@ For an operation with pieces ``d`` per label, ``K = prod(d)`` kernel calls run, 
   fraction (``CostParams.stored_retile``) of its bytes.
 
 Two terms turn "use the workers well" into bytes, so that one number ranks candidates: every
-kernel call costs a fixed overhead (a task is not free: splitting a 10-element tensor 16 ways is
-worse than not splitting it), and an operation with fewer kernel calls than workers pays for the
-idle workers' share of its flops. Both are zero-sum for the communication part, which is reported
+task (kernel call or aggregation) costs a fixed overhead (a task is not free: splitting a
+10-element tensor 16 ways is worse than not splitting it), and an operation with fewer kernel
+calls than workers pays for the idle workers' share of its flops. Both are zero-sum for the communication part, which is reported
 on its own (``OpCost.bytes``).
 
 >>> from tensordb.plan.ir import EinOp
@@ -157,7 +157,10 @@ class OpModel:
         par = min(k, p)
         prm = self.params
         balance = max(0.0, self.flops / par - self.flops / p) * p * prm.bytes_per_flop
-        return OpCost(join, agg, retile, prm.task_bytes * k, balance, k, fan_in, self.flops,
+        # Aggregations are tasks too (and a synchronisation point): between tilings that move
+        # the same volume, the one without partial results wins.
+        tasks = k + (k // fan_in if fan_in > 1 else 0)
+        return OpCost(join, agg, retile, prm.task_bytes * tasks, balance, k, fan_in, self.flops,
                       self.working_set(d))
 
 
