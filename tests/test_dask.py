@@ -112,6 +112,15 @@ def test_every_task_ran_on_its_planned_worker(dcon):
     assert measured["kernel_calls"] == dcon.last_plan.kernel_calls and measured["seconds"] > 0
 
 
+def test_plan_for_more_workers_than_the_cluster_has(dask_cluster):
+    with tensordb.connect(workers=3, executor=f"dask://{dask_cluster.scheduler_address}") as con:
+        want, _ = _matmul(con, tile={"i": 3, "j": 1, "k": 1})
+        np.testing.assert_allclose(con.tensor("C"), want, atol=1e-9)
+        run = con._get_executor().last_run
+        assert {t.worker for t in con.last_plan.tasks} == {0, 1, 2}
+        assert run["ran_on"] == {t.key: run["addresses"][t.worker % 2] for t in con.last_plan.tasks}
+
+
 def test_bytes_moved_match_the_local_pool(dcon, lcon):
     _, on_dask = _matmul(dcon)
     _, local = _matmul(lcon)
@@ -154,6 +163,7 @@ def test_graph_with_temporaries_and_aggregation_tree(dcon, lcon):
              .einsum("bf,fo->bo", "Z", "W2", into="Y"))
         con.run(g, replace=True)
         assert not con.store.has("Z")
+    assert dcon.last_plan.stats[0].max_fan_in > 8  # the Dask side combined them as a tree
     np.testing.assert_allclose(dcon.tensor("Y"), lcon.tensor("Y"), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dcon.tensor("Y"), x @ w1 @ w2, atol=1e-9)
 

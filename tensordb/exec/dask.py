@@ -18,6 +18,7 @@ workers). ``dask://local-cuda`` starts dask-cuda's LocalCUDACluster (one worker 
 """
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -354,13 +355,16 @@ def _sub_reader(reader, starts, stops):
 def _is_local(address: str) -> bool:
     """Whether a worker runs on this machine (and so can map the payload files itself)."""
     host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    if host in ("localhost", "::1") or host.startswith("127."):
-        return True
+    return host in ("localhost", "::1") or host.startswith("127.") or host in _my_hosts()
+
+
+@functools.lru_cache(maxsize=1)
+def _my_hosts() -> frozenset[str]:
+    name = socket.gethostname()
     try:
-        mine = set(socket.gethostbyname_ex(socket.gethostname())[2])
-    except OSError:
-        mine = set()
-    return host in mine or host == socket.gethostname()
+        return frozenset([name, *socket.gethostbyname_ex(name)[2]])
+    except OSError:  # no resolver: only the name
+        return frozenset([name])
 
 
 def _translate(exc: BaseException) -> Error:
@@ -402,9 +406,10 @@ _HELD: dict[str, int] = defaultdict(int)     # run id -> most bytes the worker h
 _SPECS: dict[tuple, object] = {}             # (run id, op) -> KernelSpec, built once per worker
 
 
+@functools.lru_cache(maxsize=None)
 def _xp(backend: str):
     from .kernels import get_backend
-    return get_backend(backend)
+    return get_backend(backend)  # once per worker process: CuPy's device check is not free
 
 
 def _task(run: str, backend: str, task, extra, *inputs):
