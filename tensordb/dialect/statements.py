@@ -173,6 +173,18 @@ def _copy(con, script, s: A.CopyStmt, text) -> Result:
 
 def _set(con, script, s: A.SetStmt, text) -> Result:
     value = s.value
+    # Check names now, so the error points at the SET rather than at a later query.
+    if s.name == "tiling" and value:
+        from ..optimizer import STRATEGIES
+        if str(value) not in STRATEGIES:
+            raise _err(ProgrammingError, script, s.span, f"unknown tiling strategy '{value}'",
+                       hint=f"valid strategies: {', '.join(sorted(STRATEGIES))}")
+    if s.name == "executor":
+        from ..exec import EXECUTORS
+        scheme = str(value).split("://", 1)[0]
+        if scheme not in EXECUTORS:
+            raise _err(ProgrammingError, script, s.span, f"unknown executor '{value}'",
+                       hint=f"valid executors: {', '.join(sorted(EXECUTORS))}")
     if isinstance(value, str) and value.lower() in ("on", "true", "off", "false") and s.name == "progress":
         value = value.lower() in ("on", "true")
     con.set(s.name, value)
