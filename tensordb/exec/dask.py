@@ -176,16 +176,19 @@ class _Attempt:
         graph, where = self._graph(set(scattered))
         outs = [k for out in self.plan.outputs.values() if out.stored for k in out.tiles.values()]
         out_keys = [self._final_key(k) for k in outs]
+        futures: list = []
         try:
             with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=False):
                 futures = self.client.get(graph, out_keys, sync=False)
             self._wait(futures)
             values = self.client.gather(futures)
         except _WorkerLost:
-            self._release(locals().get("futures", []), scattered, forget=True)
+            self._release(futures, scattered, forget=True)
             raise
         except Exception as exc:  # noqa: BLE001 - translated below
-            self._release(locals().get("futures", []), scattered, forget=True)
+            self._release(futures, scattered, forget=True)
+            if type(exc).__name__ == "KilledWorker":  # Dask gave up on a task's workers
+                raise _WorkerLost(str(exc)) from None
             raise _translate(exc) from exc
         tiles = {k: _host(v) for k, v in zip(outs, values)}
         self._release(futures, scattered, forget=False)
@@ -294,7 +297,10 @@ class _Attempt:
     # -- what happened --------------------------------------------------------------------------
     def _result(self, tiles, seconds, scattered_bytes) -> RunResult:
         plan = self.plan
-        logs = self.client.run(_collect, self.run_id)
+        try:
+            logs = self.client.run(_collect, self.run_id)
+        except Exception:  # noqa: BLE001 - a worker gone after the run costs measurements only
+            logs = {}
         n_ops = len(plan.ops)
         op_seconds, op_calls, op_peak = [0.0] * n_ops, [0] * n_ops, [0] * n_ops
         busy = defaultdict(float)
@@ -372,8 +378,8 @@ def _translate(exc: BaseException) -> Error:
         return exc
     if isinstance(exc, MemoryError):
         return OutOfMemoryError(f"a Dask worker ran out of memory running a tile task: {exc}")
-    if type(exc).__name__ in ("KilledWorker", "CommClosedError", "FutureCancelledError",
-                              "CancelledError", "TimeoutError"):
+    if isinstance(exc, (OSError, TimeoutError)) or type(exc).__name__ in (
+            "CommClosedError", "FutureCancelledError", "CancelledError"):
         return OperationalError(f"the Dask cluster failed the query: {type(exc).__name__}: {exc}")
     err = InternalError(f"a tile task failed: {type(exc).__name__}: {exc}")
     err.__cause__ = exc
