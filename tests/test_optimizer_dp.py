@@ -125,8 +125,10 @@ def test_dp_gap_on_dags_with_shared_intermediates(workers):
         best = brute_force(g, workers)
         if best is None:
             continue
-        got = evaluate(g, decompose(g, workers).tilings, workers).total
+        d = decompose(g, workers)
+        got = evaluate(g, d.tilings, workers).total
         assert got >= best * (1 - 1e-9)
+        assert d.details["dp_cost"] == pytest.approx(got, rel=1e-9)  # shared ops counted once
         gaps.append(got / best - 1)
     GAPS.extend(gaps)
     assert len(gaps) >= 10
