@@ -220,6 +220,17 @@ def test_coo_large_streams_many_tiles(con):
     assert con.describe("B")["tile_count"] == (2048 // 128) * (1024 // 256)
 
 
+def test_coo_duplicates_across_batches_and_memory_setting_restored(con):
+    n = 1 << 21  # every coordinate of a 2048 x 1024 tensor once, then (7, 9) again at the end
+    con.sql(f"CREATE TABLE dups AS SELECT range // 1024 AS i, range % 1024 AS j, 1.0 AS value "
+            f"FROM range({n}) UNION ALL SELECT 7, 9, 2.0")
+    before = con.sql("SELECT current_setting('memory_limit')").fetchall()
+    with pytest.raises(tensordb.DataError, match=r"\(i=7, j=9\) appears more than once"):
+        con.load("D", None, query="SELECT * FROM dups", index=["i", "j"], tile=(4096, 4096))
+    assert con.sql("SELECT current_setting('memory_limit')").fetchall() == before
+    assert con.tensors() == []
+
+
 def test_replace_and_drop(con):
     con.load("A", np.ones((3, 3)))
     con.load("A", np.full((2, 2), 2, "int32"), replace=True)

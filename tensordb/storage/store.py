@@ -69,6 +69,8 @@ class Store:
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True)
             self.persistent = False
             self.duck = self._connect(":memory:")
+            # DuckDB spills big sorts (COO loads) to ./.tmp by default; keep them in our directory.
+            self.duck.execute(f"SET temp_directory = '{self.root / 'spill'}'")
         else:
             self.root = Path(os.fspath(path)).expanduser().absolute()
             self._cleanup = None
@@ -85,6 +87,8 @@ class Store:
         self.tiles_dir = str(self.root / TILES_DIR)
         try:
             with translating(f"cannot open database {self.root}"):
+                self._duck_memory_default = self.duck.execute(
+                    "SELECT current_setting('memory_limit')").fetchone()[0]
                 if not read_only:
                     catalog.create(self.duck)
                 elif not catalog.exists(self.duck):

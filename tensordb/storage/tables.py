@@ -28,6 +28,7 @@ _INT32 = {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT"}
 _INT64 = {"BIGINT", "UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"}
 _SQL_TYPE = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT"}
 _BATCH = 1 << 20  # rows per Arrow batch pulled from DuckDB
+SORT_MEMORY = 1 << 30  # DuckDB memory for sorting a COO table by tile; it spills beyond this
 
 
 def numpy_type(duck_type: str, column: str, where: str) -> np.dtype:
@@ -123,32 +124,46 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
                            + " OR ".join(f"{c} >= {n}" for c, n in zip(q, shape))
                            + " LIMIT 1").fetchone()
             raise DataError(f"{where}: coordinate {_fmt(idx, bad)} is outside shape {shape}")
-    dup = duck.execute(f"SELECT {coord}, count(*) FROM {src} GROUP BY {coord} HAVING count(*) > 1 "
-                   "LIMIT 1").fetchone()
-    if dup is not None:
-        raise DataError(f"{where}: coordinate {_fmt(idx, dup[:-1])} appears {dup[-1]} times",
-                        hint="each coordinate may appear once; aggregate first, e.g. "
-                             "query='SELECT i, j, SUM(value) AS value FROM ... GROUP BY i, j'")
     tile_shape = (check_tile_shape(tile, shape, name) if tile is not None
                   else default_tile_shape(shape, dtype))
     keys = [f"{c} // {max(t, 1)}" for c, t in zip(q, tile_shape)]
+    # Zero rows are kept: they cannot change a tile, but a duplicate among them is still a duplicate.
     select = (f"SELECT {', '.join(k + f' AS __t{d}' for d, k in enumerate(keys))}, "
               + ", ".join(f"CAST({c} AS BIGINT)" for c in q)
-              + f", CAST({qv} AS {_SQL_TYPE[dtype.name]}) FROM {src} WHERE {qv} != 0 "
+              + f", CAST({qv} AS {_SQL_TYPE[dtype.name]}) FROM {src} "
               + f"ORDER BY {', '.join(f'__t{d}' for d in range(len(keys)))}")
+    tile_bytes = int(np.prod(tile_shape, dtype=np.int64)) * dtype.itemsize
     # The writer first: DuckDB runs nothing else on the connection while a result streams.
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
-        with _stream(duck, select) as reader:
-            _fill_coo(w, reader, len(idx))
+        with _memory_cap(store, max(SORT_MEMORY, 8 * tile_bytes)), _stream(duck, select) as reader:
+            _fill_coo(w, reader, idx, where)
     return w.meta()
 
 
-def _fill_coo(w, reader, ndim: int) -> None:
-    """Scatter rows sorted by tile into one dense tile buffer at a time."""
-    current, buf, lo = None, None, None
+@contextlib.contextmanager
+def _memory_cap(store, nbytes: int):
+    """Cap DuckDB's memory for a big sort (it spills to disk beyond the cap), unless the user set
+    a limit of their own. (A limit read back as text is rounded, so we RESET rather than SET.)"""
+    duck = store.duck
+    limit = duck.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    if limit != store._duck_memory_default:
+        yield
+        return
+    duck.execute(f"SET memory_limit = '{int(nbytes)}B'")
+    try:
+        yield
+    finally:
+        duck.execute("RESET memory_limit")
+
+
+def _fill_coo(w, reader, names, where) -> None:
+    """Scatter rows sorted by tile into one dense tile buffer at a time; a coordinate met twice
+    (in the same tile, since rows arrive by tile) is a DataError."""
+    ndim = len(names)
+    current, buf, seen, filled, lo = None, None, None, 0, None
     for batch in reader:
         cols = [batch.column(k).to_numpy(zero_copy_only=False) for k in range(2 * ndim + 1)]
-        tkeys = np.stack(cols[:ndim], axis=1) if ndim else np.zeros((batch.num_rows, 0), np.int64)
+        tkeys = np.stack(cols[:ndim], axis=1)
         coords, values = cols[ndim:2 * ndim], cols[2 * ndim]
         change = np.flatnonzero(np.any(tkeys[1:] != tkeys[:-1], axis=1)) + 1
         for a, b in zip(np.r_[0, change], np.r_[change, batch.num_rows]):
@@ -159,9 +174,33 @@ def _fill_coo(w, reader, ndim: int) -> None:
                 current = key
                 lo, hi = tile_box(w.grid, key)
                 buf = np.zeros(tuple(h - l for l, h in zip(lo, hi)), w.dtype)
-            buf[tuple(c[a:b] - l for c, l in zip(coords, lo))] = values[a:b]
+                seen, filled = np.zeros(buf.size, bool), 0
+            local = tuple(c[a:b] - l for c, l in zip(coords, lo))
+            lin = np.ravel_multi_index(local, buf.shape)
+            dup = _duplicate(seen, lin, filled)
+            if dup is not None:
+                at = np.unravel_index(dup, buf.shape)
+                raise DataError(f"{where}: coordinate "
+                                f"{_fmt(names, [int(x) + l for x, l in zip(at, lo)])} appears more "
+                                "than once", hint="each coordinate may appear once; aggregate "
+                                "first, e.g. query='SELECT i, j, SUM(value) AS value FROM ... "
+                                "GROUP BY i, j'")
+            filled += b - a
+            buf[local] = values[a:b]
     if buf is not None:
         w.write_tile(current, buf)
+
+
+def _duplicate(seen: np.ndarray, lin: np.ndarray, filled: int):
+    """A linear index that ``lin`` repeats or that ``seen`` already has; marks ``lin`` seen."""
+    hit = seen[lin]
+    if hit.any():
+        return int(lin[hit][0])
+    seen[lin] = True
+    if np.count_nonzero(seen) != filled + len(lin):
+        u, counts = np.unique(lin, return_counts=True)
+        return int(u[counts > 1][0])
+    return None
 
 
 def _load_dense(store, name, src, columns, where, *, tile, replace, dims):
