@@ -80,8 +80,9 @@ def _setup(con):
                 "FROM range(3) a(x), range(3) b(y)")
 
 
-def _state(con):
-    tensors = {t["name"]: (t["version"], con.tensor(t["name"]).tobytes()) for t in con.tensors()}
+def _state(con, versions=True):
+    tensors = {t["name"]: (t["version"] if versions else None, t["shape"], t["dtype"],
+                           con.tensor(t["name"]).tobytes()) for t in con.tensors()}
     tables = sorted(con.sql("SELECT table_name FROM information_schema.tables "
                             "WHERE table_schema = 'main' AND table_type = 'BASE TABLE'").fetchall())
     return tensors, tables
@@ -96,7 +97,7 @@ def _reset(con, base):
     for key, value in defaults.items():
         if getattr(con.settings, key) != value:
             con.set(key, value)
-    if _state(con) == base:
+    if _state(con, versions=False) == base:
         return
     for t in con.tensors():
         if t["name"] not in BASE:
@@ -115,7 +116,7 @@ def fuzz_con(tmp_path_factory):
     os.chdir(tmp_path_factory.mktemp("fuzz"))  # COPY ... TO writes relative paths here
     with tensordb.connect() as con:
         _setup(con)
-        yield con, _state(con)
+        yield con, _state(con, versions=False)
     os.chdir(old)
 
 
