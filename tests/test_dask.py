@@ -112,13 +112,32 @@ def test_every_task_ran_on_its_planned_worker(dcon):
     assert measured["kernel_calls"] == dcon.last_plan.kernel_calls and measured["seconds"] > 0
 
 
-def test_plan_for_more_workers_than_the_cluster_has(dask_cluster):
-    with tensordb.connect(workers=3, executor=f"dask://{dask_cluster.scheduler_address}") as con:
+def test_plan_for_more_workers_than_the_cluster_has(dask_cluster, lcon):
+    from tensordb.exec.dask import DaskExecutor
+    from tensordb.plan.builder import bind
+    with tensordb.connect(workers=3) as con:  # a plan for 3 workers, run on a 2-worker cluster
         want, _ = _matmul(con, tile={"i": 3, "j": 1, "k": 1})
-        np.testing.assert_allclose(con.tensor("C"), want, atol=1e-9)
-        run = con._get_executor().last_run
-        assert {t.worker for t in con.last_plan.tasks} == {0, 1, 2}
-        assert run["ran_on"] == {t.key: run["addresses"][t.worker % 2] for t in con.last_plan.tasks}
+        g = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C2", tile={"i": 3, "j": 1, "k": 1})
+        _, plan = con.plan(bind(g, con.store), g.hints)
+        ex = DaskExecutor(f"dask://{dask_cluster.scheduler_address}")
+        try:
+            result = ex.run(plan, con.store)
+        finally:
+            ex.close()
+        assert {t.worker for t in plan.tasks} == {0, 1, 2}
+        run = ex.last_run
+        assert run["ran_on"] == {t.key: run["addresses"][t.worker % 2] for t in plan.tasks}
+        tiles = plan.outputs["C2"].tiles
+        got = np.concatenate([result.tiles[tiles[c]] for c in sorted(tiles)], axis=0)
+        np.testing.assert_allclose(got, want, atol=1e-9)
+
+
+@pytest.mark.xfail(reason="Connection.plan uses settings.workers; it should ask a non-local "
+                          "executor for its workers (see docs/distributed.md)", strict=False)
+def test_connection_plans_for_the_cluster_workers(dask_cluster):
+    with tensordb.connect(workers=5, executor=f"dask://{dask_cluster.scheduler_address}") as con:
+        _matmul(con, tile={})
+        assert con.last_plan.workers == 2
 
 
 def test_bytes_moved_match_the_local_pool(dcon, lcon):
@@ -149,6 +168,16 @@ def test_scatter_from_the_client(dask_cluster, lcon):
         assert run["scattered_bytes"] > 0
         loads = {t.key for t in con.last_plan.tasks if type(t).__name__ == "Load"}
         assert loads and not loads & set(run["ran_on"])  # no Load ran on a worker
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 8))
+def test_corpus_with_scattered_inputs(dask_cluster, lcon, seed):
+    spec = f"dask://{dask_cluster.scheduler_address}?scatter=always"
+    with tensordb.connect(workers=2, executor=spec) as con:
+        (got, err), (want, local_err) = _outcome(con, seed), _outcome(lcon, seed)
+    assert (err is None) == (local_err is None), (err, local_err)
+    if err is None:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max(initial=0))))
 
 
 def test_graph_with_temporaries_and_aggregation_tree(dcon, lcon):

@@ -250,7 +250,7 @@ class _Attempt:
         from .tasks import run_load
         for t in self.plan.tasks:
             if isinstance(t, Load) and self.addr[t.key] not in local:
-                tile = np.ascontiguousarray(run_load(t, self.plan.readers[t.tensor]))
+                tile = np.array(run_load(t, self.plan.readers[t.tensor]), order="C")  # 0-d stays 0-d
                 by_addr[self.addr[t.key]][self.dkey(t.key)] = tile
                 keys[self.dkey(t.key)] = t.key
                 nbytes += tile.nbytes
