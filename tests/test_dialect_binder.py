@@ -7,8 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensordb.dialect import ast as A
-from tensordb.dialect.binder import lower
 from tensordb.dialect.group import HIDDEN_PREFIX, GroupBinder, LetDef
 from tensordb.dialect.parser import parse
 from tensordb.errors import BinderError, CatalogError, Error

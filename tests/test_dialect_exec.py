@@ -373,3 +373,18 @@ def test_read_only_database_allows_queries(tmp_path):
         assert c.execute("SHOW TENSORS").rowcount == 1
         with pytest.raises(Error):
             c.execute("B[i] = A[i] + 1")
+
+
+def test_show_tensor_describe_unknown_and_explain_let(db):
+    assert dict(db.execute("SHOW TENSOR A").fetchall())["shape"] == (5, 4)
+    with pytest.raises(CatalogError, match="no tensor or table named 'nothing'") as info:
+        db.execute("DESCRIBE nothing")
+    assert info.value.span.start == len("DESCRIBE ")
+    with pytest.raises(CatalogError, match="no tensor or table"):
+        db.execute("COPY nothing TO 'x.csv'")
+    assert "H" in db.execute("EXPLAIN LET H[i,k] = A[i,j] * B[j,k]").text
+    with pytest.raises(ProgrammingError, match="LET"):
+        db.execute("EXPLAIN ANALYZE LET H[i,k] = A[i,j] * B[j,k]")
+    with pytest.raises(ProgrammingError) as info:
+        db.execute("LOAD TENSOR X FROM 'data.xyz'")
+    assert "FORMAT" in info.value.hint

@@ -64,6 +64,7 @@ def test_is_complete():
     ("CREATE TENSOR C AS EINSUM('i->', A)", A.AssignStmt), ("EXPLAIN C[i] = A[i]", A.ExplainStmt),
     ("SHOW TENSORS", A.ShowTensorsStmt), ("SHOW ALL", A.ShowSettingStmt),
     ("SHOW workers", A.ShowSettingStmt), ("DESCRIBE A", A.DescribeStmt), ("DESC A", A.DescribeStmt),
+    ("SHOW TENSOR A", A.DescribeStmt),
     ("DROP TENSOR A", A.DropStmt), ("COPY C TO 'c.npy'", A.CopyStmt), ("SET workers = 2", A.SetStmt),
     ("BEGIN", A.BeginStmt), ("BEGIN TRANSACTION", A.BeginStmt), ("COMMIT", A.CommitStmt),
     ("END", A.CommitStmt), ("ROLLBACK", A.RollbackStmt),

@@ -8,6 +8,7 @@ statements of a unit are bound into one graph and run by one ``Connection.run``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -218,8 +219,17 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
         from ..explain import explain_graph
     except ImportError:  # the renderer is another module's job; say so plainly
         raise NotSupportedError("EXPLAIN is not available in this build") from None
-    binder = bind_group(con, items)
     script, first = items[0]
+    if any(s.mode == "let" for _, s in items):
+        if analyze:
+            let = next(s for _, s in items if s.mode == "let")
+            raise ProgrammingError("EXPLAIN ANALYZE of a LET: a LET is computed only where it is "
+                                   "used", statement=script, span=let.span,
+                                   hint="EXPLAIN ANALYZE a statement that uses it")
+        # a LET is explained as the computation it stands for
+        items = [(sc, dataclasses.replace(s, mode="assign") if s.mode == "let" else s)
+                 for sc, s in items]
+    binder = bind_group(con, items)
     # EXPLAIN ANALYZE runs the statements: their results are stored, atomically
     txn = con.store.transaction() if analyze else contextlib.nullcontext()
     try:

@@ -71,6 +71,7 @@ show: SHOW TENSORS -> show_tensors
     | SHOW ALL -> show_all
     | SHOW NAME -> show_setting
 describe: (DESCRIBE | DESC) NAME
+        | SHOW TENSOR NAME
 drop: DROP TENSOR [if_exists] NAME
 copy: COPY NAME TO STRING [copy_format]
 copy_format: LPAR FORMAT NAME RPAR | FORMAT NAME

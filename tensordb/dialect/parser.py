@@ -65,7 +65,7 @@ def classify(w: list[Word]) -> str:
     if first == "LET":
         return "ours"
     if first == "SHOW":
-        if nxt[:1] in (["TENSORS"],) or (nxt == ["ALL"]):
+        if nxt[:1] == ["TENSORS"] or nxt == ["ALL"] or (nxt[:1] == ["TENSOR"] and len(w) == 3):
             return "ours"
         return "ours" if len(w) == 2 and w[1].text.lower() in _SETTINGS else "sql"
     if first in ("DESCRIBE", "DESC"):

@@ -122,6 +122,8 @@ def _load(con, script, s: A.LoadStmt, text) -> Result:
     try:
         con.load(s.name, source, **options)
     except Error as exc:
+        if exc.hint and "format=" in exc.hint:  # the Python API's words; say it in SQL
+            exc.hint = "add FORMAT NPY | NPZ | PARQUET | CSV"
         raise exc.with_source(script, s.source_span)
     return Result.for_tensor(con, s.name, text)
 
@@ -145,8 +147,19 @@ def _show_setting(con, script, s: A.ShowSettingStmt, text) -> Result:
     return Result.rows(["name", "value"], [(n, _setting_value(con, n)) for n in names], text)
 
 
+def _table_or_error(con, script, name: str, span: Span) -> None:
+    """DESCRIBE and COPY of a name that is no tensor: fine if it is a table, else say so."""
+    rows = con.sql("SELECT 1 FROM information_schema.tables WHERE lower(table_name) = lower("
+                   + "'" + name.replace("'", "''") + "')").fetchall()
+    if not rows:
+        known = [m["name"] for m in con.tensors()][:12]
+        raise _err(CatalogError, script, span, f"no tensor or table named '{name}'",
+                   hint=f"tensors: {', '.join(known)}" if known else None)
+
+
 def _describe(con, script, s: A.DescribeStmt, text) -> Result:
     if not con.store.has(s.name):
+        _table_or_error(con, script, s.name, s.name_span)
         return _sql(con, script, A.SqlStmt(text, s.span), text)  # DESCRIBE <table>
     info = con.describe(s.name)
     rows = [(k, v) for k, v in info.items() if k != "dimensions"]
@@ -166,6 +179,7 @@ def _drop(con, script, s: A.DropStmt, text) -> Result:
 
 def _copy(con, script, s: A.CopyStmt, text) -> Result:
     if not con.store.has(s.name):
+        _table_or_error(con, script, s.name, s.name_span)
         return _sql(con, script, A.SqlStmt(text, s.span), text)  # COPY <table> TO ...
     con.export(s.name, s.path, format=s.format)
     return Result.status(f"COPY {s.name} TO '{s.path}'", text)
