@@ -29,7 +29,7 @@ def connect(path: str | os.PathLike | None = None, *, workers: int | None = None
     >>> import numpy as np, tensordb
     >>> with tensordb.connect() as con:
     ...     con.load("A", np.eye(3))
-    ...     con.einsum("ij,jk->ik", "A", "A", into="B")
+    ...     _ = con.einsum("ij,jk->ik", "A", "A", into="B")
     ...     float(con.tensor("B").sum())
     3.0
     """

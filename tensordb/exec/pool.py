@@ -39,7 +39,7 @@ def _blas_limits(threads: int):
 
 @dataclass
 class RunResult:
-    tiles: dict                 # output task key -> tile (numpy array)
+    tiles: dict = field(repr=False)  # output task key -> tile (numpy array)
     seconds: float = 0.0
     bytes_moved: int = 0        # bytes of tiles read by a worker other than their producer
     peak_bytes: int = 0         # the most tile bytes alive at once (owned arrays, not mmap views)
