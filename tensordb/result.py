@@ -41,6 +41,7 @@ class Result:
         self._pos = 0
         self._array: np.ndarray | None = None
         self.elapsed: float | None = None  # seconds; set by the executor
+        self.count: int | None = None      # rows changed, for SQL statements that report it
 
     # -- constructors --------------------------------------------------------------------------
     @classmethod
@@ -80,7 +81,10 @@ class Result:
 
     @property
     def rowcount(self) -> int:
-        return len(self._all()) if self.kind in ("rows", "explain") else -1
+        """Rows of a query; rows changed by INSERT/UPDATE/DELETE; -1 when unknown."""
+        if self.kind in ("rows", "explain"):
+            return len(self._all())
+        return self.count if self.count is not None else -1
 
     @property
     def description(self) -> list[tuple] | None:

@@ -388,3 +388,12 @@ def test_show_tensor_describe_unknown_and_explain_let(db):
     with pytest.raises(ProgrammingError) as info:
         db.execute("LOAD TENSOR X FROM 'data.xyz'")
     assert "FORMAT" in info.value.hint
+
+
+def test_sql_statements_that_only_count_rows_are_statuses(con):
+    r = con.execute("CREATE TABLE t AS SELECT * FROM range(5)")
+    assert (r.kind, r.message, r.rowcount) == ("status", "CREATE TABLE: 5 rows", 5)
+    r = con.execute("INSERT INTO t VALUES (7), (8)")
+    assert (r.message, r.rowcount) == ("INSERT: 2 rows", 2)
+    assert con.execute("DROP TABLE t").message == "DROP TABLE"
+    assert con.execute("SELECT 1 AS Count").kind == "rows"

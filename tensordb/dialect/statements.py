@@ -12,6 +12,7 @@ from ..errors import (BinderError, CatalogError, DataError, Error, IntegrityErro
                       ProgrammingError, Span)
 from ..result import Result
 from . import ast as A
+from .lexer import words
 
 __all__ = ["run", "DTYPES", "move_tensor", "translate_duckdb", "sql_with_parameters"]
 
@@ -207,9 +208,26 @@ def _set(con, script, s: A.SetStmt, text) -> Result:
 
 # -- plain SQL ---------------------------------------------------------------------------------
 
+# Statements whose DuckDB result is only a row count: shown as a status, like psql does.
+_COUNTED = {"CREATE", "INSERT", "UPDATE", "DELETE", "DROP", "ALTER", "COPY", "ATTACH", "DETACH",
+            "INSTALL", "LOAD", "USE", "CHECKPOINT", "VACUUM", "SET", "RESET", "TRUNCATE"}
+
+
 def _sql(con, script, s: A.SqlStmt, text) -> Result:
     try:
-        return Result.from_relation(con.sql(s.text), text)
+        rel = con.sql(s.text)
+        head = words(script, s.span.start, s.span.end, 4)
+        n_verb = 1 if head and head[0].upper not in ("CREATE", "DROP", "ALTER") else \
+            4 if len(head) > 1 and head[1].upper == "OR" else 2
+        verb = " ".join(w.upper for w in head[:n_verb])
+        if rel is not None and head and head[0].upper in _COUNTED and rel.columns in (["Count"], ["Success"]):
+            rows = rel.fetchall()
+            row = rows[0] if rows else None
+            n = int(row[0]) if row and isinstance(row[0], int) else None
+            r = Result.status(verb if not n else f"{verb}: {n} row{'s' if n != 1 else ''}", text)
+            r.count = n
+            return r
+        return Result.from_relation(rel, text)
     except Error as exc:
         raise _position_from_message(exc, script, s.span)
     except Exception as exc:
