@@ -87,6 +87,7 @@ class Store:
         self.tiles_dir = str(self.root / TILES_DIR)
         try:
             with translating(f"cannot open database {self.root}"):
+                self.duck.execute("SET enable_progress_bar = false")  # a library prints nothing
                 self._duck_memory_default = self.duck.execute(
                     "SELECT current_setting('memory_limit')").fetchone()[0]
                 if not read_only:

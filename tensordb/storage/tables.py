@@ -27,7 +27,7 @@ __all__ = ["load_table", "source_sql", "numpy_type"]
 _INT32 = {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT"}
 _INT64 = {"BIGINT", "UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"}
 _SQL_TYPE = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT"}
-_BATCH = 1 << 20  # rows per Arrow batch pulled from DuckDB
+_BATCH_BYTES = 16 << 20  # per Arrow batch pulled from DuckDB: about one tile
 SORT_MEMORY = 1 << 30  # DuckDB memory for sorting a COO table by tile; it spills beyond this
 
 
@@ -135,7 +135,7 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
     tile_bytes = int(np.prod(tile_shape, dtype=np.int64)) * dtype.itemsize
     # The writer first: DuckDB runs nothing else on the connection while a result streams.
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
-        with _memory_cap(store, max(SORT_MEMORY, 8 * tile_bytes)), _stream(duck, select) as reader:
+        with _memory_cap(store, max(SORT_MEMORY, 8 * tile_bytes)), _stream(duck, select, 16 * len(idx) + 8) as reader:
             _fill_coo(w, reader, idx, where)
     return w.meta()
 
@@ -217,7 +217,7 @@ def _load_dense(store, name, src, columns, where, *, tile, replace, dims):
     select = ("SELECT " + ", ".join(f"CAST({quote_ident(c)} AS {sql_type})" for c in columns)
               + f" FROM {src}")
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
-        with _stream(store.duck, select) as reader:
+        with _stream(store.duck, select, len(columns) * dtype.itemsize) as reader:
             _fill_dense(w, reader, list(columns), where)
     return w.meta()
 
@@ -257,9 +257,9 @@ def _fill_dense(w, reader, names, where) -> None:
 
 
 @contextlib.contextmanager
-def _stream(duck, select: str):
+def _stream(duck, select: str, row_bytes: int):
     """Arrow batches of a query; closed on the way out so the connection is free again."""
-    reader = duck.sql(select).to_arrow_reader(_BATCH)
+    reader = duck.sql(select).to_arrow_reader(max(2048, _BATCH_BYTES // max(row_bytes, 1)))
     try:
         yield reader
     except (pa.ArrowException, OSError) as exc:  # DuckDB errors met while streaming
