@@ -201,7 +201,7 @@ def test_unknown_tensor_caret_at_the_name():
 
 def test_unknown_function():
     err, shown, _ = error("Y[i,j] = FOO(A[i,j])", BinderError)
-    assert "unknown function 'foo'" in err.message and shown == "FOO" and "relu" in err.hint
+    assert "unknown function 'foo'" in err.message and shown == "FOO" and "RELU" in err.hint
 
 
 def test_label_with_two_sizes_names_both():
@@ -269,3 +269,10 @@ def test_implicit_sum_is_per_term_like_einstein():
     # inside a function there are no terms to split: the sum is around RELU
     [step] = bind("Y[i,k] = RELU(A[i,j] * B[j,k])").graph.steps
     assert step.agg == "sum" and step.join.fn == "relu"
+
+
+def test_did_you_mean():
+    err, _, _ = error("Y[i] = vv[i]", CatalogError)
+    assert "did you mean 'v'" in err.hint or "stored tensors" in err.hint
+    err, _, _ = error("Y[i,j] = RELUU(A[i,j])", BinderError)
+    assert err.hint.startswith("did you mean RELU?")

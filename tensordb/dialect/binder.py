@@ -23,6 +23,7 @@ Label rules (the Einstein convention, with explicit aggregates):
 """
 from __future__ import annotations
 
+import difflib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -270,8 +271,11 @@ class _Lowering:
                            f"(elementwise), got {len(args)}")
         spec = scalar.FUNCTIONS.get(fn) if fn.isalpha() else None
         if spec is None:
+            names = sorted(set(SCALAR_FUNCTIONS) | set(AGGREGATES) | {"einsum"})
+            close = difflib.get_close_matches(fn, names, n=1, cutoff=0.6)
             raise self.err(node.fn_span, f"unknown function '{fn}'",
-                           hint="functions: " + ", ".join(sorted(set(SCALAR_FUNCTIONS) | set(AGGREGATES))))
+                           hint=(f"did you mean {close[0].upper()}? " if close else "") +
+                           "functions: " + ", ".join(n.upper() for n in names))
         if len(args) != spec.arity:
             raise self.err(node.span, f"{fn.upper()} takes {spec.arity} argument(s), got {len(args)}")
         return _fold(scalar.Call(fn, tuple(self.conv(a, slots) for a in args)))

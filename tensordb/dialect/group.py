@@ -8,6 +8,7 @@ and moved into place after the run, because a graph cannot read and write one na
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,10 +63,13 @@ class GroupBinder:
             meta = self.store.meta(name)
             self.stored_reads.add(key)
             return meta.name, tuple(int(n) for n in meta.shape), np.dtype(meta.dtype).name
-        known = [m.name for m in self.store.list()][:12]
-        raise CatalogError(f"unknown tensor '{name}'", statement=script or None, span=span,
-                           hint=f"stored tensors: {', '.join(known)}" if known else
-                           "the database holds no tensors yet")
+        known = [m.name for m in self.store.list()] + [d.name for d in self.lets.values()] + \
+            [k for k in self.current]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) or \
+            difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'?" if close else \
+            f"stored tensors: {', '.join(known[:12])}" if known else "the database holds no tensors yet"
+        raise CatalogError(f"unknown tensor '{name}'", statement=script or None, span=span, hint=hint)
 
     def _resolver(self, script: str):
         return lambda name, span: self.resolve(name, span, script)
