@@ -95,6 +95,7 @@ class Shell:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.timer = False
+        self._matches: list[str] = []
         self.progress = _Progress(self.err)
         con.progress_callback = self._on_progress
 
@@ -208,9 +209,24 @@ class Shell:
             print(f"unknown command {parts[0]}: try .help", file=self.err)
         return True
 
+    def complete(self, text: str, state: int) -> str | None:
+        """Tab completion: keywords, functions, tensor names."""
+        if state == 0:
+            from .dialect.binder import AGGREGATES, SCALAR_FUNCTIONS
+            from .dialect.grammar import KEYWORDS
+            try:
+                names = [t["name"] for t in self.con.tensors()]
+            except Error:
+                names = []
+            words = list(KEYWORDS) + [f.upper() for f in SCALAR_FUNCTIONS + AGGREGATES] + \
+                ["EINSUM", "EXPLAIN", "ANALYZE", "SELECT", "JSON", "TEXT"] + names
+            low = text.lower()
+            self._matches = sorted({w for w in words if w.lower().startswith(low)})
+        return self._matches[state] if state < len(self._matches) else None
+
     def repl(self, read=input) -> None:
         from .dialect import is_complete
-        _history()
+        _history(self.complete)
         self._print(f"tensordb {__version__} ({self.where or 'in-memory database'}). "
                     "End statements with ';'. .help for help.")
         buffer = ""
@@ -236,13 +252,17 @@ class Shell:
                 buffer = ""
 
 
-def _history() -> None:
-    """Line editing and a history file, where the platform has readline."""
+def _history(completer=None) -> None:
+    """Line editing, tab completion and a history file, where the platform has readline."""
     try:
         import atexit
         import readline
     except ImportError:
         return
+    if completer is not None:
+        readline.set_completer(completer)
+        readline.set_completer_delims(" \t\n;,()[]=+-*/")
+        readline.parse_and_bind("tab: complete")
     path = os.path.expanduser(HISTORY_FILE)
     try:
         readline.read_history_file(path)

@@ -191,3 +191,12 @@ def test_readme_main_command_runs_twice(tmp_path):
                               env={**os.environ, "TENSORDB_DEBUG": ""})
         assert proc.returncode == 0, proc.stderr
         assert "EXPLAIN" in proc.stdout and "row_max" in proc.stdout
+
+
+def test_tab_completion():
+    with tensordb.connect() as con:
+        con.execute("CREATE TENSOR Weights (i 2)")
+        shell = cli.Shell(con)
+        assert shell.complete("wei", 0) == "Weights"
+        assert shell.complete("REL", 0) == "RELU"
+        assert shell.complete("crea", 0) == "CREATE" and shell.complete("crea", 1) is None
