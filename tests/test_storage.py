@@ -261,3 +261,47 @@ def test_threads_write_tiles_and_read_during_a_transaction(store):
         w.commit()
     got = store.open("Out").to_numpy()
     np.testing.assert_array_equal(got, np.repeat(np.arange(1.0, 9), 8)[:, None] + np.arange(8.0))
+
+
+def _read_in_child(reader, box):
+    return reader.read_box(*box).copy()
+
+
+def test_reader_works_in_another_process(slabs):
+    import concurrent.futures as cf
+    import multiprocessing
+    a, r = slabs
+    with cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        got = pool.submit(_read_in_child, r, ((3, 1), (37, 5))).result(timeout=60)
+    np.testing.assert_array_equal(got, a[3:37, 1:5])
+
+
+def test_read_box_matches_numpy_slicing():
+    from hypothesis import given, settings, strategies as st
+    store = Store()
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.data())
+    def check(data):
+        ndim = data.draw(st.integers(1, 3))
+        shape = tuple(data.draw(st.integers(1, 9)) for _ in range(ndim))
+        tile = tuple(data.draw(st.integers(1, n)) for n in shape)
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+        a = rng.integers(1, 5, shape).astype("int32")
+        for c in np.ndindex(*(-(-n // t) for n, t in zip(shape, tile))):
+            if rng.random() < 0.3:  # drop some tiles: they must read as zeros
+                a[tuple(slice(k * t, (k + 1) * t) for k, t in zip(c, tile))] = 0
+        starts = tuple(data.draw(st.integers(0, n)) for n in shape)
+        stops = tuple(data.draw(st.integers(s, n)) for s, n in zip(starts, shape))
+        write(store, "T", a, tile, replace=True)
+        got = store.open("T").read_box(starts, stops)
+        want = a[tuple(slice(x, y) for x, y in zip(starts, stops))]
+        if got is None:
+            assert not want.any()
+        else:
+            np.testing.assert_array_equal(got, want)
+
+    try:
+        check()
+    finally:
+        store.close()
