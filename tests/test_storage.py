@@ -305,3 +305,24 @@ def test_read_box_matches_numpy_slicing():
         check()
     finally:
         store.close()
+
+
+def test_listing_and_describe(con):
+    con.load("b", np.zeros((100, 10), "int32"), tile=(25, 10))
+    a = np.zeros((64, 32), "float32")
+    a[:16] = 1.5
+    con.load("A", a, dims=["i", "j"], tile=(16, 32))
+    listing = con.tensors()
+    assert [t["name"] for t in listing] == ["A", "b"]
+    t = listing[0]
+    assert {k: t[k] for k in ("shape", "dtype", "dims", "tile_shape", "grid", "bytes", "dense_bytes",
+                               "tile_count", "total_tiles", "nnz", "density")} == {
+        "shape": (64, 32), "dtype": "float32", "dims": ("i", "j"), "tile_shape": (16, 32),
+        "grid": (4, 1), "bytes": 16 * 32 * 4, "dense_bytes": 64 * 32 * 4, "tile_count": 1,
+        "total_tiles": 4, "nnz": 512, "density": 0.25}
+    d = con.describe("a")
+    assert d["tile_density"] == 0.25
+    assert d["dimensions"][0] == {"name": "i", "size": 64, "tile": 16, "tiles": 4,
+                                  "bounds": (0, 16, 32, 48, 64)}
+    assert os.path.exists(d["file"])
+    assert listing[1]["tile_count"] == 0 and listing[1]["bytes"] == 0
