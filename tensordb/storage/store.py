@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import CatalogError, InterfaceError, OperationalError, ProgrammingError
 from . import catalog
-from ._duck import translate, translating
+from ._duck import quote_str, translate, translating
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .reader import TensorReader
 from .writer import TensorWriter
@@ -70,7 +70,7 @@ class Store:
             self.persistent = False
             self.duck = self._connect(":memory:")
             # DuckDB spills big sorts (COO loads) to ./.tmp by default; keep them in our directory.
-            self.duck.execute(f"SET temp_directory = '{self.root / 'spill'}'")
+            self.duck.execute(f"SET temp_directory = {quote_str(str(self.root / 'spill'))}")
         else:
             self.root = Path(os.fspath(path)).expanduser().absolute()
             self._cleanup = None
@@ -94,7 +94,8 @@ class Store:
                     catalog.create(self.duck)
                 elif not catalog.exists(self.duck):
                     raise OperationalError(f"{self.root} holds no tensordb catalog")
-            os.makedirs(self.tiles_dir, exist_ok=True)
+            if not read_only:
+                os.makedirs(self.tiles_dir, exist_ok=True)
             self.closed = False
             self._next_version = self._start_version()
         except BaseException:
@@ -166,6 +167,8 @@ class Store:
         with translating("cannot read the catalog"):
             newest = catalog.max_version(self.duck)
             keep = catalog.referenced_files(self.duck) if not self.read_only else set()
+        if not os.path.isdir(self.tiles_dir):
+            return newest + 1  # read-only, before any tensor was written
         for entry in os.scandir(self.tiles_dir):
             m = _PAYLOAD.match(entry.name)
             if m:
