@@ -61,6 +61,9 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
         row[label] = statistics.median(times[label])
         row[f"{label}_moved"] = sum(s.measured.get("bytes_moved", 0) for s in con.last_plan.stats)
         row["tasks"] = len(con.last_plan.tasks)
+    plan = cons["dask"].last_plan
+    row["gathered"] = sum(int(np.prod(o.shape)) * np.dtype(o.dtype).itemsize
+                          for o in plan.outputs.values() if o.stored)
     row["ratio"] = statistics.median(d / l for d, l in zip(times["dask"], times["local"]))
     want, got = cons["local"].tensor(w.output), cons["dask"].tensor(w.output)
     row["diff"] = float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
@@ -149,19 +152,23 @@ def render(rows, args, local_blas: str, worker_blas: str) -> str:
         f"ratios. Load average when the run ended: {os.getloadavg()[0]:.1f} (on 2 cores; other "
         "work shared the machine, so single figures are noisy).",
         "",
-        "| workload | tasks | local pool ms | Dask ms | Dask / local | moved (plan) | max diff |",
-        "|---|---:|---:|---:|---:|---:|---:|"]
+        "| workload | tasks | local pool ms | Dask ms | Dask / local | moved (plan) | gathered | "
+        "max diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['name']} | {r['tasks']} | {1e3 * r['local']:.0f} | {1e3 * r['dask']:.0f} | "
-                     f"{r['ratio']:.2f} | {r['dask_moved'] / 2**20:.1f} MiB | {r['diff']:.1e} |")
+                     f"{r['ratio']:.2f} | {r['dask_moved'] / 2**20:.1f} MiB | "
+                     f"{r['gathered'] / 2**20:.0f} MiB | {r['diff']:.1e} |")
     if not args.gpu:
         lines.append("| GPU executor vs cupy matmul/einsum | | | | not measured: no GPU available "
-                     "in this session | | |")
+                     "in this session | | | |")
     ratios = [r["ratio"] for r in rows]
     geo = float(np.exp(np.mean(np.log(ratios))))
     lines += ["", f"Geometric mean of Dask / local pool: **{geo:.2f}**. 'moved' is what the plan "
-              "moves between workers (the same for both executors); 'max diff' compares the two "
-              "results, relative to the largest value."]
+              "moves between workers (the same for both executors); 'gathered' is the stored result, "
+              "which Dask sends from the worker processes to the client (the local pool stores "
+              "it from memory); 'max diff' compares the two results, relative to the largest "
+              "value."]
     return "\n".join(lines)
 
 
