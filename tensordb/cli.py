@@ -15,7 +15,7 @@ import traceback
 
 from . import __version__
 from .errors import Error
-from .result import Result, format_array, format_cell
+from .result import Result, format_cell
 
 __all__ = ["main", "Shell"]
 
@@ -175,14 +175,8 @@ class Shell:
                       markup=False)
 
     def _tensor(self, result: Result) -> None:
-        size = 1
-        for n in result.shape or ():
-            size *= n
         head = f"{result.name}: {result.dtype} {result.shape}"
-        if size > MAX_PRINTED_ELEMENTS:
-            self._print(head + f"  ({size:,} elements: SELECT or COPY it to see them)")
-            return
-        self._print(head + "\n" + format_array(result.tensor()))
+        self._print(head + "\n" + result.preview(MAX_PRINTED_ELEMENTS))
 
     # -- the REPL ------------------------------------------------------------------------------
     def command(self, line: str) -> bool:

@@ -154,6 +154,13 @@ class Result:
             self._array = self._con.tensor(self.name)
         return self._array
 
+    def preview(self, max_elements: int = 1_000_000) -> str:
+        """The tensor printed like numpy; a large one is read only at its corners."""
+        size = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        if size <= max_elements:
+            return format_array(self.tensor())
+        return format_array(corners(self._con.store.open(self.name), _EDGE), threshold=0)
+
     def __array__(self, dtype=None, copy=None):
         arr = self.tensor()
         return arr if dtype is None else arr.astype(dtype)
@@ -177,10 +184,27 @@ class Result:
         return format_rows(self.columns, self._all())
 
 
-def format_array(arr: np.ndarray) -> str:
+_EDGE = 3
+
+
+def format_array(arr: np.ndarray, threshold: int = 200) -> str:
     """Like numpy's repr: large arrays elided with '...'."""
-    return np.array2string(np.asarray(arr), threshold=200, edgeitems=3, max_line_width=100,
+    return np.array2string(np.asarray(arr), threshold=threshold, edgeitems=_EDGE, max_line_width=100,
                            precision=6, suppress_small=True)
+
+
+def corners(reader, edge: int) -> np.ndarray:
+    """The first and last ``edge`` entries along each long dimension, with one filler entry
+    between them, which numpy's printing elides as '...' (so only the corners are read)."""
+    import itertools
+    shape = reader.meta.shape
+    parts = [[(0, n, 0)] if n <= 2 * edge else [(0, edge, 0), (n - edge, n, edge + 1)] for n in shape]
+    out = np.zeros([n if n <= 2 * edge else 2 * edge + 1 for n in shape], dtype=reader.meta.dtype)
+    for combo in itertools.product(*parts):
+        box = reader.read_box(tuple(c[0] for c in combo), tuple(c[1] for c in combo))
+        if box is not None:
+            out[tuple(slice(c[2], c[2] + c[1] - c[0]) for c in combo)] = box
+    return out
 
 
 def format_cell(value: Any) -> str:

@@ -397,3 +397,13 @@ def test_sql_statements_that_only_count_rows_are_statuses(con):
     assert (r.message, r.rowcount) == ("INSERT: 2 rows", 2)
     assert con.execute("DROP TABLE t").message == "DROP TABLE"
     assert con.execute("SELECT 1 AS Count").kind == "rows"
+
+
+def test_large_tensors_print_from_their_corners(con):
+    a = np.arange(40 * 30, dtype="float64").reshape(40, 30)
+    con.load("A", a, tile=(8, 8))
+    r = con.execute("B[i,j] = A[i,j] * 1")
+    full = np.array2string(a, threshold=0, edgeitems=3, max_line_width=100, precision=6,
+                           suppress_small=True)
+    assert r.preview(max_elements=10) == full
+    assert r.preview() == full.replace("\n", "\n") or "..." in r.preview()
