@@ -406,4 +406,4 @@ def test_large_tensors_print_from_their_corners(con):
     full = np.array2string(a, threshold=0, edgeitems=3, max_line_width=100, precision=6,
                            suppress_small=True)
     assert r.preview(max_elements=10) == full
-    assert r.preview() == full.replace("\n", "\n") or "..." in r.preview()
+    assert "..." in r.preview()  # small enough to read whole; numpy elides it all the same
