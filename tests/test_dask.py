@@ -237,3 +237,15 @@ def test_golden_queries_on_dask(dask_cluster, path, tmp_path, monkeypatch):
         except (Exception, pytest.fail.Exception) as local:
             pytest.skip(f"fails on the local pool too: {str(local).splitlines()[0]}")
         raise
+
+
+def test_set_executor_and_explain_analyze_in_sql(dask_cluster):
+    with tensordb.connect(workers=2) as con:
+        con.load("A", np.arange(12.0).reshape(4, 3))
+        con.load("B", np.arange(6.0).reshape(3, 2))
+        con.execute(f"SET executor = 'dask://{dask_cluster.scheduler_address}'")
+        text = con.explain("C[i,k] = SUM(A[i,j] * B[j,k])", analyze=True)
+        assert "measured:" in text
+        assert con._get_executor().name == "dask" and con._get_executor().last_run["ran_on"]
+        con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
+        np.testing.assert_array_equal(con.tensor("C"), np.arange(12.0).reshape(4, 3) @ np.arange(6.0).reshape(3, 2))

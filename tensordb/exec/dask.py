@@ -278,7 +278,7 @@ class _Attempt:
 
         for f in futures:
             f.add_done_callback(on_done)
-        needed = set(self.addresses)
+        needed = set(self.addr.values())  # only workers that have tasks of this plan
         while not done.wait(POLL_SECONDS):
             gone = needed - set(self.ex.addresses())
             if gone:
