@@ -152,12 +152,16 @@ class Connection:
 
     def plan(self, graph: EinGraph, hints=None):
         """Optimize, lower and place a bound graph: the TilePlan (nothing runs)."""
-        grids = {t.name: self.store.meta(t.name).grid for t in graph.inputs}
+        metas = {t.name: self.store.meta(t.name) for t in graph.inputs}
+        grids = {name: m.grid for name, m in metas.items()}
+        # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist.
+        sparse = {name: self.store.open(name).coords() for name, m in metas.items()
+                  if m.tile_count < m.total_tiles}
         hints = expand_hints(graph, hints)
         with stage("optimize"):
             decomp = optimizer.decompose(graph, self.settings.workers, strategy=self.settings.tiling,
                                          memory_limit=self.settings.memory_limit, hints=hints,
-                                         input_grids=grids)
+                                         input_grids=grids, input_tiles=sparse)
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
         with stage("place"):

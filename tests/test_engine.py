@@ -139,3 +139,16 @@ def test_blas_threads_restored_after_run(con):
     con.einsum("ij,jk->ik", "A", "A", into="C")
     after = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
     assert before == after
+
+
+def test_optimizer_follows_the_stored_grid_of_block_sparse_inputs(con):
+    """Without hints, a block-sparse product is cut on the stored grid: calls = joined pairs."""
+    rng = np.random.default_rng(7)
+    a, ma = _block_sparse(rng, 16, 16, 0.05)
+    b, mb = _block_sparse(rng, 16, 16, 0.05)
+    con.load("A", a, tile=(16, 16))
+    con.load("B", b, tile=(16, 16))
+    con.einsum("ij,jk->ik", "A", "B", into="C")
+    assert con.last_plan.stats[0].pieces == {"i": 16, "k": 16, "j": 16}
+    assert con.last_plan.kernel_calls == int(np.einsum("ij,jk->", ma.astype(int), mb.astype(int)))
+    np.testing.assert_allclose(con.tensor("C"), a @ b, atol=1e-9)

@@ -24,7 +24,7 @@ from typing import Callable, Mapping
 from ..errors import ProgrammingError
 from ..plan.ir import EinGraph
 from .baselines import data_parallel_tilings, even_tilings
-from .cost import DEFAULT_PARAMS, CostParams, PlanCost, evaluate
+from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate
 from .dp import Choice, solve
 
 __all__ = ["Decomposition", "decompose", "place", "STRATEGIES", "register_strategy",
@@ -68,10 +68,11 @@ def _split_largest_output(graph: EinGraph, workers: int, *, hints=None, **_) -> 
 
 
 def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, hints=None, input_grids=None,
-               params: CostParams = DEFAULT_PARAMS, **_) -> Decomposition:
+               params: CostParams = DEFAULT_PARAMS, presence=None, **_) -> Decomposition:
     """The cost-based search: the dynamic program of dp.py over the candidates of candidates.py."""
     tilings, choices, dp_cost, seconds = solve(graph, workers, memory_limit=memory_limit,
-                                               hints=hints, input_grids=input_grids, params=params)
+                                               hints=hints, input_grids=input_grids, params=params,
+                                               presence=presence)
     return Decomposition(workers, tilings, "eindecomp",
                          {"choices": choices, "dp_cost": dp_cost, "search_seconds": seconds})
 
@@ -91,8 +92,12 @@ DEFAULT_STRATEGY = "eindecomp"
 
 
 def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, memory_limit=None,
-              hints=None, input_grids=None, params: CostParams | None = None) -> Decomposition:
+              hints=None, input_grids=None, params: CostParams | None = None,
+              input_tiles: Mapping | None = None) -> Decomposition:
     """Choose the pieces of every label of every operation with the named strategy.
+
+    ``input_tiles`` maps block-sparse stored inputs to the coordinates of their stored tiles
+    (dense inputs may be left out): the cost model then counts only kernel calls that exist.
 
     The result's ``details["cost"]`` is the cost model's estimate (a ``PlanCost``), whatever the
     strategy, so that EXPLAIN and the benchmarks compare strategies with one yardstick.
@@ -111,11 +116,14 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
                                hint=f"valid strategies: {', '.join(sorted(STRATEGIES))}")
     workers = max(1, int(workers))
     prm = params or DEFAULT_PARAMS
-    kwargs = {"params": prm} if fn is _eindecomp else {}
+    presence = {name: Presence(input_grids[name], coords)
+                for name, coords in (input_tiles or {}).items() if name in (input_grids or {})}
+    kwargs = {"params": prm, "presence": presence} if fn is _eindecomp else {}
     decomp = fn(graph, workers, memory_limit=memory_limit, hints=hints, input_grids=input_grids,
                 **kwargs)
     if "cost" not in decomp.details:
-        cost = evaluate(graph, decomp.tilings, workers, params=prm, input_grids=input_grids)
+        cost = evaluate(graph, decomp.tilings, workers, params=prm, input_grids=input_grids,
+                        presence=presence)
         decomp = replace(decomp, details={**decomp.details, "cost": cost})
     return decomp
 

@@ -93,6 +93,9 @@ def candidates(model: OpModel, pins: Mapping[str, int] | None = None,
     cands = [v for t in levels for v in _level(sizes, pin_t, t)]
     if not cands:  # labels too small to make ``base`` pieces: every reachable divisor of it
         cands = [v for t in divisors(base) for v in _level(sizes, pin_t, t)]
+    # Block-sparse inputs: also the tiling on their stored grid (pins permitting).
+    cands += [v for v in model.aligned() if v not in cands
+              and all(not pin or pin == x for pin, x in zip(pin_t, v))]
     if budget is None:
         return cands
     fits = [v for v in cands if model.working_set(v) <= budget]

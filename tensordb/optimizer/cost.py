@@ -25,6 +25,7 @@ True
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -34,7 +35,7 @@ import numpy as np
 from ..plan.ir import EinGraph, EinOp
 from ..storage.tiling import Grid, even_bounds
 
-__all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "evaluate", "stored_aligned"]
+__all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "evaluate", "stored_aligned"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,43 @@ class CostParams:
 
 
 DEFAULT_PARAMS = CostParams()
+
+
+class Presence:
+    """Which tiles of a sparse stored input exist: block-sparse inputs make most kernel calls
+    vanish, so the cost of a tiling is scaled by the share of calls whose tiles are present.
+
+    >>> pr = Presence(((0, 2, 4), (0, 2, 4)), [(0, 0), (1, 1)])   # a block-diagonal 4x4
+    >>> pr.fraction((4, 4), (2, 2)), pr.fraction((4, 4), (1, 1)), pr.aligned((4, 4))
+    (0.5, 1.0, (2, 2))
+    """
+
+    def __init__(self, grid: Grid, coords) -> None:
+        self.grid = tuple(tuple(b) for b in grid)
+        self.coords = tuple(tuple(c) for c in coords)
+        self._cache: dict[tuple, float] = {}
+
+    def fraction(self, shape: Sequence[int], need: Sequence[int]) -> float:
+        """The share of the tiles of an even tiling ``need`` that overlap a stored tile."""
+        key = tuple(need)
+        hit = self._cache.get(key)
+        if hit is None:
+            from ..storage.tiling import overlapping
+            bounds = [even_bounds(n, d) for n, d in zip(shape, need)]
+            covered: set[tuple[int, ...]] = set()
+            for c in self.coords:
+                ranges = [overlapping(b, g[x], g[x + 1]) for b, g, x in zip(bounds, self.grid, c)]
+                covered.update(itertools.product(*ranges))
+            total = math.prod(len(b) - 1 for b in bounds) or 1
+            hit = self._cache[key] = len(covered) / total
+        return hit
+
+    def aligned(self, shape: Sequence[int]) -> tuple[int, ...] | None:
+        """The even tiling that is exactly the stored grid, if the stored grid is even."""
+        need = tuple(len(b) - 1 for b in self.grid)
+        if all(even_bounds(n, d) == b for n, d, b in zip(shape, need, self.grid)):
+            return need
+        return None
 
 
 @dataclass(frozen=True)
@@ -92,6 +130,8 @@ class _Input:
     nbytes: int
     itemsize: int
     shape: tuple[int, ...]
+    presence: Presence | None = None   # stored and block-sparse: which tiles exist
+    inner: bool = True                 # its absence makes the join zero (it gates kernel calls)
 
 
 @dataclass(frozen=True)
@@ -111,17 +151,21 @@ class OpModel:
 
     @staticmethod
     def of(op: EinOp, dtypes: Mapping[str, str], workers: int,
-           params: CostParams = DEFAULT_PARAMS) -> "OpModel":
-        """``dtypes`` maps each input tensor name to its dtype."""
+           params: CostParams = DEFAULT_PARAMS,
+           presence: Mapping[str, Presence] | None = None) -> "OpModel":
+        """``dtypes`` maps each input tensor name to its dtype; ``presence`` the sparse stored
+        inputs to the tiles they store."""
+        from ..plan.scalar import zero_when_absent
         labels = op.labels
         size = op.size
         sizes = tuple(size[l] for l in labels)
         ins = []
-        for o in op.inputs:
+        for k, o in enumerate(op.inputs):
             item = np.dtype(dtypes[o.tensor]).itemsize
             shape = tuple(size[l] for l in o.labels)
             ins.append(_Input(o.tensor, tuple(labels.index(l) for l in o.labels),
-                              math.prod(shape) * item, item, shape))
+                              math.prod(shape) * item, item, shape,
+                              (presence or {}).get(o.tensor), zero_when_absent(op.join, {k})))
         item = np.dtype(op.dtype).itemsize
         return OpModel(op, labels, sizes, tuple(ins), len(op.out_labels),
                        math.prod(op.out_shape) * item, item, float(op.flops), max(1, workers), params)
@@ -144,23 +188,51 @@ class OpModel:
             total += i.itemsize * math.prod(tile[p] for p in i.pos)
         return total
 
+    def present(self, d: Sequence[int]) -> float:
+        """The expected share of kernel calls whose gating input tiles all exist (1 for dense
+        inputs; sparse inputs are assumed independent)."""
+        f = 1.0
+        for w, i in enumerate(self.inputs):
+            if i.presence is not None and i.inner:
+                f *= i.presence.fraction(i.shape, self.need(d, w))
+        return f
+
+    def aligned(self) -> list[tuple[int, ...]]:
+        """Tilings that cut every label of a sparse input exactly on its stored grid, so absent
+        stored tiles become absent kernel calls."""
+        vec = [1] * len(self.sizes)
+        found = False
+        for i in self.inputs:
+            need = i.presence.aligned(i.shape) if i.presence is not None and i.inner else None
+            if need is None:
+                continue
+            for p, n in zip(i.pos, need):
+                if vec[p] not in (1, n):
+                    return []
+                vec[p] = n
+            found = True
+        return [tuple(vec)] if found else []
+
     def cost(self, d: Sequence[int], retile: float = 0.0) -> OpCost:
         """The cost of tiling ``d`` (one entry per label, in ``labels`` order), without the
         re-tiling of inputs unless given as ``retile``."""
         k = math.prod(d)
+        f = self.present(d)
         join = 0.0
         for i in self.inputs:
             join += i.nbytes * (k / math.prod(d[p] for p in i.pos))
         fan_in = math.prod(d[self.n_out:])
         agg = float(self.out_bytes * (fan_in - 1))
         p = self.workers
-        par = min(k, p)
+        calls = max(1.0, k * f)
+        par = min(calls, p)
         prm = self.params
-        balance = max(0.0, self.flops / par - self.flops / p) * p * prm.bytes_per_flop
+        flops = self.flops * f
+        balance = max(0.0, flops / par - flops / p) * p * prm.bytes_per_flop
         # Aggregations are tasks too (and a synchronisation point): between tilings that move
         # the same volume, the one without partial results wins.
-        tasks = k + (k // fan_in if fan_in > 1 else 0)
-        return OpCost(join, agg, retile, prm.task_bytes * tasks, balance, k, fan_in, self.flops,
+        tasks = calls + (calls / fan_in if fan_in > 1 else 0)
+        return OpCost(join * f, agg * f, retile, prm.task_bytes * tasks, balance, k, fan_in, flops,
                       self.working_set(d))
 
 
@@ -184,10 +256,10 @@ def dtypes_of(graph: EinGraph) -> dict[str, str]:
     return out
 
 
-def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS
-              ) -> dict[str, OpModel]:
+def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS,
+              presence: Mapping[str, Presence] | None = None) -> dict[str, OpModel]:
     dt = dtypes_of(graph)
-    return {op.output: OpModel.of(op, dt, workers, params) for op in graph.ops}
+    return {op.output: OpModel.of(op, dt, workers, params, presence) for op in graph.ops}
 
 
 def edge_retile(model: OpModel, which: int, d: Sequence[int], producer: "OpModel | None",
@@ -228,10 +300,11 @@ class PlanCost:
 
 def evaluate(graph: EinGraph, tilings: Mapping[str, Mapping[str, int]], workers: int, *,
              params: CostParams = DEFAULT_PARAMS, input_grids: Mapping[str, Grid] | None = None,
-             models: Mapping[str, OpModel] | None = None) -> PlanCost:
+             models: Mapping[str, OpModel] | None = None,
+             presence: Mapping[str, Presence] | None = None) -> PlanCost:
     """The cost of a complete decomposition (pieces per label for every operation): the oracle
     that the dynamic program's choice, the baselines and brute force are all measured with."""
-    models = models or models_of(graph, workers, params)
+    models = models or models_of(graph, workers, params, presence)
     grids = input_grids or {}
     vec = {name: m.clamp([tilings[name].get(l, 1) for l in m.labels]) for name, m in models.items()}
     out: dict[str, OpCost] = {}

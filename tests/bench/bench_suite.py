@@ -90,9 +90,10 @@ def render(rows: list[dict], args) -> str:
                      f"{dask_ms} | {r['tensordb'] / r['numpy']:.2f} | {dask_ratio} | {r['calls']} | "
                      f"{r['pieces']} | {r['max_err']:.1e} |")
     dense = [r for r in rows if not r["name"].startswith("block-sparse")]
-    geo = math.exp(statistics.mean(math.log(r["tensordb"] / r["numpy"]) for r in dense))
     lines.append("")
-    lines.append(f"Geometric mean of tensordb/numpy over the dense workloads: **{geo:.2f}**.")
+    if dense:
+        geo = math.exp(statistics.mean(math.log(r["tensordb"] / r["numpy"]) for r in dense))
+        lines.append(f"Geometric mean of tensordb/numpy over the dense workloads: **{geo:.2f}**.")
     with_dask = [r for r in rows if r.get("dask")]
     if with_dask:
         geo_d = math.exp(statistics.mean(math.log(r["dask"] / r["tensordb"]) for r in with_dask))
