@@ -203,6 +203,16 @@ class Shell:
             print(f"unknown command {parts[0]}: try .help", file=self.err)
         return True
 
+    def check_open_block(self) -> bool:
+        """Warn about a BEGIN that was never committed (its statements did not run)."""
+        from .dialect.executor import session
+        block = session(self.con).block
+        if block is None:
+            return True
+        print(f"warning: BEGIN without COMMIT: {len(block)} statement(s) were not run and nothing "
+              "of them was stored", file=self.err)
+        return False
+
     def complete(self, text: str, state: int) -> str | None:
         """Tab completion: keywords, functions, tensor names."""
         if state == 0:
@@ -229,6 +239,7 @@ class Shell:
                 line = read("tensordb> " if not buffer else "     ...> ")
             except EOFError:
                 print(file=self.out)
+                self.check_open_block()
                 break
             except KeyboardInterrupt:
                 print("^C", file=self.out)
@@ -322,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                 shell.run_text(value, f"-c #{n}" if len(args.actions) > 1 else "-c")
             if not ok:
                 return 1
-        return 0
+        return 0 if shell.check_open_block() else 1
     finally:
         con.close()
 

@@ -200,3 +200,8 @@ def test_tab_completion():
         assert shell.complete("wei", 0) == "Weights"
         assert shell.complete("REL", 0) == "RELU"
         assert shell.complete("crea", 0) == "CREATE" and shell.complete("crea", 1) is None
+
+
+def test_begin_without_commit_is_reported(capsys):
+    rc, out, err = run(["-c", "BEGIN; CREATE TENSOR A (i 2)"], capsys)
+    assert rc == 1 and "BEGIN without COMMIT: 1 statement(s) were not run" in err

@@ -152,7 +152,6 @@ class _Lowering:
         self.steps: list[BoundStep] = []
         self.sizes: dict[str, tuple[int, str, Span]] = {}  # label -> (size, where, span)
         self.refs: dict[int, tuple[str, tuple[int, ...], str]] = {}  # id(Ref) -> resolved
-        self.temp_shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}
 
     def err(self, span, message, **kw):
