@@ -119,6 +119,8 @@ class Shell:
             self.progress.stop()
             print("interrupted", file=self.err)
             return False
+        except BrokenPipeError:  # `tensordb ... | head`: the reader left
+            raise
         except Exception as exc:  # a bug: one line, unless debugging
             self.progress.stop()
             if os.environ.get("TENSORDB_DEBUG"):
@@ -334,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
             if not ok:
                 return 1
         return 0 if shell.check_open_block() else 1
+    except BrokenPipeError:
+        # stdout was closed early; point it at /dev/null so the interpreter's final flush is quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     finally:
         con.close()
 
