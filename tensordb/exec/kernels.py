@@ -121,8 +121,9 @@ class KernelSpec:
                 shape = list(full)
                 shape[axis] = hi - lo
                 val = xp.broadcast_to(xp.asarray(scalar.evaluate(op.join, sl, xp)), shape)
+                # CuPy has ufunc.reduce for a few ufuncs only; its sum/prod/amax/amin take axes.
                 part = ufunc.reduce(val, axis=agg_axes) if xp is np else \
-                    getattr(xp, ufunc.__name__).reduce(val, axis=agg_axes)
+                    getattr(xp, _XP_REDUCE[op.agg])(val, axis=agg_axes)
                 acc = part if acc is None else ufunc(acc, part) if xp is np else \
                     getattr(xp, ufunc.__name__)(acc, part)
             if acc is None:  # an empty aggregated label: the aggregate's identity
@@ -153,6 +154,9 @@ def _tensordot_plan(op: EinOp):
         if tuple(free) == op.out_labels:
             return first, second, ([x.index(l) for l in shared], [y.index(l) for l in shared])
     return None
+
+
+_XP_REDUCE = {"sum": "sum", "prod": "prod", "max": "amax", "min": "amin"}
 
 
 def _slice(a, axis: int, lo: int, hi: int, xp):
