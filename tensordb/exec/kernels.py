@@ -37,6 +37,9 @@ class KernelSpec:
         op = self.op
         self.labels = op.labels
         self.n_out = len(op.out_labels)
+        # The broadcasting path lays the join space out aggregated labels first: reducing over
+        # leading axes combines whole contiguous slabs, which NumPy does at memory speed.
+        self.space = op.agg_labels + op.out_labels
         prod = scalar.product_of(op.join)
         self.blas = (op.agg in ("sum", None) and prod is not None
                      and sorted(prod[1]) == list(range(len(op.inputs))))
@@ -95,13 +98,13 @@ class KernelSpec:
                 a = xp.einsum(diag, a)
             for l, n in zip(uniq, a.shape):
                 ext[l] = n
-            order = sorted(range(len(uniq)), key=lambda i: self.labels.index(uniq[i]))
+            order = sorted(range(len(uniq)), key=lambda i: self.space.index(uniq[i]))
             a = a.transpose(order)
             present = [uniq[i] for i in order]
-            shape = [ext[l] if l in present else 1 for l in self.labels]
+            shape = [ext[l] if l in present else 1 for l in self.space]
             views.append(a.reshape(shape))
-        full = [ext[l] for l in self.labels]
-        agg_axes = tuple(range(self.n_out, len(self.labels)))
+        full = [ext[l] for l in self.space]
+        agg_axes = tuple(range(len(self.space) - self.n_out))
         ufunc = AGG_UFUNCS.get(op.agg) if agg_axes else None
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -124,10 +127,14 @@ class KernelSpec:
                 # CuPy has ufunc.reduce for a few ufuncs only; its sum/prod/amax/amin take axes.
                 part = ufunc.reduce(val, axis=agg_axes) if xp is np else \
                     getattr(xp, _XP_REDUCE[op.agg])(val, axis=agg_axes)
-                acc = part if acc is None else ufunc(acc, part) if xp is np else \
-                    getattr(xp, ufunc.__name__)(acc, part)
+                if acc is None:
+                    acc = part
+                elif xp is np:
+                    ufunc(acc, part, out=acc)
+                else:
+                    acc = getattr(xp, ufunc.__name__)(acc, part)
             if acc is None:  # an empty aggregated label: the aggregate's identity
-                acc = xp.full(full[:self.n_out], _identity(op.agg), dtype=self.dtype)
+                acc = xp.full(full[len(agg_axes):], _identity(op.agg), dtype=self.dtype)
             return xp.asarray(acc, dtype=self.dtype)
 
 
