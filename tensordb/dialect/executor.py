@@ -175,8 +175,6 @@ def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
     if binder.graph.steps and binder.outputs:
         try:
             con.run(binder.graph, replace=True)
-            for hidden, name in binder.moves:
-                statements.move_tensor(con.store, hidden, name)
         except Error as exc:
             raise exc.with_source(script, span)
         except Exception as exc:
@@ -236,9 +234,6 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
         with txn:
             text = explain_graph(con, binder.graph, hints=dict(binder.graph.hints), format=format,
                                  analyze=analyze)
-            if analyze:
-                for hidden, name in binder.moves:
-                    statements.move_tensor(con.store, hidden, name)
         return text
     except Error as exc:
         raise exc.with_source(script, first.span)

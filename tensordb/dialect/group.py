@@ -2,9 +2,9 @@
 
 Names resolve to, in order: a result of an earlier statement of the same group, a LET (its steps
 are inlined, never stored), a stored tensor. Reassigning a name inside a group makes the earlier
-versions temporaries (``P.v1``); the last one is stored. When a statement replaces a tensor the
-group also reads (``P[i,j] = MIN(P[i,k] + P[k,j])``) the result is computed under a hidden name
-and moved into place after the run, because a graph cannot read and write one name.
+versions temporaries (``P.v1``); the last one is stored. A statement may replace a tensor the
+group also reads (``P[i,j] = MIN(P[i,k] + P[k,j])``): the binder computes it under an internal
+name and stores it as P.
 """
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ from ..plan.builder import Graph
 from . import ast as A
 from .binder import Lowered, lower
 
-__all__ = ["GroupBinder", "LetDef", "HIDDEN_PREFIX"]
-
-HIDDEN_PREFIX = "__tdb_new_"
+__all__ = ["GroupBinder", "LetDef"]
 
 
 @dataclass(frozen=True)
@@ -39,15 +37,13 @@ class LetDef:
 
 @dataclass
 class GroupBinder:
-    """Bind statements one by one into ``graph``; ``moves`` lists (hidden, name) to rename."""
+    """Bind statements one by one into ``graph``."""
 
     store: object
     lets: dict[str, LetDef]
     graph: Graph = field(default_factory=Graph)
     known: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # graph name -> shape, dtype
     current: dict[str, str] = field(default_factory=dict)  # lower(name) -> graph name
-    stored_reads: set[str] = field(default_factory=set)
-    moves: list[tuple[str, str]] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)  # user names stored by the group
     _versions: int = 0
 
@@ -61,7 +57,6 @@ class GroupBinder:
             return self._inline_let(self.lets[key])
         if self.store.has(name):
             meta = self.store.meta(name)
-            self.stored_reads.add(key)
             return meta.name, tuple(int(n) for n in meta.shape), np.dtype(meta.dtype).name
         known = [m.name for m in self.store.list()] + [d.name for d in self.lets.values()] + \
             [k for k in self.current]
@@ -92,19 +87,6 @@ class GroupBinder:
         if low.pins:
             self.graph.hints[last] = dict(low.pins)
 
-    def reads(self, stmt: A.AssignStmt, seen: frozenset = frozenset()) -> set[str]:
-        """Lower-cased names a statement reads from the store, looking through LETs."""
-        out = set()
-        for ref in A.refs(stmt.expr):
-            key = ref.name.lower()
-            if key in self.current:
-                continue
-            if key in self.lets and key not in seen:
-                out |= self.reads(self.lets[key].stmt, seen | {key})
-            else:
-                out.add(key)
-        return out
-
     # -- statements ----------------------------------------------------------------------------
     def add(self, script: str, stmt: A.AssignStmt, *, last: bool = True) -> None:
         """Bind one statement. ``last``: no later statement of the group assigns the same name."""
@@ -125,16 +107,14 @@ class GroupBinder:
         if not last:
             self._versions += 1
             gname, store = f"{t.name}.v{self._versions}", False
-        elif key in self.stored_reads or key in self.reads(stmt):
-            gname, store = HIDDEN_PREFIX + t.name, True
         else:
+            # Replacing a tensor the group also reads (P = MIN(P + P)) is fine: the binder computes
+            # it under an internal name and stores it as P.
             gname, store = t.name, True
         low = lower(script, stmt, self._resolver(script), gname, store=store)
         self._add(low)
         self.current[key] = gname
         if store:
-            if gname != t.name:
-                self.moves.append((gname, t.name))
             self.outputs.append(t.name)
 
     def _add_let(self, script: str, stmt: A.AssignStmt) -> None:

@@ -14,7 +14,7 @@ from ..result import Result
 from . import ast as A
 from .lexer import words
 
-__all__ = ["run", "DTYPES", "move_tensor", "translate_duckdb", "sql_with_parameters"]
+__all__ = ["run", "DTYPES", "translate_duckdb", "sql_with_parameters"]
 
 DTYPES = {
     "float32": "float32", "float": "float32", "real": "float32", "float4": "float32",
@@ -295,16 +295,6 @@ def _position_from_message(exc: Error, script: str, span: Span) -> Error:
         exc.message = (exc.message[:m.start()] + exc.message[m.end():]).strip()
         exc.args = (exc.message,)
     return exc.with_source(script, Span(pos, min(pos + 1, span.end)) if pos < span.end else span)
-
-
-def move_tensor(store, src: str, dst: str) -> None:
-    """Store ``src``'s tiles as ``dst`` (replacing it) and drop ``src``; in the caller's transaction."""
-    reader = store.open(src)
-    meta = reader.meta
-    with store.writer(dst, meta.shape, meta.dtype, meta.grid, dims=meta.dims, replace=True) as w:
-        for coords in reader.coords():
-            w.write_tile(coords, reader.tile(coords))
-    store.drop(src)
 
 
 _HANDLERS = {
