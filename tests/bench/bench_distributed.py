@@ -62,8 +62,8 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
         row[f"{label}_moved"] = sum(s.measured.get("bytes_moved", 0) for s in con.last_plan.stats)
         row["tasks"] = len(con.last_plan.tasks)
     plan = cons["dask"].last_plan
-    row["gathered"] = sum(int(np.prod(o.shape)) * np.dtype(o.dtype).itemsize
-                          for o in plan.outputs.values() if o.stored)
+    row["gathered"] = sum(_tile_nbytes(plan, plan.task(k)) for o in plan.outputs.values()
+                          if o.stored for k in o.tiles.values())
     row["ratio"] = statistics.median(d / l for d, l in zip(times["dask"], times["local"]))
     want, got = cons["local"].tensor(w.output), cons["dask"].tensor(w.output)
     row["diff"] = float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
@@ -71,6 +71,12 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
         for name in list(arrays) + [w.output]:
             con.drop(name, if_exists=True)
     return row
+
+
+def _tile_nbytes(plan, task) -> int:
+    shape = getattr(task, "out_shape", None) or getattr(task, "shape", ())
+    dtype = plan.ops[task.op].dtype if hasattr(task, "op") else task.dtype
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def run_gpu_workload(w, con, repeat: int) -> dict:
