@@ -152,3 +152,15 @@ def test_optimizer_follows_the_stored_grid_of_block_sparse_inputs(con):
     assert con.last_plan.stats[0].pieces == {"i": 16, "k": 16, "j": 16}
     assert con.last_plan.kernel_calls == int(np.einsum("ij,jk->", ma.astype(int), mb.astype(int)))
     np.testing.assert_allclose(con.tensor("C"), a @ b, atol=1e-9)
+
+
+def test_tile_join_sees_tensors_written_earlier_in_the_same_transaction(con):
+    """The catalog rows of a tensor loaded inside an open block are not committed yet; the tile
+    join must still see them (it runs on the catalog's own connection)."""
+    rng = np.random.default_rng(8)
+    a, _ = _block_sparse(rng, 8, 4, 0.3)
+    with con.store.transaction():
+        con.load("A", a, tile=(4, 4))
+        con.einsum("ij,jk->ik", "A", "A", into="C", tile={"i": 8, "j": 8, "k": 8})
+    np.testing.assert_allclose(con.tensor("C"), a @ a, atol=1e-9)
+    assert not con.sql("SELECT * FROM duckdb_tables() WHERE table_name LIKE '__tensordb%'").fetchall()

@@ -37,7 +37,6 @@ def _pieces_sql(bounds) -> str:
 class _Lowering:
     def __init__(self, graph: EinGraph, decomp, store) -> None:
         self.graph, self.decomp, self.store = graph, decomp, store
-        self.duck = store.duck.cursor()
         self.tasks: list = []
         self.owner: dict[int, int] = {}
         self.outputs: dict[str, OutputTiles] = {}
@@ -147,7 +146,7 @@ class _Lowering:
         sql = (f"WITH {', '.join(ctes)} SELECT {', '.join(select) or '1'} FROM {sql_from} "
                f"WHERE {' AND '.join(conds)}")
         try:
-            rows = self.duck.execute(sql).fetchall()
+            rows = self.store.query(sql)
         except Exception as exc:  # a bug in the generated SQL, never the user's fault
             raise InternalError(f"tile join for {op.describe()} failed: {exc}\n{sql}") from exc
         return rows
@@ -211,7 +210,7 @@ class _Lowering:
 
     def _materialize(self, tensor: str) -> str:
         """The present output tiles of an earlier operation as a DuckDB table (made on first use)."""
-        table = f"out_{self._op_index[tensor]}"
+        table = f"__tensordb_tiles_{self._op_index[tensor]}"
         if table not in self._tables:
             out = self.outputs[tensor]
             r = len(out.shape)
@@ -220,7 +219,7 @@ class _Lowering:
             values = ", ".join("(" + ", ".join(str(int(v)) for v in row) + ")" for row in rows)
             body = f"SELECT * FROM (VALUES {values}) AS v({', '.join(cols)})" if rows else \
                 f"SELECT {', '.join(f'NULL::BIGINT AS {c}' for c in cols)} WHERE FALSE"
-            self.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {body}")
+            self.store.query(f"CREATE OR REPLACE TEMP TABLE {table} AS {body}")
             self._tables.add(table)
         return table
 
@@ -271,7 +270,8 @@ class _Lowering:
             for index, op in enumerate(self.graph.ops):
                 self.lower_op(index, op)
         finally:
-            self.duck.close()
+            for table in self._tables:
+                self.store.query(f"DROP TABLE IF EXISTS {table}")
         return TilePlan(self.graph.ops, self.tasks, self.outputs, self.stats, self.decomp.workers,
                         self.owner, self.readers)
 

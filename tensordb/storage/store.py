@@ -244,6 +244,13 @@ class Store:
                 self._cache[key] = meta
             return self._cache[key]
 
+    def query(self, sql: str) -> list[tuple]:
+        """Run SQL on the catalog connection itself (so it sees the writes of an open
+        transaction block); the engine's tile joins go through here."""
+        self._check_open()
+        with self._lock, translating():
+            return self.duck.execute(sql).fetchall()
+
     def open(self, name: str) -> TensorReader:
         """A reader for the current version of ``name``."""
         meta = self.meta(name)
