@@ -74,3 +74,10 @@ def quote_ident(name: str) -> str:
 
 def quote_str(text: str) -> str:
     return "'" + str(text).replace("'", "''") + "'"
+
+
+def first_row(result):
+    """The first row of an executed query, or None. Fetching everything finishes the result:
+    DuckDB refuses other work on a connection while a result is only partly fetched."""
+    rows = result.fetchall()
+    return rows[0] if rows else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from ._duck import first_row
 from .meta import TensorMeta
 from .reader import TileEntry
 
@@ -47,7 +48,7 @@ def create(duck) -> None:
 def exists(duck) -> bool:
     return bool(duck.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = 'tensors' "
-        "AND database_name = current_database()", [SCHEMA]).fetchone()[0])
+        "AND database_name = current_database()", [SCHEMA]).fetchall()[0][0])
 
 
 def _meta(row) -> TensorMeta:
@@ -59,8 +60,8 @@ def _meta(row) -> TensorMeta:
 
 def find(duck, name: str) -> TensorMeta | None:
     """The tensor called ``name`` (case-insensitive), or None."""
-    row = duck.execute(f"SELECT {_COLUMNS} FROM {SCHEMA}.tensors WHERE lower(name) = lower(?)",
-                       [name]).fetchone()
+    row = first_row(duck.execute(f"SELECT {_COLUMNS} FROM {SCHEMA}.tensors "
+                                 "WHERE lower(name) = lower(?)", [name]))
     return None if row is None else _meta(row)
 
 
@@ -115,15 +116,15 @@ def referenced_files(duck) -> set[str]:
 
 
 def max_version(duck) -> int:
-    return int(duck.execute(f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.tensors").fetchone()[0])
+    return int(duck.execute(f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.tensors").fetchall()[0][0])
 
 
 def table_named(duck, name: str) -> str | None:
     """The user table or view in the main schema whose name equals ``name`` ignoring case."""
-    row = duck.execute(
+    row = first_row(duck.execute(
         "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
         "AND schema_name = 'main' AND lower(table_name) = lower(?) "
         "UNION ALL SELECT view_name FROM duckdb_views() WHERE database_name = current_database() "
         "AND schema_name = 'main' AND NOT temporary AND NOT internal "
-        "AND lower(view_name) = lower(?)", [name, name]).fetchone()
+        "AND lower(view_name) = lower(?)", [name, name]))
     return None if row is None else row[0]

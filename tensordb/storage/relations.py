@@ -104,6 +104,8 @@ def sql(store, query: str):
     expose_tensors(store, query)
     with store._lock, translating():
         rel = store.duck.sql(query)
+    if rel is None:  # a statement (it may have been a ROLLBACK of the catalog): forget caches
+        store.forget_cached()
     return None if rel is None else Relation(rel)
 
 

@@ -60,7 +60,11 @@ class Store:
         self.closed = True
         self._lock = threading.RLock()
         self._txn: _Txn | None = None
-        self._cache: dict[str, TensorMeta] = {}
+        # Catalog reads are cached: metadata by lower-cased name (None: no such tensor), tile
+        # entries by version (a version's tiles never change). Writes keep both exact; a rolled
+        # back transaction clears them.
+        self._cache: dict[str, TensorMeta | None] = {}
+        self._entries: dict[int, tuple] = {}
         self._views: set[str] = set()
         if path is None:
             if read_only:
@@ -89,7 +93,7 @@ class Store:
             with translating(f"cannot open database {self.root}"):
                 self.duck.execute("SET enable_progress_bar = false")  # a library prints nothing
                 self._duck_memory_default = self.duck.execute(
-                    "SELECT current_setting('memory_limit')").fetchone()[0]
+                    "SELECT current_setting('memory_limit')").fetchall()[0][0]
                 if not read_only:
                     catalog.create(self.duck)
                 elif not catalog.exists(self.duck):
@@ -238,11 +242,14 @@ class Store:
         with self._lock:
             if key not in self._cache:
                 with translating():
-                    meta = catalog.find(self.duck, name)
-                if meta is None:
-                    return None
-                self._cache[key] = meta
+                    self._cache[key] = catalog.find(self.duck, name)
             return self._cache[key]
+
+    def forget_cached(self) -> None:
+        """Drop cached catalog reads (after SQL that may have changed the catalog)."""
+        with self._lock:
+            self._cache.clear()
+            self._entries.clear()
 
     def query(self, sql: str) -> list[tuple]:
         """Run SQL on the catalog connection itself (so it sees the writes of an open
@@ -254,8 +261,15 @@ class Store:
     def open(self, name: str) -> TensorReader:
         """A reader for the current version of ``name``."""
         meta = self.meta(name)
-        with self._lock, translating():
-            file, entries = catalog.tile_entries(self.duck, meta)
+        with self._lock:
+            hit = self._entries.get(meta.version)
+            if hit is None:
+                with translating():
+                    hit = catalog.tile_entries(self.duck, meta)
+                if len(self._entries) > 256:
+                    self._entries.clear()
+                self._entries[meta.version] = hit
+            file, entries = hit
         return TensorReader(meta, os.path.join(self.tiles_dir, file) if file else None, entries)
 
     # -- writing -------------------------------------------------------------------------------
@@ -304,7 +318,7 @@ class Store:
                 if old is not None:
                     self._retire(old, txn)
                 catalog.insert(self.duck, meta, w.file, entries)
-            self._cache.clear()
+            self._cache.pop(w.name.lower(), None)
         return meta
 
     def drop(self, name: str, if_exists: bool = False) -> None:
@@ -318,7 +332,7 @@ class Store:
                 self.meta(name)  # raises with the list of known tensors
             with translating(f"cannot drop tensor '{name}'"):
                 self._retire(old, txn)
-            self._cache.clear()
+            self._cache.pop(name.lower(), None)
         self._forget_view(old.name)
 
     def _retire(self, old: TensorMeta, txn: _Txn) -> None:
@@ -361,8 +375,8 @@ class Store:
             raise
         with self._lock:
             self._txn = None
-            self._cache.clear()
             if txn.external:
+                self._cache.clear()  # the user's own COMMIT or ROLLBACK decides what lands
                 return  # files are reconciled when the database is next opened
             try:
                 self.duck.execute("COMMIT")

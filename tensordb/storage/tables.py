@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError, ProgrammingError
-from ._duck import quote_ident, quote_str, translate_message, translating
+from ._duck import first_row, quote_ident, quote_str, translate_message, translating
 from .meta import check_dims, check_tile_shape, supported_dtype
 from .tiling import default_tile_shape, tile_box
 
@@ -99,7 +99,7 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
     qv = quote_ident(val)
     stats = duck.execute(
         f"SELECT count(*), count({qv}), "
-        + ", ".join(f"count({c}), min({c}), max({c})" for c in q) + f" FROM {src}").fetchone()
+        + ", ".join(f"count({c}), min({c}), max({c})" for c in q) + f" FROM {src}").fetchall()[0]
     rows, vals = stats[0], stats[1]
     counts, mins, maxs = stats[2::3], stats[3::3], stats[4::3]
     for c, n in zip(idx, counts):
@@ -109,8 +109,8 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
         raise DataError(f"{where}: value column '{val}' has NULL values")
     coord = ", ".join(q)
     if rows and min(mins) < 0:
-        bad = duck.execute(f"SELECT {coord} FROM {src} WHERE " + " OR ".join(f"{c} < 0" for c in q)
-                       + " LIMIT 1").fetchone()
+        bad = first_row(duck.execute(f"SELECT {coord} FROM {src} WHERE "
+                                     + " OR ".join(f"{c} < 0" for c in q) + " LIMIT 1"))
         raise DataError(f"{where}: negative coordinate {_fmt(idx, bad)}",
                         hint="coordinates count from 0")
     if shape is None:
@@ -120,9 +120,9 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
         if len(shape) != len(idx) or any(n < 0 for n in shape):
             raise ProgrammingError(f"load '{name}': shape {shape} does not fit index {idx}")
         if rows and any(m >= n for m, n in zip(maxs, shape)):
-            bad = duck.execute(f"SELECT {coord} FROM {src} WHERE "
-                           + " OR ".join(f"{c} >= {n}" for c, n in zip(q, shape))
-                           + " LIMIT 1").fetchone()
+            bad = first_row(duck.execute(f"SELECT {coord} FROM {src} WHERE "
+                                         + " OR ".join(f"{c} >= {n}" for c, n in zip(q, shape))
+                                         + " LIMIT 1"))
             raise DataError(f"{where}: coordinate {_fmt(idx, bad)} is outside shape {shape}")
     tile_shape = (check_tile_shape(tile, shape, name) if tile is not None
                   else default_tile_shape(shape, dtype))
@@ -145,7 +145,7 @@ def _memory_cap(store, nbytes: int):
     """Cap DuckDB's memory for a big sort (it spills to disk beyond the cap), unless the user set
     a limit of their own. (A limit read back as text is rounded, so we RESET rather than SET.)"""
     duck = store.duck
-    limit = duck.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    limit = duck.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
     if limit != store._duck_memory_default:
         yield
         return
@@ -208,7 +208,7 @@ def _load_dense(store, name, src, columns, where, *, tile, replace, dims):
         raise DataError(f"{where} has no columns")
     dtypes = [numpy_type(t, c, where) for c, t in columns.items()]
     dtype = np.result_type(*dtypes)
-    rows = store.duck.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
+    rows = store.duck.execute(f"SELECT count(*) FROM {src}").fetchall()[0][0]
     shape = (int(rows), len(columns))
     tile_shape = (check_tile_shape(tile, shape, name) if tile is not None
                   else default_tile_shape(shape, dtype))
