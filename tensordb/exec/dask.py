@@ -19,6 +19,7 @@ workers). ``dask://local-cuda`` starts dask-cuda's LocalCUDACluster (one worker 
 from __future__ import annotations
 
 import functools
+import itertools
 import socket
 import threading
 import time
@@ -105,7 +106,7 @@ class DaskExecutor:
     # -- the cluster ---------------------------------------------------------------------------
     def addresses(self) -> list[str]:
         """The workers' addresses, sorted: plan worker w runs on addresses()[w % n]."""
-        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        return sorted(self.client.ncores())  # a light call: the scheduler's address -> threads
 
     @property
     def workers(self) -> int:
@@ -120,7 +121,7 @@ class DaskExecutor:
             cluster.close()
 
     # -- running a plan ------------------------------------------------------------------------
-    def run(self, plan: TilePlan, store=None, progress=None) -> RunResult:
+    def run(self, plan: TilePlan, store=None, progress=None, destinations=None) -> RunResult:
         if not plan.tasks:
             return RunResult({})
         attempts = 0
@@ -180,8 +181,7 @@ class _Attempt:
         try:
             with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=False):
                 futures = self.client.get(graph, out_keys, sync=False)
-            self._wait(futures)
-            values = self.client.gather(futures)
+            values = self._wait(futures)
         except _WorkerLost:
             self._release(futures, scattered, forget=True)
             raise
@@ -204,8 +204,8 @@ class _Attempt:
         plan, run, backend = self.plan, self.run_id, self.ex.backend
         graph, where = {}, {}
 
-        def add(dk, addr, *args):
-            graph[dk] = Task(dk, _task, run, backend, *args)
+        def add(dk, addr, task, extra, *refs):
+            graph[dk] = Task(dk, _task, run, backend, _Payload(dk, task, extra), *refs)
             where[dk] = addr
 
         for t in plan.tasks:
@@ -261,28 +261,32 @@ class _Attempt:
         return futures, nbytes
 
     # -- waiting, with an eye on the workers ----------------------------------------------------
-    def _wait(self, futures) -> None:
-        done = threading.Event()
-        left = [len(futures)]
-        lock = threading.Lock()
+    def _wait(self, futures) -> list:
+        """Gather the outputs (in a helper thread) while watching that the plan's workers stay."""
+        box: dict = {}
 
-        def on_done(fut):
-            with lock:
-                left[0] -= 1
-                finished = left[0] == 0 or fut.status == "error"
-                n = len(futures) - left[0]
-            if self.progress is not None:
-                self.progress(n, len(futures))
-            if finished:
-                done.set()
+        def gather():
+            try:
+                box["values"] = self.client.gather(futures)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = exc
 
-        for f in futures:
-            f.add_done_callback(on_done)
+        if self.progress is not None:  # per-tile callbacks cost a loop wake-up each: CLI only
+            count = itertools.count(1)
+            for f in futures:
+                f.add_done_callback(lambda _: self.progress(next(count), len(futures)))
+        thread = threading.Thread(target=gather, name="tensordb-dask-gather", daemon=True)
+        thread.start()
         needed = set(self.addr.values())  # only workers that have tasks of this plan
-        while not done.wait(POLL_SECONDS):
+        while thread.join(POLL_SECONDS) or thread.is_alive():
             gone = needed - set(self.ex.addresses())
             if gone:
+                self.client.cancel(futures, force=True)  # ends the gather
+                thread.join()
                 raise _WorkerLost(f"worker {', '.join(sorted(gone))} is gone")
+        if "error" in box:
+            raise box["error"]
+        return box["values"]
 
     def _release(self, futures, scattered, *, forget: bool) -> None:
         """Drop every key of this run from the cluster (and the workers' records on failure)."""
@@ -351,8 +355,9 @@ def _sub_reader(reader, starts, stops):
     """A reader holding only the tiles that overlap the box, so each Load task ships little."""
     try:
         from ..storage.reader import TensorReader
-        keep = [e for e in reader.entries.values()
-                if all(s < b and s + n > a for s, n, a, b in zip(e.starts, e.shape, starts, stops))]
+        from ..storage.tiling import overlapping
+        ranges = [overlapping(b, a, z) for b, a, z in zip(reader.meta.grid, starts, stops)]
+        keep = [reader.entries[c] for c in itertools.product(*ranges) if c in reader.entries]
         return TensorReader(reader.meta, reader.path, keep)
     except (AttributeError, TypeError):  # another reader type: ship it whole
         return reader
@@ -418,9 +423,29 @@ def _xp(backend: str):
     return get_backend(backend)  # once per worker process: CuPy's device check is not free
 
 
-def _task(run: str, backend: str, task, extra, *inputs):
+class _Payload:
+    """A task record and what it needs (reader, op). Dask tokenizes every graph it is given; the
+    unique key stands for the contents, which would otherwise be hashed field by field."""
+
+    __slots__ = ("key", "task", "extra")
+
+    def __init__(self, key: str, task, extra) -> None:
+        self.key, self.task, self.extra = key, task, extra
+
+    def __dask_tokenize__(self):
+        return self.key
+
+    def __getstate__(self):
+        return (self.key, self.task, self.extra)
+
+    def __setstate__(self, state) -> None:
+        self.key, self.task, self.extra = state
+
+
+def _task(run: str, backend: str, payload: _Payload, *inputs):
     """Run one tile task with the pool's functions, recording its time on this worker."""
     from .kernels import KernelSpec
+    task, extra = payload.task, payload.extra
     from .tasks import run_aggregate, run_assemble, run_kernel, run_load
     xp = _xp(backend)
     t0 = time.perf_counter()

@@ -15,10 +15,12 @@ Not yet run on GPU hardware: the code follows CuPy's documented API (see docs/di
 """
 from __future__ import annotations
 
+import threading
+
 from ..errors import NotSupportedError
 from ..physical.plan import TilePlan
 from .kernels import get_backend
-from .pool import LocalExecutor, RunResult, _Run
+from .pool import LocalExecutor, RunResult, _Run, _worker_loop
 
 __all__ = ["GpuExecutor", "gpu_devices"]
 
@@ -50,24 +52,35 @@ class GpuExecutor(LocalExecutor):
         self.devices = gpu_devices(spec)
         super().__init__(len(self.devices), memory_limit=memory_limit, backend="cupy")
 
-    def run(self, plan: TilePlan, store=None, progress=None) -> RunResult:
+    def _start(self) -> None:
+        if not self.threads:
+            self.threads = [threading.Thread(target=self._device_loop, args=(w,), daemon=True,
+                                             name=f"tensordb-gpu-{w}") for w in range(self.workers)]
+            for th in self.threads:
+                th.start()
+
+    def _device_loop(self, w: int) -> None:
+        """The pool's worker loop, with this thread's device and stream current throughout."""
+        cupy = self.xp
+        with cupy.cuda.Device(self.devices[w]):
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:  # the current stream is per thread: kernels of w queue here
+                _worker_loop(w, self.queues[w])
+
+    def run(self, plan: TilePlan, store=None, progress=None, destinations=None) -> RunResult:
+        # Tiles live on the devices: they come back in RunResult.tiles, never in the host
+        # ``destinations``; no BLAS limits, the host threads only launch kernels and copy tiles.
         if not plan.tasks:
             return RunResult({})
-        # No BLAS limits: the host threads only launch kernels and copy tiles.
-        result = _GpuRun(self, plan, progress).go()
+        with self._lock:
+            self._start()
+            result = _GpuRun(self, plan, progress, {}).go()
         result.tiles = {k: self.xp.asnumpy(v) for k, v in result.tiles.items()}
         return result
 
 
 class _GpuRun(_Run):
-    """The pool's dataflow run, with a device and a stream per worker thread."""
-
-    def _worker(self, w: int) -> None:
-        cupy = self.xp
-        with cupy.cuda.Device(self._device(w)):
-            stream = cupy.cuda.Stream(non_blocking=True)
-            with stream:  # the current stream is per thread: kernels of w queue here
-                super()._worker(w)
+    """The pool's dataflow run; tiles cross devices by copy, and are complete when published."""
 
     def _device(self, w: int) -> int:
         return self.ex.devices[w % len(self.ex.devices)]
