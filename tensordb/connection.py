@@ -177,10 +177,19 @@ class Connection:
                 raise CatalogError(f"tensor '{name}' already exists",
                                    hint="use replace=True (CREATE OR REPLACE) to overwrite it")
         decomp, plan = self.plan(graph, hints)
-        with stage("run"):
-            result = self._get_executor().run(plan, self.store, progress=self.progress_callback)
+        executor = self._get_executor()
+        # Output tiles are computed straight into their new payload files where the executor
+        # can (in-process workers); nothing is visible until the catalog commit.
+        writers = physical.OutputWriters(self.store, plan, replace=replace)
+        try:
+            with stage("run"):
+                result = executor.run(plan, self.store, progress=self.progress_callback,
+                                      destinations=writers.buffers)
+        except BaseException:
+            writers.abort()
+            raise
         with stage("store"):
-            physical.store_outputs(self.store, plan, result.tiles, replace=replace)
+            writers.store_tiles(result.tiles)
         self.last_plan = plan
         return result
 

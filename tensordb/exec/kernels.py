@@ -59,18 +59,23 @@ class KernelSpec:
                 diag = "".join(sym[l] for l in o.labels) + "->" + "".join(sym[l] for l in uniq)
             self.unique.append((uniq, diag))
 
-    def __call__(self, args: list, arg_shapes, out_shape):
+    def __call__(self, args: list, arg_shapes, out_shape, out=None):
+        """The kernel over one tile; ``out``, if given, is a buffer the result may be written to
+        directly (the caller checks whether it was)."""
         xp = self.xp
         arrays = [xp.zeros(s, dtype=self.op.dtype) if a is None else a for a, s in zip(args, arg_shapes)]
         if self.blas:
-            return self._contract(arrays)
+            return self._contract(arrays, out)
         return self._broadcast(arrays)
 
     # -- BLAS ----------------------------------------------------------------------------------
-    def _contract(self, arrays):
+    def _contract(self, arrays, out=None):
         if self.tensordot is not None:
             first, second, axes = self.tensordot
-            out = self.xp.tensordot(arrays[first], arrays[second], axes=axes)
+            a, b = arrays[first], arrays[second]
+            if out is not None and self.xp is np and a.dtype == b.dtype == out.dtype:
+                return self._dot_into(a, b, axes, out)
+            out = self.xp.tensordot(a, b, axes=axes)
             if self.scale != 1.0:
                 out *= self.scale
             return out if out.dtype == self.dtype else out.astype(self.dtype)
@@ -87,6 +92,19 @@ class KernelSpec:
         # Tiles are stored and accumulated C-ordered: pay the transpose here, on the worker.
         out = self.xp.asarray(out, dtype=self.dtype)
         return out if out.flags.c_contiguous else out.copy()
+
+    def _dot_into(self, a, b, axes, out):
+        """tensordot as one matrix product written straight into ``out``."""
+        ax_a, ax_b = axes
+        free_a = [i for i in range(a.ndim) if i not in ax_a]
+        free_b = [i for i in range(b.ndim) if i not in ax_b]
+        k = math.prod(a.shape[i] for i in ax_a)
+        a2 = a.transpose(free_a + list(ax_a)).reshape(-1, k)
+        b2 = b.transpose(list(ax_b) + free_b).reshape(k, -1)
+        np.dot(a2, b2, out=out.reshape(a2.shape[0], b2.shape[1]))
+        if self.scale != 1.0:
+            out *= self.scale
+        return out
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
     def _broadcast(self, arrays):

@@ -80,14 +80,15 @@ class LocalExecutor:
             th.join()
         self.threads = []
 
-    def run(self, plan: TilePlan, store=None, progress=None) -> RunResult:
+    def run(self, plan: TilePlan, store=None, progress=None, destinations=None) -> RunResult:
+        """Run ``plan``; ``destinations`` maps output task keys to buffers to compute into."""
         if not plan.tasks:
             return RunResult({})
         busy = {t.worker for t in plan.tasks if isinstance(t, Kernel)}
         blas = max(1, self.cores // max(1, len(busy)))
         with self._lock, _blas_limits(blas):
             self._start()
-            return _Run(self, plan, progress).go()
+            return _Run(self, plan, progress, destinations or {}).go()
 
 
 def _worker_loop(w: int, q: queue.SimpleQueue) -> None:
@@ -99,8 +100,9 @@ def _worker_loop(w: int, q: queue.SimpleQueue) -> None:
 
 
 class _Run:
-    def __init__(self, ex: LocalExecutor, plan: TilePlan, progress) -> None:
+    def __init__(self, ex: LocalExecutor, plan: TilePlan, progress, destinations: dict) -> None:
         self.ex, self.plan, self.progress = ex, plan, progress
+        self.dest = destinations
         self.xp = ex.xp
         self.specs = {i: KernelSpec(op, self.xp) for i, op in enumerate(plan.ops)}
         self.lock = threading.Lock()
@@ -205,7 +207,7 @@ class _Run:
             value = run_assemble(task, [self._fetch(w, task, k) for k in task.inputs], self.xp)
         elif isinstance(task, Kernel):
             args = [None if a is None else self._fetch(w, task, a) for a in task.args]
-            value = run_kernel(task, self.specs[task.op], args)
+            value = run_kernel(task, self.specs[task.op], args, self.dest.get(task.key))
             self.op_calls[task.op] += 1
         else:  # pragma: no cover - aggregations are driven by _accumulate
             raise InternalError(f"unexpected task {task!r}")
@@ -216,7 +218,7 @@ class _Run:
         part = self._fetch(w, agg, part_key)
         acc = self.acc.get(agg.key)
         if acc is None:
-            acc = self.acc[agg.key] = start_aggregate(agg, part, self.xp)
+            acc = self.acc[agg.key] = start_aggregate(agg, part, self.xp, self.dest.get(agg.key))
             self._track(_owned_nbytes(acc) if acc is not part else 0)
         else:
             combine(agg.agg, acc, part, self.xp)
@@ -238,6 +240,10 @@ class _Run:
                                    hint="raise memory_limit, or use more pieces (WITH (TILE ...))")
 
     def _publish(self, w: int, task, value) -> None:
+        dest = self.dest.get(task.key)
+        if dest is not None and value is not dest:  # land it in the output file, on this worker
+            self.xp.copyto(dest, value, casting="unsafe")
+            value = dest
         self.results[task.key] = value
         self.made_on[task.key] = w
         nbytes = _owned_nbytes(value)

@@ -25,12 +25,16 @@ def run_assemble(task: Assemble, sources: list, xp=np):
     return out
 
 
-def run_kernel(task: Kernel, spec: KernelSpec, args: list):
-    return spec(args, task.arg_shapes, task.out_shape)
+def run_kernel(task: Kernel, spec: KernelSpec, args: list, out=None):
+    return spec(args, task.arg_shapes, task.out_shape, out)
 
 
-def start_aggregate(task: Aggregate, first, xp=np):
-    """The accumulator for an aggregation: a private, writable copy of the first partial."""
+def start_aggregate(task: Aggregate, first, xp=np, out=None):
+    """The accumulator for an aggregation: a private, writable copy of the first partial (made in
+    ``out`` when given: the output tile's final buffer)."""
+    if out is not None:
+        xp.copyto(out, first, casting="unsafe")
+        return out
     acc = first
     # CuPy's flags have no ``writeable`` (device arrays always are).
     if not (getattr(acc, "flags", None) is not None and acc.flags.owndata

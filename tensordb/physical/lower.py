@@ -20,7 +20,7 @@ from ..plan.ir import EinGraph, EinOp
 from ..storage.tiling import Grid, even_bounds, overlapping
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
 
-__all__ = ["lower", "store_outputs", "describe"]
+__all__ = ["lower", "store_outputs", "OutputWriters", "describe"]
 
 
 def _list(values) -> str:
@@ -294,18 +294,53 @@ def lower(graph: EinGraph, decomp, store) -> TilePlan:
     return _Lowering(graph, decomp, store).run()
 
 
+class OutputWriters:
+    """The writers of a plan's stored outputs, opened before the run.
+
+    Every output tile gets a buffer inside its new payload file (``buffers``: task key -> array),
+    so the executor can compute results in place; ``store`` then records them (no copy for a
+    tile that is its buffer) and the catalog takes them all in one transaction, or none.
+    """
+
+    def __init__(self, store, plan: TilePlan, *, replace: bool = False) -> None:
+        self.store, self.plan = store, plan
+        self.writers = []
+        self.buffers: dict[int, np.ndarray] = {}
+        try:
+            for out in plan.outputs.values():
+                if not out.stored:
+                    continue
+                op = next(o for o in plan.ops if o.output == out.name)
+                dims = [l if l.isidentifier() else f"d{n}" for n, l in enumerate(op.out_labels)]
+                w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
+                                 dims=dims, replace=replace)
+                self.writers.append((out, w))
+                for coords, buf in w.reserve(sorted(out.tiles)).items():
+                    self.buffers[out.tiles[coords]] = buf
+        except BaseException:
+            self.abort()
+            raise
+
+    def store_tiles(self, tiles: dict[int, np.ndarray]) -> None:
+        """Record the run's output tiles and commit every output atomically."""
+        try:
+            with self.store.transaction():
+                for out, w in self.writers:
+                    for coords in sorted(out.tiles):
+                        w.write_tile(coords, tiles[out.tiles[coords]])
+                    w.commit()
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        for _, w in self.writers:
+            w.abort()
+
+
 def store_outputs(store, plan: TilePlan, tiles: dict[int, np.ndarray], *, replace: bool = False) -> None:
     """Write every stored output of the plan, all in one atomic catalog transaction."""
-    with store.transaction():
-        for out in plan.outputs.values():
-            if not out.stored:
-                continue
-            op = next(o for o in plan.ops if o.output == out.name)
-            dims = [l if l.isidentifier() else f"d{n}" for n, l in enumerate(op.out_labels)]
-            with store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid, dims=dims,
-                              replace=replace) as w:
-                for coords in sorted(out.tiles):
-                    w.write_tile(coords, tiles[out.tiles[coords]])
+    OutputWriters(store, plan, replace=replace).store_tiles(tiles)
 
 
 def describe(plan: TilePlan) -> str:

@@ -7,6 +7,7 @@ catalog row, so a crash leaves an orphan that the next open deletes.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import threading
 from typing import TYPE_CHECKING, Sequence
@@ -45,6 +46,8 @@ class TensorWriter:
         self._lock = threading.Lock()
         self._state = "open"
         self._grid_shape = grid_shape(grid)
+        self._map: mmap.mmap | None = None
+        self._reserved: dict[tuple[int, ...], tuple] = {}
 
     def __repr__(self) -> str:
         return f"TensorWriter({self.name!r}, shape={self.shape}, tiles={len(self.entries)}, {self._state})"
@@ -59,9 +62,42 @@ class TensorWriter:
             self.commit()
 
     # -- writing -------------------------------------------------------------------------------
+    def reserve(self, tiles: Sequence[Sequence[int]]) -> dict[tuple[int, ...], np.ndarray]:
+        """Writable buffers for ``tiles``, laid out in the payload file itself (memory-mapped):
+        whoever computes a tile can write it in place, and ``write_tile`` of that very buffer
+        then costs no copy. Call once, before any ``write_tile``."""
+        with self._lock:
+            if self._state != "open" or self._fd is not None:
+                raise InterfaceError(f"writer for '{self.name}': reserve() comes before any write")
+            layout, pos = {}, 0
+            for coords in tiles:
+                coords = tuple(int(c) for c in coords)
+                starts, stops = tile_box(self.grid, coords)
+                shape = tuple(b - a for a, b in zip(starts, stops))
+                pos += -pos % ALIGN
+                layout[coords] = (pos, starts, shape)
+                pos += math.prod(shape) * self.dtype.itemsize
+            if not layout or pos == 0:
+                return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                os.ftruncate(self._fd, pos)
+                os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
+                self._map = mmap.mmap(self._fd, pos)
+            except OSError as exc:
+                self._fail()
+                raise OperationalError(f"cannot reserve {pos} bytes for '{self.name}' in "
+                                       f"{self.path}: {exc.strerror or exc}") from None
+            self._pos = pos
+            self._reserved = {c: (off, st, sh, np.ndarray(sh, self.dtype, self._map, off))
+                              for c, (off, st, sh) in layout.items()}
+            return {c: r[3] for c, r in self._reserved.items()}
+
     def write_tile(self, coords: Sequence[int], array) -> bool:
         """Store tile ``coords``; returns False (and stores nothing) when it is all zero."""
         coords = tuple(int(c) for c in coords)
+        if coords in self._reserved:
+            return self._fill_reserved(coords, array)
         if len(coords) != len(self.shape) or any(
                 not 0 <= c < n for c, n in zip(coords, self._grid_shape)):
             raise InternalError(f"tensor '{self.name}': tile {coords} is outside its grid "
@@ -99,6 +135,22 @@ class TensorWriter:
             self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes, nnz)
         return True
 
+    def _fill_reserved(self, coords: tuple[int, ...], array) -> bool:
+        offset, starts, shape, buf = self._reserved[coords]
+        a = np.asarray(array)
+        if a.shape != shape:
+            raise DataError(f"tensor '{self.name}': tile {coords} should have shape {shape}, "
+                            f"got {a.shape}")
+        if a is not buf:
+            np.copyto(buf, a, casting="unsafe")
+        nnz = int(np.count_nonzero(buf))
+        with self._lock:
+            if coords in self.entries:
+                raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
+            if nnz:  # an all-zero reserved tile stays a hole in the file: no catalog row
+                self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz)
+        return bool(nnz)
+
     # -- finishing -----------------------------------------------------------------------------
     def meta(self) -> TensorMeta:
         """The catalog entry this writer will commit."""
@@ -116,6 +168,8 @@ class TensorWriter:
             self._state = "committing"
         try:
             self._close_file(sync=self.store.fsync)
+            if not self.entries and os.path.exists(self.path):
+                os.unlink(self.path)  # every reserved tile was zero: nothing to keep
             meta = self.store._commit_writer(self)
         except BaseException:
             self._fail()
@@ -130,6 +184,12 @@ class TensorWriter:
         self._fail()
 
     def _close_file(self, sync: bool) -> None:
+        if self._map is not None:
+            if sync:
+                self._map.flush()
+            # Tiles handed out by reserve() may still be in use (the run's results): the mapping
+            # stays alive as long as they do, and goes with them.
+            self._map = None
         if self._fd is None:
             return
         try:
