@@ -158,8 +158,12 @@ class Connection:
         sparse = {name: self.store.open(name).coords() for name, m in metas.items()
                   if m.tile_count < m.total_tiles}
         hints = expand_hints(graph, hints)
+        # The optimizer plans for the workers that will run the plan: the local pool's, or the
+        # cluster's when the executor is a Dask cluster.
+        workers = self.settings.workers if self.settings.executor == "local" else \
+            self._get_executor().workers
         with stage("optimize"):
-            decomp = optimizer.decompose(graph, self.settings.workers, strategy=self.settings.tiling,
+            decomp = optimizer.decompose(graph, workers, strategy=self.settings.tiling,
                                          memory_limit=self.settings.memory_limit, hints=hints,
                                          input_grids=grids, input_tiles=sparse)
         with stage("lower"):

@@ -132,8 +132,6 @@ def test_plan_for_more_workers_than_the_cluster_has(dask_cluster, lcon):
         np.testing.assert_allclose(got, want, atol=1e-9)
 
 
-@pytest.mark.xfail(reason="Connection.plan uses settings.workers; it should ask a non-local "
-                          "executor for its workers (see docs/distributed.md)", strict=False)
 def test_connection_plans_for_the_cluster_workers(dask_cluster):
     with tensordb.connect(workers=5, executor=f"dask://{dask_cluster.scheduler_address}") as con:
         _matmul(con, tile={})
