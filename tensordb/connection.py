@@ -193,7 +193,7 @@ class Connection:
             writers.abort()
             raise
         with stage("store"):
-            writers.store_tiles(result.tiles)
+            writers.store_tiles(result.tiles, getattr(result, "nnz", None))
         self.last_plan = plan
         return result
 

@@ -45,6 +45,7 @@ class RunResult:
     peak_bytes: int = 0         # the most tile bytes alive at once (owned arrays, not mmap views)
     kernel_calls: int = 0
     worker_busy: list = field(default_factory=list)
+    nnz: dict = field(default_factory=dict, repr=False)  # output key -> nonzeros, when counted
 
 
 def _owned_nbytes(a) -> int:
@@ -103,6 +104,7 @@ class _Run:
     def __init__(self, ex: LocalExecutor, plan: TilePlan, progress, destinations: dict) -> None:
         self.ex, self.plan, self.progress = ex, plan, progress
         self.dest = destinations
+        self.nnz: dict[int, int] = {}
         self.xp = ex.xp
         self.specs = {i: KernelSpec(op, self.xp) for i, op in enumerate(plan.ops)}
         self.lock = threading.Lock()
@@ -158,7 +160,8 @@ class _Run:
             s.measured = {"seconds": sec, "kernel_calls": calls, "bytes_moved": moved,
                           "peak_tile_bytes": peak}
         tiles = {k: self.results[k] for k in self.keep}
-        return RunResult(tiles, seconds, self.moved, self.peak, sum(self.op_calls), self.busy)
+        return RunResult(tiles, seconds, self.moved, self.peak, sum(self.op_calls), self.busy,
+                         self.nnz)
 
     def _queue(self, worker: int, item) -> None:
         with self.lock:
@@ -241,9 +244,11 @@ class _Run:
 
     def _publish(self, w: int, task, value) -> None:
         dest = self.dest.get(task.key)
-        if dest is not None and value is not dest:  # land it in the output file, on this worker
-            self.xp.copyto(dest, value, casting="unsafe")
-            value = dest
+        if dest is not None:
+            if value is not dest:  # land it in the output file, on this worker
+                self.xp.copyto(dest, value, casting="unsafe")
+                value = dest
+            self.nnz[task.key] = int(np.count_nonzero(dest))  # the store needs it: count here
         self.results[task.key] = value
         self.made_on[task.key] = w
         nbytes = _owned_nbytes(value)

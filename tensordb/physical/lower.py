@@ -321,13 +321,16 @@ class OutputWriters:
             self.abort()
             raise
 
-    def store_tiles(self, tiles: dict[int, np.ndarray]) -> None:
-        """Record the run's output tiles and commit every output atomically."""
+    def store_tiles(self, tiles: dict[int, np.ndarray], nnz: dict[int, int] | None = None) -> None:
+        """Record the run's output tiles (with their nonzero counts, if the run made them) and
+        commit every output atomically."""
+        nnz = nnz or {}
         try:
             with self.store.transaction():
                 for out, w in self.writers:
                     for coords in sorted(out.tiles):
-                        w.write_tile(coords, tiles[out.tiles[coords]])
+                        key = out.tiles[coords]
+                        w.write_tile(coords, tiles[key], nnz.get(key))
                     w.commit()
         except BaseException:
             self.abort()

@@ -81,7 +81,10 @@ class TensorWriter:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             try:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                os.ftruncate(self._fd, pos)
+                try:  # allocate the blocks now: page faults while tiles are computed are cheaper
+                    os.posix_fallocate(self._fd, 0, pos)
+                except (AttributeError, OSError):
+                    os.ftruncate(self._fd, pos)
                 os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
                 self._map = mmap.mmap(self._fd, pos)
             except OSError as exc:
@@ -93,11 +96,12 @@ class TensorWriter:
                               for c, (off, st, sh) in layout.items()}
             return {c: r[3] for c, r in self._reserved.items()}
 
-    def write_tile(self, coords: Sequence[int], array) -> bool:
-        """Store tile ``coords``; returns False (and stores nothing) when it is all zero."""
+    def write_tile(self, coords: Sequence[int], array, nnz: int | None = None) -> bool:
+        """Store tile ``coords``; returns False (and stores nothing) when it is all zero.
+        ``nnz``, when the caller already counted the tile's nonzeros, saves counting again."""
         coords = tuple(int(c) for c in coords)
         if coords in self._reserved:
-            return self._fill_reserved(coords, array)
+            return self._fill_reserved(coords, array, nnz)
         if len(coords) != len(self.shape) or any(
                 not 0 <= c < n for c, n in zip(coords, self._grid_shape)):
             raise InternalError(f"tensor '{self.name}': tile {coords} is outside its grid "
@@ -135,7 +139,7 @@ class TensorWriter:
             self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes, nnz)
         return True
 
-    def _fill_reserved(self, coords: tuple[int, ...], array) -> bool:
+    def _fill_reserved(self, coords: tuple[int, ...], array, nnz: int | None) -> bool:
         offset, starts, shape, buf = self._reserved[coords]
         a = np.asarray(array)
         if a.shape != shape:
@@ -143,7 +147,8 @@ class TensorWriter:
                             f"got {a.shape}")
         if a is not buf:
             np.copyto(buf, a, casting="unsafe")
-        nnz = int(np.count_nonzero(buf))
+            nnz = None
+        nnz = int(np.count_nonzero(buf)) if nnz is None else int(nnz)
         with self._lock:
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
