@@ -1,6 +1,7 @@
 """Tile kernels: one call computes one operation over one tile of its join space.
 
-A product join with a sum goes to BLAS (opt_einsum's contract, which uses tensordot/matmul);
+A product join with a sum goes to BLAS (one batched matmul when the output order allows, else
+opt_einsum's contract);
 anything else is evaluated with broadcasting NumPy, in chunks of an aggregated label so that, for
 example, a min-plus tile never materialises its n^3 join space. Backends are named and registered;
 CuPy registers itself only when the GPU backend is asked for.
@@ -48,7 +49,7 @@ class KernelSpec:
         self.eq = ",".join("".join(sym[l] for l in o.labels) for o in op.inputs) + "->" + \
             "".join(sym[l] for l in op.out_labels)
         self.dtype = np.dtype(op.dtype)
-        self.tensordot = _tensordot_plan(op) if self.blas else None
+        self.matmul = _matmul_plan(op) if self.blas else None
         # For the broadcasting path: per operand, its labels made unique (diagonal taken first)
         # and the axes it occupies in the join space.
         self.unique = []
@@ -70,15 +71,8 @@ class KernelSpec:
 
     # -- BLAS ----------------------------------------------------------------------------------
     def _contract(self, arrays, out=None):
-        if self.tensordot is not None:
-            first, second, axes = self.tensordot
-            a, b = arrays[first], arrays[second]
-            if out is not None and self.xp is np and a.dtype == b.dtype == out.dtype:
-                return self._dot_into(a, b, axes, out)
-            out = self.xp.tensordot(a, b, axes=axes)
-            if self.scale != 1.0:
-                out *= self.scale
-            return out if out.dtype == self.dtype else out.astype(self.dtype)
+        if self.matmul is not None:
+            return self._matmul(arrays, out)
         shapes = tuple(a.shape for a in arrays)
         expr = self._exprs.get(shapes)
         if expr is None:
@@ -93,18 +87,31 @@ class KernelSpec:
         out = self.xp.asarray(out, dtype=self.dtype)
         return out if out.flags.c_contiguous else out.copy()
 
-    def _dot_into(self, a, b, axes, out):
-        """tensordot as one matrix product written straight into ``out``."""
-        ax_a, ax_b = axes
-        free_a = [i for i in range(a.ndim) if i not in ax_a]
-        free_b = [i for i in range(b.ndim) if i not in ax_b]
-        k = math.prod(a.shape[i] for i in ax_a)
-        a2 = a.transpose(free_a + list(ax_a)).reshape(-1, k)
-        b2 = b.transpose(list(ax_b) + free_b).reshape(k, -1)
-        np.dot(a2, b2, out=out.reshape(a2.shape[0], b2.shape[1]))
+    def _matmul(self, arrays, out=None):
+        """One (batched) matrix product, written into ``out`` when its dtype matches.
+
+        Operands are laid out (batch, free, contracted) and (batch, contracted, free): reshaping
+        is free for tiles already in that order (the common case), a copy otherwise. The scale of
+        ``c * x0 * x1`` is applied to the smaller operand."""
+        xp = self.xp
+        first, second, (ta, tb), (nb, m, k, n) = self.matmul
+        a, b = arrays[first], arrays[second]
+        ext = {}
+        for o, arr in ((self.op.inputs[first], a), (self.op.inputs[second], b)):
+            ext.update(zip(o.labels, arr.shape))
+        nb, m, k, n = (math.prod(ext[l] for l in group) for group in (nb, m, k, n))
         if self.scale != 1.0:
-            out *= self.scale
-        return out
+            if a.size <= b.size:
+                a = a * a.dtype.type(self.scale)
+            else:
+                b = b * b.dtype.type(self.scale)
+        a3 = a.transpose(ta).reshape(nb, m, k)
+        b3 = b.transpose(tb).reshape(nb, k, n)
+        if out is not None and xp is np and a3.dtype == b3.dtype == out.dtype:
+            xp.matmul(a3, b3, out=out.reshape(nb, m, n))
+            return out
+        res = xp.matmul(a3, b3).reshape(tuple(ext[l] for l in self.op.out_labels))
+        return res if res.dtype == self.dtype else res.astype(self.dtype)
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
     def _broadcast(self, arrays):
@@ -156,32 +163,37 @@ class KernelSpec:
             return xp.asarray(acc, dtype=self.dtype)
 
 
-def _tensordot_plan(op: EinOp):
-    """(first, second, axes) when one tensordot yields the output already in C order.
+def _matmul_plan(op: EinOp):
+    """How to run a two-operand product as one batched matmul that yields the output in C order.
 
-    tensordot returns the free axes of its first operand, then those of its second; when that is
-    the output order (possibly after swapping the operands) the result needs no transpose, which
-    would otherwise cost a full copy of every output tile. Batched or diagonal cases return None.
+    Labels are batch (both operands and the output), contracted (both, not the output) or free
+    (one operand and the output). When the output reads batch + free(first) + free(second), for
+    one order of the operands, the product is ``matmul(A(b,m,k), B(b,k,n))`` with no transpose of
+    the result. Returns (first, second, (perm A, perm B), label groups (b, m, k, n)) or None.
     """
     if len(op.inputs) != 2:
         return None
     a, b = (o.labels for o in op.inputs)
     if not a or not b or len(set(a)) != len(a) or len(set(b)) != len(b):
-        return None  # a scalar operand (tensordot mis-shapes 0-d arrays) or a diagonal
-    shared = [l for l in a if l in b]
-    if any(l in op.out_labels for l in shared):   # a batch label: not a plain tensordot
-        return None
+        return None  # a scalar operand or a diagonal: the general path handles those
     if any(l not in b and l not in op.out_labels for l in a) or \
             any(l not in a and l not in op.out_labels for l in b):
-        return None                                # a label summed inside one operand
+        return None  # a label summed inside one operand
+    out = op.out_labels
+    batch = [l for l in out if l in a and l in b]
+    contracted = [l for l in a if l in b and l not in out]
+    if list(out[:len(batch)]) != batch:
+        return None
+    rest = list(out[len(batch):])
     for first, second, x, y in ((0, 1, a, b), (1, 0, b, a)):
-        free = [l for l in x if l not in shared] + [l for l in y if l not in shared]
-        if tuple(free) == op.out_labels:
-            return first, second, ([x.index(l) for l in shared], [y.index(l) for l in shared])
+        free_x = [l for l in rest if l in x]
+        free_y = [l for l in rest if l in y]
+        if rest != free_x + free_y:
+            continue
+        perm_x = [x.index(l) for l in batch + free_x + contracted]
+        perm_y = [y.index(l) for l in batch + contracted + free_y]
+        return first, second, (perm_x, perm_y), (batch, free_x, contracted, free_y)
     return None
-
-
-_XP_REDUCE = {"sum": "sum", "prod": "prod", "max": "amax", "min": "amin"}
 
 
 def _slice(a, axis: int, lo: int, hi: int, xp):
