@@ -67,7 +67,7 @@ class KernelSpec:
         arrays = [xp.zeros(s, dtype=self.op.dtype) if a is None else a for a, s in zip(args, arg_shapes)]
         if self.blas:
             return self._contract(arrays, out)
-        return self._broadcast(arrays)
+        return self._broadcast(arrays, out)
 
     # -- BLAS ----------------------------------------------------------------------------------
     def _contract(self, arrays, out=None):
@@ -114,7 +114,7 @@ class KernelSpec:
         return res if res.dtype == self.dtype else res.astype(self.dtype)
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
-    def _broadcast(self, arrays):
+    def _broadcast(self, arrays, out=None):
         xp = self.xp
         op = self.op
         views, ext = [], {}
@@ -134,10 +134,16 @@ class KernelSpec:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:
-                out = xp.asarray(scalar.evaluate(op.join, views, xp), dtype=self.dtype)
-                if out.shape != tuple(full):  # the join ignores some label: repeat it
-                    out = xp.broadcast_to(out, full).copy()
-                return out
+                if out is not None and tuple(out.shape) == tuple(full) and out.dtype == self.dtype:
+                    res = scalar.evaluate(op.join, views, xp, out=out)
+                    if res is out:  # written in place into the output's final buffer
+                        return out
+                else:
+                    res = scalar.evaluate(op.join, views, xp)
+                res = xp.asarray(res, dtype=self.dtype)
+                if res.shape != tuple(full):  # the join ignores some label: repeat it
+                    res = xp.broadcast_to(res, full).copy()
+                return res
             # Chunk along the largest aggregated label so one chunk stays near CHUNK_ELEMENTS.
             axis = max(agg_axes, key=lambda ax: full[ax])
             per_slice = math.prod(full) // max(full[axis], 1)

@@ -139,8 +139,10 @@ def product_of(expr: Expr) -> tuple[float, tuple[int, ...]] | None:
     return None
 
 
-def evaluate(expr: Expr, values: list, xp=np):
-    """Evaluate elementwise on arrays (broadcasting), or on scalars."""
+def evaluate(expr: Expr, values: list, xp=np, out=None):
+    """Evaluate elementwise on arrays (broadcasting), or on scalars. ``out``: an array of the
+    result's shape and dtype that the outermost function writes into, when it is a NumPy ufunc
+    (the result is then ``out``); otherwise it is ignored."""
     if isinstance(expr, Input):
         return values[expr.index]
     if isinstance(expr, Const):
@@ -148,6 +150,8 @@ def evaluate(expr: Expr, values: list, xp=np):
     spec = FUNCTIONS[expr.fn]
     args = [evaluate(a, values, xp) for a in expr.args]
     fn = getattr(xp, spec.ufunc.__name__, spec.ufunc) if xp is not np else spec.ufunc
+    if out is not None and isinstance(fn, np.ufunc):
+        return fn(*args, out=out, casting="unsafe")
     return fn(*args)
 
 
