@@ -11,7 +11,8 @@ def pytest_addoption(parser):
                      help="also run tests marked slow")
 
 
-def _gpu_available() -> bool:
+def gpu_available() -> bool:
+    """CuPy imports and sees at least one GPU."""
     if importlib.util.find_spec("cupy") is None:
         return False
     try:
@@ -29,6 +30,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="slow: run with --runslow"))
         if "gpu" in item.keywords:
             if gpu is None:
-                gpu = _gpu_available()
+                gpu = gpu_available()
             if not gpu:
                 item.add_marker(pytest.mark.skip(reason="needs CuPy and an NVIDIA GPU"))

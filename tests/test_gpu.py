@@ -2,33 +2,23 @@
 (conftest.py skips tests marked gpu)."""
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
 
 import tensordb
+from conftest import gpu_available
 from tensordb.exec import make_executor
 
 
-def _gpu_present() -> bool:
-    if importlib.util.find_spec("cupy") is None:
-        return False
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - any CUDA failure means no usable GPU
-        return False
-
-
-@pytest.mark.skipif(_gpu_present(), reason="a GPU is present")
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present")
 def test_asking_for_a_gpu_without_one_says_so():
     with pytest.raises(tensordb.NotSupportedError, match="CuPy|GPU") as info:
         make_executor("gpu", 1)
     assert "GPU" in str(info.value)
 
 
-@pytest.mark.skipif(_gpu_present(), reason="a GPU is present")
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present")
 def test_gpu_query_without_a_gpu_fails_and_changes_nothing():
     with tensordb.connect(executor="gpu") as con:
         con.load("A", np.eye(4))

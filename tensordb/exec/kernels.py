@@ -202,6 +202,10 @@ def _matmul_plan(op: EinOp):
     return None
 
 
+# CuPy implements ufunc.reduce for a few ufuncs only; these reductions take several axes.
+_XP_REDUCE = {"sum": "sum", "prod": "prod", "max": "amax", "min": "amin"}
+
+
 def _slice(a, axis: int, lo: int, hi: int, xp):
     index = [slice(None)] * a.ndim
     index[axis] = slice(lo, hi)

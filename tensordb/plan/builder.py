@@ -13,12 +13,12 @@ from __future__ import annotations
 import string
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import opt_einsum as oe
 
-from ..errors import BinderError, CatalogError, Error
+from ..errors import BinderError, CatalogError
 from . import scalar
 from .ir import AGGS, EinGraph, EinOp, Operand, TensorInfo, check_dtype
 

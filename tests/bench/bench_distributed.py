@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import tensordb  # noqa: E402
+from tests.bench.bench_suite import write_section as suite_write_section  # noqa: E402
 from tests.bench.workloads import suite  # noqa: E402
 
-DOCS = ROOT / "docs" / "benchmarks.md"
 COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_distributed.py"
 
 
@@ -182,14 +182,7 @@ def render(rows, args, local_blas: str, worker_blas: str) -> str:
 
 
 def write_section(text: str) -> None:
-    begin, end = "<!-- distributed:begin -->", "<!-- distributed:end -->"
-    old = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    block = f"{begin}\n## Dask executor against the local pool\n\n{text}\n{end}"
-    if begin in old and end in old:
-        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
-    else:
-        new = old.rstrip() + "\n\n" + block + "\n"
-    DOCS.write_text(new)
+    suite_write_section(f"## Dask executor against the local pool\n\n{text}", "distributed")
 
 
 def main(argv=None) -> None:
