@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import tensordb  # noqa: E402
+from tests.bench.bench_suite import median_time  # noqa: E402
 from tests.bench.bench_suite import write_section as suite_write_section  # noqa: E402
 from tests.bench.workloads import suite  # noqa: E402
 
@@ -97,26 +98,16 @@ def run_gpu_workload(w, con, repeat: int) -> dict:
     row = {"name": w.name}
     try:
         want = cupy.asnumpy(on_cupy())
-        row["cupy"] = _median(on_cupy, repeat)
+        row["cupy"] = median_time(on_cupy, repeat)
     except Exception as exc:  # noqa: BLE001 - a NumPy-only reference (e.g. min-plus loops)
         want, row["cupy"] = w.numpy(arrays), None
         row["note"] = f"no CuPy reference: {type(exc).__name__}"
-    row["gpu"] = _median(lambda: con.run(graph, replace=True), repeat)
+    row["gpu"] = median_time(lambda: con.run(graph, replace=True), repeat)
     got = con.tensor(w.output)
     row["diff"] = float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
     for name in list(arrays) + [w.output]:
         con.drop(name, if_exists=True)
     return row
-
-
-def _median(fn, repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def render_gpu(rows, device: str) -> str:
