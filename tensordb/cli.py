@@ -108,12 +108,22 @@ class Shell:
         """Run every statement of ``text``; False (and a message on stderr) if one failed."""
         from .dialect import run_script
         self.progress.reset()
+        shown = 0
+
+        def show(result) -> None:
+            nonlocal shown
+            shown += 1
+            self.show(result)
+
         try:
-            run_script(self.con, text, on_result=self.show)
+            run_script(self.con, text, on_result=show)
             return True
         except Error as exc:
             self.progress.stop()
             self.print_error(exc, text, source)
+            if shown:  # results were printed as statements ran; the unit is undone as a whole
+                print(f"nothing of {source} was stored: the statements before the error were "
+                      "rolled back too", file=self.err)
             return False
         except KeyboardInterrupt:
             self.progress.stop()

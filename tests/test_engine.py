@@ -164,3 +164,35 @@ def test_tile_join_sees_tensors_written_earlier_in_the_same_transaction(con):
         con.einsum("ij,jk->ik", "A", "A", into="C", tile={"i": 8, "j": 8, "k": 8})
     np.testing.assert_allclose(con.tensor("C"), a @ a, atol=1e-9)
     assert not con.sql("SELECT * FROM duckdb_tables() WHERE table_name LIKE '__tensordb%'").fetchall()
+
+
+def test_results_handed_back_are_read_only(con):
+    """Output tiles are computed in place in the stored payload: the caller cannot change them."""
+    con.load("A", np.eye(4))
+    result = con.einsum("ij,jk->ik", "A", "A", into="C")
+    for tile in result.tiles.values():
+        with pytest.raises(ValueError):
+            tile[...] = 99
+    np.testing.assert_array_equal(con.tensor("C"), np.eye(4))
+
+
+def test_a_full_disk_is_an_error_not_a_crash(tmp_path):
+    """Output files get their blocks before they are mapped: running out of space (here, a file
+    size limit) fails the query cleanly instead of killing the process with SIGBUS."""
+    import subprocess
+    import sys
+    code = f"""
+import resource, signal, numpy as np, tensordb
+con = tensordb.connect({str(tmp_path / 'db')!r})
+con.load("A", np.ones((512, 512)))                      # 2 MiB
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+try:
+    con.einsum("ij,jk->ik", "A", "A", into="C")         # a 2 MiB result: over the limit
+except tensordb.OperationalError as exc:
+    print("refused:", exc.message)
+print("stored:", con.store.has("C"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused: cannot reserve" in out.stdout and "stored: False" in out.stdout

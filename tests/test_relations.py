@@ -105,3 +105,33 @@ def test_table_cannot_take_a_tensor_name(con):
         with pytest.raises(tensordb.CatalogError, match="a tensor named 'A' exists"):
             con.sql(stmt)
     assert con.sql("SELECT count(*) FROM A").fetchall() == [(2,)]
+
+
+def test_sql_transactions_and_tensordb_writes_do_not_mix():
+    """Inside a transaction begun with SQL, tensordb writes refuse (they commit on their own);
+    the SQL ROLLBACK still works and writes work again afterwards."""
+    with tensordb.connect() as con:
+        con.load("A", np.eye(2))
+        con.sql("BEGIN")
+        with pytest.raises(tensordb.ProgrammingError, match="BEGIN"):
+            con.load("B", np.ones((2, 2)))
+        con.sql("ROLLBACK")
+        con.load("B", np.ones((2, 2)))
+        assert con.tensor("B").sum() == 4
+
+
+def test_catalog_caches_follow_changes_made_with_sql():
+    with tensordb.connect() as con:
+        con.load("A", np.eye(2), dims=["i", "j"])
+        assert con.store.meta("A").dims == ("i", "j")
+        con.sql("UPDATE tensordb.tensors SET dims = ['x', 'y'] WHERE name = 'A'")
+        assert con.store.meta("A").dims == ("x", "y")
+        con.execute("DELETE FROM tensordb.tensors WHERE name = ?", ["A"])
+        assert not con.store.has("A")
+
+
+def test_absurd_grids_are_refused_before_they_fill_the_memory():
+    with tensordb.connect() as con:
+        with pytest.raises(tensordb.ProgrammingError, match="tiles"):
+            con.execute("CREATE TENSOR Z (i 100000000, j 100000000) FLOAT32 TILE (i 1, j 1)")
+        assert con.tensors() == []

@@ -7,14 +7,12 @@ from dataclasses import fields
 import numpy as np
 
 from ..config import Settings, format_bytes
-from ..errors import (BinderError, CatalogError, DataError, Error, IntegrityError, InternalError,
-                      NotSupportedError, OperationalError, OutOfMemoryError, ParserError,
-                      ProgrammingError, Span)
+from ..errors import (BinderError, CatalogError, Error, ProgrammingError, Span)
 from ..result import Result
 from . import ast as A
 from .lexer import words
 
-__all__ = ["run", "DTYPES", "translate_duckdb", "sql_with_parameters"]
+__all__ = ["run", "DTYPES", "sql_with_parameters"]
 
 DTYPES = {
     "float32": "float32", "float": "float32", "real": "float32", "float4": "float32",
@@ -230,44 +228,12 @@ def _sql(con, script, s: A.SqlStmt, text) -> Result:
         return Result.from_relation(rel, text)
     except Error as exc:
         raise _position_from_message(exc, script, s.span)
-    except Exception as exc:
-        raise _position_from_message(translate_duckdb(exc), script, s.span) from exc
 
 
 def sql_with_parameters(con, query: str, parameters) -> Result:
-    from ..storage.relations import expose_tensors
-    store = con.store
-    try:
-        expose_tensors(store, query)
-        cur = store.duck.execute(query, list(parameters))
-        cols = [d[0] for d in cur.description] if cur.description else []
-        return Result.rows(cols, cur.fetchall(), query) if cols else Result.status("OK", query)
-    except Error:
-        raise
-    except Exception as exc:
-        raise translate_duckdb(exc) from exc
-
-
-_DUCK_ERRORS = {
-    "ParserException": ParserError, "SyntaxException": ParserError,
-    "CatalogException": CatalogError, "BinderException": BinderError,
-    "ConversionException": DataError, "InvalidInputException": DataError,
-    "OutOfRangeException": DataError, "TypeMismatchException": DataError,
-    "IOException": OperationalError, "HTTPException": OperationalError,
-    "OutOfMemoryException": OutOfMemoryError, "ConstraintException": IntegrityError,
-    "NotImplementedException": NotSupportedError, "InternalException": InternalError,
-    "FatalException": InternalError,
-}
-
-
-def translate_duckdb(exc: Exception) -> Error:
-    """A DuckDB exception as a tensordb error (by class name: only storage imports duckdb)."""
-    for cls in type(exc).__mro__:
-        if cls.__name__ in _DUCK_ERRORS:
-            return _DUCK_ERRORS[cls.__name__](str(exc))
-    if type(exc).__module__.split(".")[0] in ("duckdb", "_duckdb"):
-        return ProgrammingError(str(exc))
-    return InternalError(f"internal error: {type(exc).__name__}: {exc}")
+    from ..storage.relations import sql
+    cols, rows = sql(con.store, query, parameters)
+    return Result.rows(cols, rows, query) if cols else Result.status("OK", query)
 
 
 _DUCK_CARET = re.compile(r"\n*LINE (\d+): ([^\n]*)\n( *)\^[^\n]*")

@@ -335,6 +335,8 @@ class OutputWriters:
         except BaseException:
             self.abort()
             raise
+        for buf in self.buffers.values():  # they are the stored tensor's bytes now
+            buf.flags.writeable = False
 
     def abort(self) -> None:
         for _, w in self.writers:

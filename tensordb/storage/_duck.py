@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import duckdb
 
@@ -57,15 +56,6 @@ def translate_message(message: str, context: str | None = None) -> errors.Error:
     cls = next((ours for prefix, ours in _PREFIX if message.startswith(prefix)),
                errors.DatabaseError)
     return cls(f"{context}: {message}" if context else message)
-
-
-def translated(fn):
-    """Decorator form of :func:`translating`."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with translating():
-            return fn(*args, **kwargs)
-    return wrapper
 
 
 def quote_ident(name: str) -> str:

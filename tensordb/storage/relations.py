@@ -92,8 +92,12 @@ _CREATE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+|TEMPORARY\s+)?
                      r"(?:IF\s+NOT\s+EXISTS\s+)?(?:main\.)?(?:\"((?:[^\"]|\"\")+)\"|(\w+))", re.I)
 
 
-def sql(store, query: str):
-    """Run plain SQL over tables and tensors; a :class:`Relation` for queries, else None."""
+_TXN = re.compile(r"\s*(BEGIN|START|COMMIT|END|ROLLBACK|ABORT)\b", re.I)
+
+
+def sql(store, query: str, parameters=None):
+    """Run plain SQL over tables and tensors: a :class:`Relation` for a query; for a statement
+    with ``parameters`` (``?`` placeholders), a (columns, rows) pair."""
     store._check_open()
     m = _CREATE.match(query)
     created = m and (m.group(1) or m.group(2))
@@ -101,11 +105,24 @@ def sql(store, query: str):
         raise CatalogError(f"cannot create table '{created}': a tensor named "
                            f"'{store.meta(created).name}' exists",
                            hint="tensors and tables share one namespace")
-    expose_tensors(store, query)
-    with store._lock, translating():
-        rel = store.duck.sql(query)
-    if rel is None:  # a statement (it may have been a ROLLBACK of the catalog): forget caches
+    txn = _TXN.match(query)
+    if txn is None:
+        expose_tensors(store, query)
+    try:
+        with store._lock, translating():
+            if parameters is None:
+                rel = store.duck.sql(query)
+            else:
+                cur = store.duck.execute(query, list(parameters))
+                cols = [d[0] for d in cur.description] if cur.description else []
+                rel = (cols, cur.fetchall() if cols else [])
+    finally:
+        # Any statement may have changed the catalog (DML on it, a ROLLBACK): reread it.
         store.forget_cached()
+    if txn is not None:  # tensordb's own writes refuse to run inside the user's transaction
+        store.user_transaction = txn.group(1).upper() in ("BEGIN", "START")
+    if parameters is not None:
+        return rel
     return None if rel is None else Relation(rel)
 
 

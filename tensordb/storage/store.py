@@ -64,6 +64,7 @@ class Store:
         # entries by version (a version's tiles never change). Writes keep both exact; a rolled
         # back transaction clears them.
         self._cache: dict[str, TensorMeta | None] = {}
+        self.user_transaction = False  # a transaction begun with SQL (con.sql("BEGIN")) is open
         self._entries: dict[int, tuple] = {}
         self._views: set[str] = set()
         if path is None:
@@ -347,6 +348,11 @@ class Store:
         the outermost one. The store lock is not held across the block: worker threads may read
         the catalog meanwhile (they see the block's uncommitted changes, as DuckDB does)."""
         self._check_open(writing=True)
+        if self.user_transaction:
+            raise ProgrammingError(
+                "a transaction begun with SQL BEGIN is open: tensordb writes run in transactions "
+                "of their own", hint="COMMIT or ROLLBACK it first, or group tensordb statements "
+                "in the dialect's BEGIN ... COMMIT")
         with self._lock:
             joined = self._txn
             if joined is None:

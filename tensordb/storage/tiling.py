@@ -19,6 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import ProgrammingError
+
 __all__ = ["Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
            "default_tile_shape", "grid_shape", "tile_box", "overlapping"]
 
@@ -31,8 +33,18 @@ TARGET_TILE_BYTES = 16 << 20
 _MIN_SLAB_ROWS = 64
 
 
+# A grid lists every boundary: a dimension cut into more pieces than this is a mistake (tiles of
+# a few elements), and its boundaries alone would fill the memory.
+MAX_TILES_PER_DIM = 1 << 20
+
+
 def regular_bounds(n: int, tile: int) -> tuple[int, ...]:
     tile = max(1, int(tile))
+    count = -(-n // tile)
+    if count > MAX_TILES_PER_DIM:
+        raise ProgrammingError(f"a dimension of {n} elements in tiles of {tile} makes {count} tiles; "
+                               f"at most {MAX_TILES_PER_DIM} per dimension",
+                               hint="choose larger tiles (TILE (...) / tile=)")
     return tuple(range(0, n, tile)) + (n,) if n > 0 else (0, 0)
 
 

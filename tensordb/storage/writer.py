@@ -6,6 +6,7 @@ catalog row, so a crash leaves an orphan that the next open deletes.
 """
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
@@ -81,10 +82,7 @@ class TensorWriter:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             try:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                try:  # allocate the blocks now: page faults while tiles are computed are cheaper
-                    os.posix_fallocate(self._fd, 0, pos)
-                except (AttributeError, OSError):
-                    os.ftruncate(self._fd, pos)
+                _allocate(self._fd, pos)
                 os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
                 self._map = mmap.mmap(self._fd, pos)
             except OSError as exc:
@@ -152,7 +150,7 @@ class TensorWriter:
         with self._lock:
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
-            if nnz:  # an all-zero reserved tile stays a hole in the file: no catalog row
+            if nnz:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
                 self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz)
         return bool(nnz)
 
@@ -225,6 +223,24 @@ class TensorWriter:
     @property
     def has_file(self) -> bool:
         return bool(self.entries)
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Give the file ``size`` bytes of real disk blocks before it is memory-mapped: a mapping
+    over blocks the disk does not have ends in SIGBUS when it fills up, not in an error. Blocks
+    allocated up front also make the page faults of computing in place cheaper."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except AttributeError:
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise  # ENOSPC, EDQUOT, EFBIG: the caller reports it
+    chunk = bytes(1 << 20)  # a file system without fallocate: write the zeros ourselves
+    at = 0
+    while at < size:
+        at += os.pwrite(fd, chunk[:min(len(chunk), size - at)], at)
 
 
 def _write_all(fd: int, data) -> None:
