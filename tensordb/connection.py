@@ -14,7 +14,7 @@ import numpy as np
 from . import optimizer, physical
 from .config import Settings, debug_level, stage
 from .errors import CatalogError, InterfaceError
-from .plan.builder import Graph, bind, expand_hints
+from .plan.builder import Graph, bind
 from .plan.ir import EinGraph
 from .storage import Store
 
@@ -76,7 +76,7 @@ class Connection:
     def set(self, name: str, value: Any) -> None:
         """Change a setting (``workers``, ``memory_limit``, ``executor``, ``tiling``, ...)."""
         self.settings.set(name, value)
-        if name.lower() in ("workers", "executor") and self._executor is not None:
+        if name.lower() in ("workers", "executor", "memory_limit") and self._executor is not None:
             self._executor.close()
             self._executor = None
 
@@ -142,13 +142,13 @@ class Connection:
         return self.run(graph, replace=replace)
 
     def run(self, graph: Graph | EinGraph, *, hints: Mapping[str, Mapping[str, int]] | None = None,
-            replace: bool = False, analyze: bool = False):
+            replace: bool = False):
         """Plan and run a whole graph of operations at once; stores its outputs atomically."""
         if isinstance(graph, Graph):
             hints = {**graph.hints, **(hints or {})}
             with stage("bind"):
                 graph = bind(graph, self.store)
-        return self._run_graph(graph, hints=hints, replace=replace, analyze=analyze)
+        return self._run_graph(graph, hints=hints, replace=replace)
 
     def plan(self, graph: EinGraph, hints=None):
         """Optimize, lower and place a bound graph: the TilePlan (nothing runs)."""
@@ -157,7 +157,10 @@ class Connection:
         # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist.
         sparse = {name: self.store.open(name).coords() for name, m in metas.items()
                   if m.tile_count < m.total_tiles}
-        hints = expand_hints(graph, hints)
+        # Hints name statements: a statement split pairwise ('D.1', 'D') or computed under an
+        # internal name (it replaces a tensor it reads) passes them on; bad hints are errors here.
+        internal = {stored: name for name, stored in graph.store_as}
+        hints = optimizer.pins_from_hints(graph, {internal.get(k, k): v for k, v in (hints or {}).items()})
         # The optimizer plans for the workers that will run the plan: the local pool's, or the
         # cluster's when the executor is a Dask cluster.
         workers = self.settings.workers if self.settings.executor == "local" else \
@@ -174,13 +177,14 @@ class Connection:
             print(physical.describe(plan), file=sys.stderr)
         return decomp, plan
 
-    def _run_graph(self, graph: EinGraph, *, hints=None, replace=False, analyze=False):
+    def _run_graph(self, graph: EinGraph, *, hints=None, replace=False, planned=None):
+        """Plan (unless ``planned`` = (decomposition, plan) is given), run, store atomically."""
         for name in graph.outputs:
             name = graph.stored_name(name)
             if self.store.has(name) and not replace:
                 raise CatalogError(f"tensor '{name}' already exists",
                                    hint="use replace=True (CREATE OR REPLACE) to overwrite it")
-        decomp, plan = self.plan(graph, hints)
+        decomp, plan = planned if planned is not None else self.plan(graph, hints)
         executor = self._get_executor()
         # Output tiles are computed straight into their new payload files where the executor
         # can (in-process workers); nothing is visible until the catalog commit.

@@ -38,9 +38,8 @@ def explain_graph(con, graph, *, hints: Mapping | None = None, format: str = "te
         graph = bind(graph, con.store)
     decomp, plan = con.plan(graph, hints)
     result = None
-    if analyze:
-        result = con._run_graph(graph, hints=hints, replace=True, analyze=True)
-        plan = getattr(con, "last_plan", None) or plan
+    if analyze:  # run the very plan that is shown
+        result = con._run_graph(graph, hints=hints, replace=True, planned=(decomp, plan))
     return render(decomp, plan, format=format, result=result)
 
 

@@ -196,3 +196,50 @@ print("stored:", con.store.has("C"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "refused: cannot reserve" in out.stdout and "stored: False" in out.stdout
+
+
+def test_many_small_runs_on_many_workers_queue_each_task_once():
+    """Workers start while the first tasks are still being queued: a task whose inputs finish
+    meanwhile must still run exactly once (results and the count of kernel calls say so)."""
+    with tensordb.connect(workers=8) as con:
+        b = np.arange(1024.0).reshape(32, 32) % 7
+        con.load("B", b, tile=(4, 4))
+        for _ in range(40):
+            result = con.einsum("ij,jk->ik", "B", "B", into="D", tile={"i": 2, "j": 8, "k": 2},
+                                replace=True)
+            assert result.kernel_calls == 32
+            np.testing.assert_allclose(con.tensor("D"), b @ b)
+
+
+def test_integer_products_with_a_fractional_scale(con):
+    a = np.arange(16).reshape(4, 4)
+    con.load("A", a)
+    con.einsum("ij,jk->ik", "A", "A", into="H", join="x0 * x1 / 2")
+    con.einsum("ij,jk->ik", "A", "A", into="F", join="x0 * x1 * 2.5")
+    np.testing.assert_allclose(con.tensor("H"), (a @ a) / 2)
+    np.testing.assert_allclose(con.tensor("F"), (a @ a) * 2.5)
+
+
+def test_tiling_hints_are_checked_and_follow_a_replaced_tensor(con):
+    con.load("A", np.ones((8, 8)))
+    with pytest.raises(tensordb.ProgrammingError, match="'z'"):
+        con.einsum("ij,jk->ik", "A", "A", into="C", tile={"z": 2})
+    with pytest.raises(tensordb.ProgrammingError, match="integer"):
+        con.einsum("ij,jk->ik", "A", "A", into="C", tile={"j": "x"})
+    con.einsum("ij,jk->ik", "A", "A", into="A", tile={"i": 4}, replace=True)
+    assert con.last_plan.stats[0].pieces["i"] == 4
+    np.testing.assert_allclose(con.tensor("A"), np.full((8, 8), 8.0))
+
+
+def test_bad_data_in_a_kernel_is_a_data_error(con):
+    con.load("A", np.array([[1, -2], [3, 4]]))
+    with pytest.raises(tensordb.DataError):  # integers to negative integer powers
+        con.run(tensordb.Graph().op("P", "ij", [("A", "ij"), ("A", "ij")], join="x0 ** x1"))
+    assert not con.store.has("P")
+
+
+def test_changing_the_memory_limit_reaches_the_running_pool(con):
+    con.load("A", np.ones((64, 64)))
+    con.einsum("ij,jk->ik", "A", "A", into="C")
+    con.set("memory_limit", 1000)
+    assert con._get_executor().memory_limit == 1000

@@ -100,18 +100,25 @@ class KernelSpec:
         for o, arr in ((self.op.inputs[first], a), (self.op.inputs[second], b)):
             ext.update(zip(o.labels, arr.shape))
         nb, m, k, n = (math.prod(ext[l] for l in group) for group in (nb, m, k, n))
-        if self.scale != 1.0:
+        scale_after = self.scale != 1.0
+        if scale_after and a.dtype == b.dtype == self.dtype:  # scaling an int would truncate
+            scale_after = False
             if a.size <= b.size:
                 a = a * a.dtype.type(self.scale)
             else:
                 b = b * b.dtype.type(self.scale)
         a3 = a.transpose(ta).reshape(nb, m, k)
         b3 = b.transpose(tb).reshape(nb, k, n)
-        if out is not None and xp is np and a3.dtype == b3.dtype == out.dtype:
+        if out is not None and xp is np and a3.dtype == b3.dtype == out.dtype and not scale_after:
             xp.matmul(a3, b3, out=out.reshape(nb, m, n))
             return out
-        res = xp.matmul(a3, b3).reshape(tuple(ext[l] for l in self.op.out_labels))
-        return res if res.dtype == self.dtype else res.astype(self.dtype)
+        res = xp.matmul(a3, b3)
+        res.shape = tuple(ext[l] for l in self.op.out_labels)  # in place: res keeps its memory
+        if res.dtype != self.dtype:
+            res = res.astype(self.dtype)
+        if scale_after:
+            res *= self.dtype.type(self.scale)
+        return res
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
     def _broadcast(self, arrays, out=None):

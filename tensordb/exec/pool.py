@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import Error, InternalError, OutOfMemoryError
+from ..errors import DataError, Error, InternalError, OutOfMemoryError
 from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
 from .kernels import KernelSpec, combine, get_backend
 from .tasks import finish_aggregate, run_assemble, run_kernel, run_load, start_aggregate
@@ -49,7 +49,12 @@ class RunResult:
 
 
 def _owned_nbytes(a) -> int:
-    return int(a.nbytes) if getattr(a, "flags", None) is not None and a.flags.owndata else 0
+    """Bytes of process memory a tile holds: 0 for views of memory-mapped files (stored tiles,
+    output buffers), which the page cache holds."""
+    base = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return int(a.nbytes) if isinstance(base, np.ndarray) else 0
 
 
 class LocalExecutor:
@@ -143,15 +148,24 @@ class _Run:
     def go(self) -> RunResult:
         t0 = time.perf_counter()
         self.pending = 0  # items queued and not yet handled: the run ends when it drops to 0
-        for t in self.plan.tasks:
-            if not isinstance(t, Aggregate) and self.waiting[t.key] == 0:
+        # The tasks without inputs, listed before any is queued: once workers run, `waiting`
+        # changes under our feet, and a task counted down to 0 is queued by the worker.
+        first = [t for t in self.plan.tasks if not isinstance(t, Aggregate) and not t.inputs]
+        try:
+            for t in first:
                 self._queue(t.worker, ("run", t))
-        self.finished.wait()
-        with self.lock:  # after a failure, let the workers drain what is already queued
-            self.draining = True
-            idle = self.pending == 0
-        if not idle:
-            self.drained.wait()
+            self.finished.wait()
+        except BaseException as exc:  # Ctrl-C: stop the workers before giving up the run
+            with self.lock:
+                if self.error is None:
+                    self.error = exc
+            raise
+        finally:
+            with self.lock:  # let the workers drain what is already queued (they skip it)
+                self.draining = True
+                idle = self.pending == 0
+            if not idle:
+                self.drained.wait()
         if self.error is not None:
             raise self._translate(self.error)
         seconds = time.perf_counter() - t0
@@ -222,7 +236,7 @@ class _Run:
         acc = self.acc.get(agg.key)
         if acc is None:
             acc = self.acc[agg.key] = start_aggregate(agg, part, self.xp, self.dest.get(agg.key))
-            self._track(_owned_nbytes(acc) if acc is not part else 0)
+            self._track(_owned_nbytes(acc))  # the partial's own bytes are released just below
         else:
             combine(agg.agg, acc, part, self.xp)
         self._release((part_key,))
@@ -291,6 +305,8 @@ class _Run:
             return exc
         if isinstance(exc, MemoryError):
             return OutOfMemoryError(f"out of memory while running a tile task: {exc}")
+        if isinstance(exc, (ValueError, ArithmeticError)):  # the data, e.g. int ** negative int
+            return DataError(f"a tile kernel failed on the data: {exc}")
         err = InternalError(f"a tile task failed: {type(exc).__name__}: {exc}")
         err.__cause__ = exc
         return err

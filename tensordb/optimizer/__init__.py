@@ -24,11 +24,12 @@ from typing import Callable, Mapping
 from ..errors import ProgrammingError
 from ..plan.ir import EinGraph
 from .baselines import data_parallel_tilings, even_tilings
+from .candidates import pins_from_hints
 from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate
 from .dp import Choice, solve
 
 __all__ = ["Decomposition", "decompose", "place", "STRATEGIES", "register_strategy",
-           "DEFAULT_STRATEGY", "CostParams", "PlanCost", "Choice", "evaluate"]
+           "DEFAULT_STRATEGY", "CostParams", "PlanCost", "Choice", "evaluate", "pins_from_hints"]
 
 
 @dataclass(frozen=True)

@@ -118,10 +118,6 @@ class OpCost:
     def total(self) -> float:
         return self.bytes + self.overhead + self.balance
 
-    def plus_retile(self, extra: float) -> "OpCost":
-        return OpCost(self.join, self.aggregation, self.retile + extra, self.overhead, self.balance,
-                      self.kernel_calls, self.fan_in, self.flops, self.tile_bytes)
-
 
 @dataclass(frozen=True)
 class _Input:
@@ -317,10 +313,6 @@ def evaluate(graph: EinGraph, tilings: Mapping[str, Mapping[str, int]], workers:
             retile += edge_retile(m, which, d, prod, vec.get(o.tensor), grids.get(o.tensor))
         out[op.output] = m.cost(d, retile)
     return PlanCost(out, workers)
-
-
-def as_vector(model: OpModel, pieces: Mapping[str, int]) -> tuple[int, ...]:
-    return model.clamp([pieces.get(l, 1) for l in model.labels])
 
 
 def as_dict(model: OpModel, d: Sequence[int]) -> dict[str, int]:

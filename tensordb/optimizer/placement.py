@@ -73,7 +73,7 @@ def place(plan: TilePlan) -> TilePlan:
     kernels_of: dict[int, list[Kernel]] = defaultdict(list)
     aggs_of: dict[int, list[Aggregate]] = defaultdict(list)
     agg_of_part: dict[int, int] = {}
-    owner = getattr(plan, "owner", {}) or {}
+    owner = plan.owner
     order: list[int] = []
     for t in plan.tasks:
         if isinstance(t, Kernel):
@@ -83,7 +83,7 @@ def place(plan: TilePlan) -> TilePlan:
         elif isinstance(t, Aggregate):
             for k in t.parts:
                 agg_of_part[k] = t.key
-            aggs_of[owner.get(t.key, _op_of(plan, t))].append(t)
+            aggs_of[owner[t.key]].append(t)
 
     def held(key: int, gains: dict[int, int]) -> None:
         """Add to ``gains[w]`` the bytes of task ``key``'s result that worker w already holds."""
@@ -132,14 +132,6 @@ def place(plan: TilePlan) -> TilePlan:
     return _with_loads(plan, where)
 
 
-def _op_of(plan: TilePlan, agg: Aggregate) -> int:
-    for k in agg.parts:
-        t = plan.task(k)
-        if isinstance(t, Kernel):
-            return t.op
-    return -1
-
-
 def _place_by_bytes(t, where, size, load, p) -> None:
     weight = [0] * p
     for k in t.inputs:
@@ -159,7 +151,7 @@ def _with_loads(plan: TilePlan, where: dict[int, int]) -> TilePlan:
                     users[k].add(where[t.key])
     next_key = max((t.key for t in plan.tasks), default=-1) + 1
     copy: dict[tuple[int, int], int] = {}
-    owner = dict(getattr(plan, "owner", {}) or {})
+    owner = dict(plan.owner)
     tasks: list = []
     for t in plan.tasks:
         if isinstance(t, Load):
@@ -186,11 +178,7 @@ def _with_loads(plan: TilePlan, where: dict[int, int]) -> TilePlan:
         elif isinstance(t, Aggregate):
             t = dataclasses.replace(t, parts=tuple(fix(k) for k in t.parts), worker=w)
         tasks.append(t)
-    fields = {f.name for f in dataclasses.fields(plan)}
-    kw = {"tasks": tasks}
-    if "owner" in fields:
-        kw["owner"] = owner
-    return dataclasses.replace(plan, **kw)
+    return dataclasses.replace(plan, tasks=tasks, owner=owner)
 
 
 def transfers(plan: TilePlan) -> tuple[int, list[int]]:
@@ -198,7 +186,7 @@ def transfers(plan: TilePlan) -> tuple[int, list[int]]:
     task reads from a tile produced on another worker (the executor's count)."""
     size = _Sizes(plan)
     on = {t.key: t.worker for t in plan.tasks}
-    owner = getattr(plan, "owner", {}) or {}
+    owner = plan.owner
     per_op = [0] * len(plan.ops)
     for t in plan.tasks:
         for k in t.inputs:

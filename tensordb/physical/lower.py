@@ -20,7 +20,7 @@ from ..plan.ir import EinGraph, EinOp
 from ..storage.tiling import Grid, even_bounds, overlapping
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
 
-__all__ = ["lower", "store_outputs", "OutputWriters", "describe"]
+__all__ = ["lower", "OutputWriters", "describe"]
 
 
 def _list(values) -> str:
@@ -341,11 +341,6 @@ class OutputWriters:
     def abort(self) -> None:
         for _, w in self.writers:
             w.abort()
-
-
-def store_outputs(store, plan: TilePlan, tiles: dict[int, np.ndarray], *, replace: bool = False) -> None:
-    """Write every stored output of the plan, all in one atomic catalog transaction."""
-    OutputWriters(store, plan, replace=replace).store_tiles(tiles)
 
 
 def describe(plan: TilePlan) -> str:

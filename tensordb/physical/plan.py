@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-import numpy as np
 
 from ..plan.ir import EinOp
 from ..storage.tiling import Grid
@@ -143,6 +142,3 @@ class TilePlan:
     @property
     def kernel_calls(self) -> int:
         return sum(isinstance(t, Kernel) for t in self.tasks)
-
-    def nbytes(self, shape, dtype) -> int:
-        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

@@ -291,17 +291,3 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
         if step.store:
             outputs.append(into)
     return EinGraph(tuple(inputs.values()), tuple(ops), tuple(outputs), tuple(store_as))
-
-
-def expand_hints(graph: EinGraph, hints: Mapping[str, Mapping[str, int]] | None
-                 ) -> dict[str, dict[str, int]]:
-    """Hints are given per statement; a statement split into pairwise steps ('D.1', 'D.2', ...,
-    'D') passes each step the pins of the labels it has."""
-    out: dict[str, dict[str, int]] = {}
-    for name, pins in (hints or {}).items():
-        for op in graph.ops:
-            if op.output == name or op.output.startswith(name + "."):
-                mine = {l: int(d) for l, d in pins.items() if l in op.size}
-                if mine:
-                    out[op.output] = mine
-    return out

@@ -123,11 +123,6 @@ class EinOp:
         return tuple(s[l] for l in self.out_labels)
 
     @property
-    def is_contraction(self) -> bool:
-        """A product join with a sum (or no) aggregate: BLAS territory."""
-        return self.agg in ("sum", None) and scalar.product_of(self.join) is not None
-
-    @property
     def flops(self) -> int:
         """Estimated floating-point operations: 2 per element of the join space for a product."""
         s = self.size
