@@ -407,3 +407,13 @@ def test_large_tensors_print_from_their_corners(con):
                            suppress_small=True)
     assert r.preview(max_elements=10) == full
     assert "..." in r.preview()  # small enough to read whole; numpy elides it all the same
+
+
+def test_plain_sql_errors_point_at_the_name_duckdb_names():
+    with tensordb.connect() as con:
+        with pytest.raises(tensordb.BinderError) as err:
+            con.execute("SELECT nosuchcol FROM range(3)")
+        assert err.value.span.start == len("SELECT ")
+        with pytest.raises(tensordb.CatalogError) as err:
+            con.execute("SELECT * FROM nosuchtable")
+        assert err.value.span.start == len("SELECT * FROM ")

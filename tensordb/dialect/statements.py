@@ -260,7 +260,17 @@ def _position_from_message(exc: Error, script: str, span: Span) -> Error:
             pos = span.start + line_start + max(0, min(col, len(line)))
         exc.message = (exc.message[:m.start()] + exc.message[m.end():]).strip()
         exc.args = (exc.message,)
+    else:  # no caret from DuckDB (its binder errors): point at the first name the message quotes
+        text = script[span.start:span.end].lower()
+        for quoted in (a or b for a, b in _QUOTED.findall(exc.message)):
+            at = text.find(quoted.lower())
+            if quoted and at >= 0:
+                pos = span.start + at
+                break
     return exc.with_source(script, Span(pos, min(pos + 1, span.end)) if pos < span.end else span)
+
+
+_QUOTED = re.compile(r'"([^"\n]+)"|with name (\w+)')
 
 
 _HANDLERS = {
