@@ -247,14 +247,11 @@ class _Run:
             self._publish(w, agg, value)
 
     def _track(self, delta: int) -> None:
+        """Count tile bytes alive (for the peak EXPLAIN ANALYZE reports). The memory budget is
+        enforced when planning: every kernel call's tiles fit memory_limit / workers."""
         with self.lock:
             self.live += delta
             self.peak = max(self.peak, self.live)
-        limit = self.ex.memory_limit
-        if limit is not None and self.live > limit:
-            raise OutOfMemoryError(f"tiles in flight need {self.live} bytes, over the memory "
-                                   f"limit of {limit} bytes",
-                                   hint="raise memory_limit, or use more pieces (WITH (TILE ...))")
 
     def _publish(self, w: int, task, value) -> None:
         dest = self.dest.get(task.key)
