@@ -197,7 +197,7 @@ class Connection:
             writers.abort()
             raise
         with stage("store"):
-            writers.store_tiles(result.tiles, getattr(result, "nnz", None))
+            writers.store_tiles(result.tiles, result.nnz)
         self.last_plan = plan
         return result
 
