@@ -365,3 +365,27 @@ def test_check_inside_a_block_and_a_tensor_named_check(tmp_path):
         assert rows == [(None, None, None, None, "ok")]
         [(_, _, _, nnz, crc)] = tile_rows(con, "X").values()
         assert crc == zlib.crc32((2 * A).tobytes()) and nnz == 64
+
+
+@pytest.mark.distributed
+def test_a_damaged_payload_on_dask_workers_is_a_tensordb_error(tmp_path):
+    """Dask worker processes map the payload files themselves: their errors reach the user as
+    the same tensordb errors."""
+    pytest.importorskip("distributed")
+    from tensordb.exec.dask import local_cluster
+    root = make_db(str(tmp_path / "w.tdb"))
+    with tensordb.connect(root) as con:
+        con.load("E", A + 1, dims=["i", "j"])
+    damaged = {"A": "truncated", "E": "directory"}
+    paths = {name: payload(root, name) for name in damaged}
+    for name, damage in damaged.items():
+        DAMAGE[damage][0](paths[name])
+    with local_cluster(2, local_directory=str(tmp_path / "dask")) as cluster, \
+            tensordb.connect(root, workers=2, executor=f"dask://{cluster.scheduler_address}") as con:
+        for name, damage in damaged.items():
+            _, cls, words = DAMAGE[damage]
+            with pytest.raises(cls) as info:
+                con.execute(f"C[i,k] = SUM({name}[i,j] * B[j,k])")
+            text = str(info.value)
+            assert f"'{name}'" in text and paths[name] in text and words in text, text
+            assert not con.store.has("C")

@@ -233,8 +233,8 @@ def open_payload(name: str, path: str | None, entries) -> int:
         if not stat.S_ISREG(st.st_mode):
             raise OperationalError(f"the payload file {path} of tensor '{name}' is "
                                    f"{file_kind(st.st_mode)}, not a regular file", hint=_CHECK_HINT)
-        short = next((e for e in sorted(entries, key=lambda e: e.offset)
-                      if e.offset + e.nbytes > st.st_size), None)
+        short = min((e for e in entries if e.offset + e.nbytes > st.st_size),
+                    key=lambda e: e.offset, default=None)
         if short is not None:
             raise DataError(f"the payload file {path} of tensor '{name}' is truncated: it has "
                             f"{st.st_size} bytes, tile {short.coords} needs bytes {short.offset} to "
