@@ -14,7 +14,8 @@ from ..errors import Span
 __all__ = [
     "Label", "Number", "String", "Ref", "Call", "BinOp", "Neg", "Expr", "Target", "Dim", "Pin",
     "CreateStmt", "LoadStmt", "AssignStmt", "ExplainStmt", "ShowTensorsStmt", "ShowSettingStmt",
-    "DescribeStmt", "DropStmt", "CopyStmt", "CheckStmt", "SetStmt", "BeginStmt", "CommitStmt", "RollbackStmt",
+    "DescribeStmt", "DropStmt", "CopyStmt", "CheckStmt", "SetStmt", "BeginStmt", "CommitStmt",
+    "RollbackStmt",
     "SqlStmt", "Statement", "walk", "refs",
 ]
 
@@ -250,5 +251,6 @@ class SqlStmt:
 
 
 Statement = Union[CreateStmt, LoadStmt, AssignStmt, ExplainStmt, ShowTensorsStmt, ShowSettingStmt,
-                  DescribeStmt, DropStmt, CopyStmt, CheckStmt, SetStmt, BeginStmt, CommitStmt, RollbackStmt,
+                  DescribeStmt, DropStmt, CopyStmt, CheckStmt, SetStmt, BeginStmt, CommitStmt,
+                  RollbackStmt,
                   SqlStmt]

@@ -20,7 +20,8 @@ from ._duck import first_row
 from .meta import TensorMeta
 from .reader import TileEntry
 
-__all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries", "insert",
+__all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
+           "insert",
            "delete", "referenced_files", "max_version", "table_named"]
 
 SCHEMA = "tensordb"

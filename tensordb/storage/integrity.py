@@ -152,7 +152,8 @@ def _dangling_rows(store) -> list[tuple]:
     """Tile rows of no stored tensor version."""
     with store._lock, translating("cannot read the catalog"):
         found = store.duck.execute(
-            f"SELECT t.tensor, t.version, any_value(t.file), count(*) FROM {catalog.SCHEMA}.tiles t "
+            "SELECT t.tensor, t.version, any_value(t.file), count(*) "
+            f"FROM {catalog.SCHEMA}.tiles t "
             f"ANTI JOIN {catalog.SCHEMA}.tensors m ON m.name = t.tensor AND m.version = t.version "
             "GROUP BY ALL ORDER BY ALL").fetchall()
     return [(tensor, None, file, None, f"catalog: {n} tile row(s) of version {version}, which is "

@@ -237,8 +237,8 @@ def open_payload(name: str, path: str | None, entries) -> int:
                     key=lambda e: e.offset, default=None)
         if short is not None:
             raise DataError(f"the payload file {path} of tensor '{name}' is truncated: it has "
-                            f"{st.st_size} bytes, tile {short.coords} needs bytes {short.offset} to "
-                            f"{short.offset + short.nbytes}", hint=_CHECK_HINT)
+                            f"{st.st_size} bytes, tile {short.coords} needs bytes "
+                            f"{short.offset} to {short.offset + short.nbytes}", hint=_CHECK_HINT)
     except Error:
         os.close(fd)
         raise
@@ -250,7 +250,9 @@ def open_payload(name: str, path: str | None, entries) -> int:
 
 
 def _reason(exc: BaseException) -> str:
-    return (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 def _product(ranges) -> Iterator[tuple[int, ...]]:

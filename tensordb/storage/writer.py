@@ -2,8 +2,8 @@
 
 The payload file ``tiles/<version>.bin`` holds the stored tiles back to back, each C-ordered and
 starting at a 64-byte aligned offset; each tile's zlib.crc32 goes into its catalog row (the
-integrity check compares it with the bytes read back). Until :meth:`TensorWriter.commit` it is referenced by no
-catalog row, so a crash leaves an orphan that the next open deletes.
+integrity check compares it with the bytes read back). Until :meth:`TensorWriter.commit` it is
+referenced by no catalog row, so a crash leaves an orphan that the next open deletes.
 """
 from __future__ import annotations
 
@@ -156,7 +156,8 @@ class TensorWriter:
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
             if nnz:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
-                self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz, crc)
+                self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz,
+                                                 crc)
         return bool(nnz)
 
     # -- finishing -----------------------------------------------------------------------------
