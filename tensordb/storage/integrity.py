@@ -21,8 +21,8 @@ import zlib
 
 import numpy as np
 
-from ._duck import translating
 from . import catalog
+from ._duck import translating
 from .meta import TensorMeta
 from .reader import TileEntry, file_kind
 from .tiling import tile_box
