@@ -10,6 +10,7 @@ read from the catalog with DuckDB.
 from __future__ import annotations
 
 import os
+import stat
 import tracemalloc
 import zlib
 
@@ -63,13 +64,16 @@ def expected_tiles(array, tile):
 
 
 def snapshot(root):
-    """Every file under the database directory with its bytes (or 'dir')."""
+    """Every file under the database directory with its bytes (or 'dir', or its mode)."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for d in dirnames:
             out[os.path.relpath(os.path.join(dirpath, d), root)] = "dir"
         for f in filenames:
             p = os.path.join(dirpath, f)
+            if not stat.S_ISREG(os.lstat(p).st_mode):  # a FIFO: reading it would block
+                out[os.path.relpath(p, root)] = os.lstat(p).st_mode
+                continue
             with open(p, "rb") as fh:
                 out[os.path.relpath(p, root)] = fh.read()
     return out
@@ -179,10 +183,16 @@ def _delete(path):
     os.unlink(path)
 
 
+def _fifo(path):  # reading it would block forever
+    os.unlink(path)
+    os.mkfifo(path)
+
+
 DAMAGE = {"truncated": (_truncate, tensordb.DataError, "truncated"),
           "empty": (_empty, tensordb.DataError, "truncated: it has 0 bytes"),
           "directory": (_directory, tensordb.OperationalError, "is a directory"),
-          "deleted": (_delete, tensordb.OperationalError, "is missing")}
+          "deleted": (_delete, tensordb.OperationalError, "is missing"),
+          "fifo": (_fifo, tensordb.OperationalError, "is a FIFO, not a regular file")}
 
 READS = {
     "tensor": lambda con, tmp: con.tensor("A"),
@@ -373,7 +383,7 @@ def test_check_inside_a_block_and_a_tensor_named_check(tmp_path):
 @pytest.mark.distributed
 def test_a_damaged_payload_on_dask_workers_is_a_tensordb_error(tmp_path):
     """Dask worker processes map the payload files themselves: their errors reach the user as
-    the same tensordb errors."""
+    the same tensordb errors; results they compute get checksums too."""
     pytest.importorskip("distributed")
     from tensordb.exec.dask import local_cluster
     root = make_db(str(tmp_path / "w.tdb"))
@@ -392,3 +402,7 @@ def test_a_damaged_payload_on_dask_workers_is_a_tensordb_error(tmp_path):
             text = str(info.value)
             assert f"'{name}'" in text and paths[name] in text and words in text, text
             assert not con.store.has("C")
+        # Results computed on the workers are checksummed when the client records them.
+        con.execute("F[j,k] = B[j,k] * 2")
+        [(_, _, _, nnz, crc)] = tile_rows(con, "F").values()
+        assert crc == zlib.crc32((2 * B).tobytes()) and nnz == np.count_nonzero(B)

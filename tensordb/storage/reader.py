@@ -208,7 +208,7 @@ def file_kind(mode: int) -> str:
                        (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
         if test(mode):
             return kind
-    return "not a regular file"
+    return "a special file"
 
 
 def open_payload(name: str, path: str | None, entries) -> int:
