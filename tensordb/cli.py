@@ -29,6 +29,7 @@ Statements end with ';' and may span lines. Examples:
   CREATE TENSOR A (i 1000, j 500) FLOAT32;       LOAD TENSOR B FROM 'b.npy';
   C[i,k] = A[i,j] * B[j,k];                      EXPLAIN C[i,k] = A[i,j] * B[j,k];
   SHOW TENSORS;  DESCRIBE C;  SELECT * FROM C LIMIT 5;  COPY C TO 'c.npy';
+  CHECK DATABASE;                                verify every stored tile
 Commands:
   .help              this text
   .timer on|off      show how long each statement took (also \\timing)

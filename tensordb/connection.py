@@ -130,6 +130,21 @@ class Connection:
     def drop(self, name: str, if_exists: bool = False) -> None:
         self.store.drop(name, if_exists=if_exists)
 
+    def check(self, name: str | None = None) -> list[dict]:
+        """Verify every stored tile of tensor ``name`` (None: the whole database, orphan files
+        too) against its checksum and catalog row, reading the files (CHECK TENSOR / CHECK
+        DATABASE). One dict per problem (tensor, tile, file, offset, problem); a single row whose
+        problem is 'ok' when none was found. Changes nothing.
+
+        >>> import numpy as np, tensordb
+        >>> with tensordb.connect() as con:
+        ...     con.load("A", np.eye(3))
+        ...     con.check("A")[-1]["problem"]
+        'ok'
+        """
+        from .storage.integrity import COLUMNS, check
+        return [dict(zip(COLUMNS, row)) for row in check(self.store, name)]
+
     # -- einsum --------------------------------------------------------------------------------
     def einsum(self, spec: str, *operands: str, into: str, join: str | None = None,
                agg: str = "sum", tile: Mapping[str, int] | None = None, replace: bool = False):

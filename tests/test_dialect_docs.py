@@ -51,5 +51,5 @@ def test_every_statement_has_an_example():
                    "= MAX(", "= MIN(", "PROD(", "EINSUM(", " AS EINSUM", "LET ", "WITH (TILE",
                    "BEGIN;", "COMMIT;", "ROLLBACK;", "EXPLAIN ANALYZE", "EXPLAIN (FORMAT JSON)",
                    "SHOW TENSORS", "SHOW ALL", "DESCRIBE ", "DROP TENSOR IF EXISTS", "COPY ",
-                   "SET WORKERS", "SET MEMORY_LIMIT", "SELECT "):
+                   "SET WORKERS", "SET MEMORY_LIMIT", "SELECT ", "CHECK TENSOR", "CHECK DATABASE"):
         assert needle in sql, needle

@@ -14,7 +14,8 @@ from ..errors import Span
 __all__ = [
     "Label", "Number", "String", "Ref", "Call", "BinOp", "Neg", "Expr", "Target", "Dim", "Pin",
     "CreateStmt", "LoadStmt", "AssignStmt", "ExplainStmt", "ShowTensorsStmt", "ShowSettingStmt",
-    "DescribeStmt", "DropStmt", "CopyStmt", "SetStmt", "BeginStmt", "CommitStmt", "RollbackStmt",
+    "DescribeStmt", "DropStmt", "CopyStmt", "CheckStmt", "SetStmt", "BeginStmt", "CommitStmt",
+    "RollbackStmt",
     "SqlStmt", "Statement", "walk", "refs",
 ]
 
@@ -211,6 +212,15 @@ class CopyStmt:
 
 
 @dataclass(frozen=True)
+class CheckStmt:
+    """CHECK TENSOR name, or CHECK DATABASE (``name`` None): the integrity check."""
+
+    name: str | None
+    span: Span
+    name_span: Span | None
+
+
+@dataclass(frozen=True)
 class SetStmt:
     name: str
     value: object
@@ -241,5 +251,6 @@ class SqlStmt:
 
 
 Statement = Union[CreateStmt, LoadStmt, AssignStmt, ExplainStmt, ShowTensorsStmt, ShowSettingStmt,
-                  DescribeStmt, DropStmt, CopyStmt, SetStmt, BeginStmt, CommitStmt, RollbackStmt,
+                  DescribeStmt, DropStmt, CopyStmt, CheckStmt, SetStmt, BeginStmt, CommitStmt,
+                  RollbackStmt,
                   SqlStmt]

@@ -10,12 +10,12 @@ KEYWORDS = (
     "CREATE", "OR", "REPLACE", "TENSOR", "IF", "NOT", "EXISTS", "FROM", "FORMAT", "ARRAY", "INDEX",
     "VALUE", "SHAPE", "TILE", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
     "DESC", "DROP", "COPY", "TO", "SET", "BEGIN", "START", "TRANSACTION", "COMMIT", "END",
-    "ROLLBACK", "ABORT",
+    "ROLLBACK", "ABORT", "DATABASE",
 )
 
 _RULES = r"""
 start: create_zeros | create_load | load | create_as | assign | let
-     | show | describe | drop | copy | set | begin | commit | rollback
+     | show | describe | drop | copy | set | begin | commit | rollback | check
 
 or_replace: OR REPLACE
 if_not_exists: IF NOT EXISTS
@@ -74,6 +74,8 @@ describe: (DESCRIBE | DESC) NAME
         | SHOW TENSOR NAME
 drop: DROP TENSOR [if_exists] NAME
 copy: COPY NAME TO STRING [copy_format]
+check: CHECK TENSOR NAME -> check_tensor
+     | CHECK DATABASE -> check_database
 copy_format: LPAR FORMAT NAME RPAR | FORMAT NAME
 set: SET NAME (EQ | TO) set_value
 set_value: NUMBER -> set_number
@@ -106,10 +108,15 @@ COMMENT: /--[^\n]*/ | /\/\*(.|\n)*?\*\//
 """
 
 
+# CHECK is a keyword only before TENSOR or DATABASE (comments may come between), so a tensor
+# named ``check`` can still be assigned at the start of a statement: ``check[i] = ...``.
+_CHECK = r"/check\b(?=(?:\s|--[^\n]*|\/\*(?:.|\n)*?\*\/)*(?:tensor|database)\b)/i"
+
+
 def grammar() -> str:
     # Keywords outrank NAME (priority 2) and need a word boundary, so ``created`` stays a name.
     kw = "\n".join(f"{k}.2: /{k.lower()}\\b/i" for k in KEYWORDS)
-    return _RULES + "\n" + kw + "\n"
+    return _RULES + "\n" + kw + f"\nCHECK.2: {_CHECK}\n"
 
 
 # Readable names for lark's terminals in "expected ..." messages.
@@ -117,5 +124,5 @@ READABLE = {
     "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "STRING": "a 'string'",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQ": "'='",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "$END": "the end of the statement",
-    **{k: k for k in KEYWORDS},
+    **{k: k for k in KEYWORDS}, "CHECK": "CHECK",
 }

@@ -78,6 +78,8 @@ def classify(w: list[Word]) -> str:
         return "ours" if len(w) >= 2 and w[1].text.lower() in _SETTINGS else "sql"
     if first in ("BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT"):
         return "ours"
+    if first == "CHECK" and nxt[:1] in (["TENSOR"], ["DATABASE"]):
+        return "ours"
     if _is_ident(w[0]) and len(w) >= 2 and w[1].text in ("[", "="):
         return "ours"
     return "sql"
@@ -435,6 +437,12 @@ class _Build(Transformer):
 
     def set(self, meta, c):
         return A.SetStmt(str(c[1]).lower(), c[3], self.sp(meta))
+
+    def check_tensor(self, meta, c):
+        return A.CheckStmt(str(c[2]), self.sp(meta), self.ts(c[2]))
+
+    def check_database(self, meta, c):
+        return A.CheckStmt(None, self.sp(meta), None)
 
     def begin(self, meta, c):
         return A.BeginStmt(self.sp(meta))

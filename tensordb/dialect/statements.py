@@ -1,4 +1,5 @@
-"""The statements that are not einsums: DDL on tensors, SHOW/DESCRIBE, COPY, SET, plain SQL."""
+"""The statements that are not einsums: DDL on tensors, SHOW/DESCRIBE, COPY, CHECK, SET, plain
+SQL."""
 from __future__ import annotations
 
 import re
@@ -184,6 +185,15 @@ def _copy(con, script, s: A.CopyStmt, text) -> Result:
     return Result.status(f"COPY {s.name} TO '{s.path}'", text)
 
 
+def _check(con, script, s: A.CheckStmt, text) -> Result:
+    from ..storage.integrity import COLUMNS
+    try:
+        rows = [tuple(r.values()) for r in con.check(s.name)]
+    except Error as exc:
+        raise exc.with_source(script, s.name_span or s.span)
+    return Result.rows(COLUMNS, rows, text)
+
+
 def _set(con, script, s: A.SetStmt, text) -> Result:
     value = s.value
     # Check names now, so the error points at the SET rather than at a later query.
@@ -276,5 +286,5 @@ _QUOTED = re.compile(r'"([^"\n]+)"|with name (\w+)')
 _HANDLERS = {
     A.CreateStmt: _create, A.LoadStmt: _load, A.ShowTensorsStmt: _show_tensors,
     A.ShowSettingStmt: _show_setting, A.DescribeStmt: _describe, A.DropStmt: _drop,
-    A.CopyStmt: _copy, A.SetStmt: _set, A.SqlStmt: _sql,
+    A.CopyStmt: _copy, A.CheckStmt: _check, A.SetStmt: _set, A.SqlStmt: _sql,
 }

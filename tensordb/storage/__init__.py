@@ -37,10 +37,14 @@ Catalog tables (schema ``tensordb``):
     tensors(name, version, dtype, shape BIGINT[], dims VARCHAR[], grid BIGINT[][], nbytes,
             tile_count, nnz, density, created)
     tiles(tensor, version, coords BIGINT[], starts BIGINT[], shape BIGINT[], file, "offset",
-          nbytes, nnz)
+          nbytes, nnz, crc32)
 
-Modules: store (Store), catalog (the tables), writer/reader (payload files), load and tables
-(sources), relations (tensors in SQL), export, info (listing), npyfile, meta (names, grids).
+``integrity.check(store, name=None)``: the rows of CHECK TENSOR / CHECK DATABASE (every tile read
+    back and compared with its crc32 and catalog row; orphans; ``COLUMNS`` names the columns).
+
+Modules: store (Store), catalog (the tables), writer/reader (payload files), integrity (the
+check), load and tables (sources), relations (tensors in SQL), export, info (listing), npyfile,
+meta (names, grids).
 """
 from .store import Store, TensorMeta, TensorReader, TensorWriter  # noqa: E402
 

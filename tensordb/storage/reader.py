@@ -2,22 +2,28 @@
 
 A reader holds no DuckDB handle (it is pickled to Dask workers) and maps the payload file the
 first time a tile is needed, once per reader. Tiles come back as read-only views of the mapping.
+
+Every read of a payload file (the mapping, ``to_numpy``) opens it through :func:`open_payload`,
+which checks that it is a regular file long enough for every tile before a byte is used: a
+missing, replaced or truncated file is a tensordb error naming the tensor and the file, on every
+path that reads tiles (con.tensor, export, SQL relations, the executors' loads).
 """
 from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import OperationalError
+from ..errors import DataError, Error, OperationalError
 from .meta import TensorMeta
 from .tiling import overlapping, tile_box
 
-__all__ = ["TensorReader", "TileEntry"]
+__all__ = ["TensorReader", "TileEntry", "open_payload", "file_kind"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class TileEntry:
     offset: int
     nbytes: int
     nnz: int
+    crc32: int | None = None  # zlib.crc32 of the tile's bytes; None: written before checksums
 
 
 class TensorReader:
@@ -84,18 +91,22 @@ class TensorReader:
         return self._map
 
     def _open(self) -> mmap.mmap:
+        fd = open_payload(self.meta.name, self.path, self.entries.values())
         try:
-            with open(self.path, "rb") as f:
-                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except OSError as exc:
-            raise OperationalError(
-                f"cannot read the tiles of tensor '{self.meta.name}' from {self.path}: "
-                f"{exc.strerror or exc}",
-                hint="the tensor may have been replaced or dropped since it was opened") from None
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:  # checked above; a file changing under us lands here
+            raise OperationalError(f"cannot map the payload file {self.path} of tensor "
+                                   f"'{self.meta.name}': {_reason(exc)}") from None
+        finally:
+            os.close(fd)
 
     def _view(self, offset: int, shape: tuple[int, ...]) -> np.ndarray:
         count = int(np.prod(shape, dtype=np.int64))
-        return np.frombuffer(self.mapping(), self.meta.dtype, count, offset).reshape(shape)
+        buf = self.mapping()
+        if offset + count * self.meta.dtype.itemsize > len(buf):  # only if the catalog lies
+            raise DataError(f"tensor '{self.meta.name}': a tile at byte {offset} runs past the end "
+                            f"of its payload file {self.path} ({len(buf)} bytes)", hint=_CHECK_HINT)
+        return np.frombuffer(buf, self.meta.dtype, count, offset).reshape(shape)
 
     # -- boxes ---------------------------------------------------------------------------------
     def read_box(self, starts: Sequence[int], stops: Sequence[int]) -> np.ndarray | None:
@@ -154,37 +165,94 @@ class TensorReader:
         out = np.zeros(meta.shape, meta.dtype)
         if not self.entries:
             return out
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            self._open()  # raises the explanatory error
-            raise
+        fd = open_payload(meta.name, self.path, self.entries.values())
         try:
             for c in self.coords():
                 e = self.entries[c]
                 dest = out[tuple(slice(s, s + n) for s, n in zip(e.starts, e.shape))] if meta.shape else out
                 if dest.flags.c_contiguous:
-                    _pread_into(fd, memoryview(dest.reshape(-1)).cast("B"), e.offset)
+                    self._pread_into(fd, memoryview(dest.reshape(-1)).cast("B"), e.offset)
                 else:
                     buf = np.empty(e.shape, meta.dtype)
-                    _pread_into(fd, memoryview(buf.reshape(-1)).cast("B"), e.offset)
+                    self._pread_into(fd, memoryview(buf.reshape(-1)).cast("B"), e.offset)
                     dest[...] = buf
         finally:
             os.close(fd)
         return out
+
+    def _pread_into(self, fd: int, buf: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(buf):
+            try:
+                n = os.preadv(fd, [buf[done:]], offset + done)
+            except OSError as exc:
+                raise OperationalError(f"cannot read the payload file {self.path} of tensor "
+                                       f"'{self.meta.name}': {_reason(exc)}") from None
+            if n <= 0:  # it was long enough when opened: it shrank since
+                raise DataError(f"the payload file {self.path} of tensor '{self.meta.name}' ended "
+                                f"early at byte {offset + done}", hint=_CHECK_HINT)
+            done += n
 
     def close(self) -> None:
         """Drop the mapping now (views made from it keep it alive until they are freed)."""
         self._map = None
 
 
-def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(buf):
-        n = os.preadv(fd, [buf[done:]], offset + done)
-        if n <= 0:
-            raise OperationalError(f"payload file ended early at byte {offset + done}")
-        done += n
+_CHECK_HINT = "the file was changed outside tensordb; CHECK DATABASE lists every damaged tile"
+
+
+def file_kind(mode: int) -> str:
+    """'a directory', 'a FIFO', ... for a file that is not a regular file."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def open_payload(name: str, path: str | None, entries) -> int:
+    """A read-only descriptor of tensor ``name``'s payload file, checked to be a regular file that
+    holds every tile in ``entries``; else an OperationalError (missing, unreadable, not a regular
+    file) or a DataError (too short), naming the tensor and the file. The caller closes it."""
+    if path is None:
+        raise DataError(f"tensor '{name}' has tiles but no payload file in the catalog")
+    try:
+        # O_NONBLOCK: a FIFO put where the file was must not hang the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise OperationalError(f"the payload file {path} of tensor '{name}' is missing",
+                               hint="the tensor was replaced or dropped since it was opened, or "
+                                    "the file was deleted outside tensordb; CHECK DATABASE "
+                                    "lists every damaged tile") from None
+    except OSError as exc:
+        raise OperationalError(f"cannot open the payload file {path} of tensor '{name}': "
+                               f"{_reason(exc)}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OperationalError(f"the payload file {path} of tensor '{name}' is "
+                                   f"{file_kind(st.st_mode)}, not a regular file", hint=_CHECK_HINT)
+        short = min((e for e in entries if e.offset + e.nbytes > st.st_size),
+                    key=lambda e: e.offset, default=None)
+        if short is not None:
+            raise DataError(f"the payload file {path} of tensor '{name}' is truncated: it has "
+                            f"{st.st_size} bytes, tile {short.coords} needs bytes "
+                            f"{short.offset} to {short.offset + short.nbytes}", hint=_CHECK_HINT)
+    except Error:
+        os.close(fd)
+        raise
+    except OSError as exc:
+        os.close(fd)
+        raise OperationalError(f"cannot read the payload file {path} of tensor '{name}': "
+                               f"{_reason(exc)}") from None
+    return fd
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 def _product(ranges) -> Iterator[tuple[int, ...]]:

@@ -1,8 +1,9 @@
 """TensorWriter: tiles go into a new payload file; the catalog sees them only at commit.
 
 The payload file ``tiles/<version>.bin`` holds the stored tiles back to back, each C-ordered and
-starting at a 64-byte aligned offset. Until :meth:`TensorWriter.commit` it is referenced by no
-catalog row, so a crash leaves an orphan that the next open deletes.
+starting at a 64-byte aligned offset; each tile's zlib.crc32 goes into its catalog row (the
+integrity check compares it with the bytes read back). Until :meth:`TensorWriter.commit` it is
+referenced by no catalog row, so a crash leaves an orphan that the next open deletes.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import math
 import mmap
 import os
 import threading
+import zlib
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -116,6 +118,7 @@ class TensorWriter:
         if nnz == 0:
             return False
         flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
+        crc = zlib.crc32(flat)  # outside the lock: zlib releases the GIL for large buffers
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
@@ -134,7 +137,7 @@ class TensorWriter:
                 raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
                                        f"{exc.strerror or exc}") from None
             self._pos = offset + flat.nbytes
-            self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes, nnz)
+            self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes, nnz, crc)
         return True
 
     def _fill_reserved(self, coords: tuple[int, ...], array, nnz: int | None) -> bool:
@@ -147,11 +150,14 @@ class TensorWriter:
             np.copyto(buf, a, casting="unsafe")
             nnz = None
         nnz = int(np.count_nonzero(buf)) if nnz is None else int(nnz)
+        # The tile is final now (computed in place, or copied just above): checksum its bytes.
+        crc = zlib.crc32(buf) if nnz else None
         with self._lock:
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
             if nnz:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
-                self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz)
+                self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz,
+                                                 crc)
         return bool(nnz)
 
     # -- finishing -----------------------------------------------------------------------------

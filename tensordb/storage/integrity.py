@@ -1,0 +1,180 @@
+"""The integrity check (CHECK TENSOR / CHECK DATABASE, ``con.check``): read every stored tile back
+and compare it with its catalog row, in the spirit of SQLite's ``PRAGMA integrity_check``.
+
+For each tile: its payload file exists and is a regular file, the file holds the tile's bytes,
+the bytes' zlib.crc32 equals the recorded one, and the nonzero count equals the catalog's. For a
+whole database also: files in ``tiles/`` that no catalog row references (orphans) and catalog
+rows that disagree with each other. Tiles are read in chunks of ``CHUNK`` bytes with ``preadv``
+(no mapping, no tile held whole), so a tensor larger than memory is checked in bounded memory.
+The check only reads: it changes nothing, and works on a read-only database.
+
+One row per problem, ``(tensor, tile, file, offset, problem)``; tiles written before checksums
+were recorded (NULL ``crc32``) are listed once per tensor as unverified, which is not a problem.
+The last row is ``(None, None, None, None, 'ok')`` when no problem was found.
+"""
+from __future__ import annotations
+
+import math
+import os
+import stat
+import zlib
+
+import numpy as np
+
+from . import catalog
+from ._duck import translating
+from .meta import TensorMeta
+from .reader import TileEntry, file_kind
+from .tiling import tile_box
+
+__all__ = ["check", "COLUMNS", "CHUNK"]
+
+COLUMNS = ("tensor", "tile", "file", "offset", "problem")
+CHUNK = 4 << 20  # bytes read at a time: a multiple of every itemsize
+
+
+def check(store, name: str | None = None) -> list[tuple]:
+    """The rows described above, for tensor ``name`` or (None) the whole database."""
+    store._check_open()
+    metas = [store.meta(name)] if name is not None else store.list()
+    rows: list[tuple] = []
+    for meta in metas:
+        rows += _check_tensor(store, meta)
+    if name is None:
+        rows += _dangling_rows(store)
+        rows += _orphans(store)
+    if all(r[4].startswith("unverified") for r in rows):  # notes only: no problem
+        rows.append((None, None, None, None, "ok"))
+    return rows
+
+
+def _check_tensor(store, meta: TensorMeta) -> list[tuple]:
+    reader = store.open(meta.name)
+    entries = sorted(reader.entries.values(), key=lambda e: e.offset)
+    file = os.path.basename(reader.path) if reader.path else None
+    rows = [(meta.name, None, file, None, p) for p in _catalog_problems(meta, entries)]
+    if not entries:
+        return rows
+
+    def bad(e: TileEntry, problem: str) -> None:
+        rows.append((meta.name, e.coords, file, e.offset, problem))
+
+    try:
+        fd = os.open(reader.path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        for e in entries:
+            bad(e, "missing file")
+        return rows
+    except OSError as exc:
+        for e in entries:
+            bad(e, f"cannot open the file: {exc.strerror or exc}")
+        return rows
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            for e in entries:
+                bad(e, f"not a regular file ({file_kind(st.st_mode)})")
+            return rows
+        size = min(CHUNK, max(e.nbytes for e in entries))
+        buf = bytearray(max(size - size % meta.dtype.itemsize, meta.dtype.itemsize))
+        unverified = 0
+        for e in entries:
+            need = math.prod(e.shape) * meta.dtype.itemsize
+            if e.nbytes != need:
+                bad(e, f"catalog row says {e.nbytes} bytes, its shape {e.shape} needs {need}")
+                continue
+            if e.offset + e.nbytes > st.st_size:
+                bad(e, f"short file: {st.st_size} bytes, the tile needs bytes {e.offset} to "
+                       f"{e.offset + e.nbytes}")
+                continue
+            try:
+                crc, nnz = _read_tile(fd, buf, e, meta.dtype)
+            except EOFError as exc:
+                bad(e, f"short file: {exc}")
+                continue
+            except OSError as exc:
+                bad(e, f"cannot read the tile: {exc.strerror or exc}")
+                continue
+            if e.crc32 is None:
+                unverified += 1
+            elif crc != e.crc32:
+                bad(e, f"checksum mismatch: recorded crc32 {e.crc32:08x}, read {crc:08x}")
+                continue
+            if nnz != e.nnz:
+                bad(e, f"nonzero count mismatch: the catalog records {e.nnz}, the tile has {nnz}")
+        if unverified:
+            rows.append((meta.name, None, file, None,
+                         f"unverified: {unverified} of {len(entries)} tile(s) have no recorded "
+                         "checksum (written before checksums were recorded); their sizes and "
+                         "nonzero counts were checked"))
+    finally:
+        os.close(fd)
+    return rows
+
+
+def _read_tile(fd: int, buf: bytearray, e: TileEntry, dtype: np.dtype) -> tuple[int, int]:
+    """(crc32, nonzero count) of one tile, read ``len(buf)`` bytes at a time."""
+    view = memoryview(buf)
+    crc, nnz, done = 0, 0, 0
+    while done < e.nbytes:
+        want = min(len(buf), e.nbytes - done)
+        got = 0
+        while got < want:
+            n = os.preadv(fd, [view[got:want]], e.offset + done + got)
+            if n <= 0:
+                raise EOFError(f"the file ended at byte {e.offset + done + got} while reading")
+            got += n
+        crc = zlib.crc32(view[:want], crc)
+        nnz += int(np.count_nonzero(np.frombuffer(buf, dtype, want // dtype.itemsize)))
+        done += want
+    return crc, nnz
+
+
+def _catalog_problems(meta: TensorMeta, entries: list[TileEntry]) -> list[str]:
+    """Disagreements between a tensor's catalog row and its tile rows."""
+    out = []
+    if len(entries) != meta.tile_count:
+        out.append(f"catalog: tensors.tile_count is {meta.tile_count}, tiles has "
+                   f"{len(entries)} row(s)")
+    if sum(e.nnz for e in entries) != meta.nnz:
+        out.append(f"catalog: tensors.nnz is {meta.nnz}, its tiles sum to "
+                   f"{sum(e.nnz for e in entries)}")
+    grid = meta.grid_shape
+    for e in entries:
+        inside = len(e.coords) == meta.ndim and all(0 <= c < n for c, n in zip(e.coords, grid))
+        if not inside or tile_box(meta.grid, e.coords) != (
+                e.starts, tuple(s + n for s, n in zip(e.starts, e.shape))):
+            out.append(f"catalog: tile {e.coords} does not fit the tensor's grid")
+    return out
+
+
+def _dangling_rows(store) -> list[tuple]:
+    """Tile rows of no stored tensor version."""
+    with store._lock, translating("cannot read the catalog"):
+        found = store.duck.execute(
+            "SELECT t.tensor, t.version, any_value(t.file), count(*) "
+            f"FROM {catalog.SCHEMA}.tiles t "
+            f"ANTI JOIN {catalog.SCHEMA}.tensors m ON m.name = t.tensor AND m.version = t.version "
+            "GROUP BY ALL ORDER BY ALL").fetchall()
+    return [(tensor, None, file, None, f"catalog: {n} tile row(s) of version {version}, which is "
+             "not a stored tensor") for tensor, version, file, n in found]
+
+
+def _orphans(store) -> list[tuple]:
+    """Entries of ``tiles/`` that no catalog row references (a writable open deletes them)."""
+    if not os.path.isdir(store.tiles_dir):
+        return []
+    with store._lock, translating("cannot read the catalog"):
+        keep = catalog.referenced_files(store.duck)
+    rows = []
+    for entry in sorted(os.scandir(store.tiles_dir), key=lambda d: d.name):
+        if entry.name not in keep:
+            try:
+                kind = "" if entry.is_file(follow_symlinks=False) else \
+                    f" ({file_kind(entry.stat(follow_symlinks=False).st_mode)})"
+            except OSError:  # gone while we looked
+                continue
+            rows.append((None, None, entry.name, None,
+                         f"orphan file{kind}: no catalog row references it (the next open for "
+                         "writing deletes it)"))
+    return rows
