@@ -196,12 +196,11 @@ def _plan(store, stmt):
     if stmt.type in _UNBOUND_OK:
         return None
     kind, message = plan.get("error_type", ""), plan.get("error_message", "")
-    if kind in ("binder", "catalog", "parser", "conversion"):
-        # The statement cannot run at all: DuckDB's own error, as running it would give.
-        err = {"binder": duckdb.BinderException, "catalog": duckdb.CatalogException,
-               "parser": duckdb.ParserException,
-               "conversion": duckdb.ConversionException}[kind](message)
-        raise translate(err)
+    unrunnable = {"binder": duckdb.BinderException, "catalog": duckdb.CatalogException,
+                  "parser": duckdb.ParserException, "conversion": duckdb.ConversionException,
+                  "io": duckdb.IOException}
+    if kind in unrunnable:  # it cannot run at all: DuckDB's own error, as running it would give
+        raise translate(unrunnable[kind](message))
     raise ProgrammingError(
         f"{stmt.type.name} statement refused: tensordb cannot tell where it writes ({message})",
         hint="write the query's result to a table first (CREATE TABLE t AS ...), then COPY t, "
