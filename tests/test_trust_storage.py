@@ -298,6 +298,7 @@ INJECTIONS = [
     "SELECT 1.0 AS v) UNION ALL (SELECT 2.0",
     "COPY users TO 'x.csv'",
     "",
+    "SELECT * FROM enable_logging(storage := 'file', storage_path := 'w.tdb/tiles')",
 ]
 
 

@@ -181,7 +181,11 @@ def _copy(con, script, s: A.CopyStmt, text) -> Result:
     if not con.store.has(s.name):
         _table_or_error(con, script, s.name, s.name_span)
         return _sql(con, script, A.SqlStmt(text, s.span), text)  # COPY <table> TO ...
-    con.export(s.name, s.path, format=s.format)
+    try:
+        con.export(s.name, s.path, format=s.format)
+    except Error as exc:  # point at the path when the statement spells it out
+        at = script.find(s.path, s.span.start, s.span.end)
+        raise exc.with_source(script, Span(at, at + len(s.path)) if at >= 0 else s.span)
     return Result.status(f"COPY {s.name} TO '{s.path}'", text)
 
 

@@ -40,7 +40,8 @@ Catalog tables (schema ``tensordb``):
           nbytes, nnz)
 
 Modules: store (Store), catalog (the tables), writer/reader (payload files), load and tables
-(sources), relations (tensors in SQL), export, info (listing), npyfile, meta (names, grids).
+(sources), relations (tensors in SQL), guard (what user SQL may write; queries spliced as one
+SELECT), export, info (listing), npyfile, meta (names, grids).
 """
 from .store import Store, TensorMeta, TensorReader, TensorWriter  # noqa: E402
 

@@ -18,7 +18,7 @@ import os
 
 import duckdb
 
-from ..errors import ParserError, ProgrammingError
+from ..errors import ProgrammingError, Span
 from ._duck import translate, translating
 
 __all__ = ["inside", "check_path", "statements", "check_statement", "single_select",
@@ -99,13 +99,15 @@ def _hard_link_inside(path: str, root: str) -> bool:
     return False
 
 
+_HINT = ("the catalog, its WAL, the payload files in tiles/ and DuckDB's spill files live there; "
+         "writing any of them would destroy tensors. Choose a path outside it")
+
+
 def check_path(store, path, what: str) -> None:
-    """ProgrammingError when ``what`` would write ``path`` inside the database directory."""
+    """ProgrammingError when ``what`` would use ``path`` inside the database directory."""
     if inside(store, path):
         raise ProgrammingError(
-            f"{what}: {os.fspath(path)} is inside the database directory {store.root}",
-            hint="the catalog, its WAL, the payload files in tiles/ and DuckDB's spill files live "
-                 "there; writing any of them would destroy tensors. Choose a path outside it")
+            f"{what}: {os.fspath(path)} is inside the database directory {store.root}", hint=_HINT)
 
 
 # -- statements -------------------------------------------------------------------------------
@@ -173,11 +175,12 @@ def check_statement(store, stmt, parameters=None) -> None:
             return
         for target in _targets(plan):
             if inside(store, target):
+                # The caret goes under the target where the statement spells it out.
+                at = stmt.query.find(target)
                 raise ProgrammingError(
                     f"{what} refused: it would write {target}, inside the database directory "
-                    f"{store.root}", hint="the catalog, its WAL, the payload files in tiles/ and "
-                    "DuckDB's spill files live there; writing any of them would destroy tensors. "
-                    "Choose a path outside it")
+                    f"{store.root}", hint=_HINT, statement=stmt.query,
+                    span=Span(at, at + len(target)) if at >= 0 else Span(0, len(stmt.query)))
     except BaseException:
         if before is not None:
             _remove_new_directories(store, before)
@@ -208,7 +211,7 @@ def _plan(store, stmt):
 
 
 def _targets(node):
-    """Every path the plan writes, or points a setting at, the plan writes or setting it points at a path."""
+    """Every path the plan writes, or points a setting (or a writing table function) at."""
     if isinstance(node, list):
         for item in node:
             yield from _targets(item)

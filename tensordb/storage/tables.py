@@ -62,10 +62,12 @@ def source_sql(fmt: str, target: str) -> str:
 
 def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape):
     where = target if fmt != "sql" else f"query for '{name}'"
+    src = source_sql(fmt, target)
     if fmt == "sql":
+        # One SELECT, and one that writes no file into the database (enable_logging(...)).
+        guard.check_statement(store, guard.single_statement(target, "the query"))
         from .relations import expose_tensors
         expose_tensors(store, target)
-    src = source_sql(fmt, target)
     with store._lock, translating(f"cannot read {where}"):
         rel = store.duck.sql(f"SELECT * FROM {src}")
         columns = dict(zip(rel.columns, (str(t) for t in rel.types)))
