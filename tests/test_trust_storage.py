@@ -167,6 +167,16 @@ def test_writes_outside_the_database_still_work(db, tmp_path):
     assert db.sql("EXECUTE q").fetchall() == [(B.sum(),)]
 
 
+def test_relations_survive_a_refused_statement(db):
+    """Checking a statement swaps the tensors it names for typed stand-ins while DuckDB binds it;
+    a relation made before still reads the tensor afterwards."""
+    rel = db.sql("SELECT sum(value) AS s FROM A")
+    with pytest.raises(tensordb.ProgrammingError, match="inside the database directory"):
+        db.sql("COPY (SELECT * FROM A) TO 'w.tdb/tiles/x.csv'")
+    assert rel.fetchall() == [(A.sum(),)]
+    assert db.sql("SELECT count(*) FROM A").fetchall() == [(np.count_nonzero(A),)]
+
+
 def test_parameters_with_a_write_target_refused(db, snapshot):
     before = snapshot(db)
     with pytest.raises(tensordb.ProgrammingError, match="parameters"):

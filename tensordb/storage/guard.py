@@ -35,11 +35,12 @@ _WRITING_FUNCTIONS = {"enable_logging": ("storage_path", "storage_config")}
 
 _T = duckdb.StatementType
 # Statement types that can write a file (or hold one that can, as EXPLAIN ANALYZE and PREPARE do).
+# COPY FROM DATABASE is not among them: it writes into a database attached before, whose file was
+# checked by its ATTACH.
 _CHECKED = {_T.COPY, _T.EXPORT, _T.ATTACH, _T.SET, _T.PRAGMA, _T.CALL, _T.EXPLAIN, _T.PREPARE}
-# Plans DuckDB cannot serialize although they bind: pragma calls (PRAGMA enable_profiling: its
-# output file is a setting, checked when set) and COPY FROM DATABASE (it writes into a database
-# that was attached, and so checked, before).
-_UNBOUND_OK = {_T.PRAGMA, _T.COPY_DATABASE}
+# Plans DuckDB cannot serialize although they run: pragma calls (PRAGMA enable_profiling; the
+# file it writes is a setting, checked when it was set). An assignment (PRAGMA x = ...) is a SET.
+_UNBOUND_OK = {_T.PRAGMA}
 
 
 def _root(store) -> str:

@@ -100,6 +100,7 @@ def standing_in(store, query: str):
     what it writes: a plan that scans a Python Arrow stream cannot be serialized, one over a view
     can. The tensors are registered again before the statement runs."""
     names = [m for m in store.list() if m.name.lower() in referenced_names(query)]
+    shown = {m.name for m in names if m.name in store._views}
     for meta in names:
         cols = [f"CAST(NULL AS BIGINT) AS {quote_ident(d)}" for d in meta.dims]
         cols.append(f"CAST(NULL AS {_SQL_TYPE.get(meta.dtype.name, 'DOUBLE')}) AS value")
@@ -109,10 +110,12 @@ def standing_in(store, query: str):
     try:
         yield
     finally:
-        for meta in names:
+        for meta in names:  # the tensor again where it was shown (earlier relations read it)
             store._forget_view(meta.name)
             with contextlib.suppress(Exception), translating():
                 store.duck.execute(f"DROP VIEW IF EXISTS temp.main.{quote_ident(meta.name)}")
+            if meta.name in shown:
+                store._register_view(meta.name, TensorStream(store.open(meta.name)))
 
 
 _CREATE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+|TEMPORARY\s+)?(?:TABLE|VIEW)\s+"
