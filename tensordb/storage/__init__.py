@@ -7,8 +7,9 @@ error). The interface the rest of tensordb relies on:
     Opens (creating if needed) a database directory (``catalog.duckdb`` + ``tiles/``), or an
     in-memory database when ``path`` is None (payloads in a temporary directory, deleted on
     close). A second writer, in another process or this one, gets an OperationalError; so does a
-    path that is a regular file. Opening for writing deletes payload files the catalog does not
-    reference (crash leftovers). Attributes: ``duck`` (the DuckDB connection; user tables live
+    path that is a regular file, and so does a directory whose catalog is missing (or holds no
+    tensordb tables) while payload files exist. Opening for writing deletes payload files that the
+    catalog proves unreferenced (crash leftovers). Attributes: ``duck`` (the DuckDB connection; user tables live
     there too, schema main), ``root`` (directory), ``tiles_dir``, ``read_only``, ``fsync`` (sync
     payloads before commit; on for on-disk databases).
 ``Store.list() -> list[TensorMeta]``, ``has(name)``, ``meta(name) -> TensorMeta`` (CatalogError if
