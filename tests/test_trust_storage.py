@@ -114,6 +114,7 @@ PLAIN_SQL = [
     "CALL enable_logging(storage := 'file', storage_path := 'w.tdb/tiles')",
     "SELECT * FROM enable_logging(storage := 'file', storage_path := 'w.tdb/tiles')",
     "EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO 'w.tdb/tiles/new.bin'",
+    "/* c */ EXPLAIN /* c */ (ANALYZE, FORMAT json) COPY (SELECT 1 AS x) TO 'w.tdb/tiles/new.bin'",
     "SELECT 1; COPY (SELECT 1 AS x) TO 'w.tdb/tiles/x.bin'",
     "SET VARIABLE target = 'w.tdb/tiles/new.bin'; COPY users TO (getvariable('target'))",
     "PREPARE p AS COPY users TO 'elsewhere.csv'",

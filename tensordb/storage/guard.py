@@ -259,10 +259,12 @@ def _strings(value):
 
 
 def _words(text: str) -> list[tuple[int, str, bool]]:
-    """(position, lower-cased text, is an operator) of each token of DuckDB's tokenizer."""
+    """(position, lower-cased text, is an operator) of each token of DuckDB's tokenizer, comments
+    left out."""
     toks = duckdb.tokenize(text)
     return [(pos, text[pos:(toks[k + 1][0] if k + 1 < len(toks) else len(text))].strip().lower(),
-             kind == duckdb.token_type.operator) for k, (pos, kind) in enumerate(toks)]
+             kind == duckdb.token_type.operator) for k, (pos, kind) in enumerate(toks)
+            if kind != duckdb.token_type.comment]
 
 
 def _inner(stmt, start: int):
