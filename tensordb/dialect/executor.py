@@ -17,6 +17,7 @@ from typing import Callable
 from ..errors import (BinderError, Error, InternalError, NotSupportedError,
                       ProgrammingError, Span)
 from ..result import Result
+from ..storage.guard import single_statement
 from . import ast as A
 from . import statements
 from .group import GroupBinder, LetDef
@@ -251,6 +252,7 @@ def explain_script(con, sql: str, format: str = "text", analyze: bool = False) -
         return explain_statements(con, [(sql, s.statement)], s.format, s.analyze or analyze)
     if len(stmts) == 1 and isinstance(stmts[0], A.SqlStmt):
         prefix = "EXPLAIN ANALYZE " if analyze else "EXPLAIN "
+        single_statement(stmts[0].text, "EXPLAIN's statement")  # spliced: exactly one, or none
         rel = con.sql(prefix + stmts[0].text)
         return "\n".join(str(r[-1]) for r in rel.fetchall())
     if not stmts or not all(isinstance(s, A.AssignStmt) for s in stmts):

@@ -10,6 +10,7 @@ import numpy as np
 from ..config import Settings, format_bytes
 from ..errors import (BinderError, CatalogError, Error, ProgrammingError, Span)
 from ..result import Result
+from ..storage._duck import quote_ident
 from . import ast as A
 from .lexer import words
 
@@ -118,7 +119,7 @@ def _load(con, script, s: A.LoadStmt, text) -> Result:
     elif s.query is not None:
         source, options["query"] = None, s.query
     else:
-        source, options["query"] = None, f'SELECT * FROM "{s.table}"'
+        source, options["query"] = None, f"SELECT * FROM {quote_ident(s.table)}"
     try:
         con.load(s.name, source, **options)
     except Error as exc:
@@ -149,8 +150,8 @@ def _show_setting(con, script, s: A.ShowSettingStmt, text) -> Result:
 
 def _table_or_error(con, script, name: str, span: Span) -> None:
     """DESCRIBE and COPY of a name that is no tensor: fine if it is a table, else say so."""
-    rows = con.sql("SELECT 1 FROM information_schema.tables WHERE lower(table_name) = lower("
-                   + "'" + name.replace("'", "''") + "')").fetchall()
+    rows = sql_with_parameters(con, "SELECT 1 FROM information_schema.tables WHERE "
+                               "lower(table_name) = lower(?)", [name]).fetchall()
     if not rows:
         known = [m["name"] for m in con.tensors()][:12]
         raise _err(CatalogError, script, span, f"no tensor or table named '{name}'",
@@ -181,7 +182,11 @@ def _copy(con, script, s: A.CopyStmt, text) -> Result:
     if not con.store.has(s.name):
         _table_or_error(con, script, s.name, s.name_span)
         return _sql(con, script, A.SqlStmt(text, s.span), text)  # COPY <table> TO ...
-    con.export(s.name, s.path, format=s.format)
+    try:
+        con.export(s.name, s.path, format=s.format)
+    except Error as exc:  # point at the path when the statement spells it out
+        at = script.find(s.path, s.span.start, s.span.end)
+        raise exc.with_source(script, Span(at, at + len(s.path)) if at >= 0 else s.span)
     return Result.status(f"COPY {s.name} TO '{s.path}'", text)
 
 

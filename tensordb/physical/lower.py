@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import InternalError
 from ..plan import scalar
 from ..plan.ir import EinGraph, EinOp
+from ..storage._duck import quote_str
 from ..storage.tiling import Grid, even_bounds, overlapping
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
 
@@ -61,8 +62,8 @@ class _Lowering:
         cols, joins, where = [], [], []
         if tensor in self.readers:
             meta = self.readers[tensor].meta
-            src = (f"(SELECT starts, shape FROM tensordb.tiles WHERE tensor = '{meta.name}' "
-                   f"AND version = '{meta.version}')")
+            src = (f"(SELECT starts, shape FROM tensordb.tiles WHERE tensor = {quote_str(meta.name)} "
+                   f"AND version = {int(meta.version)})")
             lo = [f"s.starts[{d + 1}]" for d in range(len(labels))]
             hi = [f"s.starts[{d + 1}] + s.shape[{d + 1}]" for d in range(len(labels))]
             same = [False] * len(labels)

@@ -7,8 +7,9 @@ error). The interface the rest of tensordb relies on:
     Opens (creating if needed) a database directory (``catalog.duckdb`` + ``tiles/``), or an
     in-memory database when ``path`` is None (payloads in a temporary directory, deleted on
     close). A second writer, in another process or this one, gets an OperationalError; so does a
-    path that is a regular file. Opening for writing deletes payload files the catalog does not
-    reference (crash leftovers). Attributes: ``duck`` (the DuckDB connection; user tables live
+    path that is a regular file, and so does a directory whose catalog is missing (or holds no
+    tensordb tables) while payload files exist. Opening for writing deletes payload files that the
+    catalog proves unreferenced (crash leftovers). Attributes: ``duck`` (the DuckDB connection; user tables live
     there too, schema main), ``root`` (directory), ``tiles_dir``, ``read_only``, ``fsync`` (sync
     payloads before commit; on for on-disk databases).
 ``Store.list() -> list[TensorMeta]``, ``has(name)``, ``meta(name) -> TensorMeta`` (CatalogError if
@@ -43,8 +44,8 @@ Catalog tables (schema ``tensordb``):
     back and compared with its crc32 and catalog row; orphans; ``COLUMNS`` names the columns).
 
 Modules: store (Store), catalog (the tables), writer/reader (payload files), integrity (the
-check), load and tables (sources), relations (tensors in SQL), export, info (listing), npyfile,
-meta (names, grids).
+check), load and tables (sources), relations (tensors in SQL), guard (what user SQL may write;
+queries spliced as one SELECT), export, info (listing), npyfile, meta (names, grids).
 """
 from .store import Store, TensorMeta, TensorReader, TensorWriter  # noqa: E402
 

@@ -21,8 +21,7 @@ from .meta import TensorMeta
 from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
-           "insert",
-           "delete", "referenced_files", "max_version", "table_named"]
+           "insert", "delete", "referenced_files", "versions", "max_version", "table_named"]
 
 SCHEMA = "tensordb"
 
@@ -53,9 +52,10 @@ def create(duck) -> None:
 
 
 def exists(duck) -> bool:
-    return bool(duck.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = 'tensors' "
-        "AND database_name = current_database()", [SCHEMA]).fetchall()[0][0])
+    """Whether both catalog tables are there."""
+    return duck.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name IN "
+        "('tensors', 'tiles') AND database_name = current_database()", [SCHEMA]).fetchall()[0][0] == 2
 
 
 def has_column(duck, table: str, column: str) -> bool:
@@ -132,6 +132,11 @@ def delete(duck, meta: TensorMeta) -> None:
 
 def referenced_files(duck) -> set[str]:
     return {r[0] for r in duck.execute(f"SELECT DISTINCT file FROM {SCHEMA}.tiles").fetchall()}
+
+
+def versions(duck) -> set[int]:
+    """The versions of the stored tensors."""
+    return {int(r[0]) for r in duck.execute(f"SELECT version FROM {SCHEMA}.tensors").fetchall()}
 
 
 def max_version(duck) -> int:

@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from ..errors import OperationalError, ProgrammingError
+from . import guard
 from ._duck import quote_ident, quote_str, translating
 from .relations import TensorStream
 
@@ -30,6 +31,7 @@ def export_tensor(store, name: str, path, *, format: str | None = None) -> None:
     if fmt not in EXPORT_FORMATS:
         raise ProgrammingError(f"cannot export to {path}: unknown format '{fmt or '?'}'",
                                hint=f"formats: {', '.join(EXPORT_FORMATS)}")
+    guard.check_path(store, path, f"cannot export '{name}'")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise OperationalError(f"cannot export to {path}: directory {directory} does not exist")

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import DataError, ProgrammingError
+from . import guard
 from .meta import TensorMeta, check_name, check_tile_shape, supported_dtype
 from .npyfile import NpyFile, open_input
 from .tiling import default_tile_shape, grid_shape, tile_box
@@ -47,6 +48,8 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     store._check_open(writing=True)
     check_name(name)
     fmt, target = _resolve(source, format, query)
+    if fmt in ("npy", "npz", "parquet", "csv"):
+        guard.check_path(store, target, f"cannot load '{name}'")
     table_opts = {"index": index, "value": value, "shape": shape}
     if fmt not in ("parquet", "csv", "sql"):
         given = [k for k, v in table_opts.items() if v is not None]

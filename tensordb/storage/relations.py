@@ -15,13 +15,15 @@ time) the query runs; the stream reads the tensor as it was when ``sql`` was cal
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
 import pyarrow as pa
 
-from ..errors import CatalogError
-from ._duck import translating
+from ..errors import CatalogError, ProgrammingError
+from . import guard
+from ._duck import quote_ident, translating
 from .reader import TensorReader
 
 __all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relation"]
@@ -88,6 +90,34 @@ def expose_tensors(store, query: str) -> list[str]:
     return names
 
 
+_SQL_TYPE = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT",
+             "bool": "BOOLEAN"}
+
+
+@contextlib.contextmanager
+def standing_in(store, query: str):
+    """Empty typed views in place of the tensors ``query`` names, while DuckDB binds it to say
+    what it writes: a plan that scans a Python Arrow stream cannot be serialized, one over a view
+    can. The tensors are registered again before the statement runs."""
+    names = [m for m in store.list() if m.name.lower() in referenced_names(query)]
+    shown = {m.name for m in names if m.name in store._views}
+    for meta in names:
+        cols = [f"CAST(NULL AS BIGINT) AS {quote_ident(d)}" for d in meta.dims]
+        cols.append(f"CAST(NULL AS {_SQL_TYPE.get(meta.dtype.name, 'DOUBLE')}) AS value")
+        with translating():
+            store.duck.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(meta.name)} AS "
+                               f"SELECT {', '.join(cols)} WHERE FALSE")
+    try:
+        yield
+    finally:
+        for meta in names:  # the tensor again where it was shown (earlier relations read it)
+            store._forget_view(meta.name)
+            with contextlib.suppress(Exception), translating():
+                store.duck.execute(f"DROP VIEW IF EXISTS temp.main.{quote_ident(meta.name)}")
+            if meta.name in shown:
+                store._register_view(meta.name, TensorStream(store.open(meta.name)))
+
+
 _CREATE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+|TEMPORARY\s+)?(?:TABLE|VIEW)\s+"
                      r"(?:IF\s+NOT\s+EXISTS\s+)?(?:main\.)?(?:\"((?:[^\"]|\"\")+)\"|(\w+))", re.I)
 
@@ -97,33 +127,54 @@ _TXN = re.compile(r"\s*(BEGIN|START|COMMIT|END|ROLLBACK|ABORT)\b", re.I)
 
 def sql(store, query: str, parameters=None):
     """Run plain SQL over tables and tensors: a :class:`Relation` for a query; for a statement
-    with ``parameters`` (``?`` placeholders), a (columns, rows) pair."""
+    with ``parameters`` (``?`` placeholders), a (columns, rows) pair.
+
+    Statements run one at a time, each checked first (guard.py): none may write inside the
+    database directory. A script of several statements returns the last one's relation."""
     store._check_open()
-    m = _CREATE.match(query)
+    stmts = guard.statements(query)
+    if parameters is not None and len(stmts) != 1:
+        raise ProgrammingError(f"? parameters need exactly one SQL statement, got {len(stmts)}")
+    rel = None
+    try:
+        with store._lock:
+            for k, stmt in enumerate(stmts):
+                rel = _run_one(store, stmt, query if len(stmts) == 1 else stmt,
+                               parameters, last=k == len(stmts) - 1)
+    finally:
+        # Any statement may have changed the catalog (DML on it, a ROLLBACK): reread it.
+        store.forget_cached()
+    if parameters is not None:
+        return rel
+    return None if rel is None else Relation(rel)
+
+
+def _run_one(store, stmt, text, parameters, last: bool):
+    """Check and run one statement (``text``: the original query when it is the only one, so
+    DuckDB's error positions refer to what the user wrote)."""
+    m = _CREATE.match(stmt.query)
     created = m and (m.group(1) or m.group(2))
     if created and store.has(created):
         raise CatalogError(f"cannot create table '{created}': a tensor named "
                            f"'{store.meta(created).name}' exists",
                            hint="tensors and tables share one namespace")
-    txn = _TXN.match(query)
+    guard.check_statement(store, stmt, parameters)
+    txn = _TXN.match(stmt.query)
     if txn is None:
-        expose_tensors(store, query)
-    try:
-        with store._lock, translating():
-            if parameters is None:
-                rel = store.duck.sql(query)
-            else:
-                cur = store.duck.execute(query, list(parameters))
-                cols = [d[0] for d in cur.description] if cur.description else []
-                rel = (cols, cur.fetchall() if cols else [])
-    finally:
-        # Any statement may have changed the catalog (DML on it, a ROLLBACK): reread it.
-        store.forget_cached()
+        expose_tensors(store, stmt.query)
+    with translating():
+        if parameters is not None:
+            cur = store.duck.execute(text, list(parameters))
+            cols = [d[0] for d in cur.description] if cur.description else []
+            rel = (cols, cur.fetchall() if cols else [])
+        elif last:
+            rel = store.duck.sql(text)
+        else:
+            store.duck.execute(text)
+            rel = None
     if txn is not None:  # tensordb's own writes refuse to run inside the user's transaction
         store.user_transaction = txn.group(1).upper() in ("BEGIN", "START")
-    if parameters is not None:
-        return rel
-    return None if rel is None else Relation(rel)
+    return rel
 
 
 class Relation:

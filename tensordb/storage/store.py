@@ -96,6 +96,7 @@ class Store:
                 self._duck_memory_default = self.duck.execute(
                     "SELECT current_setting('memory_limit')").fetchall()[0][0]
                 if not read_only:
+                    self._check_catalog()
                     catalog.create(self.duck)  # also adds columns an older catalog lacks
                 elif not catalog.exists(self.duck):
                     raise OperationalError(f"{self.root} holds no tensordb catalog")
@@ -123,11 +124,35 @@ class Store:
             except OSError as exc:
                 raise OperationalError(f"cannot create database {root}: {exc.strerror}") from None
             return
-        stray = {p.name for p in root.iterdir()} - {CATALOG_FILE, CATALOG_FILE + ".wal", TILES_DIR}
-        if stray and not (root / CATALOG_FILE).exists():
+        if (root / CATALOG_FILE).exists():
+            return
+        tiles = root / TILES_DIR
+        payloads = sorted(os.listdir(tiles)) if tiles.is_dir() else []
+        if payloads or (root / (CATALOG_FILE + ".wal")).exists():
+            # Without its catalog nothing proves a payload unreferenced: never start afresh here.
+            raise OperationalError(
+                f"cannot open database {root}: its catalog {root / CATALOG_FILE} is missing, but "
+                f"{TILES_DIR}/ holds {len(payloads)} payload file(s)" if payloads else
+                f"cannot open database {root}: its catalog {root / CATALOG_FILE} is missing, but "
+                f"its write-ahead log {CATALOG_FILE}.wal is there",
+                hint=f"restore {CATALOG_FILE} from a backup; nothing was changed or deleted")
+        stray = {p.name for p in root.iterdir()} - {CATALOG_FILE + ".wal", TILES_DIR}
+        if stray:
             raise OperationalError(f"cannot open database {root}: the directory is not empty and "
                                    f"holds no {CATALOG_FILE}",
                                    hint="choose a new or empty directory for a new database")
+
+    def _check_catalog(self) -> None:
+        """Refuse a catalog file without the tensordb tables (replaced, or emptied) while payload
+        files exist: creating fresh tables would make every payload look like an orphan."""
+        if catalog.exists(self.duck) or not os.path.isdir(self.tiles_dir):
+            return
+        payloads = os.listdir(self.tiles_dir)
+        if payloads:
+            raise OperationalError(
+                f"cannot open database {self.root}: {self.root / CATALOG_FILE} holds no tensordb "
+                f"catalog, but {TILES_DIR}/ holds {len(payloads)} payload file(s)",
+                hint=f"restore the database's own {CATALOG_FILE}; nothing was changed or deleted")
 
     def _claim(self) -> None:
         key = str(self.root.resolve())
@@ -169,18 +194,26 @@ class Store:
             raise translate(exc, f"cannot open database {self.root}") from None
 
     def _start_version(self) -> int:
-        """Delete unreferenced payload files (crash leftovers) and pick the next version."""
+        """Delete unreferenced payload files (crash leftovers) and pick the next version.
+
+        A file goes only when the catalog, read without error, proves it unreferenced: no tile
+        row names it and no tensor row has its version (so a damaged tiles table cannot make a
+        live tensor's payload look orphaned). Directories are never ours: they stay."""
         with translating("cannot read the catalog"):
             newest = catalog.max_version(self.duck)
             keep = catalog.referenced_files(self.duck) if not self.read_only else set()
+            live = catalog.versions(self.duck) if not self.read_only else set()
         if not os.path.isdir(self.tiles_dir):
             return newest + 1  # read-only, before any tensor was written
         for entry in os.scandir(self.tiles_dir):
             m = _PAYLOAD.match(entry.name)
             if m:
                 newest = max(newest, int(m.group(1)))
-            if not self.read_only and entry.name not in keep:
-                _remove(entry.path)
+            if self.read_only or entry.name in keep or (m and int(m.group(1)) in live):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                continue
+            _remove(entry.path)
         return newest + 1
 
     def close(self) -> None:

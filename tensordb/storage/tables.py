@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ..errors import DataError, ProgrammingError
 from ._duck import first_row, quote_ident, quote_str, translate_message, translating
+from . import guard
 from .meta import check_dims, check_tile_shape, supported_dtype
 from .tiling import default_tile_shape, tile_box
 
@@ -52,18 +53,21 @@ def source_sql(fmt: str, target: str) -> str:
         return f"read_parquet({quote_str(target)})"
     if fmt == "csv":
         return f"read_csv({quote_str(target)})"
-    query = target.strip().rstrip(";").strip()
-    if not query:
+    if not target.strip().rstrip(";").strip():
         raise ProgrammingError("empty query")
-    return f"({query})"
+    # Spliced into larger statements: DuckDB must see exactly one SELECT (no '); DROP ...'), and
+    # the newline keeps a trailing '--' comment from swallowing the closing parenthesis.
+    return f"({guard.single_select(target, 'the query')}\n)"
 
 
 def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape):
     where = target if fmt != "sql" else f"query for '{name}'"
+    src = source_sql(fmt, target)
     if fmt == "sql":
+        # One SELECT, and one that writes no file into the database (enable_logging(...)).
+        guard.check_statement(store, guard.single_statement(target, "the query"))
         from .relations import expose_tensors
         expose_tensors(store, target)
-    src = source_sql(fmt, target)
     with store._lock, translating(f"cannot read {where}"):
         rel = store.duck.sql(f"SELECT * FROM {src}")
         columns = dict(zip(rel.columns, (str(t) for t in rel.types)))

@@ -1,0 +1,321 @@
+"""What user text may do: nothing writes inside the database directory, and a query spliced into
+a larger statement is exactly one SELECT.
+
+Which files a statement writes is DuckDB's to say, not ours: ``json_serialize_plan`` binds the
+statement on the very connection that will run it (its tables, variables and settings) and
+returns the logical plan, in which a COPY names its file (``file_path``, after DuckDB evaluated
+an expression target such as ``('w.tdb' || '/catalog.duckdb')``), EXPORT DATABASE its directory,
+ATTACH its database ``path``, SET the new value of a setting and a table function call its
+arguments. Only statements that can write a file are bound this way (statement types from
+``duckdb.extract_statements``); one that cannot be checked is refused rather than run unchecked.
+Paths are resolved like the OS does (relative to the working directory, symlinks followed, ``~``
+as DuckDB expands it) and compared with the resolved database directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import duckdb
+
+from ..errors import ProgrammingError, Span
+from ._duck import translate, translating
+
+__all__ = ["inside", "check_path", "statements", "check_statement", "single_select",
+           "single_statement", "PATH_SETTINGS"]
+
+# DuckDB settings that name a file or directory DuckDB writes (or that decides where "~" points,
+# and with it the default secret and extension directories).
+PATH_SETTINGS = frozenset({
+    "temp_directory", "log_query_path", "profile_output", "profiling_output", "secret_directory",
+    "extension_directory", "extension_directories", "home_directory",
+    "extension_repository_directory"})
+# Table functions that write files, and the arguments that name them.
+_WRITING_FUNCTIONS = {"enable_logging": ("storage_path", "storage_config")}
+
+_T = duckdb.StatementType
+# Statement types that can write a file (or hold one that can, as EXPLAIN ANALYZE and PREPARE do).
+# COPY FROM DATABASE is not among them: it writes into a database attached before, whose file was
+# checked by its ATTACH.
+_CHECKED = {_T.COPY, _T.EXPORT, _T.ATTACH, _T.SET, _T.PRAGMA, _T.CALL, _T.EXPLAIN, _T.PREPARE}
+# Plans DuckDB cannot serialize although they run: pragma calls (PRAGMA enable_profiling; the
+# file it writes is a setting, checked when it was set). An assignment (PRAGMA x = ...) is a SET.
+_UNBOUND_OK = {_T.PRAGMA}
+
+
+def _root(store) -> str:
+    return os.path.realpath(str(store.root))
+
+
+def _resolve(store, path: str) -> str | None:
+    """The absolute path DuckDB's local file system would use, or None for a remote URL."""
+    path = str(path)
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    elif path.startswith("file:"):
+        path = path[len("file:"):]
+    elif "://" in path:
+        return None  # s3://, http://: not a local file
+    if path == "~" or path.startswith("~/"):
+        home = _setting(store, "home_directory") or os.path.expanduser("~")
+        path = home + path[1:]
+    return os.path.realpath(path)
+
+
+def _setting(store, name: str) -> str:
+    with translating():
+        row = store.duck.execute("SELECT current_setting(?)", [name]).fetchall()
+    value = row[0][0] if row else None
+    return str(value) if value else ""
+
+
+def inside(store, path) -> bool:
+    """Whether ``path`` names the database directory or anything in it (after symlinks, ``..``
+    and the working directory are resolved; a file not created yet counts as well), or is a hard
+    link to one of its files."""
+    resolved = _resolve(store, os.fspath(path))
+    if resolved is None:
+        return False
+    root = _root(store)
+    if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+        return True
+    return _hard_link_inside(resolved, root)
+
+
+def _hard_link_inside(path: str, root: str) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if st.st_nlink < 2 or not os.path.isfile(path):
+        return False
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                other = os.stat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                return True
+    return False
+
+
+_HINT = ("the catalog, its WAL, the payload files in tiles/ and DuckDB's spill files live there; "
+         "writing any of them would destroy tensors. Choose a path outside it")
+
+
+def check_path(store, path, what: str) -> None:
+    """ProgrammingError when ``what`` would use ``path`` inside the database directory."""
+    if inside(store, path):
+        raise ProgrammingError(
+            f"{what}: {os.fspath(path)} is inside the database directory {store.root}", hint=_HINT)
+
+
+# -- statements -------------------------------------------------------------------------------
+
+def statements(query: str) -> list:
+    """DuckDB's own split of ``query`` into statements (a ParserError when it does not parse)."""
+    if not isinstance(query, str):
+        raise ProgrammingError(f"SQL must be a string, got {type(query).__name__}")
+    with translating():
+        return duckdb.extract_statements(query)
+
+
+def single_statement(text: str, what: str):
+    """The one statement in ``text``; ProgrammingError when there are none or several."""
+    stmts = statements(text)
+    if len(stmts) != 1:
+        raise ProgrammingError(f"{what} must be exactly one SQL statement, got {len(stmts)}",
+                               hint="a ';' inside the text ends the statement")
+    return stmts[0]
+
+
+def single_select(text: str, what: str) -> str:
+    """``text`` when DuckDB parses it as exactly one SELECT (WITH, VALUES, FROM-first and set
+    operations included); else a ProgrammingError. Only such text may be spliced into a larger
+    statement, where it is wrapped as ``(text\\n)``."""
+    stmt = single_statement(text, what)
+    if stmt.type != _T.SELECT:
+        raise ProgrammingError(f"{what} must be a SELECT query, got a {stmt.type.name} statement")
+    return text.strip().rstrip(";").strip()
+
+
+def needs_check(stmt) -> bool:
+    if stmt.type in _CHECKED:
+        return True
+    # A table function that writes (enable_logging) may also be called from a SELECT.
+    return any(w.strip('"') in _WRITING_FUNCTIONS for _, w, op in _words(stmt.query) if not op)
+
+
+def check_statement(store, stmt, parameters=None) -> None:
+    """Refuse (ProgrammingError, nothing run) a statement that would write inside the database
+    directory, or whose targets cannot be known before it runs."""
+    if not needs_check(stmt):
+        return
+    what = f"{stmt.type.name} statement"
+    if stmt.type == _T.EXPLAIN:
+        inner = _explained(stmt)
+        if inner is not None:
+            check_statement(store, inner, parameters)
+        return
+    if stmt.type == _T.PREPARE:
+        inner = _prepared(stmt)
+        if needs_check(inner):
+            raise ProgrammingError(
+                f"cannot PREPARE a {inner.type.name} statement: where it writes must be checked "
+                "when it runs", hint="run it directly (a query may be prepared)")
+        return
+    if parameters:
+        raise ProgrammingError(f"a {stmt.type.name} statement cannot take ? parameters: where it "
+                               "writes must be checked before it runs",
+                               hint="write the target into the statement")
+    before = _directories(store) if stmt.type == _T.EXPORT else None
+    try:
+        plan = _plan(store, stmt)
+        if plan is None:
+            return
+        for target in _targets(plan):
+            if inside(store, target):
+                # The caret goes under the target where the statement spells it out.
+                at = stmt.query.find(target)
+                raise ProgrammingError(
+                    f"{what} refused: it would write {target}, inside the database directory "
+                    f"{store.root}", hint=_HINT, statement=stmt.query,
+                    span=Span(at, at + len(target)) if at >= 0 else Span(0, len(stmt.query)))
+    except BaseException:
+        if before is not None:
+            _remove_new_directories(store, before)
+        raise
+
+
+def _plan(store, stmt):
+    """DuckDB's logical plan of ``stmt`` as JSON (None for the types it cannot serialize but
+    that write nothing themselves)."""
+    from .relations import standing_in
+    with standing_in(store, stmt.query), translating():
+        text = store.duck.execute("SELECT json_serialize_plan(?)", [stmt.query]).fetchall()[0][0]
+    plan = json.loads(text)
+    if not plan.get("error"):
+        return plan
+    if stmt.type in _UNBOUND_OK:
+        return None
+    kind, message = plan.get("error_type", ""), plan.get("error_message", "")
+    unrunnable = {"binder": duckdb.BinderException, "catalog": duckdb.CatalogException,
+                  "parser": duckdb.ParserException, "conversion": duckdb.ConversionException,
+                  "io": duckdb.IOException}
+    if kind in unrunnable:  # it cannot run at all: DuckDB's own error, as running it would give
+        raise translate(unrunnable[kind](message))
+    raise ProgrammingError(
+        f"{stmt.type.name} statement refused: tensordb cannot tell where it writes ({message})",
+        hint="write the query's result to a table first (CREATE TABLE t AS ...), then COPY t, "
+             "or use COPY <tensor> TO '<path>'")
+
+
+def _targets(node):
+    """Every path the plan writes, or points a setting (or a writing table function) at."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _targets(item)
+        return
+    if not isinstance(node, dict):
+        return
+    kind = node.get("type")
+    if kind == "LOGICAL_COPY_TO_FILE" and node.get("file_path"):
+        yield node["file_path"]
+    elif kind == "LOGICAL_EXPORT":
+        yield node["copy_info"]["file_path"]
+    elif kind == "LOGICAL_ATTACH":
+        path = node["info"].get("path") or ""
+        if path and not path.startswith(":memory:"):
+            yield path
+    elif kind == "LOGICAL_SET" and str(node.get("name", "")).lower() in PATH_SETTINGS:
+        for value in _strings(node.get("value")):
+            if value:
+                yield value
+    elif kind == "LOGICAL_GET":
+        name = (node.get("qname") or {}).get("path", [""])[-1]
+        for key in _WRITING_FUNCTIONS.get(str(name).lower(), ()):
+            for param in node.get("named_parameters", []):
+                if param.get("key") == key:
+                    for value in _strings(param.get("value")):
+                        yield value
+    for key in ("plans", "children"):
+        yield from _targets(node.get(key, []))
+
+
+def _strings(value):
+    """Every string inside a serialized DuckDB value (lists, structs, maps)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, dict):
+        if value.get("is_null"):
+            return
+        for key in ("value", "children"):
+            if key in value:
+                yield from _strings(value[key])
+
+
+def _words(text: str) -> list[tuple[int, str, bool]]:
+    """(position, lower-cased text, is an operator) of each token of DuckDB's tokenizer, comments
+    left out."""
+    toks = duckdb.tokenize(text)
+    return [(pos, text[pos:(toks[k + 1][0] if k + 1 < len(toks) else len(text))].strip().lower(),
+             kind == duckdb.token_type.operator) for k, (pos, kind) in enumerate(toks)
+            if kind != duckdb.token_type.comment]
+
+
+def _inner(stmt, start: int):
+    """The statement that begins at ``start`` inside ``stmt``, which DuckDB must parse as exactly
+    one statement."""
+    if start is None:
+        raise ProgrammingError(f"cannot find the statement inside this {stmt.type.name}")
+    return single_statement(stmt.query[start:], f"the statement inside {stmt.type.name}")
+
+
+def _explained(stmt):
+    """The statement EXPLAIN ANALYZE runs; None for a plain EXPLAIN, which runs nothing.
+    The prefix is EXPLAIN, then ANALYZE/VERBOSE words or one parenthesized option list."""
+    words = _words(stmt.query)
+    if not any(w in ("analyze", "analyse") for _, w, op in words if not op):
+        return None
+    depth = 0
+    for pos, word, op in words[1:]:
+        if op and (depth or word.startswith("(")):
+            depth += word.count("(") - word.count(")")
+            continue
+        if depth or word in ("analyze", "analyse", "verbose"):
+            continue
+        return _inner(stmt, pos)
+    return _inner(stmt, None)
+
+
+def _prepared(stmt):
+    """The statement after PREPARE name [(types)] AS."""
+    depth, words = 0, _words(stmt.query)
+    for k, (pos, word, op) in enumerate(words):
+        if op:
+            depth += word.count("(") - word.count(")")
+        elif depth == 0 and word == "as" and k + 1 < len(words):
+            return _inner(stmt, words[k + 1][0])
+    return _inner(stmt, None)
+
+
+# -- EXPORT DATABASE creates its directory while it is bound ---------------------------------------
+
+def _directories(store) -> set[str]:
+    out = set()
+    for folder, dirs, _ in os.walk(_root(store)):
+        out.update(os.path.join(folder, d) for d in dirs)
+    return out
+
+
+def _remove_new_directories(store, before: set[str]) -> None:
+    """Remove the (empty) directories that binding a refused EXPORT created in the database."""
+    for path in sorted(_directories(store) - before, key=len, reverse=True):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
