@@ -197,7 +197,7 @@ class Connection:
             writers.abort()
             raise
         with stage("store"):
-            writers.store_tiles(result.tiles, result.nnz)
+            writers.store_tiles(result.tiles, result.nnz, result.nonfinite)
         self.last_plan = plan
         return result
 

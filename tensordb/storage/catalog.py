@@ -1,9 +1,12 @@
 """The catalog tables in DuckDB (schema ``tensordb``) and the rows that describe a tensor.
 
     tensors(name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density, created)
-    tiles(tensor, version, coords, starts, shape, file, "offset", nbytes, nnz)
+    tiles(tensor, version, coords, starts, shape, file, "offset", nbytes, nnz, nonfinite)
 
 A tensor is one ``tensors`` row plus one ``tiles`` row per stored tile; absent tiles are zeros.
+``nonfinite`` says whether a tile holds NaN or inf (NULL: not known, as in catalogs written before
+the column existed; the planner then assumes it may): an absent tile's kernel calls are skipped
+only when the partner tiles are finite (0 * inf is NaN).
 Physical planning joins ``tiles`` with SQL, so its columns are part of the interface.
 """
 from __future__ import annotations
@@ -15,7 +18,7 @@ from ._duck import first_row
 from .meta import TensorMeta
 from .reader import TileEntry
 
-__all__ = ["SCHEMA", "create", "exists", "find", "all_metas", "tile_entries", "insert",
+__all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries", "insert",
            "delete", "referenced_files", "max_version", "table_named"]
 
 SCHEMA = "tensordb"
@@ -31,6 +34,7 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.tiles (
     tensor VARCHAR NOT NULL, version BIGINT NOT NULL, coords BIGINT[] NOT NULL,
     starts BIGINT[] NOT NULL, shape BIGINT[] NOT NULL, file VARCHAR NOT NULL,
     "offset" BIGINT NOT NULL, nbytes BIGINT NOT NULL, nnz BIGINT NOT NULL);
+ALTER TABLE {SCHEMA}.tiles ADD COLUMN IF NOT EXISTS nonfinite BOOLEAN;
 """
 
 _COLUMNS = "name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density"
@@ -38,7 +42,9 @@ _COLUMNS = "name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, de
 _TILES_SCHEMA = pa.schema([
     ("tensor", pa.string()), ("version", pa.int64()), ("coords", pa.list_(pa.int64())),
     ("starts", pa.list_(pa.int64())), ("shape", pa.list_(pa.int64())), ("file", pa.string()),
-    ("offset", pa.int64()), ("nbytes", pa.int64()), ("nnz", pa.int64())])
+    ("offset", pa.int64()), ("nbytes", pa.int64()), ("nnz", pa.int64()),
+    ("nonfinite", pa.bool_())])
+_TILE_COLUMNS = ", ".join(f'"{f.name}"' for f in _TILES_SCHEMA)
 
 
 def create(duck) -> None:
@@ -49,6 +55,14 @@ def exists(duck) -> bool:
     return bool(duck.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = 'tensors' "
         "AND database_name = current_database()", [SCHEMA]).fetchall()[0][0])
+
+
+def has_column(duck, table: str, column: str) -> bool:
+    """Whether a catalog table has ``column`` (a read-only catalog of an older version may not)."""
+    return bool(duck.execute(
+        "SELECT count(*) FROM duckdb_columns() WHERE schema_name = ? AND table_name = ? "
+        "AND column_name = ? AND database_name = current_database()",
+        [SCHEMA, table, column]).fetchall()[0][0])
 
 
 def _meta(row) -> TensorMeta:
@@ -70,16 +84,18 @@ def all_metas(duck) -> list[TensorMeta]:
     return [_meta(r) for r in rows]
 
 
-def tile_entries(duck, meta: TensorMeta) -> tuple[str | None, list[TileEntry]]:
-    """(payload file name, entries) of one tensor version."""
+def tile_entries(duck, meta: TensorMeta, nonfinite: str = "nonfinite") -> tuple[str | None, list[TileEntry]]:
+    """(payload file name, entries) of one tensor version. ``nonfinite``: the column, or
+    ``NULL`` for a catalog that lacks it."""
     rows = duck.execute(
-        f'SELECT coords, starts, shape, file, "offset", nbytes, nnz FROM {SCHEMA}.tiles '
+        f'SELECT coords, starts, shape, file, "offset", nbytes, nnz, {nonfinite} FROM {SCHEMA}.tiles '
         'WHERE tensor = ? AND version = ? ORDER BY "offset"', [meta.name, meta.version]).fetchall()
     files = {r[3] for r in rows}
     if len(files) > 1:  # pragma: no cover - the writer never does this
         raise AssertionError(f"tensor {meta.name} spans several payload files: {files}")
-    entries = [TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz))
-               for c, s, sh, _, o, nb, nz in rows]
+    entries = [TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz),
+                         None if nf is None else bool(nf))
+               for c, s, sh, _, o, nb, nz, nf in rows]
     return (files.pop() if files else None), entries
 
 
@@ -95,11 +111,12 @@ def insert(duck, meta: TensorMeta, file: str, entries) -> None:
         "coords": [list(e.coords) for e in entries], "starts": [list(e.starts) for e in entries],
         "shape": [list(e.shape) for e in entries], "file": [file] * len(entries),
         "offset": [e.offset for e in entries], "nbytes": [e.nbytes for e in entries],
-        "nnz": [e.nnz for e in entries]}, schema=_TILES_SCHEMA)
+        "nnz": [e.nnz for e in entries], "nonfinite": [e.nonfinite for e in entries]},
+        schema=_TILES_SCHEMA)
     view = f"__tensordb_rows_{meta.version}"
     duck.register(view, rows)
     try:
-        duck.execute(f"INSERT INTO {SCHEMA}.tiles SELECT * FROM {view}")
+        duck.execute(f"INSERT INTO {SCHEMA}.tiles ({_TILE_COLUMNS}) SELECT {_TILE_COLUMNS} FROM {view}")
     finally:
         duck.unregister(view)
 

@@ -30,6 +30,7 @@ class TileEntry:
     offset: int
     nbytes: int
     nnz: int
+    nonfinite: bool | None = None  # holds NaN or inf; None: not known (written by an old version)
 
 
 class TensorReader:

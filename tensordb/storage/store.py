@@ -96,9 +96,13 @@ class Store:
                 self._duck_memory_default = self.duck.execute(
                     "SELECT current_setting('memory_limit')").fetchall()[0][0]
                 if not read_only:
-                    catalog.create(self.duck)
+                    catalog.create(self.duck)  # also adds columns that older versions lacked
                 elif not catalog.exists(self.duck):
                     raise OperationalError(f"{self.root} holds no tensordb catalog")
+                # SQL for the tiles' nonfinite flag: NULL (not known) in an older catalog that
+                # is open read-only and so cannot gain the column.
+                self.nonfinite_column = "nonfinite" if catalog.has_column(
+                    self.duck, "tiles", "nonfinite") else "NULL::BOOLEAN"
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
             self.closed = False
@@ -266,7 +270,7 @@ class Store:
             hit = self._entries.get(meta.version)
             if hit is None:
                 with translating():
-                    hit = catalog.tile_entries(self.duck, meta)
+                    hit = catalog.tile_entries(self.duck, meta, self.nonfinite_column)
                 if len(self._entries) > 256:
                     self._entries.clear()
                 self._entries[meta.version] = hit
