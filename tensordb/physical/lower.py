@@ -109,16 +109,10 @@ class _Lowering:
         return sql
 
     def _facts(self, tensor: str) -> tuple[bool, bool]:
-        """(finite, nonzero) of a whole input: no tile holds NaN/inf; every element is stored,
-        nonzero and not NaN. Unknown (False) for an earlier operation's output."""
+        """(finite, nonzero) of a whole input (TensorReader.facts); neither is known of an
+        earlier operation's output."""
         reader = self.readers.get(tensor)
-        if reader is None:
-            return False, False
-        entries = list(reader.entries.values())
-        finite = all(e.nonfinite is False for e in entries)
-        full = reader.meta.tile_count == reader.meta.total_tiles and all(
-            e.nnz == math.prod(e.shape) for e in entries)
-        return finite, finite and full
+        return (False, False) if reader is None else reader.facts()
 
     # -- the tile join -------------------------------------------------------------------------
     def _complete(self, tensor: str) -> bool:
