@@ -380,3 +380,58 @@ def test_empty_output_labels_give_an_empty_result(dtype, agg):
             assert got.shape == (3, 0) and got.dtype == np.dtype(dtype)
             con.execute(f"R2[i] = {agg.upper()}(X[i,j]);")
             assert con.tensor("R2").shape == (0,) and con.tensor("R2").dtype == want.dtype
+
+
+# -- the skipping rules themselves, against numpy ------------------------------------------------
+
+RULE_JOINS = ["x0 * x1", "x1 * x0", "x0 / x1", "x1 / x0", "x0 + x1", "x0 - x1", "max(x0, x1)",
+              "min(x0, x1)", "relu(x0) * x1", "exp(x0) * x1", "x0 * x1 * x1", "0.5 * x0 * x1",
+              "3 * x0 * x1", "x0 * x1 / 8", "pow(x0, 2) * x1", "pow(x0, 0)", "pow(x0, -1)",
+              "sqrt(x0)", "cos(x0)", "sigmoid(x0)", "tanh(x0) - sin(x1)", "abs(x0) / -x1",
+              "square(x0)", "log(x0)", "x0 * sigmoid(x1)", "x0 * exp(x1)", "x0 * (x1 + x1)"]
+NUMPY = {"max": np.maximum, "min": np.minimum, "relu": lambda x: np.maximum(x, 0), "exp": np.exp,
+         "pow": np.power, "sqrt": np.sqrt, "cos": np.cos, "sin": np.sin, "tanh": np.tanh,
+         "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "abs": np.abs, "square": np.square,
+         "log": np.log}
+
+
+@pytest.mark.parametrize("join", RULE_JOINS)
+def test_a_call_is_skipped_only_where_numpy_gives_zero(join):
+    # For every case the rules call "certainly 0", numpy must give exactly 0 on values that
+    # satisfy the facts, including values whose sums and products overflow.
+    from tensordb.plan.scalar import parse_join, zero_when_absent
+    expr = parse_join(join)
+    def values(dtype):  # (finite, nonzero and finite, anything), all representable in dtype
+        big, tiny = (np.finfo(dtype).max / 1.5, np.finfo(dtype).tiny)  # big + big overflows
+        nonzero = np.array([1.0, -2.5, tiny, big, -big, 7.0], dtype)
+        return (np.concatenate([nonzero, np.array([0.0, -0.0], dtype)]), nonzero,
+                np.array([0.0, 1.0, INF, -INF, NAN, big], dtype))
+    said_zero = 0
+    for absent, finite, nonzero in itertools.product(
+            [{0}, {1}, {0, 1}], [set(), {0}, {1}, {0, 1}], [set(), {0}, {1}, {0, 1}]):
+        if not zero_when_absent(expr, absent, finite, nonzero):
+            continue
+        said_zero += 1
+        for dtype in ("float64", "float32"):
+            finite_vals, nonzero_vals, wild = values(dtype)
+            pools = [np.zeros(1, dtype) if k in absent else nonzero_vals if k in nonzero
+                     else finite_vals if k in finite else wild for k in (0, 1)]
+            x0, x1 = np.meshgrid(*pools, indexing="ij")
+            got = np_(lambda: eval(join, {**NUMPY, "x0": x0, "x1": x1}))  # noqa: S307
+            assert np.all(np.asarray(got) == 0), (join, absent, finite, nonzero, dtype, got)
+    # The rules are not vacuous: a plain product of finite partners is skipped.
+    if join in ("x0 * x1", "x0 / x1", "x0 * x1 / 8", "0.5 * x0 * x1", "relu(x0) * x1"):
+        assert said_zero
+
+
+def test_the_optimizer_counts_absent_tiles_only_next_to_finite_partners():
+    from tensordb.optimizer.cost import OpModel, Presence
+    from tensordb.plan.ir import EinOp
+    op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 8, "j": 8, "k": 8})
+    grid = ((0, 4, 8), (0, 4, 8))
+    presence = {"A": Presence(grid, [(0, 0)])}
+    dt = {"A": "float64", "B": "float64"}
+    finite = OpModel.of(op, dt, 4, presence=presence, facts={"A": (True, False), "B": (True, False)})
+    inf = OpModel.of(op, dt, 4, presence=presence, facts={"A": (True, False), "B": (False, False)})
+    assert finite.inputs[0].inner and finite.present((2, 2, 2)) == 0.25
+    assert not inf.inputs[0].inner and inf.present((2, 2, 2)) == 1.0
