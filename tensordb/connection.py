@@ -170,8 +170,11 @@ class Connection:
         metas = {t.name: self.store.meta(t.name) for t in graph.inputs}
         grids = {name: m.grid for name, m in metas.items()}
         # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist.
-        sparse = {name: self.store.open(name).coords() for name, m in metas.items()
-                  if m.tile_count < m.total_tiles}
+        readers = {name: self.store.open(name) for name in metas}
+        sparse = {name: r.coords() for name, r in readers.items()
+                  if metas[name].tile_count < metas[name].total_tiles}
+        # ...and only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.
+        facts = {name: r.facts() for name, r in readers.items()}
         # Hints name statements: a statement split pairwise ('D.1', 'D') or computed under an
         # internal name (it replaces a tensor it reads) passes them on; bad hints are errors here.
         internal = {stored: name for name, stored in graph.store_as}
@@ -183,7 +186,8 @@ class Connection:
         with stage("optimize"):
             decomp = optimizer.decompose(graph, workers, strategy=self.settings.tiling,
                                          memory_limit=self.settings.memory_limit, hints=hints,
-                                         input_grids=grids, input_tiles=sparse)
+                                         input_grids=grids, input_tiles=sparse,
+                                         input_facts=facts)
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
         with stage("place"):
@@ -212,7 +216,7 @@ class Connection:
             writers.abort()
             raise
         with stage("store"):
-            writers.store_tiles(result.tiles, result.nnz)
+            writers.store_tiles(result.tiles, result.nnz, result.nonfinite)
         self.last_plan = plan
         return result
 

@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
 from ..plan.builder import infer_dtype, parse_spec
+from ..plan.ir import empty_aggregate
 from . import ast as A
 
 __all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pins"]
@@ -188,11 +189,20 @@ class _Lowering:
             raise self.err(expr.fn_span, f"{expr.fn.upper()} aggregates no label: every label "
                            "of its argument is on the left",
                            hint="a label that is not on the left is aggregated")
+        if _is_aggregate(expr):
+            self._check_empty(expr, [l for _, ls in slots for l in ls if l not in self.lhs])
         self.steps.append(BoundStep(self.into, tuple(self.lhs), tuple(slots), join, agg, self.store))
         pins = check_pins(self.script, stmt.hints, set(used), "the statement")
         shape = tuple(self.sizes[l][0] for l in self.lhs)
         dtype = infer_dtype(join, [self.dtypes[t] for t, _ in slots])
         return Lowered(self.steps, shape, dtype, pins)
+
+    def _check_empty(self, node: A.Call, aggregated) -> None:
+        """MAX and MIN over a label of size 0 have no value (numpy raises too)."""
+        empty = [l for l in dict.fromkeys(aggregated) if self.sizes[l][0] == 0]
+        if empty and node.fn in ("max", "min"):
+            err = empty_aggregate(node.fn, empty, self.into)
+            raise self.err(node.fn_span, err.message, cls=type(err), hint=err.hint)
 
     def _split_terms(self, node):
         """Einstein's convention sums per term: in ``A[i,j]*B[j,k] + c[k]`` only the product sums
@@ -289,6 +299,7 @@ class _Lowering:
                            "its argument is also used outside it or on the left",
                            hint="use a label of its own for the dimension to aggregate, "
                                 "e.g. MAX(X[i,k]) next to X[i,j]")
+        self._check_empty(node, [l for l in inside if l not in kept])
         inner: list[tuple[str, tuple[str, ...]]] = []
         join = self.conv(node.args[0], inner)
         if not inner:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import DataError, Error, InternalError, OutOfMemoryError
 from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
+from ..storage.writer import has_nonfinite
 from .kernels import KernelSpec, combine, get_backend
 from .tasks import finish_aggregate, run_assemble, run_kernel, run_load, start_aggregate
 
@@ -46,6 +47,7 @@ class RunResult:
     kernel_calls: int = 0
     worker_busy: list = field(default_factory=list)
     nnz: dict = field(default_factory=dict, repr=False)  # output key -> nonzeros, when counted
+    nonfinite: dict = field(default_factory=dict, repr=False)  # output key -> holds NaN/inf
 
 
 def _owned_nbytes(a) -> int:
@@ -110,6 +112,7 @@ class _Run:
         self.ex, self.plan, self.progress = ex, plan, progress
         self.dest = destinations
         self.nnz: dict[int, int] = {}
+        self.nonfinite: dict[int, bool] = {}
         self.xp = ex.xp
         self.specs = {i: KernelSpec(op, self.xp) for i, op in enumerate(plan.ops)}
         self.lock = threading.Lock()
@@ -175,7 +178,7 @@ class _Run:
                           "peak_tile_bytes": peak}
         tiles = {k: self.results[k] for k in self.keep}
         return RunResult(tiles, seconds, self.moved, self.peak, sum(self.op_calls), self.busy,
-                         self.nnz)
+                         self.nnz, self.nonfinite)
 
     def _queue(self, worker: int, item) -> None:
         with self.lock:
@@ -260,6 +263,7 @@ class _Run:
                 self.xp.copyto(dest, value, casting="unsafe")
                 value = dest
             self.nnz[task.key] = int(np.count_nonzero(dest))  # the store needs it: count here
+            self.nonfinite[task.key] = has_nonfinite(dest)
         self.results[task.key] = value
         self.made_on[task.key] = w
         nbytes = _owned_nbytes(value)

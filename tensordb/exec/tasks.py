@@ -46,7 +46,7 @@ def start_aggregate(task: Aggregate, first, xp=np, out=None):
 
 
 def finish_aggregate(task: Aggregate, acc, xp=np):
-    if task.fill_zero:  # absent combinations are zeros and take part in a max or min
+    if task.fill_zero:  # skipped combinations are zeros and take part in a max, min or prod
         AGG_UFUNCS[task.agg](acc, 0, out=acc) if xp is np else \
             getattr(xp, AGG_UFUNCS[task.agg].__name__)(acc, 0, out=acc)
     return acc

@@ -69,11 +69,11 @@ def _split_largest_output(graph: EinGraph, workers: int, *, hints=None, **_) -> 
 
 
 def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, hints=None, input_grids=None,
-               params: CostParams = DEFAULT_PARAMS, presence=None, **_) -> Decomposition:
+               params: CostParams = DEFAULT_PARAMS, presence=None, facts=None, **_) -> Decomposition:
     """The cost-based search: the dynamic program of dp.py over the candidates of candidates.py."""
     tilings, choices, dp_cost, seconds = solve(graph, workers, memory_limit=memory_limit,
                                                hints=hints, input_grids=input_grids, params=params,
-                                               presence=presence)
+                                               presence=presence, facts=facts)
     return Decomposition(workers, tilings, "eindecomp",
                          {"choices": choices, "dp_cost": dp_cost, "search_seconds": seconds})
 
@@ -94,11 +94,15 @@ DEFAULT_STRATEGY = "eindecomp"
 
 def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, memory_limit=None,
               hints=None, input_grids=None, params: CostParams | None = None,
-              input_tiles: Mapping | None = None) -> Decomposition:
+              input_tiles: Mapping | None = None,
+              input_facts: Mapping[str, tuple[bool, bool]] | None = None) -> Decomposition:
     """Choose the pieces of every label of every operation with the named strategy.
 
     ``input_tiles`` maps block-sparse stored inputs to the coordinates of their stored tiles
     (dense inputs may be left out): the cost model then counts only kernel calls that exist.
+    ``input_facts`` maps stored inputs to (finite, nonzero) as the catalog knows them: an absent
+    tile skips kernel calls only next to finite partners (see ``plan.scalar.zero_when_absent``);
+    without it every input is taken to be finite.
 
     The result's ``details["cost"]`` is the cost model's estimate (a ``PlanCost``), whatever the
     strategy, so that EXPLAIN and the benchmarks compare strategies with one yardstick.
@@ -119,12 +123,12 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
     prm = params or DEFAULT_PARAMS
     presence = {name: Presence(input_grids[name], coords)
                 for name, coords in (input_tiles or {}).items() if name in (input_grids or {})}
-    kwargs = {"params": prm, "presence": presence} if fn is _eindecomp else {}
+    kwargs = {"params": prm, "presence": presence, "facts": input_facts} if fn is _eindecomp else {}
     decomp = fn(graph, workers, memory_limit=memory_limit, hints=hints, input_grids=input_grids,
                 **kwargs)
     if "cost" not in decomp.details:
         cost = evaluate(graph, decomp.tilings, workers, params=prm, input_grids=input_grids,
-                        presence=presence)
+                        presence=presence, facts=input_facts)
         decomp = replace(decomp, details={**decomp.details, "cost": cost})
     return decomp
 

@@ -128,6 +128,7 @@ class _Input:
     shape: tuple[int, ...]
     presence: Presence | None = None   # stored and block-sparse: which tiles exist
     inner: bool = True                 # its absence makes the join zero (it gates kernel calls)
+                                       # given what is known of the other inputs' values
 
 
 @dataclass(frozen=True)
@@ -148,20 +149,28 @@ class OpModel:
     @staticmethod
     def of(op: EinOp, dtypes: Mapping[str, str], workers: int,
            params: CostParams = DEFAULT_PARAMS,
-           presence: Mapping[str, Presence] | None = None) -> "OpModel":
+           presence: Mapping[str, Presence] | None = None,
+           facts: Mapping[str, tuple[bool, bool]] | None = None) -> "OpModel":
         """``dtypes`` maps each input tensor name to its dtype; ``presence`` the sparse stored
-        inputs to the tiles they store."""
+        inputs to the tiles they store; ``facts`` the stored inputs to (finite: no NaN/inf,
+        nonzero: no 0 and no NaN), as the lowering sees them (others: neither). Without
+        ``facts`` every input is taken to be finite: an estimate."""
         from ..plan.scalar import zero_when_absent
         labels = op.labels
         size = op.size
         sizes = tuple(size[l] for l in labels)
+        known = [(True, False) if facts is None else facts.get(o.tensor, (False, False))
+                 for o in op.inputs]
+        finite = {k for k, f in enumerate(known) if f[0]}
+        nonzero = {k for k, f in enumerate(known) if f[1]}
         ins = []
         for k, o in enumerate(op.inputs):
             item = np.dtype(dtypes[o.tensor]).itemsize
             shape = tuple(size[l] for l in o.labels)
             ins.append(_Input(o.tensor, tuple(labels.index(l) for l in o.labels),
                               math.prod(shape) * item, item, shape,
-                              (presence or {}).get(o.tensor), zero_when_absent(op.join, {k})))
+                              (presence or {}).get(o.tensor),
+                              zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})))
         item = np.dtype(op.dtype).itemsize
         return OpModel(op, labels, sizes, tuple(ins), len(op.out_labels),
                        math.prod(op.out_shape) * item, item, float(op.flops), max(1, workers), params)
@@ -253,9 +262,10 @@ def dtypes_of(graph: EinGraph) -> dict[str, str]:
 
 
 def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS,
-              presence: Mapping[str, Presence] | None = None) -> dict[str, OpModel]:
+              presence: Mapping[str, Presence] | None = None,
+              facts: Mapping[str, tuple[bool, bool]] | None = None) -> dict[str, OpModel]:
     dt = dtypes_of(graph)
-    return {op.output: OpModel.of(op, dt, workers, params, presence) for op in graph.ops}
+    return {op.output: OpModel.of(op, dt, workers, params, presence, facts) for op in graph.ops}
 
 
 def edge_retile(model: OpModel, which: int, d: Sequence[int], producer: "OpModel | None",
@@ -297,10 +307,11 @@ class PlanCost:
 def evaluate(graph: EinGraph, tilings: Mapping[str, Mapping[str, int]], workers: int, *,
              params: CostParams = DEFAULT_PARAMS, input_grids: Mapping[str, Grid] | None = None,
              models: Mapping[str, OpModel] | None = None,
-             presence: Mapping[str, Presence] | None = None) -> PlanCost:
+             presence: Mapping[str, Presence] | None = None,
+             facts: Mapping[str, tuple[bool, bool]] | None = None) -> PlanCost:
     """The cost of a complete decomposition (pieces per label for every operation): the oracle
     that the dynamic program's choice, the baselines and brute force are all measured with."""
-    models = models or models_of(graph, workers, params, presence)
+    models = models or models_of(graph, workers, params, presence, facts)
     grids = input_grids or {}
     vec = {name: m.clamp([tilings[name].get(l, 1) for l in m.labels]) for name, m in models.items()}
     out: dict[str, OpCost] = {}

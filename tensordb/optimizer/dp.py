@@ -67,11 +67,11 @@ class _Table:
 def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
           hints: Mapping[str, Mapping[str, int]] | None = None,
           input_grids: Mapping | None = None, params: CostParams = DEFAULT_PARAMS,
-          presence: Mapping | None = None):
+          presence: Mapping | None = None, facts: Mapping | None = None):
     """Run the search; returns (tilings, choices, dp_cost, seconds)."""
     t0 = time.perf_counter()
     p = max(1, int(workers))
-    models = models_of(graph, p, params, presence)
+    models = models_of(graph, p, params, presence, facts)
     pins = pins_from_hints(graph, hints)
     grids = dict(input_grids or {})
     budget = None if memory_limit is None else max(1, int(memory_limit) // p)
@@ -90,7 +90,7 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
         m = models[op.output]
         pin = pins.get(op.output)
         sig = (m.sizes, m.n_out, m.out_bytes, m.flops, tuple(sorted((pin or {}).items())),
-               tuple((i.pos, i.nbytes, i.itemsize, id(i.presence),
+               tuple((i.pos, i.nbytes, i.itemsize, id(i.presence), i.inner,
                       grids.get(o.tensor, ()) if o.tensor not in models else None)
                      for i, o in zip(m.inputs, op.inputs)))
         hit = seen.get(sig)

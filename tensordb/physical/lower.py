@@ -58,11 +58,14 @@ class _Lowering:
 
     # -- presence of input tiles at an operation's grid ------------------------------------------
     def _presence_sql(self, tensor: str, labels, bounds: dict[str, tuple]) -> str:
-        """SQL for the distinct op-grid coordinates (c0, c1, ...) of the present tiles of an input."""
+        """SQL for the op-grid coordinates (c0, c1, ...) of the present tiles of an input, with
+        what the catalog knows of each piece: ``f``, it holds no NaN/inf; ``n``, it holds no 0
+        and no NaN (every element lies in a stored tile with nnz = its size)."""
         cols, joins, where = [], [], []
         if tensor in self.readers:
             meta = self.readers[tensor].meta
-            src = (f"(SELECT starts, shape FROM tensordb.tiles WHERE tensor = {quote_str(meta.name)} "
+            src = (f"(SELECT starts, shape, nnz, {self.store.nonfinite_column} AS nonfinite "
+                   f"FROM tensordb.tiles WHERE tensor = {quote_str(meta.name)} "
                    f"AND version = {int(meta.version)})")
             lo = [f"s.starts[{d + 1}]" for d in range(len(labels))]
             hi = [f"s.starts[{d + 1}] + s.shape[{d + 1}]" for d in range(len(labels))]
@@ -87,10 +90,30 @@ class _Lowering:
             first = labels.index(l)
             if first != d:
                 where.append(f"c{first} = c{d}")
-        sql = f"SELECT DISTINCT {', '.join(cols) or '1 AS one'} FROM {src} AS s {' '.join(joins)}"
+        keys = ", ".join(cols) or "1 AS one"
+        if tensor in self.readers:
+            # A piece is free of zeros when the stored tiles with no zero (and no NaN) cover it.
+            r = range(len(labels))
+            size = " * ".join(f"s.shape[{d + 1}]" for d in r) or "1"
+            overlap = " * ".join(f"(least({hi[d]}, q{d}.hi) - greatest({lo[d]}, q{d}.lo))"
+                                 for d in r) or "1"
+            volume = " * ".join(f"any_value(q{d}.hi - q{d}.lo)" for d in r) or "1"
+            full = f"s.nnz = {size} AND s.nonfinite IS FALSE"
+            group = f" GROUP BY {', '.join(f'c{d}' for d in r)}" if cols else ""
+            sql = (f"SELECT {keys}, bool_and(coalesce(NOT s.nonfinite, FALSE)) AS f, "
+                   f"sum(CASE WHEN {full} THEN {overlap} ELSE 0 END) = {volume} AS n "
+                   f"FROM {src} AS s {' '.join(joins)}{group} HAVING count(*) > 0")
+        else:  # an earlier operation's output: its values are not known when planning
+            sql = f"SELECT DISTINCT {keys}, FALSE AS f, FALSE AS n FROM {src} AS s {' '.join(joins)}"
         if where:
             sql = f"SELECT * FROM ({sql}) WHERE {' AND '.join(where)}"
         return sql
+
+    def _facts(self, tensor: str) -> tuple[bool, bool]:
+        """(finite, nonzero) of a whole input (TensorReader.facts); neither is known of an
+        earlier operation's output."""
+        reader = self.readers.get(tensor)
+        return (False, False) if reader is None else reader.facts()
 
     # -- the tile join -------------------------------------------------------------------------
     def _complete(self, tensor: str) -> bool:
@@ -142,7 +165,9 @@ class _Lowering:
             flags.append(f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} IS NOT NULL) AS p{k}")
         present = {k: "TRUE" for k in inner} | {k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} "
                                                    f"IS NOT NULL)" for k in outer}
-        conds.append(scalar.nonzero_sql(op.join, lambda k: present[k]))
+        conds.append(scalar.nonzero_sql(op.join, lambda k: present[k],
+                                        lambda k: f"coalesce(in{k}.f, TRUE)",
+                                        lambda k: f"coalesce(in{k}.n, FALSE)"))
         select = [f"{label_col[l]} AS {_q(l)}" for l in op.labels] + flags
         sql = (f"WITH {', '.join(ctes)} SELECT {', '.join(select) or '1'} FROM {sql_from} "
                f"WHERE {' AND '.join(conds)}")
@@ -158,17 +183,31 @@ class _Lowering:
         bounds = {l: even_bounds(op.size[l], pieces.get(l, 1)) for l in op.labels}
         pieces = {l: len(b) - 1 for l, b in bounds.items()}
         stats = OpStats(op, pieces)
-        inner = [k for k in range(len(op.inputs)) if scalar.zero_when_absent(op.join, {k})]
-        outer = [k for k in range(len(op.inputs)) if k not in inner]
-        rows = self._join(op, pieces, bounds, inner, outer)
-
         n_out, n_lab = len(op.out_labels), len(op.labels)
+        if any(op.size[l] == 0 for l in op.agg_labels):
+            # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
+            # PROD is 1, one call per output tile on empty inputs, which yields the identity.
+            inner, outer = [], list(range(len(op.inputs)))
+            rows = [] if op.agg == "sum" else [
+                c + (0,) * (n_lab - n_out) + (False,) * len(outer)
+                for c in itertools.product(*(range(pieces[l]) for l in op.out_labels))]
+        else:
+            # An input gates the join (is inner-joined: its absent tiles make no kernel call)
+            # when its absence makes the join 0 whatever the other inputs' tiles hold; the
+            # others are left-joined and each call is kept unless the catalog's facts about
+            # its tiles prove it 0.
+            facts = [self._facts(o.tensor) for o in op.inputs]
+            finite = {k for k, f in enumerate(facts) if f[0]}
+            nonzero = {k for k, f in enumerate(facts) if f[1]}
+            inner = [k for k in range(len(op.inputs))
+                     if scalar.zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})]
+            outer = [k for k in range(len(op.inputs)) if k not in inner]
+            rows = self._join(op, pieces, bounds, inner, outer)
+
         groups: dict[tuple, list[tuple]] = defaultdict(list)
         for row in rows:
             groups[tuple(row[:n_out])].append(row)
         total = math.prod(pieces[l] for l in op.agg_labels)
-        if op.agg == "prod":  # a missing combination is a zero factor: the output tile is zero
-            groups = {c: r for c, r in groups.items() if len(r) == total}
 
         out_tiles: dict[tuple, int] = {}
         flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in op.labels)))
@@ -194,7 +233,9 @@ class _Lowering:
                 stats.kernel_calls += 1
                 stats.flops += flops
                 parts.append((key, out_shape))
-            fill = op.agg in ("max", "min") and len(parts) < total
+            # A skipped call is certainly 0, and a 0 takes part in a MAX, MIN or PROD (where it
+            # makes the tile 0, or NaN next to an inf: 0 * inf).
+            fill = op.agg in ("max", "min", "prod") and len(parts) < total
             if len(parts) == 1 and not fill:
                 out_tiles[out_coords] = parts[0][0]
                 continue
@@ -322,16 +363,17 @@ class OutputWriters:
             self.abort()
             raise
 
-    def store_tiles(self, tiles: dict[int, np.ndarray], nnz: dict[int, int] | None = None) -> None:
-        """Record the run's output tiles (with their nonzero counts, if the run made them) and
-        commit every output atomically."""
-        nnz = nnz or {}
+    def store_tiles(self, tiles: dict[int, np.ndarray], nnz: dict[int, int] | None = None,
+                    nonfinite: dict[int, bool] | None = None) -> None:
+        """Record the run's output tiles (with their nonzero counts and NaN/inf flags, if the
+        run made them) and commit every output atomically."""
+        nnz, nonfinite = nnz or {}, nonfinite or {}
         try:
             with self.store.transaction():
                 for out, w in self.writers:
                     for coords in sorted(out.tiles):
                         key = out.tiles[coords]
-                        w.write_tile(coords, tiles[key], nnz.get(key))
+                        w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key))
                     w.commit()
         except BaseException:
             self.abort()

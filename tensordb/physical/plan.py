@@ -74,7 +74,7 @@ class Aggregate:
     parts: tuple[int, ...]
     shape: tuple[int, ...]
     dtype: str
-    fill_zero: bool = False  # some combinations were absent: zeros take part in a max/min
+    fill_zero: bool = False  # some combinations were skipped (certainly 0): a 0 takes part in a max/min/prod
     worker: int = 0
 
     @property

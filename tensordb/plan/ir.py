@@ -20,7 +20,8 @@ from ..errors import BinderError
 from . import scalar
 from .scalar import Expr
 
-__all__ = ["AGGS", "SUPPORTED_DTYPES", "Operand", "EinOp", "TensorInfo", "EinGraph", "check_dtype"]
+__all__ = ["AGGS", "SUPPORTED_DTYPES", "Operand", "EinOp", "TensorInfo", "EinGraph", "check_dtype",
+           "empty_aggregate"]
 
 AGGS = ("sum", "max", "min", "prod")
 SUPPORTED_DTYPES = ("float32", "float64", "int32", "int64")
@@ -37,6 +38,18 @@ def check_dtype(dtype, what: str) -> np.dtype:
         raise DataError(f"{what}: unsupported dtype {dt.name}",
                         hint=f"supported dtypes: {', '.join(SUPPORTED_DTYPES)}")
     return dt
+
+
+def empty_aggregate(agg: str, labels: Sequence[str], what: str):
+    """The DataError of a MAX or MIN over a label of size 0 (as numpy, which raises for an empty
+    maximum; an empty SUM is 0 and an empty PROD is 1)."""
+    from ..errors import DataError
+    names = ", ".join(f"'{l}'" for l in labels)
+    extreme = "maximum" if agg == "max" else "minimum"
+    return DataError(f"{what}: {agg.upper()} over label{'s' if len(labels) > 1 else ''} {names} "
+                     f"of size 0: the {extreme} of no elements has no value",
+                     hint="an empty SUM is 0 and an empty PROD is 1; MAX and MIN need at least "
+                          "one element")
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,9 @@ class EinOp:
                               hint=f"valid aggregates: {', '.join(AGGS)}")
         if not self.agg_labels:
             object.__setattr__(self, "agg", None)
+        empty = [l for l in self.agg_labels if size[l] == 0]
+        if empty and self.agg in ("max", "min"):
+            raise empty_aggregate(self.agg, empty, self.describe())
         check_dtype(self.dtype, self.output)
 
     @staticmethod

@@ -1,9 +1,12 @@
 """The catalog tables in DuckDB (schema ``tensordb``) and the rows that describe a tensor.
 
     tensors(name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density, created)
-    tiles(tensor, version, coords, starts, shape, file, "offset", nbytes, nnz, crc32)
+    tiles(tensor, version, coords, starts, shape, file, "offset", nbytes, nnz, crc32, nonfinite)
 
 A tensor is one ``tensors`` row plus one ``tiles`` row per stored tile; absent tiles are zeros.
+``nonfinite`` says whether a tile holds NaN or inf (NULL: not known, as in catalogs written before
+the column existed; the planner then assumes it may): an absent tile's kernel calls are skipped
+only when the partner tiles are finite (0 * inf is NaN).
 Physical planning joins ``tiles`` with SQL, so its columns are part of the interface.
 
 Columns added after the first release go at the end, are nullable, and are added on open by
@@ -37,6 +40,7 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.tiles (
     starts BIGINT[] NOT NULL, shape BIGINT[] NOT NULL, file VARCHAR NOT NULL,
     "offset" BIGINT NOT NULL, nbytes BIGINT NOT NULL, nnz BIGINT NOT NULL);
 ALTER TABLE {SCHEMA}.tiles ADD COLUMN IF NOT EXISTS crc32 BIGINT;
+ALTER TABLE {SCHEMA}.tiles ADD COLUMN IF NOT EXISTS nonfinite BOOLEAN;
 """
 
 _COLUMNS = "name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density"
@@ -44,7 +48,8 @@ _COLUMNS = "name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, de
 _TILES_SCHEMA = pa.schema([
     ("tensor", pa.string()), ("version", pa.int64()), ("coords", pa.list_(pa.int64())),
     ("starts", pa.list_(pa.int64())), ("shape", pa.list_(pa.int64())), ("file", pa.string()),
-    ("offset", pa.int64()), ("nbytes", pa.int64()), ("nnz", pa.int64()), ("crc32", pa.int64())])
+    ("offset", pa.int64()), ("nbytes", pa.int64()), ("nnz", pa.int64()), ("crc32", pa.int64()),
+    ("nonfinite", pa.bool_())])
 
 
 def create(duck) -> None:
@@ -85,19 +90,22 @@ def all_metas(duck) -> list[TensorMeta]:
     return [_meta(r) for r in rows]
 
 
-def tile_entries(duck, meta: TensorMeta, crc: bool = True) -> tuple[str | None, list[TileEntry]]:
-    """(payload file name, entries) of one tensor version; ``crc`` False: the catalog predates
-    the crc32 column (read-only open of an older database), every checksum is None."""
+def tile_entries(duck, meta: TensorMeta, optional: frozenset = frozenset(("crc32", "nonfinite"))
+                 ) -> tuple[str | None, list[TileEntry]]:
+    """(payload file name, entries) of one tensor version. ``optional``: the columns added after
+    the first release that this catalog has; the others read as NULL (a read-only open of an
+    older database cannot add them)."""
+    crc, nonfinite = (c if c in optional else "NULL" for c in ("crc32", "nonfinite"))
     rows = duck.execute(
-        f'SELECT coords, starts, shape, file, "offset", nbytes, nnz, {"crc32" if crc else "NULL"} '
+        f'SELECT coords, starts, shape, file, "offset", nbytes, nnz, {crc}, {nonfinite} '
         f'FROM {SCHEMA}.tiles WHERE tensor = ? AND version = ? ORDER BY "offset"',
         [meta.name, meta.version]).fetchall()
     files = {r[3] for r in rows}
     if len(files) > 1:  # pragma: no cover - the writer never does this
         raise AssertionError(f"tensor {meta.name} spans several payload files: {files}")
     entries = [TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz),
-                         None if cs is None else int(cs))
-               for c, s, sh, _, o, nb, nz, cs in rows]
+                         None if cs is None else int(cs), None if nf is None else bool(nf))
+               for c, s, sh, _, o, nb, nz, cs, nf in rows]
     return (files.pop() if files else None), entries
 
 
@@ -113,7 +121,8 @@ def insert(duck, meta: TensorMeta, file: str, entries) -> None:
         "coords": [list(e.coords) for e in entries], "starts": [list(e.starts) for e in entries],
         "shape": [list(e.shape) for e in entries], "file": [file] * len(entries),
         "offset": [e.offset for e in entries], "nbytes": [e.nbytes for e in entries],
-        "nnz": [e.nnz for e in entries], "crc32": [e.crc32 for e in entries]},
+        "nnz": [e.nnz for e in entries], "crc32": [e.crc32 for e in entries],
+        "nonfinite": [e.nonfinite for e in entries]},
         schema=_TILES_SCHEMA)
     view = f"__tensordb_rows_{meta.version}"
     duck.register(view, rows)

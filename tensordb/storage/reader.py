@@ -37,6 +37,7 @@ class TileEntry:
     nbytes: int
     nnz: int
     crc32: int | None = None  # zlib.crc32 of the tile's bytes; None: written before checksums
+    nonfinite: bool | None = None  # holds NaN or inf; None: not known (written by an old version)
 
 
 class TensorReader:
@@ -75,6 +76,15 @@ class TensorReader:
         """Read-only view of a stored tile, or None for an absent (all-zero) tile."""
         e = self.entries.get(tuple(int(c) for c in coords))
         return None if e is None else self._view(e.offset, e.shape)
+
+    def facts(self) -> tuple[bool, bool]:
+        """(finite, nonzero): no stored tile holds NaN or inf (or might: unknown counts as might);
+        every element is stored and is neither 0 nor NaN."""
+        entries = self.entries.values()
+        finite = all(e.nonfinite is False for e in entries)
+        full = len(self.entries) == self.meta.total_tiles and all(
+            e.nnz == int(np.prod(e.shape, dtype=np.int64)) for e in entries)
+        return finite, finite and full
 
     def tiles(self) -> Iterator[tuple[TileEntry, np.ndarray]]:
         """Every stored tile with its entry, in file order (sequential reads)."""

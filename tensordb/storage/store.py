@@ -100,7 +100,12 @@ class Store:
                     catalog.create(self.duck)  # also adds columns an older catalog lacks
                 elif not catalog.exists(self.duck):
                     raise OperationalError(f"{self.root} holds no tensordb catalog")
-                self._has_crc = catalog.has_column(self.duck, "tiles", "crc32")
+                # Columns added after the first release that this catalog has: a read-only open
+                # of an older database cannot add them, and reads them as NULL (not known).
+                self._optional = frozenset(c for c in ("crc32", "nonfinite")
+                                           if catalog.has_column(self.duck, "tiles", c))
+                self.nonfinite_column = "nonfinite" if "nonfinite" in self._optional \
+                    else "NULL::BOOLEAN"
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
             self.closed = False
@@ -300,7 +305,7 @@ class Store:
             hit = self._entries.get(meta.version)
             if hit is None:
                 with translating():
-                    hit = catalog.tile_entries(self.duck, meta, crc=self._has_crc)
+                    hit = catalog.tile_entries(self.duck, meta, self._optional)
                 if len(self._entries) > 256:
                     self._entries.clear()
                 self._entries[meta.version] = hit
@@ -371,7 +376,7 @@ class Store:
         self._forget_view(old.name)
 
     def _retire(self, old: TensorMeta, txn: _Txn) -> None:
-        file, _ = catalog.tile_entries(self.duck, old)
+        file, _ = catalog.tile_entries(self.duck, old, self._optional)
         catalog.delete(self.duck, old)
         if file:
             txn.retired.append(os.path.join(self.tiles_dir, file))

@@ -25,7 +25,7 @@ from .tiling import Grid, grid_shape, tile_box
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
 
-__all__ = ["TensorWriter", "ALIGN"]
+__all__ = ["TensorWriter", "ALIGN", "has_nonfinite"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 _ZEROS = bytes(ALIGN)
@@ -96,12 +96,14 @@ class TensorWriter:
                               for c, (off, st, sh) in layout.items()}
             return {c: r[3] for c, r in self._reserved.items()}
 
-    def write_tile(self, coords: Sequence[int], array, nnz: int | None = None) -> bool:
+    def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
+                   nonfinite: bool | None = None) -> bool:
         """Store tile ``coords``; returns False (and stores nothing) when it is all zero.
-        ``nnz``, when the caller already counted the tile's nonzeros, saves counting again."""
+        ``nnz`` and ``nonfinite`` (it holds NaN or inf), when the caller already computed them
+        for this very array, save computing them again."""
         coords = tuple(int(c) for c in coords)
         if coords in self._reserved:
-            return self._fill_reserved(coords, array, nnz)
+            return self._fill_reserved(coords, array, nnz, nonfinite)
         if len(coords) != len(self.shape) or any(
                 not 0 <= c < n for c, n in zip(coords, self._grid_shape)):
             raise InternalError(f"tensor '{self.name}': tile {coords} is outside its grid "
@@ -117,6 +119,7 @@ class TensorWriter:
         nnz = int(np.count_nonzero(a))
         if nnz == 0:
             return False
+        nonfinite = has_nonfinite(a)
         flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
         crc = zlib.crc32(flat)  # outside the lock: zlib releases the GIL for large buffers
         with self._lock:
@@ -137,10 +140,12 @@ class TensorWriter:
                 raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
                                        f"{exc.strerror or exc}") from None
             self._pos = offset + flat.nbytes
-            self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes, nnz, crc)
+            self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes, nnz, crc,
+                                             nonfinite)
         return True
 
-    def _fill_reserved(self, coords: tuple[int, ...], array, nnz: int | None) -> bool:
+    def _fill_reserved(self, coords: tuple[int, ...], array, nnz: int | None,
+                       nonfinite: bool | None) -> bool:
         offset, starts, shape, buf = self._reserved[coords]
         a = np.asarray(array)
         if a.shape != shape:
@@ -148,16 +153,18 @@ class TensorWriter:
                             f"got {a.shape}")
         if a is not buf:
             np.copyto(buf, a, casting="unsafe")
-            nnz = None
+            nnz = nonfinite = None
         nnz = int(np.count_nonzero(buf)) if nnz is None else int(nnz)
         # The tile is final now (computed in place, or copied just above): checksum its bytes.
         crc = zlib.crc32(buf) if nnz else None
+        if nnz and nonfinite is None:
+            nonfinite = has_nonfinite(buf)
         with self._lock:
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
             if nnz:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
                 self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz,
-                                                 crc)
+                                                 crc, bool(nonfinite))
         return bool(nnz)
 
     # -- finishing -----------------------------------------------------------------------------
@@ -229,6 +236,18 @@ class TensorWriter:
     @property
     def has_file(self) -> bool:
         return bool(self.entries)
+
+
+def has_nonfinite(a: np.ndarray) -> bool:
+    """Whether a tile holds NaN or inf (its ``nonfinite`` catalog flag). One summing pass: a
+    finite sum proves every element finite; only a tile whose sum is not (it holds NaN or inf,
+    or its finite values overflow the sum) is looked at element by element."""
+    if a.dtype.kind not in "fc" or a.size == 0:
+        return False
+    with np.errstate(all="ignore"):
+        if np.isfinite(np.add.reduce(a, axis=None)):
+            return False
+        return not bool(np.isfinite(a).all())
 
 
 def _allocate(fd: int, size: int) -> None:
