@@ -219,7 +219,11 @@ def infer_dtype(join: scalar.Expr, dtypes: Sequence[str], names: Sequence[str] |
                         hint="NumPy refuses an integer literal that its array's dtype cannot hold; "
                              "write it as a float (e.g. 1e12) or store the tensor as int64") from None
     except (TypeError, ValueError) as exc:
-        raise DataError(f"NumPy cannot compute {shown} on {on}: {exc}") from None
+        # NumPy's own text suggests operators (^, ~) that the dialect does not have.
+        why = str(exc).split(",")[0].split(".")[0]
+        raise BinderError(f"type error: NumPy refuses {shown} on {on} ({why})",
+                          hint="convert first: multiply a bool by 1 for int64, by 1.0 for float64"
+                          ) from None
     if dt.name not in SUPPORTED_DTYPES:
         raise DataError(f"{shown} on {on} gives {dt.name} in NumPy, which tensordb does not store",
                         hint="convert first, e.g. multiply by 1.0 for float64 or by 1 for int64")
