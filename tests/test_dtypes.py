@@ -174,6 +174,11 @@ def test_integer_literal_and_float_literal_differ(con):
     check(con.execute("Q[i] = EXP(2) * F[i]").tensor(), np.exp(2) * f, "np.exp(2) is strong")
     check(con.execute("Q[i] = X[i] / 2").tensor(), x / 2, "true division")
     check(con.execute("Q[i] = POW(X[i], 2)").tensor(), np.power(x, 2), "POW keeps int32")
+    # The Python API's join is a Python expression: 2**3 is a weak int, 0.5 a weak float.
+    con.einsum("i->i", "X", into="P", join="x0 * 2**3")
+    check(con.tensor("P"), x * 2**3, "join x0 * 2**3")
+    con.einsum("i->i", "F", into="P", join="x0 * 0.5 - 1", replace=True)
+    check(con.tensor("P"), f * 0.5 - 1, "join on float32")
 
 
 def test_a_literal_that_does_not_fit_the_dtype_is_refused_and_nothing_changes(con, snapshot):

@@ -303,7 +303,15 @@ def parse_join(text: str) -> Expr:
                 and not isinstance(node.value, bool):
             return Const(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _AST_OPS:
-            return Call(_AST_OPS[type(node.op)], (conv(node.left), conv(node.right)))
+            left, right = conv(node.left), conv(node.right)
+            if isinstance(node.op, ast.Pow) and isinstance(left, Const) and isinstance(right, Const):
+                try:  # Python's ``2 ** 3`` is a weak int (POW in the dialect is np.power)
+                    value = left.value ** right.value
+                    if type(value) in (int, float):  # not (-8) ** 0.5, a complex
+                        return Const(value)
+                except (ZeroDivisionError, OverflowError, TypeError):
+                    pass
+            return Call(_AST_OPS[type(node.op)], (left, right))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = conv(node.operand)
             return Const(-inner.value) if isinstance(inner, Const) else Call("neg", (inner,))
