@@ -197,7 +197,7 @@ def test_create_tensor_is_sparse_zeros(con):
 @pytest.mark.parametrize("text, cls, shown", [
     ("CREATE TENSOR q (i 3) FLOAT16", BinderError, "FLOAT16"),
     ("CREATE TENSOR q (i 3, 4)", BinderError, "4"),
-    ("CREATE TENSOR q (i 0)", BinderError, "i 0"),
+    ("CREATE TENSOR q (i 3) BIT", BinderError, "BIT"),
     ("CREATE TENSOR q (i 3, i 4)", BinderError, "i 4"),
     ("CREATE TENSOR q (i 3) TILE (j 2)", BinderError, "j 2"),
     ("CREATE TENSOR q (3, 4) TILE (i 2)", BinderError, "i 2"),

@@ -28,7 +28,7 @@ class Label:
 
 @dataclass(frozen=True)
 class Number:
-    value: float
+    value: int | float
     span: Span
 
 

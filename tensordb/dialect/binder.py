@@ -158,6 +158,14 @@ class _Lowering:
     def err(self, span, message, **kw):
         return _err(self.script, span, message, **kw)
 
+    def dtype(self, join, slots, span) -> str:
+        """NumPy's dtype for ``join`` (see ``infer_dtype``), or its error at ``span``."""
+        names = [f"{t}[{','.join(ls)}]" if ls else t for t, ls in slots]
+        try:
+            return infer_dtype(join, [self.dtypes[t] for t, _ in slots], names)
+        except Error as exc:
+            raise exc.with_source(self.script, span) from None
+
     def run(self):
         stmt = self.stmt
         lhs = stmt.target.labels or ()
@@ -194,7 +202,7 @@ class _Lowering:
         self.steps.append(BoundStep(self.into, tuple(self.lhs), tuple(slots), join, agg, self.store))
         pins = check_pins(self.script, stmt.hints, set(used), "the statement")
         shape = tuple(self.sizes[l][0] for l in self.lhs)
-        dtype = infer_dtype(join, [self.dtypes[t] for t, _ in slots])
+        dtype = self.dtype(join, slots, expr.span)
         return Lowered(self.steps, shape, dtype, pins)
 
     def _check_empty(self, node: A.Call, aggregated) -> None:
@@ -252,7 +260,7 @@ class _Lowering:
 
     def _conv(self, node, slots) -> scalar.Expr:
         if isinstance(node, A.Number):
-            return scalar.Const(float(node.value))
+            return scalar.Const(node.value)
         if isinstance(node, A.String):
             raise self.err(node.span, f"type error: the string '{node.value}' cannot be used in "
                            "arithmetic", hint="tensor expressions compute with numbers")
@@ -306,7 +314,7 @@ class _Lowering:
             raise self.err(node.span, f"{node.fn.upper()} of no tensor")
         name = f"{self.into}.t{sum(1 for s in self.steps) + 1}"
         self.steps.append(BoundStep(name, tuple(kept), tuple(inner), join, node.fn, False))
-        self.dtypes[name] = infer_dtype(join, [self.dtypes[t] for t, _ in inner])
+        self.dtypes[name] = self.dtype(join, inner, node.span)
         return _slot(slots, name, tuple(kept))
 
 
@@ -356,10 +364,4 @@ def _walk_scalar(e):
             yield from _walk_scalar(a)
 
 
-def _fold(call: scalar.Call) -> scalar.Expr:
-    """Fold calls on constants only (``2 * 3`` -> 6), as numpy would compute them."""
-    if all(isinstance(a, scalar.Const) for a in call.args):
-        with np.errstate(all="ignore"):
-            value = scalar.evaluate(call, [])
-        return scalar.Const(float(value))
-    return call
+_fold = scalar.fold

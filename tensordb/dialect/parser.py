@@ -258,7 +258,10 @@ class _Build(Transformer):
 
     # -- expressions ---------------------------------------------------------------------------
     def number(self, meta, c):
-        return A.Number(float(c[0]), self.sp(meta))
+        # `2` is an int and `2.0` a float, as in Python: literals are weak scalars (NEP 50).
+        text = str(c[0])
+        value = int(text) if text.isdigit() else float(text)
+        return A.Number(value, self.sp(meta))
 
     def string(self, meta, c):
         return A.String(_unquote(c[0]), self.sp(meta))

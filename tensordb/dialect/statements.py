@@ -21,6 +21,7 @@ DTYPES = {
     "float64": "float64", "double": "float64", "float8": "float64",
     "int32": "int32", "int": "int32", "integer": "int32", "int4": "int32",
     "int64": "int64", "bigint": "int64", "int8": "int64", "long": "int64",
+    "bool": "bool", "boolean": "bool",
 }
 _SETTINGS = [f.name for f in fields(Settings)]
 
@@ -40,15 +41,13 @@ def _create(con, script, s: A.CreateStmt, text) -> Result:
     dtype = DTYPES.get(s.dtype.lower())
     if dtype is None:
         raise _err(BinderError, script, s.dtype_span, f"unknown type '{s.dtype}'",
-                   hint="types: FLOAT32, FLOAT64 (DOUBLE), INT32, INT64 (BIGINT)")
+                   hint="types: FLOAT32, FLOAT64 (DOUBLE), INT32, INT64 (BIGINT), BOOL (BOOLEAN)")
     named = [d.name is not None for d in s.dims]
     if any(named) and not all(named):
         bad = next(d for d in s.dims if d.name is None)
         raise _err(BinderError, script, bad.span, "name every dimension or none")
     dims = [d.name for d in s.dims] if all(named) else None
     for k, d in enumerate(s.dims):
-        if d.size < 1:
-            raise _err(BinderError, script, d.span, f"dimension sizes must be positive, got {d.size}")
         if dims and d.name in dims[:k]:
             raise _err(BinderError, script, d.span, f"dimension '{d.name}' is named twice")
     shape = tuple(d.size for d in s.dims)

@@ -41,10 +41,14 @@ class KernelSpec:
         # The broadcasting path lays the join space out aggregated labels first: reducing over
         # leading axes combines whole contiguous slabs, which NumPy does at memory speed.
         self.space = op.agg_labels + op.out_labels
+        self.in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
         prod = scalar.product_of(op.join)
+        # BLAS computes the product in the result dtype and applies the constant after it: that
+        # is NumPy's answer only when NumPy computes every product of the join in that dtype.
         self.blas = (op.agg in ("sum", None) and prod is not None
-                     and sorted(prod[1]) == list(range(len(op.inputs))))
-        self.scale = prod[0] if prod else 1.0
+                     and sorted(prod[1]) == list(range(len(op.inputs)))
+                     and scalar.uniform_dtype(op.join, self.in_dtypes, op.dtype))
+        self.scale = prod[0] if prod else 1
         sym = {l: oe.get_symbol(i) for i, l in enumerate(op.labels)}
         self.eq = ",".join("".join(sym[l] for l in o.labels) for o in op.inputs) + "->" + \
             "".join(sym[l] for l in op.out_labels)
@@ -64,8 +68,11 @@ class KernelSpec:
         """The kernel over one tile; ``out``, if given, is a buffer the result may be written to
         directly (the caller checks whether it was)."""
         xp = self.xp
-        arrays = [xp.zeros(s, dtype=self.op.dtype) if a is None else a for a, s in zip(args, arg_shapes)]
+        arrays = [xp.zeros(s, dtype=d) if a is None else a
+                  for a, s, d in zip(args, arg_shapes, self.in_dtypes)]
         if self.blas:
+            # NumPy multiplies in the promoted dtype: int32 x float64 is a float64 product.
+            arrays = [a if a.dtype == self.dtype else a.astype(self.dtype) for a in arrays]
             return self._contract(arrays, out)
         return self._broadcast(arrays, out)
 
@@ -81,8 +88,8 @@ class KernelSpec:
             out = expr(*arrays)
         else:
             out = expr(*arrays, backend="cupy")
-        if self.scale != 1.0:
-            out = out * self.scale
+        if self.scale != 1:
+            out = out * _scalar(self.scale, self.dtype)
         # Tiles are stored and accumulated C-ordered: pay the transpose here, on the worker.
         out = self.xp.asarray(out, dtype=self.dtype)
         return out if out.flags.c_contiguous else out.copy()
@@ -100,13 +107,13 @@ class KernelSpec:
         for o, arr in ((self.op.inputs[first], a), (self.op.inputs[second], b)):
             ext.update(zip(o.labels, arr.shape))
         nb, m, k, n = (math.prod(ext[l] for l in group) for group in (nb, m, k, n))
-        scale_after = self.scale != 1.0
+        scale_after = self.scale != 1
         if scale_after and a.dtype == b.dtype == self.dtype:  # scaling an int would truncate
             scale_after = False
             if a.size <= b.size:
-                a = a * a.dtype.type(self.scale)
+                a = a * _scalar(self.scale, a.dtype)
             else:
-                b = b * b.dtype.type(self.scale)
+                b = b * _scalar(self.scale, b.dtype)
         a3 = a.transpose(ta).reshape(nb, m, k)
         b3 = b.transpose(tb).reshape(nb, k, n)
         if out is not None and xp is np and a3.dtype == b3.dtype == out.dtype and not scale_after:
@@ -117,7 +124,7 @@ class KernelSpec:
         if res.dtype != self.dtype:
             res = res.astype(self.dtype)
         if scale_after:
-            res *= self.dtype.type(self.scale)
+            res *= _scalar(self.scale, self.dtype)
         return res
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
@@ -211,6 +218,15 @@ def _matmul_plan(op: EinOp):
 
 # CuPy implements ufunc.reduce for a few ufuncs only; these reductions take several axes.
 _XP_REDUCE = {"sum": "sum", "prod": "prod", "max": "amax", "min": "amin"}
+
+
+def _scalar(value, dtype: np.dtype):
+    """``value`` as a scalar of ``dtype``. A folded integer constant (``2**20 * x * 2**20``) may
+    not fit an int32; NumPy's int32 products wrap, so the constant wraps the same way."""
+    if dtype.kind in "iu" and isinstance(value, (int, np.integer)):
+        bits = dtype.itemsize * 8
+        value = (int(value) + (1 << bits - 1)) % (1 << bits) - (1 << bits - 1)
+    return dtype.type(value)
 
 
 def _slice(a, axis: int, lo: int, hi: int, xp):

@@ -47,8 +47,9 @@ def start_aggregate(task: Aggregate, first, xp=np, out=None):
 
 def finish_aggregate(task: Aggregate, acc, xp=np):
     if task.fill_zero:  # skipped combinations are zeros and take part in a max, min or prod
-        AGG_UFUNCS[task.agg](acc, 0, out=acc) if xp is np else \
-            getattr(xp, AGG_UFUNCS[task.agg].__name__)(acc, 0, out=acc)
+        zero = acc.dtype.type(0)  # a Python 0 would make a bool accumulator an int64 result
+        AGG_UFUNCS[task.agg](acc, zero, out=acc) if xp is np else \
+            getattr(xp, AGG_UFUNCS[task.agg].__name__)(acc, zero, out=acc)
     return acc
 
 

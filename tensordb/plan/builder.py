@@ -11,16 +11,15 @@ multi-operand products into pairwise steps in the order opt_einsum's path search
 from __future__ import annotations
 
 import string
-import warnings
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 import opt_einsum as oe
 
-from ..errors import BinderError, CatalogError
+from ..errors import BinderError, CatalogError, DataError
 from . import scalar
-from .ir import AGGS, EinGraph, EinOp, Operand, TensorInfo, check_dtype
+from .ir import AGGS, SUPPORTED_DTYPES, EinGraph, EinOp, Operand, TensorInfo, check_dtype
 
 __all__ = ["Graph", "Step", "bind", "parse_spec", "split_pairwise", "infer_dtype"]
 
@@ -206,14 +205,28 @@ def split_pairwise(into: str, labels: list[list[str]], output: list[str], sizes:
     return steps
 
 
-def infer_dtype(join: scalar.Expr, dtypes: Sequence[str]) -> str:
-    """numpy's promotion applied to the join itself (e.g. exp of an int is a float)."""
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        values = [np.ones(1, dtype=d) for d in dtypes]
-        out = scalar.evaluate(join, values)
-        dt = np.result_type(out, *[np.dtype(d) for d in dtypes]) if not hasattr(out, "dtype") \
-            else np.dtype(out.dtype)
+def infer_dtype(join: scalar.Expr, dtypes: Sequence[str], names: Sequence[str] | None = None) -> str:
+    """The dtype NumPy gives the join on arrays of ``dtypes`` with literals as Python scalars
+    (NEP 50): ``int64 * 2`` is int64, ``2.5 * int32`` float64, ``exp`` of an int a float. The
+    aggregate keeps it, as ``np.einsum`` does. Refused: what NumPy refuses, and a result dtype
+    tensordb does not store (``EXP`` of a bool is float16 in NumPy)."""
+    shown = scalar.render(join, list(names) if names else None)
+    on = ", ".join(np.dtype(d).name for d in dtypes)
+    try:
+        dt = scalar.dtype_of(join, dtypes)
+    except OverflowError as exc:
+        raise DataError(f"{shown} on {on}: {exc}",
+                        hint="NumPy refuses an integer literal that its array's dtype cannot hold; "
+                             "write it as a float (e.g. 1e12) or store the tensor as int64") from None
+    except (TypeError, ValueError) as exc:
+        # NumPy's own text suggests operators (^, ~) that the dialect does not have.
+        why = str(exc).split(",")[0].split(".")[0]
+        raise BinderError(f"type error: NumPy refuses {shown} on {on} ({why})",
+                          hint="convert first: multiply a bool by 1 for int64, by 1.0 for float64"
+                          ) from None
+    if dt.name not in SUPPORTED_DTYPES:
+        raise DataError(f"{shown} on {on} gives {dt.name} in NumPy, which tensordb does not store",
+                        hint="convert first, e.g. multiply by 1.0 for float64 or by 1 for int64")
     return dt.name
 
 
@@ -268,14 +281,13 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
                         raise BinderError(f"{step.into}: label '{l}' has size {sizes[l]} in one "
                                           f"place but {n} in {t} axis {axis}")
                     sizes[l] = n
-        dtype = infer_dtype(join, dtypes)
-        check_dtype(dtype, f"{step.into} (result of {', '.join(dict.fromkeys(dtypes))})")
+        dtype = infer_dtype(join, dtypes, names)
         into = step.into
         if into in inputs:  # replaces a tensor this graph reads: compute under another name
             into = alias[step.into] = step.into + "'"
             if step.store:
                 store_as.append((into, step.into))
-        if scalar.product_of(join) == (1.0, tuple(range(len(names)))) and step.agg == "sum":
+        if scalar.product_of(join) == (1, tuple(range(len(names)))) and step.agg == "sum":
             pieces = split_pairwise(into, labels, out, sizes, names)
         else:
             pieces = [(into, out, list(zip(names, labels)))]
@@ -283,11 +295,14 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
             k = len(operands)
             j = join if len(pieces) == 1 else scalar.product(k)
             used = {l for _, ls in operands for l in ls}
-            op_dtype = dtype if len(pieces) == 1 else np.result_type(
-                *[known.get(t, (None, dtype))[1] for t, _ in operands]).name
+            # Every pairwise step computes in the whole product's dtype, as np.einsum does (it
+            # casts every operand to the result type): a float32 x float32 step under a float64
+            # result would lose float64's precision.
+            in_dtypes = tuple(known[t][1] if len(pieces) == 1 else dtype for t, _ in operands)
             ops.append(EinOp(name, tuple(out_labels), tuple(Operand(t, tuple(ls)) for t, ls in operands),
-                             tuple((l, sizes[l]) for l in sizes if l in used), j, step.agg, op_dtype))
-            known[name] = (ops[-1].out_shape, op_dtype)
+                             tuple((l, sizes[l]) for l in sizes if l in used), j, step.agg, dtype,
+                             in_dtypes))
+            known[name] = (ops[-1].out_shape, dtype)
         if step.store:
             outputs.append(into)
     return EinGraph(tuple(inputs.values()), tuple(ops), tuple(outputs), tuple(store_as))

@@ -24,7 +24,7 @@ __all__ = ["AGGS", "SUPPORTED_DTYPES", "Operand", "EinOp", "TensorInfo", "EinGra
            "empty_aggregate"]
 
 AGGS = ("sum", "max", "min", "prod")
-SUPPORTED_DTYPES = ("float32", "float64", "int32", "int64")
+SUPPORTED_DTYPES = ("bool", "float32", "float64", "int32", "int64")
 
 
 def check_dtype(dtype, what: str) -> np.dtype:
@@ -74,6 +74,7 @@ class EinOp:
     join: Expr
     agg: str | None = "sum"
     dtype: str = "float64"
+    in_dtypes: tuple[str, ...] = ()   # the inputs' dtypes (empty: all ``dtype``)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out_labels", tuple(self.out_labels))
@@ -105,6 +106,10 @@ class EinOp:
         if empty and self.agg in ("max", "min"):
             raise empty_aggregate(self.agg, empty, self.describe())
         check_dtype(self.dtype, self.output)
+        object.__setattr__(self, "in_dtypes", tuple(np.dtype(d).name for d in self.in_dtypes))
+        if self.in_dtypes and len(self.in_dtypes) != len(self.inputs):
+            raise BinderError(f"{self.output}: {len(self.in_dtypes)} input dtypes for "
+                              f"{len(self.inputs)} inputs")
 
     @staticmethod
     def contraction(output: str, out_labels: Iterable[str], inputs: Sequence[tuple[str, Iterable[str]]],

@@ -5,13 +5,15 @@ analysed symbolically to know which absent (all-zero) input tiles make a kernel 
 
 >>> e = parse_join("relu(x0 * x1 + 2)")
 >>> e
-Call(fn='relu', args=(Call(fn='+', args=(Call(fn='*', args=(Input(index=0), Input(index=1))), Const(value=2.0))),))
+Call(fn='relu', args=(Call(fn='+', args=(Call(fn='*', args=(Input(index=0), Input(index=1))), Const(value=2))),))
 >>> sorted(e.inputs())
 [0, 1]
 """
 from __future__ import annotations
 
 import ast
+import operator
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -20,7 +22,8 @@ import numpy as np
 from ..errors import BinderError
 
 __all__ = ["Expr", "Input", "Const", "Call", "FUNCTIONS", "parse_join", "product", "product_of",
-           "evaluate", "nonzero_sql", "zero_when_absent", "render"]
+           "evaluate", "nonzero_sql", "zero_when_absent", "render", "fold", "dtype_of",
+           "uniform_dtype"]
 
 
 @dataclass(frozen=True)
@@ -33,12 +36,24 @@ class Input:
         return inputs_of(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Const:
-    value: float
+    """A literal. A Python ``int`` or ``float`` is a weak scalar (NumPy 2, NEP 50): it takes the
+    dtype of the array it meets (``int64 * 2`` stays int64, ``float32 * 2.5`` stays float32). A
+    NumPy scalar (the folded value of ``EXP(1)``, say) is strong, as ``np.exp(1)`` is in NumPy."""
+
+    value: int | float | np.generic
 
     def inputs(self) -> set[int]:
         return set()
+
+    # 2 == 2.0 in Python, but `x * 2` and `x * 2.0` differ in dtype: the type is part of the value.
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Const) and type(self.value) is type(other.value) \
+            and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash((type(self.value), self.value))
 
 
 @dataclass(frozen=True)
@@ -117,10 +132,13 @@ def product(n: int) -> Expr:
     return expr
 
 
-def product_of(expr: Expr) -> tuple[float, tuple[int, ...]] | None:
-    """If ``expr`` is ``c * x_a * x_b * ...`` with each input once, return (c, (a, b, ...))."""
+def product_of(expr: Expr) -> tuple[int | float, tuple[int, ...]] | None:
+    """If ``expr`` is ``c * x_a * x_b * ...`` with each input once, return (c, (a, b, ...)).
+
+    ``c`` is exact in the arithmetic of the operation's dtype only when every product in ``expr``
+    is computed in that dtype: ``uniform_dtype`` says whether it is."""
     if isinstance(expr, Input):
-        return 1.0, (expr.index,)
+        return 1, (expr.index,)
     if isinstance(expr, Const):
         return expr.value, ()
     if isinstance(expr, Call) and expr.fn == "*":
@@ -139,6 +157,34 @@ def product_of(expr: Expr) -> tuple[float, tuple[int, ...]] | None:
     return None
 
 
+def _probe(dtypes) -> list:
+    return [np.ones(1, dtype=d) for d in dtypes]
+
+
+def dtype_of(expr: Expr, dtypes) -> np.dtype:
+    """The dtype NumPy gives ``expr`` on arrays of ``dtypes`` (literals weak, NEP 50).
+
+    Raises what NumPy raises for an expression it refuses (``TypeError`` for ``-`` on bool,
+    ``OverflowError`` for a literal that does not fit an integer dtype)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        out = evaluate(expr, _probe(dtypes))
+    return np.asarray(out).dtype if isinstance(out, (np.ndarray, np.generic)) \
+        else np.result_type(out)
+
+
+def uniform_dtype(expr: Expr, dtypes, dtype) -> bool:
+    """True when every operator of the product ``expr`` computes in ``dtype``: then the inputs may
+    be cast to ``dtype`` first and the constant applied after the product (NumPy's answer, up to
+    rounding). ``2.5 * x0 * x1`` on int32 is: 2.5 * x0 is float64 already. ``x0 * x1 * 2.5`` is
+    not: NumPy multiplies (and may overflow) in int32 before the scale."""
+    if not isinstance(expr, Call):
+        return True
+    if dtype_of(expr, dtypes) != np.dtype(dtype):
+        return False
+    return all(uniform_dtype(a, dtypes, dtype) for a in expr.args)
+
+
 def evaluate(expr: Expr, values: list, xp=np, out=None):
     """Evaluate elementwise on arrays (broadcasting), or on scalars. ``out``: an array of the
     result's shape and dtype that the outermost function writes into, when it is a NumPy ufunc
@@ -149,6 +195,10 @@ def evaluate(expr: Expr, values: list, xp=np, out=None):
         return expr.value
     spec = FUNCTIONS[expr.fn]
     args = [evaluate(a, values, xp) for a in expr.args]
+    if expr.fn in _PYTHON_OPS and all(type(a) in (int, float) for a in args):
+        folded = _python_op(expr.fn, args)
+        if folded is not None:
+            return folded
     fn = getattr(xp, spec.ufunc.__name__, spec.ufunc) if xp is not np else spec.ufunc
     if out is not None and isinstance(fn, np.ufunc):
         return fn(*args, out=out, casting="unsafe")
@@ -275,6 +325,33 @@ def _not(sql: str) -> str:
     return {"TRUE": "FALSE", "FALSE": "TRUE"}.get(sql, f"(NOT {sql})")
 
 
+# Operators on two Python scalars compute as Python does (``2 * 3`` is a weak int 6, as in the
+# NumPy expression ``2 * 3 * x``); functions of literals are NumPy's (``np.exp(2)`` is a strong
+# float64).
+_PYTHON_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+               "neg": operator.neg}
+
+
+def _python_op(fn: str, args: list):
+    try:
+        return _PYTHON_OPS[fn](*args)
+    except (ZeroDivisionError, OverflowError):
+        return None  # NumPy's inf / nan instead of Python's exception
+
+
+def fold(call: Call) -> Expr:
+    """Fold a call on literals only (``2 * 3`` -> 6) as the NumPy expression would compute it."""
+    if not all(isinstance(a, Const) for a in call.args):
+        return call
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            value = evaluate(call, [])
+        except (TypeError, ValueError, OverflowError):
+            return call  # left to the kernel (and refused with the statement's dtypes)
+    return Const(value if type(value) in (int, float) else np.asarray(value)[()])
+
+
 _INFIX = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
@@ -284,7 +361,9 @@ def render(expr: Expr, names: list[str] | None = None, _prec: int = 0) -> str:
         return names[expr.index] if names else f"x{expr.index}"
     if isinstance(expr, Const):
         v = expr.value
-        return str(int(v)) if float(v).is_integer() else repr(v)
+        if isinstance(v, (int, np.integer)):
+            return str(int(v))
+        return str(int(v)) if float(v).is_integer() else repr(float(v))
     if expr.fn in _INFIX:
         p = _INFIX[expr.fn]
         text = (f"{render(expr.args[0], names, p)} {expr.fn} "
@@ -310,9 +389,17 @@ def parse_join(text: str) -> Expr:
             return Input(int(node.id[1:]))
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
                 and not isinstance(node.value, bool):
-            return Const(float(node.value))
+            return Const(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _AST_OPS:
-            return Call(_AST_OPS[type(node.op)], (conv(node.left), conv(node.right)))
+            left, right = conv(node.left), conv(node.right)
+            if isinstance(node.op, ast.Pow) and isinstance(left, Const) and isinstance(right, Const):
+                try:  # Python's ``2 ** 3`` is a weak int (POW in the dialect is np.power)
+                    value = left.value ** right.value
+                    if type(value) in (int, float):  # not (-8) ** 0.5, a complex
+                        return Const(value)
+                except (ZeroDivisionError, OverflowError, TypeError):
+                    pass
+            return Call(_AST_OPS[type(node.op)], (left, right))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = conv(node.operand)
             return Const(-inner.value) if isinstance(inner, Const) else Call("neg", (inner,))

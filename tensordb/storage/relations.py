@@ -31,7 +31,7 @@ __all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relatio
 # Strings and comments are skipped; quoted and bare identifiers are collected.
 _TOKEN = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/|\"((?:[^\"]|\"\")*)\"|([A-Za-z_][A-Za-z0-9_$]*)",
                     re.S)
-_ARROW = {"float32": pa.float32(), "float64": pa.float64(), "int32": pa.int32(),
+_ARROW = {"bool": pa.bool_(), "float32": pa.float32(), "float64": pa.float64(), "int32": pa.int32(),
           "int64": pa.int64()}
 
 

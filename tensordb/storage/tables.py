@@ -27,7 +27,8 @@ __all__ = ["load_table", "source_sql", "numpy_type"]
 
 _INT32 = {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT"}
 _INT64 = {"BIGINT", "UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"}
-_SQL_TYPE = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT"}
+_SQL_TYPE = {"bool": "BOOLEAN", "float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER",
+             "int64": "BIGINT"}
 _BATCH_BYTES = 16 << 20  # per Arrow batch pulled from DuckDB: about one tile
 SORT_MEMORY = 1 << 30  # DuckDB memory for sorting a COO table by tile; it spills beyond this
 
@@ -71,12 +72,27 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
     with store._lock, translating(f"cannot read {where}"):
         rel = store.duck.sql(f"SELECT * FROM {src}")
         columns = dict(zip(rel.columns, (str(t) for t in rel.types)))
+        if fmt == "csv":
+            src, columns = _empty_csv_types(store.duck, src, columns, index)
         if index is not None:
             return _load_coo(store, name, src, columns, where, tile=tile, replace=replace,
                              dims=dims, index=index, value=value, shape=shape)
         if value is not None or shape is not None:
             raise ProgrammingError(f"load '{name}': value= and shape= need index= (a COO table)")
         return _load_dense(store, name, src, columns, where, tile=tile, replace=replace, dims=dims)
+
+
+def _empty_csv_types(duck, src: str, columns: dict, index) -> tuple[str, dict]:
+    """A CSV file with a header and no rows carries no types (DuckDB reads every column as
+    VARCHAR), yet it is what exporting an empty tensor writes: read its index columns as BIGINT
+    and its values as DOUBLE. A file with rows keeps the types DuckDB finds."""
+    if not columns or any(t.upper() != "VARCHAR" for t in columns.values()) or \
+            duck.execute(f"SELECT count(*) FROM {src}").fetchall()[0][0]:
+        return src, columns
+    wanted = {str(c).lower() for c in ([index] if isinstance(index, str) else index or ())}
+    types = {c: "BIGINT" if c.lower() in wanted else "DOUBLE" for c in columns}
+    casts = ", ".join(f"CAST({quote_ident(c)} AS {t}) AS {quote_ident(c)}" for c, t in types.items())
+    return f"(SELECT {casts} FROM {src})", types
 
 
 def _column(columns: dict, col: str, where: str) -> str:
