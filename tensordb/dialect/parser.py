@@ -13,12 +13,13 @@ from __future__ import annotations
 import functools
 from dataclasses import fields
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import (UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken,
                              VisitError)
 
 from ..config import Settings
 from ..errors import ParserError, Span
+from ..plan import scalar
 from . import ast as A
 from .grammar import READABLE, grammar
 from .lexer import Word, skip_space, split, words
@@ -185,10 +186,39 @@ def _parse_ours(script: str, span: Span) -> A.Statement:
         tree = _lark().parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, script, span, text) from None
+    _check_depth(tree, script, span.start)
     try:
         return _Build(script, span.start, queries).transform(tree)
     except VisitError as exc:  # lark wraps what the transformer raises
         raise exc.orig_exc if isinstance(exc.orig_exc, ParserError) else exc from None
+
+
+# The deepest parse tree a statement may have: every later stage (the AST builder, the binder, the
+# join evaluator in the kernels) walks expressions recursively, and this bound keeps each well
+# inside Python's recursion limit. A chain like ``a + b + c`` is one level per operator.
+MAX_EXPRESSION_DEPTH = scalar.MAX_EXPRESSION_DEPTH
+
+
+def _check_depth(tree, script: str, base: int) -> None:
+    """Refuse a tree nested deeper than MAX_EXPRESSION_DEPTH, with a caret at the operator or
+    parenthesis that goes too deep. lark's LALR parser builds the tree without recursion, so the
+    depth is measured here, iteratively, before anything recursive sees the tree."""
+    stack = [(tree, 1)]
+    deepest, where = 0, None
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if depth == MAX_EXPRESSION_DEPTH + 1:
+                tok = next((c for c in node.children if isinstance(c, Token)), None)
+                where = tok.start_pos if tok is not None else getattr(node.meta, "start_pos", 0)
+        stack.extend((c, depth + 1) for c in node.children if isinstance(c, Tree))
+    if where is not None:
+        raise ParserError(f"the expression is nested too deeply: {deepest} levels, at most "
+                          f"{MAX_EXPRESSION_DEPTH} (each parenthesis, function call, sign, and "
+                          "each operator of a chain such as a + b + c, is a level)",
+                          statement=script, span=Span(base + where, base + where + 1),
+                          hint="split it into several statements, each computing a partial result")
 
 
 def _syntax_error(exc: UnexpectedInput, script: str, span: Span, text: str) -> ParserError:

@@ -253,6 +253,11 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
         for t, dt in zip(names, dtypes):
             check_dtype(dt, t)
         join = step.join if step.join is not None else scalar.product(len(names))
+        bad = sorted(i for i in join.inputs() if not 0 <= i < len(names))
+        if bad:  # checked before the join is evaluated (for its dtype) on sample values
+            raise BinderError(f"{step.into}: the join refers to x{bad[0]}, but the einsum has "
+                              f"{len(names)} operand(s): x0..x{len(names) - 1}",
+                              hint="x0, x1, ... name the operands in the order given")
         if step.spec is not None:
             labels, out, sizes = parse_spec(step.spec, shapes)
         else:
