@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any, Mapping, Sequence
@@ -12,8 +13,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import optimizer, physical
-from .config import Settings, debug_level, stage
-from .errors import CatalogError, InterfaceError
+from .config import Settings, available_memory, debug_level, format_bytes, stage
+from .errors import CatalogError, InterfaceError, OutOfMemoryError
 from .plan.builder import Graph, bind
 from .plan.ir import EinGraph
 from .storage import Store
@@ -110,8 +111,24 @@ class Connection:
             load_tensor(self.store, name, source, tile=tile, replace=replace, **options)
 
     def tensor(self, name: str) -> np.ndarray:
-        """The tensor as a dense numpy array."""
-        return self.store.open(name).to_numpy()
+        """The tensor as a dense numpy array (OutOfMemoryError, before allocating, when it would
+        not fit the memory_limit or the memory available)."""
+        reader = self.store.open(name)
+        meta = reader.meta
+        need = math.prod(meta.shape) * np.dtype(meta.dtype).itemsize
+        limit, free = self.settings.memory_limit, available_memory()
+        for budget, what in ((limit, "the memory_limit"), (free, "the memory available")):
+            if budget is not None and need > budget:
+                raise OutOfMemoryError(
+                    f"tensor '{meta.name}' {np.dtype(meta.dtype).name} {tuple(meta.shape)} needs "
+                    f"{format_bytes(need)} as a dense array, more than {what} "
+                    f"({format_bytes(budget)})",
+                    hint="read it in parts with SQL (con.sql), or COPY it to a file")
+        try:
+            return reader.to_numpy()
+        except MemoryError:  # the estimate above was too hopeful
+            raise OutOfMemoryError(f"out of memory reading tensor '{meta.name}' "
+                                   f"({format_bytes(need)}) as a dense array") from None
 
     def tensors(self) -> list[dict]:
         """One dict per stored tensor: name, shape, dtype, tiling, bytes, stored tiles, density."""
