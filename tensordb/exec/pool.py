@@ -26,6 +26,7 @@ from .tasks import finish_aggregate, run_assemble, run_kernel, run_load, start_a
 __all__ = ["LocalExecutor", "RunResult"]
 
 _controller = None
+_TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
 
 
 def _blas_limits(threads: int):
@@ -97,6 +98,10 @@ class LocalExecutor:
             return _Run(self, plan, progress, destinations or {}).go()
 
 
+class _Cancelled(Exception):
+    """Raised inside a kernel to stop it: the run already has the error that ends it."""
+
+
 def _worker_loop(w: int, q: queue.SimpleQueue) -> None:
     while True:
         item = q.get()
@@ -154,7 +159,10 @@ class _Run:
         try:
             for t in first:
                 self._queue(t.worker, ("run", t))
-            self.finished.wait()
+            # Timed waits: a SIGINT that the OS hands to a worker thread does not wake a blocked
+            # wait, but Python runs its handler (KeyboardInterrupt) here within a tick.
+            while not self.finished.wait(_TICK):
+                pass
         except BaseException as exc:  # Ctrl-C: stop the workers before giving up the run
             with self.lock:
                 if self.error is None:
@@ -164,8 +172,13 @@ class _Run:
             with self.lock:  # let the workers drain what is already queued (they skip it)
                 self.draining = True
                 idle = self.pending == 0
-            if not idle:
-                self.drained.wait()
+            # A running kernel stops at its next chunk (see _check), so this wait is short; a
+            # second Ctrl-C must not leave workers busy behind the caller's back, so it waits on.
+            while not idle:
+                try:
+                    idle = self.drained.wait(_TICK)
+                except KeyboardInterrupt:
+                    continue
         if self.error is not None:
             raise self._translate(self.error)
         seconds = time.perf_counter() - t0
@@ -188,10 +201,13 @@ class _Run:
             if self.error is None:
                 t0 = time.perf_counter()
                 kind, task = item[0], item[1]
-                if kind == "run":
-                    self._run_task(w, task)
-                else:
-                    self._accumulate(w, task, item[2])
+                # numpy's answer for 1/0, overflow and invalid values, without RuntimeWarnings
+                # (errstate is per thread: each worker sets its own)
+                with np.errstate(all="ignore"):
+                    if kind == "run":
+                        self._run_task(w, task)
+                    else:
+                        self._accumulate(w, task, item[2])
                 dt = time.perf_counter() - t0
                 with self.lock:
                     self.busy[w] += dt
@@ -224,12 +240,18 @@ class _Run:
             value = run_assemble(task, [self._fetch(w, task, k) for k in task.inputs], self.xp)
         elif isinstance(task, Kernel):
             args = [None if a is None else self._fetch(w, task, a) for a in task.args]
-            value = run_kernel(task, self.specs[task.op], args, self.dest.get(task.key))
+            value = run_kernel(task, self.specs[task.op], args, self.dest.get(task.key),
+                               self._check)
             self.op_calls[task.op] += 1
         else:  # pragma: no cover - aggregations are driven by _accumulate
             raise InternalError(f"unexpected task {task!r}")
         self._release(task.inputs)
         self._publish(w, task, value)
+
+    def _check(self) -> None:
+        """Called by kernels between chunks: stop when the run has failed or was cancelled."""
+        if self.error is not None:
+            raise _Cancelled()
 
     def _accumulate(self, w: int, agg: Aggregate, part_key: int) -> None:
         part = self._fetch(w, agg, part_key)
