@@ -1,0 +1,278 @@
+"""Bad input gets a tensordb error and the machine stays responsive (issue 9, items 11-13).
+
+Every bad input here used to raise a plain Python exception (IndexError, RecursionError,
+ValueError, MemoryError) or hang; Ctrl-C used to wait for the whole query. Results are checked
+against numpy, stored state against a reopened database.
+"""
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.config import format_bytes, max_workers
+from tensordb.plan.scalar import MAX_EXPRESSION_DEPTH
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+# -- item 11: no Python exception other than tensordb.Error ----------------------------------
+
+def test_a_join_naming_a_missing_operand_is_a_binder_error(con, snapshot):
+    con.load("A", np.ones((2, 3)))
+    con.load("B", np.ones((3, 2)))
+    before = snapshot(con)
+    with pytest.raises(tensordb.BinderError, match=r"x5.*2 operand\(s\): x0\.\.x1"):
+        con.einsum("ij,jk->ik", "A", "B", into="C", join="x5")
+    with pytest.raises(tensordb.BinderError, match="x2"):
+        con.run(tensordb.Graph().op("C", "ik", [("A", "ij"), ("B", "jk")], join="x0 * x2"))
+    assert snapshot(con) == before
+    con.einsum("ij,jk->ik", "A", "B", into="C", join="x0 + x1", agg="max")  # still usable
+    np.testing.assert_array_equal(con.tensor("C"), np.full((2, 2), 2.0))
+
+
+TOO_DEEP = {
+    "3000 parentheses": "C[i] = " + "(" * 3000 + "v[i]" + ")" * 3000,
+    "20000-term sum": "C[i] = " + " + ".join(["v[i]"] * 20000),
+    "3000 nested calls": "C[i] = " + "RELU(" * 3000 + "v[i]" + ")" * 3000,
+    "3000 signs": "C[i] = " + "- " * 3000 + "v[i]",
+    "deep inside an aggregate": "C[i] = SUM(" + "(" * 3000 + "M[i,j]" + ")" * 3000 + ")",
+}
+
+
+@pytest.mark.parametrize("text", TOO_DEEP.values(), ids=TOO_DEEP.keys())
+def test_expressions_nested_too_deeply_are_parser_errors_with_a_caret(con, snapshot, text):
+    con.load("v", np.arange(3.0))
+    con.load("M", np.ones((3, 3)))
+    before = snapshot(con)
+    with pytest.raises(tensordb.ParserError, match="nested too deeply") as info:
+        con.execute(text)
+    err = info.value
+    assert err.statement == text and err.span is not None
+    assert "LINE 1:" in str(err) and "^" in str(err)
+    with pytest.raises(tensordb.ParserError, match="nested too deeply"):
+        con.explain(text)
+    assert snapshot(con) == before
+
+
+def test_expressions_just_inside_the_depth_bound_compute_numpys_answer(con):
+    rng = np.random.default_rng(7)
+    v, m = rng.standard_normal(5), rng.standard_normal((5, 5))
+    con.load("v", v)
+    con.load("M", m)
+    n = MAX_EXPRESSION_DEPTH - 5  # a flat sum: one level per '+'
+    con.execute("C[i] = " + " + ".join(f"v[i] * {k}" for k in range(n)))
+    expect = v * 0
+    for k in range(n):  # numpy, left to right as written
+        expect = expect + v * k
+    np.testing.assert_allclose(con.tensor("C"), expect, rtol=1e-12)
+    depth = MAX_EXPRESSION_DEPTH - 10
+    con.execute("D[i] = SUM(" + "(" * depth + "M[i,j] * v[j]" + ")" * depth + ")")
+    np.testing.assert_allclose(con.tensor("D"), m @ v, rtol=1e-12)
+    con.execute("E[i] = " + "RELU(" * (depth // 2) + "v[i]" + ")" * (depth // 2))
+    np.testing.assert_array_equal(con.tensor("E"), np.maximum(v, 0))
+
+
+@pytest.mark.parametrize("join", ["+".join(["x0"] * 20000), "(" * 3000 + "x0" + ")" * 3000,
+                                  "- " * 3000 + "x0", "+".join(["x0"] * 300)],
+                         ids=["20000 terms", "3000 parentheses", "3000 signs", "300 terms"])
+def test_python_joins_nested_too_deeply_are_binder_errors(con, join):
+    con.load("A", np.ones((2, 2)))
+    with pytest.raises(tensordb.BinderError, match="nested too deeply"):
+        con.einsum("ij->ij", "A", into="B", join=join)
+    assert not con.store.has("B")
+    con.einsum("ij->ij", "A", into="B", join="+".join(["x0"] * 100))
+    np.testing.assert_array_equal(con.tensor("B"), np.full((2, 2), 100.0))
+
+
+def _npy_bytes(header: str, payload: bytes = b"\0" * 800) -> bytes:
+    header = header + " " * (118 - len(header)) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + payload
+
+
+BAD_HEADERS = {
+    "negative shape": ("{'descr': '<f8', 'fortran_order': False, 'shape': (-1, 100), }",
+                       r"shape \(-1, 100\)"),
+    "huge shape": ("{'descr': '<f8', 'fortran_order': False, 'shape': (1000000, 1000000), }",
+                   "truncated"),
+    "bool in shape": ("{'descr': '<f8', 'fortran_order': False, 'shape': (True, 2), }", "shape"),
+    "float in shape": ("{'descr': '<f8', 'fortran_order': False, 'shape': (2.5, 1), }", "shape"),
+    "shape not a tuple": ("{'descr': '<f8', 'fortran_order': False, 'shape': 7, }", "shape"),
+    "bad descr": ("{'descr': 'zz9', 'fortran_order': False, 'shape': (2, 2), }", "descr"),
+    "wrong keys": ("{'a': 1}", "keys"),
+    "not a dict": ("not a header at all", "header"),
+}
+
+
+@pytest.mark.parametrize("suffix", ["npy", "npz"])
+@pytest.mark.parametrize("header,match", BAD_HEADERS.values(), ids=BAD_HEADERS.keys())
+def test_corrupt_npy_headers_are_data_errors(con, snapshot, tmp_path, suffix, header, match):
+    path = tmp_path / f"bad.{suffix}"
+    if suffix == "npy":
+        path.write_bytes(_npy_bytes(header))
+    else:
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("a.npy", _npy_bytes(header))
+    before = snapshot(con)
+    with pytest.raises(tensordb.DataError, match=match) as info:
+        con.load("T", str(path))
+    assert str(path) in str(info.value)
+    with pytest.raises(tensordb.DataError, match=match):
+        con.execute(f"LOAD TENSOR T FROM '{path}'")
+    assert snapshot(con) == before
+
+
+def test_a_tensor_too_large_for_memory_is_refused_before_allocating(con):
+    con.execute("CREATE TENSOR Big (1000000, 1000000) FLOAT64")  # 8e12 bytes, all absent tiles
+    with pytest.raises(tensordb.OutOfMemoryError) as info:
+        con.tensor("Big")
+    msg = str(info.value)
+    assert "'Big'" in msg and "(1000000, 1000000)" in msg and format_bytes(8 * 10 ** 12) in msg
+    con.execute("CREATE TENSOR S (1000, 1000) FLOAT64")
+    con.set("memory_limit", "1MB")  # 8 MB do not fit a 1 MB budget
+    with pytest.raises(tensordb.OutOfMemoryError, match=r"memory_limit.*976\.6 KiB"):
+        con.tensor("S")
+    con.set("memory_limit", None)
+    np.testing.assert_array_equal(con.tensor("S"), np.zeros((1000, 1000)))
+
+
+@pytest.mark.parametrize("value", ["100000", "0", "-3", "1e400", "'many'"])
+def test_workers_out_of_range_are_refused_with_the_range(con, value):
+    before = con.settings.workers
+    with pytest.raises(tensordb.ProgrammingError, match=f"from 1 to {max_workers()}"):
+        con.execute(f"SET workers = {value}")
+    assert con.settings.workers == before
+    with pytest.raises(tensordb.ProgrammingError, match=f"from 1 to {max_workers()}"):
+        tensordb.connect(workers=100000)
+
+
+def test_the_largest_worker_count_plans_and_runs_a_matmul():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((400, 400))
+    with tensordb.connect() as con:
+        con.execute(f"SET workers = {max_workers()}")
+        con.load("A", a)
+        con.execute("C[i,k] = A[i,j] * A[j,k]")
+        np.testing.assert_allclose(con.tensor("C"), a @ a, rtol=1e-9, atol=1e-9)
+
+
+WARNING_QUERIES = [  # (statement, numpy's answer from the arrays X and I)
+    ("S[i,k] = SUM(X[i,j] * X[j,k])", lambda X, I: X @ X),
+    ("S[i,j] = X[i,j] * 1e300", lambda X, I: X * 1e300),
+    ("S[i,j] = X[i,j] / X[j,i]", lambda X, I: X / X.T),
+    ("S[i] = SUM(X[i,j] / 0)", lambda X, I: (X / 0).sum(axis=1)),
+    ("S[i,j] = LOG(X[i,j])", lambda X, I: np.log(X)),
+    ("S[i,j] = SQRT(X[i,j] - 1e308)", lambda X, I: np.sqrt(X - 1e308)),
+    ("S[i] = PROD(X[i,j] * 1e200)", lambda X, I: (X * 1e200).prod(axis=1)),
+    ("S[i] = MAX(X[i,j] / X[i,j])", lambda X, I: (X / X).max(axis=1)),
+    ("S[i,k] = SUM(I[i,j] * I[j,k])", lambda X, I: I @ I),
+]
+
+
+@pytest.mark.parametrize("stmt,oracle", WARNING_QUERIES, ids=[q for q, _ in WARNING_QUERIES])
+def test_kernels_give_numpys_answer_without_runtime_warnings(stmt, oracle):
+    X = np.array([[1e308, 1e308, 0.0, -1e308], [0, 1, np.inf, -np.inf],
+                  [np.nan, 1, 2, 3], [0, -1, 0, 5]])
+    I = np.full((4, 4), 2 ** 62, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        expect = oracle(X, I)
+    with tensordb.connect(workers=2) as con, warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning anywhere (workers too) would raise
+        con.load("X", X, tile=(2, 2))
+        con.load("I", I, tile=(2, 2))
+        con.execute(stmt)
+        np.testing.assert_allclose(con.tensor("S"), expect, rtol=1e-12)
+
+
+# -- item 12: Ctrl-C stops a running query ----------------------------------------------------
+
+N = 2000  # a 2000^3 min-plus product: many seconds of kernel time in one tile
+
+
+def _big(con):
+    con.load("D", np.random.default_rng(0).random((N, N)), tile=(N, N))
+
+
+def _cpu_seconds_over(interval: float) -> float:
+    c0 = time.process_time()
+    time.sleep(interval)
+    return time.process_time() - c0
+
+
+@pytest.mark.parametrize("how", ["python", "dialect"])
+def test_keyboard_interrupt_stops_a_query_and_leaves_the_connection_usable(db_path, how):
+    with tensordb.connect(db_path) as con:
+        _big(con)
+        files = sorted(os.listdir(db_path / "tiles"))
+        timer = threading.Timer(1.0, _thread.interrupt_main)
+        t0 = time.perf_counter()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            if how == "python":
+                con.einsum("ik,kj->ij", "D", "D", into="P", join="x0 + x1", agg="min")
+            else:
+                con.execute("P[i,j] = MIN(D[i,k] + D[k,j])")
+        assert time.perf_counter() - t0 < 5.0
+        assert _cpu_seconds_over(0.5) < 0.25  # the workers are idle, not finishing the query
+        assert not con.store.has("P")
+        assert sorted(os.listdir(db_path / "tiles")) == files
+        a = np.arange(12.0).reshape(3, 4)
+        con.load("A", a)
+        con.execute("B[i,k] = A[i,j] * A[k,j]")
+        np.testing.assert_allclose(con.tensor("B"), a @ a.T)
+    with tensordb.connect(db_path) as con:
+        assert sorted(t["name"] for t in con.tensors()) == ["A", "B", "D"]
+
+
+def test_a_real_sigint_stops_a_python_script_and_stores_nothing(db_path):
+    with tensordb.connect(db_path) as con:
+        _big(con)
+    files = sorted(os.listdir(db_path / "tiles"))
+    script = textwrap.dedent(f"""
+        import sys, tensordb
+        con = tensordb.connect({str(db_path)!r})
+        print("running", flush=True)
+        try:
+            con.einsum("ik,kj->ij", "D", "D", into="P", join="x0 + x1", agg="min")
+        except KeyboardInterrupt:
+            print("cancelled", flush=True)
+            con.close()
+            sys.exit(3)
+        print("finished", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert proc.stdout.readline().strip() == "running"
+        time.sleep(1.0)  # well inside the kernel
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert time.perf_counter() - t0 < 5.0, err
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 3, err
+    assert out.strip() == "cancelled"
+    with tensordb.connect(db_path) as con:
+        assert [t["name"] for t in con.tensors()] == ["D"]
+    assert sorted(os.listdir(db_path / "tiles")) == files
