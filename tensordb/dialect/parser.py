@@ -22,7 +22,7 @@ from ..errors import ParserError, Span
 from ..plan import scalar
 from . import ast as A
 from .grammar import READABLE, grammar
-from .lexer import Word, skip_space, split, words
+from .lexer import _DOLLAR, Word, skip_space, split, words
 
 __all__ = ["parse", "parse_statement", "classify"]
 
@@ -142,28 +142,42 @@ def _blank_subquery(script: str, span: Span) -> tuple[str, dict[int, str]]:
     for k, word in enumerate(w[:-1]):
         if word.upper == "FROM" and w[k + 1].text == "(":
             open_at = w[k + 1].start - span.start
-            close_at = _matching_paren(text, open_at)
+            close_at, comment_end = _matching_paren(text, open_at)
             if close_at is None:
                 raise ParserError("the query after FROM is not closed: expected ')'",
                                   statement=script, span=Span(w[k + 1].start, w[k + 1].start + 1))
             query = text[open_at + 1:close_at].strip()
+            if comment_end is not None and comment_end >= text.rindex(query, 0, close_at) + len(query):
+                query += "\n"  # it ends in a -- comment: keep the line break that closes it
             blanked = text[:open_at + 1] + " " * (close_at - open_at - 1) + text[close_at:]
             return blanked, {open_at + span.start: query}
     return text, {}
 
 
-def _matching_paren(text: str, open_at: int) -> int | None:
+def _matching_paren(text: str, open_at: int) -> tuple[int | None, int | None]:
+    """The position of the ')' closing the '(' at ``open_at`` (None if unclosed), skipping
+    strings, quoted names, dollar-quoted strings and comments as the statement splitter does;
+    and the position of the line break that ends the last ``--`` comment seen (or None)."""
     depth, i, n = 0, open_at, len(text)
+    comment_end = None
     while i < n:
         c = text[i]
         if c in "'\"":
             j = text.find(c, i + 1)
             if j < 0:
-                return None
+                return None, comment_end
             i = j + 1
+            continue
+        if c == "$" and (m := _DOLLAR.match(text, i)) and \
+                not (i and (text[i - 1].isalnum() or text[i - 1] == "_")):
+            j = text.find(m.group(0), m.end())
+            if j < 0:
+                return None, comment_end
+            i = j + len(m.group(0))
             continue
         if text.startswith("--", i):
             j = text.find("\n", i)
+            comment_end = j
             i = n if j < 0 else j + 1
             continue
         if text.startswith("/*", i):
@@ -175,9 +189,9 @@ def _matching_paren(text: str, open_at: int) -> int | None:
         elif c == ")":
             depth -= 1
             if depth == 0:
-                return i
+                return i, comment_end
         i += 1
-    return None
+    return None, comment_end
 
 
 def _parse_ours(script: str, span: Span) -> A.Statement:

@@ -55,7 +55,7 @@ def source_sql(fmt: str, target: str) -> str:
     query = target.strip().rstrip(";").strip()
     if not query:
         raise ProgrammingError("empty query")
-    return f"({query})"
+    return f"({query}\n)"  # the line break ends a -- comment on the query's last line
 
 
 def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape):
