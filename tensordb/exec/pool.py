@@ -58,6 +58,13 @@ def _owned_nbytes(a) -> int:
     return int(a.nbytes) if isinstance(base, np.ndarray) else 0
 
 
+def _tile_bytes(task, value) -> int:
+    """The memory a tile alive in the run stands for: all of it for a tile the run computed
+    (written into an output file's mapping or not, its pages are this run's), only what it owns
+    for a Load (a view of a stored tensor costs nothing until read; absent tiles are zeros)."""
+    return _owned_nbytes(value) if isinstance(task, Load) else int(getattr(value, "nbytes", 0))
+
+
 class LocalExecutor:
     """W in-process workers: threads that live as long as the executor, one queue each."""
 
@@ -140,6 +147,7 @@ class _Run:
         self.drained = threading.Event()
         self.draining = False
         self.live = 0
+        self.counted: dict[int, int] = {}  # task key -> bytes _track counted for its tile
         self.peak = 0
         self.moved = 0
         self.busy = [0.0] * ex.workers
@@ -258,14 +266,14 @@ class _Run:
         acc = self.acc.get(agg.key)
         if acc is None:
             acc = self.acc[agg.key] = start_aggregate(agg, part, self.xp, self.dest.get(agg.key))
-            self._track(_owned_nbytes(acc))  # the partial's own bytes are released just below
+            self._track(_tile_bytes(agg, acc))  # the partial's own bytes are released just below
         else:
             combine(agg.agg, acc, part, self.xp)
         self._release((part_key,))
         self.acc_left[agg.key] -= 1
         if self.acc_left[agg.key] == 0:
             value = finish_aggregate(agg, self.acc.pop(agg.key), self.xp)
-            self._track(-_owned_nbytes(value))  # _publish counts it again
+            self._track(-_tile_bytes(agg, value))  # _publish counts it again
             self._publish(w, agg, value)
 
     def _track(self, delta: int) -> None:
@@ -284,7 +292,7 @@ class _Run:
             self.nnz[task.key] = int(np.count_nonzero(dest))  # the store needs it: count here
         self.results[task.key] = value
         self.made_on[task.key] = w
-        nbytes = _owned_nbytes(value)
+        nbytes = self.counted[task.key] = _tile_bytes(task, value)
         self._track(nbytes)
         op = self.plan.owner.get(task.key, 0)
         ready = []
@@ -316,7 +324,7 @@ class _Run:
                 last = self.refs[k] == 0 and k not in self.keep
                 value = self.results.pop(k, None) if last else None
             if value is not None:
-                self._track(-_owned_nbytes(value))
+                self._track(-self.counted.pop(k, 0))
 
     @staticmethod
     def _translate(exc: BaseException) -> Error:
