@@ -253,3 +253,29 @@ def test_ctrl_c_stops_a_long_query_in_the_repl_and_quit_leaves(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
     with tensordb.connect(db) as con:
         assert [t["name"] for t in con.tensors()] == ["D"]
+
+
+def test_each_statement_of_a_script_prints_the_value_it_produced(tmp_path, capsys):
+    """A name reassigned later in a script: each printout shows that statement's own value
+    (shape and dtype too), not the name's final one."""
+    x = np.arange(3.0)
+    np.save(tmp_path / "x.npy", x)
+    script = tmp_path / "s.sql"
+    script.write_text(f"LOAD TENSOR X FROM '{tmp_path / 'x.npy'}';\n"
+                      "A[i] = X[i] + 1;\n"
+                      "B[i] = A[i] * 10;\n"
+                      "A[i] = A[i] + 100;\n"
+                      "A = SUM(A[i] * 2);\n")
+    rc, out, err = run([tmp_path / "db.tdb", "-f", script], capsys)
+    assert rc == 0, err
+    a1 = x + 1
+    b = a1 * 10
+    a2 = a1 + 100
+    a3 = (a2 * 2).sum()
+    blocks = [blk for blk in out.split("\n\n") if blk.startswith(("A:", "B:"))]
+    shown = [f"{name}: float64 {v.shape}\n{np.array2string(v)}"
+             for name, v in (("A", a1), ("B", b), ("A", a2), ("A", np.asarray(a3)))]
+    assert blocks == shown
+    with tensordb.connect(tmp_path / "db.tdb") as con:  # the final state is the last value
+        np.testing.assert_array_equal(con.tensor("A"), a3)
+        np.testing.assert_array_equal(con.tensor("B"), b)

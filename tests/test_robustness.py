@@ -7,6 +7,7 @@ against numpy, stored state against a reopened database.
 from __future__ import annotations
 
 import _thread
+import json
 import os
 import signal
 import subprocess
@@ -276,3 +277,60 @@ def test_a_real_sigint_stops_a_python_script_and_stores_nothing(db_path):
     with tensordb.connect(db_path) as con:
         assert [t["name"] for t in con.tensors()] == ["D"]
     assert sorted(os.listdir(db_path / "tiles")) == files
+
+
+# -- item 13: smaller wrong messages ------------------------------------------------------------
+
+@pytest.mark.parametrize("holder_read_only", [True, False])
+def test_the_lock_holder_is_described_by_how_it_has_the_database_open(db_path, holder_read_only):
+    tensordb.connect(db_path).close()
+    script = (f"import tensordb, time; c = tensordb.connect({str(db_path)!r}, "
+              f"read_only={holder_read_only}); print('open', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(tensordb.OperationalError) as info:
+            tensordb.connect(db_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    msg = str(info.value)
+    assert f"process {holder.pid}" in msg
+    if holder_read_only:
+        assert "has it open read-only" in msg and "for writing" not in msg
+    else:
+        assert "has it open for writing" in msg
+
+
+FROM_QUERIES = {
+    "comment on the last line": "SELECT i, i * 1.5 AS value FROM range(4) t(i)\n  -- the last line\n",
+    "comment right after the query": "SELECT i, i * 2.5 AS value FROM range(3) t(i) -- note\n",
+    "dollar quotes": "SELECT i, length($$a)b'c$$) * 1.0 + i AS value FROM range(3) t(i)",
+    "tagged dollar quotes": "SELECT i, length($x$))$x$) * 1.0 AS value FROM range(2) t(i)",
+}
+
+
+@pytest.mark.parametrize("query", FROM_QUERIES.values(), ids=FROM_QUERIES.keys())
+def test_from_subqueries_with_comments_and_dollar_quotes(con, query):
+    rows = con.sql(query).fetchall()  # DuckDB's own answer
+    expect = np.zeros(max(i for i, _ in rows) + 1)
+    for i, v in rows:
+        expect[i] = v
+    con.execute(f"CREATE TENSOR T FROM ({query}) INDEX (i)")
+    np.testing.assert_array_equal(con.tensor("T"), expect)
+    con.execute(f"LOAD OR REPLACE TENSOR T FROM (\n{query}) INDEX (i) VALUE value")
+    np.testing.assert_array_equal(con.tensor("T"), expect)
+
+
+def test_explain_analyze_reports_the_measured_peak_of_the_run(con):
+    a = np.random.default_rng(2).standard_normal((300, 300))
+    con.load("A", a)
+    data = json.loads(con.explain("C[i,k] = A[i,j] * A[j,k]", format="json", analyze=True))
+    out_bytes = a.nbytes  # every result tile is alive until the run hands them to the store
+    assert data["measured"]["peak_bytes"] >= out_bytes
+    # the stored inputs are read through the page cache: they add nothing
+    assert data["measured"]["peak_bytes"] <= out_bytes + a.nbytes
+    text = con.explain("E[i,k] = A[i,j] * A[j,k]", analyze=True)
+    assert "peak tile memory 0 B (tiles alive at once)" not in text
+    np.testing.assert_allclose(con.tensor("E"), a @ a, rtol=1e-10, atol=1e-10)
