@@ -162,8 +162,8 @@ class Store:
                 hint = "a database has one writer at a time; close the other connection " \
                     "(readers may share it with read_only=True when nobody writes)"
                 if mode == "open read-only":
-                    hint = "nobody may write while another process reads: close the reader, or " \
-                        "open this connection with read_only=True too"
+                    hint = "a database has one writer at a time, and none while another " \
+                        "process reads it: close the reader, or open this one read_only=True too"
                 raise OperationalError(f"database {self.root} is locked: {who} has it {mode}",
                                        hint=hint) from None
             if "not a valid DuckDB database" in text:
