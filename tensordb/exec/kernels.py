@@ -182,7 +182,6 @@ class KernelSpec:
                 acc = xp.full(full[len(agg_axes):], _identity(op.agg), dtype=self.dtype)
             return xp.asarray(acc, dtype=self.dtype)
 
-
     def _elementwise_chunked(self, views, full, out, check):
         """An elementwise join over a tile larger than CHUNK_ELEMENTS, in slabs of its first
         axis written into the result (``out`` when it fits), with ``check`` between slabs."""
