@@ -21,6 +21,8 @@ def parse_bytes(value) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ProgrammingError(f"memory size must be a finite number of bytes, got {value}")
         if value <= 0:
             raise ProgrammingError(f"memory size must be positive, got {value}")
         return int(value)
@@ -96,6 +98,8 @@ class Settings:
                                    hint=f"settings: {', '.join(f.name for f in fields(self))}")
         if key == "workers":
             top = max_workers()
+            if isinstance(value, float) and value == value and not value.is_integer():
+                raise ProgrammingError(f"workers must be an integer from 1 to {top}, got {value!r}")
             try:
                 value = int(value)
             except (TypeError, ValueError, OverflowError):

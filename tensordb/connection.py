@@ -14,7 +14,7 @@ import numpy as np
 
 from . import optimizer, physical
 from .config import Settings, available_memory, debug_level, format_bytes, stage
-from .errors import CatalogError, InterfaceError, OutOfMemoryError
+from .errors import CatalogError, InterfaceError, OutOfMemoryError, ProgrammingError
 from .plan.builder import Graph, bind
 from .plan.ir import EinGraph
 from .storage import Store
@@ -96,6 +96,8 @@ class Connection:
         """Plain SQL over tables and tensors (a DuckDB relation); tensors appear as
         relations with one column per dimension plus ``value``."""
         from .storage.relations import sql
+        if not isinstance(query, str):
+            raise ProgrammingError(f"a query must be a string, got {type(query).__name__}")
         return sql(self.store, query)
 
     # -- tensors in and out --------------------------------------------------------------------
@@ -142,6 +144,8 @@ class Connection:
     def export(self, name: str, path: str | os.PathLike, format: str | None = None) -> None:
         """Write a tensor to .npy, .parquet or .csv (COPY name TO 'path')."""
         from .storage.export import export_tensor
+        if not isinstance(path, (str, os.PathLike)):
+            raise ProgrammingError(f"an export path must be a string or path, got {type(path).__name__}")
         export_tensor(self.store, name, path, format=format)
 
     def drop(self, name: str, if_exists: bool = False) -> None:

@@ -204,6 +204,27 @@ def test_kernels_give_numpys_answer_without_runtime_warnings(stmt, oracle):
         np.testing.assert_allclose(con.tensor("S"), expect, rtol=1e-12)
 
 
+API_MISUSE = {
+    "tile= not a mapping": lambda con: con.einsum("ij,jk->ik", "A", "B", into="C", tile=5),
+    "join= not a string": lambda con: con.einsum("ij,jk->ik", "A", "B", into="C", join=5),
+    "query not a string": lambda con: con.sql(5),
+    "export path not a path": lambda con: con.export("A", 5),
+    "memory_limit NaN": lambda con: con.set("memory_limit", float("nan")),
+    "memory_limit infinite": lambda con: con.set("memory_limit", float("inf")),
+    "workers 2.5": lambda con: con.set("workers", 2.5),
+}
+
+
+@pytest.mark.parametrize("call", API_MISUSE.values(), ids=API_MISUSE.keys())
+def test_python_api_misuse_is_a_programming_error(con, snapshot, call):
+    con.load("A", np.ones((2, 3)))
+    con.load("B", np.ones((3, 2)))
+    before, settings = snapshot(con), con.settings.items()
+    with pytest.raises(tensordb.ProgrammingError):
+        call(con)
+    assert snapshot(con) == before and con.settings.items() == settings
+
+
 # -- item 12: Ctrl-C stops a running query ----------------------------------------------------
 
 N = 2000  # a 2000^3 min-plus product: many seconds of kernel time in one tile
