@@ -240,6 +240,62 @@ def _cpu_seconds_over(interval: float) -> float:
     return time.process_time() - c0
 
 
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["min-plus", "elementwise"])
+def test_non_blas_kernels_check_for_cancellation_between_chunks(kind):
+    """A kernel calls ``check`` between chunks of at most CHUNK_ELEMENTS and stops when it raises;
+    with a check that never raises, the chunked answer is numpy's."""
+    from tensordb.exec.kernels import CHUNK_ELEMENTS, KernelSpec
+    from tensordb.plan.ir import EinOp
+    from tensordb.plan.scalar import parse_join
+    rng = np.random.default_rng(5)
+    if kind == "min-plus":
+        n = 300  # a 300^3 join space: 27M elements, several chunks
+        a, b = rng.random((n, n)), rng.random((n, n))
+        op = EinOp.contraction("P", "ik", [("A", "ij"), ("B", "jk")], {"i": n, "j": n, "k": n},
+                               join=parse_join("x0 + x1"), agg="min")
+        expect = (a[:, :, None] + b[None, :, :]).min(axis=1)
+        space = n ** 3
+    else:
+        n = 2100  # one tile of 4.4M elements; the join ignores a label of x1 (a broadcast)
+        a, b = rng.standard_normal((n, n)), rng.standard_normal(n)
+        op = EinOp.contraction("Y", "ij", [("A", "ij"), ("b", "j")], {"i": n, "j": n},
+                               join=parse_join("relu(x0 - x1) * 2"))
+        expect = np.maximum(a - b, 0) * 2
+        space = n * n
+    spec = KernelSpec(op)
+    chunks = -(-space // CHUNK_ELEMENTS)
+    calls = []
+    out = spec([a, b], [a.shape, b.shape], expect.shape, check=lambda: calls.append(1))
+    np.testing.assert_allclose(out, expect, rtol=1e-12)
+    assert len(calls) >= chunks  # at least once per chunk
+
+    def stop_at_the_third():
+        calls.append(1)
+        if len(calls) == 3:
+            raise _Stop
+    calls.clear()
+    with pytest.raises(_Stop):
+        spec([a, b], [a.shape, b.shape], expect.shape, check=stop_at_the_third)
+    assert len(calls) == 3  # it stopped there, with chunks left
+
+
+def test_a_large_elementwise_tile_computes_numpys_answer(con):
+    rng = np.random.default_rng(6)
+    x, c = rng.standard_normal((2100, 2100)).astype(np.float32), rng.standard_normal(2100)
+    con.load("X", x, tile=(2100, 2100))
+    con.load("c", c)
+    con.execute("Y[i,j] = RELU(X[i,j] - c[j]) / X[i,j] WITH (TILE (i 1, j 1))")
+    with np.errstate(all="ignore"):
+        expect = np.maximum(x - c, 0) / x
+    got = con.tensor("Y")
+    assert got.dtype == expect.dtype
+    np.testing.assert_allclose(got, expect, rtol=1e-12)
+
+
 @pytest.mark.parametrize("how", ["python", "dialect"])
 def test_keyboard_interrupt_stops_a_query_and_leaves_the_connection_usable(db_path, how):
     with tensordb.connect(db_path) as con:
