@@ -24,6 +24,7 @@ import pytest
 
 import tensordb
 from tensordb.config import format_bytes, max_workers
+from tensordb.dialect.ast import CHAIN_LIMIT
 from tensordb.plan.scalar import MAX_EXPRESSION_DEPTH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,9 +52,16 @@ def test_a_join_naming_a_missing_operand_is_a_binder_error(con, snapshot):
     np.testing.assert_array_equal(con.tensor("C"), np.full((2, 2), 2.0))
 
 
+def _nested_chains(levels: int) -> str:
+    text = "v[i]"
+    for _ in range(levels):  # each level: a 100-operator chain around the one inside
+        text = " + ".join(["v[i]"] * CHAIN_LIMIT) + " + (" + text + ")"
+    return "C[i] = " + text
+
+
 TOO_DEEP = {
     "3000 parentheses": "C[i] = " + "(" * 3000 + "v[i]" + ")" * 3000,
-    "20000-term sum": "C[i] = " + " + ".join(["v[i]"] * 20000),
+    "long chains nested in each other": _nested_chains(3),
     "3000 nested calls": "C[i] = " + "RELU(" * 3000 + "v[i]" + ")" * 3000,
     "3000 signs": "C[i] = " + "- " * 3000 + "v[i]",
     "deep inside an aggregate": "C[i] = SUM(" + "(" * 3000 + "M[i,j]" + ")" * 3000 + ")",
@@ -91,6 +99,43 @@ def test_expressions_just_inside_the_depth_bound_compute_numpys_answer(con):
     np.testing.assert_allclose(con.tensor("D"), m @ v, rtol=1e-12)
     con.execute("E[i] = " + "RELU(" * (depth // 2) + "v[i]" + ")" * (depth // 2))
     np.testing.assert_array_equal(con.tensor("E"), np.maximum(v, 0))
+
+
+def test_a_20000_term_sum_computes_numpys_answer_left_to_right(con):
+    """A flat chain has no depth limit: it is computed in parts of CHAIN_LIMIT operands, in
+    numpy's order (and dtype) for the whole chain."""
+    rng = np.random.default_rng(8)
+    v, m = rng.standard_normal(7), rng.standard_normal((7, 7))
+    iv = rng.integers(-1000, 1000, 7).astype(np.int32)
+    con.load("v", v)
+    con.load("M", m)
+    con.load("I", iv)
+    con.execute("C[i] = " + " + ".join(["v[i]"] * 20000))
+    expect = v
+    for _ in range(19999):
+        expect = expect + v
+    np.testing.assert_array_equal(con.tensor("C"), expect)
+    text, expect = "D[i] = 0.25 * v[i]", 0.25 * v  # mixed signs, products and quotients
+    for k in range(1, 350):
+        sign, (term, x) = "-" if k % 3 else "+", \
+            (f"v[i] / {k + 1}", v / (k + 1)) if k % 2 else (f"v[i] * {k % 5}", v * (k % 5))
+        text += f" {sign} {term}"
+        expect = expect - x if sign == "-" else expect + x
+    con.execute(text)
+    np.testing.assert_array_equal(con.tensor("D"), expect)
+    con.execute("E[i] = " + " + ".join(["I[i]"] * 700))
+    expect = iv
+    for _ in range(699):
+        expect = expect + iv
+    assert con.tensor("E").dtype == expect.dtype == np.int32
+    np.testing.assert_array_equal(con.tensor("E"), expect)
+    con.execute("F[i] = SUM(" + " + ".join(["M[i,j] * v[j]"] * 250) + ")")  # in one aggregate
+    expect = m * v
+    for _ in range(249):
+        expect = expect + m * v
+    np.testing.assert_allclose(con.tensor("F"), expect.sum(axis=1), rtol=1e-12)
+    con.execute("G[i] = " + " + ".join(["M[i,j] * v[j]"] * 250))  # Einstein: each term summed
+    np.testing.assert_allclose(con.tensor("G"), 250 * (m @ v), rtol=1e-12)
 
 
 @pytest.mark.parametrize("join", ["+".join(["x0"] * 20000), "(" * 3000 + "x0" + ")" * 3000,

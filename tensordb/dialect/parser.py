@@ -216,21 +216,26 @@ MAX_EXPRESSION_DEPTH = scalar.MAX_EXPRESSION_DEPTH
 def _check_depth(tree, script: str, base: int) -> None:
     """Refuse a tree nested deeper than MAX_EXPRESSION_DEPTH, with a caret at the operator or
     parenthesis that goes too deep. lark's LALR parser builds the tree without recursion, so the
-    depth is measured here, iteratively, before anything recursive sees the tree."""
-    stack = [(tree, 1)]
+    depth is measured here, iteratively, before anything recursive sees the tree. A chain
+    ``a + b + c`` (one flat node) counts one level per operator, as the BinOps it becomes, but
+    at most CHAIN_LIMIT: a longer one is computed in parts of that length."""
+    stack = [(tree, 0)]
     deepest, where = 0, None
     while stack:
-        node, depth = stack.pop()
+        node, above = stack.pop()
+        ops = (len(node.children) - 1) // 2 if node.data in ("sum", "product") else 1
+        depth = above + min(ops, A.CHAIN_LIMIT)
         if depth > deepest:
             deepest = depth
-            if depth == MAX_EXPRESSION_DEPTH + 1:
+            if where is None and depth > MAX_EXPRESSION_DEPTH:
                 tok = next((c for c in node.children if isinstance(c, Token)), None)
                 where = tok.start_pos if tok is not None else getattr(node.meta, "start_pos", 0)
-        stack.extend((c, depth + 1) for c in node.children if isinstance(c, Tree))
+        stack.extend((c, depth) for c in node.children if isinstance(c, Tree))
     if where is not None:
         raise ParserError(f"the expression is nested too deeply: {deepest} levels, at most "
-                          f"{MAX_EXPRESSION_DEPTH} (each parenthesis, function call, sign, and "
-                          "each operator of a chain such as a + b + c, is a level)",
+                          f"{MAX_EXPRESSION_DEPTH} (each parenthesis, function call and sign is a "
+                          f"level, and each operator of a chain such as a + b + c, up to "
+                          f"{A.CHAIN_LIMIT} per chain)",
                           statement=script, span=Span(base + where, base + where + 1),
                           hint="split it into several statements, each computing a partial result")
 
@@ -323,8 +328,17 @@ class _Build(Transformer):
     def paren(self, meta, c):
         return c[1]
 
-    def binop(self, meta, c):
-        return A.BinOp(str(c[1]), c[0], c[2], self.sp(meta))
+    def chain(self, meta, c):
+        """``a + b - c ...``: nested BinOps, left to right; a Chain when longer than CHAIN_LIMIT."""
+        first, rest = c[0], tuple((str(c[k]), c[k + 1]) for k in range(1, len(c), 2))
+        if len(rest) > A.CHAIN_LIMIT:
+            return A.Chain(first, rest, Span(first.span.start, rest[-1][1].span.end))
+        expr = first
+        for op, operand in rest:
+            expr = A.BinOp(op, expr, operand, Span(first.span.start, operand.span.end))
+        return expr
+
+    sum = product = chain
 
     def neg(self, meta, c):
         if isinstance(c[1], A.Number):
