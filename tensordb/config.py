@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 from .errors import ProgrammingError
 
-__all__ = ["Settings", "parse_bytes", "format_bytes", "debug_level", "stage"]
+__all__ = ["Settings", "parse_bytes", "format_bytes", "available_memory", "max_workers", "debug_level", "stage"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -21,6 +21,8 @@ def parse_bytes(value) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ProgrammingError(f"memory size must be a finite number of bytes, got {value}")
         if value <= 0:
             raise ProgrammingError(f"memory size must be positive, got {value}")
         return int(value)
@@ -42,6 +44,28 @@ def format_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can give this process now (Linux's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def max_workers() -> int:
+    """The most workers ``SET workers`` accepts: far more threads than cores only adds
+    scheduling, and the optimizer's search grows with the worker count (a bound keeps planning
+    quick for every accepted value)."""
+    return max(256, 4 * _default_workers())
 
 
 def _default_workers() -> int:
@@ -73,12 +97,18 @@ class Settings:
             raise ProgrammingError(f"unknown setting '{name}'",
                                    hint=f"settings: {', '.join(f.name for f in fields(self))}")
         if key == "workers":
+            top = max_workers()
+            if isinstance(value, float) and value == value and not value.is_integer():
+                raise ProgrammingError(f"workers must be an integer from 1 to {top}, got {value!r}")
             try:
                 value = int(value)
-            except (TypeError, ValueError):
-                raise ProgrammingError(f"workers must be a positive integer, got {value!r}") from None
-            if value < 1:
-                raise ProgrammingError(f"workers must be a positive integer, got {value!r}")
+            except (TypeError, ValueError, OverflowError):
+                raise ProgrammingError(f"workers must be an integer from 1 to {top}, "
+                                       f"got {value!r}") from None
+            if not 1 <= value <= top:
+                raise ProgrammingError(f"workers must be an integer from 1 to {top}, got {value!r}",
+                                       hint=f"this machine has {_default_workers()} core(s); a "
+                                       "worker is a thread, and the optimizer plans for each one")
         elif key == "memory_limit":
             value = parse_bytes(value)
         elif key == "progress":

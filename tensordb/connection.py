@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any, Mapping, Sequence
@@ -12,8 +13,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import optimizer, physical
-from .config import Settings, debug_level, stage
-from .errors import CatalogError, InterfaceError
+from .config import Settings, available_memory, debug_level, format_bytes, stage
+from .errors import CatalogError, InterfaceError, OutOfMemoryError, ProgrammingError
 from .plan.builder import Graph, bind
 from .plan.ir import EinGraph
 from .storage import Store
@@ -95,6 +96,8 @@ class Connection:
         """Plain SQL over tables and tensors (a DuckDB relation); tensors appear as
         relations with one column per dimension plus ``value``."""
         from .storage.relations import sql
+        if not isinstance(query, str):
+            raise ProgrammingError(f"a query must be a string, got {type(query).__name__}")
         return sql(self.store, query)
 
     # -- tensors in and out --------------------------------------------------------------------
@@ -110,8 +113,24 @@ class Connection:
             load_tensor(self.store, name, source, tile=tile, replace=replace, **options)
 
     def tensor(self, name: str) -> np.ndarray:
-        """The tensor as a dense numpy array."""
-        return self.store.open(name).to_numpy()
+        """The tensor as a dense numpy array (OutOfMemoryError, before allocating, when it would
+        not fit the memory_limit or the memory available)."""
+        reader = self.store.open(name)
+        meta = reader.meta
+        need = math.prod(meta.shape) * np.dtype(meta.dtype).itemsize
+        limit, free = self.settings.memory_limit, available_memory()
+        for budget, what in ((limit, "the memory_limit"), (free, "the memory available")):
+            if budget is not None and need > budget:
+                raise OutOfMemoryError(
+                    f"tensor '{meta.name}' {np.dtype(meta.dtype).name} {tuple(meta.shape)} needs "
+                    f"{format_bytes(need)} as a dense array, more than {what} "
+                    f"({format_bytes(budget)})",
+                    hint="read it in parts with SQL (con.sql), or COPY it to a file")
+        try:
+            return reader.to_numpy()
+        except MemoryError:  # the estimate above was too hopeful
+            raise OutOfMemoryError(f"out of memory reading tensor '{meta.name}' "
+                                   f"({format_bytes(need)}) as a dense array") from None
 
     def tensors(self) -> list[dict]:
         """One dict per stored tensor: name, shape, dtype, tiling, bytes, stored tiles, density."""
@@ -125,6 +144,8 @@ class Connection:
     def export(self, name: str, path: str | os.PathLike, format: str | None = None) -> None:
         """Write a tensor to .npy, .parquet or .csv (COPY name TO 'path')."""
         from .storage.export import export_tensor
+        if not isinstance(path, (str, os.PathLike)):
+            raise ProgrammingError(f"an export path must be a string or path, got {type(path).__name__}")
         export_tensor(self.store, name, path, format=format)
 
     def drop(self, name: str, if_exists: bool = False) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 import io
 import os
 import subprocess
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +208,74 @@ def test_tab_completion():
 def test_begin_without_commit_is_reported(capsys):
     rc, out, err = run(["-c", "BEGIN; CREATE TENSOR A (i 2)"], capsys)
     assert rc == 1 and "BEGIN without COMMIT: 1 statement(s) were not run" in err
+
+
+def test_ctrl_c_stops_a_long_query_in_the_repl_and_quit_leaves(tmp_path):
+    """A real SIGINT (twice) to a REPL running a 2000^3 min-plus product: the query stops within
+    moments, nothing is stored, the workers are idle and .quit leaves at once."""
+    db = tmp_path / "w.tdb"
+    with tensordb.connect(db) as con:
+        con.load("D", np.random.default_rng(0).random((2000, 2000)), tile=(2000, 2000))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TENSORDB_DEBUG": "",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "tensordb", str(db)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            seen.append(line)
+            if "go-go" in line:
+                started.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.stdin.write("SELECT 'go-go' AS started;\nP[i,j] = MIN(D[i,k] + D[k,j]);\n")
+        proc.stdin.flush()
+        assert started.wait(60), "".join(seen)
+        time.sleep(1.5)  # inside the query's kernel by now
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)  # a second Ctrl-C must not leave workers running
+        proc.stdin.write(".quit\n")
+        proc.stdin.flush()
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        elapsed = time.perf_counter() - t0
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert elapsed < 5.0, err
+    assert proc.returncode == 0, err
+    assert "interrupted" in err and "Traceback" not in err
+    with tensordb.connect(db) as con:
+        assert [t["name"] for t in con.tensors()] == ["D"]
+
+
+def test_each_statement_of_a_script_prints_the_value_it_produced(tmp_path, capsys):
+    """A name reassigned later in a script: each printout shows that statement's own value
+    (shape and dtype too), not the name's final one."""
+    x = np.arange(3.0)
+    np.save(tmp_path / "x.npy", x)
+    script = tmp_path / "s.sql"
+    script.write_text(f"LOAD TENSOR X FROM '{tmp_path / 'x.npy'}';\n"
+                      "A[i] = X[i] + 1;\n"
+                      "B[i] = A[i] * 10;\n"
+                      "A[i] = A[i] + 100;\n"
+                      "A = SUM(A[i] * 2);\n")
+    rc, out, err = run([tmp_path / "db.tdb", "-f", script], capsys)
+    assert rc == 0, err
+    a1 = x + 1
+    b = a1 * 10
+    a2 = a1 + 100
+    a3 = (a2 * 2).sum()
+    blocks = [blk for blk in out.split("\n\n") if blk.startswith(("A:", "B:"))]
+    shown = [f"{name}: float64 {v.shape}\n{np.array2string(v)}"
+             for name, v in (("A", a1), ("B", b), ("A", a2), ("A", np.asarray(a3)))]
+    assert blocks == shown
+    with tensordb.connect(tmp_path / "db.tdb") as con:  # the final state is the last value
+        np.testing.assert_array_equal(con.tensor("A"), a3)
+        np.testing.assert_array_equal(con.tensor("B"), b)

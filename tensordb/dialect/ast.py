@@ -1,7 +1,7 @@
 """Syntax nodes, exactly as written. Every node carries a Span into the full script text.
 
 Expressions: ``Number``, ``String``, ``Ref`` (a tensor with labels; ``labels`` is None for a bare
-name), ``Call``, ``BinOp``, ``Neg``. Statements are the classes ending in ``Stmt``; plain SQL that
+name), ``Call``, ``BinOp``, ``Neg``, ``Chain`` (a very long ``a + b + ...``). Statements are the classes ending in ``Stmt``; plain SQL that
 DuckDB runs is ``SqlStmt``.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Union
 from ..errors import Span
 
 __all__ = [
-    "Label", "Number", "String", "Ref", "Call", "BinOp", "Neg", "Expr", "Target", "Dim", "Pin",
+    "Label", "Number", "String", "Ref", "Call", "BinOp", "Neg", "Chain", "CHAIN_LIMIT", "Expr",
+    "Target", "Dim", "Pin",
     "CreateStmt", "LoadStmt", "AssignStmt", "ExplainStmt", "ShowTensorsStmt", "ShowSettingStmt",
     "DescribeStmt", "DropStmt", "CopyStmt", "CheckStmt", "SetStmt", "BeginStmt", "CommitStmt",
     "RollbackStmt",
@@ -70,7 +71,30 @@ class Neg:
     span: Span
 
 
-Expr = Union[Number, String, Ref, Call, BinOp, Neg]
+@dataclass(frozen=True)
+class Chain:
+    """A long chain ``a + b - c + ...`` (or ``a * b / c ...``), evaluated left to right like the
+    BinOps it stands for. The parser makes one only for chains longer than CHAIN_LIMIT operators:
+    nested BinOps that deep would overflow every recursive walk; the binder computes a Chain in
+    parts (see binder._Lowering.chain)."""
+
+    first: "Expr"
+    rest: tuple[tuple[str, "Expr"], ...]  # (operator, operand), in order
+    span: Span
+
+    @property
+    def additive(self) -> bool:
+        return self.rest[0][0] in "+-"
+
+    @property
+    def operands(self) -> list["Expr"]:
+        return [self.first] + [t for _, t in self.rest]
+
+
+# The longest chain of one precedence level that the parser builds as nested BinOps.
+CHAIN_LIMIT = 100
+
+Expr = Union[Number, String, Ref, Call, BinOp, Neg, Chain]
 
 
 def walk(expr: Expr):
@@ -84,6 +108,9 @@ def walk(expr: Expr):
         yield from walk(expr.right)
     elif isinstance(expr, Neg):
         yield from walk(expr.operand)
+    elif isinstance(expr, Chain):
+        for t in expr.operands:
+            yield from walk(t)
 
 
 def refs(expr: Expr) -> list[Ref]:

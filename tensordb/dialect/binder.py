@@ -218,6 +218,9 @@ class _Lowering:
         (outside its own aggregates) becomes an implicit SUM of that term."""
         if isinstance(node, A.BinOp) and node.op in "+-":
             return A.BinOp(node.op, self._split_terms(node.left), self._split_terms(node.right), node.span)
+        if isinstance(node, A.Chain) and node.additive:
+            return A.Chain(self._split_terms(node.first),
+                           tuple((op, self._split_terms(t)) for op, t in node.rest), node.span)
         if isinstance(node, A.Neg):
             return A.Neg(self._split_terms(node.operand), node.span)
         scope = Counter(l.name for r in A.refs(node) for l in (r.labels or ()))
@@ -273,6 +276,8 @@ class _Lowering:
                 scalar.Call("neg", (inner,))
         if isinstance(node, A.BinOp):
             return _fold(scalar.Call(node.op, (self.conv(node.left, slots), self.conv(node.right, slots))))
+        if isinstance(node, A.Chain):
+            return self.chain(node, slots)
         if isinstance(node, A.Call):
             return self.call(node, slots)
         raise TypeError(f"unexpected node {node!r}")  # pragma: no cover
@@ -296,6 +301,36 @@ class _Lowering:
         if len(args) != spec.arity:
             raise self.err(node.span, f"{fn.upper()} takes {spec.arity} argument(s), got {len(args)}")
         return _fold(scalar.Call(fn, tuple(self.conv(a, slots) for a in args)))
+
+    def chain(self, node: A.Chain, slots) -> scalar.Expr:
+        """A long chain, left to right as numpy would evaluate it, in parts of CHAIN_LIMIT
+        operands: each part but the last is an elementwise temporary step over every label of its
+        operands, and the next part starts from it. The join of each step stays shallow, and the
+        values (and the dtype of each partial result) are those of the unbroken chain."""
+        items = [("", node.first)] + list(node.rest)
+        start: scalar.Expr | tuple[str, tuple[str, ...]] | None = None  # a Const or a step's slot
+        i = 0
+        while len(items) - i > A.CHAIN_LIMIT:
+            inner: list[tuple[str, tuple[str, ...]]] = []
+            join = self._chain_part(start, items[i:i + A.CHAIN_LIMIT], inner)
+            i += A.CHAIN_LIMIT
+            if not inner:  # numbers only: fold on into the next part
+                start = join
+                continue
+            labels = tuple(dict.fromkeys(l for _, ls in inner for l in ls))
+            name = f"{self.into}.t{len(self.steps) + 1}"
+            self.steps.append(BoundStep(name, labels, tuple(inner), join, "sum", False))
+            self.dtypes[name] = infer_dtype(join, [self.dtypes[t] for t, _ in inner])
+            start = (name, labels)
+        return self._chain_part(start, items[i:], slots)
+
+    def _chain_part(self, start, items, slots) -> scalar.Expr:
+        expr = None if start is None else \
+            _slot(slots, *start) if isinstance(start, tuple) else start
+        for op, term in items:
+            e = self.conv(term, slots)
+            expr = e if expr is None else _fold(scalar.Call(op, (expr, e)))
+        return expr
 
     def aggregate(self, node: A.Call, slots) -> scalar.Expr:
         """A nested aggregate: a temporary step, referenced by the enclosing expression."""
@@ -325,6 +360,8 @@ def _is_aggregate(node) -> bool:
 def _terms(expr) -> list:
     if isinstance(expr, A.BinOp) and expr.op in "+-":
         return _terms(expr.left) + _terms(expr.right)
+    if isinstance(expr, A.Chain) and expr.additive:
+        return [t for x in expr.operands for t in _terms(x)]
     if isinstance(expr, A.Neg):
         return _terms(expr.operand)
     return [expr]
@@ -337,7 +374,8 @@ def _free_labels(expr) -> list[str]:
     if _is_aggregate(expr):
         return []
     kids = expr.args if isinstance(expr, A.Call) else (expr.left, expr.right) \
-        if isinstance(expr, A.BinOp) else (expr.operand,) if isinstance(expr, A.Neg) else ()
+        if isinstance(expr, A.BinOp) else (expr.operand,) if isinstance(expr, A.Neg) else \
+        expr.operands if isinstance(expr, A.Chain) else ()
     return [l for k in kids for l in _free_labels(k)]
 
 

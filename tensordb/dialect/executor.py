@@ -73,7 +73,7 @@ def run_script(con, script: str, parameters=None, on_result: Emit | None = None)
                     if failed:
                         raise ProgrammingError("the transaction was aborted by an earlier error; "
                                                "nothing was stored", statement=script, span=stmt.span)
-                    run_unit(con, block, emit)
+                    run_unit(con, block, emit, each=on_result is not None)
                     emit(Result.status("COMMIT", text))
                 elif isinstance(stmt, A.RollbackStmt):
                     sess.block, sess.block_failed = None, False
@@ -86,7 +86,7 @@ def run_script(con, script: str, parameters=None, on_result: Emit | None = None)
                     emit(Result.status("queued until COMMIT", text))
                 continue
             if isinstance(stmt, A.BeginStmt):
-                run_unit(con, unit, emit)
+                run_unit(con, unit, emit, each=on_result is not None)
                 unit = []
                 sess.block = []
                 emit(Result.status("BEGIN", text))
@@ -95,7 +95,7 @@ def run_script(con, script: str, parameters=None, on_result: Emit | None = None)
                                        hint="BEGIN starts one")
             else:
                 unit.append((script, stmt))
-        run_unit(con, unit, emit)
+        run_unit(con, unit, emit, each=on_result is not None)
     except Error:
         if sess.block is not None:
             sess.block_failed = True
@@ -107,8 +107,13 @@ def _text(script: str, stmt) -> str:
     return script[stmt.span.start:stmt.span.end]
 
 
-def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit) -> None:
-    """Run statements atomically: on any error the database and LETs are as before."""
+def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool = False) -> None:
+    """Run statements atomically: on any error the database and LETs are as before.
+
+    ``each``: every result is looked at as it comes (the CLI prints it), so a group of einsum
+    statements is cut before a statement that reassigns a name the group already assigned: the
+    earlier statement's result is then stored, and shown, before the later one replaces it
+    (in one group it would be a temporary, and its printout would show the final value)."""
     if not items:
         return
     sess = session(con)
@@ -120,6 +125,9 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit) -> None:
             group: list[tuple[str, A.AssignStmt]] = []
             for script, stmt in items:
                 if isinstance(stmt, A.AssignStmt):
+                    if each and stmt.mode != "let" and _assigns(group, stmt.target.name):
+                        _run_group(con, group, emit)
+                        group = []
                     group.append((script, stmt))
                     continue
                 _run_group(con, group, emit)
@@ -130,6 +138,11 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit) -> None:
         sess.lets.clear()
         sess.lets.update(lets_before)
         raise
+
+
+def _assigns(group: list[tuple[str, A.AssignStmt]], name: str) -> bool:
+    key = name.lower()
+    return any(s.mode != "let" and s.target.name.lower() == key for _, s in group)
 
 
 def _timed(fn, script: str, span: Span) -> Result:

@@ -50,12 +50,8 @@ labels: NAME (COMMA NAME)*
 with_clause: WITH LPAR tile (COMMA tile)* RPAR
 
 ?expr: sum
-?sum: product
-    | sum PLUS product -> binop
-    | sum MINUS product -> binop
-?product: unary
-    | product STAR unary -> binop
-    | product SLASH unary -> binop
+?sum: product ((PLUS | MINUS) product)*
+?product: unary ((STAR | SLASH) unary)*
 ?unary: atom
     | MINUS unary -> neg
     | PLUS unary -> pos

@@ -13,15 +13,16 @@ from __future__ import annotations
 import functools
 from dataclasses import fields
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import (UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken,
                              VisitError)
 
 from ..config import Settings
 from ..errors import ParserError, Span
+from ..plan import scalar
 from . import ast as A
 from .grammar import READABLE, grammar
-from .lexer import Word, skip_space, split, words
+from .lexer import _DOLLAR, Word, skip_space, split, words
 
 __all__ = ["parse", "parse_statement", "classify"]
 
@@ -143,28 +144,42 @@ def _blank_subquery(script: str, span: Span) -> tuple[str, dict[int, str]]:
     for k, word in enumerate(w[:-1]):
         if word.upper == "FROM" and w[k + 1].text == "(":
             open_at = w[k + 1].start - span.start
-            close_at = _matching_paren(text, open_at)
+            close_at, comment_end = _matching_paren(text, open_at)
             if close_at is None:
                 raise ParserError("the query after FROM is not closed: expected ')'",
                                   statement=script, span=Span(w[k + 1].start, w[k + 1].start + 1))
             query = text[open_at + 1:close_at].strip()
+            if comment_end is not None and comment_end >= text.rindex(query, 0, close_at) + len(query):
+                query += "\n"  # it ends in a -- comment: keep the line break that closes it
             blanked = text[:open_at + 1] + " " * (close_at - open_at - 1) + text[close_at:]
             return blanked, {open_at + span.start: query}
     return text, {}
 
 
-def _matching_paren(text: str, open_at: int) -> int | None:
+def _matching_paren(text: str, open_at: int) -> tuple[int | None, int | None]:
+    """The position of the ')' closing the '(' at ``open_at`` (None if unclosed), skipping
+    strings, quoted names, dollar-quoted strings and comments as the statement splitter does;
+    and the position of the line break that ends the last ``--`` comment seen (or None)."""
     depth, i, n = 0, open_at, len(text)
+    comment_end = None
     while i < n:
         c = text[i]
         if c in "'\"":
             j = text.find(c, i + 1)
             if j < 0:
-                return None
+                return None, comment_end
             i = j + 1
+            continue
+        if c == "$" and (m := _DOLLAR.match(text, i)) and \
+                not (i and (text[i - 1].isalnum() or text[i - 1] == "_")):
+            j = text.find(m.group(0), m.end())
+            if j < 0:
+                return None, comment_end
+            i = j + len(m.group(0))
             continue
         if text.startswith("--", i):
             j = text.find("\n", i)
+            comment_end = j
             i = n if j < 0 else j + 1
             continue
         if text.startswith("/*", i):
@@ -176,9 +191,9 @@ def _matching_paren(text: str, open_at: int) -> int | None:
         elif c == ")":
             depth -= 1
             if depth == 0:
-                return i
+                return i, comment_end
         i += 1
-    return None
+    return None, comment_end
 
 
 def _parse_ours(script: str, span: Span) -> A.Statement:
@@ -187,10 +202,44 @@ def _parse_ours(script: str, span: Span) -> A.Statement:
         tree = _lark().parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, script, span, text) from None
+    _check_depth(tree, script, span.start)
     try:
         return _Build(script, span.start, queries).transform(tree)
     except VisitError as exc:  # lark wraps what the transformer raises
         raise exc.orig_exc if isinstance(exc.orig_exc, ParserError) else exc from None
+
+
+# The deepest parse tree a statement may have: every later stage (the AST builder, the binder, the
+# join evaluator in the kernels) walks expressions recursively, and this bound keeps each well
+# inside Python's recursion limit. A chain like ``a + b + c`` is one level per operator.
+MAX_EXPRESSION_DEPTH = scalar.MAX_EXPRESSION_DEPTH
+
+
+def _check_depth(tree, script: str, base: int) -> None:
+    """Refuse a tree nested deeper than MAX_EXPRESSION_DEPTH, with a caret at the operator or
+    parenthesis that goes too deep. lark's LALR parser builds the tree without recursion, so the
+    depth is measured here, iteratively, before anything recursive sees the tree. A chain
+    ``a + b + c`` (one flat node) counts one level per operator, as the BinOps it becomes, but
+    at most CHAIN_LIMIT: a longer one is computed in parts of that length."""
+    stack = [(tree, 0)]
+    deepest, where = 0, None
+    while stack:
+        node, above = stack.pop()
+        ops = (len(node.children) - 1) // 2 if node.data in ("sum", "product") else 1
+        depth = above + min(ops, A.CHAIN_LIMIT)
+        if depth > deepest:
+            deepest = depth
+            if where is None and depth > MAX_EXPRESSION_DEPTH:
+                tok = next((c for c in node.children if isinstance(c, Token)), None)
+                where = tok.start_pos if tok is not None else getattr(node.meta, "start_pos", 0)
+        stack.extend((c, depth) for c in node.children if isinstance(c, Tree))
+    if where is not None:
+        raise ParserError(f"the expression is nested too deeply: {deepest} levels, at most "
+                          f"{MAX_EXPRESSION_DEPTH} (each parenthesis, function call and sign is a "
+                          f"level, and each operator of a chain such as a + b + c, up to "
+                          f"{A.CHAIN_LIMIT} per chain)",
+                          statement=script, span=Span(base + where, base + where + 1),
+                          hint="split it into several statements, each computing a partial result")
 
 
 def _syntax_error(exc: UnexpectedInput, script: str, span: Span, text: str) -> ParserError:
@@ -284,8 +333,17 @@ class _Build(Transformer):
     def paren(self, meta, c):
         return c[1]
 
-    def binop(self, meta, c):
-        return A.BinOp(str(c[1]), c[0], c[2], self.sp(meta))
+    def chain(self, meta, c):
+        """``a + b - c ...``: nested BinOps, left to right; a Chain when longer than CHAIN_LIMIT."""
+        first, rest = c[0], tuple((str(c[k]), c[k + 1]) for k in range(1, len(c), 2))
+        if len(rest) > A.CHAIN_LIMIT:
+            return A.Chain(first, rest, Span(first.span.start, rest[-1][1].span.end))
+        expr = first
+        for op, operand in rest:
+            expr = A.BinOp(op, expr, operand, Span(first.span.start, operand.span.end))
+        return expr
+
+    sum = product = chain
 
     def neg(self, meta, c):
         if isinstance(c[1], A.Number):

@@ -64,17 +64,20 @@ class KernelSpec:
                 diag = "".join(sym[l] for l in o.labels) + "->" + "".join(sym[l] for l in uniq)
             self.unique.append((uniq, diag))
 
-    def __call__(self, args: list, arg_shapes, out_shape, out=None):
+    def __call__(self, args: list, arg_shapes, out_shape, out=None, check=None):
         """The kernel over one tile; ``out``, if given, is a buffer the result may be written to
-        directly (the caller checks whether it was)."""
+        directly (the caller checks whether it was). ``check``, if given, is called between
+        chunks and raises to cancel the call (one BLAS call is not interruptible)."""
         xp = self.xp
+        check = check or _no_check
+        check()
         arrays = [xp.zeros(s, dtype=d) if a is None else a
                   for a, s, d in zip(args, arg_shapes, self.in_dtypes)]
         if self.blas:
             # NumPy multiplies in the promoted dtype: int32 x float64 is a float64 product.
             arrays = [a if a.dtype == self.dtype else a.astype(self.dtype) for a in arrays]
             return self._contract(arrays, out)
-        return self._broadcast(arrays, out)
+        return self._broadcast(arrays, out, check)
 
     # -- BLAS ----------------------------------------------------------------------------------
     def _contract(self, arrays, out=None):
@@ -128,7 +131,7 @@ class KernelSpec:
         return res
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
-    def _broadcast(self, arrays, out=None):
+    def _broadcast(self, arrays, out=None, check=None):
         xp = self.xp
         op = self.op
         views, ext = [], {}
@@ -148,6 +151,8 @@ class KernelSpec:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:
+                if math.prod(full) > CHUNK_ELEMENTS:  # a large tile: in slabs, cancellable
+                    return self._elementwise_chunked(views, full, out, check or _no_check)
                 if out is not None and tuple(out.shape) == tuple(full) and out.dtype == self.dtype:
                     res = scalar.evaluate(op.join, views, xp, out=out)
                     if res is out:  # written in place into the output's final buffer
@@ -164,6 +169,8 @@ class KernelSpec:
             step = max(1, CHUNK_ELEMENTS // max(per_slice, 1))
             acc = None
             for lo in range(0, max(full[axis], 1), step):
+                if check is not None:
+                    check()
                 hi = min(lo + step, full[axis])
                 sl = [v if v.shape[axis] == 1 else _slice(v, axis, lo, hi, xp) for v in views]
                 shape = list(full)
@@ -181,6 +188,24 @@ class KernelSpec:
             if acc is None:  # an empty aggregated label: the aggregate's identity
                 acc = xp.full(full[len(agg_axes):], _identity(op.agg), dtype=self.dtype)
             return xp.asarray(acc, dtype=self.dtype)
+
+    def _elementwise_chunked(self, views, full, out, check):
+        """An elementwise join over a tile larger than CHUNK_ELEMENTS, in slabs of its first
+        axis written into the result (``out`` when it fits), with ``check`` between slabs."""
+        xp = self.xp
+        res = out if out is not None and tuple(out.shape) == tuple(full) and \
+            out.dtype == self.dtype else xp.empty(full, dtype=self.dtype)
+        step = max(1, CHUNK_ELEMENTS // max(math.prod(full[1:]), 1))
+        for lo in range(0, full[0], step):
+            check()
+            hi = min(lo + step, full[0])
+            sl = [v if v.shape[0] == 1 else v[lo:hi] for v in views]
+            res[lo:hi] = scalar.evaluate(self.op.join, sl, xp)  # broadcasts a label the join ignores
+        return res
+
+
+def _no_check() -> None:
+    pass
 
 
 def _matmul_plan(op: EinOp):

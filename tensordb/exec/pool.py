@@ -27,6 +27,7 @@ from .tasks import finish_aggregate, run_assemble, run_kernel, run_load, start_a
 __all__ = ["LocalExecutor", "RunResult"]
 
 _controller = None
+_TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
 
 
 def _blas_limits(threads: int):
@@ -57,6 +58,13 @@ def _owned_nbytes(a) -> int:
     while isinstance(base, np.ndarray) and base.base is not None:
         base = base.base
     return int(a.nbytes) if isinstance(base, np.ndarray) else 0
+
+
+def _tile_bytes(task, value) -> int:
+    """The memory a tile alive in the run stands for: all of it for a tile the run computed
+    (written into an output file's mapping or not, its pages are this run's), only what it owns
+    for a Load (a view of a stored tensor costs nothing until read; absent tiles are zeros)."""
+    return _owned_nbytes(value) if isinstance(task, Load) else int(getattr(value, "nbytes", 0))
 
 
 class LocalExecutor:
@@ -99,6 +107,10 @@ class LocalExecutor:
             return _Run(self, plan, progress, destinations or {}).go()
 
 
+class _Cancelled(Exception):
+    """Raised inside a kernel to stop it: the run already has the error that ends it."""
+
+
 def _worker_loop(w: int, q: queue.SimpleQueue) -> None:
     while True:
         item = q.get()
@@ -138,6 +150,7 @@ class _Run:
         self.drained = threading.Event()
         self.draining = False
         self.live = 0
+        self.counted: dict[int, int] = {}  # task key -> bytes _track counted for its tile
         self.peak = 0
         self.moved = 0
         self.busy = [0.0] * ex.workers
@@ -157,7 +170,10 @@ class _Run:
         try:
             for t in first:
                 self._queue(t.worker, ("run", t))
-            self.finished.wait()
+            # Timed waits: a SIGINT that the OS hands to a worker thread does not wake a blocked
+            # wait, but Python runs its handler (KeyboardInterrupt) here within a tick.
+            while not self.finished.wait(_TICK):
+                pass
         except BaseException as exc:  # Ctrl-C: stop the workers before giving up the run
             with self.lock:
                 if self.error is None:
@@ -167,8 +183,13 @@ class _Run:
             with self.lock:  # let the workers drain what is already queued (they skip it)
                 self.draining = True
                 idle = self.pending == 0
-            if not idle:
-                self.drained.wait()
+            # A running kernel stops at its next chunk (see _check), so this wait is short; a
+            # second Ctrl-C must not leave workers busy behind the caller's back, so it waits on.
+            while not idle:
+                try:
+                    idle = self.drained.wait(_TICK)
+                except KeyboardInterrupt:
+                    continue
         if self.error is not None:
             raise self._translate(self.error)
         seconds = time.perf_counter() - t0
@@ -191,10 +212,13 @@ class _Run:
             if self.error is None:
                 t0 = time.perf_counter()
                 kind, task = item[0], item[1]
-                if kind == "run":
-                    self._run_task(w, task)
-                else:
-                    self._accumulate(w, task, item[2])
+                # numpy's answer for 1/0, overflow and invalid values, without RuntimeWarnings
+                # (errstate is per thread: each worker sets its own)
+                with np.errstate(all="ignore"):
+                    if kind == "run":
+                        self._run_task(w, task)
+                    else:
+                        self._accumulate(w, task, item[2])
                 dt = time.perf_counter() - t0
                 with self.lock:
                     self.busy[w] += dt
@@ -227,26 +251,32 @@ class _Run:
             value = run_assemble(task, [self._fetch(w, task, k) for k in task.inputs], self.xp)
         elif isinstance(task, Kernel):
             args = [None if a is None else self._fetch(w, task, a) for a in task.args]
-            value = run_kernel(task, self.specs[task.op], args, self.dest.get(task.key))
+            value = run_kernel(task, self.specs[task.op], args, self.dest.get(task.key),
+                               self._check)
             self.op_calls[task.op] += 1
         else:  # pragma: no cover - aggregations are driven by _accumulate
             raise InternalError(f"unexpected task {task!r}")
         self._release(task.inputs)
         self._publish(w, task, value)
 
+    def _check(self) -> None:
+        """Called by kernels between chunks: stop when the run has failed or was cancelled."""
+        if self.error is not None:
+            raise _Cancelled()
+
     def _accumulate(self, w: int, agg: Aggregate, part_key: int) -> None:
         part = self._fetch(w, agg, part_key)
         acc = self.acc.get(agg.key)
         if acc is None:
             acc = self.acc[agg.key] = start_aggregate(agg, part, self.xp, self.dest.get(agg.key))
-            self._track(_owned_nbytes(acc))  # the partial's own bytes are released just below
+            self._track(_tile_bytes(agg, acc))  # the partial's own bytes are released just below
         else:
             combine(agg.agg, acc, part, self.xp)
         self._release((part_key,))
         self.acc_left[agg.key] -= 1
         if self.acc_left[agg.key] == 0:
             value = finish_aggregate(agg, self.acc.pop(agg.key), self.xp)
-            self._track(-_owned_nbytes(value))  # _publish counts it again
+            self._track(-_tile_bytes(agg, value))  # _publish counts it again
             self._publish(w, agg, value)
 
     def _track(self, delta: int) -> None:
@@ -266,7 +296,7 @@ class _Run:
             self.nonfinite[task.key] = has_nonfinite(dest)
         self.results[task.key] = value
         self.made_on[task.key] = w
-        nbytes = _owned_nbytes(value)
+        nbytes = self.counted[task.key] = _tile_bytes(task, value)
         self._track(nbytes)
         op = self.plan.owner.get(task.key, 0)
         ready = []
@@ -298,7 +328,7 @@ class _Run:
                 last = self.refs[k] == 0 and k not in self.keep
                 value = self.results.pop(k, None) if last else None
             if value is not None:
-                self._track(-_owned_nbytes(value))
+                self._track(-self.counted.pop(k, 0))
 
     @staticmethod
     def _translate(exc: BaseException) -> Error:

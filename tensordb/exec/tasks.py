@@ -25,8 +25,10 @@ def run_assemble(task: Assemble, sources: list, xp=np):
     return out
 
 
-def run_kernel(task: Kernel, spec: KernelSpec, args: list, out=None):
-    return spec(args, task.arg_shapes, task.out_shape, out)
+def run_kernel(task: Kernel, spec: KernelSpec, args: list, out=None, check=None):
+    """``check``, if given, is called between chunks of the kernel's work and raises to stop it
+    (the local pool's cancellation)."""
+    return spec(args, task.arg_shapes, task.out_shape, out, check)
 
 
 def start_aggregate(task: Aggregate, first, xp=np, out=None):

@@ -52,22 +52,36 @@ class Graph:
             raise BinderError("an einsum needs a non-empty spec such as 'ij,jk->ik'")
         if not operands:
             raise BinderError(f"einsum '{spec}' needs at least one operand")
-        j = scalar.parse_join(join) if isinstance(join, str) else join
+        j = _join(join)
         self.steps.append(Step(into, None, tuple((o, None) for o in operands), j, agg, store, spec))
         if tile:
-            self.hints[into] = dict(tile)
+            self.hints[into] = _tile(tile)
         return self
 
     def op(self, into: str, out: Sequence[str] | str, inputs: Sequence[tuple[str, Sequence[str] | str]],
            *, join: str | scalar.Expr | None = None, agg: str = "sum", store: bool = True,
            tile: Mapping[str, int] | None = None) -> "Graph":
         """An explicit operation: labels given per input (a string is one label per character)."""
-        j = scalar.parse_join(join) if isinstance(join, str) else join
+        j = _join(join)
         self.steps.append(Step(into, tuple(out), tuple((t, tuple(ls)) for t, ls in inputs),
                                j, agg, store))
         if tile:
-            self.hints[into] = dict(tile)
+            self.hints[into] = _tile(tile)
         return self
+
+
+def _join(join) -> scalar.Expr | None:
+    if join is None or isinstance(join, (scalar.Input, scalar.Const, scalar.Call)):
+        return join
+    if isinstance(join, str):
+        return scalar.parse_join(join)
+    raise BinderError(f"a join is a string such as 'x0 + x1', not {type(join).__name__}")
+
+
+def _tile(tile) -> dict[str, int]:
+    if not isinstance(tile, Mapping):
+        raise BinderError(f"tile= maps labels to pieces, e.g. {{'i': 4}}, not {type(tile).__name__}")
+    return dict(tile)
 
 
 # -- numpy einsum specs ------------------------------------------------------------------------
@@ -266,6 +280,11 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
         for t, dt in zip(names, dtypes):
             check_dtype(dt, t)
         join = step.join if step.join is not None else scalar.product(len(names))
+        bad = sorted(i for i in join.inputs() if not 0 <= i < len(names))
+        if bad:  # checked before the join is evaluated (for its dtype) on sample values
+            raise BinderError(f"{step.into}: the join refers to x{bad[0]}, but the einsum has "
+                              f"{len(names)} operand(s): x0..x{len(names) - 1}",
+                              hint="x0, x1, ... name the operands in the order given")
         if step.spec is not None:
             labels, out, sizes = parse_spec(step.spec, shapes)
         else:

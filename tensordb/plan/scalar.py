@@ -377,12 +377,35 @@ def render(expr: Expr, names: list[str] | None = None, _prec: int = 0) -> str:
 _AST_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "pow"}
 
 
+# The deepest expression a join may have: expressions are evaluated and analysed recursively (in
+# the kernels too), and this bound keeps them well inside Python's recursion limit. The dialect's
+# parser applies the same bound to statements.
+MAX_EXPRESSION_DEPTH = 200
+
+
+def _too_deep(text: str) -> BinderError:
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return BinderError(f"join expression {shown!r} is nested too deeply: at most "
+                       f"{MAX_EXPRESSION_DEPTH} levels of operators, parentheses and calls",
+                       hint="split it into several einsums, each computing a partial result")
+
+
 def parse_join(text: str) -> Expr:
     """Parse a join written in Python syntax over x0, x1, ...: ``"relu(x0 + x1)"``."""
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as exc:
+        if "too many nested" in str(exc.msg):
+            raise _too_deep(text) from None
         raise BinderError(f"cannot parse join expression {text!r}: {exc.msg}") from None
+    except (RecursionError, MemoryError):  # Python's own parser gives up on very deep input
+        raise _too_deep(text) from None
+    stack = [(tree, 1)]  # measured without recursion, before conv() recurses
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise _too_deep(text)
+        stack.extend((c, depth + 1) for c in ast.iter_child_nodes(node))
 
     def conv(node: ast.AST) -> Expr:
         if isinstance(node, ast.Name) and node.id[:1] == "x" and node.id[1:].isdigit():

@@ -13,6 +13,7 @@ tables.py. Every load is one writer commit: on any error nothing is stored.
 """
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 import zlib
@@ -23,7 +24,7 @@ import numpy as np
 from ..errors import DataError, ProgrammingError
 from . import guard
 from .meta import TensorMeta, check_name, check_tile_shape, supported_dtype
-from .npyfile import NpyFile, open_input
+from .npyfile import NpyFile, open_input, read_header
 from .tiling import default_tile_shape, grid_shape, tile_box
 
 __all__ = ["load_tensor", "load_array", "FORMATS"]
@@ -157,6 +158,7 @@ def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
         metas = []
         with store.transaction():
             for tname, m in chosen.items():
+                _check_member(z, m, path)
                 try:
                     arr = z[m]
                 except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
@@ -164,3 +166,23 @@ def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
                 metas.append(load_array(store, tname, arr, tile=tile, replace=replace, dims=dims,
                                         what=f"{path}['{m}']"))
         return metas[0] if len(metas) == 1 else metas
+
+
+def _check_member(z, member: str, path: str) -> None:
+    """Check an .npz member's header before numpy allocates the array it claims: a corrupt or
+    hostile header (negative or huge shape) is a DataError, not a ValueError or MemoryError."""
+    what = f"{path}['{member}']"
+    try:
+        info = z.zip.getinfo(member + ".npy") if member + ".npy" in z.zip.namelist() else \
+            z.zip.getinfo(member)
+        with z.zip.open(info) as f:
+            shape, _, dtype = read_header(f, what)
+            offset = f.tell()
+    except DataError:
+        raise
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
+        raise DataError(f"cannot read array '{member}' of {path}: {exc}") from None
+    need = math.prod(shape) * dtype.itemsize
+    if info.file_size - offset < need:
+        raise DataError(f"{what} is truncated: shape {shape} of {dtype.name} needs {need} bytes "
+                        f"of data, the member has {max(info.file_size - offset, 0)}")

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import DataError, OperationalError
 from .meta import supported_dtype
 
-__all__ = ["NpyFile", "open_input"]
+__all__ = ["NpyFile", "open_input", "read_header"]
 
 
 def open_input(path: str):
@@ -30,6 +30,30 @@ def open_input(path: str):
         raise OperationalError(f"cannot open {path}: {exc.strerror or exc}") from None
 
 
+def read_header(f, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """The (shape, fortran order, dtype) of the .npy stream ``f``, checked: numpy's reader accepts
+    headers such as shape (-1, 100) that no array can have."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format._read_array_header(f, version)
+    except Exception as exc:  # numpy raises ValueError, EOFError, SyntaxError...
+        raise DataError(f"cannot read {path} as a .npy file: {exc}") from None
+    if not isinstance(shape, tuple) or \
+            not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise DataError(f"{path} has a corrupt .npy header: shape {shape!r} is not a tuple of "
+                        "non-negative integers")
+    if dtype.hasobject:
+        raise DataError(f"{path}: unsupported dtype object",
+                        hint="supported dtypes: float32, float64, int32, int64")
+    supported_dtype(dtype, path)
+    return shape, bool(fortran), dtype
+
+
 class NpyFile:
     """``with NpyFile(path) as npy: npy.array ...; npy.release()`` after each chunk is copied."""
 
@@ -37,22 +61,9 @@ class NpyFile:
         self.path = path
         self._map: mmap.mmap | None = None
         with open_input(path) as f:
-            try:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-                elif version == (2, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-                else:
-                    shape, fortran, dtype = np.lib.format._read_array_header(f, version)
-            except Exception as exc:  # numpy raises ValueError, EOFError, SyntaxError...
-                raise DataError(f"cannot read {path} as a .npy file: {exc}") from None
+            shape, fortran, dtype = read_header(f, path)
             offset = f.tell()
             size = os.fstat(f.fileno()).st_size
-            if dtype.hasobject:
-                raise DataError(f"{path}: unsupported dtype object",
-                                hint="supported dtypes: float32, float64, int32, int64")
-            supported_dtype(dtype, path)
             need = math.prod(shape) * dtype.itemsize
             if size - offset < need:
                 raise DataError(f"{path} is truncated: shape {shape} of {dtype.name} needs {need} "

@@ -187,10 +187,16 @@ class Store:
             if "lock" in text.lower():
                 pid = re.search(r"PID (\d+)", text)
                 who = f"process {pid.group(1)}" if pid else "another process"
-                raise OperationalError(
-                    f"database {self.root} is locked: {who} has it open for writing",
-                    hint="a database has one writer at a time; close the other connection "
-                         "(readers may share it with read_only=True when nobody writes)") from None
+                mode = _holder_mode(target, pid.group(1) if pid else None)
+                if mode is None:  # only a writer keeps a reader out; a writer is kept out by any
+                    mode = "open for writing" if self.read_only else "open"
+                hint = "a database has one writer at a time; close the other connection " \
+                    "(readers may share it with read_only=True when nobody writes)"
+                if mode == "open read-only":
+                    hint = "a database has one writer at a time, and none while another " \
+                        "process reads it: close the reader, or open this one read_only=True too"
+                raise OperationalError(f"database {self.root} is locked: {who} has it {mode}",
+                                       hint=hint) from None
             if "not a valid DuckDB database" in text:
                 raise OperationalError(f"cannot open database {self.root}: {CATALOG_FILE} is not a "
                                        "DuckDB database file") from None
@@ -446,6 +452,28 @@ class Store:
                 self._views.discard(view)
                 with contextlib.suppress(duckdb.Error):
                     self.duck.unregister(view)
+
+
+def _holder_mode(path: str, pid: str | None) -> str | None:
+    """How the process holding ``path``'s lock has it open, from the kernel's lock table: DuckDB
+    takes a shared (READ) lock for a read-only connection, an exclusive (WRITE) one otherwise.
+    None where the table cannot tell (not Linux, or the lock is gone)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            table = f.read().splitlines()
+    except OSError:
+        return None
+    inode = f":{st.st_ino}"
+    for line in table:
+        parts = line.split()
+        # "1: POSIX  ADVISORY  READ 25007 fe:00:2148220 0 EOF"
+        if len(parts) >= 6 and parts[5].endswith(inode) and (pid is None or parts[4] == pid):
+            if parts[3] == "READ":
+                return "open read-only"
+            if parts[3] == "WRITE":
+                return "open for writing"
+    return None
 
 
 def _remove(path: str) -> None:
