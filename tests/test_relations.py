@@ -120,14 +120,18 @@ def test_sql_transactions_and_tensordb_writes_do_not_mix():
         assert con.tensor("B").sum() == 4
 
 
-def test_catalog_caches_follow_changes_made_with_sql():
+def test_catalog_rows_cannot_be_changed_with_sql():
+    """The catalog schema is tensordb's: plain SQL may read it, never change it (a deleted row
+    would let the next open delete the payload as unreferenced)."""
     with tensordb.connect() as con:
         con.load("A", np.eye(2), dims=["i", "j"])
+        with pytest.raises(tensordb.ProgrammingError, match="tensordb's catalog"):
+            con.sql("UPDATE tensordb.tensors SET dims = ['x', 'y'] WHERE name = 'A'")
+        with pytest.raises(tensordb.ProgrammingError, match="tensordb's catalog"):
+            con.execute("DELETE FROM tensordb.tensors WHERE name = ?", ["A"])
         assert con.store.meta("A").dims == ("i", "j")
-        con.sql("UPDATE tensordb.tensors SET dims = ['x', 'y'] WHERE name = 'A'")
-        assert con.store.meta("A").dims == ("x", "y")
-        con.execute("DELETE FROM tensordb.tensors WHERE name = ?", ["A"])
-        assert not con.store.has("A")
+        assert con.sql("SELECT dims FROM tensordb.tensors").fetchall() == [(["i", "j"],)]
+        np.testing.assert_array_equal(con.tensor("A"), np.eye(2))
 
 
 def test_absurd_grids_are_refused_before_they_fill_the_memory():

@@ -8,6 +8,7 @@ reopen and compared with the numpy arrays they were loaded from.
 from __future__ import annotations
 
 import os
+import re
 
 import duckdb
 import numpy as np
@@ -365,3 +366,47 @@ def test_guard_single_select_uses_duckdb_parser():
     for bad in ("SELECT 1; SELECT 2", "INSERT INTO t VALUES (1)", "SELECT (", "  ;  "):
         with pytest.raises(tensordb.ProgrammingError):
             guard.single_select(bad, "q")
+
+
+# -- plain SQL may read the catalog schema but not change it ----------------------------------------
+
+CATALOG_WRITES = [
+    "DELETE FROM tensordb.tiles",
+    "TRUNCATE \"TensorDB\".tiles",
+    "DROP TABLE tensordb.tensors",
+    "DROP SCHEMA tensordb CASCADE",
+    "UPDATE tensordb.tensors SET nbytes = 0",
+    "ALTER TABLE tensordb.tiles DROP COLUMN crc32",
+    "INSERT INTO tensordb.tiles SELECT * FROM tensordb.tiles",
+    "CREATE OR REPLACE TABLE tensordb.tiles AS SELECT 1 AS x",
+    "CREATE VIEW tensordb.v AS SELECT 1 AS x",
+    "COPY tensordb.tiles FROM 'rows.csv'",
+    "USE tensordb; DELETE FROM tiles",
+    "SELECT 1; DELETE FROM catalog.tensordb.tensors WHERE name = 'A'",
+]
+
+
+@pytest.mark.parametrize("query", CATALOG_WRITES)
+def test_plain_sql_changing_the_catalog_refused(db, snapshot, query):
+    with open("rows.csv", "w") as f:
+        f.write("1\n")
+    before = snapshot(db)
+    with pytest.raises(tensordb.ProgrammingError) as e:
+        db.sql(query)
+    assert "refused" in str(e.value) and "tensordb's catalog" in str(e.value), str(e.value)
+    assert re.search(r"change (catalog\.)?tensordb\b", str(e.value))  # names what it would change
+    db.sql("USE main")
+    assert_intact(db, snapshot, before)
+
+
+def test_plain_sql_reading_the_catalog_and_copying_from_files_works(db):
+    with open("rows.csv", "w") as f:
+        f.write("7\n8\n")
+    db.sql("CREATE TABLE t (a INTEGER)")
+    db.sql("COPY t FROM 'rows.csv'")  # COPY ... FROM writes no file: not refused
+    db.execute("INSERT INTO t VALUES (?)", [9])
+    db.sql("INSERT INTO t SELECT count(*) FROM tensordb.tiles WHERE tensor = 'A'")
+    # A is 3x4 in 2x2 tiles: a 2x2 grid of tiles
+    assert sorted(r[0] for r in db.sql("SELECT a FROM t").fetchall()) == [4, 7, 8, 9]
+    db.sql("DELETE FROM t WHERE a = 9")
+    assert db.sql("SELECT count(*) FROM t").fetchall() == [(3,)]

@@ -10,6 +10,11 @@ arguments. Only statements that can write a file are bound this way (statement t
 ``duckdb.extract_statements``); one that cannot be checked is refused rather than run unchecked.
 Paths are resolved like the OS does (relative to the working directory, symlinks followed, ``~``
 as DuckDB expands it) and compared with the resolved database directory.
+
+The catalog's own tables (schema ``tensordb``) are tensordb's alone: a statement that would insert,
+update, delete, create, alter or drop anything in a schema of that name is refused, whichever
+database it is in. The written table is again DuckDB's to say (the bound plan names it, after the
+search path is applied); reading the catalog tables is allowed.
 """
 from __future__ import annotations
 
@@ -140,6 +145,84 @@ def single_select(text: str, what: str) -> str:
     return text.strip().rstrip(";").strip()
 
 
+# Statement types that can change a table or schema, and the catalog schema they may not touch.
+_TABLE_WRITERS = {_T.INSERT, _T.UPDATE, _T.DELETE, _T.CREATE, _T.DROP, _T.ALTER, _T.MERGE_INTO,
+                  _T.COPY}
+_CATALOG_SCHEMA = "tensordb"
+
+
+def check_catalog_write(store, stmt) -> None:
+    """ProgrammingError (nothing run) when ``stmt`` would change the catalog schema."""
+    if stmt.type not in _TABLE_WRITERS:
+        return
+    if stmt.type == _T.COPY:
+        target = _copy_from_target(stmt)
+        if target is None:  # COPY ... TO writes a file, checked by check_statement
+            return
+        names = [target]
+    else:
+        names = _catalog_targets(store, stmt)
+    for name in names:
+        if _in_catalog_schema(store, name):
+            spelled = ".".join(p for p in name if p)
+            raise ProgrammingError(
+                f"{stmt.type.name} statement refused: it would change {spelled}, part of "
+                "tensordb's catalog", statement=stmt.query, span=Span(0, len(stmt.query)),
+                hint="the tensordb schema describes every tensor and its payload files; change "
+                     "tensors with tensordb's statements (DROP TENSOR, CREATE OR REPLACE TENSOR); "
+                     "reading the catalog tables is allowed")
+
+
+def _in_catalog_schema(store, name: tuple) -> bool:
+    """Whether a (catalog, schema, name) / (schema, name) / (name,) path lies in a schema called
+    tensordb. A one-part name is in the current schema; a two-part ``a.b`` may be schema a or
+    database a, and counts when ``a`` is tensordb."""
+    parts = [str(p).lower() for p in name if p is not None]
+    if len(parts) == 1:
+        return _current_schema(store) == _CATALOG_SCHEMA
+    return _CATALOG_SCHEMA in parts[-3:-1] if len(parts) >= 3 else parts[0] == _CATALOG_SCHEMA
+
+
+def _current_schema(store) -> str:
+    with translating():
+        return str(store.duck.execute("SELECT current_schema()").fetchall()[0][0]).lower()
+
+
+def _catalog_targets(store, stmt) -> list[tuple]:
+    """The tables and schemas ``stmt`` writes, as qualified-name paths, from its bound plan; when
+    DuckDB cannot serialize the plan, every name the statement spells (refusing is then safe)."""
+    plan = _plan(store, stmt, refuse_unknown=False)
+    if plan is None:
+        words = {w.strip('"') for _, w, op in _words(stmt.query) if not op}
+        return [(_CATALOG_SCHEMA, "?")] if _CATALOG_SCHEMA in words else [("?",)] * (
+            _current_schema(store) == _CATALOG_SCHEMA)
+    out = []
+    for node in plan.get("plans", []):
+        info = node.get("table_info") or node.get("info") or {}
+        path = (info.get("qualified_name") or {}).get("path")
+        if info.get("type") == "SCHEMA_ENTRY":  # DROP SCHEMA: the schema is its name
+            out.append((info.get("schema") or "", info.get("name") or "", ""))
+        elif path:
+            out.append(tuple(path))
+    return out
+
+
+def _copy_from_target(stmt) -> tuple | None:
+    """The table a ``COPY table [(columns)] FROM ...`` writes, as its spelled name parts; None for
+    COPY ... TO (the first FROM or TO outside parentheses tells which)."""
+    depth, parts = 0, []
+    for _, word, op in _words(stmt.query)[1:]:
+        if op:
+            depth += word.count("(") - word.count(")")
+            continue
+        if depth:
+            continue
+        if word in ("to", "from"):
+            return tuple(parts) if word == "from" and parts else None
+        parts.append(word.strip('"'))
+    return None
+
+
 def needs_check(stmt) -> bool:
     if stmt.type in _CHECKED:
         return True
@@ -149,7 +232,10 @@ def needs_check(stmt) -> bool:
 
 def check_statement(store, stmt, parameters=None) -> None:
     """Refuse (ProgrammingError, nothing run) a statement that would write inside the database
-    directory, or whose targets cannot be known before it runs."""
+    directory or change the catalog schema, or whose targets cannot be known before it runs."""
+    check_catalog_write(store, stmt)
+    if stmt.type == _T.COPY and _copy_from_target(stmt) is not None:
+        return  # COPY ... FROM reads a file into a table: it writes no file
     if not needs_check(stmt):
         return
     what = f"{stmt.type.name} statement"
@@ -188,23 +274,26 @@ def check_statement(store, stmt, parameters=None) -> None:
         raise
 
 
-def _plan(store, stmt):
+# Plan errors that mean the statement cannot run at all (raised as running it would raise them).
+_UNRUNNABLE = {"binder": duckdb.BinderException, "catalog": duckdb.CatalogException,
+               "parser": duckdb.ParserException, "conversion": duckdb.ConversionException,
+               "io": duckdb.IOException}
+
+
+def _plan(store, stmt, refuse_unknown: bool = True):
     """DuckDB's logical plan of ``stmt`` as JSON (None for the types it cannot serialize but
-    that write nothing themselves)."""
+    that write nothing themselves, or for any such type when not ``refuse_unknown``)."""
     from .relations import standing_in
     with standing_in(store, stmt.query), translating():
         text = store.duck.execute("SELECT json_serialize_plan(?)", [stmt.query]).fetchall()[0][0]
     plan = json.loads(text)
     if not plan.get("error"):
         return plan
-    if stmt.type in _UNBOUND_OK:
-        return None
     kind, message = plan.get("error_type", ""), plan.get("error_message", "")
-    unrunnable = {"binder": duckdb.BinderException, "catalog": duckdb.CatalogException,
-                  "parser": duckdb.ParserException, "conversion": duckdb.ConversionException,
-                  "io": duckdb.IOException}
-    if kind in unrunnable:  # it cannot run at all: DuckDB's own error, as running it would give
-        raise translate(unrunnable[kind](message))
+    if stmt.type in _UNBOUND_OK or (not refuse_unknown and kind not in _UNRUNNABLE):
+        return None
+    if kind in _UNRUNNABLE:  # it cannot run at all: DuckDB's own error, as running it would give
+        raise translate(_UNRUNNABLE[kind](message))
     raise ProgrammingError(
         f"{stmt.type.name} statement refused: tensordb cannot tell where it writes ({message})",
         hint="write the query's result to a table first (CREATE TABLE t AS ...), then COPY t, "
