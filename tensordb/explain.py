@@ -52,7 +52,7 @@ def _check_format(format: str) -> None:
 def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
     """Everything EXPLAIN shows, as plain data (this is the JSON form)."""
     from .optimizer import evaluate
-    from .optimizer.placement import transfers, worker_flops
+    from .physical.placement import transfers, worker_flops
     cost = decomp.details.get("cost")
     if cost is None:  # a Decomposition made by hand: price it now
         readers = getattr(plan, "readers", {}) or {}

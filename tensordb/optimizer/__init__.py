@@ -1,5 +1,5 @@
-"""The optimizer: choose how many pieces each label of each operation is split into, and where
-each tile task runs.
+"""The optimizer: choose how many pieces each label of each operation is split into (where each
+tile task runs is decided after lowering, by ``physical.place``).
 
 Interface relied on by the rest of tensordb:
 
@@ -7,7 +7,6 @@ Interface relied on by the rest of tensordb:
     -> ``Decomposition``. ``hints`` maps an operation's output name to {label: pieces} the user
     pinned; ``input_grids`` maps stored tensor names to their stored grid.
 ``Decomposition.pieces(output_name) -> dict[label, pieces]`` (every label of the operation).
-``place(plan) -> TilePlan``: assigns a worker to every task of a lowered plan.
 ``STRATEGIES``: the registered tiling searches; an unknown name fails listing the valid ones.
 
 Strategies: ``eindecomp`` (the default: the cost-based dynamic program of dp.py), ``default``
@@ -28,7 +27,7 @@ from .candidates import pins_from_hints
 from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate
 from .dp import Choice, solve
 
-__all__ = ["Decomposition", "decompose", "place", "STRATEGIES", "register_strategy",
+__all__ = ["Decomposition", "decompose", "STRATEGIES", "register_strategy",
            "DEFAULT_STRATEGY", "CostParams", "PlanCost", "Choice", "evaluate", "pins_from_hints"]
 
 
@@ -131,9 +130,3 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
                         presence=presence, facts=input_facts)
         decomp = replace(decomp, details={**decomp.details, "cost": cost})
     return decomp
-
-
-def place(plan):
-    """Assign workers: see placement.py."""
-    from .placement import place as _place
-    return _place(plan)
