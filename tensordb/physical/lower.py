@@ -18,7 +18,7 @@ from ..errors import InternalError
 from ..plan import scalar
 from ..plan.ir import EinGraph, EinOp
 from ..storage._duck import quote_str
-from ..storage.tiling import Grid, even_bounds, overlapping
+from ..geometry import Grid, even_bounds, overlapping
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
 
 __all__ = ["lower", "OutputWriters", "describe"]

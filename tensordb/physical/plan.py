@@ -17,7 +17,7 @@ from typing import Union
 
 
 from ..plan.ir import EinOp
-from ..storage.tiling import Grid
+from ..geometry import Grid
 
 __all__ = ["Load", "Assemble", "Kernel", "Aggregate", "Task", "OutputTiles", "OpStats", "TilePlan"]
 

@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError, ProgrammingError
+from ..geometry import default_tile_shape, tile_box
 from ._duck import first_row, quote_ident, quote_str, translate_message, translating
 from . import guard
 from .meta import check_dims, check_tile_shape, supported_dtype
-from .tiling import default_tile_shape, tile_box
 
 __all__ = ["load_table", "source_sql", "numpy_type"]
 
