@@ -67,7 +67,7 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
     if fmt == "sql":
         # One SELECT, and one that writes no file into the database (enable_logging(...)).
         guard.check_statement(store, guard.single_statement(target, "the query"))
-        from .relations import expose_tensors
+        from .views import expose_tensors
         expose_tensors(store, target)
     with store._lock, translating(f"cannot read {where}"):
         rel = store.duck.sql(f"SELECT * FROM {src}")
