@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
 from ..plan.builder import infer_dtype, parse_spec
-from ..plan.aggregates import AGGREGATES, empty_aggregate
+from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
 from . import ast as A
 
 __all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pins"]
