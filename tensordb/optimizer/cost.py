@@ -32,8 +32,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..plan.ir import EinGraph, EinOp
 from ..geometry import Grid, even_bounds
+from ..plan.ir import EinGraph, EinOp
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "evaluate", "stored_aligned"]
 

@@ -15,11 +15,11 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import InternalError
+from ..geometry import Grid, even_bounds, overlapping
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage._duck import quote_str
-from ..geometry import Grid, even_bounds, overlapping
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
 
 __all__ = ["lower", "OutputWriters", "describe"]

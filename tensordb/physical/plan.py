@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Union
 
 
-from ..plan.ir import EinOp
 from ..geometry import Grid
+from ..plan.ir import EinOp
 
 __all__ = ["Load", "Assemble", "Kernel", "Aggregate", "Task", "OutputTiles", "OpStats", "TilePlan"]
 
