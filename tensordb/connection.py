@@ -212,7 +212,7 @@ class Connection:
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
         with stage("place"):
-            plan = optimizer.place(plan)
+            plan = physical.place(plan)
         if debug_level() >= 2:
             print(physical.describe(plan), file=sys.stderr)
         return decomp, plan

@@ -1,7 +1,7 @@
 """EXPLAIN: print a plan as a table (text), as JSON, or as a Graphviz graph (dot).
 
-``render(decomp, plan)`` is a pure function of the optimizer's Decomposition and the placed
-TilePlan; ``explain_graph(con, graph)`` plans a graph on a connection (and, with ``analyze``, runs
+``render(decomp, plan)`` is a pure function of the optimizer's Decomposition (which carries its
+cost: explain renders estimates and makes none) and the placed TilePlan; ``explain_graph(con, graph)`` plans a graph on a connection (and, with ``analyze``, runs
 it) and renders the result. See docs/explain.md for how to read the output.
 
 The text form is a header with totals, then one row per operation: its expression, pieces per
@@ -51,13 +51,12 @@ def _check_format(format: str) -> None:
 
 def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
     """Everything EXPLAIN shows, as plain data (this is the JSON form)."""
-    from .optimizer import evaluate
-    from .optimizer.placement import transfers, worker_flops
+    from .physical.placement import transfers, worker_flops
     cost = decomp.details.get("cost")
-    if cost is None:  # a Decomposition made by hand: price it now
-        readers = getattr(plan, "readers", {}) or {}
-        grids = {n: r.meta.grid for n, r in readers.items() if hasattr(r, "meta")}
-        cost = evaluate(_graph_of(plan), decomp.tilings, decomp.workers, input_grids=grids)
+    if cost is None:
+        raise ProgrammingError(f"the decomposition '{decomp.strategy}' carries no cost: EXPLAIN "
+                               "renders the optimizer's estimate and does not make one",
+                               hint="price it first: optimizer.price(graph, decomposition)")
     choices = decomp.details.get("choices", {})
     moved, moved_per_op = transfers(plan)
     nodes = []
@@ -66,7 +65,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
         pieces = decomp.pieces(op.output) if op.output in decomp.tilings else dict(stats.pieces)
         pieces = {l: int(pieces.get(l, 1)) for l in op.labels}
         tile = {l: -(-op.size[l] // pieces[l]) if op.size[l] else 0 for l in op.labels}
-        c = cost.ops.get(op.output) if cost is not None else None
+        c = cost.ops.get(op.output)
         node: dict[str, Any] = {
             "output": op.output,
             "expression": op.describe(),
@@ -99,9 +98,9 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
     total: dict[str, Any] = {
         "flops": int(sum(n["flops"] for n in nodes)),
         "bytes_moved": int(moved),
-        "cost": cost.total if cost is not None else 0.0,
-        "comm_bytes": cost.bytes if cost is not None else 0.0,
-        "peak_tile_bytes": cost.peak_tile_bytes if cost is not None else 0,
+        "cost": cost.total,
+        "comm_bytes": cost.bytes,
+        "peak_tile_bytes": cost.peak_tile_bytes,
         "kernel_calls": int(sum(n["kernel_calls"] for n in nodes)),
         "tasks": len(plan.tasks),
         "imbalance": (max(per_worker) / mean) if mean else 1.0,
@@ -116,21 +115,6 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
                            "peak_bytes": getattr(result, "peak_bytes", None),
                            "kernel_calls": getattr(result, "kernel_calls", None)}
     return out
-
-
-def _graph_of(plan):
-    """The EinGraph a TilePlan was lowered from (stored inputs' dtypes from its readers)."""
-    from .plan.ir import EinGraph, TensorInfo
-    produced = {op.output for op in plan.ops}
-    readers = getattr(plan, "readers", {}) or {}
-    inputs: dict[str, TensorInfo] = {}
-    for op in plan.ops:
-        for o in op.inputs:
-            if o.tensor not in produced and o.tensor not in inputs:
-                r = readers.get(o.tensor)
-                dtype = str(r.meta.dtype) if r is not None else op.dtype
-                inputs[o.tensor] = TensorInfo(o.tensor, tuple(op.size[l] for l in o.labels), dtype)
-    return EinGraph(tuple(inputs.values()), plan.ops, ())
 
 
 def render(decomp, plan, format: str = "text", result=None) -> str:

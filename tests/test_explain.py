@@ -9,7 +9,7 @@ import pytest
 import tensordb
 from tensordb.errors import ProgrammingError
 from tensordb.explain import explain_graph, render
-from tensordb.optimizer import STRATEGIES, Decomposition
+from tensordb.optimizer import STRATEGIES, Decomposition, price
 from tensordb.plan.builder import Graph
 
 
@@ -87,13 +87,17 @@ def test_dot_and_bad_format(con4):
         explain_graph(con4, g, format="yaml")
 
 
-def test_render_prices_a_hand_made_decomposition(con4):
+def test_a_hand_made_decomposition_is_priced_by_the_optimizer_not_by_explain(con4):
     g, _ = mlp(con4)
     from tensordb.plan.builder import bind
     eg = bind(g, con4.store)
     decomp, plan = con4.plan(eg)
     bare = Decomposition(decomp.workers, decomp.tilings, "by hand")
-    data = json.loads(render(bare, plan, format="json"))
+    with pytest.raises(ProgrammingError, match="carries no cost") as info:
+        render(bare, plan, format="json")
+    assert "optimizer.price" in str(info.value)
+    grids = {t.name: con4.store.meta(t.name).grid for t in eg.inputs}
+    data = json.loads(render(price(eg, bare, input_grids=grids), plan, format="json"))
     assert data["strategy"] == "by hand"
     assert data["total"]["cost"] == pytest.approx(decomp.details["cost"].total)
 

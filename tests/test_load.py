@@ -165,7 +165,7 @@ def test_explicit_and_default_tiles(con):
     assert m.tile_shape == (32, 50) and m.grid[0] == (0, 32, 64, 96, 100)
     big = np.ones((5000, 1000), "float32")  # 20 MB: more than one default tile
     con.load("B", big)
-    assert con.store.meta("B").tile_shape == tensordb.storage.tiling.default_tile_shape(big.shape,
+    assert con.store.meta("B").tile_shape == tensordb.geometry.default_tile_shape(big.shape,
                                                                                        "float32")
     assert con.describe("B")["total_tiles"] > 1
     con.load("C", a, tile=(1000, 1000))  # larger than the tensor: one tile

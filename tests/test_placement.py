@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import tensordb
-from tensordb.optimizer import STRATEGIES, place
-from tensordb.optimizer.placement import transfers, worker_flops
+from tensordb.optimizer import STRATEGIES
+from tensordb.physical.placement import place, transfers, worker_flops
 from tensordb.physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
 from tensordb.plan.ir import EinOp
 

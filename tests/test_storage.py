@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 import tensordb
+from tensordb.geometry import even_bounds
 from tensordb.storage import Store, TensorReader
-from tensordb.storage.tiling import even_bounds
 
 
 def write(store, name, a, tile, **kw):
     with store.writer(name, a.shape, a.dtype, tile, **kw) as w:
         for c in np.ndindex(*w._grid_shape):
-            lo, hi = tensordb.storage.tiling.tile_box(w.grid, c)
+            lo, hi = tensordb.geometry.tile_box(w.grid, c)
             w.write_tile(c, a[tuple(slice(x, y) for x, y in zip(lo, hi))])
     return w.meta()
 

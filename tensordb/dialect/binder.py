@@ -33,12 +33,11 @@ import numpy as np
 from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
 from ..plan.builder import infer_dtype, parse_spec
-from ..plan.ir import empty_aggregate
+from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
 from . import ast as A
 
 __all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pins"]
 
-AGGREGATES = ("sum", "max", "min", "prod")
 # User-visible scalar functions: the alphabetic entries of the join language.
 SCALAR_FUNCTIONS = tuple(sorted(f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"))
 

@@ -59,7 +59,7 @@ def _create(con, script, s: A.CreateStmt, text) -> Result:
                        hint=f"CREATE OR REPLACE TENSOR {s.name} ... replaces it")
     tile = tile_shape(script, s.tile, shape, dims) if s.tile else None
     if tile is None:
-        from ..storage.tiling import default_tile_shape
+        from ..geometry import default_tile_shape
         tile = default_tile_shape(shape, dtype)
     # A writer with no tiles is a tensor of zeros: absent tiles are zeros, nothing is written.
     con.store.writer(s.name, shape, np.dtype(dtype), tuple(tile), dims=dims, replace=s.replace).commit()

@@ -355,7 +355,7 @@ def _sub_reader(reader, starts, stops):
     """A reader holding only the tiles that overlap the box, so each Load task ships little."""
     try:
         from ..storage.reader import TensorReader
-        from ..storage.tiling import overlapping
+        from ..geometry import overlapping
         ranges = [overlapping(b, a, z) for b, a, z in zip(reader.meta.grid, starts, stops)]
         keep = [reader.entries[c] for c in itertools.product(*ranges) if c in reader.entries]
         return TensorReader(reader.meta, reader.path, keep)

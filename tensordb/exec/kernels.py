@@ -18,11 +18,11 @@ import opt_einsum as oe
 
 from ..errors import NotSupportedError
 from ..plan import scalar
+from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinOp
 
-__all__ = ["KernelSpec", "BACKENDS", "get_backend", "AGG_UFUNCS", "combine"]
+__all__ = ["KernelSpec", "BACKENDS", "get_backend", "combine"]
 
-AGG_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 CHUNK_ELEMENTS = 1 << 22  # the most join-space elements a non-BLAS kernel materialises at once
 
 
@@ -147,7 +147,8 @@ class KernelSpec:
             views.append(a.reshape(shape))
         full = [ext[l] for l in self.space]
         agg_axes = tuple(range(len(self.space) - self.n_out))
-        ufunc = AGG_UFUNCS.get(op.agg) if agg_axes else None
+        agg = AGGREGATES[op.agg] if agg_axes else None
+        ufunc = agg.ufunc if agg else None
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:
@@ -176,9 +177,8 @@ class KernelSpec:
                 shape = list(full)
                 shape[axis] = hi - lo
                 val = xp.broadcast_to(xp.asarray(scalar.evaluate(op.join, sl, xp)), shape)
-                # CuPy has ufunc.reduce for a few ufuncs only; its sum/prod/amax/amin take axes.
                 part = ufunc.reduce(val, axis=agg_axes) if xp is np else \
-                    getattr(xp, _XP_REDUCE[op.agg])(val, axis=agg_axes)
+                    getattr(xp, agg.xp_reduce)(val, axis=agg_axes)
                 if acc is None:
                     acc = part
                 elif xp is np:
@@ -186,7 +186,7 @@ class KernelSpec:
                 else:
                     acc = getattr(xp, ufunc.__name__)(acc, part)
             if acc is None:  # an empty aggregated label: the aggregate's identity
-                acc = xp.full(full[len(agg_axes):], _identity(op.agg), dtype=self.dtype)
+                acc = xp.full(full[len(agg_axes):], agg.identity, dtype=self.dtype)
             return xp.asarray(acc, dtype=self.dtype)
 
     def _elementwise_chunked(self, views, full, out, check):
@@ -241,10 +241,6 @@ def _matmul_plan(op: EinOp):
     return None
 
 
-# CuPy implements ufunc.reduce for a few ufuncs only; these reductions take several axes.
-_XP_REDUCE = {"sum": "sum", "prod": "prod", "max": "amax", "min": "amin"}
-
-
 def _scalar(value, dtype: np.dtype):
     """``value`` as a scalar of ``dtype``. A folded integer constant (``2**20 * x * 2**20``) may
     not fit an int32; NumPy's int32 products wrap, so the constant wraps the same way."""
@@ -260,13 +256,10 @@ def _slice(a, axis: int, lo: int, hi: int, xp):
     return a[tuple(index)]
 
 
-def _identity(agg: str):
-    return {"sum": 0, "prod": 1, "max": -np.inf, "min": np.inf}[agg]
-
-
 def combine(agg: str, acc, part, xp=np):
     """Accumulate ``part`` into ``acc`` in place (acc must be writable and owned)."""
-    fn = AGG_UFUNCS[agg] if xp is np else getattr(xp, AGG_UFUNCS[agg].__name__)
+    ufunc = AGGREGATES[agg].ufunc
+    fn = ufunc if xp is np else getattr(xp, ufunc.__name__)
     fn(acc, part, out=acc)
     return acc
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..physical.plan import Aggregate, Assemble, Kernel, Load
-from .kernels import AGG_UFUNCS, KernelSpec, combine
+from ..plan.aggregates import AGGREGATES
+from .kernels import KernelSpec, combine
 
 __all__ = ["run_load", "run_assemble", "run_kernel", "start_aggregate", "finish_aggregate", "run_aggregate"]
 
@@ -50,8 +51,8 @@ def start_aggregate(task: Aggregate, first, xp=np, out=None):
 def finish_aggregate(task: Aggregate, acc, xp=np):
     if task.fill_zero:  # skipped combinations are zeros and take part in a max, min or prod
         zero = acc.dtype.type(0)  # a Python 0 would make a bool accumulator an int64 result
-        AGG_UFUNCS[task.agg](acc, zero, out=acc) if xp is np else \
-            getattr(xp, AGG_UFUNCS[task.agg].__name__)(acc, zero, out=acc)
+        ufunc = AGGREGATES[task.agg].ufunc
+        ufunc(acc, zero, out=acc) if xp is np else getattr(xp, ufunc.__name__)(acc, zero, out=acc)
     return acc
 
 

@@ -1,5 +1,5 @@
-"""The optimizer: choose how many pieces each label of each operation is split into, and where
-each tile task runs.
+"""The optimizer: choose how many pieces each label of each operation is split into (where each
+tile task runs is decided after lowering, by ``physical.place``).
 
 Interface relied on by the rest of tensordb:
 
@@ -7,7 +7,7 @@ Interface relied on by the rest of tensordb:
     -> ``Decomposition``. ``hints`` maps an operation's output name to {label: pieces} the user
     pinned; ``input_grids`` maps stored tensor names to their stored grid.
 ``Decomposition.pieces(output_name) -> dict[label, pieces]`` (every label of the operation).
-``place(plan) -> TilePlan``: assigns a worker to every task of a lowered plan.
+``price(graph, decomposition, ...) -> Decomposition``: the same with its cost (a hand-made one).
 ``STRATEGIES``: the registered tiling searches; an unknown name fails listing the valid ones.
 
 Strategies: ``eindecomp`` (the default: the cost-based dynamic program of dp.py), ``default``
@@ -28,7 +28,7 @@ from .candidates import pins_from_hints
 from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate
 from .dp import Choice, solve
 
-__all__ = ["Decomposition", "decompose", "place", "STRATEGIES", "register_strategy",
+__all__ = ["Decomposition", "decompose", "price", "STRATEGIES", "register_strategy",
            "DEFAULT_STRATEGY", "CostParams", "PlanCost", "Choice", "evaluate", "pins_from_hints"]
 
 
@@ -121,19 +121,36 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
                                hint=f"valid strategies: {', '.join(sorted(STRATEGIES))}")
     workers = max(1, int(workers))
     prm = params or DEFAULT_PARAMS
-    presence = {name: Presence(input_grids[name], coords)
-                for name, coords in (input_tiles or {}).items() if name in (input_grids or {})}
+    presence = _presence(input_grids, input_tiles)
     kwargs = {"params": prm, "presence": presence, "facts": input_facts} if fn is _eindecomp else {}
     decomp = fn(graph, workers, memory_limit=memory_limit, hints=hints, input_grids=input_grids,
                 **kwargs)
-    if "cost" not in decomp.details:
-        cost = evaluate(graph, decomp.tilings, workers, params=prm, input_grids=input_grids,
-                        presence=presence, facts=input_facts)
-        decomp = replace(decomp, details={**decomp.details, "cost": cost})
-    return decomp
+    return price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,
+                 input_facts=input_facts)
 
 
-def place(plan):
-    """Assign workers: see placement.py."""
-    from .placement import place as _place
-    return _place(plan)
+def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None = None,
+          input_grids=None, input_tiles: Mapping | None = None,
+          input_facts: Mapping[str, tuple[bool, bool]] | None = None) -> Decomposition:
+    """``decomp`` carrying its cost in ``details["cost"]`` (as it is when it already does): what
+    EXPLAIN shows and the benchmarks compare. The arguments are ``decompose``'s.
+
+    >>> from tensordb.plan.ir import EinOp, EinGraph, TensorInfo
+    >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 64, "j": 8, "k": 8})
+    >>> g = EinGraph((TensorInfo("A", (64, 8), "float64"), TensorInfo("B", (8, 8), "float64")),
+    ...              (op,), ("C",))
+    >>> by_hand = Decomposition(2, {"C": {"i": 2, "j": 1, "k": 1}}, "by hand")
+    >>> price(g, by_hand).details["cost"].total == evaluate(g, by_hand.tilings, 2).total
+    True
+    """
+    if "cost" in decomp.details:
+        return decomp
+    cost = evaluate(graph, decomp.tilings, decomp.workers, params=params or DEFAULT_PARAMS,
+                    input_grids=input_grids, presence=_presence(input_grids, input_tiles),
+                    facts=input_facts)
+    return replace(decomp, details={**decomp.details, "cost": cost})
+
+
+def _presence(input_grids, input_tiles) -> dict[str, Presence]:
+    return {name: Presence(input_grids[name], coords)
+            for name, coords in (input_tiles or {}).items() if name in (input_grids or {})}

@@ -32,8 +32,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..geometry import Grid, even_bounds
 from ..plan.ir import EinGraph, EinOp
-from ..storage.tiling import Grid, even_bounds
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "evaluate", "stored_aligned"]
 
@@ -78,7 +78,7 @@ class Presence:
         key = tuple(need)
         hit = self._cache.get(key)
         if hit is None:
-            from ..storage.tiling import overlapping
+            from ..geometry import overlapping
             bounds = [even_bounds(n, d) for n, d in zip(shape, need)]
             covered: set[tuple[int, ...]] = set()
             for c in self.coords:

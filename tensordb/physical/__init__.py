@@ -1,6 +1,8 @@
-"""Lowering: an EinGraph and its Decomposition become a TilePlan of tile joins and aggregations."""
+"""Lowering and placement: an EinGraph and its Decomposition become a TilePlan of tile joins and
+aggregations, and every task of it gets the worker that runs it."""
 from .lower import OutputWriters, describe, lower
+from .placement import place, transfers, worker_flops
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
 
-__all__ = ["lower", "OutputWriters", "describe", "TilePlan", "Load", "Assemble", "Kernel",
-           "Aggregate", "OutputTiles", "OpStats"]
+__all__ = ["lower", "place", "transfers", "worker_flops", "OutputWriters", "describe", "TilePlan",
+           "Load", "Assemble", "Kernel", "Aggregate", "OutputTiles", "OpStats"]

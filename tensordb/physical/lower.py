@@ -15,10 +15,11 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import InternalError
+from ..geometry import Grid, even_bounds, overlapping
 from ..plan import scalar
+from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage._duck import quote_str
-from ..storage.tiling import Grid, even_bounds, overlapping
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
 
 __all__ = ["lower", "OutputWriters", "describe"]
@@ -188,7 +189,7 @@ class _Lowering:
             # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
             # PROD is 1, one call per output tile on empty inputs, which yields the identity.
             inner, outer = [], list(range(len(op.inputs)))
-            rows = [] if op.agg == "sum" else [
+            rows = [] if AGGREGATES[op.agg].zero_is_identity else [
                 c + (0,) * (n_lab - n_out) + (False,) * len(outer)
                 for c in itertools.product(*(range(pieces[l]) for l in op.out_labels))]
         else:
@@ -235,7 +236,8 @@ class _Lowering:
                 parts.append((key, out_shape))
             # A skipped call is certainly 0, and a 0 takes part in a MAX, MIN or PROD (where it
             # makes the tile 0, or NaN next to an inf: 0 * inf).
-            fill = op.agg in ("max", "min", "prod") and len(parts) < total
+            fill = (len(parts) < total and op.agg is not None
+                    and not AGGREGATES[op.agg].zero_is_identity)
             if len(parts) == 1 and not fill:
                 out_tiles[out_coords] = parts[0][0]
                 continue

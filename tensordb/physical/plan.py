@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Union
 
 
+from ..geometry import Grid
 from ..plan.ir import EinOp
-from ..storage.tiling import Grid
 
 __all__ = ["Load", "Assemble", "Kernel", "Aggregate", "Task", "OutputTiles", "OpStats", "TilePlan"]
 

@@ -17,9 +17,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import opt_einsum as oe
 
+from ..dtypes import SUPPORTED_DTYPES, check_dtype
 from ..errors import BinderError, CatalogError, DataError
 from . import scalar
-from .ir import AGGS, SUPPORTED_DTYPES, EinGraph, EinOp, Operand, TensorInfo, check_dtype
+from .aggregates import AGGS
+from .ir import EinGraph, EinOp, Operand, TensorInfo
 
 __all__ = ["Graph", "Step", "bind", "parse_spec", "split_pairwise", "infer_dtype"]
 

@@ -16,40 +16,13 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..dtypes import check_dtype
 from ..errors import BinderError
 from . import scalar
+from .aggregates import AGGREGATES, AGGS, empty_aggregate
 from .scalar import Expr
 
-__all__ = ["AGGS", "SUPPORTED_DTYPES", "Operand", "EinOp", "TensorInfo", "EinGraph", "check_dtype",
-           "empty_aggregate"]
-
-AGGS = ("sum", "max", "min", "prod")
-SUPPORTED_DTYPES = ("bool", "float32", "float64", "int32", "int64")
-
-
-def check_dtype(dtype, what: str) -> np.dtype:
-    """Return ``np.dtype(dtype)`` if tensordb supports it, else raise a DataError naming ``what``."""
-    from ..errors import DataError
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise DataError(f"{what}: unknown dtype {dtype!r}") from None
-    if dt.name not in SUPPORTED_DTYPES:
-        raise DataError(f"{what}: unsupported dtype {dt.name}",
-                        hint=f"supported dtypes: {', '.join(SUPPORTED_DTYPES)}")
-    return dt
-
-
-def empty_aggregate(agg: str, labels: Sequence[str], what: str):
-    """The DataError of a MAX or MIN over a label of size 0 (as numpy, which raises for an empty
-    maximum; an empty SUM is 0 and an empty PROD is 1)."""
-    from ..errors import DataError
-    names = ", ".join(f"'{l}'" for l in labels)
-    extreme = "maximum" if agg == "max" else "minimum"
-    return DataError(f"{what}: {agg.upper()} over label{'s' if len(labels) > 1 else ''} {names} "
-                     f"of size 0: the {extreme} of no elements has no value",
-                     hint="an empty SUM is 0 and an empty PROD is 1; MAX and MIN need at least "
-                          "one element")
+__all__ = ["Operand", "EinOp", "TensorInfo", "EinGraph"]
 
 
 @dataclass(frozen=True)
@@ -103,7 +76,7 @@ class EinOp:
         if not self.agg_labels:
             object.__setattr__(self, "agg", None)
         empty = [l for l in self.agg_labels if size[l] == 0]
-        if empty and self.agg in ("max", "min"):
+        if empty and AGGREGATES[self.agg].identity is None:
             raise empty_aggregate(self.agg, empty, self.describe())
         check_dtype(self.dtype, self.output)
         object.__setattr__(self, "in_dtypes", tuple(np.dtype(d).name for d in self.in_dtypes))

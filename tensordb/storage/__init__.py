@@ -44,8 +44,10 @@ Catalog tables (schema ``tensordb``):
     back and compared with its crc32 and catalog row; orphans; ``COLUMNS`` names the columns).
 
 Modules: store (Store), catalog (the tables), writer/reader (payload files), integrity (the
-check), load and tables (sources), relations (tensors in SQL), guard (what user SQL may write;
-queries spliced as one SELECT), export, info (listing), npyfile, meta (names, grids).
+check), load and tables (sources), relations (plain SQL over tables and tensors), views (tensors
+shown to DuckDB), guard (what user SQL may write; queries spliced as one SELECT), export, info
+(listing), npyfile, meta (names, grids). Tile geometry and dtypes are tensordb.geometry and
+tensordb.dtypes, shared with the other stages: storage imports no stage above it.
 """
 from .store import Store, TensorMeta, TensorReader, TensorWriter  # noqa: E402
 

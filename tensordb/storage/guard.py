@@ -25,6 +25,7 @@ import duckdb
 
 from ..errors import ProgrammingError, Span
 from ._duck import translate, translating
+from .views import standing_in
 
 __all__ = ["inside", "check_path", "statements", "check_statement", "single_select",
            "single_statement", "PATH_SETTINGS"]
@@ -283,7 +284,6 @@ _UNRUNNABLE = {"binder": duckdb.BinderException, "catalog": duckdb.CatalogExcept
 def _plan(store, stmt, refuse_unknown: bool = True):
     """DuckDB's logical plan of ``stmt`` as JSON (None for the types it cannot serialize but
     that write nothing themselves, or for any such type when not ``refuse_unknown``)."""
-    from .relations import standing_in
     with standing_in(store, stmt.query), translating():
         text = store.duck.execute("SELECT json_serialize_plan(?)", [stmt.query]).fetchall()[0][0]
     plan = json.loads(text)

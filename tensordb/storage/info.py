@@ -1,8 +1,8 @@
 """Listing and describing stored tensors as plain dicts (what ``con.tensors()`` shows)."""
 from __future__ import annotations
 
+from ..geometry import grid_shape
 from .meta import TensorMeta
-from .tiling import grid_shape
 
 __all__ = ["list_tensors", "describe_tensor", "summary"]
 

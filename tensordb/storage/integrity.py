@@ -21,11 +21,11 @@ import zlib
 
 import numpy as np
 
+from ..geometry import tile_box
 from . import catalog
 from ._duck import translating
 from .meta import TensorMeta
 from .reader import TileEntry, file_kind
-from .tiling import tile_box
 
 __all__ = ["check", "COLUMNS", "CHUNK"]
 

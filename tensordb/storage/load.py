@@ -22,10 +22,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import DataError, ProgrammingError
+from ..geometry import default_tile_shape, grid_shape, tile_box
 from . import guard
 from .meta import TensorMeta, check_name, check_tile_shape, supported_dtype
 from .npyfile import NpyFile, open_input, read_header
-from .tiling import default_tile_shape, grid_shape, tile_box
 
 __all__ = ["load_tensor", "load_array", "FORMATS"]
 

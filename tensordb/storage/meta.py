@@ -8,9 +8,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ..dtypes import check_dtype
 from ..errors import DataError, ProgrammingError
-from ..plan.ir import check_dtype
-from .tiling import Grid, grid_shape, regular_grid
+from ..geometry import Grid, grid_shape, regular_grid
 
 __all__ = ["TensorMeta", "check_name", "check_dims", "check_grid", "check_tile_shape",
            "default_dims", "supported_dtype"]

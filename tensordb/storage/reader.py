@@ -20,8 +20,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import DataError, Error, OperationalError
+from ..geometry import overlapping, tile_box
 from .meta import TensorMeta
-from .tiling import overlapping, tile_box
 
 __all__ = ["TensorReader", "TileEntry", "open_payload", "file_kind"]
 

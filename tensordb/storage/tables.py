@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError, ProgrammingError
+from ..geometry import default_tile_shape, tile_box
 from ._duck import first_row, quote_ident, quote_str, translate_message, translating
 from . import guard
 from .meta import check_dims, check_tile_shape, supported_dtype
-from .tiling import default_tile_shape, tile_box
 
 __all__ = ["load_table", "source_sql", "numpy_type"]
 
@@ -67,7 +67,7 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
     if fmt == "sql":
         # One SELECT, and one that writes no file into the database (enable_logging(...)).
         guard.check_statement(store, guard.single_statement(target, "the query"))
-        from .relations import expose_tensors
+        from .views import expose_tensors
         expose_tensors(store, target)
     with store._lock, translating(f"cannot read {where}"):
         rel = store.duck.sql(f"SELECT * FROM {src}")

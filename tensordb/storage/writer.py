@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
+from ..geometry import Grid, grid_shape, tile_box
 from .meta import TensorMeta
 from .reader import TileEntry
-from .tiling import Grid, grid_shape, tile_box
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store

@@ -1,4 +1,4 @@
-"""Tile grids: where each dimension of a tensor is cut.
+"""Tile geometry, shared by every stage: where each dimension of a tensor is cut.
 
 A grid is one tuple of boundaries per dimension, ``(0, b1, ..., n)``; tile ``c`` along a dimension
 spans ``[bounds[c], bounds[c+1])``. Stored tensors use a regular grid (a tile shape, the last tile
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ProgrammingError
+from .errors import ProgrammingError
 
 __all__ = ["Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
            "default_tile_shape", "grid_shape", "tile_box", "overlapping"]

@@ -30,7 +30,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
+from .plan import Aggregate, Assemble, Kernel, Load, TilePlan
 
 __all__ = ["place", "transfers", "worker_flops", "SLACK"]
 

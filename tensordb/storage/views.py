@@ -1,0 +1,109 @@
+"""Tensors shown to DuckDB: each one a view of its COO table (one column per dimension plus
+``value``, nonzeros only), produced tile by tile as an Arrow stream when a query scans it; or, while
+DuckDB binds a statement to say what it writes, an empty typed view standing in for it.
+
+>>> sorted(referenced_names('SELECT i FROM "A" WHERE x = 1 -- C'))
+['a', 'from', 'i', 'select', 'where', 'x']
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+
+import numpy as np
+import pyarrow as pa
+
+from ._duck import quote_ident, translating
+from .reader import TensorReader
+
+__all__ = ["referenced_names", "arrow_schema", "coo_batches", "TensorStream", "expose_tensors",
+           "standing_in"]
+
+# Strings and comments are skipped; quoted and bare identifiers are collected.
+_TOKEN = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/|\"((?:[^\"]|\"\")*)\"|([A-Za-z_][A-Za-z0-9_$]*)",
+                    re.S)
+_ARROW = {"bool": pa.bool_(), "float32": pa.float32(), "float64": pa.float64(), "int32": pa.int32(),
+          "int64": pa.int64()}
+
+
+def referenced_names(query: str) -> set[str]:
+    """Identifiers in ``query``, lower-cased (over-matching only registers an extra view)."""
+    out = set()
+    for m in _TOKEN.finditer(query):
+        if m.group(1) is not None:
+            out.add(m.group(1).replace('""', '"').lower())
+        elif m.group(2) is not None:
+            out.add(m.group(2).lower())
+    return out
+
+
+def arrow_schema(meta) -> pa.Schema:
+    return pa.schema([(d, pa.int64()) for d in meta.dims] + [("value", _ARROW[meta.dtype.name])])
+
+
+def coo_batches(reader: TensorReader):
+    """One Arrow batch of (coordinates..., value) per stored tile, nonzeros only."""
+    meta = reader.meta
+    schema = arrow_schema(meta)
+    for entry, tile in reader.tiles():
+        if meta.ndim == 0:
+            if tile != 0:
+                yield pa.record_batch([pa.array(tile.reshape(1))], schema=schema)
+            continue
+        nz = np.nonzero(tile)
+        cols = [pa.array(ix.astype(np.int64) + s) for ix, s in zip(nz, entry.starts)]
+        yield pa.record_batch(cols + [pa.array(tile[nz])], schema=schema)
+
+
+class TensorStream:
+    """An Arrow stream source DuckDB can scan any number of times (a fresh stream each scan)."""
+
+    def __init__(self, reader: TensorReader) -> None:
+        self.reader = reader
+        self.schema = arrow_schema(reader.meta)
+        if reader.path is not None:
+            reader.mapping()  # map now: the snapshot survives a later replace or drop
+
+    def __arrow_c_schema__(self):
+        return self.schema.__arrow_c_schema__()
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        stream = pa.RecordBatchReader.from_batches(self.schema, coo_batches(self.reader))
+        return stream.__arrow_c_stream__(requested_schema)
+
+
+def expose_tensors(store, query: str) -> list[str]:
+    """Register every stored tensor that ``query`` names; returns their names."""
+    wanted = referenced_names(query)
+    names = [m.name for m in store.list() if m.name.lower() in wanted]
+    for name in names:
+        store._register_view(name, TensorStream(store.open(name)))
+    return names
+
+
+_SQL_TYPE = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT",
+             "bool": "BOOLEAN"}
+
+
+@contextlib.contextmanager
+def standing_in(store, query: str):
+    """Empty typed views in place of the tensors ``query`` names, while DuckDB binds it to say
+    what it writes: a plan that scans a Python Arrow stream cannot be serialized, one over a view
+    can. The tensors are registered again before the statement runs."""
+    names = [m for m in store.list() if m.name.lower() in referenced_names(query)]
+    shown = {m.name for m in names if m.name in store._views}
+    for meta in names:
+        cols = [f"CAST(NULL AS BIGINT) AS {quote_ident(d)}" for d in meta.dims]
+        cols.append(f"CAST(NULL AS {_SQL_TYPE.get(meta.dtype.name, 'DOUBLE')}) AS value")
+        with translating():
+            store.duck.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(meta.name)} AS "
+                               f"SELECT {', '.join(cols)} WHERE FALSE")
+    try:
+        yield
+    finally:
+        for meta in names:  # the tensor again where it was shown (earlier relations read it)
+            store._forget_view(meta.name)
+            with contextlib.suppress(Exception), translating():
+                store.duck.execute(f"DROP VIEW IF EXISTS temp.main.{quote_ident(meta.name)}")
+            if meta.name in shown:
+                store._register_view(meta.name, TensorStream(store.open(meta.name)))

@@ -1,0 +1,104 @@
+"""The import rules of docs/architecture.md, checked mechanically: import-linter's contracts in
+setup.cfg, run the way a developer runs them (`lint-imports`, in a subprocess), on this checkout and
+on copies of it with a rule broken on purpose."""
+from __future__ import annotations
+
+import configparser
+import os
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tensordb
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+
+pytest.importorskip("importlinter", reason="import-linter is in the test extra")
+
+
+def lint(root: Path) -> subprocess.CompletedProcess:
+    """`lint-imports` on the tensordb package under ``root`` with ``root``'s setup.cfg."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-c", LINT, "--no-cache", "--no-logo", "setup.cfg"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def contracts() -> configparser.ConfigParser:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    return cfg
+
+
+def lines(value: str) -> set[str]:
+    return {line.strip() for line in value.splitlines() if line.strip()}
+
+
+def test_every_contract_is_kept():
+    run = lint(ROOT)
+    assert run.returncode == 0, f"import rules broken (docs/architecture.md):\n{run.stdout}{run.stderr}"
+    count = sum(1 for s in contracts().sections() if s.startswith("importlinter:contract:"))
+    assert f"Contracts: {count} kept, 0 broken." in run.stdout
+
+
+def test_the_dialect_contract_forbids_every_module_but_errors():
+    """'Only errors and its own modules': a module added to tensordb later is forbidden too."""
+    forbidden = lines(contracts()["importlinter:contract:dialect"]["forbidden_modules"])
+    children = {f"tensordb.{m.name}" for m in pkgutil.iter_modules(tensordb.__path__)}
+    assert forbidden == children - {"tensordb.dialect", "tensordb.errors"}
+
+
+def test_pending_imports_are_the_ones_the_docs_list():
+    ignored = lines(contracts()["importlinter:contract:dialect"]["ignore_imports"])
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    pending = doc[doc.index("## Import rules"):doc.index("## Observability")]
+    listed = {m.group(1) for m in re.finditer(r"^\s+(tensordb\.dialect\S* -> \S+)", pending, re.M)}
+    assert listed == ignored
+
+
+def _copy(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "tensordb", tmp_path / "tensordb",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "setup.cfg", tmp_path / "setup.cfg")
+    return tmp_path
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n\ndef _broken():\n    {line}\n")
+
+
+def test_a_forbidden_import_inside_a_function_breaks_the_check(tmp_path):
+    root = _copy(tmp_path)
+    _append(root / "tensordb" / "storage" / "meta.py", "from ..plan import ir")
+    run = lint(root)
+    assert run.returncode != 0
+    assert "storage imports no plan, optimizer, physical, exec or dialect BROKEN" in run.stdout
+    assert "tensordb.storage.meta -> tensordb.plan.ir" in run.stdout
+
+
+def test_an_import_cycle_breaks_the_check(tmp_path):
+    """physical importing exec is not forbidden by itself; with exec importing physical it is a
+    cycle."""
+    root = _copy(tmp_path)
+    _append(root / "tensordb" / "physical" / "lower.py", "from ..exec import tasks")
+    run = lint(root)
+    assert run.returncode != 0
+    assert "no import cycles BROKEN" in run.stdout
+    assert "- .physical -> .exec (1 import)" in run.stdout
+    assert "BROKEN" not in run.stdout.replace("no import cycles BROKEN", "")
+
+
+def test_an_ignored_import_that_went_away_breaks_the_check(tmp_path):
+    """The pending list cannot go stale: an ignored import that no longer exists is an error."""
+    root = _copy(tmp_path)
+    cfg = (root / "setup.cfg").read_text()
+    extra = "    tensordb.dialect.lexer -> tensordb.storage\n"
+    (root / "setup.cfg").write_text(cfg.replace("ignore_imports =\n", "ignore_imports =\n" + extra))
+    run = lint(root)
+    assert run.returncode != 0
+    assert "tensordb.dialect.lexer -> tensordb.storage" in run.stdout + run.stderr
