@@ -177,7 +177,7 @@ def tensor_html(reader) -> str:
     head = reader.read_box((0,) * meta.ndim, stops) if meta.ndim else reader.to_numpy()
     if head is None:
         head = np.zeros(stops, dtype=meta.dtype)
-    sparse = meta.tile_count < meta.total_tiles
+    sparse = meta.tile_count < meta.total_tiles and meta.size > 0
     note = f", {meta.tile_count} of {_plural(meta.total_tiles, 'tile')} stored" if sparse else ""
     body = array_html(np.asarray(head), meta.name, meta.dims, meta.shape, note)
     if sparse:
