@@ -33,14 +33,14 @@ class Explanation(str):
     plan: dict
     dot: str
 
-    def __new__(cls, text: str, plan: dict, dot: str) -> "Explanation":
+    def __new__(cls, text: str, plan: dict | None = None, dot: str = "") -> "Explanation":
         self = super().__new__(cls, text)
         self.plan, self.dot = plan, dot
         return self
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
         from .notebook import explain_html
-        return explain_html(self.plan)
+        return explain_html(self.plan) if self.plan is not None else None
 
     def draw(self):
         """The plan drawn by Graphviz, as an ``Svg`` a notebook shows."""

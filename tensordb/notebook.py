@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import NotSupportedError, OperationalError
+from .errors import Error, NotSupportedError, OperationalError
 
 __all__ = ["Svg", "rows_html", "result_html", "array_html", "tensor_html", "explain_html",
            "tile_svg", "tile_map", "dot_svg", "MAX_ROWS", "MAX_COLS", "MAX_SLICES", "MAX_CELLS"]
@@ -94,7 +94,11 @@ def _arrow_head(table, n: int) -> list[tuple]:
 def result_html(result) -> str:
     """A ``Result`` of any kind as HTML (its fetch position is left where it was)."""
     if result.kind == "tensor":
-        return tensor_html(result._con.store.open(result.name))
+        try:
+            reader = result._con.store.open(result.name)
+        except Error as exc:  # dropped since, or the connection closed: say so, in the page
+            return _pre(f"{result.name}: {exc}")
+        return tensor_html(reader)
     if result.kind == "explain":
         plan = getattr(result.text, "plan", None)
         return explain_html(plan) if plan is not None else _pre(result.text or "")

@@ -395,3 +395,18 @@ def test_drawing_without_graphviz_names_what_to_install(tmp_path, monkeypatch):
             con.explain(MATMUL, format="svg")
         assert not con.store.has("C")  # EXPLAIN ran nothing
         assert os.environ["PATH"] == str(tmp_path)
+
+
+def test_a_tensor_dropped_since_shows_why_and_explain_text_pickles():
+    import pickle
+    with tensordb.connect() as con:
+        con.load("A", np.ones((2, 2)))
+        result = con.execute("B[i,j] = A[i,j] + 1")
+        con.drop("B")
+        pre = parse(result._repr_html_())
+        with pytest.raises(tensordb.Error) as info:
+            con.tensor("B")
+        assert pre.tag == "pre" and pre.text == f"B: {info.value}"
+        text = con.explain("C[i,j] = A[i,j] * 2")
+        again = pickle.loads(pickle.dumps(text))
+        assert again == text and isinstance(again, str)
