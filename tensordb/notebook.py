@@ -150,19 +150,20 @@ def _head_stops(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def array_html(arr: np.ndarray, name: str = "", dims: Sequence[str] | None = None,
-               shape: Sequence[int] | None = None, note: str = "") -> str:
+               shape: Sequence[int] | None = None, note: str = "", figure: str = "") -> str:
     """``arr`` (all of an array, or the head of one of ``shape``) as HTML tables with a
-    ``name: dtype shape`` caption; more than two dimensions are shown as 2-D slices."""
+    ``name: dtype shape`` caption, ``figure`` (HTML or SVG) above them; more than two dimensions
+    are shown as 2-D slices."""
     arr = np.asarray(arr)
     shape = tuple(arr.shape if shape is None else shape)
     dims = tuple(dims) if dims is not None else tuple(f"d{k}" for k in range(len(shape)))
     head = arr[tuple(slice(0, s) for s in _head_stops(shape))]
     caption = f"{name + ': ' if name else ''}{arr.dtype.name} {shape}{note}"
     if len(shape) <= 2:
-        return f'<div class="tensordb-tensor">{_grid_table(head, shape, dims, caption)}</div>'
+        return f'<div class="tensordb-tensor">{figure}{_grid_table(head, shape, dims, caption)}</div>'
     lead = head.shape[:-2]
     combos = list(np.ndindex(*lead))[:MAX_SLICES]
-    parts = [f'<div class="tensordb-tensor"><p class="caption">{_e(caption)}</p>']
+    parts = [f'<div class="tensordb-tensor">{figure}<p class="caption">{_e(caption)}</p>']
     for idx in combos:
         label = f"{name or 'slice'}[{', '.join(map(str, idx))}, :, :]"
         parts.append(_grid_table(head[idx], shape[-2:], dims[-2:], label))
@@ -183,11 +184,8 @@ def tensor_html(reader) -> str:
         head = np.zeros(stops, dtype=meta.dtype)
     sparse = meta.tile_count < meta.total_tiles and meta.size > 0
     note = f", {meta.tile_count} of {_plural(meta.total_tiles, 'tile')} stored" if sparse else ""
-    body = array_html(np.asarray(head), meta.name, meta.dims, meta.shape, note)
-    if sparse:
-        body = body.replace('<div class="tensordb-tensor">',
-                            '<div class="tensordb-tensor">' + tile_svg(meta, reader.coords()), 1)
-    return body
+    figure = tile_svg(meta, reader.coords()) if sparse else ""
+    return array_html(np.asarray(head), meta.name, meta.dims, meta.shape, note, figure)
 
 
 # -- EXPLAIN -------------------------------------------------------------------------------------
