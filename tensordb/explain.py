@@ -1,4 +1,5 @@
-"""EXPLAIN: print a plan as a table (text), as JSON, or as a Graphviz graph (dot).
+"""EXPLAIN: print a plan as a table (text), as JSON, or as a Graphviz graph (dot, or svg drawn by
+Graphviz). In a notebook the text form shows as an HTML table (``Explanation``, tensordb.notebook).
 
 ``render(decomp, plan)`` is a pure function of the optimizer's Decomposition (which carries its
 cost: explain renders estimates and makes none) and the placed TilePlan; ``explain_graph(con, graph)`` plans a graph on a connection (and, with ``analyze``, runs
@@ -19,9 +20,32 @@ from typing import Any, Mapping
 from .config import format_bytes
 from .errors import ProgrammingError
 
-__all__ = ["explain_graph", "render", "plan_summary", "FORMATS"]
+__all__ = ["explain_graph", "render", "plan_summary", "Explanation", "FORMATS"]
 
-FORMATS = ("text", "json", "dot")
+FORMATS = ("text", "json", "dot", "svg")
+
+
+class Explanation(str):
+    """EXPLAIN's text form, which keeps the plan it shows: ``.plan`` (the JSON form's data) and
+    ``.dot`` (the Graphviz form). A notebook shows it as an HTML table; ``draw()`` is the plan as
+    an SVG picture (needs Graphviz's ``dot`` program)."""
+
+    plan: dict
+    dot: str
+
+    def __new__(cls, text: str, plan: dict | None = None, dot: str = "") -> "Explanation":
+        self = super().__new__(cls, text)
+        self.plan, self.dot = plan, dot
+        return self
+
+    def _repr_html_(self) -> str | None:
+        from .notebook import explain_html
+        return explain_html(self.plan) if self.plan is not None else None
+
+    def draw(self):
+        """The plan drawn by Graphviz, as an ``Svg`` a notebook shows."""
+        from .notebook import dot_svg
+        return dot_svg(self.dot)
 
 
 def explain_graph(con, graph, *, hints: Mapping | None = None, format: str = "text",
@@ -125,7 +149,10 @@ def render(decomp, plan, format: str = "text", result=None) -> str:
         return json.dumps(data, indent=2, default=float)
     if format == "dot":
         return _dot(data, plan)
-    return _text(data)
+    if format == "svg":
+        from .notebook import dot_svg
+        return dot_svg(_dot(data, plan))
+    return Explanation(_text(data), data, _dot(data, plan))
 
 
 # -- text ----------------------------------------------------------------------------------------
@@ -172,7 +199,8 @@ def _seconds(s: float | None) -> str:
     return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def _text(data: Mapping) -> str:
+def header(data: Mapping) -> list[str]:
+    """The lines above the table: operations and workers, totals, and what was measured."""
     t = data["total"]
     analyze = "measured" in data
     lines = [f"EXPLAIN{' ANALYZE' if analyze else ''}: {len(data['nodes'])} operation(s) on "
@@ -187,6 +215,17 @@ def _text(data: Mapping) -> str:
         m = data["measured"]
         lines.append(f"  measured: {_seconds(m['seconds'])}, {format_bytes(m['bytes_moved'])} moved, "
                      f"peak tile memory {format_bytes(m['peak_bytes'])} (tiles alive at once)")
+    return lines
+
+
+# Columns shown right-aligned (numbers), by position in ``table``'s header.
+RIGHT = frozenset({0, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+
+
+def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]:
+    """The operation table: its header, and per operation its cells and the runner-ups line
+    (None when the search considered no other tiling). The text and HTML forms both print it."""
+    analyze = "measured" in data
     head = ["#", "operation", "pieces", "tile", "calls", "fan-in", "flops", "moved", "cost"]
     if analyze:
         head += ["time", "calls*", "moved*", "peak*"]
@@ -200,26 +239,36 @@ def _text(data: Mapping) -> str:
             row += [_seconds(m.get("seconds")), str(m.get("kernel_calls", "-")),
                     format_bytes(m.get("bytes_moved")) if "bytes_moved" in m else "-",
                     format_bytes(m.get("peak_tile_bytes")) if "peak_tile_bytes" in m else "-"]
-        rows.append((row, n))
+        ups = n.get("runner_ups")
+        alts = None
+        if ups:
+            base = n["search"]["cost"] or 1.0
+            alts = "runner-ups: " + ", ".join(
+                f"{_pieces(n, u['partition'])} ({_delta(u['cost'] / base - 1)})" for u in ups)
+        rows.append((row, alts))
+    return head, rows
+
+
+MEASURED_NOTE = "* measured while running; the other columns are estimates"
+
+
+def _text(data: Mapping) -> str:
+    lines = header(data)
+    head, rows = table(data)
     widths = [max(len(head[c]), *(len(r[c]) for r, _ in rows)) for c in range(len(head))]
-    right = {0, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 
     def fmt(cells):
-        return "  " + "  ".join(c.rjust(w) if k in right else c.ljust(w)
+        return "  " + "  ".join(c.rjust(w) if k in RIGHT else c.ljust(w)
                                 for k, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     lines += ["", fmt(head), "  " + "  ".join("-" * w for w in widths)]
-    for row, n in rows:
+    for row, alts in rows:
         lines.append(fmt(row))
-        ups = n.get("runner_ups")
-        if ups:
-            base = n["search"]["cost"] or 1.0
-            alts = ", ".join(f"{_pieces(n, u['partition'])} ({_delta(u['cost'] / base - 1)})"
-                             for u in ups)
-            lines.append(f"  {'':>{widths[0]}}  runner-ups: {alts}")
-    if analyze:
+        if alts:
+            lines.append(f"  {'':>{widths[0]}}  {alts}")
+    if "measured" in data:
         lines.append("")
-        lines.append("  * measured while running; the other columns are estimates")
+        lines.append("  " + MEASURED_NOTE)
     return "\n".join(lines)
 
 

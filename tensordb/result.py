@@ -166,6 +166,18 @@ class Result:
         return arr if dtype is None else arr.astype(dtype)
 
     # -- display -------------------------------------------------------------------------------
+    def _repr_html_(self) -> str:
+        """How a notebook shows the result: an HTML table (tensordb.notebook)."""
+        from .notebook import result_html
+        return result_html(self)
+
+    def tile_map(self):
+        """Which tiles of the stored tensor exist, as an SVG picture (tensordb.notebook)."""
+        from .notebook import tile_map
+        if self.kind != "tensor":
+            raise ProgrammingError(f"this {self.kind} result holds no tensor")
+        return tile_map(self._con, self.name)
+
     def __repr__(self) -> str:
         if self.kind == "tensor":
             return f"<Result tensor {self.name} {self.dtype} {self.shape}>"

@@ -212,7 +212,7 @@ def test_syntax_error_on_a_later_line_names_that_line():
 def test_unclosed_subquery_and_explain_format():
     with pytest.raises(ParserError, match="not closed"):
         parse("CREATE TENSOR X FROM (SELECT 1")
-    with pytest.raises(ParserError, match="TEXT or JSON"):
+    with pytest.raises(ParserError, match="TEXT, JSON or DOT"):
         parse("EXPLAIN (FORMAT XML) C[i] = A[i]")
     with pytest.raises(ParserError, match="needs a statement"):
         parse("EXPLAIN")

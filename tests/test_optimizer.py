@@ -1,4 +1,4 @@
-"""The optimizer's cost model and its known answers (DESIGN.md section 3), on graphs built directly."""
+"""The cost model (docs/explain.md, "The cost") and its known answers, on graphs built directly."""
 from __future__ import annotations
 
 import itertools

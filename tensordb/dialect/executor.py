@@ -253,17 +253,25 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
         raise exc.with_source(script, first.span)
 
 
+_FORMATS = ("text", "json", "dot", "svg")  # explain.FORMATS (imported only when used)
+
+
 def explain_script(con, sql: str, format: str = "text", analyze: bool = False) -> str:
     """``Connection.explain``: the plan of the einsum statements in ``sql`` (or DuckDB's plan of
     one SQL statement)."""
     fmt = str(format).lower()
-    if fmt not in ("text", "json"):
-        raise ProgrammingError(f"EXPLAIN format must be 'text' or 'json', not {format!r}")
+    if fmt not in _FORMATS:
+        raise ProgrammingError(f"EXPLAIN format must be one of {', '.join(map(repr, _FORMATS))}, "
+                               f"not {format!r}")
     stmts = parse(sql)
     if len(stmts) == 1 and isinstance(stmts[0], A.ExplainStmt):
         s = stmts[0]
-        return explain_statements(con, [(sql, s.statement)], s.format, s.analyze or analyze)
+        return explain_statements(con, [(sql, s.statement)], fmt if fmt != "text" else s.format,
+                                  s.analyze or analyze)
     if len(stmts) == 1 and isinstance(stmts[0], A.SqlStmt):
+        if fmt in ("dot", "svg"):
+            raise ProgrammingError(f"EXPLAIN format '{fmt}' draws einsum plans; a SQL statement's "
+                                   "plan is DuckDB's, as text", statement=sql, span=stmts[0].span)
         prefix = "EXPLAIN ANALYZE " if analyze else "EXPLAIN "
         single_statement(stmts[0].text, "EXPLAIN's statement")  # spliced: exactly one, or none
         rel = con.sql(prefix + stmts[0].text)

@@ -87,7 +87,7 @@ def classify(w: list[Word]) -> str:
 
 
 def _explain(script: str, span: Span, w: list[Word]) -> A.Statement:
-    """EXPLAIN [ANALYZE] [(FORMAT TEXT | JSON [, ANALYZE])] <statement>."""
+    """EXPLAIN [ANALYZE] [(FORMAT TEXT | JSON | DOT [, ANALYZE])] <statement>."""
     analyze, fmt = False, "text"
     i = w[0].start + len(w[0].text)
     while True:
@@ -102,8 +102,8 @@ def _explain(script: str, span: Span, w: list[Word]) -> A.Statement:
                 o = opts[j]
                 if o.upper == "FORMAT" and j + 1 < len(opts):
                     fmt = opts[j + 1].text.strip("'").lower()
-                    if fmt not in ("text", "json"):
-                        raise ParserError(f"EXPLAIN format must be TEXT or JSON, not {opts[j + 1].text}",
+                    if fmt not in ("text", "json", "dot"):
+                        raise ParserError(f"EXPLAIN format must be TEXT, JSON or DOT, not {opts[j + 1].text}",
                                           statement=script,
                                           span=Span(opts[j + 1].start, opts[j + 1].start + len(opts[j + 1].text)))
                     j += 2

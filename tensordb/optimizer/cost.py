@@ -1,4 +1,4 @@
-"""The cost model: what a tiling of an operation costs, in bytes (DESIGN.md section 3).
+"""The cost model: what a tiling of an operation costs, in bytes (docs/explain.md, "The cost").
 
 For an operation with pieces ``d`` per label, ``K = prod(d)`` kernel calls run, and
 

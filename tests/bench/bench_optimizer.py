@@ -275,7 +275,7 @@ def report(plan_rows, comm_rows, engine_rows=()) -> str:
         lines.append(f"| {name} | {p} | {n} | {med * 1e3:.0f} ms | {cold * 1e3:.0f} ms |")
     lines += ["", "### Simulated communication", "",
               "Bytes moved according to the cost model (input replication + aggregation + "
-              "re-tiling; DESIGN.md section 3) for the plan each strategy picks. `data-parallel` "
+              "re-tiling; docs/explain.md, \"The cost\") for the plan each strategy picks. `data-parallel` "
               "splits every operation's first output label only; `even` splits every label about "
               "equally. The last two columns are how many times more the baseline moves.", "",
               "| workload | p | eindecomp | data-parallel | even | DP / ED | even / ED |",
