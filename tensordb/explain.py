@@ -19,8 +19,9 @@ from typing import Any, Mapping
 
 from .config import format_bytes
 from .errors import ProgrammingError
+from .notebook import dot_svg, escape
 
-__all__ = ["explain_graph", "render", "plan_summary", "Explanation", "FORMATS"]
+__all__ = ["explain_graph", "render", "plan_summary", "explain_html", "Explanation", "FORMATS"]
 
 FORMATS = ("text", "json", "dot", "svg")
 
@@ -39,12 +40,10 @@ class Explanation(str):
         return self
 
     def _repr_html_(self) -> str | None:
-        from .notebook import explain_html
         return explain_html(self.plan) if self.plan is not None else None
 
     def draw(self):
         """The plan drawn by Graphviz, as an ``Svg`` a notebook shows."""
-        from .notebook import dot_svg
         return dot_svg(self.dot)
 
 
@@ -150,7 +149,6 @@ def render(decomp, plan, format: str = "text", result=None) -> str:
     if format == "dot":
         return _dot(data, plan)
     if format == "svg":
-        from .notebook import dot_svg
         return dot_svg(_dot(data, plan))
     return Explanation(_text(data), data, _dot(data, plan))
 
@@ -295,3 +293,28 @@ def _dot(data: Mapping, plan) -> str:
 
 def _esc(s: str) -> str:
     return s.replace('"', '\\"')
+
+
+# -- HTML (a notebook) ----------------------------------------------------------------------------
+
+def explain_html(data: Mapping) -> str:
+    """EXPLAIN's plan (``plan_summary``'s data) as its header lines and a table, one row
+    per operation and a row of runner-ups under it."""
+    head, rows = table(data)
+    out = ['<div class="tensordb-explain">',
+           '<pre class="header">' + escape("\n".join(line.strip() for line in header(data))) + "</pre>",
+           '<table class="tensordb"><thead><tr>']
+    out += [f"<th>{escape(h)}</th>" for h in head]
+    out.append("</tr></thead><tbody>")
+    for cells, alts in rows:
+        out.append('<tr class="operation">' + "".join(
+            f'<td style="text-align:{"right" if k in RIGHT else "left"}">{escape(c)}</td>'
+            for k, c in enumerate(cells)) + "</tr>")
+        if alts:
+            out.append(f'<tr class="runner-ups"><td></td><td colspan="{len(head) - 1}">'
+                       f"{escape(alts)}</td></tr>")
+    out.append("</tbody></table>")
+    if "measured" in data:
+        out.append(f'<p class="note">{escape(MEASURED_NOTE)}</p>')
+    out.append("</div>")
+    return "".join(out)

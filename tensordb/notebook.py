@@ -23,8 +23,8 @@ import numpy as np
 
 from .errors import Error, NotSupportedError, OperationalError
 
-__all__ = ["Svg", "rows_html", "result_html", "array_html", "tensor_html", "explain_html",
-           "tile_svg", "tile_map", "dot_svg", "MAX_ROWS", "MAX_COLS", "MAX_SLICES", "MAX_CELLS"]
+__all__ = ["Svg", "escape", "rows_html", "result_html", "array_html", "tensor_html", "tile_svg",
+           "tile_map", "dot_svg", "MAX_ROWS", "MAX_COLS", "MAX_SLICES", "MAX_CELLS"]
 
 MAX_ROWS = 20      # rows of a result or a tensor shown
 MAX_COLS = 12      # columns of a tensor shown
@@ -45,8 +45,12 @@ class Svg(str):
             f.write(str(self))
 
 
-def _e(value: Any) -> str:
+def escape(value: Any) -> str:
+    """``value`` as HTML text (quotes escaped too: safe in attributes)."""
     return html.escape(str(value), quote=True)
+
+
+_e = escape
 
 
 def cell(value: Any) -> str:
@@ -100,8 +104,8 @@ def result_html(result) -> str:
             return _pre(f"{result.name}: {exc}")
         return tensor_html(reader)
     if result.kind == "explain":
-        plan = getattr(result.text, "plan", None)
-        return explain_html(plan) if plan is not None else _pre(result.text or "")
+        page = getattr(result.text, "_repr_html_", lambda: None)()  # an explain.Explanation
+        return page if page is not None else _pre(result.text or "")
     if result.kind == "status":
         return _pre(result.message or "OK")
     table = result._table
@@ -189,30 +193,6 @@ def tensor_html(reader) -> str:
 
 
 # -- EXPLAIN -------------------------------------------------------------------------------------
-
-def explain_html(data: Mapping) -> str:
-    """EXPLAIN's plan (``explain.plan_summary``'s data) as its header lines and a table, one row
-    per operation and a row of runner-ups under it."""
-    from .explain import MEASURED_NOTE, RIGHT, header, table
-    head, rows = table(data)
-    out = ['<div class="tensordb-explain">',
-           '<pre class="header">' + _e("\n".join(line.strip() for line in header(data))) + "</pre>",
-           '<table class="tensordb"><thead><tr>']
-    out += [f"<th>{_e(h)}</th>" for h in head]
-    out.append("</tr></thead><tbody>")
-    for cells, alts in rows:
-        out.append('<tr class="operation">' + "".join(
-            f'<td style="text-align:{"right" if k in RIGHT else "left"}">{_e(c)}</td>'
-            for k, c in enumerate(cells)) + "</tr>")
-        if alts:
-            out.append(f'<tr class="runner-ups"><td></td><td colspan="{len(head) - 1}">'
-                       f"{_e(alts)}</td></tr>")
-    out.append("</tbody></table>")
-    if "measured" in data:
-        out.append(f'<p class="note">{_e(MEASURED_NOTE)}</p>')
-    out.append("</div>")
-    return "".join(out)
-
 
 def dot_svg(dot: str) -> Svg:
     """Graphviz DOT text drawn as SVG by Graphviz's ``dot`` program (a NotSupportedError naming

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tensordb
-from tensordb import notebook
+from tensordb import explain, notebook
 from tensordb.errors import NotSupportedError, ProgrammingError
 from tensordb.result import Result
 
@@ -332,7 +332,7 @@ def test_explain_analyze_html_has_measured_columns_and_text_is_escaped():
         assert page.find("p[@class='note']").text.startswith("* measured")
         data = copy.deepcopy(text.plan)
         data["nodes"][0]["expression"] = "<script>alert('&')</script>"
-        page = notebook.explain_html(data)
+        page = explain.explain_html(data)
         assert "<script>" not in page
         cells = texts(parse(page).find("table/tbody/tr"), "td")
         assert cells[1] == "<script>alert('&')</script>"
