@@ -246,8 +246,14 @@ def _sql(con, script, s: A.SqlStmt, text) -> Result:
 
 def sql_with_parameters(con, query: str, parameters) -> Result:
     from ..storage.relations import sql
-    cols, rows = sql(con.store, query, parameters)
-    return Result.rows(cols, rows, query) if cols else Result.status("OK", query)
+    cols, rows, types = sql(con.store, query, parameters)
+    head = words(query, 0, len(query), 1)
+    if head and head[0].upper in _COUNTED and cols == ["Count"] and len(rows) == 1:
+        n = int(rows[0][0])  # INSERT ... VALUES (?): a status with the count, as without ?
+        r = Result.status(f"{head[0].upper}: {n} row{'s' if n != 1 else ''}", query)
+        r.count = n
+        return r
+    return Result.rows(cols, rows, query, types) if cols else Result.status("OK", query)
 
 
 _DUCK_CARET = re.compile(r"\n*LINE (\d+): ([^\n]*)\n( *)\^[^\n]*")
