@@ -14,7 +14,7 @@ from ..storage._duck import quote_ident
 from . import ast as A
 from .lexer import words
 
-__all__ = ["run", "DTYPES", "sql_with_parameters"]
+__all__ = ["run", "DTYPES", "sql_with_parameters", "position_from_message"]
 
 DTYPES = {
     "float32": "float32", "float": "float32", "real": "float32", "float4": "float32",
@@ -241,7 +241,7 @@ def _sql(con, script, s: A.SqlStmt, text) -> Result:
             return r
         return Result.from_relation(rel, text)
     except Error as exc:
-        raise _position_from_message(exc, script, s.span)
+        raise position_from_message(exc, script, s.span)
 
 
 def sql_with_parameters(con, query: str, parameters) -> Result:
@@ -259,7 +259,7 @@ def sql_with_parameters(con, query: str, parameters) -> Result:
 _DUCK_CARET = re.compile(r"\n*LINE (\d+): ([^\n]*)\n( *)\^[^\n]*")
 
 
-def _position_from_message(exc: Error, script: str, span: Span) -> Error:
+def position_from_message(exc: Error, script: str, span: Span) -> Error:
     """DuckDB puts its own caret in the message; turn it into our span into the script."""
     if exc.span is not None:
         return exc
