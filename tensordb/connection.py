@@ -202,8 +202,8 @@ class Connection:
                agg: str = "sum", tile: Mapping[str, int] | None = None, replace: bool = True):
         """Run a numpy-style einsum over stored tensors.
 
-        Without ``into`` the result is returned as a numpy array, like ``numpy.einsum``, and
-        nothing is stored. With ``into`` it is stored under that name, replacing a tensor of that
+        Without ``into`` the result is returned as a numpy array (a numpy scalar when it has no
+        dimensions), like ``numpy.einsum``, and nothing is stored. With ``into`` it is stored under that name, replacing a tensor of that
         name as an assignment statement does (``replace=False`` refuses instead), and the run's
         measurements are returned. ``join`` replaces the product with a scalar expression over
         x0, x1, ... (``"x0 + x1"`` with ``agg="min"`` is a min-plus product); ``tile`` pins
@@ -224,7 +224,7 @@ class Connection:
         graph = Graph().einsum(spec, *operands, into=name, join=join, agg=agg, tile=tile)
         return self._compute(graph, name)
 
-    def _compute(self, graph: Graph, name: str) -> np.ndarray:
+    def _compute(self, graph: Graph, name: str):
         """Run a graph whose one output is ``name`` and return it as an array; nothing is
         stored (the output tiles stay in memory and are assembled here)."""
         from .storage.tiling import tile_box
@@ -241,7 +241,7 @@ class Connection:
         for coords, key in out.tiles.items():
             lo, hi = tile_box(out.grid, coords)
             arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = result.tiles[key]
-        return arr
+        return arr[()] if arr.ndim == 0 else arr  # a numpy scalar, as numpy.einsum gives
 
     def run(self, graph: Graph | EinGraph, *, hints: Mapping[str, Mapping[str, int]] | None = None,
             replace: bool = False):

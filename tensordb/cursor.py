@@ -110,6 +110,11 @@ class Cursor:
         none of them is stored. ``rowcount`` is the total of rows changed, -1 if not known."""
         self._check()
         self.result, self._rowcount = None, -1
+        try:
+            seq_of_parameters = iter(seq_of_parameters)
+        except TypeError:
+            raise ProgrammingError("executemany needs a sequence of parameter sequences, got "
+                                   f"{type(seq_of_parameters).__name__}") from None
         store = self.connection.store
         total: int | None = 0
         last = None
@@ -144,7 +149,10 @@ class Cursor:
         return self._rows().fetchone()
 
     def fetchmany(self, size: int | None = None) -> list[tuple]:
-        return self._rows().fetchmany(self.arraysize if size is None else size)
+        size = self.arraysize if size is None else size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ProgrammingError(f"fetchmany size must be an integer >= 0, got {size!r}")
+        return self._rows().fetchmany(size)
 
     def fetchall(self) -> list[tuple]:
         return self._rows().fetchall()

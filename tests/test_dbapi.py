@@ -64,6 +64,20 @@ def test_parameters_and_executemany(con):
     assert cur.execute("SELECT count(*) FROM t").fetchone() == (len(rows) + 1,)
 
 
+def test_bad_arguments_are_programming_errors(con):
+    cur = con.cursor()
+    with pytest.raises(tensordb.ProgrammingError, match="sequence of parameter sequences"):
+        cur.executemany("SELECT ?", 5)
+    with pytest.raises(tensordb.ProgrammingError, match="must be a string"):
+        cur.execute(42)
+    cur.execute("SELECT 1")
+    with pytest.raises(tensordb.ProgrammingError, match="fetchmany size"):
+        cur.fetchmany(-1)
+    with pytest.raises(tensordb.ProgrammingError, match="fetchmany size"):
+        cur.fetchmany("2")
+    assert cur.fetchall() == [(1,)]
+
+
 def test_executemany_is_all_or_nothing(con):
     cur = con.cursor()
     cur.execute("CREATE TABLE t (k INTEGER)")
