@@ -203,11 +203,11 @@ class Connection:
         """Run a numpy-style einsum over stored tensors.
 
         Without ``into`` the result is returned as a numpy array (a numpy scalar when it has no
-        dimensions), like ``numpy.einsum``, and nothing is stored. With ``into`` it is stored under that name, replacing a tensor of that
-        name as an assignment statement does (``replace=False`` refuses instead), and the run's
-        measurements are returned. ``join`` replaces the product with a scalar expression over
-        x0, x1, ... (``"x0 + x1"`` with ``agg="min"`` is a min-plus product); ``tile`` pins
-        pieces per label.
+        dimensions), like ``numpy.einsum``, and nothing is stored. With ``into`` it is stored
+        under that name, replacing a tensor of that name as an assignment statement does
+        (``replace=False`` refuses instead), and the run's measurements are returned. ``join``
+        replaces the product with a scalar expression over x0, x1, ... (``"x0 + x1"`` with
+        ``agg="min"`` is a min-plus product); ``tile`` pins pieces per label.
 
         >>> import numpy as np, tensordb
         >>> with tensordb.connect() as con:

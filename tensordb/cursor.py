@@ -32,9 +32,8 @@ class _TypeObject:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _TypeObject):
             return other is self
-        return isinstance(other, str) and (other.upper() in self.types or
-                                           other.upper().startswith(("DECIMAL", "VARCHAR"))
-                                           and other.upper().split("(")[0] in self.types)
+        # DECIMAL(18,3) and VARCHAR(10) are DECIMAL and VARCHAR
+        return isinstance(other, str) and other.upper().split("(")[0] in self.types
 
     def __hash__(self) -> int:
         return hash(self.name)

@@ -280,6 +280,7 @@ def _run_with_parameters(con, script, stmts, parameters, emit) -> list[Result] |
     if len(stmts) != 1 or not isinstance(stmts[0], A.SqlStmt):
         raise NotSupportedError("parameters are supported for one plain SQL statement",
                                 statement=script, span=stmts[0].span if stmts else None)
+
     def run():
         try:
             return statements.sql_with_parameters(con, stmts[0].text, parameters)
