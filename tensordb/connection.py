@@ -244,8 +244,9 @@ class Connection:
         return arr[()] if arr.ndim == 0 else arr  # a numpy scalar, as numpy.einsum gives
 
     def run(self, graph: Graph | EinGraph, *, hints: Mapping[str, Mapping[str, int]] | None = None,
-            replace: bool = False):
-        """Plan and run a whole graph of operations at once; stores its outputs atomically."""
+            replace: bool = True):
+        """Plan and run a whole graph of operations at once; stores its outputs atomically,
+        replacing tensors of the same names as assignments do (``replace=False`` refuses)."""
         if isinstance(graph, Graph):
             hints = {**graph.hints, **(hints or {})}
             with stage("bind"):

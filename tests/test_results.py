@@ -196,6 +196,11 @@ def test_einsum_into_stores_and_replaces_like_an_assignment(con):
     with pytest.raises(tensordb.CatalogError, match="already exists"):
         con.einsum("ij->ji", "A", into="G", replace=False)
     assert con.tensors() == before
+    # a graph run follows the same rule
+    con.run(tensordb.Graph().einsum("ij->j", "A", into="G"))
+    np.testing.assert_allclose(con.tensor("G"), a.sum(axis=0))
+    with pytest.raises(tensordb.CatalogError, match="already exists"):
+        con.run(tensordb.Graph().einsum("ij->j", "A", into="G"), replace=False)
     # a result may replace one of its own inputs
     con.einsum("ij->i", "A", into="A")
     np.testing.assert_allclose(con.tensor("A"), a.sum(axis=1))
