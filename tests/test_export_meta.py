@@ -137,3 +137,14 @@ def test_numpy_arrays_get_einsum_style_dims(con, ndim, dims):
     assert con.describe("A")["dims"] == dims
     if ndim == 2:  # SQL sees them
         assert con.sql("SELECT i, j, value FROM A").fetchall() == [(0, 0, 1.0)]
+
+
+@pytest.mark.parametrize("value", [2.5, 0.0, -7])
+@pytest.mark.parametrize("suffix", ["parquet", "csv"])
+def test_zero_dimensional_round_trip(con, tmp_path, value, suffix):
+    a = np.array(value, "int64" if isinstance(value, int) else "float32")
+    con.load("S", a)
+    con.export("S", tmp_path / f"s.{suffix}")
+    con.load("T", tmp_path / f"s.{suffix}")
+    back = con.tensor("T")
+    assert back.shape == () and back.dtype == a.dtype and back == a

@@ -80,6 +80,8 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
             src, columns = _empty_csv_types(store.duck, src, columns, index)
             if recorded is not None and recorded["dtype"] is not None:
                 src, columns = _recorded_dtype(src, columns, value, recorded["dtype"])
+        if recorded is not None and not recorded["dims"]:
+            return _load_scalar(store, name, src, columns, where, replace=replace, value=value)
         if index is not None:
             return _load_coo(store, name, src, columns, where, tile=tile, replace=replace,
                              dims=dims, index=index, value=value, shape=shape)
@@ -101,6 +103,21 @@ def _recorded(fmt, target, index, value, shape) -> dict | None:
     names = [index] if isinstance(index, str) else list(index)
     return recorded if [str(c).lower() for c in names] == [d.lower() for d in recorded["dims"]] \
         else None
+
+
+def _load_scalar(store, name, src, columns, where, *, replace, value):
+    """An exported 0-dimensional tensor: one row holding its value, or none when it is 0."""
+    from .load import load_array
+    val = _column(columns, "value" if value is None else value, where)
+    dtype = numpy_type(columns[val], val, where)
+    rows = store.duck.execute(f"SELECT CAST({quote_ident(val)} AS {_SQL_TYPE[dtype.name]}) "
+                              f"FROM {src} LIMIT 2").fetchall()
+    if len(rows) > 1:
+        raise DataError(f"{where}: a 0-dimensional tensor holds one value, the file has more rows")
+    if rows and rows[0][0] is None:
+        raise DataError(f"{where}: value column '{val}' has NULL values")
+    arr = np.array(rows[0][0] if rows else 0, dtype=dtype)
+    return load_array(store, name, arr, replace=replace, dims=(), what=where)
 
 
 def _recorded_dtype(src: str, columns: dict, value, dtype: str) -> tuple[str, dict]:
