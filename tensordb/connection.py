@@ -68,6 +68,33 @@ class Connection:
             self._store.close()
             self._store = None
 
+    # -- DB-API 2.0 ----------------------------------------------------------------------------
+    def cursor(self):
+        """A DB-API 2.0 cursor over this connection (see tensordb/cursor.py)."""
+        from .cursor import Cursor
+        _ = self.store  # a closed connection: InterfaceError
+        return Cursor(self)
+
+    def commit(self) -> None:
+        """Every statement commits on its own (each ``execute`` call is a unit), so this does
+        nothing unless a transaction is open: it ends a BEGIN block as COMMIT does (its
+        statements run and are stored, or none is), or commits a transaction begun with plain
+        SQL (``con.sql("BEGIN")``)."""
+        from .dialect.executor import session
+        if session(self).block is not None:
+            self.execute("COMMIT")
+        elif self.store.user_transaction:
+            self.sql("COMMIT")
+
+    def rollback(self) -> None:
+        """Discard an open BEGIN block (as ROLLBACK does) or a transaction begun with plain SQL;
+        nothing to undo otherwise (what ran is committed)."""
+        from .dialect.executor import session
+        if session(self).block is not None:
+            self.execute("ROLLBACK")
+        elif self.store.user_transaction:
+            self.sql("ROLLBACK")
+
     def __enter__(self) -> "Connection":
         return self
 
@@ -117,20 +144,24 @@ class Connection:
         not fit the memory_limit or the memory available)."""
         reader = self.store.open(name)
         meta = reader.meta
-        need = math.prod(meta.shape) * np.dtype(meta.dtype).itemsize
-        limit, free = self.settings.memory_limit, available_memory()
-        for budget, what in ((limit, "the memory_limit"), (free, "the memory available")):
-            if budget is not None and need > budget:
-                raise OutOfMemoryError(
-                    f"tensor '{meta.name}' {np.dtype(meta.dtype).name} {tuple(meta.shape)} needs "
-                    f"{format_bytes(need)} as a dense array, more than {what} "
-                    f"({format_bytes(budget)})",
-                    hint="read it in parts with SQL (con.sql), or COPY it to a file")
+        self._check_dense(f"tensor '{meta.name}'", meta.shape, meta.dtype)
         try:
             return reader.to_numpy()
         except MemoryError:  # the estimate above was too hopeful
             raise OutOfMemoryError(f"out of memory reading tensor '{meta.name}' "
-                                   f"({format_bytes(need)}) as a dense array") from None
+                                   f"({format_bytes(math.prod(meta.shape) * meta.dtype.itemsize)})"
+                                   " as a dense array") from None
+
+    def _check_dense(self, what: str, shape, dtype) -> None:
+        dtype = np.dtype(dtype)
+        need = math.prod(shape) * dtype.itemsize
+        limit, free = self.settings.memory_limit, available_memory()
+        for budget, where in ((limit, "the memory_limit"), (free, "the memory available")):
+            if budget is not None and need > budget:
+                raise OutOfMemoryError(
+                    f"{what} {dtype.name} {tuple(shape)} needs {format_bytes(need)} as a dense "
+                    f"array, more than {where} ({format_bytes(budget)})",
+                    hint="read it in parts with SQL (con.sql), or COPY it to a file")
 
     def tensors(self) -> list[dict]:
         """One dict per stored tensor: name, shape, dtype, tiling, bytes, stored tiles, density."""
@@ -167,19 +198,55 @@ class Connection:
         return [dict(zip(COLUMNS, row)) for row in check(self.store, name)]
 
     # -- einsum --------------------------------------------------------------------------------
-    def einsum(self, spec: str, *operands: str, into: str, join: str | None = None,
-               agg: str = "sum", tile: Mapping[str, int] | None = None, replace: bool = False):
-        """Run a numpy-style einsum over stored tensors and store the result as ``into``.
+    def einsum(self, spec: str, *operands: str, into: str | None = None, join: str | None = None,
+               agg: str = "sum", tile: Mapping[str, int] | None = None, replace: bool = True):
+        """Run a numpy-style einsum over stored tensors.
 
-        ``join`` replaces the product with a scalar expression over x0, x1, ... (for example
-        ``"x0 + x1"`` with ``agg="min"`` is a min-plus product); ``tile`` pins pieces per label.
+        Without ``into`` the result is returned as a numpy array (a numpy scalar when it has no
+        dimensions), like ``numpy.einsum``, and nothing is stored. With ``into`` it is stored
+        under that name, replacing a tensor of that name as an assignment statement does
+        (``replace=False`` refuses instead), and the run's measurements are returned. ``join``
+        replaces the product with a scalar expression over x0, x1, ... (``"x0 + x1"`` with
+        ``agg="min"`` is a min-plus product); ``tile`` pins pieces per label.
+
+        >>> import numpy as np, tensordb
+        >>> with tensordb.connect() as con:
+        ...     con.load("A", np.arange(4.0).reshape(2, 2))
+        ...     con.einsum("ij,jk->ik", "A", "A")
+        array([[ 2.,  3.],
+               [ 6., 11.]])
         """
-        graph = Graph().einsum(spec, *operands, into=into, join=join, agg=agg, tile=tile)
-        return self.run(graph, replace=replace)
+        if into is not None:
+            graph = Graph().einsum(spec, *operands, into=into, join=join, agg=agg, tile=tile)
+            return self.run(graph, replace=replace)
+        name = next(n for n in (f"einsum_{k}" for k in range(len(operands) + 1))
+                    if n not in operands and not self.store.has(n))
+        graph = Graph().einsum(spec, *operands, into=name, join=join, agg=agg, tile=tile)
+        return self._compute(graph, name)
+
+    def _compute(self, graph: Graph, name: str):
+        """Run a graph whose one output is ``name`` and return it as an array; nothing is
+        stored (the output tiles stay in memory and are assembled here)."""
+        from .storage.tiling import tile_box
+        hints = dict(graph.hints)
+        with stage("bind"):
+            bound = bind(graph, self.store)
+        decomp, plan = self.plan(bound, hints)
+        out = plan.outputs[name]
+        self._check_dense("the einsum's result", out.shape, out.dtype)
+        with stage("run"):
+            result = self._get_executor().run(plan, self.store, progress=self.progress_callback)
+        self.last_plan = plan
+        arr = np.zeros(out.shape, out.dtype)  # tiles no call produced are zeros
+        for coords, key in out.tiles.items():
+            lo, hi = tile_box(out.grid, coords)
+            arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = result.tiles[key]
+        return arr[()] if arr.ndim == 0 else arr  # a numpy scalar, as numpy.einsum gives
 
     def run(self, graph: Graph | EinGraph, *, hints: Mapping[str, Mapping[str, int]] | None = None,
-            replace: bool = False):
-        """Plan and run a whole graph of operations at once; stores its outputs atomically."""
+            replace: bool = True):
+        """Plan and run a whole graph of operations at once; stores its outputs atomically,
+        replacing tensors of the same names as assignments do (``replace=False`` refuses)."""
         if isinstance(graph, Graph):
             hints = {**graph.hints, **(hints or {})}
             with stage("bind"):

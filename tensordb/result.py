@@ -1,8 +1,11 @@
 """Result: what ``Connection.execute`` returns for one statement.
 
 Four kinds: ``rows`` (SELECT and other SQL, SHOW, DESCRIBE; DB-API fetching), ``tensor`` (an
-assignment: ``.tensor()`` is the stored result as a dense array), ``explain`` (``.text``) and
-``status`` (statements that return nothing but a message, such as CREATE TENSOR).
+assignment: ``.tensor()`` or ``np.asarray(r)`` is the stored result as a dense array; its rows are
+the tensor's relation, one row per nonzero: dims + ``value``), ``explain`` (``.text``) and
+``status`` (statements that return nothing but a message, such as CREATE TENSOR). Rows come out
+as DuckDB's results give them: ``fetchall``, ``fetchnumpy``, ``fetch_arrow_table``/``arrow``,
+``fetchdf``/``df`` (pandas) and ``pl`` (polars).
 
 >>> r = Result.rows(["name", "value"], [("workers", 4)])
 >>> r.fetchone(), r.fetchall()
@@ -14,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._optional import require
 from .errors import ProgrammingError
 
 __all__ = ["Result"]
@@ -27,10 +31,12 @@ class Result:
     def __init__(self, kind: str, *, statement: str = "", columns: Sequence[str] = (),
                  data: list[tuple] | None = None, table=None, name: str | None = None, con=None,
                  text: str | None = None, message: str | None = None,
-                 shape: tuple[int, ...] | None = None, dtype: str | None = None) -> None:
+                 shape: tuple[int, ...] | None = None, dtype: str | None = None,
+                 types: Sequence[str] | None = None) -> None:
         self.kind = kind
         self.statement = statement
         self.columns = list(columns)
+        self.types = list(types) if types is not None else [None] * len(self.columns)
         self._rows = data
         self._table = table  # a pyarrow Table for SQL results
         self.name = name
@@ -45,22 +51,28 @@ class Result:
 
     # -- constructors --------------------------------------------------------------------------
     @classmethod
-    def rows(cls, columns: Sequence[str], data: list[tuple], statement: str = "") -> "Result":
-        return cls("rows", columns=columns, data=[tuple(r) for r in data], statement=statement)
+    def rows(cls, columns: Sequence[str], data: list[tuple], statement: str = "",
+             types: Sequence[str] | None = None) -> "Result":
+        return cls("rows", columns=columns, data=[tuple(r) for r in data], statement=statement,
+                   types=types)
 
     @classmethod
     def from_relation(cls, rel, statement: str = "") -> "Result":
         """Materialize a DuckDB relation now, so that its errors belong to the statement."""
         if rel is None:
             return cls.status("OK", statement)
+        types = [str(t) for t in rel.types]
         table = rel.to_arrow_table()
-        return cls("rows", columns=list(table.column_names), table=table, statement=statement)
+        return cls("rows", columns=list(table.column_names), table=table, statement=statement,
+                   types=types)
 
     @classmethod
     def for_tensor(cls, con, name: str, statement: str = "") -> "Result":
         meta = con.store.meta(name)
         return cls("tensor", name=meta.name, con=con, statement=statement,
-                   shape=tuple(meta.shape), dtype=np.dtype(meta.dtype).name)
+                   shape=tuple(meta.shape), dtype=np.dtype(meta.dtype).name,
+                   columns=list(meta.dims) + ["value"],
+                   types=["BIGINT"] * len(meta.dims) + [_SQL_TYPES[np.dtype(meta.dtype).name]])
 
     @classmethod
     def explain(cls, text: str, statement: str = "", data: dict | None = None) -> "Result":
@@ -73,8 +85,15 @@ class Result:
         return cls("status", message=message, statement=statement)
 
     # -- rows (DB-API style) -------------------------------------------------------------------
+    def _arrow_table(self):
+        """The rows as Arrow data: a tensor's are its relation's, read when first asked for."""
+        if self._table is None and self.kind == "tensor":
+            self._table = self.relation().to_arrow_table()
+        return self._table
+
     def _all(self) -> list[tuple]:
         if self._rows is None:
+            self._arrow_table()
             self._rows = [tuple(r.values()) for r in self._table.to_pylist()] \
                 if self._table is not None else []
         return self._rows
@@ -88,9 +107,11 @@ class Result:
 
     @property
     def description(self) -> list[tuple] | None:
+        """DB-API 7-tuples (name, type_code, None x 5); type_code is the DuckDB type name
+        ('BIGINT', 'DOUBLE', 'VARCHAR', ...) where known. None when there are no rows."""
         if not self.columns:
             return None
-        return [(c, None, None, None, None, None, None) for c in self.columns]
+        return [(c, t, None, None, None, None, None) for c, t in zip(self.columns, self.types)]
 
     def fetchone(self) -> tuple | None:
         rows = self._all()
@@ -114,8 +135,10 @@ class Result:
 
     def fetchnumpy(self) -> dict[str, np.ndarray]:
         """Columns as numpy arrays (like DuckDB's ``fetchnumpy``)."""
-        if self._table is not None:
-            return {c: self._table.column(c).to_numpy(zero_copy_only=False) for c in self.columns}
+        table = self._arrow_table()
+        if table is not None:
+            return {c: table.column(k).to_numpy(zero_copy_only=False)
+                    for k, c in enumerate(self.columns)}
         rows = self._all()
         out = {}
         for k, c in enumerate(self.columns):
@@ -126,16 +149,28 @@ class Result:
                 out[c] = np.array(values, dtype=object)
         return out
 
-    def arrow(self):
-        """The rows as a pyarrow Table."""
+    def fetch_arrow_table(self):
+        """The rows as a pyarrow Table (DuckDB's name; ``arrow()`` is the same)."""
         import pyarrow as pa
-        if self._table is not None:
-            return self._table
+        table = self._arrow_table()
+        if table is not None:
+            return table
         return pa.table({c: [r[k] for r in self._all()] for k, c in enumerate(self.columns)})
 
-    def df(self):
-        """The rows as a pandas DataFrame (needs pandas)."""
-        return self.arrow().to_pandas()
+    arrow = fetch_arrow_table
+
+    def fetchdf(self):
+        """The rows as a pandas DataFrame (``pip install tensordb[pandas]``); ``df()`` is the
+        same."""
+        require("pandas", "fetchdf()/df()")
+        return self.fetch_arrow_table().to_pandas()
+
+    df = fetchdf
+
+    def pl(self):
+        """The rows as a polars DataFrame (``pip install tensordb[polars]``)."""
+        polars = require("polars", "pl()")
+        return polars.from_arrow(self.fetch_arrow_table())
 
     # -- tensors -------------------------------------------------------------------------------
     @property
@@ -153,6 +188,14 @@ class Result:
         if self._array is None:
             self._array = self._con.tensor(self.name)
         return self._array
+
+    def relation(self):
+        """A tensor result's relation: plain SQL over the stored tensor (one row per nonzero:
+        its dims, then ``value``), as ``con.sql`` returns it."""
+        if self.kind != "tensor":
+            raise ProgrammingError(f"this {self.kind} result holds no tensor")
+        from .storage._duck import quote_ident
+        return self._con.sql(f"SELECT * FROM {quote_ident(self.name)}")
 
     def preview(self, max_elements: int = 1_000_000) -> str:
         """The tensor printed like numpy; a large one is read only at its corners."""
@@ -197,6 +240,8 @@ class Result:
 
 
 _EDGE = 3
+_SQL_TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT",
+              "bool": "BOOLEAN"}
 
 
 def format_array(arr: np.ndarray, threshold: int = 200) -> str:

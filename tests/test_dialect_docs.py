@@ -1,5 +1,5 @@
 """docs/sql.md stays true: its ```sql examples run, in order, in one database; ```sql error
-examples fail with a tensordb error and change nothing; the ```python example runs too."""
+examples fail with a tensordb error and change nothing; the ```python examples run too."""
 from __future__ import annotations
 
 import re
@@ -40,8 +40,11 @@ def test_sql_examples_run(tmp_path, monkeypatch):
 
 def test_python_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    [code] = [c for kind, c, _ in blocks() if kind == "python"]
-    exec(compile(code, str(DOC), "exec"), {})  # noqa: S102
+    codes = [c for kind, c, _ in blocks() if kind == "python"]
+    assert len(codes) >= 2
+    namespace: dict = {}
+    for code in codes:  # in order, in one namespace: a later example uses the earlier's `con`
+        exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102
 
 
 def test_every_statement_has_an_example():

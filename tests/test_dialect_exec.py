@@ -222,9 +222,9 @@ def test_load_copy_round_trip(con, tmp_path, monkeypatch):
     np.savez("x.npz", first=x, second=x * 2)
     con.execute("LOAD TENSOR Z (r, c) FROM 'x.npz' ARRAY 'second' TILE (r 1, c 4)")
     assert np.array_equal(con.tensor("Z"), x * 2) and con.describe("Z")["dims"] == ("r", "c")
-    con.execute("LOAD TENSOR P FROM 'x.parquet' INDEX (d0, d1) VALUE value SHAPE (3, 4)")
+    con.execute("LOAD TENSOR P FROM 'x.parquet' INDEX (i, j) VALUE value SHAPE (3, 4)")
     assert np.array_equal(con.tensor("P"), x)
-    con.execute("CREATE OR REPLACE TENSOR P FROM 'x.csv' INDEX (d0, d1) VALUE value")
+    con.execute("CREATE OR REPLACE TENSOR P FROM 'x.csv' INDEX (i, j) VALUE value")
     assert np.array_equal(con.tensor("P")[:, 1:], x[:, 1:])  # the all-zero first cell is absent
     with pytest.raises(CatalogError, match="already exists"):
         con.execute("LOAD TENSOR P FROM 'x.npy'")

@@ -278,13 +278,13 @@ def test_bool_round_trips_and_is_boolean_in_sql(tmp_path):
     with tensordb.connect(path) as con:  # reopened: the stored dtype survives
         check(con.tensor("B"), B, "reopened")
         con.load("R1", str(tmp_path / "b.npy"))
-        con.execute(f"LOAD TENSOR R2 FROM '{tmp_path / 'b.parquet'}' INDEX (d0, d1) VALUE value "
+        con.execute(f"LOAD TENSOR R2 FROM '{tmp_path / 'b.parquet'}' INDEX (i, j) VALUE value "
                     "SHAPE (3, 4)")
-        con.execute(f"LOAD TENSOR R3 FROM '{tmp_path / 'b.csv'}' INDEX (d0, d1) VALUE value "
+        con.execute(f"LOAD TENSOR R3 FROM '{tmp_path / 'b.csv'}' INDEX (i, j) VALUE value "
                     "SHAPE (3, 4)")
         for name in ("R1", "R2", "R3"):
             check(con.tensor(name), B, name)
-        rel = con.sql("SELECT d0, d1, value, typeof(value) FROM B ORDER BY d0, d1").fetchall()
+        rel = con.sql("SELECT i, j, value, typeof(value) FROM B ORDER BY i, j").fetchall()
         want = [(int(i), int(j), True, "BOOLEAN") for i, j in zip(*np.nonzero(B))]
         assert rel == want
         assert con.describe("B")["dtype"] == "bool"
@@ -382,9 +382,9 @@ def test_zero_size_tensors_export_import_and_print(tmp_path, capsys):
             con.execute(f"COPY F TO '{tmp_path / ('f.' + fmt)}'")
         con.export("Z", tmp_path / "z.npy")
         con.load("F1", str(tmp_path / "f.npy"))
-        con.execute(f"LOAD TENSOR F2 FROM '{tmp_path / 'f.parquet'}' INDEX (d0, d1) VALUE value "
+        con.execute(f"LOAD TENSOR F2 FROM '{tmp_path / 'f.parquet'}' INDEX (i, j) VALUE value "
                     "SHAPE (0, 4)")
-        con.execute(f"LOAD TENSOR F3 FROM '{tmp_path / 'f.csv'}' INDEX (d0, d1) VALUE value "
+        con.execute(f"LOAD TENSOR F3 FROM '{tmp_path / 'f.csv'}' INDEX (i, j) VALUE value "
                     "SHAPE (0, 4)")
         check(con.tensor("F1"), f, "npy")
         check(con.tensor("F2"), f, "parquet")

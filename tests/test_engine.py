@@ -110,7 +110,7 @@ def test_bad_input_changes_nothing(con):
         (lambda: con.einsum("ijk->i", "A", into="C"), tensordb.BinderError, "dimension"),
         (lambda: con.einsum("ij->i", "A", into="C", agg="median"), tensordb.BinderError, "median"),
         (lambda: con.einsum("ij->i", "A", into="C", join="foo(x0)"), tensordb.BinderError, "foo"),
-        (lambda: con.einsum("ij->i", "A", into="A"), tensordb.CatalogError, "exists"),
+        (lambda: con.einsum("ij->i", "A", into="A", replace=False), tensordb.CatalogError, "exists"),
     ]
     for call, error, text in cases:
         with pytest.raises(error, match=text):

@@ -37,7 +37,7 @@ CORPUS = [
     "EXPLAIN (FORMAT JSON) C[i,k] = A[i,j] * B[j,k]",
     "SHOW TENSORS", "SHOW ALL", "SHOW workers", "DESCRIBE A", "DROP TENSOR IF EXISTS v",
     "SET workers = 2", "SET memory_limit = '1GB'",
-    "SELECT d0, d1, value FROM A WHERE value > 1 ORDER BY d0",
+    "SELECT i, j, value FROM A WHERE value > 1 ORDER BY i",
     "SELECT count(*) FROM grid",
 ]
 VOCAB = ["[", "]", "(", ")", ",", ";", "=", "+", "-", "*", "/", "'", "SUM", "MAX", "EINSUM", "TENSOR",

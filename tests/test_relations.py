@@ -28,7 +28,7 @@ def test_select_where_matches_numpy(con, a):
 
 def test_default_dims_and_dtypes(con):
     con.load("B", np.array([[0, 5], [7, 0]], "int64"))
-    assert con.sql("SELECT d0, d1, value FROM B ORDER BY d0").fetchall() == [(0, 1, 5), (1, 0, 7)]
+    assert con.sql("SELECT i, j, value FROM B ORDER BY i").fetchall() == [(0, 1, 5), (1, 0, 7)]
     con.load("V", np.arange(4, dtype="int32"), dims=["k"])
     assert con.sql('SELECT sum(value) FROM "V"').fetchall() == [(6,)]
     con.load("S", np.array(2.5))

@@ -51,7 +51,7 @@ def test_catalog_tables_have_the_documented_columns(store):
 def test_meta_and_layout(store, slabs):
     a, r = slabs
     m = store.meta("s")
-    assert (m.name, m.shape, m.dims, m.tile_shape, m.grid_shape) == ("S", (40, 6), ("d0", "d1"),
+    assert (m.name, m.shape, m.dims, m.tile_shape, m.grid_shape) == ("S", (40, 6), ("i", "j"),
                                                                       (8, 6), (5, 1))
     assert (m.tile_count, m.total_tiles, m.nnz, m.size) == (4, 5, 192, 240)
     assert m.nbytes == 4 * 8 * 6 * 8 and m.density == 192 / 240

@@ -288,7 +288,12 @@ def _run_with_parameters(con, script, stmts, parameters, emit) -> list[Result] |
     if len(stmts) != 1 or not isinstance(stmts[0], A.SqlStmt):
         raise NotSupportedError("parameters are supported for one plain SQL statement",
                                 statement=script, span=stmts[0].span if stmts else None)
-    emit(_timed(lambda: statements.sql_with_parameters(con, stmts[0].text, parameters), script,
-                stmts[0].span))
+
+    def run():
+        try:
+            return statements.sql_with_parameters(con, stmts[0].text, parameters)
+        except Error as exc:  # DuckDB's caret becomes ours (one LINE, into the script)
+            raise statements.position_from_message(exc, script, stmts[0].span)
+    emit(_timed(run, script, stmts[0].span))
     return None
 

@@ -14,7 +14,7 @@ from ..storage._duck import quote_ident
 from . import ast as A
 from .lexer import words
 
-__all__ = ["run", "DTYPES", "sql_with_parameters"]
+__all__ = ["run", "DTYPES", "sql_with_parameters", "position_from_message"]
 
 DTYPES = {
     "float32": "float32", "float": "float32", "real": "float32", "float4": "float32",
@@ -241,19 +241,25 @@ def _sql(con, script, s: A.SqlStmt, text) -> Result:
             return r
         return Result.from_relation(rel, text)
     except Error as exc:
-        raise _position_from_message(exc, script, s.span)
+        raise position_from_message(exc, script, s.span)
 
 
 def sql_with_parameters(con, query: str, parameters) -> Result:
     from ..storage.relations import sql
-    cols, rows = sql(con.store, query, parameters)
-    return Result.rows(cols, rows, query) if cols else Result.status("OK", query)
+    cols, rows, types = sql(con.store, query, parameters)
+    head = words(query, 0, len(query), 1)
+    if head and head[0].upper in _COUNTED and cols == ["Count"] and len(rows) == 1:
+        n = int(rows[0][0])  # INSERT ... VALUES (?): a status with the count, as without ?
+        r = Result.status(f"{head[0].upper}: {n} row{'s' if n != 1 else ''}", query)
+        r.count = n
+        return r
+    return Result.rows(cols, rows, query, types) if cols else Result.status("OK", query)
 
 
 _DUCK_CARET = re.compile(r"\n*LINE (\d+): ([^\n]*)\n( *)\^[^\n]*")
 
 
-def _position_from_message(exc: Error, script: str, span: Span) -> Error:
+def position_from_message(exc: Error, script: str, span: Span) -> Error:
     """DuckDB puts its own caret in the message; turn it into our span into the script."""
     if exc.span is not None:
         return exc

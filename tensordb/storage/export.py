@@ -1,8 +1,10 @@
 """export_tensor: a stored tensor to .npy (dense) or Parquet/CSV (COO, nonzeros only).
 
 Parquet and CSV hold exactly what SQL shows for the tensor: one column per dimension, then
-``value``, one row per nonzero element, so ``load(..., index=dims, shape=...)`` reads them back.
-Files are written under a temporary name and renamed, so a failed export leaves no partial file.
+``value``, one row per nonzero element, and record the shape, dimension names and dtype
+(filemeta.py: Parquet key-value metadata, a CSV sidecar), so loading the file back gives the
+tensor, trailing zero rows included. Files are written under a temporary name and renamed, so a
+failed export leaves no partial file.
 """
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import os
 import numpy as np
 
 from ..errors import OperationalError, ProgrammingError
-from . import guard
+from . import filemeta, guard
 from ._duck import quote_ident, quote_str, translating
-from .relations import TensorStream
+from .relations import TensorStream, arrow_schema, coo_batches
 
 __all__ = ["export_tensor", "EXPORT_FORMATS"]
 
@@ -36,17 +38,24 @@ def export_tensor(store, name: str, path, *, format: str | None = None) -> None:
     if not os.path.isdir(directory):
         raise OperationalError(f"cannot export to {path}: directory {directory} does not exist")
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    side_tmp = tmp + filemeta.SIDECAR
     try:
         if fmt == "npy":
             _write_npy(reader, tmp)
+        elif fmt == "parquet":
+            _write_parquet(reader, tmp)
         else:
-            _write_table(store, reader, tmp, fmt)
+            _write_csv(store, reader, tmp)
+            # The sidecar first: one that does not match the CSV's size is ignored when loading.
+            filemeta.write_sidecar(reader.meta, side_tmp, tmp)
+            os.replace(side_tmp, filemeta.sidecar_path(path))
         os.replace(tmp, path)
     except OSError as exc:
         raise OperationalError(f"cannot export '{name}' to {path}: {exc.strerror or exc}") from None
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, side_tmp):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 def _write_npy(reader, tmp: str) -> None:
@@ -61,9 +70,29 @@ def _write_npy(reader, tmp: str) -> None:
         del out
 
 
-def _write_table(store, reader, tmp: str, fmt: str) -> None:
+_ROW_GROUP = 1 << 20  # rows: tiles' batches are gathered into row groups of about this many
+
+
+def _write_parquet(reader, tmp: str) -> None:
+    """The COO table, with the tensor's shape, dims and dtype in the file's key-value metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    schema = arrow_schema(reader.meta).with_metadata({filemeta.KEY: filemeta.describe(reader.meta)})
+    with pq.ParquetWriter(tmp, schema) as out:
+        pending, rows = [], 0
+        for batch in coo_batches(reader):
+            pending.append(batch)
+            rows += batch.num_rows
+            if rows >= _ROW_GROUP:
+                out.write_table(pa.Table.from_batches(pending, schema))
+                pending, rows = [], 0
+        if pending:
+            out.write_table(pa.Table.from_batches(pending, schema))
+
+
+def _write_csv(store, reader, tmp: str) -> None:
     view = f"__tensordb_export_{next(_counter)}"
-    options = "FORMAT parquet" if fmt == "parquet" else "FORMAT csv, HEADER true"
+    options = "FORMAT csv, HEADER true"
     with store._lock, translating(f"cannot export '{reader.meta.name}'"):
         store.duck.register(view, TensorStream(reader))
         try:

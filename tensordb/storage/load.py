@@ -25,6 +25,7 @@ from ..errors import DataError, ProgrammingError
 from ..geometry import default_tile_shape, grid_shape, tile_box
 from . import guard
 from .meta import TensorMeta, check_name, check_tile_shape, supported_dtype
+from .arrays import load_array
 from .npyfile import NpyFile, open_input, read_header
 
 __all__ = ["load_tensor", "load_array", "FORMATS"]
@@ -108,25 +109,6 @@ def _resolve(source, format: str | None, query: str | None) -> tuple[str, object
     except Exception as exc:  # ragged lists and the like
         raise DataError(f"cannot read {type(source).__name__} as an array: {exc}") from None
     return "numpy", arr
-
-
-def load_array(store, name: str, arr: np.ndarray, *, tile=None, replace=False, dims=None,
-               what: str, after_tile: Callable[[], None] | None = None) -> TensorMeta:
-    """Cut ``arr`` (any layout) into tiles and store them; all-zero tiles are skipped."""
-    if arr.dtype.hasobject:
-        raise DataError(f"{what}: unsupported dtype object",
-                        hint="supported dtypes: float32, float64, int32, int64")
-    dtype = supported_dtype(arr.dtype, what)
-    tile_shape = (check_tile_shape(tile, arr.shape, name) if tile is not None
-                  else default_tile_shape(arr.shape, dtype))
-    with store.writer(name, arr.shape, dtype, tile_shape, dims=dims, replace=replace) as w:
-        for coords in np.ndindex(*grid_shape(w.grid)):
-            lo, hi = tile_box(w.grid, coords)
-            block = arr[tuple(slice(a, b) for a, b in zip(lo, hi))] if arr.ndim else arr[...]
-            w.write_tile(coords, block)
-            if after_tile is not None:
-                after_tile()
-    return w.meta()
 
 
 def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:

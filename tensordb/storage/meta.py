@@ -71,7 +71,13 @@ def check_name(name, what: str = "tensor") -> str:
     return name
 
 
+_LETTERS = "ijklmnopqrstuvwxyz"
+
+
 def default_dims(ndim: int) -> tuple[str, ...]:
+    """i, j, k, ... as einsum statements name labels; d0, d1, ... past 18 dimensions."""
+    if ndim <= len(_LETTERS):
+        return tuple(_LETTERS[:ndim])
     return tuple(f"d{k}" for k in range(ndim))
 
 

@@ -33,7 +33,7 @@ _TXN = re.compile(r"\s*(BEGIN|START|COMMIT|END|ROLLBACK|ABORT)\b", re.I)
 
 def sql(store, query: str, parameters=None):
     """Run plain SQL over tables and tensors: a :class:`Relation` for a query; for a statement
-    with ``parameters`` (``?`` placeholders), a (columns, rows) pair.
+    with ``parameters`` (``?`` placeholders), a (columns, rows, type names) triple.
 
     Statements run one at a time, each checked first (guard.py): none may write inside the
     database directory. A script of several statements returns the last one's relation."""
@@ -72,7 +72,8 @@ def _run_one(store, stmt, text, parameters, last: bool):
         if parameters is not None:
             cur = store.duck.execute(text, list(parameters))
             cols = [d[0] for d in cur.description] if cur.description else []
-            rel = (cols, cur.fetchall() if cols else [])
+            types = [str(d[1]) for d in cur.description] if cur.description else []
+            rel = (cols, cur.fetchall() if cols else [], types)
         elif last:
             rel = store.duck.sql(text)
         else:

@@ -20,7 +20,8 @@ import pyarrow as pa
 from ..errors import DataError, ProgrammingError
 from ..geometry import default_tile_shape, tile_box
 from ._duck import first_row, quote_ident, quote_str, translate_message, translating
-from . import guard
+from . import filemeta, guard
+from .arrays import load_array
 from .meta import check_dims, check_tile_shape, supported_dtype
 
 __all__ = ["load_table", "source_sql", "numpy_type"]
@@ -64,6 +65,10 @@ def source_sql(fmt: str, target: str) -> str:
 def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape):
     where = target if fmt != "sql" else f"query for '{name}'"
     src = source_sql(fmt, target)
+    recorded = _recorded(fmt, target, index, value, shape)
+    if recorded is not None:  # a tensordb export: the tensor it was, trailing zero rows included
+        index = list(recorded["dims"]) if index is None else index
+        shape = recorded["shape"]
     if fmt == "sql":
         # One SELECT, and one that writes no file into the database (enable_logging(...)).
         guard.check_statement(store, guard.single_statement(target, "the query"))
@@ -74,12 +79,56 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
         columns = dict(zip(rel.columns, (str(t) for t in rel.types)))
         if fmt == "csv":
             src, columns = _empty_csv_types(store.duck, src, columns, index)
+            if recorded is not None and recorded["dtype"] is not None:
+                src, columns = _recorded_dtype(src, columns, value, recorded["dtype"])
+        if recorded is not None and not recorded["dims"]:
+            return _load_scalar(store, name, src, columns, where, replace=replace, value=value)
         if index is not None:
             return _load_coo(store, name, src, columns, where, tile=tile, replace=replace,
                              dims=dims, index=index, value=value, shape=shape)
         if value is not None or shape is not None:
             raise ProgrammingError(f"load '{name}': value= and shape= need index= (a COO table)")
         return _load_dense(store, name, src, columns, where, tile=tile, replace=replace, dims=dims)
+
+
+def _recorded(fmt, target, index, value, shape) -> dict | None:
+    """The shape/dims/dtype an export recorded, when the load leaves them to the file: no index,
+    value and shape given, or an index naming the recorded dims without a shape."""
+    if fmt not in ("parquet", "csv") or shape is not None:
+        return None
+    if index is None and value is not None:
+        return None
+    recorded = filemeta.read(fmt, target)
+    if recorded is None or index is None:
+        return recorded
+    names = [index] if isinstance(index, str) else list(index)
+    return recorded if [str(c).lower() for c in names] == [d.lower() for d in recorded["dims"]] \
+        else None
+
+
+def _load_scalar(store, name, src, columns, where, *, replace, value):
+    """An exported 0-dimensional tensor: one row holding its value, or none when it is 0."""
+    val = _column(columns, "value" if value is None else value, where)
+    dtype = numpy_type(columns[val], val, where)
+    rows = store.duck.execute(f"SELECT CAST({quote_ident(val)} AS {_SQL_TYPE[dtype.name]}) "
+                              f"FROM {src} LIMIT 2").fetchall()
+    if len(rows) > 1:
+        raise DataError(f"{where}: a 0-dimensional tensor holds one value, the file has more rows")
+    if rows and rows[0][0] is None:
+        raise DataError(f"{where}: value column '{val}' has NULL values")
+    arr = np.array(rows[0][0] if rows else 0, dtype=dtype)
+    return load_array(store, name, arr, replace=replace, dims=(), what=where)
+
+
+def _recorded_dtype(src: str, columns: dict, value, dtype: str) -> tuple[str, dict]:
+    """CSV has no types: read the value column as the dtype the export recorded."""
+    col = next((c for c in columns if c.lower() == str(value or "value").lower()), None)
+    if col is None:
+        return src, columns  # no such column: _load_coo says so
+    sql_type = _SQL_TYPE[dtype]
+    q = quote_ident(col)
+    return f"(SELECT * REPLACE (CAST({q} AS {sql_type}) AS {q}) FROM {src})", \
+        {**columns, col: sql_type}
 
 
 def _empty_csv_types(duck, src: str, columns: dict, index) -> tuple[str, dict]:
