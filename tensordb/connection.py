@@ -227,7 +227,7 @@ class Connection:
     def _compute(self, graph: Graph, name: str):
         """Run a graph whose one output is ``name`` and return it as an array; nothing is
         stored (the output tiles stay in memory and are assembled here)."""
-        from .storage.tiling import tile_box
+        from .geometry import tile_box
         hints = dict(graph.hints)
         with stage("bind"):
             bound = bind(graph, self.store)

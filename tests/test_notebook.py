@@ -112,7 +112,7 @@ class _Cells(html.parser.HTMLParser):
 def test_sql_relation_shows_duckdbs_table_escaped():
     with tensordb.connect() as con:
         con.load("A", np.array([[0.0, 2.5], [3.5, 0.0]]))
-        bundle = con.sql("SELECT d0, d1, value, '<i>' AS t FROM A ORDER BY d0")._repr_mimebundle_()
+        bundle = con.sql("SELECT i, j, value, '<i>' AS t FROM A ORDER BY i")._repr_mimebundle_()
         cells = _Cells()
         cells.feed(bundle["text/html"])
         assert cells.cells == ["0", "1", "2.5", "<i>", "1", "0", "3.5", "<i>"]

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import OperationalError, ProgrammingError
 from . import filemeta, guard
 from ._duck import quote_ident, quote_str, translating
-from .relations import TensorStream, arrow_schema, coo_batches
+from .views import TensorStream, arrow_schema, coo_batches
 
 __all__ = ["export_tensor", "EXPORT_FORMATS"]
 
