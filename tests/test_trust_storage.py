@@ -410,3 +410,26 @@ def test_plain_sql_reading_the_catalog_and_copying_from_files_works(db):
     assert sorted(r[0] for r in db.sql("SELECT a FROM t").fetchall()) == [4, 7, 8, 9]
     db.sql("DELETE FROM t WHERE a = 9")
     assert db.sql("SELECT count(*) FROM t").fetchall() == [(3,)]
+
+
+def test_import_database_and_moving_the_current_database_refused(db, snapshot, tmp_path):
+    """IMPORT DATABASE runs statements from files (here: one that would empty the catalog), and
+    USE of another database would make tensordb write its catalog there: both refused."""
+    os.mkdir("imp")
+    with open("imp/schema.sql", "w") as f:
+        f.write("DELETE FROM tensordb.tiles; DELETE FROM tensordb.tensors;\n")
+    open("imp/load.sql", "w").close()
+    db.sql("ATTACH 'side.db' AS side")
+    before = snapshot(db)
+    for query in ("IMPORT DATABASE 'imp'", "PRAGMA import_database('imp')"):
+        with pytest.raises(tensordb.ProgrammingError, match="IMPORT DATABASE refused"):
+            db.sql(query)
+    for query in ("USE side", "USE side.main", "SET search_path = 'side.main'"):
+        with pytest.raises(tensordb.ProgrammingError, match="current database"):
+            db.sql(query)
+    assert db.sql("SELECT current_database()").fetchall()[0][0] != "side"
+    db.sql("USE main")  # a schema of the catalog's own database is fine
+    db.sql("CREATE TABLE side.t AS SELECT 5 AS x")  # an attached database named in full is fine
+    assert db.sql("SELECT x FROM side.t").fetchall() == [(5,)]
+    db.sql("DETACH side")
+    assert_intact(db, snapshot, before)

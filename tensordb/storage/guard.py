@@ -235,6 +235,8 @@ def check_statement(store, stmt, parameters=None) -> None:
     """Refuse (ProgrammingError, nothing run) a statement that would write inside the database
     directory or change the catalog schema, or whose targets cannot be known before it runs."""
     check_catalog_write(store, stmt)
+    if stmt.type == _T.PRAGMA:
+        _check_pragma(stmt)
     if stmt.type == _T.COPY and _copy_from_target(stmt) is not None:
         return  # COPY ... FROM reads a file into a table: it writes no file
     if not needs_check(stmt):
@@ -261,6 +263,7 @@ def check_statement(store, stmt, parameters=None) -> None:
         plan = _plan(store, stmt)
         if plan is None:
             return
+        _check_current_database(store, stmt, plan)
         for target in _targets(plan):
             if inside(store, target):
                 # The caret goes under the target where the statement spells it out.
@@ -273,6 +276,47 @@ def check_statement(store, stmt, parameters=None) -> None:
         if before is not None:
             _remove_new_directories(store, before)
         raise
+
+
+def _check_pragma(stmt) -> None:
+    """IMPORT DATABASE runs the statements of files tensordb cannot check before they run (any of
+    them could delete the catalog's rows or write a payload file): refused."""
+    words = [w for _, w, op in _words(stmt.query) if not op]
+    if words[:1] == ["import"] or words[:2] == ["pragma", "import_database"]:
+        raise ProgrammingError(
+            "IMPORT DATABASE refused: it runs the statements in the directory's schema.sql and "
+            "load.sql, which tensordb cannot check before they run", statement=stmt.query,
+            span=Span(0, len(stmt.query)),
+            hint="run the files' statements yourself, e.g. con.execute(open('dir/schema.sql')"
+                 ".read()), so each one is checked")
+
+
+def _check_current_database(store, stmt, plan) -> None:
+    """USE / SET schema / SET search_path may not move the current database away from the
+    catalog's: tensordb's own statements name the catalog schema without a database."""
+    home = _current_database(store)
+    with translating():
+        others = {str(r[0]).lower() for r in store.duck.execute(
+            "SELECT database_name FROM duckdb_databases() WHERE NOT internal").fetchall()}
+    others.discard(home.lower())
+    for node in plan.get("plans", []):
+        if node.get("type") != "LOGICAL_SET" or \
+                str(node.get("name", "")).lower() not in ("schema", "search_path"):
+            continue
+        for value in _strings(node.get("value")):
+            for entry in value.split(","):
+                first = entry.strip().strip('"').split(".")[0].strip('"').lower()
+                if first in others:
+                    raise ProgrammingError(
+                        f"{stmt.type.name} statement refused: it would make '{first}' the "
+                        f"current database; tensordb's catalog is in '{home}'",
+                        statement=stmt.query, span=Span(0, len(stmt.query)),
+                        hint=f"name tables of an attached database in full ({first}.table)")
+
+
+def _current_database(store) -> str:
+    with translating():
+        return str(store.duck.execute("SELECT current_database()").fetchall()[0][0])
 
 
 # Plan errors that mean the statement cannot run at all (raised as running it would raise them).
