@@ -103,6 +103,17 @@ class Connection:
 
     def set(self, name: str, value: Any) -> None:
         """Change a setting (``workers``, ``memory_limit``, ``executor``, ``tiling``, ...)."""
+        key = str(name).lower()
+        if key == "tiling" and value:
+            from .optimizer import STRATEGIES
+            if str(value) not in STRATEGIES:
+                raise ProgrammingError(f"unknown tiling strategy '{value}'",
+                                       hint=f"valid strategies: {', '.join(sorted(STRATEGIES))}")
+        if key == "executor":
+            from .exec import EXECUTORS
+            if str(value).split("://", 1)[0] not in EXECUTORS:
+                raise ProgrammingError(f"unknown executor '{value}'",
+                                       hint=f"executors: {', '.join(sorted(EXECUTORS))}")
         self.settings.set(name, value)
         if name.lower() in ("workers", "executor", "memory_limit") and self._executor is not None:
             self._executor.close()
@@ -112,6 +123,10 @@ class Connection:
     def execute(self, sql: str, parameters: Sequence[Any] | None = None):
         """Run one or more statements of the dialect; returns the result of the last one."""
         from . import dialect
+        if parameters is not None and (isinstance(parameters, (str, bytes)) or
+                                       not isinstance(parameters, (Sequence, Mapping))):
+            raise ProgrammingError(f"parameters must be a list or tuple of values (one per ?), "
+                                   f"got {type(parameters).__name__}")
         return dialect.execute(self, sql, parameters)
 
     def explain(self, sql: str, format: str = "text", analyze: bool = False) -> str:
@@ -177,6 +192,8 @@ class Connection:
         from .storage.export import export_tensor
         if not isinstance(path, (str, os.PathLike)):
             raise ProgrammingError(f"an export path must be a string or path, got {type(path).__name__}")
+        if format is not None and not isinstance(format, str):
+            raise ProgrammingError(f"an export format must be a string, got {type(format).__name__}")
         export_tensor(self.store, name, path, format=format)
 
     def drop(self, name: str, if_exists: bool = False) -> None:

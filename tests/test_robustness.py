@@ -456,3 +456,39 @@ def test_explain_analyze_reports_the_measured_peak_of_the_run(con):
     text = con.explain("E[i,k] = A[i,j] * A[j,k]", analyze=True)
     assert "peak tile memory 0 B (tiles alive at once)" not in text
     np.testing.assert_allclose(con.tensor("E"), a @ a, rtol=1e-10, atol=1e-10)
+
+
+# -- found by review: more inputs that must give tensordb errors -----------------------------------
+
+def test_huge_literals_are_refused_or_computed_like_numpy():
+    with tensordb.connect() as con:
+        A = np.arange(6.0).reshape(2, 3)
+        con.load("A", A)
+        with pytest.raises(tensordb.ParserError, match="integer literal of 5001 digits") as e:
+            con.execute("C[i] = SUM(A[i,j] * 1" + "0" * 5000 + ")")
+        assert "LINE 1" in str(e.value)
+        with pytest.raises(tensordb.BinderError, match="more than 1024 bits"):
+            con.einsum("ij->i", "A", join="x0 * 10 ** 10 ** 4", into="C")
+        with pytest.raises(tensordb.BinderError, match="more than 1024 bits"):
+            con.einsum("ij->i", "A", join="x0 * 10 ** 10 ** 10", into="C")  # not computed
+        con.execute("C[i] = SUM(A[i,j] * 10000000000000000000000)")  # 10**22: a float for A
+        np.testing.assert_array_equal(con.tensor("C"), np.einsum("ij->i", A * 10**22))
+        assert con.tensors()[0]["name"] == "A" and len(con.tensors()) == 2
+
+
+def test_python_api_arguments_are_checked():
+    with tensordb.connect() as con:
+        con.load("A", np.eye(2))
+        with pytest.raises(tensordb.ProgrammingError, match="format must be a string"):
+            con.export("A", "a.npy", format=3)
+        with pytest.raises(tensordb.ProgrammingError, match="parameters must be a list"):
+            con.execute("SELECT ?", 5)
+        with pytest.raises(tensordb.ProgrammingError, match="unknown tiling strategy 'weird'"):
+            con.set("tiling", "weird")
+        with pytest.raises(tensordb.ProgrammingError, match="unknown executor"):
+            con.set("executor", "nope://x")
+        with pytest.raises(tensordb.ProgrammingError, match="tuple of integers"):
+            con.load("B", np.ones((4, 4)), tile=(1.5, 2))
+        assert con.settings.tiling == "" and con.settings.executor == "local"
+        assert [t["name"] for t in con.tensors()] == ["A"]
+        assert con.execute("SELECT ?", [3]).fetchall() == [(3,)]

@@ -288,6 +288,11 @@ def _toks(children, kind: str) -> list[Token]:
     return [c for c in children if isinstance(c, Token) and c.type == kind]
 
 
+# Integer literals longer than this are refused (int64 holds 19 digits; Python refuses to convert
+# more than 4300 to text).
+MAX_INT_DIGITS = 100
+
+
 @v_args(meta=True)
 class _Build(Transformer):
     """lark tree -> AST. Positions are shifted by the statement's offset in the script."""
@@ -309,6 +314,10 @@ class _Build(Transformer):
     def number(self, meta, c):
         # `2` is an int and `2.0` a float, as in Python: literals are weak scalars (NEP 50).
         text = str(c[0])
+        if text.isdigit() and len(text) > MAX_INT_DIGITS:
+            raise ParserError(f"an integer literal of {len(text)} digits: at most {MAX_INT_DIGITS}",
+                              hint="write it as a float (1e30) if that is what you mean",
+                              statement=self.script, span=self.sp(meta))
         value = int(text) if text.isdigit() else float(text)
         return A.Number(value, self.sp(meta))
 

@@ -12,6 +12,7 @@ Call(fn='relu', args=(Call(fn='+', args=(Call(fn='*', args=(Input(index=0), Inpu
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import warnings
 from dataclasses import dataclass
@@ -249,7 +250,7 @@ def _finite(expr: Expr, L: _Logic, facts):
     if isinstance(expr, Input):
         return facts[1](expr.index)
     if isinstance(expr, Const):
-        return L.const(bool(np.isfinite(expr.value)))
+        return L.const(isinstance(expr.value, int) or bool(np.isfinite(expr.value)))
     a = expr.args
     if expr.fn in _KEEPS_FINITE:
         out = _finite(a[0], L, facts)
@@ -354,6 +355,21 @@ def fold(call: Call) -> Expr:
 
 _INFIX = {"+": 1, "-": 1, "*": 2, "/": 2}
 
+# An integer ``a ** b`` between literals is computed exactly (a weak Python int); one past this
+# many bits is refused before it is computed (it could not fit any dtype, and 10 ** 10 ** 10
+# would take gigabytes and minutes).
+MAX_LITERAL_BITS = 1024
+
+
+def _check_power_size(base, exponent, text: str) -> None:
+    if not (isinstance(base, int) and isinstance(exponent, int)) or abs(base) < 2 or exponent < 0:
+        return
+    if exponent * math.log2(abs(base)) > MAX_LITERAL_BITS:
+        raise BinderError(
+            f"join expression {text!r}: {base} ** {exponent} is an integer of more than "
+            f"{MAX_LITERAL_BITS} bits", hint="write a float literal (10.0 ** 400 is inf) if that "
+            "is what you mean")
+
 
 def render(expr: Expr, names: list[str] | None = None, _prec: int = 0) -> str:
     """Render as text, with input slot i shown as names[i] (default x{i})."""
@@ -416,6 +432,7 @@ def parse_join(text: str) -> Expr:
         if isinstance(node, ast.BinOp) and type(node.op) in _AST_OPS:
             left, right = conv(node.left), conv(node.right)
             if isinstance(node.op, ast.Pow) and isinstance(left, Const) and isinstance(right, Const):
+                _check_power_size(left.value, right.value, text)
                 try:  # Python's ``2 ** 3`` is a weak int (POW in the dialect is np.power)
                     value = left.value ** right.value
                     if type(value) in (int, float):  # not (-8) ** 0.5, a complex

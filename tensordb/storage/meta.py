@@ -1,6 +1,8 @@
 """Tensor metadata and the checks every name, dimension list and grid goes through."""
 from __future__ import annotations
 
+import numbers
+
 import math
 import re
 from dataclasses import dataclass
@@ -106,6 +108,8 @@ def check_dims(dims: Sequence[str] | None, ndim: int, tensor: str) -> tuple[str,
 def check_tile_shape(tile, shape: Sequence[int], tensor: str) -> tuple[int, ...]:
     """A requested tile shape: one positive int per dimension, clamped to the shape."""
     try:
+        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in tile):
+            raise TypeError
         tile = tuple(int(t) for t in tile)
     except (TypeError, ValueError):
         raise ProgrammingError(f"tensor '{tensor}': tile must be a tuple of integers, got {tile!r}") \
