@@ -51,7 +51,9 @@ class Connection:
         self._store: Store | None = Store(path, read_only=read_only)
         self._executor = None
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
-        self.progress_callback = None  # called as (done, total) tasks while a plan runs (the CLI)
+        # Called as (done, total) tasks while a plan runs (the CLI); ``done`` counts the running
+        # kernel calls' fractions too, so it grows while a few long calls run.
+        self.progress_callback = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
