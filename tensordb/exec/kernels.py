@@ -171,7 +171,7 @@ class KernelSpec:
             acc = None
             for lo in range(0, max(full[axis], 1), step):
                 if check is not None:
-                    check(lo / full[axis])
+                    check(lo / max(full[axis], 1))
                 hi = min(lo + step, full[axis])
                 sl = [v if v.shape[axis] == 1 else _slice(v, axis, lo, hi, xp) for v in views]
                 shape = list(full)
