@@ -48,6 +48,9 @@ class Connection:
                            ("executor", executor)):
             if value is not None:
                 self.settings.set(key, value)
+        if executor is not None:  # refuse an unguarded script here, before anything starts
+            from .exec.spawn import check_main_guard
+            check_main_guard(self.settings.executor)
         self._store: Store | None = Store(path, read_only=read_only)
         self._executor = None
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
@@ -78,6 +81,9 @@ class Connection:
 
     def set(self, name: str, value: Any) -> None:
         """Change a setting (``workers``, ``memory_limit``, ``executor``, ``tiling``, ...)."""
+        if name.lower() == "executor" and isinstance(value, str):
+            from .exec.spawn import check_main_guard
+            check_main_guard(value)  # before the setting changes
         self.settings.set(name, value)
         if name.lower() in ("workers", "executor", "memory_limit") and self._executor is not None:
             self._executor.close()
