@@ -134,6 +134,16 @@ def test_misspelt_keywords_get_did_you_mean(db, text, hint):
     assert f"HINT: did you mean {hint}?" in err
 
 
+@pytest.mark.parametrize("text, hint", [
+    ("SHOW TENSRS", "SHOW TENSORS"),
+    ("SHOW worker", "SHOW workers"),
+    ("SET worker = 2", "SET workers"),
+])
+def test_misspelt_show_and_set_of_ours_get_did_you_mean(db, text, hint):
+    rc, _, err = cli_run(db, "-c", text)
+    assert rc == 1 and "Traceback" not in err and f"HINT: did you mean {hint}?" in err
+
+
 def test_syntax_errors_without_a_misspelt_word_get_no_guess(db):
     rc, _, err = cli_run(db, "-c", "SELECT 1 +")
     assert rc == 1 and "syntax error" in err and "did you mean" not in err.lower()

@@ -275,7 +275,22 @@ def _sql(con, script, s: A.SqlStmt, text) -> Result:
     except Error as exc:
         if isinstance(exc, ProgrammingError) and len(words(script, s.span.start, s.span.end, 2)) == 1:
             raise _unknown_bare_name(con, script, s, exc) from None
+        _our_show_or_set(script, s, exc)
         raise _position_from_message(exc, script, s.span)
+
+
+def _our_show_or_set(script, s: A.SqlStmt, exc: Error) -> None:
+    """``SHOW TENSRS`` and ``SET worker = 2`` reach DuckDB (they are not ours as written); when
+    DuckDB fails, hint at the statement of ours that was probably meant."""
+    head = words(script, s.span.start, s.span.end, 3)
+    if exc.hint is not None or len(head) < 2 or head[0].upper not in ("SHOW", "SET"):
+        return
+    word = head[1].text
+    options = list(_SETTINGS) + (["TENSORS", "ALL", "TABLES"] if head[0].upper == "SHOW" else [])
+    close = difflib.get_close_matches(word.lower(), [o.lower() for o in options], n=1, cutoff=0.75)
+    if close:
+        meant = options[[o.lower() for o in options].index(close[0])]
+        exc.hint = f"did you mean {head[0].upper} {meant}?"
 
 
 def sql_with_parameters(con, query: str, parameters) -> Result:
