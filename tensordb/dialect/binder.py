@@ -39,10 +39,14 @@ from ..plan import scalar
 from ..plan.builder import infer_dtype, parse_spec
 from ..plan.ir import empty_aggregate
 from . import ast as A
+from .scope import AGGREGATES
+from .scope import free_labels as _free_labels
+from .scope import is_aggregate as _is_aggregate
+from .scope import labels_in as _labels_in
+from .scope import terms as _terms
 
 __all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pins"]
 
-AGGREGATES = ("sum", "max", "min", "prod")
 # User-visible scalar functions: the alphabetic entries of the join language.
 SCALAR_FUNCTIONS = tuple(sorted(f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"))
 
@@ -366,53 +370,11 @@ class _Lowering:
         return _slot(slots, name, tuple(kept))
 
 
-def _is_aggregate(node) -> bool:
-    return isinstance(node, A.Call) and node.fn in AGGREGATES and len(node.args) == 1
-
-
-def _terms(expr) -> list:
-    if isinstance(expr, A.BinOp) and expr.op in "+-":
-        return _terms(expr.left) + _terms(expr.right)
-    if isinstance(expr, A.Chain) and expr.additive:
-        return [t for x in expr.operands for t in _terms(x)]
-    if isinstance(expr, A.Neg):
-        return _terms(expr.operand)
-    return [expr]
-
-
-def _free_labels(expr) -> list[str]:
-    """Labels of the tensors of ``expr`` that are not inside one of its aggregate calls."""
-    if isinstance(expr, A.Ref):
-        return [l.name for l in expr.labels or ()]
-    if _is_aggregate(expr):
-        return []
-    kids = expr.args if isinstance(expr, A.Call) else (expr.left, expr.right) \
-        if isinstance(expr, A.BinOp) else (expr.operand,) if isinstance(expr, A.Neg) else \
-        expr.operands if isinstance(expr, A.Chain) else ()
-    return [l for k in kids for l in _free_labels(k)]
-
-
-def _labels_in(expr) -> list[str]:
-    out: list[str] = []
-    for r in A.refs(expr):
-        for l in r.labels or ():
-            if l.name not in out:
-                out.append(l.name)
-    return out
-
-
 def _slot(slots: list, tensor: str, labels: tuple[str, ...]) -> scalar.Input:
     key = (tensor, labels)
     if key not in slots:
         slots.append(key)
     return scalar.Input(slots.index(key))
-
-
-def _walk_scalar(e):
-    yield e
-    if isinstance(e, scalar.Call):
-        for a in e.args:
-            yield from _walk_scalar(a)
 
 
 _fold = scalar.fold

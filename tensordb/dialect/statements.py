@@ -9,7 +9,7 @@ from dataclasses import fields
 import numpy as np
 
 from ..config import Settings, format_bytes
-from ..errors import (BinderError, CatalogError, Error, ProgrammingError, Span)
+from ..errors import (BinderError, CatalogError, Error, ParserError, ProgrammingError, Span)
 from ..result import Result
 from ..storage._duck import quote_ident
 from . import ast as A
@@ -241,8 +241,7 @@ def _bare_name(con, script, s: A.SqlStmt) -> Result | None:
 def _unknown_bare_name(con, script, s: A.SqlStmt, exc: Error) -> Error:
     """A single word that is neither a tensor nor SQL: say which names exist."""
     head = words(script, s.span.start, s.span.end, 2)
-    if len(head) != 1 or not isinstance(exc, ProgrammingError) or \
-            not (head[0].text[:1].isalpha() or head[0].text[:1] == "_"):
+    if len(head) != 1 or not (head[0].text[:1].isalpha() or head[0].text[:1] == "_"):
         return exc
     name = head[0].text
     known = [m["name"] for m in con.tensors()]
@@ -273,7 +272,7 @@ def _sql(con, script, s: A.SqlStmt, text) -> Result:
             return r
         return Result.from_relation(rel, text)
     except Error as exc:
-        if isinstance(exc, ProgrammingError) and len(words(script, s.span.start, s.span.end, 2)) == 1:
+        if isinstance(exc, ParserError) and len(words(script, s.span.start, s.span.end, 2)) == 1:
             raise _unknown_bare_name(con, script, s, exc) from None
         _our_show_or_set(script, s, exc)
         raise _position_from_message(exc, script, s.span)
