@@ -168,6 +168,11 @@ def test_suggestions_name_only_user_tables_and_tensors(db):
     assert rc == 1 and 'HINT: did you mean "nowhere2"?' in err
     rc, out, err = cli_run(db, "-c", "SELECT * FROM Pricez")
     assert rc == 1 and 'HINT: did you mean "Prices"?' in err
+    # DuckDB's suggestions of functions and types are its own business, and kept.
+    rc, out, err = cli_run(db, "-c", "SELECT sumx(1)")
+    assert rc == 1 and 'Did you mean "sum"?' in err
+    rc, out, err = cli_run(db, "-c", "SELECT * FROM read_csvv('x.csv')")
+    assert rc == 1 and 'Did you mean "read_csv"?' in err
 
 
 @pytest.mark.parametrize("text, kind", [

@@ -27,7 +27,8 @@ __all__ = ["improve", "user_names", "keywords", "closest_keyword"]
 
 _DID_YOU_MEAN = re.compile(r'\n?Did you mean "([^"\n]+)"\?')
 _SYNTAX = re.compile(r'syntax error at or near "([^"\n]+)"')
-_MISSING = re.compile(r'(?:Table|View|Table Function|Function) with name "?([^"\s!]+)"? does not exist')
+# A missing relation; DuckDB's suggestions for functions, types and settings are kept as they are.
+_MISSING = re.compile(r'\b(?:Table|View) with name "?([^"\s!]+)"? does not exist')
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Words of tensordb's statements that DuckDB does not reserve.
@@ -69,16 +70,16 @@ def improve(exc: Error, query: str, names) -> Error:
     """``exc`` with DuckDB's foreign suggestions replaced and keyword hints added; returns it.
     ``names``: the user's tensors, tables and views (a list, or a function returning one)."""
     message = exc.message
-    m = _DID_YOU_MEAN.search(message)
     missing = _MISSING.search(message)
-    if m or missing:
+    if missing:
         all_names = names() if callable(names) else names
+        m = _DID_YOU_MEAN.search(message)
         if m:
             message = (message[:m.start()] + message[m.end():])
         suggestion = m.group(1).split(".")[-1] if m else None
         if suggestion is not None and suggestion.lower() not in {n.lower() for n in all_names}:
             suggestion = None
-        if suggestion is None and missing:
+        if suggestion is None:
             suggestion = _close(missing.group(1), all_names, 0.6)
         if suggestion and exc.hint is None:
             exc.hint = f'did you mean "{suggestion}"?'
