@@ -49,13 +49,18 @@ def keywords() -> frozenset[str]:
 
 
 def user_names(store) -> list[str]:
-    """Tensors and the user's tables and views (never DuckDB's or tensordb's catalog tables)."""
-    names = [m.name for m in store.list()]
-    with store._lock:
-        rows = store.duck.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE NOT internal AND schema_name = 'main' "
-            "UNION ALL SELECT view_name FROM duckdb_views() WHERE NOT internal "
-            "AND schema_name = 'main'").fetchall()
+    """Tensors and the user's tables and views (never DuckDB's or tensordb's catalog tables).
+    Best effort: this runs while an error is being reported (perhaps in an aborted transaction),
+    and must not replace that error with its own."""
+    try:
+        names = [m.name for m in store.list()]
+        with store._lock:
+            rows = store.duck.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE NOT internal AND schema_name = 'main' "
+                "UNION ALL SELECT view_name FROM duckdb_views() WHERE NOT internal "
+                "AND schema_name = 'main'").fetchall()
+    except (duckdb.Error, Error):
+        return []
     seen = {n.lower() for n in names}
     return names + [r[0] for r in rows if r[0].lower() not in seen]
 
@@ -80,7 +85,7 @@ def improve(exc: Error, query: str, names) -> Error:
         if suggestion is not None and suggestion.lower() not in {n.lower() for n in all_names}:
             suggestion = None
         if suggestion is None:
-            suggestion = _close(missing.group(1), all_names, 0.6)
+            suggestion = _close(missing.group(1), all_names, 0.7)
         if suggestion and exc.hint is None:
             exc.hint = f'did you mean "{suggestion}"?'
         _set_message(exc, message)
