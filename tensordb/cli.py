@@ -21,15 +21,29 @@ __all__ = ["main", "Shell"]
 
 HISTORY_FILE = "~/.tensordb_history"
 PROGRESS_DELAY = 0.5   # seconds before a progress bar appears: quick work prints nothing extra
+                       # (TENSORDB_PROGRESS_DELAY overrides it)
 MAX_ROWS = 40          # rows printed; the middle of longer results is elided
 MAX_PRINTED_ELEMENTS = 1_000_000  # larger tensors are described, not read
 
 HELP = """\
-Statements end with ';' and may span lines. Examples:
-  CREATE TENSOR A (i 1000, j 500) FLOAT32;       LOAD TENSOR B FROM 'b.npy';
-  C[i,k] = A[i,j] * B[j,k];                      EXPLAIN C[i,k] = A[i,j] * B[j,k];
-  SHOW TENSORS;  DESCRIBE C;  SELECT * FROM C LIMIT 5;  COPY C TO 'c.npy';
-  CHECK DATABASE;                                verify every stored tile
+Statements end with ';' and may span lines.
+Statements:
+  C[i,k] = A[i,j] * B[j,k];                      an einsum assignment (SUM, MAX, MIN, PROD aggregate)
+  C = EINSUM('ij,jk->ik', A, B);                 numpy's einsum
+  CREATE [OR REPLACE] TENSOR Q[i] AS expr;       assign, failing if Q exists (or replacing it)
+  CREATE TENSOR A (i 1000, j 500) FLOAT32;       a tensor of zeros; also ... FROM (SELECT ...)
+  LOAD [OR REPLACE] TENSOR B FROM 'b.npy';       also .npz, .parquet, .csv
+  LET E[i,j] = expr;                             an intermediate computed where used, never stored
+  C;                                             print tensor C
+  EXPLAIN [ANALYZE] [(FORMAT JSON)] statement;   the tile plan (ANALYZE also runs it)
+  SHOW TENSORS;  SHOW ALL;  SHOW workers;        tensors; settings; one setting
+  DESCRIBE C;  SHOW TENSOR C;                    a tensor's shape, dtype, tiles
+  DROP TENSOR [IF EXISTS] C;                     remove a tensor
+  COPY C TO 'c.npy';                             export (.npy, .parquet, .csv)
+  CHECK TENSOR C;  CHECK DATABASE;               verify stored tiles
+  SET workers = 4;                               change a setting (SHOW ALL lists them)
+  BEGIN; ... COMMIT;  (or ROLLBACK;)             run several statements as one unit
+  SELECT * FROM C LIMIT 5;                       any other SQL goes to DuckDB; tensors are tables
 Commands:
   .help              this text
   .timer on|off      show how long each statement took (also \\timing)
@@ -58,7 +72,7 @@ class _Progress:
     def __call__(self, done: int, total: int) -> None:
         with self.lock:
             if self.bar is None:
-                if time.perf_counter() - self.started < PROGRESS_DELAY or not _isatty(self.stream):
+                if time.perf_counter() - self.started < _progress_delay() or not _isatty(self.stream):
                     return
                 from rich.console import Console
                 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -78,6 +92,13 @@ class _Progress:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
+
+
+def _progress_delay() -> float:
+    try:
+        return float(os.environ.get("TENSORDB_PROGRESS_DELAY", PROGRESS_DELAY))
+    except ValueError:
+        return PROGRESS_DELAY
 
 
 def _isatty(stream) -> bool:

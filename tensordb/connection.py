@@ -48,10 +48,15 @@ class Connection:
                            ("executor", executor)):
             if value is not None:
                 self.settings.set(key, value)
+        if executor is not None:  # refuse an unguarded script here, before anything starts
+            from .exec.spawn import check_main_guard
+            check_main_guard(self.settings.executor)
         self._store: Store | None = Store(path, read_only=read_only)
         self._executor = None
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
-        self.progress_callback = None  # called as (done, total) tasks while a plan runs (the CLI)
+        # Called as (done, total) tasks while a plan runs (the CLI); ``done`` counts the running
+        # kernel calls' fractions too, so it grows while a few long calls run.
+        self.progress_callback = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -114,6 +119,9 @@ class Connection:
             if str(value).split("://", 1)[0] not in EXECUTORS:
                 raise ProgrammingError(f"unknown executor '{value}'",
                                        hint=f"executors: {', '.join(sorted(EXECUTORS))}")
+        if key == "executor" and isinstance(value, str):
+            from .exec.spawn import check_main_guard
+            check_main_guard(value)  # before the setting changes
         self.settings.set(name, value)
         if name.lower() in ("workers", "executor", "memory_limit") and self._executor is not None:
             self._executor.close()

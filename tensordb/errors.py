@@ -9,9 +9,11 @@ text and a span inside it; ``str(err)`` then shows the message, ``LINE n: ...`` 
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 __all__ = [
+    "closest_keyword",
     "Span", "render_caret",
     "Warning", "Error", "InterfaceError", "DatabaseError", "DataError", "OperationalError",
     "IntegrityError", "InternalError", "ProgrammingError", "NotSupportedError",
@@ -132,3 +134,36 @@ class CatalogError(ProgrammingError):
 
 class OutOfMemoryError(OperationalError):
     """The work does not fit the memory budget."""
+
+
+# -- did you mean ---------------------------------------------------------------------------------
+
+def closest_keyword(word: str, kws) -> str | None:
+    """One typo away, the likeliest first: two letters swapped (FORM), a letter left out
+    (SELCT), a wrong letter, an extra letter; else difflib's closest, if close enough."""
+    ranked = []
+    for kw in kws:
+        kind = _one_typo(word, kw)
+        if kind is not None:
+            ranked.append((kind, kw))
+    if ranked:
+        return min(ranked)[1]
+    if len(word) < 4:
+        return None
+    close = difflib.get_close_matches(word, sorted(kws), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _one_typo(word: str, kw: str) -> int | None:
+    """0 swapped, 1 left out, 2 wrong, 3 extra letter; None when ``kw`` is not one typo away."""
+    if len(word) == len(kw):
+        diff = [i for i, (a, b) in enumerate(zip(word, kw)) if a != b]
+        if len(diff) == 2 and diff[1] == diff[0] + 1 and word[diff[0]] == kw[diff[1]] \
+                and word[diff[1]] == kw[diff[0]]:
+            return 0
+        return 2 if len(diff) == 1 and len(word) > 2 else None
+    if len(kw) == len(word) + 1 and len(word) >= 3:
+        return 1 if any(kw[:i] + kw[i + 1:] == word for i in range(len(kw))) else None
+    if len(word) == len(kw) + 1 and len(kw) >= 3:
+        return 3 if any(word[:i] + word[i + 1:] == kw for i in range(len(word))) else None
+    return None

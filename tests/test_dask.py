@@ -247,3 +247,22 @@ def test_set_executor_and_explain_analyze_in_sql(dask_cluster):
         assert con._get_executor().name == "dask" and con._get_executor().last_run["ran_on"]
         con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
         np.testing.assert_array_equal(con.tensor("C"), np.arange(12.0).reshape(4, 3) @ np.arange(6.0).reshape(3, 2))
+
+
+def test_progress_is_reported_on_dask(dcon):
+    """The CLI's progress with the Dask executor: outputs counted as they finish (and repeated
+    while the caller waits, so a plan of a few long tasks shows its bar too), up to the total."""
+    A = np.random.default_rng(7).standard_normal((64, 48))
+    dcon.load("prog_A", A, tile=(16, 48), replace=True)
+    seen = []
+    dcon.progress_callback = lambda done, total: seen.append((done, total))
+    try:
+        dcon.execute("prog_R[i] = SUM(EXP(prog_A[i,j]))")
+        np.testing.assert_allclose(dcon.tensor("prog_R"), np.exp(A).sum(axis=1), rtol=1e-12)
+    finally:
+        dcon.progress_callback = None
+        dcon.drop("prog_A")
+        dcon.drop("prog_R", if_exists=True)
+    total = seen[-1][1]
+    assert total >= 1 and seen[-1][0] == total and all(t == total for _, t in seen)
+    assert all(0 <= d <= total for d, _ in seen)

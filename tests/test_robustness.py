@@ -314,11 +314,14 @@ def test_non_blas_kernels_check_for_cancellation_between_chunks(kind):
     spec = KernelSpec(op)
     chunks = -(-space // CHUNK_ELEMENTS)
     calls = []
-    out = spec([a, b], [a.shape, b.shape], expect.shape, check=lambda: calls.append(1))
+    out = spec([a, b], [a.shape, b.shape], expect.shape, check=lambda done=None: calls.append(done))
     np.testing.assert_allclose(out, expect, rtol=1e-12)
     assert len(calls) >= chunks  # at least once per chunk
+    # between chunks, the fraction of the call done so far (the CLI's progress): 0 up to below 1
+    done = [d for d in calls if d is not None]
+    assert len(done) == chunks and done[0] == 0 and done == sorted(done) and done[-1] < 1
 
-    def stop_at_the_third():
+    def stop_at_the_third(done=None):
         calls.append(1)
         if len(calls) == 3:
             raise _Stop

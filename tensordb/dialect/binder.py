@@ -4,10 +4,14 @@ that errors point at the source.
 Label rules (the Einstein convention, with explicit aggregates):
 
 * a label on the left is kept; every other label is aggregated;
-* a label is aggregated by the innermost aggregate call (SUM, MAX, MIN, PROD with one argument)
-  that contains all of its uses; a label used outside every aggregate is summed by an implicit
-  SUM around its term, as in Einstein's convention: ``C[i,k] = A[i,j] * B[j,k] + D[i,k]`` sums
-  the product over j, not D;
+* labels are scoped like variables: a label belongs to the outermost scope (the statement's term,
+  or an aggregate call: SUM, MAX, MIN, PROD with one argument) where it is used outside every
+  aggregate call nested in that scope, and is aggregated there; inner aggregates keep it. A label
+  used only inside aggregate calls belongs to each of them separately, so in
+  ``S[i,j] = EXP(X[i,j] - MAX(X[i,k])) / SUM(EXP(X[i,k] - MAX(X[i,m])))`` the first MAX and the
+  SUM each aggregate their own k;
+* a label used outside every aggregate is summed by an implicit SUM around its term, as in
+  Einstein's convention: ``C[i,k] = A[i,j] * B[j,k] + D[i,k]`` sums the product over j, not D;
 * a nested aggregate becomes a temporary step of its own (``H.t1``), never stored;
 * a label has one size throughout a statement.
 
@@ -35,6 +39,11 @@ from ..plan import scalar
 from ..plan.builder import infer_dtype, parse_spec
 from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
 from . import ast as A
+from .scope import AGGREGATES
+from .scope import free_labels as _free_labels
+from .scope import is_aggregate as _is_aggregate
+from .scope import labels_in as _labels_in
+from .scope import terms as _terms
 
 __all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pins"]
 
@@ -178,24 +187,22 @@ class _Lowering:
         for lab in lhs:
             if lab.name not in used:
                 raise self.err(lab.span, f"label '{lab.name}' on the left appears nowhere on the right")
-        self.total = used
         self.lhs = [l.name for l in lhs]
         expr = stmt.expr
-        self.scopes: dict[int, Counter] = {}
         if _is_aggregate(expr):
             agg, body = expr.fn, expr.args[0]
         else:
             agg, body = "sum", expr
             if len(_terms(expr)) > 1:
                 body = self._split_terms(expr)
+        # Labels the top step keeps or aggregates; nested aggregates keep these.
+        self.outer = set(self.lhs) | set(_free_labels(body))
         slots: list[tuple[str, tuple[str, ...]]] = []
         join = self.conv(body, slots)
         if not slots:
             raise self.err(expr.span, "the right side uses no tensor")
         if _is_aggregate(expr) and all(l in self.lhs for _, ls in slots for l in ls):
-            raise self.err(expr.fn_span, f"{expr.fn.upper()} aggregates no label: every label "
-                           "of its argument is on the left",
-                           hint="a label that is not on the left is aggregated")
+            raise self._nothing_to_aggregate(expr, set(self.lhs))
         if _is_aggregate(expr):
             self._check_empty(expr, [l for _, ls in slots for l in ls if l not in self.lhs])
         self.steps.append(BoundStep(self.into, tuple(self.lhs), tuple(slots), join, agg, self.store))
@@ -211,10 +218,30 @@ class _Lowering:
             err = empty_aggregate(node.fn, empty, self.into)
             raise self.err(node.fn_span, err.message, cls=type(err), hint=err.hint)
 
+    def _nothing_to_aggregate(self, node: A.Call, outer: set[str]) -> Error:
+        """The error for an aggregate call none of whose labels is its own, with the reason."""
+        fn = node.fn.upper()
+        inner = [l for l in _labels_in(node.args[0]) if l not in outer]
+        if inner:  # its other labels belong to aggregates inside it
+            names = ", ".join(f"'{l}'" for l in inner)
+            return self.err(node.fn_span, f"{fn} aggregates no label: {names} "
+                            f"{'is' if len(inner) == 1 else 'are'} aggregated by the aggregate "
+                            "calls inside it, and its other labels are kept",
+                            hint="a label used only inside aggregate calls belongs to each of "
+                                 "them; use it outside them too for the outer call to aggregate it")
+        if all(l in self.lhs for l in _labels_in(node.args[0])):
+            return self.err(node.fn_span, f"{fn} aggregates no label: every label of its "
+                            "argument is on the left",
+                            hint="a label that is not on the left is aggregated")
+        return self.err(node.fn_span, f"{fn} aggregates no label: each label of its argument is "
+                        "also used outside it or on the left",
+                        hint="use a label of its own for the dimension to aggregate, "
+                             "e.g. MAX(X[i,k]) next to X[i,j]")
+
     def _split_terms(self, node):
         """Einstein's convention sums per term: in ``A[i,j]*B[j,k] + c[k]`` only the product sums
-        over j. Each top-level term is its own scope; a term with labels that are not on the left
-        (outside its own aggregates) becomes an implicit SUM of that term."""
+        over j. A term with labels that are not on the left (outside its own aggregates) becomes
+        an implicit SUM of that term, which is then the scope of those labels."""
         if isinstance(node, A.BinOp) and node.op in "+-":
             return A.BinOp(node.op, self._split_terms(node.left), self._split_terms(node.right), node.span)
         if isinstance(node, A.Chain) and node.additive:
@@ -222,11 +249,9 @@ class _Lowering:
                            tuple((op, self._split_terms(t)) for op, t in node.rest), node.span)
         if isinstance(node, A.Neg):
             return A.Neg(self._split_terms(node.operand), node.span)
-        scope = Counter(l.name for r in A.refs(node) for l in (r.labels or ()))
         free = [l for l in _free_labels(node) if l not in self.lhs]
         if free:
             node = A.Call("sum", (node,), node.span, node.span)
-        self.scopes[id(node)] = scope
         return node
 
     # -- names, label counts and sizes --------------------------------------------------------
@@ -251,16 +276,6 @@ class _Lowering:
 
     # -- expressions -> joins over input slots --------------------------------------------------
     def conv(self, node, slots) -> scalar.Expr:
-        scope = self.scopes.get(id(node))
-        if scope is not None:  # uses are counted within this term only
-            outer, self.total = self.total, scope
-            try:
-                return self._conv(node, slots)
-            finally:
-                self.total = outer
-        return self._conv(node, slots)
-
-    def _conv(self, node, slots) -> scalar.Expr:
         if isinstance(node, A.Number):
             return scalar.Const(node.value)
         if isinstance(node, A.String):
@@ -332,18 +347,21 @@ class _Lowering:
         return expr
 
     def aggregate(self, node: A.Call, slots) -> scalar.Expr:
-        """A nested aggregate: a temporary step, referenced by the enclosing expression."""
-        inside = Counter(l.name for r in A.refs(node) for l in (r.labels or ()))
-        kept = [l for l in _labels_in(node.args[0])
-                if l in self.lhs or self.total[l] > inside[l]]
-        if len(kept) == len(inside):
-            raise self.err(node.fn_span, f"{node.fn.upper()} aggregates no label: each label of "
-                           "its argument is also used outside it or on the left",
-                           hint="use a label of its own for the dimension to aggregate, "
-                                "e.g. MAX(X[i,k]) next to X[i,j]")
-        self._check_empty(node, [l for l in inside if l not in kept])
+        """A nested aggregate: a temporary step, referenced by the enclosing expression. It keeps
+        the labels of enclosing scopes (``self.outer``) and aggregates the labels it uses outside
+        its own nested aggregates; labels used only inside those belong to them."""
+        outer = self.outer
+        kept = [l for l in _labels_in(node.args[0]) if l in outer]
+        own = [l for l in dict.fromkeys(_free_labels(node.args[0])) if l not in outer]
+        if not own:
+            raise self._nothing_to_aggregate(node, outer)
+        self._check_empty(node, own)
         inner: list[tuple[str, tuple[str, ...]]] = []
-        join = self.conv(node.args[0], inner)
+        self.outer = outer | set(own)
+        try:
+            join = self.conv(node.args[0], inner)
+        finally:
+            self.outer = outer
         if not inner:
             raise self.err(node.span, f"{node.fn.upper()} of no tensor")
         name = f"{self.into}.t{sum(1 for s in self.steps) + 1}"
@@ -352,53 +370,11 @@ class _Lowering:
         return _slot(slots, name, tuple(kept))
 
 
-def _is_aggregate(node) -> bool:
-    return isinstance(node, A.Call) and node.fn in AGGREGATES and len(node.args) == 1
-
-
-def _terms(expr) -> list:
-    if isinstance(expr, A.BinOp) and expr.op in "+-":
-        return _terms(expr.left) + _terms(expr.right)
-    if isinstance(expr, A.Chain) and expr.additive:
-        return [t for x in expr.operands for t in _terms(x)]
-    if isinstance(expr, A.Neg):
-        return _terms(expr.operand)
-    return [expr]
-
-
-def _free_labels(expr) -> list[str]:
-    """Labels of the tensors of ``expr`` that are not inside one of its aggregate calls."""
-    if isinstance(expr, A.Ref):
-        return [l.name for l in expr.labels or ()]
-    if _is_aggregate(expr):
-        return []
-    kids = expr.args if isinstance(expr, A.Call) else (expr.left, expr.right) \
-        if isinstance(expr, A.BinOp) else (expr.operand,) if isinstance(expr, A.Neg) else \
-        expr.operands if isinstance(expr, A.Chain) else ()
-    return [l for k in kids for l in _free_labels(k)]
-
-
-def _labels_in(expr) -> list[str]:
-    out: list[str] = []
-    for r in A.refs(expr):
-        for l in r.labels or ():
-            if l.name not in out:
-                out.append(l.name)
-    return out
-
-
 def _slot(slots: list, tensor: str, labels: tuple[str, ...]) -> scalar.Input:
     key = (tensor, labels)
     if key not in slots:
         slots.append(key)
     return scalar.Input(slots.index(key))
-
-
-def _walk_scalar(e):
-    yield e
-    if isinstance(e, scalar.Call):
-        for a in e.args:
-            yield from _walk_scalar(a)
 
 
 _fold = scalar.fold

@@ -219,6 +219,14 @@ def _run_one(con, script: str, stmt: A.Statement) -> Result:
     if isinstance(stmt, A.DropStmt) and stmt.name.lower() in session(con).lets:
         del session(con).lets[stmt.name.lower()]
         return Result.status(f"DROP LET {stmt.name}", text)
+    if isinstance(stmt, A.SqlStmt) and stmt.text.strip().lower() in session(con).lets:
+        let = session(con).lets[stmt.text.strip().lower()]
+        labels = ",".join(f"d{i}" for i in range(len(let.shape)))
+        shown = f"{let.name}[{labels}]" if labels else let.name
+        raise BinderError(f"'{let.name}' is a LET: it is computed where it is used and never "
+                          "stored, so there is nothing to print", statement=script, span=stmt.span,
+                          hint=f"assign it to see it: {let.name}_value{'[' + labels + ']' if labels else ''}"
+                               f" = {shown}; or DESCRIBE {let.name}")
     if isinstance(stmt, (A.CreateStmt, A.LoadStmt)) and stmt.name.lower() in session(con).lets:
         raise BinderError(f"'{stmt.name}' is a LET intermediate", statement=script,
                           span=stmt.name_span, hint=f"DROP TENSOR {stmt.name} to forget the LET first")

@@ -18,7 +18,7 @@ from lark.exceptions import (UnexpectedCharacters, UnexpectedEOF, UnexpectedInpu
                              VisitError)
 
 from ..config import Settings
-from ..errors import ParserError, Span
+from ..errors import ParserError, Span, closest_keyword as _closest_keyword
 from ..plan import scalar
 from . import ast as A
 from .grammar import READABLE, grammar
@@ -66,7 +66,7 @@ def classify(w: list[Word]) -> str:
     if first == "LET":
         return "ours"
     if first == "SHOW":
-        if nxt[:1] == ["TENSORS"] or nxt == ["ALL"] or (nxt[:1] == ["TENSOR"] and len(w) == 3):
+        if nxt[:1] in (["TENSORS"], ["TENSOR"]) or nxt == ["ALL"]:
             return "ours"
         return "ours" if len(w) == 2 and w[1].text.lower() in _SETTINGS else "sql"
     if first in ("DESCRIBE", "DESC"):
@@ -260,14 +260,24 @@ def _syntax_error(exc: UnexpectedInput, script: str, span: Span, text: str) -> P
     else:  # pragma: no cover - lark has no other kinds
         pos, found = 0, "this"
     names = sorted({READABLE.get(e, e.lower()) for e in expected if not e.startswith("__")})
+    before = [w.upper for w in words(text, 0, min(pos, len(text)))]
+    if "NAME" in expected and before and (before[-1] in ("TENSOR", "DESCRIBE", "DESC", "COPY") or
+                                          before[-2:] == ["IF", "EXISTS"]):
+        names = ["a tensor name" if n == READABLE["NAME"] else n for n in names]
     if len(names) > 8:
         names = names[:8] + ["..."]
     msg = f"syntax error at {found}"
     if names:
         msg += ": expected " + (names[0] if len(names) == 1 else "one of " + ", ".join(names))
+    hint = None
+    typed = found.strip("'")
+    if found.startswith("'") and typed.isidentifier():  # a misspelt keyword: FORM for FROM
+        kws = [e for e in expected if e in READABLE and READABLE[e] == e]
+        close = _closest_keyword(typed.upper(), kws) if kws else None
+        hint = f"did you mean {close}?" if close else None
     pos = min(pos, len(text))
     end = pos + 1 if pos < len(text) else pos
-    return ParserError(msg, statement=script, span=Span(span.start + pos, span.start + end))
+    return ParserError(msg, statement=script, span=Span(span.start + pos, span.start + end), hint=hint)
 
 
 def _span(meta, base: int) -> Span:

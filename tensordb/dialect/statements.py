@@ -2,13 +2,14 @@
 SQL."""
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import fields
 
 import numpy as np
 
 from ..config import Settings, format_bytes
-from ..errors import (BinderError, CatalogError, Error, ProgrammingError, Span)
+from ..errors import (BinderError, CatalogError, Error, ParserError, ProgrammingError, Span)
 from ..result import Result
 from ..storage._duck import quote_ident
 from . import ast as A
@@ -225,7 +226,37 @@ _COUNTED = {"CREATE", "INSERT", "UPDATE", "DELETE", "DROP", "ALTER", "COPY", "AT
             "INSTALL", "LOAD", "USE", "CHECKPOINT", "VACUUM", "SET", "RESET", "TRUNCATE"}
 
 
+def _bare_name(con, script, s: A.SqlStmt) -> Result | None:
+    """``P;``: a statement that is only a tensor's name prints the tensor (as in numpy's REPL).
+    Any other single word is DuckDB's (CHECKPOINT, VACUUM, ...)."""
+    head = words(script, s.span.start, s.span.end, 2)
+    if len(head) != 1 or not (head[0].text[:1].isalpha() or head[0].text[:1] == "_") \
+            or not head[0].text.replace("_", "").isalnum():
+        return None
+    if con.store.has(head[0].text):
+        return Result.for_tensor(con, con.store.meta(head[0].text).name, s.text)
+    return None
+
+
+def _unknown_bare_name(con, script, s: A.SqlStmt, exc: Error) -> Error:
+    """A single word that is neither a tensor nor SQL: say which names exist."""
+    head = words(script, s.span.start, s.span.end, 2)
+    if len(head) != 1 or not (head[0].text[:1].isalpha() or head[0].text[:1] == "_"):
+        return exc
+    name = head[0].text
+    known = [m["name"] for m in con.tensors()]
+    close = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+    hint = f"did you mean '{known[[k.lower() for k in known].index(close[0])]}'?" if close else \
+        f"tensors: {', '.join(known[:12])}" if known else "the database holds no tensors yet"
+    return _err(CatalogError, script, Span(head[0].start, head[0].start + len(name)),
+                f"no tensor named '{name}' (a statement that is only a name prints that tensor)",
+                hint=hint)
+
+
 def _sql(con, script, s: A.SqlStmt, text) -> Result:
+    shown = _bare_name(con, script, s)
+    if shown is not None:
+        return shown
     try:
         rel = con.sql(s.text)
         head = words(script, s.span.start, s.span.end, 4)
@@ -241,7 +272,24 @@ def _sql(con, script, s: A.SqlStmt, text) -> Result:
             return r
         return Result.from_relation(rel, text)
     except Error as exc:
+        if isinstance(exc, ParserError) and len(words(script, s.span.start, s.span.end, 2)) == 1:
+            raise _unknown_bare_name(con, script, s, exc) from None
+        _our_show_or_set(script, s, exc)
         raise position_from_message(exc, script, s.span)
+
+
+def _our_show_or_set(script, s: A.SqlStmt, exc: Error) -> None:
+    """``SHOW TENSRS`` and ``SET worker = 2`` reach DuckDB (they are not ours as written); when
+    DuckDB fails, hint at the statement of ours that was probably meant."""
+    head = words(script, s.span.start, s.span.end, 3)
+    if exc.hint is not None or len(head) < 2 or head[0].upper not in ("SHOW", "SET"):
+        return
+    word = head[1].text
+    options = list(_SETTINGS) + (["TENSORS", "ALL", "TABLES"] if head[0].upper == "SHOW" else [])
+    close = difflib.get_close_matches(word.lower(), [o.lower() for o in options], n=1, cutoff=0.75)
+    if close:
+        meant = options[[o.lower() for o in options].index(close[0])]
+        exc.hint = f"did you mean {head[0].upper} {meant}?"
 
 
 def sql_with_parameters(con, query: str, parameters) -> Result:

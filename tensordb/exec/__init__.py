@@ -9,6 +9,7 @@ from importlib import import_module  # dask and cupy load only when their execut
 
 from ..errors import ProgrammingError
 from .pool import LocalExecutor, RunResult
+from .spawn import check_main_guard
 
 __all__ = ["LocalExecutor", "RunResult", "make_executor", "EXECUTORS"]
 
@@ -29,4 +30,5 @@ def make_executor(spec: str, workers: int, *, memory_limit=None):
     if factory is None:
         raise ProgrammingError(f"unknown executor '{spec}'",
                                hint=f"valid executors: {', '.join(sorted(EXECUTORS))}")
+    check_main_guard(spec)  # dask://local in a script without the __main__ guard
     return factory(spec, workers, memory_limit=memory_limit)

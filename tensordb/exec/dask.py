@@ -271,14 +271,21 @@ class _Attempt:
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 box["error"] = exc
 
+        finished = [0]  # outputs gathered so far, for the progress reported while waiting
         if self.progress is not None:  # per-tile callbacks cost a loop wake-up each: CLI only
             count = itertools.count(1)
+
+            def done(_) -> None:
+                finished[0] = next(count)
+                self.progress(finished[0], len(futures))
             for f in futures:
-                f.add_done_callback(lambda _: self.progress(next(count), len(futures)))
+                f.add_done_callback(done)
         thread = threading.Thread(target=gather, name="tensordb-dask-gather", daemon=True)
         thread.start()
         needed = set(self.addr.values())  # only workers that have tasks of this plan
         while thread.join(POLL_SECONDS) or thread.is_alive():
+            if self.progress is not None:  # a few long tasks: the CLI's bar appears anyway
+                self.progress(finished[0], len(futures))
             gone = needed - set(self.ex.addresses())
             if gone:
                 self.client.cancel(futures, force=True)  # ends the gather
@@ -286,6 +293,8 @@ class _Attempt:
                 raise _WorkerLost(f"worker {', '.join(sorted(gone))} is gone")
         if "error" in box:
             raise box["error"]
+        if self.progress is not None:  # done callbacks may still be on their way
+            self.progress(len(futures), len(futures))
         return box["values"]
 
     def _release(self, futures, scattered, *, forget: bool) -> None:

@@ -67,7 +67,8 @@ class KernelSpec:
     def __call__(self, args: list, arg_shapes, out_shape, out=None, check=None):
         """The kernel over one tile; ``out``, if given, is a buffer the result may be written to
         directly (the caller checks whether it was). ``check``, if given, is called between
-        chunks and raises to cancel the call (one BLAS call is not interruptible)."""
+        chunks with the fraction of the call done so far (for progress), and raises to cancel
+        the call (one BLAS call is not interruptible)."""
         xp = self.xp
         check = check or _no_check
         check()
@@ -171,7 +172,7 @@ class KernelSpec:
             acc = None
             for lo in range(0, max(full[axis], 1), step):
                 if check is not None:
-                    check()
+                    check(lo / max(full[axis], 1))
                 hi = min(lo + step, full[axis])
                 sl = [v if v.shape[axis] == 1 else _slice(v, axis, lo, hi, xp) for v in views]
                 shape = list(full)
@@ -197,14 +198,14 @@ class KernelSpec:
             out.dtype == self.dtype else xp.empty(full, dtype=self.dtype)
         step = max(1, CHUNK_ELEMENTS // max(math.prod(full[1:]), 1))
         for lo in range(0, full[0], step):
-            check()
+            check(lo / full[0])
             hi = min(lo + step, full[0])
             sl = [v if v.shape[0] == 1 else v[lo:hi] for v in views]
             res[lo:hi] = scalar.evaluate(self.op.join, sl, xp)  # broadcasts a label the join ignores
         return res
 
 
-def _no_check() -> None:
+def _no_check(done: float = 0.0) -> None:
     pass
 
 

@@ -145,6 +145,7 @@ class _Run:
         self.keep = {k for out in plan.outputs.values() if out.stored for k in out.tiles.values()}
         self.total = len(plan.tasks)
         self.done = 0
+        self.partial: dict[int, float] = {}  # worker thread -> fraction of its kernel call done
         self.error: BaseException | None = None
         self.finished = threading.Event()
         self.drained = threading.Event()
@@ -173,7 +174,7 @@ class _Run:
             # Timed waits: a SIGINT that the OS hands to a worker thread does not wake a blocked
             # wait, but Python runs its handler (KeyboardInterrupt) here within a tick.
             while not self.finished.wait(_TICK):
-                pass
+                self._report()  # also while one long BLAS call runs: the CLI's bar appears
         except BaseException as exc:  # Ctrl-C: stop the workers before giving up the run
             with self.lock:
                 if self.error is None:
@@ -251,18 +252,35 @@ class _Run:
             value = run_assemble(task, [self._fetch(w, task, k) for k in task.inputs], self.xp)
         elif isinstance(task, Kernel):
             args = [None if a is None else self._fetch(w, task, a) for a in task.args]
-            value = run_kernel(task, self.specs[task.op], args, self.dest.get(task.key),
-                               self._check)
+            try:
+                value = run_kernel(task, self.specs[task.op], args, self.dest.get(task.key),
+                                   self._check)
+            finally:
+                with self.lock:
+                    self.partial.pop(threading.get_ident(), None)
             self.op_calls[task.op] += 1
         else:  # pragma: no cover - aggregations are driven by _accumulate
             raise InternalError(f"unexpected task {task!r}")
         self._release(task.inputs)
         self._publish(w, task, value)
 
-    def _check(self) -> None:
-        """Called by kernels between chunks: stop when the run has failed or was cancelled."""
+    def _check(self, fraction: float | None = None) -> None:
+        """Called by kernels between chunks: stop when the run has failed or was cancelled, and
+        report progress within the call, so that a plan of a few long calls shows it too."""
         if self.error is not None:
             raise _Cancelled()
+        if fraction is not None and self.progress is not None:
+            self.partial[threading.get_ident()] = fraction
+            self._report()
+
+    def _report(self) -> None:
+        """Progress: finished tasks plus the fractions of the kernel calls running now."""
+        if self.progress is None:
+            return
+        with self.lock:
+            done = self.done
+            running = sum(self.partial.values())
+        self.progress(min(done + running, self.total), self.total)
 
     def _accumulate(self, w: int, agg: Aggregate, part_key: int) -> None:
         part = self._fetch(w, agg, part_key)

@@ -27,8 +27,8 @@ def run_assemble(task: Assemble, sources: list, xp=np):
 
 
 def run_kernel(task: Kernel, spec: KernelSpec, args: list, out=None, check=None):
-    """``check``, if given, is called between chunks of the kernel's work and raises to stop it
-    (the local pool's cancellation)."""
+    """``check``, if given, is called between chunks of the kernel's work with the fraction done
+    (the local pool's progress) and raises to stop it (the local pool's cancellation)."""
     return spec(args, task.arg_shapes, task.out_shape, out, check)
 
 

@@ -33,8 +33,17 @@ _MAP = (
 def translate(exc: BaseException, context: str | None = None) -> errors.Error:
     """The tensordb error for a duckdb exception (``context`` prefixes the message)."""
     cls = next((ours for theirs, ours in _MAP if isinstance(exc, theirs)), errors.DatabaseError)
-    message = str(exc)
+    message = _unprefixed(str(exc), cls)
     return cls(f"{context}: {message}" if context else message)
+
+
+def _unprefixed(message: str, cls: type) -> str:
+    """DuckDB's message without its "Parser Error: " when the class says the same
+    ("ParserError: Parser Error: ..." would say it twice); other prefixes carry information."""
+    head, sep, rest = message.partition(": ")
+    if sep and head.endswith(" Error") and head.replace(" ", "").lower() == cls.__name__.lower():
+        return rest
+    return message
 
 
 @contextlib.contextmanager
@@ -55,6 +64,7 @@ def translate_message(message: str, context: str | None = None) -> errors.Error:
     """The tensordb error for a DuckDB error that reached us as text (through an Arrow stream)."""
     cls = next((ours for prefix, ours in _PREFIX if message.startswith(prefix)),
                errors.DatabaseError)
+    message = _unprefixed(message, cls)
     return cls(f"{context}: {message}" if context else message)
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 
-from ..errors import CatalogError, ProgrammingError
-from . import guard
+from ..errors import CatalogError, Error, ProgrammingError
+from . import guard, suggest
 from ._duck import translating
 from .views import TensorStream, expose_tensors, referenced_names
 
@@ -38,7 +38,11 @@ def sql(store, query: str, parameters=None):
     Statements run one at a time, each checked first (guard.py): none may write inside the
     database directory. A script of several statements returns the last one's relation."""
     store._check_open()
-    stmts = guard.statements(query)
+    try:
+        stmts = guard.statements(query)
+    except Error as exc:
+        suggest.improve(exc, query, lambda: suggest.user_names(store))
+        raise
     if parameters is not None and len(stmts) != 1:
         raise ProgrammingError(f"? parameters need exactly one SQL statement, got {len(stmts)}")
     rel = None
@@ -47,6 +51,9 @@ def sql(store, query: str, parameters=None):
             for k, stmt in enumerate(stmts):
                 rel = _run_one(store, stmt, query if len(stmts) == 1 else stmt,
                                parameters, last=k == len(stmts) - 1)
+    except Error as exc:
+        suggest.improve(exc, query, lambda: suggest.user_names(store))
+        raise
     finally:
         # Any statement may have changed the catalog (DML on it, a ROLLBACK): reread it.
         store.forget_cached()
