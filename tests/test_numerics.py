@@ -435,3 +435,36 @@ def test_the_optimizer_counts_absent_tiles_only_next_to_finite_partners():
     inf = OpModel.of(op, dt, 4, presence=presence, facts={"A": (True, False), "B": (False, False)})
     assert finite.inputs[0].inner and finite.present((2, 2, 2)) == 0.25
     assert not inf.inputs[0].inner and inf.present((2, 2, 2)) == 1.0
+
+
+# -- literals are applied where NumPy applies them (found by review) --------------------------------
+
+LITERAL_CASES = [
+    ("R[i] = X[i] * 1e300 * 1e10", lambda X, Y, A: X * 1e300 * 1e10),       # two literals
+    ("R[i] = (X[i] * 1e300) * 1e10", lambda X, Y, A: (X * 1e300) * 1e10),
+    ("R[i] = X[i] * (Y[i] * 1e300)", lambda X, Y, A: X * (Y * 1e300)),      # inside the product
+    ("R[i] = 1e300 * X[i] * Y[i]", lambda X, Y, A: 1e300 * X * Y),          # leading
+    ("R[i] = X[i] * Y[i] * 1e300", lambda X, Y, A: X * Y * 1e300),          # trailing
+    ("R[i,k] = SUM(A[i,j] * (A[j,k] * 1e300 * 1e10))",
+     lambda X, Y, A: np.einsum("ij,jk->ik", A, A * 1e300 * 1e10)),
+    ("R[i,k] = SUM(1e300 * A[i,j] * A[j,k])",
+     lambda X, Y, A: np.einsum("ij,jk->ik", 1e300 * A, A)),
+    ("R[i] = X[i] / 3", lambda X, Y, A: X / 3),                             # not * (1/3)
+]
+
+
+@pytest.mark.parametrize("tile", [None, (1,)])
+@pytest.mark.parametrize("query,oracle", LITERAL_CASES, ids=[c[0] for c in LITERAL_CASES])
+def test_literals_overflow_where_numpy_overflows(query, oracle, tile):
+    X = np.array([0.0, 1.0, 3.0, 1e-300])
+    Y = np.array([1e10, 1e10, 1.0, 0.0])
+    A = np.array([[0.0, 1.0], [1.0, 0.0]])
+    with tensordb.connect() as con, np.errstate(all="ignore"):
+        con.load("X", X, tile=tile)
+        con.load("Y", Y, tile=tile)
+        con.load("A", A, tile=None if tile is None else (1, 1))
+        con.execute(query)
+        want = oracle(X, Y, A)
+        got = con.tensor("R")
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)  # exact: NaN and inf in the same places

@@ -49,6 +49,10 @@ class KernelSpec:
                      and sorted(prod[1]) == list(range(len(op.inputs)))
                      and scalar.uniform_dtype(op.join, self.in_dtypes, op.dtype))
         self.scale = prod[0] if prod else 1
+        # NumPy applies a leading literal (c * x0 * x1) to x0 before any product, and a trailing
+        # one ((x0 * x1) * c) to the product: the kernel does the same, so overflow to inf and
+        # the NaN of 0 * inf happen where NumPy's happen.
+        self.scale_first = prod[1][0] if prod and prod[2] and self.scale != 1 else None
         sym = {l: oe.get_symbol(i) for i, l in enumerate(op.labels)}
         self.eq = ",".join("".join(sym[l] for l in o.labels) for o in op.inputs) + "->" + \
             "".join(sym[l] for l in op.out_labels)
@@ -77,6 +81,9 @@ class KernelSpec:
         if self.blas:
             # NumPy multiplies in the promoted dtype: int32 x float64 is a float64 product.
             arrays = [a if a.dtype == self.dtype else a.astype(self.dtype) for a in arrays]
+            if self.scale_first is not None:
+                k = self.scale_first
+                arrays[k] = arrays[k] * _scalar(self.scale, self.dtype)
             return self._contract(arrays, out)
         return self._broadcast(arrays, out, check)
 
@@ -92,7 +99,7 @@ class KernelSpec:
             out = expr(*arrays)
         else:
             out = expr(*arrays, backend="cupy")
-        if self.scale != 1:
+        if self.scale != 1 and self.scale_first is None:
             out = out * _scalar(self.scale, self.dtype)
         # Tiles are stored and accumulated C-ordered: pay the transpose here, on the worker.
         out = self.xp.asarray(out, dtype=self.dtype)
@@ -102,8 +109,8 @@ class KernelSpec:
         """One (batched) matrix product, written into ``out`` when its dtype matches.
 
         Operands are laid out (batch, free, contracted) and (batch, contracted, free): reshaping
-        is free for tiles already in that order (the common case), a copy otherwise. The scale of
-        ``c * x0 * x1`` is applied to the smaller operand."""
+        is free for tiles already in that order (the common case), a copy otherwise. A leading
+        literal was applied to its operand already; a trailing one is applied to the result."""
         xp = self.xp
         first, second, (ta, tb), (nb, m, k, n) = self.matmul
         a, b = arrays[first], arrays[second]
@@ -111,13 +118,7 @@ class KernelSpec:
         for o, arr in ((self.op.inputs[first], a), (self.op.inputs[second], b)):
             ext.update(zip(o.labels, arr.shape))
         nb, m, k, n = (math.prod(ext[l] for l in group) for group in (nb, m, k, n))
-        scale_after = self.scale != 1
-        if scale_after and a.dtype == b.dtype == self.dtype:  # scaling an int would truncate
-            scale_after = False
-            if a.size <= b.size:
-                a = a * _scalar(self.scale, a.dtype)
-            else:
-                b = b * _scalar(self.scale, b.dtype)
+        scale_after = self.scale != 1 and self.scale_first is None
         a3 = a.transpose(ta).reshape(nb, m, k)
         b3 = b.transpose(tb).reshape(nb, k, n)
         if out is not None and xp is np and a3.dtype == b3.dtype == out.dtype and not scale_after:

@@ -308,7 +308,7 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
             into = alias[step.into] = step.into + "'"
             if step.store:
                 store_as.append((into, step.into))
-        if scalar.product_of(join) == (1, tuple(range(len(names)))) and step.agg == "sum":
+        if scalar.product_of(join) == (1, tuple(range(len(names))), True) and step.agg == "sum":
             pieces = split_pairwise(into, labels, out, sizes, names)
         else:
             pieces = [(into, out, list(zip(names, labels)))]

@@ -133,28 +133,65 @@ def product(n: int) -> Expr:
     return expr
 
 
-def product_of(expr: Expr) -> tuple[int | float, tuple[int, ...]] | None:
-    """If ``expr`` is ``c * x_a * x_b * ...`` with each input once, return (c, (a, b, ...)).
+def product_of(expr: Expr) -> tuple[int | float, tuple[int, ...], bool] | None:
+    """``(c, (a, b, ...), leading)`` when ``expr`` multiplies distinct inputs, each once, by at
+    most one literal, placed where NumPy applies it first or last:
 
-    ``c`` is exact in the arithmetic of the operation's dtype only when every product in ``expr``
-    is computed in that dtype: ``uniform_dtype`` says whether it is."""
+    - a product of inputs in any grouping, negations included: ``c`` is the sign (exact);
+    - ``c * x_a * x_b * ...`` (left to right): ``c`` multiplies ``x_a`` before anything else
+      (``leading``);
+    - ``(x_a * x_b * ...) * c``, or ``/ c`` for a power of two ``c`` (``1 / c`` is exact): ``c``
+      multiplies the product (not ``leading``).
+
+    Anything else (two literals, a literal inside the product, ``/ 3``) is None: folding would
+    change where NumPy overflows or rounds. ``c`` is exact in the arithmetic of the operation's
+    dtype only when every product in ``expr`` is computed in that dtype: ``uniform_dtype`` says
+    whether it is.
+
+    >>> [product_of(parse_join(t)) for t in ("x1 * -x0", "2 * x0 * x1", "x0 * (x1 * 2)")]
+    [(-1, (1, 0), True), (2, (0, 1), True), None]
+    """
+    plain = _plain_product(expr)
+    if plain is not None:
+        return plain[0], plain[1], True
+    if isinstance(expr, Call) and expr.fn in ("*", "/") and isinstance(expr.args[1], Const):
+        inner, c = _plain_product(expr.args[0]), expr.args[1].value
+        if inner is None or not isinstance(c, (int, float)):
+            return None
+        if expr.fn == "*":
+            return inner[0] * c, inner[1], False
+        if c != 0 and math.isfinite(c) and math.frexp(c)[0] in (0.5, -0.5):
+            return inner[0] / c, inner[1], False
+        return None
+    # c * x_a * x_b ...: the leftmost factor of a left-to-right chain is the literal.
+    rights, e = [], expr
+    while isinstance(e, Call) and e.fn == "*" and not isinstance(e.args[0], Const):
+        rights.append(e.args[1])
+        e = e.args[0]
+    if not (isinstance(e, Call) and e.fn == "*" and isinstance(e.args[0], Const)):
+        return None
+    rights.append(e.args[1])
+    parts = [_plain_product(r) for r in reversed(rights)]
+    if any(p is None for p in parts) or not isinstance(e.args[0].value, (int, float)):
+        return None
+    inputs = tuple(i for p in parts for i in p[1])
+    if len(set(inputs)) != len(inputs):
+        return None
+    return e.args[0].value * math.prod(p[0] for p in parts), inputs, True
+
+
+def _plain_product(expr: Expr) -> tuple[int, tuple[int, ...]] | None:
+    """(sign, inputs left to right) for a product of distinct inputs and negations only."""
     if isinstance(expr, Input):
         return 1, (expr.index,)
-    if isinstance(expr, Const):
-        return expr.value, ()
+    if isinstance(expr, Call) and expr.fn == "neg":
+        inner = _plain_product(expr.args[0])
+        return None if inner is None else (-inner[0], inner[1])
     if isinstance(expr, Call) and expr.fn == "*":
-        left, right = product_of(expr.args[0]), product_of(expr.args[1])
+        left, right = _plain_product(expr.args[0]), _plain_product(expr.args[1])
         if left is None or right is None or set(left[1]) & set(right[1]):
             return None
         return left[0] * right[0], left[1] + right[1]
-    if isinstance(expr, Call) and expr.fn == "/" and isinstance(expr.args[1], Const):
-        left = product_of(expr.args[0])
-        if left is None or expr.args[1].value == 0:
-            return None
-        return left[0] / expr.args[1].value, left[1]
-    if isinstance(expr, Call) and expr.fn == "neg":
-        inner = product_of(expr.args[0])
-        return None if inner is None else (-inner[0], inner[1])
     return None
 
 
