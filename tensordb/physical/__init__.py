@@ -2,7 +2,8 @@
 aggregations, and every task of it gets the worker that runs it."""
 from .lower import OutputWriters, describe, lower
 from .placement import place, transfers, worker_flops
-from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
+from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan, describe_tasks
 
-__all__ = ["lower", "place", "transfers", "worker_flops", "OutputWriters", "describe", "TilePlan",
+__all__ = ["lower", "place", "transfers", "worker_flops", "OutputWriters", "describe", "describe_tasks",
+           "TilePlan",
            "Load", "Assemble", "Kernel", "Aggregate", "OutputTiles", "OpStats"]
