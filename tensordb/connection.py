@@ -17,7 +17,7 @@ import numpy as np
 
 from . import optimizer, physical
 from .config import Settings, available_memory, debug_level, format_bytes, stage
-from .errors import CatalogError, InterfaceError, OutOfMemoryError, ProgrammingError
+from .errors import CatalogError, InterfaceError, OutOfMemoryError, ParserError, ProgrammingError
 from .plan.builder import Graph, bind
 from .plan.ir import EinGraph
 from .session import Session
@@ -147,7 +147,12 @@ class Connection:
         """Run every statement of ``sql``: one Result per statement. ``on_result`` sees each
         result as soon as it exists (the CLI prints it while later statements run)."""
         from .session import run_script
-        return run_script(self, sql, self._parse(sql), parameters, on_result)
+        try:
+            stmts = self._parse(sql)
+        except ParserError:  # a block open since an earlier call can only be rolled back now
+            self.session.abort_block()
+            raise
+        return run_script(self, sql, stmts, parameters, on_result)
 
     def pending_statements(self) -> int | None:
         """How many statements wait in an open BEGIN block for COMMIT; None when none is open."""

@@ -40,6 +40,11 @@ class Session:
         """Statements queued in the open BEGIN block; None when no block is open."""
         return None if self.block is None else len(self.block)
 
+    def abort_block(self) -> None:
+        """A statement failed (or did not parse): an open block can only be rolled back now."""
+        if self.block is not None:
+            self.block_failed = True
+
 
 def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
                on_result: Emit | None = None) -> list[Result]:
@@ -90,8 +95,7 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
                 unit.append((script, stmt))
         run_unit(con, unit, emit, each=on_result is not None)
     except Error:
-        if sess.block is not None:
-            sess.block_failed = True
+        sess.abort_block()
         raise
     return results
 
