@@ -4,6 +4,5 @@ from .lower import OutputWriters, describe, lower
 from .placement import place, transfers, worker_flops
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan, describe_tasks
 
-__all__ = ["lower", "place", "transfers", "worker_flops", "OutputWriters", "describe", "describe_tasks",
-           "TilePlan",
-           "Load", "Assemble", "Kernel", "Aggregate", "OutputTiles", "OpStats"]
+__all__ = ["lower", "place", "transfers", "worker_flops", "OutputWriters", "describe", "TilePlan",
+           "Load", "Assemble", "Kernel", "Aggregate", "OutputTiles", "OpStats", "describe_tasks"]
