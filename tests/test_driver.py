@@ -108,9 +108,9 @@ def test_explain_on_a_graph_plans_on_the_connection_and_renders_without_running(
 
 def test_the_dialects_settings_are_the_connections():
     assert set(SETTINGS) == {f.name for f in dataclasses.fields(config.Settings)}
-    with tensordb.connect() as con:  # each is ours: SET/SHOW of it is not sent to DuckDB
-        for name in SETTINGS:
-            assert type(parse(f"SHOW {name}")[0]).__name__ == "ShowSettingStmt"
+    for name in SETTINGS:  # each is ours: SHOW/SET of it is not sent to DuckDB
+        assert type(parse(f"SHOW {name}")[0]).__name__ == "ShowSettingStmt"
+        assert type(parse(f"SET {name} = 1")[0]).__name__ == "SetStmt"
 
 
 def test_the_dialects_depth_bound_is_the_irs():
