@@ -128,7 +128,6 @@ class Shell:
     # -- running -------------------------------------------------------------------------------
     def run_text(self, text: str, source: str) -> bool:
         """Run every statement of ``text``; False (and a message on stderr) if one failed."""
-        from .dialect import run_script
         self.progress.reset()
         shown = 0
 
@@ -138,7 +137,7 @@ class Shell:
             self.show(result)
 
         try:
-            run_script(self.con, text, on_result=show)
+            self.con.execute_script(text, on_result=show)
             return True
         except Error as exc:
             self.progress.stop()
@@ -239,18 +238,17 @@ class Shell:
 
     def check_open_block(self) -> bool:
         """Warn about a BEGIN that was never committed (its statements did not run)."""
-        from .dialect.executor import session
-        block = session(self.con).block
-        if block is None:
+        pending = self.con.pending_statements()
+        if pending is None:
             return True
-        print(f"warning: BEGIN without COMMIT: {len(block)} statement(s) were not run and nothing "
+        print(f"warning: BEGIN without COMMIT: {pending} statement(s) were not run and nothing "
               "of them was stored", file=self.err)
         return False
 
     def complete(self, text: str, state: int) -> str | None:
         """Tab completion: keywords, functions, tensor names."""
         if state == 0:
-            from .dialect.binder import AGGREGATES, SCALAR_FUNCTIONS
+            from .bind import AGGREGATES, SCALAR_FUNCTIONS
             from .dialect.grammar import KEYWORDS
             try:
                 names = [t["name"] for t in self.con.tensors()]

@@ -1,7 +1,10 @@
-"""Connection: the embedded database. It runs the pipeline; each stage is one call.
+"""Connection: the embedded database. It is the one driver of the pipeline; each stage is one
+call, timed under TENSORDB_DEBUG=1:
 
-    text --dialect--> statements --binder--> EinGraph --optimizer--> Decomposition
-         --lower--> TilePlan --place--> --executor--> tiles --> store
+    text --parse--> statements --bind--> EinGraph --optimize--> Decomposition
+         --lower--> TilePlan --place--> --run--> tiles --commit--> store
+
+The statements that are not einsums, blocks and LETs are the session's (tensordb/session/).
 """
 from __future__ import annotations
 
@@ -14,9 +17,10 @@ import numpy as np
 
 from . import optimizer, physical
 from .config import Settings, available_memory, debug_level, format_bytes, stage
-from .errors import CatalogError, InterfaceError, OutOfMemoryError, ProgrammingError
+from .errors import CatalogError, InterfaceError, OutOfMemoryError, ParserError, ProgrammingError
 from .plan.builder import Graph, bind
 from .plan.ir import EinGraph
+from .session import Session
 from .storage import Store
 
 __all__ = ["Connection", "connect"]
@@ -53,6 +57,7 @@ class Connection:
             check_main_guard(self.settings.executor)
         self._store: Store | None = Store(path, read_only=read_only)
         self._executor = None
+        self.session = Session()  # the dialect's state: LETs and the open BEGIN block
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
         # Called as (done, total) tasks while a plan runs (the CLI); ``done`` counts the running
         # kernel calls' fractions too, so it grows while a few long calls run.
@@ -85,8 +90,7 @@ class Connection:
         nothing unless a transaction is open: it ends a BEGIN block as COMMIT does (its
         statements run and are stored, or none is), or commits a transaction begun with plain
         SQL (``con.sql("BEGIN")``)."""
-        from .dialect.executor import session
-        if session(self).block is not None:
+        if self.session.block is not None:
             self.execute("COMMIT")
         elif self.store.user_transaction:
             self.sql("COMMIT")
@@ -94,8 +98,7 @@ class Connection:
     def rollback(self) -> None:
         """Discard an open BEGIN block (as ROLLBACK does) or a transaction begun with plain SQL;
         nothing to undo otherwise (what ran is committed)."""
-        from .dialect.executor import session
-        if session(self).block is not None:
+        if self.session.block is not None:
             self.execute("ROLLBACK")
         elif self.store.user_transaction:
             self.sql("ROLLBACK")
@@ -129,18 +132,44 @@ class Connection:
 
     # -- the SQL dialect -----------------------------------------------------------------------
     def execute(self, sql: str, parameters: Sequence[Any] | None = None):
-        """Run one or more statements of the dialect; returns the result of the last one."""
-        from . import dialect
+        """Run one or more statements of the dialect; returns the result of the last one (an
+        empty status result when there is none)."""
+        from .result import Result
         if parameters is not None and (isinstance(parameters, (str, bytes)) or
                                        not isinstance(parameters, (Sequence, Mapping))):
             raise ProgrammingError(f"parameters must be a list or tuple of values (one per ?), "
                                    f"got {type(parameters).__name__}")
-        return dialect.execute(self, sql, parameters)
+        results = self.execute_script(sql, parameters)
+        return results[-1] if results else Result.status("OK", sql)
 
-    def explain(self, sql: str, format: str = "text", analyze: bool = False) -> str:
-        """EXPLAIN [ANALYZE] a statement, as text or JSON."""
-        from . import dialect
-        return dialect.explain(self, sql, format=format, analyze=analyze)
+    def execute_script(self, sql: str, parameters: Sequence[Any] | None = None,
+                       on_result=None) -> list:
+        """Run every statement of ``sql``: one Result per statement. ``on_result`` sees each
+        result as soon as it exists (the CLI prints it while later statements run)."""
+        from .session import run_script
+        try:
+            stmts = self._parse(sql)
+        except ParserError:  # a block open since an earlier call can only be rolled back now
+            self.session.abort_block()
+            raise
+        return run_script(self, sql, stmts, parameters, on_result)
+
+    def pending_statements(self) -> int | None:
+        """How many statements wait in an open BEGIN block for COMMIT; None when none is open."""
+        return self.session.pending()
+
+    def explain(self, query: str | Graph | EinGraph, format: str = "text", analyze: bool = False,
+                *, hints: Mapping[str, Mapping[str, int]] | None = None) -> str:
+        """EXPLAIN [ANALYZE] a statement (SQL text) or a graph, as text, JSON, dot or svg. With
+        ``analyze`` it runs (its outputs are stored) and the measurements are shown too."""
+        if isinstance(query, (Graph, EinGraph)):
+            from .explain import check_format
+            check_format(format)
+            graph, hints = self._bind(query, hints)
+            return self._explain_graph(graph, hints, format=format, analyze=analyze)
+        from .session import explain_format, explain_script
+        fmt = explain_format(format)
+        return explain_script(self, query, self._parse(query), fmt, analyze)
 
     def sql(self, query: str):
         """Plain SQL over tables and tensors (a DuckDB relation); tensors appear as
@@ -253,15 +282,11 @@ class Connection:
         """Run a graph whose one output is ``name`` and return it as an array; nothing is
         stored (the output tiles stay in memory and are assembled here)."""
         from .geometry import tile_box
-        hints = dict(graph.hints)
-        with stage("bind"):
-            bound = bind(graph, self.store)
+        bound, hints = self._bind(graph)
         decomp, plan = self.plan(bound, hints)
         out = plan.outputs[name]
         self._check_dense("the einsum's result", out.shape, out.dtype)
-        with stage("run"):
-            result = self._get_executor().run(plan, self.store, progress=self.progress_callback)
-        self.last_plan = plan
+        result = self._run(plan)
         arr = np.zeros(out.shape, out.dtype)  # tiles no call produced are zeros
         for coords, key in out.tiles.items():
             lo, hi = tile_box(out.grid, coords)
@@ -272,14 +297,69 @@ class Connection:
             replace: bool = True):
         """Plan and run a whole graph of operations at once; stores its outputs atomically,
         replacing tensors of the same names as assignments do (``replace=False`` refuses)."""
-        if isinstance(graph, Graph):
-            hints = {**graph.hints, **(hints or {})}
-            with stage("bind"):
-                graph = bind(graph, self.store)
+        graph, hints = self._bind(graph, hints)
         return self._run_graph(graph, hints=hints, replace=replace)
 
+    # -- the pipeline: each stage one call ------------------------------------------------------
+    def _parse(self, sql: str) -> list:
+        """parse: text -> statements (ASTs with spans)."""
+        from .dialect import parse
+        if not isinstance(sql, str):
+            raise ProgrammingError(f"a statement must be a string, got {type(sql).__name__}")
+        with stage("parse"):
+            return parse(sql)
+
+    def _bind(self, graph: Graph | EinGraph, hints=None) -> tuple[EinGraph, dict]:
+        """bind: a Graph of named steps -> the checked EinGraph, and the hints it carries."""
+        if isinstance(graph, EinGraph):
+            return graph, dict(hints or {})
+        with stage("bind"):
+            return bind(graph, self.store), {**graph.hints, **(hints or {})}
+
+    def _bind_statements(self, items) -> tuple[EinGraph | None, dict]:
+        """bind: einsum statements (with the session's LETs) -> the EinGraph of what they store
+        (None when they only define LETs), and its hints."""
+        from .bind import bind_statements
+        with stage("bind"):
+            binder = bind_statements(self.store, self.session.lets, items)
+            if not (binder.graph.steps and binder.outputs):
+                return None, {}
+            return bind(binder.graph, self.store), dict(binder.graph.hints)
+
+    def _run_statements(self, items) -> None:
+        """A group of einsum statements: bind, optimize, lower, place, run, commit."""
+        graph, hints = self._bind_statements(items)
+        if graph is not None:
+            self._run_graph(graph, hints=hints, replace=True)
+
+    def _explain_statements(self, items, format: str = "text", analyze: bool = False) -> str:
+        graph, hints = self._bind_statements(items)
+        return self._explain_graph(graph, hints, format=format, analyze=analyze)
+
+    def _explain_graph(self, graph: EinGraph, hints, format: str = "text", analyze: bool = False):
+        """Plan ``graph`` (and with ``analyze`` run that very plan) and have explain render it."""
+        from .explain import render
+        decomp, plan = self.plan(graph, hints)
+        result = self._run_graph(graph, replace=True, planned=(decomp, plan)) if analyze else None
+        return render(decomp, plan, format=format, result=result)
+
     def plan(self, graph: EinGraph, hints=None):
-        """Optimize, lower and place a bound graph: the TilePlan (nothing runs)."""
+        """optimize, lower, place: a bound graph -> (Decomposition, placed TilePlan); nothing
+        runs. TENSORDB_DEBUG=2 prints the plan as EXPLAIN shows it, =3 its tile tasks too."""
+        decomp = self._optimize(graph, hints)
+        with stage("lower"):
+            plan = physical.lower(graph, decomp, self.store)
+        with stage("place"):
+            plan = physical.place(plan)
+        if debug_level() >= 2:
+            from .explain import render
+            print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)
+        if debug_level() >= 3:
+            print(physical.describe_tasks(plan), file=sys.stderr)
+        return decomp, plan
+
+    def _optimize(self, graph: EinGraph, hints=None):
+        """optimize: the Decomposition (pieces per label of every operation) and its cost."""
         metas = {t.name: self.store.meta(t.name) for t in graph.inputs}
         grids = {name: m.grid for name, m in metas.items()}
         # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist.
@@ -297,40 +377,37 @@ class Connection:
         workers = self.settings.workers if self.settings.executor == "local" else \
             self._get_executor().workers
         with stage("optimize"):
-            decomp = optimizer.decompose(graph, workers, strategy=self.settings.tiling,
-                                         memory_limit=self.settings.memory_limit, hints=hints,
-                                         input_grids=grids, input_tiles=sparse,
-                                         input_facts=facts)
-        with stage("lower"):
-            plan = physical.lower(graph, decomp, self.store)
-        with stage("place"):
-            plan = physical.place(plan)
-        if debug_level() >= 2:
-            print(physical.describe(plan), file=sys.stderr)
-        return decomp, plan
+            return optimizer.decompose(graph, workers, strategy=self.settings.tiling,
+                                       memory_limit=self.settings.memory_limit, hints=hints,
+                                       input_grids=grids, input_tiles=sparse, input_facts=facts)
+
+    def _run(self, plan, destinations=None):
+        """run: the executor runs the placed plan; its output tiles come back (or, with
+        ``destinations``, are written straight into their new payload files)."""
+        with stage("run"):
+            result = self._get_executor().run(plan, self.store, progress=self.progress_callback,
+                                              destinations=destinations)
+        self.last_plan = plan
+        return result
 
     def _run_graph(self, graph: EinGraph, *, hints=None, replace=False, planned=None):
-        """Plan (unless ``planned`` = (decomposition, plan) is given), run, store atomically."""
+        """Plan (unless ``planned`` = (decomposition, plan) is given), run, commit atomically."""
         for name in graph.outputs:
             name = graph.stored_name(name)
             if self.store.has(name) and not replace:
                 raise CatalogError(f"tensor '{name}' already exists",
                                    hint="use replace=True (CREATE OR REPLACE) to overwrite it")
         decomp, plan = planned if planned is not None else self.plan(graph, hints)
-        executor = self._get_executor()
         # Output tiles are computed straight into their new payload files where the executor
         # can (in-process workers); nothing is visible until the catalog commit.
         writers = physical.OutputWriters(self.store, plan, replace=replace)
         try:
-            with stage("run"):
-                result = executor.run(plan, self.store, progress=self.progress_callback,
-                                      destinations=writers.buffers)
+            result = self._run(plan, writers.buffers)
         except BaseException:
             writers.abort()
             raise
-        with stage("store"):
+        with stage("commit"):
             writers.store_tiles(result.tiles, result.nnz, result.nonfinite)
-        self.last_plan = plan
         return result
 
     def _get_executor(self):

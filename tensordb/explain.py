@@ -1,9 +1,11 @@
 """EXPLAIN: print a plan as a table (text), as JSON, or as a Graphviz graph (dot, or svg drawn by
 Graphviz). In a notebook the text form shows as an HTML table (``Explanation``, tensordb.notebook).
 
-``render(decomp, plan)`` is a pure function of the optimizer's Decomposition (which carries its
-cost: explain renders estimates and makes none) and the placed TilePlan; ``explain_graph(con, graph)`` plans a graph on a connection (and, with ``analyze``, runs
-it) and renders the result. See docs/explain.md for how to read the output.
+``render(decomp, plan, result=None)`` is a pure function of the optimizer's Decomposition (which
+carries its cost: explain renders estimates and makes none), the placed TilePlan and, for
+EXPLAIN ANALYZE, the run's statistics. It plans and runs nothing: ``Connection.explain`` does
+(on a statement or a graph) and passes what it got here. See docs/explain.md for how to read the
+output.
 
 The text form is a header with totals, then one row per operation: its expression, pieces per
 label (output labels | aggregated labels), the tile shape of one kernel call, kernel calls,
@@ -21,7 +23,7 @@ from .config import format_bytes
 from .errors import ProgrammingError
 from .notebook import dot_svg, escape
 
-__all__ = ["explain_graph", "render", "plan_summary", "explain_html", "Explanation", "FORMATS"]
+__all__ = ["render", "check_format", "plan_summary", "explain_html", "Explanation", "FORMATS"]
 
 FORMATS = ("text", "json", "dot", "svg")
 
@@ -47,26 +49,8 @@ class Explanation(str):
         return dot_svg(self.dot)
 
 
-def explain_graph(con, graph, *, hints: Mapping | None = None, format: str = "text",
-                  analyze: bool = False) -> str:
-    """EXPLAIN [ANALYZE] a graph (a builder ``Graph`` or a bound ``EinGraph``) on ``con``.
-
-    With ``analyze`` the statement runs (its outputs are stored, replacing older ones) and the
-    measured figures are shown next to the estimates.
-    """
-    from .plan.builder import Graph, bind
-    _check_format(format)
-    if isinstance(graph, Graph):
-        hints = {**graph.hints, **(hints or {})}
-        graph = bind(graph, con.store)
-    decomp, plan = con.plan(graph, hints)
-    result = None
-    if analyze:  # run the very plan that is shown
-        result = con._run_graph(graph, hints=hints, replace=True, planned=(decomp, plan))
-    return render(decomp, plan, format=format, result=result)
-
-
-def _check_format(format: str) -> None:
+def check_format(format: str) -> None:
+    """Refuse an unknown format, before anything is planned."""
     if format not in FORMATS:
         raise ProgrammingError(f"unknown EXPLAIN format '{format}'",
                                hint=f"valid formats: {', '.join(FORMATS)}")
@@ -142,7 +126,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
 
 def render(decomp, plan, format: str = "text", result=None) -> str:
     """Render a planned (and, with ``result``, executed) TilePlan."""
-    _check_format(format)
+    check_format(format)
     data = plan_summary(decomp, plan, result)
     if format == "json":
         return json.dumps(data, indent=2, default=float)

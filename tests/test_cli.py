@@ -79,7 +79,7 @@ def test_missing_file(tmp_path, capsys):
 def test_internal_errors_are_one_line(monkeypatch, capsys):
     def boom(*a, **k):
         raise RuntimeError("kaboom")
-    monkeypatch.setattr("tensordb.dialect.run_script", boom)
+    monkeypatch.setattr("tensordb.Connection.execute_script", boom)
     monkeypatch.delenv("TENSORDB_DEBUG", raising=False)
     rc, _, err = run(["-c", "SELECT 1"], capsys)
     assert rc == 1 and err.strip() == "internal error: RuntimeError: kaboom"

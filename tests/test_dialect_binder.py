@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensordb.dialect.group import GroupBinder, LetDef
+from tensordb.bind import GroupBinder, LetDef
 from tensordb.dialect.parser import parse
 from tensordb.errors import BinderError, CatalogError, Error
 from tensordb.plan import scalar

@@ -8,7 +8,7 @@ import pytest
 
 import tensordb
 from tensordb.errors import ProgrammingError
-from tensordb.explain import explain_graph, render
+from tensordb.explain import render
 from tensordb.optimizer import STRATEGIES, Decomposition, price
 from tensordb.plan.builder import Graph
 
@@ -34,7 +34,7 @@ def mlp(con, b=8, h=256, f=1024):
 
 def test_text_has_header_and_one_row_per_operation(con4):
     g, _ = mlp(con4)
-    text = explain_graph(con4, g)
+    text = con4.explain(g)
     lines = text.splitlines()
     assert lines[0].startswith("EXPLAIN: 3 operation(s) on 4 worker(s), strategy eindecomp")
     assert "flops" in lines[1] and "moved between workers" in lines[1] and "peak tile" in lines[1]
@@ -49,7 +49,7 @@ def test_text_has_header_and_one_row_per_operation(con4):
 
 def test_json_has_the_documented_fields(con4):
     g, _ = mlp(con4)
-    data = json.loads(explain_graph(con4, g, format="json"))
+    data = json.loads(con4.explain(g, format="json"))
     assert data["workers"] == 4
     assert {"flops", "bytes_moved", "cost"} <= set(data["total"])
     assert [n["output"] for n in data["nodes"]] == ["H", "R", "Y"]
@@ -67,7 +67,7 @@ def test_json_has_the_documented_fields(con4):
 
 def test_analyze_runs_and_reports_measurements(con4):
     g, expect = mlp(con4)
-    data = json.loads(explain_graph(con4, g, format="json", analyze=True))
+    data = json.loads(con4.explain(g, format="json", analyze=True))
     np.testing.assert_allclose(con4.tensor("Y"), expect, rtol=1e-10)
     for n in data["nodes"]:
         m = n["measured"]
@@ -75,16 +75,16 @@ def test_analyze_runs_and_reports_measurements(con4):
         assert m["kernel_calls"] == n["kernel_calls"]
         assert m["bytes_moved"] == n["bytes_moved"]                   # the plan is followed
     assert data["measured"]["bytes_moved"] == data["total"]["bytes_moved"]
-    text = explain_graph(con4, g, analyze=True)                       # runs again, replacing Y
+    text = con4.explain(g, analyze=True)                       # runs again, replacing Y
     assert text.startswith("EXPLAIN ANALYZE") and "measured:" in text and "calls*" in text
 
 
 def test_dot_and_bad_format(con4):
     g, _ = mlp(con4)
-    dot = explain_graph(con4, g, format="dot")
+    dot = con4.explain(g, format="dot")
     assert dot.startswith("digraph plan {") and '"W1" -> "H";' in dot
     with pytest.raises(ProgrammingError, match="valid formats"):
-        explain_graph(con4, g, format="yaml")
+        con4.explain(g, format="yaml")
 
 
 def test_a_hand_made_decomposition_is_priced_by_the_optimizer_not_by_explain(con4):
@@ -104,7 +104,7 @@ def test_a_hand_made_decomposition_is_priced_by_the_optimizer_not_by_explain(con
 
 def test_hints_show_in_explain(con4):
     g, _ = mlp(con4)
-    data = json.loads(explain_graph(con4, g, format="json", hints={"Y": {"b": 2}}))
+    data = json.loads(con4.explain(g, format="json", hints={"Y": {"b": 2}}))
     assert data["nodes"][2]["partition"]["b"] == 2
 
 

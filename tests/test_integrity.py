@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import tensordb
-from tensordb.dialect import run_script
 
 A = np.arange(1, 65, dtype="float64").reshape(8, 8)  # tiles (4, 4): every tile nonzero
 B = np.arange(64, dtype="float64").reshape(8, 8) % 5 - 2
@@ -371,8 +370,8 @@ def test_check_inside_a_block_and_a_tensor_named_check(tmp_path):
         con.execute("check[i,j] = A[i,j] + 1")  # CHECK is a keyword only before TENSOR/DATABASE
         np.testing.assert_array_equal(con.tensor("check"), A + 1)
         seen = []  # CHECK runs at COMMIT, inside the block's transaction, and sees X
-        run_script(
-            con, "BEGIN; X[i,j] = A[i,j] * 2; CHECK TENSOR X; COMMIT", on_result=seen.append)
+        con.execute_script("BEGIN; X[i,j] = A[i,j] * 2; CHECK TENSOR X; COMMIT",
+                           on_result=seen.append)
         assert [r.fetchall() for r in seen if r.kind == "rows"] == [[(None, None, None, None, "ok")]]
         rows = con.execute("CHECK /* every tensor */ DATABASE").fetchall()
         assert rows == [(None, None, None, None, "ok")]

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 import tensordb
 from tensordb.config import Settings
 from tensordb.dialect import parse
-from tensordb.dialect.executor import session
 
 CORPUS = [
     "CREATE TENSOR Z (i 4, k 3) FLOAT32 TILE (i 2, k 3)",
@@ -90,7 +89,7 @@ def _state(con, versions=True):
 
 def _reset(con, base):
     """Back to the base state after a statement (a success may have changed anything)."""
-    s = session(con)
+    s = con.session
     s.block, s.block_failed = None, False
     s.lets.clear()
     defaults = Settings()
@@ -138,7 +137,7 @@ def test_execute_raises_only_tensordb_errors_and_failures_change_nothing(fuzz_co
         con.execute(text)
     except tensordb.Error as exc:
         assert str(exc)
-        if session(con).block is None:
+        if con.pending_statements() is None:
             assert _state(con) == before, f"the database changed after a failed statement: {text!r}"
     finally:
         _reset(con, base)

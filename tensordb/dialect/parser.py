@@ -11,22 +11,22 @@ SQL for DuckDB.
 from __future__ import annotations
 
 import functools
-from dataclasses import fields
 
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import (UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken,
                              VisitError)
 
-from ..config import Settings
 from ..errors import ParserError, Span, closest_keyword as _closest_keyword
-from ..plan import scalar
 from . import ast as A
 from .grammar import READABLE, grammar
 from .lexer import _DOLLAR, Word, skip_space, split, words
 
 __all__ = ["parse", "parse_statement", "classify"]
 
-_SETTINGS = {f.name for f in fields(Settings)}
+# The names of tensordb's settings (config.Settings; a test checks they agree): ``SET workers``
+# and ``SHOW workers`` are ours, any other SET or SHOW is DuckDB's.
+SETTINGS = ("workers", "memory_limit", "executor", "tiling", "progress")
+_SETTINGS = frozenset(SETTINGS)
 
 
 @functools.lru_cache(maxsize=1)
@@ -211,8 +211,10 @@ def _parse_ours(script: str, span: Span) -> A.Statement:
 
 # The deepest parse tree a statement may have: every later stage (the AST builder, the binder, the
 # join evaluator in the kernels) walks expressions recursively, and this bound keeps each well
-# inside Python's recursion limit. A chain like ``a + b + c`` is one level per operator.
-MAX_EXPRESSION_DEPTH = scalar.MAX_EXPRESSION_DEPTH
+# inside Python's recursion limit. A chain like ``a + b + c`` is one level per operator. The same
+# bound as plan.scalar.MAX_EXPRESSION_DEPTH (the IR's, for joins built in Python; a test checks
+# they agree).
+MAX_EXPRESSION_DEPTH = 200
 
 
 def _check_depth(tree, script: str, base: int) -> None:

@@ -2,7 +2,7 @@
 aggregations, and every task of it gets the worker that runs it."""
 from .lower import OutputWriters, describe, lower
 from .placement import place, transfers, worker_flops
-from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
+from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan, describe_tasks
 
 __all__ = ["lower", "place", "transfers", "worker_flops", "OutputWriters", "describe", "TilePlan",
-           "Load", "Assemble", "Kernel", "Aggregate", "OutputTiles", "OpStats"]
+           "Load", "Assemble", "Kernel", "Aggregate", "OutputTiles", "OpStats", "describe_tasks"]

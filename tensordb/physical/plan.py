@@ -19,7 +19,8 @@ from typing import Union
 from ..geometry import Grid
 from ..plan.ir import EinOp
 
-__all__ = ["Load", "Assemble", "Kernel", "Aggregate", "Task", "OutputTiles", "OpStats", "TilePlan"]
+__all__ = ["Load", "Assemble", "Kernel", "Aggregate", "Task", "OutputTiles", "OpStats", "TilePlan",
+           "describe_tasks"]
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (starts, stops)
 
@@ -142,3 +143,13 @@ class TilePlan:
     @property
     def kernel_calls(self) -> int:
         return sum(isinstance(t, Kernel) for t in self.tasks)
+
+
+def describe_tasks(plan: TilePlan) -> str:
+    """Every tile task, one line each, in the order the plan lists them (TENSORDB_DEBUG=3)."""
+    lines = [f"tile tasks: {len(plan.tasks)}"]
+    for t in plan.tasks:
+        op = plan.owner.get(t.key)
+        where = f"w{t.worker}" + (f" op{op}" if op is not None else "")
+        lines.append(f"  {t.key:>6} {where:<10} {t}")
+    return "\n".join(lines)

@@ -3,14 +3,14 @@
 A label used *free* in an expression is used outside every aggregate call in it; the binder
 gives a label to the outermost scope that uses it free (docs/sql.md, the label rule).
 
->>> from tensordb.dialect.parser import parse
+>>> from tensordb.dialect import parse
 >>> e = parse("S[i,j] = EXP(X[i,j] - MAX(X[i,k])) / SUM(EXP(X[i,k] - MAX(X[i,m])))")[0].expr
 >>> free_labels(e), labels_in(e)
 (['i', 'j'], ['i', 'j', 'k', 'm'])
 """
 from __future__ import annotations
 
-from . import ast as A
+from ..dialect import ast as A
 
 __all__ = ["AGGREGATES", "is_aggregate", "terms", "free_labels", "labels_in"]
 

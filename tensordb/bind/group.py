@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import BinderError, CatalogError, Span
 from ..plan.builder import Graph
-from . import ast as A
+from ..dialect import ast as A
 from .binder import Lowered, lower
 
 __all__ = ["GroupBinder", "LetDef"]

@@ -12,8 +12,8 @@ from ..config import Settings, format_bytes
 from ..errors import (BinderError, CatalogError, Error, ParserError, ProgrammingError, Span)
 from ..result import Result
 from ..storage._duck import quote_ident
-from . import ast as A
-from .lexer import words
+from ..dialect import ast as A
+from ..dialect.lexer import words
 
 __all__ = ["run", "DTYPES", "sql_with_parameters", "position_from_message"]
 

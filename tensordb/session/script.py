@@ -1,29 +1,29 @@
-"""Running statements: blocks, transactions, groups of einsum statements, everything else.
+"""Running parsed statements: blocks, transactions, groups of einsum statements, everything else.
 
-One ``execute`` call is one unit: parsed completely before anything runs, then run inside one
-store transaction, so a failing statement leaves the database as it was before the call. BEGIN
-... COMMIT makes a unit of statements sent in several calls (the REPL). Consecutive einsum
-statements of a unit are bound into one graph and run by one ``Connection.run``.
+One ``execute`` call is one unit: parsed completely (by the Connection) before anything runs,
+then run inside one store transaction, so a failing statement leaves the database as it was
+before the call. BEGIN ... COMMIT makes a unit of statements sent in several calls (the REPL).
+Consecutive einsum statements of a unit go to the Connection as one group
+(``Connection._run_statements``: bind, optimize, lower, place, run, commit); the other
+statements go to their handlers (``statements.py``). The per-connection state (LETs, the open
+BEGIN block) is a ``Session`` the Connection owns (``con.session``).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import (BinderError, Error, InternalError, NotSupportedError,
-                      ProgrammingError, Span)
+from ..bind import LetDef, internal_error as _internal
+from ..dialect import ast as A
+from ..errors import BinderError, Error, NotSupportedError, ProgrammingError, Span
 from ..result import Result
 from ..storage.guard import single_statement
-from . import ast as A
 from . import statements
-from .group import GroupBinder, LetDef
-from .parser import parse
 
-__all__ = ["Session", "session", "run_script", "explain_script"]
+__all__ = ["Session", "run_script", "explain_script"]
 
 Emit = Callable[[Result], None]
 
@@ -36,22 +36,21 @@ class Session:
     block: list[tuple[str, A.Statement]] | None = None
     block_failed: bool = False
 
+    def pending(self) -> int | None:
+        """Statements queued in the open BEGIN block; None when no block is open."""
+        return None if self.block is None else len(self.block)
 
-_SESSIONS: "weakref.WeakKeyDictionary[object, Session]" = weakref.WeakKeyDictionary()
+    def abort_block(self) -> None:
+        """A statement failed (or did not parse): an open block can only be rolled back now."""
+        if self.block is not None:
+            self.block_failed = True
 
 
-def session(con) -> Session:
-    s = _SESSIONS.get(con)
-    if s is None:
-        s = _SESSIONS[con] = Session()
-    return s
-
-
-def run_script(con, script: str, parameters=None, on_result: Emit | None = None) -> list[Result]:
-    """Run every statement of ``script``; ``on_result`` sees each result as soon as it exists."""
-    if not isinstance(script, str):
-        raise ProgrammingError(f"a statement must be a string, got {type(script).__name__}")
-    sess = session(con)
+def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
+               on_result: Emit | None = None) -> list[Result]:
+    """Run the statements ``stmts`` parsed from ``script``; ``on_result`` sees each result as
+    soon as it exists."""
+    sess = con.session
     results: list[Result] = []
 
     def emit(r: Result) -> None:
@@ -60,7 +59,6 @@ def run_script(con, script: str, parameters=None, on_result: Emit | None = None)
             on_result(r)
 
     try:
-        stmts = parse(script)
         if parameters:
             return _run_with_parameters(con, script, stmts, parameters, emit) or results
         unit: list[tuple[str, A.Statement]] = []
@@ -97,8 +95,7 @@ def run_script(con, script: str, parameters=None, on_result: Emit | None = None)
                 unit.append((script, stmt))
         run_unit(con, unit, emit, each=on_result is not None)
     except Error:
-        if sess.block is not None:
-            sess.block_failed = True
+        sess.abort_block()
         raise
     return results
 
@@ -116,7 +113,7 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool =
     (in one group it would be a temporary, and its printout would show the final value)."""
     if not items:
         return
-    sess = session(con)
+    sess = con.session
     lets_before = dict(sess.lets)
     store = con.store
     txn = contextlib.nullcontext() if store.read_only else store.transaction()
@@ -157,47 +154,24 @@ def _timed(fn, script: str, span: Span) -> Result:
     return result
 
 
-def _internal(exc: Exception, script: str, span: Span) -> Error:
-    return InternalError(f"internal error: {type(exc).__name__}: {exc}", statement=script, span=span)
-
-
-def bind_group(con, group: list[tuple[str, A.AssignStmt]]) -> GroupBinder:
-    """Bind statements into one graph (nothing runs)."""
-    binder = GroupBinder(con.store, session(con).lets)
-    last: dict[str, int] = {}
-    for k, (_, stmt) in enumerate(group):
-        if stmt.mode != "let":
-            last[stmt.target.name.lower()] = k
-    for k, (script, stmt) in enumerate(group):
-        try:
-            binder.add(script, stmt, last=last.get(stmt.target.name.lower()) in (k, None))
-        except Error as exc:
-            raise exc.with_source(script, stmt.span)
-        except Exception as exc:
-            raise _internal(exc, script, stmt.span) from exc
-    return binder
-
-
 def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
     if not group:
         return
     t0 = time.perf_counter()
-    binder = bind_group(con, group)
     script, first = group[0]
     span = first.span if len(group) == 1 or group[-1][0] is not script else \
         Span(first.span.start, group[-1][1].span.end)
-    if binder.graph.steps and binder.outputs:
-        try:
-            con.run(binder.graph, replace=True)
-        except Error as exc:
-            raise exc.with_source(script, span)
-        except Exception as exc:
-            raise _internal(exc, script, span) from exc
+    try:
+        con._run_statements(group)
+    except Error as exc:
+        raise exc.with_source(script, span)
+    except Exception as exc:
+        raise _internal(exc, script, span) from exc
     elapsed = time.perf_counter() - t0
     for script, stmt in group:
         text = _text(script, stmt)
         if stmt.mode == "let":
-            let = session(con).lets[stmt.target.name.lower()]
+            let = con.session.lets[stmt.target.name.lower()]
             r = Result.status(f"LET {let.name}: {let.dtype} {let.shape}", text)
         else:
             r = Result.for_tensor(con, stmt.target.name, text)
@@ -210,24 +184,24 @@ def _run_one(con, script: str, stmt: A.Statement) -> Result:
     if isinstance(stmt, A.ExplainStmt):
         return Result.explain(explain_statements(con, [(script, stmt.statement)], stmt.format,
                                                  stmt.analyze), text)
-    if isinstance(stmt, A.DescribeStmt) and stmt.name.lower() in session(con).lets:
-        let = session(con).lets[stmt.name.lower()]
+    if isinstance(stmt, A.DescribeStmt) and stmt.name.lower() in con.session.lets:
+        let = con.session.lets[stmt.name.lower()]
         return Result.rows(["property", "value"], [
             ("name", let.name), ("kind", "LET (computed where used, never stored)"),
             ("shape", let.shape), ("dtype", let.dtype), ("definition", _text(let.script, let.stmt))],
             text)
-    if isinstance(stmt, A.DropStmt) and stmt.name.lower() in session(con).lets:
-        del session(con).lets[stmt.name.lower()]
+    if isinstance(stmt, A.DropStmt) and stmt.name.lower() in con.session.lets:
+        del con.session.lets[stmt.name.lower()]
         return Result.status(f"DROP LET {stmt.name}", text)
-    if isinstance(stmt, A.SqlStmt) and stmt.text.strip().lower() in session(con).lets:
-        let = session(con).lets[stmt.text.strip().lower()]
+    if isinstance(stmt, A.SqlStmt) and stmt.text.strip().lower() in con.session.lets:
+        let = con.session.lets[stmt.text.strip().lower()]
         labels = ",".join(f"d{i}" for i in range(len(let.shape)))
         shown = f"{let.name}[{labels}]" if labels else let.name
         raise BinderError(f"'{let.name}' is a LET: it is computed where it is used and never "
                           "stored, so there is nothing to print", statement=script, span=stmt.span,
                           hint=f"assign it to see it: {let.name}_value{'[' + labels + ']' if labels else ''}"
                                f" = {shown}; or DESCRIBE {let.name}")
-    if isinstance(stmt, (A.CreateStmt, A.LoadStmt)) and stmt.name.lower() in session(con).lets:
+    if isinstance(stmt, (A.CreateStmt, A.LoadStmt)) and stmt.name.lower() in con.session.lets:
         raise BinderError(f"'{stmt.name}' is a LET intermediate", statement=script,
                           span=stmt.name_span, hint=f"DROP TENSOR {stmt.name} to forget the LET first")
     return statements.run(con, script, stmt, text)
@@ -235,10 +209,6 @@ def _run_one(con, script: str, stmt: A.Statement) -> Result:
 
 def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str = "text",
                        analyze: bool = False) -> str:
-    try:
-        from ..explain import explain_graph
-    except ImportError:  # the renderer is another module's job; say so plainly
-        raise NotSupportedError("EXPLAIN is not available in this build") from None
     script, first = items[0]
     if any(s.mode == "let" for _, s in items):
         if analyze:
@@ -249,29 +219,31 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
         # a LET is explained as the computation it stands for
         items = [(sc, dataclasses.replace(s, mode="assign") if s.mode == "let" else s)
                  for sc, s in items]
-    binder = bind_group(con, items)
     # EXPLAIN ANALYZE runs the statements: their results are stored, atomically
     txn = con.store.transaction() if analyze else contextlib.nullcontext()
     try:
         with txn:
-            text = explain_graph(con, binder.graph, hints=dict(binder.graph.hints), format=format,
-                                 analyze=analyze)
-        return text
+            return con._explain_statements(items, format=format, analyze=analyze)
     except Error as exc:
         raise exc.with_source(script, first.span)
 
 
-_FORMATS = ("text", "json", "dot", "svg")  # explain.FORMATS (imported only when used)
+FORMATS = ("text", "json", "dot", "svg")  # explain.FORMATS (a test checks they agree)
 
 
-def explain_script(con, sql: str, format: str = "text", analyze: bool = False) -> str:
-    """``Connection.explain``: the plan of the einsum statements in ``sql`` (or DuckDB's plan of
-    one SQL statement)."""
+def explain_format(format) -> str:
+    """``Connection.explain``'s format, checked before anything is parsed or planned."""
     fmt = str(format).lower()
-    if fmt not in _FORMATS:
-        raise ProgrammingError(f"EXPLAIN format must be one of {', '.join(map(repr, _FORMATS))}, "
+    if fmt not in FORMATS:
+        raise ProgrammingError(f"EXPLAIN format must be one of {', '.join(map(repr, FORMATS))}, "
                                f"not {format!r}")
-    stmts = parse(sql)
+    return fmt
+
+
+def explain_script(con, sql: str, stmts: list[A.Statement], fmt: str = "text",
+                   analyze: bool = False) -> str:
+    """``Connection.explain``: the plan of the einsum statements ``stmts`` parsed from ``sql``
+    (or DuckDB's plan of one SQL statement); ``fmt`` is checked by ``explain_format``."""
     if len(stmts) == 1 and isinstance(stmts[0], A.ExplainStmt):
         s = stmts[0]
         return explain_statements(con, [(sql, s.statement)], fmt if fmt != "text" else s.format,

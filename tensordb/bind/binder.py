@@ -15,7 +15,7 @@ Label rules (the Einstein convention, with explicit aggregates):
 * a nested aggregate becomes a temporary step of its own (``H.t1``), never stored;
 * a label has one size throughout a statement.
 
->>> from tensordb.dialect.parser import parse
+>>> from tensordb.dialect import parse
 >>> class Cat:
 ...     def has(self, n): return n in "XWc"
 ...     def meta(self, n): return type("M", (), {"shape": {"X": (2, 3), "W": (3, 4), "c": (4,)}[n],
@@ -38,7 +38,7 @@ from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
 from ..plan.builder import infer_dtype, parse_spec
 from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
-from . import ast as A
+from ..dialect import ast as A
 from .scope import AGGREGATES
 from .scope import free_labels as _free_labels
 from .scope import is_aggregate as _is_aggregate
