@@ -363,6 +363,24 @@ def test_contraction_over_an_empty_label_gives_a_full_result(join):
             same(con.tensor("P"), np.ones((4, 5)))
 
 
+@pytest.mark.parametrize("pieces", [1, 2, 4])
+@pytest.mark.parametrize("join", ["x0 + x1", "x0 * x1"])
+def test_prod_over_an_empty_label_next_to_a_cut_one_is_one(pieces, join):
+    # PROD over k (4 elements, cut into pieces) and l (size 0): a product over no element is 1.
+    # Found by tests/test_fuzz.py: with k cut, the one call per output tile was taken for a
+    # skipped call and a 0 joined the product.
+    m, e = np.arange(1.0, 13.0).reshape(3, 4), np.zeros((0,))
+    fn = np.add if join == "x0 + x1" else np.multiply
+    want = np.multiply.reduce(fn(m[:, :, None], e[None, None, :]), axis=(1, 2))
+    with tensordb.connect() as con:
+        con.load("M", m, tile=(1, 3))
+        con.load("E", e)
+        op = "+" if join == "x0 + x1" else "*"
+        same(con.execute(f"P[i] = PROD(M[i,k] {op} E[l]) WITH (TILE (k {pieces}))").tensor(), want)
+        con.einsum("ik,l->i", "M", "E", into="Q", join=join, agg="prod", tile={"k": pieces})
+        same(con.tensor("Q"), want)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("agg", ["sum", "prod", "max", "min"])
 def test_empty_output_labels_give_an_empty_result(dtype, agg):
