@@ -319,6 +319,30 @@ def test_bool_computes_like_numpy(con, tile):
         check(con.execute(stmt).tensor(), want, f"{stmt} tile {tile}")
 
 
+def test_relu_is_max_with_a_weak_zero(con):
+    # RELU(x) is MAX(x, 0), as NumPy computes np.maximum(x, 0): int and float tensors keep their
+    # dtype, a bool becomes int64, and RELU of a literal is a NumPy scalar (strong) like EXP(1).
+    # Found by tests/test_fuzz.py: RELU kept bool, and RELU(1.0) was a weak Python float.
+    f = np.linspace(-1, 1, 12).reshape(3, 4).astype(np.float32)
+    n = np.arange(-6, 6, dtype=np.int32).reshape(3, 4)
+    con.load("B", B)
+    con.load("F", f)
+    con.load("N", n)
+    cases = [
+        ("S[i,j] = RELU(B[i,j])", np.maximum(B, 0)),                       # int64
+        ("S[i,j] = RELU(B[i,j]) - MAX(B[i,j], 0)", np.maximum(B, 0) - np.maximum(B, 0)),
+        ("S[i,j] = RELU(F[i,j])", np.maximum(f, 0)),                       # float32
+        ("S[i,j] = RELU(N[i,j])", np.maximum(n, 0)),                       # int32
+        ("S[i,j] = F[i,j] + RELU(1.0)", f + np.maximum(1.0, 0)),           # float64
+        ("S[i,j] = N[i,j] * RELU(2)", n * np.maximum(2, 0)),               # int64
+        ("S[i] = SUM(RELU(B[i,j]))", red(np.add, np.maximum(B, 0), 1)),
+    ]
+    for stmt, want in cases:
+        check(con.execute(stmt).tensor(), want, stmt)
+    con.einsum("ij->ij", "B", into="R", join="relu(x0)")
+    check(con.tensor("R"), np.maximum(B, 0), "con.einsum relu(x0) on bool")
+
+
 def test_bool_operations_numpy_refuses_are_refused_with_the_statement(con, snapshot):
     con.load("B", B)
     before = snapshot(con)

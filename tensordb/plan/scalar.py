@@ -80,7 +80,9 @@ Expr = Union[Input, Const, Call]
 
 
 def _relu(x):
-    return np.maximum(x, x.dtype.type(0)) if hasattr(x, "dtype") else max(x, 0)
+    # MAX(x, 0) with a weak 0, as NumPy computes it: int and float arrays keep their dtype, a
+    # bool becomes int64, and RELU of a literal is a NumPy scalar like any function of one.
+    return np.maximum(x, 0)
 
 
 def _sigmoid(x):
