@@ -141,6 +141,35 @@ def test_a_tile_of_negative_zeros_is_stored_and_divides_like_numpy(stored):
         assert con.check()[-1]["problem"] == "ok"
 
 
+@pytest.mark.parametrize("pieces", [1, 2])
+def test_sums_of_products_next_to_an_inf_are_not_regrouped(pieces):
+    # The answer is the sum of every product the statement names. Summing a label that one
+    # operand alone has first (opt_einsum, np.einsum), or a pair of a product of three first
+    # (the pairwise split), is the same for finite values but not next to an inf:
+    # (2 - 1) * inf is inf, 2 * inf - 1 * inf is NaN. Found by tests/test_fuzz.py.
+    a, b = np.array([2.0, -1.0, 0.5, -0.5]), np.array([1.0, 1.0, 1.0, 1.0])
+    inf = np.array([-INF, 3.0])
+    space2 = np_(lambda: a[:, None] * inf[None, :])                        # (i, k)
+    space3 = np_(lambda: (a * b)[:, None] * inf[None, :])
+    with tensordb.connect() as con:
+        con.load("A", a, tile=(2,))
+        con.load("B", b)
+        con.load("I", inf, tile=(1,))
+        hint = f" WITH (TILE (i {pieces}))"
+        same(con.execute("O = SUM(A[i] * I[k])" + hint).tensor(), np_(lambda: space2.sum()))
+        same(con.execute("O[k] = SUM(A[i] * I[k])" + hint).tensor(), np_(lambda: space2.sum(0)))
+        same(con.execute("O = SUM(A[i] * B[i] * I[k])" + hint).tensor(), np_(lambda: space3.sum()))
+        same(con.execute("O[k] = SUM(I[k] * A[i] * B[i])" + hint).tensor(),
+             np_(lambda: space3.sum(0)))
+        same(con.execute("O = EINSUM('i,i,k->', A, B, I)").tensor(), np_(lambda: space3.sum()))
+        con.einsum("i,k->", "A", "I", into="P", tile={"i": pieces})
+        same(con.tensor("P"), np_(lambda: space2.sum()))
+        # Finite operands are still split into pairs (the catalog knows they are finite).
+        con.load("F", np.ones(2))
+        con.execute("O = SUM(A[i] * B[i] * F[k])")
+        assert len(con.last_plan.ops) == 2
+
+
 def test_an_output_tile_whose_calls_are_all_skipped_is_the_join_of_zeros():
     # exp(0) is 1 and cos(0) is 1: an absent input tile does not make an absent output tile.
     rng = np.random.default_rng(5)

@@ -76,6 +76,12 @@ class KernelSpec:
         if self.blas:
             # NumPy multiplies in the promoted dtype: int32 x float64 is a float64 product.
             arrays = [a if a.dtype == self.dtype else a.astype(self.dtype) for a in arrays]
+            if self.matmul is None and self.dtype.kind == "f" and \
+                    not all(bool(xp.isfinite(a).all()) for a in arrays):
+                # opt_einsum sums a label that one operand alone has before multiplying, and
+                # groups a product of three: next to an inf that is not the sum of the products
+                # (sum(a) * inf is inf for a = [2, -1]; 2 * inf - 1 * inf is NaN).
+                return self._broadcast(arrays, out, check)
             return self._contract(arrays, out)
         return self._broadcast(arrays, out, check)
 

@@ -248,6 +248,12 @@ def infer_dtype(join: scalar.Expr, dtypes: Sequence[str], names: Sequence[str] |
 
 def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = None) -> EinGraph:
     """Resolve names against ``catalog`` (anything with ``has`` and ``meta``) into an EinGraph."""
+    opener = getattr(catalog, "open", None)
+
+    def finite(name: str) -> bool:
+        """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""
+        return opener is None or opener(name).facts()[0]
+
     known: dict[str, tuple[tuple[int, ...], str]] = {}
     inputs: dict[str, TensorInfo] = {}
     ops: list[EinOp] = []
@@ -306,7 +312,12 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
             into = alias[step.into] = step.into + "'"
             if step.store:
                 store_as.append((into, step.into))
-        if scalar.product_of(join) == (1, tuple(range(len(names)))) and step.agg == "sum":
+        # A product of three or more is split into pairs only where that cannot change the
+        # answer: grouping the sum over a pair first differs from summing the products next to
+        # an inf (inf * (2 - 1) is inf, 2 * inf - 1 * inf is NaN), so every operand must be a
+        # stored tensor that the catalog knows to be finite.
+        if scalar.product_of(join) == (1, tuple(range(len(names)))) and step.agg == "sum" and \
+                (len(names) <= 2 or all(name in inputs and finite(name) for name in names)):
             pieces = split_pairwise(into, labels, out, sizes, names)
         else:
             pieces = [(into, out, list(zip(names, labels)))]
