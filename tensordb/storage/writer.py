@@ -25,7 +25,7 @@ from .tiling import Grid, grid_shape, tile_box
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
 
-__all__ = ["TensorWriter", "ALIGN", "has_nonfinite", "keeps"]
+__all__ = ["TensorWriter", "ALIGN", "has_nonfinite"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 _ZEROS = bytes(ALIGN)
@@ -117,7 +117,7 @@ class TensorWriter:
         if a.dtype != self.dtype:
             a = a.astype(self.dtype)
         nnz = int(np.count_nonzero(a))
-        if not keeps(a, nnz):
+        if nnz == 0:
             return False
         nonfinite = has_nonfinite(a)
         flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
@@ -156,17 +156,16 @@ class TensorWriter:
             nnz = nonfinite = None
         nnz = int(np.count_nonzero(buf)) if nnz is None else int(nnz)
         # The tile is final now (computed in place, or copied just above): checksum its bytes.
-        keep = keeps(buf, nnz)
-        crc = zlib.crc32(buf) if keep else None
-        if keep and nonfinite is None:
+        crc = zlib.crc32(buf) if nnz else None
+        if nnz and nonfinite is None:
             nonfinite = has_nonfinite(buf)
         with self._lock:
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
-            if keep:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
+            if nnz:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
                 self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz,
                                                  crc, bool(nonfinite))
-        return keep
+        return bool(nnz)
 
     # -- finishing -----------------------------------------------------------------------------
     def meta(self) -> TensorMeta:
@@ -237,12 +236,6 @@ class TensorWriter:
     @property
     def has_file(self) -> bool:
         return bool(self.entries)
-
-
-def keeps(a: np.ndarray, nnz: int) -> bool:
-    """Whether a tile is stored: all but a tile of +0 only, which is absent (read as zeros). A
-    float tile of zeros some of which are -0.0 is kept (nnz 0): 1 / -0.0 is -inf in NumPy."""
-    return nnz > 0 or (a.dtype.kind == "f" and bool(np.signbit(a).any()))
 
 
 def has_nonfinite(a: np.ndarray) -> bool:
