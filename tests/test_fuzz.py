@@ -60,7 +60,7 @@ def _values(rng, shape, dtype) -> np.ndarray:
         arr = np.round(arr)  # exact zeros and small integers
     # + 0.0 turns -0.0 (from rounding) into 0.0: a zero is stored without its sign (docs/sql.md,
     # "Absent tiles and non-finite values"), so 1 / x of a stored -0.0 is inf, not numpy's -inf.
-    arr = (np.asarray(arr) + 0.0).astype(dtype)
+    arr = np.array(np.asarray(arr) + 0.0, dtype=dtype)
     if n and rng.random() < 0.25:
         flat = arr.reshape(-1)
         for pos in rng.integers(0, n, size=min(n, int(rng.integers(1, 4)))):
