@@ -179,17 +179,26 @@ def answer(case: Case) -> Answer:
     """numpy's answer to ``case``."""
     labels, sizes = _space(case)
     agg_labels = [l for l in labels if l not in case.out]
-    if case.agg in ("max", "min") and any(sizes[l] == 0 for l in agg_labels):
-        return Answer(error="data", why=f"{case.agg.upper()} over an empty label")
+    shape = tuple(sizes[l] for l in labels)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        # What numpy refuses whatever the values (- of a bool, an int to a negative literal
+        # power, a literal too large for the dtype) is refused on an empty join space too.
+        probes = [np.ones(1, op.array.dtype) for op in case.operands]
         try:
-            if case.agg == "sum" and is_plain_product(case.join, len(case.operands)):
-                dtype = np.result_type(*[op.array.dtype for op in case.operands])
-                values = [_broadcast(op, labels, dtype) for op in case.operands]
-            else:
-                values = [_broadcast(op, labels) for op in case.operands]
-            errs = [np.zeros(v.shape) for v in values]
+            _eval(case.join, probes, [np.zeros(1)] * len(probes))
+        except (TypeError, ValueError, OverflowError) as exc:
+            return Answer(error="any", why=f"numpy refuses the join: {exc}")
+        if case.agg in ("max", "min") and any(sizes[l] == 0 for l in agg_labels):
+            return Answer(error="data", why=f"{case.agg.upper()} over an empty label")
+        try:
+            # Every operand is broadcast over the whole join space: the join is evaluated at
+            # each of its points (and at none when it is empty).
+            plain = case.agg == "sum" and is_plain_product(case.join, len(case.operands))
+            dtype = np.result_type(*[op.array.dtype for op in case.operands]) if plain else None
+            values = [np.broadcast_to(_broadcast(op, labels, dtype), shape)
+                      for op in case.operands]
+            errs = [np.zeros(shape)] * len(values)
             joined, jerr = _eval(case.join, values, errs)
         except (TypeError, ValueError, OverflowError) as exc:
             return Answer(error="any", why=f"numpy refuses the join: {exc}")
@@ -197,7 +206,6 @@ def answer(case: Case) -> Answer:
         dtype = joined.dtype
         if dtype.name not in STORED_DTYPES:
             return Answer(error="data", why=f"the join's dtype is {dtype.name}")
-        shape = tuple(sizes[l] for l in labels)
         joined = np.broadcast_to(joined, shape)
         jerr = np.broadcast_to(np.asarray(jerr, dtype=np.float64), shape)
         axes = tuple(labels.index(l) for l in agg_labels)
