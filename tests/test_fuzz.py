@@ -18,7 +18,7 @@ import pytest
 import tensordb
 from tensordb.plan.builder import Graph
 
-from .fuzz_oracle import (BINARY, UNARY, Case, Operand, answer, compare, is_plain_product,
+from .fuzz_oracle import (UNARY, Answer, Case, Operand, answer, compare, is_plain_product,
                           render_python, render_sql)
 
 SEEDS = 40            # the default run: SEEDS * CASES statements
@@ -392,3 +392,66 @@ def test_fuzz_einsums(seed):
 def test_fuzz_einsums_slow(seed):
     failures = run_batch(seed)
     assert not failures, f"{len(failures)} failure(s):\n" + "\n".join(failures[:5])
+
+
+# -- the oracle itself --------------------------------------------------------------------------
+
+def _case(out, ops, join, agg="sum"):
+    return Case(tuple(out), [Operand(f"T{k}", tuple(ls), a) for k, (ls, a) in enumerate(ops)],
+                join, agg)
+
+
+def test_the_oracle_agrees_with_np_einsum_on_finite_products():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sizes = {l: int(rng.integers(0, 4)) for l in LABELS}
+        n = int(rng.integers(1, 4))
+        labels = [_labels(rng, int(rng.integers(0, 4))) for _ in range(n)]
+        used = list(dict.fromkeys(l for ls in labels for l in ls))
+        out = [l for l in used if rng.random() < 0.5]
+        arrays = [rng.standard_normal(tuple(sizes[l] for l in ls)) for ls in labels]
+        join = ("in", 0)
+        for k in range(1, n):
+            join = ("*", join, ("in", k))
+        got = answer(_case(out, list(zip(labels, arrays)), join))
+        spec = ",".join("".join(ls) for ls in labels) + "->" + "".join(out)
+        want = np.einsum(spec, *arrays)
+        assert compare(np.asarray(want), got) is None, spec
+        assert compare(got.value, Answer(value=np.asarray(want), err=np.abs(want) * 1e-12)) is None
+
+
+def test_the_oracle_follows_numpy_dtype_rules_and_empty_aggregates():
+    i32 = np.array([[1, 2], [3, 2**31 - 1]], np.int32)
+    b = np.array([True, False])
+    e = np.zeros((2, 0))
+    # int32 * 2 stays int32 (and wraps); 2.5 * int32 is float64; sum keeps the join's dtype
+    r = answer(_case("ij", [("ij", i32)], ("*", ("in", 0), ("lit", 2))))
+    assert r.value.dtype == np.int32 and r.value[1, 1] == np.int32(-2)
+    assert answer(_case("i", [("ij", i32)], ("*", ("lit", 2.5), ("in", 0)))).value.dtype == np.float64
+    assert answer(_case("i", [("ij", i32)], ("in", 0))).value.dtype == np.int32
+    # bool: a sum is an OR, RELU is MAX(x, 0) (int64), - is refused, EXP is float16 (refused)
+    assert answer(_case("", [("i", b)], ("in", 0))).value == np.True_
+    assert answer(_case("i", [("i", b)], ("relu", ("in", 0)))).value.dtype == np.int64
+    assert answer(_case("i", [("i", b)], ("neg", ("in", 0)))).error == "any"
+    assert answer(_case("i", [("i", b)], ("exp", ("in", 0)))).error == "data"
+    # over an empty label: SUM 0, PROD 1, MAX and MIN a DataError
+    assert np.array_equal(answer(_case("i", [("ij", e)], ("in", 0))).value, [0.0, 0.0])
+    assert np.array_equal(answer(_case("i", [("ij", e)], ("in", 0), "prod")).value, [1.0, 1.0])
+    assert answer(_case("i", [("ij", e)], ("in", 0), "max")).error == "data"
+    # a sum of products next to an inf is the sum of the products (not np.einsum's grouping)
+    a, inf = np.array([2.0, -1.0]), np.array([np.inf])
+    assert np.isnan(answer(_case("", [("i", a), ("k", inf)], ("*", ("in", 0), ("in", 1)))).value)
+
+
+def test_compare_finds_wrong_values_dtypes_nans_and_infinities():
+    want = answer(_case("i", [("ij", np.array([[1.0, 2.0], [np.inf, 1.0], [np.nan, 0.0]]))],
+                        ("in", 0)))
+    good = np.array([3.0, np.inf, np.nan])
+    assert compare(good, want) is None
+    assert compare(good.astype(np.float32), want).startswith("dtype")
+    assert "tolerance" in compare(np.array([3.0001, np.inf, np.nan]), want)
+    assert "NaN" in compare(np.array([3.0, np.inf, 1.0]), want)
+    assert "infinities" in compare(np.array([3.0, -np.inf, np.nan]), want)
+    ints = answer(_case("i", [("ij", np.array([[1, 2]], np.int64))], ("in", 0)))
+    assert compare(np.array([3], np.int64), ints) is None
+    assert "exact" in compare(np.array([4], np.int64), ints)
