@@ -86,8 +86,9 @@ def check(got: np.ndarray, want, what: str) -> None:
     assert got.shape == want.shape, what
     if want.dtype.kind == "f":
         tol = 1e-5 if want.dtype == np.float32 else 1e-12
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * (1 + np.abs(want).max(initial=0)),
-                                   err_msg=what)
+        # the scale of the finite values: an inf in ``want`` must not make every value pass
+        scale = np.abs(want[np.isfinite(want)]).max(initial=0)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * (1 + scale), err_msg=what)
     else:
         np.testing.assert_array_equal(got, want, err_msg=what)
 
@@ -236,6 +237,27 @@ def test_three_operand_int_product_does_not_overflow_int32_intermediates(con):
 # -- item 9: bool tensors ---------------------------------------------------------------------------
 
 B = np.array([[True, False, True, False], [True, True, False, False], [False, False, False, False]])
+
+
+def test_a_product_of_tensors_is_an_einsum_in_any_order_and_next_to_an_inf(con):
+    # np.einsum casts every operand to the result dtype first: int32 * int32 * float64 does not
+    # wrap in int32. That holds for a product written in any order (a Python join
+    # "x1 * (x2 * x0)"), and for a product that is not split into pairs because an operand
+    # holds an inf. Found by tests/test_fuzz.py (both computed the int32 or float32 product).
+    x = np.array([2**20, 3, -7], np.int32)
+    y = np.array([2**20, 5, 2**30], np.int32)
+    z = np.array([1.0, np.inf, 3.0])
+    f = np.array([1.1, 2.2, 3.3], np.float32)
+    for name, arr in (("X", x), ("Y", y), ("Z", z), ("F", f)):
+        con.load(name, arr)
+    want = np.einsum("i,i,i->i", x, y, z)
+    check(con.execute("P[i] = X[i] * Y[i] * Z[i]").tensor(), want, "dialect, Z holds an inf")
+    check(con.execute("P = SUM(X[i] * (Y[i] * Z[i]))").tensor(), np.einsum("i,i,i->", x, y, z),
+          "dialect, summed")
+    con.einsum("i,i,i->i", "X", "Y", "Z", into="Q", join="x1 * (x2 * x0)")
+    check(con.tensor("Q"), want, "join x1 * (x2 * x0)")
+    con.einsum("i,i,i->i", "F", "Z", "F", into="R", join="x1 * (x2 * x0)")
+    check(con.tensor("R"), np.einsum("i,i,i->i", f, z, f), "float32 squared in float64")
 
 
 def test_bool_loads_from_every_source(tmp_path, con):

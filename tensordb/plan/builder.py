@@ -316,8 +316,10 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
         # answer: grouping the sum over a pair first differs from summing the products next to
         # an inf (inf * (2 - 1) is inf, 2 * inf - 1 * inf is NaN), so every operand must be a
         # stored tensor that the catalog knows to be finite.
-        if scalar.product_of(join) == (1, tuple(range(len(names)))) and step.agg == "sum" and \
-                (len(names) <= 2 or all(name in inputs and finite(name) for name in names)):
+        # A product of tensors (each once, no literal) under SUM is np.einsum: every operand is
+        # cast to the result dtype first, whatever the order the product is written in.
+        einsum = step.agg == "sum" and scalar.plain_product(join, len(names))
+        if einsum and (len(names) <= 2 or all(name in inputs and finite(name) for name in names)):
             pieces = split_pairwise(into, labels, out, sizes, names)
         else:
             pieces = [(into, out, list(zip(names, labels)))]
@@ -328,7 +330,7 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
             # Every pairwise step computes in the whole product's dtype, as np.einsum does (it
             # casts every operand to the result type): a float32 x float32 step under a float64
             # result would lose float64's precision.
-            in_dtypes = tuple(known[t][1] if len(pieces) == 1 else dtype for t, _ in operands)
+            in_dtypes = tuple(dtype if einsum else known[t][1] for t, _ in operands)
             ops.append(EinOp(name, tuple(out_labels), tuple(Operand(t, tuple(ls)) for t, ls in operands),
                              tuple((l, sizes[l]) for l in sizes if l in used), j, step.agg, dtype,
                              in_dtypes))

@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import BinderError
 
 __all__ = ["Expr", "Input", "Const", "Call", "FUNCTIONS", "parse_join", "product", "product_of",
+           "plain_product",
            "evaluate", "nonzero_sql", "zero_when_absent", "render", "fold", "dtype_of",
            "uniform_dtype"]
 
@@ -157,6 +158,26 @@ def product_of(expr: Expr) -> tuple[int | float, tuple[int, ...]] | None:
         inner = product_of(expr.args[0])
         return None if inner is None else (-inner[0], inner[1])
     return None
+
+
+def plain_product(expr: Expr, n: int) -> bool:
+    """``expr`` multiplies inputs 0..n-1, each once, in any order and grouping, and nothing else
+    (no literal): a product of tensors, which NumPy's einsum computes in the result dtype.
+
+    >>> plain_product(parse_join("x1 * (x2 * x0)"), 3), plain_product(parse_join("x0 * x1 * 1.0"), 2)
+    (True, False)
+    """
+    seen: list[int] = []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Input):
+            seen.append(e.index)
+        elif isinstance(e, Call) and e.fn == "*":
+            stack.extend(e.args)
+        else:
+            return False
+    return sorted(seen) == list(range(n))
 
 
 def _probe(dtypes) -> list:
