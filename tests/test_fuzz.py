@@ -344,6 +344,7 @@ def run_batch(seed: int, cases: int = CASES) -> list[str]:
     dtypes = DTYPES if mode < 0.6 else (str(rng.choice(DTYPES)),)
     failures = []
     with tensordb.connect(workers=int(rng.integers(1, 4))) as con:
+        con.set("tiling", str(rng.choice(["eindecomp", "eindecomp", "data-parallel", "even"])))
         pool = Pool(con, rng)
         k = 0
         while k < cases:
