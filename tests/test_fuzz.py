@@ -277,7 +277,9 @@ def sql_text(into: str, st: Statement, rng) -> str:
 
 def _api_join(st: Statement, rng) -> str | None:
     c = st.case
-    plain = is_plain_product(c.join, len(c.operands))
+    # join=None is x0 * x1 * ... in that order: the same as any plain product only under SUM
+    # (np.einsum's case); under MAX, MIN, PROD NumPy's order of the products matters.
+    plain = is_plain_product(c.join, len(c.operands)) and c.agg == "sum"
     return None if plain and rng.random() < 0.5 else render_python(c.join)
 
 
