@@ -165,7 +165,6 @@ def _eval(expr, values: list, errs: list):
         b = _f64(args[1])
         e = np.abs(b * np.power(fa[0], b - 1)) * ea[0] + r * np.abs(np.log(fa[0])) * ea[1]
     else:
-        x = _f64(args[0])
         slope = {"neg": 1.0, "abs": 1.0, "relu": 1.0, "tanh": 1.0, "sin": 1.0, "cos": 1.0,
                  "sigmoid": 0.25, "exp": r, "log": 1.0 / fa[0], "sqrt": 0.5 / np.sqrt(fa[0]),
                  "square": 2.0 * fa[0]}[kind]
