@@ -360,12 +360,50 @@ def run_batch(seed: int, cases: int = CASES) -> list[str]:
             groups = [[u] for u in alone] + ([[u for u in unit if u[2].error is None]]
                                              if len(alone) < len(unit) else [])
             for group in groups:
+                chained = _chain(rng, group)
                 text, results = run_unit(con, [(into, st) for into, st, _ in group], rng)
+                # A statement that reads an earlier one's output is checked against the output
+                # the engine gave (that output is checked against numpy on its own).
+                for t, p, u in chained:
+                    into, st, _ = group[t]
+                    if isinstance(results[u], np.ndarray):
+                        st.case.operands[p].array = st.stored[p].array = results[u]
+                        group[t] = (into, st, answer(st.case))
                 for (into, st, want), got in zip(group, results):
                     problem = _check(con, into, want, got)
                     if problem:
                         failures.append(f"seed {seed} {into}: {problem}\n  {text}\n{_describe(st)}")
     return failures
+
+
+def _chain(rng, group: list) -> list[tuple[int, int, int]]:
+    """Let some statements of a unit read the output of an earlier one of the same unit (an
+    intermediate of the graph the unit is planned as): operand p of statement t becomes the
+    output of statement u, when the shapes agree and numpy still accepts the statement with
+    its dtype. Returns the (t, p, u) made."""
+    made = []
+    for t in range(1, len(group)):
+        into, st, want = group[t]
+        if rng.random() < 0.5:
+            continue
+        for p, op in enumerate(st.case.operands):
+            earlier = [u for u in range(t) if group[u][2].value.shape == op.array.shape]
+            if not earlier:
+                continue
+            u = earlier[int(rng.integers(len(earlier)))]
+            name, value = group[u][0], group[u][2].value
+            old_op, old_stored = op, st.stored[p]
+            st.case.operands[p] = Operand(name, op.labels, np.zeros_like(value))
+            st.stored[p] = Stored(name, st.case.operands[p].array,
+                                  f"the output of {name}, earlier in the unit")
+            again = answer(st.case)
+            if again.error is None:
+                group[t] = (into, st, again)
+                made.append((t, p, u))
+            else:
+                st.case.operands[p], st.stored[p] = old_op, old_stored
+            break
+    return made
 
 
 def _check(con, into, want, got) -> str | None:

@@ -410,6 +410,27 @@ def test_prod_over_an_empty_label_next_to_a_cut_one_is_one(pieces, join):
         same(con.tensor("Q"), want)
 
 
+@pytest.mark.parametrize("agg", ["SUM", "PROD", "MIN"])
+def test_a_join_over_an_empty_space_is_evaluated_nowhere(agg):
+    # POW(1, N[k,k]) fails on N's negative ints, but with l of size 0 the join space is empty:
+    # the join is evaluated at no point and the answer is numpy's on that space (an empty
+    # result, or 0 / 1 for SUM / PROD over the empty label). Found by tests/test_fuzz.py.
+    n = np.array([[2, -5, 4], [2, -3, -1], [0, 3, 5]], np.int64)
+    e = np.zeros((0, 3), np.int64)
+    with tensordb.connect() as con:
+        con.load("N", n, tile=(3, 2))
+        con.load("E", e)
+        with pytest.raises(tensordb.DataError, match="negative integer powers"):
+            con.execute("Bad[k] = POW(1, N[k,k])")
+        got = con.execute(f"R[l,k] = {agg}(E[l,k] - POW(1, N[k,k]) + N[k,j])").tensor()
+        assert got.shape == (0, 3) and got.dtype == np.int64
+        got = con.execute("S[k] = SUM(E[l,k] - POW(1, N[k,k]))").tensor()
+        assert got.dtype == np.int64 and np.array_equal(got, np.zeros(3, np.int64))
+        if agg == "PROD":
+            got = con.execute("P[k] = PROD(E[l,k] - POW(1, N[k,k]))").tensor()
+            assert np.array_equal(got, np.ones(3, np.int64))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("agg", ["sum", "prod", "max", "min"])
 def test_empty_output_labels_give_an_empty_result(dtype, agg):

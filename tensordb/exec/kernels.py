@@ -154,6 +154,14 @@ class KernelSpec:
         full = [ext[l] for l in self.space]
         agg_axes = tuple(range(len(self.space) - self.n_out))
         ufunc = AGG_UFUNCS.get(op.agg) if agg_axes else None
+        if 0 in full:
+            # An empty join space: the join is evaluated at no point (not on the operands that
+            # are not empty, where it might fail: an int to a negative power). SUM over nothing
+            # is 0, PROD 1 (MAX and MIN over an empty label are refused before planning).
+            out_shape = full[len(agg_axes):]
+            if agg_axes and 0 not in out_shape:
+                return xp.full(out_shape, _identity(op.agg), dtype=self.dtype)
+            return xp.zeros(out_shape, dtype=self.dtype)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:
