@@ -315,6 +315,10 @@ def render_sql(expr, refs: list[str]) -> str:
     return f"{kind.upper()}({', '.join(args)})"
 
 
+def _has_input(expr) -> bool:
+    return expr[0] == "in" or expr[0] != "lit" and any(_has_input(a) for a in expr[1:])
+
+
 def render_python(expr) -> str:
     """The join in the Python API's syntax, over x0, x1, ..."""
     kind = expr[0]
@@ -325,6 +329,8 @@ def render_python(expr) -> str:
     args = [render_python(a) for a in expr[1:]]
     if kind in _INFIX:
         return f"({args[0]} {kind} {args[1]})"
+    if kind == "pow" and _has_input(expr[1]):  # else ** would be Python's power of literals
+        return f"({args[0]} ** {args[1]})"
     if kind == "neg":
         return f"(-{args[0]})"
     return f"{kind}({', '.join(args)})"
