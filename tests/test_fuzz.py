@@ -270,7 +270,9 @@ def sql_text(into: str, st: Statement, rng) -> str:
         return f"{into} = EINSUM('{spec}', {', '.join(op.name for op in c.operands)}){hint}"
     body = render_sql(c.join, [_ref(op) for op in c.operands])
     used = {l for op in c.operands for l in op.labels}
-    if used - set(c.out):
+    # A single term (no + or - at the top) sums its free labels by Einstein's convention.
+    implicit = c.agg == "sum" and c.join[0] not in ("+", "-", "neg") and rng.random() < 0.3
+    if used - set(c.out) and not implicit:
         body = f"{c.agg.upper()}({body})"
     return f"{target} = {body}{hint}"
 
