@@ -10,6 +10,7 @@ the statement; rerun it with ``pytest 'tests/test_fuzz.py::test_fuzz_einsums[see
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -335,8 +336,9 @@ def _describe(st: Statement) -> str:
     return "\n".join(lines)
 
 
-def run_batch(seed: int, cases: int = CASES) -> list[str]:
-    """Run one seed's statements; the failures, as messages."""
+def run_batch(seed: int, cases: int = CASES, directory=None) -> list[str]:
+    """Run one seed's statements; the failures, as messages. With a ``directory``, some seeds
+    use a database on disk there (payload files, memory-mapped reads) instead of memory."""
     rng = np.random.default_rng(seed)
     sizes = {l: int(rng.choice([0, 1, 2, 3, 4, 5, 7], p=[0.04, 0.16, 0.2, 0.2, 0.15, 0.15, 0.1]))
              for l in LABELS}
@@ -347,7 +349,9 @@ def run_batch(seed: int, cases: int = CASES) -> list[str]:
     mode = rng.random()
     dtypes = DTYPES if mode < 0.6 else (str(rng.choice(DTYPES)),)
     failures = []
-    with tensordb.connect(workers=int(rng.integers(1, 4))) as con:
+    on_disk = directory is not None and rng.random() < 0.3
+    path = os.path.join(directory, f"fuzz{seed}.tdb") if on_disk else None
+    with tensordb.connect(path, workers=int(rng.integers(1, 4))) as con:
         con.set("tiling", str(rng.choice(["eindecomp", "eindecomp", "data-parallel", "even"])))
         pool = Pool(con, rng)
         k = 0
@@ -425,16 +429,16 @@ def _check(con, into, want, got) -> str | None:
 
 
 @pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed{s}")
-def test_fuzz_einsums(seed):
-    failures = run_batch(seed)
+def test_fuzz_einsums(seed, tmp_path):
+    failures = run_batch(seed, directory=tmp_path)
     assert not failures, f"{len(failures)} failure(s), rerun with pytest " \
         f"'tests/test_fuzz.py::test_fuzz_einsums[seed{seed}]':\n" + "\n".join(failures[:5])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(SEEDS, SEEDS + SLOW_SEEDS), ids=lambda s: f"seed{s}")
-def test_fuzz_einsums_slow(seed):
-    failures = run_batch(seed)
+def test_fuzz_einsums_slow(seed, tmp_path):
+    failures = run_batch(seed, directory=tmp_path)
     assert not failures, f"{len(failures)} failure(s), rerun with pytest --runslow " \
         f"'tests/test_fuzz.py::test_fuzz_einsums_slow[seed{seed}]':\n" + "\n".join(failures[:5])
 
