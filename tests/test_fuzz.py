@@ -32,7 +32,7 @@ MAX_PROD = 16         # elements a PROD multiplies (beyond, float products under
 
 INT_LITERALS = (0, 1, 2, 3, -1, -2, 7, 100)
 FLOAT_LITERALS = (0.0, 1.0, 0.5, 2.5, -1.5, 3.0, 1e-05)
-RARE_LITERALS = (2**31 - 1, 3_000_000_000, 1e+20, 0.1)
+RARE_LITERALS = (2**31 - 1, 3_000_000_000, 2**63 - 1, 1e+20, 1e+300, 0.1)
 
 
 # -- tensors ----------------------------------------------------------------------------------
@@ -249,8 +249,8 @@ def gen_statement(rng, pool: Pool, sizes: dict[str, int], dtypes: tuple[str, ...
     hints = {}
     if rng.random() < 0.4:
         for l in used:
-            if sizes[l] > 0 and rng.random() < 0.6:
-                hints[l] = int(rng.integers(1, min(sizes[l], 5) + 1))
+            if rng.random() < 0.6:
+                hints[l] = int(rng.integers(1, min(max(sizes[l], 1), 5) + 1))
     return Statement(Case(tuple(out), operands, join, agg), stored, hints)
 
 
