@@ -148,7 +148,10 @@ def _eval(expr, values: list, errs: list):
     parts = [_eval(a, values, errs) for a in expr[1:]]
     args = [p[0] for p in parts]
     if kind in _PYTHON and all(type(a) in (int, float) for a in args):
-        return _PYTHON[kind](*args), 0.0
+        try:
+            return _PYTHON[kind](*args), 0.0
+        except (ZeroDivisionError, OverflowError):
+            pass  # Python refuses 1 / 0.0: numpy's answer (inf), as docs/sql.md says
     out = FUNCTIONS[kind](*args)
     fa = [np.abs(_f64(a)) for a in args]
     ea = [p[1] for p in parts]

@@ -258,6 +258,11 @@ def test_a_product_of_tensors_is_an_einsum_in_any_order_and_next_to_an_inf(con):
     check(con.tensor("Q"), want, "join x1 * (x2 * x0)")
     con.einsum("i,i,i->i", "F", "Z", "F", into="R", join="x1 * (x2 * x0)")
     check(con.tensor("R"), np.einsum("i,i,i->i", f, z, f), "float32 squared in float64")
+    # A tensor used twice is two operands of the einsum (the dialect reads it once).
+    check(con.execute("S[i] = (X[i] * X[i]) * F[i]").tensor(), np.einsum("i,i,i->i", x, x, f),
+          "X twice")
+    check(con.execute("S = SUM(X[i] * F[j] * X[i])").tensor(), np.einsum("i,j,i->", x, f, x),
+          "X twice, summed")
 
 
 def test_bool_loads_from_every_source(tmp_path, con):

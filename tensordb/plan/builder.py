@@ -316,9 +316,14 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
         # answer: grouping the sum over a pair first differs from summing the products next to
         # an inf (inf * (2 - 1) is inf, 2 * inf - 1 * inf is NaN), so every operand must be a
         # stored tensor that the catalog knows to be finite.
-        # A product of tensors (each once, no literal) under SUM is np.einsum: every operand is
-        # cast to the result dtype first, whatever the order the product is written in.
-        einsum = step.agg == "sum" and scalar.plain_product(join, len(names))
+        # A product of tensors (no literal) under SUM is np.einsum: every operand is cast to
+        # the result dtype first, whatever the order the product is written in. A tensor used
+        # twice (A[i,j] * A[i,j] * B[k], one input of the join) is two operands of the einsum.
+        factors = scalar.product_factors(join) if step.agg == "sum" else None
+        einsum = factors is not None and sorted(set(factors)) == list(range(len(names)))
+        if einsum and len(factors) != len(names):
+            names, labels = [names[k] for k in factors], [labels[k] for k in factors]
+            join = scalar.product(len(factors))
         if einsum and (len(names) <= 2 or all(name in inputs and finite(name) for name in names)):
             pieces = split_pairwise(into, labels, out, sizes, names)
         else:

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import BinderError
 
 __all__ = ["Expr", "Input", "Const", "Call", "FUNCTIONS", "parse_join", "product", "product_of",
-           "plain_product",
+           "plain_product", "product_factors",
            "evaluate", "nonzero_sql", "zero_when_absent", "render", "fold", "dtype_of",
            "uniform_dtype"]
 
@@ -160,12 +160,12 @@ def product_of(expr: Expr) -> tuple[int | float, tuple[int, ...]] | None:
     return None
 
 
-def plain_product(expr: Expr, n: int) -> bool:
-    """``expr`` multiplies inputs 0..n-1, each once, in any order and grouping, and nothing else
-    (no literal): a product of tensors, which NumPy's einsum computes in the result dtype.
+def product_factors(expr: Expr) -> list[int] | None:
+    """The inputs ``expr`` multiplies, left to right with repeats, when it is a product of
+    inputs and nothing else (no literal), in any grouping; else None.
 
-    >>> plain_product(parse_join("x1 * (x2 * x0)"), 3), plain_product(parse_join("x0 * x1 * 1.0"), 2)
-    (True, False)
+    >>> product_factors(parse_join("x1 * (x0 * x1)")), product_factors(parse_join("x0 * x1 * 1.0"))
+    ([1, 0, 1], None)
     """
     seen: list[int] = []
     stack = [expr]
@@ -174,10 +174,21 @@ def plain_product(expr: Expr, n: int) -> bool:
         if isinstance(e, Input):
             seen.append(e.index)
         elif isinstance(e, Call) and e.fn == "*":
-            stack.extend(e.args)
+            stack.extend(reversed(e.args))
         else:
-            return False
-    return sorted(seen) == list(range(n))
+            return None
+    return seen
+
+
+def plain_product(expr: Expr, n: int) -> bool:
+    """``expr`` multiplies inputs 0..n-1, each once, in any order and grouping, and nothing else
+    (no literal): a product of tensors, which NumPy's einsum computes in the result dtype.
+
+    >>> plain_product(parse_join("x1 * (x2 * x0)"), 3), plain_product(parse_join("x0 * x1 * 1.0"), 2)
+    (True, False)
+    """
+    factors = product_factors(expr)
+    return factors is not None and sorted(factors) == list(range(n))
 
 
 def _probe(dtypes) -> list:
