@@ -312,10 +312,6 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
             into = alias[step.into] = step.into + "'"
             if step.store:
                 store_as.append((into, step.into))
-        # A product of three or more is split into pairs only where that cannot change the
-        # answer: grouping the sum over a pair first differs from summing the products next to
-        # an inf (inf * (2 - 1) is inf, 2 * inf - 1 * inf is NaN), so every operand must be a
-        # stored tensor that the catalog knows to be finite.
         # A product of tensors (no literal) under SUM is np.einsum: every operand is cast to
         # the result dtype first, whatever the order the product is written in. A tensor used
         # twice (A[i,j] * A[i,j] * B[k], one input of the join) is two operands of the einsum.
@@ -324,6 +320,10 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
         if einsum and len(factors) != len(names):
             names, labels = [names[k] for k in factors], [labels[k] for k in factors]
             join = scalar.product(len(factors))
+        # A product of three or more is split into pairs only where that cannot change the
+        # answer: grouping the sum over a pair first differs from summing the products next to
+        # an inf (inf * (2 - 1) is inf, 2 * inf - 1 * inf is NaN), so every operand must be a
+        # stored tensor that the catalog knows to be finite.
         if einsum and (len(names) <= 2 or all(name in inputs and finite(name) for name in names)):
             pieces = split_pairwise(into, labels, out, sizes, names)
         else:

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import BinderError
 
 __all__ = ["Expr", "Input", "Const", "Call", "FUNCTIONS", "parse_join", "product", "product_of",
-           "plain_product", "product_factors",
+           "product_factors",
            "evaluate", "nonzero_sql", "zero_when_absent", "render", "fold", "dtype_of",
            "uniform_dtype"]
 
@@ -178,17 +178,6 @@ def product_factors(expr: Expr) -> list[int] | None:
         else:
             return None
     return seen
-
-
-def plain_product(expr: Expr, n: int) -> bool:
-    """``expr`` multiplies inputs 0..n-1, each once, in any order and grouping, and nothing else
-    (no literal): a product of tensors, which NumPy's einsum computes in the result dtype.
-
-    >>> plain_product(parse_join("x1 * (x2 * x0)"), 3), plain_product(parse_join("x0 * x1 * 1.0"), 2)
-    (True, False)
-    """
-    factors = product_factors(expr)
-    return factors is not None and sorted(factors) == list(range(n))
 
 
 def _probe(dtypes) -> list:
