@@ -157,6 +157,24 @@ def test_sums_of_products_next_to_an_inf_are_not_regrouped(pieces):
         assert len(con.last_plan.ops) == 2
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_literal_that_is_inf_or_zero_in_float32_does_not_skip_absent_tiles(dtype):
+    # A weak literal takes the tensor's dtype: next to float32, 1e300 is inf (0 * inf is NaN)
+    # and 1e-50 is 0 (0 / 0 is NaN), so an absent tile's call is not certainly 0. Found by
+    # tests/test_fuzz.py (the calls were skipped and the answer was 0).
+    z = np.zeros(4, dtype)
+    y = np.array([1, 0, 0, 0], dtype)
+    with tensordb.connect() as con:
+        con.load("Z", z, tile=(2,))
+        con.load("Y", y, tile=(2,))
+        for stmt, want in [("A[j] = Z[j] * 0.1 * 1e+300", lambda: z * 0.1 * 1e300),
+                           ("B[j] = Y[j] / 1e-50", lambda: y / 1e-50),
+                           ("C = SUM(Z[j] * 1e+300)", lambda: np.add.reduce(z * 1e300))]:
+            got = con.execute(stmt).tensor()
+            assert got.dtype == np.dtype(dtype), stmt
+            same(got, np_(want))
+
+
 def test_an_output_tile_whose_calls_are_all_skipped_is_the_join_of_zeros():
     # exp(0) is 1 and cos(0) is 1: an absent input tile does not make an absent output tile.
     rng = np.random.default_rng(5)

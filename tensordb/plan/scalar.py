@@ -267,12 +267,21 @@ class _Logic:
         return b if a == "FALSE" else a if b == "FALSE" else f"({a} OR {b})"
 
 
+# A weak literal takes the dtype of the array it meets: next to float32, 1e300 is inf and 1e-50
+# is 0. The analysis knows no dtypes, so a literal is finite (or nonzero) only if it is in float32.
+_F32 = np.finfo(np.float32)
+
+
+def _finite_in_float32(value) -> bool:
+    return bool(np.isfinite(value)) and abs(value) <= float(_F32.max)
+
+
 def _finite(expr: Expr, L: _Logic, facts):
     """Certainly free of NaN and inf."""
     if isinstance(expr, Input):
         return facts[1](expr.index)
     if isinstance(expr, Const):
-        return L.const(bool(np.isfinite(expr.value)))
+        return L.const(_finite_in_float32(expr.value))
     a = expr.args
     if expr.fn in _KEEPS_FINITE:
         out = _finite(a[0], L, facts)
@@ -292,7 +301,8 @@ def _nonzero(expr: Expr, L: _Logic, facts):
     if isinstance(expr, Input):
         return facts[2](expr.index)
     if isinstance(expr, Const):
-        return L.const(expr.value != 0 and not np.isnan(expr.value))
+        v = expr.value
+        return L.const(v != 0 and not np.isnan(v) and abs(v) >= _F32.tiny)
     if expr.fn in _KEEPS_NONZERO:
         return _nonzero(expr.args[0], L, facts)
     return L.false
