@@ -86,8 +86,9 @@ def check(got: np.ndarray, want, what: str) -> None:
     assert got.shape == want.shape, what
     if want.dtype.kind == "f":
         tol = 1e-5 if want.dtype == np.float32 else 1e-12
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * (1 + np.abs(want).max(initial=0)),
-                                   err_msg=what)
+        # the scale of the finite values: an inf in ``want`` must not make every value pass
+        scale = np.abs(want[np.isfinite(want)]).max(initial=0)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * (1 + scale), err_msg=what)
     else:
         np.testing.assert_array_equal(got, want, err_msg=what)
 
@@ -238,6 +239,32 @@ def test_three_operand_int_product_does_not_overflow_int32_intermediates(con):
 B = np.array([[True, False, True, False], [True, True, False, False], [False, False, False, False]])
 
 
+def test_a_product_of_tensors_is_an_einsum_in_any_order_and_next_to_an_inf(con):
+    # np.einsum casts every operand to the result dtype first: int32 * int32 * float64 does not
+    # wrap in int32. That holds for a product written in any order (a Python join
+    # "x1 * (x2 * x0)"), and for a product that is not split into pairs because an operand
+    # holds an inf. Found by tests/test_fuzz.py (both computed the int32 or float32 product).
+    x = np.array([2**20, 3, -7], np.int32)
+    y = np.array([2**20, 5, 2**30], np.int32)
+    z = np.array([1.0, np.inf, 3.0])
+    f = np.array([1.1, 2.2, 3.3], np.float32)
+    for name, arr in (("X", x), ("Y", y), ("Z", z), ("F", f)):
+        con.load(name, arr)
+    want = np.einsum("i,i,i->i", x, y, z)
+    check(con.execute("P[i] = X[i] * Y[i] * Z[i]").tensor(), want, "dialect, Z holds an inf")
+    check(con.execute("P = SUM(X[i] * (Y[i] * Z[i]))").tensor(), np.einsum("i,i,i->", x, y, z),
+          "dialect, summed")
+    con.einsum("i,i,i->i", "X", "Y", "Z", into="Q", join="x1 * (x2 * x0)")
+    check(con.tensor("Q"), want, "join x1 * (x2 * x0)")
+    con.einsum("i,i,i->i", "F", "Z", "F", into="R", join="x1 * (x2 * x0)")
+    check(con.tensor("R"), np.einsum("i,i,i->i", f, z, f), "float32 squared in float64")
+    # A tensor used twice is two operands of the einsum (the dialect reads it once).
+    check(con.execute("S[i] = (X[i] * X[i]) * F[i]").tensor(), np.einsum("i,i,i->i", x, x, f),
+          "X twice")
+    check(con.execute("S = SUM(X[i] * F[j] * X[i])").tensor(), np.einsum("i,j,i->", x, f, x),
+          "X twice, summed")
+
+
 def test_bool_loads_from_every_source(tmp_path, con):
     np.save(tmp_path / "b.npy", B)
     np.savez(tmp_path / "b.npz", b=B)
@@ -317,6 +344,30 @@ def test_bool_computes_like_numpy(con, tile):
     ]
     for stmt, want in cases:
         check(con.execute(stmt).tensor(), want, f"{stmt} tile {tile}")
+
+
+def test_relu_is_max_with_a_weak_zero(con):
+    # RELU(x) is MAX(x, 0), as NumPy computes np.maximum(x, 0): int and float tensors keep their
+    # dtype, a bool becomes int64, and RELU of a literal is a NumPy scalar (strong) like EXP(1).
+    # Found by tests/test_fuzz.py: RELU kept bool, and RELU(1.0) was a weak Python float.
+    f = np.linspace(-1, 1, 12).reshape(3, 4).astype(np.float32)
+    n = np.arange(-6, 6, dtype=np.int32).reshape(3, 4)
+    con.load("B", B)
+    con.load("F", f)
+    con.load("N", n)
+    cases = [
+        ("S[i,j] = RELU(B[i,j])", np.maximum(B, 0)),                       # int64
+        ("S[i,j] = RELU(B[i,j]) - MAX(B[i,j], 0)", np.maximum(B, 0) - np.maximum(B, 0)),
+        ("S[i,j] = RELU(F[i,j])", np.maximum(f, 0)),                       # float32
+        ("S[i,j] = RELU(N[i,j])", np.maximum(n, 0)),                       # int32
+        ("S[i,j] = F[i,j] + RELU(1.0)", f + np.maximum(1.0, 0)),           # float64
+        ("S[i,j] = N[i,j] * RELU(2)", n * np.maximum(2, 0)),               # int64
+        ("S[i] = SUM(RELU(B[i,j]))", red(np.add, np.maximum(B, 0), 1)),
+    ]
+    for stmt, want in cases:
+        check(con.execute(stmt).tensor(), want, stmt)
+    con.einsum("ij->ij", "B", into="R", join="relu(x0)")
+    check(con.tensor("R"), np.maximum(B, 0), "con.einsum relu(x0) on bool")
 
 
 def test_bool_operations_numpy_refuses_are_refused_with_the_statement(con, snapshot):

@@ -128,6 +128,53 @@ def test_every_aggregate_and_join_over_absent_tiles_and_nonfinite_values(agg, jo
             same(run_einsum(con, "ij,j->i", ["X", "Y"], pieces, join=join, agg=agg), want)
 
 
+@pytest.mark.parametrize("pieces", [1, 2])
+def test_sums_of_products_next_to_an_inf_are_not_regrouped(pieces):
+    # The answer is the sum of every product the statement names. Summing a label that one
+    # operand alone has first (opt_einsum, np.einsum), or a pair of a product of three first
+    # (the pairwise split), is the same for finite values but not next to an inf:
+    # (2 - 1) * inf is inf, 2 * inf - 1 * inf is NaN. Found by tests/test_fuzz.py.
+    a, b = np.array([2.0, -1.0, 0.5, -0.5]), np.array([1.0, 1.0, 1.0, 1.0])
+    inf = np.array([-INF, 3.0])
+    space2 = np_(lambda: a[:, None] * inf[None, :])                        # (i, k)
+    space3 = np_(lambda: (a * b)[:, None] * inf[None, :])
+    with tensordb.connect() as con:
+        con.load("A", a, tile=(2,))
+        con.load("B", b)
+        con.load("I", inf, tile=(1,))
+        hint = f" WITH (TILE (i {pieces}))"
+        same(con.execute("O = SUM(A[i] * I[k])" + hint).tensor(), np_(lambda: space2.sum()))
+        same(con.execute("O[k] = SUM(A[i] * I[k])" + hint).tensor(), np_(lambda: space2.sum(0)))
+        same(con.execute("O = SUM(A[i] * B[i] * I[k])" + hint).tensor(), np_(lambda: space3.sum()))
+        same(con.execute("O[k] = SUM(I[k] * A[i] * B[i])" + hint).tensor(),
+             np_(lambda: space3.sum(0)))
+        same(con.execute("O = EINSUM('i,i,k->', A, B, I)").tensor(), np_(lambda: space3.sum()))
+        con.einsum("i,k->", "A", "I", into="P", tile={"i": pieces})
+        same(con.tensor("P"), np_(lambda: space2.sum()))
+        # Finite operands are still split into pairs (the catalog knows they are finite).
+        con.load("F", np.ones(2))
+        con.execute("O = SUM(A[i] * B[i] * F[k])")
+        assert len(con.last_plan.ops) == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_literal_that_is_inf_or_zero_in_float32_does_not_skip_absent_tiles(dtype):
+    # A weak literal takes the tensor's dtype: next to float32, 1e300 is inf (0 * inf is NaN)
+    # and 1e-50 is 0 (0 / 0 is NaN), so an absent tile's call is not certainly 0. Found by
+    # tests/test_fuzz.py (the calls were skipped and the answer was 0).
+    z = np.zeros(4, dtype)
+    y = np.array([1, 0, 0, 0], dtype)
+    with tensordb.connect() as con:
+        con.load("Z", z, tile=(2,))
+        con.load("Y", y, tile=(2,))
+        for stmt, want in [("A[j] = Z[j] * 0.1 * 1e+300", lambda: z * 0.1 * 1e300),
+                           ("B[j] = Y[j] / 1e-50", lambda: y / 1e-50),
+                           ("C = SUM(Z[j] * 1e+300)", lambda: np.add.reduce(z * 1e300))]:
+            got = con.execute(stmt).tensor()
+            assert got.dtype == np.dtype(dtype), stmt
+            same(got, np_(want))
+
+
 def test_an_output_tile_whose_calls_are_all_skipped_is_the_join_of_zeros():
     # exp(0) is 1 and cos(0) is 1: an absent input tile does not make an absent output tile.
     rng = np.random.default_rng(5)
@@ -361,6 +408,45 @@ def test_contraction_over_an_empty_label_gives_a_full_result(join):
             con.execute(f"P[i,k] = PROD(X[i,j] + Y[j,k]) WITH (TILE (i {pieces}, k {pieces}));")
             same(con.tensor("S"), np.zeros((4, 5)))
             same(con.tensor("P"), np.ones((4, 5)))
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 4])
+@pytest.mark.parametrize("join", ["x0 + x1", "x0 * x1"])
+def test_prod_over_an_empty_label_next_to_a_cut_one_is_one(pieces, join):
+    # PROD over k (4 elements, cut into pieces) and l (size 0): a product over no element is 1.
+    # Found by tests/test_fuzz.py: with k cut, the one call per output tile was taken for a
+    # skipped call and a 0 joined the product.
+    m, e = np.arange(1.0, 13.0).reshape(3, 4), np.zeros((0,))
+    fn = np.add if join == "x0 + x1" else np.multiply
+    want = np.multiply.reduce(fn(m[:, :, None], e[None, None, :]), axis=(1, 2))
+    with tensordb.connect() as con:
+        con.load("M", m, tile=(1, 3))
+        con.load("E", e)
+        op = "+" if join == "x0 + x1" else "*"
+        same(con.execute(f"P[i] = PROD(M[i,k] {op} E[l]) WITH (TILE (k {pieces}))").tensor(), want)
+        con.einsum("ik,l->i", "M", "E", into="Q", join=join, agg="prod", tile={"k": pieces})
+        same(con.tensor("Q"), want)
+
+
+@pytest.mark.parametrize("agg", ["SUM", "PROD", "MIN"])
+def test_a_join_over_an_empty_space_is_evaluated_nowhere(agg):
+    # POW(1, N[k,k]) fails on N's negative ints, but with l of size 0 the join space is empty:
+    # the join is evaluated at no point and the answer is numpy's on that space (an empty
+    # result, or 0 / 1 for SUM / PROD over the empty label). Found by tests/test_fuzz.py.
+    n = np.array([[2, -5, 4], [2, -3, -1], [0, 3, 5]], np.int64)
+    e = np.zeros((0, 3), np.int64)
+    with tensordb.connect() as con:
+        con.load("N", n, tile=(3, 2))
+        con.load("E", e)
+        with pytest.raises(tensordb.DataError, match="negative integer powers"):
+            con.execute("Bad[k] = POW(1, N[k,k])")
+        got = con.execute(f"R[l,k] = {agg}(E[l,k] - POW(1, N[k,k]) + N[k,j])").tensor()
+        assert got.shape == (0, 3) and got.dtype == np.int64
+        got = con.execute("S[k] = SUM(E[l,k] - POW(1, N[k,k]))").tensor()
+        assert got.dtype == np.int64 and np.array_equal(got, np.zeros(3, np.int64))
+        if agg == "PROD":
+            got = con.execute("P[k] = PROD(E[l,k] - POW(1, N[k,k]))").tensor()
+            assert np.array_equal(got, np.ones(3, np.int64))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

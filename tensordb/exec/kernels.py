@@ -81,6 +81,12 @@ class KernelSpec:
         if self.blas:
             # NumPy multiplies in the promoted dtype: int32 x float64 is a float64 product.
             arrays = [a if a.dtype == self.dtype else a.astype(self.dtype) for a in arrays]
+            if self.matmul is None and self.dtype.kind == "f" and \
+                    not all(bool(xp.isfinite(a).all()) for a in arrays):
+                # opt_einsum sums a label that one operand alone has before multiplying, and
+                # groups a product of three: next to an inf that is not the sum of the products
+                # (sum(a) * inf is inf for a = [2, -1]; 2 * inf - 1 * inf is NaN).
+                return self._broadcast(arrays, out, check)
             if self.scale_first is not None:
                 k = self.scale_first
                 arrays[k] = arrays[k] * _scalar(self.scale, self.dtype)
@@ -151,6 +157,14 @@ class KernelSpec:
         agg_axes = tuple(range(len(self.space) - self.n_out))
         agg = AGGREGATES[op.agg] if agg_axes else None
         ufunc = agg.ufunc if agg else None
+        if 0 in full:
+            # An empty join space: the join is evaluated at no point (not on the operands that
+            # are not empty, where it might fail: an int to a negative power). SUM over nothing
+            # is 0, PROD 1 (MAX and MIN over an empty label are refused before planning).
+            out_shape = full[len(agg_axes):]
+            if agg_axes and 0 not in out_shape:
+                return xp.full(out_shape, agg.identity, dtype=self.dtype)
+            return xp.zeros(out_shape, dtype=self.dtype)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:

@@ -185,7 +185,8 @@ class _Lowering:
         pieces = {l: len(b) - 1 for l, b in bounds.items()}
         stats = OpStats(op, pieces)
         n_out, n_lab = len(op.out_labels), len(op.labels)
-        if any(op.size[l] == 0 for l in op.agg_labels):
+        empty = any(op.size[l] == 0 for l in op.agg_labels)
+        if empty:
             # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
             # PROD is 1, one call per output tile on empty inputs, which yields the identity.
             inner, outer = [], list(range(len(op.inputs)))
@@ -235,9 +236,10 @@ class _Lowering:
                 stats.flops += flops
                 parts.append((key, out_shape))
             # A skipped call is certainly 0, and a 0 takes part in a MAX, MIN or PROD (where it
-            # makes the tile 0, or NaN next to an inf: 0 * inf).
+            # makes the tile 0, or NaN next to an inf: 0 * inf). Over an empty label nothing was
+            # skipped: the one call per output tile is the whole (empty) aggregate.
             fill = (len(parts) < total and op.agg is not None
-                    and not AGGREGATES[op.agg].zero_is_identity)
+                    and not AGGREGATES[op.agg].zero_is_identity and not empty)
             if len(parts) == 1 and not fill:
                 out_tiles[out_coords] = parts[0][0]
                 continue

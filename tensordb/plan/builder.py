@@ -250,6 +250,12 @@ def infer_dtype(join: scalar.Expr, dtypes: Sequence[str], names: Sequence[str] |
 
 def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = None) -> EinGraph:
     """Resolve names against ``catalog`` (anything with ``has`` and ``meta``) into an EinGraph."""
+    opener = getattr(catalog, "open", None)
+
+    def finite(name: str) -> bool:
+        """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""
+        return opener is None or opener(name).facts()[0]
+
     known: dict[str, tuple[tuple[int, ...], str]] = {}
     inputs: dict[str, TensorInfo] = {}
     ops: list[EinOp] = []
@@ -308,7 +314,19 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
             into = alias[step.into] = step.into + "'"
             if step.store:
                 store_as.append((into, step.into))
-        if scalar.product_of(join) == (1, tuple(range(len(names))), True) and step.agg == "sum":
+        # A product of tensors (no literal) under SUM is np.einsum: every operand is cast to
+        # the result dtype first, whatever the order the product is written in. A tensor used
+        # twice (A[i,j] * A[i,j] * B[k], one input of the join) is two operands of the einsum.
+        factors = scalar.product_factors(join) if step.agg == "sum" else None
+        einsum = factors is not None and sorted(set(factors)) == list(range(len(names)))
+        if einsum and len(factors) != len(names):
+            names, labels = [names[k] for k in factors], [labels[k] for k in factors]
+            join = scalar.product(len(factors))
+        # A product of three or more is split into pairs only where that cannot change the
+        # answer: grouping the sum over a pair first differs from summing the products next to
+        # an inf (inf * (2 - 1) is inf, 2 * inf - 1 * inf is NaN), so every operand must be a
+        # stored tensor that the catalog knows to be finite.
+        if einsum and (len(names) <= 2 or all(name in inputs and finite(name) for name in names)):
             pieces = split_pairwise(into, labels, out, sizes, names)
         else:
             pieces = [(into, out, list(zip(names, labels)))]
@@ -319,7 +337,7 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
             # Every pairwise step computes in the whole product's dtype, as np.einsum does (it
             # casts every operand to the result type): a float32 x float32 step under a float64
             # result would lose float64's precision.
-            in_dtypes = tuple(known[t][1] if len(pieces) == 1 else dtype for t, _ in operands)
+            in_dtypes = tuple(dtype if einsum else known[t][1] for t, _ in operands)
             ops.append(EinOp(name, tuple(out_labels), tuple(Operand(t, tuple(ls)) for t, ls in operands),
                              tuple((l, sizes[l]) for l in sizes if l in used), j, step.agg, dtype,
                              in_dtypes))

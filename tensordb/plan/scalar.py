@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import BinderError
 
 __all__ = ["Expr", "Input", "Const", "Call", "FUNCTIONS", "parse_join", "product", "product_of",
+           "product_factors",
            "evaluate", "nonzero_sql", "zero_when_absent", "render", "fold", "dtype_of",
            "uniform_dtype"]
 
@@ -81,7 +82,9 @@ Expr = Union[Input, Const, Call]
 
 
 def _relu(x):
-    return np.maximum(x, x.dtype.type(0)) if hasattr(x, "dtype") else max(x, 0)
+    # MAX(x, 0) with a weak 0, as NumPy computes it: int and float arrays keep their dtype, a
+    # bool becomes int64, and RELU of a literal is a NumPy scalar like any function of one.
+    return np.maximum(x, 0)
 
 
 def _sigmoid(x):
@@ -195,6 +198,26 @@ def _plain_product(expr: Expr) -> tuple[int, tuple[int, ...]] | None:
     return None
 
 
+def product_factors(expr: Expr) -> list[int] | None:
+    """The inputs ``expr`` multiplies, left to right with repeats, when it is a product of
+    inputs and nothing else (no literal), in any grouping; else None.
+
+    >>> product_factors(parse_join("x1 * (x0 * x1)")), product_factors(parse_join("x0 * x1 * 1.0"))
+    ([1, 0, 1], None)
+    """
+    seen: list[int] = []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Input):
+            seen.append(e.index)
+        elif isinstance(e, Call) and e.fn == "*":
+            stack.extend(reversed(e.args))
+        else:
+            return None
+    return seen
+
+
 def _probe(dtypes) -> list:
     return [np.ones(1, dtype=d) for d in dtypes]
 
@@ -282,12 +305,23 @@ class _Logic:
         return b if a == "FALSE" else a if b == "FALSE" else f"({a} OR {b})"
 
 
+# A weak literal takes the dtype of the array it meets: next to float32, 1e300 is inf and 1e-50
+# is 0. The analysis knows no dtypes, so a literal is finite (or nonzero) only if it is in float32.
+_F32 = np.finfo(np.float32)
+
+
+def _finite_in_float32(value) -> bool:
+    if isinstance(value, int):  # exact: a Python int may be too large for any float
+        return abs(value) <= float(_F32.max)
+    return bool(np.isfinite(value)) and abs(value) <= float(_F32.max)
+
+
 def _finite(expr: Expr, L: _Logic, facts):
     """Certainly free of NaN and inf."""
     if isinstance(expr, Input):
         return facts[1](expr.index)
     if isinstance(expr, Const):
-        return L.const(isinstance(expr.value, int) or bool(np.isfinite(expr.value)))
+        return L.const(_finite_in_float32(expr.value))
     a = expr.args
     if expr.fn in _KEEPS_FINITE:
         out = _finite(a[0], L, facts)
@@ -307,7 +341,8 @@ def _nonzero(expr: Expr, L: _Logic, facts):
     if isinstance(expr, Input):
         return facts[2](expr.index)
     if isinstance(expr, Const):
-        return L.const(expr.value != 0 and not np.isnan(expr.value))
+        v = expr.value
+        return L.const(v != 0 and not np.isnan(v) and abs(v) >= _F32.tiny)
     if expr.fn in _KEEPS_NONZERO:
         return _nonzero(expr.args[0], L, facts)
     return L.false
