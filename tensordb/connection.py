@@ -224,7 +224,7 @@ class Connection:
 
     # -- einsum --------------------------------------------------------------------------------
     def einsum(self, spec: str, *operands: str, into: str | None = None, join: str | None = None,
-               agg: str = "sum", tile: Mapping[str, int] | None = None, replace: bool = True):
+               agg: str = "sum", pieces: Mapping[str, int] | None = None, replace: bool = True):
         """Run a numpy-style einsum over stored tensors.
 
         Without ``into`` the result is returned as a numpy array (a numpy scalar when it has no
@@ -232,7 +232,8 @@ class Connection:
         under that name, replacing a tensor of that name as an assignment statement does
         (``replace=False`` refuses instead), and the run's measurements are returned. ``join``
         replaces the product with a scalar expression over x0, x1, ... (``"x0 + x1"`` with
-        ``agg="min"`` is a min-plus product); ``tile`` pins pieces per label.
+        ``agg="min"`` is a min-plus product); ``pieces`` fixes the pieces of some labels
+        (``{"i": 4}``: split ``i`` in 4), the optimizer chooses the others.
 
         >>> import numpy as np, tensordb
         >>> with tensordb.connect() as con:
@@ -242,21 +243,21 @@ class Connection:
                [ 6., 11.]])
         """
         if into is not None:
-            graph = Graph().einsum(spec, *operands, into=into, join=join, agg=agg, tile=tile)
+            graph = Graph().einsum(spec, *operands, into=into, join=join, agg=agg, pieces=pieces)
             return self.run(graph, replace=replace)
         name = next(n for n in (f"einsum_{k}" for k in range(len(operands) + 1))
                     if n not in operands and not self.store.has(n))
-        graph = Graph().einsum(spec, *operands, into=name, join=join, agg=agg, tile=tile)
+        graph = Graph().einsum(spec, *operands, into=name, join=join, agg=agg, pieces=pieces)
         return self._compute(graph, name)
 
     def _compute(self, graph: Graph, name: str):
         """Run a graph whose one output is ``name`` and return it as an array; nothing is
         stored (the output tiles stay in memory and are assembled here)."""
         from .geometry import tile_box
-        hints = dict(graph.hints)
+        pieces = dict(graph.pieces)
         with stage("bind"):
             bound = bind(graph, self.store)
-        decomp, plan = self.plan(bound, hints)
+        decomp, plan = self.plan(bound, pieces)
         out = plan.outputs[name]
         self._check_dense("the einsum's result", out.shape, out.dtype)
         with stage("run"):
@@ -268,17 +269,18 @@ class Connection:
             arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = result.tiles[key]
         return arr[()] if arr.ndim == 0 else arr  # a numpy scalar, as numpy.einsum gives
 
-    def run(self, graph: Graph | EinGraph, *, hints: Mapping[str, Mapping[str, int]] | None = None,
+    def run(self, graph: Graph | EinGraph, *, pieces: Mapping[str, Mapping[str, int]] | None = None,
             replace: bool = True):
         """Plan and run a whole graph of operations at once; stores its outputs atomically,
-        replacing tensors of the same names as assignments do (``replace=False`` refuses)."""
+        replacing tensors of the same names as assignments do (``replace=False`` refuses).
+        ``pieces`` maps result names to {label: pieces} fixed for them (added to the graph's)."""
         if isinstance(graph, Graph):
-            hints = {**graph.hints, **(hints or {})}
+            pieces = {**graph.pieces, **(pieces or {})}
             with stage("bind"):
                 graph = bind(graph, self.store)
-        return self._run_graph(graph, hints=hints, replace=replace)
+        return self._run_graph(graph, pieces=pieces, replace=replace)
 
-    def plan(self, graph: EinGraph, hints=None):
+    def plan(self, graph: EinGraph, pieces=None):
         """Optimize, lower and place a bound graph: the TilePlan (nothing runs)."""
         metas = {t.name: self.store.meta(t.name) for t in graph.inputs}
         grids = {name: m.grid for name, m in metas.items()}
@@ -288,17 +290,17 @@ class Connection:
                   if metas[name].tile_count < metas[name].total_tiles}
         # ...and only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.
         facts = {name: r.facts() for name, r in readers.items()}
-        # Hints name statements: a statement split pairwise ('D.1', 'D') or computed under an
-        # internal name (it replaces a tensor it reads) passes them on; bad hints are errors here.
+        # Fixed pieces name statements: a statement split pairwise ('D.1', 'D') or computed under
+        # an internal name (it replaces a tensor it reads) passes them on; bad ones are errors here.
         internal = {stored: name for name, stored in graph.store_as}
-        hints = optimizer.pins_from_hints(graph, {internal.get(k, k): v for k, v in (hints or {}).items()})
+        pieces = optimizer.pieces_per_op(graph, {internal.get(k, k): v for k, v in (pieces or {}).items()})
         # The optimizer plans for the workers that will run the plan: the local pool's, or the
         # cluster's when the executor is a Dask cluster.
         workers = self.settings.workers if self.settings.executor == "local" else \
             self._get_executor().workers
         with stage("optimize"):
             decomp = optimizer.decompose(graph, workers, strategy=self.settings.tiling,
-                                         memory_limit=self.settings.memory_limit, hints=hints,
+                                         memory_limit=self.settings.memory_limit, pieces=pieces,
                                          input_grids=grids, input_tiles=sparse,
                                          input_facts=facts)
         with stage("lower"):
@@ -309,14 +311,14 @@ class Connection:
             print(physical.describe(plan), file=sys.stderr)
         return decomp, plan
 
-    def _run_graph(self, graph: EinGraph, *, hints=None, replace=False, planned=None):
+    def _run_graph(self, graph: EinGraph, *, pieces=None, replace=False, planned=None):
         """Plan (unless ``planned`` = (decomposition, plan) is given), run, store atomically."""
         for name in graph.outputs:
             name = graph.stored_name(name)
             if self.store.has(name) and not replace:
                 raise CatalogError(f"tensor '{name}' already exists",
                                    hint="use replace=True (CREATE OR REPLACE) to overwrite it")
-        decomp, plan = planned if planned is not None else self.plan(graph, hints)
+        decomp, plan = planned if planned is not None else self.plan(graph, pieces)
         executor = self._get_executor()
         # Output tiles are computed straight into their new payload files where the executor
         # can (in-process workers); nothing is visible until the catalog commit.

@@ -8,7 +8,7 @@ it) and renders the result. See docs/explain.md for how to read the output.
 The text form is a header with totals, then one row per operation: its expression, pieces per
 label (output labels | aggregated labels), the tile shape of one kernel call, kernel calls,
 aggregation fan-in, estimated flops, bytes the placed plan moves between workers, and the cost
-model's figure; under each row, the runner-up tilings the search considered with their costs.
+model's figure; under each row, the runner-up pieces the search considered with their costs.
 EXPLAIN ANALYZE adds the measured time, kernel calls, bytes moved and peak tile memory.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Explanation(str):
         return dot_svg(self.dot)
 
 
-def explain_graph(con, graph, *, hints: Mapping | None = None, format: str = "text",
+def explain_graph(con, graph, *, pieces: Mapping | None = None, format: str = "text",
                   analyze: bool = False) -> str:
     """EXPLAIN [ANALYZE] a graph (a builder ``Graph`` or a bound ``EinGraph``) on ``con``.
 
@@ -57,12 +57,12 @@ def explain_graph(con, graph, *, hints: Mapping | None = None, format: str = "te
     from .plan.builder import Graph, bind
     _check_format(format)
     if isinstance(graph, Graph):
-        hints = {**graph.hints, **(hints or {})}
+        pieces = {**graph.pieces, **(pieces or {})}
         graph = bind(graph, con.store)
-    decomp, plan = con.plan(graph, hints)
+    decomp, plan = con.plan(graph, pieces)
     result = None
     if analyze:  # run the very plan that is shown
-        result = con._run_graph(graph, hints=hints, replace=True, planned=(decomp, plan))
+        result = con._run_graph(graph, pieces=pieces, replace=True, planned=(decomp, plan))
     return render(decomp, plan, format=format, result=result)
 
 
@@ -85,7 +85,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
     nodes = []
     for i, op in enumerate(plan.ops):
         stats = plan.stats[i] if i < len(plan.stats) else None
-        pieces = decomp.pieces(op.output) if op.output in decomp.tilings else dict(stats.pieces)
+        pieces = decomp.pieces(op.output) if op.output in decomp.pieces_by_op else dict(stats.pieces)
         pieces = {l: int(pieces.get(l, 1)) for l in op.labels}
         tile = {l: -(-op.size[l] // pieces[l]) if op.size[l] else 0 for l in op.labels}
         c = cost.ops.get(op.output)
@@ -95,7 +95,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
             "labels": list(op.labels),
             "out_labels": list(op.out_labels),
             "aggregated_labels": list(op.agg_labels),
-            "partition": pieces,
+            "pieces": pieces,
             "tile_shape": tile,
             "kernel_calls": stats.kernel_calls if stats else math.prod(pieces.values()),
             "fan_in": stats.max_fan_in if stats and stats.max_fan_in else
@@ -112,7 +112,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
         ch = choices.get(op.output)
         if ch is not None:
             node["search"] = {"cost": ch.cost, "candidates": ch.candidates}
-            node["runner_ups"] = [{"partition": dict(p), "cost": v} for p, v in ch.runner_ups]
+            node["runner_ups"] = [{"pieces": dict(p), "cost": v} for p, v in ch.runner_ups]
         if result is not None and stats is not None and stats.measured:
             node["measured"] = dict(stats.measured)
         nodes.append(node)
@@ -170,9 +170,9 @@ def count(n: float | None) -> str:
     return f"{n:.0f}" if float(n).is_integer() else f"{n:.3g}"
 
 
-def _pieces(node: Mapping, partition: Mapping[str, int]) -> str:
-    outs = " ".join(f"{l}={partition.get(l, 1)}" for l in node["out_labels"])
-    aggs = " ".join(f"{l}={partition.get(l, 1)}" for l in node["aggregated_labels"])
+def _pieces(node: Mapping, pieces: Mapping[str, int]) -> str:
+    outs = " ".join(f"{l}={pieces.get(l, 1)}" for l in node["out_labels"])
+    aggs = " ".join(f"{l}={pieces.get(l, 1)}" for l in node["aggregated_labels"])
     return f"{outs} | {aggs}" if aggs else outs or "-"
 
 
@@ -229,7 +229,7 @@ def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]
         head += ["time", "calls*", "moved*", "peak*"]
     rows = []
     for i, n in enumerate(data["nodes"], 1):
-        row = [str(i), n["expression"], _pieces(n, n["partition"]), _tile(n), str(n["kernel_calls"]),
+        row = [str(i), n["expression"], _pieces(n, n["pieces"]), _tile(n), str(n["kernel_calls"]),
                str(n["fan_in"]), count(n["flops"]), format_bytes(n["bytes_moved"]),
                format_bytes(n["cost"]["total"]) if "cost" in n else "-"]
         if analyze:
@@ -242,7 +242,7 @@ def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]
         if ups:
             base = n["search"]["cost"] or 1.0
             alts = "runner-ups: " + ", ".join(
-                f"{_pieces(n, u['partition'])} ({_delta(u['cost'] / base - 1)})" for u in ups)
+                f"{_pieces(n, u['pieces'])} ({_delta(u['cost'] / base - 1)})" for u in ups)
         rows.append((row, alts))
     return head, rows
 
@@ -283,7 +283,7 @@ def _dot(data: Mapping, plan) -> str:
     for name in stored:
         out.append(f'  "{name}" [shape=cylinder];')
     for n, op in zip(data["nodes"], plan.ops):
-        label = f"{n['expression']}\\n{_pieces(n, n['partition'])}\\n{n['kernel_calls']} calls"
+        label = f"{n['expression']}\\n{_pieces(n, n['pieces'])}\\n{n['kernel_calls']} calls"
         out.append(f'  "{n["output"]}" [label="{_esc(label)}"];')
         for o in op.inputs:
             out.append(f'  "{o.tensor}" -> "{n["output"]}";')

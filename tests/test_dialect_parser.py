@@ -108,7 +108,7 @@ def test_option_twice_is_an_error():
 
 
 def test_assignment_ast_and_spans():
-    text = "C[i,k] = SUM(A[i,j] * B[j,k]) WITH (TILE (i 4, k 2))"
+    text = "C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 4, k 2)"
     s = one(text)
     assert s.mode == "assign" and s.target.name == "C"
     assert [l.name for l in s.target.labels] == ["i", "k"]
@@ -117,7 +117,22 @@ def test_assignment_ast_and_spans():
     prod = call.args[0]
     assert isinstance(prod, A.BinOp) and prod.op == "*"
     assert at(text, prod.left.span) == "A[i,j]" and at(text, prod.right.labels[0].span) == "j"
-    assert [(p.label, p.value) for p in s.hints] == [("i", 4), ("k", 2)]
+    assert [(p.label, p.value) for p in s.pieces] == [("i", 4), ("k", 2)]
+    assert at(text, s.pieces[1].span) == "k 2"
+
+
+@pytest.mark.parametrize("old", ["WITH (TILE (i 4, k 2))", "WITH (TILE (i 4), TILE (k 2))"])
+def test_with_tile_is_the_old_spelling_of_pieces(old):
+    new = one("C[i,k] = A[i,j] * B[j,k] WITH (PIECES i 4, k 2)")
+    text = f"C[i,k] = A[i,j] * B[j,k] {old}"
+    s = one(text)
+    assert [(p.label, p.value) for p in s.pieces] == [(p.label, p.value) for p in new.pieces]
+    assert at(text, s.pieces[1].span) == "k 2"
+
+
+def test_pieces_is_a_keyword_only_where_expected():
+    s = one("pieces[i] = tile[i] * 2")  # still names of tensors
+    assert s.target.name == "pieces" and s.expr.left.name == "tile"
 
 
 def test_spans_are_offsets_in_the_whole_script():

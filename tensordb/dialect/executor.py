@@ -254,7 +254,7 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
     txn = con.store.transaction() if analyze else contextlib.nullcontext()
     try:
         with txn:
-            text = explain_graph(con, binder.graph, hints=dict(binder.graph.hints), format=format,
+            text = explain_graph(con, binder.graph, pieces=dict(binder.graph.pieces), format=format,
                                  analyze=analyze)
         return text
     except Error as exc:

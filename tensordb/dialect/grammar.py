@@ -8,7 +8,7 @@ from __future__ import annotations
 
 KEYWORDS = (
     "CREATE", "OR", "REPLACE", "TENSOR", "IF", "NOT", "EXISTS", "FROM", "FORMAT", "ARRAY", "INDEX",
-    "VALUE", "SHAPE", "TILE", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
+    "VALUE", "SHAPE", "TILE", "PIECES", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
     "DESC", "DROP", "COPY", "TO", "SET", "BEGIN", "START", "TRANSACTION", "COMMIT", "END",
     "ROLLBACK", "ABORT", "DATABASE",
 )
@@ -37,9 +37,9 @@ load_opt: FORMAT NAME -> opt_format
         | VALUE NAME -> opt_value
         | SHAPE LPAR INT (COMMA INT)* RPAR -> opt_shape
         | tile -> opt_tile
-tile: TILE LPAR pin (COMMA pin)* RPAR
-pin: NAME INT -> named_pin
-   | INT -> bare_pin
+tile: TILE LPAR label_value (COMMA label_value)* RPAR
+label_value: NAME INT -> named_value
+           | INT -> bare_value
 
 create_as: CREATE [or_replace] TENSOR target AS expr [with_clause]
 assign: target EQ expr [with_clause]
@@ -47,7 +47,9 @@ let: LET target EQ expr [with_clause]
 target: NAME -> bare_target
       | NAME LSQB [labels] RSQB -> labeled_target
 labels: NAME (COMMA NAME)*
-with_clause: WITH LPAR tile (COMMA tile)* RPAR
+// WITH (TILE (i 4)) is the old spelling of WITH (PIECES i 4), still accepted
+with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
+           | WITH LPAR tile (COMMA tile)* RPAR
 
 ?expr: sum
 ?sum: product ((PLUS | MINUS) product)*

@@ -384,14 +384,14 @@ class _Build(Transformer):
     def bare_dim(self, meta, c):
         return A.Dim(None, int(c[0]), self.sp(meta))
 
-    def named_pin(self, meta, c):
-        return A.Pin(str(c[0]), int(c[1]), self.sp(meta))
+    def named_value(self, meta, c):
+        return A.LabelValue(str(c[0]), int(c[1]), self.sp(meta))
 
-    def bare_pin(self, meta, c):
-        return A.Pin(None, int(c[0]), self.sp(meta))
+    def bare_value(self, meta, c):
+        return A.LabelValue(None, int(c[0]), self.sp(meta))
 
     def tile(self, meta, c):
-        return tuple(x for x in c if isinstance(x, A.Pin))
+        return tuple(x for x in c if isinstance(x, A.LabelValue))
 
     def dimnames(self, meta, c):
         return tuple(A.Label(str(t), self.ts(t)) for t in _toks(c, "NAME"))
@@ -403,7 +403,9 @@ class _Build(Transformer):
         return A.Target(str(c[0]), c[2] or (), self.sp(meta), self.ts(c[0]))
 
     def with_clause(self, meta, c):
-        return tuple(p for x in c if isinstance(x, tuple) for p in x)
+        # PIECES lists its label values; the old TILE (...) groups come as tuples of them.
+        return tuple(p for x in c if isinstance(x, (tuple, A.LabelValue))
+                     for p in (x if isinstance(x, tuple) else (x,)))
 
     # -- statements ----------------------------------------------------------------------------
     def create_zeros(self, meta, c):
@@ -469,8 +471,8 @@ class _Build(Transformer):
     def _assign(self, meta, c, mode):
         target = next(x for x in c if isinstance(x, A.Target))
         expr = c[c.index(target) + 2]
-        hints = c[-1] if isinstance(c[-1], tuple) else ()
-        return A.AssignStmt(target, expr, hints, mode, self.sp(meta))
+        pieces = c[-1] if isinstance(c[-1], tuple) else ()
+        return A.AssignStmt(target, expr, pieces, mode, self.sp(meta))
 
     def create_as(self, meta, c):
         return self._assign(meta, c, "replace" if c[1] else "create")
