@@ -117,6 +117,41 @@ def grammar() -> str:
     return _RULES + "\n" + kw + f"\nCHECK.2: {_CHECK}\n"
 
 
+# EXPLAIN's head: its options, then the statement explained as one REST token (lowest priority, so
+# every option word and '(' is tried first). The statement may be ours or plain SQL, which this
+# grammar cannot parse: parser.parse_statement classifies REST's text like any statement's.
+_EXPLAIN_RULES = r"""
+explain: EXPLAIN option* [REST]
+option: ANALYZE -> analyze
+      | LPAR item ([COMMA] item)* RPAR -> options
+item: ANALYZE -> analyze
+    | FORMAT (NAME | STRING | INT) -> format
+
+EXPLAIN.2: /explain\b/i
+ANALYZE.2: /analyze\b/i
+FORMAT.2: /format\b/i
+NAME: /[^\W\d]\w*/
+INT: /\d+/
+STRING: /'(?:[^']|'')*'/
+LPAR: "("
+RPAR: ")"
+COMMA: ","
+REST.-1: /[\s\S]+/
+
+COMMENT: /--[^\n]*/ | /\/\*(.|\n)*?\*\//
+%import common.WS
+%ignore WS
+%ignore COMMENT
+"""
+
+EXPLAIN_FORMATS = ("text", "json", "dot")
+
+
+def explain_grammar() -> str:
+    """EXPLAIN [ANALYZE] [(FORMAT TEXT | JSON | DOT [, ANALYZE])] <statement>."""
+    return _EXPLAIN_RULES
+
+
 # Readable names for lark's terminals in "expected ..." messages.
 READABLE = {
     "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "STRING": "a 'string'",

@@ -21,8 +21,8 @@ from ..config import Settings
 from ..errors import ParserError, Span, closest_keyword as _closest_keyword
 from ..plan import scalar
 from . import ast as A
-from .grammar import READABLE, grammar
-from .lexer import _DOLLAR, Word, skip_space, split, words
+from .grammar import EXPLAIN_FORMATS, READABLE, explain_grammar, grammar
+from .lexer import _DOLLAR, Word, split, words
 
 __all__ = ["parse", "parse_statement", "classify"]
 
@@ -42,7 +42,7 @@ def parse(script: str) -> list[A.Statement]:
 def parse_statement(script: str, span: Span) -> A.Statement:
     w = words(script, span.start, span.end)
     if w and w[0].upper == "EXPLAIN":
-        return _explain(script, span, w)
+        return _explain(script, span)
     if classify(w) == "sql":
         return A.SqlStmt(script[span.start:span.end], span)
     return _parse_ours(script, span)
@@ -86,52 +86,65 @@ def classify(w: list[Word]) -> str:
     return "sql"
 
 
-def _explain(script: str, span: Span, w: list[Word]) -> A.Statement:
-    """EXPLAIN [ANALYZE] [(FORMAT TEXT | JSON | DOT [, ANALYZE])] <statement>."""
-    analyze, fmt = False, "text"
-    i = w[0].start + len(w[0].text)
-    while True:
-        nxt = words(script, i, span.end, 1)
-        if nxt and nxt[0].upper == "ANALYZE":
-            analyze, i = True, nxt[0].start + 7
+@functools.lru_cache(maxsize=1)
+def _explain_lark() -> Lark:
+    return Lark(explain_grammar(), start="explain", parser="lalr", maybe_placeholders=True)
+
+
+def _explain(script: str, span: Span) -> A.Statement:
+    """EXPLAIN [ANALYZE] [(FORMAT TEXT | JSON | DOT [, ANALYZE])] <statement>: the options by the
+    grammar's ``explain`` rule; the statement explained is parsed as any statement is."""
+    text = script[span.start:span.end]
+    ip = _explain_lark().parse_interactive(text)
+    opened = prev = None  # the '(' of an option list not yet closed; the token before
+    try:
+        for tok in ip.iter_parse():
+            if tok.type == "LPAR":
+                opened = tok
+            elif tok.type == "RPAR":
+                opened = None
+            elif prev is not None and prev.type == "FORMAT":
+                _check_format(script, span.start, tok)
+            prev = tok
+        tree = ip.feed_eof()
+    except UnexpectedInput as exc:
+        at_end = isinstance(exc, UnexpectedEOF) or \
+            (isinstance(exc, UnexpectedToken) and exc.token.type == "$END")
+        if opened is not None and at_end:
+            raise ParserError("EXPLAIN options are not closed: expected ')'", statement=script,
+                              span=Span(span.start + opened.start_pos, span.start + opened.start_pos + 1)
+                              ) from None
+        # Not our option list: let DuckDB judge the whole EXPLAIN.
+        return A.SqlStmt(text, span)
+    analyze, fmt, rest = False, "text", None
+    for node in tree.children:
+        if node is None:  # an absent [REST]
             continue
-        if nxt and nxt[0].text == "(":
-            opts = words(script, nxt[0].start + 1, span.end, 12)
-            j = 0
-            while j < len(opts) and opts[j].text != ")":
-                o = opts[j]
-                if o.upper == "FORMAT" and j + 1 < len(opts):
-                    fmt = opts[j + 1].text.strip("'").lower()
-                    if fmt not in ("text", "json", "dot"):
-                        raise ParserError(f"EXPLAIN format must be TEXT, JSON or DOT, not {opts[j + 1].text}",
-                                          statement=script,
-                                          span=Span(opts[j + 1].start, opts[j + 1].start + len(opts[j + 1].text)))
-                    j += 2
-                elif o.upper == "ANALYZE":
-                    analyze, j = True, j + 1
-                elif o.text == ",":
-                    j += 1
-                else:
-                    # Not our option list: let DuckDB judge the whole EXPLAIN.
-                    return A.SqlStmt(script[span.start:span.end], span)
-            if j >= len(opts):
-                raise ParserError("EXPLAIN options are not closed: expected ')'", statement=script,
-                                  span=Span(nxt[0].start, nxt[0].start + 1))
-            i = opts[j].start + 1
+        if isinstance(node, Token):
+            rest = node if node.type == "REST" else rest
             continue
-        break
-    start = skip_space(script, i, span.end)
-    if start >= span.end:
+        for opt in ([node] if node.data == "analyze" else node.children):
+            if isinstance(opt, Tree) and opt.data == "analyze":
+                analyze = True
+            elif isinstance(opt, Tree) and opt.data == "format":
+                fmt = str(opt.children[1]).strip("'").lower()
+    if rest is None:
         raise ParserError("EXPLAIN needs a statement to explain", statement=script,
                           span=Span(span.end, span.end))
-    inner_span = Span(start, span.end)
+    inner_span = Span(span.start + rest.start_pos, span.end)
     inner = parse_statement(script, inner_span)
     if isinstance(inner, A.SqlStmt):
-        return A.SqlStmt(script[span.start:span.end], span)
+        return A.SqlStmt(text, span)
     if not isinstance(inner, A.AssignStmt):
         raise ParserError("EXPLAIN works on tensor assignments (and on plain SQL)", statement=script,
                           span=inner_span)
     return A.ExplainStmt(inner, analyze, fmt, span)
+
+
+def _check_format(script: str, base: int, tok: Token) -> None:
+    if str(tok).strip("'").lower() not in EXPLAIN_FORMATS:
+        raise ParserError(f"EXPLAIN format must be TEXT, JSON or DOT, not {tok}", statement=script,
+                          span=Span(base + tok.start_pos, base + tok.start_pos + len(tok)))
 
 
 # -- our statements: lark -----------------------------------------------------------------------
