@@ -7,8 +7,8 @@ it) and renders the result. See docs/explain.md for how to read the output.
 
 The text form is a header with totals, then one row per operation: its expression, pieces per
 label (output labels | aggregated labels), the tile shape of one kernel call, kernel calls,
-aggregation fan-in, estimated flops, bytes the placed plan moves between workers, and the cost
-model's figure; under each row, the runner-up pieces the search considered with their costs.
+aggregation fan-in, estimated flops, bytes the placed plan moves between workers, the cost
+model's figure, and the kernel the plan chose (``matmul x0@x1``, ``contract``, ``broadcast by j``); under each row, the runner-up pieces the search considered with their costs.
 EXPLAIN ANALYZE adds the measured time, kernel calls, bytes moved and peak tile memory.
 """
 from __future__ import annotations
@@ -104,6 +104,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
             "flops": int(stats.flops) if stats else int(op.flops),
             "bytes_moved": int(moved_per_op[i]),
             "retile_bytes": int(stats.retile_bytes) if stats else 0,
+            "kernel": plan.kernels[i].summary(),
         }
         if c is not None:
             node["cost"] = {"join": c.join, "aggregation": c.aggregation, "retile": c.retile,
@@ -217,21 +218,21 @@ def header(data: Mapping) -> list[str]:
 
 
 # Columns shown right-aligned (numbers), by position in ``table``'s header.
-RIGHT = frozenset({0, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+RIGHT = frozenset({0, 4, 5, 6, 7, 8, 10, 11, 12, 13})
 
 
 def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]:
     """The operation table: its header, and per operation its cells and the runner-ups line
     (None when the search considered no other tiling). The text and HTML forms both print it."""
     analyze = "measured" in data
-    head = ["#", "operation", "pieces", "tile", "calls", "fan-in", "flops", "moved", "cost"]
+    head = ["#", "operation", "pieces", "tile", "calls", "fan-in", "flops", "moved", "cost", "kernel"]
     if analyze:
         head += ["time", "calls*", "moved*", "peak*"]
     rows = []
     for i, n in enumerate(data["nodes"], 1):
         row = [str(i), n["expression"], _pieces(n, n["pieces"]), _tile(n), str(n["kernel_calls"]),
                str(n["fan_in"]), count(n["flops"]), format_bytes(n["bytes_moved"]),
-               format_bytes(n["cost"]["total"]) if "cost" in n else "-"]
+               format_bytes(n["cost"]["total"]) if "cost" in n else "-", n["kernel"]["text"]]
         if analyze:
             m = n.get("measured", {})
             row += [_seconds(m.get("seconds")), str(m.get("kernel_calls", "-")),

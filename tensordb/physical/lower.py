@@ -20,6 +20,7 @@ from ..plan import scalar
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage import catalog
+from .choice import choose_kernel
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
 
 __all__ = ["lower", "OutputWriters", "describe"]
@@ -32,6 +33,7 @@ class _Lowering:
         self.owner: dict[int, int] = {}
         self.outputs: dict[str, OutputTiles] = {}
         self.stats: list[OpStats] = []
+        self.kernels: list = []
         self.readers = {t.name: store.open(t.name) for t in graph.inputs}
         self._loads: dict[tuple, int] = {}
         self._tables: set[str] = set()
@@ -132,6 +134,9 @@ class _Lowering:
         bounds = {l: even_bounds(op.size[l], pieces.get(l, 1)) for l in op.labels}
         pieces = {l: len(b) - 1 for l, b in bounds.items()}
         stats = OpStats(op, pieces)
+        # The kernel's method and chunking, for the largest tile of each label.
+        self.kernels.append(choose_kernel(op, {l: max((b[i + 1] - b[i] for i in range(len(b) - 1)),
+                                                      default=0) for l, b in bounds.items()}))
         n_out, n_lab = len(op.out_labels), len(op.labels)
         if any(op.size[l] == 0 for l in op.agg_labels):
             # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
@@ -259,7 +264,7 @@ class _Lowering:
             for table in self._tables:
                 self.store.query(catalog.drop_coords_table(table))
         return TilePlan(self.graph.ops, self.tasks, self.outputs, self.stats, self.decomp.workers,
-                        self.owner, self.readers)
+                        self.owner, self.readers, tuple(self.kernels))
 
 
 def _q(label: str) -> str:
@@ -333,8 +338,8 @@ class OutputWriters:
 def describe(plan: TilePlan) -> str:
     """A short per-operation summary (TENSORDB_DEBUG=2)."""
     lines = [f"tile plan: {len(plan.tasks)} tasks on {plan.workers} workers"]
-    for s in plan.stats:
+    for s, kernel in zip(plan.stats, plan.kernels):
         pieces = " ".join(f"{l}:{d}" for l, d in s.pieces.items())
-        lines.append(f"  {s.op.describe()}  [{pieces}]  calls={s.kernel_calls} "
+        lines.append(f"  {s.op.describe()}  [{pieces}]  {kernel.describe()}  calls={s.kernel_calls} "
                      f"aggs={s.aggregations} fan_in={s.max_fan_in} retile={s.retile_bytes}B")
     return "\n".join(lines)
