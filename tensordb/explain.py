@@ -8,7 +8,8 @@ it) and renders the result. See docs/explain.md for how to read the output.
 The text form is a header with totals, then one row per operation: its expression, pieces per
 label (output labels | aggregated labels), the tile shape of one kernel call, kernel calls,
 aggregation fan-in, estimated flops, bytes the placed plan moves between workers, the cost
-model's figure, and the kernel the plan chose (``matmul x0@x1``, ``contract``, ``broadcast by j``); under each row, the runner-up pieces the search considered with their costs.
+model's figure, and the kernel the plan chose (``matmul x0@x1``, ``contract``, ``broadcast by
+j``); under each row, the runner-up pieces the search considered with their costs.
 EXPLAIN ANALYZE adds the measured time, kernel calls, bytes moved and peak tile memory.
 """
 from __future__ import annotations

@@ -116,18 +116,11 @@ def _explain(script: str, span: Span) -> A.Statement:
                               ) from None
         # Not our option list: let DuckDB judge the whole EXPLAIN.
         return A.SqlStmt(text, span)
-    analyze, fmt, rest = False, "text", None
-    for node in tree.children:
-        if node is None:  # an absent [REST]
-            continue
-        if isinstance(node, Token):
-            rest = node if node.type == "REST" else rest
-            continue
-        for opt in ([node] if node.data == "analyze" else node.children):
-            if isinstance(opt, Tree) and opt.data == "analyze":
-                analyze = True
-            elif isinstance(opt, Tree) and opt.data == "format":
-                fmt = str(opt.children[1]).strip("'").lower()
+    opts = [t for t in tree.iter_subtrees_topdown() if t.data in ("analyze", "format")]
+    analyze = any(t.data == "analyze" for t in opts)
+    fmt = next((str(t.children[1]).strip("'").lower() for t in reversed(opts) if t.data == "format"),
+               "text")
+    rest = tree.children[-1]  # [REST]: None when EXPLAIN has nothing to explain
     if rest is None:
         raise ParserError("EXPLAIN needs a statement to explain", statement=script,
                           span=Span(span.end, span.end))

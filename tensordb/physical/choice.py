@@ -59,8 +59,10 @@ class MatmulLayout:
     def __post_init__(self) -> None:
         if {self.first, self.second} != {0, 1}:
             raise InternalError(f"a matmul layout takes operands 0 and 1, not {self.first}, {self.second}")
-        if sorted(self.perm_first) != list(range(len(self.batch + self.free_first + self.contracted))) \
-                or sorted(self.perm_second) != list(range(len(self.batch + self.contracted + self.free_second))):
+        n_first = len(self.batch + self.free_first + self.contracted)
+        n_second = len(self.batch + self.contracted + self.free_second)
+        if sorted(self.perm_first) != list(range(n_first)) or \
+                sorted(self.perm_second) != list(range(n_second)):
             raise InternalError(f"matmul permutations {self.perm_first}, {self.perm_second} do not "
                                 "match the label groups")
 
