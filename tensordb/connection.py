@@ -159,14 +159,14 @@ class Connection:
         return self.session.pending()
 
     def explain(self, query: str | Graph | EinGraph, format: str = "text", analyze: bool = False,
-                *, hints: Mapping[str, Mapping[str, int]] | None = None) -> str:
+                *, pieces: Mapping[str, Mapping[str, int]] | None = None) -> str:
         """EXPLAIN [ANALYZE] a statement (SQL text) or a graph, as text, JSON, dot or svg. With
         ``analyze`` it runs (its outputs are stored) and the measurements are shown too."""
         if isinstance(query, (Graph, EinGraph)):
             from .explain import check_format
             check_format(format)
-            graph, hints = self._bind(query, hints)
-            return self._explain_graph(graph, hints, format=format, analyze=analyze)
+            graph, pieces = self._bind(query, pieces)
+            return self._explain_graph(graph, pieces, format=format, analyze=analyze)
         from .session import explain_format, explain_script
         fmt = explain_format(format)
         return explain_script(self, query, self._parse(query), fmt, analyze)
@@ -253,7 +253,7 @@ class Connection:
 
     # -- einsum --------------------------------------------------------------------------------
     def einsum(self, spec: str, *operands: str, into: str | None = None, join: str | None = None,
-               agg: str = "sum", tile: Mapping[str, int] | None = None, replace: bool = True):
+               agg: str = "sum", pieces: Mapping[str, int] | None = None, replace: bool = True):
         """Run a numpy-style einsum over stored tensors.
 
         Without ``into`` the result is returned as a numpy array (a numpy scalar when it has no
@@ -261,7 +261,8 @@ class Connection:
         under that name, replacing a tensor of that name as an assignment statement does
         (``replace=False`` refuses instead), and the run's measurements are returned. ``join``
         replaces the product with a scalar expression over x0, x1, ... (``"x0 + x1"`` with
-        ``agg="min"`` is a min-plus product); ``tile`` pins pieces per label.
+        ``agg="min"`` is a min-plus product); ``pieces`` fixes the pieces of some labels
+        (``{"i": 4}``: split ``i`` in 4), the optimizer chooses the others.
 
         >>> import numpy as np, tensordb
         >>> with tensordb.connect() as con:
@@ -271,19 +272,19 @@ class Connection:
                [ 6., 11.]])
         """
         if into is not None:
-            graph = Graph().einsum(spec, *operands, into=into, join=join, agg=agg, tile=tile)
+            graph = Graph().einsum(spec, *operands, into=into, join=join, agg=agg, pieces=pieces)
             return self.run(graph, replace=replace)
         name = next(n for n in (f"einsum_{k}" for k in range(len(operands) + 1))
                     if n not in operands and not self.store.has(n))
-        graph = Graph().einsum(spec, *operands, into=name, join=join, agg=agg, tile=tile)
+        graph = Graph().einsum(spec, *operands, into=name, join=join, agg=agg, pieces=pieces)
         return self._compute(graph, name)
 
     def _compute(self, graph: Graph, name: str):
         """Run a graph whose one output is ``name`` and return it as an array; nothing is
         stored (the output tiles stay in memory and are assembled here)."""
         from .geometry import tile_box
-        bound, hints = self._bind(graph)
-        decomp, plan = self.plan(bound, hints)
+        bound, pieces = self._bind(graph)
+        decomp, plan = self.plan(bound, pieces)
         out = plan.outputs[name]
         self._check_dense("the einsum's result", out.shape, out.dtype)
         result = self._run(plan)
@@ -293,12 +294,12 @@ class Connection:
             arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = result.tiles[key]
         return arr[()] if arr.ndim == 0 else arr  # a numpy scalar, as numpy.einsum gives
 
-    def run(self, graph: Graph | EinGraph, *, hints: Mapping[str, Mapping[str, int]] | None = None,
+    def run(self, graph: Graph | EinGraph, *, pieces: Mapping[str, Mapping[str, int]] | None = None,
             replace: bool = True):
         """Plan and run a whole graph of operations at once; stores its outputs atomically,
         replacing tensors of the same names as assignments do (``replace=False`` refuses)."""
-        graph, hints = self._bind(graph, hints)
-        return self._run_graph(graph, hints=hints, replace=replace)
+        graph, pieces = self._bind(graph, pieces)
+        return self._run_graph(graph, pieces=pieces, replace=replace)
 
     # -- the pipeline: each stage one call ------------------------------------------------------
     def _parse(self, sql: str) -> list:
@@ -309,44 +310,44 @@ class Connection:
         with stage("parse"):
             return parse(sql)
 
-    def _bind(self, graph: Graph | EinGraph, hints=None) -> tuple[EinGraph, dict]:
-        """bind: a Graph of named steps -> the checked EinGraph, and the hints it carries."""
+    def _bind(self, graph: Graph | EinGraph, pieces=None) -> tuple[EinGraph, dict]:
+        """bind: a Graph of named steps -> the checked EinGraph, and the pieces it carries."""
         if isinstance(graph, EinGraph):
-            return graph, dict(hints or {})
+            return graph, dict(pieces or {})
         with stage("bind"):
-            return bind(graph, self.store), {**graph.hints, **(hints or {})}
+            return bind(graph, self.store), {**graph.pieces, **(pieces or {})}
 
     def _bind_statements(self, items) -> tuple[EinGraph | None, dict]:
         """bind: einsum statements (with the session's LETs) -> the EinGraph of what they store
-        (None when they only define LETs), and its hints."""
+        (None when they only define LETs), and its pieces."""
         from .bind import bind_statements
         with stage("bind"):
             binder = bind_statements(self.store, self.session.lets, items)
             if not (binder.graph.steps and binder.outputs):
                 return None, {}
-            return bind(binder.graph, self.store), dict(binder.graph.hints)
+            return bind(binder.graph, self.store), dict(binder.graph.pieces)
 
     def _run_statements(self, items) -> None:
         """A group of einsum statements: bind, optimize, lower, place, run, commit."""
-        graph, hints = self._bind_statements(items)
+        graph, pieces = self._bind_statements(items)
         if graph is not None:
-            self._run_graph(graph, hints=hints, replace=True)
+            self._run_graph(graph, pieces=pieces, replace=True)
 
     def _explain_statements(self, items, format: str = "text", analyze: bool = False) -> str:
-        graph, hints = self._bind_statements(items)
-        return self._explain_graph(graph, hints, format=format, analyze=analyze)
+        graph, pieces = self._bind_statements(items)
+        return self._explain_graph(graph, pieces, format=format, analyze=analyze)
 
-    def _explain_graph(self, graph: EinGraph, hints, format: str = "text", analyze: bool = False):
+    def _explain_graph(self, graph: EinGraph, pieces, format: str = "text", analyze: bool = False):
         """Plan ``graph`` (and with ``analyze`` run that very plan) and have explain render it."""
         from .explain import render
-        decomp, plan = self.plan(graph, hints)
+        decomp, plan = self.plan(graph, pieces)
         result = self._run_graph(graph, replace=True, planned=(decomp, plan)) if analyze else None
         return render(decomp, plan, format=format, result=result)
 
-    def plan(self, graph: EinGraph, hints=None):
+    def plan(self, graph: EinGraph, pieces=None):
         """optimize, lower, place: a bound graph -> (Decomposition, placed TilePlan); nothing
         runs. TENSORDB_DEBUG=2 prints the plan as EXPLAIN shows it, =3 its tile tasks too."""
-        decomp = self._optimize(graph, hints)
+        decomp = self._optimize(graph, pieces)
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
         with stage("place"):
@@ -358,7 +359,7 @@ class Connection:
             print(physical.describe_tasks(plan), file=sys.stderr)
         return decomp, plan
 
-    def _optimize(self, graph: EinGraph, hints=None):
+    def _optimize(self, graph: EinGraph, pieces=None):
         """optimize: the Decomposition (pieces per label of every operation) and its cost."""
         metas = {t.name: self.store.meta(t.name) for t in graph.inputs}
         grids = {name: m.grid for name, m in metas.items()}
@@ -368,17 +369,17 @@ class Connection:
                   if metas[name].tile_count < metas[name].total_tiles}
         # ...and only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.
         facts = {name: r.facts() for name, r in readers.items()}
-        # Hints name statements: a statement split pairwise ('D.1', 'D') or computed under an
-        # internal name (it replaces a tensor it reads) passes them on; bad hints are errors here.
+        # Fixed pieces name statements: a statement split pairwise ('D.1', 'D') or computed under
+        # an internal name (it replaces a tensor it reads) passes them on; bad ones are errors here.
         internal = {stored: name for name, stored in graph.store_as}
-        hints = optimizer.pins_from_hints(graph, {internal.get(k, k): v for k, v in (hints or {}).items()})
+        pieces = optimizer.pieces_per_op(graph, {internal.get(k, k): v for k, v in (pieces or {}).items()})
         # The optimizer plans for the workers that will run the plan: the local pool's, or the
         # cluster's when the executor is a Dask cluster.
         workers = self.settings.workers if self.settings.executor == "local" else \
             self._get_executor().workers
         with stage("optimize"):
             return optimizer.decompose(graph, workers, strategy=self.settings.tiling,
-                                       memory_limit=self.settings.memory_limit, hints=hints,
+                                       memory_limit=self.settings.memory_limit, pieces=pieces,
                                        input_grids=grids, input_tiles=sparse, input_facts=facts)
 
     def _run(self, plan, destinations=None):
@@ -390,14 +391,14 @@ class Connection:
         self.last_plan = plan
         return result
 
-    def _run_graph(self, graph: EinGraph, *, hints=None, replace=False, planned=None):
+    def _run_graph(self, graph: EinGraph, *, pieces=None, replace=False, planned=None):
         """Plan (unless ``planned`` = (decomposition, plan) is given), run, commit atomically."""
         for name in graph.outputs:
             name = graph.stored_name(name)
             if self.store.has(name) and not replace:
                 raise CatalogError(f"tensor '{name}' already exists",
                                    hint="use replace=True (CREATE OR REPLACE) to overwrite it")
-        decomp, plan = planned if planned is not None else self.plan(graph, hints)
+        decomp, plan = planned if planned is not None else self.plan(graph, pieces)
         # Output tiles are computed straight into their new payload files where the executor
         # can (in-process workers); nothing is visible until the catalog commit.
         writers = physical.OutputWriters(self.store, plan, replace=replace)

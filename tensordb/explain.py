@@ -9,8 +9,9 @@ output.
 
 The text form is a header with totals, then one row per operation: its expression, pieces per
 label (output labels | aggregated labels), the tile shape of one kernel call, kernel calls,
-aggregation fan-in, estimated flops, bytes the placed plan moves between workers, and the cost
-model's figure; under each row, the runner-up tilings the search considered with their costs.
+aggregation fan-in, estimated flops, bytes the placed plan moves between workers, the cost
+model's figure, and the kernel the plan chose (``matmul x0@x1``, ``contract``, ``broadcast by
+j``); under each row, the runner-up pieces the search considered with their costs.
 EXPLAIN ANALYZE adds the measured time, kernel calls, bytes moved and peak tile memory.
 """
 from __future__ import annotations
@@ -69,7 +70,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
     nodes = []
     for i, op in enumerate(plan.ops):
         stats = plan.stats[i] if i < len(plan.stats) else None
-        pieces = decomp.pieces(op.output) if op.output in decomp.tilings else dict(stats.pieces)
+        pieces = decomp.pieces(op.output) if op.output in decomp.pieces_by_op else dict(stats.pieces)
         pieces = {l: int(pieces.get(l, 1)) for l in op.labels}
         tile = {l: -(-op.size[l] // pieces[l]) if op.size[l] else 0 for l in op.labels}
         c = cost.ops.get(op.output)
@@ -79,7 +80,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
             "labels": list(op.labels),
             "out_labels": list(op.out_labels),
             "aggregated_labels": list(op.agg_labels),
-            "partition": pieces,
+            "pieces": pieces,
             "tile_shape": tile,
             "kernel_calls": stats.kernel_calls if stats else math.prod(pieces.values()),
             "fan_in": stats.max_fan_in if stats and stats.max_fan_in else
@@ -88,6 +89,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
             "flops": int(stats.flops) if stats else int(op.flops),
             "bytes_moved": int(moved_per_op[i]),
             "retile_bytes": int(stats.retile_bytes) if stats else 0,
+            "kernel": plan.kernels[i].summary(),
         }
         if c is not None:
             node["cost"] = {"join": c.join, "aggregation": c.aggregation, "retile": c.retile,
@@ -96,7 +98,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
         ch = choices.get(op.output)
         if ch is not None:
             node["search"] = {"cost": ch.cost, "candidates": ch.candidates}
-            node["runner_ups"] = [{"partition": dict(p), "cost": v} for p, v in ch.runner_ups]
+            node["runner_ups"] = [{"pieces": dict(p), "cost": v} for p, v in ch.runner_ups]
         if result is not None and stats is not None and stats.measured:
             node["measured"] = dict(stats.measured)
         nodes.append(node)
@@ -154,9 +156,9 @@ def count(n: float | None) -> str:
     return f"{n:.0f}" if float(n).is_integer() else f"{n:.3g}"
 
 
-def _pieces(node: Mapping, partition: Mapping[str, int]) -> str:
-    outs = " ".join(f"{l}={partition.get(l, 1)}" for l in node["out_labels"])
-    aggs = " ".join(f"{l}={partition.get(l, 1)}" for l in node["aggregated_labels"])
+def _pieces(node: Mapping, pieces: Mapping[str, int]) -> str:
+    outs = " ".join(f"{l}={pieces.get(l, 1)}" for l in node["out_labels"])
+    aggs = " ".join(f"{l}={pieces.get(l, 1)}" for l in node["aggregated_labels"])
     return f"{outs} | {aggs}" if aggs else outs or "-"
 
 
@@ -201,21 +203,21 @@ def header(data: Mapping) -> list[str]:
 
 
 # Columns shown right-aligned (numbers), by position in ``table``'s header.
-RIGHT = frozenset({0, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+RIGHT = frozenset({0, 4, 5, 6, 7, 8, 10, 11, 12, 13})
 
 
 def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]:
     """The operation table: its header, and per operation its cells and the runner-ups line
     (None when the search considered no other tiling). The text and HTML forms both print it."""
     analyze = "measured" in data
-    head = ["#", "operation", "pieces", "tile", "calls", "fan-in", "flops", "moved", "cost"]
+    head = ["#", "operation", "pieces", "tile", "calls", "fan-in", "flops", "moved", "cost", "kernel"]
     if analyze:
         head += ["time", "calls*", "moved*", "peak*"]
     rows = []
     for i, n in enumerate(data["nodes"], 1):
-        row = [str(i), n["expression"], _pieces(n, n["partition"]), _tile(n), str(n["kernel_calls"]),
+        row = [str(i), n["expression"], _pieces(n, n["pieces"]), _tile(n), str(n["kernel_calls"]),
                str(n["fan_in"]), count(n["flops"]), format_bytes(n["bytes_moved"]),
-               format_bytes(n["cost"]["total"]) if "cost" in n else "-"]
+               format_bytes(n["cost"]["total"]) if "cost" in n else "-", n["kernel"]["text"]]
         if analyze:
             m = n.get("measured", {})
             row += [_seconds(m.get("seconds")), str(m.get("kernel_calls", "-")),
@@ -226,7 +228,7 @@ def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]
         if ups:
             base = n["search"]["cost"] or 1.0
             alts = "runner-ups: " + ", ".join(
-                f"{_pieces(n, u['partition'])} ({_delta(u['cost'] / base - 1)})" for u in ups)
+                f"{_pieces(n, u['pieces'])} ({_delta(u['cost'] / base - 1)})" for u in ups)
         rows.append((row, alts))
     return head, rows
 
@@ -267,7 +269,7 @@ def _dot(data: Mapping, plan) -> str:
     for name in stored:
         out.append(f'  "{name}" [shape=cylinder];')
     for n, op in zip(data["nodes"], plan.ops):
-        label = f"{n['expression']}\\n{_pieces(n, n['partition'])}\\n{n['kernel_calls']} calls"
+        label = f"{n['expression']}\\n{_pieces(n, n['pieces'])}\\n{n['kernel_calls']} calls"
         out.append(f'  "{n["output"]}" [label="{_esc(label)}"];')
         for o in op.inputs:
             out.append(f'  "{o.tensor}" -> "{n["output"]}";')

@@ -45,7 +45,7 @@ def _run_case(con, seed):
         names.append(f"in{seed}_{k}")
         con.load(names[-1], a, tile=tile or None, replace=True)
     g = tensordb.Graph().op(f"out{seed}", out, list(zip(names, operands)), join=join, agg=agg,
-                            tile=pins)
+                            pieces=pins)
     try:
         con.run(g, replace=True)
         return con.tensor(f"out{seed}")
@@ -87,13 +87,13 @@ def test_executor_reports_cluster_workers(dcon):
     assert ex.addresses() == sorted(ex.client.scheduler_info()["workers"])
 
 
-def _matmul(con, into="C", tile=None, **load):
+def _matmul(con, into="C", pieces=None, **load):
     rng = np.random.default_rng(7)
     a, b = rng.standard_normal((256, 192)), rng.standard_normal((192, 128))
     con.load("A", a, tile=(64, 64), replace=True, **load)
     con.load("B", b, tile=(64, 64), replace=True, **load)
     result = con.einsum("ij,jk->ik", "A", "B", into=into, replace=True,
-                        tile=tile or {"i": 4, "j": 3, "k": 2})
+                        pieces=pieces or {"i": 4, "j": 3, "k": 2})
     return a @ b, result
 
 
@@ -116,9 +116,9 @@ def test_plan_for_more_workers_than_the_cluster_has(dask_cluster, lcon):
     from tensordb.exec.dask import DaskExecutor
     from tensordb.plan.builder import bind
     with tensordb.connect(workers=3) as con:  # a plan for 3 workers, run on a 2-worker cluster
-        want, _ = _matmul(con, tile={"i": 3, "j": 1, "k": 1})
-        g = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C2", tile={"i": 3, "j": 1, "k": 1})
-        _, plan = con.plan(bind(g, con.store), g.hints)
+        want, _ = _matmul(con, pieces={"i": 3, "j": 1, "k": 1})
+        g = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C2", pieces={"i": 3, "j": 1, "k": 1})
+        _, plan = con.plan(bind(g, con.store), g.pieces)
         ex = DaskExecutor(f"dask://{dask_cluster.scheduler_address}")
         try:
             result = ex.run(plan, con.store)
@@ -134,7 +134,7 @@ def test_plan_for_more_workers_than_the_cluster_has(dask_cluster, lcon):
 
 def test_connection_plans_for_the_cluster_workers(dask_cluster):
     with tensordb.connect(workers=5, executor=f"dask://{dask_cluster.scheduler_address}") as con:
-        _matmul(con, tile={})
+        _matmul(con, pieces={})
         assert con.last_plan.workers == 2
 
 
@@ -186,7 +186,7 @@ def test_graph_with_temporaries_and_aggregation_tree(dcon, lcon):
         con.load("W1", w1, replace=True)
         con.load("W2", w2, replace=True)
         g = (tensordb.Graph()
-             .einsum("bh,hf->bf", "X", "W1", into="Z", store=False, tile={"h": 16})
+             .einsum("bh,hf->bf", "X", "W1", into="Z", store=False, pieces={"h": 16})
              .einsum("bf,fo->bo", "Z", "W2", into="Y"))
         con.run(g, replace=True)
         assert not con.store.has("Z")

@@ -47,7 +47,7 @@ def _query_with_kill(con, replace=False):
     th.start()
     try:
         con.einsum("ik,kj->ij", "D", "D", into="P", join="x0 + x1", agg="min",
-                   tile={"i": 2, "k": 2, "j": 2}, replace=replace)
+                   pieces={"i": 2, "k": 2, "j": 2}, replace=replace)
     finally:
         stop.set()
         th.join()

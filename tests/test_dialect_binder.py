@@ -122,17 +122,19 @@ def test_prod_aggregate_and_three_operand_product():
 
 
 def test_einsum_form_and_hints():
-    g = bind("Y = EINSUM('ij,jk->ik', A, B) WITH (TILE (i 2))")
+    g = bind("Y = EINSUM('ij,jk->ik', A, B) WITH (PIECES i 2)")
     [step] = g.graph.steps
     assert step.spec == "ij,jk->ik" and [t for t, _ in step.inputs] == ["A", "B"]
-    assert g.known["Y"][0] == (2, 4) and g.graph.hints == {"Y": {"i": 2}}
+    assert g.known["Y"][0] == (2, 4) and g.graph.pieces == {"Y": {"i": 2}}
     g = bind("Y = EINSUM('...ij->...ji', C3)")
     assert g.known["Y"][0] == (2, 4, 3)
 
 
-def test_hints_pin_labels():
-    g = bind("Y[i,k] = A[i,j] * B[j,k] WITH (TILE (i 2, j 3))")
-    assert g.graph.hints == {"Y": {"i": 2, "j": 3}}
+def test_pieces_fix_labels():
+    g = bind("Y[i,k] = A[i,j] * B[j,k] WITH (PIECES i 2, j 3)")
+    assert g.graph.pieces == {"Y": {"i": 2, "j": 3}}
+    old = bind("Y[i,k] = A[i,j] * B[j,k] WITH (TILE (i 2, j 3))")  # the old spelling
+    assert old.graph.pieces == g.graph.pieces
 
 
 def test_dtype_inference():
@@ -238,8 +240,8 @@ def test_type_errors():
     ("Y[i] = SUM(A[i,j], 2)", "SUM takes one argument", "SUM(A[i,j], 2)"),
     ("Y[i,j] = EXP(A[i,j], 2)", "EXP takes 1 argument", "EXP(A[i,j], 2)"),
     ("s = 2 + 3", "uses no tensor", "2 + 3"),
-    ("Y[i,k] = A[i,j] * B[j,k] WITH (TILE (q 2))", "TILE names label 'q'", "q 2"),
-    ("Y[i,k] = A[i,j] * B[j,k] WITH (TILE (i 0))", "at least 1 piece", "i 0"),
+    ("Y[i,k] = A[i,j] * B[j,k] WITH (PIECES q 2)", "PIECES names label 'q'", "q 2"),
+    ("Y[i,k] = A[i,j] * B[j,k] WITH (PIECES i 0)", "at least 1 piece", "i 0"),
     ("Y[i,k] = EINSUM('ij,jk->ik', A, B)", "without labels on the left", "Y[i,k]"),
     ("Y = EINSUM('ij,jk->ik', A)", "operand", "'ij,jk->ik'"),
     ("Y = EINSUM('ij,jj->ij', A, B)", "label 'j'", "'ij,jj->ij'"),

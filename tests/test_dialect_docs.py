@@ -51,7 +51,7 @@ def test_every_statement_has_an_example():
     sql = "\n".join(c for kind, c, _ in blocks() if kind == "sql").upper()
     for needle in ("CREATE TENSOR", "CREATE OR REPLACE TENSOR", "IF NOT EXISTS", "TILE (", "FROM (SELECT",
                    "LOAD TENSOR", "LOAD OR REPLACE", "INDEX (", "SHAPE (", "FORMAT CSV", "] = SUM(",
-                   "= MAX(", "= MIN(", "PROD(", "EINSUM(", " AS EINSUM", "LET ", "WITH (TILE",
+                   "= MAX(", "= MIN(", "PROD(", "EINSUM(", " AS EINSUM", "LET ", "WITH (PIECES",
                    "BEGIN;", "COMMIT;", "ROLLBACK;", "EXPLAIN ANALYZE", "EXPLAIN (FORMAT JSON)",
                    "SHOW TENSORS", "SHOW ALL", "DESCRIBE ", "DROP TENSOR IF EXISTS", "COPY ",
                    "SET WORKERS", "SET MEMORY_LIMIT", "SELECT ", "CHECK TENSOR", "CHECK DATABASE"):

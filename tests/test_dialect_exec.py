@@ -328,10 +328,10 @@ def test_names_are_case_insensitive_like_sql(db):
 
 
 def test_hints_reach_the_plan(db):
-    text = db.explain("C[i,k] = A[i,j] * B[j,k] WITH (TILE (i 5))", format="json")
+    text = db.explain("C[i,k] = A[i,j] * B[j,k] WITH (PIECES i 5)", format="json")
     plan = json.loads(text)
     node = next(n for n in plan["nodes"] if n["output"] == "C")
-    assert node["partition"]["i"] == 5
+    assert node["pieces"]["i"] == 5
 
 
 def test_explain_statement_and_method(db):

@@ -108,7 +108,7 @@ def test_option_twice_is_an_error():
 
 
 def test_assignment_ast_and_spans():
-    text = "C[i,k] = SUM(A[i,j] * B[j,k]) WITH (TILE (i 4, k 2))"
+    text = "C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 4, k 2)"
     s = one(text)
     assert s.mode == "assign" and s.target.name == "C"
     assert [l.name for l in s.target.labels] == ["i", "k"]
@@ -117,7 +117,22 @@ def test_assignment_ast_and_spans():
     prod = call.args[0]
     assert isinstance(prod, A.BinOp) and prod.op == "*"
     assert at(text, prod.left.span) == "A[i,j]" and at(text, prod.right.labels[0].span) == "j"
-    assert [(p.label, p.value) for p in s.hints] == [("i", 4), ("k", 2)]
+    assert [(p.label, p.value) for p in s.pieces] == [("i", 4), ("k", 2)]
+    assert at(text, s.pieces[1].span) == "k 2"
+
+
+@pytest.mark.parametrize("old", ["WITH (TILE (i 4, k 2))", "WITH (TILE (i 4), TILE (k 2))"])
+def test_with_tile_is_the_old_spelling_of_pieces(old):
+    new = one("C[i,k] = A[i,j] * B[j,k] WITH (PIECES i 4, k 2)")
+    text = f"C[i,k] = A[i,j] * B[j,k] {old}"
+    s = one(text)
+    assert [(p.label, p.value) for p in s.pieces] == [(p.label, p.value) for p in new.pieces]
+    assert at(text, s.pieces[1].span) == "k 2"
+
+
+def test_pieces_is_a_keyword_only_where_expected():
+    s = one("pieces[i] = tile[i] * 2")  # still names of tensors
+    assert s.target.name == "pieces" and s.expr.left.name == "tile"
 
 
 def test_spans_are_offsets_in_the_whole_script():
@@ -218,3 +233,39 @@ def test_unclosed_subquery_and_explain_format():
         parse("EXPLAIN")
     with pytest.raises(ParserError, match="needs a query"):
         parse("CREATE TENSOR X FROM ( ) INDEX (a) VALUE v")
+
+
+@pytest.mark.parametrize("text, message, caret", [
+    ("EXPLAIN (FORMAT XML) C[i] = A[i]", "TEXT, JSON or DOT, not XML", "XML"),
+    ("EXPLAIN ANALYZE (FORMAT 'yaml', ANALYZE) C[i] = A[i]", "not 'yaml'", "'yaml'"),
+    ("EXPLAIN (FORMAT JSON", "not closed", "("),
+    ("EXPLAIN ANALYZE (ANALYZE) (", "not closed", "("),
+    ("EXPLAIN SHOW TENSORS", "tensor assignments", "SHOW TENSORS"),
+])
+def test_explain_option_errors_point_at_the_option(text, message, caret):
+    """EXPLAIN's options are read by the grammar; an error's caret is under the word at fault."""
+    with pytest.raises(ParserError, match=message) as info:
+        parse(text)
+    err = info.value
+    assert text[err.span.start:err.span.end] == caret
+    assert text.rindex(caret) == err.span.start  # the last one: ( of the unclosed list
+
+
+@pytest.mark.parametrize("text, fmt, analyze", [
+    ("EXPLAIN C[i] = A[i]", "text", False),
+    ("explain analyze C[i] = A[i]", "text", True),
+    ("EXPLAIN (FORMAT 'dot') C[i] = A[i]", "dot", False),
+    ("EXPLAIN (FORMAT JSON ANALYZE) C[i] = A[i]", "json", True),
+    ("EXPLAIN /* why */ (FORMAT json) -- the plan\n  C[i] = A[i]", "json", False),
+])
+def test_explain_options_and_the_statement_span(text, fmt, analyze):
+    s = one(text)
+    assert (s.format, s.analyze) == (fmt, analyze)
+    assert at(text, s.statement.span) == "C[i] = A[i]"
+
+
+@pytest.mark.parametrize("text", ["EXPLAIN (VERBOSE) SELECT 1", "EXPLAIN (FORMAT JSON) SELECT 1",
+                                  "EXPLAIN (SELECT 1)", "EXPLAIN (FORMAT JSON C[i] = A[i]"])
+def test_explain_that_is_not_ours_goes_to_duckdb_whole(text):
+    s = one(text)
+    assert isinstance(s, A.SqlStmt) and s.text == text

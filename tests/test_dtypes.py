@@ -115,7 +115,7 @@ def test_statements_match_numpy_dtype_and_values(dx, dy, tiled):
             want = numpy_answer(fn, X, Y)
             hint = ""
             if tiled and labels:
-                hint = " WITH (TILE (" + ", ".join(f"{l} {p}" for l, p in zip(labels, (2, 3, 1))) + "))"
+                hint = " WITH (PIECES " + ", ".join(f"{l} {p}" for l, p in zip(labels, (2, 3, 1))) + ")"
             what = f"{stmt}{hint} on X {dx}, Y {dy}"
             if want is TypeError:
                 with pytest.raises(tensordb.ProgrammingError, match="type error"):
@@ -410,7 +410,7 @@ def test_einsums_over_zero_size_tensors(con, dtype):
     con.load("A", a)
     cases = [
         ("C[i,k] = SUM(E[i,j] * F[j,k])", np.einsum("ij,jk->ik", e, f)),
-        ("C[i,k] = SUM(E[i,j] * F[j,k]) WITH (TILE (i 3, k 2))", np.einsum("ij,jk->ik", e, f)),
+        ("C[i,k] = SUM(E[i,j] * F[j,k]) WITH (PIECES i 3, k 2)", np.einsum("ij,jk->ik", e, f)),
         ("C = EINSUM('ij,jk->ik', E, F)", np.einsum("ij,jk->ik", e, f)),
         ("C = EINSUM('ij,jk,lk->il', E, F, A)", np.einsum("ij,jk,lk->il", e, f, a)),
         ("C[j,k] = SUM(F[j,k] * A[i,k])", np.einsum("jk,ik->jk", f, a)),

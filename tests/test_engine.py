@@ -29,7 +29,7 @@ def test_block_sparse_matmul_calls_equal_joined_pairs(con, density):
     b, mb = _block_sparse(rng, 16, 8, density)
     con.load("A", a, tile=(8, 8))
     con.load("B", b, tile=(8, 8))
-    con.einsum("ij,jk->ik", "A", "B", into="C", tile={"i": 16, "j": 16, "k": 16})
+    con.einsum("ij,jk->ik", "A", "B", into="C", pieces={"i": 16, "j": 16, "k": 16})
     pairs = int(np.einsum("ij,jk->", ma.astype(int), mb.astype(int)))
     assert con.last_plan.kernel_calls == pairs
     np.testing.assert_allclose(con.tensor("C"), a @ b, atol=1e-9)
@@ -39,7 +39,7 @@ def test_max_sees_zeros_of_absent_tiles(con):
     x = -np.abs(np.random.default_rng(0).standard_normal((8, 8))) - 1
     x[:, 4:] = 0  # absent tiles: the row maximum is 0, not a negative number
     con.load("X", x, tile=(4, 4))
-    con.run(tensordb.Graph().op("M", "i", [("X", "ij")], agg="max", tile={"i": 2, "j": 2}))
+    con.run(tensordb.Graph().op("M", "i", [("X", "ij")], agg="max", pieces={"i": 2, "j": 2}))
     np.testing.assert_array_equal(con.tensor("M"), x.max(axis=1))
 
 
@@ -47,7 +47,7 @@ def test_prod_of_absent_tile_is_zero(con):
     x = np.random.default_rng(1).uniform(1, 2, (6, 6))
     x[:3, :3] = 0
     con.load("X", x, tile=(3, 3))
-    con.run(tensordb.Graph().op("P", "i", [("X", "ij")], agg="prod", tile={"i": 2, "j": 2}))
+    con.run(tensordb.Graph().op("P", "i", [("X", "ij")], agg="prod", pieces={"i": 2, "j": 2}))
     np.testing.assert_allclose(con.tensor("P"), x.prod(axis=1))
 
 
@@ -72,8 +72,8 @@ def test_retiling_between_operations(con):
     con.load("A", a)
     con.load("B", b)
     g = (tensordb.Graph()
-         .einsum("ij,jk->ik", "A", "B", into="T", store=False, tile={"i": 3, "k": 1, "j": 2})
-         .op("U", "ki", [("T", "ik")], join="x0 * 2", tile={"i": 2, "k": 3}))
+         .einsum("ij,jk->ik", "A", "B", into="T", store=False, pieces={"i": 3, "k": 1, "j": 2})
+         .op("U", "ki", [("T", "ik")], join="x0 * 2", pieces={"i": 2, "k": 3}))
     con.run(g)
     assert any(isinstance(t, Assemble) for t in con.last_plan.tasks)
     assert con.last_plan.stats[1].retile_bytes > 0
@@ -83,7 +83,7 @@ def test_retiling_between_operations(con):
 def test_transfers_are_counted_from_the_plan(con):
     rng = np.random.default_rng(4)
     con.load("A", rng.standard_normal((64, 64)))
-    result = con.einsum("ij,jk->ik", "A", "A", into="C", tile={"i": 2, "j": 2, "k": 2})
+    result = con.einsum("ij,jk->ik", "A", "A", into="C", pieces={"i": 2, "j": 2, "k": 2})
     plan = con.last_plan
     made = {t.key: t.worker for t in plan.tasks}
     size = {}
@@ -161,7 +161,7 @@ def test_tile_join_sees_tensors_written_earlier_in_the_same_transaction(con):
     a, _ = _block_sparse(rng, 8, 4, 0.3)
     with con.store.transaction():
         con.load("A", a, tile=(4, 4))
-        con.einsum("ij,jk->ik", "A", "A", into="C", tile={"i": 8, "j": 8, "k": 8})
+        con.einsum("ij,jk->ik", "A", "A", into="C", pieces={"i": 8, "j": 8, "k": 8})
     np.testing.assert_allclose(con.tensor("C"), a @ a, atol=1e-9)
     assert not con.sql("SELECT * FROM duckdb_tables() WHERE table_name LIKE '__tensordb%'").fetchall()
 
@@ -205,7 +205,7 @@ def test_many_small_runs_on_many_workers_queue_each_task_once():
         b = np.arange(1024.0).reshape(32, 32) % 7
         con.load("B", b, tile=(4, 4))
         for _ in range(40):
-            result = con.einsum("ij,jk->ik", "B", "B", into="D", tile={"i": 2, "j": 8, "k": 2},
+            result = con.einsum("ij,jk->ik", "B", "B", into="D", pieces={"i": 2, "j": 8, "k": 2},
                                 replace=True)
             assert result.kernel_calls == 32
             np.testing.assert_allclose(con.tensor("D"), b @ b)
@@ -223,10 +223,10 @@ def test_integer_products_with_a_fractional_scale(con):
 def test_tiling_hints_are_checked_and_follow_a_replaced_tensor(con):
     con.load("A", np.ones((8, 8)))
     with pytest.raises(tensordb.ProgrammingError, match="'z'"):
-        con.einsum("ij,jk->ik", "A", "A", into="C", tile={"z": 2})
+        con.einsum("ij,jk->ik", "A", "A", into="C", pieces={"z": 2})
     with pytest.raises(tensordb.ProgrammingError, match="integer"):
-        con.einsum("ij,jk->ik", "A", "A", into="C", tile={"j": "x"})
-    con.einsum("ij,jk->ik", "A", "A", into="A", tile={"i": 4}, replace=True)
+        con.einsum("ij,jk->ik", "A", "A", into="C", pieces={"j": "x"})
+    con.einsum("ij,jk->ik", "A", "A", into="A", pieces={"i": 4}, replace=True)
     assert con.last_plan.stats[0].pieces["i"] == 4
     np.testing.assert_allclose(con.tensor("A"), np.full((8, 8), 8.0))
 

@@ -86,7 +86,7 @@ def test_random_einsum_matches_oracle(con, seed, strategy):
         con.load(name, a, tile=tile or None, replace=True)
         names.append(name)
     into = f"out{seed}"
-    g = tensordb.Graph().op(into, out, list(zip(names, operands)), join=join, agg=agg, tile=pins)
+    g = tensordb.Graph().op(into, out, list(zip(names, operands)), join=join, agg=agg, pieces=pins)
     try:
         con.run(g, replace=True)
         got = con.tensor(into)

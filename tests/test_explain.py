@@ -54,11 +54,11 @@ def test_json_has_the_documented_fields(con4):
     assert {"flops", "bytes_moved", "cost"} <= set(data["total"])
     assert [n["output"] for n in data["nodes"]] == ["H", "R", "Y"]
     for n in data["nodes"]:
-        assert {"output", "labels", "partition", "kernel_calls", "aggregated_labels", "flops",
+        assert {"output", "labels", "pieces", "kernel_calls", "aggregated_labels", "flops",
                 "bytes_moved"} <= set(n)
-        assert set(n["partition"]) == set(n["labels"])
+        assert set(n["pieces"]) == set(n["labels"])
     y = data["nodes"][2]
-    assert y["aggregated_labels"] == ["f"] and y["partition"]["f"] == 4 and y["fan_in"] == 4
+    assert y["aggregated_labels"] == ["f"] and y["pieces"]["f"] == 4 and y["fan_in"] == 4
     assert y["bytes_moved"] == 3 * 8 * 256 * 8                       # three partials of b*h move
     assert data["total"]["bytes_moved"] == sum(n["bytes_moved"] for n in data["nodes"])
     assert data["total"]["flops"] == sum(n["flops"] for n in data["nodes"])
@@ -92,7 +92,7 @@ def test_a_hand_made_decomposition_is_priced_by_the_optimizer_not_by_explain(con
     from tensordb.plan.builder import bind
     eg = bind(g, con4.store)
     decomp, plan = con4.plan(eg)
-    bare = Decomposition(decomp.workers, decomp.tilings, "by hand")
+    bare = Decomposition(decomp.workers, decomp.pieces_by_op, "by hand")
     with pytest.raises(ProgrammingError, match="carries no cost") as info:
         render(bare, plan, format="json")
     assert "optimizer.price" in str(info.value)
@@ -104,8 +104,8 @@ def test_a_hand_made_decomposition_is_priced_by_the_optimizer_not_by_explain(con
 
 def test_hints_show_in_explain(con4):
     g, _ = mlp(con4)
-    data = json.loads(con4.explain(g, format="json", hints={"Y": {"b": 2}}))
-    assert data["nodes"][2]["partition"]["b"] == 2
+    data = json.loads(con4.explain(g, format="json", pieces={"Y": {"b": 2}}))
+    assert data["nodes"][2]["pieces"]["b"] == 2
 
 
 @pytest.mark.parametrize("limit,calls", [(None, 4), (8 << 20, 8), (4 << 20, 16)])

@@ -52,7 +52,7 @@ def test_gpu_executor_matches_numpy(case):
         ex = con._get_executor()
         pieces = {l: 2 for l in q["spec"].split("->")[0].replace(",", "")}
         con.einsum(q["spec"], *q["ops"], into="OUT", join=q.get("join"), agg=q.get("agg", "sum"),
-                   tile=pieces)
+                   pieces=pieces)
         got = con.tensor("OUT")
         assert isinstance(got, np.ndarray)
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)

@@ -100,7 +100,7 @@ def test_every_write_path_records_the_crc32_of_each_tile(tmp_path, monkeypatch):
         con.load("D", None, query="SELECT * FROM range(12) r(a)", tile=(5, 1))  # dense table
         con.load("I", I, tile=(4, 4))
         con.execute("CREATE TENSOR Z (3, 4) INT32")                        # no tiles at all
-        con.execute("C[i,k] = SUM(A[i,j] * B[j,k]) WITH (TILE (i 2, k 1))")  # computed in place
+        con.execute("C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 2, k 1)")  # computed in place
         con.execute("E[i,j] = A[i,j] + 1")
         con.einsum("ij->ji", "I", into="IT")                              # Python API
         con.load("A", 2 * A, tile=(4, 4), replace=True, dims=["i", "j"])   # replace

@@ -310,10 +310,10 @@ def test_explain_is_an_html_table_of_its_plan():
         cells = texts(ops[0], "td")
         node = text.plan["nodes"][0]
         assert cells[0] == "1" and cells[1] == node["expression"] == MATMUL
-        assert int(cells[4]) == node["kernel_calls"] == math.prod(node["partition"].values())
+        assert int(cells[4]) == node["kernel_calls"] == math.prod(node["pieces"].values())
         # the tile of one call: the labels' sizes divided by their pieces
         sizes = {"i": 200, "j": 96, "k": 64}
-        tile = {l: -(-sizes[l] // node["partition"][l]) for l in sizes}
+        tile = {l: -(-sizes[l] // node["pieces"][l]) for l in sizes}
         assert cells[3] == f"{tile['i']}x{tile['k']} | {tile['j']}"
         # every cell of the table is on the text form's line for the operation
         line = next(l for l in text.splitlines() if MATMUL in l)

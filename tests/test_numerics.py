@@ -54,7 +54,7 @@ SOME = [((2, 2), 1), ((2, 2), 3), ((2, 2), 6), ((3, 5), 3), ((1, 1), 1), ((6, 6)
 
 def run_einsum(con, spec, operands, pieces, **kw):
     labels = set(spec.replace(",", "").replace("->", ""))
-    con.einsum(spec, *operands, into="R", tile={l: pieces for l in labels}, replace=True, **kw)
+    con.einsum(spec, *operands, into="R", pieces={l: pieces for l in labels}, replace=True, **kw)
     return con.tensor("R")
 
 
@@ -69,7 +69,7 @@ def test_division_by_itself_does_not_depend_on_the_tiling():
     for stored, pieces in itertools.product(STORED, PIECES):
         with tensordb.connect() as con:
             con.load("X", x, tile=stored)
-            con.execute(f"Q[i,j] = X[i,j] / X[i,j] WITH (TILE (i {pieces}, j {pieces}));")
+            con.execute(f"Q[i,j] = X[i,j] / X[i,j] WITH (PIECES i {pieces}, j {pieces});")
             same(con.tensor("Q"), want)
 
 
@@ -84,8 +84,8 @@ def test_product_with_infinite_partner_is_nan_like_numpy():
             con.load("A", a, tile=stored)
             con.load("Y", y, tile=(2, 2))
             same(run_einsum(con, "ij,jk->ik", ["A", "Y"], pieces), want)
-            con.execute(f"S[i,k] = SUM(A[i,j] * Y[j,k]) WITH (TILE (i {pieces}, j {pieces}, "
-                        f"k {pieces}));")
+            con.execute(f"S[i,k] = SUM(A[i,j] * Y[j,k]) WITH (PIECES i {pieces}, j {pieces}, "
+                        f"k {pieces});")
             same(con.tensor("S"), want)
 
 
@@ -201,7 +201,7 @@ def test_prod_over_a_skipped_zero_next_to_an_infinity_is_nan():
         with tensordb.connect() as con:
             con.load("X", x, tile=stored)
             con.load("Y", y)
-            con.execute(f"P[i] = PROD(X[i,j] * Y[j]) WITH (TILE (i {pieces}, j {pieces}));")
+            con.execute(f"P[i] = PROD(X[i,j] * Y[j]) WITH (PIECES i {pieces}, j {pieces});")
             same(con.tensor("P"), want)
 
 
@@ -239,7 +239,7 @@ def test_block_sparse_product_runs_only_present_tiles_when_partners_are_finite()
     with tensordb.connect() as con:
         con.load("A", a, tile=(t, t))
         con.load("B", b, tile=(t, t))
-        con.einsum("ij,jk->ik", "A", "B", into="C", tile={"i": g, "j": g, "k": g})
+        con.einsum("ij,jk->ik", "A", "B", into="C", pieces={"i": g, "j": g, "k": g})
         same(con.tensor("C"), a @ b)
         assert con.last_plan.kernel_calls == _present_calls(ma, mb)
         # The optimizer counts the same calls (its block-sparse cost) when left to choose.
@@ -249,7 +249,7 @@ def test_block_sparse_product_runs_only_present_tiles_when_partners_are_finite()
         # A division by a finite tensor with no zeros skips the numerator's absent tiles too.
         d = rng.uniform(1.0, 2.0, (g * t, g * t))
         con.load("D", d, tile=(t, t))
-        con.einsum("ij,ij->ij", "A", "D", into="Q", join="x0 / x1", tile={"i": g, "j": g})
+        con.einsum("ij,ij->ij", "A", "D", into="Q", join="x0 / x1", pieces={"i": g, "j": g})
         same(con.tensor("Q"), a / d)
         assert con.last_plan.kernel_calls == int(ma.sum())
 
@@ -266,7 +266,7 @@ def test_one_infinite_tile_adds_only_the_calls_it_reaches():
     with tensordb.connect() as con:
         con.load("A", a, tile=(t, t))
         con.load("B", b, tile=(t, t))
-        con.einsum("ij,jk->ik", "A", "B", into="C", tile={"i": g, "j": g, "k": g})
+        con.einsum("ij,jk->ik", "A", "B", into="C", pieces={"i": g, "j": g, "k": g})
         same(con.tensor("C"), np_(lambda: (a[:, :, None] * b[None]).sum(axis=1)))
         # Every (i, 5, 2) call runs (absent A tiles meet the inf); nothing else is added.
         extra = int((~ma[:, 5]).sum())
@@ -297,7 +297,7 @@ def test_every_tile_writer_records_nonfinite(tmp_path):
         con.execute("CREATE TENSOR C FROM coo INDEX (i, j) VALUE v TILE (2, 2);")   # COO
         con.execute("CREATE TENSOR D FROM (SELECT CASE WHEN range = 1 THEN 'inf'::DOUBLE "
                     "ELSE 1.0 END AS a, 2.0 AS b FROM range(4)) TILE (2, 1);")     # dense table
-        con.execute("E[i,j] = A[i,j] * 2 WITH (TILE (i 2, j 2));")                # an einsum
+        con.execute("E[i,j] = A[i,j] * 2 WITH (PIECES i 2, j 2);")                # an einsum
         for name in "ABCE":
             assert _flags(con, name) == want, name
         assert _flags(con, "D") == {(0, 0): True, (0, 1): False, (1, 0): False, (1, 1): False}
@@ -321,7 +321,7 @@ def test_a_catalog_without_the_column_opens_and_is_treated_as_unknown(tmp_path):
     for _ in range(2):                                           # adding the column is idempotent
         with tensordb.connect(path) as con:
             assert set(_flags(con, "Y").values()) == {None}      # NULL: not known
-            con.einsum("ij,jk->ik", "A", "Y", into="C", tile={"i": 3, "j": 3, "k": 2},
+            con.einsum("ij,jk->ik", "A", "Y", into="C", pieces={"i": 3, "j": 3, "k": 2},
                        replace=True)
             same(con.tensor("C"), want)
             assert set(_flags(con, "C").values()) == {True}
@@ -352,12 +352,12 @@ def test_aggregate_over_an_empty_label_python_api(agg, join):
         with tensordb.connect() as con:
             con.load("E", e, tile=stored)
             graph = tensordb.Graph().op("G", "i", [("E", "ij")], join=join, agg=agg,
-                                        tile={"i": pieces})
+                                        pieces={"i": pieces})
             if agg in ("max", "min"):
                 with pytest.raises(ValueError):
                     red(_join_fn(join)(e), axis=1)               # numpy refuses too
                 for call in (lambda: con.einsum("ij->i", "E", into="R", join=join, agg=agg,
-                                                tile={"i": pieces}),
+                                                pieces={"i": pieces}),
                              lambda: con.run(graph)):
                     with pytest.raises(tensordb.DataError) as info:
                         call()
@@ -404,8 +404,8 @@ def test_contraction_over_an_empty_label_gives_a_full_result(join):
             with pytest.raises(tensordb.DataError) as info:
                 run_einsum(con, "ij,jk->ik", ["X", "Y"], pieces, join=join, agg="max")
             _check_empty_error(info.value, "max")
-            con.execute(f"S[i,k] = SUM(X[i,j] * Y[j,k]) WITH (TILE (i {pieces}, k {pieces}));")
-            con.execute(f"P[i,k] = PROD(X[i,j] + Y[j,k]) WITH (TILE (i {pieces}, k {pieces}));")
+            con.execute(f"S[i,k] = SUM(X[i,j] * Y[j,k]) WITH (PIECES i {pieces}, k {pieces});")
+            con.execute(f"P[i,k] = PROD(X[i,j] + Y[j,k]) WITH (PIECES i {pieces}, k {pieces});")
             same(con.tensor("S"), np.zeros((4, 5)))
             same(con.tensor("P"), np.ones((4, 5)))
 

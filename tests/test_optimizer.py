@@ -178,31 +178,31 @@ def test_non_power_of_two_workers():
 
 def test_hints_are_honoured_and_completed():
     g = matmul_graph(1 << 14, 64, 64)
-    d = decompose(g, 16, hints={"C": {"k": 2}})
+    d = decompose(g, 16, pieces={"C": {"k": 2}})
     assert d.pieces("C")["k"] == 2 and math.prod(d.pieces("C").values()) == 16
-    odd = decompose(g, 16, hints={"C": {"j": 3}})
+    odd = decompose(g, 16, pieces={"C": {"j": 3}})
     assert odd.pieces("C")["j"] == 3 and math.prod(odd.pieces("C").values()) <= 16
-    big = decompose(g, 4, hints={"C": {"i": 64}})
+    big = decompose(g, 4, pieces={"C": {"i": 64}})
     assert big.pieces("C") == {"i": 64, "k": 1, "j": 1}
-    clamp = decompose(g, 4, hints={"C": {"k": 1000}})
+    clamp = decompose(g, 4, pieces={"C": {"k": 1000}})
     assert clamp.pieces("C")["k"] == 64
 
 
 def test_hints_apply_to_pairwise_steps():
     cat = FakeCatalog(A=(64, 64), B=(64, 64), C=(64, 64))
     g = bind(Graph().einsum("ij,jk,kl->il", "A", "B", "C", into="D"), cat)
-    d = decompose(g, 4, hints={"D": {"i": 2}})
+    d = decompose(g, 4, pieces={"D": {"i": 2}})
     assert all(d.pieces(op.output)["i"] == 2 for op in g.ops if "i" in op.labels)
 
 
 def test_bad_hints_fail_clearly():
     g = matmul_graph(64, 64, 64)
     with pytest.raises(ProgrammingError, match="label 'z'"):
-        decompose(g, 4, hints={"C": {"z": 2}})
+        decompose(g, 4, pieces={"C": {"z": 2}})
     with pytest.raises(ProgrammingError, match="no operation produces"):
-        decompose(g, 4, hints={"Q": {"i": 2}})
+        decompose(g, 4, pieces={"Q": {"i": 2}})
     with pytest.raises(ProgrammingError, match="at least 1"):
-        decompose(g, 4, hints={"C": {"i": 0}})
+        decompose(g, 4, pieces={"C": {"i": 0}})
 
 
 def test_every_strategy_honours_hints():
@@ -210,7 +210,7 @@ def test_every_strategy_honours_hints():
     for name in STRATEGIES:
         if name == "default":
             continue
-        assert decompose(g, 4, strategy=name, hints={"Y": {"h": 2}}).pieces("Y")["h"] == 2
+        assert decompose(g, 4, strategy=name, pieces={"Y": {"h": 2}}).pieces("Y")["h"] == 2
 
 
 # -- memory --------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from tensordb.optimizer import decompose, evaluate
-from tensordb.optimizer.candidates import candidates, pins_from_hints
+from tensordb.optimizer.candidates import candidates, pieces_per_op
 from tensordb.optimizer.cost import as_dict, models_of
 from tensordb.plan import scalar
 from tensordb.plan.ir import EinGraph, EinOp, Operand, TensorInfo
@@ -68,7 +68,7 @@ def random_graph(rng: random.Random, n_ops: int, share: bool) -> EinGraph:
 
 def brute_force(graph: EinGraph, workers: int) -> float | None:
     models = models_of(graph, workers)
-    pins = pins_from_hints(graph, None)
+    pins = pieces_per_op(graph, None)
     cands = [candidates(models[op.output], pins.get(op.output)) for op in graph.ops]
     if math.prod(len(c) for c in cands) > MAX_COMBOS:
         return None
@@ -108,7 +108,7 @@ def test_dp_equals_brute_force_on_trees(workers):
         if best is None:
             continue
         d = decompose(g, workers)
-        got = evaluate(g, d.tilings, workers).total
+        got = evaluate(g, d.pieces_by_op, workers).total
         assert got == pytest.approx(best, rel=1e-9), f"graph {n}: {[op.describe() for op in g.ops]}"
         assert d.details["dp_cost"] == pytest.approx(got, rel=1e-9)   # the table is the true cost
         checked += 1
@@ -126,7 +126,7 @@ def test_dp_gap_on_dags_with_shared_intermediates(workers):
         if best is None:
             continue
         d = decompose(g, workers)
-        got = evaluate(g, d.tilings, workers).total
+        got = evaluate(g, d.pieces_by_op, workers).total
         assert got >= best * (1 - 1e-9)
         assert d.details["dp_cost"] == pytest.approx(got, rel=1e-9)  # shared ops counted once
         gaps.append(got / best - 1)
@@ -144,11 +144,11 @@ def test_hinted_dp_equals_brute_force_over_hinted_candidates():
         g = random_graph(rng, 3, False)
         op = g.ops[-1]
         hints = {op.output: {op.labels[0]: 2}}
-        d = decompose(g, 4, hints=hints)
+        d = decompose(g, 4, pieces=hints)
         assert d.pieces(op.output)[op.labels[0]] == min(2, op.size[op.labels[0]])
         models = models_of(g, 4)
-        pins = pins_from_hints(g, hints)
+        pins = pieces_per_op(g, hints)
         cands = [candidates(models[o.output], pins.get(o.output)) for o in g.ops]
         best = min(evaluate(g, {o.output: as_dict(models[o.output], c) for o, c in zip(g.ops, combo)},
                             4, models=models).total for combo in itertools.product(*cands))
-        assert evaluate(g, d.tilings, 4).total == pytest.approx(best, rel=1e-9)
+        assert evaluate(g, d.pieces_by_op, 4).total == pytest.approx(best, rel=1e-9)

@@ -17,7 +17,7 @@ CORPUS = [
     "CREATE TENSOR Z (i 4, k 3) FLOAT32 TILE (i 2, k 3)",
     "CREATE OR REPLACE TENSOR Z (2, 2)",
     "C[i,k] = SUM(A[i,j] * B[j,k])",
-    "C[i,k] = A[i,j] * B[j,k] WITH (TILE (i 2, k 1))",
+    "C[i,k] = A[i,j] * B[j,k] WITH (PIECES i 2, k 1)",
     "M[i] = MAX(A[i,j])",
     "P[i,j] = MIN(S[i,k] + S[k,j])",
     "H[b,f] = RELU(SUM(A[b,h] * B[h,f]) + v[f])",

@@ -250,7 +250,7 @@ def test_kernels_give_numpys_answer_without_runtime_warnings(stmt, oracle):
 
 
 API_MISUSE = {
-    "tile= not a mapping": lambda con: con.einsum("ij,jk->ik", "A", "B", into="C", tile=5),
+    "pieces= not a mapping": lambda con: con.einsum("ij,jk->ik", "A", "B", into="C", pieces=5),
     "join= not a string": lambda con: con.einsum("ij,jk->ik", "A", "B", into="C", join=5),
     "query not a string": lambda con: con.sql(5),
     "export path not a path": lambda con: con.export("A", 5),
@@ -336,7 +336,7 @@ def test_a_large_elementwise_tile_computes_numpys_answer(con):
     x, c = rng.standard_normal((2100, 2100)).astype(np.float32), rng.standard_normal(2100)
     con.load("X", x, tile=(2100, 2100))
     con.load("c", c)
-    con.execute("Y[i,j] = RELU(X[i,j] - c[j]) / X[i,j] WITH (TILE (i 1, j 1))")
+    con.execute("Y[i,j] = RELU(X[i,j] - c[j]) / X[i,j] WITH (PIECES i 1, j 1)")
     with np.errstate(all="ignore"):
         expect = np.maximum(x - c, 0) / x
     got = con.tensor("Y")

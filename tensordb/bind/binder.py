@@ -45,7 +45,7 @@ from .scope import is_aggregate as _is_aggregate
 from .scope import labels_in as _labels_in
 from .scope import terms as _terms
 
-__all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pins"]
+__all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pieces"]
 
 # User-visible scalar functions: the alphabetic entries of the join language.
 SCALAR_FUNCTIONS = tuple(sorted(f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"))
@@ -85,31 +85,32 @@ def _err(script: str, span: Span, message: str, cls=BinderError, hint: str | Non
     return cls(message, statement=script, span=span, hint=hint)
 
 
-def check_pins(script: str, pins, labels: set[str], what: str) -> dict[str, int]:
-    """TILE (label pieces, ...) of a WITH clause -> {label: pieces}, each label one the statement has."""
+def check_pieces(script: str, values, labels: set[str], what: str) -> dict[str, int]:
+    """PIECES (label pieces, ...) of a WITH clause -> {label: pieces}, each label one the statement has."""
     out: dict[str, int] = {}
-    for pin in pins:
-        if pin.label is None:
-            raise _err(script, pin.span, "WITH (TILE ...) names labels: write TILE (i 4, k 2)")
-        if pin.label not in labels:
-            raise _err(script, pin.span, f"TILE names label '{pin.label}', which {what} does not use",
+    for v in values:
+        if v.label is None:
+            raise _err(script, v.span, "WITH (PIECES ...) names labels: write PIECES i 4, k 2")
+        if v.label not in labels:
+            raise _err(script, v.span, f"PIECES names label '{v.label}', which {what} does not use",
                        hint=f"labels: {', '.join(sorted(labels))}")
-        if pin.value < 1:
-            raise _err(script, pin.span, f"label '{pin.label}' needs at least 1 piece, got {pin.value}")
-        if pin.label in out:
-            raise _err(script, pin.span, f"label '{pin.label}' is pinned twice")
-        out[pin.label] = pin.value
+        if v.value < 1:
+            raise _err(script, v.span, f"label '{v.label}' needs at least 1 piece, got {v.value}")
+        if v.label in out:
+            raise _err(script, v.span, f"label '{v.label}' is given pieces twice")
+        out[v.label] = v.value
     return out
 
 
 @dataclass(frozen=True)
 class Lowered:
-    """The steps of one statement (temporaries first), the result's shape and dtype, hint pins."""
+    """The steps of one statement (temporaries first), the result's shape and dtype, the pieces
+    fixed per label (WITH (PIECES ...))."""
 
     steps: list[BoundStep]
     shape: tuple[int, ...]
     dtype: str
-    pins: dict[str, int]
+    pieces: dict[str, int]
 
 
 def lower(script: str, stmt: A.AssignStmt, resolve: Resolver, into: str, *, store: bool = True
@@ -146,10 +147,10 @@ def _lower_einsum(script, stmt, call: A.Call, resolve, into, store):
     except BinderError as exc:
         raise _err(script, call.args[0].span, exc.message, hint=exc.hint) from None
     used = {l for ls in labels for l in ls}
-    pins = check_pins(script, stmt.hints, {l for l in used if len(l) == 1}, "the spec")
+    pieces = check_pieces(script, stmt.pieces, {l for l in used if len(l) == 1}, "the spec")
     step = BoundStep(into, tuple(out), tuple((n, None) for n in names), None, "sum", store, spec)
     dtype = np.result_type(*[np.dtype(d) for d in dtypes]).name
-    return Lowered([step], tuple(sizes[l] for l in out), dtype, pins)
+    return Lowered([step], tuple(sizes[l] for l in out), dtype, pieces)
 
 
 class _Lowering:
@@ -206,10 +207,10 @@ class _Lowering:
         if _is_aggregate(expr):
             self._check_empty(expr, [l for _, ls in slots for l in ls if l not in self.lhs])
         self.steps.append(BoundStep(self.into, tuple(self.lhs), tuple(slots), join, agg, self.store))
-        pins = check_pins(self.script, stmt.hints, set(used), "the statement")
+        pieces = check_pieces(self.script, stmt.pieces, set(used), "the statement")
         shape = tuple(self.sizes[l][0] for l in self.lhs)
         dtype = self.dtype(join, slots, expr.span)
-        return Lowered(self.steps, shape, dtype, pins)
+        return Lowered(self.steps, shape, dtype, pieces)
 
     def _check_empty(self, node: A.Call, aggregated) -> None:
         """MAX and MIN over a label of size 0 have no value (numpy raises too)."""

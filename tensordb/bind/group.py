@@ -84,8 +84,8 @@ class GroupBinder:
                 self.graph.op(s.into, s.out_labels, s.inputs, join=s.join, agg=s.agg, store=s.store)
         last = low.steps[-1].into
         self.known[last] = (low.shape, low.dtype)
-        if low.pins:
-            self.graph.hints[last] = dict(low.pins)
+        if low.pieces:
+            self.graph.pieces[last] = dict(low.pieces)
 
     # -- statements ----------------------------------------------------------------------------
     def add(self, script: str, stmt: A.AssignStmt, *, last: bool = True) -> None:

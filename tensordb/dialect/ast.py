@@ -137,8 +137,9 @@ class Dim:
 
 
 @dataclass(frozen=True)
-class Pin:
-    """``label pieces`` in TILE (...) lists: a label (or dimension) and a number."""
+class LabelValue:
+    """``label number`` in TILE (...) and PIECES lists: a label (or dimension, or None for a bare
+    number) and an extent (TILE) or a number of pieces (PIECES)."""
 
     label: str | None
     value: int
@@ -152,7 +153,7 @@ class CreateStmt:
     name: str
     dims: tuple[Dim, ...]
     dtype: str
-    tile: tuple[Pin, ...] | None
+    tile: tuple[LabelValue, ...] | None
     replace: bool
     if_not_exists: bool
     span: Span
@@ -174,7 +175,7 @@ class LoadStmt:
     index: tuple[str, ...] | None
     value: str | None
     shape: tuple[int, ...] | None
-    tile: tuple[Pin, ...] | None
+    tile: tuple[LabelValue, ...] | None
     replace: bool
     span: Span
     name_span: Span
@@ -190,7 +191,7 @@ class AssignStmt:
 
     target: Target
     expr: Expr
-    hints: tuple[Pin, ...]
+    pieces: tuple[LabelValue, ...]  # WITH (PIECES i 4, ...): pieces fixed per label
     mode: str
     span: Span
 

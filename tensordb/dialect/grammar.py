@@ -8,7 +8,7 @@ from __future__ import annotations
 
 KEYWORDS = (
     "CREATE", "OR", "REPLACE", "TENSOR", "IF", "NOT", "EXISTS", "FROM", "FORMAT", "ARRAY", "INDEX",
-    "VALUE", "SHAPE", "TILE", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
+    "VALUE", "SHAPE", "TILE", "PIECES", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
     "DESC", "DROP", "COPY", "TO", "SET", "BEGIN", "START", "TRANSACTION", "COMMIT", "END",
     "ROLLBACK", "ABORT", "DATABASE",
 )
@@ -37,9 +37,9 @@ load_opt: FORMAT NAME -> opt_format
         | VALUE NAME -> opt_value
         | SHAPE LPAR INT (COMMA INT)* RPAR -> opt_shape
         | tile -> opt_tile
-tile: TILE LPAR pin (COMMA pin)* RPAR
-pin: NAME INT -> named_pin
-   | INT -> bare_pin
+tile: TILE LPAR label_value (COMMA label_value)* RPAR
+label_value: NAME INT -> named_value
+           | INT -> bare_value
 
 create_as: CREATE [or_replace] TENSOR target AS expr [with_clause]
 assign: target EQ expr [with_clause]
@@ -47,7 +47,9 @@ let: LET target EQ expr [with_clause]
 target: NAME -> bare_target
       | NAME LSQB [labels] RSQB -> labeled_target
 labels: NAME (COMMA NAME)*
-with_clause: WITH LPAR tile (COMMA tile)* RPAR
+// WITH (TILE (i 4)) is the old spelling of WITH (PIECES i 4), still accepted
+with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
+           | WITH LPAR tile (COMMA tile)* RPAR
 
 ?expr: sum
 ?sum: product ((PLUS | MINUS) product)*
@@ -113,6 +115,41 @@ def grammar() -> str:
     # Keywords outrank NAME (priority 2) and need a word boundary, so ``created`` stays a name.
     kw = "\n".join(f"{k}.2: /{k.lower()}\\b/i" for k in KEYWORDS)
     return _RULES + "\n" + kw + f"\nCHECK.2: {_CHECK}\n"
+
+
+# EXPLAIN's head: its options, then the statement explained as one REST token (lowest priority, so
+# every option word and '(' is tried first). The statement may be ours or plain SQL, which this
+# grammar cannot parse: parser.parse_statement classifies REST's text like any statement's.
+_EXPLAIN_RULES = r"""
+explain: EXPLAIN option* [REST]
+option: ANALYZE -> analyze
+      | LPAR item ([COMMA] item)* RPAR -> options
+item: ANALYZE -> analyze
+    | FORMAT (NAME | STRING | INT) -> format
+
+EXPLAIN.2: /explain\b/i
+ANALYZE.2: /analyze\b/i
+FORMAT.2: /format\b/i
+NAME: /[^\W\d]\w*/
+INT: /\d+/
+STRING: /'(?:[^']|'')*'/
+LPAR: "("
+RPAR: ")"
+COMMA: ","
+REST.-1: /[\s\S]+/
+
+COMMENT: /--[^\n]*/ | /\/\*(.|\n)*?\*\//
+%import common.WS
+%ignore WS
+%ignore COMMENT
+"""
+
+EXPLAIN_FORMATS = ("text", "json", "dot")
+
+
+def explain_grammar() -> str:
+    """EXPLAIN [ANALYZE] [(FORMAT TEXT | JSON | DOT [, ANALYZE])] <statement>."""
+    return _EXPLAIN_RULES
 
 
 # Readable names for lark's terminals in "expected ..." messages.

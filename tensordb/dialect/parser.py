@@ -18,8 +18,8 @@ from lark.exceptions import (UnexpectedCharacters, UnexpectedEOF, UnexpectedInpu
 
 from ..errors import ParserError, Span, closest_keyword as _closest_keyword
 from . import ast as A
-from .grammar import READABLE, grammar
-from .lexer import _DOLLAR, Word, skip_space, split, words
+from .grammar import EXPLAIN_FORMATS, READABLE, explain_grammar, grammar
+from .lexer import _DOLLAR, Word, split, words
 
 __all__ = ["parse", "parse_statement", "classify"]
 
@@ -42,7 +42,7 @@ def parse(script: str) -> list[A.Statement]:
 def parse_statement(script: str, span: Span) -> A.Statement:
     w = words(script, span.start, span.end)
     if w and w[0].upper == "EXPLAIN":
-        return _explain(script, span, w)
+        return _explain(script, span)
     if classify(w) == "sql":
         return A.SqlStmt(script[span.start:span.end], span)
     return _parse_ours(script, span)
@@ -86,52 +86,58 @@ def classify(w: list[Word]) -> str:
     return "sql"
 
 
-def _explain(script: str, span: Span, w: list[Word]) -> A.Statement:
-    """EXPLAIN [ANALYZE] [(FORMAT TEXT | JSON | DOT [, ANALYZE])] <statement>."""
-    analyze, fmt = False, "text"
-    i = w[0].start + len(w[0].text)
-    while True:
-        nxt = words(script, i, span.end, 1)
-        if nxt and nxt[0].upper == "ANALYZE":
-            analyze, i = True, nxt[0].start + 7
-            continue
-        if nxt and nxt[0].text == "(":
-            opts = words(script, nxt[0].start + 1, span.end, 12)
-            j = 0
-            while j < len(opts) and opts[j].text != ")":
-                o = opts[j]
-                if o.upper == "FORMAT" and j + 1 < len(opts):
-                    fmt = opts[j + 1].text.strip("'").lower()
-                    if fmt not in ("text", "json", "dot"):
-                        raise ParserError(f"EXPLAIN format must be TEXT, JSON or DOT, not {opts[j + 1].text}",
-                                          statement=script,
-                                          span=Span(opts[j + 1].start, opts[j + 1].start + len(opts[j + 1].text)))
-                    j += 2
-                elif o.upper == "ANALYZE":
-                    analyze, j = True, j + 1
-                elif o.text == ",":
-                    j += 1
-                else:
-                    # Not our option list: let DuckDB judge the whole EXPLAIN.
-                    return A.SqlStmt(script[span.start:span.end], span)
-            if j >= len(opts):
-                raise ParserError("EXPLAIN options are not closed: expected ')'", statement=script,
-                                  span=Span(nxt[0].start, nxt[0].start + 1))
-            i = opts[j].start + 1
-            continue
-        break
-    start = skip_space(script, i, span.end)
-    if start >= span.end:
+@functools.lru_cache(maxsize=1)
+def _explain_lark() -> Lark:
+    return Lark(explain_grammar(), start="explain", parser="lalr", maybe_placeholders=True)
+
+
+def _explain(script: str, span: Span) -> A.Statement:
+    """EXPLAIN [ANALYZE] [(FORMAT TEXT | JSON | DOT [, ANALYZE])] <statement>: the options by the
+    grammar's ``explain`` rule; the statement explained is parsed as any statement is."""
+    text = script[span.start:span.end]
+    ip = _explain_lark().parse_interactive(text)
+    opened = prev = None  # the '(' of an option list not yet closed; the token before
+    try:
+        for tok in ip.iter_parse():
+            if tok.type == "LPAR":
+                opened = tok
+            elif tok.type == "RPAR":
+                opened = None
+            elif prev is not None and prev.type == "FORMAT":
+                _check_format(script, span.start, tok)
+            prev = tok
+        tree = ip.feed_eof()
+    except UnexpectedInput as exc:
+        at_end = isinstance(exc, UnexpectedEOF) or \
+            (isinstance(exc, UnexpectedToken) and exc.token.type == "$END")
+        if opened is not None and at_end:
+            raise ParserError("EXPLAIN options are not closed: expected ')'", statement=script,
+                              span=Span(span.start + opened.start_pos, span.start + opened.start_pos + 1)
+                              ) from None
+        # Not our option list: let DuckDB judge the whole EXPLAIN.
+        return A.SqlStmt(text, span)
+    opts = [t for t in tree.iter_subtrees_topdown() if t.data in ("analyze", "format")]
+    analyze = any(t.data == "analyze" for t in opts)
+    fmt = next((str(t.children[1]).strip("'").lower() for t in reversed(opts) if t.data == "format"),
+               "text")
+    rest = tree.children[-1]  # [REST]: None when EXPLAIN has nothing to explain
+    if rest is None:
         raise ParserError("EXPLAIN needs a statement to explain", statement=script,
                           span=Span(span.end, span.end))
-    inner_span = Span(start, span.end)
+    inner_span = Span(span.start + rest.start_pos, span.end)
     inner = parse_statement(script, inner_span)
     if isinstance(inner, A.SqlStmt):
-        return A.SqlStmt(script[span.start:span.end], span)
+        return A.SqlStmt(text, span)
     if not isinstance(inner, A.AssignStmt):
         raise ParserError("EXPLAIN works on tensor assignments (and on plain SQL)", statement=script,
                           span=inner_span)
     return A.ExplainStmt(inner, analyze, fmt, span)
+
+
+def _check_format(script: str, base: int, tok: Token) -> None:
+    if str(tok).strip("'").lower() not in EXPLAIN_FORMATS:
+        raise ParserError(f"EXPLAIN format must be TEXT, JSON or DOT, not {tok}", statement=script,
+                          span=Span(base + tok.start_pos, base + tok.start_pos + len(tok)))
 
 
 # -- our statements: lark -----------------------------------------------------------------------
@@ -386,14 +392,14 @@ class _Build(Transformer):
     def bare_dim(self, meta, c):
         return A.Dim(None, int(c[0]), self.sp(meta))
 
-    def named_pin(self, meta, c):
-        return A.Pin(str(c[0]), int(c[1]), self.sp(meta))
+    def named_value(self, meta, c):
+        return A.LabelValue(str(c[0]), int(c[1]), self.sp(meta))
 
-    def bare_pin(self, meta, c):
-        return A.Pin(None, int(c[0]), self.sp(meta))
+    def bare_value(self, meta, c):
+        return A.LabelValue(None, int(c[0]), self.sp(meta))
 
     def tile(self, meta, c):
-        return tuple(x for x in c if isinstance(x, A.Pin))
+        return tuple(x for x in c if isinstance(x, A.LabelValue))
 
     def dimnames(self, meta, c):
         return tuple(A.Label(str(t), self.ts(t)) for t in _toks(c, "NAME"))
@@ -405,7 +411,9 @@ class _Build(Transformer):
         return A.Target(str(c[0]), c[2] or (), self.sp(meta), self.ts(c[0]))
 
     def with_clause(self, meta, c):
-        return tuple(p for x in c if isinstance(x, tuple) for p in x)
+        # PIECES lists its label values; the old TILE (...) groups come as tuples of them.
+        return tuple(p for x in c if isinstance(x, (tuple, A.LabelValue))
+                     for p in (x if isinstance(x, tuple) else (x,)))
 
     # -- statements ----------------------------------------------------------------------------
     def create_zeros(self, meta, c):
@@ -471,8 +479,8 @@ class _Build(Transformer):
     def _assign(self, meta, c, mode):
         target = next(x for x in c if isinstance(x, A.Target))
         expr = c[c.index(target) + 2]
-        hints = c[-1] if isinstance(c[-1], tuple) else ()
-        return A.AssignStmt(target, expr, hints, mode, self.sp(meta))
+        pieces = c[-1] if isinstance(c[-1], tuple) else ()
+        return A.AssignStmt(target, expr, pieces, mode, self.sp(meta))
 
     def create_as(self, meta, c):
         return self._assign(meta, c, "replace" if c[1] else "create")

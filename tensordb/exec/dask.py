@@ -216,7 +216,8 @@ class _Attempt:
             elif isinstance(t, Assemble):
                 add(dk, addr, t, None, *[TaskRef(self.dkey(k)) for k in t.inputs])
             elif isinstance(t, Kernel):
-                add(dk, addr, t, plan.ops[t.op], *[TaskRef(self.dkey(k)) for k in t.inputs])
+                add(dk, addr, t, (plan.ops[t.op], plan.kernels[t.op]),
+                    *[TaskRef(self.dkey(k)) for k in t.inputs])
             else:  # Aggregate: a tree of at most AGG_FAN_IN partials per task, all on its worker
                 parts, level = [self.dkey(k) for k in t.parts], 0
                 while len(parts) > AGG_FAN_IN:
@@ -465,7 +466,7 @@ def _task(run: str, backend: str, payload: _Payload, *inputs):
     elif isinstance(task, Kernel):
         spec = _SPECS.get((run, task.op))
         if spec is None:
-            spec = _SPECS[(run, task.op)] = KernelSpec(extra, xp)
+            spec = _SPECS[(run, task.op)] = KernelSpec(extra[0], xp, extra[1])
         it = iter(inputs)
         value = run_kernel(task, spec, [None if a is None else next(it) for a in task.args])
     else:

@@ -1,10 +1,10 @@
 """Tile kernels: one call computes one operation over one tile of its join space.
 
-A product join with a sum goes to BLAS (one batched matmul when the output order allows, else
-opt_einsum's contract);
-anything else is evaluated with broadcasting NumPy, in chunks of an aggregated label so that, for
-example, a min-plus tile never materialises its n^3 join space. Backends are named and registered;
-CuPy registers itself only when the GPU backend is asked for.
+How is the plan's decision (``physical.choice.KernelChoice``, one per operation): a product join
+with a sum goes to BLAS (one batched matmul when the output order allows, else opt_einsum's
+contract); anything else is evaluated with broadcasting NumPy, in chunks of an aggregated label so
+that, for example, a min-plus tile never materialises its n^3 join space. Backends are named and
+registered; CuPy registers itself only when the GPU backend is asked for.
 """
 from __future__ import annotations
 
@@ -19,45 +19,38 @@ import opt_einsum as oe
 from ..errors import NotSupportedError
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES
+from ..physical.choice import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
 
-__all__ = ["KernelSpec", "BACKENDS", "get_backend", "combine"]
-
-CHUNK_ELEMENTS = 1 << 22  # the most join-space elements a non-BLAS kernel materialises at once
+__all__ = ["KernelSpec", "BACKENDS", "get_backend", "combine", "CHUNK_ELEMENTS"]
 
 
 @dataclass
 class KernelSpec:
-    """What a kernel needs to know about its operation, computed once per plan."""
+    """What a kernel needs to know about its operation, computed once per plan; ``choice`` is
+    the plan's decision (chosen for the whole operation when not given)."""
 
     op: EinOp
     xp: object = np
+    choice: KernelChoice | None = None
     _exprs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         op = self.op
+        c = self.choice = self.choice or choose_kernel(op)
         self.labels = op.labels
         self.n_out = len(op.out_labels)
         # The broadcasting path lays the join space out aggregated labels first: reducing over
         # leading axes combines whole contiguous slabs, which NumPy does at memory speed.
         self.space = op.agg_labels + op.out_labels
         self.in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
-        prod = scalar.product_of(op.join)
-        # BLAS computes the product in the result dtype and applies the constant after it: that
-        # is NumPy's answer only when NumPy computes every product of the join in that dtype.
-        self.blas = (op.agg in ("sum", None) and prod is not None
-                     and sorted(prod[1]) == list(range(len(op.inputs)))
-                     and scalar.uniform_dtype(op.join, self.in_dtypes, op.dtype))
-        self.scale = prod[0] if prod else 1
-        # NumPy applies a leading literal (c * x0 * x1) to x0 before any product, and a trailing
-        # one ((x0 * x1) * c) to the product: the kernel does the same, so overflow to inf and
-        # the NaN of 0 * inf happen where NumPy's happen.
-        self.scale_first = prod[1][0] if prod and prod[2] and self.scale != 1 else None
+        self.blas = c.method != "broadcast"
+        self.scale, self.scale_first = c.scale, c.scale_first
         sym = {l: oe.get_symbol(i) for i, l in enumerate(op.labels)}
         self.eq = ",".join("".join(sym[l] for l in o.labels) for o in op.inputs) + "->" + \
             "".join(sym[l] for l in op.out_labels)
         self.dtype = np.dtype(op.dtype)
-        self.matmul = _matmul_plan(op) if self.blas else None
+        self.matmul = c.layout
         # For the broadcasting path: per operand, its labels made unique (diagonal taken first)
         # and the axes it occupies in the join space.
         self.unique = []
@@ -118,7 +111,9 @@ class KernelSpec:
         is free for tiles already in that order (the common case), a copy otherwise. A leading
         literal was applied to its operand already; a trailing one is applied to the result."""
         xp = self.xp
-        first, second, (ta, tb), (nb, m, k, n) = self.matmul
+        lay = self.matmul
+        first, second, ta, tb = lay.first, lay.second, lay.perm_first, lay.perm_second
+        nb, m, k, n = lay.batch, lay.free_first, lay.contracted, lay.free_second
         a, b = arrays[first], arrays[second]
         ext = {}
         for o, arr in ((self.op.inputs[first], a), (self.op.inputs[second], b)):
@@ -168,7 +163,7 @@ class KernelSpec:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:
-                if math.prod(full) > CHUNK_ELEMENTS:  # a large tile: in slabs, cancellable
+                if math.prod(full) > self.choice.chunk_elements:  # a large tile: in slabs, cancellable
                     return self._elementwise_chunked(views, full, out, check or _no_check)
                 if out is not None and tuple(out.shape) == tuple(full) and out.dtype == self.dtype:
                     res = scalar.evaluate(op.join, views, xp, out=out)
@@ -180,10 +175,10 @@ class KernelSpec:
                 if res.shape != tuple(full):  # the join ignores some label: repeat it
                     res = xp.broadcast_to(res, full).copy()
                 return res
-            # Chunk along the largest aggregated label so one chunk stays near CHUNK_ELEMENTS.
-            axis = max(agg_axes, key=lambda ax: full[ax])
+            # Chunk along the plan's aggregated label so one chunk stays near chunk_elements.
+            axis = self.space.index(self.choice.chunk)
             per_slice = math.prod(full) // max(full[axis], 1)
-            step = max(1, CHUNK_ELEMENTS // max(per_slice, 1))
+            step = max(1, self.choice.chunk_elements // max(per_slice, 1))
             acc = None
             for lo in range(0, max(full[axis], 1), step):
                 if check is not None:
@@ -206,12 +201,12 @@ class KernelSpec:
             return xp.asarray(acc, dtype=self.dtype)
 
     def _elementwise_chunked(self, views, full, out, check):
-        """An elementwise join over a tile larger than CHUNK_ELEMENTS, in slabs of its first
-        axis written into the result (``out`` when it fits), with ``check`` between slabs."""
+        """An elementwise join over a tile larger than the choice's chunk_elements, in slabs of
+        its first axis written into the result (``out`` when it fits), with ``check`` between slabs."""
         xp = self.xp
         res = out if out is not None and tuple(out.shape) == tuple(full) and \
             out.dtype == self.dtype else xp.empty(full, dtype=self.dtype)
-        step = max(1, CHUNK_ELEMENTS // max(math.prod(full[1:]), 1))
+        step = max(1, self.choice.chunk_elements // max(math.prod(full[1:]), 1))
         for lo in range(0, full[0], step):
             check(lo / full[0])
             hi = min(lo + step, full[0])
@@ -222,39 +217,6 @@ class KernelSpec:
 
 def _no_check(done: float = 0.0) -> None:
     pass
-
-
-def _matmul_plan(op: EinOp):
-    """How to run a two-operand product as one batched matmul that yields the output in C order.
-
-    Labels are batch (both operands and the output), contracted (both, not the output) or free
-    (one operand and the output). When the output reads batch + free(first) + free(second), for
-    one order of the operands, the product is ``matmul(A(b,m,k), B(b,k,n))`` with no transpose of
-    the result. Returns (first, second, (perm A, perm B), label groups (b, m, k, n)) or None.
-    """
-    if len(op.inputs) != 2:
-        return None
-    a, b = (o.labels for o in op.inputs)
-    if not a or not b or len(set(a)) != len(a) or len(set(b)) != len(b):
-        return None  # a scalar operand or a diagonal: the general path handles those
-    if any(l not in b and l not in op.out_labels for l in a) or \
-            any(l not in a and l not in op.out_labels for l in b):
-        return None  # a label summed inside one operand
-    out = op.out_labels
-    batch = [l for l in out if l in a and l in b]
-    contracted = [l for l in a if l in b and l not in out]
-    if list(out[:len(batch)]) != batch:
-        return None
-    rest = list(out[len(batch):])
-    for first, second, x, y in ((0, 1, a, b), (1, 0, b, a)):
-        free_x = [l for l in rest if l in x]
-        free_y = [l for l in rest if l in y]
-        if rest != free_x + free_y:
-            continue
-        perm_x = [x.index(l) for l in batch + free_x + contracted]
-        perm_y = [y.index(l) for l in batch + contracted + free_y]
-        return first, second, (perm_x, perm_y), (batch, free_x, contracted, free_y)
-    return None
 
 
 def _scalar(value, dtype: np.dtype):

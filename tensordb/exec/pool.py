@@ -126,7 +126,7 @@ class _Run:
         self.nnz: dict[int, int] = {}
         self.nonfinite: dict[int, bool] = {}
         self.xp = ex.xp
-        self.specs = {i: KernelSpec(op, self.xp) for i, op in enumerate(plan.ops)}
+        self.specs = {i: KernelSpec(op, self.xp, plan.kernels[i]) for i, op in enumerate(plan.ops)}
         self.lock = threading.Lock()
         self.queues = ex.queues
         self.results: dict[int, object] = {}

@@ -3,9 +3,9 @@ tile task runs is decided after lowering, by ``physical.place``).
 
 Interface relied on by the rest of tensordb:
 
-``decompose(graph, workers, *, strategy=None, memory_limit=None, hints=None, input_grids=None)``
-    -> ``Decomposition``. ``hints`` maps an operation's output name to {label: pieces} the user
-    pinned; ``input_grids`` maps stored tensor names to their stored grid.
+``decompose(graph, workers, *, strategy=None, memory_limit=None, pieces=None, input_grids=None)``
+    -> ``Decomposition``. ``pieces`` maps an operation's output name to {label: pieces} the user
+    fixed; ``input_grids`` maps stored tensor names to their stored grid.
 ``Decomposition.pieces(output_name) -> dict[label, pieces]`` (every label of the operation).
 ``price(graph, decomposition, ...) -> Decomposition``: the same with its cost (a hand-made one).
 ``STRATEGIES``: the registered tiling searches; an unknown name fails listing the valid ones.
@@ -23,13 +23,13 @@ from typing import Callable, Mapping
 
 from ..errors import ProgrammingError
 from ..plan.ir import EinGraph
-from .baselines import data_parallel_tilings, even_tilings
-from .candidates import pins_from_hints
+from .baselines import data_parallel_pieces, even_pieces
+from .candidates import pieces_per_op
 from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate
 from .dp import Choice, solve
 
 __all__ = ["Decomposition", "decompose", "price", "STRATEGIES", "register_strategy",
-           "DEFAULT_STRATEGY", "CostParams", "PlanCost", "Choice", "evaluate", "pins_from_hints"]
+           "DEFAULT_STRATEGY", "CostParams", "PlanCost", "Choice", "evaluate", "pieces_per_op"]
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,12 @@ class Decomposition:
     """Pieces per label for every operation, plus whatever the search knows about its choice."""
 
     workers: int
-    tilings: Mapping[str, Mapping[str, int]]
+    pieces_by_op: Mapping[str, Mapping[str, int]]  # output name -> {label: pieces}
     strategy: str = "default"
     details: Mapping[str, object] = field(default_factory=dict)  # per-op estimates, runner-ups
 
     def pieces(self, output: str) -> dict[str, int]:
-        return dict(self.tilings[output])
+        return dict(self.pieces_by_op[output])
 
 
 StrategyFn = Callable[..., Decomposition]
@@ -53,47 +53,47 @@ def register_strategy(name: str, fn: StrategyFn) -> None:
     STRATEGIES[name] = fn
 
 
-def _split_largest_output(graph: EinGraph, workers: int, *, hints=None, **_) -> Decomposition:
+def _split_largest_output(graph: EinGraph, workers: int, *, pieces=None, **_) -> Decomposition:
     """The first engine default: split each operation's largest output label across the workers."""
-    tilings = {}
+    by_op = {}
     for op in graph.ops:
-        pieces = {l: 1 for l in op.labels}
-        pinned = dict((hints or {}).get(op.output, {}))
-        if op.out_labels and not pinned:
+        split = {l: 1 for l in op.labels}
+        fixed = dict((pieces or {}).get(op.output, {}))
+        if op.out_labels and not fixed:
             big = max(op.out_labels, key=lambda l: op.size[l])
-            pieces[big] = max(1, min(workers, op.size[big]))
-        for l, d in pinned.items():
-            pieces[l] = max(1, min(int(d), max(op.size[l], 1)))
-        tilings[op.output] = pieces
-    return Decomposition(workers, tilings, "default")
+            split[big] = max(1, min(workers, op.size[big]))
+        for l, d in fixed.items():
+            split[l] = max(1, min(int(d), max(op.size[l], 1)))
+        by_op[op.output] = split
+    return Decomposition(workers, by_op, "default")
 
 
-def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, hints=None, input_grids=None,
+def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, pieces=None, input_grids=None,
                params: CostParams = DEFAULT_PARAMS, presence=None, facts=None, **_) -> Decomposition:
     """The cost-based search: the dynamic program of dp.py over the candidates of candidates.py."""
-    tilings, choices, dp_cost, seconds = solve(graph, workers, memory_limit=memory_limit,
-                                               hints=hints, input_grids=input_grids, params=params,
-                                               presence=presence, facts=facts)
-    return Decomposition(workers, tilings, "eindecomp",
+    by_op, choices, dp_cost, seconds = solve(graph, workers, memory_limit=memory_limit,
+                                             pieces=pieces, input_grids=input_grids, params=params,
+                                             presence=presence, facts=facts)
+    return Decomposition(workers, by_op, "eindecomp",
                          {"choices": choices, "dp_cost": dp_cost, "search_seconds": seconds})
 
 
 def _fixed(rule, name):
-    def strategy(graph: EinGraph, workers: int, *, hints=None, **_) -> Decomposition:
-        return Decomposition(workers, rule(graph, workers, hints), name)
+    def strategy(graph: EinGraph, workers: int, *, pieces=None, **_) -> Decomposition:
+        return Decomposition(workers, rule(graph, workers, pieces), name)
     strategy.__doc__ = rule.__doc__
     return strategy
 
 
 register_strategy("default", _split_largest_output)
 register_strategy("eindecomp", _eindecomp)
-register_strategy("data-parallel", _fixed(data_parallel_tilings, "data-parallel"))
-register_strategy("even", _fixed(even_tilings, "even"))
+register_strategy("data-parallel", _fixed(data_parallel_pieces, "data-parallel"))
+register_strategy("even", _fixed(even_pieces, "even"))
 DEFAULT_STRATEGY = "eindecomp"
 
 
 def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, memory_limit=None,
-              hints=None, input_grids=None, params: CostParams | None = None,
+              pieces=None, input_grids=None, params: CostParams | None = None,
               input_tiles: Mapping | None = None,
               input_facts: Mapping[str, tuple[bool, bool]] | None = None) -> Decomposition:
     """Choose the pieces of every label of every operation with the named strategy.
@@ -123,7 +123,7 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
     prm = params or DEFAULT_PARAMS
     presence = _presence(input_grids, input_tiles)
     kwargs = {"params": prm, "presence": presence, "facts": input_facts} if fn is _eindecomp else {}
-    decomp = fn(graph, workers, memory_limit=memory_limit, hints=hints, input_grids=input_grids,
+    decomp = fn(graph, workers, memory_limit=memory_limit, pieces=pieces, input_grids=input_grids,
                 **kwargs)
     return price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,
                  input_facts=input_facts)
@@ -140,12 +140,12 @@ def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None =
     >>> g = EinGraph((TensorInfo("A", (64, 8), "float64"), TensorInfo("B", (8, 8), "float64")),
     ...              (op,), ("C",))
     >>> by_hand = Decomposition(2, {"C": {"i": 2, "j": 1, "k": 1}}, "by hand")
-    >>> price(g, by_hand).details["cost"].total == evaluate(g, by_hand.tilings, 2).total
+    >>> price(g, by_hand).details["cost"].total == evaluate(g, by_hand.pieces_by_op, 2).total
     True
     """
     if "cost" in decomp.details:
         return decomp
-    cost = evaluate(graph, decomp.tilings, decomp.workers, params=params or DEFAULT_PARAMS,
+    cost = evaluate(graph, decomp.pieces_by_op, decomp.workers, params=params or DEFAULT_PARAMS,
                     input_grids=input_grids, presence=_presence(input_grids, input_tiles),
                     facts=input_facts)
     return replace(decomp, details={**decomp.details, "cost": cost})

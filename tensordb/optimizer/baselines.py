@@ -6,13 +6,13 @@
   the product is the number of workers (the "split every dimension" baseline of the EinDecomp
   experiments).
 
-Both honour hints and ignore cost and memory: they exist to be measured.
+Both honour the pieces the user fixed and ignore cost and memory: they exist to be measured.
 
 >>> from tensordb.plan.ir import EinOp, EinGraph, TensorInfo
 >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 64, "j": 64, "k": 64})
 >>> g = EinGraph((TensorInfo("A", (64, 64), "float64"), TensorInfo("B", (64, 64), "float64")),
 ...              (op,), ("C",))
->>> even_tilings(g, 8)["C"], data_parallel_tilings(g, 8)["C"]
+>>> even_pieces(g, 8)["C"], data_parallel_pieces(g, 8)["C"]
 ({'i': 2, 'k': 2, 'j': 2}, {'i': 8, 'k': 1, 'j': 1})
 """
 from __future__ import annotations
@@ -20,21 +20,21 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..plan.ir import EinGraph
-from .candidates import pins_from_hints
+from .candidates import pieces_per_op
 
-__all__ = ["data_parallel_tilings", "even_tilings"]
+__all__ = ["data_parallel_pieces", "even_pieces"]
 
 
-def _pinned(graph: EinGraph, hints, tilings: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    for name, pins in pins_from_hints(graph, hints).items():
+def _fixed(graph: EinGraph, fixed, by_op: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    for name, labels in pieces_per_op(graph, fixed).items():
         op = graph.op(name)
-        for l, d in pins.items():
-            tilings[name][l] = max(1, min(d, max(op.size[l], 1)))
-    return tilings
+        for l, d in labels.items():
+            by_op[name][l] = max(1, min(d, max(op.size[l], 1)))
+    return by_op
 
 
-def data_parallel_tilings(graph: EinGraph, workers: int, hints: Mapping | None = None
-                          ) -> dict[str, dict[str, int]]:
+def data_parallel_pieces(graph: EinGraph, workers: int, fixed: Mapping | None = None
+                         ) -> dict[str, dict[str, int]]:
     out = {}
     for op in graph.ops:
         pieces = {l: 1 for l in op.labels}
@@ -42,11 +42,11 @@ def data_parallel_tilings(graph: EinGraph, workers: int, hints: Mapping | None =
             row = op.out_labels[0]
             pieces[row] = max(1, min(workers, op.size[row]))
         out[op.output] = pieces
-    return _pinned(graph, hints, out)
+    return _fixed(graph, fixed, out)
 
 
-def even_tilings(graph: EinGraph, workers: int, hints: Mapping | None = None
-                 ) -> dict[str, dict[str, int]]:
+def even_pieces(graph: EinGraph, workers: int, fixed: Mapping | None = None
+                ) -> dict[str, dict[str, int]]:
     out = {}
     for op in graph.ops:
         pieces = {l: 1 for l in op.labels}
@@ -68,4 +68,4 @@ def even_tilings(graph: EinGraph, workers: int, hints: Mapping | None = None
                         pieces[big] *= rest
                 break
         out[op.output] = pieces
-    return _pinned(graph, hints, out)
+    return _fixed(graph, fixed, out)

@@ -1,4 +1,4 @@
-"""Candidate tilings of one operation, and user hints that pin some labels.
+"""Candidate tilings of one operation, and the pieces a user fixed for some labels.
 
 A candidate gives every label of the operation a number of pieces ``d_l <= size_l``. The product
 (the number of kernel calls) is the number of workers ``p``: every worker gets work, none gets two
@@ -11,9 +11,10 @@ shares. Three exceptions:
   (``2p``, ``4p``, ...) until one does; if none does with at most ``MAX_CALLS_PER_WORKER``
   kernel calls per worker, the operation cannot run and ``OutOfMemoryError`` names it.
 
-Pinned labels (hints) keep their pieces; the search completes the others. A pin never makes
-planning fail: if the pins do not divide ``p``, the free labels make the largest power of two
-that keeps the product at most ``p`` (whole, if the pins alone exceed ``p``).
+Labels whose pieces the user fixed (``WITH (PIECES ...)``, ``pieces=``) keep them; the search
+completes the others. Fixed pieces never make planning fail: if they do not divide ``p``, the
+free labels make the largest power of two that keeps the product at most ``p`` (whole, if the
+fixed labels alone exceed ``p``).
 
 >>> from tensordb.plan.ir import EinOp
 >>> from tensordb.optimizer.cost import OpModel
@@ -32,7 +33,7 @@ from ..errors import OutOfMemoryError, ProgrammingError
 from ..plan.ir import EinGraph
 from .cost import OpModel
 
-__all__ = ["candidates", "pins_from_hints", "divisors", "MAX_CALLS_PER_WORKER"]
+__all__ = ["candidates", "pieces_per_op", "divisors", "MAX_CALLS_PER_WORKER"]
 
 MAX_CALLS_PER_WORKER = 4096
 
@@ -49,11 +50,11 @@ def divisors(n: int) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=4096)
-def _level(sizes: tuple[int, ...], pins: tuple[int, ...], total: int) -> tuple[tuple[int, ...], ...]:
-    """Every vector with ``pins`` (0 = free) kept whose free entries multiply to ``total``."""
-    free = [i for i, p in enumerate(pins) if not p]
+def _level(sizes: tuple[int, ...], fixed: tuple[int, ...], total: int) -> tuple[tuple[int, ...], ...]:
+    """Every vector with ``fixed`` (0 = free) kept whose free entries multiply to ``total``."""
+    free = [i for i, p in enumerate(fixed) if not p]
     out: list[tuple[int, ...]] = []
-    vec = [p or 1 for p in pins]
+    vec = [p or 1 for p in fixed]
 
     def rec(at: int, rest: int) -> None:
         if at == len(free):
@@ -72,30 +73,30 @@ def _level(sizes: tuple[int, ...], pins: tuple[int, ...], total: int) -> tuple[t
     return tuple(out)
 
 
-def candidates(model: OpModel, pins: Mapping[str, int] | None = None,
+def candidates(model: OpModel, fixed: Mapping[str, int] | None = None,
                budget: int | None = None) -> list[tuple[int, ...]]:
     """Candidate pieces vectors (in ``model.labels`` order) for one operation."""
     p = model.workers
     sizes = model.sizes
-    pin_vec = [0] * len(sizes)
-    for l, d in (pins or {}).items():
+    fixed_vec = [0] * len(sizes)
+    for l, d in (fixed or {}).items():
         i = model.labels.index(l)
-        pin_vec[i] = max(1, min(int(d), max(sizes[i], 1)))
-    pin_t = tuple(pin_vec)
-    pin_prod = math.prod(d for d in pin_vec if d)
-    free_reach = math.prod(max(n, 1) for n, d in zip(sizes, pin_vec) if not d)
-    if p % pin_prod == 0:
-        base = p // pin_prod
-    else:  # pins that do not divide p: fill up to the largest power of two that still fits
-        base = 1 << max(0, (p // pin_prod).bit_length() - 1) if pin_prod <= p else 1
+        fixed_vec[i] = max(1, min(int(d), max(sizes[i], 1)))
+    fixed_t = tuple(fixed_vec)
+    fixed_prod = math.prod(d for d in fixed_vec if d)
+    free_reach = math.prod(max(n, 1) for n, d in zip(sizes, fixed_vec) if not d)
+    if p % fixed_prod == 0:
+        base = p // fixed_prod
+    else:  # fixed pieces that do not divide p: fill up to the largest power of two that still fits
+        base = 1 << max(0, (p // fixed_prod).bit_length() - 1) if fixed_prod <= p else 1
     small = model.flops <= model.params.small_op_flops
     levels = divisors(base) if small else (base,)
-    cands = [v for t in levels for v in _level(sizes, pin_t, t)]
+    cands = [v for t in levels for v in _level(sizes, fixed_t, t)]
     if not cands:  # labels too small to make ``base`` pieces: every reachable divisor of it
-        cands = [v for t in divisors(base) for v in _level(sizes, pin_t, t)]
-    # Block-sparse inputs: also the tiling on their stored grid (pins permitting).
+        cands = [v for t in divisors(base) for v in _level(sizes, fixed_t, t)]
+    # Block-sparse inputs: also the tiling on their stored grid (fixed pieces permitting).
     cands += [v for v in model.aligned() if v not in cands
-              and all(not pin or pin == x for pin, x in zip(pin_t, v))]
+              and all(not f or f == x for f, x in zip(fixed_t, v))]
     if budget is None:
         return cands
     fits = [v for v in cands if model.working_set(v) <= budget]
@@ -104,7 +105,7 @@ def candidates(model: OpModel, pins: Mapping[str, int] | None = None,
     total, level = base, cands
     while not fits and total * 2 <= min(free_reach, limit):
         total *= 2
-        level = _level(sizes, pin_t, total) or level
+        level = _level(sizes, fixed_t, total) or level
         fits = [v for v in level if model.working_set(v) <= budget]
     if not fits:
         op = model.op
@@ -114,36 +115,36 @@ def candidates(model: OpModel, pins: Mapping[str, int] | None = None,
             f"{', '.join(f'{l}={n}' for l, n in zip(model.labels, sizes))} into at most "
             f"{min(total, limit)} kernel calls fits the memory budget of {budget} bytes per "
             f"worker; the smallest kernel call needs {smallest} bytes",
-            hint="raise memory_limit, use fewer workers, or unpin labels")
+            hint="raise memory_limit, use fewer workers, or fix fewer pieces")
     return fits
 
 
-def pins_from_hints(graph: EinGraph, hints: Mapping[str, Mapping[str, int]] | None
-                    ) -> dict[str, dict[str, int]]:
-    """Map user hints (result name -> {label: pieces}) to pins per operation.
+def pieces_per_op(graph: EinGraph, pieces: Mapping[str, Mapping[str, int]] | None
+                  ) -> dict[str, dict[str, int]]:
+    """Map the pieces a user fixed (result name -> {label: pieces}) to each operation's.
 
-    A hint on ``D`` also applies to the pairwise steps ``D.1``, ``D.2``, ... that a multi-operand
+    Pieces fixed for ``D`` also apply to the pairwise steps ``D.1``, ``D.2``, ... that a multi-operand
     einsum into ``D`` was split into, for each label that step has.
     """
-    pins: dict[str, dict[str, int]] = {}
-    for key, labels in (hints or {}).items():
+    out: dict[str, dict[str, int]] = {}
+    for key, labels in (pieces or {}).items():
         group = [op for op in graph.ops if op.output == key or op.output.startswith(f"{key}.")]
         if not group:
-            raise ProgrammingError(f"tiling hint for '{key}', which no operation produces",
+            raise ProgrammingError(f"pieces for '{key}', which no operation produces",
                                    hint=f"results: {', '.join(op.output for op in graph.ops)}")
         for l, d in dict(labels).items():
             try:
                 d = int(d)
             except (TypeError, ValueError):
-                raise ProgrammingError(f"tiling hint {key}.{l}: pieces must be an integer, "
+                raise ProgrammingError(f"pieces of {key}.{l} must be an integer, "
                                        f"got {d!r}") from None
             if d < 1:
-                raise ProgrammingError(f"tiling hint {key}.{l}: pieces must be at least 1, got {d}")
+                raise ProgrammingError(f"pieces of {key}.{l} must be at least 1, got {d}")
             hit = [op for op in group if l in op.size]
             if not hit:
                 known = sorted({x for op in group for x in op.labels})
-                raise ProgrammingError(f"tiling hint for '{key}' names label '{l}', which it "
+                raise ProgrammingError(f"pieces for '{key}' name label '{l}', which it "
                                        f"does not have", hint=f"labels: {', '.join(known)}")
             for op in hit:
-                pins.setdefault(op.output, {})[l] = d
-    return pins
+                out.setdefault(op.output, {})[l] = d
+    return out

@@ -304,7 +304,7 @@ class PlanCost:
         return max((c.tile_bytes for c in self.ops.values()), default=0)
 
 
-def evaluate(graph: EinGraph, tilings: Mapping[str, Mapping[str, int]], workers: int, *,
+def evaluate(graph: EinGraph, pieces_by_op: Mapping[str, Mapping[str, int]], workers: int, *,
              params: CostParams = DEFAULT_PARAMS, input_grids: Mapping[str, Grid] | None = None,
              models: Mapping[str, OpModel] | None = None,
              presence: Mapping[str, Presence] | None = None,
@@ -313,7 +313,7 @@ def evaluate(graph: EinGraph, tilings: Mapping[str, Mapping[str, int]], workers:
     that the dynamic program's choice, the baselines and brute force are all measured with."""
     models = models or models_of(graph, workers, params, presence, facts)
     grids = input_grids or {}
-    vec = {name: m.clamp([tilings[name].get(l, 1) for l in m.labels]) for name, m in models.items()}
+    vec = {name: m.clamp([pieces_by_op[name].get(l, 1) for l in m.labels]) for name, m in models.items()}
     out: dict[str, OpCost] = {}
     for op in graph.ops:
         m = models[op.output]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..plan.ir import EinGraph
-from .candidates import candidates, pins_from_hints
+from .candidates import candidates, pieces_per_op
 from .cost import DEFAULT_PARAMS, CostParams, OpModel, as_dict, edge_retile, models_of
 
 __all__ = ["Choice", "solve", "RUNNER_UPS"]
@@ -65,14 +65,14 @@ class _Table:
 
 
 def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
-          hints: Mapping[str, Mapping[str, int]] | None = None,
+          pieces: Mapping[str, Mapping[str, int]] | None = None,
           input_grids: Mapping | None = None, params: CostParams = DEFAULT_PARAMS,
           presence: Mapping | None = None, facts: Mapping | None = None):
-    """Run the search; returns (tilings, choices, dp_cost, seconds)."""
+    """Run the search; returns (pieces by operation, choices, dp_cost, seconds)."""
     t0 = time.perf_counter()
     p = max(1, int(workers))
     models = models_of(graph, p, params, presence, facts)
-    pins = pins_from_hints(graph, hints)
+    fixed = pieces_per_op(graph, pieces)
     grids = dict(input_grids or {})
     budget = None if memory_limit is None else max(1, int(memory_limit) // p)
     uses: dict[str, int] = {}
@@ -88,14 +88,14 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
     seen: dict[tuple, tuple] = {}
     for op in graph.ops:
         m = models[op.output]
-        pin = pins.get(op.output)
-        sig = (m.sizes, m.n_out, m.out_bytes, m.flops, tuple(sorted((pin or {}).items())),
+        fix = fixed.get(op.output)
+        sig = (m.sizes, m.n_out, m.out_bytes, m.flops, tuple(sorted((fix or {}).items())),
                tuple((i.pos, i.nbytes, i.itemsize, id(i.presence), i.inner,
                       grids.get(o.tensor, ()) if o.tensor not in models else None)
                      for i, o in zip(m.inputs, op.inputs)))
         hit = seen.get(sig)
         if hit is None:
-            cands = candidates(m, pin, budget)
+            cands = candidates(m, fix, budget)
             local = []
             for d in cands:
                 retile = 0.0
@@ -161,17 +161,17 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
         chosen[name] = c
         stack.extend(tables[name].back[c])
 
-    tilings: dict[str, dict[str, int]] = {}
+    by_op: dict[str, dict[str, int]] = {}
     choices: dict[str, Choice] = {}
     for op in graph.ops:
         name = op.output
         m, t = models[name], tables[name]
         c = chosen[name]
-        tilings[name] = as_dict(m, t.cands[c])
+        by_op[name] = as_dict(m, t.cands[c])
         order = heapq.nsmallest(RUNNER_UPS + 1, range(len(t.cands)), key=t.total.__getitem__)
         ups = tuple((as_dict(m, t.cands[i]), t.total[i]) for i in order if i != c)[:RUNNER_UPS]
-        choices[name] = Choice(tilings[name], t.total[c], ups, len(t.cands))
-    return tilings, choices, dp_cost, time.perf_counter() - t0
+        choices[name] = Choice(by_op[name], t.total[c], ups, len(t.cands))
+    return by_op, choices, dp_cost, time.perf_counter() - t0
 
 
 def _fix_shared(name: str, readers: list[tuple[str, int]], models: Mapping[str, OpModel],

@@ -19,21 +19,11 @@ from ..geometry import Grid, even_bounds, overlapping
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
-from ..storage._duck import quote_str
+from ..storage import catalog
+from .choice import choose_kernel
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
 
 __all__ = ["lower", "OutputWriters", "describe"]
-
-
-def _list(values) -> str:
-    return "[" + ",".join(str(int(v)) for v in values) + "]"
-
-
-def _pieces_sql(bounds) -> str:
-    """A relation (p, lo, hi) of the pieces of one label."""
-    n = len(bounds) - 1
-    return (f"(SELECT unnest(range({n})) AS p, unnest({_list(bounds[:-1])}) AS lo, "
-            f"unnest({_list(bounds[1:])}) AS hi)")
 
 
 class _Lowering:
@@ -43,6 +33,7 @@ class _Lowering:
         self.owner: dict[int, int] = {}
         self.outputs: dict[str, OutputTiles] = {}
         self.stats: list[OpStats] = []
+        self.kernels: list = []
         self.readers = {t.name: store.open(t.name) for t in graph.inputs}
         self._loads: dict[tuple, int] = {}
         self._tables: set[str] = set()
@@ -60,55 +51,14 @@ class _Lowering:
     # -- presence of input tiles at an operation's grid ------------------------------------------
     def _presence_sql(self, tensor: str, labels, bounds: dict[str, tuple]) -> str:
         """SQL for the op-grid coordinates (c0, c1, ...) of the present tiles of an input, with
-        what the catalog knows of each piece: ``f``, it holds no NaN/inf; ``n``, it holds no 0
-        and no NaN (every element lies in a stored tile with nnz = its size)."""
-        cols, joins, where = [], [], []
+        what the catalog knows of each piece (``f``: no NaN/inf; ``n``: no 0 and no NaN): the
+        storage catalog's relations (storage/catalog.py), cut to the operation's pieces."""
+        cut = [bounds[l] for l in labels]
         if tensor in self.readers:
-            meta = self.readers[tensor].meta
-            src = (f"(SELECT starts, shape, nnz, {self.store.nonfinite_column} AS nonfinite "
-                   f"FROM tensordb.tiles WHERE tensor = {quote_str(meta.name)} "
-                   f"AND version = {int(meta.version)})")
-            lo = [f"s.starts[{d + 1}]" for d in range(len(labels))]
-            hi = [f"s.starts[{d + 1}] + s.shape[{d + 1}]" for d in range(len(labels))]
-            same = [False] * len(labels)
-        else:
-            out = self.outputs[tensor]
-            src = self._materialize(tensor)
-            lo, hi, same = [], [], []
-            for d, l in enumerate(labels):
-                same.append(tuple(out.grid[d]) == tuple(bounds[l]))
-                joins.append(f"JOIN {_pieces_sql(out.grid[d])} AS g{d} ON g{d}.p = s.c{d}")
-                lo.append(f"g{d}.lo")
-                hi.append(f"g{d}.hi")
-        for d, l in enumerate(labels):
-            if same[d]:
-                cols.append(f"s.c{d} AS c{d}")
-                continue
-            joins.append(f"JOIN {_pieces_sql(bounds[l])} AS q{d} ON {lo[d]} < q{d}.hi "
-                         f"AND {hi[d]} > q{d}.lo")
-            cols.append(f"q{d}.p AS c{d}")
-        for d, l in enumerate(labels):  # a label repeated inside one operand: a diagonal
-            first = labels.index(l)
-            if first != d:
-                where.append(f"c{first} = c{d}")
-        keys = ", ".join(cols) or "1 AS one"
-        if tensor in self.readers:
-            # A piece is free of zeros when the stored tiles with no zero (and no NaN) cover it.
-            r = range(len(labels))
-            size = " * ".join(f"s.shape[{d + 1}]" for d in r) or "1"
-            overlap = " * ".join(f"(least({hi[d]}, q{d}.hi) - greatest({lo[d]}, q{d}.lo))"
-                                 for d in r) or "1"
-            volume = " * ".join(f"any_value(q{d}.hi - q{d}.lo)" for d in r) or "1"
-            full = f"s.nnz = {size} AND s.nonfinite IS FALSE"
-            group = f" GROUP BY {', '.join(f'c{d}' for d in r)}" if cols else ""
-            sql = (f"SELECT {keys}, bool_and(coalesce(NOT s.nonfinite, FALSE)) AS f, "
-                   f"sum(CASE WHEN {full} THEN {overlap} ELSE 0 END) = {volume} AS n "
-                   f"FROM {src} AS s {' '.join(joins)}{group} HAVING count(*) > 0")
-        else:  # an earlier operation's output: its values are not known when planning
-            sql = f"SELECT DISTINCT {keys}, FALSE AS f, FALSE AS n FROM {src} AS s {' '.join(joins)}"
-        if where:
-            sql = f"SELECT * FROM ({sql}) WHERE {' AND '.join(where)}"
-        return sql
+            return catalog.tiles_cut_to_grid(self.readers[tensor].meta, cut, labels,
+                                             self.store.nonfinite_column)
+        return catalog.coords_cut_to_grid(self._materialize(tensor), self.outputs[tensor].grid,
+                                          cut, labels)
 
     def _facts(self, tensor: str) -> tuple[bool, bool]:
         """(finite, nonzero) of a whole input (TensorReader.facts); neither is known of an
@@ -184,6 +134,9 @@ class _Lowering:
         bounds = {l: even_bounds(op.size[l], pieces.get(l, 1)) for l in op.labels}
         pieces = {l: len(b) - 1 for l, b in bounds.items()}
         stats = OpStats(op, pieces)
+        # The kernel's method and chunking, for the largest tile of each label.
+        self.kernels.append(choose_kernel(op, {l: max((b[i + 1] - b[i] for i in range(len(b) - 1)),
+                                                      default=0) for l, b in bounds.items()}))
         n_out, n_lab = len(op.out_labels), len(op.labels)
         empty = any(op.size[l] == 0 for l in op.agg_labels)
         if empty:
@@ -259,13 +212,7 @@ class _Lowering:
         table = f"__tensordb_tiles_{self._op_index[tensor]}"
         if table not in self._tables:
             out = self.outputs[tensor]
-            r = len(out.shape)
-            cols = [f"c{d}" for d in range(r)] or ["one"]
-            rows = [tuple(c) for c in out.tiles] if r else ([(1,)] if out.tiles else [])
-            values = ", ".join("(" + ", ".join(str(int(v)) for v in row) + ")" for row in rows)
-            body = f"SELECT * FROM (VALUES {values}) AS v({', '.join(cols)})" if rows else \
-                f"SELECT {', '.join(f'NULL::BIGINT AS {c}' for c in cols)} WHERE FALSE"
-            self.store.query(f"CREATE OR REPLACE TEMP TABLE {table} AS {body}")
+            self.store.query(catalog.coords_table(table, out.tiles, len(out.shape)))
             self._tables.add(table)
         return table
 
@@ -317,9 +264,9 @@ class _Lowering:
                 self.lower_op(index, op)
         finally:
             for table in self._tables:
-                self.store.query(f"DROP TABLE IF EXISTS {table}")
+                self.store.query(catalog.drop_coords_table(table))
         return TilePlan(self.graph.ops, self.tasks, self.outputs, self.stats, self.decomp.workers,
-                        self.owner, self.readers)
+                        self.owner, self.readers, tuple(self.kernels))
 
 
 def _q(label: str) -> str:
@@ -393,8 +340,8 @@ class OutputWriters:
 def describe(plan: TilePlan) -> str:
     """A short per-operation summary (TENSORDB_DEBUG=2)."""
     lines = [f"tile plan: {len(plan.tasks)} tasks on {plan.workers} workers"]
-    for s in plan.stats:
+    for s, kernel in zip(plan.stats, plan.kernels):
         pieces = " ".join(f"{l}:{d}" for l, d in s.pieces.items())
-        lines.append(f"  {s.op.describe()}  [{pieces}]  calls={s.kernel_calls} "
+        lines.append(f"  {s.op.describe()}  [{pieces}]  {kernel.describe()}  calls={s.kernel_calls} "
                      f"aggs={s.aggregations} fan_in={s.max_fan_in} retile={s.retile_bytes}B")
     return "\n".join(lines)

@@ -9,6 +9,8 @@ tile produced on worker v != w is a counted transfer.
 - ``Assemble``  re-tile: build a box from pieces of other tasks' tiles (counted as re-tiled bytes).
 - ``Kernel``    one call of an operation's tile kernel; ``None`` inputs are absent tiles (zeros).
 - ``Aggregate`` combine the partial results of one output tile with the operation's AGG.
+
+Per operation the plan also carries its ``KernelChoice`` (choice.py): how its kernel computes.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Union
 
 from ..geometry import Grid
 from ..plan.ir import EinOp
+from .choice import KernelChoice, choose_kernel
 
 __all__ = ["Load", "Assemble", "Kernel", "Aggregate", "Task", "OutputTiles", "OpStats", "TilePlan",
            "describe_tasks"]
@@ -123,11 +126,17 @@ class TilePlan:
     workers: int
     owner: dict[int, int] = field(default_factory=dict)    # task key -> index of its operation
     readers: dict = field(default_factory=dict)            # stored input name -> TensorReader
+    kernels: tuple[KernelChoice, ...] = ()                 # per operation (default: chosen for
+                                                           # the whole operation)
 
     def task(self, key: int) -> Task:
         return self.tasks[self._pos[key]]
 
     def __post_init__(self) -> None:
+        if not self.kernels:
+            self.kernels = tuple(choose_kernel(op) for op in self.ops)
+        if len(self.kernels) != len(self.ops):
+            raise ValueError(f"{len(self.kernels)} kernel choices for {len(self.ops)} operations")
         self.reindex()
 
     def reindex(self) -> None:

@@ -44,31 +44,31 @@ class Graph:
     """A computation by name, planned and run as one graph by ``Connection.run``."""
 
     steps: list[Step] = field(default_factory=list)
-    hints: dict[str, dict[str, int]] = field(default_factory=dict)
+    pieces: dict[str, dict[str, int]] = field(default_factory=dict)  # output -> {label: pieces}
 
     def einsum(self, spec: str, *operands: str, into: str, join: str | scalar.Expr | None = None,
-               agg: str = "sum", store: bool = True, tile: Mapping[str, int] | None = None) -> "Graph":
+               agg: str = "sum", store: bool = True, pieces: Mapping[str, int] | None = None) -> "Graph":
         """numpy's einsum (``...``, implicit output, repeated labels), optionally with another
-        join over x0, x1, ... and another aggregate."""
+        join over x0, x1, ... and another aggregate; ``pieces`` fixes pieces per label."""
         if not isinstance(spec, str) or not spec.strip():
             raise BinderError("an einsum needs a non-empty spec such as 'ij,jk->ik'")
         if not operands:
             raise BinderError(f"einsum '{spec}' needs at least one operand")
         j = _join(join)
         self.steps.append(Step(into, None, tuple((o, None) for o in operands), j, agg, store, spec))
-        if tile:
-            self.hints[into] = _tile(tile)
+        if pieces:
+            self.pieces[into] = _pieces(pieces)
         return self
 
     def op(self, into: str, out: Sequence[str] | str, inputs: Sequence[tuple[str, Sequence[str] | str]],
            *, join: str | scalar.Expr | None = None, agg: str = "sum", store: bool = True,
-           tile: Mapping[str, int] | None = None) -> "Graph":
+           pieces: Mapping[str, int] | None = None) -> "Graph":
         """An explicit operation: labels given per input (a string is one label per character)."""
         j = _join(join)
         self.steps.append(Step(into, tuple(out), tuple((t, tuple(ls)) for t, ls in inputs),
                                j, agg, store))
-        if tile:
-            self.hints[into] = _tile(tile)
+        if pieces:
+            self.pieces[into] = _pieces(pieces)
         return self
 
 
@@ -80,10 +80,10 @@ def _join(join) -> scalar.Expr | None:
     raise BinderError(f"a join is a string such as 'x0 + x1', not {type(join).__name__}")
 
 
-def _tile(tile) -> dict[str, int]:
-    if not isinstance(tile, Mapping):
-        raise BinderError(f"tile= maps labels to pieces, e.g. {{'i': 4}}, not {type(tile).__name__}")
-    return dict(tile)
+def _pieces(pieces) -> dict[str, int]:
+    if not isinstance(pieces, Mapping):
+        raise BinderError(f"pieces= maps labels to pieces, e.g. {{'i': 4}}, not {type(pieces).__name__}")
+    return dict(pieces)
 
 
 # -- numpy einsum specs ------------------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""The kernel choice is data in the plan (physical/choice.py): lowering decides, EXPLAIN shows it,
+and the executor's kernels follow it. Answers are checked against NumPy."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.errors import InternalError
+from tensordb.exec.kernels import KernelSpec
+from tensordb.physical.choice import KernelChoice, MatmulLayout, choose_kernel
+from tensordb.plan.builder import bind
+from tensordb.plan.ir import EinOp
+from tensordb.plan.scalar import parse_join
+
+RNG = np.random.default_rng(11)
+A, B = RNG.standard_normal((6, 5)), RNG.standard_normal((5, 4))
+
+
+@pytest.fixture
+def con():
+    with tensordb.connect(workers=2) as c:
+        c.load("A", A)
+        c.load("B", B)
+        yield c
+
+
+# statement, the kernel EXPLAIN shows for its (one) operation, numpy's answer
+CASES = [
+    ("C[i,k] = SUM(A[i,j] * B[j,k])", "matmul x0@x1", lambda: A @ B),
+    ("C[k,i] = SUM(A[i,j] * B[j,k])", "matmul x1@x0", lambda: (A @ B).T),
+    ("C[i,k] = SUM(2 * A[i,j] * B[j,k])", "matmul x0@x1", lambda: 2 * A @ B),
+    ("C[i] = SUM(A[i,j] * B[j,k])", "contract", lambda: (A @ B).sum(axis=1)),
+    ("C[i,k] = MIN(A[i,j] + B[j,k])", "broadcast by j", lambda: (A[:, :, None] + B[None]).min(axis=1)),
+    ("C[i,j] = RELU(A[i,j]) * 2", "broadcast by rows", lambda: np.maximum(A, 0) * 2),
+]
+
+
+@pytest.mark.parametrize("statement, kernel, numpy", CASES)
+def test_explain_shows_the_kernel_the_run_uses(con, statement, kernel, numpy):
+    data = json.loads(con.explain(statement, format="json"))
+    [node] = data["nodes"]
+    assert node["kernel"]["text"] == kernel
+    assert node["kernel"]["method"] == kernel.split()[0]
+    text = con.explain(statement)
+    row = next(line for line in text.splitlines() if node["expression"] in line)
+    assert row.rstrip().endswith(kernel)
+    con.execute(statement)
+    assert con.last_plan.kernels[0].describe() == kernel  # the very plan that ran
+    np.testing.assert_allclose(con.tensor("C"), numpy(), rtol=1e-12)
+
+
+def test_the_chunk_label_is_the_largest_aggregated_label_of_a_tile():
+    a, b = RNG.standard_normal((4, 64)), RNG.standard_normal((4, 32))
+    with tensordb.connect(workers=1) as con:
+        con.load("A", a)
+        con.load("B", b)
+        stmt = "P[i] = MAX(A[i,j] + B[i,k])"
+        assert con.explain(stmt, format="json").count('"chunk": "j"') == 1    # j (64) > k (32)
+        # four pieces of j leave 16 per tile: k (32) is now the largest in a tile
+        assert con.explain(stmt + " WITH (PIECES j 4)", format="json").count('"chunk": "k"') == 1
+        con.execute(stmt + " WITH (PIECES j 4)")
+        np.testing.assert_allclose(con.tensor("P"), (a[:, :, None] + b[:, None, :]).max(axis=(1, 2)))
+
+
+def test_the_kernel_follows_the_choice_it_is_given():
+    """A product the plan would send to BLAS, run as the broadcast the choice says: NumPy's
+    answer, computed in chunks (check is called between them; one BLAS call would not be)."""
+    op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 6, "j": 5, "k": 4})
+    assert choose_kernel(op).method == "matmul"
+    spec = KernelSpec(op, choice=KernelChoice("broadcast", chunk="j", chunk_elements=24))
+    calls = []
+    out = spec([A, B], [A.shape, B.shape], (6, 4), check=lambda done=None: calls.append(done))
+    np.testing.assert_allclose(out, A @ B, rtol=1e-12)
+    assert [d for d in calls if d is not None] == [0, 1 / 5, 2 / 5, 3 / 5, 4 / 5]  # one j a chunk
+
+
+def test_a_plan_runs_with_the_kernels_it_carries(con):
+    graph = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C")
+    bound = bind(graph, con.store)
+    decomp, plan = con.plan(bound)
+    forced = dataclasses.replace(plan, kernels=(KernelChoice("broadcast", chunk="j", chunk_elements=8),))
+    con._run_graph(bound, replace=True, planned=(decomp, forced))
+    np.testing.assert_allclose(con.tensor("C"), A @ B, rtol=1e-12)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: KernelChoice("blas"), "unknown kernel method"),
+    (lambda: KernelChoice("matmul"), "layout"),
+    (lambda: KernelChoice("broadcast"), "chunking"),
+    (lambda: KernelChoice("contract", chunk="j"), "chunking"),
+    (lambda: KernelChoice("broadcast", chunk="j", chunk_elements=0), "chunks of 0"),
+    (lambda: MatmulLayout(0, 0, (0,), (0,), (), ("i",), (), ()), "operands 0 and 1"),
+    (lambda: MatmulLayout(0, 1, (0,), (0,), (), ("i",), ("j",), ()), "permutations"),
+])
+def test_choices_validate_themselves(make, message):
+    with pytest.raises(InternalError, match=message):
+        make()
+
+
+def test_a_join_numpy_computes_in_another_dtype_is_not_sent_to_blas():
+    """int32 * int32 * 0.5: NumPy multiplies in int32 (wrapping) before the constant, so BLAS in
+    float64 would differ (scalar.uniform_dtype): the choice is a broadcast, and NumPy's answer."""
+    a = np.array([[2**20, 3], [5, 7]], dtype=np.int32)
+    with tensordb.connect(workers=1) as con:
+        con.load("I", a)
+        stmt = "P[i,k] = SUM(I[i,j] * I[j,k] * 0.5)"
+        assert '"method": "broadcast"' in con.explain(stmt, format="json")
+        con.execute(stmt)
+        with np.errstate(over="ignore"):
+            want = (a[:, :, None] * a[None, :, :] * 0.5).sum(axis=1)
+        np.testing.assert_array_equal(con.tensor("P"), want)

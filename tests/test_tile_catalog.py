@@ -1,0 +1,95 @@
+"""The storage catalog's relations for the tile join (storage/catalog.py), run by DuckDB on a real
+catalog and checked against the stored array with NumPy."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.storage import catalog
+
+TILE = (3, 5)
+
+
+def _array():
+    """A (12, 10) tensor on (3, 5) tiles: some tiles absent, one with an inf, one with a zero."""
+    rng = np.random.default_rng(4)
+    a = rng.uniform(1, 2, (12, 10))
+    for ti, tj in [(0, 1), (2, 0), (3, 1)]:
+        a[3 * ti:3 * ti + 3, 5 * tj:5 * tj + 5] = 0
+    a[4, 2] = np.inf
+    a[10, 1] = 0.0
+    return a
+
+
+def _tiles(a):
+    """Per stored tile: its box, whether it holds no NaN/inf, and whether it holds no 0."""
+    out = []
+    for ti, tj in itertools.product(range(4), range(2)):
+        box = ((3 * ti, 3 * ti + 3), (5 * tj, 5 * tj + 5))
+        t = a[box[0][0]:box[0][1], box[1][0]:box[1][1]]
+        if np.any(t != 0):
+            out.append((box, bool(np.isfinite(t).all()), bool((t != 0).all())))
+    return out
+
+
+@pytest.mark.parametrize("bounds", [
+    ((0, 4, 8, 12), (0, 2, 7, 10)),     # pieces across stored tiles
+    ((0, 3, 6, 9, 12), (0, 5, 10)),     # the stored grid itself
+    ((0, 12), (0, 10)),                 # one piece
+])
+def test_tiles_cut_to_grid_is_the_interval_join_of_present_tiles(bounds):
+    a = _array()
+    with tensordb.connect() as con:
+        con.load("A", a, tile=TILE)
+        meta = con.store.meta("A")
+        sql = catalog.tiles_cut_to_grid(meta, bounds, ("i", "j"), con.store.nonfinite_column)
+        got = {(p, q): (f, n) for p, q, f, n in con.store.query(sql)}
+    want = {}
+    for p, q in itertools.product(range(len(bounds[0]) - 1), range(len(bounds[1]) - 1)):
+        lo = (bounds[0][p], bounds[1][q])
+        hi = (bounds[0][p + 1], bounds[1][q + 1])
+        hits = [t for t in _tiles(a) if all(t[0][d][0] < hi[d] and t[0][d][1] > lo[d] for d in (0, 1))]
+        if not hits:
+            continue
+        covered = np.zeros(a.shape, bool)  # elements inside a stored tile with no 0 and no inf
+        for box, finite, nonzero in hits:
+            if finite and nonzero:
+                covered[box[0][0]:box[0][1], box[1][0]:box[1][1]] = True
+        want[(p, q)] = (all(f for _, f, _ in hits), bool(covered[lo[0]:hi[0], lo[1]:hi[1]].all()))
+    assert got == want
+
+
+def test_a_repeated_key_keeps_the_diagonal_pieces():
+    a = _array()[:10, :10]
+    with tensordb.connect() as con:
+        con.load("A", a, tile=(5, 5))
+        bounds = ((0, 5, 10), (0, 5, 10))
+        rows = con.store.query(catalog.tiles_cut_to_grid(con.store.meta("A"), bounds, ("i", "i")))
+        both = con.store.query(catalog.tiles_cut_to_grid(con.store.meta("A"), bounds, ("i", "j")))
+    assert sorted(r[:2] for r in rows) == sorted(r[:2] for r in both if r[0] == r[1])
+    stored = [p for p in range(2) if a[5 * p:5 * p + 5, 5 * p:5 * p + 5].any()]
+    assert sorted(r[:2] for r in rows) == [(p, p) for p in stored]
+
+
+def test_coords_cut_to_grid_recuts_a_list_of_tiles():
+    grid = ((0, 4, 8), (0, 3, 6, 9))
+    present = [(0, 0), (1, 2)]
+    bounds = ((0, 2, 8), (0, 9))
+    with tensordb.connect() as con:
+        con.store.query(catalog.coords_table("__t", present, 2))
+        try:
+            got = sorted(con.store.query(catalog.coords_cut_to_grid("__t", grid, bounds, ("a", "b"))))
+            same = sorted(con.store.query(catalog.coords_cut_to_grid("__t", grid, grid, ("a", "b"))))
+        finally:
+            con.store.query(catalog.drop_coords_table("__t"))
+    want = set()
+    for c0, c1 in present:
+        for p, q in itertools.product(range(len(bounds[0]) - 1), range(len(bounds[1]) - 1)):
+            if grid[0][c0] < bounds[0][p + 1] and grid[0][c0 + 1] > bounds[0][p] and \
+                    grid[1][c1] < bounds[1][q + 1] and grid[1][c1 + 1] > bounds[1][q]:
+                want.add((p, q, False, False))
+    assert got == sorted(want)
+    assert same == sorted((c0, c1, False, False) for c0, c1 in present)
