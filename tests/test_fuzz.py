@@ -3,7 +3,7 @@
 Each seed is one batch: one in-memory connection, label sizes of its own, a pool of stored tensors
 (every dtype, NaN and inf, odd and size-1 stored tiles, absent tiles from zeroed blocks and from
 COO queries) and ``CASES`` random statements over them, each run through the dialect, ``con.einsum``
-or the ``Graph`` API, with random ``WITH (TILE ...)`` pieces. A failure names the seed, the case and
+or the ``Graph`` API, with random ``WITH (PIECES ...)`` pieces. A failure names the seed, the case and
 the statement; rerun it with ``pytest 'tests/test_fuzz.py::test_fuzz_einsums[seed17]'``.
 ``--runslow`` adds ten times as many seeds. docs/architecture.md ("Testing") describes it.
 """
@@ -37,7 +37,7 @@ def sql_text(into: str, st: Statement, rng) -> str:
     target = f"{into}[{','.join(c.out)}]" if c.out else into
     hint = ""
     if st.hints:
-        hint = " WITH (TILE (" + ", ".join(f"{l} {p}" for l, p in st.hints.items()) + "))"
+        hint = " WITH (PIECES " + ", ".join(f"{l} {p}" for l, p in st.hints.items()) + ")"
     if is_plain_product(c.join, len(c.operands)) and c.agg == "sum" and rng.random() < 0.3:
         spec = ",".join("".join(op.labels) for op in c.operands) + "->" + "".join(c.out)
         return f"{into} = EINSUM('{spec}', {', '.join(op.name for op in c.operands)}){hint}"
@@ -76,10 +76,10 @@ def run_unit(con, unit: list[tuple[str, Statement]], rng) -> tuple[str, list]:
                 spec = ",".join("".join(op.labels) for op in c.operands) + "->" + "".join(c.out)
                 join, names = _api_join(st, rng), [op.name for op in c.operands]
                 text = (f"con.einsum({spec!r}, {', '.join(map(repr, names))}, into={into!r}, "
-                        f"join={join!r}, agg={c.agg!r}, tile={st.hints!r})")
+                        f"join={join!r}, agg={c.agg!r}, pieces={st.hints!r})")
                 try:
                     con.einsum(spec, *names, into=into, join=join, agg=c.agg,
-                               tile=st.hints or None)
+                               pieces=st.hints or None)
                     got.append(con.tensor(into))
                 except tensordb.Error as exc:
                     got.append(exc)
@@ -90,8 +90,8 @@ def run_unit(con, unit: list[tuple[str, Statement]], rng) -> tuple[str, list]:
             inputs = [(op.name, list(op.labels)) for op in c.operands]
             join = _api_join(st, rng)
             lines.append(f".op({into!r}, {list(c.out)!r}, {inputs!r}, join={join!r}, "
-                         f"agg={c.agg!r}, tile={st.hints!r})")
-            g.op(into, list(c.out), inputs, join=join, agg=c.agg, tile=st.hints or None)
+                         f"agg={c.agg!r}, pieces={st.hints!r})")
+            g.op(into, list(c.out), inputs, join=join, agg=c.agg, pieces=st.hints or None)
         text = "con.run(Graph()" + "\n    ".join(lines) + ")"
         con.run(g)
         return text, [con.tensor(into) for into, _ in unit]

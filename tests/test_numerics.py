@@ -149,7 +149,7 @@ def test_sums_of_products_next_to_an_inf_are_not_regrouped(pieces):
         same(con.execute("O[k] = SUM(I[k] * A[i] * B[i])" + hint).tensor(),
              np_(lambda: space3.sum(0)))
         same(con.execute("O = EINSUM('i,i,k->', A, B, I)").tensor(), np_(lambda: space3.sum()))
-        con.einsum("i,k->", "A", "I", into="P", tile={"i": pieces})
+        con.einsum("i,k->", "A", "I", into="P", pieces={"i": pieces})
         same(con.tensor("P"), np_(lambda: space2.sum()))
         # Finite operands are still split into pairs (the catalog knows they are finite).
         con.load("F", np.ones(2))
@@ -424,7 +424,7 @@ def test_prod_over_an_empty_label_next_to_a_cut_one_is_one(pieces, join):
         con.load("E", e)
         op = "+" if join == "x0 + x1" else "*"
         same(con.execute(f"P[i] = PROD(M[i,k] {op} E[l]) WITH (TILE (k {pieces}))").tensor(), want)
-        con.einsum("ik,l->i", "M", "E", into="Q", join=join, agg="prod", tile={"k": pieces})
+        con.einsum("ik,l->i", "M", "E", into="Q", join=join, agg="prod", pieces={"k": pieces})
         same(con.tensor("Q"), want)
 
 

@@ -175,8 +175,11 @@ class KernelSpec:
                 if res.shape != tuple(full):  # the join ignores some label: repeat it
                     res = xp.broadcast_to(res, full).copy()
                 return res
-            # Chunk along the plan's aggregated label so one chunk stays near chunk_elements.
-            axis = self.space.index(self.choice.chunk)
+            # Chunk along the plan's aggregated label so one chunk stays near chunk_elements (a
+            # 'contract' tile holding NaN or inf comes here too: along its largest such label).
+            chunk = self.choice.chunk if self.choice.method == "broadcast" else \
+                max(self.space[:len(agg_axes)], key=lambda l: ext[l])
+            axis = self.space.index(chunk)
             per_slice = math.prod(full) // max(full[axis], 1)
             step = max(1, self.choice.chunk_elements // max(per_slice, 1))
             acc = None
