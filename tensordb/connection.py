@@ -54,6 +54,7 @@ class Connection:
         self._store: Store | None = Store(path, read_only=read_only)
         self._executor = None
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
+        self.last_run = None   # what that run returned: tiles and statistics (exec.RunResult)
         # Called as (done, total) tasks while a plan runs (the CLI); ``done`` counts the running
         # kernel calls' fractions too, so it grows while a few long calls run.
         self.progress_callback = None
@@ -261,7 +262,7 @@ class Connection:
         self._check_dense("the einsum's result", out.shape, out.dtype)
         with stage("run"):
             result = self._get_executor().run(plan, self.store, progress=self.progress_callback)
-        self.last_plan = plan
+        self.last_plan, self.last_run = plan, result
         arr = np.zeros(out.shape, out.dtype)  # tiles no call produced are zeros
         for coords, key in out.tiles.items():
             lo, hi = tile_box(out.grid, coords)
@@ -330,7 +331,7 @@ class Connection:
             raise
         with stage("store"):
             writers.store_tiles(result.tiles, result.nnz, result.nonfinite)
-        self.last_plan = plan
+        self.last_plan, self.last_run = plan, result
         return result
 
     def _get_executor(self):
