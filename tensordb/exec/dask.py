@@ -33,8 +33,9 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from ..errors import Error, NotSupportedError, OperationalError, OutOfMemoryError
-from ..physical.plan import Aggregate, Kernel, Load, TilePlan
-from .runtime import Ledger, RunResult, TaskRunner, planned_bytes, translate, with_aggregation_trees
+from ..physical.plan import Kernel, Load, TilePlan
+from .dask_worker import Payload, collect, forget, gpu_count, run_task, to_host
+from .runtime import Ledger, RunResult, planned_bytes, translate, with_aggregation_trees
 from .tasks import run_load
 
 __all__ = ["DaskExecutor", "local_cluster"]
@@ -215,7 +216,7 @@ class _Attempt:
             source = _sub_reader(plan.readers[t.tensor], t.starts, t.stops) \
                 if isinstance(t, Load) else None
             op = plan.ops[t.op] if isinstance(t, Kernel) else plan.ops[plan.owner.get(t.key, 0)]
-            graph[dk] = Task(dk, _task, run, backend, _Payload(dk, t, op, source),
+            graph[dk] = Task(dk, run_task, run, backend, Payload(dk, t, op, source),
                              *[TaskRef(self.dkey(k)) for k in t.inputs])
             where[dk] = self.addr[t.key]
         if backend == "cupy":  # stored outputs come back to the client as NumPy
@@ -223,7 +224,7 @@ class _Attempt:
                 if out.stored:
                     for k in out.tiles.values():
                         hk = self.dkey(k, "-host")
-                        graph[hk] = Task(hk, _to_host, TaskRef(self.dkey(k)))
+                        graph[hk] = Task(hk, to_host, TaskRef(self.dkey(k)))
                         where[hk] = self.addr[k]
         return graph, where
 
@@ -291,7 +292,7 @@ class _Attempt:
             if futures or scattered:
                 self.client.cancel(list(futures) + list(scattered.values()), force=True)
             if forget:
-                self.client.run(_forget, self.run_id)
+                self.client.run(forget, self.run_id)
         except Exception:  # noqa: BLE001 - best effort: the keys die with their futures anyway
             pass
 
@@ -299,7 +300,7 @@ class _Attempt:
     def _result(self, tiles, seconds, scattered_bytes) -> RunResult:
         plan = self.plan
         try:
-            logs = self.client.run(_collect, self.run_id)
+            logs = self.client.run(collect, self.run_id)
         except Exception:  # noqa: BLE001 - a worker gone after the run costs measurements only
             logs = {}
         index = {a: i for i, a in enumerate(self.addresses)}
@@ -376,102 +377,15 @@ def _local_cuda_cluster():
 
 
 def _check_gpu_workers(client) -> None:
-    answers = client.run(_gpu_count)
+    answers = client.run(gpu_count)
     bad = {a: m for a, m in answers.items() if isinstance(m, str)}
     if bad:
         addr, msg = sorted(bad.items())[0]
         raise NotSupportedError(f"backend=cupy needs a GPU on every Dask worker; {addr}: {msg}")
 
 
-# -- what runs on the workers ----------------------------------------------------------------------
-
-_LOG: dict[str, list] = defaultdict(list)    # run id -> (key, seconds, nbytes) per task
-_HELD: dict[str, int] = defaultdict(int)     # run id -> most bytes the worker held during the run
-_RUNNERS: dict[str, TaskRunner] = {}         # run id -> the task interpreter, once per worker
-
-
-@functools.lru_cache(maxsize=None)
-def _xp(backend: str):
-    from .kernels import get_backend
-    return get_backend(backend)  # once per worker process: CuPy's device check is not free
-
-
-class _Payload:
-    """A task record, its operation and a Load's reader. Dask tokenizes every graph it is given;
-    the unique key stands for the contents, which would otherwise be hashed field by field."""
-
-    __slots__ = ("key", "task", "op", "source")
-
-    def __init__(self, key: str, task, op, source) -> None:
-        self.key, self.task, self.op, self.source = key, task, op, source
-
-    def __dask_tokenize__(self):
-        return self.key
-
-    def __getstate__(self):
-        return (self.key, self.task, self.op, self.source)
-
-    def __setstate__(self, state) -> None:
-        self.key, self.task, self.op, self.source = state
-
-
-def _task(run: str, backend: str, payload: _Payload, *inputs):
-    """Run one tile task on the shared runtime, recording its time on this worker."""
-    task = payload.task
-    xp = _xp(backend)
-    runner = _RUNNERS.get(run)
-    if runner is None:
-        runner = _RUNNERS[run] = TaskRunner(xp)
-    t0 = time.perf_counter()
-    inputs = list(inputs)
-    if isinstance(task, Aggregate):
-        # Dask keeps every input in the worker's store until it is released: never write into
-        # one, so the accumulator starts from a copy.
-        inputs[0] = xp.array(inputs[0], dtype=task.dtype, copy=True)
-    value = runner.run(task, inputs, payload.op, source=payload.source)
-    if xp is not np:
-        xp.cuda.get_current_stream().synchronize()  # time the kernel, not its launch
-    _LOG[run].append((task.key, time.perf_counter() - t0, int(getattr(value, "nbytes", 0))))
-    _HELD[run] = max(_HELD[run], _worker_bytes())
-    return value
-
-
-def _worker_bytes() -> int:
-    try:
-        from distributed import get_worker
-        return int(get_worker().state.nbytes)
-    except Exception:  # noqa: BLE001 - not on a worker, or an older WorkerState
-        return 0
-
-
-def _to_host(value):
-    import cupy
-    return cupy.asnumpy(value)
-
-
 def _host(value):
     return value if isinstance(value, np.ndarray) else np.asarray(value)
-
-
-def _collect(run: str):
-    """The worker's records of one run (then forgotten): ([(key, s, nbytes)], peak)."""
-    records, held = _LOG.pop(run, []), _HELD.pop(run, 0)
-    _forget(run)
-    return records, held
-
-
-def _forget(run: str) -> None:
-    _LOG.pop(run, None)
-    _HELD.pop(run, None)
-    _RUNNERS.pop(run, None)
-
-
-def _gpu_count():
-    try:
-        from .kernels import get_backend
-        return int(get_backend("cupy").cuda.runtime.getDeviceCount())
-    except Exception as exc:  # noqa: BLE001 - reported to the client
-        return str(exc)
 
 
 def make(spec: str, workers: int, *, memory_limit=None) -> DaskExecutor:
