@@ -266,3 +266,16 @@ def test_progress_is_reported_on_dask(dcon):
     total = seen[-1][1]
     assert total >= 1 and seen[-1][0] == total and all(t == total for _, t in seen)
     assert all(0 <= d <= total for d, _ in seen)
+
+
+def test_a_kernel_failure_is_the_local_pools_error(dcon, lcon):
+    """The task's exception is translated on its worker by the shared runtime: the same error
+    class and message as the local pool, naming the operation, and nothing stored."""
+    errors = []
+    for con in (dcon, lcon):
+        con.load("PA", np.array([[1, -2], [3, 4]]), replace=True)
+        with pytest.raises(tensordb.DataError) as info:
+            con.run(tensordb.Graph().op("PP", "ij", [("PA", "ij"), ("PA", "ij")], join="x0 ** x1"))
+        assert not con.store.has("PP")
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "of PP[i,j] = " in errors[0]
