@@ -27,7 +27,7 @@ from ..storage.writer import has_nonfinite
 from .kernels import get_backend
 from .runtime import Ledger, RunControl, RunResult, TaskRunner, held_bytes, translate
 
-__all__ = ["LocalExecutor", "HostTiles", "RunResult"]
+__all__ = ["LocalExecutor", "HostTiles"]
 
 _controller = None
 _TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
