@@ -14,7 +14,7 @@ import tensordb
 from tensordb.exec import LocalExecutor
 from tensordb.exec.gpu import DeviceTiles
 from tensordb.exec.pool import HostTiles
-from tensordb.exec.runtime import planned_bytes, with_aggregation_trees
+from tensordb.exec.runtime import Cancelled, planned_bytes, translate, with_aggregation_trees
 from tensordb.physical.placement import transfers
 from tensordb.physical.plan import Aggregate, Kernel, Load, OutputTiles, TilePlan
 from tensordb.plan.builder import bind
@@ -136,6 +136,21 @@ def test_a_kernel_failure_names_the_operation(con, snapshot):
         np.array([[1, -2], [3, 4]]) ** np.array([[1, -2], [3, 4]])
     assert str(info.value).endswith(str(numpy_says.value))
     assert snapshot(con) == before
+
+
+def test_translation_of_each_kind_of_failure(matmul):
+    _, op, _ = matmul
+    name = op.describe()
+    oom = translate(MemoryError("no room"), op)
+    assert isinstance(oom, tensordb.OutOfMemoryError) and name in str(oom) and "no room" in str(oom)
+    data = translate(ZeroDivisionError("division by zero"), op)
+    assert isinstance(data, tensordb.DataError) and name in str(data)
+    bug = KeyError("k")
+    internal = translate(bug, op)
+    assert isinstance(internal, tensordb.InternalError) and internal.__cause__ is bug
+    assert "KeyError" in str(internal) and name in str(internal)
+    for unchanged in (tensordb.CatalogError("x"), Cancelled(), KeyboardInterrupt()):
+        assert translate(unchanged, op) is unchanged
 
 
 # -- the seam: an array module and tile movement -------------------------------------------------

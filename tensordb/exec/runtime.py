@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -83,6 +84,18 @@ def translate(exc: BaseException, op=None) -> BaseException:
     return err
 
 
+@contextmanager
+def _naming(op):
+    """Exceptions of the block leave as ``translate`` makes them (the original as the cause)."""
+    try:
+        yield
+    except BaseException as exc:
+        err = translate(exc, op)
+        if err is exc:
+            raise
+        raise err from exc
+
+
 # -- tile bytes --------------------------------------------------------------------------------
 
 def _owned_nbytes(a) -> int:
@@ -129,7 +142,7 @@ class TaskRunner:
         """The tile of a Load, Assemble or Kernel (or a whole Aggregate) from its ``inputs``, in
         ``task.inputs`` order. ``op`` is the EinOp the task belongs to; ``out`` a buffer the
         result may land in; ``source`` the reader of a Load."""
-        try:
+        with _naming(op):
             if isinstance(task, Load):
                 return run_load(task, source, self.xp)
             if isinstance(task, Assemble):
@@ -142,27 +155,19 @@ class TaskRunner:
                 args = [None if a is None else next(it) for a in task.args]
                 return run_kernel(task, spec, args, out, self.check)
             return run_aggregate(task, inputs, self.xp)  # all partials at once
-        except BaseException as exc:
-            raise translate(exc, op) from exc
 
     # An aggregation fold, one partial at a time (the partial may be freed after each call).
     def start(self, task: Aggregate, first, op, out=None):
-        try:
+        with _naming(op):
             return start_aggregate(task, first, self.xp, out)
-        except BaseException as exc:
-            raise translate(exc, op) from exc
 
     def fold(self, task: Aggregate, acc, part, op) -> None:
-        try:
+        with _naming(op):
             combine(task.agg, acc, part, self.xp)
-        except BaseException as exc:
-            raise translate(exc, op) from exc
 
     def finish(self, task: Aggregate, acc, op):
-        try:
+        with _naming(op):
             return finish_aggregate(task, acc, self.xp)
-        except BaseException as exc:
-            raise translate(exc, op) from exc
 
 
 # -- the byte accounting -----------------------------------------------------------------------
