@@ -9,7 +9,8 @@ moves there. What a task does, what it costs and what its failure means is decid
 - ``Ledger`` is the byte accounting of one run: tiles acquired and released (the bytes alive and
   their peak), bytes moved between workers, seconds and kernel calls, per operation. ``acquire``
   and ``release`` are the one place a task's tile bytes enter and leave the run's memory: the seam
-  a memory scheduler plugs into (docs/architecture.md, "Execution").
+  a memory scheduler plugs into (docs/architecture.md, "Execution"); ``planned_bytes`` sizes a
+  tile from the plan before its task runs.
 - ``RunControl`` is cancellation and progress: kernels call ``check(fraction)`` between chunks;
   it raises ``Cancelled`` once the run has failed or was interrupted.
 - ``with_aggregation_trees`` splits an aggregation of many partials into a tree on its worker, for
