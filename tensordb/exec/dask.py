@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
-from ..errors import Error, NotSupportedError, OperationalError, OutOfMemoryError
+from ..errors import Error, NotSupportedError, OperationalError
 from ..physical.plan import Kernel, Load, TilePlan
 from .dask_worker import Payload, collect, forget, gpu_count, run_task, to_host
 from .runtime import Ledger, RunResult, planned_bytes, translate, with_aggregation_trees
@@ -357,8 +357,6 @@ def _translate(exc: BaseException) -> BaseException:
     (by the runtime, naming the operation); what is left is the cluster's."""
     if isinstance(exc, Error):
         return exc
-    if isinstance(exc, MemoryError):
-        return OutOfMemoryError(f"a Dask worker ran out of memory running a tile task: {exc}")
     if isinstance(exc, (OSError, TimeoutError)) or type(exc).__name__ in (
             "CommClosedError", "FutureCancelledError", "CancelledError"):
         return OperationalError(f"the Dask cluster failed the query: {type(exc).__name__}: {exc}")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..errors import DataError, Error, InternalError, OutOfMemoryError
+from ..errors import DataError, Error, InternalError, OperationalError, OutOfMemoryError
 from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
 from .kernels import KernelSpec, combine
 from .tasks import finish_aggregate, run_aggregate, run_assemble, run_kernel, run_load, start_aggregate
@@ -80,6 +80,8 @@ def translate(exc: BaseException, op=None) -> BaseException:
         return OutOfMemoryError(f"out of memory while running a tile task{where}: {exc}")
     if isinstance(exc, (ValueError, ArithmeticError)):  # the data, e.g. int ** negative int
         return DataError(f"a tile kernel{where} failed on the data: {exc}")
+    if isinstance(exc, OSError):  # a payload file or the system, not tensordb's code
+        return OperationalError(f"a tile task{where} failed: {type(exc).__name__}: {exc}")
     err = InternalError(f"a tile task{where} failed: {type(exc).__name__}: {exc}")
     err.__cause__ = exc
     return err
