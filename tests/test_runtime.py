@@ -146,7 +146,8 @@ def test_translation_of_each_kind_of_failure(matmul):
     data = translate(ZeroDivisionError("division by zero"), op)
     assert isinstance(data, tensordb.DataError) and name in str(data)
     gone = translate(FileNotFoundError(2, "No such file", "/db/tiles/A.bin"), op)
-    assert isinstance(gone, tensordb.OperationalError) and name in str(gone) and "A.bin" in str(gone)
+    assert isinstance(gone, tensordb.OperationalError)
+    assert name in str(gone) and "A.bin" in str(gone)
     bug = KeyError("k")
     internal = translate(bug, op)
     assert isinstance(internal, tensordb.InternalError) and internal.__cause__ is bug

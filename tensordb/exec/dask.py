@@ -33,9 +33,9 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from ..errors import Error, NotSupportedError, OperationalError
-from ..physical.plan import Kernel, Load, TilePlan
+from ..physical.plan import Load, TilePlan
 from .dask_worker import Payload, collect, forget, gpu_count, run_task, to_host
-from .runtime import Ledger, RunResult, planned_bytes, translate, with_aggregation_trees
+from .runtime import Ledger, RunResult, op_of, planned_bytes, translate, with_aggregation_trees
 from .tasks import run_load
 
 __all__ = ["DaskExecutor", "local_cluster"]
@@ -168,7 +168,7 @@ class _Attempt:
         self.addresses = ex.addresses()
         if not self.addresses:
             raise _WorkerLost("no workers")
-        n = len(self.addresses)  # plan worker w is the w % n-th address: where it runs, not a choice
+        n = len(self.addresses)  # plan worker w runs on the w % n-th address (as the pool's queues)
         self.addr = {t.key: self.addresses[t.worker % n] for t in plan.tasks}
 
     def dkey(self, key: int, part: str = "") -> str:
@@ -215,8 +215,7 @@ class _Attempt:
             dk = self.dkey(t.key)
             source = _sub_reader(plan.readers[t.tensor], t.starts, t.stops) \
                 if isinstance(t, Load) else None
-            op = plan.ops[t.op] if isinstance(t, Kernel) else plan.ops[plan.owner.get(t.key, 0)]
-            graph[dk] = Task(dk, run_task, run, backend, Payload(dk, t, op, source),
+            graph[dk] = Task(dk, run_task, run, backend, Payload(dk, t, op_of(plan, t), source),
                              *[TaskRef(self.dkey(k)) for k in t.inputs])
             where[dk] = self.addr[t.key]
         if backend == "cupy":  # stored outputs come back to the client as NumPy
@@ -320,7 +319,8 @@ class _Attempt:
                 if self.addr[k] != self.addr[t.key]:
                     ledger.moved(t, planned_bytes(plan, plan.task(k)))
         self.ex.last_run = {"addresses": self.addresses,
-                            "planned_on": {k: a for k, a in self.addr.items() if k not in self.inner},
+                            "planned_on": {k: a for k, a in self.addr.items()
+                                           if k not in self.inner},
                             "ran_on": ran_on, "scattered_bytes": scattered_bytes}
         return ledger.result(tiles, seconds)
 

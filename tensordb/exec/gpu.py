@@ -82,8 +82,9 @@ class DeviceTiles(HostTiles):
         return self.xp.asnumpy(value)
 
 
-def GpuExecutor(spec: str = "gpu", *, memory_limit: int | None = None) -> LocalExecutor:  # noqa: N802
-    """The local pool with one worker per GPU (``ex.devices``); ``ex.workers`` is their count."""
+def GpuExecutor(spec: str = "gpu", *, memory_limit=None) -> LocalExecutor:  # noqa: N802
+    """The local pool with one worker per GPU (``ex.devices``); ``ex.workers`` is their count.
+    (A factory with a class's name: the GPU executor is no class of its own.)"""
     devices = gpu_devices(spec)
     return LocalExecutor(len(devices), memory_limit=memory_limit, tiles=DeviceTiles(devices))
 

@@ -25,7 +25,7 @@ from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..storage.writer import has_nonfinite
 from .kernels import get_backend
-from .runtime import Ledger, RunControl, RunResult, TaskRunner, held_bytes, translate
+from .runtime import Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, translate
 
 __all__ = ["LocalExecutor", "HostTiles"]
 
@@ -162,9 +162,6 @@ class _Run:
         self.drained = threading.Event()
         self.draining = False
 
-    def _op(self, task):
-        return self.plan.ops[self.plan.owner.get(task.key, 0)]
-
     # -- scheduling ----------------------------------------------------------------------------
     def go(self) -> RunResult:
         t0 = time.perf_counter()
@@ -243,8 +240,8 @@ class _Run:
         inputs = [self._fetch(w, task, k) for k in task.inputs]
         source = self.plan.readers[task.tensor] if isinstance(task, Load) else None
         try:
-            value = self.runner.run(task, inputs, self._op(task), out=self.dest.get(task.key),
-                                    source=source)
+            value = self.runner.run(task, inputs, op_of(self.plan, task),
+                                    out=self.dest.get(task.key), source=source)
         finally:
             if isinstance(task, Kernel):
                 self.control.call_ended()
@@ -254,7 +251,7 @@ class _Run:
     def _accumulate(self, w: int, agg: Aggregate, part_key: int) -> None:
         part = self._fetch(w, agg, part_key)
         acc = self.acc.get(agg.key)
-        op = self._op(agg)
+        op = op_of(self.plan, agg)
         if acc is None:
             acc = self.acc[agg.key] = self.runner.start(agg, part, op, self.dest.get(agg.key))
             self.ledger.acquire(agg.key, held_bytes(agg, acc))  # the partial is released below

@@ -31,10 +31,11 @@ import numpy as np
 from ..errors import DataError, Error, InternalError, OperationalError, OutOfMemoryError
 from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
 from .kernels import KernelSpec, combine
-from .tasks import finish_aggregate, run_aggregate, run_assemble, run_kernel, run_load, start_aggregate
+from .tasks import (finish_aggregate, run_aggregate, run_assemble, run_kernel, run_load,
+                    start_aggregate)
 
 __all__ = ["RunResult", "OpMeasure", "TaskRunner", "Ledger", "RunControl", "Cancelled",
-           "translate", "held_bytes", "planned_bytes", "with_aggregation_trees"]
+           "translate", "op_of", "held_bytes", "planned_bytes", "with_aggregation_trees"]
 
 
 @dataclass
@@ -130,6 +131,12 @@ def planned_bytes(plan: TilePlan, task) -> int:
 
 
 # -- the task interpreter ----------------------------------------------------------------------
+
+def op_of(plan: TilePlan, task):
+    """The EinOp a task runs for: a kernel's own, else its owner's (the operation whose inputs
+    it reads or whose partials it combines)."""
+    return plan.ops[task.op if isinstance(task, Kernel) else plan.owner.get(task.key, 0)]
+
 
 class TaskRunner:
     """Runs tasks with one array module ``xp`` (NumPy, CuPy): the same code in every executor.
