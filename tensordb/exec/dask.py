@@ -310,7 +310,7 @@ class _Attempt:
             for key, dt, nb in records:
                 task = plan.task(key)
                 ledger.ran(task, index.get(addr, 0), dt)
-                ledger.produced(task, nb)
+                ledger.produced(task, 0, nb)  # Dask counts what its workers hold (above)
                 if key not in self.inner:
                     ran_on[key] = addr
         # Bytes moved, from the plan: every input tile whose producer ran on another worker.

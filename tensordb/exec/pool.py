@@ -275,8 +275,7 @@ class _Run:
             self.nonfinite[task.key] = has_nonfinite(dest)
         self.results[task.key] = value
         self.made_on[task.key] = w
-        self.ledger.acquire(task.key, held_bytes(task, value))
-        self.ledger.produced(task, int(getattr(value, "nbytes", 0)))
+        self.ledger.produced(task, held_bytes(task, value), int(getattr(value, "nbytes", 0)))
         ready = []
         with self.lock:
             for c in self.consumers[task.key]:

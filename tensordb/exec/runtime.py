@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -88,16 +87,12 @@ def translate(exc: BaseException, op=None) -> BaseException:
     return err
 
 
-@contextmanager
-def _naming(op):
-    """Exceptions of the block leave as ``translate`` makes them (the original as the cause)."""
-    try:
-        yield
-    except BaseException as exc:
-        err = translate(exc, op)
-        if err is exc:
-            raise
-        raise err from exc
+def _reraise(exc: BaseException, op):
+    """Raise ``exc`` as ``translate`` makes it (the original as the cause)."""
+    err = translate(exc, op)
+    if err is exc:
+        raise exc
+    raise err from exc
 
 
 # -- tile bytes --------------------------------------------------------------------------------
@@ -152,7 +147,7 @@ class TaskRunner:
         """The tile of a Load, Assemble or Kernel (or a whole Aggregate) from its ``inputs``, in
         ``task.inputs`` order. ``op`` is the EinOp the task belongs to; ``out`` a buffer the
         result may land in; ``source`` the reader of a Load."""
-        with _naming(op):
+        try:
             if isinstance(task, Load):
                 return run_load(task, source, self.xp)
             if isinstance(task, Assemble):
@@ -165,19 +160,27 @@ class TaskRunner:
                 args = [None if a is None else next(it) for a in task.args]
                 return run_kernel(task, spec, args, out, self.check)
             return run_aggregate(task, inputs, self.xp)  # all partials at once
+        except BaseException as exc:
+            _reraise(exc, op)
 
     # An aggregation fold, one partial at a time (the partial may be freed after each call).
     def start(self, task: Aggregate, first, op, out=None):
-        with _naming(op):
+        try:
             return start_aggregate(task, first, self.xp, out)
+        except BaseException as exc:
+            _reraise(exc, op)
 
     def fold(self, task: Aggregate, acc, part, op) -> None:
-        with _naming(op):
+        try:
             combine(task.agg, acc, part, self.xp)
+        except BaseException as exc:
+            _reraise(exc, op)
 
     def finish(self, task: Aggregate, acc, op):
-        with _naming(op):
+        try:
             return finish_aggregate(task, acc, self.xp)
+        except BaseException as exc:
+            _reraise(exc, op)
 
 
 # -- the byte accounting -----------------------------------------------------------------------
@@ -199,12 +202,15 @@ class Ledger:
         return self.ops[self.owner.get(task.key, 0)]
 
     def acquire(self, key, nbytes: int) -> None:
-        """A tile of ``nbytes`` enters the run's memory (a task's output, an accumulator): the
-        one place a memory scheduler would wait for room."""
+        """A tile of ``nbytes`` enters the run's memory (an accumulator; a task's output through
+        ``produced``): the one place a memory scheduler would wait for room."""
         with self.lock:
-            self.held[key] = self.held.get(key, 0) + nbytes
-            self.live += nbytes
-            self.peak = max(self.peak, self.live)
+            self._acquire(key, nbytes)
+
+    def _acquire(self, key, nbytes: int) -> None:  # the caller holds the lock
+        self.held[key] = self.held.get(key, 0) + nbytes
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
 
     def release(self, key) -> None:
         """The tile ``key`` leaves memory (its last consumer ran)."""
@@ -217,8 +223,11 @@ class Ledger:
             self.moved_bytes += nbytes
             self._op(task).bytes_moved += nbytes
 
-    def produced(self, task, nbytes: int) -> None:
+    def produced(self, task, held: int, nbytes: int) -> None:
+        """``task``'s tile of ``nbytes`` exists: ``acquire(task.key, held)`` and the largest tile
+        of its operation, under one lock (this runs once per task)."""
         with self.lock:
+            self._acquire(task.key, held)
             m = self._op(task)
             m.peak_tile_bytes = max(m.peak_tile_bytes, nbytes)
 
