@@ -59,6 +59,7 @@ class Connection:
         self._executor = None
         self.session = Session()  # the dialect's state: LETs and the open BEGIN block
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
+        self.last_run = None   # what that run returned: tiles and statistics (exec.RunResult)
         # Called as (done, total) tasks while a plan runs (the CLI); ``done`` counts the running
         # kernel calls' fractions too, so it grows while a few long calls run.
         self.progress_callback = None
@@ -388,7 +389,7 @@ class Connection:
         with stage("run"):
             result = self._get_executor().run(plan, self.store, progress=self.progress_callback,
                                               destinations=destinations)
-        self.last_plan = plan
+        self.last_plan, self.last_run = plan, result
         return result
 
     def _run_graph(self, graph: EinGraph, *, pieces=None, replace=False, planned=None):

@@ -99,8 +99,9 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
         if ch is not None:
             node["search"] = {"cost": ch.cost, "candidates": ch.candidates}
             node["runner_ups"] = [{"pieces": dict(p), "cost": v} for p, v in ch.runner_ups]
-        if result is not None and stats is not None and stats.measured:
-            node["measured"] = dict(stats.measured)
+        measured = getattr(result, "ops", None) or ()
+        if i < len(measured):  # what the run returned for this operation (RunResult.ops)
+            node["measured"] = measured[i].as_dict()
         nodes.append(node)
     per_worker = worker_flops(plan)
     mean = sum(per_worker) / len(per_worker) if per_worker else 0

@@ -108,8 +108,8 @@ def test_every_task_ran_on_its_planned_worker(dcon):
     planned = {t.key: run["addresses"][t.worker % 2] for t in dcon.last_plan.tasks}
     assert run["planned_on"] == planned
     assert result.kernel_calls == dcon.last_plan.kernel_calls
-    measured = dcon.last_plan.stats[0].measured
-    assert measured["kernel_calls"] == dcon.last_plan.kernel_calls and measured["seconds"] > 0
+    measured = result.ops[0]  # the run's statistics, returned (the plan is not written into)
+    assert measured.kernel_calls == dcon.last_plan.kernel_calls and measured.seconds > 0
 
 
 def test_plan_for_more_workers_than_the_cluster_has(dask_cluster, lcon):
@@ -142,7 +142,7 @@ def test_bytes_moved_match_the_local_pool(dcon, lcon):
     _, on_dask = _matmul(dcon)
     _, local = _matmul(lcon)
     assert on_dask.bytes_moved == local.bytes_moved
-    assert dcon.last_plan.stats[0].measured["bytes_moved"] == on_dask.bytes_moved
+    assert on_dask.ops[0].bytes_moved == on_dask.bytes_moved
 
 
 def test_nothing_stays_on_the_workers(dcon):
@@ -266,3 +266,16 @@ def test_progress_is_reported_on_dask(dcon):
     total = seen[-1][1]
     assert total >= 1 and seen[-1][0] == total and all(t == total for _, t in seen)
     assert all(0 <= d <= total for d, _ in seen)
+
+
+def test_a_kernel_failure_is_the_local_pools_error(dcon, lcon):
+    """The task's exception is translated on its worker by the shared runtime: the same error
+    class and message as the local pool, naming the operation, and nothing stored."""
+    errors = []
+    for con in (dcon, lcon):
+        con.load("PA", np.array([[1, -2], [3, 4]]), replace=True)
+        with pytest.raises(tensordb.DataError) as info:
+            con.run(tensordb.Graph().op("PP", "ij", [("PA", "ij"), ("PA", "ij")], join="x0 ** x1"))
+        assert not con.store.has("PP")
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "of PP[i,j] = " in errors[0]

@@ -2,13 +2,15 @@
 
 Executors are named: ``local`` (in-process threads, the default), ``gpu`` (one worker per GPU,
 CuPy kernels) and ``dask://host:port`` (a Dask cluster). An unknown name fails with the list.
+All of them run tasks on one runtime (``runtime.py``) and return its ``RunResult``.
 """
 from __future__ import annotations
 
 from importlib import import_module  # dask and cupy load only when their executor is chosen
 
 from ..errors import ProgrammingError
-from .pool import LocalExecutor, RunResult
+from .pool import LocalExecutor
+from .runtime import RunResult
 from .spawn import check_main_guard
 
 __all__ = ["LocalExecutor", "RunResult", "make_executor", "EXECUTORS"]

@@ -5,7 +5,10 @@
 
 Each Dask worker is one tensordb worker: plan worker ``w`` runs on ``addresses[w % n]`` (the
 sorted worker addresses), pinned with ``allow_other_workers=False``. Dask does the scheduling and
-moves tiles between workers; the tile code is the pool's (``tasks.py``), so results are the same.
+moves tiles between workers; each task runs on the shared runtime (``runtime.py``: the task
+interpreter, its error translation and the run's byte accounting), so results are the same.
+An aggregation of more than ``AGG_FAN_IN`` partials runs as the runtime's tree
+(``with_aggregation_trees``): a Dask task combines all its inputs at once.
 Stored input tiles are read on their worker from the memory-mapped payload when the worker shares
 this machine, else read here and scattered to it. Only the stored outputs are gathered; every
 other key is released when the run ends, so nothing outlives the query on a worker.
@@ -25,14 +28,15 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import replace
 from urllib.parse import parse_qsl
 
 import numpy as np
 
-from ..errors import Error, InternalError, NotSupportedError, OperationalError, OutOfMemoryError
-from ..physical.plan import Assemble, Kernel, Load, TilePlan
-from .pool import RunResult
+from ..errors import Error, NotSupportedError, OperationalError
+from ..physical.plan import Kernel, Load, TilePlan
+from .dask_worker import Payload, collect, forget, gpu_count, run_task, to_host
+from .runtime import Ledger, RunResult, op_of, planned_bytes, translate, with_aggregation_trees
+from .tasks import run_load
 
 __all__ = ["DaskExecutor", "local_cluster"]
 
@@ -124,11 +128,12 @@ class DaskExecutor:
     def run(self, plan: TilePlan, store=None, progress=None, destinations=None) -> RunResult:
         if not plan.tasks:
             return RunResult({})
+        plan, inner = with_aggregation_trees(plan, AGG_FAN_IN)
         attempts = 0
         while True:
             attempts += 1
             try:
-                result = _Attempt(self, plan, progress).go()
+                result = _Attempt(self, plan, inner, progress).go()
             except _WorkerLost as lost:
                 if attempts > self.retries:
                     raise OperationalError(
@@ -156,14 +161,14 @@ class _WorkerLost(Exception):
 class _Attempt:
     """One submission of the whole plan, on the workers alive when it starts."""
 
-    def __init__(self, ex: DaskExecutor, plan: TilePlan, progress) -> None:
-        self.ex, self.plan, self.progress = ex, plan, progress
+    def __init__(self, ex: DaskExecutor, plan: TilePlan, inner: set[int], progress) -> None:
+        self.ex, self.plan, self.inner, self.progress = ex, plan, inner, progress
         self.client = ex.client
         self.run_id = uuid.uuid4().hex[:12]
         self.addresses = ex.addresses()
         if not self.addresses:
             raise _WorkerLost("no workers")
-        n = len(self.addresses)
+        n = len(self.addresses)  # plan worker w runs on the w % n-th address (as the pool's queues)
         self.addr = {t.key: self.addresses[t.worker % n] for t in plan.tasks}
 
     def dkey(self, key: int, part: str = "") -> str:
@@ -200,42 +205,27 @@ class _Attempt:
         return self.dkey(key, "-host") if self.ex.backend == "cupy" else self.dkey(key)
 
     def _graph(self, scattered: set[int]):
+        """One Dask task per plan task, on its worker; nothing is added or regrouped here."""
         from dask.task_spec import Task, TaskRef
         plan, run, backend = self.plan, self.run_id, self.ex.backend
         graph, where = {}, {}
-
-        def add(dk, addr, task, extra, *refs):
-            graph[dk] = Task(dk, _task, run, backend, _Payload(dk, task, extra), *refs)
-            where[dk] = addr
-
         for t in plan.tasks:
-            dk, addr = self.dkey(t.key), self.addr[t.key]
-            if isinstance(t, Load):
-                if t.key not in scattered:
-                    add(dk, addr, t, _sub_reader(plan.readers[t.tensor], t.starts, t.stops))
-            elif isinstance(t, Assemble):
-                add(dk, addr, t, None, *[TaskRef(self.dkey(k)) for k in t.inputs])
-            elif isinstance(t, Kernel):
-                add(dk, addr, t, (plan.ops[t.op], plan.kernels[t.op]),
-                    *[TaskRef(self.dkey(k)) for k in t.inputs])
-            else:  # Aggregate: a tree of at most AGG_FAN_IN partials per task, all on its worker
-                parts, level = [self.dkey(k) for k in t.parts], 0
-                while len(parts) > AGG_FAN_IN:
-                    level += 1
-                    inner = replace(t, fill_zero=False)
-                    nxt = []
-                    for i in range(0, len(parts), AGG_FAN_IN):
-                        ik = self.dkey(t.key, f"-l{level}-{i // AGG_FAN_IN}")
-                        add(ik, addr, inner, "inner", *[TaskRef(p) for p in parts[i:i + AGG_FAN_IN]])
-                        nxt.append(ik)
-                    parts = nxt
-                add(dk, addr, t, None, *[TaskRef(p) for p in parts])
+            if isinstance(t, Load) and t.key in scattered:
+                continue
+            dk = self.dkey(t.key)
+            source = _sub_reader(plan.readers[t.tensor], t.starts, t.stops) \
+                if isinstance(t, Load) else None
+            choice = plan.kernels[t.op] if isinstance(t, Kernel) else None
+            graph[dk] = Task(dk, run_task, run, backend,
+                             Payload(dk, t, op_of(plan, t), source, choice),
+                             *[TaskRef(self.dkey(k)) for k in t.inputs])
+            where[dk] = self.addr[t.key]
         if backend == "cupy":  # stored outputs come back to the client as NumPy
             for out in plan.outputs.values():
                 if out.stored:
                     for k in out.tiles.values():
                         hk = self.dkey(k, "-host")
-                        graph[hk] = Task(hk, _to_host, TaskRef(self.dkey(k)))
+                        graph[hk] = Task(hk, to_host, TaskRef(self.dkey(k)))
                         where[hk] = self.addr[k]
         return graph, where
 
@@ -248,7 +238,6 @@ class _Attempt:
         by_addr: dict[str, dict] = defaultdict(dict)
         keys: dict[str, int] = {}
         nbytes = 0
-        from .tasks import run_load
         for t in self.plan.tasks:
             if isinstance(t, Load) and self.addr[t.key] not in local:
                 tile = np.array(run_load(t, self.plan.readers[t.tensor]), order="C")  # 0-d stays 0-d
@@ -304,7 +293,7 @@ class _Attempt:
             if futures or scattered:
                 self.client.cancel(list(futures) + list(scattered.values()), force=True)
             if forget:
-                self.client.run(_forget, self.run_id)
+                self.client.run(forget, self.run_id)
         except Exception:  # noqa: BLE001 - best effort: the keys die with their futures anyway
             pass
 
@@ -312,53 +301,30 @@ class _Attempt:
     def _result(self, tiles, seconds, scattered_bytes) -> RunResult:
         plan = self.plan
         try:
-            logs = self.client.run(_collect, self.run_id)
+            logs = self.client.run(collect, self.run_id)
         except Exception:  # noqa: BLE001 - a worker gone after the run costs measurements only
             logs = {}
-        n_ops = len(plan.ops)
-        op_seconds, op_calls, op_peak = [0.0] * n_ops, [0] * n_ops, [0] * n_ops
-        busy = defaultdict(float)
-        ran_on, peak = {}, 0
-        kernel_keys = {t.key for t in plan.tasks if isinstance(t, Kernel)}
+        index = {a: i for i, a in enumerate(self.addresses)}
+        ledger = Ledger(plan, len(self.addresses))
+        ran_on = {}
         for addr, (records, held) in logs.items():
-            peak += held
-            for key, dt, nb, final in records:
-                op = plan.owner.get(key, 0)
-                op_seconds[op] += dt
-                busy[addr] += dt
-                if final:
+            ledger.peak += held  # Dask's own count of the bytes each worker held, at its most
+            for key, dt, nb in records:
+                task = plan.task(key)
+                ledger.ran(task, index.get(addr, 0), dt)
+                ledger.produced(task, 0, nb)  # Dask counts what its workers hold (above)
+                if key not in self.inner:
                     ran_on[key] = addr
-                    op_peak[op] = max(op_peak[op], nb)
-                    op_calls[op] += key in kernel_keys
-        moved, op_moved = self._moved()
-        for s, sec, calls, mv, pk in zip(plan.stats, op_seconds, op_calls, op_moved, op_peak):
-            s.measured = {"seconds": sec, "kernel_calls": calls, "bytes_moved": mv,
-                          "peak_tile_bytes": pk}
-        self.ex.last_run = {"addresses": self.addresses, "planned_on": dict(self.addr),
-                            "ran_on": ran_on, "scattered_bytes": scattered_bytes}
-        worker_busy = [busy.get(a, 0.0) for a in self.addresses]
-        return RunResult(tiles, seconds, moved, peak, sum(op_calls), worker_busy)
-
-    def _moved(self) -> tuple[int, list[int]]:
-        """Bytes of tiles read on another worker than their producer's (from the plan)."""
-        plan = self.plan
-        size = {t.key: _tile_bytes(plan, t) for t in plan.tasks}
-        per_op = [0] * len(plan.ops)
+        # Bytes moved, from the plan: every input tile whose producer ran on another worker.
         for t in plan.tasks:
             for k in t.inputs:
                 if self.addr[k] != self.addr[t.key]:
-                    per_op[plan.owner.get(t.key, 0)] += size[k]
-        return sum(per_op), per_op
-
-
-def _tile_bytes(plan: TilePlan, t) -> int:
-    if isinstance(t, Load):
-        shape, dtype = [b - a for a, b in zip(t.starts, t.stops)], plan.readers[t.tensor].meta.dtype
-    elif isinstance(t, Kernel):
-        shape, dtype = t.out_shape, plan.ops[t.op].dtype
-    else:
-        shape, dtype = t.shape, t.dtype
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                    ledger.moved(t, planned_bytes(plan, plan.task(k)))
+        self.ex.last_run = {"addresses": self.addresses,
+                            "planned_on": {k: a for k, a in self.addr.items()
+                                           if k not in self.inner},
+                            "ran_on": ran_on, "scattered_bytes": scattered_bytes}
+        return ledger.result(tiles, seconds)
 
 
 def _sub_reader(reader, starts, stops):
@@ -388,17 +354,15 @@ def _my_hosts() -> frozenset[str]:
         return frozenset([name])
 
 
-def _translate(exc: BaseException) -> Error:
+def _translate(exc: BaseException) -> BaseException:
+    """A failed gather as a tensordb error. A task's own failure was translated on its worker
+    (by the runtime, naming the operation); what is left is the cluster's."""
     if isinstance(exc, Error):
         return exc
-    if isinstance(exc, MemoryError):
-        return OutOfMemoryError(f"a Dask worker ran out of memory running a tile task: {exc}")
     if isinstance(exc, (OSError, TimeoutError)) or type(exc).__name__ in (
             "CommClosedError", "FutureCancelledError", "CancelledError"):
         return OperationalError(f"the Dask cluster failed the query: {type(exc).__name__}: {exc}")
-    err = InternalError(f"a tile task failed: {type(exc).__name__}: {exc}")
-    err.__cause__ = exc
-    return err
+    return translate(exc)
 
 
 def _local_cuda_cluster():
@@ -413,112 +377,15 @@ def _local_cuda_cluster():
 
 
 def _check_gpu_workers(client) -> None:
-    answers = client.run(_gpu_count)
+    answers = client.run(gpu_count)
     bad = {a: m for a, m in answers.items() if isinstance(m, str)}
     if bad:
         addr, msg = sorted(bad.items())[0]
         raise NotSupportedError(f"backend=cupy needs a GPU on every Dask worker; {addr}: {msg}")
 
 
-# -- what runs on the workers ----------------------------------------------------------------------
-
-_LOG: dict[str, list] = defaultdict(list)    # run id -> (key, seconds, nbytes, final) per task
-_HELD: dict[str, int] = defaultdict(int)     # run id -> most bytes the worker held during the run
-_SPECS: dict[tuple, object] = {}             # (run id, op) -> KernelSpec, built once per worker
-
-
-@functools.lru_cache(maxsize=None)
-def _xp(backend: str):
-    from .kernels import get_backend
-    return get_backend(backend)  # once per worker process: CuPy's device check is not free
-
-
-class _Payload:
-    """A task record and what it needs (reader, op). Dask tokenizes every graph it is given; the
-    unique key stands for the contents, which would otherwise be hashed field by field."""
-
-    __slots__ = ("key", "task", "extra")
-
-    def __init__(self, key: str, task, extra) -> None:
-        self.key, self.task, self.extra = key, task, extra
-
-    def __dask_tokenize__(self):
-        return self.key
-
-    def __getstate__(self):
-        return (self.key, self.task, self.extra)
-
-    def __setstate__(self, state) -> None:
-        self.key, self.task, self.extra = state
-
-
-def _task(run: str, backend: str, payload: _Payload, *inputs):
-    """Run one tile task with the pool's functions, recording its time on this worker."""
-    from .kernels import KernelSpec
-    task, extra = payload.task, payload.extra
-    from .tasks import run_aggregate, run_assemble, run_kernel, run_load
-    xp = _xp(backend)
-    t0 = time.perf_counter()
-    if isinstance(task, Load):
-        value = run_load(task, extra, xp)
-    elif isinstance(task, Assemble):
-        value = run_assemble(task, list(inputs), xp)
-    elif isinstance(task, Kernel):
-        spec = _SPECS.get((run, task.op))
-        if spec is None:
-            spec = _SPECS[(run, task.op)] = KernelSpec(extra[0], xp, extra[1])
-        it = iter(inputs)
-        value = run_kernel(task, spec, [None if a is None else next(it) for a in task.args])
-    else:
-        # Dask keeps every input in the worker's store until it is released: never write into
-        # one, so the accumulator starts from a copy.
-        first = xp.array(inputs[0], dtype=task.dtype, copy=True)
-        value = run_aggregate(task, [first, *inputs[1:]], xp)
-    if xp is not np:
-        xp.cuda.get_current_stream().synchronize()  # time the kernel, not its launch
-    _LOG[run].append((task.key, time.perf_counter() - t0, int(getattr(value, "nbytes", 0)),
-                      extra != "inner"))
-    _HELD[run] = max(_HELD[run], _worker_bytes())
-    return value
-
-
-def _worker_bytes() -> int:
-    try:
-        from distributed import get_worker
-        return int(get_worker().state.nbytes)
-    except Exception:  # noqa: BLE001 - not on a worker, or an older WorkerState
-        return 0
-
-
-def _to_host(value):
-    import cupy
-    return cupy.asnumpy(value)
-
-
 def _host(value):
     return value if isinstance(value, np.ndarray) else np.asarray(value)
-
-
-def _collect(run: str):
-    """The worker's records of one run (then forgotten): ([(key, s, nbytes, final)], peak)."""
-    records, held = _LOG.pop(run, []), _HELD.pop(run, 0)
-    _forget(run)
-    return records, held
-
-
-def _forget(run: str) -> None:
-    _LOG.pop(run, None)
-    _HELD.pop(run, None)
-    for k in [k for k in _SPECS if k[0] == run]:
-        del _SPECS[k]
-
-
-def _gpu_count():
-    try:
-        from .kernels import get_backend
-        return int(get_backend("cupy").cuda.runtime.getDeviceCount())
-    except Exception as exc:  # noqa: BLE001 - reported to the client
-        return str(exc)
 
 
 def make(spec: str, workers: int, *, memory_limit=None) -> DaskExecutor:

@@ -9,20 +9,21 @@ back to host memory. A tile read by a worker on another device is copied onto th
 counted transfer). Each task's stream is synchronised before its tile is published, so another
 stream or device never reads a tile that is still being written, and no freed block is reused
 while a copy from it is in flight. Without CuPy or a GPU, asking for this executor raises
-NotSupportedError. On a cluster, use dask-cuda's workers instead (``dask://...?backend=cupy``).
+NotSupportedError. The pool and the runtime are the local executor's; this module supplies only
+the array module (CuPy) and how tiles move (``DeviceTiles``). On a cluster, use dask-cuda's
+workers instead (``dask://...?backend=cupy``).
 
 Not yet run on GPU hardware: the code follows CuPy's documented API (see docs/distributed.md).
 """
 from __future__ import annotations
 
-import threading
+from contextlib import contextmanager
 
 from ..errors import NotSupportedError
-from ..physical.plan import TilePlan
 from .kernels import get_backend
-from .pool import LocalExecutor, RunResult, _Run, _worker_loop
+from .pool import HostTiles, LocalExecutor
 
-__all__ = ["GpuExecutor", "gpu_devices"]
+__all__ = ["GpuExecutor", "DeviceTiles", "gpu_devices"]
 
 
 def gpu_devices(spec: str = "gpu") -> list[int]:
@@ -43,62 +44,52 @@ def gpu_devices(spec: str = "gpu") -> list[int]:
     return ids
 
 
-class GpuExecutor(LocalExecutor):
-    """One worker per GPU; ``workers`` is the number of devices."""
+class DeviceTiles(HostTiles):
+    """Tiles resident on GPUs: worker ``w`` runs on ``devices[w]`` with its own non-blocking
+    stream; a tile read on another device is copied there; only stored outputs come back to
+    host memory, never into the host ``destinations``. No BLAS limits: the host threads only
+    launch kernels and copy tiles. ``xp`` is CuPy (a test may pass another array module)."""
 
     name = "gpu"
+    limits_blas = False
+    writes_destinations = False
 
-    def __init__(self, spec: str = "gpu", *, memory_limit: int | None = None) -> None:
-        self.devices = gpu_devices(spec)
-        super().__init__(len(self.devices), memory_limit=memory_limit, backend="cupy")
-
-    def _start(self) -> None:
-        if not self.threads:
-            self.threads = [threading.Thread(target=self._device_loop, args=(w,), daemon=True,
-                                             name=f"tensordb-gpu-{w}") for w in range(self.workers)]
-            for th in self.threads:
-                th.start()
-
-    def _device_loop(self, w: int) -> None:
-        """The pool's worker loop, with this thread's device and stream current throughout."""
-        cupy = self.xp
-        with cupy.cuda.Device(self.devices[w]):
-            stream = cupy.cuda.Stream(non_blocking=True)
-            with stream:  # the current stream is per thread: kernels of w queue here
-                _worker_loop(w, self.queues[w])
-
-    def run(self, plan: TilePlan, store=None, progress=None, destinations=None) -> RunResult:
-        # Tiles live on the devices: they come back in RunResult.tiles, never in the host
-        # ``destinations``; no BLAS limits, the host threads only launch kernels and copy tiles.
-        if not plan.tasks:
-            return RunResult({})
-        with self._lock:
-            self._start()
-            result = _GpuRun(self, plan, progress, {}).go()
-        result.tiles = {k: self.xp.asnumpy(v) for k, v in result.tiles.items()}
-        return result
-
-
-class _GpuRun(_Run):
-    """The pool's dataflow run; tiles cross devices by copy, and are complete when published."""
+    def __init__(self, devices: list[int], xp=None) -> None:
+        super().__init__(xp if xp is not None else get_backend("cupy"))
+        self.devices = list(devices)
 
     def _device(self, w: int) -> int:
-        return self.ex.devices[w % len(self.ex.devices)]
+        return self.devices[w % len(self.devices)]
 
-    def _fetch(self, w: int, task, key: int):
-        value = super()._fetch(w, task, key)
-        src = self.made_on.get(key, w)
-        if self._device(src) != self._device(w):
+    @contextmanager
+    def worker(self, w: int):
+        """This thread's device and stream, current while the worker runs tasks."""
+        cuda = self.xp.cuda
+        with cuda.Device(self._device(w)):
+            with cuda.Stream(non_blocking=True):  # the current stream is per thread
+                yield
+
+    def fetch(self, value, src: int, dst: int):
+        if self._device(src) != self._device(dst):
             value = value.copy()  # cupy copies an array of another device onto the current one
             self.xp.cuda.get_current_stream().synchronize()  # the source may be freed next
         return value
 
-    def _publish(self, w: int, task, value) -> None:
+    def publish(self, value) -> None:
         self.xp.cuda.get_current_stream().synchronize()  # readers on other streams see it done
-        super()._publish(w, task, value)
+
+    def to_host(self, value):
+        return self.xp.asnumpy(value)
 
 
-def make(spec: str, workers: int = 0, *, memory_limit=None) -> GpuExecutor:
+def GpuExecutor(spec: str = "gpu", *, memory_limit=None) -> LocalExecutor:  # noqa: N802
+    """The local pool with one worker per GPU (``ex.devices``); ``ex.workers`` is their count.
+    (A factory with a class's name: the GPU executor is no class of its own.)"""
+    devices = gpu_devices(spec)
+    return LocalExecutor(len(devices), memory_limit=memory_limit, tiles=DeviceTiles(devices))
+
+
+def make(spec: str, workers: int = 0, *, memory_limit=None) -> LocalExecutor:
     """The registry's factory for ``gpu`` / ``gpu://ids`` (each GPU is a worker: ``workers`` is
     not used)."""
     return GpuExecutor(spec, memory_limit=memory_limit)

@@ -3,7 +3,10 @@
 Each worker has its own queue and runs only the tasks placed on it. A task is queued when its
 inputs exist; an aggregation accumulates each partial as soon as it arrives (on the aggregation's
 worker), so partials do not pile up. Tiles are freed when their last consumer has run. A tile read
-by a task on another worker than the one that produced it counts as a transfer.
+by a task on another worker than the one that produced it counts as a transfer. What a task does,
+what it costs and what its failure means is the shared runtime's (``runtime.py``); where tiles
+live and how they move between workers is the pool's ``tiles`` (host memory here, GPUs in
+``gpu.py``).
 
 BLAS threads are set once for the whole run (threadpoolctl limits are process-wide): with W busy
 workers each gets cores // W BLAS threads.
@@ -14,17 +17,17 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from contextlib import nullcontext
 
 import numpy as np
 
-from ..errors import DataError, Error, InternalError, OutOfMemoryError
-from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
+from ..errors import InternalError
+from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..storage.writer import has_nonfinite
-from .kernels import KernelSpec, combine, get_backend
-from .tasks import finish_aggregate, run_assemble, run_kernel, run_load, start_aggregate
+from .kernels import get_backend
+from .runtime import Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, translate
 
-__all__ = ["LocalExecutor", "RunResult"]
+__all__ = ["LocalExecutor", "HostTiles"]
 
 _controller = None
 _TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
@@ -39,43 +42,45 @@ def _blas_limits(threads: int):
     return _controller.limit(limits=threads, user_api="blas")
 
 
-@dataclass
-class RunResult:
-    tiles: dict = field(repr=False)  # output task key -> tile (numpy array)
-    seconds: float = 0.0
-    bytes_moved: int = 0        # bytes of tiles read by a worker other than their producer
-    peak_bytes: int = 0         # the most tile bytes alive at once (owned arrays, not mmap views)
-    kernel_calls: int = 0
-    worker_busy: list = field(default_factory=list)
-    nnz: dict = field(default_factory=dict, repr=False)  # output key -> nonzeros, when counted
-    nonfinite: dict = field(default_factory=dict, repr=False)  # output key -> holds NaN/inf
+class HostTiles:
+    """Where the pool's tiles live and how they move: host memory, shared by every worker thread
+    (a transfer is only counted), NumPy kernels, outputs computed into their destination buffers.
+    ``gpu.py`` supplies the same interface for tiles resident on GPUs."""
 
+    name = "local"
+    devices: tuple = ()
+    limits_blas = True           # the workers' kernels are host BLAS: cap its threads per run
+    writes_destinations = True   # output tiles may land straight in the caller's buffers
 
-def _owned_nbytes(a) -> int:
-    """Bytes of process memory a tile holds: 0 for views of memory-mapped files (stored tiles,
-    output buffers), which the page cache holds."""
-    base = a
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return int(a.nbytes) if isinstance(base, np.ndarray) else 0
+    def __init__(self, xp=None) -> None:
+        self.xp = xp if xp is not None else get_backend("numpy")
 
+    def worker(self, w: int):
+        """The context a worker thread runs its tasks in (a device and stream on a GPU)."""
+        return nullcontext()
 
-def _tile_bytes(task, value) -> int:
-    """The memory a tile alive in the run stands for: all of it for a tile the run computed
-    (written into an output file's mapping or not, its pages are this run's), only what it owns
-    for a Load (a view of a stored tensor costs nothing until read; absent tiles are zeros)."""
-    return _owned_nbytes(value) if isinstance(task, Load) else int(getattr(value, "nbytes", 0))
+    def fetch(self, value, src: int, dst: int):
+        """Tile ``value`` made on worker ``src``, for a task on worker ``dst``."""
+        return value
+
+    def publish(self, value) -> None:
+        """Called before a tile is visible to other workers (a GPU waits for its stream)."""
+
+    def to_host(self, value):
+        return value
 
 
 class LocalExecutor:
     """W in-process workers: threads that live as long as the executor, one queue each."""
 
-    name = "local"
-
-    def __init__(self, workers: int, *, memory_limit: int | None = None, backend: str = "numpy"):
+    def __init__(self, workers: int, *, memory_limit: int | None = None,
+                 tiles: HostTiles | None = None):
+        self.tiles = tiles if tiles is not None else HostTiles()
+        self.name = self.tiles.name
+        self.devices = list(self.tiles.devices)
         self.workers = max(1, int(workers))
         self.memory_limit = memory_limit
-        self.xp = get_backend(backend)
+        self.xp = self.tiles.xp
         self.cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                          else os.cpu_count() or 1)
         self.queues = [queue.SimpleQueue() for _ in range(self.workers)]
@@ -84,10 +89,20 @@ class LocalExecutor:
 
     def _start(self) -> None:
         if not self.threads:
-            self.threads = [threading.Thread(target=_worker_loop, args=(w, self.queues[w]), daemon=True,
-                                             name=f"tensordb-worker-{w}") for w in range(self.workers)]
+            self.threads = [threading.Thread(target=self._worker_loop, args=(w,), daemon=True,
+                                             name=f"tensordb-{self.name}-worker-{w}")
+                            for w in range(self.workers)]
             for th in self.threads:
                 th.start()
+
+    def _worker_loop(self, w: int) -> None:
+        with self.tiles.worker(w):
+            q = self.queues[w]
+            while True:
+                item = q.get()
+                if item is None:
+                    return
+                item[0].handle(w, item[1:])
 
     def close(self) -> None:
         for q in self.queues:
@@ -99,34 +114,34 @@ class LocalExecutor:
     def run(self, plan: TilePlan, store=None, progress=None, destinations=None) -> RunResult:
         """Run ``plan``; ``destinations`` maps output task keys to buffers to compute into."""
         if not plan.tasks:
-            return RunResult({})
-        busy = {t.worker for t in plan.tasks if isinstance(t, Kernel)}
-        blas = max(1, self.cores // max(1, len(busy)))
-        with self._lock, _blas_limits(blas):
+            return RunResult({}, ops=[])
+        tiles = self.tiles
+        dest = (destinations or {}) if tiles.writes_destinations else {}
+        if tiles.limits_blas:
+            busy = {t.worker for t in plan.tasks if isinstance(t, Kernel)}
+            limits = _blas_limits(max(1, self.cores // max(1, len(busy))))
+        else:
+            limits = nullcontext()
+        with self._lock, limits:
             self._start()
-            return _Run(self, plan, progress, destinations or {}).go()
-
-
-class _Cancelled(Exception):
-    """Raised inside a kernel to stop it: the run already has the error that ends it."""
-
-
-def _worker_loop(w: int, q: queue.SimpleQueue) -> None:
-    while True:
-        item = q.get()
-        if item is None:
-            return
-        item[0].handle(w, item[1:])
+            result = _Run(self, plan, progress, dest).go()
+        result.tiles = {k: tiles.to_host(v) for k, v in result.tiles.items()}
+        return result
 
 
 class _Run:
+    """One plan on the pool: the dataflow (what is ready, which worker runs it, when a tile is
+    freed); the runtime runs each task and keeps the run's accounts."""
+
     def __init__(self, ex: LocalExecutor, plan: TilePlan, progress, destinations: dict) -> None:
-        self.ex, self.plan, self.progress = ex, plan, progress
+        self.ex, self.plan = ex, plan
+        self.tiles = ex.tiles
         self.dest = destinations
         self.nnz: dict[int, int] = {}
         self.nonfinite: dict[int, bool] = {}
-        self.xp = ex.xp
-        self.specs = {i: KernelSpec(op, self.xp, plan.kernels[i]) for i, op in enumerate(plan.ops)}
+        self.control = RunControl(len(plan.tasks), progress)
+        self.runner = TaskRunner(ex.xp, self.control.check)
+        self.ledger = Ledger(plan, ex.workers)
         self.lock = threading.Lock()
         self.queues = ex.queues
         self.results: dict[int, object] = {}
@@ -143,27 +158,14 @@ class _Run:
                 for p in t.parts:
                     self.agg_of[p] = t.key
         self.keep = {k for out in plan.outputs.values() if out.stored for k in out.tiles.values()}
-        self.total = len(plan.tasks)
-        self.done = 0
-        self.partial: dict[int, float] = {}  # worker thread -> fraction of its kernel call done
-        self.error: BaseException | None = None
         self.finished = threading.Event()
         self.drained = threading.Event()
         self.draining = False
-        self.live = 0
-        self.counted: dict[int, int] = {}  # task key -> bytes _track counted for its tile
-        self.peak = 0
-        self.moved = 0
-        self.busy = [0.0] * ex.workers
-        n_ops = len(plan.ops)
-        self.op_seconds = [0.0] * n_ops
-        self.op_moved = [0] * n_ops
-        self.op_peak = [0] * n_ops
-        self.op_calls = [0] * n_ops
 
     # -- scheduling ----------------------------------------------------------------------------
     def go(self) -> RunResult:
         t0 = time.perf_counter()
+        control = self.control
         self.pending = 0  # items queued and not yet handled: the run ends when it drops to 0
         # The tasks without inputs, listed before any is queued: once workers run, `waiting`
         # changes under our feet, and a task counted down to 0 is queued by the worker.
@@ -174,33 +176,26 @@ class _Run:
             # Timed waits: a SIGINT that the OS hands to a worker thread does not wake a blocked
             # wait, but Python runs its handler (KeyboardInterrupt) here within a tick.
             while not self.finished.wait(_TICK):
-                self._report()  # also while one long BLAS call runs: the CLI's bar appears
+                control.report()  # also while one long BLAS call runs: the CLI's bar appears
         except BaseException as exc:  # Ctrl-C: stop the workers before giving up the run
-            with self.lock:
-                if self.error is None:
-                    self.error = exc
+            control.fail(exc)
             raise
         finally:
             with self.lock:  # let the workers drain what is already queued (they skip it)
                 self.draining = True
                 idle = self.pending == 0
-            # A running kernel stops at its next chunk (see _check), so this wait is short; a
-            # second Ctrl-C must not leave workers busy behind the caller's back, so it waits on.
+            # A running kernel stops at its next chunk (see RunControl.check), so this wait is
+            # short; a second Ctrl-C must not leave workers busy behind the caller's back.
             while not idle:
                 try:
                     idle = self.drained.wait(_TICK)
                 except KeyboardInterrupt:
                     continue
-        if self.error is not None:
-            raise self._translate(self.error)
-        seconds = time.perf_counter() - t0
-        for s, sec, moved, peak, calls in zip(self.plan.stats, self.op_seconds, self.op_moved,
-                                              self.op_peak, self.op_calls):
-            s.measured = {"seconds": sec, "kernel_calls": calls, "bytes_moved": moved,
-                          "peak_tile_bytes": peak}
+        if control.error is not None:
+            raise translate(control.error)
         tiles = {k: self.results[k] for k in self.keep}
-        return RunResult(tiles, seconds, self.moved, self.peak, sum(self.op_calls), self.busy,
-                         self.nnz, self.nonfinite)
+        return self.ledger.result(tiles, time.perf_counter() - t0, nnz=self.nnz,
+                                  nonfinite=self.nonfinite)
 
     def _queue(self, worker: int, item) -> None:
         with self.lock:
@@ -210,7 +205,7 @@ class _Run:
     def handle(self, w: int, item) -> None:
         """Run one queued item on worker ``w`` (called from the executor's worker threads)."""
         try:
-            if self.error is None:
+            if self.control.error is None:
                 t0 = time.perf_counter()
                 kind, task = item[0], item[1]
                 # numpy's answer for 1/0, overflow and invalid values, without RuntimeWarnings
@@ -220,14 +215,9 @@ class _Run:
                         self._run_task(w, task)
                     else:
                         self._accumulate(w, task, item[2])
-                dt = time.perf_counter() - t0
-                with self.lock:
-                    self.busy[w] += dt
-                    self.op_seconds[self.plan.owner.get(task.key, 0)] += dt
+                self.ledger.ran(task, w, time.perf_counter() - t0)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller by go()
-            with self.lock:
-                if self.error is None:
-                    self.error = exc
+            self.control.fail(exc)
             self.finished.set()
         finally:
             with self.lock:
@@ -238,95 +228,62 @@ class _Run:
 
     def _fetch(self, w: int, task, key: int):
         value = self.results[key]
-        if self.made_on.get(key, w) != w:
-            n = int(getattr(value, "nbytes", 0))
-            with self.lock:
-                self.moved += n
-                self.op_moved[self.plan.owner.get(task.key, 0)] += n
+        src = self.made_on.get(key, w)
+        if src != w:
+            self.ledger.moved(task, int(getattr(value, "nbytes", 0)))
+            value = self.tiles.fetch(value, src, w)
         return value
 
     def _run_task(self, w: int, task) -> None:
-        if isinstance(task, Load):
-            value = run_load(task, self.plan.readers[task.tensor], self.xp)
-        elif isinstance(task, Assemble):
-            value = run_assemble(task, [self._fetch(w, task, k) for k in task.inputs], self.xp)
-        elif isinstance(task, Kernel):
-            args = [None if a is None else self._fetch(w, task, a) for a in task.args]
-            try:
-                value = run_kernel(task, self.specs[task.op], args, self.dest.get(task.key),
-                                   self._check)
-            finally:
-                with self.lock:
-                    self.partial.pop(threading.get_ident(), None)
-            self.op_calls[task.op] += 1
-        else:  # pragma: no cover - aggregations are driven by _accumulate
+        if isinstance(task, Aggregate):  # pragma: no cover - aggregations are driven by _accumulate
             raise InternalError(f"unexpected task {task!r}")
+        inputs = [self._fetch(w, task, k) for k in task.inputs]
+        source = self.plan.readers[task.tensor] if isinstance(task, Load) else None
+        try:
+            choice = self.plan.kernels[task.op] if isinstance(task, Kernel) else None
+            value = self.runner.run(task, inputs, op_of(self.plan, task), choice=choice,
+                                    out=self.dest.get(task.key), source=source)
+        finally:
+            if isinstance(task, Kernel):
+                self.control.call_ended()
         self._release(task.inputs)
         self._publish(w, task, value)
-
-    def _check(self, fraction: float | None = None) -> None:
-        """Called by kernels between chunks: stop when the run has failed or was cancelled, and
-        report progress within the call, so that a plan of a few long calls shows it too."""
-        if self.error is not None:
-            raise _Cancelled()
-        if fraction is not None and self.progress is not None:
-            self.partial[threading.get_ident()] = fraction
-            self._report()
-
-    def _report(self) -> None:
-        """Progress: finished tasks plus the fractions of the kernel calls running now."""
-        if self.progress is None:
-            return
-        with self.lock:
-            done = self.done
-            running = sum(self.partial.values())
-        self.progress(min(done + running, self.total), self.total)
 
     def _accumulate(self, w: int, agg: Aggregate, part_key: int) -> None:
         part = self._fetch(w, agg, part_key)
         acc = self.acc.get(agg.key)
+        op = op_of(self.plan, agg)
         if acc is None:
-            acc = self.acc[agg.key] = start_aggregate(agg, part, self.xp, self.dest.get(agg.key))
-            self._track(_tile_bytes(agg, acc))  # the partial's own bytes are released just below
+            acc = self.acc[agg.key] = self.runner.start(agg, part, op, self.dest.get(agg.key))
+            self.ledger.acquire(agg.key, held_bytes(agg, acc))  # the partial is released below
         else:
-            combine(agg.agg, acc, part, self.xp)
+            self.runner.fold(agg, acc, part, op)
         self._release((part_key,))
         self.acc_left[agg.key] -= 1
         if self.acc_left[agg.key] == 0:
-            value = finish_aggregate(agg, self.acc.pop(agg.key), self.xp)
-            self._track(-_tile_bytes(agg, value))  # _publish counts it again
+            value = self.runner.finish(agg, self.acc.pop(agg.key), op)
+            self.ledger.release(agg.key)  # _publish acquires it again, as a finished tile
             self._publish(w, agg, value)
 
-    def _track(self, delta: int) -> None:
-        """Count tile bytes alive (for the peak EXPLAIN ANALYZE reports). The memory budget is
-        enforced when planning: every kernel call's tiles fit memory_limit / workers."""
-        with self.lock:
-            self.live += delta
-            self.peak = max(self.peak, self.live)
-
     def _publish(self, w: int, task, value) -> None:
+        self.tiles.publish(value)
         dest = self.dest.get(task.key)
         if dest is not None:
             if value is not dest:  # land it in the output file, on this worker
-                self.xp.copyto(dest, value, casting="unsafe")
+                self.ex.xp.copyto(dest, value, casting="unsafe")
                 value = dest
             self.nnz[task.key] = int(np.count_nonzero(dest))  # the store needs it: count here
             self.nonfinite[task.key] = has_nonfinite(dest)
         self.results[task.key] = value
         self.made_on[task.key] = w
-        nbytes = self.counted[task.key] = _tile_bytes(task, value)
-        self._track(nbytes)
-        op = self.plan.owner.get(task.key, 0)
+        self.ledger.produced(task, held_bytes(task, value), int(getattr(value, "nbytes", 0)))
         ready = []
         with self.lock:
-            self.op_peak[op] = max(self.op_peak[op], int(getattr(value, "nbytes", 0)))
-            self.done += 1
             for c in self.consumers[task.key]:
                 if c in self.waiting:
                     self.waiting[c] -= 1
                     if self.waiting[c] == 0:
                         ready.append(c)
-            done = self.done
         agg = self.agg_of.get(task.key)
         if agg is not None:
             t = self.plan.task(agg)
@@ -334,9 +291,7 @@ class _Run:
         for c in ready:
             t = self.plan.task(c)
             self._queue(t.worker, ("run", t))
-        if self.progress is not None:
-            self.progress(done, self.total)
-        if done == self.total:
+        if self.control.task_done() == self.control.total:
             self.finished.set()
 
     def _release(self, keys) -> None:
@@ -346,16 +301,4 @@ class _Run:
                 last = self.refs[k] == 0 and k not in self.keep
                 value = self.results.pop(k, None) if last else None
             if value is not None:
-                self._track(-self.counted.pop(k, 0))
-
-    @staticmethod
-    def _translate(exc: BaseException) -> Error:
-        if isinstance(exc, Error):
-            return exc
-        if isinstance(exc, MemoryError):
-            return OutOfMemoryError(f"out of memory while running a tile task: {exc}")
-        if isinstance(exc, (ValueError, ArithmeticError)):  # the data, e.g. int ** negative int
-            return DataError(f"a tile kernel failed on the data: {exc}")
-        err = InternalError(f"a tile task failed: {type(exc).__name__}: {exc}")
-        err.__cause__ = exc
-        return err
+                self.ledger.release(k)

@@ -104,7 +104,8 @@ class OutputTiles:
 
 @dataclass
 class OpStats:
-    """Per-operation facts of the plan (estimates filled at planning, measured ones by the run)."""
+    """Per-operation facts of the plan, filled at planning (a run returns its measurements in
+    its RunResult, exec/runtime.py)."""
 
     op: EinOp
     pieces: dict[str, int]
@@ -114,7 +115,6 @@ class OpStats:
     input_tiles: int = 0           # tiles read or re-tiled for the operation's inputs
     retile_bytes: int = 0          # bytes copied to cut and re-assemble input tiles
     flops: int = 0                 # flops of the kernel calls that exist (absent tiles excluded)
-    measured: dict = field(default_factory=dict)  # EXPLAIN ANALYZE: seconds, moved bytes, peak...
 
 
 @dataclass

@@ -60,7 +60,7 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
             times[label].append(time.perf_counter() - t0)
     for label, con in cons.items():
         row[label] = statistics.median(times[label])
-        row[f"{label}_moved"] = sum(s.measured.get("bytes_moved", 0) for s in con.last_plan.stats)
+        row[f"{label}_moved"] = con.last_run.bytes_moved
         row["tasks"] = len(con.last_plan.tasks)
     plan = cons["dask"].last_plan
     row["gathered"] = sum(_tile_nbytes(plan, plan.task(k)) for o in plan.outputs.values()

@@ -1,0 +1,103 @@
+"""What runs on the Dask workers: each plan task on the shared runtime, and the records of a run.
+
+The client (``dask.py``) ships these functions in its graph and collects the records with
+``client.run(collect, run_id)`` once the outputs are gathered; ``forget`` drops a failed run's.
+A worker keeps, per run: one ``TaskRunner`` (kernel specs built once), each task's seconds and
+tile bytes, and the most bytes Dask held on it.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from ..physical.plan import Aggregate
+from .runtime import TaskRunner
+
+__all__ = ["Payload", "run_task", "to_host", "collect", "forget", "gpu_count"]
+
+_LOG: dict[str, list] = defaultdict(list)    # run id -> (key, seconds, nbytes) per task
+_HELD: dict[str, int] = defaultdict(int)     # run id -> most bytes the worker held during the run
+_RUNNERS: dict[str, TaskRunner] = {}         # run id -> the task interpreter, once per worker
+
+
+@functools.lru_cache(maxsize=None)
+def _xp(backend: str):
+    from .kernels import get_backend
+    return get_backend(backend)  # once per worker process: CuPy's device check is not free
+
+
+class Payload:
+    """A task record, its operation and a Load's reader. Dask tokenizes every graph it is given;
+    the unique key stands for the contents, which would otherwise be hashed field by field."""
+
+    __slots__ = ("key", "task", "op", "source", "choice")
+
+    def __init__(self, key: str, task, op, source, choice=None) -> None:
+        self.key, self.task, self.op, self.source, self.choice = key, task, op, source, choice
+
+    def __dask_tokenize__(self):
+        return self.key
+
+    def __getstate__(self):
+        return (self.key, self.task, self.op, self.source, self.choice)
+
+    def __setstate__(self, state) -> None:
+        self.key, self.task, self.op, self.source, self.choice = state
+
+
+def run_task(run: str, backend: str, payload: Payload, *inputs):
+    """Run one tile task on the shared runtime, recording its time on this worker."""
+    task = payload.task
+    xp = _xp(backend)
+    runner = _RUNNERS.get(run)
+    if runner is None:
+        runner = _RUNNERS[run] = TaskRunner(xp)
+    t0 = time.perf_counter()
+    inputs = list(inputs)
+    if isinstance(task, Aggregate):
+        # Dask keeps every input in the worker's store until it is released: never write into
+        # one, so the accumulator starts from a copy.
+        inputs[0] = xp.array(inputs[0], dtype=task.dtype, copy=True)
+    value = runner.run(task, inputs, payload.op, choice=payload.choice, source=payload.source)
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()  # time the kernel, not its launch
+    _LOG[run].append((task.key, time.perf_counter() - t0, int(getattr(value, "nbytes", 0))))
+    _HELD[run] = max(_HELD[run], _worker_bytes())
+    return value
+
+
+def _worker_bytes() -> int:
+    try:
+        from distributed import get_worker
+        return int(get_worker().state.nbytes)
+    except Exception:  # noqa: BLE001 - not on a worker, or an older WorkerState
+        return 0
+
+
+def to_host(value):
+    import cupy
+    return cupy.asnumpy(value)
+
+
+def collect(run: str):
+    """The worker's records of one run (then forgotten): ([(key, s, nbytes)], peak)."""
+    records, held = _LOG.pop(run, []), _HELD.pop(run, 0)
+    forget(run)
+    return records, held
+
+
+def forget(run: str) -> None:
+    _LOG.pop(run, None)
+    _HELD.pop(run, None)
+    _RUNNERS.pop(run, None)
+
+
+def gpu_count():
+    try:
+        from .kernels import get_backend
+        return int(get_backend("cupy").cuda.runtime.getDeviceCount())
+    except Exception as exc:  # noqa: BLE001 - reported to the client
+        return str(exc)

@@ -1,0 +1,324 @@
+"""The runtime every executor shares: running one task, counting its bytes, naming its failures.
+
+An executor (the local pool, Dask, the GPU pool) decides only where a task runs and how a tile
+moves there. What a task does, what it costs and what its failure means is decided here, once:
+
+- ``TaskRunner`` is the task interpreter: inputs -> tile function -> output tile, or one step of
+  an aggregation fold (start, fold, finish); every exception leaves it as a tensordb error naming
+  the operation (``translate``).
+- ``Ledger`` is the byte accounting of one run: tiles acquired and released (the bytes alive and
+  their peak), bytes moved between workers, seconds and kernel calls, per operation. ``acquire``
+  and ``release`` are the one place a task's tile bytes enter and leave the run's memory: the seam
+  a memory scheduler plugs into (docs/architecture.md, "Execution"); ``planned_bytes`` sizes a
+  tile from the plan before its task runs.
+- ``RunControl`` is cancellation and progress: kernels call ``check(fraction)`` between chunks;
+  it raises ``Cancelled`` once the run has failed or was interrupted.
+- ``with_aggregation_trees`` splits an aggregation of many partials into a tree on its worker, for
+  executors that combine all of a task's inputs at once (lowering should emit these trees).
+
+A run returns a ``RunResult``: the output tiles and the run's statistics, per operation in
+``ops`` (what EXPLAIN ANALYZE shows); nothing is written into the plan.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..errors import DataError, Error, InternalError, OperationalError, OutOfMemoryError
+from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
+from .kernels import KernelSpec, combine
+from .tasks import (finish_aggregate, run_aggregate, run_assemble, run_kernel, run_load,
+                    start_aggregate)
+
+__all__ = ["RunResult", "OpMeasure", "TaskRunner", "Ledger", "RunControl", "Cancelled",
+           "translate", "op_of", "held_bytes", "planned_bytes", "with_aggregation_trees"]
+
+
+@dataclass
+class OpMeasure:
+    """What one operation of a run measured (EXPLAIN ANALYZE's starred columns)."""
+
+    seconds: float = 0.0        # task time summed over workers
+    kernel_calls: int = 0
+    bytes_moved: int = 0        # bytes of its tasks' inputs read from another worker
+    peak_tile_bytes: int = 0    # its largest tile
+
+    def as_dict(self) -> dict:
+        return {"seconds": self.seconds, "kernel_calls": self.kernel_calls,
+                "bytes_moved": self.bytes_moved, "peak_tile_bytes": self.peak_tile_bytes}
+
+
+@dataclass
+class RunResult:
+    tiles: dict = field(repr=False)  # output task key -> tile (numpy array)
+    seconds: float = 0.0
+    bytes_moved: int = 0        # bytes of tiles read by a worker other than their producer
+    peak_bytes: int = 0         # the most tile bytes alive at once (owned arrays, not mmap views)
+    kernel_calls: int = 0
+    worker_busy: list = field(default_factory=list)
+    nnz: dict = field(default_factory=dict, repr=False)  # output key -> nonzeros, when counted
+    nonfinite: dict = field(default_factory=dict, repr=False)  # output key -> holds NaN/inf
+    ops: list = field(default_factory=list)  # OpMeasure per operation of the plan
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+class Cancelled(Exception):
+    """Raised inside a kernel to stop it: the run already has the error that ends it."""
+
+
+def translate(exc: BaseException, op=None) -> BaseException:
+    """A tile task's exception as a tensordb error naming the operation (``op``, an EinOp) it
+    ran for; tensordb errors, cancellations and interrupts pass unchanged."""
+    if isinstance(exc, (Error, Cancelled)) or not isinstance(exc, Exception):
+        return exc
+    where = f" of {op.describe()}" if op is not None else ""
+    if isinstance(exc, MemoryError):
+        return OutOfMemoryError(f"out of memory while running a tile task{where}: {exc}")
+    if isinstance(exc, (ValueError, ArithmeticError)):  # the data, e.g. int ** negative int
+        return DataError(f"a tile kernel{where} failed on the data: {exc}")
+    if isinstance(exc, OSError):  # a payload file or the system, not tensordb's code
+        return OperationalError(f"a tile task{where} failed: {type(exc).__name__}: {exc}")
+    err = InternalError(f"a tile task{where} failed: {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+def _reraise(exc: BaseException, op):
+    """Raise ``exc`` as ``translate`` makes it (the original as the cause)."""
+    err = translate(exc, op)
+    if err is exc:
+        raise exc
+    raise err from exc
+
+
+# -- tile bytes --------------------------------------------------------------------------------
+
+def _owned_nbytes(a) -> int:
+    """Bytes of process memory a tile holds: 0 for views of memory-mapped files (stored tiles,
+    output buffers), which the page cache holds."""
+    base = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return int(a.nbytes) if isinstance(base, np.ndarray) else 0
+
+
+def held_bytes(task, value) -> int:
+    """The memory a tile alive in the run stands for: all of it for a tile the run computed
+    (written into an output file's mapping or not, its pages are this run's), only what it owns
+    for a Load (a view of a stored tensor costs nothing until read; absent tiles are zeros)."""
+    return _owned_nbytes(value) if isinstance(task, Load) else int(getattr(value, "nbytes", 0))
+
+
+def planned_bytes(plan: TilePlan, task) -> int:
+    """The bytes of the tile ``task`` produces, from the plan alone (before it runs)."""
+    if isinstance(task, Load):
+        shape = [b - a for a, b in zip(task.starts, task.stops)]
+        dtype = plan.readers[task.tensor].meta.dtype
+    elif isinstance(task, Kernel):
+        shape, dtype = task.out_shape, plan.ops[task.op].dtype
+    else:
+        shape, dtype = task.shape, task.dtype
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+# -- the task interpreter ----------------------------------------------------------------------
+
+def op_of(plan: TilePlan, task):
+    """The EinOp a task runs for: a kernel's own, else its owner's (the operation whose inputs
+    it reads or whose partials it combines)."""
+    return plan.ops[task.op if isinstance(task, Kernel) else plan.owner.get(task.key, 0)]
+
+
+class TaskRunner:
+    """Runs tasks with one array module ``xp`` (NumPy, CuPy): the same code in every executor.
+
+    ``check``, if given, is passed to kernels (progress and cancellation, see RunControl).
+    """
+
+    def __init__(self, xp=np, check=None) -> None:
+        self.xp, self.check = xp, check
+        self._specs: dict[int, KernelSpec] = {}  # op index -> KernelSpec, built once per run
+
+    def run(self, task, inputs: list, op, *, choice=None, out=None, source=None):
+        """The tile of a Load, Assemble or Kernel (or a whole Aggregate) from its ``inputs``, in
+        ``task.inputs`` order. ``op`` is the EinOp the task belongs to and ``choice`` its
+        kernel choice from the plan (``TilePlan.kernels``); ``out`` a buffer the result may land
+        in; ``source`` the reader of a Load."""
+        try:
+            if isinstance(task, Load):
+                return run_load(task, source, self.xp)
+            if isinstance(task, Assemble):
+                return run_assemble(task, inputs, self.xp)
+            if isinstance(task, Kernel):
+                spec = self._specs.get(task.op)
+                if spec is None:
+                    spec = self._specs[task.op] = KernelSpec(op, self.xp, choice)
+                it = iter(inputs)
+                args = [None if a is None else next(it) for a in task.args]
+                return run_kernel(task, spec, args, out, self.check)
+            return run_aggregate(task, inputs, self.xp)  # all partials at once
+        except BaseException as exc:
+            _reraise(exc, op)
+
+    # An aggregation fold, one partial at a time (the partial may be freed after each call).
+    def start(self, task: Aggregate, first, op, out=None):
+        try:
+            return start_aggregate(task, first, self.xp, out)
+        except BaseException as exc:
+            _reraise(exc, op)
+
+    def fold(self, task: Aggregate, acc, part, op) -> None:
+        try:
+            combine(task.agg, acc, part, self.xp)
+        except BaseException as exc:
+            _reraise(exc, op)
+
+    def finish(self, task: Aggregate, acc, op):
+        try:
+            return finish_aggregate(task, acc, self.xp)
+        except BaseException as exc:
+            _reraise(exc, op)
+
+
+# -- the byte accounting -----------------------------------------------------------------------
+
+class Ledger:
+    """Bytes, seconds and calls of one run, per operation; safe to call from any worker thread."""
+
+    def __init__(self, plan: TilePlan, workers: int) -> None:
+        self.owner = plan.owner
+        self.lock = threading.Lock()
+        self.live = 0
+        self.peak = 0
+        self.moved_bytes = 0
+        self.held: dict = {}  # tile key -> bytes acquired for it
+        self.busy = [0.0] * workers
+        self.ops = [OpMeasure() for _ in plan.ops]
+
+    def _op(self, task) -> OpMeasure:
+        return self.ops[self.owner.get(task.key, 0)]
+
+    def acquire(self, key, nbytes: int) -> None:
+        """A tile of ``nbytes`` enters the run's memory (an accumulator; a task's output through
+        ``produced``): the one place a memory scheduler would wait for room."""
+        with self.lock:
+            self._acquire(key, nbytes)
+
+    def _acquire(self, key, nbytes: int) -> None:  # the caller holds the lock
+        self.held[key] = self.held.get(key, 0) + nbytes
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def release(self, key) -> None:
+        """The tile ``key`` leaves memory (its last consumer ran)."""
+        with self.lock:
+            self.live -= self.held.pop(key, 0)
+
+    def moved(self, task, nbytes: int) -> None:
+        """``task`` read a tile of ``nbytes`` produced on another worker (or device)."""
+        with self.lock:
+            self.moved_bytes += nbytes
+            self._op(task).bytes_moved += nbytes
+
+    def produced(self, task, held: int, nbytes: int) -> None:
+        """``task``'s tile of ``nbytes`` exists: ``acquire(task.key, held)`` and the largest tile
+        of its operation, under one lock (this runs once per task)."""
+        with self.lock:
+            self._acquire(task.key, held)
+            m = self._op(task)
+            m.peak_tile_bytes = max(m.peak_tile_bytes, nbytes)
+
+    def ran(self, task, worker: int, seconds: float) -> None:
+        with self.lock:
+            self.busy[worker] += seconds
+            m = self._op(task)
+            m.seconds += seconds
+            m.kernel_calls += isinstance(task, Kernel)
+
+    def result(self, tiles: dict, seconds: float, **extra) -> RunResult:
+        return RunResult(tiles, seconds, self.moved_bytes, self.peak,
+                         sum(m.kernel_calls for m in self.ops), list(self.busy), ops=self.ops,
+                         **extra)
+
+
+# -- cancellation and progress -----------------------------------------------------------------
+
+class RunControl:
+    """The first error of a run (which cancels it) and its progress: ``done`` of ``total`` tasks
+    plus the fractions of the kernel calls running now, reported to ``progress(done, total)``."""
+
+    def __init__(self, total: int, progress=None) -> None:
+        self.total, self.progress = total, progress
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.done = 0
+        self.partial: dict[int, float] = {}  # worker thread -> fraction of its kernel call done
+
+    def fail(self, exc: BaseException) -> None:
+        """Record ``exc`` as the run's error unless it already has one; running kernels stop."""
+        with self.lock:
+            if self.error is None:
+                self.error = exc
+
+    def check(self, fraction: float | None = None) -> None:
+        """Called by kernels between chunks: stop when the run has failed or was cancelled, and
+        report progress within the call, so that a plan of a few long calls shows it too."""
+        if self.error is not None:
+            raise Cancelled()
+        if fraction is not None and self.progress is not None:
+            self.partial[threading.get_ident()] = fraction
+            self.report()
+
+    def call_ended(self) -> None:
+        with self.lock:
+            self.partial.pop(threading.get_ident(), None)
+
+    def task_done(self) -> int:
+        with self.lock:
+            self.done += 1
+            done = self.done
+        if self.progress is not None:
+            self.progress(done, self.total)
+        return done
+
+    def report(self) -> None:
+        if self.progress is None:
+            return
+        with self.lock:
+            done = self.done
+            running = sum(self.partial.values())
+        self.progress(min(done + running, self.total), self.total)
+
+
+# -- aggregation trees -------------------------------------------------------------------------
+
+def with_aggregation_trees(plan: TilePlan, fan_in: int) -> tuple[TilePlan, set[int]]:
+    """``plan`` with every aggregation of more than ``fan_in`` partials split into a tree of
+    aggregations of at most ``fan_in`` each, on the aggregation's worker (inner nodes do not fill
+    skipped zeros: the root does). Returns the plan and the keys of the inner nodes.
+
+    For executors whose tasks combine all their inputs at once (Dask); the local pool folds
+    partials as they arrive and needs no tree. Lowering should emit these trees (issue 10)."""
+    if not any(isinstance(t, Aggregate) and len(t.parts) > fan_in for t in plan.tasks):
+        return plan, set()
+    next_key = max(t.key for t in plan.tasks) + 1
+    tasks, owner, inner = [], dict(plan.owner), set()
+    for t in plan.tasks:
+        parts = t.parts if isinstance(t, Aggregate) else ()
+        while len(parts) > fan_in:
+            level = []
+            for i in range(0, len(parts), fan_in):
+                node = replace(t, key=next_key, parts=tuple(parts[i:i + fan_in]), fill_zero=False)
+                next_key += 1
+                tasks.append(node)
+                owner[node.key] = plan.owner.get(t.key, 0)
+                inner.add(node.key)
+                level.append(node.key)
+            parts = tuple(level)
+        tasks.append(replace(t, parts=parts) if parts != getattr(t, "parts", ()) else t)
+    return TilePlan(plan.ops, tasks, plan.outputs, plan.stats, plan.workers, owner,
+                    plan.readers), inner
