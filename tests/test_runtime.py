@@ -33,7 +33,7 @@ def matmul(con):
     con.load("A", A, tile=(4, 3))
     con.load("B", B, tile=(3, 5))
     g = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C")
-    _, plan = con.plan(bind(g, con.store), g.hints)
+    _, plan = con.plan(bind(g, con.store), g.pieces)
     return con, plan.ops[0], dict(plan.readers)
 
 
@@ -103,8 +103,8 @@ def test_aggregation_trees_keep_the_result_and_the_root(con):
     x, w = RNG.standard_normal((8, 40)), RNG.standard_normal((40, 6))
     con.load("X", x, tile=(8, 2))
     con.load("W", w, tile=(2, 6))
-    g = tensordb.Graph().einsum("ij,jk->ik", "X", "W", into="Y", tile={"i": 1, "j": 20, "k": 1})
-    _, plan = con.plan(bind(g, con.store), g.hints)
+    g = tensordb.Graph().einsum("ij,jk->ik", "X", "W", into="Y", pieces={"i": 1, "j": 20, "k": 1})
+    _, plan = con.plan(bind(g, con.store), g.pieces)
     (root,) = [t for t in plan.tasks if isinstance(t, Aggregate)]
     assert len(root.parts) == 20
     tree, inner = with_aggregation_trees(plan, 8)
@@ -128,7 +128,7 @@ def test_a_kernel_failure_names_the_operation(con, snapshot):
     con.load("A", np.array([[1, -2], [3, 4]]))
     before = snapshot(con)
     g = tensordb.Graph().op("P", "ij", [("A", "ij"), ("A", "ij")], join="x0 ** x1")
-    _, plan = con.plan(bind(g, con.store), g.hints)
+    _, plan = con.plan(bind(g, con.store), g.pieces)
     with pytest.raises(tensordb.DataError) as info:
         con.run(g)
     assert f"of {plan.ops[0].describe()} failed on the data" in str(info.value)
