@@ -122,12 +122,14 @@ def pins_from_hints(graph: EinGraph, hints: Mapping[str, Mapping[str, int]] | No
                     ) -> dict[str, dict[str, int]]:
     """Map user hints (result name -> {label: pieces}) to pins per operation.
 
-    A hint on ``D`` also applies to the pairwise steps ``D.1``, ``D.2``, ... that a multi-operand
-    einsum into ``D`` was split into, for each label that step has.
+    A hint on ``D`` also applies to every operation computed under the name ``D`` (its
+    ``TensorRef``): the pairwise steps ``D.1``, ``D.2``, ... that a multi-operand einsum into
+    ``D`` was split into, its temporaries, earlier versions and internal name, for each label
+    that operation has.
     """
     pins: dict[str, dict[str, int]] = {}
     for key, labels in (hints or {}).items():
-        group = [op for op in graph.ops if op.output == key or op.output.startswith(f"{key}.")]
+        group = [op for op in graph.ops if op.output.within(key)]
         if not group:
             raise ProgrammingError(f"tiling hint for '{key}', which no operation produces",
                                    hint=f"results: {', '.join(op.output for op in graph.ops)}")
