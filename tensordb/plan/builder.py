@@ -31,7 +31,7 @@ __all__ = ["Graph", "Step", "TensorRef", "bind", "parse_spec", "split_pairwise",
 class Step:
     """One operation by name: ``into[out] = agg(join(inputs))``; labels are still unchecked."""
 
-    into: str
+    into: str                                     # a TensorRef for a version or temporary
     out_labels: tuple[str, ...] | None            # None: numpy spec, resolved at bind time
     inputs: tuple[tuple[str, tuple[str, ...] | None], ...]
     join: scalar.Expr | None = None               # None: product of the inputs
