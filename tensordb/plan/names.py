@@ -55,8 +55,7 @@ class TensorRef(str):
     def __reduce__(self):
         return TensorRef, tuple(getattr(self, k) for k in _FIELDS)
 
-    def __repr__(self) -> str:
-        return f"TensorRef({str(self)!r})"
+    # repr is str's: a TensorRef shows as the name it prints as, in reprs of steps and plans too.
 
     def _with(self, **parts) -> "TensorRef":
         now = {k: getattr(self, k) for k in _FIELDS}
