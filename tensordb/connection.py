@@ -370,10 +370,9 @@ class Connection:
                   if metas[name].tile_count < metas[name].total_tiles}
         # ...and only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.
         facts = {name: r.facts() for name, r in readers.items()}
-        # Fixed pieces name statements: a statement split pairwise ('D.1', 'D') or computed under
-        # an internal name (it replaces a tensor it reads) passes them on; bad ones are errors here.
-        internal = {stored: name for name, stored in graph.store_as}
-        pieces = optimizer.pieces_per_op(graph, {internal.get(k, k): v for k, v in (pieces or {}).items()})
+        # Fixed pieces name statements: the operations computed under a statement's name (its
+        # pairwise steps, temporaries, internal name) take them on; bad ones are errors here.
+        pieces = optimizer.pieces_per_op(graph, pieces)
         # The optimizer plans for the workers that will run the plan: the local pool's, or the
         # cluster's when the executor is a Dask cluster.
         workers = self.settings.workers if self.settings.executor == "local" else \

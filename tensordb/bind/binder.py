@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
-from ..plan.builder import infer_dtype, parse_spec
+from ..plan.builder import TensorRef, infer_dtype, parse_spec
 from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
 from ..dialect import ast as A
 from .scope import AGGREGATES
@@ -333,7 +333,7 @@ class _Lowering:
                 start = join
                 continue
             labels = tuple(dict.fromkeys(l for _, ls in inner for l in ls))
-            name = f"{self.into}.t{len(self.steps) + 1}"
+            name = TensorRef.of(self.into).temporary(len(self.steps) + 1)
             self.steps.append(BoundStep(name, labels, tuple(inner), join, "sum", False))
             self.dtypes[name] = infer_dtype(join, [self.dtypes[t] for t, _ in inner])
             start = (name, labels)
@@ -365,7 +365,7 @@ class _Lowering:
             self.outer = outer
         if not inner:
             raise self.err(node.span, f"{node.fn.upper()} of no tensor")
-        name = f"{self.into}.t{sum(1 for s in self.steps) + 1}"
+        name = TensorRef.of(self.into).temporary(sum(1 for s in self.steps) + 1)
         self.steps.append(BoundStep(name, tuple(kept), tuple(inner), join, node.fn, False))
         self.dtypes[name] = self.dtype(join, inner, node.span)
         return _slot(slots, name, tuple(kept))

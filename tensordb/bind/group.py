@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import BinderError, CatalogError, Span
-from ..plan.builder import Graph
+from ..plan.builder import Graph, TensorRef
 from ..dialect import ast as A
 from .binder import Lowered, lower
 
@@ -106,7 +106,7 @@ class GroupBinder:
                                     "replaces it")
         if not last:
             self._versions += 1
-            gname, store = f"{t.name}.v{self._versions}", False
+            gname, store = TensorRef(t.name, version=self._versions), False
         else:
             # Replacing a tensor the group also reads (P = MIN(P + P)) is fine: the binder computes
             # it under an internal name and stores it as P.

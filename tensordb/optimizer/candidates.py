@@ -123,12 +123,14 @@ def pieces_per_op(graph: EinGraph, pieces: Mapping[str, Mapping[str, int]] | Non
                   ) -> dict[str, dict[str, int]]:
     """Map the pieces a user fixed (result name -> {label: pieces}) to each operation's.
 
-    Pieces fixed for ``D`` also apply to the pairwise steps ``D.1``, ``D.2``, ... that a multi-operand
-    einsum into ``D`` was split into, for each label that step has.
+    Pieces fixed for ``D`` also apply to every operation computed under the name ``D`` (its
+    ``TensorRef``): the pairwise steps ``D.1``, ``D.2``, ... that a multi-operand einsum into
+    ``D`` was split into, its temporaries, earlier versions and internal name, for each label
+    that operation has.
     """
     out: dict[str, dict[str, int]] = {}
     for key, labels in (pieces or {}).items():
-        group = [op for op in graph.ops if op.output == key or op.output.startswith(f"{key}.")]
+        group = [op for op in graph.ops if op.output.within(key)]
         if not group:
             raise ProgrammingError(f"pieces for '{key}', which no operation produces",
                                    hint=f"results: {', '.join(op.output for op in graph.ops)}")

@@ -73,17 +73,18 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
     p = max(1, int(workers))
     models = models_of(graph, p, params, presence, facts)
     fixed = pieces_per_op(graph, pieces)
-    grids = dict(input_grids or {})
     budget = None if memory_limit is None else max(1, int(memory_limit) // p)
-    uses: dict[str, int] = {}
-    readers: dict[str, list[tuple[str, int]]] = {}   # tensor -> (consumer, operand position)
-    for op in graph.ops:
-        for which, o in enumerate(op.inputs):
-            uses[o.tensor] = uses.get(o.tensor, 0) + 1
-            readers.setdefault(o.tensor, []).append((op.output, which))
+    tables = _own_tables(graph, models, fixed, dict(input_grids or {}), budget)
+    uses, shared, constant = _fill_tables(graph, models, tables)
+    chosen, dp_cost = _reconstruct(graph, tables, uses, shared, constant)
+    by_op, choices = _choices(graph, models, tables, chosen)
+    return by_op, choices, dp_cost, time.perf_counter() - t0
 
-    # Pass 1: candidates and each operation's own cost (stored inputs' re-tiling included).
-    # Repeated layers have identical operations up to names: price each shape once.
+
+def _own_tables(graph: EinGraph, models: Mapping[str, OpModel], fixed: Mapping, grids: Mapping,
+                budget: int | None) -> dict[str, _Table]:
+    """Pass 1: candidates and each operation's own cost (stored inputs' re-tiling included).
+    Repeated layers have identical operations up to names: price each shape once."""
     tables: dict[str, _Table] = {}
     seen: dict[tuple, tuple] = {}
     for op in graph.ops:
@@ -107,47 +108,73 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
             outs = [m.out_tiling(d) for d in cands]
             hit = seen[sig] = (cands, local, needs, outs)
         tables[op.output] = _Table(*hit)
+    return tables
 
-    # Pass 2: the tables, in topological order.
+
+def _fill_tables(graph: EinGraph, models: Mapping[str, OpModel], tables: Mapping[str, _Table]
+                 ) -> tuple[dict[str, int], dict[str, int], float]:
+    """Pass 2: the tables, in topological order; shared intermediates are fixed as they complete.
+    Returns the uses of every tensor, the fixed picks and the cost they add once."""
+    uses: dict[str, int] = {}
+    readers: dict[str, list[tuple[str, int]]] = {}   # tensor -> (consumer, operand position)
+    for op in graph.ops:
+        for which, o in enumerate(op.inputs):
+            uses[o.tensor] = uses.get(o.tensor, 0) + 1
+            readers.setdefault(o.tensor, []).append((op.output, which))
     fixed: dict[str, int] = {}
     constant = 0.0
     for op in graph.ops:
         name = op.output
         t = tables[name]
         for which, o in enumerate(op.inputs):
-            u = tables.get(o.tensor)
-            if u is None:
-                continue
-            um = models[o.tensor]
-            recut = float(um.out_bytes)
-            needs = t.needs[which]
-            if o.tensor in fixed:
-                have = u.outs[fixed[o.tensor]]
-                for c in range(len(t.cands)):
-                    if needs[c] != have:
-                        t.total[c] += recut
-                continue
-            best_cost, best_idx = u.best
-            for c in range(len(t.cands)):
-                hit = u.by_out.get(needs[c])
-                if hit is not None and hit[0] <= best_cost + recut:
-                    t.total[c] += hit[0]
-                    t.back[c].append((o.tensor, hit[1]))
-                else:
-                    t.total[c] += best_cost + recut
-                    t.back[c].append((o.tensor, best_idx))
-        for c in range(len(t.cands)):
-            key = t.outs[c]
-            v = t.total[c]
-            if v < t.by_out.get(key, (_INF,))[0]:
-                t.by_out[key] = (v, c)
-            if v < t.best[0]:
-                t.best = (v, c)
+            if o.tensor in tables:
+                _add_edge(t, which, tables[o.tensor], o.tensor, float(models[o.tensor].out_bytes),
+                          fixed.get(o.tensor))
+        _index_best(t)
         if uses.get(name, 0) > 1:
             fixed[name] = _fix_shared(name, readers[name], models, tables)
             constant += t.total[fixed[name]]
+    return uses, fixed, constant
 
-    # Reconstruct: shared producers from their fixed pick, sinks from their best entry.
+
+def _add_edge(t: _Table, which: int, u: _Table, producer: str, recut: float,
+              fixed: int | None) -> None:
+    """Add input ``which`` (produced by ``u``) to every candidate's total: the producer's best
+    entry with the output tiling the candidate needs, or its best entry re-cut; a fixed producer
+    costs only the re-cut, when its tiling is not the one needed."""
+    needs = t.needs[which]
+    if fixed is not None:
+        have = u.outs[fixed]
+        for c in range(len(t.cands)):
+            if needs[c] != have:
+                t.total[c] += recut
+        return
+    best_cost, best_idx = u.best
+    for c in range(len(t.cands)):
+        hit = u.by_out.get(needs[c])
+        if hit is not None and hit[0] <= best_cost + recut:
+            t.total[c] += hit[0]
+            t.back[c].append((producer, hit[1]))
+        else:
+            t.total[c] += best_cost + recut
+            t.back[c].append((producer, best_idx))
+
+
+def _index_best(t: _Table) -> None:
+    """The best entry per output tiling, and the best entry overall."""
+    for c in range(len(t.cands)):
+        key = t.outs[c]
+        v = t.total[c]
+        if v < t.by_out.get(key, (_INF,))[0]:
+            t.by_out[key] = (v, c)
+        if v < t.best[0]:
+            t.best = (v, c)
+
+
+def _reconstruct(graph: EinGraph, tables: Mapping[str, _Table], uses: Mapping[str, int],
+                 fixed: Mapping[str, int], constant: float) -> tuple[dict[str, int], float]:
+    """Shared producers from their fixed pick, sinks from their best entry, then back along the
+    picks. Returns each operation's candidate index and the search's cost."""
     chosen: dict[str, int] = {}
     starts = [(n, c) for n, c in fixed.items()]
     sinks = [op.output for op in graph.ops if uses.get(op.output, 0) == 0]
@@ -160,7 +187,12 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
             continue
         chosen[name] = c
         stack.extend(tables[name].back[c])
+    return chosen, dp_cost
 
+
+def _choices(graph: EinGraph, models: Mapping[str, OpModel], tables: Mapping[str, _Table],
+             chosen: Mapping[str, int]) -> tuple[dict[str, dict[str, int]], dict[str, Choice]]:
+    """Each operation's pieces, and its Choice with the runner-ups."""
     by_op: dict[str, dict[str, int]] = {}
     choices: dict[str, Choice] = {}
     for op in graph.ops:
@@ -171,7 +203,7 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
         order = heapq.nsmallest(RUNNER_UPS + 1, range(len(t.cands)), key=t.total.__getitem__)
         ups = tuple((as_dict(m, t.cands[i]), t.total[i]) for i in order if i != c)[:RUNNER_UPS]
         choices[name] = Choice(by_op[name], t.total[c], ups, len(t.cands))
-    return by_op, choices, dp_cost, time.perf_counter() - t0
+    return by_op, choices
 
 
 def _fix_shared(name: str, readers: list[tuple[str, int]], models: Mapping[str, OpModel],

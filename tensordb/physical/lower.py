@@ -137,75 +137,89 @@ class _Lowering:
         # The kernel's method and chunking, for the largest tile of each label.
         self.kernels.append(choose_kernel(op, {l: max((b[i + 1] - b[i] for i in range(len(b) - 1)),
                                                       default=0) for l, b in bounds.items()}))
-        n_out, n_lab = len(op.out_labels), len(op.labels)
-        empty = any(op.size[l] == 0 for l in op.agg_labels)
-        if empty:
-            # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
-            # PROD is 1, one call per output tile on empty inputs, which yields the identity.
-            inner, outer = [], list(range(len(op.inputs)))
-            rows = [] if AGGREGATES[op.agg].zero_is_identity else [
-                c + (0,) * (n_lab - n_out) + (False,) * len(outer)
-                for c in itertools.product(*(range(pieces[l]) for l in op.out_labels))]
-        else:
-            # An input gates the join (is inner-joined: its absent tiles make no kernel call)
-            # when its absence makes the join 0 whatever the other inputs' tiles hold; the
-            # others are left-joined and each call is kept unless the catalog's facts about
-            # its tiles prove it 0.
-            facts = [self._facts(o.tensor) for o in op.inputs]
-            finite = {k for k, f in enumerate(facts) if f[0]}
-            nonzero = {k for k, f in enumerate(facts) if f[1]}
-            inner = [k for k in range(len(op.inputs))
-                     if scalar.zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})]
-            outer = [k for k in range(len(op.inputs)) if k not in inner]
-            rows = self._join(op, pieces, bounds, inner, outer)
-
+        n_out = len(op.out_labels)
+        rows, outer = self._call_rows(op, pieces, bounds)
         groups: dict[tuple, list[tuple]] = defaultdict(list)
         for row in rows:
             groups[tuple(row[:n_out])].append(row)
         total = math.prod(pieces[l] for l in op.agg_labels)
-
         out_tiles: dict[tuple, int] = {}
         flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in op.labels)))
         for out_coords in sorted(groups):
-            parts = []
-            for row in groups[out_coords]:
-                coords = tuple(row[:n_lab])
-                present_flags = dict(zip(outer, row[n_lab:]))
-                args, shapes = [], []
-                for k, o in enumerate(op.inputs):
-                    box = tuple((bounds[l][coords[op.labels.index(l)]],
-                                 bounds[l][coords[op.labels.index(l)] + 1]) for l in o.labels)
-                    shapes.append(tuple(b - a for a, b in box))
-                    if k in outer and not present_flags[k]:
-                        args.append(None)
-                    else:
-                        args.append(self._input_tile(index, o.tensor, box, stats))
-                tile_shape = {l: bounds[l][c + 1] - bounds[l][c] for l, c in zip(op.labels, coords)}
-                out_shape = tuple(tile_shape[l] for l in op.out_labels)
-                flops = flops_per_elem * math.prod(tile_shape.values())
-                key = self._add(Kernel(self._next_key, index, tuple(args), tuple(shapes), out_shape,
-                                       coords, flops), index)
-                stats.kernel_calls += 1
-                stats.flops += flops
-                parts.append((key, out_shape))
-            # A skipped call is certainly 0, and a 0 takes part in a MAX, MIN or PROD (where it
-            # makes the tile 0, or NaN next to an inf: 0 * inf). Over an empty label nothing was
-            # skipped: the one call per output tile is the whole (empty) aggregate.
-            fill = (len(parts) < total and op.agg is not None
-                    and not AGGREGATES[op.agg].zero_is_identity and not empty)
-            if len(parts) == 1 and not fill:
-                out_tiles[out_coords] = parts[0][0]
-                continue
-            stats.aggregations += 1
-            stats.max_fan_in = max(stats.max_fan_in, len(parts))
-            out_tiles[out_coords] = self._add(Aggregate(self._next_key, op.agg, tuple(k for k, _ in parts),
-                                                        parts[0][1], op.dtype, fill), index)
+            parts = [self._kernel(index, op, bounds, outer, row, flops_per_elem, stats)
+                     for row in groups[out_coords]]
+            out_tiles[out_coords] = self._combine(index, op, parts, total, stats)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
         self.outputs[op.output] = OutputTiles(op.output, op.out_shape, op.dtype, grid, out_tiles,
                                               op.output in self.graph.outputs,
                                               self.graph.stored_name(op.output))
         self._op_index[op.output] = index
         self.stats.append(stats)
+
+    def _call_rows(self, op: EinOp, pieces, bounds) -> tuple[list[tuple], list[int]]:
+        """The kernel calls that exist: one row of label coordinates each (then a presence flag
+        per left-joined input), and which inputs are left-joined."""
+        n_out, n_lab = len(op.out_labels), len(op.labels)
+        if any(op.size[l] == 0 for l in op.agg_labels):
+            # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
+            # PROD is 1, one call per output tile on empty inputs, which yields the identity.
+            outer = list(range(len(op.inputs)))
+            rows = [] if AGGREGATES[op.agg].zero_is_identity else [
+                c + (0,) * (n_lab - n_out) + (False,) * len(outer)
+                for c in itertools.product(*(range(pieces[l]) for l in op.out_labels))]
+            return rows, outer
+        # An input gates the join (is inner-joined: its absent tiles make no kernel call)
+        # when its absence makes the join 0 whatever the other inputs' tiles hold; the
+        # others are left-joined and each call is kept unless the catalog's facts about
+        # its tiles prove it 0.
+        facts = [self._facts(o.tensor) for o in op.inputs]
+        finite = {k for k, f in enumerate(facts) if f[0]}
+        nonzero = {k for k, f in enumerate(facts) if f[1]}
+        inner = [k for k in range(len(op.inputs))
+                 if scalar.zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})]
+        outer = [k for k in range(len(op.inputs)) if k not in inner]
+        return self._join(op, pieces, bounds, inner, outer), outer
+
+    def _kernel(self, index: int, op: EinOp, bounds, outer: list[int], row: tuple,
+                flops_per_elem: int, stats: OpStats) -> tuple[int, tuple[int, ...]]:
+        """One kernel call for ``row``: its input tiles (None for an absent left-joined one).
+        Returns its key and output tile shape."""
+        n_lab = len(op.labels)
+        coords = tuple(row[:n_lab])
+        present_flags = dict(zip(outer, row[n_lab:]))
+        args, shapes = [], []
+        for k, o in enumerate(op.inputs):
+            box = tuple((bounds[l][coords[op.labels.index(l)]],
+                         bounds[l][coords[op.labels.index(l)] + 1]) for l in o.labels)
+            shapes.append(tuple(b - a for a, b in box))
+            if k in outer and not present_flags[k]:
+                args.append(None)
+            else:
+                args.append(self._input_tile(index, o.tensor, box, stats))
+        tile_shape = {l: bounds[l][c + 1] - bounds[l][c] for l, c in zip(op.labels, coords)}
+        out_shape = tuple(tile_shape[l] for l in op.out_labels)
+        flops = flops_per_elem * math.prod(tile_shape.values())
+        key = self._add(Kernel(self._next_key, index, tuple(args), tuple(shapes), out_shape,
+                               coords, flops), index)
+        stats.kernel_calls += 1
+        stats.flops += flops
+        return key, out_shape
+
+    def _combine(self, index: int, op: EinOp, parts: list[tuple[int, tuple[int, ...]]],
+                 total: int, stats: OpStats) -> int:
+        """The task giving one output tile: its one call, or an Aggregate of its calls."""
+        # A skipped call is certainly 0, and a 0 takes part in a MAX, MIN or PROD (where it
+        # makes the tile 0, or NaN next to an inf: 0 * inf). Over an empty label nothing was
+        # skipped: the one call per output tile is the whole (empty) aggregate.
+        empty = any(op.size[l] == 0 for l in op.agg_labels)
+        fill = (len(parts) < total and op.agg is not None
+                and not AGGREGATES[op.agg].zero_is_identity and not empty)
+        if len(parts) == 1 and not fill:
+            return parts[0][0]
+        stats.aggregations += 1
+        stats.max_fan_in = max(stats.max_fan_in, len(parts))
+        return self._add(Aggregate(self._next_key, op.agg, tuple(k for k, _ in parts),
+                                   parts[0][1], op.dtype, fill), index)
 
     def _materialize(self, tensor: str) -> str:
         """The present output tiles of an earlier operation as a DuckDB table (made on first use)."""

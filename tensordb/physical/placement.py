@@ -66,14 +66,24 @@ class _Sizes:
 
 def place(plan: TilePlan) -> TilePlan:
     """Return a copy of ``plan`` with a worker on every task (see the module docstring)."""
-    p = max(1, int(plan.workers))
-    size = _Sizes(plan)
-    where: dict[int, int] = {}
-    load = [0.0] * p                      # flops placed on each worker so far
+    placer = _Placer(plan)
+    order, kernels_of, aggs_of, agg_of_part = _by_operation(plan)
+    for op in order:
+        placer.place_kernels(kernels_of[op], agg_of_part)
+        for a in aggs_of.get(op, ()):
+            _place_by_bytes(a, placer.where, placer.size, placer.load, placer.p)
+    for t in plan.tasks:  # anything left: Assembles with no kernel consumer, stray aggregations
+        if not isinstance(t, Load) and t.key not in placer.where:
+            _place_by_bytes(t, placer.where, placer.size, placer.load, placer.p)
+    return _with_loads(plan, placer.where)
+
+
+def _by_operation(plan: TilePlan):
+    """The operations in plan order, each one's kernels and aggregations, and the aggregation
+    each partial belongs to."""
     kernels_of: dict[int, list[Kernel]] = defaultdict(list)
     aggs_of: dict[int, list[Aggregate]] = defaultdict(list)
     agg_of_part: dict[int, int] = {}
-    owner = plan.owner
     order: list[int] = []
     for t in plan.tasks:
         if isinstance(t, Kernel):
@@ -83,21 +93,35 @@ def place(plan: TilePlan) -> TilePlan:
         elif isinstance(t, Aggregate):
             for k in t.parts:
                 agg_of_part[k] = t.key
-            aggs_of[owner[t.key]].append(t)
+            aggs_of[plan.owner[t.key]].append(t)
+    return order, kernels_of, aggs_of, agg_of_part
 
-    def held(key: int, gains: dict[int, int]) -> None:
+
+class _Placer:
+    """The workers picked so far and the flops placed on each."""
+
+    def __init__(self, plan: TilePlan) -> None:
+        self.plan = plan
+        self.p = max(1, int(plan.workers))
+        self.size = _Sizes(plan)
+        self.where: dict[int, int] = {}
+        self.load = [0.0] * self.p                 # flops placed on each worker so far
+
+    def held(self, key: int, gains: dict[int, int]) -> None:
         """Add to ``gains[w]`` the bytes of task ``key``'s result that worker w already holds."""
-        if key in where:
-            gains[where[key]] += size(key)
+        if key in self.where:
+            gains[self.where[key]] += self.size(key)
             return
-        t = plan.task(key)
+        t = self.plan.task(key)
         if isinstance(t, Assemble):  # built where its consumer runs: its local pieces count
             for k in t.inputs:
-                held(k, gains)
+                self.held(k, gains)
         # a Load is free anywhere: no worker gains by holding it
 
-    for op in order:
-        ks = kernels_of[op]
+    def place_kernels(self, ks: list[Kernel], agg_of_part: dict[int, int]) -> None:
+        """One operation's kernel calls, largest output group first, each where its inputs
+        (and its group's partials) are, within the operation's flops cap."""
+        p, where = self.p, self.where
         flops = [max(1, k.flops) for k in ks]
         cap = max(sum(flops) / p, max(flops)) * (1 + SLACK)
         group = {k.key: agg_of_part.get(k.key, k.key) for k in ks}
@@ -113,23 +137,17 @@ def place(plan: TilePlan) -> TilePlan:
             ok = [w for w in range(p) if op_load[w] + f <= cap] or list(range(p))
             gains: dict[int, int] = defaultdict(int)
             for a in k.inputs:
-                held(a, gains)
+                self.held(a, gains)
             for w in holders[g]:
-                gains[w] += size(k.key)
-            w = min(ok, key=lambda w: (-gains.get(w, 0), op_load[w], load[w], w))
+                gains[w] += self.size(k.key)
+            w = min(ok, key=lambda w: (-gains.get(w, 0), op_load[w], self.load[w], w))
             where[k.key] = w
             holders[g].add(w)
             op_load[w] += f
-            load[w] += f
+            self.load[w] += f
             for a in k.inputs:
-                if a not in where and isinstance(plan.task(a), Assemble):
+                if a not in where and isinstance(self.plan.task(a), Assemble):
                     where[a] = w
-        for a in aggs_of.get(op, ()):
-            _place_by_bytes(a, where, size, load, p)
-    for t in plan.tasks:  # anything left: Assembles with no kernel consumer, stray aggregations
-        if not isinstance(t, Load) and t.key not in where:
-            _place_by_bytes(t, where, size, load, p)
-    return _with_loads(plan, where)
 
 
 def _place_by_bytes(t, where, size, load, p) -> None:

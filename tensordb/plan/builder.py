@@ -22,15 +22,16 @@ from ..errors import BinderError, CatalogError, DataError
 from . import scalar
 from .aggregates import AGGS
 from .ir import EinGraph, EinOp, Operand, TensorInfo
+from .names import TensorRef
 
-__all__ = ["Graph", "Step", "bind", "parse_spec", "split_pairwise", "infer_dtype"]
+__all__ = ["Graph", "Step", "TensorRef", "bind", "parse_spec", "split_pairwise", "infer_dtype"]
 
 
 @dataclass(frozen=True)
 class Step:
     """One operation by name: ``into[out] = agg(join(inputs))``; labels are still unchecked."""
 
-    into: str
+    into: str                                     # a TensorRef for a version or temporary
     out_labels: tuple[str, ...] | None            # None: numpy spec, resolved at bind time
     inputs: tuple[tuple[str, tuple[str, ...] | None], ...]
     join: scalar.Expr | None = None               # None: product of the inputs
@@ -93,23 +94,39 @@ def parse_spec(spec: str, shapes: Sequence[tuple[int, ...]]) -> tuple[list[list[
     """Numpy einsum semantics -> (labels per operand, output labels, label sizes).
 
     ``...`` becomes labels '…0', '…1', ... aligned from the right; a broadcast dimension of size 1
-    gets a label of its own that is summed away (a sum over one element).
+    gets a label of its own that is summed away (a sum over one element). opt_einsum's parser
+    expands the ellipses and finds numpy's implicit output; the checks around it give tensordb's
+    errors, with the spec named.
     """
-    text = spec.replace(" ", "")
-    lhs, arrow, rhs = text.partition("->")
+    shapes = [tuple(s) for s in shapes]
+    lhs, arrow, rhs = spec.replace(" ", "").partition("->")
     terms = lhs.split(",")
+    ell_rank = _check_terms(spec, terms, rhs if arrow else None, shapes)
+    parsed, implicit = _parse_numpy(spec, lhs, shapes)
+    letters = set(lhs)
+    # The implicit output starts with the ellipsis dimensions' symbols, in order (numpy's rule).
+    slots = {c: slot for slot, c in enumerate(c for c in implicit if c not in letters)}
+    labels, sizes = _label_operands(spec, parsed, shapes, slots, ell_rank)
+    if arrow:
+        output = _explicit_output(spec, rhs, sizes, ell_rank)
+    else:
+        output = [_ellipsis_label(slots[c]) if c in slots else c for c in implicit]
+    return labels, output, sizes
+
+
+def _check_terms(spec: str, terms: list[str], rhs: str | None,
+                 shapes: Sequence[tuple[int, ...]]) -> int:
+    """Subscripts are letters with at most one '...' per term, one term per operand, naming as
+    many dimensions as the operand has. Returns the number of dimensions '...' stands for."""
     if len(terms) != len(shapes):
         raise BinderError(f"einsum '{spec}' has {len(terms)} operand term(s) but "
                           f"{len(shapes)} operand(s) were given")
-    for term in terms + ([rhs] if arrow else []):
+    for term in terms + ([rhs] if rhs is not None else []):
         bad = [c for c in term.replace("...", "") if c not in string.ascii_letters]
         if bad or term.count("...") > 1 or "." in term.replace("...", ""):
             raise BinderError(f"einsum '{spec}': invalid subscript {term!r}",
                               hint="subscripts are letters, with at most one '...' per term")
     ell_rank = 0
-    labels: list[list[str]] = []
-    sizes: dict[str, int] = {}
-    unique = iter(f"…b{n}" for n in range(10**6))
     for pos, (term, shape) in enumerate(zip(terms, shapes)):
         explicit = len(term.replace("...", ""))
         if "..." not in term and explicit != len(shape):
@@ -120,71 +137,73 @@ def parse_spec(spec: str, shapes: Sequence[tuple[int, ...]]) -> tuple[list[list[
             raise BinderError(f"einsum '{spec}': operand {pos} has {len(shape)} dimension(s), "
                               f"fewer than subscripts {term!r} name")
         ell_rank = max(ell_rank, k if "..." in term else 0)
+    return ell_rank
+
+
+def _parse_numpy(spec: str, lhs: str, shapes: Sequence[tuple[int, ...]]) -> tuple[list[str], str]:
+    """opt_einsum's parser on the input terms: one symbol per dimension (the ellipses expanded)
+    and numpy's implicit output. The explicit output is checked by ``_explicit_output``."""
+    try:
+        inputs, implicit, _ = oe.parser.parse_einsum_input((lhs, *shapes), shapes=True)
+    except ValueError as exc:  # the checks above leave none; kept for a newer opt_einsum
+        raise BinderError(f"einsum '{spec}': {exc}") from None
+    return inputs.split(","), implicit
+
+
+def _label_operands(spec: str, parsed: list[str], shapes: Sequence[tuple[int, ...]],
+                    slots: dict[str, int], ell_rank: int
+                    ) -> tuple[list[list[str]], dict[str, int]]:
+    """Labels per operand and their sizes. ``slots`` maps the symbols of ellipsis dimensions to
+    their place among them. Ellipsis dimensions broadcast: a dimension of size 1 where another
+    operand has n gets a label of its own (summed away)."""
     ell_sizes = [1] * ell_rank
-    for term, shape in zip(terms, shapes):
-        if "..." in term:
-            head = term.index("...")
-            k = len(shape) - len(term.replace("...", ""))
-            for d in range(k):
-                n = shape[head + d]
-                slot = ell_rank - k + d
-                if n != 1 and ell_sizes[slot] not in (1, n):
-                    raise BinderError(f"einsum '{spec}': '...' dimensions {ell_sizes[slot]} and {n} "
-                                      "cannot be broadcast together")
-                if n != 1:
-                    ell_sizes[slot] = n
-    for pos, (term, shape) in enumerate(zip(terms, shapes)):
-        out: list[str] = []
-        axis = 0
-        i = 0
-        while i < len(term):
-            if term.startswith("...", i):
-                k = len(shape) - len(term.replace("...", ""))
-                for d in range(k):
-                    slot = ell_rank - k + d
-                    n = shape[axis]
-                    lab = f"…{slot}" if n == ell_sizes[slot] else next(unique)
-                    out.append(lab)
-                    sizes[lab] = n
-                    axis += 1
-                i += 3
+    for term, shape in zip(parsed, shapes):
+        for c, n in zip(term, shape):
+            if c not in slots or n == 1:
                 continue
-            lab, n = term[i], shape[axis]
-            if lab in sizes and sizes[lab] != n:
-                raise BinderError(f"einsum '{spec}': label '{lab}' has size {sizes[lab]} in one "
-                                  f"place but {n} in operand {pos} axis {axis}")
+            slot = slots[c]
+            if ell_sizes[slot] not in (1, n):
+                raise BinderError(f"einsum '{spec}': '...' dimensions {ell_sizes[slot]} and {n} "
+                                  "cannot be broadcast together")
+            ell_sizes[slot] = n
+    unique = iter(f"…b{n}" for n in range(10**6))
+    labels: list[list[str]] = []
+    sizes: dict[str, int] = {}
+    for pos, (term, shape) in enumerate(zip(parsed, shapes)):
+        out: list[str] = []
+        for axis, (c, n) in enumerate(zip(term, shape)):
+            if c in slots:
+                lab = _ellipsis_label(slots[c]) if n == ell_sizes[slots[c]] else next(unique)
+            else:
+                lab = c
+                if lab in sizes and sizes[lab] != n:
+                    raise BinderError(f"einsum '{spec}': label '{lab}' has size {sizes[lab]} in "
+                                      f"one place but {n} in operand {pos} axis {axis}")
             sizes[lab] = n
             out.append(lab)
-            axis += 1
-            i += 1
         labels.append(out)
     for slot, n in enumerate(ell_sizes):
-        sizes.setdefault(f"…{slot}", n)
-    if arrow:
-        output: list[str] = []
-        i = 0
-        while i < len(rhs):
-            if rhs.startswith("...", i):
-                output.extend(f"…{s}" for s in range(ell_rank))
-                i += 3
-                continue
-            if rhs[i] not in sizes:
-                raise BinderError(f"einsum '{spec}': output label '{rhs[i]}' appears in no input")
-            output.append(rhs[i])
-            i += 1
-        if "..." not in rhs and ell_rank and any(f"…{s}" in l for l in labels for s in range(ell_rank)):
-            pass  # numpy sums '...' dimensions that the output omits
-    else:
-        counts: dict[str, int] = {}
-        for ls in labels:
-            for l in ls:
-                counts[l] = counts.get(l, 0) + 1
-        output = [f"…{s}" for s in range(ell_rank)]
-        output += sorted(l for l, c in counts.items() if c == 1 and not l.startswith("…"))
+        sizes.setdefault(_ellipsis_label(slot), n)
+    return labels, sizes
+
+
+def _ellipsis_label(slot: int) -> str:
+    return f"…{slot}"
+
+
+def _explicit_output(spec: str, rhs: str, sizes: dict[str, int], ell_rank: int) -> list[str]:
+    """The output after '->': '...' stands for every ellipsis dimension; numpy sums the ones
+    it omits. Each label appears in an input, once."""
+    head, dots, tail = rhs.partition("...")
+    output: list[str] = list(head) + [_ellipsis_label(s) for s in range(ell_rank) if dots] + \
+        list(tail)
+    for lab in head + tail:
+        if lab not in sizes:
+            raise BinderError(f"einsum '{spec}': output label '{lab}' appears in no input")
     dup = sorted({l for l in output if output.count(l) > 1})
     if dup:
         raise BinderError(f"einsum '{spec}': label(s) {', '.join(dup)} repeated in the output")
-    return labels, output, sizes
+    return output
 
 
 def split_pairwise(into: str, labels: list[list[str]], output: list[str], sizes: dict[str, int],
@@ -215,7 +234,7 @@ def split_pairwise(into: str, labels: list[list[str]], output: list[str], sizes:
                 for l in ls:
                     if l in keep and l not in out:
                         out.append(l)
-            name = f"{into}.{step + 1}"
+            name = TensorRef.of(into).pairwise(step + 1)
         steps.append((name, out, picked))
         live.append((name, out))
     return steps
@@ -250,70 +269,37 @@ def infer_dtype(join: scalar.Expr, dtypes: Sequence[str], names: Sequence[str] |
 
 def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = None) -> EinGraph:
     """Resolve names against ``catalog`` (anything with ``has`` and ``meta``) into an EinGraph."""
-    opener = getattr(catalog, "open", None)
-
-    def finite(name: str) -> bool:
-        """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""
-        return opener is None or opener(name).facts()[0]
-
-    known: dict[str, tuple[tuple[int, ...], str]] = {}
-    inputs: dict[str, TensorInfo] = {}
-    ops: list[EinOp] = []
-    outputs: list[str] = []
-    alias: dict[str, str] = {}     # a name redefined after it was read -> its newest definition
-    store_as: list[tuple[str, str]] = []
-
-    def lookup(name: str, into: str) -> tuple[tuple[int, ...], str]:
-        name = alias.get(name, name)
-        if name in known:
-            return known[name]
-        if not catalog.has(name):
-            raise CatalogError(f"{into}: unknown tensor '{name}'")
-        meta = catalog.meta(name)
-        info = TensorInfo(name, tuple(meta.shape), np.dtype(meta.dtype).name)
-        inputs[name] = info
-        known[name] = (info.shape, info.dtype)
-        return known[name]
-
+    binder = _Binder(catalog)
     for step in graph.steps:
-        if step.agg not in AGGS:
-            raise BinderError(f"{step.into}: unknown aggregate '{step.agg}'",
-                              hint=f"valid aggregates: {', '.join(AGGS)}")
-        if step.into in known and step.into not in inputs or step.into in alias:
-            raise BinderError(f"'{step.into}' is defined twice in one graph")
-        names = [alias.get(t, t) for t, _ in step.inputs]
-        metas = [lookup(t, step.into) for t in names]
-        shapes = [m[0] for m in metas]
-        dtypes = [m[1] for m in metas]
-        for t, dt in zip(names, dtypes):
-            check_dtype(dt, t)
+        binder.add(step)
+    return EinGraph(tuple(binder.inputs.values()), tuple(binder.ops), tuple(binder.outputs))
+
+
+class _Binder:
+    """The names bound so far: stored tensors read, results computed, operations emitted."""
+
+    def __init__(self, catalog) -> None:
+        self.catalog = catalog
+        self.known: dict[str, tuple[tuple[int, ...], str]] = {}  # name -> shape, dtype
+        self.inputs: dict[str, TensorInfo] = {}
+        self.ops: list[EinOp] = []
+        self.outputs: list[str] = []
+        self.alias: dict[str, TensorRef] = {}  # a name redefined after it was read -> its newest
+
+    def add(self, step: Step) -> None:
+        """Bind one step: check it, resolve its operands, label them, name its result, and emit
+        its operations (a product of several operands split pairwise)."""
+        self._check_step(step)
+        names = [self.alias.get(t, t) for t, _ in step.inputs]
+        shapes, dtypes = self._resolve(names, step.into)
         join = step.join if step.join is not None else scalar.product(len(names))
-        bad = sorted(i for i in join.inputs() if not 0 <= i < len(names))
-        if bad:  # checked before the join is evaluated (for its dtype) on sample values
-            raise BinderError(f"{step.into}: the join refers to x{bad[0]}, but the einsum has "
-                              f"{len(names)} operand(s): x0..x{len(names) - 1}",
-                              hint="x0, x1, ... name the operands in the order given")
+        _check_join_inputs(join, len(names), step.into)
         if step.spec is not None:
             labels, out, sizes = parse_spec(step.spec, shapes)
         else:
-            labels = [list(ls) for _, ls in step.inputs]
-            out = list(step.out_labels or ())
-            sizes = {}
-            for t, ls, shape in zip(names, labels, shapes):
-                if len(ls) != len(shape):
-                    raise BinderError(f"{step.into}: {t} has {len(shape)} dimension(s) but is "
-                                      f"indexed with {len(ls)} label(s) [{','.join(ls)}]")
-                for axis, (l, n) in enumerate(zip(ls, shape)):
-                    if l in sizes and sizes[l] != n:
-                        raise BinderError(f"{step.into}: label '{l}' has size {sizes[l]} in one "
-                                          f"place but {n} in {t} axis {axis}")
-                    sizes[l] = n
+            labels, out, sizes = _explicit_labels(step, names, shapes)
         dtype = infer_dtype(join, dtypes, names)
-        into = step.into
-        if into in inputs:  # replaces a tensor this graph reads: compute under another name
-            into = alias[step.into] = step.into + "'"
-            if step.store:
-                store_as.append((into, step.into))
+        into = self._result_name(step)
         # A product of tensors (no literal) under SUM is np.einsum: every operand is cast to
         # the result dtype first, whatever the order the product is written in. A tensor used
         # twice (A[i,j] * A[i,j] * B[k], one input of the join) is two operands of the einsum.
@@ -326,22 +312,92 @@ def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = Non
         # answer: grouping the sum over a pair first differs from summing the products next to
         # an inf (inf * (2 - 1) is inf, 2 * inf - 1 * inf is NaN), so every operand must be a
         # stored tensor that the catalog knows to be finite.
-        if einsum and (len(names) <= 2 or all(name in inputs and finite(name) for name in names)):
+        if einsum and (len(names) <= 2 or all(n in self.inputs and self._finite(n) for n in names)):
             pieces = split_pairwise(into, labels, out, sizes, names)
         else:
             pieces = [(into, out, list(zip(names, labels)))]
         for name, out_labels, operands in pieces:
-            k = len(operands)
-            j = join if len(pieces) == 1 else scalar.product(k)
-            used = {l for _, ls in operands for l in ls}
-            # Every pairwise step computes in the whole product's dtype, as np.einsum does (it
-            # casts every operand to the result type): a float32 x float32 step under a float64
-            # result would lose float64's precision.
-            in_dtypes = tuple(dtype if einsum else known[t][1] for t, _ in operands)
-            ops.append(EinOp(name, tuple(out_labels), tuple(Operand(t, tuple(ls)) for t, ls in operands),
-                             tuple((l, sizes[l]) for l in sizes if l in used), j, step.agg, dtype,
-                             in_dtypes))
-            known[name] = (ops[-1].out_shape, dtype)
+            self._emit(name, out_labels, operands, sizes, join if len(pieces) == 1 else None,
+                       step.agg, dtype, cast=einsum)
         if step.store:
-            outputs.append(into)
-    return EinGraph(tuple(inputs.values()), tuple(ops), tuple(outputs), tuple(store_as))
+            self.outputs.append(into)
+
+    def _check_step(self, step: Step) -> None:
+        if step.agg not in AGGS:
+            raise BinderError(f"{step.into}: unknown aggregate '{step.agg}'",
+                              hint=f"valid aggregates: {', '.join(AGGS)}")
+        if step.into in self.known and step.into not in self.inputs or step.into in self.alias:
+            raise BinderError(f"'{step.into}' is defined twice in one graph")
+
+    def _finite(self, name: str) -> bool:
+        """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""
+        opener = getattr(self.catalog, "open", None)
+        return opener is None or opener(name).facts()[0]
+
+    def _lookup(self, name: str, into: str) -> tuple[tuple[int, ...], str]:
+        if name in self.known:
+            return self.known[name]
+        if not self.catalog.has(name):
+            raise CatalogError(f"{into}: unknown tensor '{name}'")
+        meta = self.catalog.meta(name)
+        info = TensorInfo(name, tuple(meta.shape), np.dtype(meta.dtype).name)
+        self.inputs[name] = info
+        self.known[name] = (info.shape, info.dtype)
+        return self.known[name]
+
+    def _resolve(self, names: list[str], into: str) -> tuple[list[tuple[int, ...]], list[str]]:
+        """Shapes and dtypes of the operands (stored tensors or earlier results)."""
+        metas = [self._lookup(t, into) for t in names]
+        for t, (_, dt) in zip(names, metas):
+            check_dtype(dt, t)
+        return [m[0] for m in metas], [m[1] for m in metas]
+
+    def _result_name(self, step: Step) -> TensorRef:
+        """The name the step computes under: its own, or an internal one when it replaces a
+        tensor this graph reads (stored under the tensor's name all the same)."""
+        into = TensorRef.of(step.into)
+        if into in self.inputs:
+            into = self.alias[step.into] = into.internal_copy()
+        return into
+
+    def _emit(self, name: str, out_labels, operands, sizes: dict[str, int],
+              join: scalar.Expr | None, agg: str, dtype: str, cast: bool = False) -> None:
+        """One EinOp; ``join`` None: a pairwise step of a split product; ``cast``: a product of
+        tensors, whose operands are all cast to the result dtype (np.einsum's rule)."""
+        used = {l for _, ls in operands for l in ls}
+        # Every pairwise step computes in the whole product's dtype, as np.einsum does (it casts
+        # every operand to the result type): a float32 x float32 step under a float64 result
+        # would lose float64's precision.
+        in_dtypes = tuple(dtype if join is None or cast else self.known[t][1]
+                          for t, _ in operands)
+        j = join if join is not None else scalar.product(len(operands))
+        op = EinOp(name, tuple(out_labels), tuple(Operand(t, tuple(ls)) for t, ls in operands),
+                   tuple((l, sizes[l]) for l in sizes if l in used), j, agg, dtype, in_dtypes)
+        self.ops.append(op)
+        self.known[name] = (op.out_shape, dtype)
+
+
+def _check_join_inputs(join: scalar.Expr, n: int, into: str) -> None:
+    """Checked before the join is evaluated (for its dtype) on sample values."""
+    bad = sorted(i for i in join.inputs() if not 0 <= i < n)
+    if bad:
+        raise BinderError(f"{into}: the join refers to x{bad[0]}, but the einsum has "
+                          f"{n} operand(s): x0..x{n - 1}",
+                          hint="x0, x1, ... name the operands in the order given")
+
+
+def _explicit_labels(step: Step, names: list[str], shapes: list[tuple[int, ...]]
+                     ) -> tuple[list[list[str]], list[str], dict[str, int]]:
+    """Labels given per operand: one per dimension, one size per label."""
+    labels = [list(ls) for _, ls in step.inputs]
+    sizes: dict[str, int] = {}
+    for t, ls, shape in zip(names, labels, shapes):
+        if len(ls) != len(shape):
+            raise BinderError(f"{step.into}: {t} has {len(shape)} dimension(s) but is "
+                              f"indexed with {len(ls)} label(s) [{','.join(ls)}]")
+        for axis, (l, n) in enumerate(zip(ls, shape)):
+            if l in sizes and sizes[l] != n:
+                raise BinderError(f"{step.into}: label '{l}' has size {sizes[l]} in one "
+                                  f"place but {n} in {t} axis {axis}")
+            sizes[l] = n
+    return labels, list(step.out_labels or ()), sizes

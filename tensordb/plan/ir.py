@@ -20,6 +20,7 @@ from ..dtypes import check_dtype
 from ..errors import BinderError
 from . import scalar
 from .aggregates import AGGREGATES, AGGS, empty_aggregate
+from .names import TensorRef
 from .scalar import Expr
 
 __all__ = ["Operand", "EinOp", "TensorInfo", "EinGraph"]
@@ -38,9 +39,10 @@ class Operand:
 
 @dataclass(frozen=True)
 class EinOp:
-    """One extended einsum. ``sizes`` maps every label to its size; ``dtype`` is the result dtype."""
+    """One extended einsum. ``sizes`` maps every label to its size; ``dtype`` is the result dtype.
+    ``output`` is a ``TensorRef`` (a plain name becomes one)."""
 
-    output: str
+    output: TensorRef
     out_labels: tuple[str, ...]
     inputs: tuple[Operand, ...]
     sizes: tuple[tuple[str, int], ...]
@@ -50,6 +52,7 @@ class EinOp:
     in_dtypes: tuple[str, ...] = ()   # the inputs' dtypes (empty: all ``dtype``)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "output", TensorRef.of(self.output))
         object.__setattr__(self, "out_labels", tuple(self.out_labels))
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "sizes", tuple((str(k), int(v)) for k, v in dict(self.sizes).items()))
@@ -151,14 +154,14 @@ class EinGraph:
     """A DAG of operations in topological order over stored input tensors.
 
     ``outputs`` are the operation outputs that are stored; every other operation output is a
-    temporary that lives only while the graph runs. ``store_as`` renames outputs when stored: an
-    operation that replaces a tensor it also reads gets an internal name (``A'``) in the graph.
+    temporary that lives only while the graph runs. An operation that replaces a tensor it also
+    reads computes under an internal name (``A'``, its ``TensorRef`` marked internal) and is
+    stored under the tensor's name (``stored_name``).
     """
 
     inputs: tuple[TensorInfo, ...]
     ops: tuple[EinOp, ...]
     outputs: tuple[str, ...]
-    store_as: tuple[tuple[str, str], ...] = ()
     _index: dict = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -191,8 +194,9 @@ class EinGraph:
         object.__setattr__(self, "_index", produced)
 
     def stored_name(self, output: str) -> str:
-        """The catalog name an output is stored under."""
-        return dict(self.store_as).get(output, output)
+        """The catalog name an output is stored under (its name without the internal rename)."""
+        ref = self._index[output].output
+        return ref.name if ref.internal and ref.is_result else str(ref)
 
     def op(self, name: str) -> EinOp:
         return self._index[name]
