@@ -108,7 +108,7 @@ def test_a_statement_hint_reaches_its_temporaries_also_when_it_replaces_what_it_
     data = json.loads(con.explain(stmt, format="json"))
     outputs = [n["output"] for n in data["nodes"]]
     assert outputs == ["X.t1", "X'"]  # the names EXPLAIN has always printed
-    assert all(n["partition"]["b"] == 4 for n in data["nodes"])
+    assert all(n["pieces"]["b"] == 4 for n in data["nodes"])
     con.execute(stmt)
     want = np.maximum(arr["X"] @ arr["W1"], 0) @ arr["W2"]
     np.testing.assert_allclose(con.tensor("X"), want, rtol=1e-10)
