@@ -168,6 +168,9 @@ class Connection:
             check_format(format)
             graph, pieces = self._bind(query, pieces)
             return self._explain_graph(graph, pieces, format=format, analyze=analyze)
+        if pieces:
+            raise ProgrammingError("pieces= applies to a Graph; in SQL text write "
+                                   "WITH (PIECES label n, ...) after the statement")
         from .session import explain_format, explain_script
         fmt = explain_format(format)
         return explain_script(self, query, self._parse(query), fmt, analyze)
@@ -263,7 +266,9 @@ class Connection:
         (``replace=False`` refuses instead), and the run's measurements are returned. ``join``
         replaces the product with a scalar expression over x0, x1, ... (``"x0 + x1"`` with
         ``agg="min"`` is a min-plus product); ``pieces`` fixes the pieces of some labels
-        (``{"i": 4}``: split ``i`` in 4), the optimizer chooses the others.
+        (``{"i": 4}``: split ``i`` in 4), the optimizer chooses the others. Next to an inf the
+        answer is the sum of the products, which numpy's einsum is not when it sums a label of
+        one operand first (docs/sql.md, "Absent tiles and non-finite values").
 
         >>> import numpy as np, tensordb
         >>> with tensordb.connect() as con:
@@ -298,7 +303,8 @@ class Connection:
     def run(self, graph: Graph | EinGraph, *, pieces: Mapping[str, Mapping[str, int]] | None = None,
             replace: bool = True):
         """Plan and run a whole graph of operations at once; stores its outputs atomically,
-        replacing tensors of the same names as assignments do (``replace=False`` refuses)."""
+        replacing tensors of the same names as assignments do (``replace=False`` refuses).
+        ``pieces`` maps result names to {label: pieces} fixed for them (added to the graph's)."""
         graph, pieces = self._bind(graph, pieces)
         return self._run_graph(graph, pieces=pieces, replace=replace)
 

@@ -204,7 +204,7 @@ def labels_of(rng, rank: int) -> tuple[str, ...]:
 class Statement:
     case: Case
     stored: list[Stored]
-    hints: dict[str, int]
+    pieces: dict[str, int]
 
 
 def gen_statement(rng, pool: Pool, sizes: dict[str, int], dtypes: tuple[str, ...]) -> Statement:
@@ -230,9 +230,9 @@ def gen_statement(rng, pool: Pool, sizes: dict[str, int], dtypes: tuple[str, ...
     join = _join(rng, n)
     assert _inputs(join) == set(range(n)), join
     operands = [Operand(t.name, ls, t.array) for t, ls in zip(stored, labels)]
-    hints = {}
+    pieces = {}
     if rng.random() < 0.4:
         for l in used:
             if rng.random() < 0.6:
-                hints[l] = int(rng.integers(1, min(max(sizes[l], 1), 5) + 1))
-    return Statement(Case(tuple(out), operands, join, agg), stored, hints)
+                pieces[l] = int(rng.integers(1, min(max(sizes[l], 1), 5) + 1))
+    return Statement(Case(tuple(out), operands, join, agg), stored, pieces)

@@ -279,3 +279,21 @@ def test_a_kernel_failure_is_the_local_pools_error(dcon, lcon):
         assert not con.store.has("PP")
         errors.append(str(info.value))
     assert errors[0] == errors[1] and "of PP[i,j] = " in errors[0]
+
+
+def _worker_records():
+    from tensordb.exec import dask_worker
+    return len(dask_worker._RUNNERS) + len(dask_worker._LOG) + len(dask_worker._HELD)
+
+
+def test_failed_runs_leave_no_records_on_the_workers(dcon):
+    """A failing kernel's run is forgotten on every worker (its task interpreter and logs)."""
+    dcon.load("PA", np.arange(1, 7, dtype=np.int64).reshape(2, 3))
+    dcon.load("PN", -np.ones((2, 3), dtype=np.int64))
+    client = dcon._get_executor().client
+    before = client.run(_worker_records)
+    for _ in range(3):
+        with pytest.raises(tensordb.Error, match="POW"):
+            dcon.execute("PP[i,j] = POW(PA[i,j], PN[i,j])")  # int to a negative power
+    assert client.run(_worker_records) == before
+    assert not dcon.store.has("PP")

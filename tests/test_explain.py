@@ -171,3 +171,8 @@ def test_results_unchanged_under_every_strategy(strategy, workers):
                       else np.max(arrays[0], axis=1))
             np.testing.assert_allclose(con.tensor(f"R{n}"), expect, rtol=1e-9, atol=1e-9,
                                        err_msg=f"{strategy}, {workers} workers: {spec} {kw}")
+
+
+def test_pieces_for_sql_text_are_refused_not_ignored(con4):
+    with pytest.raises(tensordb.ProgrammingError, match="WITH \\(PIECES"):
+        con4.explain("Q[i] = SUM(X[i,j])", pieces={"Q": {"j": 2}})

@@ -36,8 +36,8 @@ def sql_text(into: str, st: Statement, rng) -> str:
     c = st.case
     target = f"{into}[{','.join(c.out)}]" if c.out else into
     hint = ""
-    if st.hints:
-        hint = " WITH (PIECES " + ", ".join(f"{l} {p}" for l, p in st.hints.items()) + ")"
+    if st.pieces:
+        hint = " WITH (PIECES " + ", ".join(f"{l} {p}" for l, p in st.pieces.items()) + ")"
     if is_plain_product(c.join, len(c.operands)) and c.agg == "sum" and rng.random() < 0.3:
         spec = ",".join("".join(op.labels) for op in c.operands) + "->" + "".join(c.out)
         return f"{into} = EINSUM('{spec}', {', '.join(op.name for op in c.operands)}){hint}"
@@ -76,10 +76,10 @@ def run_unit(con, unit: list[tuple[str, Statement]], rng) -> tuple[str, list]:
                 spec = ",".join("".join(op.labels) for op in c.operands) + "->" + "".join(c.out)
                 join, names = _api_join(st, rng), [op.name for op in c.operands]
                 text = (f"con.einsum({spec!r}, {', '.join(map(repr, names))}, into={into!r}, "
-                        f"join={join!r}, agg={c.agg!r}, pieces={st.hints!r})")
+                        f"join={join!r}, agg={c.agg!r}, pieces={st.pieces!r})")
                 try:
                     con.einsum(spec, *names, into=into, join=join, agg=c.agg,
-                               pieces=st.hints or None)
+                               pieces=st.pieces or None)
                     got.append(con.tensor(into))
                 except tensordb.Error as exc:
                     got.append(exc)
@@ -90,8 +90,8 @@ def run_unit(con, unit: list[tuple[str, Statement]], rng) -> tuple[str, list]:
             inputs = [(op.name, list(op.labels)) for op in c.operands]
             join = _api_join(st, rng)
             lines.append(f".op({into!r}, {list(c.out)!r}, {inputs!r}, join={join!r}, "
-                         f"agg={c.agg!r}, pieces={st.hints!r})")
-            g.op(into, list(c.out), inputs, join=join, agg=c.agg, pieces=st.hints or None)
+                         f"agg={c.agg!r}, pieces={st.pieces!r})")
+            g.op(into, list(c.out), inputs, join=join, agg=c.agg, pieces=st.pieces or None)
         text = "con.run(Graph()" + "\n    ".join(lines) + ")"
         con.run(g)
         return text, [con.tensor(into) for into, _ in unit]

@@ -221,3 +221,14 @@ def test_device_tiles_run_each_worker_on_its_device(matmul):
     assert xp.synchronized == len(plan.tasks) + 3
     assert result.bytes_moved == A_TILE + B_TILE + C_TILE
     assert not result.nnz  # no destination buffer was used
+
+
+def test_aggregation_trees_keep_the_plans_kernel_choices(con):
+    """The tree-building plan (Dask) keeps the kernel choices lowering made and EXPLAIN shows."""
+    con.load("A", RNG.standard_normal((8, 64)))
+    con.load("B", RNG.standard_normal((64, 32)))
+    g = tensordb.Graph().op("P", "i", [("A", "ij"), ("B", "jl")], join="x0 + x1", agg="min",
+                            pieces={"j": 16})
+    _, plan = con.plan(bind(g, con.store), g.pieces)
+    tree, inner = with_aggregation_trees(plan, 8)
+    assert inner and tree.kernels == plan.kernels

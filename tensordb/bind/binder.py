@@ -39,7 +39,6 @@ from ..plan import scalar
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
 from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
 from ..dialect import ast as A
-from .scope import AGGREGATES
 from .scope import free_labels as _free_labels
 from .scope import is_aggregate as _is_aggregate
 from .scope import labels_in as _labels_in

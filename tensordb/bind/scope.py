@@ -11,10 +11,9 @@ gives a label to the outermost scope that uses it free (docs/sql.md, the label r
 from __future__ import annotations
 
 from ..dialect import ast as A
+from ..plan.aggregates import AGGS as AGGREGATES  # the one table's names
 
 __all__ = ["AGGREGATES", "is_aggregate", "terms", "free_labels", "labels_in"]
-
-AGGREGATES = ("sum", "max", "min", "prod")
 
 
 def is_aggregate(node) -> bool:

@@ -13,7 +13,7 @@ from ..errors import Span
 
 __all__ = [
     "Label", "Number", "String", "Ref", "Call", "BinOp", "Neg", "Chain", "CHAIN_LIMIT", "Expr",
-    "Target", "Dim", "Pin",
+    "Target", "Dim", "LabelValue",
     "CreateStmt", "LoadStmt", "AssignStmt", "ExplainStmt", "ShowTensorsStmt", "ShowSettingStmt",
     "DescribeStmt", "DropStmt", "CopyStmt", "CheckStmt", "SetStmt", "BeginStmt", "CommitStmt",
     "RollbackStmt",

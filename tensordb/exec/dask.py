@@ -188,15 +188,15 @@ class _Attempt:
                 futures = self.client.get(graph, out_keys, sync=False)
             values = self._wait(futures)
         except _WorkerLost:
-            self._release(futures, scattered, forget=True)
+            self._release(futures, scattered, drop_records=True)
             raise
         except Exception as exc:  # noqa: BLE001 - translated below
-            self._release(futures, scattered, forget=True)
+            self._release(futures, scattered, drop_records=True)
             if type(exc).__name__ == "KilledWorker":  # Dask gave up on a task's workers
                 raise _WorkerLost(str(exc)) from None
             raise _translate(exc) from exc
         tiles = {k: _host(v) for k, v in zip(outs, values)}
-        self._release(futures, scattered, forget=False)
+        self._release(futures, scattered, drop_records=False)
         del futures, values
         seconds = time.perf_counter() - t0
         return self._result(tiles, seconds, scattered_bytes)
@@ -287,12 +287,12 @@ class _Attempt:
             self.progress(len(futures), len(futures))
         return box["values"]
 
-    def _release(self, futures, scattered, *, forget: bool) -> None:
+    def _release(self, futures, scattered, *, drop_records: bool) -> None:
         """Drop every key of this run from the cluster (and the workers' records on failure)."""
         try:
             if futures or scattered:
                 self.client.cancel(list(futures) + list(scattered.values()), force=True)
-            if forget:
+            if drop_records:
                 self.client.run(forget, self.run_id)
         except Exception:  # noqa: BLE001 - best effort: the keys die with their futures anyway
             pass

@@ -320,5 +320,4 @@ def with_aggregation_trees(plan: TilePlan, fan_in: int) -> tuple[TilePlan, set[i
                 level.append(node.key)
             parts = tuple(level)
         tasks.append(replace(t, parts=parts) if parts != getattr(t, "parts", ()) else t)
-    return TilePlan(plan.ops, tasks, plan.outputs, plan.stats, plan.workers, owner,
-                    plan.readers), inner
+    return replace(plan, tasks=tasks, owner=owner), inner  # its kernel choices kept

@@ -81,9 +81,9 @@ class TensorRef(str):
 
     def within(self, key: str) -> bool:
         """Whether this tensor is computed under ``key``: its statement's result, an earlier
-        version, temporary or pairwise step of it (a tiling hint on ``key`` applies to it).
+        version, temporary or pairwise step of it (pieces fixed for ``key`` apply to it).
         ``key`` names a result (``P``, ``P.v1``, or a graph's own name); the internal rename
-        does not count (a hint names the tensor the user sees)."""
+        does not count (fixed pieces name the tensor the user sees)."""
         if str(self) == key:
             return True
         k = TensorRef.of(key)

@@ -67,22 +67,22 @@ def _create(con, script, s: A.CreateStmt, text) -> Result:
     return Result.status(f"CREATE TENSOR {s.name}: {dtype} {shape}", text)
 
 
-def tile_shape(script: str, pins, shape, dims) -> tuple[int, ...]:
+def tile_shape(script: str, values, shape, dims) -> tuple[int, ...]:
     """TILE (i 512, k 1024) or TILE (512, 1024) -> one tile extent per dimension (``shape`` is
     None when not known yet, as for LOAD)."""
-    if all(p.label is None for p in pins):
-        if shape is not None and len(pins) != len(shape):
-            raise _err(BinderError, script, pins[0].span, f"TILE gives {len(pins)} extent(s) for "
+    if all(p.label is None for p in values):
+        if shape is not None and len(values) != len(shape):
+            raise _err(BinderError, script, values[0].span, f"TILE gives {len(values)} extent(s) for "
                        f"{len(shape)} dimension(s)")
-        out = [p.value for p in pins]
+        out = [p.value for p in values]
     else:
         if dims is None:
-            raise _err(BinderError, script, pins[0].span, "TILE names dimensions, but the tensor's "
+            raise _err(BinderError, script, values[0].span, "TILE names dimensions, but the tensor's "
                        "dimensions have no names",
                        hint="write TILE (512, 1024), or name the dimensions: LOAD TENSOR B (i, j) ...")
         out = list(shape) if shape is not None else [None] * len(dims)
         given = set()
-        for p in pins:
+        for p in values:
             if p.label is None:
                 raise _err(BinderError, script, p.span, "name every TILE extent or none")
             if p.label not in dims:
@@ -94,9 +94,9 @@ def tile_shape(script: str, pins, shape, dims) -> tuple[int, ...]:
             out[dims.index(p.label)] = p.value
         if None in out:  # the shape is not known before loading: every extent is needed
             missing = [d for d, t in zip(dims, out) if t is None]
-            raise _err(BinderError, script, pins[0].span,
+            raise _err(BinderError, script, values[0].span,
                        f"TILE needs an extent for every dimension; missing: {', '.join(missing)}")
-    for p in pins:
+    for p in values:
         if p.value < 1:
             raise _err(BinderError, script, p.span, f"tile extents must be positive, got {p.value}")
     return tuple(out) if not shape else tuple(min(t, n) for t, n in zip(out, shape))
