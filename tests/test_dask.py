@@ -288,12 +288,12 @@ def _worker_records():
 
 def test_failed_runs_leave_no_records_on_the_workers(dcon):
     """A failing kernel's run is forgotten on every worker (its task interpreter and logs)."""
-    dcon.load("PA", np.arange(1, 7, dtype=np.int64).reshape(2, 3))
-    dcon.load("PN", -np.ones((2, 3), dtype=np.int64))
+    dcon.load("NegBase", np.arange(1, 7, dtype=np.int64).reshape(2, 3), replace=True)
+    dcon.load("NegExp", -np.ones((2, 3), dtype=np.int64), replace=True)
     client = dcon._get_executor().client
     before = client.run(_worker_records)
     for _ in range(3):
         with pytest.raises(tensordb.Error, match="POW"):
-            dcon.execute("PP[i,j] = POW(PA[i,j], PN[i,j])")  # int to a negative power
+            dcon.execute("NegPow[i,j] = POW(NegBase[i,j], NegExp[i,j])")  # int ** -1
     assert client.run(_worker_records) == before
-    assert not dcon.store.has("PP")
+    assert not dcon.store.has("NegPow")
