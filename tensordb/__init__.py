@@ -21,4 +21,5 @@ __all__ = [
     "Error", "Warning", "InterfaceError", "DatabaseError", "DataError", "OperationalError",
     "IntegrityError", "InternalError", "ProgrammingError", "NotSupportedError",
     "ParserError", "BinderError", "CatalogError", "OutOfMemoryError",
+    "STRING", "NUMBER", "DATETIME", "BINARY", "ROWID",
 ]

@@ -17,7 +17,7 @@ import html
 import math
 import shutil
 import subprocess
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 

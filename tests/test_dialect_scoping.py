@@ -44,7 +44,7 @@ def test_one_line_layer_norm_equals_numpy(db):
 
 
 def test_sibling_aggregates_each_own_a_shared_label(db):
-    X, Y, V = db.tensor("X"), db.tensor("Y"), db.tensor("V")
+    X, Y = db.tensor("X"), db.tensor("Y")
     db.execute("R[i] = MAX(X[i,k]) * SUM(Y[i,k]) - MIN(X[i,k])")
     np.testing.assert_allclose(db.tensor("R"), X.max(1) * Y.sum(1) - X.min(1), rtol=1e-12)
 

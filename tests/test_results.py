@@ -81,7 +81,7 @@ def test_a_tensor_result_is_the_array_and_the_relation(con, oracle):
     assert list(zip(*[table.column(c).to_pylist() for c in ("i", "k", "value")])) == want
     cols = r.fetchnumpy()
     assert sorted(zip(cols["i"].tolist(), cols["k"].tolist(), cols["value"].tolist())) == want
-    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pandas")
     df = r.df().sort_values(["i", "k"])
     assert list(df.itertuples(index=False, name=None)) == want
 

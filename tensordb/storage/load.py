@@ -17,15 +17,14 @@ import math
 import os
 import zipfile
 import zlib
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..errors import DataError, ProgrammingError
-from ..geometry import default_tile_shape, grid_shape, tile_box
 from . import guard
-from .meta import TensorMeta, check_name, check_tile_shape, supported_dtype
 from .arrays import load_array
+from .meta import TensorMeta, check_name
 from .npyfile import NpyFile, open_input, read_header
 
 __all__ = ["load_tensor", "load_array", "FORMATS"]
