@@ -101,7 +101,7 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
     ``input_tiles`` maps block-sparse stored inputs to the coordinates of their stored tiles
     (dense inputs may be left out): the cost model then counts only kernel calls that exist.
     ``input_facts`` maps stored inputs to (finite, nonzero) as the catalog knows them: an absent
-    tile skips kernel calls only next to finite partners (see ``plan.scalar.zero_when_absent``);
+    tile skips kernel calls only next to finite partners (see ``plan.skip.zero_when_absent``);
     without it every input is taken to be finite.
 
     The result's ``details["cost"]`` is the cost model's estimate (a ``PlanCost``), whatever the

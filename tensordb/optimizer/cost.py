@@ -155,7 +155,7 @@ class OpModel:
         inputs to the tiles they store; ``facts`` the stored inputs to (finite: no NaN/inf,
         nonzero: no 0 and no NaN), as the lowering sees them (others: neither). Without
         ``facts`` every input is taken to be finite: an estimate."""
-        from ..plan.scalar import zero_when_absent
+        from ..plan.skip import zero_when_absent
         labels = op.labels
         size = op.size
         sizes = tuple(size[l] for l in labels)

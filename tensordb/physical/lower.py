@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import InternalError
 from ..geometry import Grid, even_bounds, overlapping
-from ..plan import scalar
+from ..plan import skip
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage import catalog
@@ -116,7 +116,7 @@ class _Lowering:
             flags.append(f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} IS NOT NULL) AS p{k}")
         present = {k: "TRUE" for k in inner} | {k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} "
                                                    f"IS NOT NULL)" for k in outer}
-        conds.append(scalar.nonzero_sql(op.join, lambda k: present[k],
+        conds.append(skip.nonzero_sql(op.join, lambda k: present[k],
                                         lambda k: f"coalesce(in{k}.f, TRUE)",
                                         lambda k: f"coalesce(in{k}.n, FALSE)"))
         select = [f"{label_col[l]} AS {_q(l)}" for l in op.labels] + flags
@@ -176,7 +176,7 @@ class _Lowering:
         finite = {k for k, f in enumerate(facts) if f[0]}
         nonzero = {k for k, f in enumerate(facts) if f[1]}
         inner = [k for k in range(len(op.inputs))
-                 if scalar.zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})]
+                 if skip.zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})]
         outer = [k for k in range(len(op.inputs)) if k not in inner]
         return self._join(op, pieces, bounds, inner, outer), outer
 
