@@ -122,7 +122,7 @@ class Connection:
             from .exec import EXECUTORS
             if str(value).split("://", 1)[0] not in EXECUTORS:
                 raise ProgrammingError(f"unknown executor '{value}'",
-                                       hint=f"executors: {', '.join(sorted(EXECUTORS))}")
+                                       hint=f"valid executors: {', '.join(sorted(EXECUTORS))}")
         if key == "executor" and isinstance(value, str):
             from .exec.spawn import check_main_guard
             check_main_guard(value)  # before the setting changes
