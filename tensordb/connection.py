@@ -18,7 +18,7 @@ import numpy as np
 from . import optimizer, physical
 from .config import Settings, available_memory, debug_level, format_bytes, stage
 from .errors import CatalogError, InterfaceError, OutOfMemoryError, ParserError, ProgrammingError
-from .plan.builder import Graph, bind
+from .plan.builder import Graph
 from .plan.ir import EinGraph
 from .session import Session
 from .storage import Store
@@ -319,10 +319,11 @@ class Connection:
 
     def _bind(self, graph: Graph | EinGraph, pieces=None) -> tuple[EinGraph, dict]:
         """bind: a Graph of named steps -> the checked EinGraph, and the pieces it carries."""
+        from .bind import bind_graph
         if isinstance(graph, EinGraph):
             return graph, dict(pieces or {})
         with stage("bind"):
-            return bind(graph, self.store), {**graph.pieces, **(pieces or {})}
+            return bind_graph(graph, self.store), {**graph.pieces, **(pieces or {})}
 
     def _bind_statements(self, items) -> tuple[EinGraph | None, dict]:
         """bind: einsum statements (with the session's LETs) -> the EinGraph of what they store
@@ -330,9 +331,9 @@ class Connection:
         from .bind import bind_statements
         with stage("bind"):
             binder = bind_statements(self.store, self.session.lets, items)
-            if not (binder.graph.steps and binder.outputs):
+            if not (binder.steps and binder.outputs):
                 return None, {}
-            return bind(binder.graph, self.store), dict(binder.graph.pieces)
+            return binder.eingraph(), dict(binder.pieces)
 
     def _run_statements(self, items) -> None:
         """A group of einsum statements: bind, optimize, lower, place, run, commit."""

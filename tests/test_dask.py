@@ -114,7 +114,7 @@ def test_every_task_ran_on_its_planned_worker(dcon):
 
 def test_plan_for_more_workers_than_the_cluster_has(dask_cluster, lcon):
     from tensordb.exec.dask import DaskExecutor
-    from tensordb.plan.builder import bind
+    from tensordb.bind import bind_graph as bind
     with tensordb.connect(workers=3) as con:  # a plan for 3 workers, run on a 2-worker cluster
         want, _ = _matmul(con, pieces={"i": 3, "j": 1, "k": 1})
         g = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C2", pieces={"i": 3, "j": 1, "k": 1})

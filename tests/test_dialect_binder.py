@@ -1,4 +1,4 @@
-"""The binder: statements -> Graph steps, and the errors that name position and cause.
+"""The binder: statements -> checked steps, and the errors that name position and cause.
 
 These tests use a fake catalog: no storage, no execution.
 """
@@ -42,7 +42,7 @@ def bind(text, **kw):
 
 
 def steps(text):
-    return [(s.into, s.out_labels, s.inputs, s.agg, s.store) for s in bind(text).graph.steps]
+    return [(s.into, s.out_labels, s.inputs, s.agg, s.store) for s in bind(text).steps]
 
 
 def error(text, cls=Error):
@@ -65,19 +65,19 @@ def test_matmul_explicit_and_implicit_sum():
         [(into, out, inputs, agg, store)] = steps(text)
         assert (into, out, agg, store) == ("Y", ("i", "k"), "sum", True)
         assert inputs == (("A", ("i", "j")), ("B", ("j", "k")))
-        assert bind(text).graph.steps[0].join == scalar.product(2)
+        assert bind(text).steps[0].join == scalar.product(2)
 
 
 def test_row_max_and_min_plus():
     assert steps("M[i] = MAX(X[i,j])") == [("M", ("i",), (("X", ("i", "j")),), "max", True)]
-    [step] = bind("P[i,j] = MIN(D[i,k] + D[k,j])").graph.steps
+    [step] = bind("P[i,j] = MIN(D[i,k] + D[k,j])").steps
     assert step.agg == "min" and step.join == scalar.Call("+", (scalar.Input(0), scalar.Input(1)))
     assert step.inputs == (("D", ("i", "k")), ("D", ("k", "j")))
 
 
 def test_nested_aggregate_becomes_a_temporary():
     g = bind("H[b,f] = RELU(SUM(X[b,h] * W[h,f]) + c[f])")
-    t, h = g.graph.steps
+    t, h = g.steps
     assert (t.into, t.out_labels, t.agg, t.store) == ("H.t1", ("b", "f"), "sum", False)
     assert t.inputs == (("X", ("b", "h")), ("W", ("h", "f")))
     assert (h.into, h.out_labels, h.store) == ("H", ("b", "f"), True)
@@ -89,20 +89,20 @@ def test_nested_aggregate_becomes_a_temporary():
 def test_softmax_shape_statement():
     # the label of the max is its own (k), so MAX aggregates k and keeps i
     g = bind("E[i,j] = EXP(X[i,j] - MAX(X[i,k]))")
-    t, e = g.graph.steps
+    t, e = g.steps
     assert (t.out_labels, t.agg, t.inputs) == (("i",), "max", (("X", ("i", "k")),))
     assert e.inputs == (("X", ("i", "j")), ("E.t1", ("i",)))
 
 
 def test_scalar_result_and_repeated_operand_uses_one_slot():
-    [step] = bind("s = SUM(X[i,j] * X[i,j])").graph.steps
+    [step] = bind("s = SUM(X[i,j] * X[i,j])").steps
     assert step.out_labels == () and step.inputs == (("X", ("i", "j")),)
     assert step.join == scalar.Call("*", (scalar.Input(0), scalar.Input(0)))
     assert bind("s = SUM(X[i,j] * X[i,j])").known["s"][0] == ()
 
 
 def test_constants_functions_and_folding():
-    [step] = bind("Y[i,j] = POW(A[i,j], 2) * (1 + 2) - -A[i,j] / 4 + MAX(A[i,j], 0)").graph.steps
+    [step] = bind("Y[i,j] = POW(A[i,j], 2) * (1 + 2) - -A[i,j] / 4 + MAX(A[i,j], 0)").steps
     text = scalar.render(step.join, ["a"]).lower()
     assert "3" in text and "pow" in text and "max" in text
     vals = scalar.evaluate(step.join, [np.array([2.0])])
@@ -111,30 +111,30 @@ def test_constants_functions_and_folding():
 
 def test_all_listed_functions_bind():
     for fn in ("exp", "log", "sqrt", "abs", "relu", "tanh", "sigmoid", "sin", "cos", "square"):
-        [step] = bind(f"Y[i,j] = {fn.upper()}(A[i,j])").graph.steps
+        [step] = bind(f"Y[i,j] = {fn.upper()}(A[i,j])").steps
         assert step.join == scalar.Call(fn, (scalar.Input(0),))
 
 
 def test_prod_aggregate_and_three_operand_product():
     assert steps("p[i] = PROD(A[i,j])")[0][3] == "prod"
-    [step] = bind("Y[i,l] = A[i,j] * B[j,k] * D[k,l]").graph.steps
+    [step] = bind("Y[i,l] = A[i,j] * B[j,k] * D[k,l]").steps
     assert step.join == scalar.product(3) and len(step.inputs) == 3
 
 
 def test_einsum_form_and_hints():
     g = bind("Y = EINSUM('ij,jk->ik', A, B) WITH (PIECES i 2)")
-    [step] = g.graph.steps
-    assert step.spec == "ij,jk->ik" and [t for t, _ in step.inputs] == ["A", "B"]
-    assert g.known["Y"][0] == (2, 4) and g.graph.pieces == {"Y": {"i": 2}}
+    [step] = g.steps
+    assert step.inputs == (("A", ("i", "j")), ("B", ("j", "k"))) and step.out_labels == ("i", "k")
+    assert g.known["Y"][0] == (2, 4) and g.pieces == {"Y": {"i": 2}}
     g = bind("Y = EINSUM('...ij->...ji', C3)")
     assert g.known["Y"][0] == (2, 4, 3)
 
 
 def test_pieces_fix_labels():
     g = bind("Y[i,k] = A[i,j] * B[j,k] WITH (PIECES i 2, j 3)")
-    assert g.graph.pieces == {"Y": {"i": 2, "j": 3}}
+    assert g.pieces == {"Y": {"i": 2, "j": 3}}
     old = bind("Y[i,k] = A[i,j] * B[j,k] WITH (TILE (i 2, j 3))")  # the old spelling
-    assert old.graph.pieces == g.graph.pieces
+    assert old.pieces == g.pieces
 
 
 def test_dtype_inference():
@@ -145,7 +145,7 @@ def test_dtype_inference():
 def test_label_rules_nested_in_nested():
     # j is used outside the MAX (inside the SUM), so MAX aggregates k only; SUM aggregates j
     g = bind("Y[i] = SUM(A[i,j] * MAX(B[j,k]))")
-    mx, top = g.graph.steps
+    mx, top = g.steps
     assert mx.out_labels == ("j",) and mx.agg == "max"
     assert top.out_labels == ("i",) and top.agg == "sum"
 
@@ -158,15 +158,15 @@ def test_group_reassignment_makes_temporaries():
     s1, s2 = parse(text)
     g.add(text, s1, last=False)
     g.add(text, s2, last=True)
-    names = [(s.into, s.store) for s in g.graph.steps]
+    names = [(s.into, s.store) for s in g.steps]
     assert names == [("Y.v1", False), ("Y", True)]
-    assert g.graph.steps[1].inputs == (("Y.v1", ("i", "j")),)
+    assert g.steps[1].inputs == (("Y.v1", ("i", "j")),)
 
 
 def test_replacing_a_tensor_the_group_reads_keeps_its_name():
     g = bind("D[i,j] = MIN(D[i,k] + D[k,j])")
-    assert g.graph.steps[0].into == "D"
-    assert g.graph.steps[0].inputs[0][0] == "D"
+    assert g.steps[0].into == "D"
+    assert g.steps[0].inputs[0][0] == "D"
 
 
 def test_create_existing_is_an_error_but_assignment_replaces():
@@ -182,9 +182,9 @@ def test_let_is_inlined_where_used_and_never_stored():
     text = "LET H[b,f] = X[b,h] * W[h,f]; Y[b] = SUM(H[b,f] * c[f])"
     let, use = parse(text)
     g.add(text, let)
-    assert isinstance(lets["h"], LetDef) and lets["h"].shape == (5, 7) and not g.graph.steps
+    assert isinstance(lets["h"], LetDef) and lets["h"].shape == (5, 7) and not g.steps
     g.add(text, use)
-    assert [(s.into, s.store) for s in g.graph.steps] == [("H", False), ("Y", True)]
+    assert [(s.into, s.store) for s in g.steps] == [("H", False), ("Y", True)]
 
 
 def test_let_name_must_be_new():
@@ -258,17 +258,17 @@ def test_more_errors(text, message, shown):
 def test_implicit_sum_is_per_term_like_einstein():
     # only the product sums over j; the bias term is added once
     g = bind("Y[i,k] = A[i,j] * B[j,k] + 1")
-    t, y = g.graph.steps
+    t, y = g.steps
     assert (t.into, t.out_labels, t.agg, t.store) == ("Y.t1", ("i", "k"), "sum", False)
     assert y.inputs == (("Y.t1", ("i", "k")),)
     # each term is its own scope: MAX aggregates j although another term uses j too
     g = bind("Y[i] = MAX(A[i,j]) - I[i,j]")
-    mx, sm, y = g.graph.steps
+    mx, sm, y = g.steps
     assert (mx.agg, mx.out_labels, sm.agg, sm.out_labels) == ("max", ("i",), "sum", ("i",))
     # one term: one step, a contraction the engine can hand to BLAS
-    assert len(bind("Y[i,k] = -A[i,j] * B[j,k]").graph.steps) == 1
+    assert len(bind("Y[i,k] = -A[i,j] * B[j,k]").steps) == 1
     # inside a function there are no terms to split: the sum is around RELU
-    [step] = bind("Y[i,k] = RELU(A[i,j] * B[j,k])").graph.steps
+    [step] = bind("Y[i,k] = RELU(A[i,j] * B[j,k])").steps
     assert step.agg == "sum" and step.join.fn == "relu"
 
 

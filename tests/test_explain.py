@@ -89,7 +89,7 @@ def test_dot_and_bad_format(con4):
 
 def test_a_hand_made_decomposition_is_priced_by_the_optimizer_not_by_explain(con4):
     g, _ = mlp(con4)
-    from tensordb.plan.builder import bind
+    from tensordb.bind import bind_graph as bind
     eg = bind(g, con4.store)
     decomp, plan = con4.plan(eg)
     bare = Decomposition(decomp.workers, decomp.pieces_by_op, "by hand")

@@ -12,7 +12,7 @@ import tensordb
 from tensordb.errors import InternalError
 from tensordb.exec.kernels import KernelSpec
 from tensordb.physical.choice import KernelChoice, MatmulLayout, choose_kernel
-from tensordb.plan.builder import bind
+from tensordb.bind import bind_graph as bind
 from tensordb.plan.ir import EinOp
 from tensordb.plan.scalar import parse_join
 

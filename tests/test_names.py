@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 import tensordb
 from tensordb.optimizer.candidates import pieces_per_op
-from tensordb.plan.builder import Graph, bind, parse_spec
+from tensordb.bind import bind_graph as bind
+from tensordb.plan.builder import Graph, parse_spec
 from tensordb.plan.ir import EinGraph, EinOp, TensorInfo
 from tensordb.plan.names import TensorRef
 

@@ -13,7 +13,8 @@ from tensordb.optimizer import STRATEGIES, decompose, evaluate
 from tensordb.optimizer.candidates import candidates
 from tensordb.optimizer.cost import OpModel, stored_aligned
 from tensordb.plan import scalar
-from tensordb.plan.builder import Graph, bind
+from tensordb.bind import bind_graph as bind
+from tensordb.plan.builder import Graph
 from tensordb.plan.ir import EinGraph, EinOp, Operand, TensorInfo
 
 

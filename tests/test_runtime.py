@@ -17,7 +17,7 @@ from tensordb.exec.pool import HostTiles
 from tensordb.exec.runtime import Cancelled, planned_bytes, translate, with_aggregation_trees
 from tensordb.physical.placement import transfers
 from tensordb.physical.plan import Aggregate, Kernel, Load, OutputTiles, TilePlan
-from tensordb.plan.builder import bind
+from tensordb.bind import bind_graph as bind
 
 RNG = np.random.default_rng(7)
 A = RNG.standard_normal((4, 6))   # stored as two 4x3 tiles (j split in two)

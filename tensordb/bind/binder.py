@@ -1,4 +1,4 @@
-"""Einsum statements (AST) -> steps of a ``plan.builder.Graph``, with every check made here so
+"""Einsum statements (AST) -> checked steps (``emit.BoundStep``), with every check made here so
 that errors point at the source.
 
 Label rules (the Einstein convention, with explicit aggregates):
@@ -32,13 +32,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
 from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
+from ..dtypes import check_dtype
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
 from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
 from ..dialect import ast as A
+from .emit import BoundStep
 from .scope import free_labels as _free_labels
 from .scope import is_aggregate as _is_aggregate
 from .scope import labels_in as _labels_in
@@ -48,19 +48,6 @@ __all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNC
 
 # User-visible scalar functions: the alphabetic entries of the join language.
 SCALAR_FUNCTIONS = tuple(sorted(f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"))
-
-
-@dataclass(frozen=True)
-class BoundStep:
-    """One operation for the Graph: ``into[out_labels] = agg(join(inputs))`` or a numpy spec."""
-
-    into: str
-    out_labels: tuple[str, ...]
-    inputs: tuple[tuple[str, tuple[str, ...]], ...]
-    join: scalar.Expr | None
-    agg: str
-    store: bool
-    spec: str | None = None
 
 
 # resolve(name, span) -> (graph name, shape, dtype); raises CatalogError with the span.
@@ -77,7 +64,7 @@ class Lookup:
         if not self.catalog.has(name):
             raise CatalogError(f"unknown tensor '{name}'", span=span)
         meta = self.catalog.meta(name)
-        return name, tuple(int(n) for n in meta.shape), np.dtype(meta.dtype).name
+        return name, tuple(int(n) for n in meta.shape), check_dtype(meta.dtype, name).name
 
 
 def _err(script: str, span: Span, message: str, cls=BinderError, hint: str | None = None) -> Error:
@@ -147,8 +134,10 @@ def _lower_einsum(script, stmt, call: A.Call, resolve, into, store):
         raise _err(script, call.args[0].span, exc.message, hint=exc.hint) from None
     used = {l for ls in labels for l in ls}
     pieces = check_pieces(script, stmt.pieces, {l for l in used if len(l) == 1}, "the spec")
-    step = BoundStep(into, tuple(out), tuple((n, None) for n in names), None, "sum", store, spec)
-    dtype = np.result_type(*[np.dtype(d) for d in dtypes]).name
+    join = scalar.product(len(names))
+    dtype = infer_dtype(join, dtypes)
+    step = BoundStep(into, tuple(out), tuple((n, tuple(ls)) for n, ls in zip(names, labels)), join,
+                     "sum", store, tuple(sizes.items()), dtype)
     return Lowered([step], tuple(sizes[l] for l in out), dtype, pieces)
 
 
@@ -165,6 +154,12 @@ class _Lowering:
 
     def err(self, span, message, **kw):
         return _err(self.script, span, message, **kw)
+
+    def step(self, into, out_labels, slots, join, agg, store, dtype) -> None:
+        """A checked step over the statement's labels (their sizes checked once, here)."""
+        sizes = tuple((l, n) for l, (n, _, _) in self.sizes.items())
+        self.steps.append(BoundStep(into, tuple(out_labels), tuple(slots), join, agg, store,
+                                    sizes, dtype))
 
     def dtype(self, join, slots, span) -> str:
         """NumPy's dtype for ``join`` (see ``infer_dtype``), or its error at ``span``."""
@@ -205,10 +200,10 @@ class _Lowering:
             raise self._nothing_to_aggregate(expr, set(self.lhs))
         if _is_aggregate(expr):
             self._check_empty(expr, [l for _, ls in slots for l in ls if l not in self.lhs])
-        self.steps.append(BoundStep(self.into, tuple(self.lhs), tuple(slots), join, agg, self.store))
         pieces = check_pieces(self.script, stmt.pieces, set(used), "the statement")
         shape = tuple(self.sizes[l][0] for l in self.lhs)
         dtype = self.dtype(join, slots, expr.span)
+        self.step(self.into, self.lhs, slots, join, agg, self.store, dtype)
         return Lowered(self.steps, shape, dtype, pieces)
 
     def _check_empty(self, node: A.Call, aggregated) -> None:
@@ -333,8 +328,8 @@ class _Lowering:
                 continue
             labels = tuple(dict.fromkeys(l for _, ls in inner for l in ls))
             name = TensorRef.of(self.into).temporary(len(self.steps) + 1)
-            self.steps.append(BoundStep(name, labels, tuple(inner), join, "sum", False))
             self.dtypes[name] = infer_dtype(join, [self.dtypes[t] for t, _ in inner])
+            self.step(name, labels, inner, join, "sum", False, self.dtypes[name])
             start = (name, labels)
         return self._chain_part(start, items[i:], slots)
 
@@ -365,8 +360,8 @@ class _Lowering:
         if not inner:
             raise self.err(node.span, f"{node.fn.upper()} of no tensor")
         name = TensorRef.of(self.into).temporary(sum(1 for s in self.steps) + 1)
-        self.steps.append(BoundStep(name, tuple(kept), tuple(inner), join, node.fn, False))
         self.dtypes[name] = self.dtype(join, inner, node.span)
+        self.step(name, kept, inner, join, node.fn, False, self.dtypes[name])
         return _slot(slots, name, tuple(kept))
 
 

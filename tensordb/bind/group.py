@@ -1,4 +1,4 @@
-"""Consecutive einsum statements -> one ``plan.builder.Graph``, so the optimizer sees them all.
+"""Consecutive einsum statements -> one ``EinGraph``, so the optimizer sees them all.
 
 Names resolve to, in order: a result of an earlier statement of the same group, a LET (its steps
 are inlined, never stored), a stored tensor. Reassigning a name inside a group makes the earlier
@@ -11,12 +11,13 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from ..dtypes import check_dtype
 from ..errors import BinderError, CatalogError, Span
-from ..plan.builder import Graph, TensorRef
+from ..plan.ir import EinGraph, TensorInfo
+from ..plan.names import TensorRef
 from ..dialect import ast as A
 from .binder import Lowered, lower
+from .emit import BoundStep, Emitter
 
 __all__ = ["GroupBinder", "LetDef"]
 
@@ -37,11 +38,13 @@ class LetDef:
 
 @dataclass
 class GroupBinder:
-    """Bind statements one by one into ``graph``."""
+    """Bind statements one by one into checked ``steps``; ``eingraph`` emits them."""
 
     store: object
     lets: dict[str, LetDef]
-    graph: Graph = field(default_factory=Graph)
+    steps: list[BoundStep] = field(default_factory=list)
+    pieces: dict[str, dict[str, int]] = field(default_factory=dict)  # result -> {label: pieces}
+    stored: dict[str, TensorInfo] = field(default_factory=dict)  # stored tensors resolved
     known: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # graph name -> shape, dtype
     current: dict[str, str] = field(default_factory=dict)  # lower(name) -> graph name
     outputs: list[str] = field(default_factory=list)  # user names stored by the group
@@ -57,7 +60,10 @@ class GroupBinder:
             return self._inline_let(self.lets[key])
         if self.store.has(name):
             meta = self.store.meta(name)
-            return meta.name, tuple(int(n) for n in meta.shape), np.dtype(meta.dtype).name
+            info = TensorInfo(meta.name, tuple(int(n) for n in meta.shape),
+                              check_dtype(meta.dtype, meta.name).name)
+            self.stored[info.name] = info
+            return info.name, info.shape, info.dtype
         known = [m.name for m in self.store.list()] + [d.name for d in self.lets.values()] + \
             [k for k in self.current]
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) or \
@@ -77,15 +83,20 @@ class GroupBinder:
         return let.name, low.shape, low.dtype
 
     def _add(self, low: Lowered) -> None:
-        for s in low.steps:
-            if s.spec is not None:
-                self.graph.einsum(s.spec, *[t for t, _ in s.inputs], into=s.into, store=s.store)
-            else:
-                self.graph.op(s.into, s.out_labels, s.inputs, join=s.join, agg=s.agg, store=s.store)
+        self.steps.extend(low.steps)
         last = low.steps[-1].into
         self.known[last] = (low.shape, low.dtype)
         if low.pieces:
-            self.graph.pieces[last] = dict(low.pieces)
+            self.pieces[last] = dict(low.pieces)
+
+    def eingraph(self) -> EinGraph:
+        """The checked steps as operations (``emit.Emitter``: nothing is checked again)."""
+        emitter = Emitter(self.store)
+        for info in self.stored.values():
+            emitter.read(info)
+        for step in self.steps:
+            emitter.add(step)
+        return emitter.graph()
 
     # -- statements ----------------------------------------------------------------------------
     def add(self, script: str, stmt: A.AssignStmt, *, last: bool = True) -> None:

@@ -1,8 +1,9 @@
-"""From user-level einsums to a bound EinGraph.
+"""The Python API's graphs of einsums, and the rules the binder applies to every einsum.
 
-A ``Graph`` records steps by name (numpy einsum specs or explicit operations); ``bind`` resolves
-the names against the catalog, checks labels and shapes, infers result dtypes, and splits
-multi-operand products into pairwise steps in the order opt_einsum's path search finds best.
+A ``Graph`` records steps by name (numpy einsum specs or explicit operations), unchecked; the
+binder (``tensordb.bind.bind_graph``) resolves the names, checks labels, shapes and dtypes with a
+caret on every error, and emits the EinGraph. Here too: numpy's spec semantics (``parse_spec``),
+NumPy's dtype rule (``infer_dtype``) and the pairwise split of a product (``split_pairwise``).
 
 >>> g = Graph().einsum("ij,jk,kl->il", "A", "B", "C", into="D")
 >>> [s.into for s in g.steps]
@@ -17,14 +18,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import opt_einsum as oe
 
-from ..dtypes import SUPPORTED_DTYPES, check_dtype
-from ..errors import BinderError, CatalogError, DataError
+from ..dtypes import SUPPORTED_DTYPES
+from ..errors import BinderError, DataError
 from . import scalar
-from .aggregates import AGGS
-from .ir import EinGraph, EinOp, Operand, TensorInfo
 from .names import TensorRef
 
-__all__ = ["Graph", "Step", "TensorRef", "bind", "parse_spec", "split_pairwise", "infer_dtype"]
+__all__ = ["Graph", "Step", "TensorRef", "parse_spec", "split_pairwise", "infer_dtype"]
 
 
 @dataclass(frozen=True)
@@ -263,141 +262,3 @@ def infer_dtype(join: scalar.Expr, dtypes: Sequence[str], names: Sequence[str] |
         raise DataError(f"{shown} on {on} gives {dt.name} in NumPy, which tensordb does not store",
                         hint="convert first, e.g. multiply by 1.0 for float64 or by 1 for int64")
     return dt.name
-
-
-# -- binding -----------------------------------------------------------------------------------
-
-def bind(graph: Graph, catalog, *, temporaries: Mapping[str, tuple] | None = None) -> EinGraph:
-    """Resolve names against ``catalog`` (anything with ``has`` and ``meta``) into an EinGraph."""
-    binder = _Binder(catalog)
-    for step in graph.steps:
-        binder.add(step)
-    return EinGraph(tuple(binder.inputs.values()), tuple(binder.ops), tuple(binder.outputs))
-
-
-class _Binder:
-    """The names bound so far: stored tensors read, results computed, operations emitted."""
-
-    def __init__(self, catalog) -> None:
-        self.catalog = catalog
-        self.known: dict[str, tuple[tuple[int, ...], str]] = {}  # name -> shape, dtype
-        self.inputs: dict[str, TensorInfo] = {}
-        self.ops: list[EinOp] = []
-        self.outputs: list[str] = []
-        self.alias: dict[str, TensorRef] = {}  # a name redefined after it was read -> its newest
-
-    def add(self, step: Step) -> None:
-        """Bind one step: check it, resolve its operands, label them, name its result, and emit
-        its operations (a product of several operands split pairwise)."""
-        self._check_step(step)
-        names = [self.alias.get(t, t) for t, _ in step.inputs]
-        shapes, dtypes = self._resolve(names, step.into)
-        join = step.join if step.join is not None else scalar.product(len(names))
-        _check_join_inputs(join, len(names), step.into)
-        if step.spec is not None:
-            labels, out, sizes = parse_spec(step.spec, shapes)
-        else:
-            labels, out, sizes = _explicit_labels(step, names, shapes)
-        dtype = infer_dtype(join, dtypes, names)
-        into = self._result_name(step)
-        # A product of tensors (no literal) under SUM is np.einsum: every operand is cast to
-        # the result dtype first, whatever the order the product is written in. A tensor used
-        # twice (A[i,j] * A[i,j] * B[k], one input of the join) is two operands of the einsum.
-        factors = scalar.product_factors(join) if step.agg == "sum" else None
-        einsum = factors is not None and sorted(set(factors)) == list(range(len(names)))
-        if einsum and len(factors) != len(names):
-            names, labels = [names[k] for k in factors], [labels[k] for k in factors]
-            join = scalar.product(len(factors))
-        # A product of three or more is split into pairs only where that cannot change the
-        # answer: grouping the sum over a pair first differs from summing the products next to
-        # an inf (inf * (2 - 1) is inf, 2 * inf - 1 * inf is NaN), so every operand must be a
-        # stored tensor that the catalog knows to be finite.
-        if einsum and (len(names) <= 2 or all(n in self.inputs and self._finite(n) for n in names)):
-            pieces = split_pairwise(into, labels, out, sizes, names)
-        else:
-            pieces = [(into, out, list(zip(names, labels)))]
-        for name, out_labels, operands in pieces:
-            self._emit(name, out_labels, operands, sizes, join if len(pieces) == 1 else None,
-                       step.agg, dtype, cast=einsum)
-        if step.store:
-            self.outputs.append(into)
-
-    def _check_step(self, step: Step) -> None:
-        if step.agg not in AGGS:
-            raise BinderError(f"{step.into}: unknown aggregate '{step.agg}'",
-                              hint=f"valid aggregates: {', '.join(AGGS)}")
-        if step.into in self.known and step.into not in self.inputs or step.into in self.alias:
-            raise BinderError(f"'{step.into}' is defined twice in one graph")
-
-    def _finite(self, name: str) -> bool:
-        """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""
-        opener = getattr(self.catalog, "open", None)
-        return opener is None or opener(name).facts()[0]
-
-    def _lookup(self, name: str, into: str) -> tuple[tuple[int, ...], str]:
-        if name in self.known:
-            return self.known[name]
-        if not self.catalog.has(name):
-            raise CatalogError(f"{into}: unknown tensor '{name}'")
-        meta = self.catalog.meta(name)
-        info = TensorInfo(name, tuple(meta.shape), np.dtype(meta.dtype).name)
-        self.inputs[name] = info
-        self.known[name] = (info.shape, info.dtype)
-        return self.known[name]
-
-    def _resolve(self, names: list[str], into: str) -> tuple[list[tuple[int, ...]], list[str]]:
-        """Shapes and dtypes of the operands (stored tensors or earlier results)."""
-        metas = [self._lookup(t, into) for t in names]
-        for t, (_, dt) in zip(names, metas):
-            check_dtype(dt, t)
-        return [m[0] for m in metas], [m[1] for m in metas]
-
-    def _result_name(self, step: Step) -> TensorRef:
-        """The name the step computes under: its own, or an internal one when it replaces a
-        tensor this graph reads (stored under the tensor's name all the same)."""
-        into = TensorRef.of(step.into)
-        if into in self.inputs:
-            into = self.alias[step.into] = into.internal_copy()
-        return into
-
-    def _emit(self, name: str, out_labels, operands, sizes: dict[str, int],
-              join: scalar.Expr | None, agg: str, dtype: str, cast: bool = False) -> None:
-        """One EinOp; ``join`` None: a pairwise step of a split product; ``cast``: a product of
-        tensors, whose operands are all cast to the result dtype (np.einsum's rule)."""
-        used = {l for _, ls in operands for l in ls}
-        # Every pairwise step computes in the whole product's dtype, as np.einsum does (it casts
-        # every operand to the result type): a float32 x float32 step under a float64 result
-        # would lose float64's precision.
-        in_dtypes = tuple(dtype if join is None or cast else self.known[t][1]
-                          for t, _ in operands)
-        j = join if join is not None else scalar.product(len(operands))
-        op = EinOp(name, tuple(out_labels), tuple(Operand(t, tuple(ls)) for t, ls in operands),
-                   tuple((l, sizes[l]) for l in sizes if l in used), j, agg, dtype, in_dtypes)
-        self.ops.append(op)
-        self.known[name] = (op.out_shape, dtype)
-
-
-def _check_join_inputs(join: scalar.Expr, n: int, into: str) -> None:
-    """Checked before the join is evaluated (for its dtype) on sample values."""
-    bad = sorted(i for i in join.inputs() if not 0 <= i < n)
-    if bad:
-        raise BinderError(f"{into}: the join refers to x{bad[0]}, but the einsum has "
-                          f"{n} operand(s): x0..x{n - 1}",
-                          hint="x0, x1, ... name the operands in the order given")
-
-
-def _explicit_labels(step: Step, names: list[str], shapes: list[tuple[int, ...]]
-                     ) -> tuple[list[list[str]], list[str], dict[str, int]]:
-    """Labels given per operand: one per dimension, one size per label."""
-    labels = [list(ls) for _, ls in step.inputs]
-    sizes: dict[str, int] = {}
-    for t, ls, shape in zip(names, labels, shapes):
-        if len(ls) != len(shape):
-            raise BinderError(f"{step.into}: {t} has {len(shape)} dimension(s) but is "
-                              f"indexed with {len(ls)} label(s) [{','.join(ls)}]")
-        for axis, (l, n) in enumerate(zip(ls, shape)):
-            if l in sizes and sizes[l] != n:
-                raise BinderError(f"{step.into}: label '{l}' has size {sizes[l]} in one "
-                                  f"place but {n} in {t} axis {axis}")
-            sizes[l] = n
-    return labels, list(step.out_labels or ()), sizes

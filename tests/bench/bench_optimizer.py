@@ -26,7 +26,8 @@ from types import SimpleNamespace
 from tensordb.config import format_bytes
 from tensordb.optimizer import decompose
 from tensordb.plan import scalar
-from tensordb.plan.builder import Graph, bind
+from tensordb.bind import bind_graph as bind
+from tensordb.plan.builder import Graph
 from tensordb.plan.ir import EinGraph, EinOp, Operand, TensorInfo
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,131 @@
+"""Checked steps -> the ``EinGraph``: the binder's last part, which checks nothing.
+
+Both of the binder's front ends (statements: ``group.py``/``binder.py``; the Python API's
+``Graph``: ``graph.py``) resolve names and check labels, sizes and dtypes, with a caret on every
+error, and hand over ``BoundStep``s. The emitter only builds operations from them: a product of
+several stored finite tensors is split pairwise (opt_einsum's path), a product of tensors under
+SUM casts every operand to the result dtype (np.einsum's rule), and a result that replaces a
+tensor the graph reads is computed under an internal name (``A'``) and stored under its own.
+
+>>> from tensordb.plan.ir import TensorInfo
+>>> from tensordb.plan import scalar
+>>> e = Emitter(None)
+>>> e.read(TensorInfo("A", (2, 3), "float64"))
+>>> e.add(BoundStep("B", ("i",), (("A", ("i", "j")),), scalar.product(1), "sum", True,
+...                 (("i", 2), ("j", 3)), "float64"))
+>>> g = e.graph()
+>>> [(str(op.output), op.out_labels, op.agg) for op in g.ops], g.outputs
+([('B', ('i',), 'sum')], ('B',))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import scalar
+from ..plan.builder import split_pairwise
+from ..plan.ir import EinGraph, EinOp, Operand, TensorInfo
+from ..plan.names import TensorRef
+
+__all__ = ["BoundStep", "Emitter"]
+
+
+@dataclass(frozen=True)
+class BoundStep:
+    """One checked operation ``into[out_labels] = agg(join(inputs))``: names resolved (to stored
+    tensors the binder handed to ``Emitter.read``, or earlier steps' results), one label per
+    dimension of every input, ``sizes`` of every label, the result ``dtype`` inferred."""
+
+    into: str                                     # a TensorRef for a version or temporary
+    out_labels: tuple[str, ...]
+    inputs: tuple[tuple[str, tuple[str, ...]], ...]
+    join: scalar.Expr
+    agg: str
+    store: bool
+    sizes: tuple[tuple[str, int], ...]
+    dtype: str
+
+
+class Emitter:
+    """The operations emitted so far, and the names they read and compute."""
+
+    def __init__(self, catalog) -> None:
+        self.catalog = catalog  # for the finiteness facts of stored tensors (``open``), if any
+        self.stored: dict[str, TensorInfo] = {}   # stored tensors the binder resolved
+        self.inputs: dict[str, TensorInfo] = {}   # ...that the emitted operations read, in order
+        self.known: dict[str, str] = {}           # name -> dtype, of inputs and results
+        self.ops: list[EinOp] = []
+        self.outputs: list[str] = []
+        self.alias: dict[str, TensorRef] = {}     # a name replaced after it was read -> its result
+
+    def read(self, info: TensorInfo) -> None:
+        """A stored tensor the binder resolved (its name, shape and dtype, read once)."""
+        self.stored.setdefault(info.name, info)
+
+    def replaces_input(self, name: str) -> bool:
+        """Whether a result named ``name`` would replace a stored tensor the graph reads."""
+        return name in self.inputs
+
+    def graph(self) -> EinGraph:
+        return EinGraph(tuple(self.inputs.values()), tuple(self.ops), tuple(self.outputs))
+
+    def add(self, step: BoundStep) -> None:
+        """Emit one step's operations (a product of several operands split pairwise)."""
+        names = [self.alias.get(t, t) for t, _ in step.inputs]
+        labels = [list(ls) for _, ls in step.inputs]
+        for t in names:
+            if t not in self.known:
+                self.inputs[t] = self.stored[t]
+                self.known[t] = self.stored[t].dtype
+        given = dict(step.sizes)  # in the order the labels are first used by the inputs
+        sizes = {l: given[l] for ls in labels for l in ls}
+        join = step.join
+        into = self._result_name(step.into)
+        # A product of tensors (no literal) under SUM is np.einsum: every operand is cast to
+        # the result dtype first, whatever the order the product is written in. A tensor used
+        # twice (A[i,j] * A[i,j] * B[k], one input of the join) is two operands of the einsum.
+        factors = scalar.product_factors(join) if step.agg == "sum" else None
+        einsum = factors is not None and sorted(set(factors)) == list(range(len(names)))
+        if einsum and len(factors) != len(names):
+            names, labels = [names[k] for k in factors], [labels[k] for k in factors]
+            join = scalar.product(len(factors))
+        # A product of three or more is split into pairs only where that cannot change the
+        # answer: grouping the sum over a pair first differs from summing the products next to
+        # an inf (inf * (2 - 1) is inf, 2 * inf - 1 * inf is NaN), so every operand must be a
+        # stored tensor that the catalog knows to be finite.
+        if einsum and (len(names) <= 2 or all(n in self.inputs and self._finite(n) for n in names)):
+            pieces = split_pairwise(into, labels, list(step.out_labels), sizes, names)
+        else:
+            pieces = [(into, list(step.out_labels), list(zip(names, labels)))]
+        for name, out_labels, operands in pieces:
+            self._emit(name, out_labels, operands, sizes, join if len(pieces) == 1 else None,
+                       step.agg, step.dtype, cast=einsum)
+        if step.store:
+            self.outputs.append(into)
+
+    def _finite(self, name: str) -> bool:
+        """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""
+        opener = getattr(self.catalog, "open", None)
+        return opener is None or opener(name).facts()[0]
+
+    def _result_name(self, name: str) -> TensorRef:
+        """The name a step computes under: its own, or an internal one when it replaces a
+        tensor this graph reads (stored under the tensor's name all the same)."""
+        into = TensorRef.of(name)
+        if into in self.inputs:
+            into = self.alias[name] = into.internal_copy()
+        return into
+
+    def _emit(self, name: str, out_labels, operands, sizes: dict[str, int],
+              join: scalar.Expr | None, agg: str, dtype: str, cast: bool = False) -> None:
+        """One EinOp; ``join`` None: a pairwise step of a split product; ``cast``: a product of
+        tensors, whose operands are all cast to the result dtype (np.einsum's rule)."""
+        used = {l for _, ls in operands for l in ls}
+        # Every pairwise step computes in the whole product's dtype, as np.einsum does (it casts
+        # every operand to the result type): a float32 x float32 step under a float64 result
+        # would lose float64's precision.
+        in_dtypes = tuple(dtype if join is None or cast else self.known[t] for t, _ in operands)
+        j = join if join is not None else scalar.product(len(operands))
+        op = EinOp(name, tuple(out_labels), tuple(Operand(t, tuple(ls)) for t, ls in operands),
+                   tuple((l, sizes[l]) for l in sizes if l in used), j, agg, dtype, in_dtypes)
+        self.ops.append(op)
+        self.known[name] = dtype

@@ -1,0 +1,229 @@
+"""The Python API's ``Graph`` (``Graph.einsum``/``op``, ``con.run``, ``con.einsum``) -> checked
+steps, through the checks the statements get, with a caret on every error.
+
+A step has no source text, so the binder writes one: the call as the user made it
+(``einsum('ij,jk->ik', 'A', 'B', into='C')``), remembering where each part is, and every error
+points at its part (the operand, the spec, a label, the join, the aggregate).
+
+>>> class Cat:
+...     def has(self, n): return n == "A"
+...     def meta(self, n): return type("M", (), {"name": "A", "shape": (2, 3), "dtype": "float64"})
+>>> from tensordb.plan.builder import Graph
+>>> try:
+...     bind_graph(Graph().einsum("ij,jk->ik", "A", "B", into="C"), Cat())
+... except Exception as exc:
+...     print(exc)
+unknown tensor 'B'
+LINE 1: einsum('ij,jk->ik', 'A', 'B', into='C')
+                                 ^~~
+HINT: known tensors: A
+"""
+from __future__ import annotations
+
+import difflib
+
+from ..dtypes import check_dtype
+from ..errors import BinderError, CatalogError, Error, InternalError, Span
+from ..plan import scalar
+from ..plan.aggregates import AGGREGATES, AGGS, empty_aggregate
+from ..plan.builder import Graph, Step, infer_dtype, parse_spec
+from ..plan.ir import EinGraph, TensorInfo
+from .emit import BoundStep, Emitter
+
+__all__ = ["bind_graph", "source_of"]
+
+
+def bind_graph(graph: Graph, catalog) -> EinGraph:
+    """Resolve a Graph's names against ``catalog`` (anything with ``has`` and ``meta``; ``list``
+    for hints, ``open`` for finiteness facts) and check it into an EinGraph."""
+    binder = _GraphBinder(catalog)
+    for step in graph.steps:
+        text, spans = source_of(step)
+        try:
+            binder.add(step, spans)
+        except Error as exc:
+            raise exc.with_source(text, spans["call"])
+        except Exception as exc:
+            raise InternalError(f"internal error: {type(exc).__name__}: {exc}", statement=text,
+                                span=spans["call"]) from exc
+    return binder.emitter.graph()
+
+
+# -- the source text of a step ------------------------------------------------------------------
+
+class _Writer:
+    """Text written part by part, with the span of each named part."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.spans: dict = {}
+
+    def put(self, text: str, key=None) -> None:
+        if key is not None:
+            self.spans[key] = Span(len(self.text), len(self.text) + len(text))
+        self.text += text
+
+    def labels(self, labels, key) -> None:
+        """Labels as the user may have written them: 'ij' (one character each) or a list."""
+        labels = list(labels)
+        start = len(self.text)
+        if all(len(l) == 1 and l.isalnum() for l in labels):
+            self.put("'")
+            for axis, l in enumerate(labels):
+                self.put(l, (key, axis))
+            self.put("'")
+        else:
+            self.put("[")
+            for axis, l in enumerate(labels):
+                self.put(", " if axis else "")
+                self.put(repr(l), (key, axis))
+            self.put("]")
+        self.spans[key] = Span(start, len(self.text))
+
+
+def source_of(step: Step) -> tuple[str, dict]:
+    """The call that made ``step``, as text, and the span of each part: ``"call"``, ``"into"``,
+    ``"spec"``, ``"out"``, ``("operand", k)``, ``("labels", k)`` and ``(("labels", k), axis)``,
+    ``"join"``, ``"agg"``."""
+    w = _Writer()
+    if step.spec is not None:
+        w.put("einsum(")
+        w.put(repr(step.spec), "spec")
+        for k, (t, _) in enumerate(step.inputs):
+            w.put(", ")
+            w.put(repr(str(t)), ("operand", k))
+        w.put(", into=")
+        w.put(repr(str(step.into)), "into")
+    else:
+        w.put("op(")
+        w.put(repr(str(step.into)), "into")
+        w.put(", ")
+        w.labels(step.out_labels or (), "out")
+        w.put(", [")
+        for k, (t, ls) in enumerate(step.inputs):
+            w.put(", (" if k else "(")
+            w.put(repr(str(t)), ("operand", k))
+            w.put(", ")
+            w.labels(ls or (), ("labels", k))
+            w.put(")")
+        w.put("]")
+    if step.join is not None:
+        w.put(", join=")
+        w.put(repr(scalar.render(step.join)), "join")
+    if step.agg != "sum":
+        w.put(", agg=")
+        w.put(repr(step.agg), "agg")
+    if not step.store:
+        w.put(", store=False")
+    w.put(")")
+    w.spans["call"] = Span(0, len(w.text))
+    return w.text, w.spans
+
+
+# -- the checks ---------------------------------------------------------------------------------
+
+def _at(exc: Error, span: Span) -> Error:
+    """``exc`` pointing at ``span`` (the text is attached by ``bind_graph``)."""
+    if exc.span is None:
+        exc.span = span
+    return exc
+
+
+class _GraphBinder:
+    """Check steps one by one (names, labels, sizes, dtypes) and emit them."""
+
+    def __init__(self, catalog) -> None:
+        self.catalog = catalog
+        self.emitter = Emitter(catalog)
+        self.known: dict[str, tuple[tuple[int, ...], str]] = {}  # name -> shape, dtype
+
+    def add(self, step: Step, spans: dict) -> None:
+        emitter = self.emitter
+        if step.agg not in AGGS:
+            raise BinderError(f"unknown aggregate '{step.agg}'", span=spans.get("agg"),
+                              hint=f"valid aggregates: {', '.join(AGGS)}")
+        if step.into in self.known and step.into not in emitter.inputs or \
+                step.into in emitter.alias:
+            raise BinderError(f"'{step.into}' is defined twice in one graph", span=spans["into"])
+        names = [emitter.alias.get(t, t) for t, _ in step.inputs]
+        shapes, dtypes = [], []
+        for k, name in enumerate(names):
+            shape, dtype = self._resolve(name, spans[("operand", k)])
+            shapes.append(shape)
+            dtypes.append(dtype)
+        join = step.join if step.join is not None else scalar.product(len(names))
+        where = spans.get("join", spans["call"])
+        bad = sorted(i for i in join.inputs() if not 0 <= i < len(names))
+        if bad:
+            raise BinderError(f"the join refers to x{bad[0]}, but the einsum has "
+                              f"{len(names)} operand(s): x0..x{len(names) - 1}", span=where,
+                              hint="x0, x1, ... name the operands in the order given")
+        if step.spec is not None:
+            try:
+                labels, out, sizes = parse_spec(step.spec, shapes)
+            except Error as exc:
+                raise _at(exc, spans["spec"]) from None
+        else:
+            labels, out, sizes = _explicit_labels(step, names, shapes, spans)
+        try:
+            dtype = infer_dtype(join, dtypes, names)
+        except Error as exc:
+            raise _at(exc, where) from None
+        aggregated = [l for ls in labels for l in ls if l not in out]
+        empty = [l for l in dict.fromkeys(aggregated) if sizes[l] == 0]
+        if empty and AGGREGATES[step.agg].identity is None:
+            raise _at(empty_aggregate(step.agg, empty, str(step.into)),
+                      spans.get("agg", spans["call"]))
+        n = len(emitter.ops)
+        emitter.add(BoundStep(step.into, tuple(out), tuple(zip(names, map(tuple, labels))), join,
+                              step.agg, step.store, tuple(sizes.items()), dtype))
+        for op in emitter.ops[n:]:
+            self.known[op.output] = (op.out_shape, op.dtype)
+
+    def _resolve(self, name: str, span: Span) -> tuple[tuple[int, ...], str]:
+        """An earlier step's result, else a stored tensor (read once, handed to the emitter)."""
+        if name in self.known:
+            return self.known[name]
+        if not self.catalog.has(name):
+            raise CatalogError(f"unknown tensor '{name}'", span=span, hint=self._hint(name))
+        meta = self.catalog.meta(name)
+        info = TensorInfo(name, tuple(int(n) for n in meta.shape),
+                          check_dtype(meta.dtype, name).name)
+        self.emitter.read(info)
+        self.known[name] = (info.shape, info.dtype)
+        return self.known[name]
+
+    def _hint(self, name: str) -> str | None:
+        lister = getattr(self.catalog, "list", None)
+        known = [m.name for m in lister()] if lister is not None else []
+        known += [str(k) for k in self.known if k not in known]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        return f"did you mean '{close[0]}'?" if close else \
+            f"known tensors: {', '.join(known[:12])}" if known else None
+
+
+def _explicit_labels(step: Step, names: list[str], shapes: list[tuple[int, ...]], spans: dict
+                     ) -> tuple[list[list[str]], list[str], dict[str, int]]:
+    """Labels given per operand: one per dimension, one size per label, an output of labels
+    the inputs use, each once."""
+    labels = [list(ls) for _, ls in step.inputs]
+    sizes: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for k, (t, ls, shape) in enumerate(zip(names, labels, shapes)):
+        if len(ls) != len(shape):
+            raise BinderError(f"{t} has {len(shape)} dimension(s) but is indexed with "
+                              f"{len(ls)} label(s) [{','.join(ls)}]", span=spans[("labels", k)],
+                              hint=f"{t} has shape {shape}")
+        for axis, (l, n) in enumerate(zip(ls, shape)):
+            if l in sizes and sizes[l] != n:
+                raise BinderError(f"label '{l}' has size {sizes[l]} in {first[l]} but {n} in "
+                                  f"{t} axis {axis}", span=spans[(("labels", k), axis)])
+            sizes.setdefault(l, n)
+            first.setdefault(l, f"{t} axis {axis}")
+    out = list(step.out_labels or ())
+    for axis, l in enumerate(out):
+        if l not in sizes:
+            raise BinderError(f"output label '{l}' appears in no input", span=spans[("out", axis)])
+        if out.index(l) != axis:
+            raise BinderError(f"label '{l}' is repeated in the output", span=spans[("out", axis)])
+    return labels, out, sizes
