@@ -8,6 +8,7 @@ The statements that are not einsums, blocks and LETs are the session's (tensordb
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -283,6 +284,7 @@ class Connection:
         name = next(n for n in (f"einsum_{k}" for k in range(len(operands) + 1))
                     if n not in operands and not self.store.has(n))
         graph = Graph().einsum(spec, *operands, into=name, join=join, agg=agg, pieces=pieces)
+        graph.steps[-1] = dataclasses.replace(graph.steps[-1], named=False)  # errors show no into=
         return self._compute(graph, name)
 
     def _compute(self, graph: Graph, name: str):

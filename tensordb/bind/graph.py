@@ -92,8 +92,9 @@ def source_of(step: Step) -> tuple[str, dict]:
         for k, (t, _) in enumerate(step.inputs):
             w.put(", ")
             w.put(repr(str(t)), ("operand", k))
-        w.put(", into=")
-        w.put(repr(str(step.into)), "into")
+        if step.named:
+            w.put(", into=")
+            w.put(repr(str(step.into)), "into")
     else:
         w.put("op(")
         w.put(repr(str(step.into)), "into")
@@ -144,7 +145,8 @@ class _GraphBinder:
                               hint=f"valid aggregates: {', '.join(AGGS)}")
         if step.into in self.known and step.into not in emitter.inputs or \
                 step.into in emitter.alias:
-            raise BinderError(f"'{step.into}' is defined twice in one graph", span=spans["into"])
+            raise BinderError(f"'{step.into}' is defined twice in one graph",
+                              span=spans.get("into", spans["call"]))
         names = [emitter.alias.get(t, t) for t, _ in step.inputs]
         shapes, dtypes = [], []
         for k, name in enumerate(names):
@@ -197,7 +199,8 @@ class _GraphBinder:
         lister = getattr(self.catalog, "list", None)
         known = [m.name for m in lister()] if lister is not None else []
         known += [str(k) for k in self.known if k not in known]
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        close = [k for k in known if k.lower() == name.lower()] or \
+            difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         return f"did you mean '{close[0]}'?" if close else \
             f"known tensors: {', '.join(known[:12])}" if known else None
 

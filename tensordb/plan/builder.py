@@ -37,6 +37,7 @@ class Step:
     agg: str = "sum"
     store: bool = True
     spec: str | None = None                       # the numpy spec, when given as one
+    named: bool = True                            # False: con.einsum without into= named it
 
 
 @dataclass
