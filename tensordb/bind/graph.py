@@ -174,8 +174,9 @@ class _GraphBinder:
         aggregated = [l for ls in labels for l in ls if l not in out]
         empty = [l for l in dict.fromkeys(aggregated) if sizes[l] == 0]
         if empty and AGGREGATES[step.agg].identity is None:
-            raise _at(empty_aggregate(step.agg, empty, str(step.into)),
-                      spans.get("agg", spans["call"]))
+            shown = [f"{t}[{','.join(ls)}]" for t, ls in zip(names, labels)]
+            what = f"{step.into}[{','.join(out)}] = {step.agg.upper()}({scalar.render(join, shown)})"
+            raise _at(empty_aggregate(step.agg, empty, what), spans.get("agg", spans["call"]))
         n = len(emitter.ops)
         emitter.add(BoundStep(step.into, tuple(out), tuple(zip(names, map(tuple, labels))), join,
                               step.agg, step.store, tuple(sizes.items()), dtype))
