@@ -61,10 +61,6 @@ class Emitter:
         """A stored tensor the binder resolved (its name, shape and dtype, read once)."""
         self.stored.setdefault(info.name, info)
 
-    def replaces_input(self, name: str) -> bool:
-        """Whether a result named ``name`` would replace a stored tensor the graph reads."""
-        return name in self.inputs
-
     def graph(self) -> EinGraph:
         return EinGraph(tuple(self.inputs.values()), tuple(self.ops), tuple(self.outputs))
 
