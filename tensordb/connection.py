@@ -353,12 +353,15 @@ class Connection:
 
     def plan(self, graph: EinGraph, pieces=None):
         """optimize, lower, place: a bound graph -> (Decomposition, placed TilePlan); nothing
-        runs. TENSORDB_DEBUG=2 prints the plan as EXPLAIN shows it, =3 its tile tasks too."""
+        runs. Aggregations wider than the executor combines in one task (its ``max_fan_in``;
+        None: any) become trees on their worker. TENSORDB_DEBUG=2 prints the plan as EXPLAIN
+        shows it, =3 its tile tasks too."""
         decomp = self._optimize(graph, pieces)
+        fan_in = getattr(self._get_executor(), "max_fan_in", None)
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
         with stage("place"):
-            plan = physical.place(plan)
+            plan = physical.aggregation_trees(physical.place(plan), fan_in)
         if debug_level() >= 2:
             from .explain import render
             print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)
