@@ -40,6 +40,9 @@ Catalog tables (schema ``tensordb``):
     tiles(tensor, version, coords BIGINT[], starts BIGINT[], shape BIGINT[], file, "offset",
           nbytes, nnz, crc32)
 
+``arrays.create_zeros(store, name, shape, dtype, tile=None, dims=None, replace=False)``: a tensor
+    of zeros (CREATE TENSOR): a catalog entry and no tile. ``arrays.load_array``: an array cut
+    into tiles and stored.
 ``integrity.check(store, name=None)``: the rows of CHECK TENSOR / CHECK DATABASE (every tile read
     back and compared with its crc32 and catalog row; orphans; ``COLUMNS`` names the columns).
 
