@@ -290,7 +290,8 @@ class Connection(TensorIO):
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
         with stage("place"):
-            plan = physical.aggregation_trees(physical.place(plan), fan_in)
+            plan = physical.place(plan)
+            plan = physical.aggregation_trees(plan, fan_in)  # on the workers placement chose
         if debug_level() >= 2:
             from .explain import render
             print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)
