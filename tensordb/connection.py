@@ -9,7 +9,6 @@ The statements that are not einsums, blocks and LETs are the session's (tensordb
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 from typing import Any, Mapping, Sequence
@@ -17,12 +16,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import optimizer, physical
-from .config import Settings, available_memory, debug_level, format_bytes, stage
-from .errors import CatalogError, InterfaceError, OutOfMemoryError, ParserError, ProgrammingError
+from .config import Settings, debug_level, stage
+from .errors import CatalogError, InterfaceError, ParserError, ProgrammingError
 from .plan.builder import Graph
 from .plan.ir import EinGraph
 from .session import Session
 from .storage import Store
+from .tensor_io import TensorIO
 
 __all__ = ["Connection", "connect"]
 
@@ -43,8 +43,9 @@ def connect(path: str | os.PathLike | None = None, *, workers: int | None = None
                       read_only=read_only)
 
 
-class Connection:
-    """One open database. Use as a context manager: leaving the block closes it."""
+class Connection(TensorIO):
+    """One open database. Use as a context manager: leaving the block closes it. Its methods
+    that move tensors in and out (``load``, ``tensor``, ``export``, ...) are in tensor_io.py."""
 
     def __init__(self, path=None, *, workers=None, memory_limit=None, executor="local",
                  read_only=False) -> None:
@@ -184,78 +185,6 @@ class Connection:
             raise ProgrammingError(f"a query must be a string, got {type(query).__name__}")
         return sql(self.store, query)
 
-    # -- tensors in and out --------------------------------------------------------------------
-    def load(self, name: str, source, *, tile: Sequence[int] | None = None, replace: bool = False,
-             **options) -> None:
-        """Store a tensor from a numpy array, a .npy/.npz/.parquet/.csv path, or a SQL query.
-
-        Options: ``array`` (npz member), ``index``/``value``/``shape`` (coordinate tables),
-        ``dims`` (dimension names), ``format`` (when the suffix does not say), ``query`` (SQL).
-        """
-        from .storage.load import load_tensor
-        with stage("load"):
-            load_tensor(self.store, name, source, tile=tile, replace=replace, **options)
-
-    def tensor(self, name: str) -> np.ndarray:
-        """The tensor as a dense numpy array (OutOfMemoryError, before allocating, when it would
-        not fit the memory_limit or the memory available)."""
-        reader = self.store.open(name)
-        meta = reader.meta
-        self._check_dense(f"tensor '{meta.name}'", meta.shape, meta.dtype)
-        try:
-            return reader.to_numpy()
-        except MemoryError:  # the estimate above was too hopeful
-            raise OutOfMemoryError(f"out of memory reading tensor '{meta.name}' "
-                                   f"({format_bytes(math.prod(meta.shape) * meta.dtype.itemsize)})"
-                                   " as a dense array") from None
-
-    def _check_dense(self, what: str, shape, dtype) -> None:
-        dtype = np.dtype(dtype)
-        need = math.prod(shape) * dtype.itemsize
-        limit, free = self.settings.memory_limit, available_memory()
-        for budget, where in ((limit, "the memory_limit"), (free, "the memory available")):
-            if budget is not None and need > budget:
-                raise OutOfMemoryError(
-                    f"{what} {dtype.name} {tuple(shape)} needs {format_bytes(need)} as a dense "
-                    f"array, more than {where} ({format_bytes(budget)})",
-                    hint="read it in parts with SQL (con.sql), or COPY it to a file")
-
-    def tensors(self) -> list[dict]:
-        """One dict per stored tensor: name, shape, dtype, tiling, bytes, stored tiles, density."""
-        from .storage.info import list_tensors
-        return list_tensors(self.store)
-
-    def describe(self, name: str) -> dict:
-        from .storage.info import describe_tensor
-        return describe_tensor(self.store, name)
-
-    def export(self, name: str, path: str | os.PathLike, format: str | None = None) -> None:
-        """Write a tensor to .npy, .parquet or .csv (COPY name TO 'path')."""
-        from .storage.export import export_tensor
-        if not isinstance(path, (str, os.PathLike)):
-            raise ProgrammingError(f"an export path must be a string or path, got {type(path).__name__}")
-        if format is not None and not isinstance(format, str):
-            raise ProgrammingError(f"an export format must be a string, got {type(format).__name__}")
-        export_tensor(self.store, name, path, format=format)
-
-    def drop(self, name: str, if_exists: bool = False) -> None:
-        self.store.drop(name, if_exists=if_exists)
-
-    def check(self, name: str | None = None) -> list[dict]:
-        """Verify every stored tile of tensor ``name`` (None: the whole database, orphan files
-        too) against its checksum and catalog row, reading the files (CHECK TENSOR / CHECK
-        DATABASE). One dict per problem (tensor, tile, file, offset, problem); a single row whose
-        problem is 'ok' when none was found. Changes nothing.
-
-        >>> import numpy as np, tensordb
-        >>> with tensordb.connect() as con:
-        ...     con.load("A", np.eye(3))
-        ...     con.check("A")[-1]["problem"]
-        'ok'
-        """
-        from .storage.integrity import COLUMNS, check
-        return [dict(zip(COLUMNS, row)) for row in check(self.store, name)]
-
     # -- einsum --------------------------------------------------------------------------------
     def einsum(self, spec: str, *operands: str, into: str | None = None, join: str | None = None,
                agg: str = "sum", pieces: Mapping[str, int] | None = None, replace: bool = True):
@@ -356,12 +285,16 @@ class Connection:
 
     def plan(self, graph: EinGraph, pieces=None):
         """optimize, lower, place: a bound graph -> (Decomposition, placed TilePlan); nothing
-        runs. TENSORDB_DEBUG=2 prints the plan as EXPLAIN shows it, =3 its tile tasks too."""
+        runs. Aggregations wider than the executor combines in one task (its ``max_fan_in``;
+        None: any) become trees on their worker. TENSORDB_DEBUG=2 prints the plan as EXPLAIN
+        shows it, =3 its tile tasks too."""
         decomp = self._optimize(graph, pieces)
+        fan_in = getattr(self._get_executor(), "max_fan_in", None)
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
         with stage("place"):
             plan = physical.place(plan)
+            plan = physical.aggregation_trees(plan, fan_in)  # on the workers placement chose
         if debug_level() >= 2:
             from .explain import render
             print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)

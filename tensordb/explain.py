@@ -86,6 +86,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
             "fan_in": stats.max_fan_in if stats and stats.max_fan_in else
             math.prod(pieces[l] for l in op.agg_labels),
             "aggregations": stats.aggregations if stats else 0,
+            "aggregation_levels": stats.agg_levels if stats else 0,
             "flops": int(stats.flops) if stats else int(op.flops),
             "bytes_moved": int(moved_per_op[i]),
             "retile_bytes": int(stats.retile_bytes) if stats else 0,
@@ -217,7 +218,7 @@ def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]
     rows = []
     for i, n in enumerate(data["nodes"], 1):
         row = [str(i), n["expression"], _pieces(n, n["pieces"]), _tile(n), str(n["kernel_calls"]),
-               str(n["fan_in"]), count(n["flops"]), format_bytes(n["bytes_moved"]),
+               _fan_in(n), count(n["flops"]), format_bytes(n["bytes_moved"]),
                format_bytes(n["cost"]["total"]) if "cost" in n else "-", n["kernel"]["text"]]
         if analyze:
             m = n.get("measured", {})
@@ -232,6 +233,13 @@ def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]
                 f"{_pieces(n, u['pieces'])} ({_delta(u['cost'] / base - 1)})" for u in ups)
         rows.append((row, alts))
     return head, rows
+
+
+def _fan_in(node: Mapping) -> str:
+    """The fan-in cell, with the levels when aggregations are trees (``8 (2 levels)``: at most 8
+    partials per aggregation task, in trees 2 tasks deep)."""
+    levels = node.get("aggregation_levels", 0)
+    return f"{node['fan_in']} ({levels} levels)" if levels > 1 else str(node["fan_in"])
 
 
 MEASURED_NOTE = "* measured while running; the other columns are estimates"

@@ -194,6 +194,33 @@ def test_create_tensor_is_sparse_zeros(con):
     assert con.tensor("z").shape == (5,)
 
 
+def test_create_tensor_is_storages_one_call(con):
+    """CREATE TENSOR and storage.arrays.create_zeros make the same tensor: zeros, no tile, the
+    default tile shape when none is given; a taken name is refused and left as it was."""
+    import pathlib
+    from tensordb.geometry import default_tile_shape
+    from tensordb.storage.arrays import create_zeros
+    con.execute("CREATE TENSOR s (i 300, j 5000) INT32")
+    meta = create_zeros(con.store, "t", (300, 5000), "int32", dims=("i", "j"))
+    for name in ("s", "t"):
+        info = con.describe(name)
+        assert info["tile_shape"] == default_tile_shape((300, 5000), np.dtype("int32"))
+        assert info["dims"] == ("i", "j") and info["tile_count"] == 0 and info["bytes"] == 0
+        np.testing.assert_array_equal(con.tensor(name), np.zeros((300, 5000), np.int32))
+    assert meta.tile_count == 0 and meta.shape == (300, 5000)
+    con.load("u", np.arange(6.0))
+    with pytest.raises(CatalogError, match="already exists"):
+        create_zeros(con.store, "u", (4,), "float64")
+    np.testing.assert_array_equal(con.tensor("u"), np.arange(6.0))
+    create_zeros(con.store, "u", (2, 2), "bool", tile=(1, 2), replace=True)
+    assert con.describe("u")["tile_shape"] == (1, 2) and not con.tensor("u").any()
+    # Outside storage, only the commit of a run's outputs (physical.OutputWriters) drives a writer.
+    root = pathlib.Path(tensordb.__file__).parent
+    drivers = {str(p.relative_to(root)) for p in root.rglob("*.py")
+               if ".writer(" in p.read_text() and p.parent.name != "storage"}
+    assert drivers == {"physical/lower.py"}
+
+
 @pytest.mark.parametrize("text, cls, shown", [
     ("CREATE TENSOR q (i 3) FLOAT16", BinderError, "FLOAT16"),
     ("CREATE TENSOR q (i 3, 4)", BinderError, "4"),

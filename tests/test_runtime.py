@@ -1,5 +1,5 @@
 """The shared runtime under the executors (exec/runtime.py): its byte accounting on hand-built
-plans, aggregation trees, error translation, and the array-module / tile-movement seam the GPU
+plans, error translation, and the array-module / tile-movement seam the GPU
 executor plugs into (run here with NumPy under another name)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import tensordb
 from tensordb.exec import LocalExecutor
 from tensordb.exec.gpu import DeviceTiles
 from tensordb.exec.pool import HostTiles
-from tensordb.exec.runtime import Cancelled, planned_bytes, translate, with_aggregation_trees
+from tensordb.exec.runtime import Cancelled, planned_bytes, translate
 from tensordb.physical.placement import transfers
 from tensordb.physical.plan import Aggregate, Kernel, Load, OutputTiles, TilePlan
 from tensordb.bind import bind_graph as bind
@@ -97,31 +97,6 @@ def test_loads_on_the_kernel_worker_move_only_the_partial(matmul):
     result = _run(plan, workers=2)
     np.testing.assert_allclose(result.tiles[6], A @ B, rtol=1e-12)
     assert result.bytes_moved == C_TILE == transfers(plan)[0]
-
-
-def test_aggregation_trees_keep_the_result_and_the_root(con):
-    x, w = RNG.standard_normal((8, 40)), RNG.standard_normal((40, 6))
-    con.load("X", x, tile=(8, 2))
-    con.load("W", w, tile=(2, 6))
-    g = tensordb.Graph().einsum("ij,jk->ik", "X", "W", into="Y", pieces={"i": 1, "j": 20, "k": 1})
-    _, plan = con.plan(bind(g, con.store), g.pieces)
-    (root,) = [t for t in plan.tasks if isinstance(t, Aggregate)]
-    assert len(root.parts) == 20
-    tree, inner = with_aggregation_trees(plan, 8)
-    aggs = [t for t in tree.tasks if isinstance(t, Aggregate)]
-    # 20 partials -> 3 nodes of at most 8 -> the root combines those 3
-    assert len(inner) == 3 and {len(tree.task(k).parts) for k in inner} == {8, 4}
-    assert tree.task(root.key).parts == tuple(sorted(inner))
-    assert all(len(t.parts) <= 8 and t.worker == root.worker for t in aggs)
-    assert not any(tree.task(k).fill_zero for k in inner)
-    assert sorted(p for k in inner for p in tree.task(k).parts) == sorted(root.parts)
-    pos = {t.key: i for i, t in enumerate(tree.tasks)}
-    assert all(pos[k] < pos[t.key] for t in tree.tasks for k in t.inputs)  # still topological
-    assert with_aggregation_trees(plan, 20) == (plan, set())
-    for p in (plan, tree):
-        got = _run(p, workers=2)
-        np.testing.assert_allclose(got.tiles[root.key], x @ w, rtol=1e-10)
-        assert got.kernel_calls == 20
 
 
 def test_a_kernel_failure_names_the_operation(con, snapshot):
@@ -221,14 +196,3 @@ def test_device_tiles_run_each_worker_on_its_device(matmul):
     assert xp.synchronized == len(plan.tasks) + 3
     assert result.bytes_moved == A_TILE + B_TILE + C_TILE
     assert not result.nnz  # no destination buffer was used
-
-
-def test_aggregation_trees_keep_the_plans_kernel_choices(con):
-    """The tree-building plan (Dask) keeps the kernel choices lowering made and EXPLAIN shows."""
-    con.load("A", RNG.standard_normal((8, 64)))
-    con.load("B", RNG.standard_normal((64, 32)))
-    g = tensordb.Graph().op("P", "i", [("A", "ij"), ("B", "jl")], join="x0 + x1", agg="min",
-                            pieces={"j": 16})
-    _, plan = con.plan(bind(g, con.store), g.pieces)
-    tree, inner = with_aggregation_trees(plan, 8)
-    assert inner and tree.kernels == plan.kernels

@@ -1,7 +1,7 @@
 """The tensor SQL dialect: text in, statements (ASTs with source spans) out. Nothing here runs
 or binds a statement; the dialect imports only ``errors`` and its own modules.
 
-    text --lexer.split--> statements --parser (lark grammar)--> AST (ast.py, spans)
+    text --lexer.split--> statements --parser (lark grammar)--> tree --build--> AST (ast.py, spans)
 
 The Connection parses a script with ``parse`` and drives the rest (tensordb/session/,
 tensordb/bind/).

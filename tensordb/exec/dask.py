@@ -7,8 +7,8 @@ Each Dask worker is one tensordb worker: plan worker ``w`` runs on ``addresses[w
 sorted worker addresses), pinned with ``allow_other_workers=False``. Dask does the scheduling and
 moves tiles between workers; each task runs on the shared runtime (``runtime.py``: the task
 interpreter, its error translation and the run's byte accounting), so results are the same.
-An aggregation of more than ``AGG_FAN_IN`` partials runs as the runtime's tree
-(``with_aggregation_trees``): a Dask task combines all its inputs at once.
+A Dask task combines all its inputs at once, so the executor asks the plan for aggregation
+trees of at most ``max_fan_in`` partials per task (``physical/trees.py``, made when planning).
 Stored input tiles are read on their worker from the memory-mapped payload when the worker shares
 this machine, else read here and scattered to it. Only the stored outputs are gathered; every
 other key is released when the run ends, so nothing outlives the query on a worker.
@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import Error, NotSupportedError, OperationalError
 from ..physical.plan import Kernel, Load, TilePlan
 from .dask_worker import Payload, collect, forget, gpu_count, run_task, to_host
-from .runtime import Ledger, RunResult, op_of, planned_bytes, translate, with_aggregation_trees
+from .runtime import Ledger, RunResult, op_of, planned_bytes, translate
 from .tasks import run_load
 
 __all__ = ["DaskExecutor", "local_cluster"]
@@ -70,6 +70,7 @@ class DaskExecutor:
     """Runs tile plans on a Dask cluster; ``workers`` is the cluster's worker count."""
 
     name = "dask"
+    max_fan_in = AGG_FAN_IN  # the plan's aggregations come as trees of at most this many partials
 
     def __init__(self, spec: str = "dask://local", workers: int = 2, *, memory_limit=None) -> None:
         from distributed import Client
@@ -128,12 +129,11 @@ class DaskExecutor:
     def run(self, plan: TilePlan, store=None, progress=None, destinations=None) -> RunResult:
         if not plan.tasks:
             return RunResult({})
-        plan, inner = with_aggregation_trees(plan, AGG_FAN_IN)
         attempts = 0
         while True:
             attempts += 1
             try:
-                result = _Attempt(self, plan, inner, progress).go()
+                result = _Attempt(self, plan, progress).go()
             except _WorkerLost as lost:
                 if attempts > self.retries:
                     raise OperationalError(
@@ -161,8 +161,8 @@ class _WorkerLost(Exception):
 class _Attempt:
     """One submission of the whole plan, on the workers alive when it starts."""
 
-    def __init__(self, ex: DaskExecutor, plan: TilePlan, inner: set[int], progress) -> None:
-        self.ex, self.plan, self.inner, self.progress = ex, plan, inner, progress
+    def __init__(self, ex: DaskExecutor, plan: TilePlan, progress) -> None:
+        self.ex, self.plan, self.progress = ex, plan, progress
         self.client = ex.client
         self.run_id = uuid.uuid4().hex[:12]
         self.addresses = ex.addresses()
@@ -313,16 +313,14 @@ class _Attempt:
                 task = plan.task(key)
                 ledger.ran(task, index.get(addr, 0), dt)
                 ledger.produced(task, 0, nb)  # Dask counts what its workers hold (above)
-                if key not in self.inner:
-                    ran_on[key] = addr
+                ran_on[key] = addr
         # Bytes moved, from the plan: every input tile whose producer ran on another worker.
         for t in plan.tasks:
             for k in t.inputs:
                 if self.addr[k] != self.addr[t.key]:
                     ledger.moved(t, planned_bytes(plan, plan.task(k)))
         self.ex.last_run = {"addresses": self.addresses,
-                            "planned_on": {k: a for k, a in self.addr.items()
-                                           if k not in self.inner},
+                            "planned_on": dict(self.addr),
                             "ran_on": ran_on, "scattered_bytes": scattered_bytes}
         return ledger.result(tiles, seconds)
 

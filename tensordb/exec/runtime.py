@@ -13,8 +13,6 @@ moves there. What a task does, what it costs and what its failure means is decid
   tile from the plan before its task runs.
 - ``RunControl`` is cancellation and progress: kernels call ``check(fraction)`` between chunks;
   it raises ``Cancelled`` once the run has failed or was interrupted.
-- ``with_aggregation_trees`` splits an aggregation of many partials into a tree on its worker, for
-  executors that combine all of a task's inputs at once (lowering should emit these trees).
 
 A run returns a ``RunResult``: the output tiles and the run's statistics, per operation in
 ``ops`` (what EXPLAIN ANALYZE shows); nothing is written into the plan.
@@ -23,7 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,7 +32,7 @@ from .tasks import (finish_aggregate, run_aggregate, run_assemble, run_kernel, r
                     start_aggregate)
 
 __all__ = ["RunResult", "OpMeasure", "TaskRunner", "Ledger", "RunControl", "Cancelled",
-           "translate", "op_of", "held_bytes", "planned_bytes", "with_aggregation_trees"]
+           "translate", "op_of", "held_bytes", "planned_bytes"]
 
 
 @dataclass
@@ -292,32 +290,3 @@ class RunControl:
             done = self.done
             running = sum(self.partial.values())
         self.progress(min(done + running, self.total), self.total)
-
-
-# -- aggregation trees -------------------------------------------------------------------------
-
-def with_aggregation_trees(plan: TilePlan, fan_in: int) -> tuple[TilePlan, set[int]]:
-    """``plan`` with every aggregation of more than ``fan_in`` partials split into a tree of
-    aggregations of at most ``fan_in`` each, on the aggregation's worker (inner nodes do not fill
-    skipped zeros: the root does). Returns the plan and the keys of the inner nodes.
-
-    For executors whose tasks combine all their inputs at once (Dask); the local pool folds
-    partials as they arrive and needs no tree. Lowering should emit these trees (issue 10)."""
-    if not any(isinstance(t, Aggregate) and len(t.parts) > fan_in for t in plan.tasks):
-        return plan, set()
-    next_key = max(t.key for t in plan.tasks) + 1
-    tasks, owner, inner = [], dict(plan.owner), set()
-    for t in plan.tasks:
-        parts = t.parts if isinstance(t, Aggregate) else ()
-        while len(parts) > fan_in:
-            level = []
-            for i in range(0, len(parts), fan_in):
-                node = replace(t, key=next_key, parts=tuple(parts[i:i + fan_in]), fill_zero=False)
-                next_key += 1
-                tasks.append(node)
-                owner[node.key] = plan.owner.get(t.key, 0)
-                inner.add(node.key)
-                level.append(node.key)
-            parts = tuple(level)
-        tasks.append(replace(t, parts=parts) if parts != getattr(t, "parts", ()) else t)
-    return replace(plan, tasks=tasks, owner=owner), inner  # its kernel choices kept

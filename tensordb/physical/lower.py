@@ -218,6 +218,7 @@ class _Lowering:
             return parts[0][0]
         stats.aggregations += 1
         stats.max_fan_in = max(stats.max_fan_in, len(parts))
+        stats.agg_levels = 1  # one task per output tile; trees.py may make it a tree
         return self._add(Aggregate(self._next_key, op.agg, tuple(k for k, _ in parts),
                                    parts[0][1], op.dtype, fill), index)
 
@@ -357,5 +358,7 @@ def describe(plan: TilePlan) -> str:
     for s, kernel in zip(plan.stats, plan.kernels):
         pieces = " ".join(f"{l}:{d}" for l, d in s.pieces.items())
         lines.append(f"  {s.op.describe()}  [{pieces}]  {kernel.describe()}  calls={s.kernel_calls} "
-                     f"aggs={s.aggregations} fan_in={s.max_fan_in} retile={s.retile_bytes}B")
+                     f"aggs={s.aggregations} fan_in={s.max_fan_in}"
+                     + (f" levels={s.agg_levels}" if s.agg_levels > 1 else "")
+                     + f" retile={s.retile_bytes}B")
     return "\n".join(lines)

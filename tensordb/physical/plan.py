@@ -111,7 +111,8 @@ class OpStats:
     pieces: dict[str, int]
     kernel_calls: int = 0
     aggregations: int = 0          # output tiles that combine more than one partial
-    max_fan_in: int = 0            # the most partials any output tile combines
+    max_fan_in: int = 0            # the most partials any aggregation task combines
+    agg_levels: int = 0            # levels of its deepest aggregation (1: one task; more: a tree)
     input_tiles: int = 0           # tiles read or re-tiled for the operation's inputs
     retile_bytes: int = 0          # bytes copied to cut and re-assemble input tiles
     flops: int = 0                 # flops of the kernel calls that exist (absent tiles excluded)

@@ -6,12 +6,11 @@ import difflib
 import re
 from dataclasses import fields
 
-import numpy as np
-
 from ..config import Settings, format_bytes
 from ..errors import BinderError, CatalogError, Error, ParserError, Span
 from ..result import Result
 from ..storage._duck import quote_ident
+from ..storage.arrays import create_zeros
 from ..dialect import ast as A
 from ..dialect.lexer import words
 
@@ -59,11 +58,7 @@ def _create(con, script, s: A.CreateStmt, text) -> Result:
             raise _err(CatalogError, script, s.name_span, f"tensor '{s.name}' already exists",
                        hint=f"CREATE OR REPLACE TENSOR {s.name} ... replaces it")
     tile = tile_shape(script, s.tile, shape, dims) if s.tile else None
-    if tile is None:
-        from ..geometry import default_tile_shape
-        tile = default_tile_shape(shape, dtype)
-    # A writer with no tiles is a tensor of zeros: absent tiles are zeros, nothing is written.
-    con.store.writer(s.name, shape, np.dtype(dtype), tuple(tile), dims=dims, replace=s.replace).commit()
+    create_zeros(con.store, s.name, shape, dtype, tile=tile, dims=dims, replace=s.replace)
     return Result.status(f"CREATE TENSOR {s.name}: {dtype} {shape}", text)
 
 

@@ -40,11 +40,15 @@ Catalog tables (schema ``tensordb``):
     tiles(tensor, version, coords BIGINT[], starts BIGINT[], shape BIGINT[], file, "offset",
           nbytes, nnz, crc32)
 
+``arrays.create_zeros(store, name, shape, dtype, tile=None, dims=None, replace=False)``: a tensor
+    of zeros (CREATE TENSOR): a catalog entry and no tile. ``arrays.load_array``: an array cut
+    into tiles and stored.
 ``integrity.check(store, name=None)``: the rows of CHECK TENSOR / CHECK DATABASE (every tile read
     back and compared with its crc32 and catalog row; orphans; ``COLUMNS`` names the columns).
 
-Modules: store (Store), catalog (the tables), writer/reader (payload files), integrity (the
-check), load and tables (sources), relations (plain SQL over tables and tensors), views (tensors
+Modules: store (Store), directory (the database directory: checks before opening, one writer,
+the sweep of leftover payloads), catalog (the tables), writer/reader (payload files), integrity (the
+check), load, arrays and tables (sources), relations (plain SQL over tables and tensors), views (tensors
 shown to DuckDB), guard (what user SQL may write; queries spliced as one SELECT), export, info
 (listing), npyfile, meta (names, grids). Tile geometry and dtypes are tensordb.geometry and
 tensordb.dtypes, shared with the other stages: storage imports no stage above it.

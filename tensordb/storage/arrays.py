@@ -1,5 +1,6 @@
-"""load_array: a numpy array (any layout, a memory map included) cut into tiles and stored, one
-tile at a time, in one writer commit. Every loader that ends with an array uses it."""
+"""Tensors from arrays. load_array: a numpy array (any layout, a memory map included) cut into
+tiles and stored, one tile at a time, in one writer commit; every loader that ends with an array
+uses it. create_zeros: a tensor of zeros (CREATE TENSOR), which stores no tile at all."""
 from __future__ import annotations
 
 from typing import Callable
@@ -10,7 +11,7 @@ from ..errors import DataError
 from ..geometry import default_tile_shape, grid_shape, tile_box
 from .meta import TensorMeta, check_tile_shape, supported_dtype
 
-__all__ = ["load_array"]
+__all__ = ["load_array", "create_zeros"]
 
 
 def load_array(store, name: str, arr: np.ndarray, *, tile=None, replace=False, dims=None,
@@ -30,3 +31,20 @@ def load_array(store, name: str, arr: np.ndarray, *, tile=None, replace=False, d
             if after_tile is not None:
                 after_tile()
     return w.meta()
+
+
+def create_zeros(store, name: str, shape, dtype, *, tile=None, dims=None,
+                 replace=False) -> TensorMeta:
+    """Store a tensor of zeros: its catalog entry only, since absent tiles are zeros. ``tile``
+    is its tile shape (default: ``default_tile_shape``); the writer checks every argument.
+
+    >>> import numpy as np
+    >>> from tensordb.storage import Store
+    >>> with Store() as store:
+    ...     meta = create_zeros(store, "Z", (4, 6), "float32", tile=(2, 3), dims=("i", "j"))
+    ...     meta.tile_count, meta.grid_shape, float(np.abs(store.open("Z").to_numpy()).sum())
+    (0, (2, 2), 0.0)
+    """
+    dtype = supported_dtype(dtype, f"tensor '{name}'")
+    tile_shape = tuple(tile) if tile is not None else default_tile_shape(shape, dtype)
+    return store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace).commit()

@@ -1,7 +1,5 @@
-"""Store: one database, a DuckDB catalog plus a directory of tile payload files.
-
-    <root>/catalog.duckdb   the catalog (and the user's own tables)
-    <root>/tiles/<v>.bin    one payload file per tensor version
+"""Store: one database, a DuckDB catalog plus a directory of tile payload files (its layout,
+the checks made when opening it and the sweep of leftover payloads: directory.py).
 
 Every create, replace and drop is: write a new payload file, then swap catalog rows in one DuckDB
 transaction, then delete the old payload file. A crash before the commit leaves an orphan file,
@@ -10,9 +8,7 @@ after it a stale one; opening for writing deletes every file the catalog does no
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -24,22 +20,14 @@ import duckdb
 import numpy as np
 
 from ..errors import CatalogError, InterfaceError, OperationalError, ProgrammingError
-from . import catalog
+from . import catalog, directory
 from ._duck import quote_str, translate, translating
+from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .reader import TensorReader
 from .writer import TensorWriter
 
 __all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter"]
-
-CATALOG_FILE = "catalog.duckdb"
-TILES_DIR = "tiles"
-_PAYLOAD = re.compile(r"(\d+)\.bin\Z")
-
-# Writable stores open in this process, by root: DuckDB lets one process open a file twice, but
-# two writers would hand out the same versions and delete each other's files in flight.
-_OPEN: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
-_OPEN_LOCK = threading.Lock()
 
 
 class _Txn:
@@ -73,19 +61,19 @@ class Store:
             self.root = Path(tempfile.mkdtemp(prefix="tensordb-"))
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True)
             self.persistent = False
-            self.duck = self._connect(":memory:")
+            self.duck = directory.connect(":memory:", self.root, read_only)
             # DuckDB spills big sorts (COO loads) to ./.tmp by default; keep them in our directory.
             self.duck.execute(f"SET temp_directory = {quote_str(str(self.root / 'spill'))}")
         else:
             self.root = Path(os.fspath(path)).expanduser().absolute()
             self._cleanup = None
             self.persistent = True
-            self._check_root()
-            self._claim()
+            directory.check_root(self.root, read_only)
+            directory.claim(self)
             try:
-                self.duck = self._connect(str(self.root / CATALOG_FILE))
+                self.duck = directory.connect(str(self.root / CATALOG_FILE), self.root, read_only)
             except BaseException:
-                self._release()
+                directory.release(self)
                 raise
         # Power-loss safety for payloads costs one fsync per tensor; an in-memory db has no use.
         self.fsync = self.persistent
@@ -96,7 +84,7 @@ class Store:
                 self._duck_memory_default = self.duck.execute(
                     "SELECT current_setting('memory_limit')").fetchall()[0][0]
                 if not read_only:
-                    self._check_catalog()
+                    directory.check_catalog(self.duck, self.root, self.tiles_dir)
                     catalog.create(self.duck)  # also adds columns an older catalog lacks
                 elif not catalog.exists(self.duck):
                     raise OperationalError(f"{self.root} holds no tensordb catalog")
@@ -109,124 +97,12 @@ class Store:
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
             self.closed = False
-            self._next_version = self._start_version()
+            self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only)
         except BaseException:
             self.close()
             raise
 
-    # -- opening -------------------------------------------------------------------------------
-    def _check_root(self) -> None:
-        root = self.root
-        if root.exists() and not root.is_dir():
-            raise OperationalError(f"cannot open database {root}: it is a file, not a database "
-                                   "directory", hint="a tensordb database is a directory holding "
-                                   f"{CATALOG_FILE} and {TILES_DIR}/")
-        if not root.exists():
-            if self.read_only:
-                raise OperationalError(f"cannot open database {root} read-only: it does not exist")
-            try:
-                root.mkdir(parents=True)
-            except OSError as exc:
-                raise OperationalError(f"cannot create database {root}: {exc.strerror}") from None
-            return
-        if (root / CATALOG_FILE).exists():
-            return
-        tiles = root / TILES_DIR
-        payloads = sorted(os.listdir(tiles)) if tiles.is_dir() else []
-        if payloads or (root / (CATALOG_FILE + ".wal")).exists():
-            # Without its catalog nothing proves a payload unreferenced: never start afresh here.
-            raise OperationalError(
-                f"cannot open database {root}: its catalog {root / CATALOG_FILE} is missing, but "
-                f"{TILES_DIR}/ holds {len(payloads)} payload file(s)" if payloads else
-                f"cannot open database {root}: its catalog {root / CATALOG_FILE} is missing, but "
-                f"its write-ahead log {CATALOG_FILE}.wal is there",
-                hint=f"restore {CATALOG_FILE} from a backup; nothing was changed or deleted")
-        stray = {p.name for p in root.iterdir()} - {CATALOG_FILE + ".wal", TILES_DIR}
-        if stray:
-            raise OperationalError(f"cannot open database {root}: the directory is not empty and "
-                                   f"holds no {CATALOG_FILE}",
-                                   hint="choose a new or empty directory for a new database")
-
-    def _check_catalog(self) -> None:
-        """Refuse a catalog file without the tensordb tables (replaced, or emptied) while payload
-        files exist: creating fresh tables would make every payload look like an orphan."""
-        if catalog.exists(self.duck) or not os.path.isdir(self.tiles_dir):
-            return
-        payloads = os.listdir(self.tiles_dir)
-        if payloads:
-            raise OperationalError(
-                f"cannot open database {self.root}: {self.root / CATALOG_FILE} holds no tensordb "
-                f"catalog, but {TILES_DIR}/ holds {len(payloads)} payload file(s)",
-                hint=f"restore the database's own {CATALOG_FILE}; nothing was changed or deleted")
-
-    def _claim(self) -> None:
-        key = str(self.root.resolve())
-        with _OPEN_LOCK:
-            other = _OPEN.get(key)
-            if other is not None and not other.closed:
-                gc.collect()  # an unreachable connection may still be waiting for collection
-                other = _OPEN.get(key)
-            if other is not None and not other.closed and not (other.read_only and self.read_only):
-                raise OperationalError(
-                    f"database {self.root} is already open in this process",
-                    hint="close the other connection first (one writer per database)")
-            if not self.read_only:
-                _OPEN[key] = self
-
-    def _release(self) -> None:
-        with _OPEN_LOCK:
-            key = str(self.root.resolve())
-            if _OPEN.get(key) is self:
-                del _OPEN[key]
-
-    def _connect(self, target: str):
-        try:
-            return duckdb.connect(target, read_only=self.read_only)
-        except duckdb.IOException as exc:
-            text = str(exc)
-            if "lock" in text.lower():
-                pid = re.search(r"PID (\d+)", text)
-                who = f"process {pid.group(1)}" if pid else "another process"
-                mode = _holder_mode(target, pid.group(1) if pid else None)
-                if mode is None:  # only a writer keeps a reader out; a writer is kept out by any
-                    mode = "open for writing" if self.read_only else "open"
-                hint = "a database has one writer at a time; close the other connection " \
-                    "(readers may share it with read_only=True when nobody writes)"
-                if mode == "open read-only":
-                    hint = "a database has one writer at a time, and none while another " \
-                        "process reads it: close the reader, or open this one read_only=True too"
-                raise OperationalError(f"database {self.root} is locked: {who} has it {mode}",
-                                       hint=hint) from None
-            if "not a valid DuckDB database" in text:
-                raise OperationalError(f"cannot open database {self.root}: {CATALOG_FILE} is not a "
-                                       "DuckDB database file") from None
-            raise translate(exc, f"cannot open database {self.root}") from None
-        except duckdb.Error as exc:
-            raise translate(exc, f"cannot open database {self.root}") from None
-
-    def _start_version(self) -> int:
-        """Delete unreferenced payload files (crash leftovers) and pick the next version.
-
-        A file goes only when the catalog, read without error, proves it unreferenced: no tile
-        row names it and no tensor row has its version (so a damaged tiles table cannot make a
-        live tensor's payload look orphaned). Directories are never ours: they stay."""
-        with translating("cannot read the catalog"):
-            newest = catalog.max_version(self.duck)
-            keep = catalog.referenced_files(self.duck) if not self.read_only else set()
-            live = catalog.versions(self.duck) if not self.read_only else set()
-        if not os.path.isdir(self.tiles_dir):
-            return newest + 1  # read-only, before any tensor was written
-        for entry in os.scandir(self.tiles_dir):
-            m = _PAYLOAD.match(entry.name)
-            if m:
-                newest = max(newest, int(m.group(1)))
-            if self.read_only or entry.name in keep or (m and int(m.group(1)) in live):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                continue
-            _remove(entry.path)
-        return newest + 1
-
+    # -- closing -------------------------------------------------------------------------------
     def close(self) -> None:
         """Close the catalog; an in-memory database's payload files are deleted."""
         with self._lock:
@@ -241,7 +117,7 @@ class Store:
             self._txn = None
             self.closed = True
             if self.persistent:
-                self._release()
+                directory.release(self)
             elif self._cleanup is not None:
                 self._cleanup()
 
@@ -452,35 +328,3 @@ class Store:
                 self._views.discard(view)
                 with contextlib.suppress(duckdb.Error):
                     self.duck.unregister(view)
-
-
-def _holder_mode(path: str, pid: str | None) -> str | None:
-    """How the process holding ``path``'s lock has it open, from the kernel's lock table: DuckDB
-    takes a shared (READ) lock for a read-only connection, an exclusive (WRITE) one otherwise.
-    None where the table cannot tell (not Linux, or the lock is gone)."""
-    try:
-        st = os.stat(path)
-        with open("/proc/locks") as f:
-            table = f.read().splitlines()
-    except OSError:
-        return None
-    inode = f":{st.st_ino}"
-    for line in table:
-        parts = line.split()
-        # "1: POSIX  ADVISORY  READ 25007 fe:00:2148220 0 EOF"
-        if len(parts) >= 6 and parts[5].endswith(inode) and (pid is None or parts[4] == pid):
-            if parts[3] == "READ":
-                return "open read-only"
-            if parts[3] == "WRITE":
-                return "open for writing"
-    return None
-
-
-def _remove(path: str) -> None:
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass

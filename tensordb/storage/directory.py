@@ -1,0 +1,188 @@
+"""The database directory: what is checked before a database is opened, one writer per database
+(in this process here, across processes through DuckDB's lock on the catalog), and the sweep of
+payload files the catalog proves unreferenced when it is opened for writing.
+
+    <root>/catalog.duckdb   the catalog (and the user's own tables)
+    <root>/tiles/<v>.bin    one payload file per tensor version
+"""
+from __future__ import annotations
+
+import gc
+import os
+import re
+import shutil
+import threading
+import weakref
+from pathlib import Path
+
+import duckdb
+
+from ..errors import OperationalError
+from . import catalog
+from ._duck import translate, translating
+
+__all__ = ["CATALOG_FILE", "TILES_DIR", "check_root", "check_catalog", "claim", "release",
+           "connect", "sweep", "remove"]
+
+CATALOG_FILE = "catalog.duckdb"
+TILES_DIR = "tiles"
+_PAYLOAD = re.compile(r"(\d+)\.bin\Z")
+
+# Writable stores open in this process, by root: DuckDB lets one process open a file twice, but
+# two writers would hand out the same versions and delete each other's files in flight.
+_OPEN: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+_OPEN_LOCK = threading.Lock()
+
+
+def check_root(root: Path, read_only: bool) -> None:
+    """Create ``root`` when it is new (and not ``read_only``); refuse a file, a directory that
+    is not a database, and a database whose catalog is missing while payloads are there."""
+    if root.exists() and not root.is_dir():
+        raise OperationalError(f"cannot open database {root}: it is a file, not a database "
+                               "directory", hint="a tensordb database is a directory holding "
+                               f"{CATALOG_FILE} and {TILES_DIR}/")
+    if not root.exists():
+        if read_only:
+            raise OperationalError(f"cannot open database {root} read-only: it does not exist")
+        try:
+            root.mkdir(parents=True)
+        except OSError as exc:
+            raise OperationalError(f"cannot create database {root}: {exc.strerror}") from None
+        return
+    if (root / CATALOG_FILE).exists():
+        return
+    tiles = root / TILES_DIR
+    payloads = sorted(os.listdir(tiles)) if tiles.is_dir() else []
+    if payloads or (root / (CATALOG_FILE + ".wal")).exists():
+        # Without its catalog nothing proves a payload unreferenced: never start afresh here.
+        raise OperationalError(
+            f"cannot open database {root}: its catalog {root / CATALOG_FILE} is missing, but "
+            f"{TILES_DIR}/ holds {len(payloads)} payload file(s)" if payloads else
+            f"cannot open database {root}: its catalog {root / CATALOG_FILE} is missing, but "
+            f"its write-ahead log {CATALOG_FILE}.wal is there",
+            hint=f"restore {CATALOG_FILE} from a backup; nothing was changed or deleted")
+    stray = {p.name for p in root.iterdir()} - {CATALOG_FILE + ".wal", TILES_DIR}
+    if stray:
+        raise OperationalError(f"cannot open database {root}: the directory is not empty and "
+                               f"holds no {CATALOG_FILE}",
+                               hint="choose a new or empty directory for a new database")
+
+
+def check_catalog(duck, root: Path, tiles_dir: str) -> None:
+    """Refuse a catalog file without the tensordb tables (replaced, or emptied) while payload
+    files exist: creating fresh tables would make every payload look like an orphan."""
+    if catalog.exists(duck) or not os.path.isdir(tiles_dir):
+        return
+    payloads = os.listdir(tiles_dir)
+    if payloads:
+        raise OperationalError(
+            f"cannot open database {root}: {root / CATALOG_FILE} holds no tensordb "
+            f"catalog, but {TILES_DIR}/ holds {len(payloads)} payload file(s)",
+            hint=f"restore the database's own {CATALOG_FILE}; nothing was changed or deleted")
+
+
+def claim(store) -> None:
+    """Register ``store`` as this process's writer of its root (readers may share it)."""
+    key = str(store.root.resolve())
+    with _OPEN_LOCK:
+        other = _OPEN.get(key)
+        if other is not None and not other.closed:
+            gc.collect()  # an unreachable connection may still be waiting for collection
+            other = _OPEN.get(key)
+        if other is not None and not other.closed and not (other.read_only and store.read_only):
+            raise OperationalError(
+                f"database {store.root} is already open in this process",
+                hint="close the other connection first (one writer per database)")
+        if not store.read_only:
+            _OPEN[key] = store
+
+
+def release(store) -> None:
+    with _OPEN_LOCK:
+        key = str(store.root.resolve())
+        if _OPEN.get(key) is store:
+            del _OPEN[key]
+
+
+def connect(target: str, root: Path, read_only: bool):
+    """A DuckDB connection to ``target``; a lock held by another process is an
+    OperationalError saying whether it reads or writes."""
+    try:
+        return duckdb.connect(target, read_only=read_only)
+    except duckdb.IOException as exc:
+        text = str(exc)
+        if "lock" in text.lower():
+            pid = re.search(r"PID (\d+)", text)
+            who = f"process {pid.group(1)}" if pid else "another process"
+            mode = _holder_mode(target, pid.group(1) if pid else None)
+            if mode is None:  # only a writer keeps a reader out; a writer is kept out by any
+                mode = "open for writing" if read_only else "open"
+            hint = "a database has one writer at a time; close the other connection " \
+                "(readers may share it with read_only=True when nobody writes)"
+            if mode == "open read-only":
+                hint = "a database has one writer at a time, and none while another " \
+                    "process reads it: close the reader, or open this one read_only=True too"
+            raise OperationalError(f"database {root} is locked: {who} has it {mode}",
+                                   hint=hint) from None
+        if "not a valid DuckDB database" in text:
+            raise OperationalError(f"cannot open database {root}: {CATALOG_FILE} is not a "
+                                   "DuckDB database file") from None
+        raise translate(exc, f"cannot open database {root}") from None
+    except duckdb.Error as exc:
+        raise translate(exc, f"cannot open database {root}") from None
+
+
+def sweep(duck, tiles_dir: str, read_only: bool) -> int:
+    """Delete unreferenced payload files (crash leftovers) and return the next version.
+
+    A file goes only when the catalog, read without error, proves it unreferenced: no tile
+    row names it and no tensor row has its version (so a damaged tiles table cannot make a
+    live tensor's payload look orphaned). Directories are never ours: they stay."""
+    with translating("cannot read the catalog"):
+        newest = catalog.max_version(duck)
+        keep = catalog.referenced_files(duck) if not read_only else set()
+        live = catalog.versions(duck) if not read_only else set()
+    if not os.path.isdir(tiles_dir):
+        return newest + 1  # read-only, before any tensor was written
+    for entry in os.scandir(tiles_dir):
+        m = _PAYLOAD.match(entry.name)
+        if m:
+            newest = max(newest, int(m.group(1)))
+        if read_only or entry.name in keep or (m and int(m.group(1)) in live):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            continue
+        remove(entry.path)
+    return newest + 1
+
+
+def _holder_mode(path: str, pid: str | None) -> str | None:
+    """How the process holding ``path``'s lock has it open, from the kernel's lock table: DuckDB
+    takes a shared (READ) lock for a read-only connection, an exclusive (WRITE) one otherwise.
+    None where the table cannot tell (not Linux, or the lock is gone)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            table = f.read().splitlines()
+    except OSError:
+        return None
+    inode = f":{st.st_ino}"
+    for line in table:
+        parts = line.split()
+        # "1: POSIX  ADVISORY  READ 25007 fe:00:2148220 0 EOF"
+        if len(parts) >= 6 and parts[5].endswith(inode) and (pid is None or parts[4] == pid):
+            if parts[3] == "READ":
+                return "open read-only"
+            if parts[3] == "WRITE":
+                return "open for writing"
+    return None
+
+
+def remove(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,104 @@
+"""The Connection's methods that move tensors in and out of the database: ``load``, ``tensor``,
+``tensors``, ``describe``, ``export``, ``drop``, ``check``. Each checks its arguments and calls
+storage; none runs the pipeline (connection.py drives that). ``Connection`` inherits them.
+
+>>> import numpy as np, tensordb
+>>> with tensordb.connect() as con:
+...     con.load("A", np.eye(3), tile=(2, 2))
+...     con.describe("A")["tile_shape"], float(con.tensor("A").trace())
+((2, 2), 3.0)
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from .config import available_memory, format_bytes, stage
+from .errors import OutOfMemoryError, ProgrammingError
+
+if TYPE_CHECKING:
+    from .config import Settings
+    from .storage import Store
+
+__all__ = ["TensorIO"]
+
+
+class TensorIO:
+    """Mixed into ``Connection``, whose ``store`` and ``settings`` these methods use."""
+
+    store: "Store"
+    settings: "Settings"
+
+    def load(self, name: str, source, *, tile: Sequence[int] | None = None, replace: bool = False,
+             **options) -> None:
+        """Store a tensor from a numpy array, a .npy/.npz/.parquet/.csv path, or a SQL query.
+
+        Options: ``array`` (npz member), ``index``/``value``/``shape`` (coordinate tables),
+        ``dims`` (dimension names), ``format`` (when the suffix does not say), ``query`` (SQL).
+        """
+        from .storage.load import load_tensor
+        with stage("load"):
+            load_tensor(self.store, name, source, tile=tile, replace=replace, **options)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The tensor as a dense numpy array (OutOfMemoryError, before allocating, when it would
+        not fit the memory_limit or the memory available)."""
+        reader = self.store.open(name)
+        meta = reader.meta
+        self._check_dense(f"tensor '{meta.name}'", meta.shape, meta.dtype)
+        try:
+            return reader.to_numpy()
+        except MemoryError:  # the estimate above was too hopeful
+            raise OutOfMemoryError(f"out of memory reading tensor '{meta.name}' "
+                                   f"({format_bytes(math.prod(meta.shape) * meta.dtype.itemsize)})"
+                                   " as a dense array") from None
+
+    def _check_dense(self, what: str, shape, dtype) -> None:
+        dtype = np.dtype(dtype)
+        need = math.prod(shape) * dtype.itemsize
+        limit, free = self.settings.memory_limit, available_memory()
+        for budget, where in ((limit, "the memory_limit"), (free, "the memory available")):
+            if budget is not None and need > budget:
+                raise OutOfMemoryError(
+                    f"{what} {dtype.name} {tuple(shape)} needs {format_bytes(need)} as a dense "
+                    f"array, more than {where} ({format_bytes(budget)})",
+                    hint="read it in parts with SQL (con.sql), or COPY it to a file")
+
+    def tensors(self) -> list[dict]:
+        """One dict per stored tensor: name, shape, dtype, tiling, bytes, stored tiles, density."""
+        from .storage.info import list_tensors
+        return list_tensors(self.store)
+
+    def describe(self, name: str) -> dict:
+        from .storage.info import describe_tensor
+        return describe_tensor(self.store, name)
+
+    def export(self, name: str, path: str | os.PathLike, format: str | None = None) -> None:
+        """Write a tensor to .npy, .parquet or .csv (COPY name TO 'path')."""
+        from .storage.export import export_tensor
+        if not isinstance(path, (str, os.PathLike)):
+            raise ProgrammingError(f"an export path must be a string or path, got {type(path).__name__}")
+        if format is not None and not isinstance(format, str):
+            raise ProgrammingError(f"an export format must be a string, got {type(format).__name__}")
+        export_tensor(self.store, name, path, format=format)
+
+    def drop(self, name: str, if_exists: bool = False) -> None:
+        self.store.drop(name, if_exists=if_exists)
+
+    def check(self, name: str | None = None) -> list[dict]:
+        """Verify every stored tile of tensor ``name`` (None: the whole database, orphan files
+        too) against its checksum and catalog row, reading the files (CHECK TENSOR / CHECK
+        DATABASE). One dict per problem (tensor, tile, file, offset, problem); a single row whose
+        problem is 'ok' when none was found. Changes nothing.
+
+        >>> import numpy as np, tensordb
+        >>> with tensordb.connect() as con:
+        ...     con.load("A", np.eye(3))
+        ...     con.check("A")[-1]["problem"]
+        'ok'
+        """
+        from .storage.integrity import COLUMNS, check
+        return [dict(zip(COLUMNS, row)) for row in check(self.store, name)]
