@@ -13,7 +13,7 @@ import tensordb
 from tensordb.exec import EXECUTORS, LocalExecutor
 from tensordb.physical import aggregation_trees
 from tensordb.physical.plan import Aggregate
-from tensordb.plan.builder import bind
+from tensordb.bind import bind_graph as bind
 
 RNG = np.random.default_rng(11)
 
