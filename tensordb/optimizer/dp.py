@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..plan.ir import EinGraph
+from ..plan.memory import worker_budget
 from .candidates import candidates, pieces_per_op
 from .cost import DEFAULT_PARAMS, CostParams, OpModel, as_dict, edge_retile, models_of
 
@@ -71,9 +72,9 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
     """Run the search; returns (pieces by operation, choices, dp_cost, seconds)."""
     t0 = time.perf_counter()
     p = max(1, int(workers))
-    models = models_of(graph, p, params, presence, facts)
+    budget = worker_budget(memory_limit, p)
+    models = models_of(graph, p, params, presence, facts, input_grids, budget)
     fixed = pieces_per_op(graph, pieces)
-    budget = None if memory_limit is None else max(1, int(memory_limit) // p)
     tables = _own_tables(graph, models, fixed, dict(input_grids or {}), budget)
     uses, shared, constant = _fill_tables(graph, models, tables)
     chosen, dp_cost = _reconstruct(graph, tables, uses, shared, constant)
