@@ -111,8 +111,12 @@ class Connection:
         self.close()
 
     def set(self, name: str, value: Any) -> None:
-        """Change a setting (``workers``, ``memory_limit``, ``executor``, ``tiling``, ...)."""
+        """Change a setting (``workers``, ``memory_limit``, ``executor``, ``tiling``, ...);
+        ``'DEFAULT'`` returns it to its default (not ``tiling``, which has a strategy of that
+        name)."""
         key = str(name).lower()
+        if Settings.is_default(key, value):
+            value = getattr(Settings(), key, value)
         if key == "tiling" and value:
             from .optimizer import STRATEGIES
             if str(value) not in STRATEGIES:
