@@ -13,7 +13,8 @@ at once is the working set of one kernel call (``CallMemory``):
   above 1: a sliced contraction);
 - ``temporaries``: what the kernel allocates besides: a broadcasting kernel evaluates its join in
   chunks of ``chunk_elements`` join-space elements (each operand's slice and the join's value),
-  plus the chunk's reduction; a matmul writes into its output and copies only an operand it must
+  plus the chunk's reduction (``chunk_elements`` times the operands' itemsizes, an estimate of
+  the join's intermediate arrays); a matmul writes into its output and copies only an operand it must
   cast or transpose; opt_einsum's ``contract`` may copy every operand and its result.
 
 An operation's projected peak per worker is its largest call's working set (the call on the
@@ -78,10 +79,11 @@ def worker_budget(memory_limit: int | None, workers: int) -> int | None:
 
 
 def element_bytes(op: EinOp) -> int:
-    """Bytes a broadcasting kernel holds per join-space element: one of each operand's slice and
-    one of the join's value (in the result dtype)."""
+    """Bytes a broadcasting kernel holds per join-space element: one element of each operand's
+    slice, broadcast to the chunk (the join's intermediate values), at least one of the result's.
+    """
     ins = op.in_dtypes or (op.dtype,) * len(op.inputs)
-    return sum(np.dtype(d).itemsize for d in ins) + np.dtype(op.dtype).itemsize
+    return sum(np.dtype(d).itemsize for d in ins) or np.dtype(op.dtype).itemsize
 
 
 def chunk_elements(budget: int | None, op: EinOp) -> int:
@@ -91,7 +93,7 @@ def chunk_elements(budget: int | None, op: EinOp) -> int:
 
     >>> from tensordb.plan.ir import EinOp
     >>> op = EinOp.contraction("P", "ik", [("A", "ij"), ("B", "jk")], {"i": 8, "j": 8, "k": 8})
-    >>> chunk_elements(None, op) == CHUNK_ELEMENTS, chunk_elements(96 << 10, op)   # 24 B/element
+    >>> chunk_elements(None, op) == CHUNK_ELEMENTS, chunk_elements(64 << 10, op)   # 16 B/element
     (True, 1024)
     """
     if budget is None:
