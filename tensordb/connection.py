@@ -31,6 +31,9 @@ def connect(path: str | os.PathLike | None = None, *, workers: int | None = None
             read_only: bool = False) -> "Connection":
     """Open a database: in memory when ``path`` is None, else a directory that persists.
 
+    ``memory_limit`` (bytes, or text such as ``'2GB'``) is shared by the workers; left out, it
+    is 80% of the machine's memory (``config.default_memory_limit``); ``'none'``: no limit.
+
     >>> import numpy as np, tensordb
     >>> with tensordb.connect() as con:
     ...     con.load("A", np.eye(3))
