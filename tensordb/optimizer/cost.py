@@ -248,9 +248,10 @@ class OpModel:
             found = True
         return [tuple(vec)] if found else []
 
-    def cost(self, d: Sequence[int], retile: float = 0.0) -> OpCost:
+    def cost(self, d: Sequence[int], retile: float = 0.0, memory: bool = True) -> OpCost:
         """The cost of tiling ``d`` (one entry per label, in ``labels`` order), without the
-        re-tiling of inputs unless given as ``retile``."""
+        re-tiling of inputs unless given as ``retile``; ``memory=False`` leaves out the projected
+        memory (the search ranks candidates by cost alone: their fit is checked before)."""
         k = math.prod(d)
         f = self.present(d)
         join = 0.0
@@ -268,7 +269,10 @@ class OpModel:
         # the same volume, the one without partial results wins.
         tasks = calls + (calls / fan_in if fan_in > 1 else 0)
         return OpCost(join * f, agg * f, retile, prm.task_bytes * tasks, balance, k, fan_in, flops,
-                      self.working_set(d), self.call_memory(d))
+                      self.working_set(d), self.call_memory(d) if memory else _NO_MEMORY)
+
+
+_NO_MEMORY = memory.CallMemory()
 
 
 @lru_cache(maxsize=65536)

@@ -104,7 +104,7 @@ def _own_tables(graph: EinGraph, models: Mapping[str, OpModel], fixed: Mapping, 
                 for which, o in enumerate(op.inputs):
                     if o.tensor not in models:
                         retile += edge_retile(m, which, d, None, None, grids.get(o.tensor))
-                local.append(m.cost(d, retile).total)
+                local.append(m.cost(d, retile, memory=False).total)
             needs = [[m.need(d, w) for d in cands] for w in range(len(op.inputs))]
             outs = [m.out_tiling(d) for d in cands]
             hit = seen[sig] = (cands, local, needs, outs)
