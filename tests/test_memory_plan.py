@@ -74,6 +74,10 @@ def arrays(con):
     con.load("A", a, tile=(48, 80))    # row slabs: a box of whole rows is a view
     con.load("B", b, tile=(40, 32))    # a 2x2 grid: only boxes inside one tile are views
     con.load("C", c)
+    s = np.zeros((80, 64))
+    s[:40, :32], s[40:, 32:] = b[:40, :32], b[40:, 32:]
+    con.load("S", s, tile=(40, 32))    # block-diagonal: two of its four tiles are absent
+    assert con.store.meta("S").tile_count == 2
     return a, b, c
 
 
@@ -85,6 +89,9 @@ CASES = {
                                  pieces={"i": 2})
                       .op("U", "il", [("T", "ik"), ("C", "kl")], join="x0 + x1", agg="min",
                           pieces={"i": 3, "k": 2})),
+    # a block-sparse operand: a box over present and absent tiles is a copy
+    "sparse": lambda: Graph().op("Q", "ik", [("A", "ij"), ("S", "jk")],
+                                 pieces={"i": 2, "j": 1, "k": 1}),
     # elementwise over stored tiles cut in their own grid: all views
     "elementwise": lambda: Graph().op("E", "ij", [("A", "ij"), ("A", "ij")], join="x0 * x1 + 1",
                                       pieces={"i": 2}),

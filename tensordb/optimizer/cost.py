@@ -213,7 +213,8 @@ class OpModel:
         tile = [-(-n // k) if n else 0 for n, k in zip(self.sizes, d)]
         extents = dict(zip(self.labels, tile))
         copied = [not (i.stored and i.grid is not None and
-                       _views(tuple(map(tuple, i.grid)), i.shape, self.need(d, w)))
+                       _views(tuple(map(tuple, i.grid)), i.shape, self.need(d, w),
+                              i.presence is None))
                   for w, i in enumerate(self.inputs)]
         fan_in = math.prod(d[self.n_out:])
         return memory.call_memory(self.op, extents, fan_in, copied,
@@ -276,17 +277,18 @@ _NO_MEMORY = memory.CallMemory()
 
 
 @lru_cache(maxsize=65536)
-def _views(grid: Grid, shape: tuple[int, ...], need: tuple[int, ...]) -> bool:
+def _views(grid: Grid, shape: tuple[int, ...], need: tuple[int, ...], dense: bool = True) -> bool:
     """True when the reader hands out every piece of the even tiling ``need`` of a stored tensor
     as a view (storage/reader.py ``read_box``): each piece lies inside one stored tile, or (along
-    the first dimension) spans a run of row tiles that are whole in every other dimension.
+    the first dimension, when every tile is stored) spans a run of row tiles that are whole in
+    every other dimension. (A piece over an absent tile is no tile at all: nothing held.)
 
     >>> _views(((0, 4, 8), (0, 4, 8)), (8, 8), (4, 2)), _views(((0, 4, 8), (0, 4, 8)), (8, 8), (1, 2))
     (True, False)
     >>> _views(((0, 4, 8), (0, 8)), (8, 8), (1, 2))     # a run of two row tiles
     True
     """
-    rows_whole = all(len(b) == 2 for b in grid[1:])
+    rows_whole = dense and all(len(b) == 2 for b in grid[1:])
     for dim, (bounds, n, k) in enumerate(zip(grid, shape, need)):
         if dim == 0 and rows_whole:
             continue
