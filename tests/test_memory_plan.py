@@ -14,7 +14,8 @@ from tensordb.config import Settings, default_memory_limit, format_bytes
 from tensordb.exec.runtime import held_bytes
 from tensordb.optimizer import decompose
 from tensordb.physical.plan import Aggregate, Assemble, Kernel, Load
-from tensordb.plan.builder import Graph, bind
+from tensordb.bind import bind_graph as bind
+from tensordb.plan.builder import Graph
 from tensordb.plan.memory import TEMPORARY_SHARE, element_bytes
 
 
