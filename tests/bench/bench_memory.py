@@ -24,7 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-PEAK_MEM = Path(__file__).resolve().parents[3] / "shared" / "tools" / "peak-mem"
+# ../shared/tools/peak-mem next to the checkout (/work/main) or its worktree (/work/wt/x).
+PEAK_MEM = next((p / "shared" / "tools" / "peak-mem" for p in Path(__file__).resolve().parents
+                 if (p / "shared" / "tools" / "peak-mem").exists()),
+                Path(__file__).resolve().parents[3] / "shared" / "tools" / "peak-mem")
 MiB = 2 ** 20
 
 
