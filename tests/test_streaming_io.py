@@ -270,3 +270,68 @@ def test_export_streams(tmp_path, source_db, matrix, fmt):
         np.testing.assert_allclose(back, part, rtol=1e-6)
     else:
         np.testing.assert_array_equal(back, part)
+
+
+# -- .npz members: every way a member is read gives the array numpy reads --------------------
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["stored", "deflated"])
+@pytest.mark.parametrize("case", ["c3d", "fortran", "scalar", "int64", "empty"])
+def test_npz_members_read_like_numpy(tmp_path, compressed, case):
+    rng = np.random.default_rng(5)
+    arr = {"c3d": rng.standard_normal((37, 5, 11)),
+           "fortran": np.asfortranarray(rng.standard_normal((50, 30)).astype(np.float32)),
+           "scalar": np.array(2.5),
+           "int64": rng.integers(-9, 9, (129, 7)),
+           "empty": np.zeros((0, 4), np.float32)}[case]
+    src = tmp_path / "x.npz"
+    (np.savez_compressed if compressed else np.savez)(src, a=arr, b=arr * 2)
+    tile = {"c3d": (4, 2, 11), "fortran": (8, 7), "scalar": None, "int64": (16, 7),
+            "empty": None}[case]
+    with tensordb.connect(tmp_path / "db.tdb") as con:
+        con.load("T", str(src), array="b", tile=tile)
+        np.testing.assert_array_equal(con.tensor("T"), np.load(src)["b"])
+        assert con.tensor("T").dtype == arr.dtype
+        leftovers = [f for f in os.listdir(con.store.root) if f.startswith(".npz-member-")]
+        assert leftovers == []
+
+
+def test_npz_wide_compressed_member_goes_through_a_file(tmp_path, monkeypatch):
+    """A compressed member whose row slab is far larger than a tile is inflated into a
+    temporary file in the database directory, mapped, and removed, loaded or not."""
+    from tensordb.storage import npzfile
+    monkeypatch.setattr(npzfile, "_SLAB_FLOOR", 0)
+    arr = np.random.default_rng(6).standard_normal((64, 4096)).astype(np.float32)
+    src = tmp_path / "x.npz"
+    np.savez_compressed(src, w=arr)
+    made = []
+    real = npzfile.tempfile.mkstemp
+
+    def spy(*a, **kw):
+        made.append(real(*a, **kw))
+        return made[-1]
+    monkeypatch.setattr(npzfile.tempfile, "mkstemp", spy)
+    with tensordb.connect(tmp_path / "db.tdb") as con:
+        con.load("W", str(src), tile=(8, 64))
+        np.testing.assert_array_equal(con.tensor("W"), arr)
+        assert len(made) == 1 and os.path.dirname(made[0][1]) == str(con.store.root)
+        assert not os.path.exists(made[0][1])
+        # Loaded or not: a name that is taken fails after the member was inflated; no file stays.
+        with pytest.raises(tensordb.Error):
+            con.load("W2", str(src), tile=(8, 64), dims=["a"])
+        assert len(made) == 2 and not os.path.exists(made[1][1])
+        assert not con.store.has("W2")
+
+
+def test_npz_truncated_compressed_member_is_a_data_error(tmp_path):
+    arr = np.random.default_rng(7).standard_normal((256, 256))
+    src = tmp_path / "x.npz"
+    np.savez_compressed(src, a=arr)
+    data = src.read_bytes()
+    bad = tmp_path / "bad.npz"
+    # Corrupt the deflated stream in the middle (the central directory stays readable).
+    mid = len(data) // 2
+    bad.write_bytes(data[:mid] + bytes(64) + data[mid + 64:])
+    with tensordb.connect() as con:
+        with pytest.raises(tensordb.DataError, match="bad.npz"):
+            con.load("A", str(bad), tile=(16, 256))
+        assert not con.store.has("A")
