@@ -232,9 +232,9 @@ def test_sql_coo_load_streams(tmp_path):
     sql = (f"CREATE TENSOR T FROM (SELECT i, j, CAST((i + 2 * j) % 7 AS FLOAT) AS v "
            f"FROM range({n}) r(i), range({n}) s(j)) INDEX (i, j) VALUE v")
     growth = run_child(db, {"do": "sql", "sql": sql})
-    # DuckDB's sort overshoots its cap (8 tiles here, spilled past it): a looser bound, still
-    # well below the 16x the data it grew by with DuckDB's default limit.
-    assert growth < 4 * SIZE, \
+    # DuckDB's sort overshoots its cap (spilling past it): a looser bound (measured 2.2x the
+    # data), still well below the 16x the data it grew by with DuckDB's default limit.
+    assert growth < 3 * SIZE, \
         f"CREATE TENSOR grew anonymous memory by {growth / MiB:.1f} MiB"
     i, j = np.ogrid[:n, :n]
     np.testing.assert_array_equal(stored(db), ((i + 2 * j) % 7).astype(np.float32))

@@ -151,7 +151,8 @@ def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
                         metas.append(load_array(store, tname, arr, tile=tile_shape,
                                                 replace=replace, dims=dims,
                                                 what=f"{path}['{m}']", after_tile=after))
-                except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+                except (ValueError, OSError, EOFError, RuntimeError, NotImplementedError,
+                        zipfile.BadZipFile, zlib.error) as exc:  # encrypted, unknown method...
                     raise DataError(f"cannot read array '{m}' of {path}: {exc}") from None
         return metas[0] if len(metas) == 1 else metas
 

@@ -207,7 +207,9 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
     tile_bytes = int(np.prod(tile_shape, dtype=np.int64)) * dtype.itemsize
     # The writer first: DuckDB runs nothing else on the connection while a result streams.
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
-        with duck_memory(store, max(duck_bytes(limit, sort=True), 8 * tile_bytes)), \
+        # The sort gets room for a few tiles at least: 8 without a memory_limit, 2 within one.
+        sort_bytes = max(duck_bytes(limit, sort=True), (8 if limit is None else 2) * tile_bytes)
+        with duck_memory(store, sort_bytes), \
                 _stream(duck, select, 16 * len(idx) + 8, limit) as reader:
             _fill_coo(w, reader, idx, where)
     return w.meta()
