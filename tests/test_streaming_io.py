@@ -7,7 +7,8 @@ process stays well below the size of the data. The result is then checked agains
 
 TENSORDB_STREAM_MB (default 64) sets the size of the data, to measure by hand with larger files:
 
-    TENSORDB_STREAM_MB=1024 python -m pytest -q -p no:cacheprovider tests/test_streaming_io.py -s
+    TENSORDB_STREAM_MB=1024 TENSORDB_STREAM_LIMIT=128MB python -m pytest -q -p no:cacheprovider \
+        tests/test_streaming_io.py -s
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ SIZE = int(os.environ.get("TENSORDB_STREAM_MB", "64")) * MiB
 COLS = 256                 # dense arrays: SIZE bytes of float32, COLS columns
 TABLE_COLS = 8             # tables (Parquet, CSV, SQL): narrower, as tables are
 TILE_ROWS = 4096           # arrays: 4 MiB tiles of 4096 x 256 float32
-LIMIT = "32MB"
+LIMIT = os.environ.get("TENSORDB_STREAM_LIMIT", "32MB")
 REPO = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
