@@ -34,18 +34,25 @@ def batch_bytes(limit: int | None) -> int:
 @contextlib.contextmanager
 def duck_memory(store, nbytes: int | None):
     """Cap DuckDB's memory at ``nbytes`` for the block (it spills to disk beyond the cap), unless
-    the user set a limit of their own. (A limit read back as text is rounded, so we RESET rather
-    than SET.)"""
+    the user set a limit of their own. Blocks nest: an inner one sets its own cap and gives the
+    outer one's back. (A limit read back as text is rounded, so we RESET rather than SET.)"""
     duck = store.duck
+    outer = getattr(store, "_duck_cap", None)  # the cap an enclosing block of ours set
     if nbytes is None:
         yield
         return
-    limit = duck.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-    if limit != store._duck_memory_default:
-        yield
-        return
+    if outer is None:
+        limit = duck.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+        if limit != store._duck_memory_default:
+            yield
+            return
     duck.execute(f"SET memory_limit = '{int(nbytes)}B'")
+    store._duck_cap = int(nbytes)
     try:
         yield
     finally:
-        duck.execute("RESET memory_limit")
+        store._duck_cap = outer
+        if outer is None:
+            duck.execute("RESET memory_limit")
+        else:
+            duck.execute(f"SET memory_limit = '{outer}B'")

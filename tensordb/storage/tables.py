@@ -74,7 +74,10 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
         guard.check_statement(store, guard.single_statement(target, "the query"))
         from .views import expose_tensors
         expose_tensors(store, target)
-    with store._lock, translating(f"cannot read {where}"):
+    # DuckDB's share of the limit from the first query on: counting rows of a query with an
+    # ORDER BY sorts it too.
+    with store._lock, translating(f"cannot read {where}"), \
+            duck_memory(store, duck_bytes(memory_limit)):
         rel = store.duck.sql(f"SELECT * FROM {src}")
         columns = dict(zip(rel.columns, (str(t) for t in rel.types)))
         if fmt == "csv":
@@ -276,8 +279,7 @@ def _load_dense(store, name, src, columns, where, *, tile, replace, dims, limit)
     select = ("SELECT " + ", ".join(f"CAST({quote_ident(c)} AS {sql_type})" for c in columns)
               + f" FROM {src}")
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
-        with duck_memory(store, duck_bytes(limit)), \
-                _stream(store.duck, select, len(columns) * dtype.itemsize, limit) as reader:
+        with _stream(store.duck, select, len(columns) * dtype.itemsize, limit) as reader:
             _fill_dense(w, reader, list(columns), where)
     return w.meta()
 
