@@ -21,7 +21,7 @@ from ..errors import DataError, ProgrammingError
 from ..geometry import default_tile_shape, tile_box
 from ._duck import first_row, quote_ident, quote_str, translate_message, translating
 from . import filemeta, guard
-from .budget import batch_bytes, duck_bytes, duck_memory
+from .budget import SORT_MEMORY, batch_bytes, duck_bytes, duck_memory
 from .arrays import load_array
 from .meta import check_dims, check_tile_shape, supported_dtype
 
@@ -29,6 +29,7 @@ __all__ = ["load_table", "source_sql", "numpy_type"]
 
 _INT32 = {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT"}
 _INT64 = {"BIGINT", "UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"}
+_SORT_ROW_BYTES = 4  # DuckDB memory per row a COO sort needs within a memory_limit (see _load_coo)
 _SQL_TYPE = {"bool": "BOOLEAN", "float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER",
              "int64": "BIGINT"}
 
@@ -210,8 +211,11 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
     tile_bytes = int(np.prod(tile_shape, dtype=np.int64)) * dtype.itemsize
     # The writer first: DuckDB runs nothing else on the connection while a result streams.
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
-        # The sort gets room for a few tiles at least: 8 without a memory_limit, 2 within one.
-        sort_bytes = max(duck_bytes(limit, sort=True), (8 if limit is None else 2) * tile_bytes)
+        # DuckDB's sort needs memory that grows with the rows, spilling or not (268M rows fail
+        # with 128 MB): within a memory_limit it gets its share, 2 tiles, or 4 bytes a row up to
+        # SORT_MEMORY, whichever is most; without one, SORT_MEMORY or 8 tiles.
+        sort_bytes = (max(SORT_MEMORY, 8 * tile_bytes) if limit is None else
+                      max(duck_bytes(limit), 2 * tile_bytes, min(SORT_MEMORY, _SORT_ROW_BYTES * rows)))
         with duck_memory(store, sort_bytes), \
                 _stream(duck, select, 16 * len(idx) + 8, limit) as reader:
             _fill_coo(w, reader, idx, where)
