@@ -215,7 +215,8 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
         # with 128 MB): within a memory_limit it gets its share, 2 tiles, or 4 bytes a row up to
         # SORT_MEMORY, whichever is most; without one, SORT_MEMORY or 8 tiles.
         sort_bytes = (max(SORT_MEMORY, 8 * tile_bytes) if limit is None else
-                      max(duck_bytes(limit), 2 * tile_bytes, min(SORT_MEMORY, _SORT_ROW_BYTES * rows)))
+                      max(duck_bytes(limit), 2 * tile_bytes,
+                          min(SORT_MEMORY, _SORT_ROW_BYTES * rows)))
         with duck_memory(store, sort_bytes), \
                 _stream(duck, select, 16 * len(idx) + 8, limit) as reader:
             _fill_coo(w, reader, idx, where)
