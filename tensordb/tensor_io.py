@@ -41,7 +41,8 @@ class TensorIO:
         """
         from .storage.load import load_tensor
         with stage("load"):
-            load_tensor(self.store, name, source, tile=tile, replace=replace, **options)
+            load_tensor(self.store, name, source, tile=tile, replace=replace,
+                        memory_limit=self.settings.memory_limit, **options)
 
     def tensor(self, name: str) -> np.ndarray:
         """The tensor as a dense numpy array (OutOfMemoryError, before allocating, when it would
@@ -83,7 +84,8 @@ class TensorIO:
             raise ProgrammingError(f"an export path must be a string or path, got {type(path).__name__}")
         if format is not None and not isinstance(format, str):
             raise ProgrammingError(f"an export format must be a string, got {type(format).__name__}")
-        export_tensor(self.store, name, path, format=format)
+        export_tensor(self.store, name, path, format=format,
+                      memory_limit=self.settings.memory_limit)
 
     def drop(self, name: str, if_exists: bool = False) -> None:
         self.store.drop(name, if_exists=if_exists)

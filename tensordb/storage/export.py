@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import OperationalError, ProgrammingError
 from . import filemeta, guard
 from ._duck import quote_ident, quote_str, translating
+from .budget import batch_bytes, duck_bytes, duck_memory
 from .views import TensorStream, arrow_schema, coo_batches
 
 __all__ = ["export_tensor", "EXPORT_FORMATS"]
@@ -25,8 +26,11 @@ _SUFFIX = {".npy": "npy", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"
 _counter = itertools.count()
 
 
-def export_tensor(store, name: str, path, *, format: str | None = None) -> None:
-    """Write tensor ``name`` to ``path``; the format comes from ``format`` or the suffix."""
+def export_tensor(store, name: str, path, *, format: str | None = None,
+                  memory_limit: int | None = None) -> None:
+    """Write tensor ``name`` to ``path``; the format comes from ``format`` or the suffix.
+    One tile (or one batch of a tile's nonzeros) at a time; ``memory_limit`` (the connection's)
+    sizes the batches and what DuckDB may hold while it writes CSV (budget.py)."""
     reader = store.open(name)
     path = os.fspath(path)
     fmt = (format or _SUFFIX.get(os.path.splitext(path)[1].lower(), "")).lower().lstrip(".")
@@ -43,9 +47,9 @@ def export_tensor(store, name: str, path, *, format: str | None = None) -> None:
         if fmt == "npy":
             _write_npy(reader, tmp)
         elif fmt == "parquet":
-            _write_parquet(reader, tmp)
+            _write_parquet(reader, tmp, memory_limit)
         else:
-            _write_csv(store, reader, tmp)
+            _write_csv(store, reader, tmp, memory_limit)
             # The sidecar first: one that does not match the CSV's size is ignored when loading.
             filemeta.write_sidecar(reader.meta, side_tmp, tmp)
             os.replace(side_tmp, filemeta.sidecar_path(path))
@@ -73,28 +77,36 @@ def _write_npy(reader, tmp: str) -> None:
 _ROW_GROUP = 1 << 20  # rows: tiles' batches are gathered into row groups of about this many
 
 
-def _write_parquet(reader, tmp: str) -> None:
+def _write_parquet(reader, tmp: str, limit: int | None) -> None:
     """The COO table, with the tensor's shape, dims and dtype in the file's key-value metadata."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     schema = arrow_schema(reader.meta).with_metadata({filemeta.KEY: filemeta.describe(reader.meta)})
+    rows_per_batch = _batch_rows(reader.meta, limit)
+    group = min(_ROW_GROUP, 4 * rows_per_batch)
     with pq.ParquetWriter(tmp, schema) as out:
         pending, rows = [], 0
-        for batch in coo_batches(reader):
+        for batch in coo_batches(reader, rows_per_batch):
             pending.append(batch)
             rows += batch.num_rows
-            if rows >= _ROW_GROUP:
+            if rows >= group:
                 out.write_table(pa.Table.from_batches(pending, schema))
                 pending, rows = [], 0
         if pending:
             out.write_table(pa.Table.from_batches(pending, schema))
 
 
-def _write_csv(store, reader, tmp: str) -> None:
+def _batch_rows(meta, limit: int | None) -> int:
+    """Rows per COO batch: a batch row holds one int64 per dimension and the value."""
+    return max(1024, batch_bytes(limit) // (8 * meta.ndim + meta.dtype.itemsize))
+
+
+def _write_csv(store, reader, tmp: str, limit: int | None) -> None:
     view = f"__tensordb_export_{next(_counter)}"
     options = "FORMAT csv, HEADER true"
-    with store._lock, translating(f"cannot export '{reader.meta.name}'"):
-        store.duck.register(view, TensorStream(reader))
+    with store._lock, translating(f"cannot export '{reader.meta.name}'"), \
+            duck_memory(store, duck_bytes(limit)):
+        store.duck.register(view, TensorStream(reader, _batch_rows(reader.meta, limit)))
         try:
             store.duck.execute(f"COPY (SELECT * FROM {quote_ident(view)}) TO {quote_str(tmp)} "
                                f"({options})")

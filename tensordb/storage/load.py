@@ -26,6 +26,7 @@ from . import guard
 from .arrays import load_array
 from .meta import TensorMeta, check_name
 from .npyfile import NpyFile, open_input, read_header
+from .npzfile import member_info, open_member
 
 __all__ = ["load_tensor", "load_array", "FORMATS"]
 
@@ -38,13 +39,16 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
                 replace: bool = False, array: str | None = None,
                 index: Sequence[str] | None = None, value: str | None = None,
                 shape: Sequence[int] | None = None, dims: Sequence[str] | None = None,
-                format: str | None = None, query: str | None = None) -> TensorMeta:
+                format: str | None = None, query: str | None = None,
+                memory_limit: int | None = None) -> TensorMeta:
     """Store ``source`` as tensor ``name``; returns its catalog entry.
 
     ``source``: a numpy array (or anything ``np.asarray`` takes), a path to .npy/.npz/.parquet/
     .csv, a SQL string with ``format="sql"``, or None with ``query=``. Table options: ``index``
     (coordinate columns) with ``value`` (the value column, default ``value``) and ``shape``;
     without ``index`` every column must be numeric and the table becomes a rows x columns matrix.
+    ``memory_limit``: the connection's, bounding what DuckDB holds while it reads a table
+    (budget.py); arrays are read one tile at a time whatever it is.
     """
     store._check_open(writing=True)
     check_name(name)
@@ -72,7 +76,7 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
         return _load_npz(store, name, target, array, tile=tile, replace=replace, dims=dims)
     from .tables import load_table
     return load_table(store, name, fmt, target, tile=tile, replace=replace, dims=dims,
-                      **table_opts)
+                      memory_limit=memory_limit, **table_opts)
 
 
 def _resolve(source, format: str | None, query: str | None) -> tuple[str, object]:
@@ -111,17 +115,19 @@ def _resolve(source, format: str | None, query: str | None) -> tuple[str, object
 
 
 def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
+    """One member, or every member as <name>_<member>, stored together or not at all; each is
+    read one tile (or one slab of rows) at a time (npzfile.py)."""
     with open_input(path):
         pass
     try:
-        z = np.load(path, allow_pickle=False)
-    except Exception as exc:
+        z = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        if _is_npy(path):
+            raise DataError(f"{path} is not a .npz archive (it holds a single array: use .npy)"
+                            ) from None
         raise DataError(f"cannot read {path} as a .npz file: {exc}") from None
-    if not isinstance(z, np.lib.npyio.NpzFile):
-        z = None
-        raise DataError(f"{path} is not a .npz archive (it holds a single array: use .npy)")
     with z:
-        members = list(z.files)
+        members = [n[:-4] if n.endswith(".npy") else n for n in z.namelist()]
         if member is not None:
             if member not in members:
                 raise DataError(f"{path} has no array '{member}'",
@@ -132,7 +138,6 @@ def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
         elif not members:
             raise DataError(f"{path} holds no arrays")
         else:
-            # One tensor per array, named <name>_<member>, stored together or not at all.
             chosen = {check_name(f"{name}_{m}"): m for m in members}
         for tname in chosen:
             store.check_free(tname, replace)
@@ -141,12 +146,20 @@ def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
             for tname, m in chosen.items():
                 _check_member(z, m, path)
                 try:
-                    arr = z[m]
-                except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+                    with open_member(z, path, m, tile=tile, name=tname,
+                                     scratch=str(store.root)) as (arr, tile_shape, after):
+                        metas.append(load_array(store, tname, arr, tile=tile_shape,
+                                                replace=replace, dims=dims,
+                                                what=f"{path}['{m}']", after_tile=after))
+                except (ValueError, OSError, EOFError, RuntimeError, NotImplementedError,
+                        zipfile.BadZipFile, zlib.error) as exc:  # encrypted, unknown method...
                     raise DataError(f"cannot read array '{m}' of {path}: {exc}") from None
-                metas.append(load_array(store, tname, arr, tile=tile, replace=replace, dims=dims,
-                                        what=f"{path}['{m}']"))
         return metas[0] if len(metas) == 1 else metas
+
+
+def _is_npy(path: str) -> bool:
+    with open_input(path) as f:
+        return f.read(6) == b"\x93NUMPY"
 
 
 def _check_member(z, member: str, path: str) -> None:
@@ -154,9 +167,8 @@ def _check_member(z, member: str, path: str) -> None:
     hostile header (negative or huge shape) is a DataError, not a ValueError or MemoryError."""
     what = f"{path}['{member}']"
     try:
-        info = z.zip.getinfo(member + ".npy") if member + ".npy" in z.zip.namelist() else \
-            z.zip.getinfo(member)
-        with z.zip.open(info) as f:
+        info = member_info(z, member)
+        with z.open(info) as f:
             shape, _, dtype = read_header(f, what)
             offset = f.tell()
     except DataError:

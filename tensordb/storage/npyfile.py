@@ -57,16 +57,21 @@ def read_header(f, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
 class NpyFile:
     """``with NpyFile(path) as npy: npy.array ...; npy.release()`` after each chunk is copied."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, start: int = 0, end: int | None = None,
+                 what: str | None = None) -> None:
+        """``start``/``end``: where the .npy stream lies in the file (an uncompressed member of
+        a .npz archive); the whole file by default. ``what`` names it in errors."""
         self.path = path
+        what = what or path
         self._map: mmap.mmap | None = None
         with open_input(path) as f:
-            shape, fortran, dtype = read_header(f, path)
+            f.seek(start)
+            shape, fortran, dtype = read_header(f, what)
             offset = f.tell()
-            size = os.fstat(f.fileno()).st_size
+            size = os.fstat(f.fileno()).st_size if end is None else end
             need = math.prod(shape) * dtype.itemsize
             if size - offset < need:
-                raise DataError(f"{path} is truncated: shape {shape} of {dtype.name} needs {need} "
+                raise DataError(f"{what} is truncated: shape {shape} of {dtype.name} needs {need} "
                                 f"bytes of data, the file has {max(size - offset, 0)}")
             if need == 0:
                 self.array = np.zeros(shape, dtype)

@@ -21,6 +21,7 @@ from ..errors import DataError, ProgrammingError
 from ..geometry import default_tile_shape, tile_box
 from ._duck import first_row, quote_ident, quote_str, translate_message, translating
 from . import filemeta, guard
+from .budget import SORT_MEMORY, batch_bytes, duck_bytes, duck_memory
 from .arrays import load_array
 from .meta import check_dims, check_tile_shape, supported_dtype
 
@@ -28,10 +29,9 @@ __all__ = ["load_table", "source_sql", "numpy_type"]
 
 _INT32 = {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT"}
 _INT64 = {"BIGINT", "UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"}
+_SORT_ROW_BYTES = 4  # DuckDB memory per row a COO sort needs within a memory_limit (see _load_coo)
 _SQL_TYPE = {"bool": "BOOLEAN", "float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER",
              "int64": "BIGINT"}
-_BATCH_BYTES = 16 << 20  # per Arrow batch pulled from DuckDB: about one tile
-SORT_MEMORY = 1 << 30  # DuckDB memory for sorting a COO table by tile; it spills beyond this
 
 
 def numpy_type(duck_type: str, column: str, where: str) -> np.dtype:
@@ -62,7 +62,8 @@ def source_sql(fmt: str, target: str) -> str:
     return f"({guard.single_select(target, 'the query')}\n)"
 
 
-def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape):
+def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape,
+               memory_limit=None):
     where = target if fmt != "sql" else f"query for '{name}'"
     src = source_sql(fmt, target)
     recorded = _recorded(fmt, target, index, value, shape)
@@ -74,7 +75,10 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
         guard.check_statement(store, guard.single_statement(target, "the query"))
         from .views import expose_tensors
         expose_tensors(store, target)
-    with store._lock, translating(f"cannot read {where}"):
+    # DuckDB's share of the limit from the first query on: counting rows of a query with an
+    # ORDER BY sorts it too.
+    with store._lock, translating(f"cannot read {where}"), \
+            duck_memory(store, duck_bytes(memory_limit)):
         rel = store.duck.sql(f"SELECT * FROM {src}")
         columns = dict(zip(rel.columns, (str(t) for t in rel.types)))
         if fmt == "csv":
@@ -85,10 +89,12 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
             return _load_scalar(store, name, src, columns, where, replace=replace, value=value)
         if index is not None:
             return _load_coo(store, name, src, columns, where, tile=tile, replace=replace,
-                             dims=dims, index=index, value=value, shape=shape)
+                             dims=dims, index=index, value=value, shape=shape,
+                             limit=memory_limit)
         if value is not None or shape is not None:
             raise ProgrammingError(f"load '{name}': value= and shape= need index= (a COO table)")
-        return _load_dense(store, name, src, columns, where, tile=tile, replace=replace, dims=dims)
+        return _load_dense(store, name, src, columns, where, tile=tile, replace=replace, dims=dims,
+                           limit=memory_limit)
 
 
 def _recorded(fmt, target, index, value, shape) -> dict | None:
@@ -152,7 +158,8 @@ def _column(columns: dict, col: str, where: str) -> str:
     raise DataError(f"{where} has no column '{col}'", hint=f"its columns: {', '.join(columns)}")
 
 
-def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, value, shape):
+def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, value, shape,
+              limit):
     duck = store.duck
     index = [index] if isinstance(index, str) else list(index)
     if not index:
@@ -204,25 +211,16 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
     tile_bytes = int(np.prod(tile_shape, dtype=np.int64)) * dtype.itemsize
     # The writer first: DuckDB runs nothing else on the connection while a result streams.
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
-        with _memory_cap(store, max(SORT_MEMORY, 8 * tile_bytes)), _stream(duck, select, 16 * len(idx) + 8) as reader:
+        # DuckDB's sort needs memory that grows with the rows, spilling or not (268M rows fail
+        # with 128 MB): within a memory_limit it gets its share, 2 tiles, or 4 bytes a row up to
+        # SORT_MEMORY, whichever is most; without one, SORT_MEMORY or 8 tiles.
+        sort_bytes = (max(SORT_MEMORY, 8 * tile_bytes) if limit is None else
+                      max(duck_bytes(limit), 2 * tile_bytes,
+                          min(SORT_MEMORY, _SORT_ROW_BYTES * rows)))
+        with duck_memory(store, sort_bytes), \
+                _stream(duck, select, 16 * len(idx) + 8, limit) as reader:
             _fill_coo(w, reader, idx, where)
     return w.meta()
-
-
-@contextlib.contextmanager
-def _memory_cap(store, nbytes: int):
-    """Cap DuckDB's memory for a big sort (it spills to disk beyond the cap), unless the user set
-    a limit of their own. (A limit read back as text is rounded, so we RESET rather than SET.)"""
-    duck = store.duck
-    limit = duck.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-    if limit != store._duck_memory_default:
-        yield
-        return
-    duck.execute(f"SET memory_limit = '{int(nbytes)}B'")
-    try:
-        yield
-    finally:
-        duck.execute("RESET memory_limit")
 
 
 def _fill_coo(w, reader, names, where) -> None:
@@ -272,7 +270,7 @@ def _duplicate(seen: np.ndarray, lin: np.ndarray, filled: int):
     return None
 
 
-def _load_dense(store, name, src, columns, where, *, tile, replace, dims):
+def _load_dense(store, name, src, columns, where, *, tile, replace, dims, limit):
     if not columns:
         raise DataError(f"{where} has no columns")
     dtypes = [numpy_type(t, c, where) for c, t in columns.items()]
@@ -286,7 +284,7 @@ def _load_dense(store, name, src, columns, where, *, tile, replace, dims):
     select = ("SELECT " + ", ".join(f"CAST({quote_ident(c)} AS {sql_type})" for c in columns)
               + f" FROM {src}")
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
-        with _stream(store.duck, select, len(columns) * dtype.itemsize) as reader:
+        with _stream(store.duck, select, len(columns) * dtype.itemsize, limit) as reader:
             _fill_dense(w, reader, list(columns), where)
     return w.meta()
 
@@ -326,9 +324,9 @@ def _fill_dense(w, reader, names, where) -> None:
 
 
 @contextlib.contextmanager
-def _stream(duck, select: str, row_bytes: int):
+def _stream(duck, select: str, row_bytes: int, limit: int | None):
     """Arrow batches of a query; closed on the way out so the connection is free again."""
-    reader = duck.sql(select).to_arrow_reader(max(2048, _BATCH_BYTES // max(row_bytes, 1)))
+    reader = duck.sql(select).to_arrow_reader(max(2048, batch_bytes(limit) // max(row_bytes, 1)))
     try:
         yield reader
     except (pa.ArrowException, OSError) as exc:  # DuckDB errors met while streaming

@@ -41,8 +41,12 @@ def arrow_schema(meta) -> pa.Schema:
     return pa.schema([(d, pa.int64()) for d in meta.dims] + [("value", _ARROW[meta.dtype.name])])
 
 
-def coo_batches(reader: TensorReader):
-    """One Arrow batch of (coordinates..., value) per stored tile, nonzeros only."""
+COO_ROWS = 1 << 18  # elements of a tile scanned per batch: a batch is at most this many rows
+
+
+def coo_batches(reader: TensorReader, max_rows: int = COO_ROWS):
+    """Arrow batches of (coordinates..., value), nonzeros only, tile by tile; a tile larger than
+    ``max_rows`` elements is scanned in slabs of its leading dimension, a batch per slab."""
     meta = reader.meta
     schema = arrow_schema(meta)
     for entry, tile in reader.tiles():
@@ -50,16 +54,24 @@ def coo_batches(reader: TensorReader):
             if tile != 0:
                 yield pa.record_batch([pa.array(tile.reshape(1))], schema=schema)
             continue
-        nz = np.nonzero(tile)
-        cols = [pa.array(ix.astype(np.int64) + s) for ix, s in zip(nz, entry.starts)]
-        yield pa.record_batch(cols + [pa.array(tile[nz])], schema=schema)
+        row = max(1, tile[0].size) if tile.shape[0] else 1
+        step = max(1, max_rows // row)
+        for lo in range(0, tile.shape[0], step):
+            part = tile[lo:lo + step]
+            nz = np.nonzero(part)
+            if not len(nz[0]):
+                continue
+            starts = (entry.starts[0] + lo,) + tuple(entry.starts[1:])
+            cols = [pa.array(ix.astype(np.int64) + s) for ix, s in zip(nz, starts)]
+            yield pa.record_batch(cols + [pa.array(part[nz])], schema=schema)
 
 
 class TensorStream:
     """An Arrow stream source DuckDB can scan any number of times (a fresh stream each scan)."""
 
-    def __init__(self, reader: TensorReader) -> None:
+    def __init__(self, reader: TensorReader, max_rows: int = COO_ROWS) -> None:
         self.reader = reader
+        self.max_rows = max_rows
         self.schema = arrow_schema(reader.meta)
         if reader.path is not None:
             reader.mapping()  # map now: the snapshot survives a later replace or drop
@@ -68,7 +80,8 @@ class TensorStream:
         return self.schema.__arrow_c_schema__()
 
     def __arrow_c_stream__(self, requested_schema=None):
-        stream = pa.RecordBatchReader.from_batches(self.schema, coo_batches(self.reader))
+        stream = pa.RecordBatchReader.from_batches(self.schema,
+                                                   coo_batches(self.reader, self.max_rows))
         return stream.__arrow_c_stream__(requested_schema)
 
 

@@ -24,7 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-PEAK_MEM = Path(__file__).resolve().parents[3] / "shared" / "tools" / "peak-mem"
+# ../shared/tools/peak-mem next to the checkout (/work/main) or its worktree (/work/wt/x).
+PEAK_MEM = next((p / "shared" / "tools" / "peak-mem" for p in Path(__file__).resolve().parents
+                 if (p / "shared" / "tools" / "peak-mem").exists()),
+                Path(__file__).resolve().parents[3] / "shared" / "tools" / "peak-mem")
 MiB = 2 ** 20
 
 
@@ -35,22 +38,35 @@ class Case:
     script: str            # the dialect script one run executes
 
 
-def cases() -> list[Case]:
-    return [
-        # Operands 2x and 0.5x a 256 MB budget; the contraction is long enough that a planner
-        # which splits it keeps many partial products alive.
-        Case("matmul 8192x16384 @ 16384x2048", {"A": ((8192, 16384), None), "B": ((16384, 2048), None)},
-             "C[i,k] = SUM(A[i,j] * B[j,k]);"),
-        # An MLP layer whose unstored activation (8192 x 16384 float32 = 512 MiB) is twice the budget.
-        Case("chain LET H (512 MiB) then H W2", {"X": ((8192, 1024), None), "W1": ((1024, 16384), None),
-                                                  "W2": ((16384, 256), None)},
-             "LET H[b,f] = RELU(SUM(X[b,d] * W1[d,f])); Y[b,o] = SUM(H[b,f] * W2[f,o]);"),
-        # Many partials folded into one small output.
-        Case("gram 65536x1024 (many partials)", {"T": ((65536, 1024), (4096, 1024))},
-             "G[i,j] = SUM(T[k,i] * T[k,j]);"),
-        # A semiring product: no BLAS, broadcast temporaries.
-        Case("min-plus 1024", {"D": ((1024, 1024), None)}, "P[i,j] = MIN(D[i,k] + D[k,j]);"),
-    ]
+def cases(shrink: int = 1) -> list[Case]:
+    """The cases; ``shrink`` divides every dimension (and tile) by that much, for a quick run."""
+    return [_shrunk(c, shrink) for c in _CASES]
+
+
+def _shrunk(case: Case, k: int) -> Case:
+    if k == 1:
+        return case
+    def small(dims):
+        return None if dims is None else tuple(max(1, n // k) for n in dims)
+    return Case(f"{case.name} /{k}", {n: (small(shape), small(tile))
+                                       for n, (shape, tile) in case.tensors.items()}, case.script)
+
+
+_CASES = [
+    # Operands 2x and 0.5x a 256 MB budget; the contraction is long enough that a planner
+    # which splits it keeps many partial products alive.
+    Case("matmul 8192x16384 @ 16384x2048", {"A": ((8192, 16384), None), "B": ((16384, 2048), None)},
+         "C[i,k] = SUM(A[i,j] * B[j,k]);"),
+    # An MLP layer whose unstored activation (8192 x 16384 float32 = 512 MiB) is twice the budget.
+    Case("chain LET H (512 MiB) then H W2", {"X": ((8192, 1024), None), "W1": ((1024, 16384), None),
+                                              "W2": ((16384, 256), None)},
+         "LET H[b,f] = RELU(SUM(X[b,d] * W1[d,f])); Y[b,o] = SUM(H[b,f] * W2[f,o]);"),
+    # Many partials folded into one small output.
+    Case("gram 65536x1024 (many partials)", {"T": ((65536, 1024), (4096, 1024))},
+         "G[i,j] = SUM(T[k,i] * T[k,j]);"),
+    # A semiring product: no BLAS, broadcast temporaries.
+    Case("min-plus 1024", {"D": ((1024, 1024), None)}, "P[i,j] = MIN(D[i,k] + D[k,j]);"),
+]
 
 
 CHILD = r"""
@@ -64,6 +80,13 @@ def anon():
                 return int(line.split()[1]) << 10
 con = tensordb.connect(path, workers=workers, memory_limit=limit)  # 'none': no limit (None is the default)
 con.execute('SELECT 1')  # warm DuckDB so its own start-up is idle memory
+# The first tensor a process stores costs ~30 MiB once (DuckDB's catalog writes, imports): a
+# tiny stored query first, so that growth is what the case itself adds.
+import numpy
+con.load('warm_a', numpy.ones((64, 64), 'float32'), replace=True)
+con.execute('warm_b[i,j] = SUM(warm_a[i,k] * warm_a[k,j]);')
+con.drop('warm_b')
+con.drop('warm_a')
 idle = anon()
 t0 = time.perf_counter()
 err = None
@@ -107,7 +130,8 @@ def measure(path: Path, case: Case, workers: int, limit: str, repeat: int) -> di
 def render(rows: list[dict], args) -> str:
     lines = ["## Memory under a budget", "",
              f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m "
-             f"tests.bench.bench_memory --limit {args.limit} --repeat {args.repeat}`",
+             f"tests.bench.bench_memory --limit {args.limit} --repeat {args.repeat}"
+             + (f" --shrink {args.shrink}" if args.shrink != 1 else "") + "`",
              "Growth = peak anonymous memory (../shared/tools/peak-mem) minus the process's idle "
              "anonymous memory after connecting; medians. Ratios: growth / limit (goal <= 1.25) and "
              "time with the limit / time without (goal <= 1.5).", "",
@@ -134,13 +158,15 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--only", default="")
+    ap.add_argument("--shrink", type=int, default=1,
+                    help="divide every dimension by this (a quick check that it runs; not for docs)")
     ap.add_argument("--dir", default=None, help="where the benchmark databases go (default: a temp dir)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     args = ap.parse_args(argv)
     root = Path(args.dir or tempfile.mkdtemp(prefix="tensordb-bench-mem-"))
     rows = []
     try:
-        for case in cases():
+        for case in cases(args.shrink):
             if args.only and args.only not in case.name:
                 continue
             path = setup(case, root)
@@ -156,7 +182,7 @@ def main(argv=None) -> None:
             shutil.rmtree(root, ignore_errors=True)
     text = render(rows, args)
     print(text)
-    if not args.no_write and not args.only:
+    if not args.no_write and not args.only and args.shrink == 1:
         from .bench_suite import write_section
         write_section(text, "memory")
 
