@@ -358,7 +358,7 @@ class Connection:
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
         with stage("place"):
-            plan = physical.place(plan)
+            plan = physical.order(physical.place(plan))
         if debug_level() >= 2:
             from .explain import render
             print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)

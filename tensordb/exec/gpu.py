@@ -53,6 +53,7 @@ class DeviceTiles(HostTiles):
     name = "gpu"
     limits_blas = False
     writes_destinations = False
+    spills = False  # device tiles: the budget (device memory) waits, it does not spill
 
     def __init__(self, devices: list[int], xp=None) -> None:
         super().__init__(xp if xp is not None else get_backend("cupy"))

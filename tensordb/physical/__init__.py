@@ -1,8 +1,9 @@
 """Lowering and placement: an EinGraph and its Decomposition become a TilePlan of tile joins and
 aggregations, and every task of it gets the worker that runs it."""
 from .lower import OutputWriters, describe, lower
+from .order import order
 from .placement import place, transfers, worker_flops
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan, describe_tasks
 
-__all__ = ["lower", "place", "transfers", "worker_flops", "OutputWriters", "describe", "TilePlan",
+__all__ = ["lower", "place", "order", "transfers", "worker_flops", "OutputWriters", "describe", "TilePlan",
            "Load", "Assemble", "Kernel", "Aggregate", "OutputTiles", "OpStats", "describe_tasks"]

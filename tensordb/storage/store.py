@@ -28,6 +28,7 @@ from . import catalog
 from ._duck import quote_str, translate, translating
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .reader import TensorReader
+from .spilldir import remove_leftover_runs
 from .writer import TensorWriter
 
 __all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter"]
@@ -108,6 +109,7 @@ class Store:
                     else "NULL::BOOLEAN"
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
+                remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
             self.closed = False
             self._next_version = self._start_version()
         except BaseException:

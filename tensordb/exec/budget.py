@@ -1,0 +1,138 @@
+"""Admission against the memory budget: the pool asks before a task runs.
+
+A run with a ``memory_limit`` reserves, before each task runs, the bytes it will hold
+(``working_bytes``: its output tile, the copies its kernel makes of its inputs, the chunk
+temporaries of a broadcasting kernel). When the tiles alive (``Ledger.live``) plus the
+reservations of running tasks plus this one would cross the limit, it
+
+a. spills resident intermediate tiles that no running task reads, those needed furthest in the
+   plan's order first (``spill.py``: written to disk, read back memory-mapped), until it fits;
+b. else waits for a running task to end (the queue wakes it);
+c. else, when nothing runs and nothing can be spilled, runs it anyway and counts it
+   (``over_budget``): the planner guarantees that one task's working set fits.
+
+Aggregation folds are always admitted: they free a partial. Every method is called under the
+ready queues' lock (``ready.py``), so admissions are serial; only the pool's workers call it.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from ..physical.plan import Kernel, Load
+from .runtime import planned_bytes
+
+__all__ = ["Budget", "working_bytes"]
+
+
+def working_bytes(plan, task) -> int:
+    """The bytes ``task`` holds while it runs, from the plan alone: its output tile, plus for a
+    kernel call the copies of inputs its dtype needs and a broadcasting kernel's chunk
+    temporaries. A Load reserves nothing (a view of a stored tile; a copy counts once made)."""
+    if isinstance(task, Load):
+        return 0
+    out = planned_bytes(plan, task)
+    if not isinstance(task, Kernel):
+        return out
+    op = plan.ops[task.op]
+    itemsize = np.dtype(op.dtype).itemsize
+    extra, ext = 0, {}
+    for key, shape, o in zip(task.args, task.arg_shapes, op.inputs):
+        ext.update(zip(o.labels, shape))
+        if key is None:  # an absent tile is made of zeros
+            extra += math.prod(shape) * itemsize
+    choice = plan.kernels[task.op]
+    if choice.method == "broadcast":  # a few chunk-sized temporaries of the join
+        extra += 2 * min(choice.chunk_elements, math.prod(ext.values())) * itemsize
+    return out + extra
+
+
+class Budget:
+    """One run's reservations and spills (see the module docstring)."""
+
+    def __init__(self, run, limit: int, spill) -> None:
+        self.run, self.limit, self.spill = run, int(limit), spill
+        self.plan, self.ledger = run.plan, run.ledger
+        self.rank = run.rank
+        self.reserved = 0
+        self.running = 0
+        self.reservations: dict[int, int] = {}
+        self.in_use: Counter = Counter()   # tile key -> running tasks that read it
+        self.started: set[int] = set()
+        self.spilled: set[int] = set()
+        self.over_budget = 0               # tasks run with the budget crossed (case c)
+
+    def admit(self, kind: str, task, part=None, force: bool = False) -> bool:
+        """May the item run now (``force``: it runs regardless, e.g. to be skipped after an
+        error)? Its reservation is kept until ``ended``."""
+        if kind == "acc":
+            self.running += 1
+            self.in_use[part] += 1
+            return True
+        need = working_bytes(self.plan, task)
+        excess = self.ledger.live + self.reserved + need - self.limit
+        if excess > 0 and not force:
+            excess -= self._spill(excess)
+            if excess > 0:
+                if self.running:
+                    return False
+                self.over_budget += 1
+        self.reserved += need
+        self.reservations[task.key] = need
+        self.running += 1
+        self.started.add(task.key)
+        for k in task.inputs:
+            self.in_use[k] += 1
+        return True
+
+    def ended(self, kind: str, task, part=None) -> None:
+        self.running -= 1
+        if kind == "acc":
+            self._unuse(part)
+            return
+        self.reserved -= self.reservations.pop(task.key, 0)
+        for k in task.inputs:
+            self._unuse(k)
+
+    def _unuse(self, key) -> None:
+        n = self.in_use[key] - 1
+        if n:
+            self.in_use[key] = n
+        else:
+            del self.in_use[key]
+
+    def _next_use(self, key) -> int:
+        later = [self.rank.get(c, 0) for c in self.run.consumers[key] if c not in self.started]
+        return min(later) if later else -1
+
+    def _spill(self, excess: int) -> int:
+        """Spill tiles until ``excess`` bytes are freed (or none is left); the bytes freed."""
+        if not self.run.tiles.spills:
+            return 0
+        held = self.ledger.held
+        candidates = [k for k in list(self.run.results)
+                      if held.get(k, 0) > 0 and k not in self.in_use and k not in self.run.keep
+                      and k not in self.spilled]
+        candidates.sort(key=self._next_use, reverse=True)
+        freed = 0
+        for k in candidates:
+            if freed >= excess:
+                break
+            freed += self._spill_one(k)
+        return freed
+
+    def _spill_one(self, key: int) -> int:
+        run = self.run
+        with run.lock:
+            value = run.results.get(key)
+        if value is None:
+            return 0
+        mapped, nbytes, seconds = self.spill.write(key, value)
+        with run.lock:
+            if key not in run.results:  # its last consumer ran meanwhile (it cannot: in_use)
+                return 0
+            run.results[key] = mapped
+        self.spilled.add(key)
+        return self.ledger.spilled(key, nbytes, seconds)
