@@ -16,7 +16,9 @@ ready queues' lock (``ready.py``), so admissions are serial; only the pool's wor
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import sys
 from collections import Counter
 
 import numpy as np
@@ -24,13 +26,35 @@ import numpy as np
 from ..physical.plan import Kernel, Load
 from .runtime import planned_bytes
 
-__all__ = ["Budget", "working_bytes"]
+__all__ = ["Budget", "working_bytes", "return_freed_memory"]
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_malloc_set = False
+
+
+def return_freed_memory() -> None:
+    """Have freed tiles go back to the system at once (glibc, once per process).
+
+    glibc serves a block below its mmap threshold from its heaps, and raises that threshold to
+    the size of each large block freed (up to 32 MiB): tiles of a few MiB then come from heaps
+    that keep up to twice that of freed memory per thread, which the budget does not see. A
+    fixed threshold (1 MiB) maps every tile on its own and unmaps it when freed. Called when an
+    executor with a memory_limit is made; elsewhere (no glibc) it does nothing."""
+    global _malloc_set
+    if _malloc_set or not sys.platform.startswith("linux"):
+        return
+    _malloc_set = True
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):  # musl or another libc: it has no such heaps
+        pass
 
 
 def working_bytes(plan, task) -> int:
     """The bytes ``task`` holds while it runs, from the plan alone: its output tile, plus for a
     kernel call the copies of inputs its dtype needs and a broadcasting kernel's chunk
-    temporaries. A Load reserves nothing (a view of a stored tile; a copy counts once made)."""
+    temporaries (an elementwise join's result is its output). A Load reserves nothing (a view of
+    a stored tile; a copy counts once made)."""
     if isinstance(task, Load):
         return 0
     out = planned_bytes(plan, task)
@@ -44,8 +68,8 @@ def working_bytes(plan, task) -> int:
         if key is None:  # an absent tile is made of zeros
             extra += math.prod(shape) * itemsize
     choice = plan.kernels[task.op]
-    if choice.method == "broadcast":  # a few chunk-sized temporaries of the join
-        extra += 2 * min(choice.chunk_elements, math.prod(ext.values())) * itemsize
+    if choice.method == "broadcast" and op.agg_labels:  # the join of one chunk, then reduced
+        extra += min(choice.chunk_elements, math.prod(ext.values())) * itemsize
     return out + extra
 
 
@@ -74,11 +98,14 @@ class Budget:
         need = working_bytes(self.plan, task)
         excess = self.ledger.live + self.reserved + need - self.limit
         if excess > 0 and not force:
-            excess -= self._spill(excess)
+            inputs = set(task.inputs)  # needed now: spilled last, when nothing else can run
+            excess -= self._spill(excess, inputs)
             if excess > 0:
                 if self.running:
                     return False
-                self.over_budget += 1
+                excess -= self._spill(excess, ())
+                if excess > 0:
+                    self.over_budget += 1
         self.reserved += need
         self.reservations[task.key] = need
         self.running += 1
@@ -107,14 +134,15 @@ class Budget:
         later = [self.rank.get(c, 0) for c in self.run.consumers[key] if c not in self.started]
         return min(later) if later else -1
 
-    def _spill(self, excess: int) -> int:
-        """Spill tiles until ``excess`` bytes are freed (or none is left); the bytes freed."""
+    def _spill(self, excess: int, keep) -> int:
+        """Spill tiles (not those in ``keep``) until ``excess`` bytes are freed (or none is
+        left); the bytes freed."""
         if not self.run.tiles.spills:
             return 0
         held = self.ledger.held
         candidates = [k for k in list(self.run.results)
                       if held.get(k, 0) > 0 and k not in self.in_use and k not in self.run.keep
-                      and k not in self.spilled]
+                      and k not in self.spilled and k not in keep]
         candidates.sort(key=self._next_use, reverse=True)
         freed = 0
         for k in candidates:

@@ -27,7 +27,7 @@ from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..storage.writer import has_nonfinite
 from ..physical.order import ranks
-from .budget import Budget
+from .budget import Budget, return_freed_memory
 from .kernels import get_backend
 from .ready import STOP, ReadyQueues
 from .runtime import Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, translate
@@ -87,6 +87,8 @@ class LocalExecutor:
         self.devices = list(self.tiles.devices)
         self.workers = max(1, int(workers))
         self.memory_limit = memory_limit
+        if memory_limit:
+            return_freed_memory()
         self.xp = self.tiles.xp
         self.cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                          else os.cpu_count() or 1)

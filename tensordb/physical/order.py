@@ -3,9 +3,10 @@ alive at once. Placement says where a task runs; the order says when, among the 
 
 A depth-first walk from the plan's sinks (its output tiles, in plan order) numbers each task after
 its inputs (a post-order, as dask.order does): one output tile's work (its input tiles, its kernel
-calls, then its aggregation) is finished before the next output tile's starts, and a task whose
-input was just made comes right after it (in ``LET H = f(X W1); Y = H W2`` each H tile is consumed
-soon after it is made). The rank is data in the plan (``TilePlan.rank``: task key -> position);
+calls, then its aggregation) is finished before the next output tile's starts. A task whose other
+inputs exist (or are Loads: views of stored tiles) comes right after the tile it consumes is made,
+so that tile can be freed: in ``LET H = f(X W1); Y = H W2`` each H tile is consumed by the kernel
+calls that read it as soon as it is made. The rank is data in the plan (``TilePlan.rank``: task key -> position);
 the local pool runs a worker's ready tasks lowest rank first, aggregation folds before anything
 (they free a partial).
 
@@ -23,16 +24,35 @@ from __future__ import annotations
 
 import dataclasses
 
-from .plan import TilePlan
+from .plan import Load, TilePlan
 
 __all__ = ["order", "ranks"]
 
 
 def ranks(plan: TilePlan) -> dict[int, int]:
     """Task key -> its position in the memory-aware order (see the module docstring)."""
-    consumed = {k for t in plan.tasks for k in t.inputs}
-    sinks = [t.key for t in plan.tasks if t.key not in consumed]
+    consumers = plan.consumers()
+    loads = {t.key for t in plan.tasks if isinstance(t, Load)}
+    sinks = [t.key for t in plan.tasks if not consumers[t.key]]
     rank: dict[int, int] = {}
+
+    def emit(key: int) -> None:
+        """Rank ``key``, then every consumer of a tile just made whose other inputs exist (or
+        are Loads, ranked right before it): they run as soon as they can, and free it."""
+        rank[key] = len(rank)
+        made = [key] if key not in loads else []
+        while made:
+            for c in consumers[made.pop()]:
+                if c in rank:
+                    continue
+                inputs = plan.task(c).inputs
+                if all(k in rank or k in loads for k in inputs):
+                    for k in inputs:
+                        if k not in rank:
+                            rank[k] = len(rank)
+                    rank[c] = len(rank)
+                    made.append(c)
+
     for sink in sinks:
         if sink in rank:
             continue
@@ -48,7 +68,8 @@ def ranks(plan: TilePlan) -> dict[int, int]:
                 stack.append((inputs[i], 0))  # a plan is acyclic: no key is on the stack twice
                 continue
             stack.pop()
-            rank.setdefault(key, len(rank))
+            if key not in rank:
+                emit(key)
     return rank
 
 
