@@ -216,7 +216,7 @@ class Ledger:
 
     def acquire(self, key, nbytes: int) -> None:
         """A tile of ``nbytes`` enters the run's memory (an accumulator; a task's output through
-        ``produced``): the one place a memory scheduler would wait for room."""
+        ``produced``); the pool's budget reserves room before the task runs (budget.py)."""
         with self.lock:
             self._acquire(key, nbytes)
 
