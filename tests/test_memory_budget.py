@@ -310,3 +310,36 @@ def test_the_spill_directory_is_refused_to_user_writes(data):
         with pytest.raises(ProgrammingError):
             con.sql(f"COPY (SELECT 1 AS a) TO '{target}'")
         assert not target.exists()
+
+
+# -- the order and the Dask mapping ----------------------------------------------------------------
+
+def test_the_order_is_topological_and_consumes_each_intermediate_tile_at_once(data):
+    db, _ = data
+    with tensordb.connect(db, workers=2, memory_limit=LIMIT) as con:
+        con.execute(CHAIN.replace("Y[", "Yo["))
+        plan = con.last_plan
+    rank = plan.rank
+    assert sorted(rank.values()) == list(range(len(plan.tasks)))
+    for t in plan.tasks:
+        assert all(rank[k] < rank[t.key] for k in t.inputs)
+    # every H tile (the RELU's output) is read by a kernel call ranked right after it, but for
+    # the Loads that call reads
+    consumers = plan.consumers()
+    relu = {t.key for t in plan.tasks if getattr(t, "op", None) == 1}
+    assert relu
+    for k in relu:
+        first = min(rank[c] for c in consumers[k])
+        between = [t for t in plan.tasks if rank[k] < rank[t.key] < first]
+        assert all(type(t).__name__ == "Load" for t in between)
+
+
+def test_a_local_dask_cluster_gets_its_share_of_the_budget():
+    pytest.importorskip("distributed")
+    from tensordb.exec.dask import PROCESS_ALLOWANCE, DaskExecutor
+    ex = DaskExecutor("dask://local", 2, memory_limit=64 * MB)
+    try:
+        workers = ex.client.scheduler_info()["workers"].values()
+        assert [w["memory_limit"] for w in workers] == [32 * MB + PROCESS_ALLOWANCE] * 2
+    finally:
+        ex.close()
