@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tensordb
-from tensordb.errors import DataError, ProgrammingError
+from tensordb.errors import ProgrammingError
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(),
                                 reason="samples /proc/<pid>/status (Linux)")

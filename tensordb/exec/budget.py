@@ -87,6 +87,7 @@ class Budget:
         self.started: set[int] = set()
         self.spilled: set[int] = set()
         self.over_budget = 0               # tasks run with the budget crossed (case c)
+        self.spill_failed = False          # a spill file could not be written: spill no more
 
     def admit(self, kind: str, task, part=None, force: bool = False) -> bool:
         """May the item run now (``force``: it runs regardless, e.g. to be skipped after an
@@ -137,7 +138,7 @@ class Budget:
     def _spill(self, excess: int, keep) -> int:
         """Spill tiles (not those in ``keep``) until ``excess`` bytes are freed (or none is
         left); the bytes freed."""
-        if not self.run.tiles.spills:
+        if not self.run.tiles.spills or self.spill_failed:
             return 0
         held = self.ledger.held
         candidates = [k for k in list(self.run.results)
@@ -157,7 +158,11 @@ class Budget:
             value = run.results.get(key)
         if value is None:
             return 0
-        mapped, nbytes, seconds = self.spill.write(key, value)
+        try:
+            mapped, nbytes, seconds = self.spill.write(key, value)
+        except OSError:  # a full or unwritable disk: keep tiles in memory (wait, or run over)
+            self.spill_failed = True
+            return 0
         with run.lock:
             if key not in run.results:  # its last consumer ran meanwhile (it cannot: in_use)
                 return 0

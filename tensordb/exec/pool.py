@@ -5,11 +5,11 @@ inputs exist; a worker runs its ready tasks in the plan's memory-aware order (``
 ``physical/order.py``), aggregation folds first: an aggregation accumulates each partial as soon
 as it arrives (on the aggregation's worker), so partials do not pile up. Tiles are freed when
 their last consumer has run. With a ``memory_limit`` every task is admitted against it before it
-runs (``budget.py``): intermediate tiles are spilled to disk (``spill.py``) or the task waits. A tile read
-by a task on another worker than the one that produced it counts as a transfer. What a task does,
-what it costs and what its failure means is the shared runtime's (``runtime.py``); where tiles
-live and how they move between workers is the pool's ``tiles`` (host memory here, GPUs in
-``gpu.py``).
+runs (``budget.py``): intermediate tiles are spilled to disk (``spill.py``) or the task waits.
+A tile read by a task on another worker than the one that produced it counts as a transfer.
+What a task does, what it costs and what its failure means is the shared runtime's
+(``runtime.py``); where tiles live and how they move between workers is the pool's ``tiles``
+(host memory here, GPUs in ``gpu.py``).
 
 BLAS threads are set once for the whole run (threadpoolctl limits are process-wide): with W busy
 workers each gets cores // W BLAS threads.
@@ -25,8 +25,8 @@ import numpy as np
 
 from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
-from ..storage.writer import has_nonfinite
 from ..physical.order import ranks
+from ..storage.writer import has_nonfinite
 from .budget import Budget, return_freed_memory
 from .kernels import get_backend
 from .ready import STOP, ReadyQueues
@@ -180,8 +180,13 @@ class _Run:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
         if self.budget is None:
             return True
-        return self.budget.admit(item[1], item[2], item[3] if len(item) > 3 else None,
-                                 force=self.control.error is not None)
+        try:
+            return self.budget.admit(item[1], item[2], item[3] if len(item) > 3 else None,
+                                     force=self.control.error is not None)
+        except BaseException as exc:  # noqa: BLE001 - the worker thread must live on
+            self.control.fail(exc)  # the item runs, and is skipped: the run ends with exc
+            self.finished.set()
+            return True
 
     # -- scheduling ----------------------------------------------------------------------------
     def go(self) -> RunResult:

@@ -30,14 +30,19 @@ class SpillFiles:
         self.bytes = 0
         self.seconds = 0.0
 
-    def write(self, key: int, value) -> np.ndarray:
-        """Write tile ``key`` and return its memory-mapped, read-only copy."""
+    def write(self, key: int, value) -> tuple[np.ndarray, int, float]:
+        """Write tile ``key``: its memory-mapped, read-only copy, its bytes and the seconds the
+        write took. A failed write leaves no file behind and raises OSError."""
         t0 = time.perf_counter()
         if self.path is None:
             self.path = make_run_directory(self.store)
         path = os.path.join(self.path, f"{key}.npy")
-        np.save(path, np.ascontiguousarray(value), allow_pickle=False)
         self.files[key] = path
+        try:
+            np.save(path, np.ascontiguousarray(value), allow_pickle=False)
+        except BaseException:
+            self.drop(key)
+            raise
         mapped = np.load(path, mmap_mode="r", allow_pickle=False)
         nbytes = int(value.nbytes)
         self.bytes += nbytes

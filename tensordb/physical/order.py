@@ -6,9 +6,9 @@ its inputs (a post-order, as dask.order does): one output tile's work (its input
 calls, then its aggregation) is finished before the next output tile's starts. A task whose other
 inputs exist (or are Loads: views of stored tiles) comes right after the tile it consumes is made,
 so that tile can be freed: in ``LET H = f(X W1); Y = H W2`` each H tile is consumed by the kernel
-calls that read it as soon as it is made. The rank is data in the plan (``TilePlan.rank``: task key -> position);
-the local pool runs a worker's ready tasks lowest rank first, aggregation folds before anything
-(they free a partial).
+calls that read it as soon as it is made. The rank is data in the plan (``TilePlan.rank``: task
+key -> position); the local pool runs a worker's ready tasks lowest rank first, aggregation folds
+before anything (they free a partial).
 
 >>> from tensordb.physical.plan import Aggregate, Kernel, Load, TilePlan
 >>> from tensordb.plan.ir import EinOp
