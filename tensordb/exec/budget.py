@@ -132,6 +132,10 @@ class Budget:
             del self.in_use[key]
 
     def _next_use(self, key) -> int:
+        """When ``key`` is needed next: the lowest rank of its consumers not yet started; a
+        partial waits only for its fold (folds run first), so it counts as needed now."""
+        if key in self.run.agg_of:
+            return -1
         later = [self.rank.get(c, 0) for c in self.run.consumers[key] if c not in self.started]
         return min(later) if later else -1
 
