@@ -344,3 +344,18 @@ def test_a_local_dask_cluster_gets_its_share_of_the_budget():
         assert [w["memory_limit"] for w in workers] == [32 * MB + PROCESS_ALLOWANCE] * 2
     finally:
         ex.close()
+
+
+def test_a_spill_that_cannot_be_written_keeps_tiles_in_memory(tmp_path, monkeypatch, data):
+    _, d = data
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    with tensordb.connect(workers=2, memory_limit=LIMIT) as con:
+        for name in ("Xc", "W1", "W2", "W3"):
+            con.load(name, d[name])
+        monkeypatch.setattr(tempfile, "tempdir", str(not_a_directory))  # mkdtemp fails there
+        con.execute(MUST_SPILL)
+        assert con.last_run.spilled_bytes == 0  # it waited, or ran over the budget, instead
+        x = d["Xc"].astype(np.float64)
+        h, g = _relu(x @ d["W1"]), _relu(x @ d["W3"])
+        _close(con.tensor("Z"), h.T @ g)
