@@ -1,15 +1,18 @@
 """Admission against the memory budget: the pool asks before a task runs.
 
 A run with a ``memory_limit`` reserves, before each task runs, the bytes it will hold
-(``working_bytes``: its output tile, the copies its kernel makes of its inputs, the chunk
-temporaries of a broadcasting kernel). When the tiles alive (``Ledger.live``) plus the
-reservations of running tasks plus this one would cross the limit, it
+(``working_bytes``: its output tile, the copies its kernel makes of its inputs (absent tiles as
+zeros, a BLAS operand in another dtype), the chunk of a broadcasting kernel's join). When the
+tiles alive (``Ledger.live``) plus the reservations of running tasks plus this one would cross
+the limit, it
 
-a. spills resident intermediate tiles that no running task reads, those needed furthest in the
-   plan's order first (``spill.py``: written to disk, read back memory-mapped), until it fits;
+a. spills resident intermediate tiles that no running task reads (and that the task itself does
+   not read), those needed furthest in the plan's order first (``spill.py``: written to disk,
+   read back memory-mapped), until it fits;
 b. else waits for a running task to end (the queue wakes it);
-c. else, when nothing runs and nothing can be spilled, runs it anyway and counts it
-   (``over_budget``): the planner guarantees that one task's working set fits.
+c. else, when nothing runs, spills the task's own inputs too, and if that is not enough runs it
+   anyway and counts it (``over_budget``): the planner guarantees that one task's working set
+   fits.
 
 Aggregation folds are always admitted: they free a partial. Every method is called under the
 ready queues' lock (``ready.py``), so admissions are serial; only the pool's workers call it.
@@ -52,8 +55,8 @@ def return_freed_memory() -> None:
 
 def working_bytes(plan, task) -> int:
     """The bytes ``task`` holds while it runs, from the plan alone: its output tile, plus for a
-    kernel call the copies of inputs its dtype needs and a broadcasting kernel's chunk
-    temporaries (an elementwise join's result is its output). A Load reserves nothing (a view of
+    kernel call the zeros of absent inputs, the copies of BLAS operands in another dtype and a
+    broadcasting kernel's chunk of the join (an elementwise join's result is its output). A Load reserves nothing (a view of
     a stored tile; a copy counts once made)."""
     if isinstance(task, Load):
         return 0
@@ -62,12 +65,16 @@ def working_bytes(plan, task) -> int:
         return out
     op = plan.ops[task.op]
     itemsize = np.dtype(op.dtype).itemsize
+    choice = plan.kernels[task.op]
+    blas = choice.method in ("matmul", "contract")
+    in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
     extra, ext = 0, {}
-    for key, shape, o in zip(task.args, task.arg_shapes, op.inputs):
+    for key, shape, o, dt in zip(task.args, task.arg_shapes, op.inputs, in_dtypes):
         ext.update(zip(o.labels, shape))
         if key is None:  # an absent tile is made of zeros
+            extra += math.prod(shape) * np.dtype(dt).itemsize
+        if blas and np.dtype(dt) != np.dtype(op.dtype):  # BLAS multiplies in the result's dtype
             extra += math.prod(shape) * itemsize
-    choice = plan.kernels[task.op]
     if choice.method == "broadcast" and op.agg_labels:  # the join of one chunk, then reduced
         extra += min(choice.chunk_elements, math.prod(ext.values())) * itemsize
     return out + extra
