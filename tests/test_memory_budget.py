@@ -359,3 +359,23 @@ def test_a_spill_that_cannot_be_written_keeps_tiles_in_memory(tmp_path, monkeypa
         x = d["Xc"].astype(np.float64)
         h, g = _relu(x @ d["W1"]), _relu(x @ d["W3"])
         _close(con.tensor("Z"), h.T @ g)
+
+
+@pytest.mark.parametrize("seed", [1, 3, 4, 5])
+def test_fuzzed_statements_under_a_tiny_budget_match_numpy(seed, tmp_path, monkeypatch):
+    """The fuzz test's statements (every dtype, join, aggregate, empty and block-sparse tensor)
+    with the executor's budget at 2 KiB: it spills, waits and runs over it all the time."""
+    from tensordb.exec.runtime import Ledger
+    from tests.test_fuzz import run_batch
+    spilled = []
+    real = Ledger.spilled
+
+    def counted(self, key, nbytes, seconds):  # the real accounting, counted
+        spilled.append(nbytes)
+        return real(self, key, nbytes, seconds)
+
+    monkeypatch.setattr(Ledger, "spilled", counted)
+    failures = run_batch(seed, directory=tmp_path, memory_limit=2048)
+    assert not failures, "\n".join(failures[:3])
+    assert spilled  # these seeds' plans hold more than 2 KiB of intermediate tiles
+    assert not list(tmp_path.glob("*/spill/run-*"))

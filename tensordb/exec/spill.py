@@ -39,7 +39,7 @@ class SpillFiles:
         path = os.path.join(self.path, f"{key}.npy")
         self.files[key] = path
         try:
-            np.save(path, np.ascontiguousarray(value), allow_pickle=False)
+            np.save(path, value, allow_pickle=False)  # (ascontiguousarray would make a 0-d tile 1-d)
         except BaseException:
             self.drop(key)
             raise
