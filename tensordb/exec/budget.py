@@ -149,7 +149,7 @@ class Budget:
     def _spill(self, excess: int, keep) -> int:
         """Spill tiles (not those in ``keep``) until ``excess`` bytes are freed (or none is
         left); the bytes freed."""
-        if not self.run.tiles.spills or self.spill_failed:
+        if not getattr(self.run.tiles, "spills", False) or self.spill_failed:
             return 0
         held = self.ledger.held
         candidates = [k for k in list(self.run.results)
