@@ -302,6 +302,7 @@ class Connection(TensorIO):
         with stage("place"):
             plan = physical.place(plan)
             plan = physical.aggregation_trees(plan, fan_in)  # on the workers placement chose
+            plan = physical.order(plan)  # the memory-aware order the pool runs tasks in
         if debug_level() >= 2:
             from .explain import render
             print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)

@@ -132,7 +132,11 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
         out["measured"] = {"seconds": getattr(result, "seconds", None),
                            "bytes_moved": getattr(result, "bytes_moved", None),
                            "peak_bytes": getattr(result, "peak_bytes", None),
-                           "kernel_calls": getattr(result, "kernel_calls", None)}
+                           "kernel_calls": getattr(result, "kernel_calls", None),
+                           "spilled_bytes": getattr(result, "spilled_bytes", 0),
+                           "spill_seconds": getattr(result, "spill_seconds", 0.0),
+                           "over_budget": getattr(result, "over_budget", 0),
+                           "memory_limit": getattr(result, "memory_limit", None)}
     return out
 
 
@@ -209,8 +213,14 @@ def header(data: Mapping) -> list[str]:
         lines.append(memory_line(t["memory"]))
     if analyze:
         m = data["measured"]
+        limit = m.get("memory_limit")
+        budget = f" of the {format_bytes(limit)} budget" if limit else ""
         lines.append(f"  measured: {_seconds(m['seconds'])}, {format_bytes(m['bytes_moved'])} moved, "
-                     f"peak tile memory {format_bytes(m['peak_bytes'])} (tiles alive at once)")
+                     f"peak tile memory {format_bytes(m['peak_bytes'])} (tiles alive at once"
+                     f"{budget}), spilled {format_bytes(m.get('spilled_bytes', 0))} in "
+                     f"{_seconds(m.get('spill_seconds', 0.0))}"
+                     + (f", {m['over_budget']} task(s) over the budget" if m.get("over_budget")
+                        else ""))
     return lines
 
 
@@ -230,7 +240,7 @@ def memory_line(m: Mapping) -> str:
 
 
 # Columns shown right-aligned (numbers), by position in ``table``'s header.
-RIGHT = frozenset({0, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14})
+RIGHT = frozenset({0, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16})
 
 
 def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]:
@@ -240,7 +250,7 @@ def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]
     head = ["#", "operation", "pieces", "tile", "calls", "fan-in", "flops", "moved", "cost", "peak",
             "kernel"]
     if analyze:
-        head += ["time", "calls*", "moved*", "peak*"]
+        head += ["time", "calls*", "moved*", "peak*", "live*", "spilled*"]
     rows = []
     for i, n in enumerate(data["nodes"], 1):
         row = [str(i), n["expression"], _pieces(n, n["pieces"]), _tile(n), str(n["kernel_calls"]),
@@ -251,7 +261,9 @@ def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]
             m = n.get("measured", {})
             row += [_seconds(m.get("seconds")), str(m.get("kernel_calls", "-")),
                     format_bytes(m.get("bytes_moved")) if "bytes_moved" in m else "-",
-                    format_bytes(m.get("peak_tile_bytes")) if "peak_tile_bytes" in m else "-"]
+                    format_bytes(m.get("peak_tile_bytes")) if "peak_tile_bytes" in m else "-",
+                    format_bytes(m.get("peak_bytes")) if "peak_bytes" in m else "-",
+                    format_bytes(m.get("spilled_bytes")) if "spilled_bytes" in m else "-"]
         ups = n.get("runner_ups")
         alts = None
         if ups:

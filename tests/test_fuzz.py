@@ -108,9 +108,11 @@ def _describe(st: Statement) -> str:
     return "\n".join(lines)
 
 
-def run_batch(seed: int, cases: int = CASES, directory=None) -> list[str]:
+def run_batch(seed: int, cases: int = CASES, directory=None, memory_limit=None) -> list[str]:
     """Run one seed's statements; the failures, as messages. With a ``directory``, some seeds
-    use a database on disk there (payload files, memory-mapped reads) instead of memory."""
+    use a database on disk there (payload files, memory-mapped reads) instead of memory; with a
+    ``memory_limit``, the executor runs under it (tests/test_memory_budget.py: it spills, waits
+    and runs over it all the time)."""
     rng = np.random.default_rng(seed)
     sizes = {l: int(rng.choice([0, 1, 2, 3, 4, 5, 7], p=[0.04, 0.16, 0.2, 0.2, 0.15, 0.15, 0.1]))
              for l in LABELS}
@@ -124,6 +126,8 @@ def run_batch(seed: int, cases: int = CASES, directory=None) -> list[str]:
     on_disk = directory is not None and rng.random() < 0.3
     path = os.path.join(directory, f"fuzz{seed}.tdb") if on_disk else None
     with tensordb.connect(path, workers=int(rng.integers(1, 4))) as con:
+        if memory_limit is not None:  # the executor's budget only: planning and reading
+            con._get_executor().memory_limit = memory_limit  # results keep theirs
         con.set("tiling", str(rng.choice(["eindecomp", "eindecomp", "data-parallel", "even"])))
         pool = Pool(con, rng)
         k = 0

@@ -328,7 +328,8 @@ def test_explain_analyze_html_has_measured_columns_and_text_is_escaped():
     with explain_con() as con:
         text = con.explain(MATMUL, analyze=True)
         page = parse(text._repr_html_())
-        assert header(page.find("table"))[-4:] == ["time", "calls*", "moved*", "peak*"]
+        assert header(page.find("table"))[-6:] == ["time", "calls*", "moved*", "peak*", "live*",
+                                                  "spilled*"]
         assert page.find("p[@class='note']").text.startswith("* measured")
         data = copy.deepcopy(text.plan)
         data["nodes"][0]["expression"] = "<script>alert('&')</script>"

@@ -63,11 +63,12 @@ def test_peak_bytes_of_a_hand_built_plan(matmul):
     _, op, readers = matmul
     result = _run(_hand_plan(op, readers), workers=1)
     np.testing.assert_allclose(result.tiles[6], A @ B, rtol=1e-12)
-    # One worker runs its queue in order: the four Loads (views of stored tiles: no bytes of
-    # their own), kernel 4 (one tile alive), kernel 5 (two), then the aggregation starts its
-    # accumulator while partial 4 is still held (three), releases 4 (two) and 5 (one); the
-    # finished output is the one tile left.
-    assert result.peak_bytes == 3 * C_TILE
+    # One worker runs its ready tasks in the plan's order, folds first (physical/order.py):
+    # Loads 0 and 1 (views of stored tiles: no bytes of their own), kernel 4 (one tile alive),
+    # the aggregation starts its accumulator while partial 4 is still held (two) and releases
+    # it (one); Loads 2 and 3, kernel 5 (two), its fold (one): the output is the tile left.
+    # (Queued first-in first-out, both partials and the accumulator were alive at once.)
+    assert result.peak_bytes == 2 * C_TILE
     assert result.bytes_moved == 0 and result.ops[0].bytes_moved == 0
     assert result.kernel_calls == result.ops[0].kernel_calls == 2
     assert result.ops[0].peak_tile_bytes == C_TILE  # the largest tile: a partial or the output

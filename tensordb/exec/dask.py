@@ -42,6 +42,9 @@ __all__ = ["DaskExecutor", "local_cluster"]
 
 AGG_FAN_IN = 8  # partials one aggregation task combines; more become a tree on the same worker
 POLL_SECONDS = 0.25  # how often a running query checks that its workers are still alive
+# A Dask worker's memory limit bounds its whole process, tensordb's memory_limit only tiles: a
+# local cluster's worker gets its share of the budget plus this much for the process itself.
+PROCESS_ALLOWANCE = 512 << 20
 
 
 def local_cluster(n_workers: int = 2, **kwargs):
@@ -77,6 +80,10 @@ class DaskExecutor:
         target, opts = parse_spec(spec)
         self.spec = spec
         self.memory_limit = memory_limit  # Dask workers enforce their own (--memory-limit)
+        n = max(1, int(workers))
+        # a cluster we make: each worker's limit is its share of the budget (docs/distributed.md)
+        cluster_opts = {"memory_limit": memory_limit // n + PROCESS_ALLOWANCE} \
+            if memory_limit else {}
         self.retries = int(opts.get("retries", 1))
         self.scatter = opts.get("scatter", "auto")
         self.backend = opts.get("backend", "numpy")
@@ -87,7 +94,7 @@ class DaskExecutor:
         self._cluster = None
         try:
             if target in ("", "local"):
-                self._cluster = local_cluster(max(1, int(workers)))
+                self._cluster = local_cluster(n, **cluster_opts)
                 target = self._cluster.scheduler_address
             elif target == "local-cuda":
                 self._cluster = _local_cuda_cluster()

@@ -10,8 +10,10 @@ counted transfer). Each task's stream is synchronised before its tile is publish
 stream or device never reads a tile that is still being written, and no freed block is reused
 while a copy from it is in flight. Without CuPy or a GPU, asking for this executor raises
 NotSupportedError. The pool and the runtime are the local executor's; this module supplies only
-the array module (CuPy) and how tiles move (``DeviceTiles``). On a cluster, use dask-cuda's
-workers instead (``dask://...?backend=cupy``).
+the array module (CuPy) and how tiles move (``DeviceTiles``). A ``memory_limit`` bounds the
+tiles on the devices the same way (the pool's admission, ``budget.py``): a task waits for room,
+and device tiles are never spilled to disk. On a cluster, use dask-cuda's workers instead
+(``dask://...?backend=cupy``).
 
 Not yet run on GPU hardware: the code follows CuPy's documented API (see docs/distributed.md).
 """
@@ -53,6 +55,7 @@ class DeviceTiles(HostTiles):
     name = "gpu"
     limits_blas = False
     writes_destinations = False
+    spills = False  # device tiles: the budget (device memory) waits, it does not spill
 
     def __init__(self, devices: list[int], xp=None) -> None:
         super().__init__(xp if xp is not None else get_backend("cupy"))

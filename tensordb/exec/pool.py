@@ -1,12 +1,15 @@
 """The local executor: a pool of worker threads running a TilePlan as a dataflow graph.
 
 Each worker has its own queue and runs only the tasks placed on it. A task is queued when its
-inputs exist; an aggregation accumulates each partial as soon as it arrives (on the aggregation's
-worker), so partials do not pile up. Tiles are freed when their last consumer has run. A tile read
-by a task on another worker than the one that produced it counts as a transfer. What a task does,
-what it costs and what its failure means is the shared runtime's (``runtime.py``); where tiles
-live and how they move between workers is the pool's ``tiles`` (host memory here, GPUs in
-``gpu.py``).
+inputs exist; a worker runs its ready tasks in the plan's memory-aware order (``TilePlan.rank``,
+``physical/order.py``), aggregation folds first: an aggregation accumulates each partial as soon
+as it arrives (on the aggregation's worker), so partials do not pile up. Tiles are freed when
+their last consumer has run. With a ``memory_limit`` every task is admitted against it before it
+runs (``budget.py``): intermediate tiles are spilled to disk (``spill.py``) or the task waits.
+A tile read by a task on another worker than the one that produced it counts as a transfer.
+What a task does, what it costs and what its failure means is the shared runtime's
+(``runtime.py``); where tiles live and how they move between workers is the pool's ``tiles``
+(host memory here, GPUs in ``gpu.py``).
 
 BLAS threads are set once for the whole run (threadpoolctl limits are process-wide): with W busy
 workers each gets cores // W BLAS threads.
@@ -14,7 +17,6 @@ workers each gets cores // W BLAS threads.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from contextlib import nullcontext
@@ -23,9 +25,13 @@ import numpy as np
 
 from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
+from ..physical.order import ranks
 from ..storage.writer import has_nonfinite
+from .budget import Budget, return_freed_memory
 from .kernels import get_backend
+from .ready import STOP, ReadyQueues
 from .runtime import Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, translate
+from .spill import SpillFiles
 
 __all__ = ["LocalExecutor", "HostTiles"]
 
@@ -51,6 +57,7 @@ class HostTiles:
     devices: tuple = ()
     limits_blas = True           # the workers' kernels are host BLAS: cap its threads per run
     writes_destinations = True   # output tiles may land straight in the caller's buffers
+    spills = True                # tiles are NumPy arrays: the budget may spill them to disk
 
     def __init__(self, xp=None) -> None:
         self.xp = xp if xp is not None else get_backend("numpy")
@@ -80,10 +87,12 @@ class LocalExecutor:
         self.devices = list(self.tiles.devices)
         self.workers = max(1, int(workers))
         self.memory_limit = memory_limit
+        if memory_limit:
+            return_freed_memory()
         self.xp = self.tiles.xp
         self.cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                          else os.cpu_count() or 1)
-        self.queues = [queue.SimpleQueue() for _ in range(self.workers)]
+        self.queues = ReadyQueues(self.workers)
         self.threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # one plan runs at a time
 
@@ -97,16 +106,16 @@ class LocalExecutor:
 
     def _worker_loop(self, w: int) -> None:
         with self.tiles.worker(w):
-            q = self.queues[w]
+            get = self.queues.get
             while True:
-                item = q.get()
+                item = get(w)
                 if item is None:
                     return
                 item[0].handle(w, item[1:])
 
     def close(self) -> None:
-        for q in self.queues:
-            q.put(None)
+        for w in range(self.workers):
+            self.queues.put(w, STOP, None)
         for th in self.threads:
             th.join()
         self.threads = []
@@ -124,7 +133,7 @@ class LocalExecutor:
             limits = nullcontext()
         with self._lock, limits:
             self._start()
-            result = _Run(self, plan, progress, dest).go()
+            result = _Run(self, plan, progress, dest, store).go()
         result.tiles = {k: tiles.to_host(v) for k, v in result.tiles.items()}
         return result
 
@@ -133,7 +142,8 @@ class _Run:
     """One plan on the pool: the dataflow (what is ready, which worker runs it, when a tile is
     freed); the runtime runs each task and keeps the run's accounts."""
 
-    def __init__(self, ex: LocalExecutor, plan: TilePlan, progress, destinations: dict) -> None:
+    def __init__(self, ex: LocalExecutor, plan: TilePlan, progress, destinations: dict,
+                 store=None) -> None:
         self.ex, self.plan = ex, plan
         self.tiles = ex.tiles
         self.dest = destinations
@@ -161,6 +171,22 @@ class _Run:
         self.finished = threading.Event()
         self.drained = threading.Event()
         self.draining = False
+        self.rank = plan.rank or ranks(plan)
+        self.spill = SpillFiles(store)
+        limit = ex.memory_limit
+        self.budget = Budget(self, limit, self.spill) if limit else None
+
+    def admit(self, item) -> bool:
+        """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
+        if self.budget is None:
+            return True
+        try:
+            return self.budget.admit(item[1], item[2], item[3] if len(item) > 3 else None,
+                                     force=self.control.error is not None)
+        except BaseException as exc:  # noqa: BLE001 - the worker thread must live on
+            self.control.fail(exc)  # the item runs, and is skipped: the run ends with exc
+            self.finished.set()
+            return True
 
     # -- scheduling ----------------------------------------------------------------------------
     def go(self) -> RunResult:
@@ -179,6 +205,7 @@ class _Run:
                 control.report()  # also while one long BLAS call runs: the CLI's bar appears
         except BaseException as exc:  # Ctrl-C: stop the workers before giving up the run
             control.fail(exc)
+            self.ex.queues.wake()  # workers waiting for room skip their queues now
             raise
         finally:
             with self.lock:  # let the workers drain what is already queued (they skip it)
@@ -191,16 +218,23 @@ class _Run:
                     idle = self.drained.wait(_TICK)
                 except KeyboardInterrupt:
                     continue
+            self.spill.close()  # success, error or Ctrl-C: the run's spill files go
         if control.error is not None:
             raise translate(control.error)
         tiles = {k: self.results[k] for k in self.keep}
+        budget = self.budget
         return self.ledger.result(tiles, time.perf_counter() - t0, nnz=self.nnz,
-                                  nonfinite=self.nonfinite)
+                                  nonfinite=self.nonfinite,
+                                  over_budget=budget.over_budget if budget else 0,
+                                  memory_limit=budget.limit if budget else None)
 
     def _queue(self, worker: int, item) -> None:
         with self.lock:
             self.pending += 1
-        self.queues[worker % len(self.queues)].put((self,) + item)
+        # folds first (they free a partial), then the plan's order
+        key = item[1].key
+        priority = (0, self.rank.get(key, 0)) if item[0] == "acc" else (1, self.rank.get(key, 0))
+        self.queues.put(worker % len(self.queues), priority, (self,) + item)
 
     def handle(self, w: int, item) -> None:
         """Run one queued item on worker ``w`` (called from the executor's worker threads)."""
@@ -219,7 +253,12 @@ class _Run:
         except BaseException as exc:  # noqa: BLE001 - reported to the caller by go()
             self.control.fail(exc)
             self.finished.set()
+            self.ex.queues.wake()  # workers waiting for room skip their queues now
         finally:
+            if self.budget is not None:
+                with self.ex.queues.lock:
+                    self.budget.ended(item[0], item[1], item[2] if len(item) > 2 else None)
+                self.ex.queues.wake()
             with self.lock:
                 self.pending -= 1
                 last = self.draining and self.pending == 0
@@ -277,6 +316,8 @@ class _Run:
         self.results[task.key] = value
         self.made_on[task.key] = w
         self.ledger.produced(task, held_bytes(task, value), int(getattr(value, "nbytes", 0)))
+        if dest is not None:  # an output file's pages now: the page cache's, not the budget's
+            self.ledger.release(task.key)
         ready = []
         with self.lock:
             for c in self.consumers[task.key]:
@@ -302,3 +343,4 @@ class _Run:
                 value = self.results.pop(k, None) if last else None
             if value is not None:
                 self.ledger.release(k)
+                self.spill.drop(k)

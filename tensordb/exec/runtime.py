@@ -9,8 +9,9 @@ moves there. What a task does, what it costs and what its failure means is decid
 - ``Ledger`` is the byte accounting of one run: tiles acquired and released (the bytes alive and
   their peak), bytes moved between workers, seconds and kernel calls, per operation. ``acquire``
   and ``release`` are the one place a task's tile bytes enter and leave the run's memory: the seam
-  a memory scheduler plugs into (docs/architecture.md, "Execution"); ``planned_bytes`` sizes a
-  tile from the plan before its task runs.
+  the memory budget builds on (``budget.py`` reserves before a task runs, ``spilled`` counts a
+  tile written to a spill file); ``planned_bytes`` sizes a tile from the plan before its task
+  runs.
 - ``RunControl`` is cancellation and progress: kernels call ``check(fraction)`` between chunks;
   it raises ``Cancelled`` once the run has failed or was interrupted.
 
@@ -43,10 +44,15 @@ class OpMeasure:
     kernel_calls: int = 0
     bytes_moved: int = 0        # bytes of its tasks' inputs read from another worker
     peak_tile_bytes: int = 0    # its largest tile
+    peak_bytes: int = 0         # the run's tile bytes alive when one of its tiles was made
+    spilled_bytes: int = 0      # bytes of its tiles written to spill files
+    spill_seconds: float = 0.0  # time spent writing them
 
     def as_dict(self) -> dict:
         return {"seconds": self.seconds, "kernel_calls": self.kernel_calls,
-                "bytes_moved": self.bytes_moved, "peak_tile_bytes": self.peak_tile_bytes}
+                "bytes_moved": self.bytes_moved, "peak_tile_bytes": self.peak_tile_bytes,
+                "peak_bytes": self.peak_bytes, "spilled_bytes": self.spilled_bytes,
+                "spill_seconds": self.spill_seconds}
 
 
 @dataclass
@@ -60,6 +66,10 @@ class RunResult:
     nnz: dict = field(default_factory=dict, repr=False)  # output key -> nonzeros, when counted
     nonfinite: dict = field(default_factory=dict, repr=False)  # output key -> holds NaN/inf
     ops: list = field(default_factory=list)  # OpMeasure per operation of the plan
+    spilled_bytes: int = 0      # bytes of intermediate tiles written to spill files
+    spill_seconds: float = 0.0  # time spent writing them
+    over_budget: int = 0        # tasks run although the memory_limit was crossed (exec/budget.py)
+    memory_limit: int | None = None  # the budget the run kept (None: none)
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -193,6 +203,8 @@ class Ledger:
         self.live = 0
         self.peak = 0
         self.moved_bytes = 0
+        self.spilled_bytes = 0
+        self.spill_seconds = 0.0
         self.held: dict = {}  # tile key -> bytes acquired for it
         self.busy = [0.0] * workers
         self.ops = [OpMeasure() for _ in plan.ops]
@@ -202,19 +214,36 @@ class Ledger:
 
     def acquire(self, key, nbytes: int) -> None:
         """A tile of ``nbytes`` enters the run's memory (an accumulator; a task's output through
-        ``produced``): the one place a memory scheduler would wait for room."""
+        ``produced``); the pool's budget reserves room before the task runs (budget.py)."""
         with self.lock:
             self._acquire(key, nbytes)
 
     def _acquire(self, key, nbytes: int) -> None:  # the caller holds the lock
         self.held[key] = self.held.get(key, 0) + nbytes
         self.live += nbytes
-        self.peak = max(self.peak, self.live)
+        if self.live > self.peak:
+            self.peak = self.live
+        m = self.ops[self.owner.get(key, 0)]
+        if self.live > m.peak_bytes:
+            m.peak_bytes = self.live
 
     def release(self, key) -> None:
         """The tile ``key`` leaves memory (its last consumer ran)."""
         with self.lock:
             self.live -= self.held.pop(key, 0)
+
+    def spilled(self, key, nbytes: int, seconds: float) -> int:
+        """Tile ``key`` (``nbytes``) was written to a spill file and leaves memory: the bytes
+        it held are returned."""
+        with self.lock:
+            freed = self.held.pop(key, 0)
+            self.live -= freed
+            self.spilled_bytes += nbytes
+            self.spill_seconds += seconds
+            m = self.ops[self.owner.get(key, 0)]
+            m.spilled_bytes += nbytes
+            m.spill_seconds += seconds
+        return freed
 
     def moved(self, task, nbytes: int) -> None:
         """``task`` read a tile of ``nbytes`` produced on another worker (or device)."""
@@ -240,6 +269,7 @@ class Ledger:
     def result(self, tiles: dict, seconds: float, **extra) -> RunResult:
         return RunResult(tiles, seconds, self.moved_bytes, self.peak,
                          sum(m.kernel_calls for m in self.ops), list(self.busy), ops=self.ops,
+                         spilled_bytes=self.spilled_bytes, spill_seconds=self.spill_seconds,
                          **extra)
 
 

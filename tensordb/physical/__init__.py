@@ -2,10 +2,11 @@
 aggregations, every task of it gets the worker that runs it, and aggregations wider than the
 executor combines become trees."""
 from .lower import OutputWriters, describe, lower
+from .order import order
 from .placement import place, transfers, worker_flops
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan, describe_tasks
 from .trees import aggregation_trees
 
-__all__ = ["lower", "place", "aggregation_trees", "transfers", "worker_flops", "OutputWriters",
-           "describe", "TilePlan", "Load", "Assemble", "Kernel", "Aggregate", "OutputTiles",
-           "OpStats", "describe_tasks"]
+__all__ = ["lower", "place", "aggregation_trees", "order", "transfers", "worker_flops",
+           "OutputWriters", "describe", "TilePlan", "Load", "Assemble", "Kernel", "Aggregate",
+           "OutputTiles", "OpStats", "describe_tasks"]

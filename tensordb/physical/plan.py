@@ -129,6 +129,8 @@ class TilePlan:
     readers: dict = field(default_factory=dict)            # stored input name -> TensorReader
     kernels: tuple[KernelChoice, ...] = ()                 # per operation (default: chosen for
                                                            # the whole operation)
+    rank: dict[int, int] = field(default_factory=dict)     # task key -> its place in the order
+                                                           # ready tasks run in (order.py)
 
     def task(self, key: int) -> Task:
         return self.tasks[self._pos[key]]

@@ -25,6 +25,7 @@ from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .reader import TensorReader
+from .spilldir import remove_leftover_runs
 from .writer import TensorWriter
 
 __all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter"]
@@ -96,6 +97,7 @@ class Store:
                     else "NULL::BOOLEAN"
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
+                remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
             self.closed = False
             self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only)
         except BaseException:

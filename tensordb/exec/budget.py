@@ -1,0 +1,182 @@
+"""Admission against the memory budget: the pool asks before a task runs.
+
+A run with a ``memory_limit`` reserves, before each task runs, the bytes it will hold
+(``working_bytes``: its output tile, the copies its kernel makes of its inputs (absent tiles as
+zeros, a BLAS operand in another dtype), the chunk of a broadcasting kernel's join). When the
+tiles alive (``Ledger.live``) plus the reservations of running tasks plus this one would cross
+the limit, it
+
+a. spills resident intermediate tiles that no running task reads (and that the task itself does
+   not read), those needed furthest in the plan's order first (``spill.py``: written to disk,
+   read back memory-mapped), until it fits;
+b. else waits for a running task to end (the queue wakes it);
+c. else, when nothing runs, spills the task's own inputs too, and if that is not enough runs it
+   anyway and counts it (``over_budget``): the planner guarantees that one task's working set
+   fits.
+
+Aggregation folds are always admitted: they free a partial. Every method is called under the
+ready queues' lock (``ready.py``), so admissions are serial; only the pool's workers call it.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+from collections import Counter
+
+import numpy as np
+
+from ..physical.plan import Kernel, Load
+from .runtime import planned_bytes
+
+__all__ = ["Budget", "working_bytes", "return_freed_memory"]
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_malloc_set = False
+
+
+def return_freed_memory() -> None:
+    """Have freed tiles go back to the system at once (glibc, once per process).
+
+    glibc serves a block below its mmap threshold from its heaps, and raises that threshold to
+    the size of each large block freed (up to 32 MiB): tiles of a few MiB then come from heaps
+    that keep up to twice that of freed memory per thread, which the budget does not see. A
+    fixed threshold (1 MiB) maps every tile on its own and unmaps it when freed. Called when an
+    executor with a memory_limit is made; elsewhere (no glibc) it does nothing."""
+    global _malloc_set
+    if _malloc_set or not sys.platform.startswith("linux"):
+        return
+    _malloc_set = True
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):  # musl or another libc: it has no such heaps
+        pass
+
+
+def working_bytes(plan, task) -> int:
+    """The bytes ``task`` holds while it runs, from the plan alone: its output tile, plus for a
+    kernel call the zeros of absent inputs, the copies of BLAS operands in another dtype and a
+    broadcasting kernel's chunk of the join (an elementwise join's result is its output). A Load reserves nothing (a view of
+    a stored tile; a copy counts once made)."""
+    if isinstance(task, Load):
+        return 0
+    out = planned_bytes(plan, task)
+    if not isinstance(task, Kernel):
+        return out
+    op = plan.ops[task.op]
+    itemsize = np.dtype(op.dtype).itemsize
+    choice = plan.kernels[task.op]
+    blas = choice.method in ("matmul", "contract")
+    in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
+    extra, ext = 0, {}
+    for key, shape, o, dt in zip(task.args, task.arg_shapes, op.inputs, in_dtypes):
+        ext.update(zip(o.labels, shape))
+        if key is None:  # an absent tile is made of zeros
+            extra += math.prod(shape) * np.dtype(dt).itemsize
+        if blas and np.dtype(dt) != np.dtype(op.dtype):  # BLAS multiplies in the result's dtype
+            extra += math.prod(shape) * itemsize
+    if choice.method == "broadcast" and op.agg_labels:  # the join of one chunk, then reduced
+        extra += min(choice.chunk_elements, math.prod(ext.values())) * itemsize
+    return out + extra
+
+
+class Budget:
+    """One run's reservations and spills (see the module docstring)."""
+
+    def __init__(self, run, limit: int, spill) -> None:
+        self.run, self.limit, self.spill = run, int(limit), spill
+        self.plan, self.ledger = run.plan, run.ledger
+        self.rank = run.rank
+        self.reserved = 0
+        self.running = 0
+        self.reservations: dict[int, int] = {}
+        self.in_use: Counter = Counter()   # tile key -> running tasks that read it
+        self.started: set[int] = set()
+        self.spilled: set[int] = set()
+        self.over_budget = 0               # tasks run with the budget crossed (case c)
+        self.spill_failed = False          # a spill file could not be written: spill no more
+
+    def admit(self, kind: str, task, part=None, force: bool = False) -> bool:
+        """May the item run now (``force``: it runs regardless, e.g. to be skipped after an
+        error)? Its reservation is kept until ``ended``."""
+        if kind == "acc":
+            self.running += 1
+            self.in_use[part] += 1
+            return True
+        need = working_bytes(self.plan, task)
+        excess = self.ledger.live + self.reserved + need - self.limit
+        if excess > 0 and not force:
+            inputs = set(task.inputs)  # needed now: spilled last, when nothing else can run
+            excess -= self._spill(excess, inputs)
+            if excess > 0:
+                if self.running:
+                    return False
+                excess -= self._spill(excess, ())
+                if excess > 0:
+                    self.over_budget += 1
+        self.reserved += need
+        self.reservations[task.key] = need
+        self.running += 1
+        self.started.add(task.key)
+        for k in task.inputs:
+            self.in_use[k] += 1
+        return True
+
+    def ended(self, kind: str, task, part=None) -> None:
+        self.running -= 1
+        if kind == "acc":
+            self._unuse(part)
+            return
+        self.reserved -= self.reservations.pop(task.key, 0)
+        for k in task.inputs:
+            self._unuse(k)
+
+    def _unuse(self, key) -> None:
+        n = self.in_use[key] - 1
+        if n:
+            self.in_use[key] = n
+        else:
+            del self.in_use[key]
+
+    def _next_use(self, key) -> int:
+        """When ``key`` is needed next: the lowest rank of its consumers not yet started; a
+        partial waits only for its fold (folds run first), so it counts as needed now."""
+        if key in self.run.agg_of:
+            return -1
+        later = [self.rank.get(c, 0) for c in self.run.consumers[key] if c not in self.started]
+        return min(later) if later else -1
+
+    def _spill(self, excess: int, keep) -> int:
+        """Spill tiles (not those in ``keep``) until ``excess`` bytes are freed (or none is
+        left); the bytes freed."""
+        if not getattr(self.run.tiles, "spills", False) or self.spill_failed:
+            return 0
+        held = self.ledger.held
+        candidates = [k for k in list(self.run.results)
+                      if held.get(k, 0) > 0 and k not in self.in_use and k not in self.run.keep
+                      and k not in self.spilled and k not in keep]
+        candidates.sort(key=self._next_use, reverse=True)
+        freed = 0
+        for k in candidates:
+            if freed >= excess:
+                break
+            freed += self._spill_one(k)
+        return freed
+
+    def _spill_one(self, key: int) -> int:
+        run = self.run
+        with run.lock:
+            value = run.results.get(key)
+        if value is None:
+            return 0
+        try:
+            mapped, nbytes, seconds = self.spill.write(key, value)
+        except OSError:  # a full or unwritable disk: keep tiles in memory (wait, or run over)
+            self.spill_failed = True
+            return 0
+        with run.lock:
+            if key not in run.results:  # its last consumer ran meanwhile (it cannot: in_use)
+                return 0
+            run.results[key] = mapped
+        self.spilled.add(key)
+        return self.ledger.spilled(key, nbytes, seconds)

@@ -1,0 +1,64 @@
+"""The pool's ready queues: one heap per worker, all under one lock.
+
+A worker takes its best item: the lowest ``(class, rank)``, where aggregation folds (class 0) come
+before task runs (class 1), and ranks are the plan's memory-aware order (``physical/order.py``).
+Before a run item is taken, its run may refuse it for now (``admit``: the memory budget, see
+``budget.py``); the worker then sleeps until something is put or released (``wake``).
+
+A worker with nothing to take marks itself sleeping (under the lock) and sleeps on a SimpleQueue
+of tokens (C code, no Python condition variable per item); a put for it or a wake sends it one
+token, which says only "look again". A busy worker gets no tokens: it looks at its heap after
+every item anyway.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import queue
+import threading
+
+__all__ = ["ReadyQueues", "STOP"]
+
+STOP = (-1, -1)  # the priority of the item that ends a worker thread (None)
+
+
+class ReadyQueues:
+    def __init__(self, workers: int) -> None:
+        self.lock = threading.Lock()
+        self.heaps: list[list] = [[] for _ in range(workers)]
+        self.tokens = [queue.SimpleQueue() for _ in range(workers)]
+        self.sleeping: set[int] = set()  # workers that found nothing to take
+        self._seq = itertools.count()  # ties keep the order items were put in
+
+    def __len__(self) -> int:
+        return len(self.heaps)
+
+    def put(self, w: int, priority: tuple, item) -> None:
+        with self.lock:
+            heapq.heappush(self.heaps[w], (priority, next(self._seq), item))
+            if w not in self.sleeping:
+                return
+            self.sleeping.discard(w)
+        self.tokens[w].put(None)
+
+    def get(self, w: int):
+        """Worker ``w``'s best item, once its run admits it (``item[0].admit(item)``, called
+        under the lock); None ends the worker."""
+        heap, lock, tokens = self.heaps[w], self.lock, self.tokens[w]
+        while True:
+            with lock:
+                if heap:
+                    item = heap[0][2]
+                    if item is None or item[0].admit(item):
+                        heapq.heappop(heap)
+                        return item
+                self.sleeping.add(w)
+            tokens.get()  # sleep until something is put for it or released
+
+    def wake(self) -> None:
+        """Memory was released or a task ended: workers waiting for room look again."""
+        with self.lock:
+            sleeping = list(self.sleeping)
+            self.sleeping.clear()
+        for w in sleeping:
+            self.tokens[w].put(None)
