@@ -29,10 +29,14 @@ import numpy as np
 from ..physical.plan import Kernel, Load
 from .runtime import planned_bytes
 
-__all__ = ["Budget", "working_bytes", "return_freed_memory"]
+__all__ = ["Budget", "working_bytes", "return_freed_memory", "HEAP_SLACK"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _malloc_set = False
+# The freed memory glibc may keep per thread at its largest dynamic mmap threshold (2 x 32 MiB):
+# a pool sets a fixed threshold only when its threads' share of this is more than a quarter of
+# the memory_limit, since mapping every tile afresh costs page faults on every large allocation.
+HEAP_SLACK = 64 << 20
 
 
 def return_freed_memory() -> None:
@@ -42,7 +46,8 @@ def return_freed_memory() -> None:
     the size of each large block freed (up to 32 MiB): tiles of a few MiB then come from heaps
     that keep up to twice that of freed memory per thread, which the budget does not see. A
     fixed threshold (1 MiB) maps every tile on its own and unmaps it when freed. Called when an
-    executor with a memory_limit is made; elsewhere (no glibc) it does nothing."""
+    executor with a memory_limit small next to that slack is made (``HEAP_SLACK``); elsewhere
+    (no glibc) it does nothing."""
     global _malloc_set
     if _malloc_set or not sys.platform.startswith("linux"):
         return

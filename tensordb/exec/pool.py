@@ -27,7 +27,7 @@ from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..physical.order import ranks
 from ..storage.writer import has_nonfinite
-from .budget import Budget, return_freed_memory
+from .budget import HEAP_SLACK, Budget, return_freed_memory
 from .kernels import get_backend
 from .ready import STOP, ReadyQueues
 from .runtime import Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, translate
@@ -87,8 +87,8 @@ class LocalExecutor:
         self.devices = list(self.tiles.devices)
         self.workers = max(1, int(workers))
         self.memory_limit = memory_limit
-        if memory_limit:
-            return_freed_memory()
+        if memory_limit and memory_limit < HEAP_SLACK * (self.workers + 1) * 4:
+            return_freed_memory()  # what glibc keeps would be more than a quarter of the limit
         self.xp = self.tiles.xp
         self.cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                          else os.cpu_count() or 1)
