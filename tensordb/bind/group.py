@@ -9,6 +9,8 @@ name and stores it as P.
 from __future__ import annotations
 
 import difflib
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from ..dtypes import check_dtype
@@ -17,7 +19,7 @@ from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
 from ..dialect import ast as A
 from .binder import Lowered, lower
-from .emit import BoundStep, Emitter
+from .emit import BoundStep, Emitter, GradStep
 
 __all__ = ["GroupBinder", "LetDef"]
 
@@ -42,7 +44,7 @@ class GroupBinder:
 
     store: object
     lets: dict[str, LetDef]
-    steps: list[BoundStep] = field(default_factory=list)
+    steps: list[BoundStep | GradStep] = field(default_factory=list)
     pieces: dict[str, dict[str, int]] = field(default_factory=dict)  # result -> {label: pieces}
     stored: dict[str, TensorInfo] = field(default_factory=dict)  # stored tensors resolved
     known: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # graph name -> shape, dtype
@@ -122,9 +124,68 @@ class GroupBinder:
             # Replacing a tensor the group also reads (P = MIN(P + P)) is fine: the binder computes
             # it under an internal name and stores it as P.
             gname, store = t.name, True
-        low = lower(script, stmt, self._resolver(script), gname, store=store)
-        self._add(low)
+        if isinstance(stmt.expr, A.Call) and stmt.expr.fn == "grad":
+            self._add_grad(script, stmt, gname, store)
+        else:
+            low = lower(script, stmt, self._resolver(script), gname, store=store)
+            self._add(low)
         self.current[key] = gname
+        if store:
+            self.outputs.append(t.name)
+
+    def _add_grad(self, script: str, stmt: A.AssignStmt, gname: str, store: bool) -> None:
+        """``dW = GRAD(L, W)``: L a scalar computed earlier in the group, W a tensor (stored, a
+        LET or a result). GRADs of one loss join the first one's backward pass."""
+        call = stmt.expr
+        if len(call.args) != 2 or not all(isinstance(a, A.Ref) and a.labels is None
+                                         for a in call.args):
+            bad = next((a for a in call.args if not (isinstance(a, A.Ref) and a.labels is None)),
+                       call)
+            raise BinderError("GRAD takes two tensor names: GRAD(loss, tensor)",
+                              statement=script, span=bad.span if len(call.args) == 2 else call.span,
+                              hint="write dW = GRAD(L, W): the gradient of the scalar L with "
+                                   "respect to W, of W's shape")
+        if stmt.pieces:
+            raise BinderError("WITH (PIECES ...) does not apply to GRAD: the backward pass is "
+                              "planned with the forward one", statement=script,
+                              span=stmt.pieces[0].span)
+        loss_ref, wrt_ref = call.args
+        key = loss_ref.name.lower()
+        if key not in self.current and key not in self.lets:
+            where = "is a stored tensor" if self.store.has(loss_ref.name) else "is unknown"
+            raise BinderError(f"GRAD: the loss '{loss_ref.name}' {where}; GRAD needs a loss "
+                              "computed earlier in the same group of statements",
+                              statement=script, span=loss_ref.span,
+                              hint=f"compute {loss_ref.name} in the same execute call, script or "
+                                   "BEGIN ... COMMIT block, with no other kind of statement "
+                                   "between it and GRAD")
+        loss, shape, dtype = self.resolve(loss_ref.name, loss_ref.name_span, script)
+        if shape != ():
+            raise BinderError(f"GRAD: the loss '{loss_ref.name}' is not a scalar: it has shape "
+                              f"{shape}", statement=script, span=loss_ref.span,
+                              hint=f"aggregate it to a scalar first, e.g. "
+                                   f"{loss_ref.name}_sum = SUM({loss_ref.name}[...])")
+        if np.dtype(dtype).kind != "f":
+            raise BinderError(f"GRAD: the loss '{loss_ref.name}' is {dtype}, not a float",
+                              statement=script, span=loss_ref.span)
+        wrt, wshape, wdtype = self.resolve(wrt_ref.name, wrt_ref.name_span, script)
+        t = stmt.target
+        if t.labels is not None and len(t.labels) != len(wshape):
+            raise BinderError(f"GRAD's result has the shape of {wrt_ref.name}, {wshape}: "
+                              f"{len(wshape)} label(s), not {len(t.labels)}", statement=script,
+                              span=t.span)
+        if t.labels is not None and len({l.name for l in t.labels}) != len(t.labels):
+            raise BinderError("a label appears twice on the left", statement=script, span=t.span)
+        result_dtype = wdtype if np.dtype(wdtype).kind == "f" else "float64"
+        for k, step in enumerate(self.steps):  # join an earlier GRAD of the same loss
+            if isinstance(step, GradStep) and step.loss == loss and                     (wrt in self.stored or any(s.into == wrt for s in self.steps[:k]
+                                                if isinstance(s, BoundStep))):
+                self.steps[k] = GradStep(loss, step.wrt + ((wrt, gname, store),))
+                break
+        else:
+            self.steps.append(GradStep(loss, ((wrt, gname, store),)))
+        self.known[gname] = (wshape, result_dtype)
+        self.current[t.name.lower()] = gname
         if store:
             self.outputs.append(t.name)
 
