@@ -230,6 +230,10 @@ def backward(ops: Sequence[EinOp], stored: Mapping[str, tuple[tuple[int, ...], s
 
 
 class _Backward:
+    """One backward pass. A gradient is a tensor's name, a ``Const`` (the gradient of a scalar
+    known without computing anything: the seed d loss / d loss = 1, and what constant factors
+    make of it), or None (0: nothing reached the tensor)."""
+
     def __init__(self, ops: Sequence[EinOp], stored, loss: str) -> None:
         self.fwd = list(ops)
         self.producer = {op.output: op for op in self.fwd}
@@ -241,10 +245,12 @@ class _Backward:
             raise BinderError(f"GRAD: the loss '{loss}' is not a scalar: it has shape "
                               f"{self.producer[loss].out_shape}")
         self.ops: list[EinOp] = []
-        self.parts: dict[str, list[str]] = {}   # tensor -> its gradient's contributions
-        self.total: dict[str, str | None] = {}  # tensor -> its gradient (None: the seed, 1)
+        self.parts: dict[str, list] = {}        # tensor -> its gradient's contributions
+        self.total: dict[str, object] = {}      # tensor -> its gradient
         self.helpers: dict[tuple[str, str], str] = {}
         self.counter: dict[str, int] = {}
+        self.count: dict[str, int] = {}         # tensor -> contributions it will get
+        self.first_into: dict[str, str] = {}    # wrt tensor -> the name of its gradient
 
     # -- tensors -------------------------------------------------------------------------------
     def shape(self, t: str) -> tuple[int, ...]:
@@ -258,12 +264,17 @@ class _Backward:
             return np.dtype(self.stored[t][1]).name
         return next(op.dtype for op in self.ops if op.output == t)
 
+    def _float(self, t: str) -> str:
+        d = np.dtype(self.dtype(t))
+        return d.name if d.kind == "f" else "float64"
+
     def name(self, t: str, part: bool = True) -> TensorRef:
+        """``d<loss>/d<t>``: the gradient of t; ``d<loss>/d<t>#n``: its n-th contribution."""
         base = f"d{self.loss}/d{t}"
-        if not part:
+        if not part or self.count.get(t, 0) <= 1:
             return TensorRef(base)
         n = self.counter[base] = self.counter.get(base, 0) + 1
-        return TensorRef(base, temp=n)
+        return TensorRef(f"{base}#{n}")
 
     def emit(self, name, out_labels, slots: _Slots, join: Expr, sizes: Mapping[str, int],
              agg: str = "sum", dtype: str | None = None) -> str:
@@ -271,8 +282,8 @@ class _Backward:
         if dtype is None:
             dtype = dtype_of(join, in_dtypes).name
             if np.dtype(dtype).kind != "f":
-                dtype = np.result_type(*[d for d in in_dtypes if np.dtype(d).kind == "f"],
-                                       np.float64 if not in_dtypes else in_dtypes[0]).name
+                floats = [d for d in in_dtypes if np.dtype(d).kind == "f"]
+                dtype = np.result_type(*floats).name if floats else "float64"
         used = slots.labels() | set(out_labels)
         op = EinOp(name, tuple(out_labels), tuple(Operand(t, ls) for t, ls in slots.items),
                    tuple((l, sizes[l]) for l in sizes if l in used), join, agg, dtype,
@@ -292,79 +303,74 @@ class _Backward:
             if any(o.tensor in depends for o in op.inputs):
                 depends.add(op.output)
         active = ancestors & depends
-        # How many contributions each tensor gets: a wrt tensor with one is computed under its
-        # result's name straight away.
-        count: dict[str, int] = {}
+        # One contribution per operation and distinct operand (tensor and labels) of an active
+        # tensor: a wrt tensor with one is computed under its result's name straight away.
+        groups: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
         for op in self.fwd:
             if op.output in active:
-                for o in op.inputs:
+                by_operand: dict[tuple, list[int]] = {}
+                for k, o in enumerate(op.inputs):
                     if o.tensor in active:
-                        count[o.tensor] = count.get(o.tensor, 0) + 1
-        first_into = {}
+                        by_operand.setdefault((o.tensor, o.labels), []).append(k)
+                groups[op.output] = list(by_operand.items())
+                for (t, _), _ in groups[op.output]:
+                    self.count[t] = self.count.get(t, 0) + 1
         for t, into in wrt:
-            first_into.setdefault(t, into)
-        self.first_into = first_into
-        self.count = count
-        self.parts[self.loss] = []
-        self.total[self.loss] = None  # the seed: d loss / d loss = 1
+            self.first_into.setdefault(t, into)
+        self.parts[self.loss] = [Const(1)]  # the seed: d loss / d loss = 1
         for op in reversed(self.fwd):
-            if op.output not in active or op.output not in self.parts:
+            if op.output not in active or not self.parts.get(op.output):
                 continue
             g = self.gradient(op.output)
-            for k, o in enumerate(op.inputs):
-                if o.tensor in active:
-                    part = self.input_grad(op, k, g)
-                    if part is not None:
-                        self.parts.setdefault(o.tensor, []).append(part)
+            for (t, _), ks in groups[op.output]:
+                part = self.input_grad(op, ks, g)
+                if part is not None:
+                    self.parts.setdefault(t, []).append(part)
         done: dict[str, str] = {}
         for t, into in wrt:
-            if t in done:  # the same tensor twice: a copy
-                self.copy(done[t], t, into)
-                continue
-            g = self.gradient(t) if t in self.parts else "zeros"
-            if g == "zeros":
-                self.zeros(t, into)
-            elif g is None:
-                self.ones(t, into)
+            g = self.gradient(t) if t not in done else done[t]
+            if g is None or isinstance(g, Const):
+                self.constant(t, into, 0 if g is None else g.value)
             elif g != into:
                 self.copy(g, t, into)
             done[t] = into
         return self.ops
 
-    def gradient(self, t: str) -> str | None:
-        """The name of the gradient of ``t``: its one contribution, or their SUM (an operation);
-        None for the loss itself (the seed); "zeros" when nothing reached it."""
+    def gradient(self, t: str):
+        """The gradient of ``t``: its one contribution, a constant, or the SUM of its
+        contributions (an operation); None when nothing reached it."""
         if t in self.total:
             return self.total[t]
         parts = self.parts.get(t) or []
-        if not parts:
-            self.total[t] = "zeros"
-            return "zeros"
-        if len(parts) == 1:
-            self.total[t] = parts[0]
-            return parts[0]
-        labels = tuple(f"d{i}" for i in range(len(self.shape(t))))
-        slots = _Slots()
-        join = slots(parts[0], labels)
-        for p in parts[1:]:
-            join = Call("+", (join, slots(p, labels)))
-        into = self.first_into.get(t)
-        name = TensorRef.of(into) if into is not None else self.name(t, part=False)
-        dtype = self.dtype(t) if into is not None else None
-        self.total[t] = self.emit(name, labels, slots, join, dict(zip(labels, self.shape(t))),
-                                  dtype=dtype)
+        consts = [p.value for p in parts if isinstance(p, Const)]
+        names = [p for p in parts if not isinstance(p, Const)]
+        c = sum(consts) if consts else None
+        if not names:
+            self.total[t] = None if c is None else Const(c)
+        elif len(names) == 1 and c is None:
+            self.total[t] = names[0]
+        else:
+            labels = tuple(f"d{i}" for i in range(len(self.shape(t))))
+            slots = _Slots()
+            join = slots(names[0], labels)
+            for p in names[1:]:
+                join = Call("+", (join, slots(p, labels)))
+            if c is not None:
+                join = Call("+", (join, Const(c)))
+            into = self.first_into.get(t)
+            name = TensorRef.of(into) if into is not None else self.name(t, part=False)
+            self.total[t] = self.emit(name, labels, slots, join,
+                                      dict(zip(labels, self.shape(t))),
+                                      dtype=self._float(t) if into is not None else None)
         return self.total[t]
 
-    def zeros(self, t: str, into: str) -> None:
+    def constant(self, t: str, into: str, value) -> None:
+        """``into``, of t's shape, holding ``value`` everywhere (``t ** 0`` is 1 even where t is
+        NaN or inf, so 0 stays 0)."""
         labels = tuple(f"d{i}" for i in range(len(self.shape(t))))
         slots = _Slots()
-        join = Call("*", (Const(0), Call("pow", (slots(t, labels), Const(0)))))
+        join = _mul(Const(value), Call("pow", (slots(t, labels), Const(0))))
         self.emit(TensorRef.of(into), labels, slots, join, dict(zip(labels, self.shape(t))),
-                  dtype=self._float(t))
-
-    def ones(self, t: str, into: str) -> None:
-        slots = _Slots()
-        self.emit(TensorRef.of(into), (), slots, Call("pow", (slots(t, ()), Const(0))), {},
                   dtype=self._float(t))
 
     def copy(self, source: str, t: str, into: str) -> None:
@@ -373,28 +379,30 @@ class _Backward:
         self.emit(TensorRef.of(into), labels, slots, slots(source, labels),
                   dict(zip(labels, self.shape(t))), dtype=self._float(t))
 
-    def _float(self, t: str) -> str:
-        d = np.dtype(self.dtype(t))
-        return d.name if d.kind == "f" else "float64"
-
-    # -- one input of one operation ------------------------------------------------------------
-    def input_grad(self, op: EinOp, k: int, g: str | None) -> str | None:
-        lk = op.inputs[k].labels
+    # -- one operand of one operation ----------------------------------------------------------
+    def input_grad(self, op: EinOp, ks: Sequence[int], g):
+        """The contribution of ``op`` to the gradient of its operand ``ks`` (the input slots
+        reading one tensor with the same labels): a new operation's name, or a constant."""
+        operand = op.inputs[ks[0]]
+        t, lk = operand.tensor, operand.labels
         if len(set(lk)) != len(lk):
             raise NotSupportedError(
-                f"GRAD through {op.inputs[k].tensor}[{','.join(lk)}], read with a repeated label "
+                f"GRAD through {t}[{','.join(lk)}], read with a repeated label "
                 f"(a diagonal) in {op.describe()}: its gradient would need an identity tensor",
                 hint="compute the diagonal as a tensor of its own outside the differentiated "
                      "part, or write the computation without a repeated label")
-        d = derivative(op.join, k)
+        d = None
+        for k in ks:
+            d = _add(d, derivative(op.join, k))
         if d is None:
             return None
         slots = _Slots()
+
         def slot_of(i):
             return slots(op.inputs[i].tensor, op.inputs[i].labels)
         local = _subst(d, slot_of)
         o = op.out_labels
-        grad = Const(1) if g is None else slots(g, o)
+        grad = g if isinstance(g, Const) else slots(g, o)
         agg = op.agg if op.agg_labels else None
         if agg in ("max", "min", "prod"):
             join = _subst(op.join, slot_of)
@@ -412,17 +420,16 @@ class _Backward:
         else:
             weight = Const(1)
         expr = _mul(_mul(grad, weight), local)
-        if expr is None:
-            return None
-        missing = [l for l in lk if l not in slots.labels()]
-        if missing or not slots.items:
-            expr = _mul(expr, _pow(slots(op.inputs[k].tensor, lk), Const(0)))
-        covered = slots.labels()
         size = op.size
-        extra = math.prod(size[l] for l in op.labels if l not in covered and l not in lk)
+        extra = math.prod(size[l] for l in op.labels if l not in slots.labels() and l not in lk)
         if extra != 1:
             expr = _mul(expr, Const(extra))
-        t = op.inputs[k].tensor
+        if not slots.items and not lk:  # a scalar's gradient known as a constant
+            value = _const_value(expr)
+            if value is not None:
+                return Const(value)
+        if [l for l in lk if l not in slots.labels()] or not slots.items:
+            expr = _mul(expr, _pow(slots(t, lk), Const(0)))
         into = self.first_into.get(t)
         if into is not None and self.count.get(t) == 1:
             return self.emit(TensorRef.of(into), lk, slots, expr, size, dtype=self._float(t))
@@ -443,7 +450,25 @@ class _Backward:
             body, agg = _fn("_eq", join, Const(0)), "sum"
         else:
             body, agg = Call("+", (join, _fn("_eq", join, Const(0)))), "prod"
-        name = self.emit(self.name(op.output), op.out_labels, slots, body, op.size, agg=agg,
-                         dtype=op.dtype if np.dtype(op.dtype).kind == "f" else "float64")
+        name = self.emit(TensorRef(f"{kind}({op.output})"), op.out_labels, slots, body, op.size,
+                         agg=agg, dtype=op.dtype if np.dtype(op.dtype).kind == "f" else "float64")
         self.helpers[key] = name
         return name
+
+
+def _const_value(expr: Expr):
+    """The value of an expression of literals only (Python arithmetic), else None."""
+    if isinstance(expr, Const):
+        return expr.value if type(expr.value) in (int, float) else None
+    if isinstance(expr, Call) and expr.fn in ("*", "/", "+", "-", "neg"):
+        vals = [_const_value(a) for a in expr.args]
+        if any(v is None for v in vals):
+            return None
+        try:
+            if expr.fn == "neg":
+                return -vals[0]
+            a, b = vals
+            return {"*": a * b, "+": a + b, "-": a - b}[expr.fn] if expr.fn != "/" else a / b
+        except ZeroDivisionError:
+            return None
+    return None
