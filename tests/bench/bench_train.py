@@ -1,0 +1,173 @@
+"""One training step of a 2-layer MLP in SQL against the same step written by hand in numpy.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_train.py
+
+The step (b=512 rows, f=4096 features, h=1024 hidden units, c=16 classes, float32): forward
+(RELU hidden layer), softmax cross-entropy, the gradients of both weights (GRAD), the SGD update
+of both, stored. tensordb runs it as one `execute` call on an on-disk database (parse, bind,
+plan, run, commit included); numpy is the same step by hand, in memory. Each figure is the median
+of --repeat runs after one warm-up; the table goes to docs/benchmarks.md between the train
+markers. JAX (jit on CPU) is timed too when it is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import tensordb  # noqa: E402
+from tests.bench.bench_suite import blas_info  # noqa: E402
+
+COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_train.py"
+LR = 0.01
+
+
+def step_sql(b: int) -> str:
+    return (f"H[b,h] = RELU(SUM(X[b,f] * W1[f,h])); "
+            f"Z[b,c] = SUM(H[b,h] * W2[h,c]); "
+            f"M[b] = MAX(Z[b,c]); "
+            f"L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / {b}; "
+            f"dW1 = GRAD(L, W1); dW2 = GRAD(L, W2); "
+            f"W1[f,h] = W1[f,h] - {LR} * dW1[f,h]; W2[h,c] = W2[h,c] - {LR} * dW2[h,c];")
+
+
+def numpy_step(x, y, w1, w2):
+    """The same step by hand (float32 throughout)."""
+    pre = x @ w1
+    h = np.maximum(pre, 0)
+    z = h @ w2
+    m = z.max(1, keepdims=True)
+    e = np.exp(z - m)
+    s = e.sum(1, keepdims=True)
+    loss = np.sum(np.log(s[:, 0]) + m[:, 0] - np.sum(y * z, 1)) / len(x)
+    dz = (e / s - y) / np.float32(len(x))
+    dw2 = h.T @ dz
+    dh = (dz @ w2.T) * (pre > 0)
+    dw1 = x.T @ dh
+    return loss, w1 - np.float32(LR) * dw1, w2 - np.float32(LR) * dw2
+
+
+def jax_step():
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    jax.config.update("jax_platform_name", "cpu")
+
+    def loss(w1, w2, x, y):
+        z = jnp.maximum(x @ w1, 0) @ w2
+        return jnp.sum(jax.nn.logsumexp(z, axis=1) - jnp.sum(y * z, 1)) / x.shape[0]
+
+    @jax.jit
+    def step(w1, w2, x, y):
+        l, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2, x, y)
+        return l, w1 - LR * g1, w2 - LR * g2
+    return step
+
+
+def median(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--b", type=int, default=512)
+    ap.add_argument("--f", type=int, default=4096)
+    ap.add_argument("--h", type=int, default=1024)
+    ap.add_argument("--c", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.b, args.f)).astype(np.float32)
+    y = np.eye(args.c, dtype=np.float32)[rng.integers(0, args.c, args.b)]
+    w1 = (rng.normal(size=(args.f, args.h)) / np.sqrt(args.f)).astype(np.float32)
+    w2 = (rng.normal(size=(args.h, args.c)) / np.sqrt(args.h)).astype(np.float32)
+
+    state = {"w1": w1, "w2": w2}
+
+    def by_hand():
+        _, state["w1"], state["w2"] = numpy_step(x, y, state["w1"], state["w2"])
+    t_numpy = median(by_hand, args.repeat)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        con = tensordb.connect(Path(tmp) / "train.tdb", workers=args.workers)
+        for name, a in {"X": x, "Y": y, "W1": w1, "W2": w2}.items():
+            con.load(name, a)
+        text = step_sql(args.b)
+        t_sql = median(lambda: con.execute(text), args.repeat)
+        # the step's result against numpy: one more step from the same weights
+        w1_now, w2_now = con.tensor("W1"), con.tensor("W2")
+        con.execute(text)
+        _, w1_np, w2_np = numpy_step(x, y, w1_now, w2_now)
+        err = max(float(np.abs(con.tensor("W1") - w1_np).max() / np.abs(w1_np).max()),
+                  float(np.abs(con.tensor("W2") - w2_np).max() / np.abs(w2_np).max()))
+        plan = con.explain(text)
+        ops = int(re.search(r"(\d+) operation", plan).group(1))
+        backward = sum(1 for line in plan.splitlines() if " backward " in line)
+        con.close()
+
+    step = jax_step()
+    t_jax = None
+    if step is not None:
+        import jax.numpy as jnp
+        jx, jy, jw1, jw2 = map(jnp.asarray, (x, y, w1, w2))
+
+        def run_jax():
+            out = step(jw1, jw2, jx, jy)
+            out[1].block_until_ready()
+        t_jax = median(run_jax, args.repeat)
+
+    rows = [("numpy by hand", t_numpy, 1.0), ("tensordb (SQL step)", t_sql, t_sql / t_numpy)]
+    if t_jax is not None:
+        rows.append(("JAX jit (CPU)", t_jax, t_jax / t_numpy))
+    table = ["| step | median s | vs numpy |", "|---|---:|---:|"] + \
+        [f"| {n} | {t:.3f} | {r:.2f}x |" for n, t, r in rows]
+    lines = [
+        f"One SGD step of a 2-layer MLP, b={args.b}, f={args.f}, h={args.h}, c={args.c}, float32 "
+        f"(forward, softmax cross-entropy, GRAD of both weights, update, stored), median of "
+        f"{args.repeat} after a warm-up; tensordb with {args.workers} workers on an on-disk "
+        f"database, {ops} operations of which {backward} backward. "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, BLAS: {blas_info()}."
+        + ("" if t_jax is not None else " JAX is not installed here: not timed."),
+        "",
+        *table,
+        "",
+        f"tensordb's weights after one more step against numpy's from the same weights: largest "
+        f"difference {err:.1e} of the largest weight. `{COMMAND}`",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        doc = ROOT / "docs" / "benchmarks.md"
+        body = doc.read_text()
+        section = f"<!-- train:begin -->\n## Training step (GRAD)\n\n{text}\n<!-- train:end -->"
+        if "<!-- train:begin -->" in body:
+            body = re.sub(r"<!-- train:begin -->.*<!-- train:end -->", lambda _: section, body,
+                          flags=re.S)
+        else:
+            body = body.rstrip("\n") + "\n\n" + section + "\n"
+        doc.write_text(body)
+
+
+if __name__ == "__main__":
+    main()
