@@ -297,7 +297,7 @@ def test_non_scalar_loss_is_a_binder_error_with_caret(con):
     ("L = SUM(A[i,j]); g = GRAD(L, Nope)", "unknown tensor", "Nope"),
     ("L = SUM(A[i,j]); g[i] = GRAD(L, A)", "2 label(s), not 1", "g[i]"),
     ("L = SUM(A[i,j]); g[i,j] = 2 * GRAD(L, A)", "whole right side", "GRAD"),
-    ("L = SUM(A[i,j]); LET g = GRAD(L, A)", "whole right side", "GRAD"),
+    ("LET g = GRAD(A, B)", "stored tensor", "A"),
 ])
 def test_grad_errors_point_at_the_source(con, script, message, at):
     con.load("A", A)
@@ -321,6 +321,20 @@ def test_grad_of_a_let_and_through_a_let(con):
     h = np.tanh(x @ w)
     np.testing.assert_allclose(con.tensor("gH"), 2 * h)
     np.testing.assert_allclose(con.tensor("gW"), x.T @ (2 * h * (1 - h * h)))
+
+
+def test_let_grad_is_computed_where_used_and_never_stored(con):
+    """LET dW = GRAD(L, W): the gradient is an intermediate of the statements that use it."""
+    rng = np.random.default_rng(11)
+    x, w = rng.normal(size=(4, 3)), rng.normal(size=3)
+    con.load("X", x)
+    con.load("W", w)
+    r = con.execute("P[b] = SUM(X[b,d] * W[d]); L = SUM(SQUARE(P[b])); LET dW = GRAD(L, W); "
+                    "W[d] = W[d] - 0.1 * dW[d]")
+    assert r.name == "W"
+    assert not con.store.has("dW")
+    np.testing.assert_allclose(con.tensor("W"), w - 0.1 * (2 * x.T @ (x @ w)), rtol=1e-12)
+    assert con.execute("DESCRIBE dW").fetchall()[2] == ("shape", (3,))
 
 
 def test_float32_gradient_keeps_the_dtype(con):

@@ -79,6 +79,9 @@ class GroupBinder:
 
     def _inline_let(self, let: LetDef):
         key = let.name.lower()
+        if _is_grad(let.stmt):  # LET dW = GRAD(L, W): a gradient computed here, never stored
+            self._add_grad(let.script, let.stmt, let.name, store=False)
+            return (let.name, *self.known[let.name])
         low = lower(let.script, let.stmt, self._resolver(let.script), let.name, store=False)
         self._add(low)
         self.current[key] = let.name
@@ -124,7 +127,7 @@ class GroupBinder:
             # Replacing a tensor the group also reads (P = MIN(P + P)) is fine: the binder computes
             # it under an internal name and stores it as P.
             gname, store = t.name, True
-        if isinstance(stmt.expr, A.Call) and stmt.expr.fn == "grad":
+        if _is_grad(stmt):
             self._add_grad(script, stmt, gname, store)
         else:
             low = lower(script, stmt, self._resolver(script), gname, store=store)
@@ -198,5 +201,14 @@ class GroupBinder:
         # Check it now (errors belong to the LET), without adding its steps: it is inlined
         # where it is used, or nowhere.
         probe = GroupBinder(self.store, self.lets, known=dict(self.known), current=dict(self.current))
+        if _is_grad(stmt):
+            probe.steps, probe.stored = list(self.steps), dict(self.stored)
+            probe._add_grad(script, stmt, t.name, store=False)
+            self.lets[key] = LetDef(script, stmt, *probe.known[t.name])
+            return
         low = lower(script, stmt, probe._resolver(script), t.name, store=False)
         self.lets[key] = LetDef(script, stmt, low.shape, low.dtype)
+
+
+def _is_grad(stmt: A.AssignStmt) -> bool:
+    return isinstance(stmt.expr, A.Call) and stmt.expr.fn == "grad"

@@ -38,7 +38,7 @@ def step_sql(b: int) -> str:
             f"Z[b,c] = SUM(H[b,h] * W2[h,c]); "
             f"M[b] = MAX(Z[b,c]); "
             f"L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / {b}; "
-            f"dW1 = GRAD(L, W1); dW2 = GRAD(L, W2); "
+            f"LET dW1 = GRAD(L, W1); LET dW2 = GRAD(L, W2); "
             f"W1[f,h] = W1[f,h] - {LR} * dW1[f,h]; W2[h,c] = W2[h,c] - {LR} * dW2[h,c];")
 
 
@@ -144,7 +144,7 @@ def main(argv=None) -> None:
         [f"| {n} | {t:.3f} | {r:.2f}x |" for n, t, r in rows]
     lines = [
         f"One SGD step of a 2-layer MLP, b={args.b}, f={args.f}, h={args.h}, c={args.c}, float32 "
-        f"(forward, softmax cross-entropy, GRAD of both weights, update, stored), median of "
+        f"(forward, softmax cross-entropy, GRAD of both weights as LETs, update, the new weights stored), median of "
         f"{args.repeat} after a warm-up; tensordb with {args.workers} workers on an on-disk "
         f"database, {ops} operations of which {backward} backward. "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, BLAS: {blas_info()}."
