@@ -464,3 +464,18 @@ def test_finite_differences_through_tensordb(con):
             vals.append(float(con.tensor("L")))
         fd[idx] = (vals[0] - vals[1]) / 2e-6
     np.testing.assert_allclose(got, fd, rtol=1e-5, atol=1e-7)
+
+
+def test_int_tensor_gets_a_float64_gradient_and_empty_tensors_work(con):
+    k = np.array([1, -2, 3], dtype=np.int64)
+    con.load("A", A[:, :3].copy())
+    con.load("K", k)
+    con.execute("L = SUM(A[i,j] * K[j] * K[j]); gK = GRAD(L, K); gA = GRAD(L, A)")
+    assert con.tensor("gK").dtype == np.float64
+    np.testing.assert_allclose(con.tensor("gK"), 2 * k * A[:, :3].sum(0))
+    np.testing.assert_allclose(con.tensor("gA"), np.broadcast_to(k * k, (3, 3)))
+    con.load("E", np.zeros((0, 2)))
+    con.load("v", np.array([1.5, 2.0]))
+    con.execute("L = SUM(E[i,j] * v[j]); gE = GRAD(L, E); gv = GRAD(L, v)")
+    assert con.tensor("gE").shape == (0, 2)
+    np.testing.assert_array_equal(con.tensor("gv"), np.zeros(2))

@@ -3,8 +3,8 @@
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_train.py
 
 The step (b=512 rows, f=4096 features, h=1024 hidden units, c=16 classes, float32): forward
-(RELU hidden layer), softmax cross-entropy, the gradients of both weights (GRAD), the SGD update
-of both, stored. tensordb runs it as one `execute` call on an on-disk database (parse, bind,
+(RELU hidden layer), softmax cross-entropy, the gradients of both weights (LET dW = GRAD(...):
+computed, never stored), the SGD update of both, stored. tensordb runs it as one `execute` call on an on-disk database (parse, bind,
 plan, run, commit included); numpy is the same step by hand, in memory. Each figure is the median
 of --repeat runs after one warm-up; the table goes to docs/benchmarks.md between the train
 markers. JAX (jit on CPU) is timed too when it is installed.
@@ -114,6 +114,9 @@ def main(argv=None) -> None:
         for name, a in {"X": x, "Y": y, "W1": w1, "W2": w2}.items():
             con.load(name, a)
         text = step_sql(args.b)
+        plan = con.explain(text)  # before the LETs are defined by running it
+        ops = int(re.search(r"(\d+) operation", plan).group(1))
+        backward = sum(1 for line in plan.splitlines() if " backward " in line)
         t_sql = median(lambda: con.execute(text), args.repeat)
         # the step's result against numpy: one more step from the same weights
         w1_now, w2_now = con.tensor("W1"), con.tensor("W2")
@@ -121,9 +124,6 @@ def main(argv=None) -> None:
         _, w1_np, w2_np = numpy_step(x, y, w1_now, w2_now)
         err = max(float(np.abs(con.tensor("W1") - w1_np).max() / np.abs(w1_np).max()),
                   float(np.abs(con.tensor("W2") - w2_np).max() / np.abs(w2_np).max()))
-        plan = con.explain(text)
-        ops = int(re.search(r"(\d+) operation", plan).group(1))
-        backward = sum(1 for line in plan.splitlines() if " backward " in line)
         con.close()
 
     step = jax_step()
@@ -144,7 +144,8 @@ def main(argv=None) -> None:
         [f"| {n} | {t:.3f} | {r:.2f}x |" for n, t, r in rows]
     lines = [
         f"One SGD step of a 2-layer MLP, b={args.b}, f={args.f}, h={args.h}, c={args.c}, float32 "
-        f"(forward, softmax cross-entropy, GRAD of both weights as LETs, update, the new weights stored), median of "
+        f"(forward, softmax cross-entropy, GRAD of both weights as LETs, the updated weights "
+        f"stored), median of "
         f"{args.repeat} after a warm-up; tensordb with {args.workers} workers on an on-disk "
         f"database, {ops} operations of which {backward} backward. "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, BLAS: {blas_info()}."
