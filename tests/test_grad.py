@@ -479,3 +479,21 @@ def test_int_tensor_gets_a_float64_gradient_and_empty_tensors_work(con):
     con.execute("L = SUM(E[i,j] * v[j]); gE = GRAD(L, E); gv = GRAD(L, v)")
     assert con.tensor("gE").shape == (0, 2)
     np.testing.assert_array_equal(con.tensor("gv"), np.zeros(2))
+
+
+@pytest.mark.gpu
+def test_sgd_step_on_the_gpu_executor(tmp_path):
+    """The backward pass's internal functions (_eq, _gt, _sign) run on CuPy too."""
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(8, 5))
+    y = np.eye(3)[rng.integers(0, 3, size=8)]
+    w1, w2 = rng.normal(size=(5, 6)) * 0.5, rng.normal(size=(6, 3)) * 0.5
+    with tensordb.connect(tmp_path / "db", executor="gpu") as con:
+        for k, v in {"X": x, "Y": y, "W1": w1, "W2": w2}.items():
+            con.load(k, v)
+        con.execute(_mlp_step() + "A1 = SUM(ABS(W1[d,h])); gA = GRAD(A1, W1);")
+        loss, w1n, w2n = _numpy_step(x, y, w1, w2)
+        np.testing.assert_allclose(con.tensor("L"), loss, rtol=1e-12)
+        np.testing.assert_allclose(con.tensor("W1"), w1n, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(con.tensor("W2"), w2n, rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(con.tensor("gA"), np.sign(w1n))
