@@ -6,11 +6,12 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from .errors import ProgrammingError
 
-__all__ = ["Settings", "parse_bytes", "format_bytes", "available_memory", "max_workers", "debug_level", "stage"]
+__all__ = ["Settings", "parse_bytes", "format_bytes", "available_memory", "physical_memory",
+           "default_memory_limit", "MEMORY_FRACTION", "max_workers", "debug_level", "stage"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -61,6 +62,38 @@ def available_memory() -> int | None:
         return None
 
 
+MEMORY_FRACTION = 0.8   # the default memory_limit's share of the machine's memory (DuckDB's)
+
+# Where a container's memory limit is read (cgroup v2, then v1); a file may be absent or "max".
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def physical_memory() -> int | None:
+    """Bytes of memory this process may use: the machine's physical memory, or its container's
+    (cgroup) limit when that is smaller; None when neither can be read."""
+    sizes = []
+    try:
+        sizes.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) > 0:
+            sizes.append(int(text))
+    return min(sizes) if sizes else None
+
+
+def default_memory_limit() -> int | None:
+    """``MEMORY_FRACTION`` of ``physical_memory()``: the memory_limit of a new connection (and of
+    ``SET memory_limit = DEFAULT``)."""
+    total = physical_memory()
+    return None if total is None else max(1, int(total * MEMORY_FRACTION))
+
+
 def max_workers() -> int:
     """The most workers ``SET workers`` accepts: far more threads than cores only adds
     scheduling, and the optimizer's search grows with the worker count (a bound keeps planning
@@ -78,11 +111,15 @@ def _default_workers() -> int:
 @dataclass
 class Settings:
     """What ``SET`` changes. ``workers``: kernel workers; ``memory_limit``: bytes for all workers
-    together (None: no limit); ``executor``: 'local' or 'dask://host:port'; ``tiling``: the
-    registered tiling strategy; ``progress``: show progress for long queries in the CLI."""
+    together (default: ``MEMORY_FRACTION`` of the machine's memory; None: no limit);
+    ``executor``: 'local' or 'dask://host:port'; ``tiling``: the registered tiling strategy;
+    ``progress``: show progress for long queries in the CLI.
+
+    ``set(name, 'DEFAULT')`` returns a setting to its default, except ``tiling``, where
+    ``default`` names a strategy (an empty value is the default strategy there)."""
 
     workers: int = 0
-    memory_limit: int | None = None
+    memory_limit: int | None = field(default_factory=default_memory_limit)
     executor: str = "local"
     tiling: str = ""
     progress: bool = True
@@ -91,11 +128,20 @@ class Settings:
         if not self.workers:
             self.workers = _default_workers()
 
+    @staticmethod
+    def is_default(name: str, value) -> bool:
+        """True when ``value`` asks for ``name``'s default (``SET name = DEFAULT``)."""
+        return name.lower() != "tiling" and isinstance(value, str) and \
+            value.strip().lower() == "default"
+
     def set(self, name: str, value) -> None:
         key = name.lower()
         if key not in {f.name for f in fields(self)}:
             raise ProgrammingError(f"unknown setting '{name}'",
                                    hint=f"settings: {', '.join(f.name for f in fields(self))}")
+        if self.is_default(key, value):
+            setattr(self, key, getattr(Settings(), key))
+            return
         if key == "workers":
             top = max_workers()
             if isinstance(value, float) and value == value and not value.is_integer():

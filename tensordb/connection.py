@@ -32,6 +32,9 @@ def connect(path: str | os.PathLike | None = None, *, workers: int | None = None
             read_only: bool = False) -> "Connection":
     """Open a database: in memory when ``path`` is None, else a directory that persists.
 
+    ``memory_limit`` (bytes, or text such as ``'2GB'``) is shared by the workers; left out, it
+    is 80% of the machine's memory (``config.default_memory_limit``); ``'none'``: no limit.
+
     >>> import numpy as np, tensordb
     >>> with tensordb.connect() as con:
     ...     con.load("A", np.eye(3))
@@ -113,8 +116,12 @@ class Connection(TensorIO):
         self.close()
 
     def set(self, name: str, value: Any) -> None:
-        """Change a setting (``workers``, ``memory_limit``, ``executor``, ``tiling``, ...)."""
+        """Change a setting (``workers``, ``memory_limit``, ``executor``, ``tiling``, ...);
+        ``'DEFAULT'`` returns it to its default (not ``tiling``, which has a strategy of that
+        name)."""
         key = str(name).lower()
+        if Settings.is_default(key, value):
+            value = getattr(Settings(), key, value)
         if key == "tiling" and value:
             from .optimizer import STRATEGIES
             if str(value) not in STRATEGIES:

@@ -10,8 +10,10 @@ output.
 The text form is a header with totals, then one row per operation: its expression, pieces per
 label (output labels | aggregated labels), the tile shape of one kernel call, kernel calls,
 aggregation fan-in, estimated flops, bytes the placed plan moves between workers, the cost
-model's figure, and the kernel the plan chose (``matmul x0@x1``, ``contract``, ``broadcast by
-j``); under each row, the runner-up pieces the search considered with their costs.
+model's figure, the projected peak per worker (what its largest kernel call holds: copied input
+tiles, output tile, accumulator, kernel temporaries; the header sets the plan's peak against
+``memory_limit / workers``), and the kernel the plan chose (``matmul x0@x1``, ``contract``,
+``broadcast by j``); under each row, the runner-up pieces the search considered with their costs.
 EXPLAIN ANALYZE adds the measured time, kernel calls, bytes moved and peak tile memory.
 """
 from __future__ import annotations
@@ -66,6 +68,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
                                "renders the optimizer's estimate and does not make one",
                                hint="price it first: optimizer.price(graph, decomposition)")
     choices = decomp.details.get("choices", {})
+    mem = decomp.details.get("memory")   # a plan.memory.PlanMemory, when the optimizer made one
     moved, moved_per_op = transfers(plan)
     nodes = []
     for i, op in enumerate(plan.ops):
@@ -96,6 +99,9 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
             node["cost"] = {"join": c.join, "aggregation": c.aggregation, "retile": c.retile,
                             "overhead": c.overhead, "balance": c.balance, "total": c.total,
                             "tile_bytes": c.tile_bytes}
+        if mem is not None and op.output in mem.ops:  # the projection the Decomposition carries
+            node["memory"] = {**mem.ops[op.output].as_dict(),
+                              "may_spill": int(mem.may_spill.get(op.output, 0))}
         ch = choices.get(op.output)
         if ch is not None:
             node["search"] = {"cost": ch.cost, "candidates": ch.candidates}
@@ -116,6 +122,8 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
         "tasks": len(plan.tasks),
         "imbalance": (max(per_worker) / mean) if mean else 1.0,
     }
+    if mem is not None:
+        total["memory"] = mem.as_dict()
     out: dict[str, Any] = {"workers": plan.workers, "strategy": decomp.strategy, "nodes": nodes,
                            "total": total}
     if "search_seconds" in decomp.details:
@@ -197,6 +205,8 @@ def header(data: Mapping) -> list[str]:
                  f"cost {format_bytes(t['cost'])} (communication {format_bytes(t['comm_bytes'])}), "
                  f"peak tile memory {format_bytes(t['peak_tile_bytes'])} (largest kernel call), "
                  f"flop imbalance {t['imbalance']:.2f}")
+    if "memory" in t:
+        lines.append(memory_line(t["memory"]))
     if analyze:
         m = data["measured"]
         lines.append(f"  measured: {_seconds(m['seconds'])}, {format_bytes(m['bytes_moved'])} moved, "
@@ -204,22 +214,39 @@ def header(data: Mapping) -> list[str]:
     return lines
 
 
+def memory_line(m: Mapping) -> str:
+    """``memory: projected peak 61.0 MiB per worker of 64.0 MiB (memory_limit 128.0 MiB / 2
+    workers)``, and the intermediates that may spill."""
+    if m["budget"] is None:
+        line = f"  memory: projected peak {format_bytes(m['peak'])} per worker (no memory_limit)"
+    else:
+        line = (f"  memory: projected peak {format_bytes(m['peak'])} per worker of "
+                f"{format_bytes(m['budget'])} (memory_limit {format_bytes(m['memory_limit'])} / "
+                f"{m['workers']} worker{'s' if m['workers'] != 1 else ''})"
+                + ("" if m["fits"] else ": over budget"))
+    if m.get("spill_peak"):
+        line += f", intermediates up to {format_bytes(m['spill_peak'])} (may spill)"
+    return line
+
+
 # Columns shown right-aligned (numbers), by position in ``table``'s header.
-RIGHT = frozenset({0, 4, 5, 6, 7, 8, 10, 11, 12, 13})
+RIGHT = frozenset({0, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14})
 
 
 def table(data: Mapping) -> tuple[list[str], list[tuple[list[str], str | None]]]:
     """The operation table: its header, and per operation its cells and the runner-ups line
     (None when the search considered no other tiling). The text and HTML forms both print it."""
     analyze = "measured" in data
-    head = ["#", "operation", "pieces", "tile", "calls", "fan-in", "flops", "moved", "cost", "kernel"]
+    head = ["#", "operation", "pieces", "tile", "calls", "fan-in", "flops", "moved", "cost", "peak",
+            "kernel"]
     if analyze:
         head += ["time", "calls*", "moved*", "peak*"]
     rows = []
     for i, n in enumerate(data["nodes"], 1):
         row = [str(i), n["expression"], _pieces(n, n["pieces"]), _tile(n), str(n["kernel_calls"]),
                _fan_in(n), count(n["flops"]), format_bytes(n["bytes_moved"]),
-               format_bytes(n["cost"]["total"]) if "cost" in n else "-", n["kernel"]["text"]]
+               format_bytes(n["cost"]["total"]) if "cost" in n else "-",
+               format_bytes(n["memory"]["total"]) if "memory" in n else "-", n["kernel"]["text"]]
         if analyze:
             m = n.get("measured", {})
             row += [_seconds(m.get("seconds")), str(m.get("kernel_calls", "-")),

@@ -230,7 +230,7 @@ def test_memory_limit_forces_more_pieces():
 
 def test_memory_limit_too_small_raises():
     g = matmul_graph(512, 512, 512)
-    with pytest.raises(OutOfMemoryError, match=r"C\[i,k\].*i=512.*bytes"):
+    with pytest.raises(OutOfMemoryError, match=r"C\[i,k\].*i=512.*per worker.*16 B"):
         decompose(g, 4, memory_limit=64)
 
 

@@ -14,7 +14,9 @@ Strategies: ``eindecomp`` (the default: the cost-based dynamic program of dp.py)
 (the first engine rule: split the largest output label), ``data-parallel`` and ``even`` (the
 baselines of baselines.py). ``Decomposition.details`` always holds ``"cost"`` (a ``PlanCost``
 from cost.py); ``eindecomp`` adds ``"choices"`` (a ``Choice`` per operation, with runner-ups),
-``"dp_cost"`` and ``"search_seconds"``.
+``"dp_cost"`` and ``"search_seconds"``. ``details["memory"]`` is the plan's projected memory
+(``PlanMemory``, plan/memory.py): per operation what its largest kernel call holds, the peak per
+worker against ``memory_limit / workers``, and the intermediates the executor may spill.
 """
 from __future__ import annotations
 
@@ -23,13 +25,15 @@ from typing import Callable, Mapping
 
 from ..errors import ProgrammingError
 from ..plan.ir import EinGraph
+from ..plan.memory import PlanMemory, project
 from .baselines import data_parallel_pieces, even_pieces
 from .candidates import pieces_per_op
 from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate
 from .dp import Choice, solve
 
 __all__ = ["Decomposition", "decompose", "price", "STRATEGIES", "register_strategy",
-           "DEFAULT_STRATEGY", "CostParams", "PlanCost", "Choice", "evaluate", "pieces_per_op"]
+           "DEFAULT_STRATEGY", "CostParams", "PlanCost", "PlanMemory", "Choice", "evaluate",
+           "pieces_per_op"]
 
 
 @dataclass(frozen=True)
@@ -126,14 +130,17 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
     decomp = fn(graph, workers, memory_limit=memory_limit, pieces=pieces, input_grids=input_grids,
                 **kwargs)
     return price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,
-                 input_facts=input_facts)
+                 input_facts=input_facts, memory_limit=memory_limit)
 
 
 def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None = None,
           input_grids=None, input_tiles: Mapping | None = None,
-          input_facts: Mapping[str, tuple[bool, bool]] | None = None) -> Decomposition:
-    """``decomp`` carrying its cost in ``details["cost"]`` (as it is when it already does): what
-    EXPLAIN shows and the benchmarks compare. The arguments are ``decompose``'s.
+          input_facts: Mapping[str, tuple[bool, bool]] | None = None,
+          memory_limit: int | None = None) -> Decomposition:
+    """``decomp`` carrying its cost in ``details["cost"]`` (as it is when it already does) and
+    its projected memory in ``details["memory"]`` (a ``plan.memory.PlanMemory``: the peak a
+    worker reaches against its share of ``memory_limit``): what EXPLAIN shows and the
+    benchmarks compare. The arguments are ``decompose``'s.
 
     >>> from tensordb.plan.ir import EinOp, EinGraph, TensorInfo
     >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 64, "j": 8, "k": 8})
@@ -143,12 +150,15 @@ def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None =
     >>> price(g, by_hand).details["cost"].total == evaluate(g, by_hand.pieces_by_op, 2).total
     True
     """
-    if "cost" in decomp.details:
+    if "cost" in decomp.details and "memory" in decomp.details:
         return decomp
-    cost = evaluate(graph, decomp.pieces_by_op, decomp.workers, params=params or DEFAULT_PARAMS,
-                    input_grids=input_grids, presence=_presence(input_grids, input_tiles),
-                    facts=input_facts)
-    return replace(decomp, details={**decomp.details, "cost": cost})
+    cost = decomp.details.get("cost") or evaluate(
+        graph, decomp.pieces_by_op, decomp.workers, params=params or DEFAULT_PARAMS,
+        input_grids=input_grids, presence=_presence(input_grids, input_tiles), facts=input_facts,
+        memory_limit=memory_limit)
+    mem = project(graph, {name: c.memory for name, c in cost.ops.items()}, memory_limit,
+                  decomp.workers)
+    return replace(decomp, details={**decomp.details, "cost": cost, "memory": mem})
 
 
 def _presence(input_grids, input_tiles) -> dict[str, Presence]:

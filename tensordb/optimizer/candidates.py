@@ -7,9 +7,12 @@ shares. Three exceptions:
 - a small operation (at most ``CostParams.small_op_flops``) may also use any divisor of ``p``
   kernel calls, down to one: the cost model then weighs task overhead against idle workers;
 - when the labels are too small to make ``p`` pieces, every reachable divisor of ``p`` is offered;
-- when a memory budget is set and no candidate's kernel call fits it, the product doubles
-  (``2p``, ``4p``, ...) until one does; if none does with at most ``MAX_CALLS_PER_WORKER``
-  kernel calls per worker, the operation cannot run and ``OutOfMemoryError`` names it.
+- when a memory budget is set and no candidate's projected peak (``OpModel.peak``: what its
+  largest kernel call holds, plan/memory.py) fits it, the product doubles (``2p``, ``4p``, ...:
+  more pieces of output labels, or of contracted labels, a sliced contraction folded into an
+  accumulator) until one does; if none does with at most ``MAX_CALLS_PER_WORKER`` kernel calls
+  per worker, the operation cannot run and ``OutOfMemoryError`` names it, with its smallest
+  projected peak and the budget, before anything runs.
 
 Labels whose pieces the user fixed (``WITH (PIECES ...)``, ``pieces=``) keep them; the search
 completes the others. Fixed pieces never make planning fail: if they do not divide ``p``, the
@@ -29,6 +32,7 @@ import math
 from functools import lru_cache
 from typing import Mapping
 
+from ..config import format_bytes
 from ..errors import OutOfMemoryError, ProgrammingError
 from ..plan.ir import EinGraph
 from .cost import OpModel
@@ -99,22 +103,25 @@ def candidates(model: OpModel, fixed: Mapping[str, int] | None = None,
               and all(not f or f == x for f, x in zip(fixed_t, v))]
     if budget is None:
         return cands
-    fits = [v for v in cands if model.working_set(v) <= budget]
+    fits = [v for v in cands if model.peak(v) <= budget]
     # More kernel calls than this per worker is not a plan anyone wants to run: stop there.
     limit = max(p, 1) * MAX_CALLS_PER_WORKER
     total, level = base, cands
+    smallest = min((model.peak(v) for v in cands), default=0)
     while not fits and total * 2 <= min(free_reach, limit):
         total *= 2
         level = _level(sizes, fixed_t, total) or level
-        fits = [v for v in level if model.working_set(v) <= budget]
+        peaks = [model.peak(v) for v in level]
+        smallest = min([smallest, *peaks])
+        fits = [v for v, peak in zip(level, peaks) if peak <= budget]
     if not fits:
         op = model.op
-        smallest = min(model.working_set(v) for v in level) if level else 0
         raise OutOfMemoryError(
-            f"{op.describe()}: no tiling of labels "
-            f"{', '.join(f'{l}={n}' for l, n in zip(model.labels, sizes))} into at most "
-            f"{min(total, limit)} kernel calls fits the memory budget of {budget} bytes per "
-            f"worker; the smallest kernel call needs {smallest} bytes",
+            f"{op.describe()}: no tiling fits the memory budget: the smallest projected peak, "
+            f"with labels {', '.join(f'{l}={n}' for l, n in zip(model.labels, sizes))} cut into "
+            f"up to {min(total, limit)} kernel calls, is {format_bytes(smallest)} per worker, "
+            f"more than its {format_bytes(budget)} (memory_limit "
+            f"{format_bytes(budget * max(p, 1))} / {p} worker(s))",
             hint="raise memory_limit, use fewer workers, or fix fewer pieces")
     return fits
 

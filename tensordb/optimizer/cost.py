@@ -28,11 +28,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..geometry import Grid, even_bounds
+from ..geometry import Grid, even_bounds, overlapping
+from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "evaluate", "stored_aligned"]
@@ -109,6 +111,7 @@ class OpCost:
     fan_in: int
     flops: float
     tile_bytes: int          # the working set of the largest kernel call: input tiles + output tile
+    memory: memory.CallMemory = memory.CallMemory()   # what the largest call holds (plan/memory.py)
 
     @property
     def bytes(self) -> float:
@@ -129,6 +132,8 @@ class _Input:
     presence: Presence | None = None   # stored and block-sparse: which tiles exist
     inner: bool = True                 # its absence makes the join zero (it gates kernel calls)
                                        # given what is known of the other inputs' values
+    stored: bool = False               # a stored tensor (else an earlier operation's output)
+    grid: Grid | None = None           # its stored grid, when known (its boxes may be views)
 
 
 @dataclass(frozen=True)
@@ -145,16 +150,23 @@ class OpModel:
     flops: float
     workers: int
     params: CostParams = DEFAULT_PARAMS
+    budget: int | None = None  # a worker's share of the memory_limit (None: no limit)
+    kernel: tuple = ("broadcast", ())   # plan.memory.kernel_copies(op)
 
     @staticmethod
     def of(op: EinOp, dtypes: Mapping[str, str], workers: int,
            params: CostParams = DEFAULT_PARAMS,
            presence: Mapping[str, Presence] | None = None,
-           facts: Mapping[str, tuple[bool, bool]] | None = None) -> "OpModel":
+           facts: Mapping[str, tuple[bool, bool]] | None = None,
+           grids: Mapping[str, Grid] | None = None, budget: int | None = None,
+           produced: frozenset = frozenset()) -> "OpModel":
         """``dtypes`` maps each input tensor name to its dtype; ``presence`` the sparse stored
         inputs to the tiles they store; ``facts`` the stored inputs to (finite: no NaN/inf,
         nonzero: no 0 and no NaN), as the lowering sees them (others: neither). Without
-        ``facts`` every input is taken to be finite: an estimate."""
+        ``facts`` every input is taken to be finite: an estimate. ``grids``: the stored inputs'
+        grids (a box inside one stored tile is a view; without a grid, a copy); ``produced``:
+        the names earlier operations compute (their tiles are always copies); ``budget``: a
+        worker's bytes."""
         from ..plan.skip import zero_when_absent
         labels = op.labels
         size = op.size
@@ -170,10 +182,12 @@ class OpModel:
             ins.append(_Input(o.tensor, tuple(labels.index(l) for l in o.labels),
                               math.prod(shape) * item, item, shape,
                               (presence or {}).get(o.tensor),
-                              zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})))
+                              zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k}),
+                              o.tensor not in produced, (grids or {}).get(o.tensor)))
         item = np.dtype(op.dtype).itemsize
         return OpModel(op, labels, sizes, tuple(ins), len(op.out_labels),
-                       math.prod(op.out_shape) * item, item, float(op.flops), max(1, workers), params)
+                       math.prod(op.out_shape) * item, item, float(op.flops), max(1, workers), params,
+                       budget, memory.kernel_copies(op))
 
     def clamp(self, pieces: Sequence[int]) -> tuple[int, ...]:
         return tuple(max(1, min(int(d), n)) if n > 0 else 1 for d, n in zip(pieces, self.sizes))
@@ -192,6 +206,23 @@ class OpModel:
         for i in self.inputs:
             total += i.itemsize * math.prod(tile[p] for p in i.pos)
         return total
+
+    def call_memory(self, d: Sequence[int]) -> memory.CallMemory:
+        """What one kernel call on the largest tiles holds at once (plan/memory.py): the peak a
+        worker reaches running this operation under tiling ``d``."""
+        tile = [-(-n // k) if n else 0 for n, k in zip(self.sizes, d)]
+        extents = dict(zip(self.labels, tile))
+        copied = [not (i.stored and i.grid is not None and
+                       _views(tuple(map(tuple, i.grid)), i.shape, self.need(d, w),
+                              i.presence is None))
+                  for w, i in enumerate(self.inputs)]
+        fan_in = math.prod(d[self.n_out:])
+        return memory.call_memory(self.op, extents, fan_in, copied,
+                                  memory.chunk_elements(self.budget, self.op), self.kernel)
+
+    def peak(self, d: Sequence[int]) -> int:
+        """Bytes a worker holds at once running this operation under tiling ``d``."""
+        return self.call_memory(d).total
 
     def present(self, d: Sequence[int]) -> float:
         """The expected share of kernel calls whose gating input tiles all exist (1 for dense
@@ -218,9 +249,10 @@ class OpModel:
             found = True
         return [tuple(vec)] if found else []
 
-    def cost(self, d: Sequence[int], retile: float = 0.0) -> OpCost:
+    def cost(self, d: Sequence[int], retile: float = 0.0, memory: bool = True) -> OpCost:
         """The cost of tiling ``d`` (one entry per label, in ``labels`` order), without the
-        re-tiling of inputs unless given as ``retile``."""
+        re-tiling of inputs unless given as ``retile``; ``memory=False`` leaves out the projected
+        memory (the search ranks candidates by cost alone: their fit is checked before)."""
         k = math.prod(d)
         f = self.present(d)
         join = 0.0
@@ -238,7 +270,32 @@ class OpModel:
         # the same volume, the one without partial results wins.
         tasks = calls + (calls / fan_in if fan_in > 1 else 0)
         return OpCost(join * f, agg * f, retile, prm.task_bytes * tasks, balance, k, fan_in, flops,
-                      self.working_set(d))
+                      self.working_set(d), self.call_memory(d) if memory else _NO_MEMORY)
+
+
+_NO_MEMORY = memory.CallMemory()
+
+
+@lru_cache(maxsize=65536)
+def _views(grid: Grid, shape: tuple[int, ...], need: tuple[int, ...], dense: bool = True) -> bool:
+    """True when the reader hands out every piece of the even tiling ``need`` of a stored tensor
+    as a view (storage/reader.py ``read_box``): each piece lies inside one stored tile, or (along
+    the first dimension, when every tile is stored) spans a run of row tiles that are whole in
+    every other dimension. (A piece over an absent tile is no tile at all: nothing held.)
+
+    >>> _views(((0, 4, 8), (0, 4, 8)), (8, 8), (4, 2)), _views(((0, 4, 8), (0, 4, 8)), (8, 8), (1, 2))
+    (True, False)
+    >>> _views(((0, 4, 8), (0, 8)), (8, 8), (1, 2))     # a run of two row tiles
+    True
+    """
+    rows_whole = dense and all(len(b) == 2 for b in grid[1:])
+    for dim, (bounds, n, k) in enumerate(zip(grid, shape, need)):
+        if dim == 0 and rows_whole:
+            continue
+        cuts = even_bounds(n, k)
+        if any(len(overlapping(bounds, a, b)) > 1 for a, b in zip(cuts, cuts[1:])):
+            return False
+    return True
 
 
 def stored_aligned(grid: Grid | None, shape: Sequence[int], need: Sequence[int]) -> bool:
@@ -263,9 +320,13 @@ def dtypes_of(graph: EinGraph) -> dict[str, str]:
 
 def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS,
               presence: Mapping[str, Presence] | None = None,
-              facts: Mapping[str, tuple[bool, bool]] | None = None) -> dict[str, OpModel]:
+              facts: Mapping[str, tuple[bool, bool]] | None = None,
+              grids: Mapping[str, Grid] | None = None,
+              budget: int | None = None) -> dict[str, OpModel]:
     dt = dtypes_of(graph)
-    return {op.output: OpModel.of(op, dt, workers, params, presence, facts) for op in graph.ops}
+    produced = frozenset(op.output for op in graph.ops)
+    return {op.output: OpModel.of(op, dt, workers, params, presence, facts, grids, budget, produced)
+            for op in graph.ops}
 
 
 def edge_retile(model: OpModel, which: int, d: Sequence[int], producer: "OpModel | None",
@@ -308,10 +369,14 @@ def evaluate(graph: EinGraph, pieces_by_op: Mapping[str, Mapping[str, int]], wor
              params: CostParams = DEFAULT_PARAMS, input_grids: Mapping[str, Grid] | None = None,
              models: Mapping[str, OpModel] | None = None,
              presence: Mapping[str, Presence] | None = None,
-             facts: Mapping[str, tuple[bool, bool]] | None = None) -> PlanCost:
+             facts: Mapping[str, tuple[bool, bool]] | None = None,
+             memory_limit: int | None = None) -> PlanCost:
     """The cost of a complete decomposition (pieces per label for every operation): the oracle
-    that the dynamic program's choice, the baselines and brute force are all measured with."""
-    models = models or models_of(graph, workers, params, presence, facts)
+    that the dynamic program's choice, the baselines and brute force are all measured with.
+    Each operation's cost carries what its largest kernel call holds (``OpCost.memory``, with
+    kernel chunks sized from a worker's share of ``memory_limit``)."""
+    models = models or models_of(graph, workers, params, presence, facts, input_grids,
+                                 memory.worker_budget(memory_limit, workers))
     grids = input_grids or {}
     vec = {name: m.clamp([pieces_by_op[name].get(l, 1) for l in m.labels]) for name, m in models.items()}
     out: dict[str, OpCost] = {}

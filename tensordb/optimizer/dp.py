@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..plan.ir import EinGraph
+from ..plan.memory import worker_budget
 from .candidates import candidates, pieces_per_op
 from .cost import DEFAULT_PARAMS, CostParams, OpModel, as_dict, edge_retile, models_of
 
@@ -71,9 +72,9 @@ def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
     """Run the search; returns (pieces by operation, choices, dp_cost, seconds)."""
     t0 = time.perf_counter()
     p = max(1, int(workers))
-    models = models_of(graph, p, params, presence, facts)
+    budget = worker_budget(memory_limit, p)
+    models = models_of(graph, p, params, presence, facts, input_grids, budget)
     fixed = pieces_per_op(graph, pieces)
-    budget = None if memory_limit is None else max(1, int(memory_limit) // p)
     tables = _own_tables(graph, models, fixed, dict(input_grids or {}), budget)
     uses, shared, constant = _fill_tables(graph, models, tables)
     chosen, dp_cost = _reconstruct(graph, tables, uses, shared, constant)
@@ -103,7 +104,7 @@ def _own_tables(graph: EinGraph, models: Mapping[str, OpModel], fixed: Mapping, 
                 for which, o in enumerate(op.inputs):
                     if o.tensor not in models:
                         retile += edge_retile(m, which, d, None, None, grids.get(o.tensor))
-                local.append(m.cost(d, retile).total)
+                local.append(m.cost(d, retile, memory=False).total)
             needs = [[m.need(d, w) for d in cands] for w in range(len(op.inputs))]
             outs = [m.out_tiling(d) for d in cands]
             hit = seen[sig] = (cands, local, needs, outs)

@@ -134,9 +134,12 @@ class _Lowering:
         bounds = {l: even_bounds(op.size[l], pieces.get(l, 1)) for l in op.labels}
         pieces = {l: len(b) - 1 for l, b in bounds.items()}
         stats = OpStats(op, pieces)
-        # The kernel's method and chunking, for the largest tile of each label.
+        # The kernel's method and chunking, for the largest tile of each label and chunks sized
+        # from a worker's memory budget (the optimizer's projection: details["memory"]).
+        budget = getattr(self.decomp.details.get("memory"), "budget", None)
         self.kernels.append(choose_kernel(op, {l: max((b[i + 1] - b[i] for i in range(len(b) - 1)),
-                                                      default=0) for l, b in bounds.items()}))
+                                                      default=0) for l, b in bounds.items()},
+                                          budget))
         n_out = len(op.out_labels)
         rows, outer = self._call_rows(op, pieces, bounds)
         groups: dict[tuple, list[tuple]] = defaultdict(list)

@@ -62,7 +62,7 @@ def anon():
         for line in f:
             if line.startswith('RssAnon:'):
                 return int(line.split()[1]) << 10
-con = tensordb.connect(path, workers=workers, memory_limit=None if limit == 'none' else limit)
+con = tensordb.connect(path, workers=workers, memory_limit=limit)  # 'none': no limit (None is the default)
 con.execute('SELECT 1')  # warm DuckDB so its own start-up is idle memory
 idle = anon()
 t0 = time.perf_counter()
