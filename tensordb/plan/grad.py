@@ -44,153 +44,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import BinderError, NotSupportedError
+from .derivative import add, call, derivative, div, mul, power, sub
 from .ir import EinOp, Operand
 from .names import TensorRef
 from .scalar import Call, Const, Expr, Input, dtype_of
 
 __all__ = ["derivative", "backward"]
-
-
-# -- the derivative of a join -------------------------------------------------------------------
-# ``None`` is a derivative that is 0 everywhere (structurally): it is dropped, not computed.
-
-def _is(e: Expr | None, value) -> bool:
-    return isinstance(e, Const) and type(e.value) in (int, float) and e.value == value
-
-
-def _add(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return Call("+", (a, b))
-
-
-def _sub(a, b):
-    if b is None:
-        return a
-    if a is None:
-        return _neg(b)
-    return Call("-", (a, b))
-
-
-def _neg(a):
-    if a is None:
-        return None
-    if isinstance(a, Const) and type(a.value) in (int, float):
-        return Const(-a.value)
-    if isinstance(a, Call) and a.fn == "neg":
-        return a.args[0]
-    return Call("neg", (a,))
-
-
-def _mul(a, b):
-    if a is None or b is None:
-        return None
-    if _is(a, 1):
-        return b
-    if _is(b, 1):
-        return a
-    if _is(a, -1):
-        return _neg(b)
-    if _is(b, -1):
-        return _neg(a)
-    return Call("*", (a, b))
-
-
-def _div(a, b):
-    if a is None:
-        return None
-    if _is(b, 1):
-        return a
-    return Call("/", (a, b))
-
-
-def _pow(a, b):
-    if _is(b, 1):
-        return a
-    return Call("pow", (a, b))
-
-
-def _fn(name: str, *args) -> Expr:
-    return Call(name, tuple(args))
-
-
-def derivative(expr: Expr, k: int) -> Expr | None:
-    """The partial derivative of ``expr`` with respect to input ``k`` (None: 0 everywhere).
-
-    Conventions where the function has no derivative: RELU'(0) = 0, ABS'(0) = 0, and MAX/MIN of
-    two equal values pass half of the gradient to each (as autograd and JAX do)."""
-    if isinstance(expr, Input):
-        return Const(1) if expr.index == k else None
-    if isinstance(expr, Const):
-        return None
-    if k not in expr.inputs():
-        return None
-    fn, args = expr.fn, expr.args
-    da = derivative(args[0], k)
-    if len(args) == 1:
-        if da is None:
-            return None
-        a = args[0]
-        local = _UNARY.get(fn)
-        if local is None:
-            raise NotSupportedError(f"GRAD: the function {fn.upper()} has no derivative in "
-                                    "tensordb", hint=f"functions with derivatives: "
-                                    f"{', '.join(sorted(f.upper() for f in _DIFFERENTIABLE))}")
-        return _mul(local(a, expr), da)
-    a, b = args
-    db = derivative(b, k)
-    if fn == "+":
-        return _add(da, db)
-    if fn == "-":
-        return _sub(da, db)
-    if fn == "*":
-        return _add(_mul(da, b), _mul(a, db))
-    if fn == "/":
-        return _sub(_div(da, b), _mul(_div(_div(a, b), b), db))
-    if fn == "pow":
-        first = None
-        if da is not None:
-            if isinstance(b, Const) and type(b.value) in (int, float):
-                first = _mul(_mul(b, _pow(a, Const(b.value - 1))), da)
-            else:
-                first = _mul(_mul(b, _pow(a, _sub(b, Const(1)))), da)
-        second = None
-        if db is not None:
-            if isinstance(a, Const) and type(a.value) in (int, float):
-                log_a = Const(math.log(a.value)) if a.value > 0 else Call("log", (a,))
-            else:
-                log_a = Call("log", (a,))
-            second = _mul(_mul(expr, log_a), db)
-        return _add(first, second)
-    if fn in ("max", "min"):
-        win_a = _fn("_gt", a, b) if fn == "max" else _fn("_gt", b, a)
-        win_b = _fn("_gt", b, a) if fn == "max" else _fn("_gt", a, b)
-        tie = _div(_mul(_fn("_eq", a, b), _add(da, db)), Const(2))
-        return _add(_add(_mul(win_a, da), _mul(win_b, db)), tie)
-    raise NotSupportedError(f"GRAD: the function {fn.upper()} has no derivative in tensordb",
-                            hint=f"functions with derivatives: "
-                                 f"{', '.join(sorted(f.upper() for f in _DIFFERENTIABLE))}")
-
-
-# f'(a) for the unary functions, given a and f(a) (``out``, to reuse: sigmoid' = s (1 - s)).
-_UNARY = {
-    "neg": lambda a, out: Const(-1),
-    "abs": lambda a, out: _fn("_sign", a),
-    "relu": lambda a, out: _fn("_gt", a, Const(0)),
-    "sqrt": lambda a, out: _div(Const(0.5), out),
-    "tanh": lambda a, out: _sub(Const(1), _mul(out, out)),
-    "sigmoid": lambda a, out: _mul(out, _sub(Const(1), out)),
-    "sin": lambda a, out: _fn("cos", a),
-    "cos": lambda a, out: _neg(_fn("sin", a)),
-    "square": lambda a, out: _mul(Const(2), a),
-    "exp": lambda a, out: out,
-    "log": lambda a, out: _div(Const(1), a),
-    "_sign": lambda a, out: None,
-}
-_DIFFERENTIABLE = {f for f in _UNARY if not f.startswith("_")} | \
-    {"+", "-", "*", "/", "pow", "max", "min"}
 
 
 # -- the backward operations --------------------------------------------------------------------
@@ -369,7 +228,7 @@ class _Backward:
         NaN or inf, so 0 stays 0)."""
         labels = tuple(f"d{i}" for i in range(len(self.shape(t))))
         slots = _Slots()
-        join = _mul(Const(value), Call("pow", (slots(t, labels), Const(0))))
+        join = mul(Const(value), Call("pow", (slots(t, labels), Const(0))))
         self.emit(TensorRef.of(into), labels, slots, join, dict(zip(labels, self.shape(t))),
                   dtype=self._float(t))
 
@@ -393,7 +252,7 @@ class _Backward:
                      "part, or write the computation without a repeated label")
         d = None
         for k in ks:
-            d = _add(d, derivative(op.join, k))
+            d = add(d, derivative(op.join, k))
         if d is None:
             return None
         slots = _Slots()
@@ -409,27 +268,27 @@ class _Backward:
         if agg in ("max", "min"):
             out = slots(op.output, o)
             count = slots(self.helper(op, "count"), o)
-            weight = _div(_fn("_eq", join, out), count)
+            weight = div(call("_eq", join, out), count)
         elif agg == "prod":
             out = slots(op.output, o)
             zeros = slots(self.helper(op, "zeros"), o)
             nonzero = slots(self.helper(op, "nonzero"), o)
-            m = _fn("_eq", join, Const(0))
-            weight = _add(_mul(_sub(Const(1), m), _div(out, _add(join, m))),
-                          _mul(_mul(m, _fn("_eq", zeros, Const(1))), nonzero))
+            m = call("_eq", join, Const(0))
+            weight = add(mul(sub(Const(1), m), div(out, add(join, m))),
+                          mul(mul(m, call("_eq", zeros, Const(1))), nonzero))
         else:
             weight = Const(1)
-        expr = _mul(_mul(grad, weight), local)
+        expr = mul(mul(grad, weight), local)
         size = op.size
         extra = math.prod(size[l] for l in op.labels if l not in slots.labels() and l not in lk)
         if extra != 1:
-            expr = _mul(expr, Const(extra))
+            expr = mul(expr, Const(extra))
         if not slots.items and not lk:  # a scalar's gradient known as a constant
             value = _const_value(expr)
             if value is not None:
                 return Const(value)
         if [l for l in lk if l not in slots.labels()] or not slots.items:
-            expr = _mul(expr, _pow(slots(t, lk), Const(0)))
+            expr = mul(expr, power(slots(t, lk), Const(0)))
         into = self.first_into.get(t)
         if into is not None and self.count.get(t) == 1:
             return self.emit(TensorRef.of(into), lk, slots, expr, size, dtype=self._float(t))
@@ -444,12 +303,12 @@ class _Backward:
         slots = _Slots()
         join = _subst(op.join, lambda i: slots(op.inputs[i].tensor, op.inputs[i].labels))
         if kind == "count":
-            body = _fn("_eq", join, slots(op.output, op.out_labels))
+            body = call("_eq", join, slots(op.output, op.out_labels))
             agg = "sum"
         elif kind == "zeros":
-            body, agg = _fn("_eq", join, Const(0)), "sum"
+            body, agg = call("_eq", join, Const(0)), "sum"
         else:
-            body, agg = Call("+", (join, _fn("_eq", join, Const(0)))), "prod"
+            body, agg = Call("+", (join, call("_eq", join, Const(0)))), "prod"
         name = self.emit(TensorRef(f"{kind}({op.output})"), op.out_labels, slots, body, op.size,
                          agg=agg, dtype=op.dtype if np.dtype(op.dtype).kind == "f" else "float64")
         self.helpers[key] = name
