@@ -337,6 +337,21 @@ def test_let_grad_is_computed_where_used_and_never_stored(con):
     assert con.execute("DESCRIBE dW").fetchall()[2] == ("shape", (3,))
 
 
+def test_a_let_is_computed_again_after_what_it_reads_changes(con):
+    """In one group, a LET used after a tensor it reads was reassigned (or after the LET was
+    redefined, or a LET it reads was) sees the new values: a training step's LETs follow the
+    weights."""
+    con.load("W", np.array([1.0, 2.0]))
+    con.execute("LET H[i] = W[i] * 2; LET G[i] = H[i] + 1; A[i] = G[i]; W[i] = W[i] + 1; "
+                "B[i] = G[i]; LET H[i] = W[i] * 10; C[i] = G[i]; D[i] = H[i] + A[i]")
+    w = np.array([1.0, 2.0])
+    np.testing.assert_array_equal(con.tensor("A"), 2 * w + 1)
+    np.testing.assert_array_equal(con.tensor("B"), 2 * (w + 1) + 1)
+    np.testing.assert_array_equal(con.tensor("C"), 10 * (w + 1) + 1)
+    np.testing.assert_array_equal(con.tensor("D"), 10 * (w + 1) + 2 * w + 1)
+    np.testing.assert_array_equal(con.tensor("W"), w + 1)
+
+
 def test_float32_gradient_keeps_the_dtype(con):
     rng = np.random.default_rng(6)
     x, w = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(3, 2)).astype(np.float32)

@@ -64,3 +64,8 @@ def test_train_mlp_script_through_the_cli(tmp_path):
         np.testing.assert_allclose(con.tensor("W2"), w2, rtol=1e-10, atol=1e-12)
         # the last step's loss, before its update
         np.testing.assert_allclose(con.tensor("L"), losses[-1], rtol=1e-10)
+    # the same script from Python, one execute_script call (groups cut only by the SELECTs)
+    with tensordb.connect(tmp_path / "py.tdb") as con:
+        con.execute_script(text)
+        np.testing.assert_allclose(con.tensor("W1"), w1, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(con.tensor("W2"), w2, rtol=1e-10, atol=1e-12)

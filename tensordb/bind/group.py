@@ -50,6 +50,7 @@ class GroupBinder:
     known: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # graph name -> shape, dtype
     current: dict[str, str] = field(default_factory=dict)  # lower(name) -> graph name
     outputs: list[str] = field(default_factory=list)  # user names stored by the group
+    let_reads: dict[str, set[str]] = field(default_factory=dict)  # inlined LET -> names it reads
     _versions: int = 0
 
     # -- name resolution -----------------------------------------------------------------------
@@ -78,14 +79,32 @@ class GroupBinder:
         return lambda name, span: self.resolve(name, span, script)
 
     def _inline_let(self, let: LetDef):
+        """The LET's steps, here (a LET is computed where it is used). Inlined again, under a
+        version of its name, when used after a name it reads was assigned (``stale``)."""
         key = let.name.lower()
+        gname: str = let.name
+        if gname in self.known:
+            self._versions += 1
+            gname = TensorRef(let.name, version=self._versions)
         if _is_grad(let.stmt):  # LET dW = GRAD(L, W): a gradient computed here, never stored
-            self._add_grad(let.script, let.stmt, let.name, store=False)
-            return (let.name, *self.known[let.name])
-        low = lower(let.script, let.stmt, self._resolver(let.script), let.name, store=False)
-        self._add(low)
-        self.current[key] = let.name
-        return let.name, low.shape, low.dtype
+            self._add_grad(let.script, let.stmt, gname, store=False)
+        else:
+            self._add(lower(let.script, let.stmt, self._resolver(let.script), gname, store=False))
+            self.current[key] = gname
+        reads = {r.name.lower() for r in A.refs(let.stmt.expr)}
+        for name in list(reads):
+            reads |= self.let_reads.get(name, set())
+        self.let_reads[key] = reads
+        return (gname, *self.known[gname])
+
+    def stale(self, name: str) -> None:
+        """``name`` was (re)assigned: the LETs inlined so far that read it are inlined again
+        where they are used next."""
+        for key, reads in list(self.let_reads.items()):
+            if name in reads and key in self.let_reads:
+                del self.let_reads[key]
+                self.current.pop(key, None)
+                self.stale(key)
 
     def _add(self, low: Lowered) -> None:
         self.steps.extend(low.steps)
@@ -132,6 +151,7 @@ class GroupBinder:
         else:
             low = lower(script, stmt, self._resolver(script), gname, store=store)
             self._add(low)
+        self.stale(key)
         self.current[key] = gname
         if store:
             self.outputs.append(t.name)
@@ -195,9 +215,12 @@ class GroupBinder:
     def _add_let(self, script: str, stmt: A.AssignStmt) -> None:
         t = stmt.target
         key = t.name.lower()
-        if self.store.has(t.name) or key in self.current:
+        if self.store.has(t.name) or key in self.current and key not in self.let_reads:
             raise CatalogError(f"a tensor named '{t.name}' exists; a LET needs a name of its own",
                                statement=script, span=t.name_span)
+        if key in self.let_reads:  # redefined after it was used: later uses inline the new one
+            del self.let_reads[key]
+            self.current.pop(key, None)
         # Check it now (errors belong to the LET), without adding its steps: it is inlined
         # where it is used, or nowhere.
         probe = GroupBinder(self.store, self.lets, known=dict(self.known), current=dict(self.current))
@@ -205,9 +228,11 @@ class GroupBinder:
             probe.steps, probe.stored = list(self.steps), dict(self.stored)
             probe._add_grad(script, stmt, t.name, store=False)
             self.lets[key] = LetDef(script, stmt, *probe.known[t.name])
+            self.stale(key)  # LETs that read it see the new definition from here on
             return
         low = lower(script, stmt, probe._resolver(script), t.name, store=False)
         self.lets[key] = LetDef(script, stmt, low.shape, low.dtype)
+        self.stale(key)  # LETs that read it see the new definition from here on
 
 
 def _is_grad(stmt: A.AssignStmt) -> bool:
