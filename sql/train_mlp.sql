@@ -2,7 +2,8 @@
 --   tensordb train.tdb -f sql/train_mlp.sql
 -- The dialect has no loop: the step (forward, loss, GRADs, updates) is written out once per step
 -- below, and each step is one group of statements, planned as one graph (forward and backward
--- together). The loss is printed every 5 steps (each statement's result is printed too).
+-- together). The gradients are LETs: computed where the updates use them, never stored. The loss
+-- is printed every 5 steps (the command line prints each statement's result too).
 -- Run it again on the same database: the CREATE OR REPLACE statements start from scratch.
 
 -- 64 samples of 8 features, and a class (0, 1, 2) that a rule of the features picks.
@@ -33,7 +34,7 @@ LET M[b] = MAX(Z[b,c]);
 
 -- step 1
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
@@ -41,28 +42,28 @@ SELECT 1 AS step, value AS loss FROM L;
 
 -- step 2
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 3
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 4
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 5
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
@@ -70,35 +71,35 @@ SELECT 5 AS step, value AS loss FROM L;
 
 -- step 6
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 7
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 8
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 9
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 10
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
@@ -106,35 +107,35 @@ SELECT 10 AS step, value AS loss FROM L;
 
 -- step 11
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 12
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 13
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 14
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 15
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
@@ -142,35 +143,35 @@ SELECT 15 AS step, value AS loss FROM L;
 
 -- step 16
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 17
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 18
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 19
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 20
 L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
-dW1 = GRAD(L, W1); db1 = GRAD(L, b1); dW2 = GRAD(L, W2);
+LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
