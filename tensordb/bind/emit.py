@@ -6,6 +6,8 @@ error, and hand over ``BoundStep``s. The emitter only builds operations from the
 several stored finite tensors is split pairwise (opt_einsum's path), a product of tensors under
 SUM casts every operand to the result dtype (np.einsum's rule), and a result that replaces a
 tensor the graph reads is computed under an internal name (``A'``) and stored under its own.
+A ``GradStep`` (checked GRADs of one loss) becomes the backward operations of the operations
+emitted so far (``plan.grad.backward``), appended to the same graph.
 
 >>> from tensordb.plan.ir import TensorInfo
 >>> from tensordb.plan import scalar
@@ -22,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..plan import scalar
-from ..plan.grad import backward
 from ..plan.builder import split_pairwise
+from ..plan.grad import backward
 from ..plan.ir import EinGraph, EinOp, Operand, TensorInfo
 from ..plan.names import TensorRef
 

@@ -9,9 +9,9 @@ name and stores it as P.
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass, field
 
 import numpy as np
-from dataclasses import dataclass, field
 
 from ..dtypes import check_dtype
 from ..errors import BinderError, CatalogError, Span
@@ -201,8 +201,9 @@ class GroupBinder:
             raise BinderError("a label appears twice on the left", statement=script, span=t.span)
         result_dtype = wdtype if np.dtype(wdtype).kind == "f" else "float64"
         for k, step in enumerate(self.steps):  # join an earlier GRAD of the same loss
-            if isinstance(step, GradStep) and step.loss == loss and                     (wrt in self.stored or any(s.into == wrt for s in self.steps[:k]
-                                                if isinstance(s, BoundStep))):
+            if isinstance(step, GradStep) and step.loss == loss and (
+                    wrt in self.stored or
+                    any(isinstance(s, BoundStep) and s.into == wrt for s in self.steps[:k])):
                 self.steps[k] = GradStep(loss, step.wrt + ((wrt, gname, store),))
                 break
         else:

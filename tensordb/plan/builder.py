@@ -84,7 +84,6 @@ class Graph:
             self.pieces[into] = _pieces(pieces)
         return self
 
-
     def grad(self, loss: str, wrt: str | Sequence[str], *, into: str | Sequence[str] | None = None,
              store: bool = True) -> "Graph":
         """The gradient of the scalar ``loss``, computed by an earlier step, with respect to
