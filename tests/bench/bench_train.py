@@ -205,7 +205,8 @@ def main(argv=None) -> None:
         f"stored), median of "
         f"{args.repeat} after a warm-up, numpy and tensordb timed in alternation; tensordb with {args.workers} workers on an on-disk "
         f"database, {ops} operations of which {backward} backward. "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, BLAS: {blas_info()}."
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (load average "
+        f"{os.getloadavg()[0]:.1f} when it ended: other work shares them), BLAS: {blas_info()}."
         + ("" if t_jax is not None else " JAX is not installed here: not timed."),
         "",
         *table,
