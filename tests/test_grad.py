@@ -512,3 +512,21 @@ def test_sgd_step_on_the_gpu_executor(tmp_path):
         np.testing.assert_allclose(con.tensor("W1"), w1n, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(con.tensor("W2"), w2n, rtol=1e-12, atol=1e-14)
         np.testing.assert_array_equal(con.tensor("gA"), np.sign(w1n))
+
+
+def test_grad_in_a_block_and_of_a_result_computed_in_the_group(con):
+    """BEGIN ... COMMIT is one group; GRAD of a result the group computed (P) is the gradient at
+    that intermediate, and the tensors it was computed from still get theirs."""
+    rng = np.random.default_rng(13)
+    x, w = rng.normal(size=(4, 3)), rng.normal(size=(3, 2))
+    con.load("X", x)
+    con.load("W", w)
+    con.execute("BEGIN")
+    con.execute("P[b,f] = SUM(X[b,d] * W[d,f])")
+    con.execute("L = SUM(EXP(P[b,f]))")
+    con.execute("gP = GRAD(L, P); gW = GRAD(L, W)")
+    assert not con.store.has("gP")
+    con.execute("COMMIT")
+    p = x @ w
+    np.testing.assert_allclose(con.tensor("gP"), np.exp(p))
+    np.testing.assert_allclose(con.tensor("gW"), x.T @ np.exp(p))
