@@ -89,9 +89,9 @@ def backward(ops: Sequence[EinOp], stored: Mapping[str, tuple[tuple[int, ...], s
 
 
 class _Backward:
-    """One backward pass. A gradient is a tensor's name, a ``Const`` (the gradient of a scalar
-    known without computing anything: the seed d loss / d loss = 1, and what constant factors
-    make of it), or None (0: nothing reached the tensor)."""
+    """One backward pass. A gradient is a tensor's name, a ``Const`` (the same value at every
+    element, known without computing anything: the seed d loss / d loss = 1, and what constant
+    factors and sums make of it), or None (0: nothing reached the tensor)."""
 
     def __init__(self, ops: Sequence[EinOp], stored, loss: str) -> None:
         self.fwd = list(ops)
@@ -283,7 +283,7 @@ class _Backward:
         extra = math.prod(size[l] for l in op.labels if l not in slots.labels() and l not in lk)
         if extra != 1:
             expr = mul(expr, Const(extra))
-        if not slots.items and not lk:  # a scalar's gradient known as a constant
+        if not slots.items:  # the same value at every element: no operation needed
             value = _const_value(expr)
             if value is not None:
                 return Const(value)
