@@ -30,6 +30,7 @@ Statements end with ';' and may span lines.
 Statements:
   C[i,k] = A[i,j] * B[j,k];                      an einsum assignment (SUM, MAX, MIN, PROD aggregate)
   C = EINSUM('ij,jk->ik', A, B);                 numpy's einsum
+  dW = GRAD(L, W);                               the gradient of scalar L (same group) by W
   CREATE [OR REPLACE] TENSOR Q[i] AS expr;       assign, failing if Q exists (or replacing it)
   CREATE TENSOR A (i 1000, j 500) FLOAT32;       a tensor of zeros; also ... FROM (SELECT ...)
   LOAD [OR REPLACE] TENSOR B FROM 'b.npy';       also .npz, .parquet, .csv
@@ -255,7 +256,7 @@ class Shell:
             except Error:
                 names = []
             words = list(KEYWORDS) + [f.upper() for f in SCALAR_FUNCTIONS + AGGREGATES] + \
-                ["EINSUM", "EXPLAIN", "ANALYZE", "SELECT", "JSON", "TEXT"] + names
+                ["EINSUM", "GRAD", "EXPLAIN", "ANALYZE", "SELECT", "JSON", "TEXT"] + names
             low = text.lower()
             self._matches = sorted({w for w in words if w.lower().startswith(low)})
         return self._matches[state] if state < len(self._matches) else None

@@ -106,6 +106,9 @@ def lower(script: str, stmt: A.AssignStmt, resolve: Resolver, into: str, *, stor
     for node in A.walk(expr):
         if isinstance(node, A.Call) and node.fn == "einsum" and node is not expr:
             raise _err(script, node.fn_span, "EINSUM must be the whole right side of a statement")
+        if isinstance(node, A.Call) and node.fn == "grad":
+            raise _err(script, node.fn_span, "GRAD must be the whole right side of a statement",
+                       hint="write dW = GRAD(L, W); then use dW in other statements")
     if isinstance(expr, A.Call) and expr.fn == "einsum":
         return _lower_einsum(script, stmt, expr, resolve, into, store)
     return _Lowering(script, stmt, resolve, into, store).run()

@@ -6,6 +6,8 @@ error, and hand over ``BoundStep``s. The emitter only builds operations from the
 several stored finite tensors is split pairwise (opt_einsum's path), a product of tensors under
 SUM casts every operand to the result dtype (np.einsum's rule), and a result that replaces a
 tensor the graph reads is computed under an internal name (``A'``) and stored under its own.
+A ``GradStep`` (checked GRADs of one loss) becomes the backward operations of the operations
+emitted so far (``plan.grad.backward``), appended to the same graph.
 
 >>> from tensordb.plan.ir import TensorInfo
 >>> from tensordb.plan import scalar
@@ -23,10 +25,11 @@ from dataclasses import dataclass
 
 from ..plan import scalar
 from ..plan.builder import split_pairwise
+from ..plan.grad import backward
 from ..plan.ir import EinGraph, EinOp, Operand, TensorInfo
 from ..plan.names import TensorRef
 
-__all__ = ["BoundStep", "Emitter"]
+__all__ = ["BoundStep", "GradStep", "Emitter"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,15 @@ class BoundStep:
     store: bool
     sizes: tuple[tuple[str, int], ...]
     dtype: str
+
+
+@dataclass(frozen=True)
+class GradStep:
+    """Checked GRADs of one scalar ``loss`` (an earlier step's result): per tensor, the name its
+    gradient is computed under and whether it is stored. One backward pass computes them all."""
+
+    loss: str
+    wrt: tuple[tuple[str, str, bool], ...]        # (tensor, into, store)
 
 
 class Emitter:
@@ -64,8 +76,11 @@ class Emitter:
     def graph(self) -> EinGraph:
         return EinGraph(tuple(self.inputs.values()), tuple(self.ops), tuple(self.outputs))
 
-    def add(self, step: BoundStep) -> None:
+    def add(self, step: BoundStep | GradStep) -> None:
         """Emit one step's operations (a product of several operands split pairwise)."""
+        if isinstance(step, GradStep):
+            self._grad(step)
+            return
         names = [self.alias.get(t, t) for t, _ in step.inputs]
         labels = [list(ls) for _, ls in step.inputs]
         for t in names:
@@ -97,6 +112,26 @@ class Emitter:
                        step.agg, step.dtype, cast=einsum)
         if step.store:
             self.outputs.append(into)
+
+    def _grad(self, step: GradStep) -> None:
+        """The backward pass of ``step.loss`` (plan/grad.py), after the operations so far."""
+        wrt = []
+        for tensor, into, store in step.wrt:
+            t = self.alias.get(tensor, tensor)
+            if t not in self.known:
+                self.inputs[t] = self.stored[t]
+                self.known[t] = self.stored[t].dtype
+            wrt.append((t, self._result_name(into)))
+        shapes = {n: (i.shape, i.dtype) for n, i in self.inputs.items()}
+        ops = backward(self.ops, shapes, self.alias.get(step.loss, step.loss), wrt)
+        for op in ops:
+            for o in op.inputs:  # every stored tensor they read is an input of the graph
+                if o.tensor not in self.known:
+                    self.inputs[o.tensor] = self.stored[o.tensor]
+                    self.known[o.tensor] = self.stored[o.tensor].dtype
+            self.ops.append(op)
+            self.known[op.output] = op.dtype
+        self.outputs.extend(into for (_, into), (_, _, store) in zip(wrt, step.wrt) if store)
 
     def _finite(self, name: str) -> bool:
         """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""

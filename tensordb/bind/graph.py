@@ -26,9 +26,9 @@ from ..dtypes import check_dtype
 from ..errors import BinderError, CatalogError, Error, InternalError, Span
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, AGGS, empty_aggregate
-from ..plan.builder import Graph, Step, infer_dtype, parse_spec
+from ..plan.builder import Graph, GradRequest, Step, infer_dtype, parse_spec
 from ..plan.ir import EinGraph, TensorInfo
-from .emit import BoundStep, Emitter
+from .emit import BoundStep, Emitter, GradStep
 
 __all__ = ["bind_graph", "source_of"]
 
@@ -81,11 +81,24 @@ class _Writer:
         self.spans[key] = Span(start, len(self.text))
 
 
-def source_of(step: Step) -> tuple[str, dict]:
+def source_of(step: Step | GradRequest) -> tuple[str, dict]:
     """The call that made ``step``, as text, and the span of each part: ``"call"``, ``"into"``,
     ``"spec"``, ``"out"``, ``("operand", k)``, ``("labels", k)`` and ``(("labels", k), axis)``,
-    ``"join"``, ``"agg"``."""
+    ``"join"``, ``"agg"``; for a ``grad`` call ``"loss"``, ``("wrt", k)`` and ``("into", k)``."""
     w = _Writer()
+    if isinstance(step, GradRequest):
+        w.put("grad(")
+        w.put(repr(str(step.loss)), "loss")
+        for key, names in (("wrt", step.wrt), ("into", step.into)):
+            w.put(", into=" if key == "into" else ", ")
+            w.put("[" if len(names) > 1 else "")
+            for k, n in enumerate(names):
+                w.put(", " if k else "")
+                w.put(repr(str(n)), (key, k))
+            w.put("]" if len(names) > 1 else "")
+        w.put(")")
+        w.spans["call"] = Span(0, len(w.text))
+        return w.text, w.spans
     if step.spec is not None:
         w.put("einsum(")
         w.put(repr(step.spec), "spec")
@@ -138,8 +151,11 @@ class _GraphBinder:
         self.emitter = Emitter(catalog)
         self.known: dict[str, tuple[tuple[int, ...], str]] = {}  # name -> shape, dtype
 
-    def add(self, step: Step, spans: dict) -> None:
+    def add(self, step: Step | GradRequest, spans: dict) -> None:
         emitter = self.emitter
+        if isinstance(step, GradRequest):
+            self._grad(step, spans)
+            return
         if step.agg not in AGGS:
             raise BinderError(f"unknown aggregate '{step.agg}'", span=spans.get("agg"),
                               hint=f"valid aggregates: {', '.join(AGGS)}")
@@ -182,6 +198,34 @@ class _GraphBinder:
                               step.agg, step.store, tuple(sizes.items()), dtype))
         for op in emitter.ops[n:]:
             self.known[op.output] = (op.out_shape, op.dtype)
+
+    def _grad(self, req: GradRequest, spans: dict) -> None:
+        """grad(loss, wrt, into=): the loss a scalar float computed by an earlier step."""
+        emitter = self.emitter
+        loss = emitter.alias.get(req.loss, req.loss)
+        if not any(op.output == loss for op in emitter.ops):
+            raise BinderError(f"grad: the loss '{req.loss}' is not computed by an earlier step "
+                              "of this graph", span=spans["loss"],
+                              hint="add the step that computes it to the same Graph first")
+        shape, dtype = self.known[loss]
+        if shape != ():
+            raise BinderError(f"grad: the loss '{req.loss}' is not a scalar: it has shape "
+                              f"{shape}", span=spans["loss"])
+        if check_dtype(dtype, req.loss).kind != "f":
+            raise BinderError(f"grad: the loss '{req.loss}' is {dtype}, not a float",
+                              span=spans["loss"])
+        wrt = []
+        for k, (name, into) in enumerate(zip(req.wrt, req.into)):
+            t = emitter.alias.get(name, name)
+            wshape, wdtype = self._resolve(t, spans[("wrt", k)])
+            if into in self.known and into not in emitter.inputs or into in emitter.alias or \
+                    into in req.into[:k]:
+                raise BinderError(f"'{into}' is defined twice in one graph",
+                                  span=spans[("into", k)])
+            wrt.append((t, into, req.store))
+            self.known[into] = (wshape, wdtype if check_dtype(wdtype, t).kind == "f"
+                                else "float64")
+        emitter.add(GradStep(loss, tuple(wrt)))
 
     def _resolve(self, name: str, span: Span) -> tuple[tuple[int, ...], str]:
         """An earlier step's result, else a stored tensor (read once, handed to the emitter)."""

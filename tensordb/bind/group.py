@@ -11,13 +11,15 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..dtypes import check_dtype
 from ..errors import BinderError, CatalogError, Span
 from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
 from ..dialect import ast as A
 from .binder import Lowered, lower
-from .emit import BoundStep, Emitter
+from .emit import BoundStep, Emitter, GradStep
 
 __all__ = ["GroupBinder", "LetDef"]
 
@@ -42,12 +44,13 @@ class GroupBinder:
 
     store: object
     lets: dict[str, LetDef]
-    steps: list[BoundStep] = field(default_factory=list)
+    steps: list[BoundStep | GradStep] = field(default_factory=list)
     pieces: dict[str, dict[str, int]] = field(default_factory=dict)  # result -> {label: pieces}
     stored: dict[str, TensorInfo] = field(default_factory=dict)  # stored tensors resolved
     known: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # graph name -> shape, dtype
     current: dict[str, str] = field(default_factory=dict)  # lower(name) -> graph name
     outputs: list[str] = field(default_factory=list)  # user names stored by the group
+    let_reads: dict[str, set[str]] = field(default_factory=dict)  # inlined LET -> names it reads
     _versions: int = 0
 
     # -- name resolution -----------------------------------------------------------------------
@@ -76,11 +79,32 @@ class GroupBinder:
         return lambda name, span: self.resolve(name, span, script)
 
     def _inline_let(self, let: LetDef):
+        """The LET's steps, here (a LET is computed where it is used). Inlined again, under a
+        version of its name, when used after a name it reads was assigned (``stale``)."""
         key = let.name.lower()
-        low = lower(let.script, let.stmt, self._resolver(let.script), let.name, store=False)
-        self._add(low)
-        self.current[key] = let.name
-        return let.name, low.shape, low.dtype
+        gname: str = let.name
+        if gname in self.known:
+            self._versions += 1
+            gname = TensorRef(let.name, version=self._versions)
+        if _is_grad(let.stmt):  # LET dW = GRAD(L, W): a gradient computed here, never stored
+            self._add_grad(let.script, let.stmt, gname, store=False)
+        else:
+            self._add(lower(let.script, let.stmt, self._resolver(let.script), gname, store=False))
+            self.current[key] = gname
+        reads = {r.name.lower() for r in A.refs(let.stmt.expr)}
+        for name in list(reads):
+            reads |= self.let_reads.get(name, set())
+        self.let_reads[key] = reads
+        return (gname, *self.known[gname])
+
+    def stale(self, name: str) -> None:
+        """``name`` was (re)assigned: the LETs inlined so far that read it are inlined again
+        where they are used next."""
+        for key, reads in list(self.let_reads.items()):
+            if name in reads and key in self.let_reads:
+                del self.let_reads[key]
+                self.current.pop(key, None)
+                self.stale(key)
 
     def _add(self, low: Lowered) -> None:
         self.steps.extend(low.steps)
@@ -122,20 +146,95 @@ class GroupBinder:
             # Replacing a tensor the group also reads (P = MIN(P + P)) is fine: the binder computes
             # it under an internal name and stores it as P.
             gname, store = t.name, True
-        low = lower(script, stmt, self._resolver(script), gname, store=store)
-        self._add(low)
+        if _is_grad(stmt):
+            self._add_grad(script, stmt, gname, store)
+        else:
+            low = lower(script, stmt, self._resolver(script), gname, store=store)
+            self._add(low)
+        self.stale(key)
         self.current[key] = gname
+        if store:
+            self.outputs.append(t.name)
+
+    def _add_grad(self, script: str, stmt: A.AssignStmt, gname: str, store: bool) -> None:
+        """``dW = GRAD(L, W)``: L a scalar computed earlier in the group, W a tensor (stored, a
+        LET or a result). GRADs of one loss join the first one's backward pass."""
+        call = stmt.expr
+        if len(call.args) != 2 or not all(isinstance(a, A.Ref) and a.labels is None
+                                         for a in call.args):
+            bad = next((a for a in call.args if not (isinstance(a, A.Ref) and a.labels is None)),
+                       call)
+            raise BinderError("GRAD takes two tensor names: GRAD(loss, tensor)",
+                              statement=script, span=bad.span if len(call.args) == 2 else call.span,
+                              hint="write dW = GRAD(L, W): the gradient of the scalar L with "
+                                   "respect to W, of W's shape")
+        if stmt.pieces:
+            raise BinderError("WITH (PIECES ...) does not apply to GRAD: the backward pass is "
+                              "planned with the forward one", statement=script,
+                              span=stmt.pieces[0].span)
+        loss_ref, wrt_ref = call.args
+        key = loss_ref.name.lower()
+        if key not in self.current and key not in self.lets:
+            where = "is a stored tensor" if self.store.has(loss_ref.name) else "is unknown"
+            raise BinderError(f"GRAD: the loss '{loss_ref.name}' {where}; GRAD needs a loss "
+                              "computed earlier in the same group of statements",
+                              statement=script, span=loss_ref.span,
+                              hint=f"compute {loss_ref.name} in the same execute call, script or "
+                                   "BEGIN ... COMMIT block, with no other kind of statement "
+                                   "between it and GRAD")
+        loss, shape, dtype = self.resolve(loss_ref.name, loss_ref.name_span, script)
+        if shape != ():
+            raise BinderError(f"GRAD: the loss '{loss_ref.name}' is not a scalar: it has shape "
+                              f"{shape}", statement=script, span=loss_ref.span,
+                              hint=f"aggregate it to a scalar first, e.g. "
+                                   f"{loss_ref.name}_sum = SUM({loss_ref.name}[...])")
+        if np.dtype(dtype).kind != "f":
+            raise BinderError(f"GRAD: the loss '{loss_ref.name}' is {dtype}, not a float",
+                              statement=script, span=loss_ref.span)
+        wrt, wshape, wdtype = self.resolve(wrt_ref.name, wrt_ref.name_span, script)
+        t = stmt.target
+        if t.labels is not None and len(t.labels) != len(wshape):
+            raise BinderError(f"GRAD's result has the shape of {wrt_ref.name}, {wshape}: "
+                              f"{len(wshape)} label(s), not {len(t.labels)}", statement=script,
+                              span=t.span)
+        if t.labels is not None and len({l.name for l in t.labels}) != len(t.labels):
+            raise BinderError("a label appears twice on the left", statement=script, span=t.span)
+        result_dtype = wdtype if np.dtype(wdtype).kind == "f" else "float64"
+        for k, step in enumerate(self.steps):  # join an earlier GRAD of the same loss
+            if isinstance(step, GradStep) and step.loss == loss and (
+                    wrt in self.stored or
+                    any(isinstance(s, BoundStep) and s.into == wrt for s in self.steps[:k])):
+                self.steps[k] = GradStep(loss, step.wrt + ((wrt, gname, store),))
+                break
+        else:
+            self.steps.append(GradStep(loss, ((wrt, gname, store),)))
+        self.known[gname] = (wshape, result_dtype)
+        self.current[t.name.lower()] = gname
         if store:
             self.outputs.append(t.name)
 
     def _add_let(self, script: str, stmt: A.AssignStmt) -> None:
         t = stmt.target
         key = t.name.lower()
-        if self.store.has(t.name) or key in self.current:
+        if self.store.has(t.name) or key in self.current and key not in self.let_reads:
             raise CatalogError(f"a tensor named '{t.name}' exists; a LET needs a name of its own",
                                statement=script, span=t.name_span)
+        if key in self.let_reads:  # redefined after it was used: later uses inline the new one
+            del self.let_reads[key]
+            self.current.pop(key, None)
         # Check it now (errors belong to the LET), without adding its steps: it is inlined
         # where it is used, or nowhere.
         probe = GroupBinder(self.store, self.lets, known=dict(self.known), current=dict(self.current))
+        if _is_grad(stmt):
+            probe.steps, probe.stored = list(self.steps), dict(self.stored)
+            probe._add_grad(script, stmt, t.name, store=False)
+            self.lets[key] = LetDef(script, stmt, *probe.known[t.name])
+            self.stale(key)  # LETs that read it see the new definition from here on
+            return
         low = lower(script, stmt, probe._resolver(script), t.name, store=False)
         self.lets[key] = LetDef(script, stmt, low.shape, low.dtype)
+        self.stale(key)  # LETs that read it see the new definition from here on
+
+
+def _is_grad(stmt: A.AssignStmt) -> bool:
+    return isinstance(stmt.expr, A.Call) and stmt.expr.fn == "grad"

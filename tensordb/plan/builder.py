@@ -23,7 +23,8 @@ from ..errors import BinderError, DataError
 from . import scalar
 from .names import TensorRef
 
-__all__ = ["Graph", "Step", "TensorRef", "parse_spec", "split_pairwise", "infer_dtype"]
+__all__ = ["Graph", "Step", "GradRequest", "TensorRef", "parse_spec", "split_pairwise",
+           "infer_dtype"]
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,22 @@ class Step:
     named: bool = True                            # False: con.einsum without into= named it
 
 
+@dataclass(frozen=True)
+class GradRequest:
+    """The gradients of the scalar ``loss`` (an earlier step's result) with respect to the tensors
+    ``wrt``, computed under the names ``into`` (one backward pass for all); still unchecked."""
+
+    loss: str
+    wrt: tuple[str, ...]
+    into: tuple[str, ...]
+    store: bool = True
+
+
 @dataclass
 class Graph:
     """A computation by name, planned and run as one graph by ``Connection.run``."""
 
-    steps: list[Step] = field(default_factory=list)
+    steps: list[Step | GradRequest] = field(default_factory=list)
     pieces: dict[str, dict[str, int]] = field(default_factory=dict)  # output -> {label: pieces}
 
     def einsum(self, spec: str, *operands: str, into: str, join: str | scalar.Expr | None = None,
@@ -70,6 +82,24 @@ class Graph:
                                j, agg, store))
         if pieces:
             self.pieces[into] = _pieces(pieces)
+        return self
+
+    def grad(self, loss: str, wrt: str | Sequence[str], *, into: str | Sequence[str] | None = None,
+             store: bool = True) -> "Graph":
+        """The gradient of the scalar ``loss``, computed by an earlier step, with respect to
+        ``wrt`` (one tensor, or several: one backward pass computes them all), each of its
+        tensor's shape, stored under ``into`` (default: ``d`` + the tensor's name)."""
+        names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        if not names or not all(isinstance(n, str) for n in names):
+            raise BinderError("grad(loss, wrt): wrt is a tensor name or a list of them")
+        if into is None:
+            targets = tuple(f"d{n}" for n in names)
+        else:
+            targets = (into,) if isinstance(into, str) else tuple(into)
+        if len(targets) != len(names):
+            raise BinderError(f"grad: {len(names)} tensor(s) in wrt but {len(targets)} name(s) "
+                              "in into")
+        self.steps.append(GradRequest(str(loss), names, targets, store))
         return self
 
 

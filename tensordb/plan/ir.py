@@ -50,6 +50,7 @@ class EinOp:
     agg: str | None = "sum"
     dtype: str = "float64"
     in_dtypes: tuple[str, ...] = ()   # the inputs' dtypes (empty: all ``dtype``)
+    backward: bool = False            # an operation of a backward pass (GRAD, plan/grad.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output", TensorRef.of(self.output))
@@ -131,7 +132,8 @@ class EinOp:
         body = scalar.render(self.join, names)
         if self.agg_labels:
             body = f"{self.agg.upper()}({body})"
-        return f"{self.output}[{','.join(self.out_labels)}] = {body}"
+        mark = "backward " if self.backward else ""
+        return f"{mark}{self.output}[{','.join(self.out_labels)}] = {body}"
 
 
 def _count_ops(expr: Expr) -> int:

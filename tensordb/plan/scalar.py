@@ -117,6 +117,11 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "log": FunctionSpec(1, np.log, False),
     "sigmoid": FunctionSpec(1, _sigmoid, False),
     "cos": FunctionSpec(1, np.cos, False),
+    # Internal functions of the backward pass (plan/grad.py): masks and signs of derivatives.
+    # Their names are not words, so the dialect never offers them (binder.SCALAR_FUNCTIONS).
+    "_eq": FunctionSpec(2, np.equal, False),
+    "_gt": FunctionSpec(2, np.greater, False),
+    "_sign": FunctionSpec(1, np.sign, True),
 }
 
 

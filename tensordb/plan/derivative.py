@@ -1,0 +1,161 @@
+"""The derivative of a JOIN (a scalar expression over input slots x0, x1, ...), symbolically:
+the backward pass (plan/grad.py) multiplies it into each input's gradient.
+
+``None`` stands for a derivative that is 0 everywhere: it is dropped, not computed. The helpers
+(``add``, ``mul``, ...) simplify around 0 and 1 so that the derivative of a product stays a
+product (which the kernels then run on BLAS).
+
+>>> from tensordb.plan.scalar import parse_join, render
+>>> render(derivative(parse_join("relu(x0 * x1 + 2)"), 0))
+'_GT(x0 * x1 + 2, 0) * x1'
+>>> render(derivative(parse_join("x0 / x1"), 1))
+'-(x0 / x1 / x1)'
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import NotSupportedError
+from .scalar import Call, Const, Expr, Input
+
+__all__ = ["derivative", "DIFFERENTIABLE", "add", "sub", "neg", "mul", "div", "power", "call"]
+
+# ``None`` is a derivative that is 0 everywhere (structurally): it is dropped, not computed.
+
+def _is(e: Expr | None, value) -> bool:
+    return isinstance(e, Const) and type(e.value) in (int, float) and e.value == value
+
+
+def add(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return Call("+", (a, b))
+
+
+def sub(a, b):
+    if b is None:
+        return a
+    if a is None:
+        return neg(b)
+    return Call("-", (a, b))
+
+
+def neg(a):
+    if a is None:
+        return None
+    if isinstance(a, Const) and type(a.value) in (int, float):
+        return Const(-a.value)
+    if isinstance(a, Call) and a.fn == "neg":
+        return a.args[0]
+    return Call("neg", (a,))
+
+
+def mul(a, b):
+    if a is None or b is None:
+        return None
+    if _is(a, 1):
+        return b
+    if _is(b, 1):
+        return a
+    if _is(a, -1):
+        return neg(b)
+    if _is(b, -1):
+        return neg(a)
+    return Call("*", (a, b))
+
+
+def div(a, b):
+    if a is None:
+        return None
+    if _is(b, 1):
+        return a
+    return Call("/", (a, b))
+
+
+def power(a, b):
+    if _is(b, 1):
+        return a
+    return Call("pow", (a, b))
+
+
+def call(name: str, *args) -> Expr:
+    return Call(name, tuple(args))
+
+
+def derivative(expr: Expr, k: int) -> Expr | None:
+    """The partial derivative of ``expr`` with respect to input ``k`` (None: 0 everywhere).
+
+    Conventions where the function has no derivative: RELU'(0) = 0, ABS'(0) = 0, and MAX/MIN of
+    two equal values pass half of the gradient to each (as autograd and JAX do)."""
+    if isinstance(expr, Input):
+        return Const(1) if expr.index == k else None
+    if isinstance(expr, Const):
+        return None
+    if k not in expr.inputs():
+        return None
+    fn, args = expr.fn, expr.args
+    da = derivative(args[0], k)
+    if len(args) == 1:
+        if da is None:
+            return None
+        a = args[0]
+        local = _UNARY.get(fn)
+        if local is None:
+            raise NotSupportedError(f"GRAD: the function {fn.upper()} has no derivative in "
+                                    "tensordb", hint=f"functions with derivatives: "
+                                    f"{', '.join(sorted(f.upper() for f in DIFFERENTIABLE))}")
+        return mul(local(a, expr), da)
+    a, b = args
+    db = derivative(b, k)
+    if fn == "+":
+        return add(da, db)
+    if fn == "-":
+        return sub(da, db)
+    if fn == "*":
+        return add(mul(da, b), mul(a, db))
+    if fn == "/":
+        return sub(div(da, b), mul(div(div(a, b), b), db))
+    if fn == "pow":
+        first = None
+        if da is not None:
+            if isinstance(b, Const) and type(b.value) in (int, float):
+                first = mul(mul(b, power(a, Const(b.value - 1))), da)
+            else:
+                first = mul(mul(b, power(a, sub(b, Const(1)))), da)
+        second = None
+        if db is not None:
+            if isinstance(a, Const) and type(a.value) in (int, float):
+                log_a = Const(math.log(a.value)) if a.value > 0 else Call("log", (a,))
+            else:
+                log_a = Call("log", (a,))
+            second = mul(mul(expr, log_a), db)
+        return add(first, second)
+    if fn in ("max", "min"):
+        win_a = call("_gt", a, b) if fn == "max" else call("_gt", b, a)
+        win_b = call("_gt", b, a) if fn == "max" else call("_gt", a, b)
+        tie = div(mul(call("_eq", a, b), add(da, db)), Const(2))
+        return add(add(mul(win_a, da), mul(win_b, db)), tie)
+    raise NotSupportedError(f"GRAD: the function {fn.upper()} has no derivative in tensordb",
+                            hint=f"functions with derivatives: "
+                                 f"{', '.join(sorted(f.upper() for f in DIFFERENTIABLE))}")
+
+
+# f'(a) for the unary functions, given a and f(a) (``out``, to reuse: sigmoid' = s (1 - s)).
+_UNARY = {
+    "neg": lambda a, out: Const(-1),
+    "abs": lambda a, out: call("_sign", a),
+    "relu": lambda a, out: call("_gt", a, Const(0)),
+    "sqrt": lambda a, out: div(Const(0.5), out),
+    "tanh": lambda a, out: sub(Const(1), mul(out, out)),
+    "sigmoid": lambda a, out: mul(out, sub(Const(1), out)),
+    "sin": lambda a, out: call("cos", a),
+    "cos": lambda a, out: neg(call("sin", a)),
+    "square": lambda a, out: mul(Const(2), a),
+    "exp": lambda a, out: out,
+    "log": lambda a, out: div(Const(1), a),
+    "_sign": lambda a, out: None,
+}
+DIFFERENTIABLE = {f for f in _UNARY if not f.startswith("_")} | \
+    {"+", "-", "*", "/", "pow", "max", "min"}

@@ -1,0 +1,241 @@
+"""One training step of a 2-layer MLP in SQL against the same step written by hand in numpy.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_train.py
+
+The step (b=512 rows, f=4096 features, h=1024 hidden units, c=16 classes, float32): forward
+(RELU hidden layer), softmax cross-entropy, the gradients of both weights (LET dW = GRAD(...):
+computed, never stored), the SGD update of both, stored. tensordb runs it as one `execute` call on an on-disk database (parse, bind,
+plan, run, commit included); numpy is the same step by hand, in memory. Each figure is the median
+of --repeat runs after one warm-up; the table goes to docs/benchmarks.md between the train
+markers. JAX (jit on CPU) is timed too when it is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import tensordb  # noqa: E402
+from tests.bench.bench_suite import blas_info  # noqa: E402
+
+COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_train.py"
+LR = 0.01
+
+
+def step_sql(b: int) -> str:
+    return (f"H[b,h] = RELU(SUM(X[b,f] * W1[f,h])); "
+            f"Z[b,c] = SUM(H[b,h] * W2[h,c]); "
+            f"M[b] = MAX(Z[b,c]); "
+            f"L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / {b}; "
+            f"LET dW1 = GRAD(L, W1); LET dW2 = GRAD(L, W2); "
+            f"W1[f,h] = W1[f,h] - {LR} * dW1[f,h]; W2[h,c] = W2[h,c] - {LR} * dW2[h,c];")
+
+
+class _Shapes:
+    """A catalog of shapes only (the binder reads ``has``, ``meta``, ``list``): plans for sizes
+    that are not stored."""
+
+    def __init__(self, shapes) -> None:
+        self.shapes = shapes
+
+    def has(self, name):
+        return name in self.shapes
+
+    def meta(self, name):
+        return type("Meta", (), {"name": name, "shape": self.shapes[name], "dtype": "float32"})
+
+    def list(self):
+        return []
+
+
+def plans(f: int, h: int, c: int) -> list[str]:
+    """The optimizer's plan for the step at 4, 16 and 64 workers, with few and many rows: the
+    pieces of the first layer's forward product and of its weight's gradient, and the bytes the
+    cost model moves, against data parallel (every operation split along its rows)."""
+    from tensordb import optimizer
+    from tensordb.bind import bind_statements
+    from tensordb.dialect import parse
+    out = ["| rows | workers | forward X W1 (pieces) | backward dW1 (pieces) | bytes moved | "
+           "data parallel | saved |", "|---:|---:|---|---|---:|---:|---:|"]
+    for rows in (64, 65536):
+        cat = _Shapes({"X": (rows, f), "Y": (rows, c), "W1": (f, h), "W2": (h, c)})
+        text = step_sql(rows)
+        graph = bind_statements(cat, {}, [(text, s) for s in parse(text)]).eingraph()
+        for workers in (4, 16, 64):
+            ein = optimizer.decompose(graph, workers)
+            dp = optimizer.decompose(graph, workers, strategy="data-parallel")
+            fwd = " ".join(f"{k}={v}" for k, v in ein.pieces("H.t1").items())
+            bwd = " ".join(f"{k}={v}" for k, v in ein.pieces("dW1").items())
+            mine, theirs = ein.details["cost"].bytes, dp.details["cost"].bytes
+            out.append(f"| {rows} | {workers} | {fwd} | {bwd} | {mine / 2**20:,.0f} MiB | "
+                       f"{theirs / 2**20:,.0f} MiB | {theirs / mine:.1f}x |")
+    return out
+
+
+def numpy_step(x, y, w1, w2):
+    """The same step by hand (float32 throughout)."""
+    pre = x @ w1
+    h = np.maximum(pre, 0)
+    z = h @ w2
+    m = z.max(1, keepdims=True)
+    e = np.exp(z - m)
+    s = e.sum(1, keepdims=True)
+    loss = np.sum(np.log(s[:, 0]) + m[:, 0] - np.sum(y * z, 1)) / len(x)
+    dz = (e / s - y) / np.float32(len(x))
+    dw2 = h.T @ dz
+    dh = (dz @ w2.T) * (pre > 0)
+    dw1 = x.T @ dh
+    return loss, w1 - np.float32(LR) * dw1, w2 - np.float32(LR) * dw2
+
+
+def jax_step():
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    jax.config.update("jax_platform_name", "cpu")
+
+    def loss(w1, w2, x, y):
+        z = jnp.maximum(x @ w1, 0) @ w2
+        return jnp.sum(jax.nn.logsumexp(z, axis=1) - jnp.sum(y * z, 1)) / x.shape[0]
+
+    @jax.jit
+    def step(w1, w2, x, y):
+        l, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2, x, y)
+        return l, w1 - LR * g1, w2 - LR * g2
+    return step
+
+
+def paired(fns: dict, repeat: int) -> dict:
+    """Times of each function, run in alternation (order swapped every round) after a warm-up."""
+    for fn in fns.values():
+        fn()
+    times = {k: [] for k in fns}
+    for r in range(repeat):
+        for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            t0 = time.perf_counter()
+            fns[k]()
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def median(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--b", type=int, default=512)
+    ap.add_argument("--f", type=int, default=4096)
+    ap.add_argument("--h", type=int, default=1024)
+    ap.add_argument("--c", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.b, args.f)).astype(np.float32)
+    y = np.eye(args.c, dtype=np.float32)[rng.integers(0, args.c, args.b)]
+    w1 = (rng.normal(size=(args.f, args.h)) / np.sqrt(args.f)).astype(np.float32)
+    w2 = (rng.normal(size=(args.h, args.c)) / np.sqrt(args.h)).astype(np.float32)
+
+    state = {"w1": w1, "w2": w2}
+
+    def by_hand():
+        _, state["w1"], state["w2"] = numpy_step(x, y, state["w1"], state["w2"])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        con = tensordb.connect(Path(tmp) / "train.tdb", workers=args.workers)
+        for name, a in {"X": x, "Y": y, "W1": w1, "W2": w2}.items():
+            con.load(name, a)
+        text = step_sql(args.b)
+        plan = con.explain(text)  # before the LETs are defined by running it
+        ops = int(re.search(r"(\d+) operation", plan).group(1))
+        backward = sum(1 for line in plan.splitlines() if " backward " in line)
+        # numpy and tensordb in alternation, so that both see the same load of the machine;
+        # the ratio is the median of the paired ratios
+        times = paired({"numpy": by_hand, "sql": lambda: con.execute(text)}, args.repeat)
+        t_numpy, t_sql = statistics.median(times["numpy"]), statistics.median(times["sql"])
+        ratio = statistics.median(s / n for s, n in zip(times["sql"], times["numpy"]))
+        # the step's result against numpy: one more step from the same weights
+        w1_now, w2_now = con.tensor("W1"), con.tensor("W2")
+        con.execute(text)
+        _, w1_np, w2_np = numpy_step(x, y, w1_now, w2_now)
+        err = max(float(np.abs(con.tensor("W1") - w1_np).max() / np.abs(w1_np).max()),
+                  float(np.abs(con.tensor("W2") - w2_np).max() / np.abs(w2_np).max()))
+        con.close()
+
+    step = jax_step()
+    t_jax = None
+    if step is not None:
+        import jax.numpy as jnp
+        jx, jy, jw1, jw2 = map(jnp.asarray, (x, y, w1, w2))
+
+        def run_jax():
+            out = step(jw1, jw2, jx, jy)
+            out[1].block_until_ready()
+        t_jax = median(run_jax, args.repeat)
+
+    rows = [("numpy by hand", t_numpy, 1.0), ("tensordb (SQL step)", t_sql, ratio)]
+    if t_jax is not None:
+        rows.append(("JAX jit (CPU)", t_jax, t_jax / t_numpy))
+    table = ["| step | median s | vs numpy (median of paired ratios) |", "|---|---:|---:|"] + \
+        [f"| {n} | {t:.3f} | {r:.2f}x |" for n, t, r in rows]
+    lines = [
+        f"One SGD step of a 2-layer MLP, b={args.b}, f={args.f}, h={args.h}, c={args.c}, float32 "
+        f"(forward, softmax cross-entropy, GRAD of both weights as LETs, the updated weights "
+        f"stored), median of "
+        f"{args.repeat} after a warm-up, numpy and tensordb timed in alternation; tensordb with {args.workers} workers on an on-disk "
+        f"database, {ops} operations of which {backward} backward. "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (load average "
+        f"{os.getloadavg()[0]:.1f} when it ended: other work shares them), BLAS: {blas_info()}."
+        + ("" if t_jax is not None else " JAX is not installed here: not timed."),
+        "",
+        *table,
+        "",
+        f"tensordb's weights after one more step against numpy's from the same weights: largest "
+        f"difference {err:.1e} of the largest weight. `{COMMAND}`",
+        "",
+        f"The plan of the same step (f={args.f}, h={args.h}, c={args.c}) as the optimizer chooses "
+        "it, planned only: with few rows the first layer's weight is split along f and h "
+        "(model parallel, as Megatron does) and its gradient keeps that split, so W1 is not "
+        "re-tiled between forward and backward; with many rows the rows are split and dW1 sums "
+        "over them. Bytes are the cost model's (`details['cost'].bytes`), against the "
+        "`data-parallel` strategy on the same graph:",
+        "",
+        *plans(args.f, args.h, args.c),
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        doc = ROOT / "docs" / "benchmarks.md"
+        body = doc.read_text()
+        section = f"<!-- train:begin -->\n## Training step (GRAD)\n\n{text}\n<!-- train:end -->"
+        if "<!-- train:begin -->" in body:
+            body = re.sub(r"<!-- train:begin -->.*<!-- train:end -->", lambda _: section, body,
+                          flags=re.S)
+        else:
+            body = body.rstrip("\n") + "\n\n" + section + "\n"
+        doc.write_text(body)
+
+
+if __name__ == "__main__":
+    main()

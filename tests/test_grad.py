@@ -1,0 +1,532 @@
+"""GRAD: gradients of a scalar loss, computed by backward extended einsums (plan/grad.py).
+
+Every gradient is checked against two independent oracles: the autograd package (reverse-mode
+automatic differentiation of the same loss written with numpy) and central finite differences of
+that numpy loss in float64. The loss tensordb computes is checked against the numpy loss too.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.errors import BinderError, Error, NotSupportedError
+from tensordb.plan.builder import Graph
+
+autograd = pytest.importorskip("autograd")
+anp = pytest.importorskip("autograd.numpy")
+
+
+@pytest.fixture
+def con(tmp_path):
+    c = tensordb.connect(tmp_path / "db")
+    yield c
+    c.close()
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + anp.exp(-x))
+
+
+def finite_differences(f, arrays: dict, name: str, h: float = 1e-6) -> np.ndarray:
+    """Central differences of the float64 numpy loss ``f`` along every element of ``name``."""
+    base = {k: np.array(v, dtype=np.float64) for k, v in arrays.items()}
+    x = base[name]
+    out = np.zeros_like(x)
+    for idx in np.ndindex(*x.shape):
+        keep = x[idx]
+        x[idx] = keep + h
+        up = float(f(**base))
+        x[idx] = keep - h
+        down = float(f(**base))
+        x[idx] = keep
+        out[idx] = (up - down) / (2 * h)
+    return out
+
+
+def check(con, arrays: dict, script: str, f, wrt, *, fd: bool = True, loss: str = "L"):
+    """Load ``arrays``, run ``script`` (which computes the scalar ``loss``) with one GRAD per
+    tensor of ``wrt``, and compare the loss and the gradients with numpy's loss ``f``, autograd
+    and finite differences."""
+    for k, v in arrays.items():
+        con.load(k, v, replace=True)
+    grads = "; ".join(f"g_{w} = GRAD({loss}, {w})" for w in wrt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        con.execute(f"{script}; {grads};")
+    expected_loss = float(f(**arrays))
+    assert con.tensor(loss).shape == ()
+    np.testing.assert_allclose(con.tensor(loss), expected_loss, rtol=1e-12, atol=1e-12)
+    names = list(arrays)
+    for w in wrt:
+        got = con.tensor(f"g_{w}")
+        assert got.shape == np.shape(arrays[w])
+        assert got.dtype == np.asarray(arrays[w]).dtype
+        with warnings.catch_warnings():  # autograd warns when the loss does not read w
+            warnings.simplefilter("ignore")
+            oracle = autograd.grad(lambda x, w=w: f(**{**arrays, w: x}))(arrays[w])
+        np.testing.assert_allclose(got, oracle, rtol=1e-10, atol=1e-12, err_msg=f"d{loss}/d{w}")
+        if fd:
+            np.testing.assert_allclose(got, finite_differences(f, arrays, w), rtol=1e-5,
+                                       atol=1e-6, err_msg=f"d{loss}/d{w} (finite differences)")
+    return names
+
+
+RNG = np.random.default_rng(13)
+A = RNG.normal(size=(3, 4))
+A = np.where(np.abs(A) < 0.2, 0.5, A)           # no value near 0 (RELU, ABS)
+POS = RNG.uniform(0.5, 2.0, size=(3, 4))        # LOG, SQRT, POW of a positive base
+B = RNG.normal(size=4)
+B = np.where(np.abs(B) < 0.2, -0.7, B)
+C = RNG.normal(size=3)
+
+UNARY = {  # dialect function -> numpy function, input
+    "EXP": (anp.exp, A), "LOG": (anp.log, POS), "RELU": (lambda x: anp.maximum(x, 0), A),
+    "TANH": (anp.tanh, A), "SIGMOID": (_sigmoid, A), "SQRT": (anp.sqrt, POS),
+    "ABS": (anp.abs, A), "SIN": (anp.sin, A), "COS": (anp.cos, A),
+    "SQUARE": (lambda x: x * x, A),
+}
+
+
+@pytest.mark.parametrize("fn", sorted(UNARY))
+def test_unary_functions(con, fn):
+    npf, a = UNARY[fn]
+    check(con, {"A": a, "B": B}, f"L = SUM({fn}(A[i,j]) * B[j])",
+          lambda A, B: anp.sum(npf(A) * B), ["A", "B"])
+
+
+def test_every_function_of_the_dialect_is_tested():
+    from tensordb.bind import SCALAR_FUNCTIONS
+    covered = {f.lower() for f in UNARY} | {"max", "min", "pow"}
+    assert set(SCALAR_FUNCTIONS) <= covered
+
+
+BINARY = {
+    "+": ("A[i,j] + B[j]", lambda A, B: A + B, A),
+    "-": ("A[i,j] - B[j]", lambda A, B: A - B, A),
+    "-neg": ("-A[i,j] * B[j]", lambda A, B: -A * B, A),
+    "*": ("A[i,j] * B[j]", lambda A, B: A * B, A),
+    "/": ("A[i,j] / B[j]", lambda A, B: A / B, A),
+    "/2": ("B[j] / A[i,j]", lambda A, B: B / A, A),
+    "pow-const": ("POW(A[i,j], 3)", lambda A, B: A ** 3, A),
+    "pow-half": ("POW(A[i,j], 0.5) * B[j]", lambda A, B: A ** 0.5 * B, POS),
+    "pow-both": ("POW(A[i,j], B[j])", lambda A, B: A ** B, POS),
+    "pow-base": ("POW(2, A[i,j] * B[j])", lambda A, B: 2.0 ** (A * B), A),
+    "max": ("MAX(A[i,j], B[j])", lambda A, B: anp.maximum(A, B), A),
+    "min": ("MIN(A[i,j], B[j] * 2)", lambda A, B: anp.minimum(A, B * 2), A),
+    "nested": ("TANH(A[i,j] * B[j] + 1) / (1 + EXP(-A[i,j]))",
+               lambda A, B: anp.tanh(A * B + 1) / (1 + anp.exp(-A)), A),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BINARY))
+def test_binary_operators(con, case):
+    text, npf, a = BINARY[case]
+    check(con, {"A": a, "B": B}, f"L = SUM({text})", lambda A, B: anp.sum(npf(A, B)), ["A", "B"])
+
+
+def test_max_min_of_equal_values_split_the_gradient(con):
+    """MAX(a, b) with a == b passes half of the gradient to each (autograd's convention)."""
+    a = np.array([[1.0, 2.0], [3.0, -1.0]])
+    b = np.array([1.0, 5.0])
+    check(con, {"A": a, "B": b}, "L = SUM(MAX(A[i,j], B[j]) * 3)",
+          lambda A, B: anp.sum(anp.maximum(A, B) * 3), ["A", "B"], fd=False)
+    np.testing.assert_array_equal(con.tensor("g_A"), [[1.5, 0.0], [3.0, 0.0]])
+
+
+@pytest.mark.parametrize("agg", ["MAX", "MIN"])
+def test_max_min_aggregates(con, agg):
+    npf = anp.max if agg == "MAX" else anp.min
+    check(con, {"A": A, "B": B, "C": C}, f"M[i] = {agg}(A[i,j] * B[j]); L = SUM(M[i] * C[i])",
+          lambda A, B, C: anp.sum(npf(A * B, axis=1) * C), ["A", "B", "C"])
+
+
+@pytest.mark.parametrize("agg", ["MAX", "MIN"])
+def test_ties_split_the_gradient_evenly(con, agg):
+    """Tied elements of a MAX/MIN share the gradient evenly (docs/sql.md, "Training")."""
+    a = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [-1.0, 4.0, 0.5, -1.0]])
+    npf = anp.max if agg == "MAX" else anp.min
+    check(con, {"A": a, "C": C}, f"M[i] = {agg}(A[i,j]); L = SUM(M[i] * C[i])",
+          lambda A, C: anp.sum(npf(A, axis=1) * C), ["A", "C"], fd=False)
+    got = con.tensor("g_A")
+    share = (a == (a.max(1) if agg == "MAX" else a.min(1))[:, None])
+    np.testing.assert_allclose(got, share / share.sum(1, keepdims=True) * C[:, None])
+
+
+def test_prod_aggregate(con):
+    check(con, {"A": POS, "B": B, "C": C}, "P[i] = PROD(A[i,j] + B[j]); L = SUM(P[i] * C[i])",
+          lambda A, B, C: anp.sum(anp.prod(A + B, axis=1) * C), ["A", "B", "C"])
+
+
+def test_prod_with_zeros(con):
+    """A PROD is the product of the other elements' derivative at a 0 (one 0 in the group),
+    0 with two or more: exact, where out / x would be NaN. Checked against finite differences
+    (a product is linear in each element) and against the product of the others by hand."""
+    a = np.array([[2.0, 0.0, 3.0], [0.0, 0.0, 5.0], [1.5, -2.0, 0.5]])
+    con.load("A", a)
+    con.execute("P[i] = PROD(A[i,j]); L = SUM(P[i] * P[i]); g = GRAD(L, A)")
+    f = lambda A: np.sum(np.prod(A, axis=1) ** 2)
+    got = con.tensor("g")
+    np.testing.assert_allclose(got, finite_differences(f, {"A": a}, "A"), rtol=1e-6, atol=1e-6)
+    p = a.prod(1)
+    others = np.array([[np.prod(np.delete(a[i], j)) for j in range(3)] for i in range(3)])
+    np.testing.assert_allclose(got, 2 * p[:, None] * others)
+    assert np.isfinite(got).all()
+
+
+def test_sum_aggregate_nested_and_logsumexp(con):
+    check(con, {"A": A, "B": B}, "LSE[i] = LOG(SUM(EXP(A[i,j] * B[j]))); L = SUM(LSE[i])",
+          lambda A, B: anp.sum(anp.log(anp.sum(anp.exp(A * B), axis=1))), ["A", "B"])
+
+
+def test_multi_operand_einsum(con):
+    """A product of three and four stored tensors is split pairwise by the binder: the gradient
+    flows through the pairwise steps."""
+    rng = np.random.default_rng(1)
+    arrays = {"P": rng.normal(size=(3, 4)), "Q": rng.normal(size=(4, 5)),
+              "R": rng.normal(size=(5, 2)), "S": rng.normal(size=(2, 3))}
+    check(con, arrays, "L = SUM(P[i,j] * Q[j,k] * R[k,l] * S[l,i])",
+          lambda P, Q, R, S: anp.einsum("ij,jk,kl,li->", P, Q, R, S), list(arrays))
+    check(con, {"P": arrays["P"], "Q": arrays["Q"], "R": arrays["R"]},
+          "T[i,l] = SUM(P[i,j] * Q[j,k] * R[k,l]); L = SUM(T[i,l] * T[i,l])",
+          lambda P, Q, R: anp.sum(anp.einsum("ij,jk,kl->il", P, Q, R) ** 2), ["P", "Q", "R"])
+
+
+def test_tensor_used_several_times_accumulates(con):
+    rng = np.random.default_rng(2)
+    m = rng.normal(size=(4, 4))
+    check(con, {"M": m, "B": B}, "T[i] = SUM(M[i,j] * M[j,k] * B[k]); "
+          "L = SUM(T[i] * M[i,k] * B[k]) + SUM(EXP(M[i,j]) * M[j,i])",
+          lambda M, B: anp.sum((M @ M @ B) * (M @ B)) + anp.sum(anp.exp(M) * M.T), ["M", "B"])
+
+
+def test_broadcasts_sum_over_the_labels_an_input_lacks(con):
+    """B[j] is broadcast over i (its gradient sums over i); in SUM(A[i] + B[j]) each A[i] is
+    counted once per j (a label no operand of A's gradient has: its size)."""
+    a, b = RNG.normal(size=5), RNG.normal(size=3)
+    check(con, {"A": a, "B": b}, "L = SUM(A[i] + B[j] * B[j])",
+          lambda A, B: anp.sum(A[:, None] + B[None, :] ** 2), ["A", "B"])
+    np.testing.assert_allclose(con.tensor("g_A"), np.full(5, 3.0))
+    check(con, {"A": A}, "L = SUM(A[i,j])", lambda A: anp.sum(A), ["A"])
+    np.testing.assert_array_equal(con.tensor("g_A"), np.ones_like(A))
+    check(con, {"A": A, "C": C}, "L = SUM(C[i] * C[i]) * 2", lambda A, C: anp.sum(C * C) * 2,
+          ["C"])
+
+
+def test_repeated_labels(con):
+    """A tensor read twice with its labels swapped, or with a label repeated across operands,
+    is fine; a diagonal read (M[i,i]) of a tensor to differentiate is refused, naming it, and
+    stores nothing."""
+    rng = np.random.default_rng(3)
+    m = rng.normal(size=(4, 4))
+    check(con, {"M": m, "B": B}, "L = SUM(M[i,j] * M[j,i] * B[i] * B[j])",
+          lambda M, B: anp.einsum("ij,ji,i,j->", M, M, B, B), ["M", "B"])
+    with pytest.raises(NotSupportedError) as info:
+        con.execute("L2 = SUM(M[i,i] * B[i]); gd = GRAD(L2, M)")
+    assert "M[i,i]" in str(info.value) and "^" in str(info.value)
+    assert not con.store.has("L2") and not con.store.has("gd")
+    # the diagonal of a tensor that is not differentiated is fine
+    check(con, {"M": m, "B": B}, "L = SUM(M[i,i] * B[i] * B[i])",
+          lambda M, B: anp.sum(anp.diag(M) * B * B), ["B"])
+
+
+def test_block_sparse_inputs_and_odd_tilings(con):
+    """Absent tiles (zero blocks) and pieces that do not divide the sizes."""
+    rng = np.random.default_rng(4)
+    s = rng.normal(size=(7, 6))
+    s[:4, :3] = 0
+    s[4:, 3:] = 0
+    w = rng.normal(size=(6, 5))
+    v = rng.normal(size=5)
+    con.load("S", s, tile=(4, 3))
+    assert con.store.meta("S").tile_count < con.store.meta("S").total_tiles
+    con.load("W", w, tile=(5, 2))
+    con.load("V", v, tile=(3,))
+    con.set("workers", 3)
+    f = lambda S, W, V: anp.sum(anp.tanh(S @ W) * V) + anp.sum(anp.max(S @ W, axis=1))
+    script = ("P[i,k] = SUM(S[i,j] * W[j,k]) WITH (PIECES i 3, k 2, j 2); "
+              "M[i] = MAX(P[i,k]) WITH (PIECES i 2); "
+              "L = SUM(TANH(P[i,k]) * V[k]) + SUM(M[i]); "
+              "g_S = GRAD(L, S); g_W = GRAD(L, W); g_V = GRAD(L, V)")
+    con.execute(script)
+    arrays = {"S": s, "W": w, "V": v}
+    np.testing.assert_allclose(con.tensor("L"), f(**arrays), rtol=1e-12)
+    for k in arrays:
+        oracle = autograd.grad(lambda x, k=k: f(**{**arrays, k: x}))(arrays[k])
+        np.testing.assert_allclose(con.tensor(f"g_{k}"), oracle, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(con.tensor(f"g_{k}"), finite_differences(f, arrays, k),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_unused_tensor_gets_zeros_without_warnings(con):
+    con.load("A", A)
+    con.load("U", np.array([[np.nan, np.inf], [1.0, -np.inf]]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        con.execute("L = SUM(A[i,j] * A[i,j]); gU = GRAD(L, U); gA = GRAD(L, A)")
+    np.testing.assert_array_equal(con.tensor("gU"), np.zeros((2, 2)))
+    np.testing.assert_allclose(con.tensor("gA"), 2 * A)
+
+
+def test_gradient_of_the_loss_itself_is_one(con):
+    con.load("A", A)
+    con.execute("L = SUM(A[i,j]); gL = GRAD(L, L)")
+    assert float(con.tensor("gL")) == 1.0
+
+
+def test_non_scalar_loss_is_a_binder_error_with_caret(con):
+    con.load("A", A)
+    con.load("B", B)
+    script = "V[i] = SUM(A[i,j] * B[j]); g = GRAD(V, A)"
+    with pytest.raises(BinderError) as info:
+        con.execute(script)
+    err = info.value
+    assert "not a scalar" in err.message and "(3,)" in err.message
+    assert script[err.span.start:err.span.end] == "V"
+    assert "^" in str(err)
+    assert not con.store.has("V") and not con.store.has("g")
+
+
+@pytest.mark.parametrize("script, message, at", [
+    ("g = GRAD(A, B)", "stored tensor", "A"),
+    ("g = GRAD(Nope, B)", "unknown", "Nope"),
+    ("L = SUM(A[i,j]); g = GRAD(L)", "two tensor names", "GRAD(L)"),
+    ("L = SUM(A[i,j]); g = GRAD(L, A[i,j])", "two tensor names", "A[i,j]"),
+    ("L = SUM(A[i,j]); g = GRAD(L, Nope)", "unknown tensor", "Nope"),
+    ("L = SUM(A[i,j]); g[i] = GRAD(L, A)", "2 label(s), not 1", "g[i]"),
+    ("L = SUM(A[i,j]); g[i,j] = 2 * GRAD(L, A)", "whole right side", "GRAD"),
+    ("LET g = GRAD(A, B)", "stored tensor", "A"),
+])
+def test_grad_errors_point_at_the_source(con, script, message, at):
+    con.load("A", A)
+    con.load("B", B)
+    with pytest.raises(Error) as info:
+        con.execute(script)
+    err = info.value
+    assert message in err.message
+    assert script[err.span.start:err.span.end] == at
+    assert not con.store.has("L") and not con.store.has("g")
+
+
+def test_grad_of_a_let_and_through_a_let(con):
+    """The loss may read a LET; GRAD of the LET itself is the gradient at that intermediate."""
+    rng = np.random.default_rng(5)
+    x, w = rng.normal(size=(4, 3)), rng.normal(size=(3, 2))
+    con.load("X", x)
+    con.load("W", w)
+    con.execute("LET H[b,f] = TANH(SUM(X[b,d] * W[d,f])); L = SUM(H[b,f] * H[b,f]); "
+                "gW = GRAD(L, W); gH = GRAD(L, H)")
+    h = np.tanh(x @ w)
+    np.testing.assert_allclose(con.tensor("gH"), 2 * h)
+    np.testing.assert_allclose(con.tensor("gW"), x.T @ (2 * h * (1 - h * h)))
+
+
+def test_let_grad_is_computed_where_used_and_never_stored(con):
+    """LET dW = GRAD(L, W): the gradient is an intermediate of the statements that use it."""
+    rng = np.random.default_rng(11)
+    x, w = rng.normal(size=(4, 3)), rng.normal(size=3)
+    con.load("X", x)
+    con.load("W", w)
+    r = con.execute("P[b] = SUM(X[b,d] * W[d]); L = SUM(SQUARE(P[b])); LET dW = GRAD(L, W); "
+                    "W[d] = W[d] - 0.1 * dW[d]")
+    assert r.name == "W"
+    assert not con.store.has("dW")
+    np.testing.assert_allclose(con.tensor("W"), w - 0.1 * (2 * x.T @ (x @ w)), rtol=1e-12)
+    assert con.execute("DESCRIBE dW").fetchall()[2] == ("shape", (3,))
+
+
+def test_a_let_is_computed_again_after_what_it_reads_changes(con):
+    """In one group, a LET used after a tensor it reads was reassigned (or after the LET was
+    redefined, or a LET it reads was) sees the new values: a training step's LETs follow the
+    weights."""
+    con.load("W", np.array([1.0, 2.0]))
+    con.execute("LET H[i] = W[i] * 2; LET G[i] = H[i] + 1; A[i] = G[i]; W[i] = W[i] + 1; "
+                "B[i] = G[i]; LET H[i] = W[i] * 10; C[i] = G[i]; D[i] = H[i] + A[i]")
+    w = np.array([1.0, 2.0])
+    np.testing.assert_array_equal(con.tensor("A"), 2 * w + 1)
+    np.testing.assert_array_equal(con.tensor("B"), 2 * (w + 1) + 1)
+    np.testing.assert_array_equal(con.tensor("C"), 10 * (w + 1) + 1)
+    np.testing.assert_array_equal(con.tensor("D"), 10 * (w + 1) + 2 * w + 1)
+    np.testing.assert_array_equal(con.tensor("W"), w + 1)
+
+
+def test_float32_gradient_keeps_the_dtype(con):
+    rng = np.random.default_rng(6)
+    x, w = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(3, 2)).astype(np.float32)
+    con.load("X", x)
+    con.load("W", w)
+    con.execute("P[b,f] = SUM(X[b,d] * W[d,f]); L = SUM(P[b,f] * P[b,f]); gW = GRAD(L, W)")
+    got = con.tensor("gW")
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, x.T.astype(np.float64) @ (2 * (x.astype(np.float64) @ w)),
+                               rtol=1e-5)
+
+
+def _mlp_step(lr=0.1):
+    return (f"H[b,h] = RELU(SUM(X[b,d] * W1[d,h])); "
+            f"Z[b,o] = SUM(H[b,h] * W2[h,o]); "
+            f"M[b] = MAX(Z[b,o]); "
+            f"L = SUM(LOG(SUM(EXP(Z[b,o] - M[b]))) + M[b] - SUM(Y[b,o] * Z[b,o])) / 8; "
+            f"dW1 = GRAD(L, W1); dW2 = GRAD(L, W2); "
+            f"W1[d,h] = W1[d,h] - {lr} * dW1[d,h]; W2[h,o] = W2[h,o] - {lr} * dW2[h,o];")
+
+
+def _numpy_step(x, y, w1, w2, lr=0.1):
+    """One SGD step of the same MLP written by hand in numpy (float64)."""
+    pre = x @ w1
+    h = np.maximum(pre, 0)
+    z = h @ w2
+    m = z.max(1, keepdims=True)
+    e = np.exp(z - m)
+    p = e / e.sum(1, keepdims=True)
+    loss = np.sum(np.log(e.sum(1)) + m[:, 0] - np.sum(y * z, 1)) / len(x)
+    dz = (p - y) / len(x)
+    dw2 = h.T @ dz
+    dh = dz @ w2.T
+    dw1 = x.T @ (dh * (pre > 0))
+    return loss, w1 - lr * dw1, w2 - lr * dw2
+
+
+def test_sgd_steps_track_numpy(con):
+    """SGD steps of a 2-layer MLP with softmax cross-entropy, in SQL (three steps in one execute
+    call, then two more in calls of their own) track the same steps in numpy in float64."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(8, 5))
+    y = np.eye(3)[rng.integers(0, 3, size=8)]
+    w1, w2 = rng.normal(size=(5, 6)) * 0.5, rng.normal(size=(6, 3)) * 0.5
+    for k, v in {"X": x, "Y": y, "W1": w1, "W2": w2}.items():
+        con.load(k, v)
+    con.execute(_mlp_step() * 3)
+    losses = []
+    for _ in range(3):
+        loss, w1, w2 = _numpy_step(x, y, w1, w2)
+        losses.append(loss)
+    np.testing.assert_allclose(con.tensor("L"), losses[-1], rtol=1e-12)
+    np.testing.assert_allclose(con.tensor("W1"), w1, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(con.tensor("W2"), w2, rtol=1e-12, atol=1e-14)
+    for _ in range(2):
+        con.execute(_mlp_step())
+        loss, w1, w2 = _numpy_step(x, y, w1, w2)
+        np.testing.assert_allclose(con.tensor("L"), loss, rtol=1e-12)
+        losses.append(loss)
+    np.testing.assert_allclose(con.tensor("W1"), w1, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(con.tensor("W2"), w2, rtol=1e-12, atol=1e-14)
+    assert losses[-1] < losses[0]
+
+
+def test_several_grads_share_one_backward_pass_and_explain_marks_it(con):
+    rng = np.random.default_rng(8)
+    for k, shape in {"X": (8, 5), "Y": (8, 3), "W1": (5, 6), "W2": (6, 3)}.items():
+        con.load(k, rng.normal(size=shape))
+    fwd = _mlp_step().split("dW1 =")[0]
+
+    def ops(script):
+        text = con.explain(script)
+        return [line for line in text.splitlines() if line.strip()[:1].isdigit()], text
+    both, text = ops(fwd + "dW1 = GRAD(L, W1); dW2 = GRAD(L, W2)")
+    one, _ = ops(fwd + "dW1 = GRAD(L, W1)")
+    two, _ = ops(fwd + "dW2 = GRAD(L, W2)")
+    forward, _ = ops(fwd.rstrip("; "))
+    assert len(both) - len(forward) < (len(one) - len(forward)) + (len(two) - len(forward))
+    backward = [line for line in both if "backward" in line]
+    assert len(backward) == len(both) - len(forward)
+    assert any("backward dW1[" in line for line in backward)
+    assert not con.store.has("dW1")  # EXPLAIN runs nothing
+
+
+def test_graph_grad(con):
+    rng = np.random.default_rng(9)
+    a, b, u = rng.normal(size=(4, 3)), rng.normal(size=3), rng.normal(size=2)
+    for k, v in {"A": a, "B": b, "U": u}.items():
+        con.load(k, v)
+    g = (Graph().einsum("ij,j->i", "A", "B", into="v", store=False)
+         .op("L", "", [("v", "i")], join="exp(x0)", agg="max")
+         .grad("L", ["A", "B", "U"]))
+    con.run(g)
+    f = lambda A, B: anp.max(anp.exp(A @ B))
+    np.testing.assert_allclose(con.tensor("dA"), autograd.grad(lambda x: f(x, b))(a))
+    np.testing.assert_allclose(con.tensor("dB"), autograd.grad(lambda x: f(a, x))(b))
+    np.testing.assert_array_equal(con.tensor("dU"), np.zeros(2))
+    con.run(Graph().einsum("ij,ij->", "A", "A", into="S").grad("S", "A", into="gA"))
+    np.testing.assert_allclose(con.tensor("gA"), 2 * a)
+    with pytest.raises(BinderError) as info:
+        con.run(Graph().einsum("ij,j->i", "A", "B", into="w").grad("w", "A"))
+    assert "not a scalar" in info.value.message and "^" in str(info.value)
+    with pytest.raises(BinderError) as info:
+        con.run(Graph().grad("A", "B"))
+    assert "not computed" in info.value.message
+
+
+def test_finite_differences_through_tensordb(con):
+    """The gradient against central differences of tensordb's own forward pass (tiny sizes)."""
+    rng = np.random.default_rng(10)
+    a, b = rng.normal(size=(2, 3)), rng.normal(size=3)
+    con.load("A", a)
+    con.load("B", b)
+    forward = "L = SUM(SIGMOID(A[i,j] * B[j]) * TANH(A[i,j]))"
+    con.execute(forward + "; gA = GRAD(L, A)")
+    got = con.tensor("gA")
+    fd = np.zeros_like(a)
+    for idx in np.ndindex(*a.shape):
+        vals = []
+        for step in (1e-6, -1e-6):
+            x = a.copy()
+            x[idx] += step
+            con.load("A", x, replace=True)
+            con.execute(forward)
+            vals.append(float(con.tensor("L")))
+        fd[idx] = (vals[0] - vals[1]) / 2e-6
+    np.testing.assert_allclose(got, fd, rtol=1e-5, atol=1e-7)
+
+
+def test_int_tensor_gets_a_float64_gradient_and_empty_tensors_work(con):
+    k = np.array([1, -2, 3], dtype=np.int64)
+    con.load("A", A[:, :3].copy())
+    con.load("K", k)
+    con.execute("L = SUM(A[i,j] * K[j] * K[j]); gK = GRAD(L, K); gA = GRAD(L, A)")
+    assert con.tensor("gK").dtype == np.float64
+    np.testing.assert_allclose(con.tensor("gK"), 2 * k * A[:, :3].sum(0))
+    np.testing.assert_allclose(con.tensor("gA"), np.broadcast_to(k * k, (3, 3)))
+    con.load("E", np.zeros((0, 2)))
+    con.load("v", np.array([1.5, 2.0]))
+    con.execute("L = SUM(E[i,j] * v[j]); gE = GRAD(L, E); gv = GRAD(L, v)")
+    assert con.tensor("gE").shape == (0, 2)
+    np.testing.assert_array_equal(con.tensor("gv"), np.zeros(2))
+
+
+@pytest.mark.gpu
+def test_sgd_step_on_the_gpu_executor(tmp_path):
+    """The backward pass's internal functions (_eq, _gt, _sign) run on CuPy too."""
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(8, 5))
+    y = np.eye(3)[rng.integers(0, 3, size=8)]
+    w1, w2 = rng.normal(size=(5, 6)) * 0.5, rng.normal(size=(6, 3)) * 0.5
+    with tensordb.connect(tmp_path / "db", executor="gpu") as con:
+        for k, v in {"X": x, "Y": y, "W1": w1, "W2": w2}.items():
+            con.load(k, v)
+        con.execute(_mlp_step() + "A1 = SUM(ABS(W1[d,h])); gA = GRAD(A1, W1);")
+        loss, w1n, w2n = _numpy_step(x, y, w1, w2)
+        np.testing.assert_allclose(con.tensor("L"), loss, rtol=1e-12)
+        np.testing.assert_allclose(con.tensor("W1"), w1n, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(con.tensor("W2"), w2n, rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(con.tensor("gA"), np.sign(w1n))
+
+
+def test_grad_in_a_block_and_of_a_result_computed_in_the_group(con):
+    """BEGIN ... COMMIT is one group; GRAD of a result the group computed (P) is the gradient at
+    that intermediate, and the tensors it was computed from still get theirs."""
+    rng = np.random.default_rng(13)
+    x, w = rng.normal(size=(4, 3)), rng.normal(size=(3, 2))
+    con.load("X", x)
+    con.load("W", w)
+    con.execute("BEGIN")
+    con.execute("P[b,f] = SUM(X[b,d] * W[d,f])")
+    con.execute("L = SUM(EXP(P[b,f]))")
+    con.execute("gP = GRAD(L, P); gW = GRAD(L, W)")
+    assert not con.store.has("gP")
+    con.execute("COMMIT")
+    p = x @ w
+    np.testing.assert_allclose(con.tensor("gP"), np.exp(p))
+    np.testing.assert_allclose(con.tensor("gW"), x.T @ np.exp(p))

@@ -1,0 +1,109 @@
+"""GRAD on random graphs of extended einsums (Graph.op: any labels, joins and aggregates),
+against autograd on an oracle that evaluates each operation by broadcasting over its whole join
+space with autograd.numpy, independent of tensordb."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.plan.builder import Graph
+
+autograd = pytest.importorskip("autograd")
+anp = pytest.importorskip("autograd.numpy")
+
+SIZES = {"i": 3, "j": 4, "k": 2, "m": 3}
+# joins over x0, x1 (inputs are positive, away from 0, so that LOG, SQRT, POW and / are smooth)
+JOINS2 = ["x0 * x1", "x0 + x1", "exp(x0) * x1", "tanh(x0 - x1)", "x0 / x1", "sigmoid(x0) * x1",
+          "pow(x0, x1)", "max(x0, x1 * 1.1)", "min(x0, x1) * x0", "log(x0) * x1",
+          "sqrt(x0 * x1)", "-x0 * relu(x1 - 1)", "abs(x0 - x1) + square(x1)", "sin(x0) * cos(x1)"]
+JOINS1 = ["x0", "exp(x0)", "log(x0)", "tanh(x0)", "x0 * x0", "sqrt(x0)"]
+AGGS = ["sum", "sum", "max", "min", "prod"]
+
+NP = {"exp": anp.exp, "log": anp.log, "tanh": anp.tanh, "sqrt": anp.sqrt, "abs": anp.abs,
+      "sin": anp.sin, "cos": anp.cos, "sigmoid": lambda x: 1 / (1 + anp.exp(-x)),
+      "relu": lambda x: anp.maximum(x, 0), "square": lambda x: x * x,
+      "max": anp.maximum, "min": anp.minimum, "pow": lambda a, b: a ** b}
+
+
+def oracle_op(arrays, out, inputs, join, agg):
+    """out[o] = agg over the other labels of join(inputs), by broadcasting (autograd.numpy)."""
+    labels = list(out) + sorted({l for _, ls in inputs for l in ls} - set(out))
+    values = []
+    for a, ls in inputs:
+        order = sorted(range(len(ls)), key=lambda d: labels.index(ls[d]))
+        x = anp.transpose(a, order) if len(ls) > 1 else a
+        shape = [SIZES[l] if l in ls else 1 for l in labels]
+        values.append(anp.reshape(x, shape))
+    names = {f"x{n}": v for n, v in enumerate(values)}
+    space = eval(join, {"__builtins__": {}}, {**NP, **names})  # noqa: S307 - our own strings
+    space = space + anp.zeros([SIZES[l] for l in labels])  # every label, even one unused
+    axes = tuple(range(len(out), len(labels)))
+    if not axes:
+        return space
+    return {"sum": anp.sum, "max": anp.max, "min": anp.min, "prod": anp.prod}[agg](space,
+                                                                                    axis=axes)
+
+
+def random_case(seed):
+    rng = np.random.default_rng(seed)
+    letters = list(SIZES)
+
+    def labels(n):
+        return "".join(rng.choice(letters, size=n, replace=False))
+    stored = {f"T{n}": labels(int(rng.integers(1, 3))) for n in range(3)}
+    steps = []  # (into, out, [(name, labels)], join, agg)
+    avail = dict(stored)
+    for s in range(int(rng.integers(1, 3))):
+        names = list(avail)
+        a = names[-1] if s else str(rng.choice(names))
+        b = str(rng.choice([n for n in names if n != a]))
+        two = rng.random() < 0.8
+        ins = [(a, avail[a])] + ([(b, avail[b])] if two else [])
+        used = sorted({l for _, ls in ins for l in ls})
+        out = "".join(l for l in used if rng.random() < 0.5)
+        agg = str(rng.choice(AGGS)) if len(out) < len(used) else "sum"
+        # a PROD over zeros has no gradient in autograd (NaN): test_grad.py checks that case
+        joins = [j for j in (JOINS2 if two else JOINS1) if agg != "prod" or "relu" not in j]
+        join = str(rng.choice(joins))
+        into = f"O{s}"
+        steps.append((into, out, ins, join, agg))
+        avail[into] = out
+    last = steps[-1][0]
+    stored["W"] = avail[last]
+    arrays = {n: rng.uniform(0.5, 1.5, size=[SIZES[l] for l in ls]) for n, ls in stored.items()}
+    return arrays, stored, steps, last
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # autograd: a loss that ignores a tensor
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the oracle's POW of a negative base
+@pytest.mark.parametrize("seed", range(40))
+def test_random_graph_gradients(tmp_path, seed):
+    arrays, stored, steps, last = random_case(seed)
+    con = tensordb.connect(tmp_path / "db")
+    for n, a in arrays.items():
+        con.load(n, a)
+    g = Graph()
+    for into, out, ins, join, agg in steps:
+        g.op(into, out, ins, join=join, agg=agg, store=False)
+    g.op("L", "", [(last, stored["W"]), ("W", stored["W"])], join="x0 * x1")
+    wrt = [n for n in arrays]
+    g.grad("L", wrt, into=[f"g{n}" for n in wrt])
+    con.run(g)
+
+    def loss(**xs):
+        env = dict(xs)
+        labels = dict(stored)
+        for into, out, ins, join, agg in steps:
+            env[into] = oracle_op(env, out, [(env[n], ls) for n, ls in ins], join, agg)
+            labels[into] = out
+        return oracle_op(env, "", [(env[last], labels[last]), (env["W"], stored["W"])],
+                         "x0 * x1", "sum")
+
+    text = "; ".join(f"{i}[{o}] = {a}({j} over {ins})" for i, o, ins, j, a in steps)
+    np.testing.assert_allclose(con.tensor("L"), loss(**arrays), rtol=1e-11, err_msg=text)
+    for n in wrt:
+        expected = autograd.grad(lambda x, n=n: loss(**{**arrays, n: x}))(arrays[n])
+        np.testing.assert_allclose(con.tensor(f"g{n}"), expected, rtol=1e-9, atol=1e-12,
+                                   err_msg=f"d L / d {n}: {text}")
+    con.close()
