@@ -324,15 +324,28 @@ def test_the_order_is_topological_and_consumes_each_intermediate_tile_at_once(da
     assert sorted(rank.values()) == list(range(len(plan.tasks)))
     for t in plan.tasks:
         assert all(rank[k] < rank[t.key] for k in t.inputs)
-    # every H tile (the RELU's output) is read by a kernel call ranked right after it, but for
-    # the Loads that call reads
+    # every H tile (the RELU's output) is read by the task ranked first among its readers as
+    # soon as that reader's other inputs exist: whatever runs in between is a Load or a task
+    # that reader needs (depth first), never work for other tiles
     consumers = plan.consumers()
+    by_key = {t.key: t for t in plan.tasks}
+
+    def needed_by(key) -> set:
+        seen, todo = set(), [key]
+        while todo:
+            for k in by_key[todo.pop()].inputs:
+                if k not in seen:
+                    seen.add(k)
+                    todo.append(k)
+        return seen
+
     relu = {t.key for t in plan.tasks if getattr(t, "op", None) == 1}
     assert relu
     for k in relu:
-        first = min(rank[c] for c in consumers[k])
-        between = [t for t in plan.tasks if rank[k] < rank[t.key] < first]
-        assert all(type(t).__name__ == "Load" for t in between)
+        first = min(consumers[k], key=rank.__getitem__)
+        needed = needed_by(first)
+        between = [t for t in plan.tasks if rank[k] < rank[t.key] < rank[first]]
+        assert all(type(t).__name__ == "Load" or t.key in needed for t in between)
 
 
 def test_a_local_dask_cluster_gets_its_share_of_the_budget():

@@ -152,6 +152,7 @@ class OpModel:
     params: CostParams = DEFAULT_PARAMS
     budget: int | None = None  # a worker's share of the memory_limit (None: no limit)
     kernel: tuple = ("broadcast", ())   # plan.memory.kernel_copies(op)
+    handoff: bool = False               # an unstored result read by later operations
 
     @staticmethod
     def of(op: EinOp, dtypes: Mapping[str, str], workers: int,
@@ -159,14 +160,14 @@ class OpModel:
            presence: Mapping[str, Presence] | None = None,
            facts: Mapping[str, tuple[bool, bool]] | None = None,
            grids: Mapping[str, Grid] | None = None, budget: int | None = None,
-           produced: frozenset = frozenset()) -> "OpModel":
+           produced: frozenset = frozenset(), handoff: bool = False) -> "OpModel":
         """``dtypes`` maps each input tensor name to its dtype; ``presence`` the sparse stored
         inputs to the tiles they store; ``facts`` the stored inputs to (finite: no NaN/inf,
         nonzero: no 0 and no NaN), as the lowering sees them (others: neither). Without
         ``facts`` every input is taken to be finite: an estimate. ``grids``: the stored inputs'
         grids (a box inside one stored tile is a view; without a grid, a copy); ``produced``:
         the names earlier operations compute (their tiles are always copies); ``budget``: a
-        worker's bytes."""
+        worker's bytes; ``handoff``: the result is an unstored intermediate (plan.memory)."""
         from ..plan.skip import zero_when_absent
         labels = op.labels
         size = op.size
@@ -187,7 +188,7 @@ class OpModel:
         item = np.dtype(op.dtype).itemsize
         return OpModel(op, labels, sizes, tuple(ins), len(op.out_labels),
                        math.prod(op.out_shape) * item, item, float(op.flops), max(1, workers), params,
-                       budget, memory.kernel_copies(op))
+                       budget, memory.kernel_copies(op), handoff)
 
     def clamp(self, pieces: Sequence[int]) -> tuple[int, ...]:
         return tuple(max(1, min(int(d), n)) if n > 0 else 1 for d, n in zip(pieces, self.sizes))
@@ -218,7 +219,8 @@ class OpModel:
                   for w, i in enumerate(self.inputs)]
         fan_in = math.prod(d[self.n_out:])
         return memory.call_memory(self.op, extents, fan_in, copied,
-                                  memory.chunk_elements(self.budget, self.op), self.kernel)
+                                  memory.chunk_elements(self.budget, self.op), self.kernel,
+                                  self.handoff)
 
     def peak(self, d: Sequence[int]) -> int:
         """Bytes a worker holds at once running this operation under tiling ``d``."""
@@ -325,7 +327,9 @@ def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS
               budget: int | None = None) -> dict[str, OpModel]:
     dt = dtypes_of(graph)
     produced = frozenset(op.output for op in graph.ops)
-    return {op.output: OpModel.of(op, dt, workers, params, presence, facts, grids, budget, produced)
+    read = {o.tensor for op in graph.ops for o in op.inputs}
+    return {op.output: OpModel.of(op, dt, workers, params, presence, facts, grids, budget, produced,
+                                  op.output in read and op.output not in graph.outputs)
             for op in graph.ops}
 
 
@@ -338,7 +342,22 @@ def edge_retile(model: OpModel, which: int, d: Sequence[int], producer: "OpModel
         if stored_aligned(grid, inp.shape, need):
             return 0.0
         return model.params.stored_retile * inp.nbytes
-    return 0.0 if producer.out_tiling(producer_d) == need else float(producer.out_bytes)
+    return recut_bytes(float(producer.out_bytes), producer.out_tiling(producer_d), need)
+
+
+# Re-cutting a result into a finer tiling of the same labels (every piece needed lies in one tile
+# made, on that tile's worker, and can run as soon as it exists) costs this share of its bytes:
+# nothing is gathered from other tiles, and the tile made need not wait for others to be freed.
+REFINE_SHARE = 0.5
+
+
+def recut_bytes(nbytes: float, made: tuple, need: tuple) -> float:
+    """The cost of reading a result tiled ``made`` (pieces per dimension) as ``need``."""
+    if made == need:
+        return 0.0
+    if all(n % m == 0 for n, m in zip(need, made)):
+        return REFINE_SHARE * nbytes
+    return nbytes
 
 
 @dataclass(frozen=True)

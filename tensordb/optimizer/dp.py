@@ -6,7 +6,10 @@ included::
 
     M[v][d] = cost(v, d) + sum over inputs u of v:
                   min( min{ M[u][e] : u's output tiling under e == what d needs of u },   # no re-cut
-                       min_e M[u][e] + bytes(u) )                                        # re-cut
+                       min_e M[u][e] + recut(u) )                                        # re-cut
+
+where ``recut(u)`` is u's bytes, or half of them when the tiling needed refines u's (cost.py's
+``recut_bytes``: every piece needed lies in one tile made).
 
 The edge term depends only on ``u``'s output tiling, so each producer keeps the best entry per
 output tiling and each edge costs one dictionary lookup: the whole search is
@@ -30,7 +33,7 @@ from typing import Mapping
 from ..plan.ir import EinGraph
 from ..plan.memory import worker_budget
 from .candidates import candidates, pieces_per_op
-from .cost import DEFAULT_PARAMS, CostParams, OpModel, as_dict, edge_retile, models_of
+from .cost import DEFAULT_PARAMS, CostParams, OpModel, as_dict, edge_retile, models_of, recut_bytes
 
 __all__ = ["Choice", "solve", "RUNNER_UPS"]
 
@@ -147,17 +150,18 @@ def _add_edge(t: _Table, which: int, u: _Table, producer: str, recut: float,
     if fixed is not None:
         have = u.outs[fixed]
         for c in range(len(t.cands)):
-            if needs[c] != have:
-                t.total[c] += recut
+            t.total[c] += recut_bytes(recut, have, needs[c])
         return
     best_cost, best_idx = u.best
+    best_out = u.outs[best_idx]
     for c in range(len(t.cands)):
         hit = u.by_out.get(needs[c])
-        if hit is not None and hit[0] <= best_cost + recut:
+        cut = best_cost + recut_bytes(recut, best_out, needs[c])
+        if hit is not None and hit[0] <= cut:
             t.total[c] += hit[0]
             t.back[c].append((producer, hit[1]))
         else:
-            t.total[c] += best_cost + recut
+            t.total[c] += cut
             t.back[c].append((producer, best_idx))
 
 

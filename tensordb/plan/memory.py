@@ -59,14 +59,18 @@ class CallMemory:
     output: int = 0
     accumulator: int = 0
     temporaries: int = 0
+    handoff: int = 0  # an unstored result's tile again: it stays while a consumer makes its own
 
     @property
     def total(self) -> int:
-        return self.inputs + self.output + self.accumulator + self.temporaries
+        """The most held at once: while the call runs, or afterwards, when its result (an
+        unstored intermediate) waits next to a consumer's output tile of the same size."""
+        running = self.inputs + self.output + self.accumulator + self.temporaries
+        return max(running, self.output + self.handoff)
 
     def as_dict(self) -> dict:
         return {"inputs": self.inputs, "output": self.output, "accumulator": self.accumulator,
-                "temporaries": self.temporaries, "total": self.total}
+                "temporaries": self.temporaries, "handoff": self.handoff, "total": self.total}
 
 
 def worker_budget(memory_limit: int | None, workers: int) -> int | None:
@@ -195,11 +199,14 @@ def kernel_copies(op: EinOp) -> tuple[str, tuple[bool, ...]]:
 
 
 def call_memory(op: EinOp, extents: Mapping[str, int], fan_in: int, copied: Sequence[bool],
-                chunk: int = CHUNK_ELEMENTS, kernel: tuple | None = None) -> CallMemory:
+                chunk: int = CHUNK_ELEMENTS, kernel: tuple | None = None,
+                handoff: bool = False) -> CallMemory:
     """The working set of one kernel call of ``op`` on tiles of ``extents`` per label, in an
     output tile combining ``fan_in`` calls; ``copied[k]``: operand k's tile is a copy (not a
     view of a stored tile); ``chunk``: the broadcasting kernel's chunk (``chunk_elements``);
-    ``kernel``: ``kernel_copies(op)``, when the caller has it already."""
+    ``kernel``: ``kernel_copies(op)``, when the caller has it already; ``handoff``: the result
+    is an unstored intermediate, whose tile a consumer on the same worker holds next to its own
+    output (so a producer's tile leaves its consumer room: at most half a worker's budget)."""
     method, copies = kernel or kernel_copies(op)
     ins = op.in_dtypes or (op.dtype,) * len(op.inputs)
     out_item = np.dtype(op.dtype).itemsize
@@ -221,7 +228,7 @@ def call_memory(op: EinOp, extents: Mapping[str, int], fan_in: int, copied: Sequ
             first = op.out_labels[0] if op.out_labels else None
             per_slice = space // max(extents[first], 1) if first else 1
             temps = min(space, max(chunk, per_slice)) * element_bytes(op)
-    return CallMemory(inputs, output, accumulator, temps)
+    return CallMemory(inputs, output, accumulator, temps, output if handoff else 0)
 
 
 @dataclass(frozen=True)
