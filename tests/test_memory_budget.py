@@ -287,6 +287,26 @@ def test_an_in_memory_database_spills_to_a_temporary_directory(tmp_path, monkeyp
         assert "spilled 0 B" in text and "of the 32.0 MiB budget" in text
 
 
+def test_a_temporary_spill_directory_of_a_killed_process_goes_at_the_next_spill(tmp_path,
+                                                                               monkeypatch):
+    from tensordb.storage.spilldir import TEMP_PREFIX, make_run_directory
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid names no process now
+    orphan = tmp_path / f"{TEMP_PREFIX}{dead.pid}-abc"
+    orphan.mkdir()
+    (orphan / "7.npy").write_bytes(b"x" * 100)
+    alive = tmp_path / f"{TEMP_PREFIX}{os.getppid()}-def"  # a running process's: kept
+    alive.mkdir()
+    mine = make_run_directory(None)
+    try:
+        assert not orphan.exists() and alive.exists()
+        assert os.path.basename(mine).startswith(f"{TEMP_PREFIX}{os.getpid()}-")
+    finally:
+        os.rmdir(mine)
+        alive.rmdir()
+
+
 def test_explain_analyze_reports_spilled_bytes(data):
     db, _ = data
     with tensordb.connect(db, workers=2, memory_limit=LIMIT) as con:
