@@ -179,3 +179,16 @@ def test_results_unchanged_under_every_strategy(strategy, workers):
 def test_pieces_for_sql_text_are_refused_not_ignored(con4):
     with pytest.raises(tensordb.ProgrammingError, match="WITH \\(PIECES"):
         con4.explain("Q[i] = SUM(X[i,j])", pieces={"Q": {"j": 2}})
+
+
+def test_explain_of_a_group_redefining_a_session_let_inlines_it_and_defines_nothing():
+    with tensordb.connect(workers=2) as con:
+        a = np.arange(16.0).reshape(4, 4)
+        con.load("A", a)
+        con.execute("LET x[i,j] = A[i,j] * 2;")
+        text = con.explain("LET x[i,j] = A[i,j] * 3; LET z[i] = SUM(A[i,j]); Y[i] = SUM(x[i,j]);")
+        assert "Y[i]" in text and "* 3" in text
+        assert sorted(con.session.lets) == ["x"]  # z is not defined, x is the old one
+        con.execute("Y[i] = SUM(x[i,j]);")
+        np.testing.assert_array_equal(con.tensor("Y"), (a * 2).sum(axis=1))
+        assert not con.store.has("z")

@@ -216,16 +216,22 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
             raise ProgrammingError("EXPLAIN ANALYZE of a LET: a LET is computed only where it is "
                                    "used", statement=script, span=let.span,
                                    hint="EXPLAIN ANALYZE a statement that uses it")
-        # a LET is explained as the computation it stands for
-        items = [(sc, dataclasses.replace(s, mode="assign") if s.mode == "let" else s)
-                 for sc, s in items]
-    # EXPLAIN ANALYZE runs the statements: their results are stored, atomically
+        if all(s.mode == "let" for _, s in items):
+            # LETs alone are explained as the computations they stand for
+            items = [(sc, dataclasses.replace(s, mode="assign")) for sc, s in items]
+    # EXPLAIN ANALYZE runs the statements: their results are stored, atomically. The LETs of
+    # the group are inlined where they are used, as when it runs, and not kept: EXPLAIN
+    # defines nothing.
     txn = con.store.transaction() if analyze else contextlib.nullcontext()
+    lets_before = dict(con.session.lets)
     try:
         with txn:
             return con._explain_statements(items, format=format, analyze=analyze)
     except Error as exc:
         raise exc.with_source(script, first.span)
+    finally:
+        con.session.lets.clear()
+        con.session.lets.update(lets_before)
 
 
 FORMATS = ("text", "json", "dot", "svg")  # explain.FORMATS (a test checks they agree)
