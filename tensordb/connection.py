@@ -307,7 +307,7 @@ class Connection(TensorIO):
         metas = {t.name: self.store.meta(t.name) for t in graph.inputs}
         grids = {name: m.grid for name, m in metas.items()}
         # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist.
-        readers = {name: self.store.open(name) for name in metas}
+        readers = self.store.open_many(metas)
         sparse = {name: r.coords() for name, r in readers.items()
                   if metas[name].tile_count < metas[name].total_tiles}
         # ...and only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.

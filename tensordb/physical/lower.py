@@ -34,7 +34,7 @@ class _Lowering:
         self.outputs: dict[str, OutputTiles] = {}
         self.stats: list[OpStats] = []
         self.kernels: list = []
-        self.readers = {t.name: store.open(t.name) for t in graph.inputs}
+        self.readers = store.open_many([t.name for t in graph.inputs])
         self._loads: dict[tuple, int] = {}
         self._tables: set[str] = set()
         self._assembled: dict[tuple, int] = {}

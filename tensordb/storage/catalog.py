@@ -25,6 +25,7 @@ from .meta import TensorMeta
 from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
+           "tile_entries_many",
            "insert", "delete", "referenced_files", "versions", "max_version", "table_named",
            "pieces_relation", "tiles_cut_to_grid", "coords_table", "drop_coords_table",
            "coords_cut_to_grid"]
@@ -110,6 +111,32 @@ def tile_entries(duck, meta: TensorMeta, optional: frozenset = frozenset(("crc32
                          None if cs is None else int(cs), None if nf is None else bool(nf))
                for c, s, sh, _, o, nb, nz, cs, nf in rows]
     return (files.pop() if files else None), entries
+
+
+def tile_entries_many(duck, metas, optional: frozenset = frozenset(("crc32", "nonfinite"))
+                      ) -> dict[int, tuple[str | None, list[TileEntry]]]:
+    """``tile_entries`` of several tensor versions in one query: version -> (file, entries)."""
+    metas = list(metas)
+    if not metas:
+        return {}
+    crc, nonfinite = (c if c in optional else "NULL" for c in ("crc32", "nonfinite"))
+    rows = duck.execute(
+        f'SELECT version, coords, starts, shape, file, "offset", nbytes, nnz, {crc}, {nonfinite} '
+        f'FROM {SCHEMA}.tiles WHERE (tensor, version) IN (SELECT (unnest(?), unnest(?))) '
+        f'ORDER BY version, "offset"',
+        [[m.name for m in metas], [m.version for m in metas]]).fetchall()
+    out: dict[int, tuple[set, list]] = {m.version: (set(), []) for m in metas}
+    for v, c, s, sh, f, o, nb, nz, cs, nf in rows:
+        files, entries = out[v]
+        files.add(f)
+        entries.append(TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz),
+                                 None if cs is None else int(cs), None if nf is None else bool(nf)))
+    result = {}
+    for v, (files, entries) in out.items():
+        if len(files) > 1:  # pragma: no cover - the writer never does this
+            raise AssertionError(f"tensor version {v} spans several payload files: {files}")
+        result[v] = (files.pop() if files else None, entries)
+    return result
 
 
 def insert(duck, meta: TensorMeta, file: str, entries) -> None:
