@@ -278,6 +278,10 @@ class _Calls:
         self.out_pos = tuple(pos[l] for l in op.out_labels)
         self.flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in labels)))
         self.cache: dict[tuple, int | None] = {}  # (input, its piece coords) -> tile task
+        # An earlier operation's output already on this grid: its tiles are the input tiles.
+        self.same_grid = {k: low.outputs[o.tensor].tiles for k, o in enumerate(op.inputs)
+                          if o.tensor in low.outputs
+                          and low.outputs[o.tensor].grid == tuple(bounds[l] for l in o.labels)}
 
     def __call__(self, row: tuple) -> tuple[int, tuple[int, ...]]:
         low, n_lab, boxes = self.low, self.n_lab, self.boxes
@@ -290,7 +294,11 @@ class _Calls:
             if n is not None and not row[n_lab + n]:
                 args.append(None)
                 continue
-            ident = (k, tuple(coords[d] for d in dims))
+            at = tuple(coords[d] for d in dims)
+            if k in self.same_grid:
+                args.append(self.same_grid[k].get(at))
+                continue
+            ident = (k, at)
             if ident not in self.cache:
                 box = tuple(boxes[d][coords[d]] for d in dims)
                 self.cache[ident] = low._input_tile(self.index, tensor, box, self.stats)

@@ -142,7 +142,7 @@ class _Placer:
             # The worker holding most of its inputs, then the least loaded, among those within
             # the cap (all when none is). Workers that hold nothing tie on gains: only the
             # holders need the full key.
-            fits = any(op_load[w] + f <= cap for w in range(p))
+            fits = min(op_load) + f <= cap
             held = [w for w, b in gains.items() if b > 0 and (not fits or op_load[w] + f <= cap)]
             if held:
                 w = min(held, key=lambda w: (-gains[w], op_load[w], self.load[w], w))
