@@ -87,11 +87,29 @@ class _Lowering:
         return self._join_sql(op, pieces, bounds, inner, outer)
 
     def _join_sql(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> list[tuple]:
+        # A complete stored input that gates the join adds no row restriction: its labels range
+        # over the whole grid. It is left out of the SQL when the test of a row does not read
+        # what the catalog knows of its pieces (it is finite throughout, and its zeros do not
+        # matter): a block-sparse A times a dense B joins only A's tiles.
+        whole = {k for k in inner if op.inputs[k].tensor in self.readers
+                 and self._complete(op.inputs[k].tensor) and self._facts(op.inputs[k].tensor)[0]}
+        present = {k: "TRUE" for k in inner} | {k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} "
+                                                   f"IS NOT NULL)" for k in outer}
+        while True:
+            test = skip.nonzero_sql(op.join, lambda k: present[k],
+                                    lambda k: "TRUE" if k in whole else f"coalesce(in{k}.f, TRUE)",
+                                    lambda k: f"coalesce(in{k}.n, FALSE)")
+            needed = {k for k in whole if f"in{k}." in test}
+            if not needed:
+                break
+            whole -= needed
         ctes = [f"in{k} AS ({self._presence_sql(o.tensor, o.labels, bounds)})"
-                for k, o in enumerate(op.inputs)]
+                for k, o in enumerate(op.inputs) if k not in whole]
         label_col: dict[str, str] = {}
         from_parts, conds = [], []
         for k in inner:
+            if k in whole:
+                continue
             from_parts.append(f"in{k}")
             for d, l in enumerate(op.inputs[k].labels):
                 col = f"in{k}.c{d}"
@@ -114,11 +132,7 @@ class _Lowering:
             on = " AND ".join(f"in{k}.c{d} = {label_col[l]}" for d, l in enumerate(op.inputs[k].labels))
             sql_from += f" LEFT JOIN in{k} ON {on or 'TRUE'}"
             flags.append(f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} IS NOT NULL) AS p{k}")
-        present = {k: "TRUE" for k in inner} | {k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} "
-                                                   f"IS NOT NULL)" for k in outer}
-        conds.append(skip.nonzero_sql(op.join, lambda k: present[k],
-                                        lambda k: f"coalesce(in{k}.f, TRUE)",
-                                        lambda k: f"coalesce(in{k}.n, FALSE)"))
+        conds.append(test)
         select = [f"{label_col[l]} AS {_q(l)}" for l in op.labels] + flags
         sql = (f"WITH {', '.join(ctes)} SELECT {', '.join(select) or '1'} FROM {sql_from} "
                f"WHERE {' AND '.join(conds)}")

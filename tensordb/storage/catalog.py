@@ -223,18 +223,24 @@ def tiles_cut_to_grid(meta: TensorMeta, bounds, keys, nonfinite_column: str = "n
     no NaN/inf; ``n``, it holds no 0 and no NaN (every element lies in a stored tile with nnz =
     its size). ``nonfinite_column`` is ``NULL::BOOLEAN`` for a catalog without the column."""
     r = range(len(bounds))
-    src = (f"(SELECT starts, shape, nnz, {nonfinite_column} AS nonfinite FROM {SCHEMA}.tiles "
+    src = (f"(SELECT coords, starts, shape, nnz, {nonfinite_column} AS nonfinite FROM {SCHEMA}.tiles "
            f"WHERE tensor = {quote_str(meta.name)} AND version = {int(meta.version)})")
     lo = [f"s.starts[{d + 1}]" for d in r]
     hi = [f"s.starts[{d + 1}] + s.shape[{d + 1}]" for d in r]
+    # Where the pieces are the stored tiles themselves, a tile is its piece: no interval join.
+    same = [tuple(bounds[d]) == tuple(meta.grid[d]) for d in r]
+    q_p = [f"s.coords[{d + 1}]" if same[d] else f"q{d}.p" for d in r]
+    q_lo = [lo[d] if same[d] else f"q{d}.lo" for d in r]
+    q_hi = [hi[d] if same[d] else f"q{d}.hi" for d in r]
     joins = [f"JOIN {pieces_relation(bounds[d])} AS q{d} ON {lo[d]} < q{d}.hi AND {hi[d]} > q{d}.lo"
-             for d in r]
-    cols = [f"q{d}.p AS c{d}" for d in r]
+             for d in r if not same[d]]
+    cols = [f"{q_p[d]} AS c{d}" for d in r]
     keys_sql = ", ".join(cols) or "1 AS one"
     # A piece is free of zeros when the stored tiles with no zero (and no NaN) cover it.
     size = " * ".join(f"s.shape[{d + 1}]" for d in r) or "1"
-    overlap = " * ".join(f"(least({hi[d]}, q{d}.hi) - greatest({lo[d]}, q{d}.lo))" for d in r) or "1"
-    volume = " * ".join(f"any_value(q{d}.hi - q{d}.lo)" for d in r) or "1"
+    overlap = " * ".join(f"(least({hi[d]}, {q_hi[d]}) - greatest({lo[d]}, {q_lo[d]}))"
+                         for d in r) or "1"
+    volume = " * ".join(f"any_value({q_hi[d]} - {q_lo[d]})" for d in r) or "1"
     full = f"s.nnz = {size} AND s.nonfinite IS FALSE"
     group = f" GROUP BY {', '.join(f'c{d}' for d in r)}" if cols else ""
     sql = (f"SELECT {keys_sql}, bool_and(coalesce(NOT s.nonfinite, FALSE)) AS f, "
