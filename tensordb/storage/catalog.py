@@ -25,7 +25,7 @@ from .meta import TensorMeta
 from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
-           "tile_entries_many",
+           "tile_entries_many", "payload_file",
            "insert", "delete", "referenced_files", "versions", "max_version", "table_named",
            "pieces_relation", "tiles_cut_to_grid", "coords_table", "drop_coords_table",
            "coords_cut_to_grid"]
@@ -75,6 +75,11 @@ def has_column(duck, table: str, column: str) -> bool:
     ).fetchall()[0][0])
 
 
+def _first_value(cursor):
+    row = first_row(cursor)
+    return None if row is None else row[0]
+
+
 def _meta(row) -> TensorMeta:
     name, version, dtype, shape, dims, grid, nbytes, tiles, nnz, density = row
     return TensorMeta(name, int(version), np.dtype(dtype), tuple(shape), tuple(dims),
@@ -111,6 +116,12 @@ def tile_entries(duck, meta: TensorMeta, optional: frozenset = frozenset(("crc32
                          None if cs is None else int(cs), None if nf is None else bool(nf))
                for c, s, sh, _, o, nb, nz, cs, nf in rows]
     return (files.pop() if files else None), entries
+
+
+def payload_file(duck, meta: TensorMeta) -> str | None:
+    """The payload file of one tensor version (None: it stores no tile)."""
+    return _first_value(duck.execute(f"SELECT file FROM {SCHEMA}.tiles WHERE tensor = ? AND version = ? "
+                                    "LIMIT 1", [meta.name, meta.version]))
 
 
 def tile_entries_many(duck, metas, optional: frozenset = frozenset(("crc32", "nonfinite"))

@@ -286,7 +286,8 @@ class Store:
         self._forget_view(old.name)
 
     def _retire(self, old: TensorMeta, txn: _Txn) -> None:
-        file, _ = catalog.tile_entries(self.duck, old, self._optional)
+        hit = self._entries.get(old.version)
+        file = hit[0] if hit is not None else catalog.payload_file(self.duck, old)
         catalog.delete(self.duck, old)
         if file:
             txn.retired.append(os.path.join(self.tiles_dir, file))
