@@ -56,6 +56,11 @@ _TILES_SCHEMA = pa.schema([
     ("nonfinite", pa.bool_())])
 
 
+_FEW = 256  # up to this many tiles a tensor's rows are inserted from list parameters
+_SQL_TYPES = {pa.string(): "VARCHAR[]", pa.int64(): "BIGINT[]", pa.list_(pa.int64()): "BIGINT[][]",
+              pa.bool_(): "BOOLEAN[]"}
+
+
 def create(duck) -> None:
     duck.execute(_DDL)
 
@@ -156,6 +161,17 @@ def insert(duck, meta: TensorMeta, file: str, entries) -> None:
                   [list(b) for b in meta.grid], meta.nbytes, meta.tile_count, meta.nnz,
                   meta.density])
     if not entries:
+        return
+    if len(entries) <= _FEW:  # list parameters: no Arrow table to build and register
+        lists = [[meta.name] * len(entries), [meta.version] * len(entries),
+                 [list(e.coords) for e in entries], [list(e.starts) for e in entries],
+                 [list(e.shape) for e in entries], [file] * len(entries),
+                 [e.offset for e in entries], [e.nbytes for e in entries],
+                 [e.nnz for e in entries], [e.crc32 for e in entries],
+                 [e.nonfinite for e in entries]]
+        cols = ", ".join(f'"{f.name}"' for f in _TILES_SCHEMA)
+        values = ", ".join(f"unnest(?::{_SQL_TYPES[f.type]})" for f in _TILES_SCHEMA)
+        duck.execute(f"INSERT INTO {SCHEMA}.tiles ({cols}) SELECT {values}", lists)
         return
     rows = pa.Table.from_pydict({
         "tensor": [meta.name] * len(entries), "version": [meta.version] * len(entries),

@@ -269,6 +269,7 @@ class Store:
                     self._retire(old, txn)
                 catalog.insert(self.duck, meta, w.file, entries)
             self._forget(w.name)
+            self._cache[w.name.lower()] = meta  # exact: the row just inserted
         return meta
 
     def drop(self, name: str, if_exists: bool = False) -> None:
