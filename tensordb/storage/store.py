@@ -269,7 +269,10 @@ class Store:
                     self._retire(old, txn)
                 catalog.insert(self.duck, meta, w.file, entries)
             self._forget(w.name)
-            self._cache[w.name.lower()] = meta  # exact: the row just inserted
+            self._cache[w.name.lower()] = meta  # exact: the rows just inserted
+            if len(self._entries) > 1024:
+                self._entries.clear()
+            self._entries[meta.version] = (w.file if entries else None, entries)
         return meta
 
     def drop(self, name: str, if_exists: bool = False) -> None:
