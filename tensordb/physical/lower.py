@@ -38,6 +38,7 @@ class _Lowering:
         self._loads: dict[tuple, int] = {}
         self._tables: set[str] = set()
         self._assembled: dict[tuple, int] = {}
+        self._known: dict[str, tuple[bool, bool]] = {}  # facts of each input, read once
 
     def _add(self, task, op_index: int) -> int:
         self.tasks.append(task)
@@ -63,8 +64,10 @@ class _Lowering:
     def _facts(self, tensor: str) -> tuple[bool, bool]:
         """(finite, nonzero) of a whole input (TensorReader.facts); neither is known of an
         earlier operation's output."""
-        reader = self.readers.get(tensor)
-        return (False, False) if reader is None else reader.facts()
+        if tensor not in self._known:
+            reader = self.readers.get(tensor)
+            self._known[tensor] = (False, False) if reader is None else reader.facts()
+        return self._known[tensor]
 
     # -- the tile join -------------------------------------------------------------------------
     def _complete(self, tensor: str) -> bool:
