@@ -9,7 +9,8 @@ c{k}[f])``, which binds to two operations (the product, then the bias and RELU):
 (a real catalog in a temporary directory, made once per layer count). Each figure is the median
 of ``--runs`` EXPLAINs of the whole script; the stages are TENSORDB_DEBUG=1's stage timings
 (parse, bind, optimize, lower, place), "other" the rest of the wall time (the session, opening
-the inputs, rendering the EXPLAIN text).
+the inputs, rendering the EXPLAIN text). Each EXPLAIN plans afresh: the plan cache is emptied
+before each one. Then the fixed cost of a small statement (``small_query``).
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def timed_explain(con, sql: str) -> tuple[float, dict[str, float]]:
             t0 = time.perf_counter()
             con.explain(sql)
             total = time.perf_counter() - t0
+        con._plan_cache.clear()  # the next EXPLAIN plans again
     finally:
         if old is None:
             del os.environ["TENSORDB_DEBUG"]
@@ -82,6 +84,45 @@ def measure(path: str, layers: int, workers: int, runs: int) -> dict[str, float]
     return out
 
 
+def small_query(root: str, runs: int) -> None:
+    """The fixed cost of one small statement, parse to stored result: a 64 x 64 float32 matmul,
+    planned every time (the plan cache emptied) and with its plan cached, in memory and on disk
+    (where the payload and the catalog are fsynced at commit)."""
+    print("\n| 64x64 matmul, parse to stored result | median | stages (median) |")
+    print("|---|---:|---|")
+    rng = np.random.default_rng(0)
+    for where in (None, os.path.join(root, "small.tdb")):
+        with tensordb.connect(where, workers=2) as con:
+            for name in "AB":
+                con.load(name, rng.standard_normal((64, 64), dtype=np.float32), replace=True)
+            sql = "C[i,k] = SUM(A[i,j] * B[j,k])"
+            for cached in (False, True):
+                samples = []
+                for _ in range(runs):
+                    if not cached:
+                        con._plan_cache.clear()
+                    err = io.StringIO()
+                    os.environ["TENSORDB_DEBUG"] = "1"
+                    try:
+                        with contextlib.redirect_stderr(err):
+                            t0 = time.perf_counter()
+                            con.execute(sql)
+                            total = time.perf_counter() - t0
+                    finally:
+                        del os.environ["TENSORDB_DEBUG"]
+                    stages: dict[str, float] = {}
+                    for name, ms in re.findall(r"\[tensordb\] (\w+)\s+([\d.]+) ms", err.getvalue()):
+                        stages[name] = float(ms)
+                    samples.append((total, stages))
+                names = sorted({n for _, st in samples for n in st},
+                               key=lambda n: ("parse bind optimize lower place run commit".split() + [n]).index(n))
+                split = ", ".join(f"{n} {statistics.median(st.get(n, 0.0) for _, st in samples):.2f}"
+                                  for n in names)
+                label = f"{'on disk' if where else 'in memory'}, {'plan cached' if cached else 'planned'}"
+                print(f"| {label} | {1e3 * statistics.median(t for t, _ in samples):.2f} ms | "
+                      f"{split} (ms) |", flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, nargs="*", default=[50, 500])
@@ -89,6 +130,7 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="cProfile one EXPLAIN per case")
     ap.add_argument("--dir", default=None, help="keep the catalogs here (made when missing)")
+    ap.add_argument("--small-runs", type=int, default=101, help="runs of the small query")
     args = ap.parse_args(argv)
     root = args.dir or tempfile.mkdtemp(prefix="tensordb-bench-planning-")
     print(f"| ops | workers | total | {' | '.join(STAGES)} | other |")
@@ -111,6 +153,8 @@ def main(argv=None) -> None:
             m = measure(path, layers, workers, args.runs)
             cells = " | ".join(f"{1e3 * m[s]:.0f} ms" for s in STAGES + ("other",))
             print(f"| {2 * layers} | {workers} | {1e3 * m['total']:.0f} ms | {cells} |", flush=True)
+    if not args.profile and args.small_runs:
+        small_query(root, args.small_runs)
 
 
 if __name__ == "__main__":
