@@ -48,6 +48,13 @@ def make_db(path: str, layers: int, batch: int = 8192, width: int = 256) -> None
             con.load(f"c{k}", rng.standard_normal((width,), dtype=np.float32))
 
 
+def _forget_plans(con) -> None:
+    """Empty the plan cache (where there is one: the script also measures older versions)."""
+    cache = getattr(con, "_plan_cache", None)
+    if cache is not None:
+        cache.clear()
+
+
 def timed_explain(con, sql: str) -> tuple[float, dict[str, float]]:
     """(seconds end to end, {stage: seconds}) of one EXPLAIN of ``sql``; ``stages["cpu"]`` is
     the process's CPU time for it (less sensitive than wall time to a shared machine)."""
@@ -59,7 +66,7 @@ def timed_explain(con, sql: str) -> tuple[float, dict[str, float]]:
             t0, c0 = time.perf_counter(), time.process_time()
             con.explain(sql)
             total, cpu = time.perf_counter() - t0, time.process_time() - c0
-        con._plan_cache.clear()  # the next EXPLAIN plans again
+        _forget_plans(con)  # the next EXPLAIN plans again
     finally:
         if old is None:
             del os.environ["TENSORDB_DEBUG"]
@@ -103,7 +110,7 @@ def small_query(root: str, runs: int) -> None:
                 samples = []
                 for _ in range(runs):
                     if not cached:
-                        con._plan_cache.clear()
+                        _forget_plans(con)
                     err = io.StringIO()
                     os.environ["TENSORDB_DEBUG"] = "1"
                     try:
