@@ -44,8 +44,9 @@ def block_sparse(rng, n: int, density: float) -> np.ndarray:
 def timed(con, sql: str, cached: bool) -> tuple[float, dict[str, float]]:
     """(wall seconds, {stage: seconds, "cpu": process CPU seconds}) of one run of ``sql``,
     planned afresh unless ``cached`` (its plan from the plan cache)."""
-    if not cached:
-        con._plan_cache.clear()
+    cache = getattr(con, "_plan_cache", None)  # older versions have none
+    if not cached and cache is not None:
+        cache.clear()
     err = io.StringIO()
     os.environ["TENSORDB_DEBUG"] = "1"
     try:
