@@ -188,8 +188,9 @@ def _with_loads(plan: TilePlan, where: dict[int, int]) -> TilePlan:
                     next_key += 1
                     if t.key in owner:
                         owner[key] = owner[t.key]
-                copy[(t.key, w)] = key
-                tasks.append(_with(t, key=key, worker=w))
+                if key != t.key:
+                    copy[(t.key, w)] = key
+                tasks.append(t if key == t.key and w == t.worker else _with(t, key=key, worker=w))
             continue
         w = where[t.key]
 
@@ -197,7 +198,11 @@ def _with_loads(plan: TilePlan, where: dict[int, int]) -> TilePlan:
             return None if k is None else copy.get((k, w), k)
 
         if isinstance(t, Kernel):
-            t = _with(t, args=tuple(fix(a) for a in t.args), worker=w)
+            args = tuple(fix(a) for a in t.args) if copy else t.args
+            if args != t.args:
+                t = _with(t, args=args, worker=w)
+            elif w != t.worker:
+                t = _with(t, worker=w)
         elif isinstance(t, Assemble):
             t = dataclasses.replace(t, pieces=tuple((fix(s), a, b) for s, a, b in t.pieces),
                                     worker=w)
