@@ -68,6 +68,8 @@ class Connection(TensorIO):
         # Called as (done, total) tasks while a plan runs (the CLI); ``done`` counts the running
         # kernel calls' fractions too, so it grows while a few long calls run.
         self.progress_callback = None
+        # Plans of bound graphs, reused while their inputs' versions and the settings hold.
+        self._plan_cache = physical.PlanCache()
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -295,14 +297,24 @@ class Connection(TensorIO):
         runs. Aggregations wider than the executor combines in one task (its ``max_fan_in``;
         None: any) become trees on their worker. TENSORDB_DEBUG=2 prints the plan as EXPLAIN
         shows it, =3 its tile tasks too."""
-        decomp = self._optimize(graph, pieces)
         fan_in = getattr(self._get_executor(), "max_fan_in", None)
+        versions = {t.name: self.store.meta(t.name).version for t in graph.inputs}
+        key = physical.plan_key(graph, pieces, versions, self._plan_settings(), fan_in)
+        cached = self._plan_cache.get(key)
+        if cached is not None:
+            if debug_level() >= 1:
+                print(f"[tensordb] plan cache hit ({self._plan_cache.hits} hits)", file=sys.stderr)
+            return cached
+        decomp = self._optimize(graph, pieces)
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
         with stage("place"):
             plan = physical.place(plan)
             plan = physical.aggregation_trees(plan, fan_in)  # on the workers placement chose
             plan = physical.order(plan)  # the memory-aware order the pool runs tasks in
+        self._plan_cache.prune(lambda name: self.store.meta(name).version
+                               if self.store.has(name) else None)
+        self._plan_cache.put(key, decomp, plan, versions)
         if debug_level() >= 2:
             from .explain import render
             print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)
@@ -310,12 +322,22 @@ class Connection(TensorIO):
             print(physical.describe_tasks(plan), file=sys.stderr)
         return decomp, plan
 
+    @property
+    def plan_cache_stats(self) -> dict[str, int]:
+        """The plan cache's counters: ``hits``, ``misses`` and ``size`` (plans kept)."""
+        return self._plan_cache.stats()
+
+    def _plan_settings(self) -> tuple:
+        """The settings a plan depends on (all but the CLI's progress display)."""
+        return tuple((f.name, getattr(self.settings, f.name))
+                     for f in dataclasses.fields(self.settings) if f.name != "progress")
+
     def _optimize(self, graph: EinGraph, pieces=None):
         """optimize: the Decomposition (pieces per label of every operation) and its cost."""
         metas = {t.name: self.store.meta(t.name) for t in graph.inputs}
         grids = {name: m.grid for name, m in metas.items()}
         # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist.
-        readers = {name: self.store.open(name) for name in metas}
+        readers = self.store.open_many(metas)
         sparse = {name: r.coords() for name, r in readers.items()
                   if metas[name].tile_count < metas[name].total_tiles}
         # ...and only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.

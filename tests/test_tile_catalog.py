@@ -93,3 +93,39 @@ def test_coords_cut_to_grid_recuts_a_list_of_tiles():
                 want.add((p, q, False, False))
     assert got == sorted(want)
     assert same == sorted((c0, c1, False, False) for c0, c1 in present)
+
+
+def test_open_many_reads_every_version_in_one_query_and_equals_open(tmp_path):
+    rng = np.random.default_rng(5)
+    arrays = {"A": _array(), "B": rng.standard_normal((7, 4)), "C": np.zeros((6, 6))}
+    with tensordb.connect(tmp_path / "db") as con:
+        for name, a in arrays.items():
+            con.load(name, a, tile=(3, 2))
+    with tensordb.connect(tmp_path / "db") as con:  # cold caches
+        readers = con.store.open_many(["A", "b", "C"])
+        assert set(readers) == {"A", "b", "C"}
+        for name, r in readers.items():
+            one = con.store.open(name)
+            assert r.meta == one.meta and r.entries == one.entries
+            np.testing.assert_array_equal(r.to_numpy(), arrays[name.upper()])
+        assert readers["C"].entries == {}  # all zeros: no tile stored
+        with pytest.raises(tensordb.CatalogError, match="'D' does not exist"):
+            con.store.open_many(["A", "D"])
+
+
+def test_the_catalog_cache_follows_writes_and_drops(tmp_path):
+    """Names are read from the whole catalog at once; later writes and drops stay exact."""
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("A", np.ones((2, 2)))
+        assert con.store.has("a") and not con.store.has("Nope")  # the first lookup reads all
+        con.load("Nope", np.full((3,), 2.0))                   # written after the full read
+        assert con.store.meta("NOPE").shape == (3,)
+        con.store.drop("A")
+        assert not con.store.has("A")
+        con.load("A", np.ones((4,)), replace=True)
+        assert con.store.meta("A").shape == (4,)
+        con.execute("B[i] = SUM(A[i] * Nope[j])")
+        np.testing.assert_array_equal(con.tensor("B"), np.full((4,), 6.0))
+    with tensordb.connect(tmp_path / "db") as con:
+        assert [m.name for m in con.store.list()] == ["A", "B", "Nope"]
+        assert con.store.has("b") and not con.store.has("C")

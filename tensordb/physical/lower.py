@@ -34,10 +34,11 @@ class _Lowering:
         self.outputs: dict[str, OutputTiles] = {}
         self.stats: list[OpStats] = []
         self.kernels: list = []
-        self.readers = {t.name: store.open(t.name) for t in graph.inputs}
+        self.readers = store.open_many([t.name for t in graph.inputs])
         self._loads: dict[tuple, int] = {}
         self._tables: set[str] = set()
         self._assembled: dict[tuple, int] = {}
+        self._known: dict[str, tuple[bool, bool]] = {}  # facts of each input, read once
 
     def _add(self, task, op_index: int) -> int:
         self.tasks.append(task)
@@ -63,8 +64,10 @@ class _Lowering:
     def _facts(self, tensor: str) -> tuple[bool, bool]:
         """(finite, nonzero) of a whole input (TensorReader.facts); neither is known of an
         earlier operation's output."""
-        reader = self.readers.get(tensor)
-        return (False, False) if reader is None else reader.facts()
+        if tensor not in self._known:
+            reader = self.readers.get(tensor)
+            self._known[tensor] = (False, False) if reader is None else reader.facts()
+        return self._known[tensor]
 
     # -- the tile join -------------------------------------------------------------------------
     def _complete(self, tensor: str) -> bool:
@@ -87,11 +90,29 @@ class _Lowering:
         return self._join_sql(op, pieces, bounds, inner, outer)
 
     def _join_sql(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> list[tuple]:
+        # A complete stored input that gates the join adds no row restriction: its labels range
+        # over the whole grid. It is left out of the SQL when the test of a row does not read
+        # what the catalog knows of its pieces (it is finite throughout, and its zeros do not
+        # matter): a block-sparse A times a dense B joins only A's tiles.
+        whole = {k for k in inner if op.inputs[k].tensor in self.readers
+                 and self._complete(op.inputs[k].tensor) and self._facts(op.inputs[k].tensor)[0]}
+        present = {k: "TRUE" for k in inner} | {k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} "
+                                                   f"IS NOT NULL)" for k in outer}
+        while True:
+            test = skip.nonzero_sql(op.join, lambda k: present[k],
+                                    lambda k: "TRUE" if k in whole else f"coalesce(in{k}.f, TRUE)",
+                                    lambda k: f"coalesce(in{k}.n, FALSE)")
+            needed = {k for k in whole if f"in{k}." in test}
+            if not needed:
+                break
+            whole -= needed
         ctes = [f"in{k} AS ({self._presence_sql(o.tensor, o.labels, bounds)})"
-                for k, o in enumerate(op.inputs)]
+                for k, o in enumerate(op.inputs) if k not in whole]
         label_col: dict[str, str] = {}
         from_parts, conds = [], []
         for k in inner:
+            if k in whole:
+                continue
             from_parts.append(f"in{k}")
             for d, l in enumerate(op.inputs[k].labels):
                 col = f"in{k}.c{d}"
@@ -114,11 +135,7 @@ class _Lowering:
             on = " AND ".join(f"in{k}.c{d} = {label_col[l]}" for d, l in enumerate(op.inputs[k].labels))
             sql_from += f" LEFT JOIN in{k} ON {on or 'TRUE'}"
             flags.append(f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} IS NOT NULL) AS p{k}")
-        present = {k: "TRUE" for k in inner} | {k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} "
-                                                   f"IS NOT NULL)" for k in outer}
-        conds.append(skip.nonzero_sql(op.join, lambda k: present[k],
-                                        lambda k: f"coalesce(in{k}.f, TRUE)",
-                                        lambda k: f"coalesce(in{k}.n, FALSE)"))
+        conds.append(test)
         select = [f"{label_col[l]} AS {_q(l)}" for l in op.labels] + flags
         sql = (f"WITH {', '.join(ctes)} SELECT {', '.join(select) or '1'} FROM {sql_from} "
                f"WHERE {' AND '.join(conds)}")
@@ -131,7 +148,9 @@ class _Lowering:
     # -- one operation -------------------------------------------------------------------------
     def lower_op(self, index: int, op: EinOp) -> None:
         pieces = self.decomp.pieces(op.output)
-        bounds = {l: even_bounds(op.size[l], pieces.get(l, 1)) for l in op.labels}
+        size = op.size
+        labels = op.labels
+        bounds = {l: even_bounds(size[l], pieces.get(l, 1)) for l in labels}
         pieces = {l: len(b) - 1 for l, b in bounds.items()}
         stats = OpStats(op, pieces)
         # The kernel's method and chunking, for the largest tile of each label and chunks sized
@@ -147,10 +166,9 @@ class _Lowering:
             groups[tuple(row[:n_out])].append(row)
         total = math.prod(pieces[l] for l in op.agg_labels)
         out_tiles: dict[tuple, int] = {}
-        flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in op.labels)))
+        call = _Calls(self, index, op, labels, bounds, outer, stats)
         for out_coords in sorted(groups):
-            parts = [self._kernel(index, op, bounds, outer, row, flops_per_elem, stats)
-                     for row in groups[out_coords]]
+            parts = [call(row) for row in groups[out_coords]]
             out_tiles[out_coords] = self._combine(index, op, parts, total, stats)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
         self.outputs[op.output] = OutputTiles(op.output, op.out_shape, op.dtype, grid, out_tiles,
@@ -182,31 +200,6 @@ class _Lowering:
                  if skip.zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})]
         outer = [k for k in range(len(op.inputs)) if k not in inner]
         return self._join(op, pieces, bounds, inner, outer), outer
-
-    def _kernel(self, index: int, op: EinOp, bounds, outer: list[int], row: tuple,
-                flops_per_elem: int, stats: OpStats) -> tuple[int, tuple[int, ...]]:
-        """One kernel call for ``row``: its input tiles (None for an absent left-joined one).
-        Returns its key and output tile shape."""
-        n_lab = len(op.labels)
-        coords = tuple(row[:n_lab])
-        present_flags = dict(zip(outer, row[n_lab:]))
-        args, shapes = [], []
-        for k, o in enumerate(op.inputs):
-            box = tuple((bounds[l][coords[op.labels.index(l)]],
-                         bounds[l][coords[op.labels.index(l)] + 1]) for l in o.labels)
-            shapes.append(tuple(b - a for a, b in box))
-            if k in outer and not present_flags[k]:
-                args.append(None)
-            else:
-                args.append(self._input_tile(index, o.tensor, box, stats))
-        tile_shape = {l: bounds[l][c + 1] - bounds[l][c] for l, c in zip(op.labels, coords)}
-        out_shape = tuple(tile_shape[l] for l in op.out_labels)
-        flops = flops_per_elem * math.prod(tile_shape.values())
-        key = self._add(Kernel(self._next_key, index, tuple(args), tuple(shapes), out_shape,
-                               coords, flops), index)
-        stats.kernel_calls += 1
-        stats.flops += flops
-        return key, out_shape
 
     def _combine(self, index: int, op: EinOp, parts: list[tuple[int, tuple[int, ...]]],
                  total: int, stats: OpStats) -> int:
@@ -285,6 +278,58 @@ class _Lowering:
                 self.store.query(catalog.drop_coords_table(table))
         return TilePlan(self.graph.ops, self.tasks, self.outputs, self.stats, self.decomp.workers,
                         self.owner, self.readers, tuple(self.kernels))
+
+
+class _Calls:
+    """The kernel calls of one operation: ``call(row)`` adds the Kernel of one joined row (its
+    input tiles: None for an absent left-joined one) and returns (key, output tile shape).
+
+    Everything that depends only on the operation (label positions, piece boxes, tile sizes) is
+    worked out once here: an operation has as many calls as its grid has cells."""
+
+    def __init__(self, low: "_Lowering", index: int, op: EinOp, labels, bounds, outer, stats):
+        self.low, self.index, self.stats = low, index, stats
+        self.n_lab = len(labels)
+        pos = {l: d for d, l in enumerate(labels)}
+        # per label: the (lo, hi) of each piece
+        self.boxes = [[(b[i], b[i + 1]) for i in range(len(b) - 1)] for b in (bounds[l] for l in labels)]
+        self.inputs = [(k, o.tensor, tuple(pos[l] for l in o.labels)) for k, o in enumerate(op.inputs)]
+        self.outer = {k: n for n, k in enumerate(outer)}
+        self.out_pos = tuple(pos[l] for l in op.out_labels)
+        self.flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in labels)))
+        self.cache: dict[tuple, int | None] = {}  # (input, its piece coords) -> tile task
+        # An earlier operation's output already on this grid: its tiles are the input tiles.
+        self.same_grid = {k: low.outputs[o.tensor].tiles for k, o in enumerate(op.inputs)
+                          if o.tensor in low.outputs
+                          and low.outputs[o.tensor].grid == tuple(bounds[l] for l in o.labels)}
+
+    def __call__(self, row: tuple) -> tuple[int, tuple[int, ...]]:
+        low, n_lab, boxes = self.low, self.n_lab, self.boxes
+        coords = tuple(row[:n_lab])
+        extent = [boxes[d][c][1] - boxes[d][c][0] for d, c in enumerate(coords)]
+        args, shapes = [], []
+        for k, tensor, dims in self.inputs:
+            shapes.append(tuple(extent[d] for d in dims))
+            n = self.outer.get(k)
+            if n is not None and not row[n_lab + n]:
+                args.append(None)
+                continue
+            at = tuple(coords[d] for d in dims)
+            if k in self.same_grid:
+                args.append(self.same_grid[k].get(at))
+                continue
+            ident = (k, at)
+            if ident not in self.cache:
+                box = tuple(boxes[d][coords[d]] for d in dims)
+                self.cache[ident] = low._input_tile(self.index, tensor, box, self.stats)
+            args.append(self.cache[ident])
+        out_shape = tuple(extent[d] for d in self.out_pos)
+        flops = self.flops_per_elem * math.prod(extent)
+        key = low._add(Kernel(low._next_key, self.index, tuple(args), tuple(shapes), out_shape,
+                              coords, flops), self.index)
+        self.stats.kernel_calls += 1
+        self.stats.flops += flops
+        return key, out_shape
 
 
 def _q(label: str) -> str:

@@ -134,13 +134,21 @@ class _Placer:
         for k in ks:
             f = max(1, k.flops)
             g = group[k.key]
-            ok = [w for w in range(p) if op_load[w] + f <= cap] or list(range(p))
             gains: dict[int, int] = defaultdict(int)
             for a in k.inputs:
                 self.held(a, gains)
             for w in holders[g]:
                 gains[w] += self.size(k.key)
-            w = min(ok, key=lambda w: (-gains.get(w, 0), op_load[w], self.load[w], w))
+            # The worker holding most of its inputs, then the least loaded, among those within
+            # the cap (all when none is). Workers that hold nothing tie on gains: only the
+            # holders need the full key.
+            fits = min(op_load) + f <= cap
+            held = [w for w, b in gains.items() if b > 0 and (not fits or op_load[w] + f <= cap)]
+            if held:
+                w = min(held, key=lambda w: (-gains[w], op_load[w], self.load[w], w))
+            else:
+                w = min((op_load[w], self.load[w], w) for w in range(p)
+                        if not fits or op_load[w] + f <= cap)[2]
             where[k.key] = w
             holders[g].add(w)
             op_load[w] += f
@@ -180,8 +188,9 @@ def _with_loads(plan: TilePlan, where: dict[int, int]) -> TilePlan:
                     next_key += 1
                     if t.key in owner:
                         owner[key] = owner[t.key]
-                copy[(t.key, w)] = key
-                tasks.append(dataclasses.replace(t, key=key, worker=w))
+                if key != t.key:
+                    copy[(t.key, w)] = key
+                tasks.append(t if key == t.key and w == t.worker else _with(t, key=key, worker=w))
             continue
         w = where[t.key]
 
@@ -189,7 +198,11 @@ def _with_loads(plan: TilePlan, where: dict[int, int]) -> TilePlan:
             return None if k is None else copy.get((k, w), k)
 
         if isinstance(t, Kernel):
-            t = dataclasses.replace(t, args=tuple(fix(a) for a in t.args), worker=w)
+            args = tuple(fix(a) for a in t.args) if copy else t.args
+            if args != t.args:
+                t = _with(t, args=args, worker=w)
+            elif w != t.worker:
+                t = _with(t, worker=w)
         elif isinstance(t, Assemble):
             t = dataclasses.replace(t, pieces=tuple((fix(s), a, b) for s, a, b in t.pieces),
                                     worker=w)
@@ -197,6 +210,15 @@ def _with_loads(plan: TilePlan, where: dict[int, int]) -> TilePlan:
             t = dataclasses.replace(t, parts=tuple(fix(k) for k in t.parts), worker=w)
         tasks.append(t)
     return dataclasses.replace(plan, tasks=tasks, owner=owner)
+
+
+def _with(task, **changes):
+    """``dataclasses.replace`` for a task already checked (a plan has a task per kernel call:
+    replace, which runs the constructor again, was most of placement's time)."""
+    new = object.__new__(type(task))
+    new.__dict__.update(task.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def transfers(plan: TilePlan) -> tuple[int, list[int]]:

@@ -13,7 +13,8 @@ error). The interface the rest of tensordb relies on:
     there too, schema main), ``root`` (directory), ``tiles_dir``, ``read_only``, ``fsync`` (sync
     payloads before commit; on for on-disk databases).
 ``Store.list() -> list[TensorMeta]``, ``has(name)``, ``meta(name) -> TensorMeta`` (CatalogError if
-    missing; names are case-insensitive), ``open(name) -> TensorReader``,
+    missing; names are case-insensitive), ``open(name) -> TensorReader``, ``open_many(names)
+    -> {name: TensorReader}`` (one catalog query for all),
     ``drop(name, if_exists=False)``,
     ``writer(name, shape, dtype, grid, dims=None, replace=False) -> TensorWriter`` (``grid``: one
     tuple of boundaries per dimension, or a tile shape of ints; CatalogError at once if the name

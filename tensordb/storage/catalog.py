@@ -25,6 +25,7 @@ from .meta import TensorMeta
 from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
+           "tile_entries_many", "payload_file",
            "insert", "delete", "referenced_files", "versions", "max_version", "table_named",
            "pieces_relation", "tiles_cut_to_grid", "coords_table", "drop_coords_table",
            "coords_cut_to_grid"]
@@ -55,6 +56,11 @@ _TILES_SCHEMA = pa.schema([
     ("nonfinite", pa.bool_())])
 
 
+_FEW = 256  # up to this many tiles a tensor's rows are inserted from list parameters
+_SQL_TYPES = {pa.string(): "VARCHAR[]", pa.int64(): "BIGINT[]", pa.list_(pa.int64()): "BIGINT[][]",
+              pa.bool_(): "BOOLEAN[]"}
+
+
 def create(duck) -> None:
     duck.execute(_DDL)
 
@@ -72,6 +78,11 @@ def has_column(duck, table: str, column: str) -> bool:
         "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() AND "
         "schema_name = ? AND table_name = ? AND column_name = ?", [SCHEMA, table, column]
     ).fetchall()[0][0])
+
+
+def _first_value(cursor):
+    row = first_row(cursor)
+    return None if row is None else row[0]
 
 
 def _meta(row) -> TensorMeta:
@@ -112,12 +123,55 @@ def tile_entries(duck, meta: TensorMeta, optional: frozenset = frozenset(("crc32
     return (files.pop() if files else None), entries
 
 
+def payload_file(duck, meta: TensorMeta) -> str | None:
+    """The payload file of one tensor version (None: it stores no tile)."""
+    return _first_value(duck.execute(f"SELECT file FROM {SCHEMA}.tiles WHERE tensor = ? AND version = ? "
+                                    "LIMIT 1", [meta.name, meta.version]))
+
+
+def tile_entries_many(duck, metas, optional: frozenset = frozenset(("crc32", "nonfinite"))
+                      ) -> dict[int, tuple[str | None, list[TileEntry]]]:
+    """``tile_entries`` of several tensor versions in one query: version -> (file, entries)."""
+    metas = list(metas)
+    if not metas:
+        return {}
+    crc, nonfinite = (c if c in optional else "NULL" for c in ("crc32", "nonfinite"))
+    rows = duck.execute(
+        f'SELECT version, coords, starts, shape, file, "offset", nbytes, nnz, {crc}, {nonfinite} '
+        f'FROM {SCHEMA}.tiles WHERE (tensor, version) IN (SELECT (unnest(?), unnest(?))) '
+        f'ORDER BY version, "offset"',
+        [[m.name for m in metas], [m.version for m in metas]]).fetchall()
+    out: dict[int, tuple[set, list]] = {m.version: (set(), []) for m in metas}
+    for v, c, s, sh, f, o, nb, nz, cs, nf in rows:
+        files, entries = out[v]
+        files.add(f)
+        entries.append(TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz),
+                                 None if cs is None else int(cs), None if nf is None else bool(nf)))
+    result = {}
+    for v, (files, entries) in out.items():
+        if len(files) > 1:  # pragma: no cover - the writer never does this
+            raise AssertionError(f"tensor version {v} spans several payload files: {files}")
+        result[v] = (files.pop() if files else None, entries)
+    return result
+
+
 def insert(duck, meta: TensorMeta, file: str, entries) -> None:
     duck.execute(f"INSERT INTO {SCHEMA}.tensors ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                  [meta.name, meta.version, meta.dtype.name, list(meta.shape), list(meta.dims),
                   [list(b) for b in meta.grid], meta.nbytes, meta.tile_count, meta.nnz,
                   meta.density])
     if not entries:
+        return
+    if len(entries) <= _FEW:  # list parameters: no Arrow table to build and register
+        lists = [[meta.name] * len(entries), [meta.version] * len(entries),
+                 [list(e.coords) for e in entries], [list(e.starts) for e in entries],
+                 [list(e.shape) for e in entries], [file] * len(entries),
+                 [e.offset for e in entries], [e.nbytes for e in entries],
+                 [e.nnz for e in entries], [e.crc32 for e in entries],
+                 [e.nonfinite for e in entries]]
+        cols = ", ".join(f'"{f.name}"' for f in _TILES_SCHEMA)
+        values = ", ".join(f"unnest(?::{_SQL_TYPES[f.type]})" for f in _TILES_SCHEMA)
+        duck.execute(f"INSERT INTO {SCHEMA}.tiles ({cols}) SELECT {values}", lists)
         return
     rows = pa.Table.from_pydict({
         "tensor": [meta.name] * len(entries), "version": [meta.version] * len(entries),
@@ -196,18 +250,24 @@ def tiles_cut_to_grid(meta: TensorMeta, bounds, keys, nonfinite_column: str = "n
     no NaN/inf; ``n``, it holds no 0 and no NaN (every element lies in a stored tile with nnz =
     its size). ``nonfinite_column`` is ``NULL::BOOLEAN`` for a catalog without the column."""
     r = range(len(bounds))
-    src = (f"(SELECT starts, shape, nnz, {nonfinite_column} AS nonfinite FROM {SCHEMA}.tiles "
+    src = (f"(SELECT coords, starts, shape, nnz, {nonfinite_column} AS nonfinite FROM {SCHEMA}.tiles "
            f"WHERE tensor = {quote_str(meta.name)} AND version = {int(meta.version)})")
     lo = [f"s.starts[{d + 1}]" for d in r]
     hi = [f"s.starts[{d + 1}] + s.shape[{d + 1}]" for d in r]
+    # Where the pieces are the stored tiles themselves, a tile is its piece: no interval join.
+    same = [tuple(bounds[d]) == tuple(meta.grid[d]) for d in r]
+    q_p = [f"s.coords[{d + 1}]" if same[d] else f"q{d}.p" for d in r]
+    q_lo = [lo[d] if same[d] else f"q{d}.lo" for d in r]
+    q_hi = [hi[d] if same[d] else f"q{d}.hi" for d in r]
     joins = [f"JOIN {pieces_relation(bounds[d])} AS q{d} ON {lo[d]} < q{d}.hi AND {hi[d]} > q{d}.lo"
-             for d in r]
-    cols = [f"q{d}.p AS c{d}" for d in r]
+             for d in r if not same[d]]
+    cols = [f"{q_p[d]} AS c{d}" for d in r]
     keys_sql = ", ".join(cols) or "1 AS one"
     # A piece is free of zeros when the stored tiles with no zero (and no NaN) cover it.
     size = " * ".join(f"s.shape[{d + 1}]" for d in r) or "1"
-    overlap = " * ".join(f"(least({hi[d]}, q{d}.hi) - greatest({lo[d]}, q{d}.lo))" for d in r) or "1"
-    volume = " * ".join(f"any_value(q{d}.hi - q{d}.lo)" for d in r) or "1"
+    overlap = " * ".join(f"(least({hi[d]}, {q_hi[d]}) - greatest({lo[d]}, {q_lo[d]}))"
+                         for d in r) or "1"
+    volume = " * ".join(f"any_value({q_hi[d]} - {q_lo[d]})" for d in r) or "1"
     full = f"s.nnz = {size} AND s.nonfinite IS FALSE"
     group = f" GROUP BY {', '.join(f'c{d}' for d in r)}" if cols else ""
     sql = (f"SELECT {keys_sql}, bool_and(coalesce(NOT s.nonfinite, FALSE)) AS f, "

@@ -10,6 +10,7 @@ path that reads tiles (con.tensor, export, SQL relations, the executors' loads).
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import stat
@@ -83,7 +84,7 @@ class TensorReader:
         entries = self.entries.values()
         finite = all(e.nonfinite is False for e in entries)
         full = len(self.entries) == self.meta.total_tiles and all(
-            e.nnz == int(np.prod(e.shape, dtype=np.int64)) for e in entries)
+            e.nnz == math.prod(e.shape) for e in entries)
         return finite, finite and full
 
     def tiles(self) -> Iterator[tuple[TileEntry, np.ndarray]]:

@@ -53,6 +53,8 @@ class Store:
         # entries by version (a version's tiles never change). Writes keep both exact; a rolled
         # back transaction clears them.
         self._cache: dict[str, TensorMeta | None] = {}
+        self._cache_full = False  # _cache was filled from the whole catalog since it was cleared
+        self._changed: set[str] = set()  # names written or dropped since then
         self.user_transaction = False  # a transaction begun with SQL (con.sql("BEGIN")) is open
         self._entries: dict[int, tuple] = {}
         self._views: set[str] = set()
@@ -165,14 +167,34 @@ class Store:
         key = name.lower()
         with self._lock:
             if key not in self._cache:
-                with translating():
-                    self._cache[key] = catalog.find(self.duck, name)
+                if not self._cache_full:
+                    # One read of every tensor's row costs what one lookup costs (a scan): a
+                    # script naming many tensors then pays one scan, not one per name.
+                    with translating():
+                        for m in catalog.all_metas(self.duck):
+                            self._cache.setdefault(m.name.lower(), m)
+                    self._cache_full = True
+                    self._cache.setdefault(key, None)
+                elif key not in self._changed:  # absent when the whole catalog was read
+                    self._cache[key] = None
+                else:
+                    with translating():
+                        self._cache[key] = catalog.find(self.duck, name)
             return self._cache[key]
+
+    def _clear_cache(self) -> None:
+        self._cache.clear()
+        self._cache_full = False
+        self._changed.clear()
+
+    def _forget(self, name: str) -> None:
+        self._cache.pop(name.lower(), None)
+        self._changed.add(name.lower())
 
     def forget_cached(self) -> None:
         """Drop cached catalog reads (after SQL that may have changed the catalog)."""
         with self._lock:
-            self._cache.clear()
+            self._clear_cache()
             self._entries.clear()
 
     def query(self, sql: str) -> list[tuple]:
@@ -184,17 +206,23 @@ class Store:
 
     def open(self, name: str) -> TensorReader:
         """A reader for the current version of ``name``."""
-        meta = self.meta(name)
+        return self.open_many([name])[name]
+
+    def open_many(self, names) -> dict[str, TensorReader]:
+        """Readers for the current versions of ``names`` (the tile entries not cached yet are
+        read in one query)."""
+        metas = {name: self.meta(name) for name in names}
         with self._lock:
-            hit = self._entries.get(meta.version)
-            if hit is None:
+            missing = [m for m in metas.values() if m.version not in self._entries]
+            if missing:
                 with translating():
-                    hit = catalog.tile_entries(self.duck, meta, self._optional)
-                if len(self._entries) > 256:
+                    read = catalog.tile_entries_many(self.duck, missing, self._optional)
+                if len(self._entries) + len(read) > max(256, 2 * len(read)):
                     self._entries.clear()
-                self._entries[meta.version] = hit
-            file, entries = hit
-        return TensorReader(meta, os.path.join(self.tiles_dir, file) if file else None, entries)
+                self._entries.update(read)
+            hits = {name: self._entries[m.version] for name, m in metas.items()}
+        return {name: TensorReader(metas[name], os.path.join(self.tiles_dir, file) if file else None,
+                                   entries) for name, (file, entries) in hits.items()}
 
     # -- writing -------------------------------------------------------------------------------
     def writer(self, name: str, shape: Sequence[int], dtype, grid, dims: Sequence[str] | None = None,
@@ -242,7 +270,11 @@ class Store:
                 if old is not None:
                     self._retire(old, txn)
                 catalog.insert(self.duck, meta, w.file, entries)
-            self._cache.pop(w.name.lower(), None)
+            self._forget(w.name)
+            self._cache[w.name.lower()] = meta  # exact: the rows just inserted
+            if len(self._entries) > 1024:
+                self._entries.clear()
+            self._entries[meta.version] = (w.file if entries else None, entries)
         return meta
 
     def drop(self, name: str, if_exists: bool = False) -> None:
@@ -256,11 +288,12 @@ class Store:
                 self.meta(name)  # raises with the list of known tensors
             with translating(f"cannot drop tensor '{name}'"):
                 self._retire(old, txn)
-            self._cache.pop(name.lower(), None)
+            self._forget(name)
         self._forget_view(old.name)
 
     def _retire(self, old: TensorMeta, txn: _Txn) -> None:
-        file, _ = catalog.tile_entries(self.duck, old, self._optional)
+        hit = self._entries.get(old.version)
+        file = hit[0] if hit is not None else catalog.payload_file(self.duck, old)
         catalog.delete(self.duck, old)
         if file:
             txn.retired.append(os.path.join(self.tiles_dir, file))
@@ -295,7 +328,7 @@ class Store:
         except BaseException:
             with self._lock:
                 self._txn = None
-                self._cache.clear()
+                self._clear_cache()
                 if not txn.external:
                     with contextlib.suppress(duckdb.Error):
                         self.duck.execute("ROLLBACK")
@@ -305,7 +338,7 @@ class Store:
         with self._lock:
             self._txn = None
             if txn.external:
-                self._cache.clear()  # the user's own COMMIT or ROLLBACK decides what lands
+                self._clear_cache()  # the user's own COMMIT or ROLLBACK decides what lands
                 return  # files are reconciled when the database is next opened
             try:
                 self.duck.execute("COMMIT")

@@ -11,6 +11,7 @@ import errno
 import math
 import mmap
 import os
+import sys
 import threading
 import zlib
 from typing import TYPE_CHECKING, Sequence
@@ -201,7 +202,7 @@ class TensorWriter:
 
     def _close_file(self, sync: bool) -> None:
         if self._map is not None:
-            if sync:
+            if sync and sys.platform != "linux":  # Linux's fsync below writes mapped pages too
                 self._map.flush()
             # Tiles handed out by reserve() may still be in use (the run's results): the mapping
             # stays alive as long as they do, and goes with them.

@@ -1,0 +1,172 @@
+"""Planning benchmark (run by hand): EXPLAIN of a deep MLP script, end to end, with each stage.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_planning.py
+    ... bench_planning.py --layers 500 --workers 64 --profile   # cProfile of one EXPLAIN
+
+The script has one statement per layer, ``H{k}[b,f] = RELU(SUM(H{k-1}[b,d] * W{k}[d,f]) +
+c{k}[f])``, which binds to two operations (the product, then the bias and RELU): 50 layers are
+100 operations, 500 layers 1,000. X is 8192 x 256 float32 and every W{k} 256 x 256, all stored
+(a real catalog in a temporary directory, made once per layer count). Each figure is the median
+of ``--runs`` EXPLAINs of the whole script; the stages are TENSORDB_DEBUG=1's stage timings
+(parse, bind, optimize, lower, place), "other" the rest of the wall time (the session, opening
+the inputs, rendering the EXPLAIN text). Each EXPLAIN plans afresh: the plan cache is emptied
+before each one. Then the fixed cost of a small statement (``small_query``).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import tensordb
+
+STAGES = ("parse", "bind", "optimize", "lower", "place")
+
+
+def mlp_script(layers: int) -> str:
+    lines, prev = [], "X"
+    for k in range(layers):
+        lines.append(f"H{k}[b,f] = RELU(SUM({prev}[b,d] * W{k}[d,f]) + c{k}[f]);")
+        prev = f"H{k}"
+    return "\n".join(lines)
+
+
+def make_db(path: str, layers: int, batch: int = 8192, width: int = 256) -> None:
+    rng = np.random.default_rng(0)
+    with tensordb.connect(path) as con:
+        con.load("X", rng.standard_normal((batch, width), dtype=np.float32))
+        for k in range(layers):
+            con.load(f"W{k}", rng.standard_normal((width, width), dtype=np.float32))
+            con.load(f"c{k}", rng.standard_normal((width,), dtype=np.float32))
+
+
+def _forget_plans(con) -> None:
+    """Empty the plan cache (where there is one: the script also measures older versions)."""
+    cache = getattr(con, "_plan_cache", None)
+    if cache is not None:
+        cache.clear()
+
+
+def timed_explain(con, sql: str) -> tuple[float, dict[str, float]]:
+    """(seconds end to end, {stage: seconds}) of one EXPLAIN of ``sql``; ``stages["cpu"]`` is
+    the process's CPU time for it (less sensitive than wall time to a shared machine)."""
+    err = io.StringIO()
+    old = os.environ.get("TENSORDB_DEBUG")
+    os.environ["TENSORDB_DEBUG"] = "1"
+    try:
+        with contextlib.redirect_stderr(err):
+            t0, c0 = time.perf_counter(), time.process_time()
+            con.explain(sql)
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        _forget_plans(con)  # the next EXPLAIN plans again
+    finally:
+        if old is None:
+            del os.environ["TENSORDB_DEBUG"]
+        else:
+            os.environ["TENSORDB_DEBUG"] = old
+    stages = dict.fromkeys(STAGES, 0.0)
+    stages["cpu"] = cpu
+    for name, ms in re.findall(r"\[tensordb\] (\w+)\s+([\d.]+) ms", err.getvalue()):
+        if name in stages:
+            stages[name] += float(ms) / 1e3
+    return total, stages
+
+
+def measure(path: str, layers: int, workers: int, runs: int) -> dict[str, float]:
+    sql = mlp_script(layers)
+    with tensordb.connect(path) as con:
+        con.set("workers", workers)
+        con.explain(mlp_script(1))  # the grammar and the first connection's warm-up
+        samples = [timed_explain(con, sql) for _ in range(runs)]
+    out = {"total": statistics.median(t for t, _ in samples),
+           "cpu": statistics.median(st["cpu"] for _, st in samples)}
+    for s in STAGES:
+        out[s] = statistics.median(st[s] for _, st in samples)
+    out["other"] = max(0.0, out["total"] - sum(out[s] for s in STAGES))
+    return out
+
+
+def small_query(root: str, runs: int) -> None:
+    """The fixed cost of one small statement, parse to stored result: a 64 x 64 float32 matmul,
+    planned every time (the plan cache emptied) and with its plan cached, in memory and on disk
+    (where the payload and the catalog are fsynced at commit)."""
+    print("\n| 64x64 matmul, parse to stored result | median | stages (median) |")
+    print("|---|---:|---|")
+    rng = np.random.default_rng(0)
+    for where in (None, os.path.join(root, "small.tdb")):
+        with tensordb.connect(where, workers=2) as con:
+            for name in "AB":
+                con.load(name, rng.standard_normal((64, 64), dtype=np.float32), replace=True)
+            sql = "C[i,k] = SUM(A[i,j] * B[j,k])"
+            for cached in (False, True):
+                samples = []
+                for _ in range(runs):
+                    if not cached:
+                        _forget_plans(con)
+                    err = io.StringIO()
+                    os.environ["TENSORDB_DEBUG"] = "1"
+                    try:
+                        with contextlib.redirect_stderr(err):
+                            t0 = time.perf_counter()
+                            con.execute(sql)
+                            total = time.perf_counter() - t0
+                    finally:
+                        del os.environ["TENSORDB_DEBUG"]
+                    stages: dict[str, float] = {}
+                    for name, ms in re.findall(r"\[tensordb\] (\w+)\s+([\d.]+) ms", err.getvalue()):
+                        stages[name] = float(ms)
+                    samples.append((total, stages))
+                names = sorted({n for _, st in samples for n in st},
+                               key=lambda n: ("parse bind optimize lower place run commit".split() + [n]).index(n))
+                split = ", ".join(f"{n} {statistics.median(st.get(n, 0.0) for _, st in samples):.2f}"
+                                  for n in names)
+                label = f"{'on disk' if where else 'in memory'}, {'plan cached' if cached else 'planned'}"
+                print(f"| {label} | {1e3 * statistics.median(t for t, _ in samples):.2f} ms | "
+                      f"{split} (ms) |", flush=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, nargs="*", default=[50, 500])
+    ap.add_argument("--workers", type=int, nargs="*", default=[4, 16, 64])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="cProfile one EXPLAIN per case")
+    ap.add_argument("--dir", default=None, help="keep the catalogs here (made when missing)")
+    ap.add_argument("--small-runs", type=int, default=101, help="runs of the small query")
+    args = ap.parse_args(argv)
+    root = args.dir or tempfile.mkdtemp(prefix="tensordb-bench-planning-")
+    print(f"| ops | workers | total | CPU | {' | '.join(STAGES)} | other |")
+    print("|---:|---:|---:|---:|" + "---:|" * (len(STAGES) + 1))
+    for layers in args.layers:
+        path = os.path.join(root, f"mlp{layers}.tdb")
+        if not os.path.exists(path):
+            make_db(path, layers)
+        for workers in args.workers:
+            if args.profile:
+                import cProfile
+                import pstats
+                with tensordb.connect(path) as con:
+                    con.set("workers", workers)
+                    con.explain(mlp_script(1))
+                    prof = cProfile.Profile()
+                    prof.runcall(con.explain, mlp_script(layers))
+                pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+                continue
+            m = measure(path, layers, workers, args.runs)
+            cells = " | ".join(f"{1e3 * m[s]:.0f} ms" for s in STAGES + ("other",))
+            print(f"| {2 * layers} | {workers} | {1e3 * m['total']:.0f} ms | {1e3 * m['cpu']:.0f} ms "
+                  f"| {cells} |", flush=True)
+    if not args.profile and args.small_runs:
+        small_query(root, args.small_runs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Block-sparse benchmark (run by hand): a block-sparse A times a dense B, stored to stored.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_sparse.py
+
+A is n x n float32 on 256 x 256 tiles with 0.1%, 1% or 10% of its tiles present (the others are
+absent: zeros, never stored), B is n x m dense. ``C[i,k] = SUM(A[i,j] * B[j,k])`` runs as a
+statement (parse to committed result); next to it the same product in numpy on the dense A
+(``A @ B``, the fastest numpy formulation of a plain matmul) and the kernel time alone (the
+run's summed task seconds). "tensordb" plans every run afresh (the plan cache emptied), "plan
+cached" is the same statement repeated; CPU columns are process CPU time (all threads), which
+a machine shared with other work disturbs less than wall time. Every figure is the median of ``--runs``; the result is checked
+against numpy once per density.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+import tensordb
+
+TILE = 256
+
+
+def block_sparse(rng, n: int, density: float) -> np.ndarray:
+    t = n // TILE
+    mask = rng.random((t, t)) < density
+    if not mask.any():
+        mask[0, 0] = True
+    a = np.zeros((n, n), np.float32)
+    for i, j in zip(*np.nonzero(mask)):
+        a[i * TILE:(i + 1) * TILE, j * TILE:(j + 1) * TILE] = rng.standard_normal((TILE, TILE),
+                                                                                 dtype=np.float32)
+    return a
+
+
+def timed(con, sql: str, cached: bool) -> tuple[float, dict[str, float]]:
+    """(wall seconds, {stage: seconds, "cpu": process CPU seconds}) of one run of ``sql``,
+    planned afresh unless ``cached`` (its plan from the plan cache)."""
+    cache = getattr(con, "_plan_cache", None)  # older versions have none
+    if not cached and cache is not None:
+        cache.clear()
+    err = io.StringIO()
+    os.environ["TENSORDB_DEBUG"] = "1"
+    try:
+        with contextlib.redirect_stderr(err):
+            t0, c0 = time.perf_counter(), time.process_time()
+            con.execute(sql)
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        del os.environ["TENSORDB_DEBUG"]
+    stages: dict[str, float] = {"cpu": cpu}
+    for name, ms in re.findall(r"\[tensordb\] (\w+)\s+([\d.]+) ms", err.getvalue()):
+        stages[name] = stages.get(name, 0.0) + float(ms) / 1e3
+    return total, stages
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--m", type=int, default=256)
+    ap.add_argument("--densities", type=float, nargs="*", default=[0.001, 0.01, 0.1])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=None)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal((args.n, args.m), dtype=np.float32)
+    print(f"A {args.n}x{args.n} float32 on {TILE}x{TILE} tiles, B {args.n}x{args.m}")
+    print("| tile density | tiles | tensordb | plan cached | kernels | lower | run | commit | "
+          "numpy A @ B | speed-up | CPU: tensordb | CPU: numpy | CPU speed-up |")
+    print("|---:|" * 1 + "---:|" * 12)
+    with tempfile.TemporaryDirectory(prefix="tensordb-bench-sparse-") as root:
+        for density in args.densities:
+            a = block_sparse(rng, args.n, density)
+            np_times, np_cpu = [], []
+            for _ in range(args.runs):
+                t0, c0 = time.perf_counter(), time.process_time()
+                ref = a @ b
+                np_times.append(time.perf_counter() - t0)
+                np_cpu.append(time.process_time() - c0)
+            with tensordb.connect(os.path.join(root, f"d{density}"), workers=args.workers) as con:
+                con.load("A", a, tile=(TILE, TILE))
+                con.load("B", b, tile=(TILE, args.m))
+                sql = "C[i,k] = SUM(A[i,j] * B[j,k])"
+                con.execute(sql)  # warm-up
+                samples, kernels, cached = [], [], []
+                for _ in range(args.runs):
+                    samples.append(timed(con, sql, cached=False))
+                    kernels.append(sum(m.seconds for m in con.last_run.ops))
+                    cached.append(timed(con, sql, cached=True)[0])
+                np.testing.assert_allclose(con.tensor("C"), ref, rtol=1e-3, atol=1e-3)
+                tiles = con.store.meta("A").tile_count
+            total = statistics.median(t for t, _ in samples)
+
+            def st(name):
+                return statistics.median(s.get(name, 0.0) for _, s in samples)
+            npt, npc, cpu = statistics.median(np_times), statistics.median(np_cpu), st("cpu")
+            print(f"| {100 * density:g}% | {tiles} | {1e3 * total:.1f} ms | "
+                  f"{1e3 * statistics.median(cached):.1f} ms | "
+                  f"{1e3 * statistics.median(kernels):.1f} ms | {1e3 * st('lower'):.1f} ms | "
+                  f"{1e3 * st('run'):.1f} ms | {1e3 * st('commit'):.1f} ms | {1e3 * npt:.0f} ms | "
+                  f"{npt / total:.0f}x | {1e3 * cpu:.1f} ms | {1e3 * npc:.0f} ms | {npc / cpu:.0f}x |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
