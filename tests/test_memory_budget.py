@@ -412,3 +412,17 @@ def test_fuzzed_statements_under_a_tiny_budget_match_numpy(seed, tmp_path, monke
     assert not failures, "\n".join(failures[:3])
     assert spilled  # these seeds' plans hold more than 2 KiB of intermediate tiles
     assert not list(tmp_path.glob("*/spill/run-*"))
+
+
+def test_a_run_that_cannot_reach_the_limit_is_not_admitted_task_by_task(data):
+    from tensordb.exec.budget import may_cross, working_bytes
+    db, d = data
+    with tensordb.connect(db, workers=2, memory_limit=LIMIT) as con:
+        con.execute("Eb[k,m] = SUM(Xc[i,k] * Xc[i,m]);")
+        small = con.last_plan
+        con.execute(CHAIN.replace("Y[", "Yb["))
+        chain = con.last_plan
+    # the Gram matrix's tiles all fit the limit at once; the chain's do not
+    assert sum(working_bytes(small, t) for t in small.tasks) <= LIMIT and not may_cross(small, LIMIT)
+    assert may_cross(chain, LIMIT)
+    _close(*_stored(db, "Eb"), d["Xc"].T.astype(np.float64) @ d["Xc"])

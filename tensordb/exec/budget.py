@@ -26,10 +26,10 @@ from collections import Counter
 
 import numpy as np
 
-from ..physical.plan import Kernel, Load
+from ..physical.plan import Aggregate, Kernel, Load
 from .runtime import planned_bytes
 
-__all__ = ["Budget", "working_bytes", "return_freed_memory", "HEAP_SLACK"]
+__all__ = ["Budget", "working_bytes", "may_cross", "return_freed_memory", "HEAP_SLACK"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _malloc_set = False
@@ -83,6 +83,19 @@ def working_bytes(plan, task) -> int:
     if choice.method == "broadcast" and op.agg_labels:  # the join of one chunk, then reduced
         extra += min(choice.chunk_elements, math.prod(ext.values())) * itemsize
     return out + extra
+
+
+def may_cross(plan, limit: int) -> bool:
+    """Could a run of ``plan`` hold more than ``limit`` bytes? Not when every task's working
+    bytes and every accumulator together fit: then no admission is needed, and the run goes as
+    one without a limit (the default limit, most of the machine's memory, is far from most
+    plans). Computed once per plan (a cached plan keeps it)."""
+    bound = getattr(plan, "_upper_bytes", None)
+    if bound is None:
+        bound = sum(working_bytes(plan, t) for t in plan.tasks)
+        bound += sum(planned_bytes(plan, t) for t in plan.tasks if isinstance(t, Aggregate))
+        plan._upper_bytes = bound
+    return bound > limit
 
 
 class Budget:

@@ -27,7 +27,7 @@ from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..physical.order import ranks
 from ..storage.writer import has_nonfinite
-from .budget import HEAP_SLACK, Budget, return_freed_memory
+from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
 from .kernels import get_backend
 from .ready import STOP, ReadyQueues
 from .runtime import Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, translate
@@ -174,7 +174,8 @@ class _Run:
         self.rank = plan.rank or ranks(plan)
         self.spill = SpillFiles(store)
         limit = ex.memory_limit
-        self.budget = Budget(self, limit, self.spill) if limit else None
+        # admission only where the run could cross the limit (see budget.may_cross)
+        self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, limit) else None
 
     def admit(self, item) -> bool:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
@@ -226,7 +227,7 @@ class _Run:
         return self.ledger.result(tiles, time.perf_counter() - t0, nnz=self.nnz,
                                   nonfinite=self.nonfinite,
                                   over_budget=budget.over_budget if budget else 0,
-                                  memory_limit=budget.limit if budget else None)
+                                  memory_limit=self.ex.memory_limit or None)
 
     def _queue(self, worker: int, item) -> None:
         with self.lock:
