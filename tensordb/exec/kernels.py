@@ -183,6 +183,8 @@ class KernelSpec:
             per_slice = math.prod(full) // max(full[axis], 1)
             step = max(1, self.choice.chunk_elements // max(per_slice, 1))
             acc = None
+            buf = None  # the first chunk's join, reused by the later ones (no fresh pages each)
+            spare = None  # the later chunks' reductions, before they are folded into acc
             for lo in range(0, max(full[axis], 1), step):
                 if check is not None:
                     check(lo / max(full[axis], 1))
@@ -190,9 +192,19 @@ class KernelSpec:
                 sl = [v if v.shape[axis] == 1 else _slice(v, axis, lo, hi, xp) for v in views]
                 shape = list(full)
                 shape[axis] = hi - lo
-                val = xp.broadcast_to(xp.asarray(scalar.evaluate(op.join, sl, xp)), shape)
-                part = ufunc.reduce(val, axis=agg_axes) if xp is np else \
-                    getattr(xp, agg.xp_reduce)(val, axis=agg_axes)
+                into = None if buf is None else _slice(buf, axis, 0, hi - lo, xp)
+                res = xp.asarray(scalar.evaluate(op.join, sl, xp, out=into))
+                if buf is None and xp is np and _fresh(res, shape, arrays):
+                    buf = res  # same inputs' dtypes, same ufunc loop: the same values
+                val = xp.broadcast_to(res, shape)
+                if xp is not np:
+                    part = getattr(xp, agg.xp_reduce)(val, axis=agg_axes)
+                elif acc is None:
+                    part = ufunc.reduce(val, axis=agg_axes)
+                else:  # reduced into one buffer, then folded into the accumulator
+                    if spare is None:
+                        spare = np.empty_like(acc)
+                    part = ufunc.reduce(val, axis=agg_axes, out=spare)
                 if acc is None:
                     acc = part
                 elif xp is np:
@@ -216,6 +228,13 @@ class KernelSpec:
             sl = [v if v.shape[0] == 1 else v[lo:hi] for v in views]
             res[lo:hi] = scalar.evaluate(self.op.join, sl, xp)  # broadcasts a label the join ignores
         return res
+
+
+def _fresh(res, shape, arrays) -> bool:
+    """Is ``res`` a new array of ``shape`` that the kernel owns (a ufunc's result, not an input
+    or a view of one), so that later chunks may be computed into it?"""
+    return (isinstance(res, np.ndarray) and res.base is None and res.flags.writeable
+            and res.shape == tuple(shape) and all(res is not a for a in arrays))
 
 
 def _no_check(done: float = 0.0) -> None:
