@@ -82,7 +82,7 @@ def _nonzero(expr: Expr, L: _Logic, facts):
         return facts[2](expr.index)
     if isinstance(expr, Const):
         v = expr.value
-        return L.const(v != 0 and not np.isnan(v) and abs(v) >= _F32.tiny)
+        return L.const(v != 0 and not np.isnan(v) and abs(v) >= float(_F32.tiny))  # not cast to f32
     if expr.fn in _KEEPS_NONZERO:
         return _nonzero(expr.args[0], L, facts)
     return L.false
