@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import tensordb  # noqa: E402
-from tests.bench.bench_suite import blas_info  # noqa: E402
+from tests.bench.bench_suite import blas_info, median_time as median  # noqa: E402
 
 COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_train.py"
 LR = 0.01
@@ -129,16 +129,6 @@ def paired(fns: dict, repeat: int) -> dict:
             fns[k]()
             times[k].append(time.perf_counter() - t0)
     return times
-
-
-def median(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(argv=None) -> None:
