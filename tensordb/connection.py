@@ -295,16 +295,20 @@ class Connection(TensorIO):
     def plan(self, graph: EinGraph, pieces=None):
         """optimize, lower, place: a bound graph -> (Decomposition, placed TilePlan); nothing
         runs. Aggregations wider than the executor combines in one task (its ``max_fan_in``;
-        None: any) become trees on their worker. TENSORDB_DEBUG=2 prints the plan as EXPLAIN
-        shows it, =3 its tile tasks too."""
+        None: any) become trees on their worker. A plan is cached under the layout of its
+        inputs, not their versions (physical/cache.py): a graph over new versions of the same
+        layout (a training step) reuses it, reading the current versions. TENSORDB_DEBUG=2
+        prints the plan as EXPLAIN shows it, =3 its tile tasks too."""
         fan_in = getattr(self._get_executor(), "max_fan_in", None)
-        versions = {t.name: self.store.meta(t.name).version for t in graph.inputs}
-        key = physical.plan_key(graph, pieces, versions, self._plan_settings(), fan_in)
+        readers = self.store.open_many([t.name for t in graph.inputs])  # one catalog query
+        layouts = {name: r.layout() for name, r in readers.items()}
+        key = physical.plan_key(graph, pieces, layouts, self._plan_settings(), fan_in)
         cached = self._plan_cache.get(key)
         if cached is not None:
             if debug_level() >= 1:
                 print(f"[tensordb] plan cache hit ({self._plan_cache.hits} hits)", file=sys.stderr)
-            return cached
+            decomp, plan = cached
+            return decomp, physical.rebind(plan, readers)
         decomp = self._optimize(graph, pieces)
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)
@@ -312,9 +316,8 @@ class Connection(TensorIO):
             plan = physical.place(plan)
             plan = physical.aggregation_trees(plan, fan_in)  # on the workers placement chose
             plan = physical.order(plan)  # the memory-aware order the pool runs tasks in
-        self._plan_cache.prune(lambda name: self.store.meta(name).version
-                               if self.store.has(name) else None)
-        self._plan_cache.put(key, decomp, plan, versions)
+        self._plan_cache.prune(self.store.has)
+        self._plan_cache.put(key, decomp, plan, readers)
         if debug_level() >= 2:
             from .explain import render
             print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)

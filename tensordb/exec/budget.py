@@ -90,11 +90,12 @@ def may_cross(plan, limit: int) -> bool:
     bytes and every accumulator together fit: then no admission is needed, and the run goes as
     one without a limit (the default limit, most of the machine's memory, is far from most
     plans). Computed once per plan (a cached plan keeps it)."""
-    bound = getattr(plan, "_upper_bytes", None)
+    memo = getattr(plan, "memo", {})
+    bound = memo.get("upper_bytes")
     if bound is None:
         bound = sum(working_bytes(plan, t) for t in plan.tasks)
         bound += sum(planned_bytes(plan, t) for t in plan.tasks if isinstance(t, Aggregate))
-        plan._upper_bytes = bound
+        memo["upper_bytes"] = bound
     return bound > limit
 
 

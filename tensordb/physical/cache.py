@@ -1,11 +1,14 @@
 """The plan cache: a bound graph planned once is not planned again while nothing it depends on
 changed, so a repeated statement (a training loop, a dashboard) pays only for running.
 
-A plan depends on the bound graph (its operations, shapes, dtypes and outputs), the pieces the
-user fixed, the catalog versions of its inputs (a version's tiles and facts never change), the
-settings that steer planning, and the executor's fan-in. The connection builds that key
-(``plan_key``); the cache keeps the most recent ``capacity`` plans, and ``prune`` drops those
-whose inputs have newer versions (their readers would keep replaced payload files mapped).
+A plan depends on the bound graph (its operations, input names, shapes, dtypes and outputs), the
+pieces the user fixed, the *layout* of each input (its grid, which tiles are present, and per
+tile its NaN/inf flag and whether every element is nonzero: ``TensorReader.layout``), the
+settings that steer planning, and the executor's fan-in. It does not depend on the input's
+version: a training step that writes new weights of the same layout plans once. The connection
+builds that key (``plan_key``). The cache keeps the most recent ``capacity`` plans *without*
+their readers (so no replaced payload file stays mapped); ``rebind`` gives a cached plan the
+readers of the inputs' current versions, and ``prune`` drops the plans reading a dropped tensor.
 
     >>> cache = PlanCache(capacity=2)
     >>> cache.get("k") is None, cache.stats()["misses"]
@@ -13,16 +16,27 @@ whose inputs have newer versions (their readers would keep replaced payload file
 """
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
-__all__ = ["PlanCache", "plan_key"]
+__all__ = ["PlanCache", "plan_key", "rebind"]
 
 
-def plan_key(graph, pieces, versions: dict[str, int], settings: tuple, fan_in) -> Hashable:
-    """The key of a plan: everything its decomposition and tile plan depend on."""
+def plan_key(graph, pieces, layouts: dict[str, bytes], settings: tuple, fan_in) -> Hashable:
+    """The key of a plan: everything its decomposition and tile plan depend on (``layouts``:
+    input name -> ``TensorReader.layout()``)."""
     fixed = tuple(sorted((str(name), tuple(sorted(p.items()))) for name, p in (pieces or {}).items()))
-    return (graph, fixed, tuple(sorted(versions.items())), settings, fan_in)
+    return (graph, fixed, tuple(sorted(layouts.items())), settings, fan_in)
+
+
+def rebind(plan, readers: dict):
+    """``plan`` reading through ``readers`` (input name -> TensorReader of its current version).
+    Everything else in a TilePlan names tensors, never versions: its tasks, outputs and stats
+    are shared with the cached plan."""
+    bound = copy.copy(plan)
+    bound.readers = dict(readers)
+    return bound
 
 
 class PlanCache:
@@ -30,10 +44,12 @@ class PlanCache:
 
     def __init__(self, capacity: int = 32) -> None:
         self.capacity = capacity
-        self._plans: OrderedDict[Hashable, tuple[Any, Any, dict[str, int]]] = OrderedDict()
+        self._plans: OrderedDict[Hashable, tuple[Any, Any, frozenset[str]]] = OrderedDict()
         self.hits = self.misses = 0
 
     def get(self, key: Hashable):
+        """The cached (Decomposition, TilePlan) of ``key`` (its readers empty: ``rebind`` it),
+        or None."""
         try:
             entry = self._plans[key]
         except (KeyError, TypeError):  # TypeError: an unhashable part (never cached)
@@ -43,22 +59,22 @@ class PlanCache:
         self.hits += 1
         return entry[:2]
 
-    def put(self, key: Hashable, decomp, plan, versions: dict[str, int]) -> None:
+    def put(self, key: Hashable, decomp, plan, inputs) -> None:
+        """Keep ``plan`` (a copy without its readers) under ``key``; ``inputs``: the names it reads."""
         if self.capacity <= 0:
             return
         try:
-            self._plans[key] = (decomp, plan, dict(versions))
+            self._plans[key] = (decomp, rebind(plan, {}), frozenset(inputs))
         except TypeError:
             return
         self._plans.move_to_end(key)
         while len(self._plans) > self.capacity:
             self._plans.popitem(last=False)
 
-    def prune(self, current: Callable[[str], int | None]) -> None:
-        """Drop the plans that read a tensor whose current version (``current(name)``; None:
-        dropped) is not the one they were planned for."""
-        stale = [k for k, (_, _, versions) in self._plans.items()
-                 if any(current(name) != v for name, v in versions.items())]
+    def prune(self, exists: Callable[[str], bool]) -> None:
+        """Drop the plans that read a tensor that no longer exists (``exists(name)`` is False)."""
+        stale = [k for k, (_, _, inputs) in self._plans.items()
+                 if not all(exists(name) for name in inputs)]
         for k in stale:
             del self._plans[k]
 

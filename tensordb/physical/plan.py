@@ -131,6 +131,8 @@ class TilePlan:
                                                            # the whole operation)
     rank: dict[int, int] = field(default_factory=dict)     # task key -> its place in the order
                                                            # ready tasks run in (order.py)
+    memo: dict = field(default_factory=dict)               # facts of the plan computed once (a
+                                                           # cached plan's rebound copies share it)
 
     def task(self, key: int) -> Task:
         return self.tasks[self._pos[key]]

@@ -10,6 +10,7 @@ path that reads tiles (con.tensor, export, SQL relations, the executors' loads).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import mmap
 import os
@@ -86,6 +87,17 @@ class TensorReader:
         full = len(self.entries) == self.meta.total_tiles and all(
             e.nnz == math.prod(e.shape) for e in entries)
         return finite, finite and full
+
+    def layout(self) -> bytes:
+        """A digest of what planning reads of this version besides its shape and dtype: the
+        grid, which tiles are present, and per tile its NaN/inf flag and whether nnz == size.
+        Two versions with the same layout get the same plan (the plan cache's key): the
+        values differ, the tile join, kernel calls and skipped products do not."""
+        h = hashlib.blake2b(repr(self.meta.grid).encode(), digest_size=16)
+        for c in sorted(self.entries):
+            e = self.entries[c]
+            h.update(repr((c, e.nonfinite, e.nnz == math.prod(e.shape))).encode())
+        return h.digest()
 
     def tiles(self) -> Iterator[tuple[TileEntry, np.ndarray]]:
         """Every stored tile with its entry, in file order (sequential reads)."""
