@@ -555,3 +555,18 @@ def test_literals_overflow_where_numpy_overflows(query, oracle, tile):
         got = con.tensor("R")
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)  # exact: NaN and inf in the same places
+
+
+@pytest.mark.parametrize("agg,fn", [("MAX", np.max), ("MIN", np.min), ("SUM", np.sum),
+                                    ("PROD", np.prod)])
+def test_an_aggregate_over_every_label_in_many_chunks_is_numpys(agg, fn):
+    # every label aggregated: each chunk reduces to a scalar, which the accumulator folds
+    rng = np.random.default_rng(5)
+    a = rng.uniform(0.999, 1.001, (600, 700))
+    b = rng.uniform(0.999, 1.001, (700, 800)) if agg != "PROD" else rng.uniform(0.9999, 1.0001, (700, 800))
+    with tensordb.connect(workers=2) as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.execute(f"C[] = {agg}(A[i,j] * B[j,k]);")
+        np.testing.assert_allclose(float(con.tensor("C")), fn(a[:, :, None] * b[None, :, :]),
+                                   rtol=1e-9)

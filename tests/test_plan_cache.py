@@ -214,3 +214,15 @@ def test_a_cache_hit_shows_in_debug_output(tmp_path):
                          check=True)
     assert out.stderr.count("plan cache hit") == 1
     assert out.stderr.count("[tensordb] lower") == 1
+
+
+def test_literals_equal_as_numbers_but_not_as_results_do_not_share_a_plan():
+    # 0.0 == -0.0 (and so do the graphs that hold them), but A / -0.0 is -inf where A / 0.0 is inf
+    with tensordb.connect(workers=2) as con:
+        a = np.array([1.0, 2.0, 3.0])
+        con.load("A", a)
+        con.execute("C[i] = A[i] / -0.0;")
+        con.execute("D[i] = A[i] / 0.0;")
+        with np.errstate(divide="ignore"):
+            np.testing.assert_array_equal(con.tensor("C"), a / -0.0)
+            np.testing.assert_array_equal(con.tensor("D"), a / 0.0)

@@ -81,7 +81,10 @@ def working_bytes(plan, task) -> int:
         if blas and np.dtype(dt) != np.dtype(op.dtype):  # BLAS multiplies in the result's dtype
             extra += math.prod(shape) * itemsize
     if choice.method == "broadcast" and op.agg_labels:  # the join of one chunk, then reduced
-        extra += min(choice.chunk_elements, math.prod(ext.values())) * itemsize
+        space = math.prod(ext.values())
+        along = ext.get(choice.chunk, 1) if choice.chunk else 1
+        per_slice = space // max(along, 1)  # a chunk is one slice of its label at least
+        extra += min(space, max(choice.chunk_elements, per_slice)) * itemsize
     return out + extra
 
 
@@ -94,7 +97,8 @@ def may_cross(plan, limit: int) -> bool:
     bound = memo.get("upper_bytes")
     if bound is None:
         bound = sum(working_bytes(plan, t) for t in plan.tasks)
-        bound += sum(planned_bytes(plan, t) for t in plan.tasks if isinstance(t, Aggregate))
+        # accumulators, and Loads at their full size: a box off the stored tiles is a copy
+        bound += sum(planned_bytes(plan, t) for t in plan.tasks if isinstance(t, (Aggregate, Load)))
         memo["upper_bytes"] = bound
     return bound > limit
 

@@ -205,8 +205,8 @@ class KernelSpec:
                     if spare is None:
                         spare = np.empty_like(acc)
                     part = ufunc.reduce(val, axis=agg_axes, out=spare)
-                if acc is None:
-                    acc = part
+                if acc is None:  # an array (a reduction over every label gives a scalar)
+                    acc = np.array(part) if xp is np and not isinstance(part, np.ndarray) else part
                 elif xp is np:
                     ufunc(acc, part, out=acc)
                 else:

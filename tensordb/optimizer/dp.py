@@ -14,7 +14,9 @@ where ``recut(u)`` is u's bytes, or half of them when the tiling needed refines 
 The edge term depends only on ``u``'s output tiling, so each producer keeps the best entry per
 output tiling and each edge costs one dictionary lookup: the whole search is
 O(sum of candidates x inputs). Operations that differ only by name (the layers of a model) share
-their candidates and own costs. When every intermediate has one consumer (a tree) this is exact.
+their candidates and own costs. When every intermediate has one consumer (a tree) this is
+exact but for the refinement discount, which is taken against the producer's best entry only (a
+costlier entry that the consumer's tiling refines is not tried).
 
 Shared intermediates (used by more than one operand) are fixed greedily, with one step of
 look-ahead: when ``u``'s table is complete, ``u`` takes the tiling ``e`` that minimises

@@ -20,6 +20,8 @@ import copy
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
+from ..plan import scalar
+
 __all__ = ["PlanCache", "plan_key", "rebind"]
 
 
@@ -27,7 +29,18 @@ def plan_key(graph, pieces, layouts: dict[str, bytes], settings: tuple, fan_in) 
     """The key of a plan: everything its decomposition and tile plan depend on (``layouts``:
     input name -> ``TensorReader.layout()``)."""
     fixed = tuple(sorted((str(name), tuple(sorted(p.items()))) for name, p in (pieces or {}).items()))
-    return (graph, fixed, tuple(sorted(layouts.items())), settings, fan_in)
+    literals = tuple(_literals(op.join) for op in graph.ops)
+    return (graph, literals, fixed, tuple(sorted(layouts.items())), settings, fan_in)
+
+
+def _literals(expr) -> tuple:
+    """The literals of a join as their type and spelling: equal graphs may differ in them
+    (``0.0 == -0.0``, ``1 == 1.0 == True``), and each gives another result."""
+    if isinstance(expr, scalar.Const):
+        return ((type(expr.value).__name__, repr(expr.value)),)
+    if isinstance(expr, scalar.Call):
+        return tuple(x for a in expr.args for x in _literals(a))
+    return ()
 
 
 def rebind(plan, readers: dict):
