@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
@@ -22,13 +23,22 @@ def gpu_available() -> bool:
         return False
 
 
+def corpus_executor() -> str:
+    """The executor the random corpora (tests/test_fuzz.py, tests/test_engine_corpus.py) run on:
+    ``TENSORDB_TEST_EXECUTOR``, ``local`` when unset. ``gpu`` runs them with CuPy on a GPU
+    (tests/bench/gpu_device.sh); there is no fallback: without a GPU they fail."""
+    return os.environ.get("TENSORDB_TEST_EXECUTOR", "").strip() or "local"
+
+
 def pytest_collection_modifyitems(config, items):
     run_slow = config.getoption("--runslow")
     gpu = None
     for item in items:
-        if "slow" in item.keywords and not run_slow:
+        # Markers, not keywords: keywords hold the names of the folders above a test too (a
+        # checkout in a folder named gpu would skip every test).
+        if item.get_closest_marker("slow") is not None and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow: run with --runslow"))
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             if gpu is None:
                 gpu = gpu_available()
             if not gpu:

@@ -1,11 +1,13 @@
 """The correctness corpus: hundreds of random extended einsums, under random tilings, stored
-tilings and absent tiles, for every registered tiling strategy, checked against a dense oracle."""
+tilings and absent tiles, for every registered tiling strategy, checked against a dense oracle.
+``TENSORDB_TEST_EXECUTOR=gpu`` runs it on the GPU executor (CuPy)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import tensordb
+from conftest import corpus_executor
 from tensordb.optimizer import STRATEGIES
 from tensordb.plan.scalar import parse_join
 
@@ -67,7 +69,7 @@ def make_case(seed: int):
 
 @pytest.fixture(scope="module")
 def con():
-    with tensordb.connect(workers=3) as c:
+    with tensordb.connect(workers=3, executor=corpus_executor()) as c:
         yield c
 
 

@@ -5,7 +5,8 @@ Each seed is one batch: one in-memory connection, label sizes of its own, a pool
 COO queries) and ``CASES`` random statements over them, each run through the dialect, ``con.einsum``
 or the ``Graph`` API, with random ``WITH (PIECES ...)`` pieces. A failure names the seed, the case and
 the statement; rerun it with ``pytest 'tests/test_fuzz.py::test_fuzz_einsums[seed17]'``.
-``--runslow`` adds ten times as many seeds. docs/architecture.md ("Testing") describes it.
+``--runslow`` adds ten times as many seeds. ``TENSORDB_TEST_EXECUTOR=gpu`` runs it on the GPU
+executor (CuPy). docs/architecture.md ("Testing") describes it.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from conftest import corpus_executor
 from tensordb.plan.builder import Graph
 
 from .fuzz_gen import DTYPES, LABELS, Pool, Statement, Stored, gen_statement, labels_of
@@ -125,7 +127,7 @@ def run_batch(seed: int, cases: int = CASES, directory=None, memory_limit=None) 
     failures = []
     on_disk = directory is not None and rng.random() < 0.3
     path = os.path.join(directory, f"fuzz{seed}.tdb") if on_disk else None
-    with tensordb.connect(path, workers=int(rng.integers(1, 4))) as con:
+    with tensordb.connect(path, workers=int(rng.integers(1, 4)), executor=corpus_executor()) as con:
         if memory_limit is not None:  # the executor's budget only: planning and reading
             con._get_executor().memory_limit = memory_limit  # results keep theirs
         con.set("tiling", str(rng.choice(["eindecomp", "eindecomp", "data-parallel", "even"])))

@@ -58,13 +58,14 @@ def return_freed_memory() -> None:
         pass
 
 
-def working_bytes(plan, task) -> int:
+def working_bytes(plan, task, loads_copy: bool = False) -> int:
     """The bytes ``task`` holds while it runs, from the plan alone: its output tile, plus for a
     kernel call the zeros of absent inputs, the copies of BLAS operands in another dtype and a
     broadcasting kernel's chunk of the join (an elementwise join's result is its output). A Load reserves nothing (a view of
-    a stored tile; a copy counts once made)."""
+    a stored tile; a copy counts once made), unless ``loads_copy``: on a GPU every Load is a
+    copy of its box in device memory."""
     if isinstance(task, Load):
-        return 0
+        return planned_bytes(plan, task) if loads_copy else 0
     out = planned_bytes(plan, task)
     if not isinstance(task, Kernel):
         return out
@@ -109,6 +110,7 @@ class Budget:
     def __init__(self, run, limit: int, spill) -> None:
         self.run, self.limit, self.spill = run, int(limit), spill
         self.plan, self.ledger = run.plan, run.ledger
+        self.loads_copy = getattr(run.tiles, "loads_copy", False)  # device tiles (gpu.py)
         self.rank = run.rank
         self.reserved = 0
         self.running = 0
@@ -126,7 +128,7 @@ class Budget:
             self.running += 1
             self.in_use[part] += 1
             return True
-        need = working_bytes(self.plan, task)
+        need = working_bytes(self.plan, task, self.loads_copy)
         excess = self.ledger.live + self.reserved + need - self.limit
         if excess > 0 and not force:
             inputs = set(task.inputs)  # needed now: spilled last, when nothing else can run

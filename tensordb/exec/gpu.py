@@ -56,6 +56,7 @@ class DeviceTiles(HostTiles):
     limits_blas = False
     writes_destinations = False
     spills = False  # device tiles: the budget (device memory) waits, it does not spill
+    loads_copy = True  # a Load copies its box host -> device: the budget reserves it
 
     def __init__(self, devices: list[int], xp=None) -> None:
         super().__init__(xp if xp is not None else get_backend("cupy"))

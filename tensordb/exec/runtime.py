@@ -107,7 +107,10 @@ def _reraise(exc: BaseException, op):
 
 def _owned_nbytes(a) -> int:
     """Bytes of process memory a tile holds: 0 for views of memory-mapped files (stored tiles,
-    output buffers), which the page cache holds."""
+    output buffers), which the page cache holds. A device array (CuPy's: no NumPy array) is a
+    copy on the device: all of it."""
+    if not isinstance(a, np.ndarray):
+        return int(getattr(a, "nbytes", 0))
     base = a
     while isinstance(base, np.ndarray) and base.base is not None:
         base = base.base

@@ -266,9 +266,23 @@ def evaluate(expr: Expr, values: list, xp=np, out=None):
         if folded is not None:
             return folded
     fn = getattr(xp, spec.ufunc.__name__, spec.ufunc) if xp is not np else spec.ufunc
+    if expr.fn == "pow" and xp is not np:
+        _refuse_negative_int_power(*args)
     if out is not None and isinstance(fn, np.ufunc):
         return fn(*args, out=out, casting="unsafe")
     return fn(*args)
+
+
+def _refuse_negative_int_power(base, exponent) -> None:
+    """NumPy refuses an integer to a negative integer power (ValueError, a DataError for the
+    user); CuPy computes something: refuse it on other array modules the same way."""
+    def kind(a):
+        return "i" if type(a) is int else getattr(getattr(a, "dtype", None), "kind", "f")
+    if kind(base) not in "iub" or kind(exponent) != "i":
+        return
+    negative = exponent < 0 if type(exponent) is int else bool((exponent < 0).any())
+    if negative:
+        raise ValueError("Integers to negative integer powers are not allowed.")
 
 
 # Operators on two Python scalars compute as Python does (``2 * 3`` is a weak int 6, as in the
