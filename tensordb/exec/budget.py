@@ -8,7 +8,8 @@ the limit, it
 
 a. spills resident intermediate tiles that no running task reads (and that the task itself does
    not read), those needed furthest in the plan's order first (``spill.py``: written to disk,
-   read back memory-mapped), until it fits;
+   read back memory-mapped; on a GPU, ``DeviceTiles.evict``: copied to host memory and back
+   onto the device when a task reads them), until it fits;
 b. else waits for a running task to end (the queue wakes it);
 c. else, when nothing runs, spills the task's own inputs too, and if that is not enough runs it
    anyway and counts it (``over_budget``): the planner guarantees that one task's working set
@@ -177,8 +178,12 @@ class Budget:
         if not getattr(self.run.tiles, "spills", False) or self.spill_failed:
             return 0
         held = self.ledger.held
+        # A stored output's tile stays where it is until the run ends; on a GPU it may go to
+        # host memory early (it goes there at the end anyway).
+        outputs_too = getattr(self.run.tiles, "evict", None) is not None
         candidates = [k for k in list(self.run.results)
-                      if held.get(k, 0) > 0 and k not in self.in_use and k not in self.run.keep
+                      if held.get(k, 0) > 0 and k not in self.in_use
+                      and (outputs_too or k not in self.run.keep)
                       and k not in self.spilled and k not in keep]
         candidates.sort(key=self._next_use, reverse=True)
         freed = 0
@@ -194,8 +199,9 @@ class Budget:
             value = run.results.get(key)
         if value is None:
             return 0
+        evict = getattr(run.tiles, "evict", None)  # device tiles go to host memory instead
         try:
-            mapped, nbytes, seconds = self.spill.write(key, value)
+            mapped, nbytes, seconds = evict(value) if evict else self.spill.write(key, value)
         except OSError:  # a full or unwritable disk: keep tiles in memory (wait, or run over)
             self.spill_failed = True
             return 0

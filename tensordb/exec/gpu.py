@@ -11,21 +11,27 @@ stream or device never reads a tile that is still being written, and no freed bl
 while a copy from it is in flight. Without CuPy or a GPU, asking for this executor raises
 NotSupportedError. The pool and the runtime are the local executor's; this module supplies only
 the array module (CuPy) and how tiles move (``DeviceTiles``). A ``memory_limit`` bounds the
-tiles on the devices the same way (the pool's admission, ``budget.py``): a task waits for room,
-and device tiles are never spilled to disk. On a cluster, use dask-cuda's workers instead
+tiles on the devices the same way (the pool's admission, ``budget.py``): a Load counts as the
+copy it is, and when a task would cross the limit, tiles that no running task reads are moved to
+host memory (``evict``; never to disk; a finished output tile too, since it goes to the host
+anyway) and copied back onto the device when a task reads them,
+else the task waits for room (several GPUs) or runs over the limit, counted in ``over_budget``.
+Only the tiles count: CuPy's pool may keep freed blocks, and a task's inputs copied back are
+held while it runs. On a cluster, use dask-cuda's workers instead
 (``dask://...?backend=cupy``).
 
 Not yet run on GPU hardware: the code follows CuPy's documented API (see docs/distributed.md).
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 from ..errors import NotSupportedError
 from .kernels import get_backend
 from .pool import HostTiles, LocalExecutor
 
-__all__ = ["GpuExecutor", "DeviceTiles", "gpu_devices"]
+__all__ = ["GpuExecutor", "DeviceTiles", "OnHost", "gpu_devices"]
 
 
 def gpu_devices(spec: str = "gpu") -> list[int]:
@@ -46,6 +52,19 @@ def gpu_devices(spec: str = "gpu") -> list[int]:
     return ids
 
 
+class OnHost:
+    """A device tile the memory budget moved to host memory (``DeviceTiles.evict``)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array) -> None:
+        self.array = array
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
+
+
 class DeviceTiles(HostTiles):
     """Tiles resident on GPUs: worker ``w`` runs on ``devices[w]`` with its own non-blocking
     stream; a tile read on another device is copied there; only stored outputs come back to
@@ -55,7 +74,7 @@ class DeviceTiles(HostTiles):
     name = "gpu"
     limits_blas = False
     writes_destinations = False
-    spills = False  # device tiles: the budget (device memory) waits, it does not spill
+    spills = True      # the budget moves device tiles to host memory (evict), not to disk
     loads_copy = True  # a Load copies its box host -> device: the budget reserves it
 
     def __init__(self, devices: list[int], xp=None) -> None:
@@ -73,7 +92,16 @@ class DeviceTiles(HostTiles):
             with cuda.Stream(non_blocking=True):  # the current stream is per thread
                 yield
 
+    def evict(self, value):
+        """The budget's spill on a GPU: the tile copied to host memory (``OnHost``), its bytes
+        and the seconds the copy took. A task that reads it copies it back (``fetch``)."""
+        t0 = time.perf_counter()
+        host = self.xp.asnumpy(value)
+        return OnHost(host), int(host.nbytes), time.perf_counter() - t0
+
     def fetch(self, value, src: int, dst: int):
+        if isinstance(value, OnHost):  # evicted by the budget: back onto this worker's device
+            return self.xp.asarray(value.array)
         if self._device(src) != self._device(dst):
             value = value.copy()  # cupy copies an array of another device onto the current one
             self.xp.cuda.get_current_stream().synchronize()  # the source may be freed next
@@ -83,7 +111,7 @@ class DeviceTiles(HostTiles):
         self.xp.cuda.get_current_stream().synchronize()  # readers on other streams see it done
 
     def to_host(self, value):
-        return self.xp.asnumpy(value)
+        return value.array if isinstance(value, OnHost) else self.xp.asnumpy(value)
 
 
 def GpuExecutor(spec: str = "gpu", *, memory_limit=None) -> LocalExecutor:  # noqa: N802

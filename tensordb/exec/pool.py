@@ -67,7 +67,8 @@ class HostTiles:
         return nullcontext()
 
     def fetch(self, value, src: int, dst: int):
-        """Tile ``value`` made on worker ``src``, for a task on worker ``dst``."""
+        """Tile ``value`` made on worker ``src``, for a task on worker ``dst`` (called for every
+        input, ``src == dst`` too)."""
         return value
 
     def publish(self, value) -> None:
@@ -271,8 +272,7 @@ class _Run:
         src = self.made_on.get(key, w)
         if src != w:
             self.ledger.moved(task, int(getattr(value, "nbytes", 0)))
-            value = self.tiles.fetch(value, src, w)
-        return value
+        return self.tiles.fetch(value, src, w)  # also a tile the budget moved off a device
 
     def _run_task(self, w: int, task) -> None:
         if isinstance(task, Aggregate):  # pragma: no cover - aggregations are driven by _accumulate

@@ -50,6 +50,7 @@ class GpuWorkload:
     tile: dict = field(default_factory=dict)                 # stored tiling per input
     numpy_repeat: int | None = None                          # fewer NumPy runs (slow ones)
     check: Callable[[dict, np.ndarray], float] | None = None  # error vs NumPy, when not w.numpy's
+    cupy_host: bool = True                                   # time CuPy host->host too
     note: str = ""
 
 
@@ -140,17 +141,19 @@ def _min_plus(n, numpy_n) -> GpuWorkload:
         graph=lambda: tensordb.Graph().op("OUT", "ij", [("D", "ik"), ("D", "kj")],
                                           join="x0 + x1", agg="min"),
         numpy=np_minplus if numpy_n else None, cupy=cupy_minplus, numpy_repeat=1, check=check_rows,
+        cupy_host=False,
         note=f"CuPy broadcasts in chunks of 16 values of k (the whole join is {n ** 3 * 4 / 2 ** 40:.1f}"
              f" TiB); NumPy: one run of the {numpy_n}x{numpy_n} problem, single-threaded (its "
-             f"error column: the first 16 rows of the {n} product by NumPy)")
+             f"error column: the first 16 rows of the {n} product by NumPy); CuPy host->host not "
+             f"timed (copying {n * n * 4 >> 20} MiB each way is small next to the product)")
 
 
-def workloads(dry: bool) -> list[GpuWorkload]:
+def workloads(dry: bool, min_plus: int = 8192) -> list[GpuWorkload]:
     if dry:
         return [_matmul(256), _matmul(512, numpy_repeat=1), _mlp(128, 64, 256),
                 _sparse(512, 64, 0.05), _min_plus(128, 64)]
     return [_matmul(8192), _matmul(16384, numpy_repeat=1), _mlp(8192, 4096, 16384),
-            _sparse(8192, 256, 0.01), _min_plus(8192, 1024)]
+            _sparse(8192, 256, 0.01), _min_plus(min_plus, 1024)]
 
 
 # -- timing ------------------------------------------------------------------------------------
@@ -168,6 +171,10 @@ def median_time(fn, repeat: int, sync=None) -> float:
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _log(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')}   {text}", flush=True)
 
 
 def rel_err(got, want) -> float:
@@ -193,7 +200,9 @@ def run_workload(w: GpuWorkload, cp, executor: str, repeat: int, directory: str)
             con.run(graph, replace=True)
             runs.append(con.last_run.seconds)
 
+        _log(f"loaded {sorted(arrays)}")
         row["tensordb_stored"] = median_time(tdb, repeat)
+        _log(f"tensordb {row['tensordb_stored']:.3f}s")
         row["tensordb_run"] = statistics.median(runs[1:])
         plan = con.last_plan
         row["kernel_calls"] = plan.kernel_calls
@@ -204,12 +213,15 @@ def run_workload(w: GpuWorkload, cp, executor: str, repeat: int, directory: str)
         sync = cp.cuda.Device().synchronize
         dev = {k: cp.asarray(v) for k, v in arrays.items()}
         row["cupy_device"] = median_time(lambda: w.cupy(cp, dev), repeat, sync)
+        _log(f"cupy device {row['cupy_device']:.3f}s")
         want = cp.asnumpy(w.cupy(cp, dev))
         del dev
         cp.get_default_memory_pool().free_all_blocks()
-        row["cupy_host"] = median_time(
-            lambda: cp.asnumpy(w.cupy(cp, {k: cp.asarray(v) for k, v in arrays.items()})), repeat, sync)
-        cp.get_default_memory_pool().free_all_blocks()
+        if w.cupy_host:
+            row["cupy_host"] = median_time(
+                lambda: cp.asnumpy(w.cupy(cp, {k: cp.asarray(v) for k, v in arrays.items()})),
+                repeat, sync)
+            cp.get_default_memory_pool().free_all_blocks()
         row["err_vs_cupy"] = rel_err(got, want)
     if w.numpy is not None:
         nrep = w.numpy_repeat or repeat
@@ -310,6 +322,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--dry-run", action="store_true", help="no GPU: small sizes, executor local")
     p.add_argument("--only", default="", help="run the workloads whose name has this text")
+    p.add_argument("--min-plus", type=int, default=8192, help="the min-plus product's size")
+    p.add_argument("--budget", action="store_true", help="the memory_limit check also with --only")
     p.add_argument("--json", default="")
     p.add_argument("--md", default="")
     args = p.parse_args(argv)
@@ -327,11 +341,22 @@ def main(argv=None) -> int:
         cp = _NumpyAsCupy()
     executor = "local" if args.dry_run else "gpu"
     rows: list[dict] = []
+    if not args.only or args.budget:
+        n, tile, limit = (512, 64, 1 << 20) if args.dry_run else (8192, 1024, 512 << 20)
+        try:
+            meta["budget"] = budget_check(cp, executor, n, tile, limit)
+        except Exception as exc:  # noqa: BLE001
+            meta["budget"] = {"error": f"{type(exc).__name__}: {exc}"[:2000], "ok": False}
+        print(json.dumps(meta["budget"]), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as d:
-        for w in workloads(args.dry_run):
+        for w in workloads(args.dry_run, args.min_plus):
             if args.only and args.only not in w.name:
                 continue
             t0 = time.perf_counter()
+            print(f"{time.strftime('%H:%M:%S')} {w.name}: starting", flush=True)
             try:
                 row = run_workload(w, cp, executor, args.repeat, d)
             except Exception as exc:  # noqa: BLE001 - one failure must not lose the rest
@@ -343,16 +368,6 @@ def main(argv=None) -> int:
                 with open(args.json, "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)
             cp.get_default_memory_pool().free_all_blocks()
-    if not args.only:
-        n, tile, limit = (512, 64, 1 << 20) if args.dry_run else (8192, 1024, 512 << 20)
-        try:
-            meta["budget"] = budget_check(cp, executor, n, tile, limit)
-        except Exception as exc:  # noqa: BLE001
-            meta["budget"] = {"error": f"{type(exc).__name__}: {exc}"[:2000], "ok": False}
-        print(json.dumps(meta["budget"]), flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
     good = [r for r in rows if "error" not in r]
     text = render(good, meta) + "".join(f"- {r['name']}: FAILED {r['error']}\n"
                                         for r in rows if "error" in r)

@@ -9,8 +9,10 @@
 # wheels (Python 3.12, x86_64) are installed from $GPU_WHEELS (default: ../whl beside the source
 # tree) into /tmp/site. Each part runs under `timeout`, within the script's budget
 # ($GPU_BUDGET_S seconds, default 390), and one part's failure does not stop the next.
-# GPU_PARTS picks parts (default: "env tests bench fuzz corpus"). In a dry run the corpora run
-# on the local executor (two fuzz seeds) and the benchmark with --dry-run.
+# GPU_PARTS picks parts (default: "env tests bench fuzz corpus"), BENCH_ARGS adds arguments to
+# bench_gpu.py (e.g. "--only min-plus --budget"), BENCH_LIMIT_S its time limit, XDIST_N the pytest-xdist processes of the
+# corpora (default 4). In a dry run the corpora run on the local executor (a few fuzz seeds) and
+# the benchmark with --dry-run.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/gpu-out}
@@ -61,7 +63,7 @@ part() {
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --tb=short)
 XDIST=()
 if [ -z "$DRY" ] && "$PY" -c "import xdist" 2>/dev/null; then
-    XDIST=(-n 4)  # four processes share the one GPU: kernel compilation overlaps
+    XDIST=(-n "${XDIST_N:-4}" -v)  # processes share the one GPU: kernel compilation overlaps
 fi
 
 part env 60 bash -c "nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv;
@@ -72,12 +74,12 @@ part env 60 bash -c "nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,dri
 part tests 90 "${PYTEST[@]}" tests/test_gpu.py
 
 if [ -n "$DRY" ]; then
-    part bench 60 "$PY" -m tests.bench.bench_gpu --dry-run --repeat 2 --json "$OUT/bench.json" --md "$OUT/bench.md"
+    part bench 60 "$PY" -m tests.bench.bench_gpu --dry-run --repeat 2 --json "$OUT/bench.json" --md "$OUT/bench.md" ${BENCH_ARGS:-}
     part fuzz 120 "${PYTEST[@]}" tests/test_fuzz.py -k "test_fuzz_einsums and (seed0 or seed1)"
     part corpus 60 "${PYTEST[@]}" tests/test_engine_corpus.py -k "seed0- or seed1- or numpy_spec"
 else
-    part bench 190 "$PY" -m tests.bench.bench_gpu --repeat 5 --json "$OUT/bench.json" --md "$OUT/bench.md"
-    part fuzz 150 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/test_fuzz.py -k test_fuzz_einsums
+    part bench "${BENCH_LIMIT_S:-190}" "$PY" -m tests.bench.bench_gpu --repeat 5 --json "$OUT/bench.json" --md "$OUT/bench.md" ${BENCH_ARGS:-}
+    part fuzz 150 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/test_fuzz.py -k "test_fuzz_einsums and not slow"
     part corpus 90 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/test_engine_corpus.py
 fi
 
