@@ -125,8 +125,15 @@ class KernelSpec:
         if out is not None and xp is np and a3.dtype == b3.dtype == out.dtype and not scale_after:
             xp.matmul(a3, b3, out=out.reshape(nb, m, n))
             return out
-        res = xp.matmul(a3, b3)
-        res.shape = tuple(ext[l] for l in self.op.out_labels)  # in place: res keeps its memory
+        shape = tuple(ext[l] for l in self.op.out_labels)
+        if xp is np and a3.dtype == b3.dtype:
+            # Computed into a buffer of the final shape: res owns its memory (an accumulator need
+            # not copy it). NumPy 2.5 deprecates setting ``.shape``, which CuPy keeps.
+            res = np.empty(shape, dtype=np.result_type(a3, b3))
+            np.matmul(a3, b3, out=res.reshape(nb, m, n))
+        else:
+            res = xp.matmul(a3, b3)
+            res.shape = shape  # in place: res keeps its memory
         if res.dtype != self.dtype:
             res = res.astype(self.dtype)
         if scale_after:
