@@ -20,7 +20,8 @@ Only the tiles count: CuPy's pool may keep freed blocks, and a task's inputs cop
 held while it runs. On a cluster, use dask-cuda's workers instead
 (``dask://...?backend=cupy``).
 
-Not yet run on GPU hardware: the code follows CuPy's documented API (see docs/distributed.md).
+Ran on an NVIDIA H200 with CuPy 14 (2026-11-26): the gpu tests and the random corpora equal
+NumPy; several GPUs have not run (see docs/distributed.md).
 """
 from __future__ import annotations
 

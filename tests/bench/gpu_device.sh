@@ -10,8 +10,8 @@
 # tree) into /tmp/site. Each part runs under `timeout`, within the script's budget
 # ($GPU_BUDGET_S seconds, default 390), and one part's failure does not stop the next.
 # GPU_PARTS picks parts (default: "env tests bench fuzz corpus"), BENCH_ARGS adds arguments to
-# bench_gpu.py (e.g. "--only min-plus --budget"), BENCH_LIMIT_S its time limit, XDIST_N the pytest-xdist processes of the
-# corpora (default 4). In a dry run the corpora run on the local executor (a few fuzz seeds) and
+# bench_gpu.py (e.g. "--only min-plus --budget"), BENCH_LIMIT_S is its time limit, XDIST_N the
+# pytest-xdist processes of the corpora (default 4). In a dry run the corpora run on the local executor (a few fuzz seeds) and
 # the benchmark with --dry-run.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
