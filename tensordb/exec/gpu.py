@@ -54,6 +54,7 @@ class DeviceTiles(HostTiles):
 
     name = "gpu"
     limits_blas = False
+    inline = False  # tasks run in a worker's device context, never on the calling thread
     writes_destinations = False
     spills = False  # device tiles: the budget (device memory) waits, it does not spill
 

@@ -13,9 +13,16 @@ What a task does, what it costs and what its failure means is the shared runtime
 
 BLAS threads are set once for the whole run (threadpoolctl limits are process-wide): with W busy
 workers each gets cores // W BLAS threads.
+
+A tiny plan (a few tasks, a few MFLOP, no memory budget to keep, host tiles) runs on the calling
+thread, in the same order and through the same task code: handing it to a worker and waiting
+for it to come back would cost more than its kernels. Ctrl-C then lands in that thread and ends
+the run the same way (the rest of the plan is skipped, nothing is stored).
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import threading
 import time
@@ -37,6 +44,8 @@ __all__ = ["LocalExecutor", "HostTiles"]
 
 _controller = None
 _TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
+INLINE_TASKS = 8  # a plan of at most this many tasks...
+INLINE_FLOPS = 1 << 24  # ...and this many flops (a few ms at most) runs on the calling thread
 
 
 def _blas_limits(threads: int):
@@ -56,6 +65,7 @@ class HostTiles:
     name = "local"
     devices: tuple = ()
     limits_blas = True           # the workers' kernels are host BLAS: cap its threads per run
+    inline = True                # a tiny plan may run on the calling thread (no worker context)
     writes_destinations = True   # output tiles may land straight in the caller's buffers
     spills = True                # tiles are NumPy arrays: the budget may spill them to disk
 
@@ -126,16 +136,29 @@ class LocalExecutor:
             return RunResult({}, ops=[])
         tiles = self.tiles
         dest = (destinations or {}) if tiles.writes_destinations else {}
-        if tiles.limits_blas:
+        inline = tiles.inline and _tiny(plan)
+        if inline:  # one thread runs every kernel: BLAS keeps the threads it has
+            limits = nullcontext()
+        elif tiles.limits_blas:
             busy = {t.worker for t in plan.tasks if isinstance(t, Kernel)}
             limits = _blas_limits(max(1, self.cores // max(1, len(busy))))
         else:
             limits = nullcontext()
         with self._lock, limits:
-            self._start()
-            result = _Run(self, plan, progress, dest, store).go()
+            run = _Run(self, plan, progress, dest, store)
+            if inline and run.budget is None:
+                result = run.go_inline()
+            else:
+                self._start()
+                result = run.go()
         result.tiles = {k: tiles.to_host(v) for k, v in result.tiles.items()}
         return result
+
+
+def _tiny(plan: TilePlan) -> bool:
+    """Whether ``plan`` is small enough to run on the calling thread (see the module's doc)."""
+    return len(plan.tasks) <= INLINE_TASKS and \
+        sum(t.flops for t in plan.tasks if isinstance(t, Kernel)) <= INLINE_FLOPS
 
 
 class _Run:
@@ -173,6 +196,7 @@ class _Run:
         self.draining = False
         self.rank = plan.rank or ranks(plan)
         self.spill = SpillFiles(store)
+        self._inline: list | None = None  # go_inline's ready heap
         limit = ex.memory_limit
         # admission only where the run could cross the limit (see budget.may_cross)
         self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, limit) else None
@@ -229,12 +253,38 @@ class _Run:
                                   over_budget=budget.over_budget if budget else 0,
                                   memory_limit=self.ex.memory_limit or None)
 
+    def go_inline(self) -> RunResult:
+        """Run the plan on the calling thread: the items the workers would have taken, in the
+        order they would have taken them (folds first, then the plan's order)."""
+        t0 = time.perf_counter()
+        self.pending = 0
+        self._inline = []
+        self._seq = itertools.count()
+        try:
+            for t in self.plan.tasks:
+                if not isinstance(t, Aggregate) and not t.inputs:
+                    self._queue(t.worker, ("run", t))
+            while self._inline and self.control.error is None:
+                _, _, w, item = heapq.heappop(self._inline)
+                self.handle(w % self.ex.workers, item)  # records an error (Ctrl-C too)
+        finally:
+            self.spill.close()
+        if self.control.error is not None:
+            raise translate(self.control.error)
+        return self.ledger.result({k: self.results[k] for k in self.keep},
+                                  time.perf_counter() - t0, nnz=self.nnz,
+                                  nonfinite=self.nonfinite, over_budget=0,
+                                  memory_limit=self.ex.memory_limit or None)
+
     def _queue(self, worker: int, item) -> None:
         with self.lock:
             self.pending += 1
         # folds first (they free a partial), then the plan's order
         key = item[1].key
         priority = (0, self.rank.get(key, 0)) if item[0] == "acc" else (1, self.rank.get(key, 0))
+        if self._inline is not None:
+            heapq.heappush(self._inline, (priority, next(self._seq), worker, item))
+            return
         self.queues.put(worker % len(self.queues), priority, (self,) + item)
 
     def handle(self, w: int, item) -> None:

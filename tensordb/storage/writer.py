@@ -26,7 +26,7 @@ from .reader import TileEntry
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
 
-__all__ = ["TensorWriter", "ALIGN", "has_nonfinite"]
+__all__ = ["TensorWriter", "ALIGN", "has_nonfinite", "has_negative_zero"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 _ZEROS = bytes(ALIGN)
@@ -99,7 +99,8 @@ class TensorWriter:
 
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
                    nonfinite: bool | None = None) -> bool:
-        """Store tile ``coords``; returns False (and stores nothing) when it is all zero.
+        """Store tile ``coords``; returns False (and stores nothing) when it is all zero (``+0``:
+        a tile holding a ``-0.0`` is stored, so that it reads back with its sign).
         ``nnz`` and ``nonfinite`` (it holds NaN or inf), when the caller already computed them
         for this very array, save computing them again."""
         coords = tuple(int(c) for c in coords)
@@ -118,7 +119,7 @@ class TensorWriter:
         if a.dtype != self.dtype:
             a = a.astype(self.dtype)
         nnz = int(np.count_nonzero(a))
-        if nnz == 0:
+        if nnz == 0 and not has_negative_zero(a):
             return False
         nonfinite = has_nonfinite(a)
         flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
@@ -156,17 +157,18 @@ class TensorWriter:
             np.copyto(buf, a, casting="unsafe")
             nnz = nonfinite = None
         nnz = int(np.count_nonzero(buf)) if nnz is None else int(nnz)
+        keep = bool(nnz) or has_negative_zero(buf)
         # The tile is final now (computed in place, or copied just above): checksum its bytes.
-        crc = zlib.crc32(buf) if nnz else None
-        if nnz and nonfinite is None:
+        crc = zlib.crc32(buf) if keep else None
+        if keep and nonfinite is None:
             nonfinite = has_nonfinite(buf)
         with self._lock:
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
-            if nnz:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
+            if keep:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
                 self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz,
                                                  crc, bool(nonfinite))
-        return bool(nnz)
+        return keep
 
     # -- finishing -----------------------------------------------------------------------------
     def meta(self) -> TensorMeta:
@@ -237,6 +239,12 @@ class TensorWriter:
     @property
     def has_file(self) -> bool:
         return bool(self.entries)
+
+
+def has_negative_zero(a: np.ndarray) -> bool:
+    """Whether a tile with no nonzero element holds a ``-0.0`` (an absent tile reads as ``+0``,
+    and ``1 / -0.0`` is ``-inf``): such a tile is stored."""
+    return a.dtype.kind == "f" and a.size > 0 and bool(np.signbit(a).any())
 
 
 def has_nonfinite(a: np.ndarray) -> bool:
