@@ -262,7 +262,9 @@ class Store:
                 raise CatalogError(f"cannot create tensor '{name}': a table named '{table}' exists",
                                    hint="tensors and tables share one namespace")
 
-    def _commit_writer(self, w: TensorWriter) -> TensorMeta:
+    def _commit_writer(self, w: TensorWriter, durable=lambda: None) -> TensorMeta:
+        """Swap ``w``'s rows in; ``durable()`` waits until its payload is on disk (and raises
+        OSError if it cannot be): it returns before the transaction commits."""
         meta = w.meta()
         entries = sorted(w.entries.values(), key=lambda e: e.offset)
         # The lock spans the whole swap: no other thread's commit can interleave with it.
@@ -277,6 +279,11 @@ class Store:
                     catalog.replace(self.duck, old, meta, w.file, entries)
                 else:
                     catalog.insert(self.duck, meta, w.file, entries)
+            try:
+                durable()  # the payload before the catalog: COMMIT comes after this
+            except OSError as exc:
+                raise OperationalError(f"cannot store tensor '{w.name}': syncing {w.path} failed: "
+                                       f"{exc.strerror or exc}") from None
             self._forget(w.name)
             self._cache[w.name.lower()] = meta  # exact: the rows just inserted
             if len(self._entries) > 1024:

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -180,17 +181,28 @@ class TensorWriter:
                           nnz / size if size else 0.0)
 
     def commit(self) -> TensorMeta:
-        """Make the tensor visible: flush the payload, then swap catalog rows atomically."""
+        """Make the tensor visible: flush the payload, then swap catalog rows atomically.
+
+        The payload and its directory entry are fsynced on helper threads while the catalog
+        rows are written; the catalog's COMMIT waits for both (payload first, then catalog)."""
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
             self._state = "committing"
+        durable = _no_wait
         try:
-            self._close_file(sync=self.store.fsync)
-            if not self.entries and os.path.exists(self.path):
-                os.unlink(self.path)  # every reserved tile was zero: nothing to keep
-            meta = self.store._commit_writer(self)
+            if self.entries:
+                durable = self._close_file(sync=self.store.fsync)
+            else:  # every reserved tile was zero: nothing to keep
+                self._close_file(sync=False)
+                if os.path.exists(self.path):
+                    os.unlink(self.path)
+            meta = self.store._commit_writer(self, durable)
         except BaseException:
+            try:
+                durable()  # the sync jobs end before the file goes
+            except OSError:
+                pass
             self._fail()
             raise
         self._state = "committed"
@@ -202,27 +214,22 @@ class TensorWriter:
             return
         self._fail()
 
-    def _close_file(self, sync: bool) -> None:
+    def _close_file(self, sync: bool):
+        """Close the payload file; with ``sync``, fsync it and its directory (so power loss
+        cannot lose its name) on helper threads. Returns the wait for that (raising OSError)."""
         if self._map is not None:
-            if sync and sys.platform != "linux":  # Linux's fsync below writes mapped pages too
+            if sync and sys.platform != "linux":  # Linux's fsync writes mapped pages too
                 self._map.flush()
             # Tiles handed out by reserve() may still be in use (the run's results): the mapping
             # stays alive as long as they do, and goes with them.
             self._map = None
-        if self._fd is None:
-            return
-        try:
-            if sync:
-                os.fsync(self._fd)
-        finally:
-            os.close(self._fd)
-            self._fd = None
-        if sync:  # the new file's directory entry too, so power loss cannot lose its name
-            fd = os.open(self.store.tiles_dir, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return _no_wait
+        if not sync:
+            os.close(fd)
+            return _no_wait
+        return _sync_in_background(fd, self.store.tiles_dir)
 
     def _fail(self) -> None:
         self._state = "aborted"
@@ -259,10 +266,19 @@ def has_nonfinite(a: np.ndarray) -> bool:
         return not bool(np.isfinite(a).all())
 
 
+_SMALL_FILE = 1 << 20  # up to this size a payload file's blocks are reserved by writing zeros
+
+
 def _allocate(fd: int, size: int) -> None:
     """Give the file ``size`` bytes of real disk blocks before it is memory-mapped: a mapping
     over blocks the disk does not have ends in SIGBUS when it fills up, not in an error. Blocks
-    allocated up front also make the page faults of computing in place cheaper."""
+    allocated up front also make the page faults of computing in place cheaper. A small file
+    gets its blocks by a write of zeros (delayed allocation reserves them, and a full disk is an
+    error here too): fallocate's unwritten extents are journalled metadata that can make the
+    file's later unlink wait milliseconds for the file system's journal."""
+    if size <= _SMALL_FILE:
+        _write_all(fd, bytes(size))
+        return
     try:
         os.posix_fallocate(fd, 0, size)
         return
@@ -275,6 +291,57 @@ def _allocate(fd: int, size: int) -> None:
     at = 0
     while at < size:
         at += os.pwrite(fd, chunk[:min(len(chunk), size - at)], at)
+
+
+def _no_wait() -> None:
+    pass
+
+
+_sync_threads: ThreadPoolExecutor | None = None
+_sync_lock = threading.Lock()
+
+
+def _sync_in_background(fd: int, directory: str):
+    """fsync ``fd`` (then close it) and ``directory`` at once, on two helper threads: the file
+    system's journal commits both together, where one after the other waits for two commits;
+    the caller writes its catalog rows meanwhile. Returns the wait (it raises their OSError)."""
+    global _sync_threads
+    with _sync_lock:
+        if _sync_threads is None:
+            _sync_threads = ThreadPoolExecutor(4, thread_name_prefix="tensordb-fsync")
+        pool = _sync_threads
+    try:
+        jobs = [pool.submit(_fsync_close, fd), pool.submit(_fsync_dir, directory)]
+    except RuntimeError:  # the interpreter is shutting down: no new threads, sync here
+        _fsync_close(fd)
+        _fsync_dir(directory)
+        return _no_wait
+
+    def wait() -> None:
+        errors = []
+        for job in jobs:
+            try:
+                job.result()
+            except OSError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+    return wait
+
+
+def _fsync_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data) -> None:
