@@ -166,15 +166,30 @@ def insert(duck, meta: TensorMeta, file: str, entries) -> None:
 
 def replace(duck, old: TensorMeta, meta: TensorMeta, file: str, entries) -> None:
     """Swap version ``old`` of a tensor for ``meta``: its ``tensors`` row is updated in place (one
-    statement where a delete and an insert would be two), its tile rows replaced."""
+    statement where a delete and an insert would be two), its tile rows replaced (a single tile
+    row updated in place too)."""
     duck.execute(f"UPDATE {SCHEMA}.tensors SET name = ?, version = ?, dtype = ?, shape = ?, "
                  "dims = ?, grid = ?, nbytes = ?, tile_count = ?, nnz = ?, density = ?, "
                  "created = current_localtimestamp() WHERE name = ? AND version = ?",
                  [meta.name, meta.version, meta.dtype.name, list(meta.shape), list(meta.dims),
                   [list(b) for b in meta.grid], meta.nbytes, meta.tile_count, meta.nnz,
                   meta.density, old.name, old.version])
-    duck.execute(f"DELETE FROM {SCHEMA}.tiles WHERE tensor = ? AND version = ?",
-                 [old.name, old.version])
+    if len(entries) == 1 and old.tile_count == 1:  # one tile row for another: update it in place
+        e = entries[0]
+        n = duck.execute(
+            f'UPDATE {SCHEMA}.tiles SET tensor = ?, version = ?, coords = ?, starts = ?, shape = ?, '
+            f'file = ?, "offset" = ?, nbytes = ?, nnz = ?, crc32 = ?, nonfinite = ? '
+            f'WHERE tensor = ? AND version = ?',
+            [meta.name, meta.version, list(e.coords), list(e.starts), list(e.shape), file,
+             e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite, old.name, old.version]).fetchall()
+        if n and n[0][0] == 1:
+            return
+        # tile_count disagreed with the rows (a damaged catalog): delete both versions' rows
+        duck.execute(f"DELETE FROM {SCHEMA}.tiles WHERE tensor = ? AND version IN (?, ?)",
+                     [meta.name, old.version, meta.version])
+    else:
+        duck.execute(f"DELETE FROM {SCHEMA}.tiles WHERE tensor = ? AND version = ?",
+                     [old.name, old.version])
     _insert_tiles(duck, meta, file, entries)
 
 
