@@ -62,7 +62,7 @@ CHILD = textwrap.dedent("""
         after(catalog, "insert")           # a new tensor's rows
         after(catalog, "replace")          # a replaced tensor's rows swapped
     elif point == "after_commit":          # COMMIT done, the old payload not yet deleted
-        before(st, "_remove")
+        before(st, "_retire_payload")
 
     con = tensordb.connect(path)
     a = np.empty((rows, cols), "float32")

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import CatalogError, InterfaceError, OperationalError, ProgrammingError
 from . import catalog, directory
 from ._duck import quote_str, translate, translating
-from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
+from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_payload as _retire_payload
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .reader import TensorReader
 from .spilldir import remove_leftover_runs
@@ -368,7 +368,7 @@ class Store:
                     _remove(path)
                 raise translate(exc, "commit failed") from None
             for path in txn.retired:
-                _remove(path)
+                _retire_payload(path)
 
     # -- SQL views of tensors (see relations.py) -----------------------------------------------
     def _register_view(self, name: str, obj) -> None:

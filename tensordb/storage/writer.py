@@ -14,13 +14,13 @@ import os
 import sys
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import Grid, grid_shape, tile_box
+from . import background
 from .meta import TensorMeta
 from .reader import TileEntry
 
@@ -297,25 +297,17 @@ def _no_wait() -> None:
     pass
 
 
-_sync_threads: ThreadPoolExecutor | None = None
-_sync_lock = threading.Lock()
-
-
 def _sync_in_background(fd: int, directory: str):
     """fsync ``fd`` (then close it) and ``directory`` at once, on two helper threads: the file
     system's journal commits both together, where one after the other waits for two commits;
     the caller writes its catalog rows meanwhile. Returns the wait (it raises their OSError)."""
-    global _sync_threads
-    with _sync_lock:
-        if _sync_threads is None:
-            _sync_threads = ThreadPoolExecutor(4, thread_name_prefix="tensordb-fsync")
-        pool = _sync_threads
-    try:
-        jobs = [pool.submit(_fsync_close, fd), pool.submit(_fsync_dir, directory)]
-    except RuntimeError:  # the interpreter is shutting down: no new threads, sync here
-        _fsync_close(fd)
-        _fsync_dir(directory)
-        return _no_wait
+    jobs = [background.submit(_fsync_close, fd), background.submit(_fsync_dir, directory)]
+    if None in jobs:  # the interpreter is shutting down: no new threads, sync here
+        if jobs[0] is None:
+            _fsync_close(fd)
+        if jobs[1] is None:
+            _fsync_dir(directory)
+        jobs = [j for j in jobs if j is not None]
 
     def wait() -> None:
         errors = []
