@@ -12,7 +12,9 @@ What a task does, what it costs and what its failure means is the shared runtime
 (host memory here, GPUs in ``gpu.py``).
 
 BLAS threads are set once for the whole run (threadpoolctl limits are process-wide): with W busy
-workers each gets cores // W BLAS threads.
+workers each gets cores // W BLAS threads, and no more than one per ``BLAS_FLOPS_PER_THREAD`` of
+the plan's largest kernel call: a call of a few MFLOP split over threads waits for each of them
+to get a core, which on a busy machine took a 256^3 product from 0.3 ms to 48 ms.
 
 A tiny plan (a few tasks, a few MFLOP, no memory budget to keep, host tiles) runs on the calling
 thread, in the same order and through the same task code: handing it to a worker and waiting
@@ -46,6 +48,7 @@ _controller = None
 _TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
 INLINE_TASKS = 8  # a plan of at most this many tasks...
 INLINE_FLOPS = 1 << 24  # ...and this many flops (a few ms at most) runs on the calling thread
+BLAS_FLOPS_PER_THREAD = 1 << 26  # a BLAS thread per this many flops of the largest call (~1 ms)
 
 
 def _blas_limits(threads: int):
@@ -137,13 +140,8 @@ class LocalExecutor:
         tiles = self.tiles
         dest = (destinations or {}) if tiles.writes_destinations else {}
         inline = tiles.inline and _tiny(plan)
-        if inline:  # one thread runs every kernel: BLAS keeps the threads it has
-            limits = nullcontext()
-        elif tiles.limits_blas:
-            busy = {t.worker for t in plan.tasks if isinstance(t, Kernel)}
-            limits = _blas_limits(max(1, self.cores // max(1, len(busy))))
-        else:
-            limits = nullcontext()
+        limits = _blas_limits(_blas_threads(plan, self.cores, inline)) if tiles.limits_blas \
+            else nullcontext()
         with self._lock, limits:
             run = _Run(self, plan, progress, dest, store)
             if inline and run.budget is None:
@@ -153,6 +151,16 @@ class LocalExecutor:
                 result = run.go()
         result.tiles = {k: tiles.to_host(v) for k, v in result.tiles.items()}
         return result
+
+
+def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:
+    """BLAS threads per kernel call for the run of ``plan``: the cores shared by the workers
+    that run kernels (all of them for a plan run on the calling thread), at most one thread per
+    ``BLAS_FLOPS_PER_THREAD`` of its largest call."""
+    kernels = [t for t in plan.tasks if isinstance(t, Kernel)]
+    busy = 1 if inline else max(1, len({t.worker for t in kernels}))
+    largest = max((t.flops for t in kernels), default=0)
+    return max(1, min(cores // busy, largest // BLAS_FLOPS_PER_THREAD))
 
 
 def _tiny(plan: TilePlan) -> bool:

@@ -100,8 +100,9 @@ class TensorWriter:
 
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
                    nonfinite: bool | None = None) -> bool:
-        """Store tile ``coords``; returns False (and stores nothing) when it is all zero (``+0``:
-        a tile holding a ``-0.0`` is stored, so that it reads back with its sign).
+        """Store tile ``coords``; returns False (and stores nothing) when it is all zero, ``-0.0``
+        included (so that an array masked by a product, ``x * 0`` being ``-0.0`` for a negative
+        ``x``, loads block-sparse).
         ``nnz`` and ``nonfinite`` (it holds NaN or inf), when the caller already computed them
         for this very array, save computing them again."""
         coords = tuple(int(c) for c in coords)
@@ -120,7 +121,7 @@ class TensorWriter:
         if a.dtype != self.dtype:
             a = a.astype(self.dtype)
         nnz = int(np.count_nonzero(a))
-        if nnz == 0 and not has_negative_zero(a):
+        if nnz == 0:
             return False
         nonfinite = has_nonfinite(a)
         flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
@@ -166,7 +167,9 @@ class TensorWriter:
         with self._lock:
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
-            if keep:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
+            # An all-zero reserved tile (a computed result) gets no catalog row, its bytes go
+            # unused, unless a zero in it is -0.0: numpy's answer keeps its sign.
+            if keep:
                 self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz,
                                                  crc, bool(nonfinite))
         return keep
@@ -249,8 +252,8 @@ class TensorWriter:
 
 
 def has_negative_zero(a: np.ndarray) -> bool:
-    """Whether a tile with no nonzero element holds a ``-0.0`` (an absent tile reads as ``+0``,
-    and ``1 / -0.0`` is ``-inf``): such a tile is stored."""
+    """Whether a computed tile with no nonzero element holds a ``-0.0`` (an absent tile reads
+    as ``+0``, and ``1 / -0.0`` is ``-inf``): such a tile is stored."""
     return a.dtype.kind == "f" and a.size > 0 and bool(np.signbit(a).any())
 
 
