@@ -83,7 +83,8 @@ def test_a_tiny_plan_runs_on_the_calling_thread_with_numpys_answer(con):
     threads.clear()
     con.execute("H[i,k] = SUM(G[i,j] * G[j,k])")
     np.testing.assert_allclose(con.tensor("H"), big @ big, rtol=1e-10, atol=1e-9)
-    assert threading.get_ident() not in threads
+    # the workers report each task they finish (the caller may report too while it waits)
+    assert threads - {threading.get_ident()}
 
 
 def test_ctrl_c_in_a_tiny_plan_stores_nothing(con):
