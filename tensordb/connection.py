@@ -387,7 +387,7 @@ class Connection(TensorIO):
             writers.abort()
             raise
         with stage("commit"):
-            writers.store_tiles(result.tiles, result.nnz, result.nonfinite)
+            writers.store_tiles(result.tiles, result.nnz, result.nonfinite, result.crc32)
         return result
 
     def _get_executor(self):

@@ -28,6 +28,7 @@ import itertools
 import os
 import threading
 import time
+import zlib
 from contextlib import nullcontext
 
 import numpy as np
@@ -180,6 +181,7 @@ class _Run:
         self.dest = destinations
         self.nnz: dict[int, int] = {}
         self.nonfinite: dict[int, bool] = {}
+        self.crc32: dict[int, int] = {}
         self.control = RunControl(len(plan.tasks), progress)
         self.runner = TaskRunner(ex.xp, self.control.check)
         self.ledger = Ledger(plan, ex.workers)
@@ -257,7 +259,7 @@ class _Run:
         tiles = {k: self.results[k] for k in self.keep}
         budget = self.budget
         return self.ledger.result(tiles, time.perf_counter() - t0, nnz=self.nnz,
-                                  nonfinite=self.nonfinite,
+                                  nonfinite=self.nonfinite, crc32=self.crc32,
                                   over_budget=budget.over_budget if budget else 0,
                                   memory_limit=self.ex.memory_limit or None)
 
@@ -281,7 +283,7 @@ class _Run:
             raise translate(self.control.error)
         return self.ledger.result({k: self.results[k] for k in self.keep},
                                   time.perf_counter() - t0, nnz=self.nnz,
-                                  nonfinite=self.nonfinite, over_budget=0,
+                                  nonfinite=self.nonfinite, crc32=self.crc32, over_budget=0,
                                   memory_limit=self.ex.memory_limit or None)
 
     def _queue(self, worker: int, item) -> None:
@@ -370,8 +372,11 @@ class _Run:
             if value is not dest:  # land it in the output file, on this worker
                 self.ex.xp.copyto(dest, value, casting="unsafe")
                 value = dest
-            self.nnz[task.key] = int(np.count_nonzero(dest))  # the store needs it: count here
+            # The store needs these: worked out here, on the worker, as each tile is finished,
+            # not one tile after another at the commit.
+            self.nnz[task.key] = int(np.count_nonzero(dest))
             self.nonfinite[task.key] = has_nonfinite(dest)
+            self.crc32[task.key] = zlib.crc32(dest)
         self.results[task.key] = value
         self.made_on[task.key] = w
         self.ledger.produced(task, held_bytes(task, value), int(getattr(value, "nbytes", 0)))

@@ -381,16 +381,18 @@ class OutputWriters:
             raise
 
     def store_tiles(self, tiles: dict[int, np.ndarray], nnz: dict[int, int] | None = None,
-                    nonfinite: dict[int, bool] | None = None) -> None:
-        """Record the run's output tiles (with their nonzero counts and NaN/inf flags, if the
-        run made them) and commit every output atomically."""
-        nnz, nonfinite = nnz or {}, nonfinite or {}
+                    nonfinite: dict[int, bool] | None = None,
+                    crc32: dict[int, int] | None = None) -> None:
+        """Record the run's output tiles (with their nonzero counts, NaN/inf flags and
+        checksums, if the run made them) and commit every output atomically."""
+        nnz, nonfinite, crc32 = nnz or {}, nonfinite or {}, crc32 or {}
         try:
             with self.store.transaction():
                 for out, w in self.writers:
                     for coords in sorted(out.tiles):
                         key = out.tiles[coords]
-                        w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key))
+                        w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key),
+                                     crc32.get(key))
                     w.commit()
         except BaseException:
             self.abort()

@@ -99,15 +99,16 @@ class TensorWriter:
             return {c: r[3] for c, r in self._reserved.items()}
 
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
-                   nonfinite: bool | None = None) -> bool:
+                   nonfinite: bool | None = None, crc32: int | None = None) -> bool:
         """Store tile ``coords``; returns False (and stores nothing) when it is all zero, ``-0.0``
         included (so that an array masked by a product, ``x * 0`` being ``-0.0`` for a negative
         ``x``, loads block-sparse).
-        ``nnz`` and ``nonfinite`` (it holds NaN or inf), when the caller already computed them
-        for this very array, save computing them again."""
+        ``nnz``, ``nonfinite`` (it holds NaN or inf) and ``crc32`` (of its bytes), when the
+        caller already computed them for this very array (a reserved tile computed in place),
+        save computing them again."""
         coords = tuple(int(c) for c in coords)
         if coords in self._reserved:
-            return self._fill_reserved(coords, array, nnz, nonfinite)
+            return self._fill_reserved(coords, array, nnz, nonfinite, crc32)
         if len(coords) != len(self.shape) or any(
                 not 0 <= c < n for c, n in zip(coords, self._grid_shape)):
             raise InternalError(f"tensor '{self.name}': tile {coords} is outside its grid "
@@ -149,7 +150,7 @@ class TensorWriter:
         return True
 
     def _fill_reserved(self, coords: tuple[int, ...], array, nnz: int | None,
-                       nonfinite: bool | None) -> bool:
+                       nonfinite: bool | None, crc: int | None = None) -> bool:
         offset, starts, shape, buf = self._reserved[coords]
         a = np.asarray(array)
         if a.shape != shape:
@@ -157,11 +158,11 @@ class TensorWriter:
                             f"got {a.shape}")
         if a is not buf:
             np.copyto(buf, a, casting="unsafe")
-            nnz = nonfinite = None
+            nnz = nonfinite = crc = None
         nnz = int(np.count_nonzero(buf)) if nnz is None else int(nnz)
         keep = bool(nnz) or has_negative_zero(buf)
         # The tile is final now (computed in place, or copied just above): checksum its bytes.
-        crc = zlib.crc32(buf) if keep else None
+        crc = (zlib.crc32(buf) if crc is None else int(crc)) if keep else None
         if keep and nonfinite is None:
             nonfinite = has_nonfinite(buf)
         with self._lock:
