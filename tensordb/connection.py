@@ -373,17 +373,21 @@ class Connection(TensorIO):
             if self.store.has(name) and not replace:
                 raise CatalogError(f"tensor '{name}' already exists",
                                    hint="use replace=True (CREATE OR REPLACE) to overwrite it")
+        hits = self._plan_cache.hits
         decomp, plan = planned if planned is not None else self.plan(graph, pieces)
         # Output tiles are computed straight into their new payload files where the executor
-        # can (in-process workers); nothing is visible until the catalog commit.
-        writers = physical.OutputWriters(self.store, plan, replace=replace)
+        # can (in-process workers); nothing is visible until the catalog commit. A user table
+        # named like an output is refused by the commit; a graph planned afresh (a new
+        # statement) is also checked before its run, a repeated one (its plan cached) not twice.
+        writers = physical.OutputWriters(self.store, plan, replace=replace,
+                                         check_tables=self._plan_cache.hits == hits)
         try:
             result = self._run(plan, writers.buffers)
         except BaseException:
             writers.abort()
             raise
         with stage("commit"):
-            writers.store_tiles(result.tiles, result.nnz, result.nonfinite)
+            writers.store_tiles(result.tiles, result.nnz, result.nonfinite, result.crc32)
         return result
 
     def _get_executor(self):

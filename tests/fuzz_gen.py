@@ -43,8 +43,8 @@ def _values(rng, shape, dtype) -> np.ndarray:
     arr = rng.standard_normal(shape) * rng.choice([1.0, 3.0])
     if rng.random() < 0.3:
         arr = np.round(arr)  # exact zeros and small integers
-    # + 0.0 turns -0.0 (from rounding) into 0.0: a zero is stored without its sign (docs/sql.md,
-    # "Absent tiles and non-finite values"), so 1 / x of a stored -0.0 is inf, not numpy's -inf.
+    # + 0.0 turns -0.0 (from rounding) into 0.0: a skipped kernel call stands for +0 where numpy
+    # may give -0.0 (docs/sql.md, "Absent tiles and non-finite values"), and 1 / x of it is inf.
     arr = np.array(np.asarray(arr) + 0.0, dtype=dtype)
     if n and rng.random() < 0.15:
         flat = arr.reshape(-1)

@@ -58,10 +58,11 @@ CHILD = textwrap.dedent("""
         after(wr.TensorWriter, "write_tile", nth)
     elif point == "before_catalog":        # payload complete and synced, catalog untouched
         before(st.Store, "_commit_writer")
-    elif point == "before_commit":         # rows inserted inside the transaction, no COMMIT
-        after(catalog, "insert")
+    elif point == "before_commit":         # rows written inside the transaction, no COMMIT
+        after(catalog, "insert")           # a new tensor's rows
+        after(catalog, "replace")          # a replaced tensor's rows swapped
     elif point == "after_commit":          # COMMIT done, the old payload not yet deleted
-        before(st, "_remove")
+        before(st, "_retire_payload")
 
     con = tensordb.connect(path)
     a = np.empty((rows, cols), "float32")

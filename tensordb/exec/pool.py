@@ -12,13 +12,23 @@ What a task does, what it costs and what its failure means is the shared runtime
 (host memory here, GPUs in ``gpu.py``).
 
 BLAS threads are set once for the whole run (threadpoolctl limits are process-wide): with W busy
-workers each gets cores // W BLAS threads.
+workers each gets cores // W BLAS threads, and no more than one per ``BLAS_FLOPS_PER_THREAD`` of
+the plan's largest kernel call: a call of a few MFLOP split over threads waits for each of them
+to get a core, which on a busy machine took a 256^3 product from 0.3 ms to 48 ms.
+
+A tiny plan (a few tasks, a few MFLOP, no memory budget to keep, host tiles) runs on the calling
+thread, in the same order and through the same task code: handing it to a worker and waiting
+for it to come back would cost more than its kernels. Ctrl-C then lands in that thread and ends
+the run the same way (the rest of the plan is skipped, nothing is stored).
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import threading
 import time
+import zlib
 from contextlib import nullcontext
 
 import numpy as np
@@ -37,6 +47,9 @@ __all__ = ["LocalExecutor", "HostTiles"]
 
 _controller = None
 _TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
+INLINE_TASKS = 8  # a plan of at most this many tasks...
+INLINE_FLOPS = 1 << 24  # ...and this many flops (a few ms at most) runs on the calling thread
+BLAS_FLOPS_PER_THREAD = 1 << 26  # a BLAS thread per this many flops of the largest call (~1 ms)
 
 
 def _blas_limits(threads: int):
@@ -56,6 +69,7 @@ class HostTiles:
     name = "local"
     devices: tuple = ()
     limits_blas = True           # the workers' kernels are host BLAS: cap its threads per run
+    inline = True                # a tiny plan may run on the calling thread (no worker context)
     writes_destinations = True   # output tiles may land straight in the caller's buffers
     spills = True                # tiles are NumPy arrays: the budget may spill them to disk
 
@@ -127,16 +141,34 @@ class LocalExecutor:
             return RunResult({}, ops=[])
         tiles = self.tiles
         dest = (destinations or {}) if tiles.writes_destinations else {}
-        if tiles.limits_blas:
-            busy = {t.worker for t in plan.tasks if isinstance(t, Kernel)}
-            limits = _blas_limits(max(1, self.cores // max(1, len(busy))))
-        else:
-            limits = nullcontext()
+        inline = tiles.inline and _tiny(plan)
+        limits = _blas_limits(_blas_threads(plan, self.cores, inline)) if tiles.limits_blas \
+            else nullcontext()
         with self._lock, limits:
-            self._start()
-            result = _Run(self, plan, progress, dest, store).go()
+            run = _Run(self, plan, progress, dest, store)
+            if inline and run.budget is None:
+                result = run.go_inline()
+            else:
+                self._start()
+                result = run.go()
         result.tiles = {k: tiles.to_host(v) for k, v in result.tiles.items()}
         return result
+
+
+def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:
+    """BLAS threads per kernel call for the run of ``plan``: the cores shared by the workers
+    that run kernels (all of them for a plan run on the calling thread), at most one thread per
+    ``BLAS_FLOPS_PER_THREAD`` of its largest call."""
+    kernels = [t for t in plan.tasks if isinstance(t, Kernel)]
+    busy = 1 if inline else max(1, len({t.worker for t in kernels}))
+    largest = max((t.flops for t in kernels), default=0)
+    return max(1, min(cores // busy, largest // BLAS_FLOPS_PER_THREAD))
+
+
+def _tiny(plan: TilePlan) -> bool:
+    """Whether ``plan`` is small enough to run on the calling thread (see the module's doc)."""
+    return len(plan.tasks) <= INLINE_TASKS and \
+        sum(t.flops for t in plan.tasks if isinstance(t, Kernel)) <= INLINE_FLOPS
 
 
 class _Run:
@@ -150,6 +182,7 @@ class _Run:
         self.dest = destinations
         self.nnz: dict[int, int] = {}
         self.nonfinite: dict[int, bool] = {}
+        self.crc32: dict[int, int] = {}
         self.control = RunControl(len(plan.tasks), progress)
         self.runner = TaskRunner(ex.xp, self.control.check)
         self.ledger = Ledger(plan, ex.workers)
@@ -174,6 +207,7 @@ class _Run:
         self.draining = False
         self.rank = plan.rank or ranks(plan)
         self.spill = SpillFiles(store)
+        self._inline: list | None = None  # go_inline's ready heap
         limit = ex.memory_limit
         # admission only where the run could cross the limit (see budget.may_cross)
         self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, limit) else None
@@ -226,8 +260,31 @@ class _Run:
         tiles = {k: self.results[k] for k in self.keep}
         budget = self.budget
         return self.ledger.result(tiles, time.perf_counter() - t0, nnz=self.nnz,
-                                  nonfinite=self.nonfinite,
+                                  nonfinite=self.nonfinite, crc32=self.crc32,
                                   over_budget=budget.over_budget if budget else 0,
+                                  memory_limit=self.ex.memory_limit or None)
+
+    def go_inline(self) -> RunResult:
+        """Run the plan on the calling thread: the items the workers would have taken, in the
+        order they would have taken them (folds first, then the plan's order)."""
+        t0 = time.perf_counter()
+        self.pending = 0
+        self._inline = []
+        self._seq = itertools.count()
+        try:
+            for t in self.plan.tasks:
+                if not isinstance(t, Aggregate) and not t.inputs:
+                    self._queue(t.worker, ("run", t))
+            while self._inline and self.control.error is None:
+                _, _, w, item = heapq.heappop(self._inline)
+                self.handle(w % self.ex.workers, item)  # records an error (Ctrl-C too)
+        finally:
+            self.spill.close()
+        if self.control.error is not None:
+            raise translate(self.control.error)
+        return self.ledger.result({k: self.results[k] for k in self.keep},
+                                  time.perf_counter() - t0, nnz=self.nnz,
+                                  nonfinite=self.nonfinite, crc32=self.crc32, over_budget=0,
                                   memory_limit=self.ex.memory_limit or None)
 
     def _queue(self, worker: int, item) -> None:
@@ -236,6 +293,9 @@ class _Run:
         # folds first (they free a partial), then the plan's order
         key = item[1].key
         priority = (0, self.rank.get(key, 0)) if item[0] == "acc" else (1, self.rank.get(key, 0))
+        if self._inline is not None:
+            heapq.heappush(self._inline, (priority, next(self._seq), worker, item))
+            return
         self.queues.put(worker % len(self.queues), priority, (self,) + item)
 
     def handle(self, w: int, item) -> None:
@@ -312,8 +372,11 @@ class _Run:
             if value is not dest:  # land it in the output file, on this worker
                 self.ex.xp.copyto(dest, value, casting="unsafe")
                 value = dest
-            self.nnz[task.key] = int(np.count_nonzero(dest))  # the store needs it: count here
+            # The store needs these: worked out here, on the worker, as each tile is finished,
+            # not one tile after another at the commit.
+            self.nnz[task.key] = int(np.count_nonzero(dest))
             self.nonfinite[task.key] = has_nonfinite(dest)
+            self.crc32[task.key] = zlib.crc32(dest)
         self.results[task.key] = value
         self.made_on[task.key] = w
         self.ledger.produced(task, held_bytes(task, value), int(getattr(value, "nbytes", 0)))

@@ -65,6 +65,7 @@ class RunResult:
     worker_busy: list = field(default_factory=list)
     nnz: dict = field(default_factory=dict, repr=False)  # output key -> nonzeros, when counted
     nonfinite: dict = field(default_factory=dict, repr=False)  # output key -> holds NaN/inf
+    crc32: dict = field(default_factory=dict, repr=False)  # output key -> zlib.crc32 of its bytes
     ops: list = field(default_factory=list)  # OpMeasure per operation of the plan
     spilled_bytes: int = 0      # bytes of intermediate tiles written to spill files
     spill_seconds: float = 0.0  # time spent writing them

@@ -355,10 +355,13 @@ class OutputWriters:
 
     Every output tile gets a buffer inside its new payload file (``buffers``: task key -> array),
     so the executor can compute results in place; ``store`` then records them (no copy for a
-    tile that is its buffer) and the catalog takes them all in one transaction, or none.
+    tile that is its buffer) and the catalog takes them all in one transaction, or none. A user
+    table named like an output is refused by that transaction; ``check_tables`` also refuses it
+    before the run (one catalog query per output).
     """
 
-    def __init__(self, store, plan: TilePlan, *, replace: bool = False) -> None:
+    def __init__(self, store, plan: TilePlan, *, replace: bool = False,
+                 check_tables: bool = True) -> None:
         self.store, self.plan = store, plan
         self.writers = []
         self.buffers: dict[int, np.ndarray] = {}
@@ -369,7 +372,7 @@ class OutputWriters:
                 op = next(o for o in plan.ops if o.output == out.name)
                 dims = [l if l.isidentifier() else f"d{n}" for n, l in enumerate(op.out_labels)]
                 w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
-                                 dims=dims, replace=replace)
+                                 dims=dims, replace=replace, check_tables=check_tables)
                 self.writers.append((out, w))
                 for coords, buf in w.reserve(sorted(out.tiles)).items():
                     self.buffers[out.tiles[coords]] = buf
@@ -378,16 +381,18 @@ class OutputWriters:
             raise
 
     def store_tiles(self, tiles: dict[int, np.ndarray], nnz: dict[int, int] | None = None,
-                    nonfinite: dict[int, bool] | None = None) -> None:
-        """Record the run's output tiles (with their nonzero counts and NaN/inf flags, if the
-        run made them) and commit every output atomically."""
-        nnz, nonfinite = nnz or {}, nonfinite or {}
+                    nonfinite: dict[int, bool] | None = None,
+                    crc32: dict[int, int] | None = None) -> None:
+        """Record the run's output tiles (with their nonzero counts, NaN/inf flags and
+        checksums, if the run made them) and commit every output atomically."""
+        nnz, nonfinite, crc32 = nnz or {}, nonfinite or {}, crc32 or {}
         try:
             with self.store.transaction():
                 for out, w in self.writers:
                     for coords in sorted(out.tiles):
                         key = out.tiles[coords]
-                        w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key))
+                        w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key),
+                                     crc32.get(key))
                     w.commit()
         except BaseException:
             self.abort()

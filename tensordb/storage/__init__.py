@@ -16,9 +16,11 @@ error). The interface the rest of tensordb relies on:
     missing; names are case-insensitive), ``open(name) -> TensorReader``, ``open_many(names)
     -> {name: TensorReader}`` (one catalog query for all),
     ``drop(name, if_exists=False)``,
-    ``writer(name, shape, dtype, grid, dims=None, replace=False) -> TensorWriter`` (``grid``: one
-    tuple of boundaries per dimension, or a tile shape of ints; CatalogError at once if the name
-    is taken and not ``replace``, or is a table), ``check_free(name, replace)``,
+    ``writer(name, shape, dtype, grid, dims=None, replace=False, check_tables=True) ->
+    TensorWriter`` (``grid``: one tuple of boundaries per dimension, or a tile shape of ints;
+    CatalogError at once if the name is taken and not ``replace``, or is a table, and a table is
+    looked for again inside the commit's transaction; ``check_tables=False`` leaves the table to
+    the commit alone), ``check_free(name, replace, tables=True)``,
     ``transaction()`` (a context manager: every writer commit and drop inside it lands atomically
     together, or none does; nested blocks join the outer one), ``close()``.
 ``TensorMeta`` (frozen): name, version, dtype (np.dtype), shape, dims, grid, nbytes (stored

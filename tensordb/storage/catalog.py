@@ -26,7 +26,7 @@ from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
            "tile_entries_many", "payload_file",
-           "insert", "delete", "referenced_files", "versions", "max_version", "table_named",
+           "insert", "replace", "delete", "referenced_files", "versions", "max_version", "table_named",
            "pieces_relation", "tiles_cut_to_grid", "coords_table", "drop_coords_table",
            "coords_cut_to_grid"]
 
@@ -156,11 +156,57 @@ def tile_entries_many(duck, metas, optional: frozenset = frozenset(("crc32", "no
 
 
 def insert(duck, meta: TensorMeta, file: str, entries) -> None:
+    """The rows of a new tensor: its ``tensors`` row and one ``tiles`` row per entry."""
     duck.execute(f"INSERT INTO {SCHEMA}.tensors ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                  [meta.name, meta.version, meta.dtype.name, list(meta.shape), list(meta.dims),
                   [list(b) for b in meta.grid], meta.nbytes, meta.tile_count, meta.nnz,
                   meta.density])
+    _insert_tiles(duck, meta, file, entries)
+
+
+def replace(duck, old: TensorMeta, meta: TensorMeta, file: str, entries) -> None:
+    """Swap version ``old`` of a tensor for ``meta``: its ``tensors`` row is updated in place (one
+    statement where a delete and an insert would be two), its tile rows replaced (a single tile
+    row updated in place too)."""
+    duck.execute(f"UPDATE {SCHEMA}.tensors SET name = ?, version = ?, dtype = ?, shape = ?, "
+                 "dims = ?, grid = ?, nbytes = ?, tile_count = ?, nnz = ?, density = ?, "
+                 "created = current_localtimestamp() WHERE name = ? AND version = ?",
+                 [meta.name, meta.version, meta.dtype.name, list(meta.shape), list(meta.dims),
+                  [list(b) for b in meta.grid], meta.nbytes, meta.tile_count, meta.nnz,
+                  meta.density, old.name, old.version])
+    if len(entries) == 1 and old.tile_count == 1:  # one tile row for another: update it in place
+        e = entries[0]
+        n = duck.execute(
+            f'UPDATE {SCHEMA}.tiles SET tensor = ?, version = ?, coords = ?, starts = ?, shape = ?, '
+            f'file = ?, "offset" = ?, nbytes = ?, nnz = ?, crc32 = ?, nonfinite = ? '
+            f'WHERE tensor = ? AND version = ?',
+            [meta.name, meta.version, list(e.coords), list(e.starts), list(e.shape), file,
+             e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite, old.name, old.version]).fetchall()
+        if n and n[0][0] == 1:
+            return
+        # tile_count disagreed with the rows (a damaged catalog): delete both versions' rows
+        duck.execute(f"DELETE FROM {SCHEMA}.tiles WHERE tensor = ? AND version IN (?, ?)",
+                     [meta.name, old.version, meta.version])
+    else:
+        duck.execute(f"DELETE FROM {SCHEMA}.tiles WHERE tensor = ? AND version = ?",
+                     [old.name, old.version])
+    _insert_tiles(duck, meta, file, entries)
+
+
+_TILE_COLUMNS = ", ".join(f'"{f.name}"' for f in _TILES_SCHEMA)
+_FEWEST = 16  # up to this many tiles the rows are one VALUES list of parameters
+
+
+def _insert_tiles(duck, meta: TensorMeta, file: str, entries) -> None:
     if not entries:
+        return
+    if len(entries) <= _FEWEST:  # plain row parameters: DuckDB binds them fastest
+        marks = "(" + ", ".join("?" * len(_TILES_SCHEMA)) + ")"
+        params = [x for e in entries for x in (
+            meta.name, meta.version, list(e.coords), list(e.starts), list(e.shape), file,
+            e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite)]
+        duck.execute(f"INSERT INTO {SCHEMA}.tiles ({_TILE_COLUMNS}) VALUES "
+                     + ", ".join([marks] * len(entries)), params)
         return
     if len(entries) <= _FEW:  # list parameters: no Arrow table to build and register
         lists = [[meta.name] * len(entries), [meta.version] * len(entries),
@@ -169,9 +215,8 @@ def insert(duck, meta: TensorMeta, file: str, entries) -> None:
                  [e.offset for e in entries], [e.nbytes for e in entries],
                  [e.nnz for e in entries], [e.crc32 for e in entries],
                  [e.nonfinite for e in entries]]
-        cols = ", ".join(f'"{f.name}"' for f in _TILES_SCHEMA)
         values = ", ".join(f"unnest(?::{_SQL_TYPES[f.type]})" for f in _TILES_SCHEMA)
-        duck.execute(f"INSERT INTO {SCHEMA}.tiles ({cols}) SELECT {values}", lists)
+        duck.execute(f"INSERT INTO {SCHEMA}.tiles ({_TILE_COLUMNS}) SELECT {values}", lists)
         return
     rows = pa.Table.from_pydict({
         "tensor": [meta.name] * len(entries), "version": [meta.version] * len(entries),

@@ -18,11 +18,11 @@ from pathlib import Path
 import duckdb
 
 from ..errors import OperationalError
-from . import catalog
+from . import background, catalog
 from ._duck import translate, translating
 
 __all__ = ["CATALOG_FILE", "TILES_DIR", "check_root", "check_catalog", "claim", "release",
-           "connect", "sweep", "remove"]
+           "connect", "sweep", "remove", "remove_payload"]
 
 CATALOG_FILE = "catalog.duckdb"
 TILES_DIR = "tiles"
@@ -176,6 +176,27 @@ def _holder_mode(path: str, pid: str | None) -> str | None:
             if parts[3] == "WRITE":
                 return "open for writing"
     return None
+
+
+def remove_payload(path: str) -> None:
+    """Delete a payload file the catalog no longer references: its name goes now (a listing no
+    longer shows it), its blocks are freed on a helper thread. Freeing a large file's extents
+    takes the file system milliseconds (32 ms for 64 MiB here), which happens at the last
+    close: the file is held open across the unlink and closed there."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    except OSError:
+        remove(path)
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        if background.submit(os.close, fd) is None:
+            os.close(fd)
 
 
 def remove(path: str) -> None:

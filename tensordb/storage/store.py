@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import CatalogError, InterfaceError, OperationalError, ProgrammingError
 from . import catalog, directory
 from ._duck import quote_str, translate, translating
-from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
+from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_payload as _retire_payload
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .reader import TensorReader
 from .spilldir import remove_leftover_runs
@@ -226,10 +226,12 @@ class Store:
 
     # -- writing -------------------------------------------------------------------------------
     def writer(self, name: str, shape: Sequence[int], dtype, grid, dims: Sequence[str] | None = None,
-               replace: bool = False) -> TensorWriter:
+               replace: bool = False, check_tables: bool = True) -> TensorWriter:
         """A writer for a new tensor (or a new version of ``name`` when ``replace``).
 
-        ``grid`` is one tuple of boundaries per dimension, or a tile shape (one int each)."""
+        ``grid`` is one tuple of boundaries per dimension, or a tile shape (one int each). A
+        user table of that name is refused at once, and again, inside the transaction, at commit;
+        ``check_tables=False`` leaves only the commit's check (one catalog query fewer)."""
         self._check_open(writing=True)
         check_name(name)
         shape = tuple(int(n) for n in shape)
@@ -239,37 +241,49 @@ class Store:
         dtype = np.dtype(dtype.name)  # native byte order
         grid = check_grid(grid, shape, name)
         dims = check_dims(dims, len(shape), name)
-        self.check_free(name, replace)
+        self.check_free(name, replace, tables=check_tables)
         with self._lock:
             version = self._next_version
             self._next_version += 1
         return TensorWriter(self, name, shape, dtype, grid, dims, replace, version)
 
-    def check_free(self, name: str, replace: bool) -> None:
-        """CatalogError unless ``name`` may be created (or replaced, when ``replace``)."""
+    def check_free(self, name: str, replace: bool, tables: bool = True) -> None:
+        """CatalogError unless ``name`` may be created (or replaced, when ``replace``); with
+        ``tables=False`` only the tensors are looked at (cached), not the user's tables."""
         with self._lock:
             if not replace and self.has(name):
                 raise CatalogError(f"tensor '{self.meta(name).name}' already exists",
                                    hint="pass replace=True to overwrite it")
+            if not tables:
+                return
             with translating():
                 table = catalog.table_named(self.duck, name)
             if table is not None:
                 raise CatalogError(f"cannot create tensor '{name}': a table named '{table}' exists",
                                    hint="tensors and tables share one namespace")
 
-    def _commit_writer(self, w: TensorWriter) -> TensorMeta:
+    def _commit_writer(self, w: TensorWriter, durable=lambda: None) -> TensorMeta:
+        """Swap ``w``'s rows in; ``durable()`` waits until its payload is on disk (and raises
+        OSError if it cannot be): it returns before the transaction commits."""
         meta = w.meta()
         entries = sorted(w.entries.values(), key=lambda e: e.offset)
         # The lock spans the whole swap: no other thread's commit can interleave with it.
         with self._lock, self.transaction() as txn:
             if w.has_file:
                 txn.created.append(w.path)
-            self.check_free(w.name, w.replace)
+            self.check_free(w.name, w.replace)  # inside the transaction: what it sees holds
             old = self._find(w.name)
             with translating(f"cannot store tensor '{w.name}'"):
                 if old is not None:
-                    self._retire(old, txn)
-                catalog.insert(self.duck, meta, w.file, entries)
+                    self._retire_file(old, txn)
+                    catalog.replace(self.duck, old, meta, w.file, entries)
+                else:
+                    catalog.insert(self.duck, meta, w.file, entries)
+            try:
+                durable()  # the payload before the catalog: COMMIT comes after this
+            except OSError as exc:
+                raise OperationalError(f"cannot store tensor '{w.name}': syncing {w.path} failed: "
+                                       f"{exc.strerror or exc}") from None
             self._forget(w.name)
             self._cache[w.name.lower()] = meta  # exact: the rows just inserted
             if len(self._entries) > 1024:
@@ -292,9 +306,14 @@ class Store:
         self._forget_view(old.name)
 
     def _retire(self, old: TensorMeta, txn: _Txn) -> None:
+        self._retire_file(old, txn)
+        catalog.delete(self.duck, old)
+
+    def _retire_file(self, old: TensorMeta, txn: _Txn) -> None:
+        """Have ``old``'s payload file deleted once the transaction that removes its rows
+        commits (its name from the cached tile entries when this session read or wrote it)."""
         hit = self._entries.get(old.version)
         file = hit[0] if hit is not None else catalog.payload_file(self.duck, old)
-        catalog.delete(self.duck, old)
         if file:
             txn.retired.append(os.path.join(self.tiles_dir, file))
 
@@ -349,7 +368,7 @@ class Store:
                     _remove(path)
                 raise translate(exc, "commit failed") from None
             for path in txn.retired:
-                _remove(path)
+                _retire_payload(path)
 
     # -- SQL views of tensors (see relations.py) -----------------------------------------------
     def _register_view(self, name: str, obj) -> None:

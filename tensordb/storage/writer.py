@@ -20,13 +20,14 @@ import numpy as np
 
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import Grid, grid_shape, tile_box
+from . import background
 from .meta import TensorMeta
 from .reader import TileEntry
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
 
-__all__ = ["TensorWriter", "ALIGN", "has_nonfinite"]
+__all__ = ["TensorWriter", "ALIGN", "has_nonfinite", "has_negative_zero"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 _ZEROS = bytes(ALIGN)
@@ -98,13 +99,16 @@ class TensorWriter:
             return {c: r[3] for c, r in self._reserved.items()}
 
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
-                   nonfinite: bool | None = None) -> bool:
-        """Store tile ``coords``; returns False (and stores nothing) when it is all zero.
-        ``nnz`` and ``nonfinite`` (it holds NaN or inf), when the caller already computed them
-        for this very array, save computing them again."""
+                   nonfinite: bool | None = None, crc32: int | None = None) -> bool:
+        """Store tile ``coords``; returns False (and stores nothing) when it is all zero, ``-0.0``
+        included (so that an array masked by a product, ``x * 0`` being ``-0.0`` for a negative
+        ``x``, loads block-sparse).
+        ``nnz``, ``nonfinite`` (it holds NaN or inf) and ``crc32`` (of its bytes), when the
+        caller already computed them for this very array (a reserved tile computed in place),
+        save computing them again."""
         coords = tuple(int(c) for c in coords)
         if coords in self._reserved:
-            return self._fill_reserved(coords, array, nnz, nonfinite)
+            return self._fill_reserved(coords, array, nnz, nonfinite, crc32)
         if len(coords) != len(self.shape) or any(
                 not 0 <= c < n for c, n in zip(coords, self._grid_shape)):
             raise InternalError(f"tensor '{self.name}': tile {coords} is outside its grid "
@@ -146,7 +150,7 @@ class TensorWriter:
         return True
 
     def _fill_reserved(self, coords: tuple[int, ...], array, nnz: int | None,
-                       nonfinite: bool | None) -> bool:
+                       nonfinite: bool | None, crc: int | None = None) -> bool:
         offset, starts, shape, buf = self._reserved[coords]
         a = np.asarray(array)
         if a.shape != shape:
@@ -154,19 +158,22 @@ class TensorWriter:
                             f"got {a.shape}")
         if a is not buf:
             np.copyto(buf, a, casting="unsafe")
-            nnz = nonfinite = None
+            nnz = nonfinite = crc = None
         nnz = int(np.count_nonzero(buf)) if nnz is None else int(nnz)
+        keep = bool(nnz) or has_negative_zero(buf)
         # The tile is final now (computed in place, or copied just above): checksum its bytes.
-        crc = zlib.crc32(buf) if nnz else None
-        if nnz and nonfinite is None:
+        crc = (zlib.crc32(buf) if crc is None else int(crc)) if keep else None
+        if keep and nonfinite is None:
             nonfinite = has_nonfinite(buf)
         with self._lock:
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
-            if nnz:  # an all-zero reserved tile gets no catalog row (its bytes go unused)
+            # An all-zero reserved tile (a computed result) gets no catalog row, its bytes go
+            # unused, unless a zero in it is -0.0: numpy's answer keeps its sign.
+            if keep:
                 self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz,
                                                  crc, bool(nonfinite))
-        return bool(nnz)
+        return keep
 
     # -- finishing -----------------------------------------------------------------------------
     def meta(self) -> TensorMeta:
@@ -178,17 +185,28 @@ class TensorWriter:
                           nnz / size if size else 0.0)
 
     def commit(self) -> TensorMeta:
-        """Make the tensor visible: flush the payload, then swap catalog rows atomically."""
+        """Make the tensor visible: flush the payload, then swap catalog rows atomically.
+
+        The payload and its directory entry are fsynced on helper threads while the catalog
+        rows are written; the catalog's COMMIT waits for both (payload first, then catalog)."""
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
             self._state = "committing"
+        durable = _no_wait
         try:
-            self._close_file(sync=self.store.fsync)
-            if not self.entries and os.path.exists(self.path):
-                os.unlink(self.path)  # every reserved tile was zero: nothing to keep
-            meta = self.store._commit_writer(self)
+            if self.entries:
+                durable = self._close_file(sync=self.store.fsync)
+            else:  # every reserved tile was zero: nothing to keep
+                self._close_file(sync=False)
+                if os.path.exists(self.path):
+                    os.unlink(self.path)
+            meta = self.store._commit_writer(self, durable)
         except BaseException:
+            try:
+                durable()  # the sync jobs end before the file goes
+            except OSError:
+                pass
             self._fail()
             raise
         self._state = "committed"
@@ -200,27 +218,22 @@ class TensorWriter:
             return
         self._fail()
 
-    def _close_file(self, sync: bool) -> None:
+    def _close_file(self, sync: bool):
+        """Close the payload file; with ``sync``, fsync it and its directory (so power loss
+        cannot lose its name) on helper threads. Returns the wait for that (raising OSError)."""
         if self._map is not None:
-            if sync and sys.platform != "linux":  # Linux's fsync below writes mapped pages too
+            if sync and sys.platform != "linux":  # Linux's fsync writes mapped pages too
                 self._map.flush()
             # Tiles handed out by reserve() may still be in use (the run's results): the mapping
             # stays alive as long as they do, and goes with them.
             self._map = None
-        if self._fd is None:
-            return
-        try:
-            if sync:
-                os.fsync(self._fd)
-        finally:
-            os.close(self._fd)
-            self._fd = None
-        if sync:  # the new file's directory entry too, so power loss cannot lose its name
-            fd = os.open(self.store.tiles_dir, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return _no_wait
+        if not sync:
+            os.close(fd)
+            return _no_wait
+        return _sync_in_background(fd, self.store.tiles_dir)
 
     def _fail(self) -> None:
         self._state = "aborted"
@@ -239,6 +252,12 @@ class TensorWriter:
         return bool(self.entries)
 
 
+def has_negative_zero(a: np.ndarray) -> bool:
+    """Whether a computed tile with no nonzero element holds a ``-0.0`` (an absent tile reads
+    as ``+0``, and ``1 / -0.0`` is ``-inf``): such a tile is stored."""
+    return a.dtype.kind == "f" and a.size > 0 and bool(np.signbit(a).any())
+
+
 def has_nonfinite(a: np.ndarray) -> bool:
     """Whether a tile holds NaN or inf (its ``nonfinite`` catalog flag). One summing pass: a
     finite sum proves every element finite; only a tile whose sum is not (it holds NaN or inf,
@@ -251,10 +270,19 @@ def has_nonfinite(a: np.ndarray) -> bool:
         return not bool(np.isfinite(a).all())
 
 
+_SMALL_FILE = 1 << 20  # up to this size a payload file's blocks are reserved by writing zeros
+
+
 def _allocate(fd: int, size: int) -> None:
     """Give the file ``size`` bytes of real disk blocks before it is memory-mapped: a mapping
     over blocks the disk does not have ends in SIGBUS when it fills up, not in an error. Blocks
-    allocated up front also make the page faults of computing in place cheaper."""
+    allocated up front also make the page faults of computing in place cheaper. A small file
+    gets its blocks by a write of zeros (delayed allocation reserves them, and a full disk is an
+    error here too): fallocate's unwritten extents are journalled metadata that can make the
+    file's later unlink wait milliseconds for the file system's journal."""
+    if size <= _SMALL_FILE:
+        _write_all(fd, bytes(size))
+        return
     try:
         os.posix_fallocate(fd, 0, size)
         return
@@ -267,6 +295,49 @@ def _allocate(fd: int, size: int) -> None:
     at = 0
     while at < size:
         at += os.pwrite(fd, chunk[:min(len(chunk), size - at)], at)
+
+
+def _no_wait() -> None:
+    pass
+
+
+def _sync_in_background(fd: int, directory: str):
+    """fsync ``fd`` (then close it) and ``directory`` at once, on two helper threads: the file
+    system's journal commits both together, where one after the other waits for two commits;
+    the caller writes its catalog rows meanwhile. Returns the wait (it raises their OSError)."""
+    jobs = [background.submit(_fsync_close, fd), background.submit(_fsync_dir, directory)]
+    if None in jobs:  # the interpreter is shutting down: no new threads, sync here
+        if jobs[0] is None:
+            _fsync_close(fd)
+        if jobs[1] is None:
+            _fsync_dir(directory)
+        jobs = [j for j in jobs if j is not None]
+
+    def wait() -> None:
+        errors = []
+        for job in jobs:
+            try:
+                job.result()
+            except OSError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+    return wait
+
+
+def _fsync_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data) -> None:

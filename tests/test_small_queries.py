@@ -1,0 +1,131 @@
+"""Small queries cost their kernels plus a few catalog statements (issue 12): what the fast path
+keeps. Checked on real catalogs (a DuckDB file on disk) against numpy and against the catalog
+itself: a user table of the result's name is still refused, planned afresh or with the plan
+cached; a replaced tensor leaves exactly its new rows and payload file; a tiny plan, run on the
+calling thread, gives numpy's answer, and Ctrl-C there stores nothing; a zero keeps its sign."""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import tensordb
+
+MATMUL = "C[i,k] = SUM(A[i,j] * B[j,k])"
+
+
+def _catalog_files(con) -> set[str]:
+    return {r[0] for r in con.store.duck.execute("SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
+
+
+@pytest.fixture
+def con(tmp_path):
+    rng = np.random.default_rng(0)
+    with tensordb.connect(tmp_path / "db", workers=2) as c:
+        c.load("A", rng.standard_normal((64, 64), dtype=np.float32))
+        c.load("B", rng.standard_normal((64, 64), dtype=np.float32))
+        yield c
+
+
+def test_a_replaced_result_leaves_exactly_its_new_rows_and_file(con):
+    a, b = con.tensor("A"), con.tensor("B")
+    for _ in range(3):  # planned, then twice with the plan cached
+        con.execute(MATMUL)
+    np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-5, atol=1e-5)
+    meta = con.store.meta("C")
+    rows = con.store.duck.execute("SELECT name, version, tile_count, nnz FROM tensordb.tensors "
+                                  "WHERE lower(name) = 'c'").fetchall()
+    assert rows == [("C", meta.version, meta.tile_count, int(np.count_nonzero(a @ b)))]
+    tiles = con.store.duck.execute("SELECT DISTINCT version FROM tensordb.tiles "
+                                   "WHERE tensor = 'C'").fetchall()
+    assert tiles == [(meta.version,)]
+    # Every payload file is referenced by the catalog, and every referenced one is there.
+    assert set(os.listdir(con.store.tiles_dir)) == _catalog_files(con)
+    assert [r["problem"] for r in con.check()] == ["ok"]  # checksums, counts, no orphans
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_result_named_like_a_user_table_is_refused_and_nothing_changes(con, cached):
+    con.execute(MATMUL)
+    if not cached:
+        con._plan_cache.clear()
+    con.drop("C")
+    con.sql("CREATE TABLE c (x INTEGER)")
+    con.sql("INSERT INTO c VALUES (7)")
+    files = sorted(os.listdir(con.store.tiles_dir))
+    hits = con.plan_cache_stats["hits"]
+    with pytest.raises(tensordb.CatalogError, match="a table named 'c' exists"):
+        con.execute(MATMUL)
+    assert con.plan_cache_stats["hits"] == hits + (1 if cached else 0)
+    assert not con.store.has("C")
+    assert con.sql("SELECT x FROM c").fetchall() == [(7,)]
+    assert sorted(os.listdir(con.store.tiles_dir)) == files
+    con.execute("D[i,k] = SUM(A[i,j] * B[j,k])")  # the connection goes on
+    np.testing.assert_allclose(con.tensor("D"), con.tensor("A") @ con.tensor("B"), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_a_tiny_plan_runs_on_the_calling_thread_with_numpys_answer(con):
+    threads = set()
+    con.progress_callback = lambda done, total: threads.add(threading.get_ident())
+    # Two pieces of j: two kernel calls and the aggregation that adds them.
+    con.execute("E[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 1, j 2, k 1)")
+    np.testing.assert_allclose(con.tensor("E"), con.tensor("A") @ con.tensor("B"), rtol=1e-5,
+                               atol=1e-5)
+    assert con.last_run.kernel_calls == 2
+    assert threads == {threading.get_ident()}
+    # A plan too large to run inline goes to the workers, with the same answer.
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((512, 512))
+    con.load("G", big, tile=(128, 128))
+    threads.clear()
+    con.execute("H[i,k] = SUM(G[i,j] * G[j,k])")
+    np.testing.assert_allclose(con.tensor("H"), big @ big, rtol=1e-10, atol=1e-9)
+    # the workers report each task they finish (the caller may report too while it waits)
+    assert threads - {threading.get_ident()}
+
+
+def test_ctrl_c_in_a_tiny_plan_stores_nothing(con):
+    con.execute(MATMUL)
+    before = con.tensor("C").copy()
+    files = sorted(os.listdir(con.store.tiles_dir))
+
+    def interrupt(done, total):
+        raise KeyboardInterrupt
+
+    con.progress_callback = interrupt
+    with pytest.raises(KeyboardInterrupt):
+        con.execute("C[i,k] = SUM(A[i,j] * A[j,k])")
+    con.progress_callback = None
+    np.testing.assert_array_equal(con.tensor("C"), before)
+    assert sorted(os.listdir(con.store.tiles_dir)) == files
+    con.execute("C[i,k] = SUM(A[i,j] * A[j,k])")
+    a = con.tensor("A")
+    np.testing.assert_allclose(con.tensor("C"), a @ a, rtol=1e-5, atol=1e-5)
+
+
+def test_a_zero_keeps_its_sign_as_numpy_gives_it(tmp_path):
+    a = np.array([1.0, -2.0, 0.0, 3.0])
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("A", a)
+        con.execute("B[i] = A[i] * -0.0")
+        got, want = con.tensor("B"), a * -0.0
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        # ... and what reads it sees the sign: 1 / -0.0 is -inf
+        con.execute("R[i] = 1.0 / B[i]")
+        with np.errstate(divide="ignore"):
+            np.testing.assert_array_equal(con.tensor("R"), 1.0 / want)
+        # A computed tile of +0.0 alone stays absent, one holding -0.0 is stored (nnz 0).
+        con.load("S", np.array([[-1.0, 0.0], [1.0, 0.0]]), tile=(1, 2))
+        con.execute("Z[i,j] = S[i,j] * 0.0")
+        s = con.tensor("S")
+        np.testing.assert_array_equal(np.signbit(con.tensor("Z")), np.signbit(s * 0.0))
+        assert (con.store.meta("Z").tile_count, con.store.meta("Z").nnz) == (1, 0)
+        # A loaded tile of zeros is absent whatever their signs: an array masked by a product
+        # (x * 0 is -0.0 for a negative x) loads block-sparse.
+        con.load("M", s * np.array([[0.0, 0.0], [1.0, 1.0]]), tile=(1, 2))
+        assert con.store.meta("M").tile_count == 1
+    with tensordb.connect(tmp_path / "db") as con:  # and after reopening
+        np.testing.assert_array_equal(np.signbit(con.tensor("B")), np.signbit(want))
