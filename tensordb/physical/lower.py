@@ -21,7 +21,7 @@ from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage import catalog
 from .choice import choose_kernel
-from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
+from .plan import Aggregate, Assemble, CallBlock, Columns, Load, OpStats, OutputTiles, TilePlan
 
 __all__ = ["lower", "OutputWriters", "describe"]
 
@@ -29,8 +29,10 @@ __all__ = ["lower", "OutputWriters", "describe"]
 class _Lowering:
     def __init__(self, graph: EinGraph, decomp, store) -> None:
         self.graph, self.decomp, self.store = graph, decomp, store
-        self.tasks: list = []
-        self.owner: dict[int, int] = {}
+        self.others: list = []                   # Loads, Assembles, Aggregates
+        self.owner: dict[int, int] = {}          # their operation
+        self.blocks: list[CallBlock] = []        # the kernel calls, per operation
+        self._cursor = 0                         # the key of the next task
         self.outputs: dict[str, OutputTiles] = {}
         self.stats: list[OpStats] = []
         self.kernels: list = []
@@ -41,13 +43,14 @@ class _Lowering:
         self._known: dict[str, tuple[bool, bool]] = {}  # facts of each input, read once
 
     def _add(self, task, op_index: int) -> int:
-        self.tasks.append(task)
+        self.others.append(task)
         self.owner[task.key] = op_index
+        self._cursor += 1
         return task.key
 
     @property
     def _next_key(self) -> int:
-        return len(self.tasks)
+        return self._cursor
 
     # -- presence of input tiles at an operation's grid ------------------------------------------
     def _presence_sql(self, tensor: str, labels, bounds: dict[str, tuple]) -> str:
@@ -78,16 +81,16 @@ class _Lowering:
         out = self.outputs[tensor]
         return len(out.tiles) == math.prod(len(b) - 1 for b in out.grid)
 
-    def _join(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> list[tuple]:
+    def _join(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> np.ndarray:
         """The kernel calls of ``op``: one row of label piece indices (then presence flags of
         the outer inputs) per call.
 
         When every input is complete the join is the whole grid, enumerated directly; otherwise
         DuckDB joins the present tiles."""
         if all(self._complete(o.tensor) for o in op.inputs):
-            flags = (True,) * len(outer)
-            return [c + flags for c in itertools.product(*(range(pieces[l]) for l in op.labels))]
-        return self._join_sql(op, pieces, bounds, inner, outer)
+            return _grid_rows([pieces[l] for l in op.labels], len(outer), True)
+        rows = self._join_sql(op, pieces, bounds, inner, outer)
+        return np.array(rows, dtype=np.int64).reshape(len(rows), len(op.labels) + len(outer))
 
     def _join_sql(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> list[tuple]:
         # A complete stored input that gates the join adds no row restriction: its labels range
@@ -159,25 +162,17 @@ class _Lowering:
         self.kernels.append(choose_kernel(op, {l: max((b[i + 1] - b[i] for i in range(len(b) - 1)),
                                                       default=0) for l, b in bounds.items()},
                                           budget))
-        n_out = len(op.out_labels)
         rows, outer = self._call_rows(op, pieces, bounds)
-        groups: dict[tuple, list[tuple]] = defaultdict(list)
-        for row in rows:
-            groups[tuple(row[:n_out])].append(row)
-        total = math.prod(pieces[l] for l in op.agg_labels)
-        out_tiles: dict[tuple, int] = {}
-        call = _Calls(self, index, op, labels, bounds, outer, stats)
-        for out_coords in sorted(groups):
-            parts = [call(row) for row in groups[out_coords]]
-            out_tiles[out_coords] = self._combine(index, op, parts, total, stats)
+        calls = _Calls(self, index, op, bounds, rows, outer, stats)
+        self.blocks.append(calls.block)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
-        self.outputs[op.output] = OutputTiles(op.output, op.out_shape, op.dtype, grid, out_tiles,
+        self.outputs[op.output] = OutputTiles(op.output, op.out_shape, op.dtype, grid, calls.out_tiles,
                                               op.output in self.graph.outputs,
                                               self.graph.stored_name(op.output))
         self._op_index[op.output] = index
         self.stats.append(stats)
 
-    def _call_rows(self, op: EinOp, pieces, bounds) -> tuple[list[tuple], list[int]]:
+    def _call_rows(self, op: EinOp, pieces, bounds) -> tuple[np.ndarray, list[int]]:
         """The kernel calls that exist: one row of label coordinates each (then a presence flag
         per left-joined input), and which inputs are left-joined."""
         n_out, n_lab = len(op.out_labels), len(op.labels)
@@ -185,10 +180,10 @@ class _Lowering:
             # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
             # PROD is 1, one call per output tile on empty inputs, which yields the identity.
             outer = list(range(len(op.inputs)))
-            rows = [] if AGGREGATES[op.agg].zero_is_identity else [
-                c + (0,) * (n_lab - n_out) + (False,) * len(outer)
-                for c in itertools.product(*(range(pieces[l]) for l in op.out_labels))]
-            return rows, outer
+            if AGGREGATES[op.agg].zero_is_identity:
+                return np.zeros((0, n_lab + len(outer)), dtype=np.int64), outer
+            rows = _grid_rows([pieces[l] for l in op.out_labels], len(outer), False)
+            return np.insert(rows, [n_out] * (n_lab - n_out), 0, axis=1), outer
         # An input gates the join (is inner-joined: its absent tiles make no kernel call)
         # when its absence makes the join 0 whatever the other inputs' tiles hold; the
         # others are left-joined and each call is kept unless the catalog's facts about
@@ -200,23 +195,6 @@ class _Lowering:
                  if skip.zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})]
         outer = [k for k in range(len(op.inputs)) if k not in inner]
         return self._join(op, pieces, bounds, inner, outer), outer
-
-    def _combine(self, index: int, op: EinOp, parts: list[tuple[int, tuple[int, ...]]],
-                 total: int, stats: OpStats) -> int:
-        """The task giving one output tile: its one call, or an Aggregate of its calls."""
-        # A skipped call is certainly 0, and a 0 takes part in a MAX, MIN or PROD (where it
-        # makes the tile 0, or NaN next to an inf: 0 * inf). Over an empty label nothing was
-        # skipped: the one call per output tile is the whole (empty) aggregate.
-        empty = any(op.size[l] == 0 for l in op.agg_labels)
-        fill = (len(parts) < total and op.agg is not None
-                and not AGGREGATES[op.agg].zero_is_identity and not empty)
-        if len(parts) == 1 and not fill:
-            return parts[0][0]
-        stats.aggregations += 1
-        stats.max_fan_in = max(stats.max_fan_in, len(parts))
-        stats.agg_levels = 1  # one task per output tile; trees.py may make it a tree
-        return self._add(Aggregate(self._next_key, op.agg, tuple(k for k, _ in parts),
-                                   parts[0][1], op.dtype, fill), index)
 
     def _materialize(self, tensor: str) -> str:
         """The present output tiles of an earlier operation as a DuckDB table (made on first use)."""
@@ -276,60 +254,136 @@ class _Lowering:
         finally:
             for table in self._tables:
                 self.store.query(catalog.drop_coords_table(table))
-        return TilePlan(self.graph.ops, self.tasks, self.outputs, self.stats, self.decomp.workers,
-                        self.owner, self.readers, tuple(self.kernels))
+        columns = Columns(self.blocks, self.others, self.owner, self._cursor)
+        return TilePlan.deferred(self.graph.ops, self.outputs, self.stats, self.decomp.workers,
+                                 self.readers, tuple(self.kernels), {}, _Once(columns.tasks),
+                                 columns=columns)
 
 
 class _Calls:
-    """The kernel calls of one operation: ``call(row)`` adds the Kernel of one joined row (its
-    input tiles: None for an absent left-joined one) and returns (key, output tile shape).
+    """The kernel calls of one operation, made as arrays (``block``), its input tiles and
+    aggregations as tasks, and ``out_tiles`` (output tile coords -> the task making it).
 
-    Everything that depends only on the operation (label positions, piece boxes, tile sizes) is
-    worked out once here: an operation has as many calls as its grid has cells."""
+    Keys are given in the order a call-by-call walk would give them: the output tiles in
+    sorted order, each one's calls in join order, a call's new input tiles just before it and
+    an output tile's Aggregate just after its calls."""
 
-    def __init__(self, low: "_Lowering", index: int, op: EinOp, labels, bounds, outer, stats):
-        self.low, self.index, self.stats = low, index, stats
-        self.n_lab = len(labels)
+    def __init__(self, low: "_Lowering", index: int, op: EinOp, bounds, rows: np.ndarray,
+                 outer: list[int], stats: OpStats):
+        labels = op.labels
+        n_lab = len(labels)
         pos = {l: d for d, l in enumerate(labels)}
-        # per label: the (lo, hi) of each piece
-        self.boxes = [[(b[i], b[i + 1]) for i in range(len(b) - 1)] for b in (bounds[l] for l in labels)]
-        self.inputs = [(k, o.tensor, tuple(pos[l] for l in o.labels)) for k, o in enumerate(op.inputs)]
-        self.outer = {k: n for n, k in enumerate(outer)}
-        self.out_pos = tuple(pos[l] for l in op.out_labels)
-        self.flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in labels)))
-        self.cache: dict[tuple, int | None] = {}  # (input, its piece coords) -> tile task
-        # An earlier operation's output already on this grid: its tiles are the input tiles.
-        self.same_grid = {k: low.outputs[o.tensor].tiles for k, o in enumerate(op.inputs)
-                          if o.tensor in low.outputs
-                          and low.outputs[o.tensor].grid == tuple(bounds[l] for l in o.labels)}
+        out_pos = tuple(pos[l] for l in op.out_labels)
+        dims = tuple(tuple(pos[l] for l in o.labels) for o in op.inputs)
+        # Output tiles in sorted order, each one's calls in join order (a stable sort).
+        if len(rows) > 1 and out_pos:
+            rows = rows[np.lexsort(tuple(rows[:, d] for d in reversed(out_pos)))]
+        n = len(rows)
+        coords = np.ascontiguousarray(rows[:, :n_lab])
+        first = np.ones(n, dtype=bool)
+        if n > 1:
+            first[1:] = (coords[1:, out_pos] != coords[:-1, out_pos]).any(axis=1)
+        group = np.cumsum(first) - 1
+        starts = np.flatnonzero(first)
+        sizes = np.diff(np.append(starts, n))
+        # One output tile of one call is that call; others (or skipped calls that take part:
+        # a 0 in a MAX, MIN or PROD, where it makes the tile 0, or NaN next to an inf) get an
+        # Aggregate. Over an empty label nothing was skipped: the one call per output tile is
+        # the whole (empty) aggregate.
+        total = math.prod(len(bounds[l]) - 1 for l in op.agg_labels)
+        empty = any(op.size[l] == 0 for l in op.agg_labels)
+        fills = op.agg is not None and not AGGREGATES[op.agg].zero_is_identity and not empty
+        fill = (sizes < total) & fills
+        aggregated = (sizes > 1) | fill
+        aggs_before = (np.cumsum(aggregated) - aggregated)[group] if n else group
+        extents = tuple(np.diff(np.asarray(bounds[l], dtype=np.int64)) for l in labels)
+        ext = np.stack([extents[d][coords[:, d]] for d in range(n_lab)], axis=1) if n_lab else \
+            np.ones((n, 0), dtype=np.int64)
+        flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in labels)))
+        flops = flops_per_elem * ext.prod(axis=1)
+        out_bytes = ext[:, list(out_pos)].prod(axis=1) * np.dtype(op.dtype).itemsize
+        # Input tiles: an earlier operation's output on this grid maps tile to tile; others are
+        # made (Load, Assemble) at their first call, in call order then operand order.
+        args = np.full((n, len(op.inputs)), -1, dtype=np.int64)
+        base = low._cursor
+        where_outer = {k: m for m, k in enumerate(outer)}
+        events, inverse = [], {}
+        for k, o in enumerate(op.inputs):
+            m = where_outer.get(k)
+            present = np.ones(n, dtype=bool) if m is None else rows[:, n_lab + m] != 0
+            at = coords[:, dims[k]]
+            shape = tuple(len(bounds[l]) - 1 for l in o.labels)
+            out = low.outputs.get(o.tensor)
+            if out is not None and out.grid == tuple(bounds[l] for l in o.labels):
+                table = np.full(shape, -1, dtype=np.int64)
+                for c, key in out.tiles.items():
+                    table[c] = key
+                args[:, k] = np.where(present, table[tuple(at.T)] if dims[k] else table[()], -1)
+                continue
+            ids = np.ravel_multi_index(tuple(at.T), shape) if dims[k] else np.zeros(n, dtype=np.int64)
+            rows_in = np.flatnonzero(present)
+            uniq, first_at, inv = np.unique(ids[rows_in], return_index=True, return_inverse=True)
+            inverse[k] = (rows_in, inv, len(uniq))
+            for u, r in zip(range(len(uniq)), rows_in[first_at].tolist()):
+                events.append((r, k, u))
+        events.sort()
+        tile_keys = {k: np.full(v[2], -1, dtype=np.int64) for k, v in inverse.items()}
+        made: list[int] = []  # the call (row) before which each new input tile task comes
+        boxes = [[(b[i], b[i + 1]) for i in range(len(b) - 1)] for b in (bounds[l] for l in labels)]
+        for r, k, u in events:
+            low._cursor = base + r + int(aggs_before[r]) + len(made)
+            row = coords[r].tolist()
+            box = tuple(boxes[d][row[d]] for d in dims[k])
+            before = len(low.others)
+            key = low._input_tile(index, op.inputs[k].tensor, box, stats)
+            if len(low.others) > before:
+                made.append(r)
+            tile_keys[k][u] = -1 if key is None else key
+        for k, (rows_in, inv, _) in inverse.items():
+            args[rows_in, k] = tile_keys[k][inv]
+        keys = base + np.arange(n, dtype=np.int64) + aggs_before + \
+            np.searchsorted(np.asarray(made, dtype=np.int64), np.arange(n), side="right")
+        # The Aggregates, each right after the last call of its output tile.
+        ends = np.append(starts[1:], n) - 1 if n else starts
+        key_list = keys.tolist()
+        out_keys = [key_list[e] for e in ends.tolist()]
+        out_shapes = ext[:, list(out_pos)]
+        for g in np.flatnonzero(aggregated).tolist():
+            s, e = int(starts[g]), int(ends[g])
+            low._cursor = key_list[e] + 1
+            out_keys[g] = low._add(Aggregate(low._cursor, op.agg, tuple(key_list[s:e + 1]),
+                                             tuple(out_shapes[s].tolist()), op.dtype,
+                                             bool(fill[g])), index)
+        low._cursor = base + n + int(aggregated.sum()) + len(made)
+        out_coords = coords[starts][:, list(out_pos)].tolist()
+        self.out_tiles = {tuple(c): k for c, k in zip(out_coords, out_keys)}
+        self.block = CallBlock(index, keys, coords, args, flops, out_bytes, extents, dims, out_pos)
+        stats.kernel_calls += n
+        stats.flops += int(flops.sum())
+        if aggregated.any():
+            stats.aggregations += int(aggregated.sum())
+            stats.max_fan_in = max(stats.max_fan_in, int(sizes[aggregated].max()))
+            stats.agg_levels = 1  # one task per output tile; trees.py may make it a tree
 
-    def __call__(self, row: tuple) -> tuple[int, tuple[int, ...]]:
-        low, n_lab, boxes = self.low, self.n_lab, self.boxes
-        coords = tuple(row[:n_lab])
-        extent = [boxes[d][c][1] - boxes[d][c][0] for d, c in enumerate(coords)]
-        args, shapes = [], []
-        for k, tensor, dims in self.inputs:
-            shapes.append(tuple(extent[d] for d in dims))
-            n = self.outer.get(k)
-            if n is not None and not row[n_lab + n]:
-                args.append(None)
-                continue
-            at = tuple(coords[d] for d in dims)
-            if k in self.same_grid:
-                args.append(self.same_grid[k].get(at))
-                continue
-            ident = (k, at)
-            if ident not in self.cache:
-                box = tuple(boxes[d][coords[d]] for d in dims)
-                self.cache[ident] = low._input_tile(self.index, tensor, box, self.stats)
-            args.append(self.cache[ident])
-        out_shape = tuple(extent[d] for d in self.out_pos)
-        flops = self.flops_per_elem * math.prod(extent)
-        key = low._add(Kernel(low._next_key, self.index, tuple(args), tuple(shapes), out_shape,
-                              coords, flops), self.index)
-        self.stats.kernel_calls += 1
-        self.stats.flops += flops
-        return key, out_shape
+
+class _Once:
+    """A function called once: what it returned, shared by every later call."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.made = fn, None
+
+    def __call__(self):
+        if self.made is None:
+            self.made, self.fn = self.fn(), None
+        return self.made
+
+
+def _grid_rows(pieces: list[int], flags: int, flag: bool) -> np.ndarray:
+    """Every cell of a grid of ``pieces`` (the last label fastest, as itertools.product), then
+    ``flags`` columns of ``flag``."""
+    n = math.prod(pieces)
+    cells = np.indices(pieces, dtype=np.int64).reshape(len(pieces), n).T
+    return np.hstack([cells, np.full((n, flags), int(flag), dtype=np.int64)])
 
 
 def _q(label: str) -> str:
