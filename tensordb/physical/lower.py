@@ -21,7 +21,8 @@ from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage import catalog
 from .choice import choose_kernel
-from .plan import Aggregate, Assemble, CallBlock, Columns, Load, OpStats, OutputTiles, TilePlan
+from .plan import (Aggregate, Assemble, CallBlock, Columns, Load, OpStats, Once, OutputTiles,
+                   TilePlan)
 
 __all__ = ["lower", "OutputWriters", "describe"]
 
@@ -256,7 +257,7 @@ class _Lowering:
                 self.store.query(catalog.drop_coords_table(table))
         columns = Columns(self.blocks, self.others, self.owner, self._cursor)
         return TilePlan.deferred(self.graph.ops, self.outputs, self.stats, self.decomp.workers,
-                                 self.readers, tuple(self.kernels), {}, _Once(columns.tasks),
+                                 self.readers, tuple(self.kernels), {}, Once(columns.tasks),
                                  columns=columns)
 
 
@@ -364,18 +365,6 @@ class _Calls:
             stats.aggregations += int(aggregated.sum())
             stats.max_fan_in = max(stats.max_fan_in, int(sizes[aggregated].max()))
             stats.agg_levels = 1  # one task per output tile; trees.py may make it a tree
-
-
-class _Once:
-    """A function called once: what it returned, shared by every later call."""
-
-    def __init__(self, fn) -> None:
-        self.fn, self.made = fn, None
-
-    def __call__(self):
-        if self.made is None:
-            self.made, self.fn = self.fn(), None
-        return self.made
 
 
 def _grid_rows(pieces: list[int], flags: int, flag: bool) -> np.ndarray:

@@ -30,7 +30,7 @@ from ..plan.ir import EinOp
 from .choice import KernelChoice, choose_kernel
 
 __all__ = ["Load", "Assemble", "Kernel", "Aggregate", "Task", "OutputTiles", "OpStats", "TilePlan",
-           "CallBlock", "Columns", "describe_tasks"]
+           "CallBlock", "Columns", "Once", "describe_tasks"]
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (starts, stops)
 
@@ -152,6 +152,18 @@ class CallBlock:
                 "out_shape": tuple(extent[d] for d in out_pos), "coords": tuple(coords),
                 "flops": flops, "worker": 0}))
         return out
+
+
+class Once:
+    """A function called once: what it returned, shared by every later call."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.made = fn, None
+
+    def __call__(self):
+        if self.made is None:
+            self.made, self.fn = self.fn(), None
+        return self.made
 
 
 @dataclass
