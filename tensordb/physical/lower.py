@@ -42,6 +42,7 @@ class _Lowering:
         self._tables: set[str] = set()
         self._assembled: dict[tuple, int] = {}
         self._known: dict[str, tuple[bool, bool]] = {}  # facts of each input, read once
+        self._layouts: dict[tuple, _Layout] = {}  # operations alike in shape share their calls' layout
 
     def _add(self, task, op_index: int) -> int:
         self.others.append(task)
@@ -82,18 +83,10 @@ class _Lowering:
         out = self.outputs[tensor]
         return len(out.tiles) == math.prod(len(b) - 1 for b in out.grid)
 
-    def _join(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> np.ndarray:
-        """The kernel calls of ``op``: one row of label piece indices (then presence flags of
-        the outer inputs) per call.
-
-        When every input is complete the join is the whole grid, enumerated directly; otherwise
-        DuckDB joins the present tiles."""
-        if all(self._complete(o.tensor) for o in op.inputs):
-            return _grid_rows([pieces[l] for l in op.labels], len(outer), True)
-        rows = self._join_sql(op, pieces, bounds, inner, outer)
-        return np.array(rows, dtype=np.int64).reshape(len(rows), len(op.labels) + len(outer))
-
-    def _join_sql(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> list[tuple]:
+    def _join_sql(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> np.ndarray:
+        """The kernel calls of ``op`` where some input is not complete: DuckDB joins the
+        present tiles. One row of label piece indices (then presence flags of the outer
+        inputs) per call."""
         # A complete stored input that gates the join adds no row restriction: its labels range
         # over the whole grid. It is left out of the SQL when the test of a row does not read
         # what the catalog knows of its pieces (it is finite throughout, and its zeros do not
@@ -147,7 +140,7 @@ class _Lowering:
             rows = self.store.query(sql)
         except Exception as exc:  # a bug in the generated SQL, never the user's fault
             raise InternalError(f"tile join for {op.describe()} failed: {exc}\n{sql}") from exc
-        return rows
+        return np.array(rows, dtype=np.int64).reshape(len(rows), len(op.labels) + len(outer))
 
     # -- one operation -------------------------------------------------------------------------
     def lower_op(self, index: int, op: EinOp) -> None:
@@ -163,8 +156,13 @@ class _Lowering:
         self.kernels.append(choose_kernel(op, {l: max((b[i + 1] - b[i] for i in range(len(b) - 1)),
                                                       default=0) for l, b in bounds.items()},
                                           budget))
-        rows, outer = self._call_rows(op, pieces, bounds)
-        calls = _Calls(self, index, op, bounds, rows, outer, stats)
+        rows, outer, shape = self._call_rows(op, pieces, bounds)
+        lay = self._layouts.get(shape) if shape is not None else None
+        if lay is None:
+            lay = _Layout(op, bounds, rows() if callable(rows) else rows, outer)
+            if shape is not None:
+                self._layouts[shape] = lay
+        calls = _Calls(self, index, op, bounds, lay, stats)
         self.blocks.append(calls.block)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
         self.outputs[op.output] = OutputTiles(op.output, op.out_shape, op.dtype, grid, calls.out_tiles,
@@ -173,18 +171,19 @@ class _Lowering:
         self._op_index[op.output] = index
         self.stats.append(stats)
 
-    def _call_rows(self, op: EinOp, pieces, bounds) -> tuple[np.ndarray, list[int]]:
+    def _call_rows(self, op: EinOp, pieces, bounds) -> tuple:
         """The kernel calls that exist: one row of label coordinates each (then a presence flag
-        per left-joined input), and which inputs are left-joined."""
+        per left-joined input), which inputs are left-joined, and for a whole grid (rows made
+        when asked: a function) the shape its layout is kept under (else None)."""
         n_out, n_lab = len(op.out_labels), len(op.labels)
         if any(op.size[l] == 0 for l in op.agg_labels):
             # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
             # PROD is 1, one call per output tile on empty inputs, which yields the identity.
             outer = list(range(len(op.inputs)))
             if AGGREGATES[op.agg].zero_is_identity:
-                return np.zeros((0, n_lab + len(outer)), dtype=np.int64), outer
+                return np.zeros((0, n_lab + len(outer)), dtype=np.int64), outer, None
             rows = _grid_rows([pieces[l] for l in op.out_labels], len(outer), False)
-            return np.insert(rows, [n_out] * (n_lab - n_out), 0, axis=1), outer
+            return np.insert(rows, [n_out] * (n_lab - n_out), 0, axis=1), outer, None
         # An input gates the join (is inner-joined: its absent tiles make no kernel call)
         # when its absence makes the join 0 whatever the other inputs' tiles hold; the
         # others are left-joined and each call is kept unless the catalog's facts about
@@ -195,7 +194,16 @@ class _Lowering:
         inner = [k for k in range(len(op.inputs))
                  if skip.zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})]
         outer = [k for k in range(len(op.inputs)) if k not in inner]
-        return self._join(op, pieces, bounds, inner, outer), outer
+        if all(self._complete(o.tensor) for o in op.inputs):
+            # The join is the whole grid: no query, and a layout shared by operations alike.
+            pos = {l: d for d, l in enumerate(op.labels)}
+            shape = (tuple(bounds[l] for l in op.labels), tuple(pos[l] for l in op.out_labels),
+                     tuple(tuple(pos[l] for l in o.labels) for o in op.inputs),
+                     tuple(pos[l] for l in op.agg_labels), op.agg, tuple(outer),
+                     op.flops // max(1, math.prod(op.size[l] for l in op.labels)),
+                     np.dtype(op.dtype).itemsize)
+            return (lambda: _grid_rows([pieces[l] for l in op.labels], len(outer), True)), outer, shape
+        return self._join_sql(op, pieces, bounds, inner, outer), outer, None
 
     def _materialize(self, tensor: str) -> str:
         """The present output tiles of an earlier operation as a DuckDB table (made on first use)."""
@@ -261,31 +269,29 @@ class _Lowering:
                                  columns=columns)
 
 
-class _Calls:
-    """The kernel calls of one operation, made as arrays (``block``), its input tiles and
-    aggregations as tasks, and ``out_tiles`` (output tile coords -> the task making it).
+class _Layout:
+    """What the kernel calls of one operation look like, apart from the tiles they read: rows
+    sorted by output tile (each one's calls in join order: a stable sort), the groups of calls
+    of each output tile and which of them need an Aggregate, tile extents, flops, and per
+    operand the tile each call reads. Operations alike in shape (the layers of a deep network)
+    share one: lowering keeps them by shape where the join is the whole grid."""
 
-    Keys are given in the order a call-by-call walk would give them: the output tiles in
-    sorted order, each one's calls in join order, a call's new input tiles just before it and
-    an output tile's Aggregate just after its calls."""
-
-    def __init__(self, low: "_Lowering", index: int, op: EinOp, bounds, rows: np.ndarray,
-                 outer: list[int], stats: OpStats):
+    def __init__(self, op: EinOp, bounds, rows: np.ndarray, outer: list[int]) -> None:
         labels = op.labels
         n_lab = len(labels)
         pos = {l: d for d, l in enumerate(labels)}
-        out_pos = tuple(pos[l] for l in op.out_labels)
-        dims = tuple(tuple(pos[l] for l in o.labels) for o in op.inputs)
-        # Output tiles in sorted order, each one's calls in join order (a stable sort).
+        self.out_pos = out_pos = tuple(pos[l] for l in op.out_labels)
+        self.dims = dims = tuple(tuple(pos[l] for l in o.labels) for o in op.inputs)
         if len(rows) > 1 and out_pos:
             rows = rows[np.lexsort(tuple(rows[:, d] for d in reversed(out_pos)))]
-        n = len(rows)
-        coords = np.ascontiguousarray(rows[:, :n_lab])
+        self.n = n = len(rows)
+        self.coords = coords = np.ascontiguousarray(rows[:, :n_lab])
         first = np.ones(n, dtype=bool)
         if n > 1:
             first[1:] = (coords[1:, out_pos] != coords[:-1, out_pos]).any(axis=1)
         group = np.cumsum(first) - 1
-        starts = np.flatnonzero(first)
+        self.starts = starts = np.flatnonzero(first)
+        self.ends = np.append(starts[1:], n) - 1 if n else starts
         sizes = np.diff(np.append(starts, n))
         # One output tile of one call is that call; others (or skipped calls that take part:
         # a 0 in a MAX, MIN or PROD, where it makes the tile 0, or NaN next to an inf) get an
@@ -294,76 +300,100 @@ class _Calls:
         total = math.prod(len(bounds[l]) - 1 for l in op.agg_labels)
         empty = any(op.size[l] == 0 for l in op.agg_labels)
         fills = op.agg is not None and not AGGREGATES[op.agg].zero_is_identity and not empty
-        fill = (sizes < total) & fills
-        aggregated = (sizes > 1) | fill
-        aggs_before = (np.cumsum(aggregated) - aggregated)[group] if n else group
-        extents = tuple(np.diff(np.asarray(bounds[l], dtype=np.int64)) for l in labels)
-        ext = np.stack([extents[d][coords[:, d]] for d in range(n_lab)], axis=1) if n_lab else \
-            np.ones((n, 0), dtype=np.int64)
+        self.fill = fill = (sizes < total) & fills
+        self.aggregated = aggregated = (sizes > 1) | fill
+        self.n_aggs = int(aggregated.sum())
+        self.max_fan_in = int(sizes[aggregated].max()) if self.n_aggs else 0
+        self.aggs_before = (np.cumsum(aggregated) - aggregated)[group] if n else group
+        self.extents = tuple(np.diff(np.asarray(bounds[l], dtype=np.int64)) for l in labels)
+        ext = np.stack([self.extents[d][coords[:, d]] for d in range(n_lab)], axis=1) if n_lab \
+            else np.ones((n, 0), dtype=np.int64)
         flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in labels)))
-        flops = flops_per_elem * ext.prod(axis=1)
-        out_bytes = ext[:, list(out_pos)].prod(axis=1) * np.dtype(op.dtype).itemsize
+        self.flops = flops_per_elem * ext.prod(axis=1)
+        self.flops_total = int(self.flops.sum())
+        self.out_bytes = ext[:, list(out_pos)].prod(axis=1) * np.dtype(op.dtype).itemsize
+        self.out_shapes = ext[:, list(out_pos)]
+        self.out_coords = [tuple(c) for c in coords[starts][:, list(out_pos)].tolist()]
+        self.boxes = [[(b[i], b[i + 1]) for i in range(len(b) - 1)] for b in (bounds[l] for l in labels)]
+        # Per operand: the calls that read it (a left-joined one may be absent), the index of
+        # the tile each reads, and each distinct tile's first reader.
+        where_outer = {k: m for m, k in enumerate(outer)}
+        self.reads = []
+        for k, o in enumerate(op.inputs):
+            m = where_outer.get(k)
+            rows_in = np.arange(n) if m is None else np.flatnonzero(rows[:, n_lab + m])
+            at = tuple(coords[rows_in][:, dims[k]].T)
+            shape = tuple(len(bounds[l]) - 1 for l in o.labels)
+            ids = np.ravel_multi_index(at, shape) if dims[k] else np.zeros(len(rows_in), dtype=np.int64)
+            _, first_at, inv = np.unique(ids, return_index=True, return_inverse=True)
+            self.reads.append((rows_in, at, inv, rows_in[first_at].tolist()))
+
+
+class _Calls:
+    """The kernel calls of one operation, made as arrays (``block``), its input tiles and
+    aggregations as tasks, and ``out_tiles`` (output tile coords -> the task making it).
+
+    Keys are given in the order a call-by-call walk would give them: the output tiles in
+    sorted order, each one's calls in join order, a call's new input tiles just before it and
+    an output tile's Aggregate just after its calls."""
+
+    def __init__(self, low: "_Lowering", index: int, op: EinOp, bounds, lay: _Layout,
+                 stats: OpStats):
+        n, dims = lay.n, lay.dims
         # Input tiles: an earlier operation's output on this grid maps tile to tile; others are
         # made (Load, Assemble) at their first call, in call order then operand order.
         args = np.full((n, len(op.inputs)), -1, dtype=np.int64)
         base = low._cursor
-        where_outer = {k: m for m, k in enumerate(outer)}
-        events, inverse = [], {}
+        events = []
         for k, o in enumerate(op.inputs):
-            m = where_outer.get(k)
-            present = np.ones(n, dtype=bool) if m is None else rows[:, n_lab + m] != 0
-            at = coords[:, dims[k]]
-            shape = tuple(len(bounds[l]) - 1 for l in o.labels)
+            rows_in, at, inv, firsts = lay.reads[k]
             out = low.outputs.get(o.tensor)
             if out is not None and out.grid == tuple(bounds[l] for l in o.labels):
-                table = np.full(shape, -1, dtype=np.int64)
-                for c, key in out.tiles.items():
-                    table[c] = key
-                args[:, k] = np.where(present, table[tuple(at.T)] if dims[k] else table[()], -1)
+                table = np.full(tuple(len(bounds[l]) - 1 for l in o.labels), -1, dtype=np.int64)
+                if out.tiles:
+                    table[tuple(np.array(list(out.tiles), dtype=np.int64).reshape(
+                        len(out.tiles), len(o.labels)).T)] = list(out.tiles.values())
+                args[rows_in, k] = table[at] if dims[k] else table[()]
                 continue
-            ids = np.ravel_multi_index(tuple(at.T), shape) if dims[k] else np.zeros(n, dtype=np.int64)
-            rows_in = np.flatnonzero(present)
-            uniq, first_at, inv = np.unique(ids[rows_in], return_index=True, return_inverse=True)
-            inverse[k] = (rows_in, inv, len(uniq))
-            for u, r in zip(range(len(uniq)), rows_in[first_at].tolist()):
-                events.append((r, k, u))
+            events += [(r, k, u) for u, r in enumerate(firsts)]
         events.sort()
-        tile_keys = {k: np.full(v[2], -1, dtype=np.int64) for k, v in inverse.items()}
+        tile_keys = {k: np.full(len(lay.reads[k][3]), -1, dtype=np.int64) for _, k, _ in events}
         made: list[int] = []  # the call (row) before which each new input tile task comes
-        boxes = [[(b[i], b[i + 1]) for i in range(len(b) - 1)] for b in (bounds[l] for l in labels)]
+        aggs_before = lay.aggs_before
         for r, k, u in events:
             low._cursor = base + r + int(aggs_before[r]) + len(made)
-            row = coords[r].tolist()
-            box = tuple(boxes[d][row[d]] for d in dims[k])
+            row = lay.coords[r].tolist()
+            box = tuple(lay.boxes[d][row[d]] for d in dims[k])
             before = len(low.others)
             key = low._input_tile(index, op.inputs[k].tensor, box, stats)
             if len(low.others) > before:
                 made.append(r)
             tile_keys[k][u] = -1 if key is None else key
-        for k, (rows_in, inv, _) in inverse.items():
-            args[rows_in, k] = tile_keys[k][inv]
-        keys = base + np.arange(n, dtype=np.int64) + aggs_before + \
-            np.searchsorted(np.asarray(made, dtype=np.int64), np.arange(n), side="right")
+        for k, keys_of_tiles in tile_keys.items():
+            rows_in, _, inv, _ = lay.reads[k]
+            args[rows_in, k] = keys_of_tiles[inv]
+        keys = base + np.arange(n, dtype=np.int64) + aggs_before
+        if made:
+            keys += np.searchsorted(np.asarray(made, dtype=np.int64), np.arange(n), side="right")
         # The Aggregates, each right after the last call of its output tile.
-        ends = np.append(starts[1:], n) - 1 if n else starts
         key_list = keys.tolist()
-        out_keys = [key_list[e] for e in ends.tolist()]
-        out_shapes = ext[:, list(out_pos)]
-        for g in np.flatnonzero(aggregated).tolist():
-            s, e = int(starts[g]), int(ends[g])
-            low._cursor = key_list[e] + 1
-            out_keys[g] = low._add(Aggregate(low._cursor, op.agg, tuple(key_list[s:e + 1]),
-                                             tuple(out_shapes[s].tolist()), op.dtype,
-                                             bool(fill[g])), index)
-        low._cursor = base + n + int(aggregated.sum()) + len(made)
-        out_coords = coords[starts][:, list(out_pos)].tolist()
-        self.out_tiles = {tuple(c): k for c, k in zip(out_coords, out_keys)}
-        self.block = CallBlock(index, keys, coords, args, flops, out_bytes, extents, dims, out_pos)
+        out_keys = [key_list[e] for e in lay.ends.tolist()]
+        if lay.n_aggs:
+            for g in np.flatnonzero(lay.aggregated).tolist():
+                s, e = int(lay.starts[g]), int(lay.ends[g])
+                low._cursor = key_list[e] + 1
+                out_keys[g] = low._add(Aggregate(low._cursor, op.agg, tuple(key_list[s:e + 1]),
+                                                 tuple(lay.out_shapes[s].tolist()), op.dtype,
+                                                 bool(lay.fill[g])), index)
+        low._cursor = base + n + lay.n_aggs + len(made)
+        self.out_tiles = dict(zip(lay.out_coords, out_keys))
+        self.block = CallBlock(index, keys, lay.coords, args, lay.flops, lay.out_bytes, lay.extents,
+                               dims, lay.out_pos)
         stats.kernel_calls += n
-        stats.flops += int(flops.sum())
-        if aggregated.any():
-            stats.aggregations += int(aggregated.sum())
-            stats.max_fan_in = max(stats.max_fan_in, int(sizes[aggregated].max()))
+        stats.flops += lay.flops_total
+        if lay.n_aggs:
+            stats.aggregations += lay.n_aggs
+            stats.max_fan_in = max(stats.max_fan_in, lay.max_fan_in)
             stats.agg_levels = 1  # one task per output tile; trees.py may make it a tree
 
 
