@@ -350,9 +350,10 @@ class _Calls:
             out = low.outputs.get(o.tensor)
             if out is not None and out.grid == tuple(bounds[l] for l in o.labels):
                 table = np.full(tuple(len(bounds[l]) - 1 for l in o.labels), -1, dtype=np.int64)
-                if out.tiles:
-                    table[tuple(np.array(list(out.tiles), dtype=np.int64).reshape(
-                        len(out.tiles), len(o.labels)).T)] = list(out.tiles.values())
+                if out.tiles and o.labels:
+                    table[tuple(np.array(list(out.tiles), dtype=np.int64).T)] = list(out.tiles.values())
+                elif out.tiles:
+                    table[()] = out.tiles[()]
                 args[rows_in, k] = table[at] if dims[k] else table[()]
                 continue
             events += [(r, k, u) for u, r in enumerate(firsts)]
