@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
+import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -42,7 +43,6 @@ class _Lowering:
         self._tables: set[str] = set()
         self._assembled: dict[tuple, int] = {}
         self._known: dict[str, tuple[bool, bool]] = {}  # facts of each input, read once
-        self._layouts: dict[tuple, _Layout] = {}  # operations alike in shape share their calls' layout
 
     def _add(self, task, op_index: int) -> int:
         self.others.append(task)
@@ -157,11 +157,11 @@ class _Lowering:
                                                       default=0) for l, b in bounds.items()},
                                           budget))
         rows, outer, shape = self._call_rows(op, pieces, bounds)
-        lay = self._layouts.get(shape) if shape is not None else None
+        lay = _LAYOUTS.get(shape) if shape is not None else None
         if lay is None:
             lay = _Layout(op, bounds, rows() if callable(rows) else rows, outer)
-            if shape is not None:
-                self._layouts[shape] = lay
+            if shape is not None and lay.n <= _LAYOUTS.largest:
+                _LAYOUTS.put(shape, lay)
         calls = _Calls(self, index, op, bounds, lay, stats)
         self.blocks.append(calls.block)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
@@ -327,6 +327,36 @@ class _Layout:
             ids = np.ravel_multi_index(at, shape) if dims[k] else np.zeros(len(rows_in), dtype=np.int64)
             _, first_at, inv = np.unique(ids, return_index=True, return_inverse=True)
             self.reads.append((rows_in, at, inv, rows_in[first_at].tolist()))
+        for a in (self.coords, self.flops, self.out_bytes, self.out_shapes, *self.extents):
+            a.flags.writeable = False  # shared by the plans of operations alike
+
+
+class _Layouts:
+    """The layouts of whole-grid operations by shape, kept for the process (they are pure
+    functions of it, and read only): the layers of one script share one, and a repeated
+    statement planned again finds its own. The most recent ``capacity`` of at most ``largest``
+    calls each are kept."""
+
+    def __init__(self, capacity: int = 256, largest: int = 1 << 16) -> None:
+        self.capacity, self.largest = capacity, largest
+        self._kept: OrderedDict[tuple, _Layout] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, shape: tuple) -> "_Layout | None":
+        with self._lock:
+            lay = self._kept.get(shape)
+            if lay is not None:
+                self._kept.move_to_end(shape)
+            return lay
+
+    def put(self, shape: tuple, lay: "_Layout") -> None:
+        with self._lock:
+            self._kept[shape] = lay
+            while len(self._kept) > self.capacity:
+                self._kept.popitem(last=False)
+
+
+_LAYOUTS = _Layouts()
 
 
 class _Calls:

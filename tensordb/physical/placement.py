@@ -81,7 +81,7 @@ def place(plan: TilePlan) -> TilePlan:
         if not isinstance(t, Load) and placer.where[t.key] < 0:
             placer.place_by_bytes(t)
     where = placer.where
-    facts = _facts(plan, cols, placer) if lowered else None
+    facts = Once(lambda: _facts(plan, cols, placer)) if lowered else None
 
     def build() -> dict:
         tasks, owner = _with_loads(plan, {k: w for k, w in enumerate(where) if w >= 0})
@@ -147,7 +147,7 @@ class _Placer:
         (and its group's partials) are, within the operation's flops cap."""
         flops = np.maximum(b.flops, 1)
         cap = max(int(flops.sum()) / self.p, int(flops.max())) * (1 + SLACK)
-        if not aggregated and self._place_where_held(b, flops, cap):
+        if not aggregated and len(b) > 8 and self._place_where_held(b, flops, cap):
             return
         p, where = self.p, self.where
         keys, raw, args = b.keys.tolist(), b.flops.tolist(), b.args.tolist()
@@ -327,7 +327,8 @@ def transfers(plan: TilePlan) -> tuple[int, list[int]]:
     task reads from a tile produced on another worker (the executor's count)."""
     facts = plan.__dict__.get("facts")
     if facts is not None:
-        return facts["moved"][0], list(facts["moved"][1])
+        moved, per_op = facts()["moved"]
+        return moved, list(per_op)
     tasks = {t.key: t for t in plan.tasks}
     sizes: dict[int, int] = {}
 
@@ -353,7 +354,7 @@ def worker_flops(plan: TilePlan) -> list[int]:
     """Kernel flops placed on each worker."""
     facts = plan.__dict__.get("facts")
     if facts is not None:
-        return list(facts["flops"])
+        return list(facts()["flops"])
     out = [0] * max(1, plan.workers)
     for t in plan.tasks:
         if isinstance(t, Kernel):

@@ -243,7 +243,8 @@ class TilePlan:
                  build: Callable[[], dict], **extra) -> "TilePlan":
         """A plan whose ``tasks``, ``owner`` and ``rank`` are made by ``build()`` when first read
         (once: copies share ``build``, which keeps what it made). ``extra``: other attributes
-        (``columns``: the lowering's arrays; ``facts``: placement's totals for EXPLAIN)."""
+        (``columns``: the lowering's arrays; ``facts``: a function giving placement's totals
+        for EXPLAIN: bytes moved per operation, flops per worker, how many tasks)."""
         plan = object.__new__(cls)
         plan.__dict__.update(ops=ops, outputs=outputs, stats=stats, workers=workers,
                              readers=readers, kernels=kernels, memo=memo, _build=build, **extra)
@@ -287,7 +288,7 @@ class TilePlan:
     def task_count(self) -> int:
         """How many tasks the plan runs (without making them, where placement counted them)."""
         facts = self.__dict__.get("facts")
-        return facts["tasks"] if facts is not None else len(self.tasks)
+        return facts()["tasks"] if facts is not None else len(self.tasks)
 
 
 def describe_tasks(plan: TilePlan) -> str:
