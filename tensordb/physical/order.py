@@ -22,6 +22,7 @@ before anything (they free a partial).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from .plan import Load, Once, TilePlan
@@ -77,8 +78,11 @@ def order(plan: TilePlan) -> TilePlan:
     """``plan`` with its ``rank`` (called after placement, which adds tasks). A plan whose tasks
     are not made yet (``TilePlan.deferred``) ranks them when they are: EXPLAIN reads no rank."""
     if "_build" in plan.__dict__ and "tasks" not in plan.__dict__:
+        unbound = copy.copy(plan)  # ranking reads no stored tensor: keep no reader
+        unbound.readers = {}
+
         def build() -> dict:
-            return {"tasks": plan.tasks, "owner": plan.owner, "rank": ranks(plan)}
+            return {"tasks": unbound.tasks, "owner": unbound.owner, "rank": ranks(unbound)}
 
         return TilePlan.deferred(plan.ops, plan.outputs, plan.stats, plan.workers, plan.readers,
                                  plan.kernels, plan.memo, Once(build),

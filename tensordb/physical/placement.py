@@ -24,6 +24,7 @@ Operations are placed one after another, in plan order. Within one operation:
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections import defaultdict
@@ -81,10 +82,13 @@ def place(plan: TilePlan) -> TilePlan:
         if not isinstance(t, Load) and placer.where[t.key] < 0:
             placer.place_by_bytes(t)
     where = placer.where
-    facts = Once(lambda: _facts(plan, cols, placer)) if lowered else None
+    n_ops = len(plan.ops)
+    facts = Once(lambda: _facts(n_ops, cols, placer)) if lowered else None
+    unbound = copy.copy(plan)  # what is made later reads no stored tensor: keep no reader
+    unbound.readers = {}
 
     def build() -> dict:
-        tasks, owner = _with_loads(plan, {k: w for k, w in enumerate(where) if w >= 0})
+        tasks, owner = _with_loads(unbound, {k: w for k, w in enumerate(where) if w >= 0})
         return {"tasks": tasks, "owner": owner}
 
     return TilePlan.deferred(plan.ops, plan.outputs, plan.stats, plan.workers, plan.readers,
@@ -230,14 +234,14 @@ class _Placer:
         self._put(t.key, w)
 
 
-def _facts(plan: TilePlan, cols: Columns, placer: _Placer) -> dict:
+def _facts(n_ops: int, cols: Columns, placer: _Placer) -> dict:
     """What EXPLAIN shows of the placed plan, from the arrays: the bytes each operation moves
     between workers, the flops on each worker and how many tasks run (each Load once per
     worker consuming it). ``transfers`` and ``worker_flops`` compute the same from the tasks."""
     p, where, size = placer.p, placer.where_arr, placer.size
     is_load = np.zeros(cols.n_keys, dtype=bool)
     is_load[placer.loads] = True
-    per_op = [0] * len(plan.ops)
+    per_op = [0] * n_ops
     flops = np.zeros(p, dtype=np.int64)
     pairs = []  # load key * p + the worker of a task reading it
     for b in cols.blocks:
