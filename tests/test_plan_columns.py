@@ -162,7 +162,9 @@ def test_results_equal_numpy(db, name, workers):
         h = t["X"]
         for k in range(LAYERS):
             h = np.maximum(h @ db.tensor(f"W{k}") + db.tensor(f"c{k}"), 0)
-        np.testing.assert_allclose(db.tensor(f"H{LAYERS - 1}"), h, rtol=1e-4, atol=1e-4)
+        # float32 through six layers: rounding relative to the largest value
+        np.testing.assert_allclose(db.tensor(f"H{LAYERS - 1}"), h, rtol=1e-4,
+                                   atol=1e-5 * np.abs(h).max())
         return
     want = {"aggregated": ("C", t["A"] @ t["B"]), "sparse": ("C", t["S"] @ t["B"]),
             "sparse max": ("C", (t["S"][:, :, None] * t["B"][None]).max(1)),
