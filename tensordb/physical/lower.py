@@ -34,6 +34,7 @@ class _Lowering:
         self.others: list = []                   # Loads, Assembles, Aggregates
         self.owner: dict[int, int] = {}          # their operation
         self.blocks: list[CallBlock] = []        # the kernel calls, per operation
+        self.tile_keys: dict[str, np.ndarray] = {}  # per output: its tiles' keys on its grid
         self._cursor = 0                         # the key of the next task
         self.outputs: dict[str, OutputTiles] = {}
         self.stats: list[OpStats] = []
@@ -153,8 +154,8 @@ class _Lowering:
         # The kernel's method and chunking, for the largest tile of each label and chunks sized
         # from a worker's memory budget (the optimizer's projection: details["memory"]).
         budget = getattr(self.decomp.details.get("memory"), "budget", None)
-        self.kernels.append(choose_kernel(op, {l: max((b[i + 1] - b[i] for i in range(len(b) - 1)),
-                                                      default=0) for l, b in bounds.items()},
+        self.kernels.append(choose_kernel(op, {l: b[1] - b[0] if len(b) > 1 else 0  # even: the
+                                               for l, b in bounds.items()},  # first is largest
                                           budget))
         rows, outer, shape = self._call_rows(op, pieces, bounds)
         lay = _LAYOUTS.get(shape) if shape is not None else None
@@ -163,6 +164,7 @@ class _Lowering:
             if shape is not None and lay.n <= _LAYOUTS.largest:
                 _LAYOUTS.put(shape, lay)
         calls = _Calls(self, index, op, bounds, lay, stats)
+        self.tile_keys[op.output] = calls.tile_keys
         self.blocks.append(calls.block)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
         self.outputs[op.output] = OutputTiles(op.output, op.out_shape, op.dtype, grid, calls.out_tiles,
@@ -314,6 +316,8 @@ class _Layout:
         self.out_bytes = ext[:, list(out_pos)].prod(axis=1) * np.dtype(op.dtype).itemsize
         self.out_shapes = ext[:, list(out_pos)]
         self.out_coords = [tuple(c) for c in coords[starts][:, list(out_pos)].tolist()]
+        self.out_index = tuple(coords[starts][:, list(out_pos)].T)
+        self.out_grid = tuple(len(bounds[l]) - 1 for l in op.out_labels)
         self.boxes = [[(b[i], b[i + 1]) for i in range(len(b) - 1)] for b in (bounds[l] for l in labels)]
         # Per operand: the calls that read it (a left-joined one may be absent), the index of
         # the tile each reads, and each distinct tile's first reader.
@@ -379,11 +383,7 @@ class _Calls:
             rows_in, at, inv, firsts = lay.reads[k]
             out = low.outputs.get(o.tensor)
             if out is not None and out.grid == tuple(bounds[l] for l in o.labels):
-                table = np.full(tuple(len(bounds[l]) - 1 for l in o.labels), -1, dtype=np.int64)
-                if out.tiles and o.labels:
-                    table[tuple(np.array(list(out.tiles), dtype=np.int64).T)] = list(out.tiles.values())
-                elif out.tiles:
-                    table[()] = out.tiles[()]
+                table = low.tile_keys[o.tensor]
                 args[rows_in, k] = table[at] if dims[k] else table[()]
                 continue
             events += [(r, k, u) for u, r in enumerate(firsts)]
@@ -418,6 +418,12 @@ class _Calls:
                                                  bool(lay.fill[g])), index)
         low._cursor = base + n + lay.n_aggs + len(made)
         self.out_tiles = dict(zip(lay.out_coords, out_keys))
+        # The output's tile keys on its grid (-1: absent), for the operations reading it.
+        self.tile_keys = np.full(lay.out_grid, -1, dtype=np.int64)
+        if lay.out_grid:
+            self.tile_keys[lay.out_index] = out_keys
+        elif out_keys:
+            self.tile_keys[()] = out_keys[0]
         self.block = CallBlock(index, keys, lay.coords, args, lay.flops, lay.out_bytes, lay.extents,
                                dims, lay.out_pos)
         stats.kernel_calls += n
