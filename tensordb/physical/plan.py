@@ -20,6 +20,7 @@ reads the per-operation facts placement computed from the arrays (``TilePlan.def
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
@@ -155,14 +156,17 @@ class CallBlock:
 
 
 class Once:
-    """A function called once: what it returned, shared by every later call."""
+    """A function called once: what it returned, shared by every later call (and thread)."""
 
     def __init__(self, fn) -> None:
         self.fn, self.made = fn, None
+        self._lock = threading.Lock()
 
     def __call__(self):
         if self.made is None:
-            self.made, self.fn = self.fn(), None
+            with self._lock:
+                if self.made is None:
+                    self.made, self.fn = self.fn(), None
         return self.made
 
 
