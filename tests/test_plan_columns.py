@@ -88,9 +88,12 @@ def _placed_call_by_call(plan):
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("name", sorted(QUERIES))
 def test_placing_on_arrays_is_placing_call_by_call(db, name, workers):
-    decomp, plan = _planned(db, QUERIES[name], workers)
+    # One lowered plan placed both ways (DuckDB may give a sparse join's rows in another order
+    # each time it runs the join, and with them other keys).
+    decomp, _ = _planned(db, QUERIES[name], workers)
     graph, _ = _graph(db, QUERIES[name])
     lowered = physical.lower(graph, decomp, db.store)
+    plan = physical.order(physical.place(lowered))
     by_call = _placed_call_by_call(lowered)
     assert [(t.key, t.worker, t) for t in plan.tasks] == [(t.key, t.worker, t) for t in by_call.tasks]
     assert plan.rank == by_call.rank and plan.owner == by_call.owner
