@@ -119,7 +119,7 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
         "comm_bytes": cost.bytes,
         "peak_tile_bytes": cost.peak_tile_bytes,
         "kernel_calls": int(sum(n["kernel_calls"] for n in nodes)),
-        "tasks": len(plan.tasks),
+        "tasks": plan.task_count,
         "imbalance": (max(per_worker) / mean) if mean else 1.0,
     }
     if mem is not None:

@@ -9,7 +9,7 @@ the whole script. The parser (parser.py) has checked the tree's depth; this walk
 from __future__ import annotations
 
 from lark import Token, Transformer, v_args
-from lark.exceptions import VisitError
+from lark.exceptions import GrammarError, VisitError
 
 from ..errors import ParserError, Span
 from . import ast as A
@@ -54,8 +54,22 @@ class _Build(Transformer):
     """lark tree -> AST. Positions are shifted by the statement's offset in the script."""
 
     def __init__(self, script: str, base: int, queries: dict[int, str]) -> None:
-        super().__init__()
+        super().__init__(visit_tokens=False)  # no callback reads a token on its own
         self.script, self.base, self.queries = script, base, queries
+
+    def _call_userfunc(self, tree, new_children=None):
+        # What lark's v_args(meta=True) does, without making a wrapper per node (most of the
+        # time of building a statement's AST went there).
+        children = new_children if new_children is not None else tree.children
+        fn = _RULES.get(tree.data)
+        if fn is None:
+            return self.__default__(tree.data, children, tree.meta)
+        try:
+            return fn(self, tree.meta, children)
+        except GrammarError:
+            raise
+        except Exception as e:
+            raise VisitError(tree.data, tree, e)
 
     def sp(self, meta) -> Span:
         return _span(meta, self.base)
@@ -280,3 +294,9 @@ class _Build(Transformer):
 
     def rollback(self, meta, c):
         return A.RollbackStmt(self.sp(meta))
+
+
+# The callbacks of _Build by rule name, as plain functions (``_call_userfunc``).
+_RULES = {name: getattr(f, "base_func", f) for name, f in vars(_Build).items()
+          if not name.startswith("_") and callable(getattr(f, "base_func", f))
+          and name not in ("sp", "ts")}

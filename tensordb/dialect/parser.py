@@ -12,6 +12,8 @@ becomes the AST in build.py.
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -22,7 +24,7 @@ from .build import build
 from .grammar import EXPLAIN_FORMATS, READABLE, explain_grammar, grammar
 from .lexer import _DOLLAR, Word, split, words
 
-__all__ = ["parse", "parse_statement", "classify"]
+__all__ = ["parse", "parse_statement", "classify", "forget_parsed"]
 
 # The names of tensordb's settings (config.Settings; a test checks they agree): ``SET workers``
 # and ``SHOW workers`` are ours, any other SET or SHOW is DuckDB's.
@@ -147,6 +149,8 @@ def _blank_subquery(script: str, span: Span) -> tuple[str, dict[int, str]]:
     """Replace the text of ``FROM ( <query> )`` with spaces (same length, so positions hold) and
     return it by the position of its '('; lark cannot parse arbitrary SQL, DuckDB will."""
     text = script[span.start:span.end]
+    if "from" not in text.lower():  # most statements: no word to look for
+        return text, {}
     w = words(script, span.start, span.end, 64)
     for k, word in enumerate(w[:-1]):
         if word.upper == "FROM" and w[k + 1].text == "(":
@@ -205,12 +209,52 @@ def _matching_paren(text: str, open_at: int) -> tuple[int | None, int | None]:
 
 def _parse_ours(script: str, span: Span) -> A.Statement:
     text, queries = _blank_subquery(script, span)
-    try:
-        tree = _lark().parse(text)
-    except UnexpectedInput as exc:
-        raise _syntax_error(exc, script, span, text) from None
-    _check_depth(tree, script, span.start)
+    tree = _TREES.get(text)
+    if tree is None:
+        try:
+            tree = _lark().parse(text)
+        except UnexpectedInput as exc:
+            raise _syntax_error(exc, script, span, text) from None
+        _check_depth(tree, script, span.start)
+        _TREES.put(text, tree)
     return build(tree, script, span.start, queries)
+
+
+class _Trees:
+    """lark's trees of the statements parsed lately, by their text: a statement run again (a
+    training loop's, a dashboard's) is not parsed again. A tree's positions are relative to its
+    statement and nothing changes it (build.py reads it), so one serves wherever the text
+    appears. Only trees that parsed and passed the depth check are kept."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._kept: OrderedDict[str, Tree] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> Tree | None:
+        with self._lock:
+            tree = self._kept.get(text)
+            if tree is not None:
+                self._kept.move_to_end(text)
+            return tree
+
+    def put(self, text: str, tree: Tree) -> None:
+        with self._lock:
+            self._kept[text] = tree
+            while len(self._kept) > self.capacity:
+                self._kept.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+
+_TREES = _Trees()
+
+
+def forget_parsed() -> None:
+    """Forget the statements parsed so far (a benchmark measuring parsing, tests)."""
+    _TREES.clear()
 
 
 # The deepest parse tree a statement may have: every later stage (the AST builder, the binder, the

@@ -20,15 +20,16 @@ worker against ``memory_limit / workers``, and the intermediates the executor ma
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from ..errors import ProgrammingError
 from ..plan.ir import EinGraph
-from ..plan.memory import PlanMemory, project
+from ..plan.memory import PlanMemory, project, worker_budget
 from .baselines import data_parallel_pieces, even_pieces
 from .candidates import pieces_per_op
-from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate
+from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate, models_of
 from .dp import Choice, solve
 
 __all__ = ["Decomposition", "decompose", "price", "STRATEGIES", "register_strategy",
@@ -74,12 +75,19 @@ def _split_largest_output(graph: EinGraph, workers: int, *, pieces=None, **_) ->
 
 def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, pieces=None, input_grids=None,
                params: CostParams = DEFAULT_PARAMS, presence=None, facts=None, **_) -> Decomposition:
-    """The cost-based search: the dynamic program of dp.py over the candidates of candidates.py."""
-    by_op, choices, dp_cost, seconds = solve(graph, workers, memory_limit=memory_limit,
-                                             pieces=pieces, input_grids=input_grids, params=params,
-                                             presence=presence, facts=facts)
-    return Decomposition(workers, by_op, "eindecomp",
-                         {"choices": choices, "dp_cost": dp_cost, "search_seconds": seconds})
+    """The cost-based search: the dynamic program of dp.py over the candidates of candidates.py.
+    It prices its choice with the cost models it searched with (each is built once)."""
+    t0 = time.perf_counter()
+    models = models_of(graph, workers, params, presence, facts, input_grids,
+                       worker_budget(memory_limit, workers))
+    by_op, choices, dp_cost, _ = solve(graph, workers, memory_limit=memory_limit, pieces=pieces,
+                                       input_grids=input_grids, params=params, presence=presence,
+                                       facts=facts, models=models)
+    seconds = time.perf_counter() - t0
+    cost = evaluate(graph, by_op, workers, params=params, input_grids=input_grids, models=models,
+                    presence=presence, facts=facts, memory_limit=memory_limit)
+    return Decomposition(workers, by_op, "eindecomp", {"choices": choices, "dp_cost": dp_cost,
+                                                       "search_seconds": seconds, "cost": cost})
 
 
 def _fixed(rule, name):

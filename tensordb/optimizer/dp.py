@@ -73,12 +73,15 @@ class _Table:
 def solve(graph: EinGraph, workers: int, *, memory_limit: int | None = None,
           pieces: Mapping[str, Mapping[str, int]] | None = None,
           input_grids: Mapping | None = None, params: CostParams = DEFAULT_PARAMS,
-          presence: Mapping | None = None, facts: Mapping | None = None):
-    """Run the search; returns (pieces by operation, choices, dp_cost, seconds)."""
+          presence: Mapping | None = None, facts: Mapping | None = None,
+          models: Mapping | None = None):
+    """Run the search; returns (pieces by operation, choices, dp_cost, seconds). ``models``:
+    the operations' cost models (``cost.models_of`` with these arguments), when the caller
+    has them (it prices the result with the same ones)."""
     t0 = time.perf_counter()
     p = max(1, int(workers))
     budget = worker_budget(memory_limit, p)
-    models = models_of(graph, p, params, presence, facts, input_grids, budget)
+    models = models or models_of(graph, p, params, presence, facts, input_grids, budget)
     fixed = pieces_per_op(graph, pieces)
     tables = _own_tables(graph, models, fixed, dict(input_grids or {}), budget)
     uses, shared, constant = _fill_tables(graph, models, tables)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
 
 import numpy as np
 
@@ -20,8 +19,9 @@ from ..plan import skip
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage import catalog
+from .calls import LAYOUTS, Calls, Layout, grid_rows
 from .choice import choose_kernel
-from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan
+from .plan import Assemble, CallBlock, Columns, Load, OpStats, Once, OutputTiles, TilePlan
 
 __all__ = ["lower", "OutputWriters", "describe"]
 
@@ -29,8 +29,11 @@ __all__ = ["lower", "OutputWriters", "describe"]
 class _Lowering:
     def __init__(self, graph: EinGraph, decomp, store) -> None:
         self.graph, self.decomp, self.store = graph, decomp, store
-        self.tasks: list = []
-        self.owner: dict[int, int] = {}
+        self.others: list = []                   # Loads, Assembles, Aggregates
+        self.owner: dict[int, int] = {}          # their operation
+        self.blocks: list[CallBlock] = []        # the kernel calls, per operation
+        self.tile_keys: dict[str, np.ndarray] = {}  # per output: its tiles' keys on its grid
+        self._cursor = 0                         # the key of the next task
         self.outputs: dict[str, OutputTiles] = {}
         self.stats: list[OpStats] = []
         self.kernels: list = []
@@ -41,13 +44,14 @@ class _Lowering:
         self._known: dict[str, tuple[bool, bool]] = {}  # facts of each input, read once
 
     def _add(self, task, op_index: int) -> int:
-        self.tasks.append(task)
+        self.others.append(task)
         self.owner[task.key] = op_index
+        self._cursor += 1
         return task.key
 
     @property
     def _next_key(self) -> int:
-        return len(self.tasks)
+        return self._cursor
 
     # -- presence of input tiles at an operation's grid ------------------------------------------
     def _presence_sql(self, tensor: str, labels, bounds: dict[str, tuple]) -> str:
@@ -78,18 +82,10 @@ class _Lowering:
         out = self.outputs[tensor]
         return len(out.tiles) == math.prod(len(b) - 1 for b in out.grid)
 
-    def _join(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> list[tuple]:
-        """The kernel calls of ``op``: one row of label piece indices (then presence flags of
-        the outer inputs) per call.
-
-        When every input is complete the join is the whole grid, enumerated directly; otherwise
-        DuckDB joins the present tiles."""
-        if all(self._complete(o.tensor) for o in op.inputs):
-            flags = (True,) * len(outer)
-            return [c + flags for c in itertools.product(*(range(pieces[l]) for l in op.labels))]
-        return self._join_sql(op, pieces, bounds, inner, outer)
-
-    def _join_sql(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> list[tuple]:
+    def _join_sql(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list) -> np.ndarray:
+        """The kernel calls of ``op`` where some input is not complete: DuckDB joins the
+        present tiles. One row of label piece indices (then presence flags of the outer
+        inputs) per call."""
         # A complete stored input that gates the join adds no row restriction: its labels range
         # over the whole grid. It is left out of the SQL when the test of a row does not read
         # what the catalog knows of its pieces (it is finite throughout, and its zeros do not
@@ -143,7 +139,7 @@ class _Lowering:
             rows = self.store.query(sql)
         except Exception as exc:  # a bug in the generated SQL, never the user's fault
             raise InternalError(f"tile join for {op.describe()} failed: {exc}\n{sql}") from exc
-        return rows
+        return np.array(rows, dtype=np.int64).reshape(len(rows), len(op.labels) + len(outer))
 
     # -- one operation -------------------------------------------------------------------------
     def lower_op(self, index: int, op: EinOp) -> None:
@@ -156,39 +152,38 @@ class _Lowering:
         # The kernel's method and chunking, for the largest tile of each label and chunks sized
         # from a worker's memory budget (the optimizer's projection: details["memory"]).
         budget = getattr(self.decomp.details.get("memory"), "budget", None)
-        self.kernels.append(choose_kernel(op, {l: max((b[i + 1] - b[i] for i in range(len(b) - 1)),
-                                                      default=0) for l, b in bounds.items()},
+        self.kernels.append(choose_kernel(op, {l: b[1] - b[0] if len(b) > 1 else 0  # even: the
+                                               for l, b in bounds.items()},  # first is largest
                                           budget))
-        n_out = len(op.out_labels)
-        rows, outer = self._call_rows(op, pieces, bounds)
-        groups: dict[tuple, list[tuple]] = defaultdict(list)
-        for row in rows:
-            groups[tuple(row[:n_out])].append(row)
-        total = math.prod(pieces[l] for l in op.agg_labels)
-        out_tiles: dict[tuple, int] = {}
-        call = _Calls(self, index, op, labels, bounds, outer, stats)
-        for out_coords in sorted(groups):
-            parts = [call(row) for row in groups[out_coords]]
-            out_tiles[out_coords] = self._combine(index, op, parts, total, stats)
+        rows, outer, shape = self._call_rows(op, pieces, bounds)
+        lay = LAYOUTS.get(shape) if shape is not None else None
+        if lay is None:
+            lay = Layout(op, bounds, rows() if callable(rows) else rows, outer)
+            if shape is not None and lay.n <= LAYOUTS.largest:
+                LAYOUTS.put(shape, lay)
+        calls = Calls(self, index, op, bounds, lay, stats)
+        self.tile_keys[op.output] = calls.tile_keys
+        self.blocks.append(calls.block)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
-        self.outputs[op.output] = OutputTiles(op.output, op.out_shape, op.dtype, grid, out_tiles,
+        self.outputs[op.output] = OutputTiles(op.output, op.out_shape, op.dtype, grid, calls.out_tiles,
                                               op.output in self.graph.outputs,
                                               self.graph.stored_name(op.output))
         self._op_index[op.output] = index
         self.stats.append(stats)
 
-    def _call_rows(self, op: EinOp, pieces, bounds) -> tuple[list[tuple], list[int]]:
+    def _call_rows(self, op: EinOp, pieces, bounds) -> tuple:
         """The kernel calls that exist: one row of label coordinates each (then a presence flag
-        per left-joined input), and which inputs are left-joined."""
+        per left-joined input), which inputs are left-joined, and for a whole grid (rows made
+        when asked: a function) the shape its layout is kept under (else None)."""
         n_out, n_lab = len(op.out_labels), len(op.labels)
         if any(op.size[l] == 0 for l in op.agg_labels):
             # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
             # PROD is 1, one call per output tile on empty inputs, which yields the identity.
             outer = list(range(len(op.inputs)))
-            rows = [] if AGGREGATES[op.agg].zero_is_identity else [
-                c + (0,) * (n_lab - n_out) + (False,) * len(outer)
-                for c in itertools.product(*(range(pieces[l]) for l in op.out_labels))]
-            return rows, outer
+            if AGGREGATES[op.agg].zero_is_identity:
+                return np.zeros((0, n_lab + len(outer)), dtype=np.int64), outer, None
+            rows = grid_rows([pieces[l] for l in op.out_labels], len(outer), False)
+            return np.insert(rows, [n_out] * (n_lab - n_out), 0, axis=1), outer, None
         # An input gates the join (is inner-joined: its absent tiles make no kernel call)
         # when its absence makes the join 0 whatever the other inputs' tiles hold; the
         # others are left-joined and each call is kept unless the catalog's facts about
@@ -199,24 +194,16 @@ class _Lowering:
         inner = [k for k in range(len(op.inputs))
                  if skip.zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k})]
         outer = [k for k in range(len(op.inputs)) if k not in inner]
-        return self._join(op, pieces, bounds, inner, outer), outer
-
-    def _combine(self, index: int, op: EinOp, parts: list[tuple[int, tuple[int, ...]]],
-                 total: int, stats: OpStats) -> int:
-        """The task giving one output tile: its one call, or an Aggregate of its calls."""
-        # A skipped call is certainly 0, and a 0 takes part in a MAX, MIN or PROD (where it
-        # makes the tile 0, or NaN next to an inf: 0 * inf). Over an empty label nothing was
-        # skipped: the one call per output tile is the whole (empty) aggregate.
-        empty = any(op.size[l] == 0 for l in op.agg_labels)
-        fill = (len(parts) < total and op.agg is not None
-                and not AGGREGATES[op.agg].zero_is_identity and not empty)
-        if len(parts) == 1 and not fill:
-            return parts[0][0]
-        stats.aggregations += 1
-        stats.max_fan_in = max(stats.max_fan_in, len(parts))
-        stats.agg_levels = 1  # one task per output tile; trees.py may make it a tree
-        return self._add(Aggregate(self._next_key, op.agg, tuple(k for k, _ in parts),
-                                   parts[0][1], op.dtype, fill), index)
+        if all(self._complete(o.tensor) for o in op.inputs):
+            # The join is the whole grid: no query, and a layout shared by operations alike.
+            pos = {l: d for d, l in enumerate(op.labels)}
+            shape = (tuple(bounds[l] for l in op.labels), tuple(pos[l] for l in op.out_labels),
+                     tuple(tuple(pos[l] for l in o.labels) for o in op.inputs),
+                     tuple(pos[l] for l in op.agg_labels), op.agg, tuple(outer),
+                     op.flops // max(1, math.prod(op.size[l] for l in op.labels)),
+                     np.dtype(op.dtype).itemsize)
+            return (lambda: grid_rows([pieces[l] for l in op.labels], len(outer), True)), outer, shape
+        return self._join_sql(op, pieces, bounds, inner, outer), outer, None
 
     def _materialize(self, tensor: str) -> str:
         """The present output tiles of an earlier operation as a DuckDB table (made on first use)."""
@@ -276,60 +263,10 @@ class _Lowering:
         finally:
             for table in self._tables:
                 self.store.query(catalog.drop_coords_table(table))
-        return TilePlan(self.graph.ops, self.tasks, self.outputs, self.stats, self.decomp.workers,
-                        self.owner, self.readers, tuple(self.kernels))
-
-
-class _Calls:
-    """The kernel calls of one operation: ``call(row)`` adds the Kernel of one joined row (its
-    input tiles: None for an absent left-joined one) and returns (key, output tile shape).
-
-    Everything that depends only on the operation (label positions, piece boxes, tile sizes) is
-    worked out once here: an operation has as many calls as its grid has cells."""
-
-    def __init__(self, low: "_Lowering", index: int, op: EinOp, labels, bounds, outer, stats):
-        self.low, self.index, self.stats = low, index, stats
-        self.n_lab = len(labels)
-        pos = {l: d for d, l in enumerate(labels)}
-        # per label: the (lo, hi) of each piece
-        self.boxes = [[(b[i], b[i + 1]) for i in range(len(b) - 1)] for b in (bounds[l] for l in labels)]
-        self.inputs = [(k, o.tensor, tuple(pos[l] for l in o.labels)) for k, o in enumerate(op.inputs)]
-        self.outer = {k: n for n, k in enumerate(outer)}
-        self.out_pos = tuple(pos[l] for l in op.out_labels)
-        self.flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in labels)))
-        self.cache: dict[tuple, int | None] = {}  # (input, its piece coords) -> tile task
-        # An earlier operation's output already on this grid: its tiles are the input tiles.
-        self.same_grid = {k: low.outputs[o.tensor].tiles for k, o in enumerate(op.inputs)
-                          if o.tensor in low.outputs
-                          and low.outputs[o.tensor].grid == tuple(bounds[l] for l in o.labels)}
-
-    def __call__(self, row: tuple) -> tuple[int, tuple[int, ...]]:
-        low, n_lab, boxes = self.low, self.n_lab, self.boxes
-        coords = tuple(row[:n_lab])
-        extent = [boxes[d][c][1] - boxes[d][c][0] for d, c in enumerate(coords)]
-        args, shapes = [], []
-        for k, tensor, dims in self.inputs:
-            shapes.append(tuple(extent[d] for d in dims))
-            n = self.outer.get(k)
-            if n is not None and not row[n_lab + n]:
-                args.append(None)
-                continue
-            at = tuple(coords[d] for d in dims)
-            if k in self.same_grid:
-                args.append(self.same_grid[k].get(at))
-                continue
-            ident = (k, at)
-            if ident not in self.cache:
-                box = tuple(boxes[d][coords[d]] for d in dims)
-                self.cache[ident] = low._input_tile(self.index, tensor, box, self.stats)
-            args.append(self.cache[ident])
-        out_shape = tuple(extent[d] for d in self.out_pos)
-        flops = self.flops_per_elem * math.prod(extent)
-        key = low._add(Kernel(low._next_key, self.index, tuple(args), tuple(shapes), out_shape,
-                              coords, flops), self.index)
-        self.stats.kernel_calls += 1
-        self.stats.flops += flops
-        return key, out_shape
+        columns = Columns(self.blocks, self.others, self.owner, self._cursor)
+        return TilePlan.deferred(self.graph.ops, self.outputs, self.stats, self.decomp.workers,
+                                 self.readers, tuple(self.kernels), {}, Once(columns.tasks),
+                                 columns=columns)
 
 
 def _q(label: str) -> str:

@@ -22,9 +22,10 @@ before anything (they free a partial).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 
-from .plan import Load, TilePlan
+from .plan import Load, Once, TilePlan
 
 __all__ = ["order", "ranks"]
 
@@ -74,5 +75,16 @@ def ranks(plan: TilePlan) -> dict[int, int]:
 
 
 def order(plan: TilePlan) -> TilePlan:
-    """``plan`` with its ``rank`` (called after placement, which adds tasks)."""
+    """``plan`` with its ``rank`` (called after placement, which adds tasks). A plan whose tasks
+    are not made yet (``TilePlan.deferred``) ranks them when they are: EXPLAIN reads no rank."""
+    if "_build" in plan.__dict__ and "tasks" not in plan.__dict__:
+        unbound = copy.copy(plan)  # ranking reads no stored tensor: keep no reader
+        unbound.readers = {}
+
+        def build() -> dict:
+            return {"tasks": unbound.tasks, "owner": unbound.owner, "rank": ranks(unbound)}
+
+        return TilePlan.deferred(plan.ops, plan.outputs, plan.stats, plan.workers, plan.readers,
+                                 plan.kernels, plan.memo, Once(build),
+                                 facts=plan.__dict__.get("facts"))
     return dataclasses.replace(plan, rank=ranks(plan))

@@ -231,7 +231,31 @@ def dtype_of(expr: Expr, dtypes) -> np.dtype:
     """The dtype NumPy gives ``expr`` on arrays of ``dtypes`` (literals weak, NEP 50).
 
     Raises what NumPy raises for an expression it refuses (``TypeError`` for ``-`` on bool,
-    ``OverflowError`` for a literal that does not fit an integer dtype)."""
+    ``OverflowError`` for a literal that does not fit an integer dtype). Kept per expression
+    text (which spells each literal's type: ``1`` and ``1.0`` differ) and dtypes: the layers
+    of a deep network ask the same question a thousand times."""
+    key = (repr(expr), tuple(dtypes))
+    hit = _DTYPES.get(key)
+    if hit is None:
+        if len(_DTYPES) > 4096:
+            _DTYPES.clear()
+        hit = _DTYPES[key] = _dtype_of(expr, dtypes)
+    if isinstance(hit, Exception):
+        raise type(hit)(*hit.args)
+    return hit
+
+
+_DTYPES: dict = {}  # dtype_of's answers (or the exception NumPy raised)
+
+
+def _dtype_of(expr: Expr, dtypes):
+    try:
+        return _numpy_dtype_of(expr, dtypes)
+    except (TypeError, OverflowError, ValueError) as exc:
+        return exc
+
+
+def _numpy_dtype_of(expr: Expr, dtypes) -> np.dtype:
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         out = evaluate(expr, _probe(dtypes))

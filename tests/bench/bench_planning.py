@@ -10,7 +10,8 @@ c{k}[f])``, which binds to two operations (the product, then the bias and RELU):
 of ``--runs`` EXPLAINs of the whole script; the stages are TENSORDB_DEBUG=1's stage timings
 (parse, bind, optimize, lower, place), "other" the rest of the wall time (the session, opening
 the inputs, rendering the EXPLAIN text). Each EXPLAIN plans afresh: the plan cache is emptied
-before each one. Then the fixed cost of a small statement (``small_query``).
+and the parsed statements forgotten before each one. Then the fixed cost of a small statement
+(``small_query``).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import time
 import numpy as np
 
 import tensordb
+from tensordb.dialect import parser
 
 STAGES = ("parse", "bind", "optimize", "lower", "place")
 
@@ -49,10 +51,14 @@ def make_db(path: str, layers: int, batch: int = 8192, width: int = 256) -> None
 
 
 def _forget_plans(con) -> None:
-    """Empty the plan cache (where there is one: the script also measures older versions)."""
+    """Empty the plan cache and forget the statements parsed (where the version measured has
+    them: the script also measures older versions)."""
     cache = getattr(con, "_plan_cache", None)
     if cache is not None:
         cache.clear()
+    forget = getattr(parser, "forget_parsed", None)
+    if forget is not None:
+        forget()
 
 
 def timed_explain(con, sql: str) -> tuple[float, dict[str, float]]:
