@@ -159,11 +159,13 @@ class _Lowering:
         self.kernels.append(choose_kernel(op, {l: max((b[i + 1] - b[i] for i in range(len(b) - 1)),
                                                       default=0) for l, b in bounds.items()},
                                           budget))
-        n_out = len(op.out_labels)
         rows, outer = self._call_rows(op, pieces, bounds)
+        # A row's output tile: its coordinate of each output label (twice for a diagonal write,
+        # whose tiles off the diagonal are absent: zeros).
+        at = [labels.index(l) for l in op.out_labels]
         groups: dict[tuple, list[tuple]] = defaultdict(list)
         for row in rows:
-            groups[tuple(row[:n_out])].append(row)
+            groups[tuple(row[d] for d in at)].append(row)
         total = math.prod(pieces[l] for l in op.agg_labels)
         out_tiles: dict[tuple, int] = {}
         call = _Calls(self, index, op, labels, bounds, outer, stats)
@@ -180,14 +182,14 @@ class _Lowering:
     def _call_rows(self, op: EinOp, pieces, bounds) -> tuple[list[tuple], list[int]]:
         """The kernel calls that exist: one row of label coordinates each (then a presence flag
         per left-joined input), and which inputs are left-joined."""
-        n_out, n_lab = len(op.out_labels), len(op.labels)
+        n_out, n_lab = len(op.free_labels), len(op.labels)
         if any(op.size[l] == 0 for l in op.agg_labels):
             # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
             # PROD is 1, one call per output tile on empty inputs, which yields the identity.
             outer = list(range(len(op.inputs)))
             rows = [] if AGGREGATES[op.agg].zero_is_identity else [
                 c + (0,) * (n_lab - n_out) + (False,) * len(outer)
-                for c in itertools.product(*(range(pieces[l]) for l in op.out_labels))]
+                for c in itertools.product(*(range(pieces[l]) for l in op.free_labels))]
             return rows, outer
         # An input gates the join (is inner-joined: its absent tiles make no kernel call)
         # when its absence makes the join 0 whatever the other inputs' tiles hold; the
@@ -367,7 +369,8 @@ class OutputWriters:
                 if not out.stored:
                     continue
                 op = next(o for o in plan.ops if o.output == out.name)
-                dims = [l if l.isidentifier() else f"d{n}" for n, l in enumerate(op.out_labels)]
+                dims = [l if l.isidentifier() and not op.writes_diagonal else f"d{n}"
+                        for n, l in enumerate(op.out_labels)]
                 w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
                                  dims=dims, replace=replace)
                 self.writers.append((out, w))
