@@ -9,7 +9,9 @@ plan, run, commit included); numpy is the same step by hand, in memory. Each fig
 of --repeat runs after one warm-up; the table goes to docs/benchmarks.md between the train
 markers. tensordb is timed twice: reusing its plan from step to step (the plan cache, keyed by
 the weights' layout), and with the cache emptied before each step (planning included). JAX (jit
-on CPU) is timed too when it is installed.
+on CPU, the `bench` extra: `pip install 'tensordb[bench]'`) is timed in the same alternation when
+it is installed: the same step as one jit-compiled function (compiled in the warm-up, not timed),
+its result waited for with block_until_ready; its updated weights are checked against numpy's.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import tensordb  # noqa: E402
-from tests.bench.bench_suite import blas_info, median_time as median  # noqa: E402
+from tests.bench.bench_suite import blas_info  # noqa: E402
 
 COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_train.py"
 LR = 0.01
@@ -102,6 +104,8 @@ def numpy_step(x, y, w1, w2):
 
 
 def jax_step():
+    """The step as one jit-compiled JAX function on the CPU (None without JAX): forward,
+    softmax cross-entropy (log-sum-exp), the gradients of both weights, the SGD update."""
     try:
         import jax
         import jax.numpy as jnp
@@ -118,6 +122,16 @@ def jax_step():
         l, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2, x, y)
         return l, w1 - LR * g1, w2 - LR * g2
     return step
+
+
+def _rel_err(a, b) -> float:
+    """The largest difference of two weight arrays, relative to the largest weight."""
+    return float(np.abs(np.asarray(a) - b).max() / np.abs(b).max())
+
+
+def _jax_version() -> str:
+    import jax
+    return jax.__version__
 
 
 def paired(fns: dict, repeat: int) -> dict:
@@ -142,7 +156,7 @@ def main(argv=None) -> None:
     ap.add_argument("--f", type=int, default=4096)
     ap.add_argument("--h", type=int, default=1024)
     ap.add_argument("--c", type=int, default=16)
-    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args(argv)
@@ -156,6 +170,25 @@ def main(argv=None) -> None:
 
     def by_hand():
         _, state["w1"], state["w2"] = numpy_step(x, y, state["w1"], state["w2"])
+
+    step = jax_step()
+    fns = {"numpy": by_hand}
+    jax_err = None
+    if step is not None:
+        import jax.numpy as jnp
+        jx, jy = jnp.asarray(x), jnp.asarray(y)
+        jstate = {"w1": jnp.asarray(w1), "w2": jnp.asarray(w2)}
+        # compiled here, outside every timing; its weights against numpy's from the same ones
+        _, j1, j2 = step(jstate["w1"], jstate["w2"], jx, jy)
+        _, n1, n2 = numpy_step(x, y, w1, w2)
+        jax_err = max(_rel_err(j1, n1), _rel_err(j2, n2))
+        assert jax_err < 1e-5, f"JAX's updated weights differ from numpy's by {jax_err:.1e}"
+
+        def run_jax():
+            _, jstate["w1"], jstate["w2"] = step(jstate["w1"], jstate["w2"], jx, jy)
+            jstate["w2"].block_until_ready()
+            jstate["w1"].block_until_ready()
+        fns["jax"] = run_jax
 
     with tempfile.TemporaryDirectory() as tmp:
         con = tensordb.connect(Path(tmp) / "train.tdb", workers=args.workers)
@@ -191,7 +224,7 @@ def main(argv=None) -> None:
             con._plan_cache.clear()
             con.plan = timed_plan("fresh")
             con.execute(text)
-        times = paired({"numpy": by_hand, "sql": cached, "fresh": afresh}, args.repeat)
+        times = paired({**fns, "sql": cached, "fresh": afresh}, args.repeat)
         con.plan = plan
         t_numpy, t_sql = statistics.median(times["numpy"]), statistics.median(times["sql"])
         t_fresh = statistics.median(times["fresh"])
@@ -205,33 +238,27 @@ def main(argv=None) -> None:
         err = max(float(np.abs(con.tensor("W1") - w1_np).max() / np.abs(w1_np).max()),
                   float(np.abs(con.tensor("W2") - w2_np).max() / np.abs(w2_np).max()))
         con.close()
-
-    step = jax_step()
-    t_jax = None
-    if step is not None:
-        import jax.numpy as jnp
-        jx, jy, jw1, jw2 = map(jnp.asarray, (x, y, w1, w2))
-
-        def run_jax():
-            out = step(jw1, jw2, jx, jy)
-            out[1].block_until_ready()
-        t_jax = median(run_jax, args.repeat)
+    t_jax = statistics.median(times["jax"]) if "jax" in times else None
 
     rows = [("numpy by hand", t_numpy, 1.0), ("tensordb (SQL step, plan reused)", t_sql, ratio),
             ("tensordb (SQL step, planned every step)", t_fresh, ratio_fresh)]
     if t_jax is not None:
-        rows.append(("JAX jit (CPU)", t_jax, t_jax / t_numpy))
+        rows.append(("JAX jit (CPU)", t_jax,
+                     statistics.median(j / n for j, n in zip(times["jax"], times["numpy"]))))
     table = ["| step | median s | vs numpy (median of paired ratios) |", "|---|---:|---:|"] + \
         [f"| {n} | {t:.3f} | {r:.2f}x |" for n, t, r in rows]
     lines = [
         f"One SGD step of a 2-layer MLP, b={args.b}, f={args.f}, h={args.h}, c={args.c}, float32 "
         f"(forward, softmax cross-entropy, GRAD of both weights as LETs, the updated weights "
         f"stored), median of "
-        f"{args.repeat} after a warm-up, numpy and tensordb timed in alternation; tensordb with {args.workers} workers on an on-disk "
+        f"{args.repeat} after a warm-up, numpy, JAX and tensordb timed in alternation; tensordb with {args.workers} workers on an on-disk "
         f"database, {ops} operations of which {backward} backward. "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (load average "
         f"{os.getloadavg()[0]:.1f} when it ended: other work shares them), BLAS: {blas_info()}."
-        + ("" if t_jax is not None else " JAX is not installed here: not timed."),
+        + (f" JAX {_jax_version()} (jit on the CPU, compiled before the timing, "
+           f"block_until_ready): its updated weights against numpy's from the same weights, "
+           f"largest difference {jax_err:.1e} of the largest weight." if t_jax is not None
+           else " JAX is not installed here: not timed."),
         "",
         *table,
         "",
