@@ -37,10 +37,17 @@ COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/b
 LR = 0.01
 
 
-def step_sql(b: int) -> str:
-    return (f"H[b,h] = RELU(SUM(X[b,f] * W1[f,h])); "
-            f"Z[b,c] = SUM(H[b,h] * W2[h,c]); "
-            f"M[b] = MAX(Z[b,c]); "
+def step_sql(b: int, stored: bool = False) -> str:
+    """The step: the forward values are LETs (as sql/train_mlp.sql writes them), so a step
+    stores the loss and the new weights; ``stored``: H, Z and M are stored as well (the step
+    this benchmark timed before, names of their own so that both can run on one database)."""
+    if stored:
+        return step_sql(b).replace("LET ", "").replace("H[", "Hs[").replace("Z[", "Zs[") \
+            .replace("M[", "Ms[").replace("dW1 = GRAD", "LET dW1 = GRAD") \
+            .replace("dW2 = GRAD", "LET dW2 = GRAD")
+    return (f"LET H[b,h] = RELU(SUM(X[b,f] * W1[f,h])); "
+            f"LET Z[b,c] = SUM(H[b,h] * W2[h,c]); "
+            f"LET M[b] = MAX(Z[b,c]); "
             f"L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / {b}; "
             f"LET dW1 = GRAD(L, W1); LET dW2 = GRAD(L, W2); "
             f"W1[f,h] = W1[f,h] - {LR} * dW1[f,h]; W2[h,c] = W2[h,c] - {LR} * dW2[h,c];")
@@ -127,6 +134,115 @@ def jax_step():
 def _rel_err(a, b) -> float:
     """The largest difference of two weight arrays, relative to the largest weight."""
     return float(np.abs(np.asarray(a) - b).max() / np.abs(b).max())
+
+
+def split(con, text: str, repeat: int) -> dict:
+    """Where a plan-reusing step's wall time goes, medians of ``repeat`` steps (ms): the
+    connection's stages, timed by wrapping them on this connection (the output files opened
+    before the run and their commit, with its fsyncs, apart), and the run cut by the kernel
+    method of each operation (its share of the tasks' seconds summed over workers)."""
+    from tensordb import physical
+    parts: dict[str, list] = {}
+    saved = {}
+
+    def wrap(owner, name, key):
+        fn = getattr(owner, name)
+        saved[(owner, name)] = fn
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                parts.setdefault(key, []).append(time.perf_counter() - t0)
+        setattr(owner, name, timed)
+    for name, key in (("_parse", "parse"), ("_bind_statements", "bind (GRAD included)"),
+                      ("plan", "plan (cache hit)"), ("_run", "run")):
+        wrap(con, name, key)
+    wrap(physical.OutputWriters, "__init__", "open the output files")
+    wrap(physical.OutputWriters, "store_tiles", "commit")
+    wrap(os, "fsync", "fsync")
+    kinds = {}
+    totals = []
+    try:
+        for _ in range(repeat):
+            n = {k: len(v) for k, v in parts.items()}
+            t0 = time.perf_counter()
+            con.execute(text)
+            totals.append(time.perf_counter() - t0)
+            for k in parts:  # one figure per step: the sum of its calls
+                calls = parts[k][n.get(k, 0):]
+                del parts[k][n.get(k, 0):]
+                parts[k].append(sum(calls))
+            run, ops = con.last_run, con.last_plan
+            busy = sum(m.seconds for m in run.ops) or 1.0
+            step = {}
+            for m, kernel in zip(run.ops, ops.kernels):
+                key = "run: matmul kernels" if kernel.method == "matmul" else \
+                    "run: other kernels (elementwise, softmax, sums)"
+                step[key] = step.get(key, 0.0) + m.seconds / busy * parts["run"][-1]
+            for key, v in step.items():
+                kinds.setdefault(key, []).append(v)
+    finally:
+        for (owner, name), fn in saved.items():
+            setattr(owner, name, fn)
+    out = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
+    for k, v in kinds.items():
+        out[k] = 1e3 * statistics.median(v)
+    out["step"] = 1e3 * statistics.median(totals)
+    return out
+
+
+def numpy_split(x, y, w1, w2, repeat: int) -> dict:
+    """The numpy step's time in its matrix products (the same five products, alone) and in
+    the rest, medians of ``repeat`` (ms)."""
+    pre = x @ w1
+    h = np.maximum(pre, 0)
+    dz = np.ones((len(x), w2.shape[1]), dtype=np.float32)
+    dh = (dz @ w2.T) * (pre > 0)
+
+    def products():
+        _ = x @ w1, h @ w2, h.T @ dz, dz @ w2.T, x.T @ dh
+    prod, whole = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        products()
+        prod.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        numpy_step(x, y, w1, w2)
+        whole.append(time.perf_counter() - t0)
+    p, w = 1e3 * statistics.median(prod), 1e3 * statistics.median(whole)
+    return {"run: matmul kernels": p, "run: other kernels (elementwise, softmax, sums)": w - p,
+            "step": w}
+
+
+SPLIT_ROWS = ("parse", "bind (GRAD included)", "plan (cache hit)", "open the output files",
+              "run", "run: matmul kernels", "run: other kernels (elementwise, softmax, sums)",
+              "commit", "fsync")
+
+
+def split_table(parts: dict) -> list[str]:
+    out = ["| part of a step (ms, medians) | tensordb | tensordb, H Z M stored | numpy |",
+           "|---|---:|---:|---:|"]
+    for key in SPLIT_ROWS + ("rest (Python between the stages)", "step"):
+        cells = []
+        for kind in ("sql", "stored", "numpy"):
+            p = parts[kind]
+            if key.startswith("rest"):
+                v = p["step"] - sum(p.get(k, 0.0) for k in ("parse", "bind (GRAD included)",
+                                                              "plan (cache hit)",
+                                                              "open the output files", "run",
+                                                              "commit")) \
+                    if kind != "numpy" else None
+            else:
+                v = p.get(key)
+            cells.append("" if v is None else f"{v:.1f}")
+        name = {"fsync": "commit: of which fsync", "run: matmul kernels":
+                "run: matmul kernels (share of the run)",
+                "run: other kernels (elementwise, softmax, sums)":
+                "run: other kernels (share of the run)"}.get(key, key)
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
 
 
 def _jax_version() -> str:
@@ -224,13 +340,23 @@ def main(argv=None) -> None:
             con._plan_cache.clear()
             con.plan = timed_plan("fresh")
             con.execute(text)
-        times = paired({**fns, "sql": cached, "fresh": afresh}, args.repeat)
+        text_stored = step_sql(args.b, stored=True)
+
+        def stored():
+            con.plan = plan
+            con.execute(text_stored)
+        times = paired({**fns, "sql": cached, "stored": stored, "fresh": afresh}, args.repeat)
         con.plan = plan
+        parts = {"sql": split(con, text, args.repeat),
+                 "stored": split(con, text_stored, args.repeat)}
+        parts["numpy"] = numpy_split(x, y, w1, w2, args.repeat)
         t_numpy, t_sql = statistics.median(times["numpy"]), statistics.median(times["sql"])
         t_fresh = statistics.median(times["fresh"])
         p_sql, p_fresh = (statistics.median(planning[k]) for k in ("sql", "fresh"))
         ratio = statistics.median(s / n for s, n in zip(times["sql"], times["numpy"]))
         ratio_fresh = statistics.median(s / n for s, n in zip(times["fresh"], times["numpy"]))
+        t_stored = statistics.median(times["stored"])
+        ratio_stored = statistics.median(s / n for s, n in zip(times["stored"], times["numpy"]))
         # the step's result against numpy: one more step from the same weights
         w1_now, w2_now = con.tensor("W1"), con.tensor("W2")
         con.execute(text)
@@ -241,7 +367,8 @@ def main(argv=None) -> None:
     t_jax = statistics.median(times["jax"]) if "jax" in times else None
 
     rows = [("numpy by hand", t_numpy, 1.0), ("tensordb (SQL step, plan reused)", t_sql, ratio),
-            ("tensordb (SQL step, planned every step)", t_fresh, ratio_fresh)]
+            ("tensordb (SQL step, planned every step)", t_fresh, ratio_fresh),
+            ("tensordb (plan reused, H, Z, M stored too)", t_stored, ratio_stored)]
     if t_jax is not None:
         rows.append(("JAX jit (CPU)", t_jax,
                      statistics.median(j / n for j, n in zip(times["jax"], times["numpy"]))))
@@ -249,8 +376,8 @@ def main(argv=None) -> None:
         [f"| {n} | {t:.3f} | {r:.2f}x |" for n, t, r in rows]
     lines = [
         f"One SGD step of a 2-layer MLP, b={args.b}, f={args.f}, h={args.h}, c={args.c}, float32 "
-        f"(forward, softmax cross-entropy, GRAD of both weights as LETs, the updated weights "
-        f"stored), median of "
+        f"(forward values and GRAD of both weights as LETs, softmax cross-entropy, the loss and "
+        f"the updated weights stored), median of "
         f"{args.repeat} after a warm-up, numpy, JAX and tensordb timed in alternation; tensordb with {args.workers} workers on an on-disk "
         f"database, {ops} operations of which {backward} backward. "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (load average "
@@ -270,6 +397,12 @@ def main(argv=None) -> None:
         f"between the two rows beyond that are noise of a shared machine. "
         f"tensordb's weights after one more step against numpy's from the same weights: largest "
         f"difference {err:.1e} of the largest weight. `{COMMAND}`",
+        "",
+        f"Where a plan-reusing step's time goes (the connection's stages wrapped and timed, "
+        f"{args.repeat} more steps each; the run cut by each operation's kernel method in "
+        f"proportion to its tasks' seconds; numpy's products timed alone, the same five):",
+        "",
+        *split_table(parts),
         "",
         f"The plan of the same step (f={args.f}, h={args.h}, c={args.c}) as the optimizer chooses "
         "it, planned only: with few rows the first layer's weight is split along f and h "
