@@ -623,6 +623,14 @@ def test_sgd_step_on_the_gpu_executor(tmp_path):
         np.testing.assert_allclose(con.tensor("W1"), w1n, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(con.tensor("W2"), w2n, rtol=1e-12, atol=1e-14)
         np.testing.assert_array_equal(con.tensor("gA"), np.sign(w1n))
+        # a diagonal's gradient: written onto the diagonal by index arrays on the device
+        m = rng.normal(size=(5, 5))
+        con.load("M", m, tile=(2, 2))
+        con.run(Graph().einsum("ii,ij->", "M", "M", into="T").grad("T", "M", into="gM"),
+                pieces={"gM": {"d0": 3, "d1": 2}})
+        expected = np.broadcast_to(np.diag(m)[:, None], (5, 5)).copy()
+        expected[np.arange(5), np.arange(5)] += m.sum(1)
+        np.testing.assert_allclose(con.tensor("gM"), expected, rtol=1e-12)
 
 
 def test_grad_in_a_block_and_of_a_result_computed_in_the_group(con):
