@@ -137,7 +137,8 @@ def _rel_err(a, b) -> float:
 
 
 def split(con, text: str, repeat: int) -> dict:
-    """Where a plan-reusing step's wall time goes, medians of ``repeat`` steps (ms): the
+    """Where a plan-reusing step's wall time goes, the fastest of ``repeat`` steps for each
+    part on its own (ms; minima, as the least disturbed by other work on the machine): the
     connection's stages, timed by wrapping them on this connection (the output files opened
     before the run and their commit, with its fsyncs, apart), and the run cut by the kernel
     method of each operation (its share of the tasks' seconds summed over workers)."""
@@ -186,16 +187,20 @@ def split(con, text: str, repeat: int) -> dict:
     finally:
         for (owner, name), fn in saved.items():
             setattr(owner, name, fn)
-    out = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
+    out = {k: 1e3 * min(v) for k, v in parts.items()}
     for k, v in kinds.items():
-        out[k] = 1e3 * statistics.median(v)
-    out["step"] = 1e3 * statistics.median(totals)
+        out[k] = 1e3 * min(v)
+    out["step"] = 1e3 * min(totals)
+    out["rest (Python between the stages)"] = 1e3 * min(
+        t - sum(parts[k][i] for k in ("parse", "bind (GRAD included)", "plan (cache hit)",
+                                      "open the output files", "run", "commit") if k in parts)
+        for i, t in enumerate(totals))
     return out
 
 
 def numpy_split(x, y, w1, w2, repeat: int) -> dict:
     """The numpy step's time in its matrix products (the same five products, alone) and in
-    the rest, medians of ``repeat`` (ms)."""
+    the rest, the fastest of ``repeat`` (ms)."""
     pre = x @ w1
     h = np.maximum(pre, 0)
     dz = np.ones((len(x), w2.shape[1]), dtype=np.float32)
@@ -211,7 +216,7 @@ def numpy_split(x, y, w1, w2, repeat: int) -> dict:
         t0 = time.perf_counter()
         numpy_step(x, y, w1, w2)
         whole.append(time.perf_counter() - t0)
-    p, w = 1e3 * statistics.median(prod), 1e3 * statistics.median(whole)
+    p, w = 1e3 * min(prod), 1e3 * min(whole)
     return {"run: matmul kernels": p, "run: other kernels (elementwise, softmax, sums)": w - p,
             "step": w}
 
@@ -222,20 +227,13 @@ SPLIT_ROWS = ("parse", "bind (GRAD included)", "plan (cache hit)", "open the out
 
 
 def split_table(parts: dict) -> list[str]:
-    out = ["| part of a step (ms, medians) | tensordb | tensordb, H Z M stored | numpy |",
+    out = ["| part of a step (ms, fastest of the runs) | tensordb | tensordb, H Z M stored | numpy |",
            "|---|---:|---:|---:|"]
     for key in SPLIT_ROWS + ("rest (Python between the stages)", "step"):
         cells = []
         for kind in ("sql", "stored", "numpy"):
             p = parts[kind]
-            if key.startswith("rest"):
-                v = p["step"] - sum(p.get(k, 0.0) for k in ("parse", "bind (GRAD included)",
-                                                              "plan (cache hit)",
-                                                              "open the output files", "run",
-                                                              "commit")) \
-                    if kind != "numpy" else None
-            else:
-                v = p.get(key)
+            v = p.get(key)
             cells.append("" if v is None else f"{v:.1f}")
         name = {"fsync": "commit: of which fsync", "run: matmul kernels":
                 "run: matmul kernels (share of the run)",
@@ -412,9 +410,10 @@ def main(argv=None) -> None:
         f"tensordb's weights after one more step against numpy's from the same weights: largest "
         f"difference {err:.1e} of the largest weight. `{COMMAND}`",
         "",
-        f"Where a plan-reusing step's time goes (the connection's stages wrapped and timed, "
-        f"{args.repeat} more steps each; the run cut by each operation's kernel method in "
-        f"proportion to its tasks' seconds; numpy's products timed alone, the same five):",
+        f"Where a plan-reusing step's time goes (the connection's stages wrapped and timed over "
+        f"{args.repeat} more steps each, the fastest of them for each part: minima are the "
+        f"least disturbed by other work; the run cut by each operation's kernel method in "
+        f"proportion to its tasks' seconds; numpy's five products timed alone):",
         "",
         *split_table(parts),
         "",
