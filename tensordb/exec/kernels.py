@@ -44,7 +44,7 @@ class KernelSpec:
             self.diagonal = KernelSpec(op.without_diagonal(), self.xp, c)
             self.dtype = np.dtype(op.dtype)
             free = op.free_labels
-            self.scatter = [(free.index(l), len(free)) for l in op.out_labels]
+            self.scatter = tuple(free.index(l) for l in op.out_labels)  # output axis -> free axis
             return
         self.labels = op.labels
         self.n_out = len(op.out_labels)
@@ -100,8 +100,9 @@ class KernelSpec:
         """A diagonal write: the values of each distinct output label, placed where the
         repeated labels are equal (an index array per output axis); 0 elsewhere."""
         xp = self.xp
-        free_shape = [1] * len(self.diagonal.op.out_labels)
-        for (u, _), n in zip(self.scatter, out_shape):
+        rank = len(self.diagonal.op.out_labels)
+        free_shape = [1] * rank
+        for u, n in zip(self.scatter, out_shape):
             free_shape[u] = n
         values = self.diagonal(args, arg_shapes, tuple(free_shape), None, check)
         if out is not None and tuple(out.shape) == tuple(out_shape) and out.dtype == self.dtype:
@@ -109,8 +110,9 @@ class KernelSpec:
             res[...] = 0
         else:
             res = xp.zeros(out_shape, dtype=self.dtype)
-        index = tuple(xp.arange(free_shape[u]).reshape([-1 if a == u else 1 for a in range(n)])
-                      for u, n in self.scatter)
+        # output axis d reads the index of its free axis u: broadcast, equal along repeats
+        index = tuple(xp.arange(free_shape[u]).reshape([-1 if a == u else 1 for a in range(rank)])
+                      for u in self.scatter)
         res[index] = values
         return res
 
