@@ -417,6 +417,17 @@ def main(argv=None) -> None:
         "",
         *split_table(parts),
         "",
+        "What is not compute: parsing and binding the step's statements (GRAD's backward "
+        "operations are derived again each time: a plan cache hit starts from the bound graph); "
+        "opening the output files (a writer per stored tensor); and the commit (`commit`: each "
+        "stored tensor's payload checksummed and synced to disk, the file and its directory, "
+        "then its catalog rows). Part of the run is not the numpy step's work either: the "
+        "update of W1 computes straight into the new payload file, whose fresh pages the kernel "
+        "allocates as they are first written, where numpy's in-memory update reuses its heap. "
+        "With the forward values stored too (the step timed before), three more tensors are "
+        "opened and committed each step. Several steps in one execute call are one graph "
+        "with one commit of the last weights: the fixed costs are paid once per call.",
+        "",
         f"The plan of the same step (f={args.f}, h={args.h}, c={args.c}) as the optimizer chooses "
         "it, planned only: with few rows the first layer's weight is split along f and h "
         "(model parallel, as Megatron does) and its gradient keeps that split, so W1 is not "
