@@ -171,7 +171,8 @@ def count(n: float | None) -> str:
 
 
 def _pieces(node: Mapping, pieces: Mapping[str, int]) -> str:
-    outs = " ".join(f"{l}={pieces.get(l, 1)}" for l in node["out_labels"])
+    # a label repeated in the output (a diagonal write) has one count of pieces
+    outs = " ".join(f"{l}={pieces.get(l, 1)}" for l in dict.fromkeys(node["out_labels"]))
     aggs = " ".join(f"{l}={pieces.get(l, 1)}" for l in node["aggregated_labels"])
     return f"{outs} | {aggs}" if aggs else outs or "-"
 

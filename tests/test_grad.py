@@ -6,6 +6,7 @@ that numpy loss in float64. The loss tensordb computes is checked against the nu
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -216,20 +217,98 @@ def test_broadcasts_sum_over_the_labels_an_input_lacks(con):
 
 
 def test_repeated_labels(con):
-    """A tensor read twice with its labels swapped, or with a label repeated across operands,
-    is fine; a diagonal read (M[i,i]) of a tensor to differentiate is refused, naming it, and
-    stores nothing."""
+    """A tensor read twice with its labels swapped, or with a label repeated across operands;
+    the diagonal of a tensor that is not differentiated."""
     rng = np.random.default_rng(3)
     m = rng.normal(size=(4, 4))
     check(con, {"M": m, "B": B}, "L = SUM(M[i,j] * M[j,i] * B[i] * B[j])",
           lambda M, B: anp.einsum("ij,ji,i,j->", M, M, B, B), ["M", "B"])
-    with pytest.raises(NotSupportedError) as info:
-        con.execute("L2 = SUM(M[i,i] * B[i]); gd = GRAD(L2, M)")
-    assert "M[i,i]" in str(info.value) and "^" in str(info.value)
-    assert not con.store.has("L2") and not con.store.has("gd")
-    # the diagonal of a tensor that is not differentiated is fine
     check(con, {"M": m, "B": B}, "L = SUM(M[i,i] * B[i] * B[i])",
           lambda M, B: anp.sum(anp.diag(M) * B * B), ["B"])
+
+
+def _diag(a, axes=(0, 1)):
+    """The diagonal of two axes of ``a``, on the last axis (as numpy's diagonal), by a mask
+    that autograd differentiates."""
+    rest = [d for d in range(a.ndim) if d not in axes]
+    moved = anp.transpose(a, rest + list(axes))
+    return anp.sum(moved * np.eye(a.shape[axes[0]]), axis=-1)
+
+
+DIAGONALS = {  # script, numpy loss, arrays, tensors to differentiate
+    "one operand": ("L = SUM(M[i,i] * B[i])", lambda M, B: anp.sum(_diag(M) * B), ["M", "B"]),
+    "alone": ("L = SUM(EXP(M[i,i]))", lambda M, B: anp.sum(anp.exp(_diag(M))), ["M"]),
+    "twice in one operand": ("L = SUM(M[i,i] * M[i,i] * B[i])",
+                             lambda M, B: anp.sum(_diag(M) ** 2 * B), ["M", "B"]),
+    "several operands": ("L = SUM(M[i,i] * N[j,j] * M[i,j] * N[j,i])",
+                         lambda M, N: anp.einsum("i,j,ij,ji->", _diag(M), _diag(N), M, N),
+                         ["M", "N"]),
+    "broadcast": ("L = SUM(TANH(M[i,i]) * B[j] + SIGMOID(M[j,j]))",
+                  lambda M, B: anp.sum(anp.tanh(_diag(M))[:, None] * B[None, :]
+                                       + 1 / (1 + anp.exp(-_diag(M)))[None, :]), ["M", "B"]),
+    "three axes": ("T[i,k] = SUM(A3[i,i,j] * W[j,k]); L = SUM(TANH(T[i,k]) * C[k])",
+                   lambda A3, W, C: anp.sum(anp.tanh(_diag(A3, (0, 1)).T @ W) * C),
+                   ["A3", "W", "C"]),
+    "outer axes": ("L = SUM(A3[i,j,i] * W[j,k] * C[i])",
+                   lambda A3, W, C: anp.sum((_diag(A3, (0, 2)).T @ W) * C[:, None]),
+                   ["A3", "W", "C"]),
+    "all three": ("L = SUM(LOG(Q[i,i,i]) * B[i])",
+                  lambda Q, B: anp.sum(anp.log(_diag(_diag(Q))) * B), ["Q", "B"]),
+    "max of a diagonal": ("Mx[j] = MAX(A3[i,i,j] * C[i]); L = SUM(Mx[j] * Mx[j])",
+                          lambda A3, C: anp.sum(anp.max(_diag(A3).T * C[:, None], axis=0) ** 2),
+                          ["A3", "C"]),
+    "prod of a diagonal": ("P = PROD(M[i,i] + 2); L = P * P",
+                           lambda M, B: anp.prod(_diag(M) + 2) ** 2, ["M"]),
+    "of an intermediate": ("P[i,j] = SUM(M[i,k] * N[k,j]); L = SUM(SQUARE(P[i,i]))",
+                           lambda M, N: anp.sum(_diag(M @ N) ** 2), ["M", "N"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIAGONALS))
+def test_gradient_through_a_diagonal(con, case):
+    """The gradient of a diagonal read M[i,i] is written on the diagonal (an extended einsum
+    whose output repeats the label), 0 elsewhere: against autograd and finite differences."""
+    script, f, wrt = DIAGONALS[case]
+    rng = np.random.default_rng(20)
+    pool = {"M": rng.normal(size=(4, 4)), "N": rng.normal(size=(4, 4)), "B": B,
+            "A3": rng.normal(size=(3, 3, 4)), "W": rng.normal(size=(4, 3)),
+            "C": np.array([0.7, -1.3, 0.4]), "Q": rng.uniform(0.5, 2.0, size=(4, 4, 4))}
+    if case == "outer axes":
+        pool["A3"] = rng.normal(size=(3, 4, 3))
+    names = [n for n in pool if n in f.__code__.co_varnames[:f.__code__.co_argcount]]
+    arrays = {n: pool[n] for n in names}
+    check(con, arrays, script, f, wrt)
+    for w in wrt:  # the gradient is a tensor of its own shape, 0 off the read diagonal
+        assert con.tensor(f"g_{w}").shape == arrays[w].shape
+
+
+def test_diagonal_gradients_with_odd_pieces_and_absent_tiles(con):
+    """A diagonal read of a block-sparse tensor with odd stored tiles, planned with pieces that
+    do not divide the size: the gradient's tiles off the diagonal are absent (zeros)."""
+    rng = np.random.default_rng(21)
+    m = rng.normal(size=(7, 7))
+    m[:3, 3:] = 0
+    m[3:, :3] = 0   # two of the four 3x3-tiled blocks (and their neighbours) absent
+    x = rng.normal(size=(7, 5))
+    con.load("M", m, tile=(3, 3))
+    assert con.store.meta("M").tile_count < con.store.meta("M").total_tiles
+    con.load("X", x, tile=(2, 5))
+    con.set("workers", 3)
+    con.execute("D[i,k] = SUM(M[i,i] * M[i,j] * X[j,k]) WITH (PIECES i 3, j 2, k 2); "
+                "L = SUM(TANH(D[i,k])) + SUM(M[i,i] * M[i,i]) WITH (PIECES i 4); "
+                "gM = GRAD(L, M); gX = GRAD(L, X)")
+    f = lambda M, X: anp.sum(anp.tanh(_diag(M)[:, None] * (M @ X))) + anp.sum(_diag(M) ** 2)
+    arrays = {"M": m, "X": x}
+    np.testing.assert_allclose(con.tensor("L"), f(**arrays), rtol=1e-12)
+    for k, name in (("M", "gM"), ("X", "gX")):
+        oracle = autograd.grad(lambda v, k=k: f(**{**arrays, k: v}))(arrays[k])
+        np.testing.assert_allclose(con.tensor(name), oracle, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(con.tensor(name), finite_differences(f, arrays, k),
+                                   rtol=1e-5, atol=1e-6)
+    # the backward operation that writes the diagonal shows it, and EXPLAIN plans it
+    text = con.explain("L2 = SUM(M[i,i] * X[i,k]); g2 = GRAD(L2, M)")
+    row = next(line for line in text.splitlines() if "backward g2[i,i] = " in line)
+    assert len(re.findall(r"\bi=\d+", row)) == 1  # the label's pieces are shown once
 
 
 def test_block_sparse_inputs_and_odd_tilings(con):
@@ -258,6 +337,40 @@ def test_block_sparse_inputs_and_odd_tilings(con):
         np.testing.assert_allclose(con.tensor(f"g_{k}"), oracle, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(con.tensor(f"g_{k}"), finite_differences(f, arrays, k),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_diagonal_writes_in_pieces(con):
+    """An extended einsum whose output repeats a label (what a diagonal's gradient is), planned
+    in odd pieces: its tiles on the diagonal are computed (by BLAS where the distinct labels make
+    a matmul), those off it are absent, and a later operation re-tiles it as zeros there."""
+    from tensordb.plan.ir import EinGraph, EinOp, TensorInfo
+    rng = np.random.default_rng(22)
+    v, w = rng.normal(size=(7, 4)), rng.normal(size=(4, 5))
+    con.load("V", v, tile=(3, 4))
+    con.load("W", w, tile=(4, 2))
+    sizes = {"i": 7, "k": 4, "j": 5, "m": 7}
+    write = EinOp.contraction("Dg", "iij", [("V", "ik"), ("W", "kj")], sizes)
+    assert write.writes_diagonal and write.out_shape == (7, 7, 5)
+    read = EinOp.contraction("S", "mj", [("Dg", "imj")], sizes)
+    graph = EinGraph((TensorInfo("V", (7, 4), "float64"), TensorInfo("W", (4, 5), "float64")),
+                     (write, read), ("Dg", "S"))
+    con.run(graph, pieces={"Dg": {"i": 3, "j": 2, "k": 2}, "S": {"m": 2, "i": 2}})
+    expected = np.zeros((7, 7, 5))
+    expected[np.arange(7), np.arange(7)] = v @ w
+    np.testing.assert_allclose(con.tensor("Dg"), expected, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(con.tensor("S"), v @ w, rtol=1e-12, atol=1e-14)
+    meta = con.store.meta("Dg")
+    assert meta.tile_count == 3 * 2  # the 3 diagonal tiles of i, times 2 pieces of j
+    assert meta.dims == ("d0", "d1", "d2")
+    # the gradient itself, in pieces: GRAD of a numpy-form diagonal read through Graph
+    m = rng.normal(size=(7, 7))
+    con.load("M", m, tile=(2, 3))
+    con.load("B", v[:, 0].copy())
+    con.run(Graph().einsum("ii,i->", "M", "B", into="L").grad("L", ["M", "B"], into=["gM", "gB"]),
+            pieces={"gM": {"i": 3}})
+    np.testing.assert_array_equal(con.tensor("gM"), np.diag(v[:, 0]))
+    np.testing.assert_array_equal(con.tensor("gB"), np.diag(m))
+    assert con.store.meta("gM").tile_count == 3
 
 
 def test_unused_tensor_gets_zeros_without_warnings(con):
@@ -512,6 +625,14 @@ def test_sgd_step_on_the_gpu_executor(tmp_path):
         np.testing.assert_allclose(con.tensor("W1"), w1n, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(con.tensor("W2"), w2n, rtol=1e-12, atol=1e-14)
         np.testing.assert_array_equal(con.tensor("gA"), np.sign(w1n))
+        # a diagonal's gradient: written onto the diagonal by index arrays on the device
+        m = rng.normal(size=(5, 5))
+        con.load("M", m, tile=(2, 2))
+        con.run(Graph().einsum("ii,ij->", "M", "M", into="T").grad("T", "M", into="gM"),
+                pieces={"gM": {"d0": 3, "d1": 2}})
+        expected = np.broadcast_to(np.diag(m)[:, None], (5, 5)).copy()
+        expected[np.arange(5), np.arange(5)] += m.sum(1)
+        np.testing.assert_allclose(con.tensor("gM"), expected, rtol=1e-12)
 
 
 def test_grad_in_a_block_and_of_a_result_computed_in_the_group(con):

@@ -31,6 +31,7 @@ def oracle_op(arrays, out, inputs, join, agg):
     labels = list(out) + sorted({l for _, ls in inputs for l in ls} - set(out))
     values = []
     for a, ls in inputs:
+        a, ls = _diagonals(a, ls)
         order = sorted(range(len(ls)), key=lambda d: labels.index(ls[d]))
         x = anp.transpose(a, order) if len(ls) > 1 else a
         shape = [SIZES[l] if l in ls else 1 for l in labels]
@@ -43,6 +44,19 @@ def oracle_op(arrays, out, inputs, join, agg):
         return space
     return {"sum": anp.sum, "max": anp.max, "min": anp.min, "prod": anp.prod}[agg](space,
                                                                                     axis=axes)
+
+
+def _diagonals(a, ls):
+    """A read with a repeated label (``x[i,i]``) takes the diagonal first: by a mask, which
+    autograd differentiates; the diagonal's axis goes last."""
+    ls = list(ls)
+    while len(set(ls)) < len(ls):
+        q = next(d for d in range(len(ls)) if ls[d] in ls[:d])
+        p = ls.index(ls[q])
+        rest = [d for d in range(len(ls)) if d not in (p, q)]
+        a = anp.sum(anp.transpose(a, rest + [p, q]) * np.eye(a.shape[p]), axis=-1)
+        ls = [ls[d] for d in rest] + [ls[p]]
+    return a, "".join(ls)
 
 
 def random_case(seed):
@@ -103,6 +117,56 @@ def test_random_graph_gradients(tmp_path, seed):
     text = "; ".join(f"{i}[{o}] = {a}({j} over {ins})" for i, o, ins, j, a in steps)
     np.testing.assert_allclose(con.tensor("L"), loss(**arrays), rtol=1e-11, err_msg=text)
     for n in wrt:
+        expected = autograd.grad(lambda x, n=n: loss(**{**arrays, n: x}))(arrays[n])
+        np.testing.assert_allclose(con.tensor(f"g{n}"), expected, rtol=1e-9, atol=1e-12,
+                                   err_msg=f"d L / d {n}: {text}")
+    con.close()
+
+
+def diagonal_case(seed):
+    """One operation reading a stored tensor with a repeated label (i and m have one size),
+    then the loss: SUM of its result times a stored W."""
+    rng = np.random.default_rng(1000 + seed)
+    read = str(rng.choice(["iij", "mmj", "iji", "mjm", "iii"]))
+    shape = {"iij": (3, 3, 4), "mmj": (3, 3, 4), "iji": (3, 4, 3), "mjm": (3, 4, 3),
+             "iii": (3, 3, 3)}[read]
+    other = "".join(rng.choice(list(SIZES), size=int(rng.integers(1, 3)), replace=False))
+    ins = [("Dg", read), ("T", other)]
+    if rng.random() < 0.5:
+        ins.reverse()
+    used = sorted({l for _, ls in ins for l in ls})
+    out = "".join(l for l in used if rng.random() < 0.5)
+    agg = str(rng.choice(AGGS)) if len(out) < len(used) else "sum"
+    joins = [j for j in JOINS2 if agg != "prod" or "relu" not in j]
+    join = str(rng.choice(joins))
+    arrays = {"Dg": rng.uniform(0.5, 1.5, size=shape),
+              "T": rng.uniform(0.5, 1.5, size=[SIZES[l] for l in other]),
+              "W": rng.uniform(0.5, 1.5, size=[SIZES[l] for l in out])}
+    return arrays, ins, out, join, agg
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("seed", range(20))
+def test_random_diagonal_gradients(tmp_path, seed):
+    """Gradients through diagonal reads (one label repeated in an operand) of random extended
+    einsums: written on the diagonal, 0 elsewhere, against autograd."""
+    arrays, ins, out, join, agg = diagonal_case(seed)
+    con = tensordb.connect(tmp_path / "db")
+    for n, a in arrays.items():
+        con.load(n, a)
+    g = Graph().op("O", out, ins, join=join, agg=agg, store=False)
+    g.op("L", "", [("O", out), ("W", out)], join="x0 * x1")
+    g.grad("L", list(arrays), into=[f"g{n}" for n in arrays])
+    con.run(g)
+
+    def loss(**xs):
+        o = oracle_op(xs, out, [(xs[n], ls) for n, ls in ins], join, agg)
+        return oracle_op(xs, "", [(o, out), (xs["W"], out)], "x0 * x1", "sum")
+
+    text = f"O[{out}] = {agg}({join} over {ins})"
+    np.testing.assert_allclose(con.tensor("L"), loss(**arrays), rtol=1e-11, err_msg=text)
+    for n in arrays:
         expected = autograd.grad(lambda x, n=n: loss(**{**arrays, n: x}))(arrays[n])
         np.testing.assert_allclose(con.tensor(f"g{n}"), expected, rtol=1e-9, atol=1e-12,
                                    err_msg=f"d L / d {n}: {text}")

@@ -38,6 +38,14 @@ class KernelSpec:
     def __post_init__(self) -> None:
         op = self.op
         c = self.choice = self.choice or choose_kernel(op)
+        self.diagonal = None
+        if op.writes_diagonal:
+            # Computed with each output label once, then written onto the diagonal.
+            self.diagonal = KernelSpec(op.without_diagonal(), self.xp, c)
+            self.dtype = np.dtype(op.dtype)
+            free = op.free_labels
+            self.scatter = tuple(free.index(l) for l in op.out_labels)  # output axis -> free axis
+            return
         self.labels = op.labels
         self.n_out = len(op.out_labels)
         # The broadcasting path lays the join space out aggregated labels first: reducing over
@@ -67,6 +75,8 @@ class KernelSpec:
         chunks with the fraction of the call done so far (for progress), and raises to cancel
         the call (one BLAS call is not interruptible)."""
         xp = self.xp
+        if self.diagonal is not None:
+            return self._write_diagonal(args, arg_shapes, out_shape, out, check)
         check = check or _no_check
         check()
         arrays = [xp.zeros(s, dtype=d) if a is None else a
@@ -85,6 +95,26 @@ class KernelSpec:
                 arrays[k] = arrays[k] * _scalar(self.scale, self.dtype)
             return self._contract(arrays, out)
         return self._broadcast(arrays, out, check)
+
+    def _write_diagonal(self, args, arg_shapes, out_shape, out, check):
+        """A diagonal write: the values of each distinct output label, placed where the
+        repeated labels are equal (an index array per output axis); 0 elsewhere."""
+        xp = self.xp
+        rank = len(self.diagonal.op.out_labels)
+        free_shape = [1] * rank
+        for u, n in zip(self.scatter, out_shape):
+            free_shape[u] = n
+        values = self.diagonal(args, arg_shapes, tuple(free_shape), None, check)
+        if out is not None and tuple(out.shape) == tuple(out_shape) and out.dtype == self.dtype:
+            res = out
+            res[...] = 0
+        else:
+            res = xp.zeros(out_shape, dtype=self.dtype)
+        # output axis d reads the index of its free axis u: broadcast, equal along repeats
+        index = tuple(xp.arange(free_shape[u]).reshape([-1 if a == u else 1 for a in range(rank)])
+                      for u in self.scatter)
+        res[index] = values
+        return res
 
     # -- BLAS ----------------------------------------------------------------------------------
     def _contract(self, arrays, out=None):

@@ -153,6 +153,8 @@ class OpModel:
     budget: int | None = None  # a worker's share of the memory_limit (None: no limit)
     kernel: tuple = ("broadcast", ())   # plan.memory.kernel_copies(op)
     handoff: bool = False               # an unstored result read by later operations
+    out_pos: tuple[int, ...] = ()       # per output axis, its label's position (a diagonal
+                                        # write repeats one); () when it is 0..n_out-1
 
     @staticmethod
     def of(op: EinOp, dtypes: Mapping[str, str], workers: int,
@@ -186,14 +188,18 @@ class OpModel:
                               zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k}),
                               o.tensor not in produced, (grids or {}).get(o.tensor)))
         item = np.dtype(op.dtype).itemsize
-        return OpModel(op, labels, sizes, tuple(ins), len(op.out_labels),
+        out_pos = tuple(labels.index(l) for l in op.out_labels) if op.writes_diagonal else ()
+        return OpModel(op, labels, sizes, tuple(ins), len(op.free_labels),
                        math.prod(op.out_shape) * item, item, float(op.flops), max(1, workers), params,
-                       budget, memory.kernel_copies(op), handoff)
+                       budget, memory.kernel_copies(op), handoff, out_pos)
 
     def clamp(self, pieces: Sequence[int]) -> tuple[int, ...]:
         return tuple(max(1, min(int(d), n)) if n > 0 else 1 for d, n in zip(pieces, self.sizes))
 
     def out_tiling(self, d: Sequence[int]) -> tuple[int, ...]:
+        """The pieces of each axis of the output."""
+        if self.out_pos:
+            return tuple(d[p] for p in self.out_pos)
         return tuple(d[: self.n_out])
 
     def need(self, d: Sequence[int], which: int) -> tuple[int, ...]:
@@ -203,7 +209,8 @@ class OpModel:
     def working_set(self, d: Sequence[int]) -> int:
         """Bytes one kernel call holds: its largest input tiles plus its output tile."""
         tile = [-(-n // k) if n else 0 for n, k in zip(self.sizes, d)]
-        total = self.out_itemsize * math.prod(tile[: self.n_out])
+        out = [tile[p] for p in self.out_pos] if self.out_pos else tile[: self.n_out]
+        total = self.out_itemsize * math.prod(out)
         for i in self.inputs:
             total += i.itemsize * math.prod(tile[p] for p in i.pos)
         return total

@@ -96,7 +96,9 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
                   budget: int | None = None) -> KernelChoice:
     """The kernel for ``op`` whose tiles have (at most) ``extents`` per label (default: the whole
     operation, one tile), on a worker with ``budget`` bytes (None: no limit): a broadcasting
-    kernel's chunks are sized from it (``plan.memory.chunk_elements``)."""
+    kernel's chunks are sized from it (``plan.memory.chunk_elements``). A diagonal write
+    computes each output label once, then places the values: its choice is that one's."""
+    op = op.without_diagonal()
     prod = blas_product(op)
     if prod is not None:
         scale = prod[0]

@@ -175,14 +175,14 @@ class _Lowering:
         """The kernel calls that exist: one row of label coordinates each (then a presence flag
         per left-joined input), which inputs are left-joined, and for a whole grid (rows made
         when asked: a function) the shape its layout is kept under (else None)."""
-        n_out, n_lab = len(op.out_labels), len(op.labels)
+        n_out, n_lab = len(op.free_labels), len(op.labels)
         if any(op.size[l] == 0 for l in op.agg_labels):
             # Aggregating over nothing (EinOp refuses MAX and MIN): SUM is 0, absent tiles;
             # PROD is 1, one call per output tile on empty inputs, which yields the identity.
             outer = list(range(len(op.inputs)))
             if AGGREGATES[op.agg].zero_is_identity:
                 return np.zeros((0, n_lab + len(outer)), dtype=np.int64), outer, None
-            rows = grid_rows([pieces[l] for l in op.out_labels], len(outer), False)
+            rows = grid_rows([pieces[l] for l in op.free_labels], len(outer), False)
             return np.insert(rows, [n_out] * (n_lab - n_out), 0, axis=1), outer, None
         # An input gates the join (is inner-joined: its absent tiles make no kernel call)
         # when its absence makes the join 0 whatever the other inputs' tiles hold; the
@@ -307,7 +307,8 @@ class OutputWriters:
                 if not out.stored:
                     continue
                 op = next(o for o in plan.ops if o.output == out.name)
-                dims = [l if l.isidentifier() else f"d{n}" for n, l in enumerate(op.out_labels)]
+                dims = [l if l.isidentifier() and not op.writes_diagonal else f"d{n}"
+                        for n, l in enumerate(op.out_labels)]
                 w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
                                  dims=dims, replace=replace, check_tables=check_tables)
                 self.writers.append((out, w))

@@ -19,8 +19,8 @@ A label of ``lk`` that no other operand of the backward operation has is broadca
 brings it in: 1 even where xk is NaN or inf); an aggregated label that no operand has counts its
 size. A tensor read by several operations (or several times by one) gets the SUM of the
 contributions; a tensor the loss does not depend on gets zeros. The gradient of a tensor read
-with a repeated label (a diagonal, ``X[i,i]``) would need an identity tensor the IR cannot make:
-it is refused with a NotSupportedError.
+with a repeated label (a diagonal, ``M[i,i]``) is the same einsum with the repeated label in its
+output: it writes the diagonal, ``dM[i,j] = [i == j] g[i]``, and is 0 elsewhere (plan/ir.py).
 
 The backward operations read the forward values they need (the operations' inputs and, for MAX,
 MIN and PROD, their outputs) as any operation reads an earlier one's output: they are planned with
@@ -43,7 +43,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import BinderError, NotSupportedError
+from ..errors import BinderError
 from .derivative import add, call, derivative, div, mul, power, sub
 from .ir import EinOp, Operand
 from .names import TensorRef
@@ -244,12 +244,6 @@ class _Backward:
         reading one tensor with the same labels): a new operation's name, or a constant."""
         operand = op.inputs[ks[0]]
         t, lk = operand.tensor, operand.labels
-        if len(set(lk)) != len(lk):
-            raise NotSupportedError(
-                f"GRAD through {t}[{','.join(lk)}], read with a repeated label "
-                f"(a diagonal) in {op.describe()}: its gradient would need an identity tensor",
-                hint="compute the diagonal as a tensor of its own outside the differentiated "
-                     "part, or write the computation without a repeated label")
         d = None
         for k in ks:
             d = add(d, derivative(op.join, k))

@@ -3,6 +3,8 @@
     out[o] = AGG over a of JOIN(in_1[labels_1], ..., in_n[labels_n])
 
 Output labels ``o`` are listed on the operation; every other label is aggregated with ``agg``.
+An output label may repeat (``out[i,i] = ...``, made by the backward pass only): the operation
+writes a diagonal, and every element off it is 0 (the gradient of a diagonal read ``M[i,i]``).
 Nodes are frozen dataclasses that check themselves when built.
 
 >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 2, "j": 3, "k": 4})
@@ -11,7 +13,7 @@ Nodes are frozen dataclasses that check themselves when built.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -59,9 +61,6 @@ class EinOp:
         object.__setattr__(self, "sizes", tuple((str(k), int(v)) for k, v in dict(self.sizes).items()))
         if not self.inputs:
             raise BinderError(f"{self.output}: an operation needs at least one input")
-        dup = {l for l in self.out_labels if self.out_labels.count(l) > 1}
-        if dup:
-            raise BinderError(f"{self.output}: label(s) {', '.join(sorted(dup))} repeated in the output")
         used = {l for o in self.inputs for l in o.labels}
         orphan = [l for l in self.out_labels if l not in used]
         if orphan:
@@ -111,9 +110,26 @@ class EinOp:
         return tuple(seen)
 
     @property
+    def free_labels(self) -> tuple[str, ...]:
+        """The output labels, each once (they differ from ``out_labels`` for a diagonal write)."""
+        return tuple(dict.fromkeys(self.out_labels))
+
+    @property
+    def writes_diagonal(self) -> bool:
+        """An output label repeats: only the diagonal is written, the rest is 0."""
+        return len(self.free_labels) != len(self.out_labels)
+
+    def without_diagonal(self) -> "EinOp":
+        """The operation writing each output label once: what a diagonal write computes before
+        it places the values on the diagonal (exec/kernels.py)."""
+        if not self.writes_diagonal:
+            return self
+        return replace(self, out_labels=self.free_labels)
+
+    @property
     def labels(self) -> tuple[str, ...]:
-        """Every label: output labels first, then aggregated labels in order of appearance."""
-        return self.out_labels + self.agg_labels
+        """Every label once: output labels first, then aggregated labels in order of appearance."""
+        return self.free_labels + self.agg_labels
 
     @property
     def out_shape(self) -> tuple[int, ...]:

@@ -184,6 +184,7 @@ def matmul_layout(op: EinOp) -> MatmulLayout | None:
 def kernel_copies(op: EinOp) -> tuple[str, tuple[bool, ...]]:
     """The kernel's method (``matmul``, ``contract`` or ``broadcast``, as physical/choice.py
     chooses it) and, for a matmul, which operands it copies (casts, transposes or scales)."""
+    op = op.without_diagonal()
     prod = blas_product(op)
     if prod is None:
         return "broadcast", ()

@@ -9,7 +9,9 @@ plan, run, commit included); numpy is the same step by hand, in memory. Each fig
 of --repeat runs after one warm-up; the table goes to docs/benchmarks.md between the train
 markers. tensordb is timed twice: reusing its plan from step to step (the plan cache, keyed by
 the weights' layout), and with the cache emptied before each step (planning included). JAX (jit
-on CPU) is timed too when it is installed.
+on CPU, the `bench` extra: `pip install 'tensordb[bench]'`) is timed in the same alternation when
+it is installed: the same step as one jit-compiled function (compiled in the warm-up, not timed),
+its result waited for with block_until_ready; its updated weights are checked against numpy's.
 """
 from __future__ import annotations
 
@@ -29,16 +31,23 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import tensordb  # noqa: E402
-from tests.bench.bench_suite import blas_info, median_time as median  # noqa: E402
+from tests.bench.bench_suite import blas_info  # noqa: E402
 
 COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_train.py"
 LR = 0.01
 
 
-def step_sql(b: int) -> str:
-    return (f"H[b,h] = RELU(SUM(X[b,f] * W1[f,h])); "
-            f"Z[b,c] = SUM(H[b,h] * W2[h,c]); "
-            f"M[b] = MAX(Z[b,c]); "
+def step_sql(b: int, stored: bool = False) -> str:
+    """The step: the forward values are LETs (as sql/train_mlp.sql writes them), so a step
+    stores the loss and the new weights; ``stored``: H, Z and M are stored as well (the step
+    this benchmark timed before, names of their own so that both can run on one database)."""
+    if stored:
+        return step_sql(b).replace("LET ", "").replace("H[", "Hs[").replace("Z[", "Zs[") \
+            .replace("M[", "Ms[").replace("dW1 = GRAD", "LET dW1 = GRAD") \
+            .replace("dW2 = GRAD", "LET dW2 = GRAD")
+    return (f"LET H[b,h] = RELU(SUM(X[b,f] * W1[f,h])); "
+            f"LET Z[b,c] = SUM(H[b,h] * W2[h,c]); "
+            f"LET M[b] = MAX(Z[b,c]); "
             f"L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / {b}; "
             f"LET dW1 = GRAD(L, W1); LET dW2 = GRAD(L, W2); "
             f"W1[f,h] = W1[f,h] - {LR} * dW1[f,h]; W2[h,c] = W2[h,c] - {LR} * dW2[h,c];")
@@ -102,6 +111,8 @@ def numpy_step(x, y, w1, w2):
 
 
 def jax_step():
+    """The step as one jit-compiled JAX function on the CPU (None without JAX): forward,
+    softmax cross-entropy (log-sum-exp), the gradients of both weights, the SGD update."""
     try:
         import jax
         import jax.numpy as jnp
@@ -118,6 +129,123 @@ def jax_step():
         l, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2, x, y)
         return l, w1 - LR * g1, w2 - LR * g2
     return step
+
+
+def _rel_err(a, b) -> float:
+    """The largest difference of two weight arrays, relative to the largest weight."""
+    return float(np.abs(np.asarray(a) - b).max() / np.abs(b).max())
+
+
+def split(con, text: str, repeat: int) -> dict:
+    """Where a plan-reusing step's wall time goes, the fastest of ``repeat`` steps for each
+    part on its own (ms; minima, as the least disturbed by other work on the machine): the
+    connection's stages, timed by wrapping them on this connection (the output files opened
+    before the run and their commit, with its fsyncs, apart), and the run cut by the kernel
+    method of each operation (its share of the tasks' seconds summed over workers)."""
+    from tensordb import physical
+    parts: dict[str, list] = {}
+    saved = {}
+
+    def wrap(owner, name, key):
+        fn = getattr(owner, name)
+        saved[(owner, name)] = fn
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                parts.setdefault(key, []).append(time.perf_counter() - t0)
+        setattr(owner, name, timed)
+    for name, key in (("_parse", "parse"), ("_bind_statements", "bind (GRAD included)"),
+                      ("plan", "plan (cache hit)"), ("_run", "run")):
+        wrap(con, name, key)
+    wrap(physical.OutputWriters, "__init__", "open the output files")
+    wrap(physical.OutputWriters, "store_tiles", "commit")
+    wrap(os, "fsync", "fsync")
+    kinds = {}
+    totals = []
+    try:
+        for _ in range(repeat):
+            n = {k: len(v) for k, v in parts.items()}
+            t0 = time.perf_counter()
+            con.execute(text)
+            totals.append(time.perf_counter() - t0)
+            for k in parts:  # one figure per step: the sum of its calls
+                calls = parts[k][n.get(k, 0):]
+                del parts[k][n.get(k, 0):]
+                parts[k].append(sum(calls))
+            run, ops = con.last_run, con.last_plan
+            busy = sum(m.seconds for m in run.ops) or 1.0
+            step = {}
+            for m, kernel in zip(run.ops, ops.kernels):
+                key = "run: matmul kernels" if kernel.method == "matmul" else \
+                    "run: other kernels (elementwise, softmax, sums)"
+                step[key] = step.get(key, 0.0) + m.seconds / busy * parts["run"][-1]
+            for key, v in step.items():
+                kinds.setdefault(key, []).append(v)
+    finally:
+        for (owner, name), fn in saved.items():
+            setattr(owner, name, fn)
+    out = {k: 1e3 * min(v) for k, v in parts.items()}
+    for k, v in kinds.items():
+        out[k] = 1e3 * min(v)
+    out["step"] = 1e3 * min(totals)
+    out["rest (Python between the stages)"] = 1e3 * min(
+        t - sum(parts[k][i] for k in ("parse", "bind (GRAD included)", "plan (cache hit)",
+                                      "open the output files", "run", "commit") if k in parts)
+        for i, t in enumerate(totals))
+    return out
+
+
+def numpy_split(x, y, w1, w2, repeat: int) -> dict:
+    """The numpy step's time in its matrix products (the same five products, alone) and in
+    the rest, the fastest of ``repeat`` (ms)."""
+    pre = x @ w1
+    h = np.maximum(pre, 0)
+    dz = np.ones((len(x), w2.shape[1]), dtype=np.float32)
+    dh = (dz @ w2.T) * (pre > 0)
+
+    def products():
+        _ = x @ w1, h @ w2, h.T @ dz, dz @ w2.T, x.T @ dh
+    prod, whole = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        products()
+        prod.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        numpy_step(x, y, w1, w2)
+        whole.append(time.perf_counter() - t0)
+    p, w = 1e3 * min(prod), 1e3 * min(whole)
+    return {"run: matmul kernels": p, "run: other kernels (elementwise, softmax, sums)": w - p,
+            "step": w}
+
+
+SPLIT_ROWS = ("parse", "bind (GRAD included)", "plan (cache hit)", "open the output files",
+              "run", "run: matmul kernels", "run: other kernels (elementwise, softmax, sums)",
+              "commit", "fsync")
+
+
+def split_table(parts: dict) -> list[str]:
+    out = ["| part of a step (ms, fastest of the runs) | tensordb | tensordb, H Z M stored | numpy |",
+           "|---|---:|---:|---:|"]
+    for key in SPLIT_ROWS + ("rest (Python between the stages)", "step"):
+        cells = []
+        for kind in ("sql", "stored", "numpy"):
+            p = parts[kind]
+            v = p.get(key)
+            cells.append("" if v is None else f"{v:.1f}")
+        name = {"fsync": "commit: of which fsync", "run: matmul kernels":
+                "run: matmul kernels (share of the run)",
+                "run: other kernels (elementwise, softmax, sums)":
+                "run: other kernels (share of the run)"}.get(key, key)
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _jax_version() -> str:
+    import jax
+    return jax.__version__
 
 
 def paired(fns: dict, repeat: int) -> dict:
@@ -142,8 +270,9 @@ def main(argv=None) -> None:
     ap.add_argument("--f", type=int, default=4096)
     ap.add_argument("--h", type=int, default=1024)
     ap.add_argument("--c", type=int, default=16)
-    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--steps-per-call", type=int, default=5)
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -156,6 +285,25 @@ def main(argv=None) -> None:
 
     def by_hand():
         _, state["w1"], state["w2"] = numpy_step(x, y, state["w1"], state["w2"])
+
+    step = jax_step()
+    fns = {"numpy": by_hand}
+    jax_err = None
+    if step is not None:
+        import jax.numpy as jnp
+        jx, jy = jnp.asarray(x), jnp.asarray(y)
+        jstate = {"w1": jnp.asarray(w1), "w2": jnp.asarray(w2)}
+        # compiled here, outside every timing; its weights against numpy's from the same ones
+        _, j1, j2 = step(jstate["w1"], jstate["w2"], jx, jy)
+        _, n1, n2 = numpy_step(x, y, w1, w2)
+        jax_err = max(_rel_err(j1, n1), _rel_err(j2, n2))
+        assert jax_err < 1e-5, f"JAX's updated weights differ from numpy's by {jax_err:.1e}"
+
+        def run_jax():
+            _, jstate["w1"], jstate["w2"] = step(jstate["w1"], jstate["w2"], jx, jy)
+            jstate["w2"].block_until_ready()
+            jstate["w1"].block_until_ready()
+        fns["jax"] = run_jax
 
     with tempfile.TemporaryDirectory() as tmp:
         con = tensordb.connect(Path(tmp) / "train.tdb", workers=args.workers)
@@ -191,13 +339,35 @@ def main(argv=None) -> None:
             con._plan_cache.clear()
             con.plan = timed_plan("fresh")
             con.execute(text)
-        times = paired({"numpy": by_hand, "sql": cached, "fresh": afresh}, args.repeat)
+        text_stored = step_sql(args.b, stored=True)
+
+        def stored():
+            con.plan = plan
+            con.execute(text_stored)
+        # k steps in one execute call: one group, planned as one graph (the plan reused), one
+        # commit of the last weights: what parse, bind and the commit cost is paid once per k
+        k = args.steps_per_call
+        text_k = step_sql(args.b) * k
+
+        def several():
+            con.plan = plan
+            con.execute(text_k)
+        times = paired({**fns, "sql": cached, "stored": stored, "fresh": afresh,
+                        "several": several}, args.repeat)
+        times["several"] = [t / k for t in times["several"]]
         con.plan = plan
+        parts = {"sql": split(con, text, args.repeat),
+                 "stored": split(con, text_stored, args.repeat)}
+        parts["numpy"] = numpy_split(x, y, w1, w2, args.repeat)
         t_numpy, t_sql = statistics.median(times["numpy"]), statistics.median(times["sql"])
         t_fresh = statistics.median(times["fresh"])
         p_sql, p_fresh = (statistics.median(planning[k]) for k in ("sql", "fresh"))
         ratio = statistics.median(s / n for s, n in zip(times["sql"], times["numpy"]))
         ratio_fresh = statistics.median(s / n for s, n in zip(times["fresh"], times["numpy"]))
+        t_stored = statistics.median(times["stored"])
+        t_several = statistics.median(times["several"])
+        ratio_several = statistics.median(s / n for s, n in zip(times["several"], times["numpy"]))
+        ratio_stored = statistics.median(s / n for s, n in zip(times["stored"], times["numpy"]))
         # the step's result against numpy: one more step from the same weights
         w1_now, w2_now = con.tensor("W1"), con.tensor("W2")
         con.execute(text)
@@ -205,33 +375,29 @@ def main(argv=None) -> None:
         err = max(float(np.abs(con.tensor("W1") - w1_np).max() / np.abs(w1_np).max()),
                   float(np.abs(con.tensor("W2") - w2_np).max() / np.abs(w2_np).max()))
         con.close()
-
-    step = jax_step()
-    t_jax = None
-    if step is not None:
-        import jax.numpy as jnp
-        jx, jy, jw1, jw2 = map(jnp.asarray, (x, y, w1, w2))
-
-        def run_jax():
-            out = step(jw1, jw2, jx, jy)
-            out[1].block_until_ready()
-        t_jax = median(run_jax, args.repeat)
+    t_jax = statistics.median(times["jax"]) if "jax" in times else None
 
     rows = [("numpy by hand", t_numpy, 1.0), ("tensordb (SQL step, plan reused)", t_sql, ratio),
-            ("tensordb (SQL step, planned every step)", t_fresh, ratio_fresh)]
+            ("tensordb (SQL step, planned every step)", t_fresh, ratio_fresh),
+            ("tensordb (plan reused, H, Z, M stored too)", t_stored, ratio_stored),
+            (f"tensordb ({k} steps in one execute call, per step)", t_several, ratio_several)]
     if t_jax is not None:
-        rows.append(("JAX jit (CPU)", t_jax, t_jax / t_numpy))
+        rows.append(("JAX jit (CPU)", t_jax,
+                     statistics.median(j / n for j, n in zip(times["jax"], times["numpy"]))))
     table = ["| step | median s | vs numpy (median of paired ratios) |", "|---|---:|---:|"] + \
         [f"| {n} | {t:.3f} | {r:.2f}x |" for n, t, r in rows]
     lines = [
         f"One SGD step of a 2-layer MLP, b={args.b}, f={args.f}, h={args.h}, c={args.c}, float32 "
-        f"(forward, softmax cross-entropy, GRAD of both weights as LETs, the updated weights "
-        f"stored), median of "
-        f"{args.repeat} after a warm-up, numpy and tensordb timed in alternation; tensordb with {args.workers} workers on an on-disk "
+        f"(forward values and GRAD of both weights as LETs, softmax cross-entropy, the loss and "
+        f"the updated weights stored), median of "
+        f"{args.repeat} after a warm-up, numpy, JAX and tensordb timed in alternation; tensordb with {args.workers} workers on an on-disk "
         f"database, {ops} operations of which {backward} backward. "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (load average "
         f"{os.getloadavg()[0]:.1f} when it ended: other work shares them), BLAS: {blas_info()}."
-        + ("" if t_jax is not None else " JAX is not installed here: not timed."),
+        + (f" JAX {_jax_version()} (jit on the CPU, compiled before the timing, "
+           f"block_until_ready): its updated weights against numpy's from the same weights, "
+           f"largest difference {jax_err:.1e} of the largest weight." if t_jax is not None
+           else " JAX is not installed here: not timed."),
         "",
         *table,
         "",
@@ -243,6 +409,24 @@ def main(argv=None) -> None:
         f"between the two rows beyond that are noise of a shared machine. "
         f"tensordb's weights after one more step against numpy's from the same weights: largest "
         f"difference {err:.1e} of the largest weight. `{COMMAND}`",
+        "",
+        f"Where a plan-reusing step's time goes (the connection's stages wrapped and timed over "
+        f"{args.repeat} more steps each, the fastest of them for each part: minima are the "
+        f"least disturbed by other work; the run cut by each operation's kernel method in "
+        f"proportion to its tasks' seconds; numpy's five products timed alone):",
+        "",
+        *split_table(parts),
+        "",
+        "What is not compute: parsing and binding the step's statements (GRAD's backward "
+        "operations are derived again each time: a plan cache hit starts from the bound graph); "
+        "opening the output files (a writer per stored tensor); and the commit (`commit`: each "
+        "stored tensor's payload checksummed and synced to disk, the file and its directory, "
+        "then its catalog rows). Part of the run is not the numpy step's work either: the "
+        "update of W1 computes straight into the new payload file, whose fresh pages the kernel "
+        "allocates as they are first written, where numpy's in-memory update reuses its heap. "
+        "With the forward values stored too (the step timed before), three more tensors are "
+        "opened and committed each step. Several steps in one execute call are one graph "
+        "with one commit of the last weights: the fixed costs are paid once per call.",
         "",
         f"The plan of the same step (f={args.f}, h={args.h}, c={args.c}) as the optimizer chooses "
         "it, planned only: with few rows the first layer's weight is split along f and h "
