@@ -237,7 +237,11 @@ class OpModel:
 
     def aligned(self) -> list[tuple[int, ...]]:
         """Tilings that cut every label of a sparse input exactly on its stored grid, so absent
-        stored tiles become absent kernel calls."""
+        stored tiles become absent kernel calls. Otherwise, the tiling on the dense stored
+        inputs' (even) grids, whose pieces are their stored tiles, read as views: for a wide
+        matrix stored in column tiles any piece of a tiling of ``workers`` kernel calls spans
+        several tiles and is copied. Offered when it makes a multiple of ``workers`` calls, at
+        most ``_MAX_ALIGNED_CALLS`` per worker; the cost decides."""
         vec = [1] * len(self.sizes)
         found = False
         for i in self.inputs:
@@ -249,7 +253,25 @@ class OpModel:
                     return []
                 vec[p] = n
             found = True
-        return [tuple(vec)] if found else []
+        if found:
+            return [tuple(vec)]
+        for i in self.inputs:
+            if not (i.stored and i.grid is not None and i.presence is None):
+                continue
+            grid = tuple(map(tuple, i.grid))
+            need = tuple(len(b) - 1 for b in grid)
+            if math.prod(need) <= 1 or any(even_bounds(n, d) != b
+                                           for n, d, b in zip(i.shape, need, grid)):
+                continue
+            for p, n in zip(i.pos, need):
+                if vec[p] not in (1, n):
+                    return []
+                vec[p] = n
+            found = True
+        calls = math.prod(vec)
+        if not found or calls % self.workers or calls > self.workers * _MAX_ALIGNED_CALLS:
+            return []
+        return [tuple(vec)]
 
     def cost(self, d: Sequence[int], retile: float = 0.0, memory: bool = True) -> OpCost:
         """The cost of tiling ``d`` (one entry per label, in ``labels`` order), without the
@@ -276,6 +298,9 @@ class OpModel:
 
 
 _NO_MEMORY = memory.CallMemory()
+# The tiling on dense inputs' stored grids is a candidate with at most this many kernel calls
+# per worker (a wide matrix of 16 MiB column tiles stays within it up to 8 GiB on 2 workers).
+_MAX_ALIGNED_CALLS = 256
 
 
 @lru_cache(maxsize=65536)
@@ -339,7 +364,10 @@ def edge_retile(model: OpModel, which: int, d: Sequence[int], producer: "OpModel
     inp = model.inputs[which]
     need = model.need(d, which)
     if producer is None:
-        if stored_aligned(grid, inp.shape, need):
+        # A piece the reader hands out as a view is free; one cut off the stored grid, or made
+        # of several stored tiles that are not one run of rows, is copied on its worker.
+        if grid is None or _views(tuple(map(tuple, grid)), inp.shape, need,
+                                  inp.presence is None):
             return 0.0
         return model.params.stored_retile * inp.nbytes
     return recut_bytes(float(producer.out_bytes), producer.out_tiling(producer_d), need)
