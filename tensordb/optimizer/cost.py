@@ -7,8 +7,10 @@ For an operation with pieces ``d`` per label, ``K = prod(d)`` kernel calls run, 
 - aggregation cost: ``bytes(Out) * (prod(d over aggregated labels) - 1)`` partial results combined;
 - re-tiling cost, per input edge: zero when the producer's output tiling is exactly what the
   operation needs for that input, else the producer's whole output is re-cut and moved. A stored
-  input is compared with its stored grid; cutting it off that grid is a local copy, charged at a
-  fraction (``CostParams.stored_retile``) of its bytes.
+  input is compared with its stored grid; cutting it off that grid, or reading a piece made of
+  several stored tiles that the reader cannot hand out as one view (columns of a matrix stored
+  in column tiles), is a local copy, charged at a fraction (``CostParams.stored_retile``) of its
+  bytes.
 
 Two terms turn "use the workers well" into bytes, so that one number ranks candidates: every
 task (kernel call or aggregation) costs a fixed overhead (a task is not free: splitting a
@@ -364,10 +366,12 @@ def edge_retile(model: OpModel, which: int, d: Sequence[int], producer: "OpModel
     inp = model.inputs[which]
     need = model.need(d, which)
     if producer is None:
-        # A piece the reader hands out as a view is free; one cut off the stored grid, or made
-        # of several stored tiles that are not one run of rows, is copied on its worker.
-        if grid is None or _views(tuple(map(tuple, grid)), inp.shape, need,
-                                  inp.presence is None):
+        # Pieces that are unions of stored tiles are free when the reader hands them out as
+        # views; one cut off the stored grid, or made of several stored tiles that are not one
+        # run of rows (a matrix stored in column tiles), is a copy on its worker.
+        if stored_aligned(grid, inp.shape, need) and (
+                grid is None or _views(tuple(map(tuple, grid)), inp.shape, need,
+                                       inp.presence is None)):
             return 0.0
         return model.params.stored_retile * inp.nbytes
     return recut_bytes(float(producer.out_bytes), producer.out_tiling(producer_d), need)
