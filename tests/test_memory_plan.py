@@ -160,7 +160,7 @@ def test_a_wide_matrix_in_column_tiles_is_read_as_views(con):
     eg2, decomp2, plan2 = plan_of(con, g2)
     assert held_per_op(plan2)["P2"]["inputs"] > 0
     cost = decomp2.details["cost"].ops["P2"]
-    assert cost.retile == 0.25 * a.nbytes
+    assert cost.retile >= 0.25 * a.nbytes   # W's pieces charged as the copies they are
 
 def chain_graph():
     return (Graph().op("Y", "ij", [("X", "ij")], join="x0 * 2", store=False)
