@@ -268,6 +268,9 @@ def evaluate(expr: Expr, values: list, xp=np, out=None):
     fn = getattr(xp, spec.ufunc.__name__, spec.ufunc) if xp is not np else spec.ufunc
     if out is not None and isinstance(fn, np.ufunc):
         return fn(*args, out=out, casting="unsafe")
+    if out is not None and fn is _relu and isinstance(args[0], np.ndarray):
+        # the result NumPy's MAX(x, 0) gives (weak 0), cast into out as the ufuncs above are
+        return np.maximum(args[0], 0, out=out, casting="unsafe")
     return fn(*args)
 
 
