@@ -117,6 +117,8 @@ def render(rows: list[dict], args) -> str:
         f"--repeat {args.repeat} --workers {args.workers}`",
         f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; BLAS: {blas_info()}; "
         f"numpy {np.__version__}; tensordb {tensordb.__version__} with {args.workers} workers.",
+        f"Load average (1 min) at the start and the end of the run: {args.load[0]:.1f}, "
+        f"{args.load[1]:.1f} (the machine's other work slows both sides of each ratio alike).",
         "Times are medians in milliseconds. numpy is the fastest of the workload's NumPy "
         "formulations (its operator form, np.einsum(optimize=True), opt_einsum.contract), timed in "
         "turn with tensordb in each round; `numpy form` names the winner. Ratios are tensordb / "
@@ -180,6 +182,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     rows = []
     t0 = time.perf_counter()
+    load0 = os.getloadavg()[0]
     for w in suite():
         if args.only and args.only not in w.name:
             continue
@@ -187,6 +190,7 @@ def main(argv=None) -> None:
         rows.append(row)
         print({k: ({f: round(t, 4) for f, t in v.items()} if k == "forms" else
                    round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    args.load = (load0, os.getloadavg()[0])
     text = render(rows, args)
     print(text)
     print(f"({time.perf_counter() - t0:.0f} s)")
