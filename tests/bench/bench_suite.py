@@ -118,7 +118,8 @@ def render(rows: list[dict], args) -> str:
         f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; BLAS: {blas_info()}; "
         f"numpy {np.__version__}; tensordb {tensordb.__version__} with {args.workers} workers.",
         f"Load average (1 min) at the start and the end of the run: {args.load[0]:.1f}, "
-        f"{args.load[1]:.1f} (other work on the machine slows every figure; tensordb and NumPy are timed in turn, so their ratio suffers less).",
+        f"{args.load[1]:.1f} (other work on the machine slows every figure; tensordb and NumPy "
+        "are timed in turn, so their ratio suffers less).",
         "Times are medians in milliseconds. numpy is the fastest of the workload's NumPy "
         "formulations (its operator form, np.einsum(optimize=True), opt_einsum.contract), timed in "
         "turn with tensordb in each round; `numpy form` names the winner. Ratios are tensordb / "
