@@ -231,7 +231,8 @@ def _min_plus() -> Workload:
         arrays=lambda rng: {"D": np.abs(_rand(rng, n, n))},
         graph=lambda: tensordb.Graph().op("OUT", "ij", [("D", "ik"), ("D", "kj")],
                                           join="x0 + x1", agg="min"),
-        forms={"blocked broadcast": np_minplus}, dask=dask_minplus, blas=False, chunks=[(128, 128), (256, 256)])
+        forms={"blocked broadcast": np_minplus}, dask=dask_minplus, chunks=[(128, 128), (256, 256)],
+        blas=False)
 
 
 def _batched() -> Workload:
