@@ -64,8 +64,12 @@ def rel_error(got, want) -> float:
 
 def blas_info() -> str:
     from threadpoolctl import threadpool_info
+    # numpy's own BLAS first; another (scipy's, loaded by dask) is named by its folder
+    found = sorted((i for i in threadpool_info() if i["user_api"] == "blas"),
+                   key=lambda i: "numpy" not in i.get("filepath", ""))
     return ", ".join(f"{i['internal_api']} {i.get('version', '')} {i.get('architecture', '')} "
-                     f"x{i['num_threads']}" for i in threadpool_info() if i["user_api"] == "blas")
+                     f"x{i['num_threads']} ({Path(i.get('filepath', '')).parent.name})"
+                     for i in found)
 
 
 def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool) -> dict:
