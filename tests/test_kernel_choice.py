@@ -13,7 +13,7 @@ from tensordb.errors import InternalError
 from tensordb.exec.kernels import KernelSpec
 from tensordb.physical.choice import KernelChoice, MatmulLayout, choose_kernel
 from tensordb.bind import bind_graph as bind
-from tensordb.plan.ir import EinOp
+from tensordb.plan.ir import EinOp, Operand
 from tensordb.plan.scalar import parse_join
 
 RNG = np.random.default_rng(11)
@@ -77,6 +77,31 @@ def test_the_kernel_follows_the_choice_it_is_given():
     np.testing.assert_allclose(out, A @ B, rtol=1e-12)
     assert [d for d in calls if d is not None] == [0, 1 / 5, 2 / 5, 3 / 5, 4 / 5]  # one j a chunk
 
+
+
+@pytest.mark.parametrize("join, dtypes, want", [
+    ("relu(x0 + x1)", ("float32", "float32"), lambda x, c: np.maximum(x + c, 0)),
+    ("x0 * 2 + x1", ("float32", "float32"), lambda x, c: x * 2 + c),
+    ("relu(x0)", ("bool", "float32"), lambda x, c: np.maximum(x, 0)),
+    ("x0", ("float32", "float32"), lambda x, c: x),
+])
+def test_an_elementwise_join_in_slabs_lands_in_the_output_buffer(join, dtypes, want):
+    """A large elementwise tile is computed in slabs of its first axis, each written into the
+    caller's output buffer (in place where the join's outermost function is a ufunc or RELU,
+    copied otherwise): NumPy's values and dtype, whichever way."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((10, 6)).astype(np.float32)
+    x = x > 0 if dtypes[0] == "bool" else x
+    c = rng.standard_normal(6).astype(np.float32)
+    expect = want(x, c)
+    op = EinOp("O", ("b", "f"), (Operand("X", ("b", "f")), Operand("c", ("f",))),
+               (("b", 10), ("f", 6)), parse_join(join), None, str(expect.dtype), in_dtypes=dtypes)
+    spec = KernelSpec(op, choice=KernelChoice("broadcast", chunk="rows", chunk_elements=12))
+    out = np.full((10, 6), -7, dtype=expect.dtype)
+    checks = []
+    got = spec([x, c], [x.shape, c.shape], (10, 6), out=out, check=lambda done=None: checks.append(done))
+    assert got is out and [d for d in checks if d is not None] == [0, 0.2, 0.4, 0.6, 0.8]  # slabs of 2 rows
+    np.testing.assert_array_equal(out, expect)
 
 def test_a_plan_runs_with_the_kernels_it_carries(con):
     graph = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C")

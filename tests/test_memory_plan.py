@@ -139,6 +139,29 @@ def test_the_matmul_case_has_views_copies_and_an_accumulator(con):
     assert any(isinstance(t, Aggregate) for t in plan.tasks)
 
 
+
+def test_a_wide_matrix_in_column_tiles_is_read_as_views(con):
+    """An inner product A (rows x many columns, stored in column tiles) @ B: every tiling of
+    two kernel calls would copy A's pieces (each spans several column tiles); the planner takes
+    the tiling on A's stored grid instead, whose pieces are views, and the answer is numpy's."""
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((64, 4096)), rng.standard_normal((4096, 32))
+    con.load("W", a, tile=(64, 512))    # 8 column tiles
+    con.load("V", b)
+    g = Graph().op("P", "ik", [("W", "ij"), ("V", "jk")])
+    eg, decomp, plan = plan_of(con, g)
+    assert decomp.pieces("P") == {"i": 1, "j": 8, "k": 1}
+    assert held_per_op(plan)["P"]["inputs"] == 0    # no copy of W (nor of V's row runs)
+    assert decomp.details["memory"].ops["P"].inputs == 0
+    con.run(g)
+    np.testing.assert_allclose(con.tensor("P"), a @ b, rtol=1e-12, atol=1e-12)
+    # with the pieces fixed to two calls, W's pieces are copies, as the cost model charges
+    g2 = Graph().op("P2", "ik", [("W", "ij"), ("V", "jk")], pieces={"j": 2})
+    eg2, decomp2, plan2 = plan_of(con, g2)
+    assert held_per_op(plan2)["P2"]["inputs"] > 0
+    cost = decomp2.details["cost"].ops["P2"]
+    assert cost.retile >= 0.25 * a.nbytes   # W's pieces charged as the copies they are
+
 def chain_graph():
     return (Graph().op("Y", "ij", [("X", "ij")], join="x0 * 2", store=False)
             .op("Z", "i", [("Y", "ij")]))

@@ -263,7 +263,12 @@ class KernelSpec:
             check(lo / full[0])
             hi = min(lo + step, full[0])
             sl = [v if v.shape[0] == 1 else v[lo:hi] for v in views]
-            res[lo:hi] = scalar.evaluate(self.op.join, sl, xp)  # broadcasts a label the join ignores
+            # The join's outermost function writes the slab in place where it can (a ufunc),
+            # broadcasting a label the join ignores; otherwise its result is copied in.
+            into = res[lo:hi]
+            val = scalar.evaluate(self.op.join, sl, xp, out=into if xp is np else None)
+            if val is not into:
+                into[...] = val
         return res
 
 

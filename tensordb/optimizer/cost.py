@@ -7,8 +7,10 @@ For an operation with pieces ``d`` per label, ``K = prod(d)`` kernel calls run, 
 - aggregation cost: ``bytes(Out) * (prod(d over aggregated labels) - 1)`` partial results combined;
 - re-tiling cost, per input edge: zero when the producer's output tiling is exactly what the
   operation needs for that input, else the producer's whole output is re-cut and moved. A stored
-  input is compared with its stored grid; cutting it off that grid is a local copy, charged at a
-  fraction (``CostParams.stored_retile``) of its bytes.
+  input is compared with its stored grid; cutting it off that grid, or reading a piece made of
+  several stored tiles that the reader cannot hand out as one view (columns of a matrix stored
+  in column tiles), is a local copy, charged at a fraction (``CostParams.stored_retile``) of its
+  bytes.
 
 Two terms turn "use the workers well" into bytes, so that one number ranks candidates: every
 task (kernel call or aggregation) costs a fixed overhead (a task is not free: splitting a
@@ -244,7 +246,11 @@ class OpModel:
 
     def aligned(self) -> list[tuple[int, ...]]:
         """Tilings that cut every label of a sparse input exactly on its stored grid, so absent
-        stored tiles become absent kernel calls."""
+        stored tiles become absent kernel calls. Otherwise, the tiling on the dense stored
+        inputs' (even) grids, whose pieces are their stored tiles, read as views: for a wide
+        matrix stored in column tiles any piece of a tiling of ``workers`` kernel calls spans
+        several tiles and is copied. Offered when it makes a multiple of ``workers`` calls, at
+        most ``_MAX_ALIGNED_CALLS`` per worker; the cost decides."""
         vec = [1] * len(self.sizes)
         found = False
         for i in self.inputs:
@@ -256,7 +262,25 @@ class OpModel:
                     return []
                 vec[p] = n
             found = True
-        return [tuple(vec)] if found else []
+        if found:
+            return [tuple(vec)]
+        for i in self.inputs:
+            if not (i.stored and i.grid is not None and i.presence is None):
+                continue
+            grid = tuple(map(tuple, i.grid))
+            need = tuple(len(b) - 1 for b in grid)
+            if math.prod(need) <= 1 or any(even_bounds(n, d) != b
+                                           for n, d, b in zip(i.shape, need, grid)):
+                continue
+            for p, n in zip(i.pos, need):
+                if vec[p] not in (1, n):
+                    return []
+                vec[p] = n
+            found = True
+        calls = math.prod(vec)
+        if not found or calls % self.workers or calls > self.workers * _MAX_ALIGNED_CALLS:
+            return []
+        return [tuple(vec)]
 
     def cost(self, d: Sequence[int], retile: float = 0.0, memory: bool = True) -> OpCost:
         """The cost of tiling ``d`` (one entry per label, in ``labels`` order), without the
@@ -283,6 +307,9 @@ class OpModel:
 
 
 _NO_MEMORY = memory.CallMemory()
+# The tiling on dense inputs' stored grids is a candidate with at most this many kernel calls
+# per worker (a wide matrix of 16 MiB column tiles stays within it up to 8 GiB on 2 workers).
+_MAX_ALIGNED_CALLS = 256
 
 
 @lru_cache(maxsize=65536)
@@ -346,7 +373,12 @@ def edge_retile(model: OpModel, which: int, d: Sequence[int], producer: "OpModel
     inp = model.inputs[which]
     need = model.need(d, which)
     if producer is None:
-        if stored_aligned(grid, inp.shape, need):
+        # Pieces that are unions of stored tiles are free when the reader hands them out as
+        # views; one cut off the stored grid, or made of several stored tiles that are not one
+        # run of rows (a matrix stored in column tiles), is a copy on its worker.
+        if stored_aligned(grid, inp.shape, need) and (
+                grid is None or _views(tuple(map(tuple, grid)), inp.shape, need,
+                                       inp.presence is None)):
             return 0.0
         return model.params.stored_retile * inp.nbytes
     return recut_bytes(float(producer.out_bytes), producer.out_tiling(producer_d), need)

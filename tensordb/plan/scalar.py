@@ -294,6 +294,9 @@ def evaluate(expr: Expr, values: list, xp=np, out=None):
         _refuse_negative_int_power(*args)
     if out is not None and isinstance(fn, np.ufunc):
         return fn(*args, out=out, casting="unsafe")
+    if out is not None and fn is _relu and isinstance(args[0], np.ndarray):
+        # the result NumPy's MAX(x, 0) gives (weak 0), cast into out as the ufuncs above are
+        return np.maximum(args[0], 0, out=out, casting="unsafe")
     return fn(*args)
 
 
