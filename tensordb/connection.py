@@ -350,12 +350,16 @@ class Connection(TensorIO):
         pieces = optimizer.pieces_per_op(graph, pieces)
         # The optimizer plans for the workers that will run the plan: the local pool's, or the
         # cluster's when the executor is a Dask cluster.
-        workers = self.settings.workers if self.settings.executor == "local" else \
-            self._get_executor().workers
+        local = self.settings.executor == "local"
+        workers = self.settings.workers if local else self._get_executor().workers
+        # The local pool's workers share this machine's cores: one BLAS call may use them all
+        # (optimizer/threads.py); a Dask cluster's or a GPU's calls stay as the tiling makes them.
+        threads = min(workers, _cores()) if local else 1
         with stage("optimize"):
             return optimizer.decompose(graph, workers, strategy=self.settings.tiling,
                                        memory_limit=self.settings.memory_limit, pieces=pieces,
-                                       input_grids=grids, input_tiles=sparse, input_facts=facts)
+                                       input_grids=grids, input_tiles=sparse, input_facts=facts,
+                                       blas_threads=threads)
 
     def _run(self, plan, destinations=None):
         """run: the executor runs the placed plan; its output tiles come back (or, with
@@ -396,3 +400,9 @@ class Connection(TensorIO):
             self._executor = make_executor(self.settings.executor, self.settings.workers,
                                            memory_limit=self.settings.memory_limit)
         return self._executor
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1)

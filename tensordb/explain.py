@@ -128,6 +128,10 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
                            "total": total}
     if "search_seconds" in decomp.details:
         out["search_seconds"] = decomp.details["search_seconds"]
+    if "split_cost" in decomp.details:  # the search priced the BLAS threads (optimizer/threads.py)
+        out["blas"] = {"threads": int(getattr(plan, "blas_threads", 0)),
+                       "split_cost": decomp.details["split_cost"],
+                       "one_call_cost": decomp.details.get("one_call_cost")}
     if result is not None:
         out["measured"] = {"seconds": getattr(result, "seconds", None),
                            "bytes_moved": getattr(result, "bytes_moved", None),
@@ -212,6 +216,8 @@ def header(data: Mapping) -> list[str]:
                  f"flop imbalance {t['imbalance']:.2f}")
     if "memory" in t:
         lines.append(memory_line(t["memory"]))
+    if "blas" in data:
+        lines.append(blas_line(data["blas"]))
     if analyze:
         m = data["measured"]
         limit = m.get("memory_limit")
@@ -223,6 +229,18 @@ def header(data: Mapping) -> list[str]:
                      + (f", {m['over_budget']} task(s) over the budget" if m.get("over_budget")
                         else ""))
     return lines
+
+
+def blas_line(b: Mapping) -> str:
+    """``blas threads: 2 (one call per BLAS operation: cost 64.0 MiB, split 96.0 MiB)``, or
+    ``blas threads: the executor's (cores / busy workers): split cost ...``."""
+    one = b.get("one_call_cost")
+    if b["threads"]:
+        return (f"  blas threads: {b['threads']} (one call per BLAS operation: cost "
+                f"{format_bytes(one)}, split {format_bytes(b['split_cost'])})")
+    alt = f", one call {format_bytes(one)}" if one is not None else ", no one-call plan offered"
+    return (f"  blas threads: the executor's (cores / busy workers): split cost "
+            f"{format_bytes(b['split_cost'])}{alt}")
 
 
 def memory_line(m: Mapping) -> str:

@@ -11,10 +11,13 @@ What a task does, what it costs and what its failure means is the shared runtime
 (``runtime.py``); where tiles live and how they move between workers is the pool's ``tiles``
 (host memory here, GPUs in ``gpu.py``).
 
-BLAS threads are set once for the whole run (threadpoolctl limits are process-wide): with W busy
+BLAS threads are set once for the whole run (threadpoolctl limits are process-wide): the count
+the plan records (``TilePlan.blas_threads``: the optimizer chose to run each BLAS operation as
+one call with that many threads, optimizer/threads.py), else the executor's rule: with W busy
 workers each gets cores // W BLAS threads, and no more than one per ``BLAS_FLOPS_PER_THREAD`` of
 the plan's largest kernel call: a call of a few MFLOP split over threads waits for each of them
-to get a core, which on a busy machine took a 256^3 product from 0.3 ms to 48 ms.
+to get a core, which on a busy machine took a 256^3 product from 0.3 ms to 48 ms. The count set
+for the last run is ``LocalExecutor.last_blas_threads``.
 
 A tiny plan (a few tasks, a few MFLOP, no memory budget to keep, host tiles) runs on the calling
 thread, in the same order and through the same task code: handing it to a worker and waiting
@@ -36,6 +39,7 @@ import numpy as np
 from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..physical.order import ranks
+from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from ..storage.writer import has_nonfinite
 from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
 from .kernels import get_backend
@@ -49,7 +53,6 @@ _controller = None
 _TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
 INLINE_TASKS = 8  # a plan of at most this many tasks...
 INLINE_FLOPS = 1 << 24  # ...and this many flops (a few ms at most) runs on the calling thread
-BLAS_FLOPS_PER_THREAD = 1 << 26  # a BLAS thread per this many flops of the largest call (~1 ms)
 
 
 def _blas_limits(threads: int):
@@ -110,6 +113,7 @@ class LocalExecutor:
         self.queues = ReadyQueues(self.workers)
         self.threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # one plan runs at a time
+        self.last_blas_threads: int | None = None  # what the last run set (None: never set)
 
     def _start(self) -> None:
         if not self.threads:
@@ -142,8 +146,11 @@ class LocalExecutor:
         tiles = self.tiles
         dest = (destinations or {}) if tiles.writes_destinations else {}
         inline = tiles.inline and _tiny(plan)
-        limits = _blas_limits(_blas_threads(plan, self.cores, inline)) if tiles.limits_blas \
-            else nullcontext()
+        limits = nullcontext()
+        if tiles.limits_blas:
+            threads = min(plan.blas_threads, self.cores) or _blas_threads(plan, self.cores, inline)
+            self.last_blas_threads = threads
+            limits = _blas_limits(threads)
         with self._lock, limits:
             run = _Run(self, plan, progress, dest, store)
             if inline and run.budget is None:

@@ -14,7 +14,9 @@ Strategies: ``eindecomp`` (the default: the cost-based dynamic program of dp.py)
 (the first engine rule: split the largest output label), ``data-parallel`` and ``even`` (the
 baselines of baselines.py). ``Decomposition.details`` always holds ``"cost"`` (a ``PlanCost``
 from cost.py); ``eindecomp`` adds ``"choices"`` (a ``Choice`` per operation, with runner-ups),
-``"dp_cost"`` and ``"search_seconds"``. ``details["memory"]`` is the plan's projected memory
+``"dp_cost"``, ``"search_seconds"`` and ``"blas_threads"`` (threads.py: the BLAS threads of the
+one-call plan when it is chosen, else 0; with ``"split_cost"`` and ``"one_call_cost"``, the two
+plans' totals). ``details["memory"]`` is the plan's projected memory
 (``PlanMemory``, plan/memory.py): per operation what its largest kernel call holds, the peak per
 worker against ``memory_limit / workers``, and the intermediates the executor may spill.
 """
@@ -31,6 +33,7 @@ from .baselines import data_parallel_pieces, even_pieces
 from .candidates import pieces_per_op
 from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate, models_of
 from .dp import Choice, solve
+from .threads import one_call_plan, one_call_threads
 
 __all__ = ["Decomposition", "decompose", "price", "STRATEGIES", "register_strategy",
            "DEFAULT_STRATEGY", "CostParams", "PlanCost", "PlanMemory", "Choice", "evaluate",
@@ -74,20 +77,37 @@ def _split_largest_output(graph: EinGraph, workers: int, *, pieces=None, **_) ->
 
 
 def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, pieces=None, input_grids=None,
-               params: CostParams = DEFAULT_PARAMS, presence=None, facts=None, **_) -> Decomposition:
+               params: CostParams = DEFAULT_PARAMS, presence=None, facts=None, blas_threads=1,
+               **_) -> Decomposition:
     """The cost-based search: the dynamic program of dp.py over the candidates of candidates.py.
-    It prices its choice with the cost models it searched with (each is built once)."""
+    It prices its choice with the cost models it searched with (each is built once). With
+    ``blas_threads`` > 1 (the local executor) it also prices the one-call plan (threads.py)
+    and keeps the cheaper of the two."""
     t0 = time.perf_counter()
     models = models_of(graph, workers, params, presence, facts, input_grids,
                        worker_budget(memory_limit, workers))
     by_op, choices, dp_cost, _ = solve(graph, workers, memory_limit=memory_limit, pieces=pieces,
                                        input_grids=input_grids, params=params, presence=presence,
                                        facts=facts, models=models)
-    seconds = time.perf_counter() - t0
     cost = evaluate(graph, by_op, workers, params=params, input_grids=input_grids, models=models,
                     presence=presence, facts=facts, memory_limit=memory_limit)
-    return Decomposition(workers, by_op, "eindecomp", {"choices": choices, "dp_cost": dp_cost,
-                                                       "search_seconds": seconds, "cost": cost})
+    details = {"choices": choices, "dp_cost": dp_cost, "blas_threads": 0, "split_cost": cost.total}
+    threads = one_call_threads(graph, models, blas_threads) \
+        if not any((pieces or {}).values()) else 0
+    alt = one_call_plan(graph, workers, models, threads, solve, memory_limit=memory_limit,
+                        input_grids=input_grids, params=params, presence=presence,
+                        facts=facts) if threads else None
+    if alt is not None:
+        details["one_call_cost"] = alt[1].total
+        fits = project(graph, {name: c.memory for name, c in alt[1].ops.items()}, memory_limit,
+                       workers).fits
+        if fits and alt[1].total < cost.total:
+            by_op, cost = alt[0], alt[1]
+            details["blas_threads"] = threads
+            details["choices"] = alt[2]
+    seconds = time.perf_counter() - t0
+    return Decomposition(workers, by_op, "eindecomp", {**details, "search_seconds": seconds,
+                                                       "cost": cost})
 
 
 def _fixed(rule, name):
@@ -107,14 +127,18 @@ DEFAULT_STRATEGY = "eindecomp"
 def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, memory_limit=None,
               pieces=None, input_grids=None, params: CostParams | None = None,
               input_tiles: Mapping | None = None,
-              input_facts: Mapping[str, tuple[bool, bool]] | None = None) -> Decomposition:
+              input_facts: Mapping[str, tuple[bool, bool]] | None = None,
+              blas_threads: int = 1) -> Decomposition:
     """Choose the pieces of every label of every operation with the named strategy.
 
     ``input_tiles`` maps block-sparse stored inputs to the coordinates of their stored tiles
     (dense inputs may be left out): the cost model then counts only kernel calls that exist.
     ``input_facts`` maps stored inputs to (finite, nonzero) as the catalog knows them: an absent
     tile skips kernel calls only next to finite partners (see ``plan.skip.zero_when_absent``);
-    without it every input is taken to be finite.
+    without it every input is taken to be finite. ``blas_threads``: the most BLAS threads one
+    kernel call may use (the local executor's cores; 1 elsewhere): above 1 the default search
+    also prices running each BLAS operation as one call with that many threads (threads.py)
+    and records the count it chose in ``details["blas_threads"]`` (0: split, the executor's rule).
 
     The result's ``details["cost"]`` is the cost model's estimate (a ``PlanCost``), whatever the
     strategy, so that EXPLAIN and the benchmarks compare strategies with one yardstick.
@@ -134,7 +158,8 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
     workers = max(1, int(workers))
     prm = params or DEFAULT_PARAMS
     presence = _presence(input_grids, input_tiles)
-    kwargs = {"params": prm, "presence": presence, "facts": input_facts} if fn is _eindecomp else {}
+    kwargs = {"params": prm, "presence": presence, "facts": input_facts,
+              "blas_threads": blas_threads} if fn is _eindecomp else {}
     decomp = fn(graph, workers, memory_limit=memory_limit, pieces=pieces, input_grids=input_grids,
                 **kwargs)
     return price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,

@@ -39,7 +39,8 @@ from ..geometry import Grid, even_bounds, overlapping
 from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
 
-__all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "evaluate", "stored_aligned"]
+__all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "blas_efficiency", "evaluate",
+           "stored_aligned"]
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,15 @@ class CostParams:
     communication still dominates for real workloads). ``bytes_per_flop``: 1/8, a core does about
     eight flops in the time it copies a byte. ``stored_retile``: cutting a stored tensor off its
     stored grid is a local copy, not a transfer. ``small_op_flops``: operations at most this big
-    may use fewer kernel calls than workers.
+    may use fewer kernel calls than workers. ``blas_thread_elements``: the share of a BLAS call's
+    M x N output one BLAS thread needs to be fully busy (``blas_efficiency``).
     """
 
     task_bytes: float = 4096.0
     bytes_per_flop: float = 1.0 / 8.0
     stored_retile: float = 0.25
     small_op_flops: int = 1 << 20
+    blas_thread_elements: int = 256 * 256
 
 
 DEFAULT_PARAMS = CostParams()
@@ -157,6 +160,9 @@ class OpModel:
     handoff: bool = False               # an unstored result read by later operations
     out_pos: tuple[int, ...] = ()       # per output axis, its label's position (a diagonal
                                         # write repeats one); () when it is 0..n_out-1
+    blas: tuple[int, ...] | None = None # a BLAS kernel: the positions of the labels of the M x N
+                                        # output of one call (None: not BLAS, one thread per call)
+    threads: int = 1                    # BLAS threads each kernel call runs with
 
     @staticmethod
     def of(op: EinOp, dtypes: Mapping[str, str], workers: int,
@@ -193,7 +199,7 @@ class OpModel:
         out_pos = tuple(labels.index(l) for l in op.out_labels) if op.writes_diagonal else ()
         return OpModel(op, labels, sizes, tuple(ins), len(op.free_labels),
                        math.prod(op.out_shape) * item, item, float(op.flops), max(1, workers), params,
-                       budget, memory.kernel_copies(op), handoff, out_pos)
+                       budget, memory.kernel_copies(op), handoff, out_pos, _blas_output(op, labels))
 
     def clamp(self, pieces: Sequence[int]) -> tuple[int, ...]:
         return tuple(max(1, min(int(d), n)) if n > 0 else 1 for d, n in zip(pieces, self.sizes))
@@ -282,6 +288,16 @@ class OpModel:
             return []
         return [tuple(vec)]
 
+    def rate(self, d: Sequence[int]) -> float:
+        """How many cores one kernel call keeps busy under tiling ``d``: 1, or for a BLAS call
+        run with ``threads`` threads, ``threads`` times their efficiency on its M x N output
+        tile (``blas_efficiency``)."""
+        if self.threads <= 1 or self.blas is None:
+            return 1.0
+        tile = [-(-n // k) if n else 0 for n, k in zip(self.sizes, d)]
+        return self.threads * blas_efficiency(math.prod(tile[p] for p in self.blas), self.threads,
+                                              self.params)
+
     def cost(self, d: Sequence[int], retile: float = 0.0, memory: bool = True) -> OpCost:
         """The cost of tiling ``d`` (one entry per label, in ``labels`` order), without the
         re-tiling of inputs unless given as ``retile``; ``memory=False`` leaves out the projected
@@ -295,7 +311,7 @@ class OpModel:
         agg = float(self.out_bytes * (fan_in - 1))
         p = self.workers
         calls = max(1.0, k * f)
-        par = min(calls, p)
+        par = min(calls * self.rate(d), p)
         prm = self.params
         flops = self.flops * f
         balance = max(0.0, flops / par - flops / p) * p * prm.bytes_per_flop
@@ -307,6 +323,30 @@ class OpModel:
 
 
 _NO_MEMORY = memory.CallMemory()
+
+
+def blas_efficiency(mn: int, threads: int, params: CostParams = DEFAULT_PARAMS) -> float:
+    """The share of ``threads`` BLAS threads one call keeps busy: OpenBLAS splits the call's
+    M x N output among its threads, and a thread with less than ``params.blas_thread_elements``
+    of it waits more than it computes. Never below one thread's worth (measured: a 128 x 128
+    Gram product X^T X over 262144 rows takes as long with 2 threads as with 1).
+
+    >>> blas_efficiency(2048 * 2048, 2), blas_efficiency(128 * 128, 2)
+    (1.0, 0.5)
+    """
+    t = max(1, threads)
+    return max(1.0 / t, min(1.0, mn / (t * params.blas_thread_elements)))
+
+
+def _blas_output(op: EinOp, labels: tuple[str, ...]) -> tuple[int, ...] | None:
+    """The positions in ``labels`` of the labels of one BLAS call's M x N output (its batch
+    labels are separate calls), or None when ``op`` is not computed by BLAS (physical/choice)."""
+    plain = op.without_diagonal()
+    if memory.blas_product(plain) is None:
+        return None
+    lay = memory.matmul_layout(plain)
+    mn = lay.free_first + lay.free_second if lay is not None else plain.out_labels
+    return tuple(labels.index(l) for l in mn if l in labels)
 # The tiling on dense inputs' stored grids is a candidate with at most this many kernel calls
 # per worker (a wide matrix of 16 MiB column tiles stays within it up to 8 GiB on 2 workers).
 _MAX_ALIGNED_CALLS = 256

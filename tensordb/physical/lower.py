@@ -266,7 +266,8 @@ class _Lowering:
         columns = Columns(self.blocks, self.others, self.owner, self._cursor)
         return TilePlan.deferred(self.graph.ops, self.outputs, self.stats, self.decomp.workers,
                                  self.readers, tuple(self.kernels), {}, Once(columns.tasks),
-                                 columns=columns)
+                                 columns=columns,
+                                 blas_threads=int(self.decomp.details.get("blas_threads", 0)))
 
 
 def _q(label: str) -> str:

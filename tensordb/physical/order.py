@@ -86,5 +86,5 @@ def order(plan: TilePlan) -> TilePlan:
 
         return TilePlan.deferred(plan.ops, plan.outputs, plan.stats, plan.workers, plan.readers,
                                  plan.kernels, plan.memo, Once(build),
-                                 facts=plan.__dict__.get("facts"))
+                                 facts=plan.__dict__.get("facts"), blas_threads=plan.blas_threads)
     return dataclasses.replace(plan, rank=ranks(plan))

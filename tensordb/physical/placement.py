@@ -92,7 +92,8 @@ def place(plan: TilePlan) -> TilePlan:
         return {"tasks": tasks, "owner": owner}
 
     return TilePlan.deferred(plan.ops, plan.outputs, plan.stats, plan.workers, plan.readers,
-                             plan.kernels, plan.memo, Once(build), facts=facts)
+                             plan.kernels, plan.memo, Once(build), facts=facts,
+                             blas_threads=plan.blas_threads)
 
 
 def _columns_of(plan: TilePlan) -> Columns:

@@ -238,6 +238,9 @@ class TilePlan:
                                                            # ready tasks run in (order.py)
     memo: dict = field(default_factory=dict)               # facts of the plan computed once (a
                                                            # cached plan's rebound copies share it)
+    blas_threads: int = 0                                  # BLAS threads the local executor sets
+                                                           # for the run (optimizer/threads.py;
+                                                           # 0: its own rule, cores / busy workers)
 
     def task(self, key: int) -> Task:
         return self.tasks[self._pos[key]]

@@ -133,6 +133,13 @@ class MatmulLayout:
                                 "match the label groups")
 
 
+# A BLAS thread per this many flops of a call (about 1 ms of one core): a call of a few MFLOP
+# split over threads waits for each of them to get a core, which on a busy machine took a 256^3
+# product from 0.3 ms to 48 ms. The optimizer (optimizer/threads.py) and the local executor's
+# own rule (exec/pool.py) both keep to it.
+BLAS_FLOPS_PER_THREAD = 1 << 26
+
+
 def blas_product(op: EinOp):
     """``scalar.product_of(op.join)`` when BLAS computes ``op`` as NumPy would (a sum of products
     of every input, each once, in one dtype), else None."""
