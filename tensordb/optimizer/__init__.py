@@ -96,7 +96,7 @@ def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, pieces=None,
         if not any((pieces or {}).values()) else 0
     alt = one_call_plan(graph, workers, models, threads, solve, memory_limit=memory_limit,
                         input_grids=input_grids, params=params, presence=presence,
-                        facts=facts) if threads else None
+                        facts=facts) if threads else None  # None: not offered or does not fit
     if alt is not None:
         details["one_call_cost"] = alt[1].total
         fits = project(graph, {name: c.memory for name, c in alt[1].ops.items()}, memory_limit,

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
+from ..errors import OutOfMemoryError
 from ..plan.ir import EinGraph
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from .cost import OpModel, PlanCost, evaluate
@@ -44,7 +45,8 @@ def one_call_threads(graph: EinGraph, models: Mapping[str, OpModel], threads: in
 def one_call_plan(graph: EinGraph, workers: int, models: Mapping[str, OpModel], threads: int,
                   solve, **kwargs) -> tuple[dict, PlanCost, Mapping] | None:
     """The one-call plan (pieces by operation, its cost, the search's choices) for
-    ``threads`` BLAS threads, or None when ``graph`` has no BLAS operation. ``solve``: the
+    ``threads`` BLAS threads, or None when ``graph`` has no BLAS operation or one call per BLAS
+    operation does not fit the memory limit. ``solve``: the
     dynamic program (``dp.solve``), run with the BLAS operations fixed at one piece; ``kwargs``
     its and ``evaluate``'s other arguments."""
     threaded = {name: replace(m, threads=threads) for name, m in models.items()}
@@ -52,6 +54,9 @@ def one_call_plan(graph: EinGraph, workers: int, models: Mapping[str, OpModel], 
              if threaded[op.output].blas is not None}
     if not fixed:
         return None
-    by_op, choices, _, _ = solve(graph, workers, pieces=fixed, models=threaded, **kwargs)
+    try:
+        by_op, choices, _, _ = solve(graph, workers, pieces=fixed, models=threaded, **kwargs)
+    except OutOfMemoryError:  # one call per BLAS operation does not fit: the split plan only
+        return None
     cost = evaluate(graph, by_op, workers, models=threaded, **kwargs)
     return by_op, cost, choices
