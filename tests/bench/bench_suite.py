@@ -10,6 +10,11 @@ formulations (its operator form, np.einsum(optimize=True), opt_einsum.contract; 
 the winner), each checked against the first. tensordb and every NumPy formulation are timed in
 turn within each round, so a noisy machine slows them alike; each figure is the median of
 --repeat rounds after one warm-up. dask gets the best of several chunkings.
+
+``tensordb split`` (with --split) is the same query planned as before the plan-level BLAS thread
+choice (optimizer/threads.py): the search offered no one-call plan (as for one core), so every
+operation is split with one BLAS thread per worker. It is timed in turn with the others in each
+round, from its own connection on the same arrays: the before and after of one run.
 """
 from __future__ import annotations
 
@@ -19,11 +24,13 @@ import os
 import platform
 import statistics
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 import tensordb
+import tensordb.connection
 
 from .workloads import Workload, suite
 
@@ -72,7 +79,20 @@ def blas_info() -> str:
                      for i in found)
 
 
-def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool) -> dict:
+@contextmanager
+def _split_only():
+    """Plans made inside see one core: no one-call plan is offered (the plan before the BLAS
+    thread choice). The plan is cached on its connection, so later runs keep it."""
+    cores = tensordb.connection._cores
+    tensordb.connection._cores = lambda: 1
+    try:
+        yield
+    finally:
+        tensordb.connection._cores = cores
+
+
+def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool,
+                 split: bool = False) -> dict:
     rng = np.random.default_rng(0)
     arrays = w.arrays(rng)
     row = {"name": w.name}
@@ -82,11 +102,18 @@ def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool) -> dict:
         err = rel_error(fn(arrays), want)
         if err > tol:
             raise AssertionError(f"{w.name}: numpy form {form} is off by {err:.1e}")
-    with tensordb.connect(workers=workers) as con:
+    with tensordb.connect(workers=workers) as con, tensordb.connect(workers=workers) as old:
         for name, a in arrays.items():
             con.load(name, a, tile=w.tile.get(name))
         graph = w.graph()
         fns = {"tensordb": lambda: con.run(graph, replace=True)}
+        if split:
+            for name, a in arrays.items():
+                old.load(name, a, tile=w.tile.get(name))
+            with _split_only():
+                old.run(graph, replace=True)
+            assert old.last_plan.blas_threads == 0
+            fns["split"] = lambda: old.run(graph, replace=True)
         fns.update({form: (lambda fn=fn: fn(arrays)) for form, fn in w.forms.items()})
         times = median_times(fns, repeat)
         plan = con.last_plan
@@ -96,6 +123,9 @@ def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool) -> dict:
         got = con.tensor(w.output)
     row["max_err"] = rel_error(got, want)
     row["tensordb"] = times.pop("tensordb")
+    row["threads"] = plan.blas_threads
+    if split:
+        row["split"] = times.pop("split")
     row["forms"] = times
     row["form"] = min(times, key=times.get)
     row["numpy"] = times[row["form"]]
@@ -115,10 +145,11 @@ def _geo(values) -> float:
 
 
 def render(rows: list[dict], args) -> str:
+    split = all("split" in r for r in rows) and bool(rows)
     lines = [
         "## Workload suite: tensordb against NumPy and dask.array", "",
         f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m tests.bench.bench_suite "
-        f"--repeat {args.repeat} --workers {args.workers}`",
+        f"--repeat {args.repeat} --workers {args.workers}{' --split' if split else ''}`",
         f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; BLAS: {blas_info()}; "
         f"numpy {np.__version__}; tensordb {tensordb.__version__} with {args.workers} workers.",
         f"Load average (1 min) at the start and the end of the run: {args.load[0]:.1f}, "
@@ -127,22 +158,33 @@ def render(rows: list[dict], args) -> str:
         "Times are medians in milliseconds. numpy is the fastest of the workload's NumPy "
         "formulations (its operator form, np.einsum(optimize=True), opt_einsum.contract), timed in "
         "turn with tensordb in each round; `numpy form` names the winner. Ratios are tensordb / "
-        "numpy (lower is better) and dask / tensordb (higher is better).", "",
-        "| workload | numpy ms | numpy form | tensordb ms | dask.array ms | tensordb/numpy | "
-        "dask/tensordb | kernel calls | pieces | rel. error |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+        "numpy (lower is better) and dask / tensordb (higher is better). `blas threads`: the "
+        "count the plan records (optimizer/threads.py; 0: split, the executor's rule)"
+        + ("; `split ms`: the same query with every operation split, one BLAS thread per "
+           "worker (the plan before the choice), timed in turn in the same rounds." if split
+           else "."), "",
+        "| workload | numpy ms | numpy form | tensordb ms | " + ("split ms | " if split else "")
+        + "dask.array ms | tensordb/numpy | dask/tensordb | kernel calls | blas threads | pieces "
+        "| rel. error |",
+        "|---|---:|---|---:|" + ("---:|" if split else "") + "---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         dask = r.get("dask")
         dask_ms = "" if dask is None else f"{1e3 * dask:.1f}"
         dask_ratio = "" if dask is None else f"{dask / r['tensordb']:.2f}"
         lines.append(f"| {r['name']} | {1e3 * r['numpy']:.1f} | {r['form']} | "
-                     f"{1e3 * r['tensordb']:.1f} | {dask_ms} | {r['tensordb'] / r['numpy']:.2f} | "
-                     f"{dask_ratio} | {r['calls']} | {r['pieces']} | {r['max_err']:.1e} |")
+                     f"{1e3 * r['tensordb']:.1f} | "
+                     + (f"{1e3 * r['split']:.1f} | " if split else "")
+                     + f"{dask_ms} | {r['tensordb'] / r['numpy']:.2f} | "
+                     f"{dask_ratio} | {r['calls']} | {r['threads']} | {r['pieces']} | "
+                     f"{r['max_err']:.1e} |")
     dense = [r for r in rows if r["dense"]]
     lines.append("")
     if dense:
         lines.append(f"Geometric mean of tensordb/numpy over the {len(dense)} dense workloads: "
                      f"**{_geo(r['tensordb'] / r['numpy'] for r in dense):.2f}**.")
+        if split:
+            lines.append(f"The same with every operation split (before): "
+                         f"**{_geo(r['split'] / r['numpy'] for r in dense):.2f}**.")
         blas = [r for r in dense if r["blas"]]
         if 0 < len(blas) < len(dense):
             lines.append(f"Over the {len(blas)} product-and-sum workloads (min-plus left out): "
@@ -183,6 +225,8 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", default="", help="run workloads whose name contains this text")
     ap.add_argument("--no-dask", action="store_true")
+    ap.add_argument("--split", action="store_true",
+                    help="also time each query split with one BLAS thread per worker (before)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     args = ap.parse_args(argv)
     rows = []
@@ -191,7 +235,7 @@ def main(argv=None) -> None:
     for w in suite():
         if args.only and args.only not in w.name:
             continue
-        row = run_workload(w, args.repeat, args.workers, not args.no_dask)
+        row = run_workload(w, args.repeat, args.workers, not args.no_dask, args.split)
         rows.append(row)
         print({k: ({f: round(t, 4) for f, t in v.items()} if k == "forms" else
                    round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
