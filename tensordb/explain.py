@@ -131,7 +131,8 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
     if "split_cost" in decomp.details:  # the search priced the BLAS threads (optimizer/threads.py)
         out["blas"] = {"threads": int(getattr(plan, "blas_threads", 0)),
                        "split_cost": decomp.details["split_cost"],
-                       "one_call_cost": decomp.details.get("one_call_cost")}
+                       "one_call_cost": decomp.details.get("one_call_cost"),
+                       "one_call_threads": decomp.details.get("one_call_threads")}
     if result is not None:
         out["measured"] = {"seconds": getattr(result, "seconds", None),
                            "bytes_moved": getattr(result, "bytes_moved", None),
@@ -232,15 +233,18 @@ def header(data: Mapping) -> list[str]:
 
 
 def blas_line(b: Mapping) -> str:
-    """``blas threads: 2 (one call per BLAS operation: cost 64.0 MiB, split 96.0 MiB)``, or
-    ``blas threads: the executor's (cores / busy workers): split cost ...``."""
+    """The BLAS threads the plan records (optimizer/threads.py): ``blas threads: 2, one call per
+    BLAS operation (cost 64.0 MiB; split 96.0 MiB)``; ``blas threads: the executor's, split
+    (cost 512.1 MiB; one call with 2 threads 1.0 GiB)``; or ``blas threads: the executor's (no
+    one-call plan offered)``."""
     one = b.get("one_call_cost")
     if b["threads"]:
-        return (f"  blas threads: {b['threads']} (one call per BLAS operation: cost "
-                f"{format_bytes(one)}, split {format_bytes(b['split_cost'])})")
-    alt = f", one call {format_bytes(one)}" if one is not None else ", no one-call plan offered"
-    return (f"  blas threads: the executor's (cores / busy workers): split cost "
-            f"{format_bytes(b['split_cost'])}{alt}")
+        return (f"  blas threads: {b['threads']}, one call per BLAS operation (cost "
+                f"{format_bytes(one)}; split {format_bytes(b['split_cost'])})")
+    if one is None:
+        return "  blas threads: the executor's (no one-call plan offered)"
+    return (f"  blas threads: the executor's, split (cost {format_bytes(b['split_cost'])}; one "
+            f"call with {b['one_call_threads']} threads {format_bytes(one)})")
 
 
 def memory_line(m: Mapping) -> str:

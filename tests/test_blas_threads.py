@@ -108,7 +108,8 @@ def test_pool_sets_the_threads_the_plan_records(tmp_path, case):
         np.testing.assert_allclose(con.tensor("OUT"), want, rtol=1e-10, atol=1e-9)
         text = con.explain(graph)
         line = next(l for l in text.splitlines() if "blas threads:" in l)
-        assert (f"blas threads: {THREADS} (one call" in line) == (case == "square" and THREADS > 0)
+        assert (f"blas threads: {THREADS}, one call" in line) == (case == "square" and THREADS > 0)
+        assert ("the executor's, split" in line) == (case == "gram" and THREADS > 0)
 
 
 def test_mlp_layer_one_call_matmul_split_elementwise(tmp_path):

@@ -15,8 +15,8 @@ Strategies: ``eindecomp`` (the default: the cost-based dynamic program of dp.py)
 baselines of baselines.py). ``Decomposition.details`` always holds ``"cost"`` (a ``PlanCost``
 from cost.py); ``eindecomp`` adds ``"choices"`` (a ``Choice`` per operation, with runner-ups),
 ``"dp_cost"``, ``"search_seconds"`` and ``"blas_threads"`` (threads.py: the BLAS threads of the
-one-call plan when it is chosen, else 0; with ``"split_cost"`` and ``"one_call_cost"``, the two
-plans' totals). ``details["memory"]`` is the plan's projected memory
+one-call plan when it is chosen, else 0; with ``"split_cost"`` and, where a one-call plan was
+priced, ``"one_call_cost"`` and ``"one_call_threads"``). ``details["memory"]`` is the plan's projected memory
 (``PlanMemory``, plan/memory.py): per operation what its largest kernel call holds, the peak per
 worker against ``memory_limit / workers``, and the intermediates the executor may spill.
 """
@@ -98,7 +98,7 @@ def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, pieces=None,
                         input_grids=input_grids, params=params, presence=presence,
                         facts=facts) if threads else None  # None: not offered or does not fit
     if alt is not None:
-        details["one_call_cost"] = alt[1].total
+        details["one_call_cost"], details["one_call_threads"] = alt[1].total, threads
         fits = project(graph, {name: c.memory for name, c in alt[1].ops.items()}, memory_limit,
                        workers).fits
         if fits and alt[1].total < cost.total:
