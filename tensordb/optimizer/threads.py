@@ -15,9 +15,8 @@ Both are priced by ``evaluate`` in the same bytes (the idle cores of a call are 
 term). The one-call plan is offered only where it can be run as priced: the executor is local
 (``threads > 1``), no operation has pieces the user fixed (a user's pieces win), its
 projected peak fits a worker's share of the memory limit (one call holds a whole operation),
-and its largest call has at least
-``BLAS_FLOPS_PER_THREAD`` flops per thread (smaller calls wait for their threads longer than
-they compute: the executor's own rule, ``exec/pool.py``). The chosen plan records its thread
+and its largest call has at least ``BLAS_FLOPS_PER_THREAD`` flops per thread (smaller calls
+wait for their threads longer than they compute: the executor's own rule, ``exec/pool.py``). The chosen plan records its thread
 count (``Decomposition.details["blas_threads"]``; 0: the executor's rule), which the lowering
 copies into the tile plan, the executor sets for the run and EXPLAIN shows.
 """
