@@ -4,6 +4,7 @@ that answers equal numpy's, and that the local pool sets the BLAS thread count t
 as threadpoolctl reports it from inside the run."""
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -13,6 +14,8 @@ from threadpoolctl import threadpool_info
 import tensordb
 from tensordb import optimizer
 from tensordb.optimizer.cost import blas_efficiency
+from tensordb.physical.plan import Kernel
+from tensordb.plan.memory import BLAS_FLOPS_PER_THREAD
 from tensordb.plan.ir import EinGraph, EinOp, TensorInfo
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -102,12 +105,19 @@ def test_pool_sets_the_threads_the_plan_records(tmp_path, case):
         else:
             assert plan.kernel_calls > 1
         set_to = con._get_executor().last_blas_threads
-        # the plan's count, or for a split plan the executor's rule (cores / busy workers)
-        assert set_to == (plan.blas_threads or max(1, CORES // 2))
+        # the plan's count, or for a split plan the executor's rule: cores / busy workers, at
+        # most one thread per BLAS_FLOPS_PER_THREAD of the largest call
+        kernels = [t for t in plan.tasks if isinstance(t, Kernel)]
+        rule = max(1, min(CORES // len({t.worker for t in kernels}),
+                          max(t.flops for t in kernels) // BLAS_FLOPS_PER_THREAD))
+        assert set_to == (plan.blas_threads or rule)
         assert seen and all(s == {set_to} for s in seen)
         np.testing.assert_allclose(con.tensor("OUT"), want, rtol=1e-10, atol=1e-9)
         text = con.explain(graph)
         line = next(l for l in text.splitlines() if "blas threads:" in l)
+        data = json.loads(con.explain(graph, format="json"))
+        assert data["blas"]["threads"] == plan.blas_threads
+        assert data["blas"]["one_call_threads"] == (THREADS or None)
         assert (f"blas threads: {THREADS}, one call" in line) == (case == "square" and THREADS > 0)
         assert ("the executor's, split" in line) == (case == "gram" and THREADS > 0)
 
