@@ -129,3 +129,32 @@ def test_a_zero_keeps_its_sign_as_numpy_gives_it(tmp_path):
         assert con.store.meta("M").tile_count == 1
     with tensordb.connect(tmp_path / "db") as con:  # and after reopening
         np.testing.assert_array_equal(np.signbit(con.tensor("B")), np.signbit(want))
+
+
+@pytest.mark.parametrize("kind", ["TABLE", "VIEW"])
+def test_a_group_of_outputs_is_refused_whole_when_any_is_named_like_a_user_table(con, kind):
+    """The commit of several outputs asks the catalog for user tables once for all their names
+    (inside its transaction): a table or view named like the second output, created after the
+    plan was cached, refuses the whole group and stores none of it."""
+    group = "P[i,k] = SUM(A[i,j] * B[j,k]); Q[i,k] = P[i,k] + A[i,k]; R[i] = SUM(Q[i,k])"
+    con.execute(group)
+    before = {n: con.tensor(n) for n in "PQR"}
+    versions = {n: con.store.meta(n).version for n in "PQR"}
+    con.drop("Q")
+    con.sql(f"CREATE {kind} q AS SELECT 7 AS x")
+    files = sorted(os.listdir(con.store.tiles_dir))
+    hits = con.plan_cache_stats["hits"]
+    with pytest.raises(tensordb.CatalogError, match="cannot create tensor 'Q': a table named 'q'"):
+        con.execute(group)  # its plan cached: the commit's check refuses it
+    assert con.plan_cache_stats["hits"] == hits + 1
+    assert {n: con.store.meta(n).version for n in "PR"} == {n: versions[n] for n in "PR"}
+    assert not con.store.has("Q")
+    assert sorted(os.listdir(con.store.tiles_dir)) == files
+    for n in "PR":
+        np.testing.assert_array_equal(con.tensor(n), before[n])
+    con.sql(f"DROP {kind} q")
+    con.execute(group)  # with the name free again, the whole group lands
+    a, b = con.tensor("A"), con.tensor("B")
+    np.testing.assert_allclose(con.tensor("Q"), a @ b + a, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(con.tensor("R"), (a @ b + a).sum(1), rtol=1e-4, atol=1e-3)
+    assert [r["problem"] for r in con.check()] == ["ok"]

@@ -326,6 +326,10 @@ class OutputWriters:
         nnz, nonfinite, crc32 = nnz or {}, nonfinite or {}, crc32 or {}
         try:
             with self.store.transaction():
+                # one catalog query for every output's name, not one per commit below
+                self.store.check_no_tables([w.name for _, w in self.writers])
+                for _, w in self.writers:
+                    w.tables_checked = True
                 for out, w in self.writers:
                     for coords in sorted(out.tiles):
                         key = out.tiles[coords]

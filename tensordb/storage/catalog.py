@@ -26,7 +26,7 @@ from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
            "tile_entries_many", "payload_file",
-           "insert", "replace", "delete", "referenced_files", "versions", "max_version", "table_named",
+           "insert", "replace", "delete", "referenced_files", "versions", "max_version", "table_named", "tables_named",
            "pieces_relation", "tiles_cut_to_grid", "coords_table", "drop_coords_table",
            "coords_cut_to_grid"]
 
@@ -256,13 +256,20 @@ def max_version(duck) -> int:
 
 def table_named(duck, name: str) -> str | None:
     """The user table or view in the main schema whose name equals ``name`` ignoring case."""
-    row = first_row(duck.execute(
+    return tables_named(duck, [name]).get(name.lower())
+
+
+def tables_named(duck, names) -> dict[str, str]:
+    """The user tables and views in the main schema named like one of ``names`` (ignoring
+    case): lower-cased name -> the table's own spelling. One query for all of them."""
+    wanted = sorted({n.lower() for n in names})
+    rows = duck.execute(
         "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = 'main' AND lower(table_name) = lower(?) "
+        "AND schema_name = 'main' AND list_contains(?, lower(table_name)) "
         "UNION ALL SELECT view_name FROM duckdb_views() WHERE database_name = current_database() "
         "AND schema_name = 'main' AND NOT temporary AND NOT internal "
-        "AND lower(view_name) = lower(?)", [name, name]))
-    return None if row is None else row[0]
+        "AND list_contains(?, lower(view_name))", [wanted, wanted]).fetchall()
+    return {r[0].lower(): r[0] for r in reversed(rows)}  # a table before a view of that name
 
 
 # -- relations for the tile join ------------------------------------------------------------------

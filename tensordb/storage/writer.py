@@ -42,6 +42,8 @@ class TensorWriter:
         self.store = store
         self.name, self.shape, self.dtype, self.grid, self.dims = name, shape, dtype, grid, dims
         self.replace = replace
+        self.tables_checked = False  # set by a caller that looked for user tables of its name
+                                     # inside the commit's transaction already
         self.version = version
         self.file = f"{version}.bin"
         self.path = os.path.join(store.tiles_dir, self.file)
