@@ -3,7 +3,9 @@
 The payload file ``tiles/<version>.bin`` holds the stored tiles back to back, each C-ordered and
 starting at a 64-byte aligned offset; each tile's zlib.crc32 goes into its catalog row (the
 integrity check compares it with the bytes read back). Until :meth:`TensorWriter.commit` it is
-referenced by no catalog row, so a crash leaves an orphan that the next open deletes.
+referenced by no catalog row, so a crash leaves an orphan that the next open deletes. Tiles an
+executor computes in place (``reserve``) are staged in anonymous memory and written into the file
+at commit, before its fsync and the catalog rows (a larger file is mapped and written in place).
 """
 from __future__ import annotations
 
@@ -71,9 +73,12 @@ class TensorWriter:
 
     # -- writing -------------------------------------------------------------------------------
     def reserve(self, tiles: Sequence[Sequence[int]]) -> dict[tuple[int, ...], np.ndarray]:
-        """Writable buffers for ``tiles``, laid out in the payload file itself (memory-mapped):
-        whoever computes a tile can write it in place, and ``write_tile`` of that very buffer
-        then costs no copy. Call once, before any ``write_tile``."""
+        """Writable buffers for ``tiles``, laid out as in the payload file, whose blocks are
+        allocated here (a full disk is an error now, not at commit): anonymous memory that
+        ``commit`` writes into the file with one pwrite (a file up to ``STAGE_MAX``), or the
+        file itself, memory-mapped. Whoever computes a tile can write it in place, and
+        ``write_tile`` of that very buffer then costs no copy. Call once, before any
+        ``write_tile``."""
         with self._lock:
             if self._state != "open" or self._fd is not None:
                 raise InterfaceError(f"writer for '{self.name}': reserve() comes before any write")
