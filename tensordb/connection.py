@@ -386,8 +386,12 @@ class Connection(TensorIO):
         # can (in-process workers); nothing is visible until the catalog commit. A user table
         # named like an output is refused by the commit; a graph planned afresh (a new
         # statement) is also checked before its run, a repeated one (its plan cached) not twice.
+        # Outputs computed in anonymous memory are outside the memory budget: a sixteenth of
+        # the limit at most (no limit: the writer's own cap per file).
+        limit = self.settings.memory_limit
         writers = physical.OutputWriters(self.store, plan, replace=replace,
-                                         check_tables=self._plan_cache.hits == hits)
+                                         check_tables=self._plan_cache.hits == hits,
+                                         stage_max=None if limit is None else limit // 16)
         try:
             result = self._run(plan, writers.buffers)
         except BaseException:

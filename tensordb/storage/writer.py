@@ -72,12 +72,15 @@ class TensorWriter:
             self.commit()
 
     # -- writing -------------------------------------------------------------------------------
-    def reserve(self, tiles: Sequence[Sequence[int]]) -> dict[tuple[int, ...], np.ndarray]:
+    def reserve(self, tiles: Sequence[Sequence[int]],
+                stage_max: int | None = None) -> dict[tuple[int, ...], np.ndarray]:
         """Writable buffers for ``tiles``, laid out as in the payload file, whose blocks are
         allocated here (a full disk is an error now, not at commit): anonymous memory that
         ``commit`` writes into the file with one pwrite (a file up to ``STAGE_MAX``), or the
-        file itself, memory-mapped. Whoever computes a tile can write it in place, and
-        ``write_tile`` of that very buffer then costs no copy. Call once, before any
+        file itself, memory-mapped. ``stage_max`` (default ``STAGE_MAX``): the largest file
+        staged (anonymous memory is not the memory budget's to spill or drop; under a small
+        memory limit the caller passes less). Whoever computes a tile can write it in place,
+        and ``write_tile`` of that very buffer then costs no copy. Call once, before any
         ``write_tile``."""
         with self._lock:
             if self._state != "open" or self._fd is not None:
@@ -96,7 +99,7 @@ class TensorWriter:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
                 _allocate(self._fd, pos)
                 os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
-                if pos > STAGE_MAX:
+                if pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX)):
                     self._map = mmap.mmap(self._fd, pos)
             except OSError as exc:
                 self._fail()
@@ -274,6 +277,11 @@ class TensorWriter:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes of reserved tiles held in anonymous memory until the commit writes them."""
+        return 0 if self._staged is None else self._staged.nbytes
 
     @property
     def has_file(self) -> bool:

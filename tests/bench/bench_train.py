@@ -449,8 +449,9 @@ def main(argv=None) -> None:
         "",
         *split_table(parts),
         "",
-        "What is not compute: parsing and binding the step's statements (GRAD's backward "
-        "operations are derived again each time: a plan cache hit starts from the bound graph); "
+        "What is not compute: parsing and binding the step's statements (a repeated step is bound "
+        "once: its graph, GRAD's backward included, is reused while the catalog gives the same "
+        "answers about its tensors; a plan cache hit starts from that graph); "
         "opening the output files (a writer per stored tensor); and the commit (`commit`: each "
         "stored tensor's payload checksummed and synced to disk, the file and its directory, "
         "then its catalog rows; in memory there is no fsync). A stored output of up to 64 MiB "
