@@ -46,6 +46,14 @@ def connect(path: str | os.PathLike | None = None, *, workers: int | None = None
                       read_only=read_only)
 
 
+def _bind_group(store, lets, items) -> tuple[EinGraph | None, dict]:
+    from .bind import bind_statements
+    binder = bind_statements(store, lets, items)
+    if not (binder.steps and binder.outputs):
+        return None, {}
+    return binder.eingraph(), dict(binder.pieces)
+
+
 class Connection(TensorIO):
     """One open database. Use as a context manager: leaving the block closes it. Its methods
     that move tensors in and out (``load``, ``tensor``, ``export``, ...) are in tensor_io.py."""
@@ -70,6 +78,8 @@ class Connection(TensorIO):
         self.progress_callback = None
         # Plans of bound graphs, reused while their inputs' versions and the settings hold.
         self._plan_cache = physical.PlanCache()
+        from .bind.reuse import BoundCache
+        self._bound = BoundCache()
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -267,13 +277,10 @@ class Connection(TensorIO):
 
     def _bind_statements(self, items) -> tuple[EinGraph | None, dict]:
         """bind: einsum statements (with the session's LETs) -> the EinGraph of what they store
-        (None when they only define LETs), and its pieces."""
-        from .bind import bind_statements
+        (None when they only define LETs), and its pieces. A repeated group whose LETs and
+        catalog answers are the same again (a training step) is bound once (``bind/reuse.py``)."""
         with stage("bind"):
-            binder = bind_statements(self.store, self.session.lets, items)
-            if not (binder.steps and binder.outputs):
-                return None, {}
-            return binder.eingraph(), dict(binder.pieces)
+            return self._bound.bind(self.store, self.session.lets, items, _bind_group)
 
     def _run_statements(self, items) -> None:
         """A group of einsum statements: bind, optimize, lower, place, run, commit."""
@@ -383,8 +390,12 @@ class Connection(TensorIO):
         # can (in-process workers); nothing is visible until the catalog commit. A user table
         # named like an output is refused by the commit; a graph planned afresh (a new
         # statement) is also checked before its run, a repeated one (its plan cached) not twice.
+        # Outputs computed in anonymous memory are outside the memory budget: a sixteenth of
+        # the limit at most (no limit: the writer's own cap per file).
+        limit = self.settings.memory_limit
         writers = physical.OutputWriters(self.store, plan, replace=replace,
-                                         check_tables=self._plan_cache.hits == hits)
+                                         check_tables=self._plan_cache.hits == hits,
+                                         stage_max=None if limit is None else limit // 16)
         try:
             result = self._run(plan, writers.buffers)
         except BaseException:

@@ -11,6 +11,8 @@ HINT: supported dtypes: bool, float32, float64, int32, int64
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .errors import DataError
@@ -23,10 +25,22 @@ SUPPORTED_DTYPES = ("bool", "float32", "float64", "int32", "int64")
 def check_dtype(dtype, what: str) -> np.dtype:
     """Return ``np.dtype(dtype)`` if tensordb supports it, else raise a DataError naming ``what``."""
     try:
-        dt = np.dtype(dtype)
+        try:
+            dt, name = _named(dtype)
+        except TypeError:  # unhashable (not a dtype either, most likely): ask NumPy itself
+            dt = np.dtype(dtype)
+            name = dt.name
     except TypeError:
         raise DataError(f"{what}: unknown dtype {dtype!r}") from None
-    if dt.name not in SUPPORTED_DTYPES:
-        raise DataError(f"{what}: unsupported dtype {dt.name}",
+    if name not in SUPPORTED_DTYPES:
+        raise DataError(f"{what}: unsupported dtype {name}",
                         hint=f"supported dtypes: {', '.join(SUPPORTED_DTYPES)}")
     return dt
+
+
+@lru_cache(maxsize=256)
+def _named(dtype) -> tuple[np.dtype, str]:
+    """The dtype and its name, kept: NumPy builds a dtype's name anew on each ask, and binding a
+    training step asks thousands of times."""
+    dt = np.dtype(dtype)
+    return dt, dt.name

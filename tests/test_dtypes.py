@@ -449,3 +449,22 @@ def test_zero_size_tensors_export_import_and_print(tmp_path, capsys):
     assert rc == 0 and err == ""
     assert "(0 rows)" in out and "size 0, tile 0" in out
     assert "Y: bool (3,)\n[False False False]" in out
+
+
+@pytest.mark.parametrize("given", ["float32", np.float64, np.dtype("int32"), "bool", "i8",
+                                   "complex128", "float16", "no such dtype", ["float32"]])
+def test_check_dtype_answers_as_numpy_does_asked_once_or_again(given):
+    """check_dtype keeps the names it computed: asked twice, or with an unhashable value, it
+    gives NumPy's dtype for a supported one and a DataError naming the tensor otherwise."""
+    from tensordb.dtypes import SUPPORTED_DTYPES, check_dtype
+    try:
+        expected = np.dtype(given)
+    except TypeError:
+        expected = None
+    for _ in range(2):
+        if expected is not None and expected.name in SUPPORTED_DTYPES:
+            assert check_dtype(given, "T") == expected
+            assert check_dtype(given, "T").name == expected.name
+        else:
+            with pytest.raises(tensordb.DataError, match="^T: (unknown|unsupported) dtype"):
+                check_dtype(given, "T")

@@ -129,3 +129,67 @@ def test_a_zero_keeps_its_sign_as_numpy_gives_it(tmp_path):
         assert con.store.meta("M").tile_count == 1
     with tensordb.connect(tmp_path / "db") as con:  # and after reopening
         np.testing.assert_array_equal(np.signbit(con.tensor("B")), np.signbit(want))
+
+
+@pytest.mark.parametrize("kind", ["TABLE", "VIEW"])
+def test_a_group_of_outputs_is_refused_whole_when_any_is_named_like_a_user_table(con, kind):
+    """The commit of several outputs asks the catalog for user tables once for all their names
+    (inside its transaction): a table or view named like the second output, created after the
+    plan was cached, refuses the whole group and stores none of it."""
+    group = "P[i,k] = SUM(A[i,j] * B[j,k]); Q[i,k] = P[i,k] + A[i,k]; R[i] = SUM(Q[i,k])"
+    con.execute(group)
+    before = {n: con.tensor(n) for n in "PQR"}
+    versions = {n: con.store.meta(n).version for n in "PQR"}
+    con.drop("Q")
+    con.sql(f"CREATE {kind} q AS SELECT 7 AS x")
+    files = sorted(os.listdir(con.store.tiles_dir))
+    hits = con.plan_cache_stats["hits"]
+    with pytest.raises(tensordb.CatalogError, match="cannot create tensor 'Q': a table named 'q'"):
+        con.execute(group)  # its plan cached: the commit's check refuses it
+    assert con.plan_cache_stats["hits"] == hits + 1
+    assert {n: con.store.meta(n).version for n in "PR"} == {n: versions[n] for n in "PR"}
+    assert not con.store.has("Q")
+    assert sorted(os.listdir(con.store.tiles_dir)) == files
+    for n in "PR":
+        np.testing.assert_array_equal(con.tensor(n), before[n])
+    con.sql(f"DROP {kind} q")
+    con.execute(group)  # with the name free again, the whole group lands
+    a, b = con.tensor("A"), con.tensor("B")
+    np.testing.assert_allclose(con.tensor("Q"), a @ b + a, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(con.tensor("R"), (a @ b + a).sum(1), rtol=1e-4, atol=1e-3)
+    assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+def _rows(con, name):
+    """The catalog rows of tensor ``name`` without its version, file and time: what a tensor
+    loaded afresh with the same values has too."""
+    t = con.store.duck.execute(
+        "SELECT name, dtype, shape, dims, grid, nbytes, tile_count, nnz, density "
+        "FROM tensordb.tensors WHERE lower(name) = lower(?)", [name]).fetchall()
+    tiles = con.store.duck.execute(
+        'SELECT coords, starts, shape, "offset", nbytes, nnz, crc32, nonfinite FROM '
+        "tensordb.tiles WHERE lower(tensor) = lower(?) ORDER BY coords", [name]).fetchall()
+    return t, tiles
+
+
+@pytest.mark.parametrize("second", [
+    np.full((6, 4), 2.0),                          # the same layout: only the scalars change
+    np.full((5, 3), 2.0),                          # a new shape: the list columns change too
+    np.pad(np.ones((2, 4)), ((4, 0), (0, 0))),     # one tile of two present: another one
+])
+@pytest.mark.parametrize("tile", [(3, 4), None])  # two tiles, or one whole-tensor tile
+def test_a_replaced_tensor_has_the_rows_a_fresh_one_would(tmp_path, second, tile):
+    """Replacing a tensor updates its catalog rows in place, the list columns only where they
+    change: the rows must be those of the same values loaded under a new name, also when the
+    new version is spelled in another case, has another shape, or its lone tile moves."""
+    first = np.pad(np.ones((2, 4)), ((0, 4), (0, 0)))
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("T", first, tile=tile)
+        con.load("t", second, tile=tile, replace=True)
+        con.load("fresh", second, tile=tile)
+        (t,), tiles = _rows(con, "t")
+        (f,), fresh_tiles = _rows(con, "fresh")
+        assert t == ("t",) + f[1:]
+        assert tiles == fresh_tiles
+        np.testing.assert_array_equal(con.tensor("T"), second)
+        assert [r["problem"] for r in con.check()] == ["ok"]

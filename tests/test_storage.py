@@ -327,3 +327,34 @@ def test_listing_and_describe(con):
                                   "bounds": (0, 16, 32, 48, 64)}
     assert os.path.exists(d["file"])
     assert listing[1]["tile_count"] == 0 and listing[1]["bytes"] == 0
+
+
+@pytest.mark.parametrize("stage_max", [0, 1 << 30])
+def test_reserved_tiles_mapped_or_staged_land_in_the_file(tmp_path, monkeypatch, stage_max):
+    """Reserved tiles are a mapping of the payload file (over ``STAGE_MAX``) or anonymous memory
+    written into it at commit: either way the reopened database reads the computed bytes, with
+    their checksums; an all-zero tile gets no row; an aborted writer leaves no file."""
+    from tensordb.storage import writer as wr
+    monkeypatch.setattr(wr, "STAGE_MAX", stage_max)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((48, 20))
+    a[16:32] = 0
+    with Store(tmp_path / "db") as store:
+        w = store.writer("R", a.shape, a.dtype, (16, 20))
+        bufs = w.reserve([(0, 0), (1, 0), (2, 0)])
+        assert (w._map is None) == (stage_max > 0)
+        for (i, _), buf in bufs.items():
+            np.copyto(buf, a[16 * i:16 * (i + 1)])
+            w.write_tile((i, 0), buf)
+        w.commit()
+        meta = store.meta("R")
+        assert meta.tile_count == 2 and meta.nnz == np.count_nonzero(a)
+        w2 = store.writer("Q", a.shape, a.dtype, (16, 20))
+        w2.reserve([(0, 0)])
+        path = w2.path
+        w2.abort()
+        assert not os.path.exists(path)
+    with tensordb.connect(tmp_path / "db") as con:
+        np.testing.assert_array_equal(con.tensor("R"), a)
+        assert [r["problem"] for r in con.check()] == ["ok"]
+        assert not con.store.has("Q")

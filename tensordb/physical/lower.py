@@ -295,14 +295,18 @@ class OutputWriters:
     so the executor can compute results in place; ``store`` then records them (no copy for a
     tile that is its buffer) and the catalog takes them all in one transaction, or none. A user
     table named like an output is refused by that transaction; ``check_tables`` also refuses it
-    before the run (one catalog query per output).
+    before the run (one catalog query per output). ``stage_max``: how many bytes of outputs in
+    all may be computed in anonymous memory and written at commit (the writer's ``STAGE_MAX``
+    per file, at most); the rest is computed in mappings of their payload files.
     """
 
     def __init__(self, store, plan: TilePlan, *, replace: bool = False,
-                 check_tables: bool = True) -> None:
+                 check_tables: bool = True, stage_max: int | None = None) -> None:
         self.store, self.plan = store, plan
         self.writers = []
         self.buffers: dict[int, np.ndarray] = {}
+        # outputs computed in anonymous memory (writer.reserve), up to ``stage_max`` bytes in all
+        left = stage_max
         try:
             for out in plan.outputs.values():
                 if not out.stored:
@@ -313,8 +317,10 @@ class OutputWriters:
                 w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
                                  dims=dims, replace=replace, check_tables=check_tables)
                 self.writers.append((out, w))
-                for coords, buf in w.reserve(sorted(out.tiles)).items():
+                for coords, buf in w.reserve(sorted(out.tiles), stage_max=left).items():
                     self.buffers[out.tiles[coords]] = buf
+                if left is not None:
+                    left -= w.staged_bytes
         except BaseException:
             self.abort()
             raise
@@ -327,6 +333,10 @@ class OutputWriters:
         nnz, nonfinite, crc32 = nnz or {}, nonfinite or {}, crc32 or {}
         try:
             with self.store.transaction():
+                # one catalog query for every output's name, not one per commit below
+                self.store.check_no_tables([w.name for _, w in self.writers])
+                for _, w in self.writers:
+                    w.tables_checked = True
                 for out, w in self.writers:
                     for coords in sorted(out.tiles):
                         key = out.tiles[coords]

@@ -275,21 +275,25 @@ def infer_dtype(join: scalar.Expr, dtypes: Sequence[str], names: Sequence[str] |
     (NEP 50): ``int64 * 2`` is int64, ``2.5 * int32`` float64, ``exp`` of an int a float. The
     aggregate keeps it, as ``np.einsum`` does. Refused: what NumPy refuses, and a result dtype
     tensordb does not store (``EXP`` of a bool is float16 in NumPy)."""
-    shown = scalar.render(join, list(names) if names else None)
-    on = ", ".join(np.dtype(d).name for d in dtypes)
+    def words():  # what the errors show (rendered only for one: a bind asks often)
+        return (scalar.render(join, list(names) if names else None),
+                ", ".join(np.dtype(d).name for d in dtypes))
     try:
         dt = scalar.dtype_of(join, dtypes)
     except OverflowError as exc:
+        shown, on = words()
         raise DataError(f"{shown} on {on}: {exc}",
                         hint="NumPy refuses an integer literal that its array's dtype cannot hold; "
                              "write it as a float (e.g. 1e12) or store the tensor as int64") from None
     except (TypeError, ValueError) as exc:
+        shown, on = words()
         # NumPy's own text suggests operators (^, ~) that the dialect does not have.
         why = str(exc).split(",")[0].split(".")[0]
         raise BinderError(f"type error: NumPy refuses {shown} on {on} ({why})",
                           hint="convert first: multiply a bool by 1 for int64, by 1.0 for float64"
                           ) from None
     if dt.name not in SUPPORTED_DTYPES:
+        shown, on = words()
         raise DataError(f"{shown} on {on} gives {dt.name} in NumPy, which tensordb does not store",
                         hint="convert first, e.g. multiply by 1.0 for float64 or by 1 for int64")
     return dt.name

@@ -14,6 +14,7 @@ Nodes are frozen dataclasses that check themselves when built.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -26,6 +27,13 @@ from .names import TensorRef
 from .scalar import Expr
 
 __all__ = ["Operand", "EinOp", "TensorInfo", "EinGraph"]
+
+
+@lru_cache(maxsize=256)
+def _dtype_name(dtype) -> str:
+    """``np.dtype(dtype).name``, kept: NumPy builds the name anew on each ask, and binding a
+    training step (its backward included) asks thousands of times."""
+    return np.dtype(dtype).name
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,7 @@ class EinOp:
         if empty and AGGREGATES[self.agg].identity is None:
             raise empty_aggregate(self.agg, empty, self.describe())
         check_dtype(self.dtype, self.output)
-        object.__setattr__(self, "in_dtypes", tuple(np.dtype(d).name for d in self.in_dtypes))
+        object.__setattr__(self, "in_dtypes", tuple(_dtype_name(d) for d in self.in_dtypes))
         if self.in_dtypes and len(self.in_dtypes) != len(self.inputs):
             raise BinderError(f"{self.output}: {len(self.in_dtypes)} input dtypes for "
                               f"{len(self.inputs)} inputs")

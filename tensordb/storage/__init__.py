@@ -20,7 +20,9 @@ error). The interface the rest of tensordb relies on:
     TensorWriter`` (``grid``: one tuple of boundaries per dimension, or a tile shape of ints;
     CatalogError at once if the name is taken and not ``replace``, or is a table, and a table is
     looked for again inside the commit's transaction; ``check_tables=False`` leaves the table to
-    the commit alone), ``check_free(name, replace, tables=True)``,
+    the commit alone), ``check_free(name, replace, tables=True)``, ``check_no_tables(names)`` (one
+    query for user tables named like any of ``names``; a writer marked ``tables_checked`` after
+    it, inside the commit's transaction, is not looked for again),
     ``transaction()`` (a context manager: every writer commit and drop inside it lands atomically
     together, or none does; nested blocks join the outer one), ``close()``.
 ``TensorMeta`` (frozen): name, version, dtype (np.dtype), shape, dims, grid, nbytes (stored

@@ -26,7 +26,7 @@ from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
            "tile_entries_many", "payload_file",
-           "insert", "replace", "delete", "referenced_files", "versions", "max_version", "table_named",
+           "insert", "replace", "delete", "referenced_files", "versions", "max_version", "table_named", "tables_named",
            "pieces_relation", "tiles_cut_to_grid", "coords_table", "drop_coords_table",
            "coords_cut_to_grid"]
 
@@ -167,21 +167,29 @@ def insert(duck, meta: TensorMeta, file: str, entries) -> None:
 def replace(duck, old: TensorMeta, meta: TensorMeta, file: str, entries) -> None:
     """Swap version ``old`` of a tensor for ``meta``: its ``tensors`` row is updated in place (one
     statement where a delete and an insert would be two), its tile rows replaced (a single tile
-    row updated in place too)."""
-    duck.execute(f"UPDATE {SCHEMA}.tensors SET name = ?, version = ?, dtype = ?, shape = ?, "
-                 "dims = ?, grid = ?, nbytes = ?, tile_count = ?, nnz = ?, density = ?, "
-                 "created = current_localtimestamp() WHERE name = ? AND version = ?",
-                 [meta.name, meta.version, meta.dtype.name, list(meta.shape), list(meta.dims),
-                  [list(b) for b in meta.grid], meta.nbytes, meta.tile_count, meta.nnz,
-                  meta.density, old.name, old.version])
+    row updated in place too). The list columns (shape, dims, grid; a lone tile's coords, starts
+    and shape) are set only where they change: a training step's new weights keep their layout,
+    and DuckDB updates a row's scalars in a fraction of the time it takes to rewrite its lists."""
+    layout = old.shape == meta.shape and old.dims == meta.dims and old.grid == meta.grid
+    sets = "version = ?, dtype = ?, nbytes = ?, tile_count = ?, nnz = ?, density = ?"
+    params = [meta.version, meta.dtype.name, meta.nbytes, meta.tile_count, meta.nnz, meta.density]
+    if old.name != meta.name:
+        sets, params = sets + ", name = ?", params + [meta.name]
+    if not layout:
+        sets += ", shape = ?, dims = ?, grid = ?"
+        params += [list(meta.shape), list(meta.dims), [list(b) for b in meta.grid]]
+    duck.execute(f"UPDATE {SCHEMA}.tensors SET {sets}, created = current_localtimestamp() "
+                 "WHERE name = ? AND version = ?", params + [old.name, old.version])
     if len(entries) == 1 and old.tile_count == 1:  # one tile row for another: update it in place
         e = entries[0]
-        n = duck.execute(
-            f'UPDATE {SCHEMA}.tiles SET tensor = ?, version = ?, coords = ?, starts = ?, shape = ?, '
-            f'file = ?, "offset" = ?, nbytes = ?, nnz = ?, crc32 = ?, nonfinite = ? '
-            f'WHERE tensor = ? AND version = ?',
-            [meta.name, meta.version, list(e.coords), list(e.starts), list(e.shape), file,
-             e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite, old.name, old.version]).fetchall()
+        sets = 'tensor = ?, version = ?, file = ?, "offset" = ?, nbytes = ?, nnz = ?, crc32 = ?, ' \
+            'nonfinite = ?'
+        params = [meta.name, meta.version, file, e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite]
+        if not (layout and meta.total_tiles == 1):  # else the lone tile is the whole tensor
+            sets += ", coords = ?, starts = ?, shape = ?"
+            params += [list(e.coords), list(e.starts), list(e.shape)]
+        n = duck.execute(f"UPDATE {SCHEMA}.tiles SET {sets} WHERE tensor = ? AND version = ?",
+                         params + [old.name, old.version]).fetchall()
         if n and n[0][0] == 1:
             return
         # tile_count disagreed with the rows (a damaged catalog): delete both versions' rows
@@ -256,13 +264,20 @@ def max_version(duck) -> int:
 
 def table_named(duck, name: str) -> str | None:
     """The user table or view in the main schema whose name equals ``name`` ignoring case."""
-    row = first_row(duck.execute(
+    return tables_named(duck, [name]).get(name.lower())
+
+
+def tables_named(duck, names) -> dict[str, str]:
+    """The user tables and views in the main schema named like one of ``names`` (ignoring
+    case): lower-cased name -> the table's own spelling. One query for all of them."""
+    wanted = sorted({n.lower() for n in names})
+    rows = duck.execute(
         "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = 'main' AND lower(table_name) = lower(?) "
+        "AND schema_name = 'main' AND list_contains(?, lower(table_name)) "
         "UNION ALL SELECT view_name FROM duckdb_views() WHERE database_name = current_database() "
         "AND schema_name = 'main' AND NOT temporary AND NOT internal "
-        "AND lower(view_name) = lower(?)", [name, name]))
-    return None if row is None else row[0]
+        "AND list_contains(?, lower(view_name))", [wanted, wanted]).fetchall()
+    return {r[0].lower(): r[0] for r in reversed(rows)}  # a table before a view of that name
 
 
 # -- relations for the tile join ------------------------------------------------------------------

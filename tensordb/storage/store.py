@@ -254,13 +254,21 @@ class Store:
             if not replace and self.has(name):
                 raise CatalogError(f"tensor '{self.meta(name).name}' already exists",
                                    hint="pass replace=True to overwrite it")
-            if not tables:
-                return
+            if tables:
+                self.check_no_tables([name])
+
+    def check_no_tables(self, names) -> None:
+        """CatalogError if a user table or view is named like one of ``names``: one catalog
+        query for all of them (a commit of several writers asks once, inside its transaction,
+        and marks them ``tables_checked``)."""
+        with self._lock:
             with translating():
-                table = catalog.table_named(self.duck, name)
-            if table is not None:
-                raise CatalogError(f"cannot create tensor '{name}': a table named '{table}' exists",
-                                   hint="tensors and tables share one namespace")
+                found = catalog.tables_named(self.duck, names)
+            for name in names:
+                table = found.get(name.lower())
+                if table is not None:
+                    raise CatalogError(f"cannot create tensor '{name}': a table named '{table}' "
+                                       "exists", hint="tensors and tables share one namespace")
 
     def _commit_writer(self, w: TensorWriter, durable=lambda: None) -> TensorMeta:
         """Swap ``w``'s rows in; ``durable()`` waits until its payload is on disk (and raises
@@ -271,7 +279,9 @@ class Store:
         with self._lock, self.transaction() as txn:
             if w.has_file:
                 txn.created.append(w.path)
-            self.check_free(w.name, w.replace)  # inside the transaction: what it sees holds
+            # inside the transaction: what it sees holds (the tables looked for already when
+            # the caller asked for several writers' names at once, in this transaction)
+            self.check_free(w.name, w.replace, tables=not w.tables_checked)
             old = self._find(w.name)
             with translating(f"cannot store tensor '{w.name}'"):
                 if old is not None:

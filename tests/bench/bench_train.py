@@ -5,7 +5,7 @@
 The step (b=512 rows, f=4096 features, h=1024 hidden units, c=16 classes, float32): forward
 (RELU hidden layer), softmax cross-entropy, the gradients of both weights (LET dW = GRAD(...):
 computed, never stored), the SGD update of both, stored. tensordb runs it as one `execute` call on an on-disk database (parse, bind,
-plan, run, commit included); numpy is the same step by hand, in memory. Each figure is the median
+plan, run, commit included), and on an in-memory one (`tensordb.connect(None)`: no fsync); numpy is the same step by hand, in memory. Each figure is the median
 of --repeat runs after one warm-up; the table goes to docs/benchmarks.md between the train
 markers. tensordb is timed twice: reusing its plan from step to step (the plan cache, keyed by
 the weights' layout), and with the cache emptied before each step (planning included). JAX (jit
@@ -227,11 +227,11 @@ SPLIT_ROWS = ("parse", "bind (GRAD included)", "plan (cache hit)", "open the out
 
 
 def split_table(parts: dict) -> list[str]:
-    out = ["| part of a step (ms, fastest of the runs) | tensordb | tensordb, H Z M stored | numpy |",
-           "|---|---:|---:|---:|"]
+    out = ["| part of a step (ms, fastest of the runs) | tensordb | tensordb in memory | "
+           "tensordb, H Z M stored | numpy |", "|---|---:|---:|---:|---:|"]
     for key in SPLIT_ROWS + ("rest (Python between the stages)", "step"):
         cells = []
-        for kind in ("sql", "stored", "numpy"):
+        for kind in ("sql", "memory", "stored", "numpy"):
             p = parts[kind]
             v = p.get(key)
             cells.append("" if v is None else f"{v:.1f}")
@@ -307,8 +307,11 @@ def main(argv=None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         con = tensordb.connect(Path(tmp) / "train.tdb", workers=args.workers)
+        # the same step on an in-memory database: no fsync at its commit
+        mem = tensordb.connect(None, workers=args.workers)
         for name, a in {"X": x, "Y": y, "W1": w1, "W2": w2}.items():
             con.load(name, a)
+            mem.load(name, a)
         text = step_sql(args.b)
         plan = con.explain(text)  # before the LETs are defined by running it
         ops = int(re.search(r"(\d+) operation", plan).group(1))
@@ -352,11 +355,15 @@ def main(argv=None) -> None:
         def several():
             con.plan = plan
             con.execute(text_k)
-        times = paired({**fns, "sql": cached, "stored": stored, "fresh": afresh,
-                        "several": several}, args.repeat)
+
+        def in_memory():
+            mem.execute(text)
+        times = paired({**fns, "sql": cached, "memory": in_memory, "stored": stored,
+                        "fresh": afresh, "several": several}, args.repeat)
         times["several"] = [t / k for t in times["several"]]
         con.plan = plan
         parts = {"sql": split(con, text, args.repeat),
+                 "memory": split(mem, text, args.repeat),
                  "stored": split(con, text_stored, args.repeat)}
         parts["numpy"] = numpy_split(x, y, w1, w2, args.repeat)
         t_numpy, t_sql = statistics.median(times["numpy"]), statistics.median(times["sql"])
@@ -365,6 +372,11 @@ def main(argv=None) -> None:
         ratio = statistics.median(s / n for s, n in zip(times["sql"], times["numpy"]))
         ratio_fresh = statistics.median(s / n for s, n in zip(times["fresh"], times["numpy"]))
         t_stored = statistics.median(times["stored"])
+        t_memory = statistics.median(times["memory"])
+        ratio_memory = statistics.median(s / n for s, n in zip(times["memory"], times["numpy"]))
+        # the spread of a step: its median over its fastest (a quiet machine: close to 1)
+        spread = {k: statistics.median(times[k]) / min(times[k]) for k in ("numpy", "sql",
+                                                                            "memory")}
         t_several = statistics.median(times["several"])
         ratio_several = statistics.median(s / n for s, n in zip(times["several"], times["numpy"]))
         ratio_stored = statistics.median(s / n for s, n in zip(times["stored"], times["numpy"]))
@@ -374,10 +386,17 @@ def main(argv=None) -> None:
         _, w1_np, w2_np = numpy_step(x, y, w1_now, w2_now)
         err = max(float(np.abs(con.tensor("W1") - w1_np).max() / np.abs(w1_np).max()),
                   float(np.abs(con.tensor("W2") - w2_np).max() / np.abs(w2_np).max()))
+        m1, m2 = mem.tensor("W1"), mem.tensor("W2")
+        mem.execute(text)
+        _, m1_np, m2_np = numpy_step(x, y, m1, m2)
+        err = max(err, float(np.abs(mem.tensor("W1") - m1_np).max() / np.abs(m1_np).max()),
+                  float(np.abs(mem.tensor("W2") - m2_np).max() / np.abs(m2_np).max()))
         con.close()
+        mem.close()
     t_jax = statistics.median(times["jax"]) if "jax" in times else None
 
     rows = [("numpy by hand", t_numpy, 1.0), ("tensordb (SQL step, plan reused)", t_sql, ratio),
+            ("tensordb (SQL step, plan reused, in-memory database)", t_memory, ratio_memory),
             ("tensordb (SQL step, planned every step)", t_fresh, ratio_fresh),
             ("tensordb (plan reused, H, Z, M stored too)", t_stored, ratio_stored),
             (f"tensordb ({k} steps in one execute call, per step)", t_several, ratio_several)]
@@ -391,7 +410,7 @@ def main(argv=None) -> None:
         f"(forward values and GRAD of both weights as LETs, softmax cross-entropy, the loss and "
         f"the updated weights stored), median of "
         f"{args.repeat} after a warm-up, numpy, JAX and tensordb timed in alternation; tensordb with {args.workers} workers on an on-disk "
-        f"database, {ops} operations of which {backward} backward. "
+        f"database (and on an in-memory one where said), {ops} operations of which {backward} backward. "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (load average "
         f"{os.getloadavg()[0]:.1f} when it ended: other work shares them), BLAS: {blas_info()}."
         + (f" JAX {_jax_version()} (jit on the CPU, compiled before the timing, "
@@ -401,13 +420,26 @@ def main(argv=None) -> None:
         "",
         *table,
         "",
+        "A step's median over its fastest run (a quiet machine keeps it near 1; other work on "
+        "the machine shows here first): " + ", ".join(
+            f"{n} {spread[k]:.2f}" for k, n in (("numpy", "numpy"), ("sql", "tensordb on disk"),
+                                                ("memory", "tensordb in memory"))) + ". "
+        "Besides other work on the machine, what keeps a median above its fastest is the BLAS "
+        "threads a step leaves spinning: after numpy's products its OpenBLAS helper thread polls "
+        "for work for a while before it sleeps (an idle process used about 55 ms of CPU in the "
+        "250 ms after a numpy step, 0.1 ms after a tensordb step, whose workers call BLAS with one "
+        "thread each), so the step after it in the alternation shares the two cores with it: a "
+        "tensordb step right after a numpy step took 12 ms more CPU and 17 ms more wall time than "
+        "one after 0.3 s idle (medians of 10, load about 3).",
+        "",
         f"The plan-reusing step hit the plan cache in {sum(hits)} of its {len(hits)} runs "
         f"(warm-up included; the first step after the EXPLAIN): planning took "
         f"{1e3 * p_sql:.2f} ms of a step (the inputs' layout, the rebinding) against "
         f"{1e3 * p_fresh:.1f} ms planned afresh (optimize, lower, place), medians. The rest of "
         f"a step is the same work (running, then committing the new weights); differences "
         f"between the two rows beyond that are noise of a shared machine. "
-        f"tensordb's weights after one more step against numpy's from the same weights: largest "
+        f"tensordb's weights after one more step (on disk and in memory) against numpy's from "
+        f"the same weights: largest "
         f"difference {err:.1e} of the largest weight. `{COMMAND}`",
         "",
         f"Where a plan-reusing step's time goes (the connection's stages wrapped and timed over "
@@ -417,13 +449,15 @@ def main(argv=None) -> None:
         "",
         *split_table(parts),
         "",
-        "What is not compute: parsing and binding the step's statements (GRAD's backward "
-        "operations are derived again each time: a plan cache hit starts from the bound graph); "
+        "What is not compute: parsing and binding the step's statements (a repeated step is bound "
+        "once: its graph, GRAD's backward included, is reused while the catalog gives the same "
+        "answers about its tensors; a plan cache hit starts from that graph); "
         "opening the output files (a writer per stored tensor); and the commit (`commit`: each "
         "stored tensor's payload checksummed and synced to disk, the file and its directory, "
-        "then its catalog rows). Part of the run is not the numpy step's work either: the "
-        "update of W1 computes straight into the new payload file, whose fresh pages the kernel "
-        "allocates as they are first written, where numpy's in-memory update reuses its heap. "
+        "then its catalog rows; in memory there is no fsync). A stored output of up to 64 MiB "
+        "(the new W1 is 16 MiB) is computed in anonymous memory and written into its new "
+        "payload file by one pwrite at commit: computing it straight into a fresh mapping of "
+        "the file took a page fault per 4 KiB page, twice the update's arithmetic. "
         "With the forward values stored too (the step timed before), three more tensors are "
         "opened and committed each step. Several steps in one execute call are one graph "
         "with one commit of the last weights: the fixed costs are paid once per call.",

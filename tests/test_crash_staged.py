@@ -1,0 +1,87 @@
+"""kill -9 around the commit of a computed output leaves the old version or the new one.
+
+A stored output of up to ``writer.STAGE_MAX`` bytes is computed in anonymous memory and written
+into its new payload file at commit (one pwrite), so its bytes reach the file later than a
+mapped output's. A child process replaces W with ``W - 0.5 * G`` (the SGD update of a training
+step, its plan reused) and is killed with SIGKILL before that write, after it (payload complete,
+catalog untouched), inside the catalog transaction before COMMIT, and after COMMIT before the
+old payload is deleted. The parent reopens the database: every payload file is referenced, and W
+is exactly the old value or exactly the new one (numpy's), never a mix or zeros.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.storage import writer
+
+SHAPE = (1024, 512)  # 2 MiB of float32: staged (not mapped), one tile or several
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import tensordb
+    from tensordb.storage import catalog, store as st, writer as wr
+
+    path, point = sys.argv[1], sys.argv[2]
+    con = tensordb.connect(path, workers=2)
+    step = "W[i,j] = W[i,j] - 0.5 * G[i,j]"
+    con.execute("X[i,j] = W[i,j] * 1")   # an output of its own first: the plan path is warm
+
+    def die(*a, **k):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def after(module, name):
+        orig = getattr(module, name)
+        def wrapped(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            die()
+            return out
+        setattr(module, name, wrapped)
+
+    if point == "before_write":             # computed, nothing written into the new file
+        wr.TensorWriter._write_staged = die
+    elif point == "after_write":            # payload written, catalog untouched
+        after(wr.TensorWriter, "_write_staged")
+    elif point == "before_commit":          # rows swapped inside the transaction, no COMMIT
+        after(catalog, "replace")
+    elif point == "after_commit":           # COMMIT done, the old payload not yet deleted
+        st._retire_payload = die
+    con.execute(step)
+    con.close()
+""")
+
+
+def _values():
+    rng = np.random.default_rng(3)
+    return (rng.standard_normal(SHAPE, dtype=np.float32),
+            rng.standard_normal(SHAPE, dtype=np.float32))
+
+
+@pytest.mark.parametrize("point, outcome", [
+    ("before_write", "old"), ("after_write", "old"), ("before_commit", "old"),
+    ("after_commit", "new")])
+def test_kill_around_a_staged_output_commit(tmp_path, point, outcome):
+    w, g = _values()
+    assert w.nbytes <= writer.STAGE_MAX  # the path under test
+    path = tmp_path / "db"
+    with tensordb.connect(path) as c:
+        c.load("W", w)
+        c.load("G", g)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), point],
+                          capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    with tensordb.connect(path) as c:
+        referenced = {r[0] for r in c.store.duck.execute(
+            "SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
+        assert set(os.listdir(c.store.tiles_dir)) == referenced
+        got = c.tensor("W")
+        assert [r["problem"] for r in c.check()] == ["ok"]
+    expected = {"old": w, "new": w - np.float32(0.5) * g}[outcome]
+    np.testing.assert_array_equal(got, expected)
