@@ -263,10 +263,8 @@ class OpModel:
             need = i.presence.aligned(i.shape) if i.presence is not None and i.inner else None
             if need is None:
                 continue
-            for p, n in zip(i.pos, need):
-                if vec[p] not in (1, n):
-                    return []
-                vec[p] = n
+            if not _require(vec, i.pos, need):
+                return []
             found = True
         if found:
             return [tuple(vec)]
@@ -278,10 +276,8 @@ class OpModel:
             if math.prod(need) <= 1 or any(even_bounds(n, d) != b
                                            for n, d, b in zip(i.shape, need, grid)):
                 continue
-            for p, n in zip(i.pos, need):
-                if vec[p] not in (1, n):
-                    return []
-                vec[p] = n
+            if not _require(vec, i.pos, need):
+                return []
             found = True
         calls = math.prod(vec)
         if not found or calls % self.workers or calls > self.workers * _MAX_ALIGNED_CALLS:
@@ -492,3 +488,12 @@ def evaluate(graph: EinGraph, pieces_by_op: Mapping[str, Mapping[str, int]], wor
 def as_dict(model: OpModel, d: Sequence[int]) -> dict[str, int]:
     return dict(zip(model.labels, (int(x) for x in d)))
 
+
+def _require(vec: list[int], pos, need) -> bool:
+    """Set the pieces ``need`` on the labels at ``pos`` of ``vec``; False where a label already
+    has other pieces than 1 or the ones needed."""
+    for p, n in zip(pos, need):
+        if vec[p] not in (1, n):
+            return False
+        vec[p] = n
+    return True

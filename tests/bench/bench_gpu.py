@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 import tensordb
+from tests.bench.workloads import _block_sparse, _rand  # the suite's generators
 
 F32 = np.float32
 
@@ -52,21 +53,6 @@ class GpuWorkload:
     check: Callable[[dict, np.ndarray], float] | None = None  # error vs NumPy, when not w.numpy's
     cupy_host: bool = True                                   # time CuPy host->host too
     note: str = ""
-
-
-def _rand(rng, *shape):
-    return rng.standard_normal(shape, dtype=F32)
-
-
-def _block_sparse(rng, n, tile, density):
-    t = n // tile
-    mask = rng.random((t, t)) < density
-    if not mask.any():
-        mask[0, 0] = True
-    a = np.zeros((n, n), F32)
-    for i, j in zip(*np.nonzero(mask)):
-        a[i * tile:(i + 1) * tile, j * tile:(j + 1) * tile] = _rand(rng, tile, tile)
-    return a
 
 
 def _matmul(n, numpy_repeat=None) -> GpuWorkload:
