@@ -1,4 +1,9 @@
-"""A stored tile's nonzero count (its catalog ``nnz``): ``storage.writer.count_nonzero``, the
+"""Passes over a whole tile that the executor makes besides the kernel's own.
+
+A re-tiling (``exec.tasks.run_assemble``): a piece that fills the new tile whole is copied
+without zeroing it first; anything less leaves zeros where no piece lands.
+
+A stored tile's nonzero count (its catalog ``nnz``): ``storage.writer.count_nonzero``, the
 fast count the executor takes of every output tile, against numpy's ``count_nonzero``, on the
 values where a float's count is delicate (-0.0, NaN, inf, subnormals), on tiles larger than
 its block, and on a real catalog after a statement ran."""
@@ -8,6 +13,8 @@ import numpy as np
 import pytest
 
 import tensordb
+from tensordb.exec.tasks import run_assemble
+from tensordb.physical.plan import Assemble
 from tensordb.storage import writer
 from tensordb.storage.writer import count_nonzero
 
@@ -60,3 +67,24 @@ def test_a_stored_result_records_numpys_count(tmp_path):
         np.testing.assert_array_equal(con.tensor("C"), ref)
         assert ref.size > writer._NNZ_BLOCK
         assert con.store.meta("C").nnz == np.count_nonzero(ref)
+
+
+def test_a_retiling_copies_its_pieces_and_zeros_only_what_no_piece_fills():
+    rng = np.random.default_rng(5)
+    src = rng.normal(size=(300, 200)).astype(np.float32)
+    # one piece, the whole new tile: a column split of the producer tile (a strided view)
+    whole = Assemble(1, (300, 100), "float32", ((0, ((0, 300), (100, 200)), ((0, 300), (0, 100))),))
+    np.testing.assert_array_equal(run_assemble(whole, [src]), src[:, 100:])
+    # one piece, part of the new tile; and two pieces with a gap between them
+    part = Assemble(2, (300, 100), "float64", ((0, ((0, 300), (0, 60)), ((0, 300), (0, 60))),))
+    ref = np.zeros((300, 100))
+    ref[:, :60] = src[:, :60]
+    got = run_assemble(part, [src])
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, ref)
+    two = Assemble(3, (300, 100), "float32", ((0, ((0, 100), (0, 100)), ((0, 100), (0, 100))),
+                                              (0, ((200, 300), (0, 100)), ((200, 300), (0, 100)))))
+    ref = np.zeros((300, 100), np.float32)
+    ref[:100], ref[200:] = src[:100, :100], src[200:, :100]
+    for _ in range(3):  # fresh tiles from memory the earlier ones freed: still zeros in the gap
+        np.testing.assert_array_equal(run_assemble(two, [src, src]), ref)
