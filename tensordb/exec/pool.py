@@ -40,7 +40,7 @@ from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..physical.order import ranks
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
-from ..storage.writer import has_nonfinite
+from ..storage.writer import count_nonzero, has_nonfinite
 from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
 from .kernels import get_backend
 from .ready import STOP, ReadyQueues
@@ -381,7 +381,7 @@ class _Run:
                 value = dest
             # The store needs these: worked out here, on the worker, as each tile is finished,
             # not one tile after another at the commit.
-            self.nnz[task.key] = int(np.count_nonzero(dest))
+            self.nnz[task.key] = count_nonzero(dest)
             self.nonfinite[task.key] = has_nonfinite(dest)
             self.crc32[task.key] = zlib.crc32(dest)
         self.results[task.key] = value

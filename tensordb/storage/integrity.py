@@ -25,6 +25,7 @@ from ..geometry import tile_box
 from . import catalog
 from ._duck import translating
 from .meta import TensorMeta
+from .writer import count_nonzero
 from .reader import TileEntry, file_kind
 
 __all__ = ["check", "COLUMNS", "CHUNK"]
@@ -125,7 +126,7 @@ def _read_tile(fd: int, buf: bytearray, e: TileEntry, dtype: np.dtype) -> tuple[
                 raise EOFError(f"the file ended at byte {e.offset + done + got} while reading")
             got += n
         crc = zlib.crc32(view[:want], crc)
-        nnz += int(np.count_nonzero(np.frombuffer(buf, dtype, want // dtype.itemsize)))
+        nnz += count_nonzero(np.frombuffer(buf, dtype, want // dtype.itemsize))
         done += want
     return crc, nnz
 

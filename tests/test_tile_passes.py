@@ -1,0 +1,90 @@
+"""Passes over a whole tile that the executor makes besides the kernel's own.
+
+A re-tiling (``exec.tasks.run_assemble``): a piece that fills the new tile whole is copied
+without zeroing it first; anything less leaves zeros where no piece lands.
+
+A stored tile's nonzero count (its catalog ``nnz``): ``storage.writer.count_nonzero``, the
+fast count the executor takes of every output tile, against numpy's ``count_nonzero``, on the
+values where a float's count is delicate (-0.0, NaN, inf, subnormals), on tiles larger than
+its block, and on a real catalog after a statement ran."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.exec.tasks import run_assemble
+from tensordb.physical.plan import Assemble
+from tensordb.storage import writer
+from tensordb.storage.writer import count_nonzero
+
+
+def _awkward(rng, shape, dtype):
+    a = rng.normal(size=shape).astype(dtype)
+    flat = a.reshape(-1)
+    flat[rng.random(flat.size) < 0.4] = 0
+    specials = [-0.0, np.nan, np.inf, -np.inf]
+    if np.dtype(dtype).kind == "f":
+        specials.append(np.finfo(dtype).smallest_subnormal)
+    idx = rng.choice(flat.size, size=min(flat.size, len(specials) * 3), replace=False)
+    for i, k in enumerate(idx):
+        flat[k] = specials[i % len(specials)]
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("size", [0, 1, 1000, writer._NNZ_BLOCK, 3 * writer._NNZ_BLOCK + 7])
+def test_a_float_count_is_numpys(dtype, size):
+    a = _awkward(np.random.default_rng(size), (size,), dtype)
+    assert count_nonzero(a) == np.count_nonzero(a)
+    assert count_nonzero(-a) == np.count_nonzero(-a)  # -0.0 where a had +0.0
+
+
+def test_complex_int_bool_and_strided_tiles_count_as_numpy_does():
+    rng = np.random.default_rng(3)
+    c = _awkward(rng, (700, 800), np.float32).astype(np.complex64)
+    c.imag[::5] = 1.0  # a zero real part with a nonzero imaginary one is nonzero
+    i = rng.integers(-2, 3, size=(700, 800)).astype(np.int32)
+    f = _awkward(rng, (700, 800), np.float64)
+    for a in (c, i, i != 0, f, f.T, f[::2, 3:], f[:, ::3]):
+        assert count_nonzero(a) == np.count_nonzero(a)
+    assert count_nonzero(np.zeros((700, 800), np.float32)) == 0
+    assert count_nonzero(np.full((700, 800), -0.0, np.float32)) == 0
+
+
+def test_a_stored_result_records_numpys_count(tmp_path):
+    """A computed tile larger than the count's block, with zeros, -0.0 and NaN in it: the
+    catalog's nnz is numpy's count of numpy's result."""
+    rng = np.random.default_rng(4)
+    a = _awkward(rng, (640, 512), np.float32)
+    b = _awkward(rng, (640, 512), np.float32)
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.execute("C[i,j] = A[i,j] * B[i,j] - 0.5 * A[i,j]")
+        with np.errstate(all="ignore"):
+            ref = a * b - np.float32(0.5) * a
+        np.testing.assert_array_equal(con.tensor("C"), ref)
+        assert ref.size > writer._NNZ_BLOCK
+        assert con.store.meta("C").nnz == np.count_nonzero(ref)
+
+
+def test_a_retiling_copies_its_pieces_and_zeros_only_what_no_piece_fills():
+    rng = np.random.default_rng(5)
+    src = rng.normal(size=(300, 200)).astype(np.float32)
+    # one piece, the whole new tile: a column split of the producer tile (a strided view)
+    whole = Assemble(1, (300, 100), "float32", ((0, ((0, 300), (100, 200)), ((0, 300), (0, 100))),))
+    np.testing.assert_array_equal(run_assemble(whole, [src]), src[:, 100:])
+    # one piece, part of the new tile; and two pieces with a gap between them
+    part = Assemble(2, (300, 100), "float64", ((0, ((0, 300), (0, 60)), ((0, 300), (0, 60))),))
+    ref = np.zeros((300, 100))
+    ref[:, :60] = src[:, :60]
+    got = run_assemble(part, [src])
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, ref)
+    two = Assemble(3, (300, 100), "float32", ((0, ((0, 100), (0, 100)), ((0, 100), (0, 100))),
+                                              (0, ((200, 300), (0, 100)), ((200, 300), (0, 100)))))
+    ref = np.zeros((300, 100), np.float32)
+    ref[:100], ref[200:] = src[:100, :100], src[200:, :100]
+    for _ in range(3):  # fresh tiles from memory the earlier ones freed: still zeros in the gap
+        np.testing.assert_array_equal(run_assemble(two, [src, src]), ref)
