@@ -113,7 +113,10 @@ class Settings:
     """What ``SET`` changes. ``workers``: kernel workers; ``memory_limit``: bytes for all workers
     together (default: ``MEMORY_FRACTION`` of the machine's memory; None: no limit);
     ``executor``: 'local' or 'dask://host:port'; ``tiling``: the registered tiling strategy;
-    ``progress``: show progress for long queries in the CLI.
+    ``progress``: show progress for long queries in the CLI; ``blas_one_call``: let the optimizer
+    offer, on the local pool, one BLAS call per operation on every core against split pieces
+    (optimizer/threads.py; off by default: on a quiet 2-core machine it measured no faster and
+    up to 3x slower for batched products, docs/benchmarks.md).
 
     ``set(name, 'DEFAULT')`` returns a setting to its default, except ``tiling``, where
     ``default`` names a strategy (an empty value is the default strategy there)."""
@@ -123,6 +126,7 @@ class Settings:
     executor: str = "local"
     tiling: str = ""
     progress: bool = True
+    blas_one_call: bool = False
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -159,6 +163,11 @@ class Settings:
             value = parse_bytes(value)
         elif key == "progress":
             value = str(value).lower() in ("1", "true", "on", "yes")
+        elif key == "blas_one_call":
+            text = str(value).strip().lower()
+            if text not in ("1", "true", "on", "yes", "0", "false", "off", "no"):
+                raise ProgrammingError(f"blas_one_call must be on or off, got {value!r}")
+            value = text in ("1", "true", "on", "yes")
         else:
             value = str(value)
         setattr(self, key, value)

@@ -359,9 +359,10 @@ class Connection(TensorIO):
         # cluster's when the executor is a Dask cluster.
         local = self.settings.executor == "local"
         workers = self.settings.workers if local else self._get_executor().workers
-        # The local pool's workers share this machine's cores: one BLAS call may use them all
-        # (optimizer/threads.py); a Dask cluster's or a GPU's calls stay as the tiling makes them.
-        threads = min(workers, _cores()) if local else 1
+        # The local pool's workers share this machine's cores: with SET blas_one_call = on, one
+        # BLAS call may use them all (optimizer/threads.py); a Dask cluster's or a GPU's calls,
+        # and by default the pool's, stay as the tiling makes them.
+        threads = min(workers, _cores()) if local and self.settings.blas_one_call else 1
         with stage("optimize"):
             return optimizer.decompose(graph, workers, strategy=self.settings.tiling,
                                        memory_limit=self.settings.memory_limit, pieces=pieces,

@@ -87,6 +87,7 @@ def _run_recording_threads(con, graph):
 def test_pool_sets_the_threads_the_plan_records(tmp_path, case):
     rng = np.random.default_rng(7)
     with tensordb.connect(str(tmp_path / "c.db"), workers=2) as con:
+        con.set("blas_one_call", "on")
         if case == "square":
             arrays = {"A": rng.standard_normal((512, 512)), "B": rng.standard_normal((512, 512))}
             graph = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="OUT")
@@ -127,6 +128,7 @@ def test_mlp_layer_one_call_matmul_split_elementwise(tmp_path):
     x, w, c = rng.standard_normal((1024, 512)), rng.standard_normal((512, 1024)), \
         rng.standard_normal(1024)
     with tensordb.connect(str(tmp_path / "c.db"), workers=2) as con:
+        con.set("blas_one_call", "on")
         for name, a in {"X": x, "W": w, "c": c}.items():
             con.load(name, a)
         con.run(tensordb.Graph().einsum("bh,hf->bf", "X", "W", into="Z", store=False)
@@ -140,3 +142,23 @@ def test_mlp_layer_one_call_matmul_split_elementwise(tmp_path):
             assert calls[0] == ("matmul", 1)      # one BLAS call on every core
             assert calls[1][0] == "broadcast"     # relu(Z + c): NumPy on one thread per call
             assert calls[1][1] >= 2               # ...split across the workers
+
+
+def test_one_call_plans_are_off_by_default_and_the_setting_is_checked(tmp_path):
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((512, 512)), rng.standard_normal((512, 512))
+    graph = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="OUT")
+    with tensordb.connect(str(tmp_path / "c.db"), workers=2) as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.run(graph, replace=True)
+        assert con.settings.blas_one_call is False
+        assert con.last_plan.blas_threads == 0  # split: no one-call plan offered
+        np.testing.assert_allclose(con.tensor("OUT"), a @ b, rtol=1e-10, atol=1e-9)
+        with pytest.raises(tensordb.ProgrammingError, match="blas_one_call must be on or off"):
+            con.execute("SET blas_one_call = 'maybe'")
+        assert con.settings.blas_one_call is False  # a refused SET changes nothing
+        con.execute("SET blas_one_call = on")
+        con.run(graph, replace=True)
+        assert con.last_plan.blas_threads == THREADS
+        np.testing.assert_allclose(con.tensor("OUT"), a @ b, rtol=1e-10, atol=1e-9)

@@ -11,10 +11,10 @@ the winner), each checked against the first. tensordb and every NumPy formulatio
 turn within each round, so a noisy machine slows them alike; each figure is the median of
 --repeat rounds after one warm-up. dask gets the best of several chunkings.
 
-``tensordb split`` (with --split) is the same query planned as before the plan-level BLAS thread
-choice (optimizer/threads.py): the search offered no one-call plan (as for one core), so every
-operation is split with one BLAS thread per worker. It is timed in turn with the others in each
-round, from its own connection on the same arrays: the before and after of one run.
+``one call ms`` (with --one-call) is the same query with ``SET blas_one_call = on``: the search
+also prices one BLAS call per operation on every core (optimizer/threads.py) and keeps the cheaper
+plan; ``blas threads`` is the count that plan records (0: split). It is timed in turn with the
+others in each round, from its own connection on the same arrays.
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ import os
 import platform
 import statistics
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -47,14 +46,20 @@ def median_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+SETTLE_S = 0.3  # the pause before each timed call (--settle)
+
+
 def median_times(fns: dict, repeat: int) -> dict[str, float]:
     """The median time of each of ``fns``, timed in turn within each of ``repeat`` rounds after
-    one warm-up each."""
+    one warm-up each. Each timed call starts after a pause of ``SETTLE_S``: after a multi-threaded
+    BLAS call OpenBLAS's helper threads poll for work for a while before they sleep, and without
+    the pause whichever call comes next shares the cores with them."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
@@ -79,20 +84,8 @@ def blas_info() -> str:
                      for i in found)
 
 
-@contextmanager
-def _split_only():
-    """Plans made inside see one core: no one-call plan is offered (the plan before the BLAS
-    thread choice). The plan is cached on its connection, so later runs keep it."""
-    cores = tensordb.connection._cores
-    tensordb.connection._cores = lambda: 1
-    try:
-        yield
-    finally:
-        tensordb.connection._cores = cores
-
-
 def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool,
-                 split: bool = False) -> dict:
+                 one_call: bool = False) -> dict:
     rng = np.random.default_rng(0)
     arrays = w.arrays(rng)
     row = {"name": w.name}
@@ -107,13 +100,13 @@ def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool,
             con.load(name, a, tile=w.tile.get(name))
         graph = w.graph()
         fns = {"tensordb": lambda: con.run(graph, replace=True)}
-        if split:
+        if one_call:
+            old.set("blas_one_call", "on")
             for name, a in arrays.items():
                 old.load(name, a, tile=w.tile.get(name))
-            with _split_only():
-                old.run(graph, replace=True)
-            assert old.last_plan.blas_threads == 0
-            fns["split"] = lambda: old.run(graph, replace=True)
+            old.run(graph, replace=True)
+            row["threads"] = old.last_plan.blas_threads
+            fns["one_call"] = lambda: old.run(graph, replace=True)
         fns.update({form: (lambda fn=fn: fn(arrays)) for form, fn in w.forms.items()})
         times = median_times(fns, repeat)
         plan = con.last_plan
@@ -123,9 +116,9 @@ def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool,
         got = con.tensor(w.output)
     row["max_err"] = rel_error(got, want)
     row["tensordb"] = times.pop("tensordb")
-    row["threads"] = plan.blas_threads
-    if split:
-        row["split"] = times.pop("split")
+    row.setdefault("threads", plan.blas_threads)
+    if one_call:
+        row["one_call"] = times.pop("one_call")
     row["forms"] = times
     row["form"] = min(times, key=times.get)
     row["numpy"] = times[row["form"]]
@@ -145,25 +138,28 @@ def _geo(values) -> float:
 
 
 def render(rows: list[dict], args) -> str:
-    split = all("split" in r for r in rows) and bool(rows)
+    split = all("one_call" in r for r in rows) and bool(rows)
     lines = [
         "## Workload suite: tensordb against NumPy and dask.array", "",
         f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m tests.bench.bench_suite "
-        f"--repeat {args.repeat} --workers {args.workers}{' --split' if split else ''}`",
+        f"--repeat {args.repeat} --workers {args.workers}{' --one-call' if split else ''}`",
         f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; BLAS: {blas_info()}; "
         f"numpy {np.__version__}; tensordb {tensordb.__version__} with {args.workers} workers.",
         f"Load average (1 min) at the start and the end of the run: {args.load[0]:.1f}, "
         f"{args.load[1]:.1f} (other work on the machine slows every figure; tensordb and NumPy "
         "are timed in turn, so their ratio suffers less).",
-        "Times are medians in milliseconds. numpy is the fastest of the workload's NumPy "
+        f"Times are medians in milliseconds, each timed call started after a {SETTLE_S:g} s pause "
+        "(`--settle`: OpenBLAS's threads poll for a while after a multi-threaded call, and would "
+        "slow whichever call came next). numpy is the fastest of the workload's NumPy "
         "formulations (its operator form, np.einsum(optimize=True), opt_einsum.contract), timed in "
         "turn with tensordb in each round; `numpy form` names the winner. Ratios are tensordb / "
         "numpy (lower is better) and dask / tensordb (higher is better). `blas threads`: the "
-        "count the plan records (optimizer/threads.py; 0: split, the executor's rule)"
-        + ("; `split ms`: the same query with every operation split, one BLAS thread per "
-           "worker (the plan before the choice), timed in turn in the same rounds." if split
+        "count the one-call run's plan records (optimizer/threads.py; 0: split, the executor's "
+        "rule)" + ("; `one call ms`: the same query with `SET blas_one_call = on` (one BLAS call "
+           "per operation on every core where the cost model prefers it), timed in turn in the "
+           "same rounds." if split
            else "."), "",
-        "| workload | numpy ms | numpy form | tensordb ms | " + ("split ms | " if split else "")
+        "| workload | numpy ms | numpy form | tensordb ms | " + ("one call ms | " if split else "")
         + "dask.array ms | tensordb/numpy | dask/tensordb | kernel calls | blas threads | pieces "
         "| rel. error |",
         "|---|---:|---|---:|" + ("---:|" if split else "") + "---:|---:|---:|---:|---:|---|---:|"]
@@ -173,7 +169,7 @@ def render(rows: list[dict], args) -> str:
         dask_ratio = "" if dask is None else f"{dask / r['tensordb']:.2f}"
         lines.append(f"| {r['name']} | {1e3 * r['numpy']:.1f} | {r['form']} | "
                      f"{1e3 * r['tensordb']:.1f} | "
-                     + (f"{1e3 * r['split']:.1f} | " if split else "")
+                     + (f"{1e3 * r['one_call']:.1f} | " if split else "")
                      + f"{dask_ms} | {r['tensordb'] / r['numpy']:.2f} | "
                      f"{dask_ratio} | {r['calls']} | {r['threads']} | {r['pieces']} | "
                      f"{r['max_err']:.1e} |")
@@ -183,8 +179,8 @@ def render(rows: list[dict], args) -> str:
         lines.append(f"Geometric mean of tensordb/numpy over the {len(dense)} dense workloads: "
                      f"**{_geo(r['tensordb'] / r['numpy'] for r in dense):.2f}**.")
         if split:
-            lines.append(f"The same with every operation split (before): "
-                         f"**{_geo(r['split'] / r['numpy'] for r in dense):.2f}**.")
+            lines.append(f"The same with `SET blas_one_call = on`: "
+                         f"**{_geo(r['one_call'] / r['numpy'] for r in dense):.2f}**.")
         blas = [r for r in dense if r["blas"]]
         if 0 < len(blas) < len(dense):
             lines.append(f"Over the {len(blas)} product-and-sum workloads (min-plus left out): "
@@ -220,22 +216,26 @@ def write_section(text: str, marker: str = "suite") -> None:
 
 
 def main(argv=None) -> None:
+    global SETTLE_S
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", default="", help="run workloads whose name contains this text")
     ap.add_argument("--no-dask", action="store_true")
-    ap.add_argument("--split", action="store_true",
-                    help="also time each query split with one BLAS thread per worker (before)")
+    ap.add_argument("--one-call", action="store_true",
+                    help="also time each query with SET blas_one_call = on")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    ap.add_argument("--settle", type=float, default=SETTLE_S,
+                    help="seconds of pause before each timed call (0: none)")
     args = ap.parse_args(argv)
+    SETTLE_S = args.settle
     rows = []
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
     for w in suite():
         if args.only and args.only not in w.name:
             continue
-        row = run_workload(w, args.repeat, args.workers, not args.no_dask, args.split)
+        row = run_workload(w, args.repeat, args.workers, not args.no_dask, args.one_call)
         rows.append(row)
         print({k: ({f: round(t, 4) for f, t in v.items()} if k == "forms" else
                    round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
