@@ -61,28 +61,35 @@ def _forget_plans(con) -> None:
         forget()
 
 
-def timed_explain(con, sql: str) -> tuple[float, dict[str, float]]:
-    """(seconds end to end, {stage: seconds}) of one EXPLAIN of ``sql``; ``stages["cpu"]`` is
-    the process's CPU time for it (less sensitive than wall time to a shared machine)."""
+def staged(fn) -> tuple[float, float, dict[str, float]]:
+    """(wall seconds, process CPU seconds, {stage: seconds}) of one call of ``fn``, its stages
+    read from the lines ``TENSORDB_DEBUG=1`` prints (a stage seen twice is summed)."""
     err = io.StringIO()
     old = os.environ.get("TENSORDB_DEBUG")
     os.environ["TENSORDB_DEBUG"] = "1"
     try:
         with contextlib.redirect_stderr(err):
             t0, c0 = time.perf_counter(), time.process_time()
-            con.explain(sql)
+            fn()
             total, cpu = time.perf_counter() - t0, time.process_time() - c0
-        _forget_plans(con)  # the next EXPLAIN plans again
     finally:
         if old is None:
             del os.environ["TENSORDB_DEBUG"]
         else:
             os.environ["TENSORDB_DEBUG"] = old
-    stages = dict.fromkeys(STAGES, 0.0)
-    stages["cpu"] = cpu
+    stages: dict[str, float] = {}
     for name, ms in re.findall(r"\[tensordb\] (\w+)\s+([\d.]+) ms", err.getvalue()):
-        if name in stages:
-            stages[name] += float(ms) / 1e3
+        stages[name] = stages.get(name, 0.0) + float(ms) / 1e3
+    return total, cpu, stages
+
+
+def timed_explain(con, sql: str) -> tuple[float, dict[str, float]]:
+    """(seconds end to end, {stage: seconds}) of one EXPLAIN of ``sql``; ``stages["cpu"]`` is
+    the process's CPU time for it (less sensitive than wall time to a shared machine)."""
+    total, cpu, seen = staged(lambda: con.explain(sql))
+    _forget_plans(con)  # the next EXPLAIN plans again
+    stages = {name: seen.get(name, 0.0) for name in STAGES}
+    stages["cpu"] = cpu
     return total, stages
 
 
@@ -118,19 +125,8 @@ def small_query(root: str, runs: int) -> None:
                 for _ in range(runs):
                     if not cached:
                         _forget_plans(con)
-                    err = io.StringIO()
-                    os.environ["TENSORDB_DEBUG"] = "1"
-                    try:
-                        with contextlib.redirect_stderr(err):
-                            t0, c0 = time.perf_counter(), time.process_time()
-                            con.execute(sql)
-                            total, cpu = time.perf_counter() - t0, time.process_time() - c0
-                    finally:
-                        del os.environ["TENSORDB_DEBUG"]
-                    stages: dict[str, float] = {}
-                    for name, ms in re.findall(r"\[tensordb\] (\w+)\s+([\d.]+) ms", err.getvalue()):
-                        stages[name] = float(ms)
-                    samples.append((total, cpu, stages))
+                    total, cpu, stages = staged(lambda: con.execute(sql))
+                    samples.append((total, cpu, {n: 1e3 * t for n, t in stages.items()}))
                 names = sorted({n for _, _, st in samples for n in st},
                                key=lambda n: ("parse bind optimize lower place run commit".split() + [n]).index(n))
                 split = ", ".join(f"{n} {statistics.median(st.get(n, 0.0) for _, _, st in samples):.2f}"

@@ -14,17 +14,19 @@ against numpy once per density.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
-import re
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-import tensordb
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import tensordb  # noqa: E402
+from tests.bench.bench_planning import staged  # noqa: E402
 
 TILE = 256
 
@@ -47,19 +49,8 @@ def timed(con, sql: str, cached: bool) -> tuple[float, dict[str, float]]:
     cache = getattr(con, "_plan_cache", None)  # older versions have none
     if not cached and cache is not None:
         cache.clear()
-    err = io.StringIO()
-    os.environ["TENSORDB_DEBUG"] = "1"
-    try:
-        with contextlib.redirect_stderr(err):
-            t0, c0 = time.perf_counter(), time.process_time()
-            con.execute(sql)
-            total, cpu = time.perf_counter() - t0, time.process_time() - c0
-    finally:
-        del os.environ["TENSORDB_DEBUG"]
-    stages: dict[str, float] = {"cpu": cpu}
-    for name, ms in re.findall(r"\[tensordb\] (\w+)\s+([\d.]+) ms", err.getvalue()):
-        stages[name] = stages.get(name, 0.0) + float(ms) / 1e3
-    return total, stages
+    total, cpu, stages = staged(lambda: con.execute(sql))
+    return total, {**stages, "cpu": cpu}
 
 
 def main(argv=None) -> None:
