@@ -291,8 +291,9 @@ class _Stop(Exception):
 
 @pytest.mark.parametrize("kind", ["min-plus", "elementwise"])
 def test_non_blas_kernels_check_for_cancellation_between_chunks(kind):
-    """A kernel calls ``check`` between chunks of at most CHUNK_ELEMENTS and stops when it raises;
-    with a check that never raises, the chunked answer is numpy's."""
+    """A kernel calls ``check`` at least once per chunk of CHUNK_ELEMENTS (a min-plus tile in
+    cache-sized blocks, more often) and stops when it raises; with a check that never raises,
+    the chunked answer is numpy's."""
     from tensordb.exec.kernels import CHUNK_ELEMENTS, KernelSpec
     from tensordb.plan.ir import EinOp
     from tensordb.plan.scalar import parse_join
@@ -319,7 +320,7 @@ def test_non_blas_kernels_check_for_cancellation_between_chunks(kind):
     assert len(calls) >= chunks  # at least once per chunk
     # between chunks, the fraction of the call done so far (the CLI's progress): 0 up to below 1
     done = [d for d in calls if d is not None]
-    assert len(done) == chunks and done[0] == 0 and done == sorted(done) and done[-1] < 1
+    assert len(done) >= chunks and done[0] == 0 and done == sorted(done) and done[-1] < 1
 
     def stop_at_the_third(done=None):
         calls.append(1)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import tensordb  # noqa: E402
-from tests.bench.bench_suite import blas_info  # noqa: E402
+from tests.bench.bench_suite import SETTLE_S, blas_info  # noqa: E402
 
 COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_train.py"
 LR = 0.01
@@ -248,16 +248,19 @@ def _jax_version() -> str:
     return jax.__version__
 
 
-def paired(fns: dict, repeat: int) -> dict:
+def paired(fns: dict, repeat: int, settle: float = SETTLE_S) -> dict:
     """Times of each function, run in alternation (the order rotated every round, so each
     takes every place in turn: a step pays for what the one before it left, e.g. the pages of
-    its writes) after a warm-up."""
+    its writes) after a warm-up. Each timed call starts after a pause of ``settle`` seconds:
+    OpenBLAS's helper threads poll for work for a while after a multi-threaded product, and
+    without the pause the call after numpy's step shares the cores with them."""
     for fn in fns.values():
         fn()
     times = {k: [] for k in fns}
     keys = list(fns)
     for r in range(repeat):
         for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            time.sleep(settle)
             t0 = time.perf_counter()
             fns[k]()
             times[k].append(time.perf_counter() - t0)
@@ -273,6 +276,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--steps-per-call", type=int, default=5)
+    ap.add_argument("--settle", type=float, default=SETTLE_S,
+                    help="seconds of pause before each timed step (0: none)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -363,7 +368,7 @@ def main(argv=None) -> None:
         def in_memory():
             mem.execute(text)
         times = paired({**fns, "sql": cached, "memory": in_memory, "stored": stored,
-                        "fresh": afresh, "several": several}, args.repeat)
+                        "fresh": afresh, "several": several}, args.repeat, args.settle)
         times["several"] = [t / k for t in times["several"]]
         con.plan = plan
         parts = {"sql": split(con, text, args.repeat),
@@ -428,13 +433,13 @@ def main(argv=None) -> None:
         "the machine shows here first): " + ", ".join(
             f"{n} {spread[k]:.2f}" for k, n in (("numpy", "numpy"), ("sql", "tensordb on disk"),
                                                 ("memory", "tensordb in memory"))) + ". "
-        "Besides other work on the machine, what keeps a median above its fastest is the BLAS "
-        "threads a step leaves spinning: after numpy's products its OpenBLAS helper thread polls "
-        "for work for a while before it sleeps (an idle process used about 55 ms of CPU in the "
-        "250 ms after a numpy step, 0.1 ms after a tensordb step, whose workers call BLAS with one "
-        "thread each), so the step after it in the alternation shares the two cores with it: a "
-        "tensordb step right after a numpy step took 12 ms more CPU and 17 ms more wall time than "
-        "one after 0.3 s idle (medians of 10, load about 3).",
+        f"Each timed step starts after a {args.settle:g} s pause (`--settle`, as in the suite): "
+        "after numpy's products its OpenBLAS helper thread polls for work for a while before it "
+        "sleeps (an idle process used about 55 ms of CPU in the 250 ms after a numpy step, 0.1 ms "
+        "after a tensordb step, whose workers call BLAS with one thread each), and without the "
+        "pause the step after it in the alternation shared the two cores with it: a tensordb "
+        "step right after a numpy step took 12 ms more CPU and 17 ms more wall time than one "
+        "after 0.3 s idle (medians of 10, load about 3).",
         "",
         f"The plan-reusing step hit the plan cache in {sum(hits)} of its {len(hits)} runs "
         f"(warm-up included; the first step after the EXPLAIN): planning took "
