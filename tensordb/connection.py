@@ -411,6 +411,8 @@ class Connection(TensorIO):
             from .exec import make_executor
             self._executor = make_executor(self.settings.executor, self.settings.workers,
                                            memory_limit=self.settings.memory_limit)
+            if getattr(self._executor, "other_processes_read_files", False):
+                self.store.spares.disable()  # a retired file may be mapped in another process
         return self._executor
 
 

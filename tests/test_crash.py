@@ -29,7 +29,7 @@ CHILD = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
     import tensordb
-    from tensordb.storage import catalog, store as st, writer as wr
+    from tensordb.storage import catalog, spares, store as st, writer as wr
 
     path, point, rows, cols, tile_rows = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 
@@ -62,7 +62,7 @@ CHILD = textwrap.dedent("""
         after(catalog, "insert")           # a new tensor's rows
         after(catalog, "replace")          # a replaced tensor's rows swapped
     elif point == "after_commit":          # COMMIT done, the old payload not yet deleted
-        before(st, "_retire_payload")
+        before(spares.SparePayloads, "retire")
 
     con = tensordb.connect(path)
     a = np.empty((rows, cols), "float32")

@@ -5,7 +5,8 @@ into its new payload file at commit (one pwrite), so its bytes reach the file la
 mapped output's. A child process replaces W with ``W - 0.5 * G`` (the SGD update of a training
 step, its plan reused) and is killed with SIGKILL before that write, after it (payload complete,
 catalog untouched), inside the catalog transaction before COMMIT, and after COMMIT before the
-old payload is deleted. The parent reopens the database: every payload file is referenced, and W
+old payload is deleted (or kept as a spare to recycle), each both with a new payload file and
+with a recycled one. The parent reopens the database: every payload file is referenced, and W
 is exactly the old value or exactly the new one (numpy's), never a mix or zeros.
 """
 from __future__ import annotations
@@ -27,12 +28,22 @@ SHAPE = (1024, 512)  # 2 MiB of float32: staged (not mapped), one tile or severa
 CHILD = textwrap.dedent("""
     import os, signal, sys
     import tensordb
-    from tensordb.storage import catalog, store as st, writer as wr
+    from tensordb.storage import catalog, spares, writer as wr
 
-    path, point = sys.argv[1], sys.argv[2]
+    path, point, before = sys.argv[1], sys.argv[2], int(sys.argv[3])
     con = tensordb.connect(path, workers=2)
     step = "W[i,j] = W[i,j] - 0.5 * G[i,j]"
     con.execute("X[i,j] = W[i,j] * 1")   # an output of its own first: the plan path is warm
+    for _ in range(before):              # steps that leave retired payloads to recycle
+        con.execute(step)
+    take = spares.SparePayloads.take
+
+    def taken(*args, **kwargs):
+        size = take(*args, **kwargs)
+        if size is not None:
+            print("recycled", flush=True)
+        return size
+    spares.SparePayloads.take = taken
 
     def die(*a, **k):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -52,7 +63,7 @@ CHILD = textwrap.dedent("""
     elif point == "before_commit":          # rows swapped inside the transaction, no COMMIT
         after(catalog, "replace")
     elif point == "after_commit":           # COMMIT done, the old payload not yet deleted
-        st._retire_payload = die
+        spares.SparePayloads.retire = die
     con.execute(step)
     con.close()
 """)
@@ -64,24 +75,31 @@ def _values():
             rng.standard_normal(SHAPE, dtype=np.float32))
 
 
+@pytest.mark.parametrize("recycled", [False, True], ids=["new-file", "recycled-file"])
 @pytest.mark.parametrize("point, outcome", [
     ("before_write", "old"), ("after_write", "old"), ("before_commit", "old"),
     ("after_commit", "new")])
-def test_kill_around_a_staged_output_commit(tmp_path, point, outcome):
+def test_kill_around_a_staged_output_commit(tmp_path, point, outcome, recycled):
+    """``recycled``: two steps ran first, so the killed step writes into a retired payload file
+    renamed to its version's name (storage/spares.py), not into a new one."""
     w, g = _values()
     assert w.nbytes <= writer.STAGE_MAX  # the path under test
     path = tmp_path / "db"
     with tensordb.connect(path) as c:
         c.load("W", w)
         c.load("G", g)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), point],
+    before = 2 if recycled else 0
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), point, str(before)],
                           capture_output=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    assert (b"recycled" in proc.stdout) == recycled
     with tensordb.connect(path) as c:
         referenced = {r[0] for r in c.store.duck.execute(
             "SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
         assert set(os.listdir(c.store.tiles_dir)) == referenced
         got = c.tensor("W")
         assert [r["problem"] for r in c.check()] == ["ok"]
-    expected = {"old": w, "new": w - np.float32(0.5) * g}[outcome]
+    for _ in range(before + (outcome == "new")):
+        w = w - np.float32(0.5) * g
+    expected = w
     np.testing.assert_array_equal(got, expected)

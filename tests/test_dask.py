@@ -302,3 +302,15 @@ def test_failed_runs_leave_no_records_on_the_workers(dcon):
             dcon.execute("NegPow[i,j] = POW(NegBase[i,j], NegExp[i,j])")  # int ** -1
     assert client.run(_worker_records) == before
     assert not dcon.store.has("NegPow")
+
+
+def test_payload_files_are_not_recycled_once_workers_map_them(dcon, lcon):
+    """A Dask worker process may still map a retired payload file: a connection that runs on a
+    cluster deletes retired files (as before) instead of writing new versions into them."""
+    for con in (dcon, lcon):
+        con.load("R", np.ones((64, 64), np.float32), replace=True)
+        for _ in range(3):
+            con.execute("R[i,j] = R[i,j] * 2")
+        np.testing.assert_array_equal(con.tensor("R"), np.full((64, 64), 8, np.float32))
+    assert not dcon.store.spares.enabled and not dcon.store.spares._files
+    assert lcon.store.spares.enabled and lcon.store.spares._files

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tensordb
+from tests.files import payload_files
 
 DTYPES = ["float32", "float64", "int32", "int64"]
 SHAPE = (37, 23)
@@ -236,8 +237,7 @@ def test_replace_and_drop(con):
     con.load("A", np.full((2, 2), 2, "int32"), replace=True)
     check(con, "A", np.full((2, 2), 2, "int32"))
     assert [t["name"] for t in con.tensors()] == ["A"]
-    files = list(__import__("os").scandir(con.store.tiles_dir))
-    assert len(files) == 1  # the replaced version's payload is gone
+    assert len(payload_files(con.store)) == 1  # the replaced version's payload is gone (or a spare)
     con.drop("a")
     assert con.tensors() == []
     assert list(__import__("os").scandir(con.store.tiles_dir)) == []

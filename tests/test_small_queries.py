@@ -5,13 +5,13 @@ cached; a replaced tensor leaves exactly its new rows and payload file; a tiny p
 calling thread, gives numpy's answer, and Ctrl-C there stores nothing; a zero keeps its sign."""
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
 import pytest
 
 import tensordb
+from tests.files import payload_files
 
 MATMUL = "C[i,k] = SUM(A[i,j] * B[j,k])"
 
@@ -42,7 +42,7 @@ def test_a_replaced_result_leaves_exactly_its_new_rows_and_file(con):
                                    "WHERE tensor = 'C'").fetchall()
     assert tiles == [(meta.version,)]
     # Every payload file is referenced by the catalog, and every referenced one is there.
-    assert set(os.listdir(con.store.tiles_dir)) == _catalog_files(con)
+    assert set(payload_files(con.store)) == _catalog_files(con)
     assert [r["problem"] for r in con.check()] == ["ok"]  # checksums, counts, no orphans
 
 
@@ -54,14 +54,14 @@ def test_a_result_named_like_a_user_table_is_refused_and_nothing_changes(con, ca
     con.drop("C")
     con.sql("CREATE TABLE c (x INTEGER)")
     con.sql("INSERT INTO c VALUES (7)")
-    files = sorted(os.listdir(con.store.tiles_dir))
+    files = payload_files(con.store)
     hits = con.plan_cache_stats["hits"]
     with pytest.raises(tensordb.CatalogError, match="a table named 'c' exists"):
         con.execute(MATMUL)
     assert con.plan_cache_stats["hits"] == hits + (1 if cached else 0)
     assert not con.store.has("C")
     assert con.sql("SELECT x FROM c").fetchall() == [(7,)]
-    assert sorted(os.listdir(con.store.tiles_dir)) == files
+    assert payload_files(con.store) == files
     con.execute("D[i,k] = SUM(A[i,j] * B[j,k])")  # the connection goes on
     np.testing.assert_allclose(con.tensor("D"), con.tensor("A") @ con.tensor("B"), rtol=1e-5,
                                atol=1e-5)
@@ -90,7 +90,7 @@ def test_a_tiny_plan_runs_on_the_calling_thread_with_numpys_answer(con):
 def test_ctrl_c_in_a_tiny_plan_stores_nothing(con):
     con.execute(MATMUL)
     before = con.tensor("C").copy()
-    files = sorted(os.listdir(con.store.tiles_dir))
+    files = payload_files(con.store)
 
     def interrupt(done, total):
         raise KeyboardInterrupt
@@ -100,7 +100,7 @@ def test_ctrl_c_in_a_tiny_plan_stores_nothing(con):
         con.execute("C[i,k] = SUM(A[i,j] * A[j,k])")
     con.progress_callback = None
     np.testing.assert_array_equal(con.tensor("C"), before)
-    assert sorted(os.listdir(con.store.tiles_dir)) == files
+    assert payload_files(con.store) == files
     con.execute("C[i,k] = SUM(A[i,j] * A[j,k])")
     a = con.tensor("A")
     np.testing.assert_allclose(con.tensor("C"), a @ a, rtol=1e-5, atol=1e-5)
@@ -142,14 +142,14 @@ def test_a_group_of_outputs_is_refused_whole_when_any_is_named_like_a_user_table
     versions = {n: con.store.meta(n).version for n in "PQR"}
     con.drop("Q")
     con.sql(f"CREATE {kind} q AS SELECT 7 AS x")
-    files = sorted(os.listdir(con.store.tiles_dir))
+    files = payload_files(con.store)
     hits = con.plan_cache_stats["hits"]
     with pytest.raises(tensordb.CatalogError, match="cannot create tensor 'Q': a table named 'q'"):
         con.execute(group)  # its plan cached: the commit's check refuses it
     assert con.plan_cache_stats["hits"] == hits + 1
     assert {n: con.store.meta(n).version for n in "PR"} == {n: versions[n] for n in "PR"}
     assert not con.store.has("Q")
-    assert sorted(os.listdir(con.store.tiles_dir)) == files
+    assert payload_files(con.store) == files
     for n in "PR":
         np.testing.assert_array_equal(con.tensor(n), before[n])
     con.sql(f"DROP {kind} q")

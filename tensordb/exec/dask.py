@@ -74,6 +74,7 @@ class DaskExecutor:
 
     name = "dask"
     max_fan_in = AGG_FAN_IN  # the plan's aggregations come as trees of at most this many partials
+    other_processes_read_files = True  # workers map payload files themselves (storage/spares.py)
 
     def __init__(self, spec: str = "dask://local", workers: int = 2, *, memory_limit=None) -> None:
         from distributed import Client

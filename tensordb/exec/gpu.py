@@ -75,6 +75,8 @@ class DeviceTiles(HostTiles):
     name = "gpu"
     limits_blas = False
     inline = False  # tasks run in a worker's device context, never on the calling thread
+    pins_workers = False  # a worker only launches kernels; the driver's threads it starts
+                          # would inherit its core
     writes_destinations = False
     spills = True      # the budget moves device tiles to host memory (evict), not to disk
     loads_copy = True  # a Load copies its box host -> device: the budget reserves it

@@ -75,6 +75,7 @@ class HostTiles:
     inline = True                # a tiny plan may run on the calling thread (no worker context)
     writes_destinations = True   # output tiles may land straight in the caller's buffers
     spills = True                # tiles are NumPy arrays: the budget may spill them to disk
+    pins_workers = True          # each worker thread keeps to a core of its own (see _pin)
 
     def __init__(self, xp=None) -> None:
         self.xp = xp if xp is not None else get_backend("numpy")
@@ -124,6 +125,8 @@ class LocalExecutor:
                 th.start()
 
     def _worker_loop(self, w: int) -> None:
+        if self.tiles.pins_workers:
+            _pin(w, self.workers)
         with self.tiles.worker(w):
             get = self.queues.get
             while True:
@@ -160,6 +163,22 @@ class LocalExecutor:
                 result = run.go()
         result.tiles = {k: tiles.to_host(v) for k, v in result.tiles.items()}
         return result
+
+
+def _pin(w: int, workers: int) -> None:
+    """Keep worker thread ``w`` on a core of its own, when there are cores enough for every
+    worker. Unpinned, the threads that slept between two runs were woken by the caller onto its
+    core, two kernels sharing it until the scheduler moved one: after 0.3 s idle a run of two
+    single-threaded products took 13 ms instead of 9.5 (pinned: 10)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))  # the process's: this thread is not pinned yet
+    if workers > len(cpus) or len(cpus) < 2:
+        return
+    try:
+        os.sched_setaffinity(0, {cpus[w]})  # 0: this thread
+    except OSError:
+        pass
 
 
 def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:

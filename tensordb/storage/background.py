@@ -3,6 +3,7 @@ the fsyncs of a payload file and its directory (run together, writer.py), and th
 replaced payload file's blocks (directory.py). One small pool per process, made when first used."""
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -12,13 +13,27 @@ _pool: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
 
 
+# The cores of the process when it imported us: a helper thread started by a worker thread that
+# keeps to one core (exec/pool.py) would inherit that core; it may run on any.
+_CORES = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+
+def _any_core() -> None:
+    if _CORES is not None:
+        try:
+            os.sched_setaffinity(0, _CORES)
+        except OSError:
+            pass
+
+
 def submit(fn, *args) -> Future | None:
     """Run ``fn(*args)`` on a helper thread; None when no thread can start (the interpreter is
     shutting down): the caller then runs it itself."""
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(4, thread_name_prefix="tensordb-files")
+            _pool = ThreadPoolExecutor(4, thread_name_prefix="tensordb-files",
+                                       initializer=_any_core)
         pool = _pool
     try:
         return pool.submit(fn, *args)

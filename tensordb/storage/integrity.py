@@ -169,7 +169,7 @@ def _orphans(store) -> list[tuple]:
         keep = catalog.referenced_files(store.duck)
     rows = []
     for entry in sorted(os.scandir(store.tiles_dir), key=lambda d: d.name):
-        if entry.name not in keep:
+        if entry.name not in keep and entry.path not in store.spares:  # spares: kept for reuse
             try:
                 kind = "" if entry.is_file(follow_symlinks=False) else \
                     f" ({file_kind(entry.stat(follow_symlinks=False).st_mode)})"

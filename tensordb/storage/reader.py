@@ -16,6 +16,8 @@ import mmap
 import os
 import stat
 import threading
+import weakref
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -25,7 +27,53 @@ from ..errors import DataError, Error, OperationalError
 from ..geometry import overlapping, tile_box
 from .meta import TensorMeta
 
-__all__ = ["TensorReader", "TileEntry", "open_payload", "file_kind"]
+__all__ = ["TensorReader", "TileEntry", "open_payload", "file_kind", "track_mapping",
+           "payload_in_use", "rename_unused"]
+
+# Who in this process may still read a payload file: its live mappings (a mapping stays alive
+# while any array made from it does) and its descriptors open for a read. A retired file that
+# nothing here uses may be recycled for a new payload (Store.recycle); other processes (Dask
+# workers) are the store's to rule out.
+_USERS_LOCK = threading.Lock()
+_MAPPINGS: dict[str, weakref.WeakSet] = {}
+_READING: Counter = Counter()
+
+
+def track_mapping(path: str, mapping: mmap.mmap) -> None:
+    """Note that ``mapping`` (alive while anything uses its memory) maps payload ``path``."""
+    with _USERS_LOCK:
+        _MAPPINGS.setdefault(path, weakref.WeakSet()).add(mapping)
+
+
+def payload_in_use(path: str) -> bool:
+    """Whether anything in this process may still read payload ``path``: a live mapping of it
+    (a reader's, a writer's, or one kept alive by an array made from it) or a read under way."""
+    with _USERS_LOCK:
+        return _in_use(path)
+
+
+def _in_use(path: str) -> bool:
+    maps = _MAPPINGS.get(path)
+    if maps is not None and not len(maps):
+        del _MAPPINGS[path]
+        maps = None
+    return maps is not None or _READING.get(path, 0) > 0
+
+
+def rename_unused(path: str, new_path: str) -> bool:
+    """Give the file ``path`` the name ``new_path`` (which must not exist) if nothing in this
+    process uses it; False (nothing done) otherwise. A read of ``path`` counts itself before it
+    opens the file, under the lock held here: one that starts later finds no file by that name."""
+    with _USERS_LOCK:
+        if _in_use(path):
+            return False
+        os.link(path, new_path)  # not rename: an existing new_path is an error, never replaced
+        try:
+            os.unlink(path)
+        except OSError:
+            os.unlink(new_path)
+            raise
+        return True
 
 
 @dataclass(frozen=True)
@@ -114,14 +162,23 @@ class TensorReader:
         return self._map
 
     def _open(self) -> mmap.mmap:
-        fd = open_payload(self.meta.name, self.path, self.entries.values())
+        with _USERS_LOCK:  # counted from before the open: see rename_unused
+            _READING[self.path] += 1
         try:
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            fd = open_payload(self.meta.name, self.path, self.entries.values())
+        except BaseException:
+            _done_reading(self.path)
+            raise
+        try:
+            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            track_mapping(self.path, mapping)
+            return mapping
         except (OSError, ValueError) as exc:  # checked above; a file changing under us lands here
             raise OperationalError(f"cannot map the payload file {self.path} of tensor "
                                    f"'{self.meta.name}': {_reason(exc)}") from None
         finally:
             os.close(fd)
+            _done_reading(self.path)
 
     def _view(self, offset: int, shape: tuple[int, ...]) -> np.ndarray:
         count = int(np.prod(shape, dtype=np.int64))
@@ -188,7 +245,13 @@ class TensorReader:
         out = np.zeros(meta.shape, meta.dtype)
         if not self.entries:
             return out
-        fd = open_payload(meta.name, self.path, self.entries.values())
+        with _USERS_LOCK:
+            _READING[self.path] += 1
+        try:
+            fd = open_payload(meta.name, self.path, self.entries.values())
+        except BaseException:
+            _done_reading(self.path)
+            raise
         try:
             for c in self.coords():
                 e = self.entries[c]
@@ -201,6 +264,7 @@ class TensorReader:
                     dest[...] = buf
         finally:
             os.close(fd)
+            _done_reading(self.path)
         return out
 
     def _pread_into(self, fd: int, buf: memoryview, offset: int) -> None:
@@ -219,6 +283,13 @@ class TensorReader:
     def close(self) -> None:
         """Drop the mapping now (views made from it keep it alive until they are freed)."""
         self._map = None
+
+
+def _done_reading(path: str) -> None:
+    with _USERS_LOCK:
+        _READING[path] -= 1
+        if _READING[path] <= 0:
+            del _READING[path]
 
 
 _CHECK_HINT = "the file was changed outside tensordb; CHECK DATABASE lists every damaged tile"

@@ -22,9 +22,10 @@ import numpy as np
 from ..errors import CatalogError, InterfaceError, OperationalError, ProgrammingError
 from . import catalog, directory
 from ._duck import quote_str, translate, translating
-from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_payload as _retire_payload
+from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .reader import TensorReader
+from .spares import SparePayloads
 from .spilldir import remove_leftover_runs
 from .writer import TensorWriter
 
@@ -38,7 +39,7 @@ class _Txn:
     def __init__(self, external: bool) -> None:
         self.external = external  # joined a transaction the user began: we neither commit nor undo
         self.created: list[str] = []
-        self.retired: list[str] = []
+        self.retired: list[tuple[str, bool]] = []  # (path, may be kept as a spare)
 
 
 class Store:
@@ -58,6 +59,7 @@ class Store:
         self.user_transaction = False  # a transaction begun with SQL (con.sql("BEGIN")) is open
         self._entries: dict[int, tuple] = {}
         self._views: set[str] = set()
+        self.spares = SparePayloads()  # retired payload files kept for reuse (spares.py)
         if path is None:
             if read_only:
                 raise ProgrammingError("an in-memory database cannot be opened read-only")
@@ -110,6 +112,8 @@ class Store:
     def close(self) -> None:
         """Close the catalog; an in-memory database's payload files are deleted."""
         with self._lock:
+            if getattr(self, "spares", None) is not None:
+                self.spares.clear()
             if getattr(self, "duck", None) is not None:
                 try:
                     if self._txn is not None and not self._txn.external:
@@ -270,6 +274,11 @@ class Store:
                     raise CatalogError(f"cannot create tensor '{name}': a table named '{table}' "
                                        "exists", hint="tensors and tables share one namespace")
 
+    def take_spare(self, size: int, path: str) -> int | None:
+        """Rename a retired payload file of about ``size`` bytes to ``path`` (a writer's new
+        file); its size, or None (spares.py)."""
+        return self.spares.take(size, path)
+
     def _commit_writer(self, w: TensorWriter, durable=lambda: None) -> TensorMeta:
         """Swap ``w``'s rows in; ``durable()`` waits until its payload is on disk (and raises
         OSError if it cannot be): it returns before the transaction commits."""
@@ -285,7 +294,7 @@ class Store:
             old = self._find(w.name)
             with translating(f"cannot store tensor '{w.name}'"):
                 if old is not None:
-                    self._retire_file(old, txn)
+                    self._retire_file(old, txn, spare=True)
                     catalog.replace(self.duck, old, meta, w.file, entries)
                 else:
                     catalog.insert(self.duck, meta, w.file, entries)
@@ -314,18 +323,20 @@ class Store:
                 self._retire(old, txn)
             self._forget(name)
         self._forget_view(old.name)
+        self.spares.clear()  # a drop gives space back: the spares' too
 
     def _retire(self, old: TensorMeta, txn: _Txn) -> None:
         self._retire_file(old, txn)
         catalog.delete(self.duck, old)
 
-    def _retire_file(self, old: TensorMeta, txn: _Txn) -> None:
+    def _retire_file(self, old: TensorMeta, txn: _Txn, spare: bool = False) -> None:
         """Have ``old``'s payload file deleted once the transaction that removes its rows
-        commits (its name from the cached tile entries when this session read or wrote it)."""
+        commits (its name from the cached tile entries when this session read or wrote it);
+        ``spare``: or kept for reuse by a later output of its size (a replace, not a drop)."""
         hit = self._entries.get(old.version)
         file = hit[0] if hit is not None else catalog.payload_file(self.duck, old)
         if file:
-            txn.retired.append(os.path.join(self.tiles_dir, file))
+            txn.retired.append((os.path.join(self.tiles_dir, file), spare))
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[_Txn]:
@@ -377,8 +388,8 @@ class Store:
                 for path in txn.created:
                     _remove(path)
                 raise translate(exc, "commit failed") from None
-            for path in txn.retired:
-                _retire_payload(path)
+            for path, spare in txn.retired:  # a replaced payload may be reused; a dropped one goes
+                self.spares.retire(path, keep=spare)
 
     # -- SQL views of tensors (see relations.py) -----------------------------------------------
     def _register_view(self, name: str, obj) -> None:

@@ -24,7 +24,7 @@ from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import Grid, grid_shape, tile_box
 from . import background
 from .meta import TensorMeta
-from .reader import TileEntry
+from .reader import TileEntry, track_mapping
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
@@ -96,11 +96,11 @@ class TensorWriter:
             if not layout or pos == 0:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                _allocate(self._fd, pos)
+                self._fd = self._open_reserved(pos)
                 os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
                 if pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX)):
                     self._map = mmap.mmap(self._fd, pos)
+                    track_mapping(self.path, self._map)  # its tiles outlive the writer
             except OSError as exc:
                 self._fail()
                 raise OperationalError(f"cannot reserve {pos} bytes for '{self.name}' in "
@@ -113,6 +113,28 @@ class TensorWriter:
             self._reserved = {c: (off, st, sh, np.ndarray(sh, self.dtype, base, off))
                               for c, (off, st, sh) in layout.items()}
             return {c: r[3] for c, r in self._reserved.items()}
+
+    def _open_reserved(self, size: int) -> int:
+        """The new payload file, ``size`` bytes with their disk blocks: a retired payload file
+        of about that size, renamed, where the store has one (writing into its blocks and pages
+        costs a third of allocating new ones, and so does their fsync), else a new file."""
+        spare = self.store.take_spare(size, self.path)
+        if spare is not None:
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                if spare > size:
+                    os.ftruncate(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _allocate(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
                    nonfinite: bool | None = None, crc32: int | None = None) -> bool:

@@ -1,0 +1,130 @@
+"""Retired payload files are recycled for new versions (storage/spares.py), never under a reader.
+
+A replace keeps the old version's payload file as a spare once the catalog no longer references
+it; the next output of about that size is written into it, renamed to its own version's name.
+A file still mapped in this process (a reader, an array made from its tiles) is not reused, so a
+snapshot never changes under its reader. Spares are not orphans to CHECK DATABASE, and closing
+deletes them.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.storage import reader, spares
+
+STEP = "W[i,j] = W[i,j] - 0.5 * G[i,j]"
+
+
+def _values(shape=(256, 128)):
+    rng = np.random.default_rng(7)
+    return (rng.standard_normal(shape, dtype=np.float32),
+            rng.standard_normal(shape, dtype=np.float32))
+
+
+def _files(con) -> set[str]:
+    return set(os.listdir(con.store.tiles_dir))
+
+
+def _referenced(con) -> set[str]:
+    return {r[0] for r in con.store.duck.execute(
+        "SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
+
+
+@pytest.mark.parametrize("where", ["disk", "memory"])
+def test_a_repeated_replace_writes_into_retired_files(tmp_path, where):
+    w, g = _values()
+    con = tensordb.connect(tmp_path / "db" if where == "disk" else None, workers=2)
+    con.load("W", w)
+    con.load("G", g)
+    taken = []
+    take = con.store.spares.take
+
+    def counting(size, path):
+        got = take(size, path)
+        taken.append(got)
+        return got
+    con.store.spares.take = counting
+    expected = w
+    inodes = set()
+    for _ in range(6):
+        con.execute(STEP)
+        expected = expected - np.float32(0.5) * g
+        meta = con.store.meta("W")
+        inodes.add(os.stat(os.path.join(con.store.tiles_dir, f"{meta.version}.bin")).st_ino)
+    np.testing.assert_array_equal(con.tensor("W"), expected)
+    # the first step has no spare; later ones reuse the two files that take turns
+    assert taken[0] is None and all(t == w.nbytes for t in taken[2:]), taken
+    assert len(inodes) <= 3
+    # what is on disk: the live payloads and the spares, nothing else; CHECK DATABASE is clean
+    assert _files(con) - _referenced(con) == {os.path.basename(p) for p in con.store.spares._files}
+    assert [r["problem"] for r in con.check()] == ["ok"]
+    con.close()
+    if where == "disk":
+        with tensordb.connect(tmp_path / "db") as again:  # closing deleted the spares
+            assert _files(again) == _referenced(again)
+            np.testing.assert_array_equal(again.tensor("W"), expected)
+
+
+def test_a_mapped_old_version_is_never_overwritten(tmp_path):
+    w, g = _values()
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("W", w)
+        con.load("G", g)
+        snapshot = con.store.open("W")  # maps version 1 on its first tile
+        view = snapshot.tile((0, 0))
+        old_path = snapshot.path
+        held = view.copy()
+        for _ in range(4):  # version 1 retires at the first step; later steps look for spares
+            con.execute(STEP)
+        assert reader.payload_in_use(old_path)
+        assert os.path.exists(old_path)  # still a spare, not renamed to a newer version
+        np.testing.assert_array_equal(view, held)
+        del view, snapshot  # the mapping goes with the last array made from it
+        assert not reader.payload_in_use(old_path)
+        con.execute(STEP)  # now it may be recycled
+        expected = w
+        for _ in range(5):
+            expected = expected - np.float32(0.5) * g
+        np.testing.assert_array_equal(con.tensor("W"), expected)
+
+
+def test_a_read_under_way_blocks_the_rename(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 64)
+    reader._READING[str(path)] += 1
+    try:
+        assert not reader.rename_unused(str(path), str(tmp_path / "g.bin"))
+        assert path.exists() and not (tmp_path / "g.bin").exists()
+    finally:
+        reader._done_reading(str(path))
+    assert reader.rename_unused(str(path), str(tmp_path / "g.bin"))
+    assert not path.exists() and (tmp_path / "g.bin").read_bytes() == b"x" * 64
+
+
+def test_rename_never_replaces_an_existing_file(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"a")
+    (tmp_path / "b.bin").write_bytes(b"b")
+    with pytest.raises(FileExistsError):
+        reader.rename_unused(str(tmp_path / "a.bin"), str(tmp_path / "b.bin"))
+    assert (tmp_path / "a.bin").read_bytes() == b"a" and (tmp_path / "b.bin").read_bytes() == b"b"
+
+
+def test_the_pool_is_bounded_and_sizes_must_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(spares, "MAX_FILES", 2)
+    pool = spares.SparePayloads()
+    paths = []
+    for i, size in enumerate([1000, 5 << 20, 3000]):
+        p = tmp_path / f"{i}.bin"
+        p.write_bytes(b"\0" * size)
+        paths.append(p)
+        pool.retire(str(p))
+    assert not paths[0].exists()  # the oldest went when a third came
+    assert pool.take(3 << 20, str(tmp_path / "new.bin")) is None  # 5 MiB: too big for 3 MiB
+    assert pool.take(2500, str(tmp_path / "new.bin")) == 3000  # within the slack
+    assert (tmp_path / "new.bin").stat().st_size == 3000 and not paths[2].exists()
+    pool.disable()
+    assert not paths[1].exists() and pool.take(5 << 20, str(tmp_path / "x.bin")) is None
