@@ -26,6 +26,10 @@ from .tensor_io import TensorIO
 
 __all__ = ["Connection", "connect"]
 
+# A statement planned afresh whose kernels do at most this many flops (a few ms) leaves the user
+# table check to its commit (see _run_graph).
+EARLY_CHECK_FLOPS = 1 << 24
+
 
 def connect(path: str | os.PathLike | None = None, *, workers: int | None = None,
             memory_limit: int | str | None = None, executor: str = "local",
@@ -390,12 +394,15 @@ class Connection(TensorIO):
         # Output tiles are computed straight into their new payload files where the executor
         # can (in-process workers); nothing is visible until the catalog commit. A user table
         # named like an output is refused by the commit; a graph planned afresh (a new
-        # statement) is also checked before its run, a repeated one (its plan cached) not twice.
+        # statement) is also checked before its run, so that a refused name costs no compute,
+        # unless its kernels are a few milliseconds at most: then that catalog query (0.5 ms)
+        # would cost more than it could save. A repeated graph (its plan cached) is not.
         # Outputs computed in anonymous memory are outside the memory budget: a sixteenth of
         # the limit at most (no limit: the writer's own cap per file).
         limit = self.settings.memory_limit
         writers = physical.OutputWriters(self.store, plan, replace=replace,
-                                         check_tables=self._plan_cache.hits == hits,
+                                         check_tables=self._plan_cache.hits == hits and
+                                         sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
                                          stage_max=None if limit is None else limit // 16)
         try:
             result = self._run(plan, writers.buffers)

@@ -67,6 +67,21 @@ def test_a_result_named_like_a_user_table_is_refused_and_nothing_changes(con, ca
                                atol=1e-5)
 
 
+def test_a_large_new_statement_is_refused_before_it_runs(con):
+    """A statement planned afresh whose kernels are more than EARLY_CHECK_FLOPS looks for a user
+    table of its output's name before the run: a refused name costs no compute. A small one
+    leaves that to its commit (the test above): the same error, nothing stored."""
+    from tensordb.connection import EARLY_CHECK_FLOPS
+    big = np.random.default_rng(2).standard_normal((512, 512))
+    assert 2 * 512 ** 3 > EARLY_CHECK_FLOPS
+    con.load("G", big, tile=(128, 128))
+    con.sql("CREATE TABLE h (x INTEGER)")
+    ran = con.last_run
+    with pytest.raises(tensordb.CatalogError, match="a table named 'h' exists"):
+        con.execute("H[i,k] = SUM(G[i,j] * G[j,k])")
+    assert con.last_run is ran and not con.store.has("H")
+
+
 def test_a_tiny_plan_runs_on_the_calling_thread_with_numpys_answer(con):
     threads = set()
     con.progress_callback = lambda done, total: threads.add(threading.get_ident())
