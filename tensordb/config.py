@@ -116,7 +116,10 @@ class Settings:
     ``progress``: show progress for long queries in the CLI; ``blas_one_call``: let the optimizer
     offer, on the local pool, one BLAS call per operation on every core against split pieces
     (optimizer/threads.py; off by default: on a quiet 2-core machine it measured no faster and
-    up to 3x slower for batched products, docs/benchmarks.md).
+    up to 3x slower for batched products, docs/benchmarks.md); ``pin_workers``: keep each of
+    the local pool's worker threads on a core of its own when there are cores enough (exec/pool.py;
+    on by default: unpinned, threads woken after a pause shared the caller's core; off lets the
+    scheduler move them, for a machine whose cores other work keeps busy).
 
     ``set(name, 'DEFAULT')`` returns a setting to its default, except ``tiling``, where
     ``default`` names a strategy (an empty value is the default strategy there)."""
@@ -127,6 +130,7 @@ class Settings:
     tiling: str = ""
     progress: bool = True
     blas_one_call: bool = False
+    pin_workers: bool = True
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -163,10 +167,10 @@ class Settings:
             value = parse_bytes(value)
         elif key == "progress":
             value = str(value).lower() in ("1", "true", "on", "yes")
-        elif key == "blas_one_call":
+        elif key in ("blas_one_call", "pin_workers"):
             text = str(value).strip().lower()
             if text not in ("1", "true", "on", "yes", "0", "false", "off", "no"):
-                raise ProgrammingError(f"blas_one_call must be on or off, got {value!r}")
+                raise ProgrammingError(f"{key} must be on or off, got {value!r}")
             value = text in ("1", "true", "on", "yes")
         else:
             value = str(value)

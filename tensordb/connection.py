@@ -152,7 +152,8 @@ class Connection(TensorIO):
             from .exec.spawn import check_main_guard
             check_main_guard(value)  # before the setting changes
         self.settings.set(name, value)
-        if name.lower() in ("workers", "executor", "memory_limit") and self._executor is not None:
+        if name.lower() in ("workers", "executor", "memory_limit", "pin_workers") and \
+                self._executor is not None:
             self._executor.close()
             self._executor = None
 
@@ -418,6 +419,8 @@ class Connection(TensorIO):
             from .exec import make_executor
             self._executor = make_executor(self.settings.executor, self.settings.workers,
                                            memory_limit=self.settings.memory_limit)
+            if hasattr(self._executor, "pin_workers"):
+                self._executor.pin_workers = self.settings.pin_workers  # before threads start
             if getattr(self._executor, "other_processes_read_files", False):
                 self.store.spares.disable()  # a retired file may be mapped in another process
         return self._executor

@@ -115,6 +115,7 @@ class LocalExecutor:
         self.threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # one plan runs at a time
         self.last_blas_threads: int | None = None  # what the last run set (None: never set)
+        self.pin_workers = True  # SET pin_workers: each worker thread on a core (see _pin)
 
     def _start(self) -> None:
         if not self.threads:
@@ -125,7 +126,7 @@ class LocalExecutor:
                 th.start()
 
     def _worker_loop(self, w: int) -> None:
-        if self.tiles.pins_workers:
+        if self.pin_workers and self.tiles.pins_workers:
             _pin(w, self.workers)
         with self.tiles.worker(w):
             get = self.queues.get
