@@ -144,8 +144,8 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
     strategy, so that EXPLAIN and the benchmarks compare strategies with one yardstick.
 
     >>> from tensordb.plan.ir import EinOp, EinGraph, TensorInfo
-    >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 4096, "j": 8, "k": 8})
-    >>> g = EinGraph((TensorInfo("A", (4096, 8), "float64"), TensorInfo("B", (8, 8), "float64")),
+    >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 65536, "j": 8, "k": 8})
+    >>> g = EinGraph((TensorInfo("A", (65536, 8), "float64"), TensorInfo("B", (8, 8), "float64")),
     ...              (op,), ("C",))
     >>> decompose(g, 4).pieces("C")     # tall and skinny: split the rows
     {'i': 4, 'k': 1, 'j': 1}

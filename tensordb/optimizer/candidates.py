@@ -5,7 +5,8 @@ A candidate gives every label of the operation a number of pieces ``d_l <= size_
 shares. Three exceptions:
 
 - a small operation (at most ``CostParams.small_op_flops``) may also use any divisor of ``p``
-  kernel calls, down to one: the cost model then weighs task overhead against idle workers;
+  kernel calls, down to one: its idle workers cost nothing (cost.py), so it runs as the fewest
+  calls its bytes allow: one task saves more than splitting tens of microseconds could;
 - when the labels are too small to make ``p`` pieces, every reachable divisor of ``p`` is offered;
 - when a memory budget is set and no candidate's projected peak (``OpModel.peak``: what its
   largest kernel call holds, plan/memory.py) fits it, the product doubles (``2p``, ``4p``, ...:

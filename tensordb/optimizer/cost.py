@@ -15,7 +15,8 @@ For an operation with pieces ``d`` per label, ``K = prod(d)`` kernel calls run, 
 Two terms turn "use the workers well" into bytes, so that one number ranks candidates: every
 task (kernel call or aggregation) costs a fixed overhead (a task is not free: splitting a
 10-element tensor 16 ways is worse than not splitting it), and an operation with fewer kernel
-calls than workers pays for the idle workers' share of its flops. Both are zero-sum for the communication part, which is reported
+calls than workers pays for the idle workers' share of its flops, unless it is small
+(``small_op_flops``): a 64 x 64 matmul runs as one task, not two. Both are zero-sum for the communication part, which is reported
 on its own (``OpCost.bytes``).
 
 >>> from tensordb.plan.ir import EinOp
@@ -310,7 +311,11 @@ class OpModel:
         par = min(calls * self.rate(d), p)
         prm = self.params
         flops = self.flops * f
-        balance = max(0.0, flops / par - flops / p) * p * prm.bytes_per_flop
+        # Idle workers cost their share of the flops, except next to a small operation (at most
+        # small_op_flops, tens of microseconds): splitting it saves less time than a task costs
+        # (and a stored result pays a catalog row per tile).
+        balance = 0.0 if self.flops <= prm.small_op_flops else \
+            max(0.0, flops / par - flops / p) * p * prm.bytes_per_flop
         # Aggregations are tasks too (and a synchronisation point): between tilings that move
         # the same volume, the one without partial results wins.
         tasks = calls + (calls / fan_in if fan_in > 1 else 0)
