@@ -466,7 +466,10 @@ def main(argv=None) -> None:
         "then its catalog rows; in memory there is no fsync). A stored output of up to 64 MiB "
         "(the new W1 is 16 MiB) is computed in anonymous memory and written into its new "
         "payload file by one pwrite at commit: computing it straight into a fresh mapping of "
-        "the file took a page fault per 4 KiB page, twice the update's arithmetic. "
+        "the file took a page fault per 4 KiB page, twice the update's arithmetic. That file "
+        "is the one of the version two steps back, kept as a spare when it was replaced "
+        "(storage/spares.py): writing and fsyncing blocks the file already has costs a third "
+        "of allocating new ones. "
         "With the forward values stored too (the step timed before), three more tensors are "
         "opened and committed each step. Several steps in one execute call are one graph "
         "with one commit of the last weights: the fixed costs are paid once per call.",
