@@ -31,9 +31,9 @@ __all__ = ["TensorReader", "TileEntry", "open_payload", "file_kind", "track_mapp
            "payload_in_use", "rename_unused"]
 
 # Who in this process may still read a payload file: its live mappings (a mapping stays alive
-# while any array made from it does) and its descriptors open for a read. A retired file that
-# nothing here uses may be recycled for a new payload (Store.recycle); other processes (Dask
-# workers) are the store's to rule out.
+# while any array made from it does) and its reads under way. A retired file that nothing here
+# uses may be recycled for a new payload (spares.py); other processes (Dask workers) are the
+# store's to rule out.
 _USERS_LOCK = threading.Lock()
 _MAPPINGS: dict[str, weakref.WeakSet] = {}
 _READING: Counter = Counter()
