@@ -219,7 +219,8 @@ class KernelSpec:
             chunk = self.choice.chunk if self.choice.method == "broadcast" else \
                 max(self.space[:len(agg_axes)], key=lambda l: ext[l])
             axis = self.space.index(chunk)
-            step = max(1, self.choice.chunk_elements // max(math.prod(full) // max(full[axis], 1), 1))
+            per_slice = math.prod(full) // max(full[axis], 1)
+            step = max(1, self.choice.chunk_elements // max(per_slice, 1))
             oax = len(agg_axes)  # the first output axis
             blocked = self._cache_blocks(views, full, axis, oax) if xp is np else None
             if blocked is None:
@@ -237,8 +238,9 @@ class KernelSpec:
                 sl = [v if v.shape[oax] == 1 else _slice(v, oax, lo, hi, xp) for v in views]
                 shape = list(full)
                 shape[oax] = hi - lo
-                part = self._reduce(sl, shape, axis, step, agg, arrays,
-                                    lambda done: check((lo + done * (hi - lo)) / full[oax]), scratch)
+                def within(done, lo=lo, hi=hi):  # the fraction of the whole tile done
+                    check((lo + done * (hi - lo)) / full[oax])
+                part = self._reduce(sl, shape, axis, step, agg, arrays, within, scratch)
                 if result is None:
                     result = np.empty(full[oax:], dtype=part.dtype)
                 result[lo:hi] = part
@@ -247,11 +249,11 @@ class KernelSpec:
     def _cache_blocks(self, views, full, axis, oax):
         """(block, step): blocks of output axis ``oax`` and chunks of ``step`` along ``axis``
         whose join stays within CACHE_BYTES, when the join combines operands (a reduction of one
-        gains nothing), that cuts the output at all and every operand may be copied into the
-        join's order (it fits the chunks' share of the budget); None otherwise (the plain chunks
-        along ``axis`` are used)."""
-        if len(views) < 2 or oax == len(full) or any(not v.flags.c_contiguous and v.size > self.choice.chunk_elements
-                                   for v in views):
+        gains nothing), that cuts the output at all, and the operands may be copied into the
+        join's order (the copies together fit the chunks' share of the budget); None otherwise
+        (the plain chunks along ``axis`` are used)."""
+        copies = sum(v.size for v in views if not v.flags.c_contiguous)
+        if len(views) < 2 or oax == len(full) or copies > self.choice.chunk_elements:
             return None
         rest = math.prod(full) // (full[axis] * full[oax])
         cache = CACHE_BYTES // self.dtype.itemsize
@@ -265,15 +267,16 @@ class KernelSpec:
     def _reduce(self, views, full, axis, step, agg, arrays, check, scratch=None):
         """The join over the space ``full`` (aggregated axes first) reduced by ``agg``, computed
         in chunks of ``step`` along ``axis``, each folded into an accumulator. ``scratch`` keeps
-        the chunk buffers from one call to the next (blocks of one output, the first the largest)."""
+        the chunk buffers from one call to the next (blocks of one output, the first the
+        largest)."""
         xp = self.xp
         op = self.op
         agg_axes = tuple(range(len(full) - self.n_out))
         ufunc = agg.ufunc
         scratch = {} if scratch is None else scratch
         acc = None
-        buf = scratch.get("buf")  # the first chunk's join, reused by the later ones (no fresh pages each)
-        spare = scratch.get("spare")  # the later chunks' reductions, before they are folded into acc
+        buf = scratch.get("buf")  # the first chunk's join, reused by later ones (no fresh pages)
+        spare = scratch.get("spare")  # later chunks' reductions, before they are folded into acc
         for lo in range(0, max(full[axis], 1), step):
             if check is not None:
                 check(lo / max(full[axis], 1))
@@ -293,7 +296,8 @@ class KernelSpec:
             else:  # reduced into one buffer, then folded into the accumulator
                 if spare is None:
                     spare = scratch["spare"] = np.empty_like(acc)
-                into = spare if spare.shape == acc.shape else spare[tuple(slice(0, n) for n in acc.shape)]
+                into = spare if spare.shape == acc.shape else \
+                    spare[tuple(slice(0, n) for n in acc.shape)]
                 part = ufunc.reduce(val, axis=agg_axes, out=into)
             if acc is None:  # an array (a reduction over every label gives a scalar)
                 acc = np.array(part) if xp is np and not isinstance(part, np.ndarray) else part
