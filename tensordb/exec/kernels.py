@@ -159,9 +159,10 @@ class KernelSpec:
             xp.matmul(a3, b3, out=out.reshape(nb, m, n))
             return out
         shape = tuple(ext[l] for l in self.op.out_labels)
-        if xp is np and a3.dtype == b3.dtype:
-            # Computed into a buffer of the final shape: res owns its memory (an accumulator need
-            # not copy it). NumPy 2.5 deprecates setting ``.shape``, which CuPy keeps.
+        if xp is np:
+            # Computed into a buffer of the final shape (of the operands' result type): res owns
+            # its memory (an accumulator need not copy it). NumPy 2.5 deprecates setting
+            # ``.shape``, which CuPy keeps.
             res = np.empty(shape, dtype=np.result_type(a3, b3))
             np.matmul(a3, b3, out=res.reshape(nb, m, n))
         else:
