@@ -115,12 +115,7 @@ def test_random_graph_gradients(tmp_path, seed):
                          "x0 * x1", "sum")
 
     text = "; ".join(f"{i}[{o}] = {a}({j} over {ins})" for i, o, ins, j, a in steps)
-    np.testing.assert_allclose(con.tensor("L"), loss(**arrays), rtol=1e-11, err_msg=text)
-    for n in wrt:
-        expected = autograd.grad(lambda x, n=n: loss(**{**arrays, n: x}))(arrays[n])
-        np.testing.assert_allclose(con.tensor(f"g{n}"), expected, rtol=1e-9, atol=1e-12,
-                                   err_msg=f"d L / d {n}: {text}")
-    con.close()
+    _check_against_autograd(con, loss, arrays, wrt, text)
 
 
 def diagonal_case(seed):
@@ -164,9 +159,14 @@ def test_random_diagonal_gradients(tmp_path, seed):
         o = oracle_op(xs, out, [(xs[n], ls) for n, ls in ins], join, agg)
         return oracle_op(xs, "", [(o, out), (xs["W"], out)], "x0 * x1", "sum")
 
-    text = f"O[{out}] = {agg}({join} over {ins})"
+    _check_against_autograd(con, loss, arrays, list(arrays), f"O[{out}] = {agg}({join} over {ins})")
+
+
+def _check_against_autograd(con, loss, arrays, wrt, text):
+    """The stored loss L against ``loss(**arrays)``, and each stored gradient g<n> (n in ``wrt``)
+    against autograd's of ``loss``; ``text`` names the case in a failure. Closes ``con``."""
     np.testing.assert_allclose(con.tensor("L"), loss(**arrays), rtol=1e-11, err_msg=text)
-    for n in arrays:
+    for n in wrt:
         expected = autograd.grad(lambda x, n=n: loss(**{**arrays, n: x}))(arrays[n])
         np.testing.assert_allclose(con.tensor(f"g{n}"), expected, rtol=1e-9, atol=1e-12,
                                    err_msg=f"d L / d {n}: {text}")

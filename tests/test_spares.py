@@ -130,3 +130,21 @@ def test_the_pool_is_bounded_and_sizes_must_fit(tmp_path, monkeypatch):
     assert (tmp_path / "new.bin").stat().st_size == 3000 and not paths[2].exists()
     pool.disable()
     assert not paths[1].exists() and pool.take(5 << 20, str(tmp_path / "x.bin")) is None
+
+
+def test_the_registry_forgets_paths_nobody_maps(tmp_path, monkeypatch):
+    """A long run maps a new version every step: paths whose mappings are gone do not pile up."""
+    import mmap
+    monkeypatch.setattr(reader, "_SWEEP_AT", 8)
+    monkeypatch.setattr(reader, "_MAPPINGS", {})
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x" * 4096)
+    kept = None
+    for i in range(40):
+        with open(f, "rb") as fh:
+            m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        reader.track_mapping(f"/v/{i}.bin", m)
+        if i == 3:
+            kept = m  # still mapped: it stays tracked
+    assert len(reader._MAPPINGS) <= 9 and reader.payload_in_use("/v/3.bin")
+    assert not reader.payload_in_use("/v/38.bin") and kept is not None

@@ -37,11 +37,16 @@ __all__ = ["TensorReader", "TileEntry", "open_payload", "file_kind", "track_mapp
 _USERS_LOCK = threading.Lock()
 _MAPPINGS: dict[str, weakref.WeakSet] = {}
 _READING: Counter = Counter()
+_SWEEP_AT = 1024  # paths tracked before those with no live mapping are forgotten
 
 
 def track_mapping(path: str, mapping: mmap.mmap) -> None:
     """Note that ``mapping`` (alive while anything uses its memory) maps payload ``path``."""
     with _USERS_LOCK:
+        if len(_MAPPINGS) >= _SWEEP_AT and path not in _MAPPINGS:
+            # paths whose mappings are all gone (a version read once, then dropped): forget them
+            for p in [p for p, maps in _MAPPINGS.items() if not len(maps)]:
+                del _MAPPINGS[p]
         _MAPPINGS.setdefault(path, weakref.WeakSet()).add(mapping)
 
 
