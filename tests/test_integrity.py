@@ -405,3 +405,43 @@ def test_a_damaged_payload_on_dask_workers_is_a_tensordb_error(tmp_path):
         con.execute("F[j,k] = B[j,k] * 2")
         [(_, _, _, nnz, crc)] = tile_rows(con, "F").values()
         assert crc == zlib.crc32((2 * B).tobytes()) and nnz == np.count_nonzero(B)
+
+
+# -- the checksum: zlib's values, from whichever implementation -------------------------------------
+
+CHECKSUM_CASES = [np.zeros(0, np.float32), np.array(3.5), np.array([True, False]),
+                  np.arange(1000, dtype=np.float16), np.arange(6, dtype=np.complex128).reshape(2, 3),
+                  np.random.default_rng(1).standard_normal((300, 257)).astype(np.float32), b"",
+                  b"tensordb" * 1001]
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["installed", "zlib fallback"])
+def test_checksum_equals_zlib(fallback, monkeypatch):
+    """``storage.checksum.crc32`` gives ``zlib.crc32``'s value for every dtype and size, with a
+    running value too (the integrity check folds a tile in pieces), with ISA-L (where installed)
+    and through the fallback that platforms without its wheel take."""
+    from tensordb.storage import checksum
+    if fallback:
+        monkeypatch.setattr(checksum, "_fast_crc32", None)
+    for data in CHECKSUM_CASES:
+        assert checksum.crc32(data) == zlib.crc32(data)
+        assert checksum.crc32(data, 12345) == zlib.crc32(data, 12345)
+    big = CHECKSUM_CASES[5].reshape(-1).view(np.uint8)
+    running = 0
+    for lo in range(0, big.size, 4099):
+        running = checksum.crc32(big[lo:lo + 4099], running)
+    assert running == zlib.crc32(big)
+    with pytest.raises(ValueError):  # a strided view is refused, as zlib refuses it
+        checksum.crc32(np.arange(10.0)[::2])
+
+
+def test_checksum_uses_isal_where_installed():
+    """Where python-isal is installed (a dependency on x86-64 and ARM64), it computes the
+    checksums; without it, zlib does."""
+    from tensordb.storage import checksum
+    try:
+        import isal  # noqa: F401
+    except ImportError:
+        assert checksum.IMPLEMENTATION == "zlib"
+    else:
+        assert checksum.IMPLEMENTATION == "isal"

@@ -6,8 +6,12 @@ without zeroing it first; anything less leaves zeros where no piece lands.
 A stored tile's nonzero count (its catalog ``nnz``): ``storage.writer.count_nonzero``, the
 fast count the executor takes of every output tile, against numpy's ``count_nonzero``, on the
 values where a float's count is delicate (-0.0, NaN, inf, subnormals), on tiles larger than
-its block, and on a real catalog after a statement ran."""
+its block, and on a real catalog after a statement ran. ``tile_stats``, the count, the NaN/inf flag
+and the checksum of a finished tile in one sweep over its blocks, against numpy's count, numpy's
+``isfinite`` and ``zlib.crc32``, with the special value in every position of a block."""
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import pytest
@@ -16,7 +20,7 @@ import tensordb
 from tensordb.exec.tasks import run_assemble
 from tensordb.physical.plan import Assemble
 from tensordb.storage import writer
-from tensordb.storage.writer import count_nonzero
+from tensordb.storage.writer import count_nonzero, tile_stats
 
 
 def _awkward(rng, shape, dtype):
@@ -88,3 +92,45 @@ def test_a_retiling_copies_its_pieces_and_zeros_only_what_no_piece_fills():
     ref[:100], ref[200:] = src[:100, :100], src[200:, :100]
     for _ in range(3):  # fresh tiles from memory the earlier ones freed: still zeros in the gap
         np.testing.assert_array_equal(run_assemble(two, [src, src]), ref)
+
+
+def _stats_oracle(a):
+    return (int(np.count_nonzero(a)), not bool(np.isfinite(a).all()),
+            zlib.crc32(np.ascontiguousarray(a)))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.complex64])
+@pytest.mark.parametrize("size", [0, 5, writer._STATS_BLOCK // 4, 3 * writer._STATS_BLOCK // 2 + 3])
+def test_tile_stats_are_the_three_passes(dtype, size):
+    """Count, NaN/inf flag and checksum in one sweep, against numpy and zlib: awkward values
+    (-0.0, NaN, inf, subnormals), a finite tile, and a finite tile whose sum overflows."""
+    a = _awkward(np.random.default_rng(size), (size,), dtype)
+    assert tile_stats(a) == _stats_oracle(a)
+    finite = np.nan_to_num(a, nan=1.0, posinf=2.0, neginf=-2.0)
+    assert tile_stats(finite) == _stats_oracle(finite)
+    if np.dtype(dtype).kind == "f" and size:
+        big = np.full(size, np.finfo(dtype).max, dtype)  # all finite, the sum is not
+        assert tile_stats(big) == _stats_oracle(big)
+
+
+@pytest.mark.parametrize("where", ["first", "last", "boundary"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_tile_stats_find_one_nonfinite_anywhere(where, value):
+    """One NaN or inf in a multi-block tile, in the first block, the last, or straddling the
+    boundary between two blocks: flagged, whichever block holds it."""
+    step = writer._STATS_BLOCK // 4
+    a = np.ones(4 * step + 11, np.float32)
+    at = {"first": 0, "last": a.size - 1, "boundary": 2 * step}[where]
+    a[at] = value
+    a[at - 1 if at else 1] = 0.0
+    assert tile_stats(a) == _stats_oracle(a)
+    assert tile_stats(a.reshape(-1, 1))[1]  # a 2-d contiguous tile too
+
+
+def test_tile_stats_of_other_dtypes_and_layouts():
+    rng = np.random.default_rng(5)
+    i = rng.integers(-2, 3, size=(700, 800)).astype(np.int32)
+    assert tile_stats(i) == _stats_oracle(i)
+    assert tile_stats(i != 0) == _stats_oracle(i != 0)
+    with pytest.raises(ValueError):  # as zlib: a strided view has no contiguous bytes
+        tile_stats(np.ones((700, 800))[:, ::2])

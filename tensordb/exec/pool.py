@@ -31,7 +31,6 @@ import itertools
 import os
 import threading
 import time
-import zlib
 from contextlib import nullcontext
 
 import numpy as np
@@ -40,7 +39,7 @@ from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..physical.order import ranks
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
-from ..storage.writer import count_nonzero, has_nonfinite
+from ..storage.writer import tile_stats
 from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
 from .kernels import get_backend
 from .ready import STOP, ReadyQueues
@@ -401,9 +400,8 @@ class _Run:
                 value = dest
             # The store needs these: worked out here, on the worker, as each tile is finished,
             # not one tile after another at the commit.
-            self.nnz[task.key] = count_nonzero(dest)
-            self.nonfinite[task.key] = has_nonfinite(dest)
-            self.crc32[task.key] = zlib.crc32(dest)
+            self.nnz[task.key], self.nonfinite[task.key], self.crc32[task.key] = \
+                tile_stats(dest)
         self.results[task.key] = value
         self.made_on[task.key] = w
         self.ledger.produced(task, held_bytes(task, value), int(getattr(value, "nbytes", 0)))

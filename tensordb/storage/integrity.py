@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 import os
 import stat
-import zlib
 
 import numpy as np
 
 from ..geometry import tile_box
 from . import catalog
 from ._duck import translating
+from .checksum import crc32
 from .meta import TensorMeta
 from .writer import count_nonzero
 from .reader import TileEntry, file_kind
@@ -125,7 +125,7 @@ def _read_tile(fd: int, buf: bytearray, e: TileEntry, dtype: np.dtype) -> tuple[
             if n <= 0:
                 raise EOFError(f"the file ended at byte {e.offset + done + got} while reading")
             got += n
-        crc = zlib.crc32(view[:want], crc)
+        crc = crc32(view[:want], crc)
         nnz += count_nonzero(np.frombuffer(buf, dtype, want // dtype.itemsize))
         done += want
     return crc, nnz

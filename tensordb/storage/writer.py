@@ -1,11 +1,12 @@
 """TensorWriter: tiles go into a new payload file; the catalog sees them only at commit.
 
 The payload file ``tiles/<version>.bin`` holds the stored tiles back to back, each C-ordered and
-starting at a 64-byte aligned offset; each tile's zlib.crc32 goes into its catalog row (the
+starting at a 64-byte aligned offset; each tile's CRC-32 goes into its catalog row (the
 integrity check compares it with the bytes read back). Until :meth:`TensorWriter.commit` it is
 referenced by no catalog row, so a crash leaves an orphan that the next open deletes. Tiles an
 executor computes in place (``reserve``) are staged in anonymous memory and written into the file
-at commit, before its fsync and the catalog rows (a larger file is mapped and written in place).
+at commit, before its fsync and the catalog rows (a larger file, and a recycled one whose pages
+are cached already, is mapped and written in place).
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import mmap
 import os
 import sys
 import threading
-import zlib
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -23,13 +23,15 @@ import numpy as np
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import Grid, grid_shape, tile_box
 from . import background
+from .checksum import crc32 as checksum
 from .meta import TensorMeta
 from .reader import TileEntry, track_mapping
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
 
-__all__ = ["TensorWriter", "ALIGN", "count_nonzero", "has_nonfinite", "has_negative_zero"]
+__all__ = ["TensorWriter", "ALIGN", "count_nonzero", "has_nonfinite", "has_negative_zero",
+           "tile_stats"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 _ZEROS = bytes(ALIGN)
@@ -96,11 +98,16 @@ class TensorWriter:
             if not layout or pos == 0:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             try:
-                self._fd = self._open_reserved(pos)
+                self._fd, recycled = self._open_reserved(pos)
                 os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
-                if pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX)):
+                # A recycled file's pages are in the page cache already: mapped and populated in
+                # one call they cost less than staging and a pwrite (16 MiB: 1.4 against 2.4 ms)
+                if recycled or pos > (STAGE_MAX if stage_max is None else
+                                      min(stage_max, STAGE_MAX)):
                     self._map = mmap.mmap(self._fd, pos)
                     track_mapping(self.path, self._map)  # its tiles outlive the writer
+                    if recycled:
+                        _populate(self._map)
             except OSError as exc:
                 self._fail()
                 raise OperationalError(f"cannot reserve {pos} bytes for '{self.name}' in "
@@ -114,10 +121,11 @@ class TensorWriter:
                               for c, (off, st, sh) in layout.items()}
             return {c: r[3] for c, r in self._reserved.items()}
 
-    def _open_reserved(self, size: int) -> int:
-        """The new payload file, ``size`` bytes with their disk blocks: a retired payload file
-        of about that size, renamed, where the store has one (writing into its blocks and pages
-        costs a third of allocating new ones, and so does their fsync), else a new file."""
+    def _open_reserved(self, size: int) -> tuple[int, bool]:
+        """The new payload file, ``size`` bytes with their disk blocks, and whether it is
+        recycled: a retired payload file of about that size, renamed, where the store has one
+        (writing into its blocks and pages costs a third of allocating new ones, and so does
+        their fsync), else a new file."""
         spare = self.store.take_spare(size, self.path)
         if spare is not None:
             fd = os.open(self.path, os.O_RDWR)
@@ -127,14 +135,14 @@ class TensorWriter:
             except BaseException:
                 os.close(fd)
                 raise
-            return fd
+            return fd, True
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             _allocate(fd, size)
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, False
 
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
                    nonfinite: bool | None = None, crc32: int | None = None) -> bool:
@@ -159,12 +167,10 @@ class TensorWriter:
                             f"got {a.shape}")
         if a.dtype != self.dtype:
             a = a.astype(self.dtype)
-        nnz = count_nonzero(a)
+        flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
+        nnz, nonfinite, crc = tile_stats(flat)  # outside the lock: the checksum drops the GIL
         if nnz == 0:
             return False
-        nonfinite = has_nonfinite(a)
-        flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
-        crc = zlib.crc32(flat)  # outside the lock: zlib releases the GIL for large buffers
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
@@ -197,10 +203,12 @@ class TensorWriter:
         if a is not buf:
             np.copyto(buf, a, casting="unsafe")
             nnz = nonfinite = crc = None
-        nnz = count_nonzero(buf) if nnz is None else int(nnz)
+        if nnz is None:
+            nnz, nonfinite, crc = tile_stats(buf)
+        nnz = int(nnz)
         keep = bool(nnz) or has_negative_zero(buf)
         # The tile is final now (computed in place, or copied just above): checksum its bytes.
-        crc = (zlib.crc32(buf) if crc is None else int(crc)) if keep else None
+        crc = (checksum(buf) if crc is None else int(crc)) if keep else None
         if keep and nonfinite is None:
             nonfinite = has_nonfinite(buf)
         with self._lock:
@@ -335,6 +343,31 @@ def count_nonzero(a: np.ndarray) -> int:
                for lo in range(0, flat.size, _NNZ_BLOCK))
 
 
+# Bytes per block of tile_stats: its three passes over a block find it in the core's L2 cache.
+_STATS_BLOCK = 1 << 18
+
+
+def tile_stats(a: np.ndarray) -> tuple[int, bool, int]:
+    """``(count_nonzero(a), has_nonfinite(a), crc32)`` of a finished C-contiguous tile: what
+    its catalog row records. A floating tile larger than a block is swept once, block by
+    block, each block counted, summed and checksummed while it is in the cache: a 64 MiB
+    float32 tile (it comes from memory, not the cache) in 5.6 ms against 7.4 ms for three
+    passes over the whole (medians of 9 on the benchmark machine)."""
+    if a.dtype.kind not in "fc" or a.nbytes <= _STATS_BLOCK or not a.flags.c_contiguous:
+        return count_nonzero(a), has_nonfinite(a), checksum(a)
+    flat = a.reshape(-1)
+    step = _STATS_BLOCK // a.itemsize
+    nnz, nonfinite, crc = 0, False, 0
+    with np.errstate(all="ignore"):
+        for lo in range(0, flat.size, step):
+            block = flat[lo:lo + step]
+            crc = checksum(block, crc)
+            nnz += int(np.count_nonzero(block != 0))
+            if not nonfinite and not np.isfinite(np.add.reduce(block)):
+                nonfinite = not bool(np.isfinite(block).all())  # inf/NaN, or an overflow
+    return nnz, nonfinite, crc
+
+
 def has_nonfinite(a: np.ndarray) -> bool:
     """Whether a tile holds NaN or inf (its ``nonfinite`` catalog flag). One summing pass: a
     finite sum proves every element finite; only a tile whose sum is not (it holds NaN or inf,
@@ -378,6 +411,22 @@ def _allocate(fd: int, size: int) -> None:
     at = 0
     while at < size:
         at += os.pwrite(fd, chunk[:min(len(chunk), size - at)], at)
+
+
+# madvise(MADV_POPULATE_WRITE) (Linux 5.14): map every page of a range for writing in one call
+_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform == "linux" else None)
+
+
+def _populate(m: mmap.mmap) -> None:
+    """Fault a mapping's pages in for writing at once, not one 4 KiB fault at a time as the
+    kernel writes them; nothing where the kernel cannot (its pages fault in as they are
+    written)."""
+    if _POPULATE_WRITE is None:
+        return
+    try:
+        m.madvise(_POPULATE_WRITE)
+    except OSError:  # EINVAL before Linux 5.14; ENOMEM, EFAULT: the faults come later
+        pass
 
 
 def _no_wait() -> None:
