@@ -57,10 +57,9 @@ CHILD = textwrap.dedent("""
             return count[0] == int(point[4:])
         after(wr.TensorWriter, "write_tile", nth)
     elif point == "before_catalog":        # payload complete and synced, catalog untouched
-        before(st.Store, "_commit_writer")
+        before(st.Store, "_commit_writers")
     elif point == "before_commit":         # rows written inside the transaction, no COMMIT
-        after(catalog, "insert")           # a new tensor's rows
-        after(catalog, "replace")          # a replaced tensor's rows swapped
+        after(catalog, "store")            # the rows of the new tensors, or the swapped ones
     elif point == "after_commit":          # COMMIT done, the old payload not yet deleted
         before(spares.SparePayloads, "retire")
 

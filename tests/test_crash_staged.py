@@ -2,12 +2,14 @@
 
 A stored output of up to ``writer.STAGE_MAX`` bytes is computed in anonymous memory and written
 into its new payload file at commit (one pwrite), so its bytes reach the file later than a
-mapped output's. A child process replaces W with ``W - 0.5 * G`` (the SGD update of a training
-step, its plan reused) and is killed with SIGKILL before that write, after it (payload complete,
-catalog untouched), inside the catalog transaction before COMMIT, and after COMMIT before the
-old payload is deleted (or kept as a spare to recycle), each both with a new payload file and
-with a recycled one. The parent reopens the database: every payload file is referenced, and W
-is exactly the old value or exactly the new one (numpy's), never a mix or zeros.
+mapped output's. A child process replaces W with ``W - 0.5 * G`` and V with ``V + 0.25 * G`` in
+one statement group (the SGD update of a training step, its plan reused; both outputs' catalog
+rows swapped by the same batched statements) and is killed with SIGKILL before that write, after
+it (payload complete, catalog untouched), inside the catalog transaction before COMMIT, and after
+COMMIT before the old payload is deleted (or kept as a spare to recycle), each both with new
+payload files and with recycled ones (mapped, so computed in place in the recycled file). The
+parent reopens the database: every payload file is referenced, and W and V are both exactly
+the old values or both exactly the new ones (numpy's), never a mix or zeros.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ CHILD = textwrap.dedent("""
 
     path, point, before = sys.argv[1], sys.argv[2], int(sys.argv[3])
     con = tensordb.connect(path, workers=2)
-    step = "W[i,j] = W[i,j] - 0.5 * G[i,j]"
+    step = "W[i,j] = W[i,j] - 0.5 * G[i,j]; V[i,j] = V[i,j] + 0.25 * G[i,j]"
     con.execute("X[i,j] = W[i,j] * 1")   # an output of its own first: the plan path is warm
     for _ in range(before):              # steps that leave retired payloads to recycle
         con.execute(step)
@@ -61,7 +63,7 @@ CHILD = textwrap.dedent("""
     elif point == "after_write":            # payload written, catalog untouched
         after(wr.TensorWriter, "_write_staged")
     elif point == "before_commit":          # rows swapped inside the transaction, no COMMIT
-        after(catalog, "replace")
+        after(catalog, "store")
     elif point == "after_commit":           # COMMIT done, the old payload not yet deleted
         spares.SparePayloads.retire = die
     con.execute(step)
@@ -87,6 +89,7 @@ def test_kill_around_a_staged_output_commit(tmp_path, point, outcome, recycled):
     path = tmp_path / "db"
     with tensordb.connect(path) as c:
         c.load("W", w)
+        c.load("V", w)
         c.load("G", g)
     before = 2 if recycled else 0
     proc = subprocess.run([sys.executable, "-c", CHILD, str(path), point, str(before)],
@@ -97,9 +100,11 @@ def test_kill_around_a_staged_output_commit(tmp_path, point, outcome, recycled):
         referenced = {r[0] for r in c.store.duck.execute(
             "SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
         assert set(os.listdir(c.store.tiles_dir)) == referenced
-        got = c.tensor("W")
+        got, got_v = c.tensor("W"), c.tensor("V")
         assert [r["problem"] for r in c.check()] == ["ok"]
+    v = w
     for _ in range(before + (outcome == "new")):
         w = w - np.float32(0.5) * g
-    expected = w
-    np.testing.assert_array_equal(got, expected)
+        v = v + np.float32(0.25) * g
+    np.testing.assert_array_equal(got, w)
+    np.testing.assert_array_equal(got_v, v)

@@ -9,8 +9,6 @@ statement's order; an aggregate reduces in the join's dtype, as np.einsum does
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tensordb
-from tensordb.errors import BinderError, Error, NotSupportedError
+from tensordb.errors import BinderError, Error
 from tensordb.plan.builder import Graph
 
 autograd = pytest.importorskip("autograd")

@@ -50,3 +50,28 @@ def test_what_fails_to_parse_fails_every_time_at_its_own_place(bad):
             carets.append(err.value.span.start - script.index(bad))
     assert len(set(carets)) == 1
     assert _TREES.get(bad) is None
+
+
+def test_a_script_parsed_again_is_the_script_parsed_afresh():
+    """A whole script run again comes from the script cache: the same statements (spans in
+    the script, LETs, SQL between them) as a fresh parse, in a list of its own."""
+    from tensordb.dialect.parser import _SCRIPTS
+    script = "; ".join(STATEMENTS) + "; SELECT 42"
+    want = _fresh(script)
+    first = parse(script)
+    assert _SCRIPTS.get(script) is not None
+    again = parse(script)
+    assert first == again == want
+    again.pop()  # the caller's list: the cache keeps its own
+    assert parse(script) == want
+    forget_parsed()
+    assert _SCRIPTS.get(script) is None
+
+
+def test_a_script_that_fails_is_not_kept():
+    from tensordb.dialect.parser import _SCRIPTS
+    script = STATEMENTS[0] + "; C[i = A[i]"
+    for _ in range(2):
+        with pytest.raises(ParserError):
+            parse(script)
+    assert _SCRIPTS.get(script) is None

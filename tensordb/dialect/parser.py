@@ -39,8 +39,16 @@ def _lark() -> Lark:
 
 
 def parse(script: str) -> list[A.Statement]:
-    """Every statement of ``script``; raises ParserError (with a caret) on the first bad one."""
-    return [parse_statement(script, span) for span in split(script)]
+    """Every statement of ``script``; raises ParserError (with a caret) on the first bad one.
+    A script parsed before is not split, parsed or built again: its statements (frozen ASTs)
+    are kept by its text, as a training loop runs the same step text each time."""
+    kept = _SCRIPTS.get(script)
+    if kept is not None:
+        return list(kept)
+    statements = [parse_statement(script, span) for span in split(script)]
+    if len(script) <= _SCRIPT_MAX:
+        _SCRIPTS.put(script, tuple(statements))
+    return statements
 
 
 def parse_statement(script: str, span: Span) -> A.Statement:
@@ -221,27 +229,30 @@ def _parse_ours(script: str, span: Span) -> A.Statement:
     return build(tree, script, span.start, queries)
 
 
-class _Trees:
-    """lark's trees of the statements parsed lately, by their text: a statement run again (a
-    training loop's, a dashboard's) is not parsed again. A tree's positions are relative to its
+class _Kept:
+    """The last ``capacity`` values parsed, by their text (least recently used goes first).
+
+    ``_TREES``: lark's trees of the statements parsed lately: a statement run again (a training
+    loop's, a dashboard's) is not parsed again. A tree's positions are relative to its
     statement and nothing changes it (build.py reads it), so one serves wherever the text
-    appears. Only trees that parsed and passed the depth check are kept."""
+    appears. ``_SCRIPTS``: whole scripts' statements (their spans are the script's own). Only
+    what parsed and passed the depth check is kept."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._kept: OrderedDict[str, Tree] = OrderedDict()
+        self._kept: OrderedDict[str, object] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, text: str) -> Tree | None:
+    def get(self, text: str):
         with self._lock:
-            tree = self._kept.get(text)
-            if tree is not None:
+            value = self._kept.get(text)
+            if value is not None:
                 self._kept.move_to_end(text)
-            return tree
+            return value
 
-    def put(self, text: str, tree: Tree) -> None:
+    def put(self, text: str, value) -> None:
         with self._lock:
-            self._kept[text] = tree
+            self._kept[text] = value
             while len(self._kept) > self.capacity:
                 self._kept.popitem(last=False)
 
@@ -250,12 +261,15 @@ class _Trees:
             self._kept.clear()
 
 
-_TREES = _Trees()
+_TREES = _Kept()
+_SCRIPTS = _Kept(capacity=128)
+_SCRIPT_MAX = 1 << 16  # characters: a longer script is parsed statement by statement each time
 
 
 def forget_parsed() -> None:
     """Forget the statements parsed so far (a benchmark measuring parsing, tests)."""
     _TREES.clear()
+    _SCRIPTS.clear()
 
 
 # The deepest parse tree a statement may have: every later stage (the AST builder, the binder, the

@@ -19,6 +19,7 @@ from ..plan import skip
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage import catalog
+from ..storage.writer import commit_all
 from .calls import LAYOUTS, Calls, Layout, grid_rows
 from .choice import choose_kernel
 from .plan import Assemble, CallBlock, Columns, Load, OpStats, Once, OutputTiles, TilePlan
@@ -342,7 +343,7 @@ class OutputWriters:
                         key = out.tiles[coords]
                         w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key),
                                      crc32.get(key))
-                    w.commit()
+                commit_all([w for _, w in self.writers])  # the rows of all in a few statements
         except BaseException:
             self.abort()
             raise

@@ -26,7 +26,7 @@ from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
            "tile_entries_many", "payload_file",
-           "insert", "replace", "delete", "referenced_files", "versions", "max_version", "table_named", "tables_named",
+           "insert", "replace", "store", "delete", "referenced_files", "versions", "max_version", "table_named", "tables_named",
            "pieces_relation", "tiles_cut_to_grid", "coords_table", "drop_coords_table",
            "coords_cut_to_grid"]
 
@@ -164,13 +164,58 @@ def insert(duck, meta: TensorMeta, file: str, entries) -> None:
     _insert_tiles(duck, meta, file, entries)
 
 
+def store(duck, rows) -> None:
+    """The rows of several tensors stored at once, each ``(old, meta, file, entries)``:
+    ``old`` the version it replaces (None: a new tensor). Replacements that keep their name
+    and layout (a training step's new weights) share three statements: one UPDATE of all
+    their ``tensors`` rows, one DELETE of their old tile rows, one INSERT of the new ones. A
+    DuckDB statement costs 0.3-1 ms whatever it does, and a step stored three tensors in
+    eight. The others go one by one (``insert``, ``replace``)."""
+    same = [r for r in rows if r[0] is not None and r[0].name == r[1].name
+            and _same_layout(r[0], r[1])]
+    if len(same) < 2:
+        same = []
+    for old, meta, file, entries in rows:
+        if not any(r[1] is meta for r in same):
+            if old is None:
+                insert(duck, meta, file, entries)
+            else:
+                replace(duck, old, meta, file, entries)
+    if not same:
+        return
+    marks = "(?::VARCHAR, ?::BIGINT, ?::BIGINT, ?::VARCHAR, ?::BIGINT, ?::BIGINT, ?::BIGINT, " \
+            "?::DOUBLE)"
+    duck.execute(
+        f"UPDATE {SCHEMA}.tensors AS t SET version = v.new, dtype = v.dtype, nbytes = v.nbytes, "
+        "tile_count = v.tile_count, nnz = v.nnz, density = v.density, "
+        "created = current_localtimestamp() FROM (VALUES " + ", ".join([marks] * len(same))
+        + ") AS v(name, old, new, dtype, nbytes, tile_count, nnz, density) "
+        "WHERE t.name = v.name AND t.version = v.old",
+        [x for old, meta, _, _ in same for x in (
+            old.name, old.version, meta.version, meta.dtype.name, meta.nbytes, meta.tile_count,
+            meta.nnz, meta.density)])
+    duck.execute(f"DELETE FROM {SCHEMA}.tiles WHERE "
+                 + " OR ".join(["(tensor = ? AND version = ?)"] * len(same)),
+                 [x for old, _, _, _ in same for x in (old.name, old.version)])
+    count = sum(len(r[3]) for r in same)
+    if 0 < count <= _FEWEST:
+        _insert_rows(duck, [(meta, file, e) for _, meta, file, entries in same for e in entries])
+    elif count:
+        for _, meta, file, entries in same:
+            _insert_tiles(duck, meta, file, entries)
+
+
+def _same_layout(old: TensorMeta, meta: TensorMeta) -> bool:
+    return old.shape == meta.shape and old.dims == meta.dims and old.grid == meta.grid
+
+
 def replace(duck, old: TensorMeta, meta: TensorMeta, file: str, entries) -> None:
     """Swap version ``old`` of a tensor for ``meta``: its ``tensors`` row is updated in place (one
     statement where a delete and an insert would be two), its tile rows replaced (a single tile
     row updated in place too). The list columns (shape, dims, grid; a lone tile's coords, starts
     and shape) are set only where they change: a training step's new weights keep their layout,
     and DuckDB updates a row's scalars in a fraction of the time it takes to rewrite its lists."""
-    layout = old.shape == meta.shape and old.dims == meta.dims and old.grid == meta.grid
+    layout = _same_layout(old, meta)
     sets = "version = ?, dtype = ?, nbytes = ?, tile_count = ?, nnz = ?, density = ?"
     params = [meta.version, meta.dtype.name, meta.nbytes, meta.tile_count, meta.nnz, meta.density]
     if old.name != meta.name:
@@ -209,12 +254,7 @@ def _insert_tiles(duck, meta: TensorMeta, file: str, entries) -> None:
     if not entries:
         return
     if len(entries) <= _FEWEST:  # plain row parameters: DuckDB binds them fastest
-        marks = "(" + ", ".join("?" * len(_TILES_SCHEMA)) + ")"
-        params = [x for e in entries for x in (
-            meta.name, meta.version, list(e.coords), list(e.starts), list(e.shape), file,
-            e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite)]
-        duck.execute(f"INSERT INTO {SCHEMA}.tiles ({_TILE_COLUMNS}) VALUES "
-                     + ", ".join([marks] * len(entries)), params)
+        _insert_rows(duck, [(meta, file, e) for e in entries])
         return
     if len(entries) <= _FEW:  # list parameters: no Arrow table to build and register
         lists = [[meta.name] * len(entries), [meta.version] * len(entries),
@@ -240,6 +280,16 @@ def _insert_tiles(duck, meta: TensorMeta, file: str, entries) -> None:
         duck.execute(f"INSERT INTO {SCHEMA}.tiles BY NAME SELECT * FROM {view}")
     finally:
         duck.unregister(view)
+
+
+def _insert_rows(duck, rows) -> None:
+    """Tile rows ``(meta, file, entry)``, of one tensor or several, as one VALUES list."""
+    marks = "(" + ", ".join("?" * len(_TILES_SCHEMA)) + ")"
+    params = [x for meta, file, e in rows for x in (
+        meta.name, meta.version, list(e.coords), list(e.starts), list(e.shape), file,
+        e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite)]
+    duck.execute(f"INSERT INTO {SCHEMA}.tiles ({_TILE_COLUMNS}) VALUES "
+                 + ", ".join([marks] * len(rows)), params)
 
 
 def delete(duck, meta: TensorMeta) -> None:

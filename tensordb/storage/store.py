@@ -14,7 +14,7 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import duckdb
 import numpy as np
@@ -279,36 +279,51 @@ class Store:
         file); its size, or None (spares.py)."""
         return self.spares.take(size, path)
 
-    def _commit_writer(self, w: TensorWriter, durable=lambda: None) -> TensorMeta:
-        """Swap ``w``'s rows in; ``durable()`` waits until its payload is on disk (and raises
-        OSError if it cannot be): it returns before the transaction commits."""
-        meta = w.meta()
-        entries = sorted(w.entries.values(), key=lambda e: e.offset)
+    def _commit_writers(self, items: list[tuple[TensorWriter, Callable[[], None]]]
+                        ) -> list[TensorMeta]:
+        """Swap each writer's rows in, all in one transaction; each ``durable()`` waits until
+        that writer's payload is on disk (and raises OSError if it cannot be): they return
+        before the transaction commits. Writers of distinct names share batched catalog
+        statements (catalog.store); two of one name are swapped in one after the other."""
+        if len({w.name.lower() for w, _ in items}) < len(items):
+            with self.transaction():
+                return [m for item in items for m in self._commit_writers([item])]
+        rows = [(w, w.meta(), sorted(w.entries.values(), key=lambda e: e.offset))
+                for w, _ in items]
         # The lock spans the whole swap: no other thread's commit can interleave with it.
         with self._lock, self.transaction() as txn:
-            if w.has_file:
-                txn.created.append(w.path)
+            for w, _, _ in rows:
+                if w.has_file:
+                    txn.created.append(w.path)
             # inside the transaction: what it sees holds (the tables looked for already when
             # the caller asked for several writers' names at once, in this transaction)
-            self.check_free(w.name, w.replace, tables=not w.tables_checked)
-            old = self._find(w.name)
-            with translating(f"cannot store tensor '{w.name}'"):
-                if old is not None:
-                    self._retire_file(old, txn, spare=True)
-                    catalog.replace(self.duck, old, meta, w.file, entries)
-                else:
-                    catalog.insert(self.duck, meta, w.file, entries)
-            try:
-                durable()  # the payload before the catalog: COMMIT comes after this
-            except OSError as exc:
-                raise OperationalError(f"cannot store tensor '{w.name}': syncing {w.path} failed: "
-                                       f"{exc.strerror or exc}") from None
-            self._forget(w.name)
-            self._cache[w.name.lower()] = meta  # exact: the rows just inserted
-            if len(self._entries) > 1024:
-                self._entries.clear()
-            self._entries[meta.version] = (w.file if entries else None, entries)
-        return meta
+            unchecked = [w.name for w, _, _ in rows if not w.tables_checked]
+            if unchecked:
+                self.check_no_tables(unchecked)
+            olds = []
+            for w, _, _ in rows:
+                self.check_free(w.name, w.replace, tables=False)
+                olds.append(self._find(w.name))
+            names = ", ".join(f"'{w.name}'" for w, _, _ in rows)
+            with translating(f"cannot store tensor{'s' if len(rows) > 1 else ''} {names}"):
+                for old in olds:
+                    if old is not None:
+                        self._retire_file(old, txn, spare=True)
+                catalog.store(self.duck, [(old, meta, w.file, entries)
+                                          for old, (w, meta, entries) in zip(olds, rows)])
+            for w, durable in items:
+                try:
+                    durable()  # the payload before the catalog: COMMIT comes after this
+                except OSError as exc:
+                    raise OperationalError(f"cannot store tensor '{w.name}': syncing {w.path} "
+                                           f"failed: {exc.strerror or exc}") from None
+            for w, meta, entries in rows:
+                self._forget(w.name)
+                self._cache[w.name.lower()] = meta  # exact: the rows just inserted
+                if len(self._entries) > 1024:
+                    self._entries.clear()
+                self._entries[meta.version] = (w.file if entries else None, entries)
+        return [meta for _, meta, _ in rows]
 
     def drop(self, name: str, if_exists: bool = False) -> None:
         """Remove a tensor; CatalogError when it does not exist (unless ``if_exists``)."""

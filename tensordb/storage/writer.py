@@ -30,8 +30,8 @@ from .reader import TileEntry, track_mapping
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
 
-__all__ = ["TensorWriter", "ALIGN", "count_nonzero", "has_nonfinite", "has_negative_zero",
-           "tile_stats"]
+__all__ = ["TensorWriter", "ALIGN", "commit_all", "count_nonzero", "has_nonfinite",
+           "has_negative_zero", "tile_stats"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 _ZEROS = bytes(ALIGN)
@@ -234,29 +234,22 @@ class TensorWriter:
 
         The payload and its directory entry are fsynced on helper threads while the catalog
         rows are written; the catalog's COMMIT waits for both (payload first, then catalog)."""
+        return commit_all([self])[0]
+
+    def _finish(self):
+        """Close the payload for the commit: staged tiles written, its fsync started. Returns
+        the wait for the fsync."""
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
             self._state = "committing"
-        durable = _no_wait
-        try:
-            if self.entries:
-                self._write_staged()
-                durable = self._close_file(sync=self.store.fsync)
-            else:  # every reserved tile was zero: nothing to keep
-                self._close_file(sync=False)
-                if os.path.exists(self.path):
-                    os.unlink(self.path)
-            meta = self.store._commit_writer(self, durable)
-        except BaseException:
-            try:
-                durable()  # the sync jobs end before the file goes
-            except OSError:
-                pass
-            self._fail()
-            raise
-        self._state = "committed"
-        return meta
+        if self.entries:
+            self._write_staged()
+            return self._close_file(sync=self.store.fsync)
+        self._close_file(sync=False)  # every reserved tile was zero: nothing to keep
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        return _no_wait
 
     def _write_staged(self) -> None:
         """Write the reserved tiles computed in anonymous memory into the payload file (one
@@ -315,6 +308,31 @@ class TensorWriter:
     @property
     def has_file(self) -> bool:
         return bool(self.entries)
+
+
+def commit_all(writers: Sequence[TensorWriter]) -> list[TensorMeta]:
+    """Commit several writers of one store at once: every payload closed and its fsync
+    started, then one catalog transaction that swaps all their rows in (a statement for all
+    their ``tensors`` rows where it can, one for their tile rows) and commits after the
+    fsyncs. All land or none does: on any error every writer is aborted."""
+    durables = []
+    try:
+        for w in writers:
+            durables.append(_no_wait)  # until _finish has started a sync to wait for
+            durables[-1] = w._finish()
+        metas = writers[0].store._commit_writers(list(zip(writers, durables))) if writers else []
+    except BaseException:
+        for durable in durables:
+            try:
+                durable()  # the sync jobs end before the file goes
+            except OSError:
+                pass
+        for w in writers:
+            w._fail()
+        raise
+    for w in writers:
+        w._state = "committed"
+    return metas
 
 
 def has_negative_zero(a: np.ndarray) -> bool:
