@@ -458,18 +458,19 @@ def main(argv=None) -> None:
         "",
         *split_table(parts),
         "",
-        "What is not compute: parsing and binding the step's statements (a repeated step is bound "
+        "What is not compute: parsing and binding the step's statements (the step's text is "
+        "parsed once and kept; a repeated step is bound "
         "once: its graph, GRAD's backward included, is reused while the catalog gives the same "
         "answers about its tensors; a plan cache hit starts from that graph); "
         "opening the output files (a writer per stored tensor); and the commit (`commit`: each "
-        "stored tensor's payload checksummed and synced to disk, the file and its directory, "
-        "then its catalog rows; in memory there is no fsync). A stored output of up to 64 MiB "
-        "(the new W1 is 16 MiB) is computed in anonymous memory and written into its new "
-        "payload file by one pwrite at commit: computing it straight into a fresh mapping of "
-        "the file took a page fault per 4 KiB page, twice the update's arithmetic. That file "
-        "is the one of the version two steps back, kept as a spare when it was replaced "
-        "(storage/spares.py): writing and fsyncing blocks the file already has costs a third "
-        "of allocating new ones. "
+        "stored tensor's payload synced to disk, the file and its directory, while the "
+        "catalog rows of all three are swapped by one UPDATE, one DELETE and one INSERT; in "
+        "memory there is no fsync). Each output tile's checksum, nonzero count and NaN flag "
+        "are taken on the worker that finished it (part of `run`). The new W1 (16 MiB) is "
+        "computed straight into the payload file of the version two steps back, kept as a "
+        "spare when it was replaced (storage/spares.py) and mapped: its pages are cached "
+        "already, and writing and fsyncing blocks the file already has costs a third of "
+        "allocating new ones. "
         "With the forward values stored too (the step timed before), three more tensors are "
         "opened and committed each step. Several steps in one execute call are one graph "
         "with one commit of the last weights: the fixed costs are paid once per call.",
