@@ -7,7 +7,7 @@ one statement group (the SGD update of a training step, its plan reused; both ou
 rows swapped by the same batched statements) and is killed with SIGKILL before that write, after
 it (payload complete, catalog untouched), inside the catalog transaction before COMMIT, and after
 COMMIT before the old payload is deleted (or kept as a spare to recycle), each both with new
-payload files and with recycled ones (mapped, so computed in place in the recycled file). The
+payload files and with recycled ones (staged too: the database fsyncs its commits). The
 parent reopens the database: every payload file is referenced, and W and V are both exactly
 the old values or both exactly the new ones (numpy's), never a mix or zeros.
 """

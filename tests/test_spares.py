@@ -148,3 +148,35 @@ def test_the_registry_forgets_paths_nobody_maps(tmp_path, monkeypatch):
             kept = m  # still mapped: it stays tracked
     assert len(reader._MAPPINGS) <= 9 and reader.payload_in_use("/v/3.bin")
     assert not reader.payload_in_use("/v/38.bin") and kept is not None
+
+
+@pytest.mark.parametrize("where", ["disk", "memory"])
+def test_a_recycled_file_is_mapped_only_where_commits_do_not_fsync(tmp_path, where, monkeypatch):
+    """In memory a recycled file is computed in place through its mapping (its pages are
+    cached); on disk it is staged and written at commit like a new one (an fsync of pages
+    dirtied through a mapping costs a TLB shootdown per page). Both give numpy's values."""
+    from tensordb.storage import writer
+    w, g = _values()
+    con = tensordb.connect(tmp_path / "db" if where == "disk" else None, workers=2)
+    con.load("W", w)
+    con.load("G", g)
+    seen = []
+    reserve = writer.TensorWriter.reserve
+
+    def recording(self, *args, **kwargs):
+        before = len(self.store.spares._files)
+        out = reserve(self, *args, **kwargs)
+        seen.append((len(self.store.spares._files) < before, self._map is not None))
+        return out
+    monkeypatch.setattr(writer.TensorWriter, "reserve", recording)
+    expected = w
+    for _ in range(5):
+        con.execute(STEP)
+        expected = expected - np.float32(0.5) * g
+    np.testing.assert_array_equal(con.tensor("W"), expected)
+    recycled = [mapped for took, mapped in seen if took]
+    assert len(recycled) >= 2, seen
+    assert all(recycled) if where == "memory" else not any(recycled), seen
+    assert not any(mapped for took, mapped in seen if not took), seen  # 128 KiB: staged
+    assert [r["problem"] for r in con.check()] == ["ok"]
+    con.close()

@@ -5,8 +5,8 @@ starting at a 64-byte aligned offset; each tile's CRC-32 goes into its catalog r
 integrity check compares it with the bytes read back). Until :meth:`TensorWriter.commit` it is
 referenced by no catalog row, so a crash leaves an orphan that the next open deletes. Tiles an
 executor computes in place (``reserve``) are staged in anonymous memory and written into the file
-at commit, before its fsync and the catalog rows (a larger file, and a recycled one whose pages
-are cached already, is mapped and written in place).
+at commit, before its fsync and the catalog rows (a larger file is mapped and written in place,
+and so is a recycled one, whose pages are cached already, where the commit does not fsync).
 """
 from __future__ import annotations
 
@@ -102,9 +102,14 @@ class TensorWriter:
                 os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
                 # A recycled file's pages are in the page cache already: computing into its
                 # mapping (the faults taken by the workers, in parallel) costs less than staging
-                # and a pwrite at commit (16 MiB of an SGD update: 1.9 against 2.4 ms)
-                if recycled or pos > (STAGE_MAX if stage_max is None else
-                                      min(stage_max, STAGE_MAX)):
+                # and a pwrite at commit (16 MiB of an SGD update: 1.9 against 2.4 ms). Not
+                # where the commit fsyncs: writing back pages dirtied through a live mapping
+                # write-protects each one, a TLB shootdown (an IPI to every core running the
+                # process), and a block-sparse product's 1.8 MiB output took 7 ms to fsync
+                # that way against 1.2 ms for 8 MiB written by pwrite.
+                mapped = recycled and not self.store.fsync
+                if mapped or pos > (STAGE_MAX if stage_max is None else
+                                    min(stage_max, STAGE_MAX)):
                     self._map = mmap.mmap(self._fd, pos)
                     track_mapping(self.path, self._map)  # its tiles outlive the writer
             except OSError as exc:
