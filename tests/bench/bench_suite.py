@@ -49,7 +49,7 @@ def median_time(fn, repeat: int) -> float:
 SETTLE_S = 0.3  # the pause before each timed call (--settle)
 
 
-def median_times(fns: dict, repeat: int) -> dict[str, float]:
+def median_times(fns: dict, repeat: int, samples: dict | None = None) -> dict[str, float]:
     """The median time of each of ``fns``, timed in turn within each of ``repeat`` rounds after
     one warm-up each. Each timed call starts after a pause of ``SETTLE_S``: after a multi-threaded
     BLAS call OpenBLAS's helper threads poll for work for a while before they sleep, and without
@@ -63,6 +63,8 @@ def median_times(fns: dict, repeat: int) -> dict[str, float]:
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
+    if samples is not None:
+        samples.update(times)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -99,7 +101,14 @@ def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool,
         for name, a in arrays.items():
             con.load(name, a, tile=w.tile.get(name))
         graph = w.graph()
-        fns = {"tensordb": lambda: con.run(graph, replace=True)}
+        runs = []  # what each tensordb call's run reported: an outlier is explained below
+
+        def tensordb_call():
+            con.run(graph, replace=True)
+            r = con.last_run
+            runs.append((r.seconds, sum(m.seconds for m in r.ops), r.spilled_bytes,
+                         con.last_plan.blas_threads))
+        fns = {"tensordb": tensordb_call}
         if one_call:
             old.set("blas_one_call", "on")
             for name, a in arrays.items():
@@ -108,8 +117,15 @@ def run_workload(w: Workload, repeat: int, workers: int, dask_on: bool,
             row["threads"] = old.last_plan.blas_threads
             fns["one_call"] = lambda: old.run(graph, replace=True)
         fns.update({form: (lambda fn=fn: fn(arrays)) for form, fn in w.forms.items()})
-        times = median_times(fns, repeat)
+        samples: dict = {}
+        times = median_times(fns, repeat, samples)
         plan = con.last_plan
+        calls = samples["tensordb"]
+        if max(calls) > 1.5 * min(calls):  # noisy: say where each call's time went
+            print(f"{w.name}: tensordb calls " + ", ".join(
+                f"{1e3 * t:.1f} ms (run {1e3 * r:.1f}, kernels {1e3 * k:.1f} over the workers, "
+                f"spilled {s >> 20} MiB, blas threads {b})"
+                for t, (r, k, s, b) in zip(calls, runs[-len(calls):])), flush=True)
         row["calls"] = plan.kernel_calls
         row["pieces"] = "; ".join(" ".join(f"{l}{d}" for l, d in s.pieces.items() if d > 1) or "-"
                                   for s in plan.stats)
