@@ -97,7 +97,8 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
         }
         if c is not None:
             node["cost"] = {"join": c.join, "aggregation": c.aggregation, "retile": c.retile,
-                            "overhead": c.overhead, "balance": c.balance, "total": c.total,
+                            "overhead": c.overhead, "balance": c.balance,
+                            **({"compute": c.compute} if c.compute else {}), "total": c.total,
                             "tile_bytes": c.tile_bytes}
         if mem is not None and op.output in mem.ops:  # the projection the Decomposition carries
             node["memory"] = {**mem.ops[op.output].as_dict(),

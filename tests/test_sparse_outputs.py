@@ -62,3 +62,27 @@ def test_a_block_sparse_product_with_a_dense_partner_joins_only_the_sparse_tiles
             ti, tj = n // per[0], n // per[1]
             cells = {(i * T // ti, j * T // tj) for i, j in tiles}
             assert con.last_run.kernel_calls == len(cells) * per[2]
+
+
+def test_a_block_sparse_operand_times_a_wide_dense_one_is_planned_on_its_tiles(tmp_path):
+    """A 10% block-sparse A times a dense B wider than it is tall: the optimizer plans the
+    product on A's stored grid (one call per present tile), though that replicates B's rows
+    and moves more bytes than a dense plan, because the calls of absent tiles are never made
+    (the compute term of the cost model). The answer is numpy's, and the plan's flops are
+    those of the present tiles."""
+    rng = np.random.default_rng(3)
+    t = 32  # tiles large enough that the calls skipped outweigh their overhead
+    n = 16 * t
+    tiles = [(i, j) for i in range(16) for j in range(16) if rng.random() < 0.1]
+    a = np.zeros((n, n))
+    for i, j in tiles:
+        a[i * t:(i + 1) * t, j * t:(j + 1) * t] = rng.uniform(1, 2, (t, t))
+    b = rng.standard_normal((n, 4 * n))
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("A", a, tile=(t, t))
+        con.load("B", b, tile=(t, 4 * n))
+        con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
+        np.testing.assert_allclose(con.tensor("C"), a @ b, atol=1e-12)
+        stats = con.last_plan.stats[0]
+        assert stats.pieces == {"i": 16, "k": 1, "j": 16}
+        assert con.last_run.kernel_calls == len(tiles)

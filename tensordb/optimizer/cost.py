@@ -5,6 +5,8 @@ For an operation with pieces ``d`` per label, ``K = prod(d)`` kernel calls run, 
 - join cost: each input tile is read by every kernel call that needs it, so input ``i`` costs
   ``bytes(In_i) * K / prod(d over i's labels)`` (input replication);
 - aggregation cost: ``bytes(Out) * (prod(d over aggregated labels) - 1)`` partial results combined;
+- compute, only where a block-sparse stored input gates the kernel calls: their flops (1/8 byte
+  each), which a tiling on its stored grid cuts to the calls of present tiles;
 - re-tiling cost, per input edge: zero when the producer's output tiling is exactly what the
   operation needs for that input, else the producer's whole output is re-cut and moved. A stored
   input is compared with its stored grid; cutting it off that grid, or reading a piece made of
@@ -118,6 +120,7 @@ class OpCost:
     flops: float
     tile_bytes: int          # the working set of the largest kernel call: input tiles + output tile
     memory: memory.CallMemory = memory.CallMemory()   # what the largest call holds (plan/memory.py)
+    compute: float = 0.0     # the kernels' flops, where a sparse input makes them vary (cost())
 
     @property
     def bytes(self) -> float:
@@ -125,7 +128,7 @@ class OpCost:
 
     @property
     def total(self) -> float:
-        return self.bytes + self.overhead + self.balance
+        return self.bytes + self.overhead + self.balance + self.compute
 
 
 @dataclass(frozen=True)
@@ -319,8 +322,20 @@ class OpModel:
         # Aggregations are tasks too (and a synchronisation point): between tilings that move
         # the same volume, the one without partial results wins.
         tasks = calls + (calls / fan_in if fan_in > 1 else 0)
+        # The flops themselves, where a block-sparse input gates the kernel calls: a tiling on
+        # its stored grid skips the calls of its absent tiles, which the bytes alone do not
+        # say (a 10% dense A times a wide dense B was computed dense, 6x slower, because its
+        # tile-by-tile plan replicates B's rows). Every tiling of a dense operation does the
+        # same flops: they are left out there, and its costs stay bytes moved.
+        compute = flops * prm.bytes_per_flop if self.sparse else 0.0
         return OpCost(join * f, agg * f, retile, prm.task_bytes * tasks, balance, k, fan_in, flops,
-                      self.working_set(d), self.call_memory(d) if memory else _NO_MEMORY)
+                      self.working_set(d), self.call_memory(d) if memory else _NO_MEMORY,
+                      compute)
+
+    @property
+    def sparse(self) -> bool:
+        """Whether a block-sparse stored input gates this operation's kernel calls."""
+        return any(i.presence is not None and i.inner for i in self.inputs)
 
 
 _NO_MEMORY = memory.CallMemory()
