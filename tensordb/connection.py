@@ -401,6 +401,8 @@ class Connection(TensorIO):
         # Outputs computed in anonymous memory are outside the memory budget: a sixteenth of
         # the limit at most (no limit: the writer's own cap per file).
         limit = self.settings.memory_limit
+        # the staging buffers kept between statements: no more than one statement may stage
+        self.store.staging.cap(None if limit is None else limit // 16)
         writers = physical.OutputWriters(self.store, plan, replace=replace,
                                          check_tables=self._plan_cache.hits == hits and
                                          sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
@@ -412,6 +414,10 @@ class Connection(TensorIO):
             raise
         with stage("commit"):
             writers.store_tiles(result.tiles, result.nnz, result.nonfinite, result.crc32)
+        # The tiles are the stored tensors' now (read them through the catalog): the result
+        # keeps its statistics, not the buffers, which the next run's outputs may then reuse
+        # (a staging buffer, a spare payload file no mapping holds).
+        result.tiles = {}
         return result
 
     def _get_executor(self):

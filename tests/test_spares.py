@@ -180,3 +180,76 @@ def test_a_recycled_file_is_mapped_only_where_commits_do_not_fsync(tmp_path, whe
     assert not any(mapped for took, mapped in seen if not took), seen  # 128 KiB: staged
     assert [r["problem"] for r in con.check()] == ["ok"]
     con.close()
+
+
+def test_staging_buffers_are_reused_only_when_nothing_refers_to_them():
+    """The store's cache of staging allocations (storage/writer.py StagingBuffers): a kept
+    buffer is handed out again while no view of it is alive, never while one is, and the
+    cache keeps at most its byte bound (oldest out first)."""
+    from tensordb.storage.writer import StagingBuffers
+    cache = StagingBuffers(max_bytes=8 << 20, min_bytes=1 << 20)
+    first = cache.take(2 << 20)
+    tile = first[64:1024].view(np.float32)  # an array made from a staged tile
+    address = first.__array_interface__["data"][0]
+    cache.keep(first)
+    del first
+    second = cache.take(2 << 20)  # the tile is alive: a new buffer
+    assert second.__array_interface__["data"][0] != address
+    del tile
+    third = cache.take(2 << 20)
+    assert third.__array_interface__["data"][0] == address  # reused, no view left
+    assert cache.take(4 << 20).nbytes == 4 << 20 and cache.nbytes == 0
+    small = cache.take(1 << 10)  # below min_bytes: never kept
+    cache.keep(small)
+    assert cache.nbytes == 0
+    for _ in range(5):
+        cache.keep(np.empty(3 << 20, np.uint8))
+    assert cache.nbytes <= 8 << 20
+    cache.clear()
+    assert cache.nbytes == 0
+
+
+def test_a_repeated_staged_output_reuses_its_staging_buffer(tmp_path):
+    """On disk (outputs staged, then written by pwrite at commit), a step repeated reuses the
+    anonymous buffer its output was staged in: the same allocation each time after the
+    first, and numpy's values every time."""
+    from tensordb.storage import writer
+    w, g = _values((1024, 1024))  # 4 MiB: staged, and kept between steps
+    con = tensordb.connect(tmp_path / "db", workers=2)
+    con.load("W", w)
+    con.load("G", g)
+    addresses = []
+    reserve = writer.TensorWriter.reserve
+
+    def recording(self, *args, **kwargs):
+        out = reserve(self, *args, **kwargs)
+        addresses.append(self._raw.__array_interface__["data"][0])
+        return out
+    writer.TensorWriter.reserve = recording
+    try:
+        expected = w
+        for _ in range(4):
+            con.execute(STEP)
+            expected = expected - np.float32(0.5) * g
+            np.testing.assert_array_equal(con.tensor("W"), expected)
+    finally:
+        writer.TensorWriter.reserve = reserve
+    assert len(set(addresses[1:])) == 1, addresses
+    assert con.store.staging.nbytes >= w.nbytes
+    con.close()
+
+
+def test_the_staging_cache_keeps_no_more_than_a_statement_may_stage(tmp_path):
+    """Under a memory_limit a statement stages at most a sixteenth of it: the buffers kept
+    between statements are capped the same way."""
+    w, g = _values((1024, 1024))  # 4 MiB
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("W", w)
+        con.load("G", g)
+        con.execute(STEP)
+        assert con.store.staging.nbytes >= w.nbytes  # no limit: kept
+        con.execute("SET memory_limit = '32MB'")
+        con.execute(STEP)
+        assert con.store.staging.nbytes <= (32 << 20) // 16
+        np.testing.assert_array_equal(con.tensor("W"),
+                                      (w - np.float32(0.5) * g) - np.float32(0.5) * g)

@@ -27,7 +27,7 @@ from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtyp
 from .reader import TensorReader
 from .spares import SparePayloads
 from .spilldir import remove_leftover_runs
-from .writer import TensorWriter
+from .writer import StagingBuffers, TensorWriter
 
 __all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter"]
 
@@ -60,6 +60,7 @@ class Store:
         self._entries: dict[int, tuple] = {}
         self._views: set[str] = set()
         self.spares = SparePayloads()  # retired payload files kept for reuse (spares.py)
+        self.staging = StagingBuffers()  # anonymous buffers of staged outputs, kept for reuse
         if path is None:
             if read_only:
                 raise ProgrammingError("an in-memory database cannot be opened read-only")
@@ -114,6 +115,8 @@ class Store:
         with self._lock:
             if getattr(self, "spares", None) is not None:
                 self.spares.clear()
+            if getattr(self, "staging", None) is not None:
+                self.staging.clear()
             if getattr(self, "duck", None) is not None:
                 try:
                     if self._txn is not None and not self._txn.external:
@@ -339,6 +342,7 @@ class Store:
             self._forget(name)
         self._forget_view(old.name)
         self.spares.clear()  # a drop gives space back: the spares' too
+        self.staging.clear()  # and memory: the staging buffers
 
     def _retire(self, old: TensorMeta, txn: _Txn) -> None:
         self._retire_file(old, txn)

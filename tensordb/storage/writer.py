@@ -30,8 +30,8 @@ from .reader import TileEntry, track_mapping
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
 
-__all__ = ["TensorWriter", "ALIGN", "commit_all", "count_nonzero", "has_nonfinite",
-           "has_negative_zero", "tile_stats"]
+__all__ = ["TensorWriter", "ALIGN", "StagingBuffers", "commit_all", "count_nonzero",
+           "has_nonfinite", "has_negative_zero", "tile_stats"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 _ZEROS = bytes(ALIGN)
@@ -59,6 +59,7 @@ class TensorWriter:
         self._grid_shape = grid_shape(grid)
         self._map: mmap.mmap | None = None
         self._staged: np.ndarray | None = None  # reserved tiles in anonymous memory (bytes)
+        self._raw: np.ndarray | None = None     # the allocation _staged lies in
         self._reserved: dict[tuple[int, ...], tuple] = {}
 
     def __repr__(self) -> str:
@@ -118,7 +119,7 @@ class TensorWriter:
                                        f"{self.path}: {exc.strerror or exc}") from None
             self._pos = pos
             if self._map is None:  # staged: computed in anonymous memory, written at commit
-                raw = np.empty(pos + ALIGN, np.uint8)
+                raw = self._raw = self.store.staging.take(pos + ALIGN)
                 self._staged = raw[-raw.ctypes.data % ALIGN:][:pos]
             base = self._map if self._map is not None else self._staged
             self._reserved = {c: (off, st, sh, np.ndarray(sh, self.dtype, base, off))
@@ -262,13 +263,24 @@ class TensorWriter:
         staged, self._staged = self._staged, None
         if staged is None:
             return
+        view, at = memoryview(staged), 0
         try:
-            view, at = memoryview(staged), 0
             while at < len(view):
                 at += os.pwrite(self._fd, view[at:], at)
         except OSError as exc:
             raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
                                    f"{exc.strerror or exc}") from None
+        finally:
+            view.release()
+            self._give_back_staging()
+
+    def _give_back_staging(self) -> None:
+        """Hand the staging allocation to the store's cache: the next writer reuses it once
+        nothing refers to its tiles any more (StagingBuffers)."""
+        raw, self._raw = self._raw, None
+        self._staged = None
+        if raw is not None:
+            self.store.staging.keep(raw)
 
     def abort(self) -> None:
         """Forget everything written; the catalog never saw it."""
@@ -295,6 +307,7 @@ class TensorWriter:
 
     def _fail(self) -> None:
         self._state = "aborted"
+        self._give_back_staging()
         try:
             self._close_file(sync=False)
         except OSError:  # pragma: no cover - the file is going away anyway
@@ -409,6 +422,62 @@ def has_nonfinite(a: np.ndarray) -> bool:
 # written back and dropped under memory pressure; anonymous ones cannot).
 STAGE_MAX = 64 << 20
 _SMALL_FILE = 1 << 20  # up to this size a payload file's blocks are reserved by writing zeros
+
+
+class StagingBuffers:
+    """A store's anonymous buffers for staged outputs (``TensorWriter.reserve``), kept after a
+    commit for the next writer. A fresh allocation of tens of MiB takes new pages from the
+    kernel each time (glibc maps one above 32 MiB afresh and unmaps it when freed; on a virtual
+    machine that hands freed memory back to its host, each page then faults in the host too):
+    a block-sparse product's 32 MiB output, staged anew for each query, took its kernels 2.5x
+    their time. A kept buffer is reused only once nothing refers to it: an array made from a
+    tile staged in it (a run's result) keeps it, and it is skipped until then. At most
+    ``max_bytes`` are kept (the oldest go first); buffers under ``min_bytes`` are not kept
+    (the heap reuses small allocations by itself)."""
+
+    def __init__(self, max_bytes: int = STAGE_MAX, min_bytes: int = 1 << 20) -> None:
+        self.max_bytes, self.min_bytes = max_bytes, min_bytes
+        self._kept: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A writable uint8 buffer of at least ``nbytes``: a kept one no more than twice as
+        large that nothing refers to, else a new one."""
+        if nbytes >= self.min_bytes:
+            with self._lock:
+                for k in range(len(self._kept)):
+                    raw = self._kept[k]
+                    # references: the list's, ``raw``'s and getrefcount's argument: no view
+                    if nbytes <= raw.nbytes <= 2 * nbytes and sys.getrefcount(raw) <= 3:
+                        del self._kept[k]
+                        return raw[:nbytes]
+        return np.empty(nbytes, np.uint8)
+
+    def keep(self, raw: np.ndarray) -> None:
+        raw = raw.base if raw.base is not None else raw  # the allocation, not a slice of it
+        if raw.nbytes < self.min_bytes or raw.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            if any(k is raw for k in self._kept):
+                return
+            self._kept.append(raw)
+            while sum(k.nbytes for k in self._kept) > self.max_bytes:
+                self._kept.pop(0)
+
+    def cap(self, limit: int | None) -> None:
+        """Keep at most ``limit`` bytes (None: ``STAGE_MAX``), dropping the oldest beyond it."""
+        with self._lock:
+            self.max_bytes = STAGE_MAX if limit is None else min(STAGE_MAX, max(0, limit))
+            while self._kept and sum(k.nbytes for k in self._kept) > self.max_bytes:
+                self._kept.pop(0)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes for k in self._kept)
 
 
 def _allocate(fd: int, size: int) -> None:
