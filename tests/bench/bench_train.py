@@ -235,7 +235,7 @@ def split_table(parts: dict) -> list[str]:
             p = parts[kind]
             v = p.get(key)
             cells.append("" if v is None else f"{v:.1f}")
-        name = {"fsync": "commit: of which fsync", "run: matmul kernels":
+        name = {"fsync": "fsyncs (summed over the helper threads that run them while the commit goes on)", "run: matmul kernels":
                 "run: matmul kernels (share of the run)",
                 "run: other kernels (elementwise, softmax, sums)":
                 "run: other kernels (share of the run)"}.get(key, key)
