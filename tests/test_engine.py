@@ -166,13 +166,18 @@ def test_tile_join_sees_tensors_written_earlier_in_the_same_transaction(con):
     assert not con.sql("SELECT * FROM duckdb_tables() WHERE table_name LIKE '__tensordb%'").fetchall()
 
 
-def test_results_handed_back_are_read_only(con):
-    """Output tiles are computed in place in the stored payload: the caller cannot change them."""
+def test_results_hand_back_statistics_not_the_stored_bytes(con):
+    """Output tiles are computed in place in the stored payload (or its staging buffer): the
+    run's result drops them after the commit, so the caller holds nothing that could change the
+    stored tensor, and the buffers are free for the next run; reads go through the catalog."""
     con.load("A", np.eye(4))
     result = con.einsum("ij,jk->ik", "A", "A", into="C")
-    for tile in result.tiles.values():
-        with pytest.raises(ValueError):
-            tile[...] = 99
+    assert result.tiles == {} and result.kernel_calls >= 1
+    got = con.tensor("C")
+    try:
+        got[...] = 99
+    except ValueError:  # a read-only view of the payload
+        pass
     np.testing.assert_array_equal(con.tensor("C"), np.eye(4))
 
 
