@@ -253,6 +253,7 @@ class TensorWriter:
             self._write_staged()
             return self._close_file(sync=self.store.fsync)
         self._close_file(sync=False)  # every reserved tile was zero: nothing to keep
+        self._give_back_staging()
         if os.path.exists(self.path):
             os.unlink(self.path)
         return _no_wait
