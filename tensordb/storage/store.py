@@ -40,6 +40,7 @@ class _Txn:
         self.external = external  # joined a transaction the user began: we neither commit nor undo
         self.created: list[str] = []
         self.retired: list[tuple[str, bool]] = []  # (path, may be kept as a spare)
+        self.committed = False  # our COMMIT landed: what it references is the catalog's now
 
 
 class Store:
@@ -288,13 +289,27 @@ class Store:
         that writer's payload is on disk (and raises OSError if it cannot be): they return
         before the transaction commits. Writers of distinct names share batched catalog
         statements (catalog.store); two of one name are swapped in one after the other."""
-        if len({w.name.lower() for w, _ in items}) < len(items):
-            with self.transaction():
-                return [m for item in items for m in self._commit_writers([item])]
+        txns: list[_Txn] = []  # the transaction the swap ran in
+        try:
+            if len({w.name.lower() for w, _ in items}) < len(items):
+                with self.transaction() as txn:
+                    txns.append(txn)
+                    return [m for item in items for m in self._swap_rows([item], txns)]
+            return self._swap_rows(items, txns)
+        except BaseException:
+            if txns and txns[0].committed:
+                # The COMMIT landed and something came after it (a Ctrl-C while the replaced
+                # files were retired): the payloads are the catalog's, never to be deleted.
+                for w, _ in items:
+                    w._state = "committed"
+            raise
+
+    def _swap_rows(self, items, txns: list) -> list[TensorMeta]:
         rows = [(w, w.meta(), sorted(w.entries.values(), key=lambda e: e.offset))
                 for w, _ in items]
         # The lock spans the whole swap: no other thread's commit can interleave with it.
         with self._lock, self.transaction() as txn:
+            txns.append(txn)
             for w, _, _ in rows:
                 if w.has_file:
                     txn.created.append(w.path)
@@ -401,6 +416,7 @@ class Store:
                 return  # files are reconciled when the database is next opened
             try:
                 self.duck.execute("COMMIT")
+                txn.committed = True
             except duckdb.Error as exc:
                 with contextlib.suppress(duckdb.Error):
                     self.duck.execute("ROLLBACK")

@@ -347,7 +347,8 @@ def commit_all(writers: Sequence[TensorWriter]) -> list[TensorMeta]:
             except OSError:
                 pass
         for w in writers:
-            w._fail()
+            if w._state != "committed":  # a landed COMMIT's payloads stay (store._commit_writers)
+                w._fail()
         raise
     for w in writers:
         w._state = "committed"
