@@ -172,6 +172,8 @@ class TensorWriter:
                             f"got {a.shape}")
         if a.dtype != self.dtype:
             a = a.astype(self.dtype)
+        if not a.flags.c_contiguous and count_nonzero(a) == 0:
+            return False  # an absent tile: not copied only to be dropped
         flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
         nnz, nonfinite, crc = tile_stats(flat)  # outside the lock: the checksum drops the GIL
         if nnz == 0:
