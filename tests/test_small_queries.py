@@ -82,6 +82,28 @@ def test_a_large_new_statement_is_refused_before_it_runs(con):
     assert con.last_run is ran and not con.store.has("H")
 
 
+def test_a_new_version_of_a_tensor_does_not_look_for_user_tables(con, monkeypatch):
+    """Replacing a stored tensor leaves the shared namespace as it was: its commit makes no
+    catalog query for user tables (1-1.5 ms of a training step). A new name still does, and
+    a table named like a tensor is still refused by SQL."""
+    from tensordb.storage import catalog
+    asked = []
+    real = catalog.tables_named
+    monkeypatch.setattr(catalog, "tables_named", lambda duck, names: asked.append(
+        sorted(names)) or real(duck, names))
+    con.execute(MATMUL)  # C is new: looked for
+    assert asked == [["C"]]
+    asked.clear()
+    con.execute(MATMUL)  # a new version of C, plan cached
+    con._plan_cache.clear()
+    con.execute(MATMUL)  # and planned afresh
+    assert asked == []
+    np.testing.assert_allclose(con.tensor("C"), con.tensor("A") @ con.tensor("B"), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(tensordb.CatalogError, match="a tensor named 'C' exists"):
+        con.sql("CREATE TABLE c (x INTEGER)")
+
+
 def test_a_tiny_plan_runs_on_the_calling_thread_with_numpys_answer(con):
     threads = set()
     con.progress_callback = lambda done, total: threads.add(threading.get_ident())

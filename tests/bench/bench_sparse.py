@@ -60,10 +60,13 @@ def main(argv=None) -> None:
     ap.add_argument("--densities", type=float, nargs="*", default=[0.001, 0.01, 0.1])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--memory", action="store_true",
+                    help="an in-memory database (nothing fsynced) instead of one on disk")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     b = rng.standard_normal((args.n, args.m), dtype=np.float32)
-    print(f"A {args.n}x{args.n} float32 on {TILE}x{TILE} tiles, B {args.n}x{args.m}")
+    print(f"A {args.n}x{args.n} float32 on {TILE}x{TILE} tiles, B {args.n}x{args.m}, "
+          + ("in memory" if args.memory else "on disk"))
     print("| tile density | tiles | tensordb | plan cached | kernels | lower | run | commit | "
           "numpy A @ B | speed-up | CPU: tensordb | CPU: numpy | CPU speed-up |")
     print("|---:|" * 1 + "---:|" * 12)
@@ -76,7 +79,8 @@ def main(argv=None) -> None:
                 ref = a @ b
                 np_times.append(time.perf_counter() - t0)
                 np_cpu.append(time.process_time() - c0)
-            with tensordb.connect(os.path.join(root, f"d{density}"), workers=args.workers) as con:
+            path = None if args.memory else os.path.join(root, f"d{density}")
+            with tensordb.connect(path, workers=args.workers) as con:
                 con.load("A", a, tile=(TILE, TILE))
                 con.load("B", b, tile=(TILE, args.m))
                 sql = "C[i,k] = SUM(A[i,j] * B[j,k])"
