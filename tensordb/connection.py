@@ -374,12 +374,13 @@ class Connection(TensorIO):
                                        input_grids=grids, input_tiles=sparse, input_facts=facts,
                                        blas_threads=threads)
 
-    def _run(self, plan, destinations=None):
+    def _run(self, plan, destinations=None, finished=None):
         """run: the executor runs the placed plan; its output tiles come back (or, with
-        ``destinations``, are written straight into their new payload files)."""
+        ``destinations``, are written straight into their new payload files, each handed to
+        ``finished`` once it is final)."""
         with stage("run"):
             result = self._get_executor().run(plan, self.store, progress=self.progress_callback,
-                                              destinations=destinations)
+                                              destinations=destinations, finished=finished)
         self.last_plan, self.last_run = plan, result
         return result
 
@@ -408,7 +409,7 @@ class Connection(TensorIO):
                                          sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
                                          stage_max=None if limit is None else limit // 16)
         try:
-            result = self._run(plan, writers.buffers)
+            result = self._run(plan, writers.buffers, writers.finished)
         except BaseException:
             writers.abort()
             raise

@@ -134,7 +134,8 @@ class DaskExecutor:
             cluster.close()
 
     # -- running a plan ------------------------------------------------------------------------
-    def run(self, plan: TilePlan, store=None, progress=None, destinations=None) -> RunResult:
+    def run(self, plan: TilePlan, store=None, progress=None, destinations=None,
+            finished=None) -> RunResult:
         if not plan.tasks:
             return RunResult({})
         attempts = 0

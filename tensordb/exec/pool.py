@@ -142,8 +142,11 @@ class LocalExecutor:
             th.join()
         self.threads = []
 
-    def run(self, plan: TilePlan, store=None, progress=None, destinations=None) -> RunResult:
-        """Run ``plan``; ``destinations`` maps output task keys to buffers to compute into."""
+    def run(self, plan: TilePlan, store=None, progress=None, destinations=None,
+            finished=None) -> RunResult:
+        """Run ``plan``; ``destinations`` maps output task keys to buffers to compute into, and
+        ``finished(key, buffer)`` (optional) is called on the worker once such a tile is final
+        and its statistics are taken (the output writers hand it to its file then)."""
         if not plan.tasks:
             return RunResult({}, ops=[])
         tiles = self.tiles
@@ -156,6 +159,7 @@ class LocalExecutor:
             limits = _blas_limits(threads)
         with self._lock, limits:
             run = _Run(self, plan, progress, dest, store)
+            run.finished_tile = finished if dest else None
             if inline and run.budget is None:
                 result = run.go_inline()
             else:
@@ -234,6 +238,7 @@ class _Run:
         self.rank = plan.rank or ranks(plan)
         self.spill = SpillFiles(store)
         self._inline: list | None = None  # go_inline's ready heap
+        self.finished_tile = None  # called with (key, buffer) once a destination tile is final
         limit = ex.memory_limit
         # admission only where the run could cross the limit (see budget.may_cross)
         self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, limit) else None
@@ -402,6 +407,8 @@ class _Run:
             # not one tile after another at the commit.
             self.nnz[task.key], self.nonfinite[task.key], self.crc32[task.key] = \
                 tile_stats(dest)
+            if self.finished_tile is not None:
+                self.finished_tile(task.key, dest)
         self.results[task.key] = value
         self.made_on[task.key] = w
         self.ledger.produced(task, held_bytes(task, value), int(getattr(value, "nbytes", 0)))

@@ -306,6 +306,7 @@ class OutputWriters:
         self.store, self.plan = store, plan
         self.writers = []
         self.buffers: dict[int, np.ndarray] = {}
+        self._tile_of: dict[int, tuple] = {}  # task key -> (writer, tile coords)
         # outputs computed in anonymous memory (writer.reserve), up to ``stage_max`` bytes in all
         left = stage_max
         try:
@@ -320,11 +321,18 @@ class OutputWriters:
                 self.writers.append((out, w))
                 for coords, buf in w.reserve(sorted(out.tiles), stage_max=left).items():
                     self.buffers[out.tiles[coords]] = buf
+                    self._tile_of[out.tiles[coords]] = (w, coords)
                 if left is not None:
                     left -= w.staged_bytes
         except BaseException:
             self.abort()
             raise
+
+    def finished(self, key: int, buf) -> None:
+        """Output tile ``key`` is final in its buffer (called on the worker that finished it):
+        its writer writes it into the payload file now, not at the commit (``write_early``)."""
+        w, coords = self._tile_of[key]
+        w.write_early(coords)
 
     def store_tiles(self, tiles: dict[int, np.ndarray], nnz: dict[int, int] | None = None,
                     nonfinite: dict[int, bool] | None = None,

@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import Grid, grid_shape, tile_box
 from . import background
+from .writeback import start_writeback
 from .checksum import crc32 as checksum
 from .meta import TensorMeta
 from .reader import TileEntry, track_mapping
@@ -61,6 +62,7 @@ class TensorWriter:
         self._staged: np.ndarray | None = None  # reserved tiles in anonymous memory (bytes)
         self._raw: np.ndarray | None = None     # the allocation _staged lies in
         self._reserved: dict[tuple[int, ...], tuple] = {}
+        self._early: set[tuple[int, ...]] = set()  # staged tiles already in the file
 
     def __repr__(self) -> str:
         return f"TensorWriter({self.name!r}, shape={self.shape}, tiles={len(self.entries)}, {self._state})"
@@ -228,6 +230,37 @@ class TensorWriter:
                                                  crc, bool(nonfinite))
         return keep
 
+    def write_early(self, coords: Sequence[int]) -> None:
+        """Reserved tile ``coords`` is final (computed in place, its statistics taken): hand it to
+        the file now, on the caller's thread (a worker, as each output tile is finished). A staged
+        tile is written by pwrite, so the commit writes only what is left (a mapped one is in
+        the file already); where the commit fsyncs, the write-back of its pages starts at once
+        (writeback.py), and the disk works while the run goes on. Called while the writer is
+        open, before ``write_tile`` records the tile; tiles of one writer may come from several
+        threads at once (each writes its own bytes)."""
+        reserved = self._reserved.get(tuple(coords))
+        if reserved is None:  # a tensor with no bytes: reserve() gave plain zero-size arrays
+            return
+        coords, (offset, _, _, buf) = tuple(coords), reserved
+        with self._lock:
+            if self._state != "open" or self._fd is None:
+                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
+            fd, staged = self._fd, self._staged is not None
+        if staged:
+            view, at = memoryview(buf).cast("B"), 0
+            try:
+                while at < len(view):
+                    at += os.pwrite(fd, view[at:], offset + at)
+            except OSError as exc:
+                raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
+                                       f"{exc.strerror or exc}") from None
+            finally:
+                view.release()
+            with self._lock:
+                self._early.add(coords)
+        if self.store.fsync:
+            start_writeback(fd, offset, buf.nbytes)
+
     # -- finishing -----------------------------------------------------------------------------
     def meta(self) -> TensorMeta:
         """The catalog entry this writer will commit."""
@@ -266,10 +299,16 @@ class TensorWriter:
         staged, self._staged = self._staged, None
         if staged is None:
             return
-        view, at = memoryview(staged), 0
+        # the whole buffer in one pwrite, or the ranges of the tiles write_early has not written
+        ranges = [(0, len(staged))] if not self._early else sorted(
+            (off, buf.nbytes) for c, (off, _, _, buf) in self._reserved.items()
+            if c not in self._early and c in self.entries)
+        view = memoryview(staged)
         try:
-            while at < len(view):
-                at += os.pwrite(self._fd, view[at:], at)
+            for start, size in ranges:
+                at = start
+                while at < start + size:
+                    at += os.pwrite(self._fd, view[at:start + size], at)
         except OSError as exc:
             raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
                                    f"{exc.strerror or exc}") from None

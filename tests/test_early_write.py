@@ -1,0 +1,145 @@
+"""Output tiles go to their payload file as each is finished, not all at the commit.
+
+The worker that finishes an output tile hands it to its writer (``TensorWriter.write_early``): a
+tile staged in anonymous memory is written by pwrite there and then, and on a database that
+fsyncs, the write-back of its pages starts at once (storage/writeback.py), so the commit's fsync
+finds little left. Checked on real files: the bytes in the payload file, the catalog rows, the
+answer against numpy, the tiles the commit still writes itself, and a run that fails midway.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.storage import writeback, writer as writer_mod
+from tests.files import payload_files
+
+MATMUL = "C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 2, j 1, k 2)"
+
+
+def _file_bytes(con, name):
+    meta = con.store.meta(name)
+    with open(os.path.join(con.store.tiles_dir, f"{meta.version}.bin"), "rb") as f:
+        return f.read()
+
+
+@pytest.fixture
+def ab():
+    rng = np.random.default_rng(3)
+    return (rng.standard_normal((64, 48), dtype=np.float32),
+            rng.standard_normal((48, 80), dtype=np.float32))
+
+
+@pytest.mark.parametrize("where", ["disk", "memory"])
+def test_each_output_tile_is_written_by_the_worker_that_finished_it(tmp_path, ab, where,
+                                                                     monkeypatch):
+    a, b = ab
+    started = []
+    real = writeback.start_writeback
+
+    def counting(fd, offset, nbytes):
+        started.append((offset, nbytes))
+        return real(fd, offset, nbytes)
+    monkeypatch.setattr(writer_mod, "start_writeback", counting)
+    early = []
+    real_early = writer_mod.TensorWriter.write_early
+
+    def recording(self, coords):
+        early.append(tuple(coords))
+        return real_early(self, coords)
+    monkeypatch.setattr(writer_mod.TensorWriter, "write_early", recording)
+    with tensordb.connect(tmp_path / "db" if where == "disk" else None, workers=2) as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.execute(MATMUL)
+        np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-5, atol=1e-5)
+        assert sorted(early) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        # on disk each tile's write-back was started as it was written; in memory nothing syncs
+        if where == "disk":
+            assert sorted(n for _, n in started) == [32 * 40 * 4] * 4
+        else:
+            assert started == []
+        assert [r["problem"] for r in con.check()] == ["ok"]  # the checksums match the bytes
+
+
+def test_the_commit_writes_the_tiles_not_written_early(tmp_path):
+    """A staged writer some of whose tiles were written early: the commit writes the others
+    (and only the tiles it keeps), and the file holds every tile's bytes."""
+    with tensordb.connect(tmp_path / "db") as con:
+        w = con.store.writer("T", (4, 6), np.dtype(np.float64), ((0, 2, 4), (0, 3, 6)),
+                             dims=("i", "j"), replace=False)
+        bufs = w.reserve([(0, 0), (0, 1), (1, 0), (1, 1)])
+        assert w.staged_bytes > 0
+        want = np.arange(24, dtype=np.float64).reshape(4, 6) + 1
+        for (i, j), buf in bufs.items():
+            buf[...] = want[2 * i:2 * i + 2, 3 * j:3 * j + 3]
+        bufs[(1, 1)][...] = 0  # an all-zero tile: no catalog row
+        w.write_early((0, 1))
+        w.write_early((1, 1))
+        for coords, buf in bufs.items():
+            w.write_tile(coords, buf)
+        w.commit()
+        got = con.tensor("T")
+        want[2:, 3:] = 0
+        np.testing.assert_array_equal(got, want)
+        assert con.store.meta("T").tile_count == 3
+        data = _file_bytes(con, "T")
+        rows = con.store.duck.execute('SELECT coords, "offset", nbytes FROM tensordb.tiles '
+                                      "WHERE tensor = 'T' ORDER BY coords").fetchall()
+        assert [tuple(c) for c, _, _ in rows] == [(0, 0), (0, 1), (1, 0)]
+        for (i, j), offset, nbytes in rows:
+            tile = np.frombuffer(data[offset:offset + nbytes], np.float64).reshape(2, 3)
+            np.testing.assert_array_equal(tile, want[2 * i:2 * i + 2, 3 * j:3 * j + 3])
+        assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+def test_a_tensor_with_no_bytes_has_nothing_to_write_early(tmp_path):
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("E", np.zeros((0, 5), np.float32))
+        con.load("F", np.ones((5, 3), np.float32))
+        con.execute("G[i,k] = SUM(E[i,j] * F[j,k])")
+        assert con.tensor("G").shape == (0, 3)
+
+
+def test_a_run_that_fails_after_tiles_were_written_early_stores_nothing(tmp_path, ab,
+                                                                       monkeypatch):
+    """The second output tile's early write fails (a disk error): the run fails with a
+    tensordb error, the tensor keeps its old value and rows, and the new payload file is gone."""
+    a, b = ab
+    with tensordb.connect(tmp_path / "db", workers=1) as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.execute(MATMUL)
+        before = con.tensor("C").copy()
+        files = payload_files(con.store)
+        calls = []
+        real_early = writer_mod.TensorWriter.write_early
+
+        def failing(self, coords):
+            calls.append(coords)
+            if len(calls) == 2:
+                raise tensordb.OperationalError("cannot write tiles of 'C': No space left")
+            return real_early(self, coords)
+        monkeypatch.setattr(writer_mod.TensorWriter, "write_early", failing)
+        with pytest.raises(tensordb.OperationalError, match="No space left"):
+            con.execute(MATMUL.replace("A[i,j]", "(A[i,j] + 1)"))
+        np.testing.assert_array_equal(con.tensor("C"), before)
+        assert payload_files(con.store) == files
+        assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+def test_start_writeback_asks_the_kernel_or_does_nothing(tmp_path):
+    path = tmp_path / "f.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"x" * 8192, 0)
+        took = writeback.start_writeback(fd, 0, 8192)
+        assert took is (writeback._sync_file_range is not None)
+        assert writeback.start_writeback(fd, 0, 0) is False
+        os.fsync(fd)
+        assert os.pread(fd, 8192, 0) == b"x" * 8192
+    finally:
+        os.close(fd)
