@@ -143,3 +143,37 @@ def test_start_writeback_asks_the_kernel_or_does_nothing(tmp_path):
         assert os.pread(fd, 8192, 0) == b"x" * 8192
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_output_too_large_to_stage_is_streamed_and_not_held(tmp_path, monkeypatch, workers):
+    """On disk, an output larger than the staging cap is computed tile by tile as any other:
+    each tile goes into its place in the file as soon as it is finished (before the commit),
+    and the run keeps it no longer than its consumers need it, so the run holds a few tiles
+    at a time, not the whole output. The answer is numpy's, block-sparse zeros included."""
+    import sys
+    lower = sys.modules["tensordb.physical.lower"]
+    monkeypatch.setattr(writer_mod, "STAGE_MAX", 1 << 20)
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((2048, 256))  # 4 MiB of float64: 16 tiles of 256 KiB
+    a[1024:1280] = 0  # two all-zero tiles of A: absent, so C's are never computed nor written
+    events = []
+    real_slot = writer_mod.TensorWriter._write_slot
+    monkeypatch.setattr(writer_mod.TensorWriter, "_write_slot", lambda self, c, t: (
+        events.append("tile"), real_slot(self, c, t))[1])
+    real_commit = lower.commit_all
+    monkeypatch.setattr(lower, "commit_all", lambda ws: (events.append("commit"),
+                                                         real_commit(ws))[1])
+    with tensordb.connect(tmp_path / "db", workers=workers) as con:
+        con.load("A", a, tile=(128, 256))
+        con.load("S", np.full((256,), 3.0))
+        events.clear()
+        # C is an output that another operation of the same script also reads
+        con.execute("C[i,j] = A[i,j] * S[j] WITH (PIECES i 16, j 1); "
+                    "R[i] = SUM(C[i,j]) WITH (PIECES i 16)")
+        np.testing.assert_array_equal(con.tensor("C"), a * 3.0)
+        np.testing.assert_allclose(con.tensor("R"), (a * 3.0).sum(1), rtol=1e-12)
+        assert events == ["tile"] * 14 + ["commit"]
+        assert con.store.meta("C").tile_count == 14
+        assert con.last_run.peak_bytes <= a.nbytes // 2
+        assert [r["problem"] for r in con.check()] == ["ok"]

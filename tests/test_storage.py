@@ -330,20 +330,31 @@ def test_listing_and_describe(con):
     assert listing[1]["tile_count"] == 0 and listing[1]["bytes"] == 0
 
 
-@pytest.mark.parametrize("stage_max", [0, 1 << 30])
-def test_reserved_tiles_mapped_or_staged_land_in_the_file(tmp_path, monkeypatch, stage_max):
-    """Reserved tiles are a mapping of the payload file (over ``STAGE_MAX``) or anonymous memory
-    written into it at commit: either way the reopened database reads the computed bytes, with
-    their checksums; an all-zero tile gets no row; an aborted writer leaves no file."""
+@pytest.mark.parametrize("how", ["staged", "streamed", "mapped", "mapped, large tiles"])
+def test_reserved_tiles_mapped_staged_or_streamed_land_in_the_file(tmp_path, monkeypatch, how):
+    """Reserved tiles are anonymous memory written into the payload file at commit (up to
+    ``STAGE_MAX``); over it, where the commit fsyncs, there are no buffers and each tile is
+    written into its place as it is given (streamed), and where it does not, a mapping of the
+    file. Either way the reopened database reads the computed bytes, with their checksums; an
+    all-zero tile gets no row; an aborted writer leaves no file. Tiles over ``STREAM_TILE_MAX``
+    are mapped on disk too."""
     from tensordb.storage import writer as wr
-    monkeypatch.setattr(wr, "STAGE_MAX", stage_max)
+    monkeypatch.setattr(wr, "STAGE_MAX", 1 << 30 if how == "staged" else 0)
+    if how == "mapped, large tiles":
+        monkeypatch.setattr(wr, "STREAM_TILE_MAX", 1024)  # a tile here is 2560 bytes
     rng = np.random.default_rng(5)
     a = rng.standard_normal((48, 20))
     a[16:32] = 0
     with Store(tmp_path / "db") as store:
+        store.fsync = how != "mapped"  # as in memory: nothing synced
         w = store.writer("R", a.shape, a.dtype, (16, 20))
         bufs = w.reserve([(0, 0), (1, 0), (2, 0)])
-        assert (w._map is None) == (stage_max > 0)
+        assert (w._map is not None) == how.startswith("mapped")
+        assert w.streams == (how == "streamed")
+        if how == "streamed":
+            assert bufs == {}
+            kept = [w.write_tile((i, 0), a[16 * i:16 * (i + 1)].copy()) for i in range(3)]
+            assert kept == [True, False, True]
         for (i, _), buf in bufs.items():
             np.copyto(buf, a[16 * i:16 * (i + 1)])
             w.write_tile((i, 0), buf)

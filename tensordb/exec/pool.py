@@ -146,7 +146,9 @@ class LocalExecutor:
             finished=None) -> RunResult:
         """Run ``plan``; ``destinations`` maps output task keys to buffers to compute into, and
         ``finished(key, buffer)`` (optional) is called on the worker once such a tile is final
-        and its statistics are taken (the output writers hand it to its file then)."""
+        and its statistics are taken (the output writers hand it to its file then), and on
+        a stored output's tile that has no destination: returning True, it has written the
+        tile, which the run then keeps only as long as its consumers need it."""
         if not plan.tasks:
             return RunResult({}, ops=[])
         tiles = self.tiles
@@ -159,7 +161,7 @@ class LocalExecutor:
             limits = _blas_limits(threads)
         with self._lock, limits:
             run = _Run(self, plan, progress, dest, store)
-            run.finished_tile = finished if dest else None
+            run.finished_tile = finished if tiles.writes_destinations else None
             if inline and run.budget is None:
                 result = run.go_inline()
             else:
@@ -238,7 +240,7 @@ class _Run:
         self.rank = plan.rank or ranks(plan)
         self.spill = SpillFiles(store)
         self._inline: list | None = None  # go_inline's ready heap
-        self.finished_tile = None  # called with (key, buffer) once a destination tile is final
+        self.finished_tile = None  # called with (key, tile) once a stored output's tile is final
         limit = ex.memory_limit
         # admission only where the run could cross the limit (see budget.may_cross)
         self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, limit) else None
@@ -409,11 +411,21 @@ class _Run:
                 tile_stats(dest)
             if self.finished_tile is not None:
                 self.finished_tile(task.key, dest)
+        written = dest is None and self.finished_tile is not None and task.key in self.keep \
+            and self.finished_tile(task.key, value)
         self.results[task.key] = value
         self.made_on[task.key] = w
         self.ledger.produced(task, held_bytes(task, value), int(getattr(value, "nbytes", 0)))
         if dest is not None:  # an output file's pages now: the page cache's, not the budget's
             self.ledger.release(task.key)
+        if written:  # in its file now: kept only while consumers (queued below) need it
+            with self.lock:
+                self.keep.discard(task.key)
+                unused = not self.refs.get(task.key)
+                if unused:
+                    self.results.pop(task.key, None)
+            if unused:
+                self.ledger.release(task.key)
         ready = []
         with self.lock:
             for c in self.consumers[task.key]:

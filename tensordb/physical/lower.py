@@ -307,6 +307,7 @@ class OutputWriters:
         self.writers = []
         self.buffers: dict[int, np.ndarray] = {}
         self._tile_of: dict[int, tuple] = {}  # task key -> (writer, tile coords)
+        self._written: set[int] = set()  # tiles of streamed outputs, written during the run
         # outputs computed in anonymous memory (writer.reserve), up to ``stage_max`` bytes in all
         left = stage_max
         try:
@@ -321,18 +322,26 @@ class OutputWriters:
                 self.writers.append((out, w))
                 for coords, buf in w.reserve(sorted(out.tiles), stage_max=left).items():
                     self.buffers[out.tiles[coords]] = buf
-                    self._tile_of[out.tiles[coords]] = (w, coords)
+                for coords, key in out.tiles.items():
+                    self._tile_of[key] = (w, coords)
                 if left is not None:
                     left -= w.staged_bytes
         except BaseException:
             self.abort()
             raise
 
-    def finished(self, key: int, buf) -> None:
-        """Output tile ``key`` is final in its buffer (called on the worker that finished it):
-        its writer writes it into the payload file now, not at the commit (``write_early``)."""
+    def finished(self, key: int, tile) -> bool:
+        """Output tile ``key`` is final (called on the worker that finished it): its writer
+        takes it now, not at the commit. A tile computed in its reserved buffer goes to the
+        file (``write_early``); a streamed output's tile (no buffer) is written into its place,
+        and True tells the executor it need not keep it."""
         w, coords = self._tile_of[key]
+        if w.streams:
+            w.write_tile(coords, tile)
+            self._written.add(key)
+            return True
         w.write_early(coords)
+        return False
 
     def store_tiles(self, tiles: dict[int, np.ndarray], nnz: dict[int, int] | None = None,
                     nonfinite: dict[int, bool] | None = None,
@@ -349,6 +358,8 @@ class OutputWriters:
                 for out, w in self.writers:
                     for coords in sorted(out.tiles):
                         key = out.tiles[coords]
+                        if key in self._written:  # a streamed tile, in its file already
+                            continue
                         w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key),
                                      crc32.get(key))
                 commit_all([w for _, w in self.writers])  # the rows of all in a few statements

@@ -63,6 +63,9 @@ class TensorWriter:
         self._raw: np.ndarray | None = None     # the allocation _staged lies in
         self._reserved: dict[tuple[int, ...], tuple] = {}
         self._early: set[tuple[int, ...]] = set()  # staged tiles already in the file
+        # streamed (an output too large to stage, where the commit fsyncs): each tile's place in
+        # the file, written by write_tile as soon as the tile is finished
+        self._slots: dict[tuple[int, ...], tuple] = {}
 
     def __repr__(self) -> str:
         return f"TensorWriter({self.name!r}, shape={self.shape}, tiles={len(self.entries)}, {self._state})"
@@ -81,12 +84,14 @@ class TensorWriter:
                 stage_max: int | None = None) -> dict[tuple[int, ...], np.ndarray]:
         """Writable buffers for ``tiles``, laid out as in the payload file, whose blocks are
         allocated here (a full disk is an error now, not at commit): anonymous memory that
-        ``commit`` writes into the file with one pwrite (a file up to ``STAGE_MAX``), or the
-        file itself, memory-mapped. ``stage_max`` (default ``STAGE_MAX``): the largest file
-        staged (anonymous memory is not the memory budget's to spill or drop; under a small
-        memory limit the caller passes less). Whoever computes a tile can write it in place,
-        and ``write_tile`` of that very buffer then costs no copy. Call once, before any
-        ``write_tile``."""
+        ``commit`` writes into the file with one pwrite (a file up to ``STAGE_MAX``), or, where
+        the commit does not fsync, the file itself, memory-mapped. ``stage_max`` (default
+        ``STAGE_MAX``): the largest file staged (anonymous memory is not the memory budget's
+        to spill or drop; under a small memory limit the caller passes less). Whoever computes
+        a tile can write it in place, and ``write_tile`` of that very buffer then costs no
+        copy. A larger file where the commit fsyncs gets no buffers (``streams``): each tile is
+        computed as any other and handed to ``write_tile`` once finished, which writes it into
+        its place in the file then. Call once, before any ``write_tile``."""
         with self._lock:
             if self._state != "open" or self._fd is not None:
                 raise InterfaceError(f"writer for '{self.name}': reserve() comes before any write")
@@ -110,9 +115,19 @@ class TensorWriter:
                 # write-protects each one, a TLB shootdown (an IPI to every core running the
                 # process), and a block-sparse product's 1.8 MiB output took 7 ms to fsync
                 # that way against 1.2 ms for 8 MiB written by pwrite.
+                # For the same reason a file too large to stage is not mapped where the commit
+                # fsyncs, but streamed, if its tiles are small: 80 MiB computed into a mapping
+                # and then fsynced took 57-70 ms, computed in 8 MiB anonymous tiles each written
+                # by pwrite as it was finished (its write-back started then) 35-39 ms. A large
+                # tile is left mapped: the allocator maps each afresh (glibc above 32 MiB), and
+                # a 6144^2 product's two 72 MiB output tiles took their kernels 7% longer in
+                # new pages than in the file's cached ones, more than the fsync saved.
                 mapped = recycled and not self.store.fsync
-                if mapped or pos > (STAGE_MAX if stage_max is None else
-                                    min(stage_max, STAGE_MAX)):
+                large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
+                biggest = max(math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize
+                if large and self.store.fsync and biggest <= STREAM_TILE_MAX:
+                    self._slots = layout
+                elif mapped or large:
                     self._map = mmap.mmap(self._fd, pos)
                     track_mapping(self.path, self._map)  # its tiles outlive the writer
             except OSError as exc:
@@ -120,6 +135,8 @@ class TensorWriter:
                 raise OperationalError(f"cannot reserve {pos} bytes for '{self.name}' in "
                                        f"{self.path}: {exc.strerror or exc}") from None
             self._pos = pos
+            if self._slots:
+                return {}
             if self._map is None:  # staged: computed in anonymous memory, written at commit
                 raw = self._raw = self.store.staging.take(pos + ALIGN)
                 self._staged = raw[-raw.ctypes.data % ALIGN:][:pos]
@@ -162,6 +179,8 @@ class TensorWriter:
         coords = tuple(int(c) for c in coords)
         if coords in self._reserved:
             return self._fill_reserved(coords, array, nnz, nonfinite, crc32)
+        if coords in self._slots:
+            return self._write_slot(coords, array)
         if len(coords) != len(self.shape) or any(
                 not 0 <= c < n for c, n in zip(coords, self._grid_shape)):
             raise InternalError(f"tensor '{self.name}': tile {coords} is outside its grid "
@@ -202,6 +221,38 @@ class TensorWriter:
                                              nonfinite)
         return True
 
+    def _write_slot(self, coords: tuple[int, ...], array) -> bool:
+        """A streamed tile, written into its place in the file now (by whichever thread
+        finished it; tiles of one writer may come from several threads at once), and the
+        write-back of its pages started. An all-zero tile is not written and gets no row,
+        unless a zero in it is -0.0 (as ``_fill_reserved``)."""
+        offset, starts, shape = self._slots[coords]
+        a = np.asarray(array)
+        if a.shape != shape:
+            raise DataError(f"tensor '{self.name}': tile {coords} should have shape {shape}, "
+                            f"got {a.shape}")
+        flat = np.ascontiguousarray(a, dtype=self.dtype).reshape(-1)
+        nnz, nonfinite, crc = tile_stats(flat)
+        if not nnz and not has_negative_zero(flat):
+            return False
+        with self._lock:
+            if self._state != "open" or self._fd is None:
+                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
+            if coords in self.entries:
+                raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
+            fd = self._fd
+        self._pwrite(fd, flat, offset)
+        start_writeback(fd, offset, flat.nbytes)
+        with self._lock:
+            self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes,
+                                             int(nnz), crc, bool(nonfinite))
+        return True
+
+    @property
+    def streams(self) -> bool:
+        """Whether ``reserve`` gave no buffers: each tile is written as it is finished."""
+        return bool(self._slots)
+
     def _fill_reserved(self, coords: tuple[int, ...], array, nnz: int | None,
                        nonfinite: bool | None, crc: int | None = None) -> bool:
         offset, starts, shape, buf = self._reserved[coords]
@@ -233,11 +284,11 @@ class TensorWriter:
     def write_early(self, coords: Sequence[int]) -> None:
         """Reserved tile ``coords`` is final (computed in place, its statistics taken): hand it to
         the file now, on the caller's thread (a worker, as each output tile is finished). A staged
-        tile is written by pwrite, so the commit writes only what is left (a mapped one is in
-        the file already); where the commit fsyncs, the write-back of its pages starts at once
-        (writeback.py), and the disk works while the run goes on. Called while the writer is
-        open, before ``write_tile`` records the tile; tiles of one writer may come from several
-        threads at once (each writes its own bytes)."""
+        tile is written by pwrite, so the commit writes only what is left, and where the commit
+        fsyncs the write-back of its pages starts at once (writeback.py): the disk works while
+        the run goes on. A mapped tile (where nothing is fsynced) is in the file already.
+        Called while the writer is open, before ``write_tile`` records the tile; tiles of one
+        writer may come from several threads at once (each writes its own bytes)."""
         reserved = self._reserved.get(tuple(coords))
         if reserved is None:  # a tensor with no bytes: reserve() gave plain zero-size arrays
             return
@@ -246,20 +297,26 @@ class TensorWriter:
             if self._state != "open" or self._fd is None:
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
             fd, staged = self._fd, self._staged is not None
-        if staged:
-            view, at = memoryview(buf).cast("B"), 0
-            try:
-                while at < len(view):
-                    at += os.pwrite(fd, view[at:], offset + at)
-            except OSError as exc:
-                raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
-                                       f"{exc.strerror or exc}") from None
-            finally:
-                view.release()
-            with self._lock:
-                self._early.add(coords)
+        if not staged:
+            return
+        self._pwrite(fd, buf, offset)
+        with self._lock:
+            self._early.add(coords)
         if self.store.fsync:
             start_writeback(fd, offset, buf.nbytes)
+
+    def _pwrite(self, fd: int, data, offset: int) -> None:
+        """Write all of ``data`` (an array, or a slice of one) at ``offset`` of the file."""
+        view = memoryview(data).cast("B")
+        at = 0
+        try:
+            while at < len(view):
+                at += os.pwrite(fd, view[at:], offset + at)
+        except OSError as exc:
+            raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
+                                   f"{exc.strerror or exc}") from None
+        finally:
+            view.release()
 
     # -- finishing -----------------------------------------------------------------------------
     def meta(self) -> TensorMeta:
@@ -303,17 +360,10 @@ class TensorWriter:
         ranges = [(0, len(staged))] if not self._early else sorted(
             (off, buf.nbytes) for c, (off, _, _, buf) in self._reserved.items()
             if c not in self._early and c in self.entries)
-        view = memoryview(staged)
         try:
             for start, size in ranges:
-                at = start
-                while at < start + size:
-                    at += os.pwrite(self._fd, view[at:start + size], at)
-        except OSError as exc:
-            raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
-                                   f"{exc.strerror or exc}") from None
+                self._pwrite(self._fd, staged[start:start + size], start)
         finally:
-            view.release()
             self._give_back_staging()
 
     def _give_back_staging(self) -> None:
@@ -461,9 +511,12 @@ def has_nonfinite(a: np.ndarray) -> bool:
 # Reserved tiles of a payload file up to this size are computed in anonymous memory and written
 # into the file by one pwrite at commit: a fresh shared file mapping takes a page fault per 4 KiB
 # page written (a 16 MiB SGD update spent twice its arithmetic in them), anonymous memory comes
-# in huge pages and the write copies at memory speed. A larger file is mapped (its pages can be
-# written back and dropped under memory pressure; anonymous ones cannot).
+# in huge pages and the write copies at memory speed. A larger file is streamed or mapped (its
+# pages can be written back and dropped under memory pressure; anonymous ones cannot).
 STAGE_MAX = 64 << 20
+# A file larger than STAGE_MAX whose tiles are all up to this size is streamed where the commit
+# fsyncs (reserve): each tile written as it is finished, its memory then reused by the allocator.
+STREAM_TILE_MAX = 16 << 20
 _SMALL_FILE = 1 << 20  # up to this size a payload file's blocks are reserved by writing zeros
 
 
