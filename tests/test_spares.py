@@ -253,3 +253,45 @@ def test_the_staging_cache_keeps_no_more_than_a_statement_may_stage(tmp_path):
         assert con.store.staging.nbytes <= (32 << 20) // 16
         np.testing.assert_array_equal(con.tensor("W"),
                                       (w - np.float32(0.5) * g) - np.float32(0.5) * g)
+
+
+def test_a_maximal_staged_file_keeps_its_buffer():
+    """A staged file of STAGE_MAX bytes needs a buffer ALIGN bytes larger (for alignment): it
+    is kept all the same, and handed back for the next file of that size."""
+    from tensordb.storage.writer import ALIGN, STAGE_MAX, StagingBuffers
+    sb = StagingBuffers()
+    raw = sb.take(STAGE_MAX + ALIGN)
+    sb.keep(raw)
+    assert sb.nbytes == STAGE_MAX + ALIGN
+    address = raw.ctypes.data
+    del raw  # nothing refers to it now
+    again = sb.take(STAGE_MAX + ALIGN)
+    assert again.ctypes.data == address and sb.nbytes == 0
+
+
+def test_a_finished_run_leaves_its_staged_buffer_free(tmp_path, monkeypatch):
+    """The pool's workers drop each item once it is handled: a worker waiting for work with
+    the run's last item kept the whole run alive (its results and output buffers), so a
+    staged output's buffer was never free for the next query where only one buffer is kept
+    (a 64 MiB output): every query then staged into new pages."""
+    from tensordb.storage import writer
+    monkeypatch.setattr(writer, "STAGE_MAX", 2 << 20)  # one 1.5 MiB buffer kept, not two
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((768, 512), dtype=np.float32)
+    g = rng.standard_normal((768, 512), dtype=np.float32)
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("W", w)
+        con.load("G", g)
+        taken = []
+        take = con.store.staging.take
+
+        def recording(nbytes):
+            got = take(nbytes)
+            taken.append(got.ctypes.data)
+            return got
+        con.store.staging.take = recording
+        for _ in range(4):
+            con.execute("H[i,j] = W[i,j] * 2 + G[i,j] WITH (PIECES i 8, j 2)")
+            assert con.last_run.kernel_calls == 16  # the workers ran it, not the caller
+        np.testing.assert_array_equal(con.tensor("H"), w * np.float32(2) + g)
+        assert len(set(taken[1:])) == 1, taken  # the first query's buffer, reused ever since

@@ -134,6 +134,10 @@ class LocalExecutor:
                 if item is None:
                     return
                 item[0].handle(w, item[1:])
+                # Not kept while the worker waits: the run's last item would keep the whole run
+                # alive (its results, its output buffers: a staged output's buffer could then
+                # never be reused by the next query, writer.StagingBuffers).
+                item = None
 
     def close(self) -> None:
         for w in range(self.workers):

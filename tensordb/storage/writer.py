@@ -528,7 +528,8 @@ class StagingBuffers:
     a block-sparse product's 32 MiB output, staged anew for each query, took its kernels 2.5x
     their time. A kept buffer is reused only once nothing refers to it: an array made from a
     tile staged in it (a run's result) keeps it, and it is skipped until then. At most
-    ``max_bytes`` are kept (the oldest go first); buffers under ``min_bytes`` are not kept
+    ``max_bytes`` of staged files are kept (the oldest go first; a buffer is ``ALIGN`` bytes
+    more than the file it stages, for alignment); buffers under ``min_bytes`` are not kept
     (the heap reuses small allocations by itself)."""
 
     def __init__(self, max_bytes: int = STAGE_MAX, min_bytes: int = 1 << 20) -> None:
@@ -551,21 +552,23 @@ class StagingBuffers:
 
     def keep(self, raw: np.ndarray) -> None:
         raw = raw.base if raw.base is not None else raw  # the allocation, not a slice of it
-        if raw.nbytes < self.min_bytes or raw.nbytes > self.max_bytes:
+        if raw.nbytes < self.min_bytes or raw.nbytes > self.max_bytes + ALIGN:
             return
         with self._lock:
             if any(k is raw for k in self._kept):
                 return
             self._kept.append(raw)
-            while sum(k.nbytes for k in self._kept) > self.max_bytes:
-                self._kept.pop(0)
+            self._trim()
+
+    def _trim(self) -> None:
+        while self._kept and sum(k.nbytes - ALIGN for k in self._kept) > self.max_bytes:
+            self._kept.pop(0)
 
     def cap(self, limit: int | None) -> None:
         """Keep at most ``limit`` bytes (None: ``STAGE_MAX``), dropping the oldest beyond it."""
         with self._lock:
             self.max_bytes = STAGE_MAX if limit is None else min(STAGE_MAX, max(0, limit))
-            while self._kept and sum(k.nbytes for k in self._kept) > self.max_bytes:
-                self._kept.pop(0)
+            self._trim()
 
     def clear(self) -> None:
         with self._lock:
