@@ -177,3 +177,18 @@ def test_an_output_too_large_to_stage_is_streamed_and_not_held(tmp_path, monkeyp
         assert con.store.meta("C").tile_count == 14
         assert con.last_run.peak_bytes <= a.nbytes // 2
         assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+def test_a_tile_given_again_after_its_early_write_is_written_again(tmp_path):
+    """write_tile with other bytes than the reserved buffer's (a copy into it) after the buffer
+    went to the file early: the commit writes the new bytes, not the early ones."""
+    with tensordb.connect(tmp_path / "db") as con:
+        w = con.store.writer("T", (2, 3), np.dtype(np.float32), ((0, 2), (0, 3)),
+                             dims=("i", "j"), replace=False)
+        bufs = w.reserve([(0, 0)])
+        bufs[(0, 0)][...] = 1
+        w.write_early((0, 0))
+        w.write_tile((0, 0), np.full((2, 3), 7, np.float32))
+        w.commit()
+        np.testing.assert_array_equal(con.tensor("T"), np.full((2, 3), 7, np.float32))
+        assert [r["problem"] for r in con.check()] == ["ok"]

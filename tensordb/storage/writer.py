@@ -263,6 +263,8 @@ class TensorWriter:
         if a is not buf:
             np.copyto(buf, a, casting="unsafe")
             nnz = nonfinite = crc = None
+            with self._lock:
+                self._early.discard(coords)  # the commit writes these bytes, not the early ones
         if nnz is None:
             nnz, nonfinite, crc = tile_stats(buf)
         nnz = int(nnz)
