@@ -5,8 +5,10 @@ starting at a 64-byte aligned offset; each tile's CRC-32 goes into its catalog r
 integrity check compares it with the bytes read back). Until :meth:`TensorWriter.commit` it is
 referenced by no catalog row, so a crash leaves an orphan that the next open deletes. Tiles an
 executor computes in place (``reserve``) are staged in anonymous memory and written into the file
-at commit, before its fsync and the catalog rows (a larger file is mapped and written in place,
-and so is a recycled one, whose pages are cached already, where the commit does not fsync).
+as each is finished (``write_early``, its write-back started then) or at commit, before its fsync
+and the catalog rows. A larger file is streamed where the commit fsyncs (each tile written into
+its place when finished, no buffer reserved) or mapped and written in place, and so is a recycled
+one, whose pages are cached already, where the commit does not fsync.
 """
 from __future__ import annotations
 
@@ -511,7 +513,7 @@ def has_nonfinite(a: np.ndarray) -> bool:
 
 
 # Reserved tiles of a payload file up to this size are computed in anonymous memory and written
-# into the file by one pwrite at commit: a fresh shared file mapping takes a page fault per 4 KiB
+# into the file by pwrite (each as it is finished, write_early, or at commit): a fresh shared file mapping takes a page fault per 4 KiB
 # page written (a 16 MiB SGD update spent twice its arithmetic in them), anonymous memory comes
 # in huge pages and the write copies at memory speed. A larger file is streamed or mapped (its
 # pages can be written back and dropped under memory pressure; anonymous ones cannot).
