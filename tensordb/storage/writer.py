@@ -513,10 +513,11 @@ def has_nonfinite(a: np.ndarray) -> bool:
 
 
 # Reserved tiles of a payload file up to this size are computed in anonymous memory and written
-# into the file by pwrite (each as it is finished, write_early, or at commit): a fresh shared file mapping takes a page fault per 4 KiB
-# page written (a 16 MiB SGD update spent twice its arithmetic in them), anonymous memory comes
-# in huge pages and the write copies at memory speed. A larger file is streamed or mapped (its
-# pages can be written back and dropped under memory pressure; anonymous ones cannot).
+# into the file by pwrite (each as it is finished, write_early, or at commit): a fresh shared
+# file mapping takes a page fault per 4 KiB page written (a 16 MiB SGD update spent twice its
+# arithmetic in them), anonymous memory comes in huge pages and the write copies at memory
+# speed. A larger file is streamed or mapped (its pages can be written back and dropped under
+# memory pressure; anonymous ones cannot).
 STAGE_MAX = 64 << 20
 # A file larger than STAGE_MAX whose tiles are all up to this size is streamed where the commit
 # fsyncs (reserve): each tile written as it is finished, its memory then reused by the allocator.
