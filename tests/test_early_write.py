@@ -34,8 +34,10 @@ def ab():
 
 
 @pytest.mark.parametrize("where", ["disk", "memory"])
-def test_each_output_tile_is_written_by_the_worker_that_finished_it(tmp_path, ab, where,
-                                                                     monkeypatch):
+def test_each_output_tile_is_handed_to_its_file_before_the_commit(tmp_path, ab, where,
+                                                                   monkeypatch):
+    import sys
+    lower = sys.modules["tensordb.physical.lower"]
     a, b = ab
     started = []
     real = writeback.start_writeback
@@ -51,12 +53,16 @@ def test_each_output_tile_is_written_by_the_worker_that_finished_it(tmp_path, ab
         early.append(tuple(coords))
         return real_early(self, coords)
     monkeypatch.setattr(writer_mod.TensorWriter, "write_early", recording)
+    real_commit = lower.commit_all
+    monkeypatch.setattr(lower, "commit_all", lambda ws: (early.append("commit"),
+                                                         real_commit(ws))[1])
     with tensordb.connect(tmp_path / "db" if where == "disk" else None, workers=2) as con:
         con.load("A", a)
         con.load("B", b)
         con.execute(MATMUL)
         np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-5, atol=1e-5)
-        assert sorted(early) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert early[-1] == "commit"
+        assert sorted(early[:-1]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
         # on disk each tile's write-back was started as it was written; in memory nothing syncs
         if where == "disk":
             assert sorted(n for _, n in started) == [32 * 40 * 4] * 4
