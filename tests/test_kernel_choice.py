@@ -138,3 +138,56 @@ def test_a_join_numpy_computes_in_another_dtype_is_not_sent_to_blas():
         with np.errstate(over="ignore"):
             want = (a[:, :, None] * a[None, :, :] * 0.5).sum(axis=1)
         np.testing.assert_array_equal(con.tensor("P"), want)
+
+
+def _sgd_op(shape, dtype="float32"):
+    return EinOp("O", ("f", "h"), (Operand("W", ("f", "h")), Operand("D", ("f", "h"))),
+                 (("f", shape[0]), ("h", shape[1])), parse_join("x0 - 0.01 * x1"), None, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_large_elementwise_tile_is_computed_in_cache_slabs_each_handed_to_the_sink(dtype):
+    """An elementwise tile larger than SLAB_BYTES (an SGD update ``W - 0.01 * D``) is
+    computed in slabs of rows of about that size, each written into the output buffer and
+    handed to ``sink`` in order, covering the buffer once: NumPy's values, NaN and inf
+    included."""
+    from tensordb.exec import kernels
+    rng = np.random.default_rng(11)
+    shape = (700, 1000)  # 2.7 MiB in float32: three slabs (262 rows of 4000 bytes)
+    w = rng.standard_normal(shape).astype(dtype)
+    d = rng.standard_normal(shape).astype(dtype)
+    w[3, 4], d[699, 999], w[350, 0] = np.nan, np.inf, -np.inf
+    spec = KernelSpec(_sgd_op(shape, dtype))
+    out = np.empty(shape, dtype)
+    slabs = []
+    got = spec([w, d], [shape, shape], shape, out=out, sink=slabs.append)
+    assert got is out
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(out, w - np.asarray(0.01, dtype) * d)
+    rows = kernels.SLAB_BYTES // (shape[1] * np.dtype(dtype).itemsize)
+    assert len(slabs) == -(-shape[0] // rows) > 1
+    starts = [s.ctypes.data - out.ctypes.data for s in slabs]
+    assert starts == [k * rows * shape[1] * out.itemsize for k in range(len(slabs))]
+    assert sum(s.shape[0] for s in slabs) == shape[0]
+
+
+def test_no_slab_reaches_the_sink_unless_the_kernel_writes_into_the_callers_buffer():
+    """Without an output buffer, with one of another dtype, or a strided one, the kernel's
+    result is not the buffer: no slab is handed over (the caller takes its own statistics).
+    A tile under SLAB_BYTES is computed whole, with no slabs either."""
+    rng = np.random.default_rng(12)
+    shape = (600, 1000)
+    w, d = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    want = w - np.float32(0.01) * d
+    spec = KernelSpec(_sgd_op(shape))
+    for out in (None, np.empty(shape, np.float64), np.empty((600, 2000), np.float32)[:, ::2]):
+        slabs = []
+        got = spec([w, d], [shape, shape], shape, out=out, sink=slabs.append)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert slabs == []
+    small = (64, 100)
+    slabs = []
+    got = KernelSpec(_sgd_op(small))([w[:64, :100], d[:64, :100]], [small, small], small,
+                                     out=np.empty(small, np.float32), sink=slabs.append)
+    np.testing.assert_array_equal(got, want[:64, :100])
+    assert slabs == []

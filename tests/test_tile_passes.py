@@ -134,3 +134,56 @@ def test_tile_stats_of_other_dtypes_and_layouts():
     assert tile_stats(i != 0) == _stats_oracle(i != 0)
     with pytest.raises(ValueError):  # as zlib: a strided view has no contiguous bytes
         tile_stats(np.ones((700, 800))[:, ::2])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.int32, np.bool_])
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+def test_tile_stats_taken_slab_by_slab_are_the_whole_tiles(dtype, rows):
+    """``TileStats`` fed a tile's slabs of rows in order (as a slabbed kernel hands them
+    over) gives what ``tile_stats`` gives for the whole tile: numpy's count, the NaN/inf flag
+    and zlib's checksum, whatever the slab size, with special values in any slab."""
+    rng = np.random.default_rng(rows)
+    a = _awkward(rng, (300, 257), np.float64)
+    if np.dtype(dtype).kind == "f" or np.dtype(dtype).kind == "c":
+        a = a.astype(dtype)
+    else:
+        a = np.nan_to_num(a, nan=0, posinf=3, neginf=-3).astype(dtype)
+    stats = writer.TileStats()
+    for lo in range(0, a.shape[0], rows):
+        stats.add(a[lo:lo + rows])
+    assert stats.nbytes == a.nbytes
+    assert stats.result() == _stats_oracle(a) == tile_stats(a)
+
+
+def test_a_slabbed_stored_output_records_the_sinks_statistics(tmp_path, monkeypatch):
+    """An SGD-style update large enough to be computed in slabs, stored: its catalog rows
+    (nnz, the NaN/inf flag, the checksum) are numpy's count, isfinite and zlib's CRC of
+    numpy's result, taken from the slabs as the kernel wrote them. The pool's sweep over the
+    finished tile is not made for it (it raises here), and CHECK DATABASE agrees."""
+    from tensordb.exec import pool
+    rng = np.random.default_rng(6)
+    w = _awkward(rng, (1024, 768), np.float32)
+    d = _awkward(rng, (1024, 768), np.float32)
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("W", w)
+        con.load("D", d)
+        swept = []
+        real = pool.tile_stats
+        def sweep(a):
+            if a.nbytes > 1 << 20:
+                swept.append(a.shape)
+            return real(a)
+        monkeypatch.setattr(pool, "tile_stats", sweep)
+        con.execute("W2[f,h] = W[f,h] - 0.01 * D[f,h] WITH (PIECES f 2)")
+        with np.errstate(all="ignore"):
+            ref = w - np.float32(0.01) * d
+        np.testing.assert_array_equal(con.tensor("W2"), ref)
+        assert swept == []
+        rows = con.store.duck.execute(
+            'SELECT coords, nnz, nonfinite, crc32 FROM tensordb.tiles WHERE tensor = ? '
+            'ORDER BY coords', ["W2"]).fetchall()
+        assert len(rows) == 2
+        for (i, _), nnz, nonfinite, crc in rows:
+            tile = ref[i * 512:(i + 1) * 512]
+            assert (nnz, nonfinite, crc) == _stats_oracle(tile)
+        assert con.execute("CHECK DATABASE").fetchall()

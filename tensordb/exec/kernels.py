@@ -25,6 +25,7 @@ from ..plan.ir import EinOp
 __all__ = ["KernelSpec", "BACKENDS", "get_backend", "combine", "CHUNK_ELEMENTS"]
 
 CACHE_BYTES = 512 << 10  # one chunk of a blocked reduction: about half a core's L2
+SLAB_BYTES = 1 << 20     # one slab of a large elementwise tile's output (_slab_rows)
 MIN_CHUNK_STEP = 8       # slabs of the aggregated label reduced together, where the label allows
 
 
@@ -72,11 +73,14 @@ class KernelSpec:
                 diag = "".join(sym[l] for l in o.labels) + "->" + "".join(sym[l] for l in uniq)
             self.unique.append((uniq, diag))
 
-    def __call__(self, args: list, arg_shapes, out_shape, out=None, check=None):
+    def __call__(self, args: list, arg_shapes, out_shape, out=None, check=None, sink=None):
         """The kernel over one tile; ``out``, if given, is a buffer the result may be written to
         directly (the caller checks whether it was). ``check``, if given, is called between
         chunks with the fraction of the call done so far (for progress), and raises to cancel
-        the call (one BLAS call is not interruptible)."""
+        the call (one BLAS call is not interruptible). ``sink``, if given, is called with each
+        slab of rows of ``out`` as it is finished, in order, where the kernel computes ``out``
+        in slabs (a large elementwise tile on the CPU): the pool takes the tile's statistics
+        while the slab is in the cache (the caller checks how much of ``out`` it was given)."""
         xp = self.xp
         if self.diagonal is not None:
             return self._write_diagonal(args, arg_shapes, out_shape, out, check)
@@ -92,12 +96,12 @@ class KernelSpec:
                 # opt_einsum sums a label that one operand alone has before multiplying, and
                 # groups a product of three: next to an inf that is not the sum of the products
                 # (sum(a) * inf is inf for a = [2, -1]; 2 * inf - 1 * inf is NaN).
-                return self._broadcast(arrays, out, check)
+                return self._broadcast(arrays, out, check, sink)
             if self.scale_first is not None:
                 k = self.scale_first
                 arrays[k] = arrays[k] * _scalar(self.scale, self.dtype)
             return self._contract(arrays, out)
-        return self._broadcast(arrays, out, check)
+        return self._broadcast(arrays, out, check, sink)
 
     def _write_diagonal(self, args, arg_shapes, out_shape, out, check):
         """A diagonal write: the values of each distinct output label, placed where the
@@ -175,7 +179,7 @@ class KernelSpec:
         return res
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
-    def _broadcast(self, arrays, out=None, check=None):
+    def _broadcast(self, arrays, out=None, check=None, sink=None):
         xp = self.xp
         op = self.op
         views, ext = [], {}
@@ -203,8 +207,10 @@ class KernelSpec:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:
-                if math.prod(full) > self.choice.chunk_elements:  # a large tile: in slabs, cancellable
-                    return self._elementwise_chunked(views, full, out, check or _no_check)
+                slab = self._slab_rows(full)
+                if slab is not None:  # a large tile: in slabs, cancellable
+                    return self._elementwise_chunked(views, full, out, check or _no_check, slab,
+                                                     sink)
                 if out is not None and tuple(out.shape) == tuple(full) and out.dtype == self.dtype:
                     res = scalar.evaluate(op.join, views, xp, out=out)
                     if res is out:  # written in place into the output's final buffer
@@ -310,13 +316,30 @@ class KernelSpec:
             acc = xp.full(full[len(agg_axes):], agg.identity, dtype=self.dtype)
         return xp.asarray(acc, dtype=self.dtype)
 
-    def _elementwise_chunked(self, views, full, out, check):
-        """An elementwise join over a tile larger than the choice's chunk_elements, in slabs of
-        its first axis written into the result (``out`` when it fits), with ``check`` between slabs."""
+    def _slab_rows(self, full) -> int | None:
+        """Rows of the first axis an elementwise tile is computed in at once (None: all of
+        them, the tile whole): slabs of at most the choice's ``chunk_elements`` and, on the
+        CPU, of about ``SLAB_BYTES`` of output. A slab's inputs, temporaries and output then
+        stay in the cache while the join's functions pass over them one after another; over
+        the whole tile each function would stream it through memory (an 8 MiB SGD update
+        ``W - 0.01 * dW`` on each of two cores: 1.1 ms in 1 MiB slabs, 1.7 ms whole)."""
+        if not full or full[0] <= 1:
+            return None
+        row = max(math.prod(full[1:]), 1)
+        rows = self.choice.chunk_elements // row
+        if self.xp is np:
+            rows = min(rows, SLAB_BYTES // (row * self.dtype.itemsize))
+        return max(1, rows) if rows < full[0] else None
+
+    def _elementwise_chunked(self, views, full, out, check, step, sink=None):
+        """An elementwise join over a large tile, in slabs of ``step`` rows of its first axis
+        written into the result (``out`` when it fits), with ``check`` between slabs; ``sink``
+        is given each finished slab of ``out``."""
         xp = self.xp
         res = out if out is not None and tuple(out.shape) == tuple(full) and \
             out.dtype == self.dtype else xp.empty(full, dtype=self.dtype)
-        step = max(1, self.choice.chunk_elements // max(math.prod(full[1:]), 1))
+        if res is not out or not res.flags.c_contiguous:
+            sink = None
         for lo in range(0, full[0], step):
             check(lo / full[0])
             hi = min(lo + step, full[0])
@@ -327,6 +350,8 @@ class KernelSpec:
             val = scalar.evaluate(self.op.join, sl, xp, out=into if xp is np else None)
             if val is not into:
                 into[...] = val
+            if sink is not None:
+                sink(into)
         return res
 
 

@@ -39,7 +39,7 @@ from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..physical.order import ranks
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
-from ..storage.writer import tile_stats
+from ..storage.writer import TileStats, tile_stats
 from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
 from .kernels import get_backend
 from .ready import STOP, ReadyQueues
@@ -376,15 +376,21 @@ class _Run:
             raise InternalError(f"unexpected task {task!r}")
         inputs = [self._fetch(w, task, k) for k in task.inputs]
         source = self.plan.readers[task.tensor] if isinstance(task, Load) else None
+        dest = self.dest.get(task.key)
+        # A kernel computing its output tile in slabs hands each one over while it is in the
+        # cache: the tile's statistics are taken there, not in a sweep of their own after it.
+        stats = TileStats() if dest is not None and isinstance(task, Kernel) and \
+            self.ex.xp is np else None
         try:
             choice = self.plan.kernels[task.op] if isinstance(task, Kernel) else None
             value = self.runner.run(task, inputs, op_of(self.plan, task), choice=choice,
-                                    out=self.dest.get(task.key), source=source)
+                                    out=dest, source=source,
+                                    sink=None if stats is None else stats.add)
         finally:
             if isinstance(task, Kernel):
                 self.control.call_ended()
         self._release(task.inputs)
-        self._publish(w, task, value)
+        self._publish(w, task, value, stats)
 
     def _accumulate(self, w: int, agg: Aggregate, part_key: int) -> None:
         part = self._fetch(w, agg, part_key)
@@ -402,16 +408,20 @@ class _Run:
             self.ledger.release(agg.key)  # _publish acquires it again, as a finished tile
             self._publish(w, agg, value)
 
-    def _publish(self, w: int, task, value) -> None:
+    def _publish(self, w: int, task, value, stats: TileStats | None = None) -> None:
+        """``stats``: the tile's statistics, where the kernel took them from every slab of
+        ``value`` as it wrote them into the output file (``stats.nbytes`` tells)."""
         self.tiles.publish(value)
         dest = self.dest.get(task.key)
         if dest is not None:
             if value is not dest:  # land it in the output file, on this worker
                 self.ex.xp.copyto(dest, value, casting="unsafe")
                 value = dest
+                stats = None
             # The store needs these: worked out here, on the worker, as each tile is finished,
             # not one tile after another at the commit.
             self.nnz[task.key], self.nonfinite[task.key], self.crc32[task.key] = \
+                stats.result() if stats is not None and stats.nbytes == dest.nbytes else \
                 tile_stats(dest)
             if self.finished_tile is not None:
                 self.finished_tile(task.key, dest)

@@ -155,11 +155,12 @@ class TaskRunner:
         self.xp, self.check = xp, check
         self._specs: dict[int, KernelSpec] = {}  # op index -> KernelSpec, built once per run
 
-    def run(self, task, inputs: list, op, *, choice=None, out=None, source=None):
+    def run(self, task, inputs: list, op, *, choice=None, out=None, source=None, sink=None):
         """The tile of a Load, Assemble or Kernel (or a whole Aggregate) from its ``inputs``, in
         ``task.inputs`` order. ``op`` is the EinOp the task belongs to and ``choice`` its
         kernel choice from the plan (``TilePlan.kernels``); ``out`` a buffer the result may land
-        in; ``source`` the reader of a Load."""
+        in; ``source`` the reader of a Load; ``sink`` a kernel's receiver of the slabs of
+        ``out`` as they are finished (``KernelSpec``)."""
         try:
             if isinstance(task, Load):
                 return run_load(task, source, self.xp)
@@ -171,7 +172,7 @@ class TaskRunner:
                     spec = self._specs[task.op] = KernelSpec(op, self.xp, choice)
                 it = iter(inputs)
                 args = [None if a is None else next(it) for a in task.args]
-                return run_kernel(task, spec, args, out, self.check)
+                return run_kernel(task, spec, args, out, self.check, sink)
             return run_aggregate(task, inputs, self.xp)  # all partials at once
         except BaseException as exc:
             _reraise(exc, op)

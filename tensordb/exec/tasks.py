@@ -30,10 +30,11 @@ def run_assemble(task: Assemble, sources: list, xp=np):
     return out
 
 
-def run_kernel(task: Kernel, spec: KernelSpec, args: list, out=None, check=None):
+def run_kernel(task: Kernel, spec: KernelSpec, args: list, out=None, check=None, sink=None):
     """``check``, if given, is called between chunks of the kernel's work with the fraction done
-    (the local pool's progress) and raises to stop it (the local pool's cancellation)."""
-    return spec(args, task.arg_shapes, task.out_shape, out, check)
+    (the local pool's progress) and raises to stop it (the local pool's cancellation); ``sink``
+    is given the slabs of ``out`` as they are finished (``KernelSpec``)."""
+    return spec(args, task.arg_shapes, task.out_shape, out, check, sink)
 
 
 def start_aggregate(task: Aggregate, first, xp=np, out=None):

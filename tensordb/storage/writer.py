@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
 
 __all__ = ["TensorWriter", "ALIGN", "StagingBuffers", "commit_all", "count_nonzero",
-           "has_nonfinite", "has_negative_zero", "tile_stats"]
+           "has_nonfinite", "has_negative_zero", "tile_stats", "TileStats"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 _ZEROS = bytes(ALIGN)
@@ -479,6 +479,32 @@ def count_nonzero(a: np.ndarray) -> int:
 _STATS_BLOCK = 1 << 18
 
 
+class TileStats:
+    """The running ``tile_stats`` of a tile taken block by block, in the order of its bytes
+    (the slabs of rows of a C-contiguous tile). A kernel that computes its output in
+    cache-sized slabs adds each one while it is still in the cache (``KernelSpec``'s
+    ``sink``): the finished tile then needs no sweep of its own from memory. ``nbytes`` is
+    what was added, so the caller can tell the whole tile from a part of it."""
+
+    __slots__ = ("nnz", "nonfinite", "crc", "nbytes")
+
+    def __init__(self) -> None:
+        self.nnz, self.nonfinite, self.crc, self.nbytes = 0, False, 0, 0
+
+    def add(self, block: np.ndarray) -> None:
+        """Add the next C-contiguous block of the tile."""
+        self.crc = checksum(block, self.crc)
+        self.nnz += count_nonzero(block)
+        if not self.nonfinite and block.dtype.kind in "fc" and block.size:
+            with np.errstate(all="ignore"):
+                if not np.isfinite(np.add.reduce(block, axis=None)):
+                    self.nonfinite = not bool(np.isfinite(block).all())  # inf/NaN, or overflow
+        self.nbytes += block.nbytes
+
+    def result(self) -> tuple[int, bool, int]:
+        return self.nnz, self.nonfinite, self.crc
+
+
 def tile_stats(a: np.ndarray) -> tuple[int, bool, int]:
     """``(count_nonzero(a), has_nonfinite(a), crc32)`` of a finished C-contiguous tile: what
     its catalog row records. A floating tile larger than a block is swept once, block by
@@ -489,15 +515,10 @@ def tile_stats(a: np.ndarray) -> tuple[int, bool, int]:
         return count_nonzero(a), has_nonfinite(a), checksum(a)
     flat = a.reshape(-1)
     step = _STATS_BLOCK // a.itemsize
-    nnz, nonfinite, crc = 0, False, 0
-    with np.errstate(all="ignore"):
-        for lo in range(0, flat.size, step):
-            block = flat[lo:lo + step]
-            crc = checksum(block, crc)
-            nnz += int(np.count_nonzero(block != 0))
-            if not nonfinite and not np.isfinite(np.add.reduce(block)):
-                nonfinite = not bool(np.isfinite(block).all())  # inf/NaN, or an overflow
-    return nnz, nonfinite, crc
+    stats = TileStats()
+    for lo in range(0, flat.size, step):
+        stats.add(flat[lo:lo + step])
+    return stats.result()
 
 
 def has_nonfinite(a: np.ndarray) -> bool:
