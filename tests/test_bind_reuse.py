@@ -124,3 +124,25 @@ def test_a_dropped_input_is_the_binders_error(con):
     con.load("W", np.ones((2, 2)))
     con.execute(text)
     np.testing.assert_array_equal(con.tensor("Q"), np.full((2, 2), 2.0))
+
+
+def test_each_catalog_answer_is_kept_once_and_a_change_in_any_is_seen(con):
+    """A script that names the same tensors in many statements keeps one answer per question
+    (what a repeat checks again), and a change to one of them still binds it again: W from
+    float64 to float32, against numpy."""
+    text = " ".join(f"LET A{i}[b,h] = SUM(X[b,f] * W[f,h]) + {i};" for i in range(20)) + \
+        " P[b,h] = A19[b,h] * A3[b,h] + SUM(X[b,f] * W[f,h]);"
+    con.execute(text)
+    con.execute(text)  # P exists now: bound again, with that answer
+    answers = list(con._bound._kept.values())[-1][0]  # the binding kept last
+    # X and W named 42 times, the 21 names each looked for once: one answer per question
+    assert len(answers) == len({(q, name) for q, name, _ in answers}) <= 30
+    hits = con._bound.hits
+    con.execute(text)
+    assert con._bound.hits == hits + 1
+    x, w = con.tensor("X"), con.tensor("W").astype(np.float32)
+    con.load("W", w, replace=True)
+    con.execute(text)
+    assert con._bound.hits == hits + 1 and con.tensor("P").dtype == np.float64
+    want = (x @ w + 19) * (x @ w + 3) + x @ w
+    np.testing.assert_allclose(con.tensor("P"), want, rtol=1e-5)

@@ -37,31 +37,46 @@ __all__ = ["BoundCache"]
 
 
 def _meta(m) -> tuple:
-    """What the binder reads of a tensor's catalog entry (not its version)."""
-    return (m.name, tuple(m.shape), str(m.dtype), tuple(m.dims), m.grid)
+    """What the binder reads of a tensor's catalog entry (not its version). The dtype by its
+    code (``'<f4'``): ``str`` of a NumPy dtype is Python code, and a repeated statement
+    compares these for every tensor it names."""
+    return (m.name, tuple(m.shape), m.dtype.str, tuple(m.dims), m.grid)
 
 
 class _Recorder:
-    """The catalog as the binder sees it, every answer written down."""
+    """The catalog as the binder sees it, every answer written down once: a script of 60
+    statements over two tensors asks about them 2,040 times, and a repeat checks each
+    answer again."""
 
     def __init__(self, store) -> None:
         self._store = store
-        self.answers: list[tuple[str, str, object]] = []
+        self._answers: dict[tuple[str, str], object] = {}
         self.keepable = True
+
+    @property
+    def answers(self) -> list[tuple[str, str, object]]:
+        return [(q, name, a) for (q, name), a in self._answers.items()]
+
+    def _note(self, question: str, name: str, answer) -> None:
+        key = (question, name)
+        if key not in self._answers:
+            self._answers[key] = answer
+        elif self._answers[key] != answer:  # the catalog changed while binding: keep nothing
+            self.keepable = False
 
     def has(self, name):
         out = self._store.has(name)
-        self.answers.append(("has", name, out))
+        self._note("has", name, out)
         return out
 
     def meta(self, name):
         m = self._store.meta(name)
-        self.answers.append(("meta", name, _meta(m)))
+        self._note("meta", name, _meta(m))
         return m
 
     def open(self, name):
         reader = self._store.open(name)
-        self.answers.append(("open", name, reader.facts()))
+        self._note("open", name, reader.facts())
         return reader
 
     def __getattr__(self, attr):  # a question not written down: nothing to check it by
