@@ -226,3 +226,34 @@ def test_literals_equal_as_numbers_but_not_as_results_do_not_share_a_plan():
         with np.errstate(divide="ignore"):
             np.testing.assert_array_equal(con.tensor("C"), a / -0.0)
             np.testing.assert_array_equal(con.tensor("D"), a / 0.0)
+
+
+def test_a_cached_plans_kernels_are_set_up_once_and_a_replaced_plan_gets_its_own(con, monkeypatch):
+    """The KernelSpecs of a cached plan are made by its first run and kept for the later ones
+    (exec/runtime.py ``plan_specs``); a copy of the plan with other kernel choices (sharing
+    its memo) makes and runs its own. Results against numpy each time."""
+    import dataclasses
+    from tensordb.exec import kernels
+    from tensordb.physical.choice import KernelChoice
+    made = []
+    real = kernels.KernelSpec.__post_init__
+    monkeypatch.setattr(kernels.KernelSpec, "__post_init__",
+                        lambda self: (made.append(self.choice), real(self))[1])
+    a, b = con.tensor("A"), con.tensor("B")
+    con.execute(SQL)
+    first = len(made)
+    assert first > 0
+    for _ in range(2):
+        con.execute(SQL)
+        np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-12)
+    assert len(made) == first
+    from tensordb.bind import bind_graph
+    bound = bind_graph(tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C"), con.store)
+    decomp, plan = con.plan(bound)
+    forced = dataclasses.replace(plan, kernels=(KernelChoice("broadcast", chunk="j",
+                                                             chunk_elements=8),))
+    assert forced.memo is plan.memo
+    made.clear()
+    con._run_graph(bound, replace=True, planned=(decomp, forced))
+    np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-12)
+    assert made and all(c.method == "broadcast" for c in made)

@@ -43,7 +43,8 @@ from ..storage.writer import TileStats, tile_stats
 from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
 from .kernels import get_backend
 from .ready import STOP, ReadyQueues
-from .runtime import Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, translate
+from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, plan_specs,
+                      translate)
 from .spill import SpillFiles
 
 __all__ = ["LocalExecutor", "HostTiles"]
@@ -220,7 +221,7 @@ class _Run:
         self.nonfinite: dict[int, bool] = {}
         self.crc32: dict[int, int] = {}
         self.control = RunControl(len(plan.tasks), progress)
-        self.runner = TaskRunner(ex.xp, self.control.check)
+        self.runner = TaskRunner(ex.xp, self.control.check, specs=plan_specs(plan, ex.xp))
         self.ledger = Ledger(plan, ex.workers)
         self.lock = threading.Lock()
         self.queues = ex.queues

@@ -33,7 +33,7 @@ from .tasks import (finish_aggregate, run_aggregate, run_assemble, run_kernel, r
                     start_aggregate)
 
 __all__ = ["RunResult", "OpMeasure", "TaskRunner", "Ledger", "RunControl", "Cancelled",
-           "translate", "op_of", "held_bytes", "planned_bytes"]
+           "translate", "op_of", "held_bytes", "planned_bytes", "plan_specs"]
 
 
 @dataclass
@@ -145,15 +145,30 @@ def op_of(plan: TilePlan, task):
     return plan.ops[task.op if isinstance(task, Kernel) else plan.owner.get(task.key, 0)]
 
 
+def plan_specs(plan, xp) -> dict:
+    """The dict a ``TaskRunner`` keeps the KernelSpecs of ``plan``'s operations in, shared by
+    every run of the plan with ``xp``: kept in its ``memo``, which a cached plan's rebound
+    copies share (a training step's kernels are then set up once, not at each step: 17 us an
+    operation). The entry holds the operations and kernel choices it was made for, and a plan
+    that shares the memo with other ones (``dataclasses.replace``) gets a new one."""
+    entry = plan.memo.get("kernel_specs")
+    if entry is None or entry[0] is not plan.ops or entry[1] is not plan.kernels or \
+            entry[2] is not xp:
+        entry = plan.memo["kernel_specs"] = (plan.ops, plan.kernels, xp, {})
+    return entry[3]
+
+
 class TaskRunner:
     """Runs tasks with one array module ``xp`` (NumPy, CuPy): the same code in every executor.
 
     ``check``, if given, is passed to kernels (progress and cancellation, see RunControl).
     """
 
-    def __init__(self, xp=np, check=None) -> None:
+    def __init__(self, xp=np, check=None, specs: dict | None = None) -> None:
         self.xp, self.check = xp, check
-        self._specs: dict[int, KernelSpec] = {}  # op index -> KernelSpec, built once per run
+        # op index -> KernelSpec, built when first needed: once per run, or once per plan
+        # where the caller keeps them (``plan_specs``)
+        self._specs: dict[int, KernelSpec] = {} if specs is None else specs
 
     def run(self, task, inputs: list, op, *, choice=None, out=None, source=None, sink=None):
         """The tile of a Load, Assemble or Kernel (or a whole Aggregate) from its ``inputs``, in
