@@ -159,7 +159,8 @@ def test_a_slabbed_stored_output_records_the_sinks_statistics(tmp_path, monkeypa
     """An SGD-style update large enough to be computed in slabs, stored: its catalog rows
     (nnz, the NaN/inf flag, the checksum) are numpy's count, isfinite and zlib's CRC of
     numpy's result, taken from the slabs as the kernel wrote them. The pool's sweep over the
-    finished tile is not made for it (it raises here), and CHECK DATABASE agrees."""
+    finished tile is not made for it (a wrapper records each sweep of a tile over 1 MiB), and
+    CHECK DATABASE agrees."""
     from tensordb.exec import pool
     rng = np.random.default_rng(6)
     w = _awkward(rng, (1024, 768), np.float32)
