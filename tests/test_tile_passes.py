@@ -11,6 +11,7 @@ and the checksum of a finished tile in one sweep over its blocks, against numpy'
 ``isfinite`` and ``zlib.crc32``, with the special value in every position of a block."""
 from __future__ import annotations
 
+import contextlib
 import zlib
 
 import numpy as np
@@ -56,15 +57,22 @@ def test_complex_int_bool_and_strided_tiles_count_as_numpy_does():
     assert count_nonzero(np.full((700, 800), -0.0, np.float32)) == 0
 
 
+@contextlib.contextmanager
+def _stored(path, seed: int, shape, names: str):
+    """A database at ``path`` holding awkward float32 tensors of ``shape``, one per letter of
+    ``names``: (connection, arrays)."""
+    rng = np.random.default_rng(seed)
+    arrays = [_awkward(rng, shape, np.float32) for _ in names]
+    with tensordb.connect(path, workers=2) as con:
+        for name, a in zip(names, arrays):
+            con.load(name, a)
+        yield con, arrays
+
+
 def test_a_stored_result_records_numpys_count(tmp_path):
     """A computed tile larger than the count's block, with zeros, -0.0 and NaN in it: the
     catalog's nnz is numpy's count of numpy's result."""
-    rng = np.random.default_rng(4)
-    a = _awkward(rng, (640, 512), np.float32)
-    b = _awkward(rng, (640, 512), np.float32)
-    with tensordb.connect(tmp_path / "db", workers=2) as con:
-        con.load("A", a)
-        con.load("B", b)
+    with _stored(tmp_path / "db", 4, (640, 512), "AB") as (con, (a, b)):
         con.execute("C[i,j] = A[i,j] * B[i,j] - 0.5 * A[i,j]")
         with np.errstate(all="ignore"):
             ref = a * b - np.float32(0.5) * a
@@ -162,12 +170,7 @@ def test_a_slabbed_stored_output_records_the_sinks_statistics(tmp_path, monkeypa
     finished tile is not made for it (a wrapper records each sweep of a tile over 1 MiB), and
     CHECK DATABASE agrees."""
     from tensordb.exec import pool
-    rng = np.random.default_rng(6)
-    w = _awkward(rng, (1024, 768), np.float32)
-    d = _awkward(rng, (1024, 768), np.float32)
-    with tensordb.connect(tmp_path / "db", workers=2) as con:
-        con.load("W", w)
-        con.load("D", d)
+    with _stored(tmp_path / "db", 6, (1024, 768), "WD") as (con, (w, d)):
         swept = []
         real = pool.tile_stats
         def sweep(a):
