@@ -63,15 +63,17 @@ class KernelSpec:
             "".join(sym[l] for l in op.out_labels)
         self.dtype = np.dtype(op.dtype)
         self.matmul = c.layout
-        # For the broadcasting path: per operand, its labels made unique (diagonal taken first)
-        # and the axes it occupies in the join space.
-        self.unique = []
+        # For the broadcasting path: per operand, its labels made unique (diagonal taken first),
+        # the order of its axes in the join space and the labels it has there.
+        self.unique, self.placed = [], []
         for o in op.inputs:
             uniq = list(dict.fromkeys(o.labels))
             diag = None
             if len(uniq) != len(o.labels):
                 diag = "".join(sym[l] for l in o.labels) + "->" + "".join(sym[l] for l in uniq)
             self.unique.append((uniq, diag))
+            order = tuple(sorted(range(len(uniq)), key=lambda i: self.space.index(uniq[i])))
+            self.placed.append((order, frozenset(uniq)))
 
     def __call__(self, args: list, arg_shapes, out_shape, out=None, check=None, sink=None):
         """The kernel over one tile; ``out``, if given, is a buffer the result may be written to
@@ -183,14 +185,12 @@ class KernelSpec:
         xp = self.xp
         op = self.op
         views, ext = [], {}
-        for a, (uniq, diag), o in zip(arrays, self.unique, op.inputs):
+        for a, (uniq, diag), (order, present) in zip(arrays, self.unique, self.placed):
             if diag is not None:
                 a = xp.einsum(diag, a)
             for l, n in zip(uniq, a.shape):
                 ext[l] = n
-            order = sorted(range(len(uniq)), key=lambda i: self.space.index(uniq[i]))
             a = a.transpose(order)
-            present = [uniq[i] for i in order]
             shape = [ext[l] if l in present else 1 for l in self.space]
             views.append(a.reshape(shape))
         full = [ext[l] for l in self.space]
