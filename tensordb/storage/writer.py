@@ -495,10 +495,7 @@ class TileStats:
         """Add the next C-contiguous block of the tile."""
         self.crc = checksum(block, self.crc)
         self.nnz += count_nonzero(block)
-        if not self.nonfinite and block.dtype.kind in "fc" and block.size:
-            with np.errstate(all="ignore"):
-                if not np.isfinite(np.add.reduce(block, axis=None)):
-                    self.nonfinite = not bool(np.isfinite(block).all())  # inf/NaN, or overflow
+        self.nonfinite = self.nonfinite or has_nonfinite(block)
         self.nbytes += block.nbytes
 
     def result(self) -> tuple[int, bool, int]:
