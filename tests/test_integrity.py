@@ -442,3 +442,41 @@ def test_checksum_uses_isal_where_installed():
     from tensordb.storage import checksum
     installed = importlib.util.find_spec("isal") is not None
     assert checksum.IMPLEMENTATION == ("isal" if installed else "zlib")
+
+
+GET_RID = {
+    "drop": lambda con: con.execute("DROP TENSOR A"),
+    "replace": lambda con: con.load("A", B, replace=True),
+    "drop_in_a_block": lambda con: con.execute("BEGIN; DROP TENSOR A; DROP TENSOR B; COMMIT"),
+}
+
+
+@pytest.mark.parametrize("damage", ["fifo", "directory"])
+@pytest.mark.parametrize("how", GET_RID)
+def test_a_damaged_payload_can_be_dropped_or_replaced(tmp_path, damage, how):
+    """Dropping or replacing the damaged tensor is how a user gets rid of it: the statement
+    returns (a FIFO in the payload's place used to hang the file's removal), commits whole
+    (a directory there used to raise after the COMMIT and leave the other tensors' files),
+    and the database checks clean after it but for what it cannot remove (a directory)."""
+    root = make_db(str(tmp_path / "w.tdb"))
+    path = payload(root, "A")
+    other = payload(root, "B")
+    DAMAGE[damage][0](path)
+    with tensordb.connect(root, workers=2) as con:
+        GET_RID[how](con)
+        names = sorted(m.name for m in con.store.list())
+        if how == "replace":
+            assert names == ["A", "B"]
+            np.testing.assert_array_equal(con.tensor("A"), B)
+        else:
+            assert names == (["B"] if how == "drop" else [])
+        assert not os.path.lexists(path) if damage == "fifo" else os.path.isdir(path)
+        if how == "drop_in_a_block":
+            assert not os.path.exists(other)
+        problems = [r["problem"] for r in con.check()]
+        if damage == "fifo":
+            assert problems == ["ok"], problems
+        else:  # the directory is never deleted, and CHECK says so
+            assert len(problems) == 1 and "orphan file (a directory)" in problems[0] \
+                and "never deletes a directory" in problems[0], problems
+        assert all(os.path.isfile(p) for p in con.store.spares._files)  # no directory reused

@@ -41,7 +41,12 @@ def _scan(text: str, on_split) -> int | None:
     i, n = 0, len(text)
     while i < n:
         c = text[i]
-        if c == "'" or c == '"':
+        if c in "eE" and text.startswith("'", i + 1) and not _in_word(text, i):
+            j = _escape_string_end(text, i + 2)  # E'...': a backslash escapes the next character
+            if j is None:
+                return i + 1
+            i = j + 1
+        elif c == "'" or c == '"':
             j = i + 1
             while True:
                 j = text.find(c, j)
@@ -60,7 +65,7 @@ def _scan(text: str, on_split) -> int | None:
             if j < 0:
                 return i
             i = j + 2
-        elif c == "$" and (m := _DOLLAR.match(text, i)) and not (i and (text[i - 1].isalnum() or text[i - 1] == "_")):
+        elif c == "$" and (m := _DOLLAR.match(text, i)) and not _in_word(text, i):
             j = text.find(m.group(0), m.end())
             if j < 0:
                 return i
@@ -70,6 +75,28 @@ def _scan(text: str, on_split) -> int | None:
             i += 1
         else:
             i += 1
+    return None
+
+
+def _in_word(text: str, i: int) -> bool:
+    """Whether ``text[i]`` continues an identifier or number (so cannot begin a quote)."""
+    return i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_")
+
+
+def _escape_string_end(text: str, j: int) -> int | None:
+    """The closing quote of an escape string whose body starts at ``j`` (None: unterminated).
+    DuckDB reads ``\\x`` there as an escaped character and ``''`` as a quote."""
+    n = len(text)
+    while j < n:
+        c = text[j]
+        if c == "\\":
+            j += 2
+        elif c == "'":
+            if not text.startswith("'", j + 1):
+                return j
+            j += 2
+        else:
+            j += 1
     return None
 
 

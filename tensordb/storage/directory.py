@@ -11,6 +11,7 @@ import gc
 import os
 import re
 import shutil
+import stat
 import threading
 import weakref
 from pathlib import Path
@@ -22,7 +23,7 @@ from . import background, catalog
 from ._duck import translate, translating
 
 __all__ = ["CATALOG_FILE", "TILES_DIR", "check_root", "check_catalog", "claim", "release",
-           "connect", "sweep", "remove", "remove_payload"]
+           "connect", "sweep", "unreferenced", "remove", "remove_payload"]
 
 CATALOG_FILE = "catalog.duckdb"
 TILES_DIR = "tiles"
@@ -148,12 +149,26 @@ def sweep(duck, tiles_dir: str, read_only: bool) -> int:
         m = _PAYLOAD.match(entry.name)
         if m:
             newest = max(newest, int(m.group(1)))
-        if read_only or entry.name in keep or (m and int(m.group(1)) in live):
+        if read_only or _referenced(entry.name, keep, live):
             continue
         if entry.is_dir(follow_symlinks=False):
             continue
         remove(entry.path)
     return newest + 1
+
+
+def _referenced(name: str, files: set[str], versions: set[int]) -> bool:
+    """Whether the catalog may still need payload file ``name``: a tile row names it, or a
+    tensor row has its version."""
+    m = _PAYLOAD.match(name)
+    return name in files or bool(m and int(m.group(1)) in versions)
+
+
+def unreferenced(duck, paths) -> list[str]:
+    """Those of ``paths`` that the catalog proves unreferenced (see ``sweep``); a catalog that
+    cannot be read proves nothing (duckdb.Error)."""
+    files, versions = catalog.referenced_files(duck), catalog.versions(duck)
+    return [p for p in paths if not _referenced(os.path.basename(p), files, versions)]
 
 
 def _holder_mode(path: str, pid: str | None) -> str | None:
@@ -183,20 +198,31 @@ def remove_payload(path: str) -> None:
     longer shows it), its blocks are freed on a helper thread. Freeing a large file's extents
     takes the file system milliseconds (32 ms for 64 MiB here), which happens at the last
     close: the file is held open across the unlink and closed there."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    try:  # O_NONBLOCK: a FIFO put in the file's place must not hang the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:
         return
-    except OSError:
-        remove(path)
+    except OSError:  # a symbolic link, or no permission to read: its name goes all the same
+        _unlink(path)
         return
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # not a file we wrote (damage): a name
+        os.close(fd)  # such as a FIFO's goes, a directory is left to whoever put it there
+        _unlink(path)
+        return
+    try:
+        _unlink(path)
+    finally:
+        if background.submit(os.close, fd) is None:
+            os.close(fd)
+
+
+def _unlink(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    finally:
-        if background.submit(os.close, fd) is None:
-            os.close(fd)
+    except OSError:  # a directory, a read-only file system: nothing to do but leave it
+        pass
 
 
 def remove(path: str) -> None:

@@ -173,9 +173,11 @@ def _orphans(store) -> list[tuple]:
             try:
                 kind = "" if entry.is_file(follow_symlinks=False) else \
                     f" ({file_kind(entry.stat(follow_symlinks=False).st_mode)})"
+                fate = "tensordb never deletes a directory: remove it by hand" \
+                    if entry.is_dir(follow_symlinks=False) else \
+                    "the next open for writing deletes it"
             except OSError:  # gone while we looked
                 continue
             rows.append((None, None, entry.name, None,
-                         f"orphan file{kind}: no catalog row references it (the next open for "
-                         "writing deletes it)"))
+                         f"orphan file{kind}: no catalog row references it ({fate})"))
     return rows

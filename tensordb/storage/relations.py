@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import re
 
+import duckdb
+
 from ..errors import CatalogError, Error, ProgrammingError
-from . import guard, suggest
+from . import guard, sqltext, suggest
 from ._duck import translating
 from .views import TensorStream, expose_tensors, referenced_names
 
@@ -28,7 +30,7 @@ _CREATE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+|TEMPORARY\s+)?
                      r"(?:IF\s+NOT\s+EXISTS\s+)?(?:main\.)?(?:\"((?:[^\"]|\"\")+)\"|(\w+))", re.I)
 
 
-_TXN = re.compile(r"\s*(BEGIN|START|COMMIT|END|ROLLBACK|ABORT)\b", re.I)
+_TRANSACTION = duckdb.StatementType.TRANSACTION
 
 
 def sql(store, query: str, parameters=None):
@@ -72,8 +74,8 @@ def _run_one(store, stmt, text, parameters, last: bool):
                            f"'{store.meta(created).name}' exists",
                            hint="tensors and tables share one namespace")
     guard.check_statement(store, stmt, parameters)
-    txn = _TXN.match(stmt.query)
-    if txn is None:
+    begins = _begins_transaction(store, stmt)
+    if begins is None:
         expose_tensors(store, stmt.query)
     with translating():
         if parameters is not None:
@@ -86,9 +88,26 @@ def _run_one(store, stmt, text, parameters, last: bool):
         else:
             store.duck.execute(text)
             rel = None
-    if txn is not None:  # tensordb's own writes refuse to run inside the user's transaction
-        store.user_transaction = txn.group(1).upper() in ("BEGIN", "START")
+    if begins is not None:  # tensordb's own writes refuse to run inside the user's transaction
+        store.user_transaction = begins
     return rel
+
+
+def _begins_transaction(store, stmt) -> bool | None:
+    """None for a statement that is not BEGIN, COMMIT or ROLLBACK (by DuckDB's parse: a comment
+    before the word counts for nothing); else whether it begins a transaction. One may not run
+    while tensordb's own transaction is open (a group of statements, which commits as one):
+    it would commit or roll back that group's catalog rows behind tensordb's back."""
+    if stmt.type != _TRANSACTION:
+        return None
+    word = next((w for _, w, op in sqltext.words(stmt.query) if not op), "")
+    if store._txn is not None:
+        raise ProgrammingError(
+            f"{word.upper()} cannot run inside a group of tensordb statements: the group "
+            "commits or rolls back as one",
+            hint="end the group with the dialect's COMMIT or ROLLBACK, or run the SQL "
+                 "transaction statement on its own")
+    return word in ("begin", "start")
 
 
 class Relation:

@@ -21,6 +21,7 @@ them. At most ``MAX_FILES`` files and ``MAX_BYTES`` bytes are kept.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 
 from .directory import remove_payload
@@ -50,7 +51,8 @@ class SparePayloads:
         version's file, ``keep``), or delete it (a dropped tensor's: its space is given back)."""
         if self.enabled and keep:
             try:
-                size = os.stat(path).st_size
+                st = os.lstat(path)
+                size = st.st_size if stat.S_ISREG(st.st_mode) else 0  # only files are reused
             except OSError:
                 size = 0
             if 0 < size <= MAX_BYTES:

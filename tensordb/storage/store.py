@@ -411,8 +411,7 @@ class Store:
                 if not txn.external:
                     with contextlib.suppress(duckdb.Error):
                         self.duck.execute("ROLLBACK")
-                    for path in txn.created:
-                        _remove(path)
+                    self._remove_created(txn)
             raise
         with self._lock:
             self._txn = None
@@ -425,11 +424,25 @@ class Store:
             except duckdb.Error as exc:
                 with contextlib.suppress(duckdb.Error):
                     self.duck.execute("ROLLBACK")
-                for path in txn.created:
-                    _remove(path)
+                self._remove_created(txn)
                 raise translate(exc, "commit failed") from None
             for path, spare in txn.retired:  # a replaced payload may be reused; a dropped one goes
-                self.spares.retire(path, keep=spare)
+                try:
+                    self.spares.retire(path, keep=spare)
+                except OSError:  # committed: what is left is reconciled at the next open
+                    pass
+
+    def _remove_created(self, txn: _Txn) -> None:
+        """Delete the payload files of a transaction that did not commit, each only once the
+        catalog proves it unreferenced: should the catalog name one (its rows committed some
+        other way), it stays. A catalog that cannot be read proves nothing; the files are then
+        left to the sweep at the next open for writing."""
+        try:
+            unreferenced = directory.unreferenced(self.duck, txn.created)
+        except duckdb.Error:
+            return
+        for path in unreferenced:
+            _remove(path)
 
     # -- SQL views of tensors (see relations.py) -----------------------------------------------
     def _register_view(self, name: str, obj) -> None:
