@@ -261,6 +261,14 @@ DIAGONALS = {  # script, numpy loss, arrays, tensors to differentiate
                            lambda M, B: anp.prod(_diag(M) + 2) ** 2, ["M"]),
     "of an intermediate": ("P[i,j] = SUM(M[i,k] * N[k,j]); L = SUM(SQUARE(P[i,i]))",
                            lambda M, N: anp.sum(_diag(M @ N) ** 2), ["M", "N"]),
+    # the derivative is a constant: on the diagonal only, not on every element
+    "trace": ("L = SUM(M[i,i])", lambda M, B: anp.sum(_diag(M)), ["M"]),
+    "trace by EINSUM": ("L = EINSUM('ii', M)", lambda M, B: anp.sum(_diag(M)), ["M"]),
+    "scaled trace": ("L = SUM(M[i,i] * 2.0)", lambda M, B: anp.sum(_diag(M) * 2.0), ["M"]),
+    "trace through a result": ("D[i] = M[i,i] * 3; L = SUM(D[i])",
+                               lambda M, B: anp.sum(_diag(M) * 3), ["M"]),
+    "trace and a product": ("L = SUM(M[i,i]) + SUM(M[i,j] * B[j])",
+                            lambda M, B: anp.sum(_diag(M)) + anp.sum(M @ B), ["M", "B"]),
 }
 
 
@@ -651,3 +659,42 @@ def test_grad_in_a_block_and_of_a_result_computed_in_the_group(con):
     p = x @ w
     np.testing.assert_allclose(con.tensor("gP"), np.exp(p))
     np.testing.assert_allclose(con.tensor("gW"), x.T @ np.exp(p))
+
+
+POW_AT_ZERO = {  # script, numpy loss, tensor to differentiate: where a^b's derivative is 0
+    "exponent 0, base 0": ("L = SUM(POW(A[i], 0) * W[i])", lambda A, W: anp.sum(A ** 0.0 * W),
+                           "A"),
+    "tensor exponent 0 at base 0": ("L = SUM(POW(A[i], E[i]))", lambda A, E: anp.sum(A ** E),
+                                    "A"),
+    "base 0, in the exponent": ("L = SUM(POW(A[i], E[i]))", lambda A, E: anp.sum(A ** E), "E"),
+    "constant base 0": ("L = SUM(POW(0.0, E[i]) * W[i])", lambda E, W: anp.sum(0.0 ** E * W),
+                        "E"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POW_AT_ZERO))
+def test_pow_gradient_where_the_derivative_is_zero(con, case):
+    """d(a^b)/da is 0 where b = 0 (a^0 is 1) and d(a^b)/db is 0 where a = 0 (0^b is 0 for
+    b > 0), as autograd gives them: once NaN (0 * inf, 0 * log 0). Finite differences do not
+    apply at a = 0 (a^b is not differentiable from both sides there)."""
+    script, f, wrt = POW_AT_ZERO[case]
+    pool = {"A": np.array([0.0, 2.0, 0.0, 1.5]), "E": np.array([0.0, 3.0, 2.0, 0.0]),
+            "W": np.array([1.0, -2.0, 0.5, 3.0])}
+    names = f.__code__.co_varnames[:f.__code__.co_argcount]
+    arrays = {n: pool[n] for n in names}
+    check(con, arrays, script, f, [wrt], fd=False)
+    assert np.isfinite(con.tensor(f"g_{wrt}")).all()
+
+
+def test_pow_gradient_of_an_integer_base_to_the_power_0(con):
+    """An integer base to the power 0 (a constant, or an integer exponent holding 0) has the
+    derivative 0: once an error (an integer to the power -1)."""
+    con.load("X", np.array([0, 2, 3], np.int64))
+    con.load("K", np.array([0, 2, 0], np.int64))
+    con.load("W", np.array([1.0, 1.0, 2.0]))
+    con.execute("L = SUM(POW(X[i], 0) * W[i]); g = GRAD(L, X)")
+    np.testing.assert_array_equal(con.tensor("g"), np.zeros(3))
+    con.execute("L = SUM(POW(X[i], K[i]) * W[i]); g = GRAD(L, X)")
+    x, k, w = np.array([0.0, 2.0, 3.0]), np.array([0.0, 2.0, 0.0]), np.array([1.0, 1.0, 2.0])
+    np.testing.assert_allclose(con.tensor("g"), autograd.grad(
+        lambda x: anp.sum(x ** k * w))(x))

@@ -118,20 +118,7 @@ def derivative(expr: Expr, k: int) -> Expr | None:
     if fn == "/":
         return sub(div(da, b), mul(div(div(a, b), b), db))
     if fn == "pow":
-        first = None
-        if da is not None:
-            if isinstance(b, Const) and type(b.value) in (int, float):
-                first = mul(mul(b, power(a, Const(b.value - 1))), da)
-            else:
-                first = mul(mul(b, power(a, sub(b, Const(1)))), da)
-        second = None
-        if db is not None:
-            if isinstance(a, Const) and type(a.value) in (int, float):
-                log_a = Const(math.log(a.value)) if a.value > 0 else Call("log", (a,))
-            else:
-                log_a = Call("log", (a,))
-            second = mul(mul(expr, log_a), db)
-        return add(first, second)
+        return add(_pow_base(a, b, da), _pow_exponent(expr, a, db))
     if fn in ("max", "min"):
         win_a = call("_gt", a, b) if fn == "max" else call("_gt", b, a)
         win_b = call("_gt", b, a) if fn == "max" else call("_gt", a, b)
@@ -140,6 +127,33 @@ def derivative(expr: Expr, k: int) -> Expr | None:
     raise NotSupportedError(f"GRAD: the function {fn.upper()} has no derivative in tensordb",
                             hint=f"functions with derivatives: "
                                  f"{', '.join(sorted(f.upper() for f in DIFFERENTIABLE))}")
+
+
+def _pow_base(a, b, da):
+    """d(a^b)/da = b a^(b-1), and 0 where b = 0 (a^0 is 1 whatever a is; b a^(b-1) would be
+    0 * inf at a = 0, and an integer a to the power -1 is an error): the exponent is
+    b - 1 where b is not 0, else 1, as autograd writes it."""
+    if da is None:
+        return None
+    if isinstance(b, Const) and type(b.value) in (int, float):
+        if b.value == 0:
+            return None
+        return mul(mul(b, power(a, Const(b.value - 1))), da)
+    exponent = add(sub(b, Const(1)), mul(Const(2), call("_eq", b, Const(0))))
+    return mul(mul(b, power(a, exponent)), da)
+
+
+def _pow_exponent(expr, a, db):
+    """d(a^b)/db = a^b log a, and 0 where a = 0 (a^b is 0 there for every b > 0; log 0 would
+    make it 0 * -inf): log is taken of 1 where a is 0, as autograd does."""
+    if db is None:
+        return None
+    if isinstance(a, Const) and type(a.value) in (int, float):
+        log_a = Const(math.log(a.value)) if a.value > 0 else \
+            Const(0.0) if a.value == 0 else Call("log", (a,))
+    else:
+        log_a = Call("log", (add(a, call("_eq", a, Const(0))),))
+    return mul(mul(expr, log_a), db)
 
 
 # f'(a) for the unary functions, given a and f(a) (``out``, to reuse: sigmoid' = s (1 - s)).

@@ -277,8 +277,8 @@ class _Backward:
         extra = math.prod(size[l] for l in op.labels if l not in slots.labels() and l not in lk)
         if extra != 1:
             expr = mul(expr, Const(extra))
-        if not slots.items:  # the same value at every element: no operation needed
-            value = _const_value(expr)
+        if not slots.items and len(set(lk)) == len(lk):  # the same value at every element
+            value = _const_value(expr)  # (a diagonal read gets it on its diagonal only)
             if value is not None:
                 return Const(value)
         if [l for l in lk if l not in slots.labels()] or not slots.items:
