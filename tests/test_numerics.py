@@ -570,3 +570,38 @@ def test_an_aggregate_over_every_label_in_many_chunks_is_numpys(agg, fn):
         con.execute(f"C[] = {agg}(A[i,j] * B[j,k]);")
         np.testing.assert_allclose(float(con.tensor("C")), fn(a[:, :, None] * b[None, :, :]),
                                    rtol=1e-9)
+
+
+TRAILING_CASES = [  # a literal after the product, inside the sum: NumPy scales each product
+    ("S = SUM(X[i] * Y[i] * 0.0)", lambda X, Y, A: np.sum(X * Y * 0.0)),
+    ("S = SUM(X[i] * Y[i] * 0.5)", lambda X, Y, A: np.sum(X * Y * 0.5)),
+    ("S = SUM(X[i] * Y[i] / 2)", lambda X, Y, A: np.sum(X * Y / 2)),
+    ("S = SUM(X[i] * Y[i] * 1e-300)", lambda X, Y, A: np.sum(X * Y * 1e-300)),
+    ("S[i] = SUM(X[i] * Y[j] * 1e-300)", lambda X, Y, A: np.sum(X[:, None] * Y[None, :] * 1e-300,
+                                                               axis=1)),
+    ("S[i,k] = SUM(A[i,j] * A[j,k] * 0.25)", lambda X, Y, A: np.sum(
+        A[:, :, None] * A[None, :, :] * 0.25, axis=1)),
+    ("S[i,k] = SUM(A[i,j] * A[j,k] * 0.0)", lambda X, Y, A: np.sum(
+        A[:, :, None] * A[None, :, :] * 0.0, axis=1)),
+]
+
+
+@pytest.mark.parametrize("tile", [None, (1,), (3,)])
+@pytest.mark.parametrize("query,oracle", TRAILING_CASES, ids=[c[0] for c in TRAILING_CASES])
+def test_a_trailing_literal_in_a_sum_overflows_where_numpy_does(query, oracle, tile):
+    """BLAS multiplies the sum of the products by a trailing literal; where that sum is not
+    finite (it overflowed, or met 0 * inf) the kernel computes the join as NumPy does, each
+    product times the literal. Once: NaN for 0.0 and inf for 0.5 where NumPy gives 0 and
+    1e308."""
+    X = np.array([1e308, 1e308, 1.0, -3.0])
+    Y = np.array([1.0, 1.0, 2.0, 0.5])
+    A = np.array([[1e308, 1e308, 2.0, 1.0], [1.0, 0.0, 3.0, 1.0], [2.0, 1.0, 0.0, 1.0],
+                  [1.0, 1.0, 1.0, 1.0]])
+    with tensordb.connect() as con, np.errstate(all="ignore"):
+        con.load("X", X, tile=tile)
+        con.load("Y", Y, tile=tile)
+        con.load("A", A, tile=None if tile is None else tile * 2)
+        con.execute(query)
+        want = oracle(X, Y, A)
+        got = con.tensor("S")
+    same(got, want)

@@ -58,6 +58,10 @@ class KernelSpec:
         self.in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
         self.blas = c.method != "broadcast"
         self.scale, self.scale_first = c.scale, c.scale_first
+        # A trailing constant of a product-and-sum multiplies the sum (BLAS), where NumPy
+        # multiplies each product: the two differ only where one of them is not finite.
+        self.scales_the_sum = self.blas and c.scale != 1 and c.scale_first is None and \
+            bool(op.agg_labels) and np.dtype(op.dtype).kind in "fc"
         sym = {l: oe.get_symbol(i) for i, l in enumerate(op.labels)}
         self.eq = ",".join("".join(sym[l] for l in o.labels) for o in op.inputs) + "->" + \
             "".join(sym[l] for l in op.out_labels)
@@ -102,7 +106,12 @@ class KernelSpec:
             if self.scale_first is not None:
                 k = self.scale_first
                 arrays[k] = arrays[k] * _scalar(self.scale, self.dtype)
-            return self._contract(arrays, out)
+            res = self._contract(arrays, out)
+            if self.scales_the_sum and not bool(xp.isfinite(res).all()):
+                # the sum of the unscaled products overflowed, or the constant met an inf
+                # (0 * inf): NumPy's answer is that of the constant times each product
+                return self._broadcast(arrays, out, check, sink)
+            return res
         return self._broadcast(arrays, out, check, sink)
 
     def _write_diagonal(self, args, arg_shapes, out_shape, out, check):

@@ -102,9 +102,10 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
     prod = blas_product(op)
     if prod is not None:
         scale = prod[0]
-        # NumPy applies a leading literal (c * x0 * x1) to x0 before any product, and a trailing
-        # one ((x0 * x1) * c) to the product: the kernel does the same, so overflow to inf and
-        # the NaN of 0 * inf happen where NumPy's happen.
+        # NumPy applies a leading literal (c * x0 * x1) to x0 before any product, and the
+        # kernel does the same, so overflow to inf and the NaN of 0 * inf happen where NumPy's
+        # happen. A trailing one ((x0 * x1) * c) multiplies each product in NumPy and the sum
+        # here: where that sum is not finite the kernel computes the join as NumPy does.
         first = prod[1][0] if prod[2] and scale != 1 else None
         layout = matmul_layout(op)
         return KernelChoice("matmul" if layout else "contract", scale, first, layout)
