@@ -204,6 +204,30 @@ def test_load_from_inside_the_database_refused(db, snapshot):
     assert_intact(db, snapshot, before)
 
 
+@pytest.mark.parametrize("via", ["python", "dialect"])
+def test_a_table_path_that_duckdb_would_read_as_a_pattern(db, snapshot, via):
+    """DuckDB reads a CSV or Parquet path as a glob pattern: d[b]/x.csv names a file in the
+    directory 'd[b]', and matches w.tdb's neighbour 'db/x.csv' too. A path whose pattern matches
+    anything but the file itself is refused (it once loaded the other file: a way round the
+    check that LOAD reads nothing inside the database directory); one that matches only
+    itself loads."""
+    os.makedirs("db")
+    with open(os.path.join("db", "x.csv"), "w") as f:
+        f.write("i,j,value\n0,0,999\n")
+    os.makedirs("d[b]")
+    db.export("A", os.path.join("d[b]", "x.csv"))
+    before = snapshot(db)
+    load = (lambda name, path: db.load(name, path)) if via == "python" else \
+        (lambda name, path: db.execute(f"LOAD TENSOR {name} FROM '{path}'"))
+    with pytest.raises(tensordb.ProgrammingError, match=r"as a pattern .* matches db/x.csv"):
+        load("C", os.path.join("d[b]", "x.csv"))
+    assert snapshot(db) == before
+    os.makedirs("e[1]")
+    db.export("A", os.path.join("e[1]", "x.csv"))  # e1/ does not exist: only itself matches
+    load("C", os.path.join("e[1]", "x.csv"))
+    np.testing.assert_array_equal(db.tensor("C"), A)
+
+
 def test_path_settings_cover_duckdb():
     """Every DuckDB setting whose description speaks of a file or directory is either checked
     or known not to name a place DuckDB writes (a new DuckDB setting fails this test)."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import DataError, ProgrammingError
 from . import guard
+from ._duck import translating
 from .arrays import load_array
 from .meta import TensorMeta, check_name
 from .npyfile import NpyFile, open_input, read_header
@@ -55,6 +56,8 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     fmt, target = _resolve(source, format, query)
     if fmt in ("npy", "npz", "parquet", "csv"):
         guard.check_path(store, target, f"cannot load '{name}'")
+    if fmt in ("parquet", "csv"):
+        _check_not_a_pattern(store, name, target)
     table_opts = {"index": index, "value": value, "shape": shape}
     if fmt not in ("parquet", "csv", "sql"):
         given = [k for k, v in table_opts.items() if v is not None]
@@ -77,6 +80,22 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     from .tables import load_table
     return load_table(store, name, fmt, target, tile=tile, replace=replace, dims=dims,
                       memory_limit=memory_limit, **table_opts)
+
+
+def _check_not_a_pattern(store, name: str, path: str) -> None:
+    """DuckDB reads a table file's path as a glob pattern (``*``, ``?``, ``[...]``), and LOAD
+    names one file: a path whose pattern matches anything but that file is refused, since
+    DuckDB would read those files instead (perhaps one inside the database directory)."""
+    if not any(c in path for c in "*?["):
+        return
+    with store._lock, translating(f"cannot load '{name}'"):
+        matched = [r[0] for r in store.duck.execute("SELECT file FROM glob(?)", [path]).fetchall()]
+    if [os.path.realpath(m) for m in matched] != [os.path.realpath(path)]:
+        shown = ", ".join(matched[:3]) + (", ..." if len(matched) > 3 else "") or "no file"
+        raise ProgrammingError(
+            f"cannot load '{name}': DuckDB reads {path} as a pattern (* ? [ ] in its name), "
+            f"which matches {shown}, not the file itself",
+            hint="rename the file, or link it under a name without * ? [ ]")
 
 
 def _resolve(source, format: str | None, query: str | None) -> tuple[str, object]:
