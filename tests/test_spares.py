@@ -107,6 +107,82 @@ def test_a_read_under_way_blocks_the_rename(tmp_path):
     assert not path.exists() and (tmp_path / "g.bin").read_bytes() == b"x" * 64
 
 
+_READER = """
+import sys, numpy as np, tensordb
+con = tensordb.connect(sys.argv[1], read_only=True)
+view = con.store.open("W").tile((0, 0))   # maps the version of now
+np.save(sys.argv[2], view)
+con.close()                               # lets the writer in; the view stays mapped
+print("mapped", flush=True)
+sys.stdin.readline()                      # the writer has replaced W several times
+np.save(sys.argv[3], view)
+"""
+
+
+def test_a_version_mapped_by_another_process_is_never_overwritten(tmp_path):
+    """A reader in another process keeps a shared flock on the payload it maps (for as long as
+    the mapping lives, after its connection closed): the writer's store does not recycle that
+    file, so the reader's snapshot does not change. (It once did: this process's registry of
+    mappings knew nothing of the other process's.)"""
+    import subprocess
+    import sys
+    w, g = _values()
+    root = tmp_path / "db"
+    with tensordb.connect(root, workers=2) as con:
+        con.load("W", w)
+        con.load("G", g)
+    before, after = tmp_path / "before.npy", tmp_path / "after.npy"
+    proc = subprocess.Popen([sys.executable, "-c", _READER, str(root), str(before), str(after)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "mapped"
+        with tensordb.connect(root, workers=2) as con:
+            for _ in range(4):  # the first retires the mapped version, the others look for spares
+                con.execute(STEP)
+            expected = w
+            for _ in range(4):
+                expected = expected - np.float32(0.5) * g
+            np.testing.assert_array_equal(con.tensor("W"), expected)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    first = np.load(before)  # tile (0, 0) of the version it mapped: the loaded w
+    np.testing.assert_array_equal(first, w[:first.shape[0], :first.shape[1]])
+    np.testing.assert_array_equal(np.load(after), first)
+
+
+def test_a_file_recycled_between_open_and_lock_is_refused(tmp_path):
+    """A reader that opened a payload just before another process renamed it for a newer
+    version finds, once it holds its lock, that the name no longer leads to that file."""
+    path = tmp_path / "7.bin"
+    path.write_bytes(b"x" * 64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert reader.rename_unused(str(path), str(tmp_path / "9.bin"))
+        with pytest.raises(tensordb.OperationalError, match="reused for a newer version"):
+            reader._hold_shared(fd, str(path), "W")
+    finally:
+        os.close(fd)
+
+
+def test_a_shared_lock_blocks_the_rename(tmp_path):
+    """What a mapping in another process holds: an open file description with a shared flock
+    (here this process's own, which counts the same)."""
+    import fcntl
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        assert not reader.rename_unused(str(path), str(tmp_path / "g.bin"))
+        assert path.exists() and not (tmp_path / "g.bin").exists()
+    finally:
+        os.close(fd)
+    assert reader.rename_unused(str(path), str(tmp_path / "g.bin"))
+
+
 def test_rename_never_replaces_an_existing_file(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"a")
     (tmp_path / "b.bin").write_bytes(b"b")

@@ -10,6 +10,7 @@ path that reads tiles (con.tensor, export, SQL relations, the executors' loads).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import math
 import mmap
@@ -31,9 +32,9 @@ __all__ = ["TensorReader", "TileEntry", "open_payload", "file_kind", "track_mapp
            "payload_in_use", "rename_unused"]
 
 # Who in this process may still read a payload file: its live mappings (a mapping stays alive
-# while any array made from it does) and its reads under way. A retired file that nothing here
-# uses may be recycled for a new payload (spares.py); other processes (Dask workers) are the
-# store's to rule out.
+# while any array made from it does) and its reads under way. Another process's readers hold a
+# shared flock on the file for as long as their mapping lives (``_hold_shared``). A retired file
+# that nobody uses, here or there, may be recycled for a new payload (spares.py).
 _USERS_LOCK = threading.Lock()
 _MAPPINGS: dict[str, weakref.WeakSet] = {}
 _READING: Counter = Counter()
@@ -66,19 +67,53 @@ def _in_use(path: str) -> bool:
 
 
 def rename_unused(path: str, new_path: str) -> bool:
-    """Give the file ``path`` the name ``new_path`` (which must not exist) if nothing in this
-    process uses it; False (nothing done) otherwise. A read of ``path`` counts itself before it
-    opens the file, under the lock held here: one that starts later finds no file by that name."""
+    """Give the file ``path`` the name ``new_path`` (which must not exist) if nothing uses it;
+    False (nothing done) otherwise. In this process a read of ``path`` counts itself before it
+    opens the file, under the lock held here: one that starts later finds no file by that name.
+    Another process's mapping holds a shared flock on the file: the exclusive one taken here
+    fails while it lives, and a reader there that opened the file just before the rename finds
+    that its name is gone once it has its lock (``_hold_shared``). Where the file system has no
+    flock nobody can be ruled out, and the file is not reused."""
     with _USERS_LOCK:
         if _in_use(path):
             return False
-        os.link(path, new_path)  # not rename: an existing new_path is an error, never replaced
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            os.unlink(path)
-        except OSError:
-            os.unlink(new_path)
-            raise
-        return True
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held by another process's mapping, or no flock here
+                return False
+            os.link(path, new_path)  # not rename: an existing new_path is an error, never replaced
+            try:
+                os.unlink(path)
+            except OSError:
+                os.unlink(new_path)
+                raise
+            return True
+        finally:
+            os.close(fd)  # and with it the lock
+
+
+def _hold_shared(fd: int, path: str, name: str) -> None:
+    """Take a shared flock on the open payload ``fd``: the mapping made from it keeps a copy of
+    the descriptor, and so the lock, for as long as it lives, which keeps a store in another
+    process from recycling the file under it (``rename_unused``). Then check that ``path``
+    still names the file opened: a recycle between the open and the lock renamed it, and its
+    bytes are about to be another version's."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:  # no flock on this file system: such files are never recycled
+        return
+    opened = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+        raise OperationalError(f"the payload file {path} of tensor '{name}' was reused for a newer "
+                               "version while it was being opened",
+                               hint="read the tensor again: another connection replaced this "
+                                    "version")
 
 
 @dataclass(frozen=True)
@@ -175,7 +210,8 @@ class TensorReader:
             _done_reading(self.path)
             raise
         try:
-            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            _hold_shared(fd, self.path, self.meta.name)
+            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # keeps a copy of fd: the lock
             track_mapping(self.path, mapping)
             return mapping
         except (OSError, ValueError) as exc:  # checked above; a file changing under us lands here

@@ -9,11 +9,12 @@ renamed to the new version's name, costs about a third (16 MiB: 1.1 ms against 3
 
 A replaced version's file is kept once the catalog no longer references it (the transaction
 that retired it committed); a dropped tensor's is deleted, its space given back, and so are
-the spares. It is reused only when nothing in this process may still read it (no live
-mapping, no read under way: the run that retired it may still hold one), checked at the
-rename, which a later read of the old name cannot race (``reader.rename_unused``). Worker
-processes of a Dask cluster map payload files themselves: once a store has shared its files
-with one, ``disable`` turns recycling off for good.
+the spares. It is reused only when nothing may still read it: in this process no live
+mapping and no read under way (the run that retired it may still hold one), in another no
+mapping (each holds a shared flock on the file), checked at the rename, which a later read of
+the old name cannot race (``reader.rename_unused``). Worker processes of a Dask cluster map
+payload files themselves: once a store has shared its files with one, ``disable`` turns
+recycling off for good.
 Spares are unreferenced files like any crash leftover, so the next open for writing deletes
 them (``directory.sweep``); CHECK DATABASE does not list them as orphans, and ``close`` deletes
 them. At most ``MAX_FILES`` files and ``MAX_BYTES`` bytes are kept.
