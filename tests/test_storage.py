@@ -370,3 +370,22 @@ def test_reserved_tiles_mapped_staged_or_streamed_land_in_the_file(tmp_path, mon
         np.testing.assert_array_equal(con.tensor("R"), a)
         assert [r["problem"] for r in con.check()] == ["ok"]
         assert not con.store.has("Q")
+
+
+def test_a_killed_loads_inflated_npz_member_goes_at_the_next_open(tmp_path):
+    """A compressed .npz member is inflated into a file in the database root for the length of
+    its load; a process killed meanwhile leaves it there. The next open for writing removes it
+    (a read-only open changes nothing), and nothing else of the root."""
+    root = tmp_path / "db"
+    with tensordb.connect(root) as con:
+        con.load("A", np.arange(6.0))
+    left = root / ".npz-member-abc123.npy"
+    left.write_bytes(b"\x93NUMPY partial")
+    other = root / "notes.txt"
+    other.write_text("the user's")
+    with tensordb.connect(root, read_only=True) as con:
+        np.testing.assert_array_equal(con.tensor("A"), np.arange(6.0))
+    assert left.exists()
+    with tensordb.connect(root) as con:
+        np.testing.assert_array_equal(con.tensor("A"), np.arange(6.0))
+    assert not left.exists() and other.read_text() == "the user's"

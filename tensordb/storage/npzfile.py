@@ -26,7 +26,9 @@ from ..geometry import default_tile_shape
 from .meta import check_tile_shape
 from .npyfile import NpyFile, read_header
 
-__all__ = ["member_info", "open_member"]
+__all__ = ["member_info", "open_member", "remove_leftover_members", "MEMBER_PREFIX"]
+
+MEMBER_PREFIX = ".npz-member-"  # a compressed member inflated into the database root
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra length
 _PIECE = 1 << 20  # bytes inflated per read
@@ -59,7 +61,7 @@ def open_member(z: zipfile.ZipFile, path: str, member: str, *, tile, name: str, 
             yield SlabArray(f, shape, dtype, what), tile_shape, None
             return
     # Inflate into a file and map it; the file goes when the load ends, loaded or not.
-    fd, tmp = tempfile.mkstemp(prefix=".npz-member-", suffix=".npy", dir=scratch)
+    fd, tmp = tempfile.mkstemp(prefix=MEMBER_PREFIX, suffix=".npy", dir=scratch)
     try:
         with os.fdopen(fd, "wb") as out, z.open(info) as f:
             _copy(f, out, what)
@@ -67,6 +69,19 @@ def open_member(z: zipfile.ZipFile, path: str, member: str, *, tile, name: str, 
             yield npy.array, tile_shape, npy.release
     finally:
         os.unlink(tmp)
+
+
+def remove_leftover_members(scratch) -> None:
+    """Remove the inflated members that a killed load left in ``scratch`` (a database's root:
+    the file goes when its load ends, unless the process is killed first)."""
+    try:
+        entries = list(os.scandir(str(scratch)))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith(MEMBER_PREFIX) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
 
 
 def _tile_shape(tile, arr, name, shape=None):

@@ -26,6 +26,7 @@ from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .reader import TensorReader
 from .spares import SparePayloads
+from .npzfile import remove_leftover_members
 from .spilldir import remove_leftover_runs
 from .writer import StagingBuffers, TensorWriter
 
@@ -104,6 +105,7 @@ class Store:
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
+                remove_leftover_members(self.root)  # and a killed load's inflated npz member
             self.closed = False
             self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only)
         except BaseException:
