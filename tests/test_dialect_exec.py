@@ -444,3 +444,18 @@ def test_plain_sql_errors_point_at_the_name_duckdb_names():
         with pytest.raises(tensordb.CatalogError) as err:
             con.execute("SELECT * FROM nosuchtable")
         assert err.value.span.start == len("SELECT * FROM ")
+
+
+def test_an_unknown_tensors_hint_lists_stored_and_computed_names_as_spelled(con):
+    """The hint after an unknown name lists the stored tensors, then (apart) what the group
+    computed so far: once "stored tensors: A, B, l", a result of this group lowercased and
+    called stored."""
+    con.load("A", np.ones((2, 2)))
+    con.load("B", np.ones(2))
+    with pytest.raises(CatalogError) as info:
+        con.execute("LET Q = SUM(A[i,j]); L = SUM(A[i,j]); dA = GRAD(L, Zzz)")
+    assert info.value.hint == "stored tensors: A, B; computed in this group: Q, L"
+    assert not con.store.has("L")
+    with pytest.raises(CatalogError) as info:
+        con.execute("X[i] = SUM(A[i,j]); Y = SUM(X[i] * Bb[i])")
+    assert info.value.hint == "did you mean 'B'?"

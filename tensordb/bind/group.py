@@ -67,12 +67,19 @@ class GroupBinder:
                               check_dtype(meta.dtype, meta.name).name)
             self.stored[info.name] = info
             return info.name, info.shape, info.dtype
-        known = [m.name for m in self.store.list()] + [d.name for d in self.lets.values()] + \
-            [k for k in self.current]
+        stored = [m.name for m in self.store.list()]
+        here = list(dict.fromkeys(  # LETs and results of this group, as they were spelled
+            [d.name for d in self.lets.values()] +
+            [str(getattr(g, "name", g)) for g in self.current.values()]))
+        here = [n for n in here if n.lower() not in {s.lower() for s in stored}]
+        known = stored + here
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) or \
             difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+        listed = "; ".join(part for part in (
+            f"stored tensors: {', '.join(stored[:12])}" if stored else "",
+            f"computed in this group: {', '.join(here[:12])}" if here else "") if part)
         hint = f"did you mean '{close[0]}'?" if close else \
-            f"stored tensors: {', '.join(known[:12])}" if known else "the database holds no tensors yet"
+            listed or "the database holds no tensors yet"
         raise CatalogError(f"unknown tensor '{name}'", statement=script or None, span=span, hint=hint)
 
     def _resolver(self, script: str):
