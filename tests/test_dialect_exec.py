@@ -459,3 +459,19 @@ def test_an_unknown_tensors_hint_lists_stored_and_computed_names_as_spelled(con)
     with pytest.raises(CatalogError) as info:
         con.execute("X[i] = SUM(A[i,j]); Y = SUM(X[i] * Bb[i])")
     assert info.value.hint == "did you mean 'B'?"
+
+
+def test_hints_say_what_to_do_for_a_negative_integer_power_and_an_object_npy(con, tmp_path):
+    """An integer to a negative power is refused as NumPy refuses it, with a hint that works
+    (once about bools); an object .npy's hint lists every supported dtype (once without bool)."""
+    con.load("N", np.array([1, 2, 4], np.int64))
+    with pytest.raises(BinderError) as info:
+        con.execute("R[i] = POW(N[i], -1)")
+    assert info.value.hint == "make the base a float first: POW(x * 1.0, -1)"
+    con.execute("R[i] = POW(N[i] * 1.0, -1)")  # the hint's way
+    np.testing.assert_array_equal(con.tensor("R"), np.power(np.array([1, 2, 4]) * 1.0, -1))
+    path = tmp_path / "o.npy"
+    np.save(path, np.array([1, "a"], object), allow_pickle=True)
+    with pytest.raises(tensordb.DataError) as info:
+        con.execute(f"LOAD TENSOR O FROM '{path}'")
+    assert info.value.hint == "supported dtypes: bool, float32, float64, int32, int64"

@@ -289,9 +289,10 @@ def infer_dtype(join: scalar.Expr, dtypes: Sequence[str], names: Sequence[str] |
         shown, on = words()
         # NumPy's own text suggests operators (^, ~) that the dialect does not have.
         why = str(exc).split(",")[0].split(".")[0]
+        hint = "make the base a float first: POW(x * 1.0, -1)" if "negative integer powers" in \
+            why else "convert first: multiply a bool by 1 for int64, by 1.0 for float64"
         raise BinderError(f"type error: NumPy refuses {shown} on {on} ({why})",
-                          hint="convert first: multiply a bool by 1 for int64, by 1.0 for float64"
-                          ) from None
+                          hint=hint) from None
     if dt.name not in SUPPORTED_DTYPES:
         shown, on = words()
         raise DataError(f"{shown} on {on} gives {dt.name} in NumPy, which tensordb does not store",

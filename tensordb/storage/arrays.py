@@ -7,6 +7,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..dtypes import SUPPORTED_DTYPES
 from ..errors import DataError
 from ..geometry import default_tile_shape, grid_shape, tile_box
 from .meta import TensorMeta, check_tile_shape, supported_dtype
@@ -19,7 +20,7 @@ def load_array(store, name: str, arr: np.ndarray, *, tile=None, replace=False, d
     """Cut ``arr`` (any layout) into tiles and store them; all-zero tiles are skipped."""
     if arr.dtype.hasobject:
         raise DataError(f"{what}: unsupported dtype object",
-                        hint="supported dtypes: bool, float32, float64, int32, int64")
+                        hint=f"supported dtypes: {', '.join(SUPPORTED_DTYPES)}")
     dtype = supported_dtype(arr.dtype, what)
     tile_shape = (check_tile_shape(tile, arr.shape, name) if tile is not None
                   else default_tile_shape(arr.shape, dtype))

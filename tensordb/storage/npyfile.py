@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from ..dtypes import SUPPORTED_DTYPES
 from ..errors import DataError, OperationalError
 from .meta import supported_dtype
 
@@ -49,7 +50,7 @@ def read_header(f, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
                         "non-negative integers")
     if dtype.hasobject:
         raise DataError(f"{path}: unsupported dtype object",
-                        hint="supported dtypes: float32, float64, int32, int64")
+                        hint=f"supported dtypes: {', '.join(SUPPORTED_DTYPES)}")
     supported_dtype(dtype, path)
     return shape, bool(fortran), dtype
 
