@@ -219,6 +219,8 @@ def test_out_of_memory_before_running_names_the_statement_and_figures(tmp_path):
         # views of the stored tile, a matmul allocates nothing) and the budget, with the caret
         assert "C[i,k] = SUM(A[i,j] * A[j,k])" in msg
         assert f"{format_bytes(8)} per worker" in msg and format_bytes(5) in msg
+        # the share, not a memory_limit made up from it (1 B over 2 workers read '2 B')
+        assert "share of memory_limit among 4 worker(s)" in msg
         assert "LINE 1: C[i,k] = A[i,j] * A[j,k]" in msg and "^" in msg and "HINT:" in msg
         assert con.tensors() == tensors and not con.store.has("C")
         assert snapshot(tmp_path / "db") == files

@@ -121,8 +121,8 @@ def candidates(model: OpModel, fixed: Mapping[str, int] | None = None,
             f"{op.describe()}: no tiling fits the memory budget: the smallest projected peak, "
             f"with labels {', '.join(f'{l}={n}' for l, n in zip(model.labels, sizes))} cut into "
             f"up to {min(total, limit)} kernel calls, is {format_bytes(smallest)} per worker, "
-            f"more than its {format_bytes(budget)} (memory_limit "
-            f"{format_bytes(budget * max(p, 1))} / {p} worker(s))",
+            f"more than its {format_bytes(budget)} (its share of memory_limit among {p} "
+            "worker(s))",
             hint="raise memory_limit, use fewer workers, or fix fewer pieces")
     return fits
 
