@@ -475,3 +475,13 @@ def test_hints_say_what_to_do_for_a_negative_integer_power_and_an_object_npy(con
     with pytest.raises(tensordb.DataError) as info:
         con.execute(f"LOAD TENSOR O FROM '{path}'")
     assert info.value.hint == "supported dtypes: bool, float32, float64, int32, int64"
+
+
+@pytest.mark.parametrize("text,fn", [("C[i] = SUM()", "SUM"), ("C[i] = N[i] + PROD()", "PROD")])
+def test_an_empty_aggregate_is_named_before_the_labels_it_leaves_unused(con, text, fn):
+    """C[i] = SUM() said that label i appears nowhere on the right; the mistake is the SUM."""
+    con.load("N", np.ones(3))
+    with pytest.raises(BinderError) as info:
+        con.execute(text)
+    assert f"{fn} takes one argument, got 0" in str(info.value)
+    assert not con.store.has("C")

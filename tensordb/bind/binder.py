@@ -181,6 +181,9 @@ class _Lowering:
                 raise self.err(lab.span, f"label '{lab.name}' appears twice on the left")
             seen.add(lab.name)
         self._resolve_refs(stmt.expr)
+        for node in A.walk(stmt.expr):  # an aggregate with no argument leaves labels unused:
+            if isinstance(node, A.Call) and node.fn in ("sum", "prod") and not node.args:
+                self.call(node, [])  # say what is wrong with it, not with the labels
         used = Counter(l.name for r in A.refs(stmt.expr) for l in (r.labels or ()))
         for lab in lhs:
             if lab.name not in used:
