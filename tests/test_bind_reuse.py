@@ -146,3 +146,26 @@ def test_each_catalog_answer_is_kept_once_and_a_change_in_any_is_seen(con):
     assert con._bound.hits == hits + 1 and con.tensor("P").dtype == np.float64
     want = (x @ w + 19) * (x @ w + 3) + x @ w
     np.testing.assert_allclose(con.tensor("P"), want, rtol=1e-5)
+
+
+def test_explaining_a_let_and_running_it_do_not_reuse_each_others_binding():
+    """EXPLAIN binds a LET's text as an assignment (it shows how the value would be computed);
+    the bound group of one must not stand in for the other. Once: EXPLAIN then the LET raised
+    a bare KeyError, and the LET then EXPLAIN an AttributeError."""
+    a = np.arange(4.0)
+    q = "LET T[i] = A[i] * 2"
+    with tensordb.connect(None, workers=2) as con:
+        con.load("A", a)
+        assert "T[i] = A[i] * 2" in con.explain(q)
+        con.execute(q)
+        con.execute("C[i] = T[i] + 1")
+        np.testing.assert_array_equal(con.tensor("C"), a * 2 + 1)
+        assert not con.store.has("T")
+    with tensordb.connect(None, workers=2) as con:
+        con.load("A", a)
+        con.execute(q)
+        con.execute("DROP TENSOR T")
+        assert "T[i] = A[i] * 2" in con.explain(q)
+        con.execute(q)
+        con.execute("C[i] = T[i] * 3")
+        np.testing.assert_array_equal(con.tensor("C"), a * 6)

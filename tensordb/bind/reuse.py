@@ -111,7 +111,10 @@ class BoundCache:
     def bind(self, store, lets: dict, items, bind):
         """``bind(store, lets, items)`` -> (graph, pieces), or what it gave before for the same
         statements, LETs and catalog answers. ``lets`` ends as ``bind`` leaves it."""
-        key = (tuple((script, stmt.span.start, stmt.span.end) for script, stmt in items),
+        # The statement as bound, not only its text: EXPLAIN binds a LET's text as an
+        # assignment (``mode``), which must not stand in for the LET, nor the LET for it.
+        key = (tuple((script, stmt.span.start, stmt.span.end, type(stmt).__name__,
+                      getattr(stmt, "mode", None)) for script, stmt in items),
                _lets_key(lets))
         kept = self._kept.get(key)
         if kept is not None and self._still(store, kept[0]):
