@@ -7,6 +7,7 @@ statement (file:line) with a caret line. Errors never print a traceback unless T
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import sys
 import threading
@@ -118,6 +119,7 @@ class Shell:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.timer = False
+        self.failed = False  # a statement, script or command failed (a piped REPL then exits 1)
         self._matches: list[str] = []
         self.progress = _Progress(self.err)
         con.progress_callback = self._on_progress
@@ -128,37 +130,56 @@ class Shell:
 
     # -- running -------------------------------------------------------------------------------
     def run_text(self, text: str, source: str) -> bool:
-        """Run every statement of ``text``; False (and a message on stderr) if one failed."""
+        """Run every statement of ``text``; False (and a message on stderr) if one failed or
+        was interrupted (only a failure counts for a piped REPL's exit status: Ctrl-C is the
+        user's choice)."""
         self.progress.reset()
-        shown = 0
+        shown, kept, boundary = 0, 0, None
 
         def show(result) -> None:
-            nonlocal shown
+            nonlocal shown, kept, boundary
             shown += 1
+            if result.commits:  # what ran before a BEGIN or COMMIT is stored once it shows
+                boundary = result.message if shown > 1 else boundary
+                kept = shown
             self.show(result)
 
         try:
             self.con.execute_script(text, on_result=show)
             return True
         except Error as exc:
+            self.failed = True
             self.progress.stop()
             self.print_error(exc, text, source)
-            if shown:  # results were printed as statements ran; the unit is undone as a whole
-                print(f"nothing of {source} was stored: the statements before the error were "
-                      "rolled back too", file=self.err)
+            self._say_what_was_kept(source, shown - kept, boundary)
             return False
         except KeyboardInterrupt:
             self.progress.stop()
             print("interrupted", file=self.err)
+            self._say_what_was_kept(source, shown - kept, boundary)
             return False
         except BrokenPipeError:  # `tensordb ... | head`: the reader left
             raise
         except Exception as exc:  # a bug: one line, unless debugging
+            self.failed = True
             self.progress.stop()
             if os.environ.get("TENSORDB_DEBUG"):
                 traceback.print_exc(file=self.err)
             print(f"internal error: {type(exc).__name__}: {exc}", file=self.err)
+            self._say_what_was_kept(source, shown - kept, boundary)
             return False
+
+    def _say_what_was_kept(self, source: str, undone: int, boundary: str | None) -> None:
+        """After a failure: results were printed as statements ran, but the failed unit is undone
+        as a whole. A BEGIN or COMMIT inside the text ended a unit, which stays stored."""
+        if not undone:  # nothing printed was undone: nothing to correct
+            return
+        if boundary is None:
+            print(f"nothing of {source} was stored: the statements before the error were "
+                  "rolled back too", file=self.err)
+        else:
+            print(f"{source}: the statements after its last {boundary} were rolled back; those "
+                  "before it were stored", file=self.err)
 
     def print_error(self, exc: Error, text: str, source: str) -> None:
         where = source
@@ -221,6 +242,7 @@ class Shell:
             return False
         if cmd in (".timer", "\\timing"):
             if args and args[0].lower() not in ("on", "off"):
+                self.failed = True
                 print(f"usage: {cmd} on|off", file=self.err)
             else:
                 self.timer = (args[0].lower() == "on") if args else not self.timer
@@ -234,6 +256,7 @@ class Shell:
         elif cmd == ".read" and args:
             run_file(self, args[0])
         else:
+            self.failed = True
             print(f"unknown command {parts[0]}: try .help", file=self.err)
         return True
 
@@ -272,7 +295,8 @@ class Shell:
                 line = read("tensordb> " if not buffer else "     ...> ")
             except EOFError:
                 print(file=self.out)
-                self.check_open_block()
+                if not self.check_open_block():
+                    self.failed = True
                 break
             except KeyboardInterrupt:
                 print("^C", file=self.out)
@@ -317,13 +341,38 @@ def _history(completer=None) -> None:
 
 
 def run_file(shell: Shell, path: str) -> bool:
+    """Run a script (-f, .read); False, with one line on stderr, when it cannot be read."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_script(path)
     except OSError as exc:
+        shell.failed = True
         print(f"{path}: cannot read: {exc.strerror or exc}", file=shell.err)
         return False
+    except UnicodeDecodeError as exc:
+        shell.failed = True
+        print(f"{path}: cannot read: {_not_utf8(exc)}", file=shell.err)
+        return False
     return shell.run_text(text, path)
+
+
+def read_script(path: str) -> str:
+    """A script's text. UTF-8; a leading byte order mark (editors on Windows write one) is
+    dropped rather than read as part of the first statement."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        # utf-8-sig reports offsets after the BOM it skipped; the user counts from the file's start
+        bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+        raise UnicodeDecodeError(exc.encoding, data, exc.start + bom, exc.end + bom,
+                                 exc.reason) from None
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    line = exc.object.count(b"\n", 0, exc.start) + 1
+    return (f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start} (line {line}) is not "
+            "UTF-8; save the script as UTF-8")
 
 
 class _Ordered(argparse.Action):
@@ -360,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         shell.timer = args.timer
         if not args.actions:
             shell.repl()
-            return 0
+            # Piped input is a script: like sqlite3, its exit status says whether anything
+            # failed (or a BEGIN was left open). At a terminal the user saw each error.
+            return 0 if _isatty(sys.stdin) or not shell.failed else 1
         for n, (option, value) in enumerate(args.actions, 1):
             ok = run_file(shell, value) if option == "-f" else \
                 shell.run_text(value, f"-c #{n}" if len(args.actions) > 1 else "-c")

@@ -18,9 +18,13 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 
 def parse_bytes(value) -> int | None:
-    """``'2GB'`` -> 2000000000; ``'512MiB'``, ints and None (no limit) are accepted too."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+    """``'2GB'`` -> 2000000000; ``'512MiB'``, ints and None or ``'none'`` (no limit) are accepted
+    too. An empty text is refused: it is more likely a mistake than a wish for no limit."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
         return None
+    if isinstance(value, str) and not value.strip():
+        raise ProgrammingError("memory size is empty",
+                               hint="write it like '512MB', '2GB' or '1GiB'; 'none' means no limit")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if value != value or value in (float("inf"), float("-inf")):
             raise ProgrammingError(f"memory size must be a finite number of bytes, got {value}")
@@ -165,9 +169,7 @@ class Settings:
                                        "worker is a thread, and the optimizer plans for each one")
         elif key == "memory_limit":
             value = parse_bytes(value)
-        elif key == "progress":
-            value = str(value).lower() in ("1", "true", "on", "yes")
-        elif key in ("blas_one_call", "pin_workers"):
+        elif key in ("progress", "blas_one_call", "pin_workers"):
             text = str(value).strip().lower()
             if text not in ("1", "true", "on", "yes", "0", "false", "off", "no"):
                 raise ProgrammingError(f"{key} must be on or off, got {value!r}")

@@ -29,6 +29,8 @@ __all__ = ["Connection", "connect"]
 # A statement planned afresh whose kernels do at most this many flops (a few ms) leaves the user
 # table check to its commit (see _run_graph).
 EARLY_CHECK_FLOPS = 1 << 24
+# Settings the executor is made with: changing one makes a new executor.
+_EXECUTOR_SETTINGS = frozenset({"workers", "executor", "memory_limit", "pin_workers"})
 
 
 def connect(path: str | os.PathLike | None = None, *, workers: int | None = None,
@@ -152,8 +154,21 @@ class Connection(TensorIO):
             from .exec.spawn import check_main_guard
             check_main_guard(value)  # before the setting changes
         self.settings.set(name, value)
-        if name.lower() in ("workers", "executor", "memory_limit", "pin_workers") and \
-                self._executor is not None:
+        if key in _EXECUTOR_SETTINGS:
+            self._drop_executor()
+
+    def _restore_settings(self, saved: Settings) -> None:
+        """Return every setting to ``saved``: a unit that failed leaves them as it found them."""
+        changed = [f.name for f in dataclasses.fields(saved)
+                   if getattr(saved, f.name) != getattr(self.settings, f.name)]
+        for name in changed:
+            setattr(self.settings, name, getattr(saved, name))
+        if _EXECUTOR_SETTINGS.intersection(changed):
+            self._drop_executor()
+
+    def _drop_executor(self) -> None:
+        """The executor was made for other settings: the next run makes a new one."""
+        if self._executor is not None:
             self._executor.close()
             self._executor = None
 

@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 _CONTEXT = 40  # display columns kept on each side of the caret, as DuckDB does
+_TAB = 8       # columns between tab stops, as terminals set them
 
 
 @dataclass(frozen=True)
@@ -36,18 +37,27 @@ class Span:
 
 
 def render_caret(text: str, span: Span) -> str:
-    """Return ``LINE n: <line>`` and a caret line under ``span.start``."""
+    r"""Return ``LINE n: <line>`` and a caret line under ``span.start``. Tabs in the line are
+    expanded (stops every ``_TAB`` columns of the source line) in the echo and counted so in
+    the caret's column: a terminal would put a tab's stops after the ``LINE n:`` prefix instead.
+
+    >>> print(render_caret("X = 1;\n\tY = Nope;", Span(12, 16)))
+    LINE 2:         Y = Nope;
+                        ^~~~
+    """
     start = min(span.start, len(text))
     line_no = text.count("\n", 0, start) + 1
     line_start = text.rfind("\n", 0, start) + 1
     line_end = text.find("\n", start)
-    line = text[line_start: line_end if line_end >= 0 else len(text)]
-    col = start - line_start
+    raw = text[line_start: line_end if line_end >= 0 else len(text)]
+    line = raw.expandtabs(_TAB)
+    col = len(raw[:start - line_start].expandtabs(_TAB))
+    end = len(raw[:max(start, min(span.end, line_start + len(raw))) - line_start].expandtabs(_TAB))
     lo, hi = max(0, col - _CONTEXT), min(len(line), col + _CONTEXT)
     shown = ("..." if lo else "") + line[lo:hi] + ("..." if hi < len(line) else "")
     prefix = f"LINE {line_no}: "
     caret_col = len(prefix) + (3 if lo else 0) + (col - lo)
-    width = max(1, min(span.end, line_start + hi) - start)
+    width = max(1, min(end, hi) - col)
     return f"{prefix}{shown}\n{' ' * caret_col}^{'~' * (width - 1) if width > 1 else ''}"
 
 
@@ -70,12 +80,32 @@ class Error(Exception):
         self.hint = hint
 
     def with_source(self, statement: str, span: Span | None = None) -> "Error":
-        """Attach the statement text (and a span, if the error has none yet); returns self."""
+        r"""Attach the statement text (and a span, if the error has none yet); returns self.
+
+        An error about a piece of ``statement`` (one SQL statement DuckDB split out of a script)
+        moves to where that piece is in it, inside ``span`` when given, so that its LINE and
+        caret are the script's:
+
+        >>> e = Error("bad", statement="COPY x", span=Span(5, 6))
+        >>> e.with_source("SELECT 1;\nCOPY x;", Span(10, 16)).span
+        Span(start=15, end=16)
+        """
         if self.statement is None:
             self.statement = statement
+        elif self.statement != statement and self.span is not None:
+            self._move_into(statement, span or Span(0, len(statement)))
         if self.span is None and span is not None:
             self.span = span
         return self
+
+    def _move_into(self, statement: str, span: Span) -> None:
+        if not self.statement.strip():
+            return
+        at = statement.find(self.statement, span.start, max(span.end, span.start + len(self.statement)))
+        if at < 0:  # not a piece of it (a query tensordb wrote around the user's): kept as is
+            return
+        self.statement = statement
+        self.span = Span(self.span.start + at, self.span.end + at)
 
     def __str__(self) -> str:
         parts = [self.message]

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._optional import require
-from .errors import ProgrammingError
+from .errors import OutOfMemoryError, ProgrammingError
 
 __all__ = ["Result"]
 
@@ -48,6 +48,9 @@ class Result:
         self._array: np.ndarray | None = None
         self.elapsed: float | None = None  # seconds; set by the executor
         self.count: int | None = None      # rows changed, for SQL statements that report it
+        # True on the status of a BEGIN or COMMIT: the statements before it are stored, whatever
+        # fails later in the same call (a block ends the unit before it and commits at COMMIT)
+        self.commits = False
 
     # -- constructors --------------------------------------------------------------------------
     @classmethod
@@ -198,10 +201,16 @@ class Result:
         return self._con.sql(f"SELECT * FROM {quote_ident(self.name)}")
 
     def preview(self, max_elements: int = 1_000_000) -> str:
-        """The tensor printed like numpy; a large one is read only at its corners."""
+        """The tensor printed like numpy. It is read whole when it has at most ``max_elements``
+        elements and its dense array fits the memory budget (``SET memory_limit`` and the memory
+        available); otherwise only its corners are read, which numpy would show of it anyway.
+        Printing a statement's result never fails (nor undoes the statement) for want of memory."""
         size = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
         if size <= max_elements:
-            return format_array(self.tensor())
+            try:
+                return format_array(self.tensor())
+            except OutOfMemoryError:  # the corners fit any budget
+                pass
         return format_array(corners(self._con.store.open(self.name), _EDGE), threshold=0)
 
     def __array__(self, dtype=None, copy=None):
@@ -231,7 +240,7 @@ class Result:
     def __str__(self) -> str:
         if self.kind == "tensor":
             head = f"{self.name}: {self.dtype} {self.shape}"
-            return head + "\n" + format_array(self.tensor())
+            return head + "\n" + self.preview()
         if self.kind == "explain":
             return self.text or ""
         if self.kind == "status":

@@ -39,10 +39,16 @@ class TensorIO:
         Options: ``array`` (npz member), ``index``/``value``/``shape`` (coordinate tables),
         ``dims`` (dimension names), ``format`` (when the suffix does not say), ``query`` (SQL).
         """
+        self._load(name, source, tile=tile, replace=replace, **options)
+
+    def _load(self, name: str, source, **options) -> list:
+        """``load``, returning the catalog entries of what it stored: one tensor, or one per
+        array of a .npz file loaded whole (``<name>_<array>``)."""
         from .storage.load import load_tensor
         with stage("load"):
-            load_tensor(self.store, name, source, tile=tile, replace=replace,
-                        memory_limit=self.settings.memory_limit, **options)
+            metas = load_tensor(self.store, name, source, memory_limit=self.settings.memory_limit,
+                                **options)
+        return metas if isinstance(metas, list) else [metas]
 
     def tensor(self, name: str) -> np.ndarray:
         """The tensor as a dense numpy array (OutOfMemoryError, before allocating, when it would
@@ -104,3 +110,4 @@ class TensorIO:
         """
         from .storage.integrity import COLUMNS, check
         return [dict(zip(COLUMNS, row)) for row in check(self.store, name)]
+

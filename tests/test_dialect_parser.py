@@ -85,9 +85,13 @@ def test_create_zeros():
     assert (s.name, s.dtype, s.replace, s.if_not_exists) == ("A", "FLOAT32", False, False)
     assert [(d.name, d.size) for d in s.dims] == [("i", 4096), ("k", 1024)]
     assert [(p.label, p.value) for p in s.tile] == [("i", 512), ("k", 1024)]
-    s = one("create or replace tensor if not exists B (3, 4)")
-    assert s.replace and s.if_not_exists and s.dtype == "float64" and s.tile is None
+    s = one("create or replace tensor B (3, 4)")
+    assert s.replace and not s.if_not_exists and s.dtype == "float64" and s.tile is None
     assert [d.name for d in s.dims] == [None, None]
+    s = one("create tensor if not exists B (3, 4)")
+    assert s.if_not_exists and not s.replace
+    with pytest.raises(ParserError, match="OR REPLACE cannot go with IF NOT EXISTS"):
+        one("create or replace tensor if not exists B (3, 4)")  # they contradict each other
 
 
 def test_load_options():

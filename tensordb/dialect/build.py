@@ -136,7 +136,10 @@ class _Build(Transformer):
     def or_replace(self, meta, c):
         return True
 
-    if_not_exists = if_exists = or_replace
+    if_exists = or_replace
+
+    def if_not_exists(self, meta, c):
+        return self.sp(meta)  # true, and where a contradicting OR REPLACE puts its caret
 
     def named_dim(self, meta, c):
         return A.Dim(str(c[0]), int(c[1]), self.sp(meta))
@@ -175,6 +178,10 @@ class _Build(Transformer):
         dims = tuple(x for x in c if isinstance(x, A.Dim))
         tile = c[-1] if isinstance(c[-1], tuple) else None
         dspan = self.ts(dtype_tok) if dtype_tok is not None else self.sp(meta)
+        if c[1] and c[3]:  # as DuckDB refuses it for tables
+            raise ParserError("CREATE OR REPLACE cannot go with IF NOT EXISTS", statement=self.script,
+                              span=c[3], hint="OR REPLACE replaces an existing tensor and IF NOT "
+                              "EXISTS keeps it: choose one")
         return A.CreateStmt(str(name), dims, str(dtype_tok) if dtype_tok else "float64", tile,
                             bool(c[1]), bool(c[3]), self.sp(meta), self.ts(name), dspan)
 

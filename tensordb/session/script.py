@@ -22,6 +22,7 @@ from ..errors import BinderError, Error, NotSupportedError, ProgrammingError, Sp
 from ..result import Result
 from ..storage.guard import single_statement
 from . import statements
+from .undo import UnitState
 
 __all__ = ["Session", "run_script", "explain_script"]
 
@@ -72,7 +73,7 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
                         raise ProgrammingError("the transaction was aborted by an earlier error; "
                                                "nothing was stored", statement=script, span=stmt.span)
                     run_unit(con, block, emit, each=on_result is not None)
-                    emit(Result.status("COMMIT", text))
+                    emit(_committed("COMMIT", text))
                 elif isinstance(stmt, A.RollbackStmt):
                     sess.block, sess.block_failed = None, False
                     emit(Result.status("ROLLBACK", text))
@@ -87,7 +88,7 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
                 run_unit(con, unit, emit, each=on_result is not None)
                 unit = []
                 sess.block = []
-                emit(Result.status("BEGIN", text))
+                emit(_committed("BEGIN", text))
             elif isinstance(stmt, (A.CommitStmt, A.RollbackStmt)):
                 raise ProgrammingError("no transaction is open", statement=script, span=stmt.span,
                                        hint="BEGIN starts one")
@@ -100,12 +101,20 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
     return results
 
 
+def _committed(message: str, text: str) -> Result:
+    """The status of a BEGIN or COMMIT: the unit before it is stored now."""
+    r = Result.status(message, text)
+    r.commits = True
+    return r
+
+
 def _text(script: str, stmt) -> str:
     return script[stmt.span.start:stmt.span.end]
 
 
 def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool = False) -> None:
-    """Run statements atomically: on any error the database and LETs are as before.
+    """Run statements atomically: on any error the database, the LETs and the settings are as
+    before (undo.py).
 
     ``each``: every result is looked at as it comes (the CLI prints it), so a group of einsum
     statements is cut before a statement that reassigns a name the group already assigned: the
@@ -113,8 +122,7 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool =
     (in one group it would be a temporary, and its printout would show the final value)."""
     if not items:
         return
-    sess = con.session
-    lets_before = dict(sess.lets)
+    state = UnitState(con)
     store = con.store
     txn = contextlib.nullcontext() if store.read_only else store.transaction()
     try:
@@ -129,11 +137,11 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool =
                     continue
                 _run_group(con, group, emit)
                 group = []
+                state.will_run(script, stmt)
                 emit(_timed(lambda: _run_one(con, script, stmt), script, stmt.span))
             _run_group(con, group, emit)
     except BaseException:
-        sess.lets.clear()
-        sess.lets.update(lets_before)
+        state.restore()
         raise
 
 

@@ -6,11 +6,14 @@ import difflib
 import re
 from dataclasses import fields
 
+import numpy as np
+
 from ..config import Settings, format_bytes
 from ..errors import BinderError, CatalogError, Error, ParserError, Span
 from ..result import Result
 from ..storage._duck import quote_ident
 from ..storage.arrays import create_zeros
+from ..storage.meta import MAX_DIMS
 from ..dialect import ast as A
 from ..dialect.lexer import words
 
@@ -42,6 +45,9 @@ def _create(con, script, s: A.CreateStmt, text) -> Result:
     if dtype is None:
         raise _err(BinderError, script, s.dtype_span, f"unknown type '{s.dtype}'",
                    hint="types: FLOAT32, FLOAT64 (DOUBLE), INT32, INT64 (BIGINT), BOOL (BOOLEAN)")
+    if len(s.dims) > MAX_DIMS:
+        raise _err(BinderError, script, s.dims[MAX_DIMS].span, f"tensor '{s.name}' would have "
+                   f"{len(s.dims)} dimensions; numpy supports at most {MAX_DIMS}")
     named = [d.name is not None for d in s.dims]
     if any(named) and not all(named):
         bad = next(d for d in s.dims if d.name is None)
@@ -116,12 +122,16 @@ def _load(con, script, s: A.LoadStmt, text) -> Result:
     else:
         source, options["query"] = None, f"SELECT * FROM {quote_ident(s.table)}"
     try:
-        con.load(s.name, source, **options)
+        metas = con._load(s.name, source, **options)
     except Error as exc:
         if exc.hint and "format=" in exc.hint:  # the Python API's words; say it in SQL
             exc.hint = "add FORMAT NPY | NPZ | PARQUET | CSV"
         raise exc.with_source(script, s.source_span)
-    return Result.for_tensor(con, s.name, text)
+    if len(metas) == 1:
+        return Result.for_tensor(con, metas[0].name, text)
+    # a .npz file loaded whole: one tensor per array, named <name>_<array>
+    loaded = "; ".join(f"{m.name} {np.dtype(m.dtype).name} {tuple(m.shape)}" for m in metas)
+    return Result.status(f"LOAD TENSOR {s.name}: loaded {len(metas)} tensors: {loaded}", text)
 
 
 # -- SHOW, DESCRIBE, DROP, COPY, SET ------------------------------------------------------------
@@ -195,11 +205,8 @@ def _check(con, script, s: A.CheckStmt, text) -> Result:
 
 
 def _set(con, script, s: A.SetStmt, text) -> Result:
-    value = s.value
-    if isinstance(value, str) and value.lower() in ("on", "true", "off", "false") and s.name == "progress":
-        value = value.lower() in ("on", "true")
     try:  # the connection checks the value (a strategy, an executor): the caret goes under the SET
-        con.set(s.name, value)
+        con.set(s.name, s.value)
     except Error as exc:
         raise exc.with_source(script, s.span) from None
     return Result.status(f"SET {s.name} = {_setting_value(con, s.name)}", text)
@@ -295,8 +302,8 @@ _DUCK_CARET = re.compile(r"\n*LINE (\d+): ([^\n]*)\n( *)\^[^\n]*")
 
 def position_from_message(exc: Error, script: str, span: Span) -> Error:
     """DuckDB puts its own caret in the message; turn it into our span into the script."""
-    if exc.span is not None:
-        return exc
+    if exc.span is not None:  # refused by tensordb (guard.py): its span is in the SQL statement
+        return exc.with_source(script, span)
     m = _DUCK_CARET.search(exc.message)
     pos = span.start
     if m:

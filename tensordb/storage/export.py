@@ -26,6 +26,20 @@ _SUFFIX = {".npy": "npy", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"
 _counter = itertools.count()
 
 
+def _unknown_format(path: str, format: str | None) -> ProgrammingError:
+    """The error for a format given that is none, or a path whose suffix names none."""
+    if format:
+        return ProgrammingError(f"cannot export to {path}: unknown format '{format}'",
+                                hint=f"formats: {', '.join(EXPORT_FORMATS)}")
+    suffix = os.path.splitext(path)[1].lower()
+    said = f"the suffix '{suffix}' names none" if suffix else "the path has no suffix"
+    known = ", ".join(f"{fmt} ({', '.join(s for s, f in _SUFFIX.items() if f == fmt)})"
+                      for fmt in dict.fromkeys(_SUFFIX.values()))
+    return ProgrammingError(f"cannot export to '{path}': unknown format ({said})",
+                            hint=f"formats: {known}; or name one with (FORMAT csv) (format= in "
+                                 "Python)")
+
+
 def export_tensor(store, name: str, path, *, format: str | None = None,
                   memory_limit: int | None = None) -> None:
     """Write tensor ``name`` to ``path``; the format comes from ``format`` or the suffix.
@@ -35,8 +49,7 @@ def export_tensor(store, name: str, path, *, format: str | None = None,
     path = os.fspath(path)
     fmt = (format or _SUFFIX.get(os.path.splitext(path)[1].lower(), "")).lower().lstrip(".")
     if fmt not in EXPORT_FORMATS:
-        raise ProgrammingError(f"cannot export to {path}: unknown format '{fmt or '?'}'",
-                               hint=f"formats: {', '.join(EXPORT_FORMATS)}")
+        raise _unknown_format(path, format)
     guard.check_path(store, path, f"cannot export '{name}'")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):

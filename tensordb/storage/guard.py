@@ -141,7 +141,7 @@ def check_catalog_write(store, stmt) -> None:
         if _in_catalog_schema(store, name):
             spelled = ".".join(p for p in name if p)
             raise ProgrammingError(
-                f"{stmt.type.name} statement refused: it would change {spelled}, part of "
+                f"{_kind(stmt)} statement refused: it would change {spelled}, part of "
                 "tensordb's catalog", statement=stmt.query, span=Span(0, len(stmt.query)),
                 hint="the tensordb schema describes every tensor and its payload files; change "
                      "tensors with tensordb's statements (DROP TENSOR, CREATE OR REPLACE TENSOR); "
@@ -198,6 +198,15 @@ def _copy_from_target(stmt) -> tuple | None:
     return None
 
 
+def _kind(stmt) -> str:
+    """The statement's name as the user wrote it: DuckDB parses USE, RESET and PRAGMA x = y as
+    SET statements, which is not what a message should call them."""
+    if stmt.type != _T.SET:
+        return stmt.type.name
+    first = next((w for _, w, op in _words(stmt.query) if not op), "")
+    return first.upper() if first in ("use", "reset", "pragma") else stmt.type.name
+
+
 def needs_check(stmt) -> bool:
     if stmt.type in _CHECKED:
         return True
@@ -215,7 +224,7 @@ def check_statement(store, stmt, parameters=None) -> None:
         return  # COPY ... FROM reads a file into a table: it writes no file
     if not needs_check(stmt):
         return
-    what = f"{stmt.type.name} statement"
+    what = f"{_kind(stmt)} statement"
     if stmt.type == _T.EXPLAIN:
         inner = _explained(stmt)
         if inner is not None:
@@ -282,7 +291,7 @@ def _check_current_database(store, stmt, plan) -> None:
                 first = entry.strip().strip('"').split(".")[0].strip('"').lower()
                 if first in others:
                     raise ProgrammingError(
-                        f"{stmt.type.name} statement refused: it would make '{first}' the "
+                        f"{_kind(stmt)} statement refused: it would make '{first}' the "
                         f"current database; tensordb's catalog is in '{home}'",
                         statement=stmt.query, span=Span(0, len(stmt.query)),
                         hint=f"name tables of an attached database in full ({first}.table)")

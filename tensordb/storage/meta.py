@@ -15,10 +15,13 @@ from ..errors import DataError, ProgrammingError
 from ..geometry import Grid, grid_shape, regular_grid
 
 __all__ = ["TensorMeta", "check_name", "check_dims", "check_grid", "check_tile_shape",
-           "default_dims", "supported_dtype"]
+           "default_dims", "supported_dtype", "MAX_DIMS"]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MAX_NAME = 128
+# numpy's limit on an array's dimensions (NPY_MAXDIMS: 64 since numpy 2, 32 before): a tensor
+# with more could be stored but never read, computed with or exported.
+MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,11 @@ def default_dims(ndim: int) -> tuple[str, ...]:
 
 
 def check_dims(dims: Sequence[str] | None, ndim: int, tensor: str) -> tuple[str, ...]:
-    """Dimension names become SQL columns: identifiers, distinct, and never ``value``."""
+    """Dimension names become SQL columns: identifiers, distinct, and never ``value``. There
+    are at most ``MAX_DIMS`` of them."""
+    if ndim > MAX_DIMS:
+        raise ProgrammingError(f"tensor '{tensor}' would have {ndim} dimensions; numpy supports "
+                               f"at most {MAX_DIMS}")
     if dims is None:
         return default_dims(ndim)
     if isinstance(dims, str):
