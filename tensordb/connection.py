@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from . import optimizer, physical
+from .calls import one_at_a_time
 from .config import Settings, debug_level, stage
 from .errors import CatalogError, InterfaceError, ParserError, ProgrammingError
 from .plan.builder import Graph
@@ -74,6 +76,7 @@ class Connection(TensorIO):
         if executor is not None:  # refuse an unguarded script here, before anything starts
             from .exec.spawn import check_main_guard
             check_main_guard(self.settings.executor)
+        self._call_lock = threading.RLock()  # one call at a time (calls.py)
         self._store: Store | None = Store(path, read_only=read_only)
         self._executor = None
         self.session = Session()  # the dialect's state: LETs and the open BEGIN block
@@ -94,6 +97,7 @@ class Connection(TensorIO):
             raise InterfaceError("the connection is closed")
         return self._store
 
+    @one_at_a_time
     def close(self) -> None:
         if self._executor is not None:
             self._executor.close()
@@ -109,6 +113,7 @@ class Connection(TensorIO):
         _ = self.store  # a closed connection: InterfaceError
         return Cursor(self)
 
+    @one_at_a_time
     def commit(self) -> None:
         """Every statement commits on its own (each ``execute`` call is a unit), so this does
         nothing unless a transaction is open: it ends a BEGIN block as COMMIT does (its
@@ -119,6 +124,7 @@ class Connection(TensorIO):
         elif self.store.user_transaction:
             self.sql("COMMIT")
 
+    @one_at_a_time
     def rollback(self) -> None:
         """Discard an open BEGIN block (as ROLLBACK does) or a transaction begun with plain SQL;
         nothing to undo otherwise (what ran is committed)."""
@@ -133,6 +139,7 @@ class Connection(TensorIO):
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @one_at_a_time
     def set(self, name: str, value: Any) -> None:
         """Change a setting (``workers``, ``memory_limit``, ``executor``, ``tiling``, ...);
         ``'DEFAULT'`` returns it to its default (not ``tiling``, which has a strategy of that
@@ -173,6 +180,7 @@ class Connection(TensorIO):
             self._executor = None
 
     # -- the SQL dialect -----------------------------------------------------------------------
+    @one_at_a_time
     def execute(self, sql: str, parameters: Sequence[Any] | None = None):
         """Run one or more statements of the dialect; returns the result of the last one (an
         empty status result when there is none)."""
@@ -184,6 +192,7 @@ class Connection(TensorIO):
         results = self.execute_script(sql, parameters)
         return results[-1] if results else Result.status("OK", sql)
 
+    @one_at_a_time
     def execute_script(self, sql: str, parameters: Sequence[Any] | None = None,
                        on_result=None) -> list:
         """Run every statement of ``sql``: one Result per statement. ``on_result`` sees each
@@ -200,6 +209,7 @@ class Connection(TensorIO):
         """How many statements wait in an open BEGIN block for COMMIT; None when none is open."""
         return self.session.pending()
 
+    @one_at_a_time
     def explain(self, query: str | Graph | EinGraph, format: str = "text", analyze: bool = False,
                 *, pieces: Mapping[str, Mapping[str, int]] | None = None) -> str:
         """EXPLAIN [ANALYZE] a statement (SQL text) or a graph, as text, JSON, dot or svg. With
@@ -216,6 +226,7 @@ class Connection(TensorIO):
         fmt = explain_format(format)
         return explain_script(self, query, self._parse(query), fmt, analyze)
 
+    @one_at_a_time
     def sql(self, query: str):
         """Plain SQL over tables and tensors (a DuckDB relation); tensors appear as
         relations with one column per dimension plus ``value``."""
@@ -225,6 +236,7 @@ class Connection(TensorIO):
         return sql(self.store, query)
 
     # -- einsum --------------------------------------------------------------------------------
+    @one_at_a_time
     def einsum(self, spec: str, *operands: str, into: str | None = None, join: str | None = None,
                agg: str = "sum", pieces: Mapping[str, int] | None = None, replace: bool = True):
         """Run a numpy-style einsum over stored tensors.
@@ -270,6 +282,7 @@ class Connection(TensorIO):
             arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = result.tiles[key]
         return arr[()] if arr.ndim == 0 else arr  # a numpy scalar, as numpy.einsum gives
 
+    @one_at_a_time
     def run(self, graph: Graph | EinGraph, *, pieces: Mapping[str, Mapping[str, int]] | None = None,
             replace: bool = True):
         """Plan and run a whole graph of operations at once; stores its outputs atomically,
@@ -319,6 +332,7 @@ class Connection(TensorIO):
         result = self._run_graph(graph, replace=True, planned=(decomp, plan)) if analyze else None
         return render(decomp, plan, format=format, result=result)
 
+    @one_at_a_time
     def plan(self, graph: EinGraph, pieces=None):
         """optimize, lower, place: a bound graph -> (Decomposition, placed TilePlan); nothing
         runs. Aggregations wider than the executor combines in one task (its ``max_fan_in``;

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterable, Sequence
 
+from .calls import one_at_a_time
 from .errors import ProgrammingError
 
 __all__ = ["Cursor", "STRING", "BINARY", "NUMBER", "DATETIME", "ROWID"]
@@ -67,6 +68,11 @@ class Cursor:
         self._closed = False
 
     # -- state ---------------------------------------------------------------------------------
+    @property
+    def _call_lock(self):
+        """The connection's: a cursor's calls wait for the connection's and its other cursors'."""
+        return self.connection._call_lock
+
     def _check(self) -> None:
         if self._closed:
             raise ProgrammingError("the cursor is closed")
@@ -96,6 +102,7 @@ class Cursor:
         return self._rowcount
 
     # -- running -------------------------------------------------------------------------------
+    @one_at_a_time
     def execute(self, operation: str, parameters: Sequence[Any] | None = None) -> "Cursor":
         """Run one or more statements (``?`` parameters for one plain SQL statement)."""
         self._check()
@@ -104,6 +111,7 @@ class Cursor:
         self._rowcount = self.result.rowcount
         return self
 
+    @one_at_a_time
     def executemany(self, operation: str, seq_of_parameters: Iterable[Sequence[Any]]) -> "Cursor":
         """Run ``operation`` once per parameter sequence, all in one transaction: when one fails,
         none of them is stored. ``rowcount`` is the total of rows changed, -1 if not known."""
@@ -144,15 +152,18 @@ class Cursor:
                                    statement=self.result.statement or None)
         return self.result
 
+    @one_at_a_time
     def fetchone(self) -> tuple | None:
         return self._rows().fetchone()
 
+    @one_at_a_time
     def fetchmany(self, size: int | None = None) -> list[tuple]:
         size = self.arraysize if size is None else size
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ProgrammingError(f"fetchmany size must be an integer >= 0, got {size!r}")
         return self._rows().fetchmany(size)
 
+    @one_at_a_time
     def fetchall(self) -> list[tuple]:
         return self._rows().fetchall()
 
@@ -164,18 +175,22 @@ class Cursor:
             yield row
 
     # DuckDB's result methods, on the last result
+    @one_at_a_time
     def fetchnumpy(self):
         return self._rows().fetchnumpy()
 
+    @one_at_a_time
     def fetch_arrow_table(self):
         return self._rows().fetch_arrow_table()
 
     arrow = fetch_arrow_table
 
+    @one_at_a_time
     def fetchdf(self):
         return self._rows().fetchdf()
 
     df = fetchdf
 
+    @one_at_a_time
     def pl(self):
         return self._rows().pl()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from .calls import one_at_a_time
 from .config import available_memory, format_bytes, stage
 from .errors import OutOfMemoryError, ProgrammingError
 
@@ -32,6 +33,7 @@ class TensorIO:
     store: "Store"
     settings: "Settings"
 
+    @one_at_a_time
     def load(self, name: str, source, *, tile: Sequence[int] | None = None, replace: bool = False,
              **options) -> None:
         """Store a tensor from a numpy array, a .npy/.npz/.parquet/.csv path, or a SQL query.
@@ -50,6 +52,7 @@ class TensorIO:
                                 **options)
         return metas if isinstance(metas, list) else [metas]
 
+    @one_at_a_time
     def tensor(self, name: str) -> np.ndarray:
         """The tensor as a dense numpy array (OutOfMemoryError, before allocating, when it would
         not fit the memory_limit or the memory available)."""
@@ -74,15 +77,18 @@ class TensorIO:
                     f"array, more than {where} ({format_bytes(budget)})",
                     hint="read it in parts with SQL (con.sql), or COPY it to a file")
 
+    @one_at_a_time
     def tensors(self) -> list[dict]:
         """One dict per stored tensor: name, shape, dtype, tiling, bytes, stored tiles, density."""
         from .storage.info import list_tensors
         return list_tensors(self.store)
 
+    @one_at_a_time
     def describe(self, name: str) -> dict:
         from .storage.info import describe_tensor
         return describe_tensor(self.store, name)
 
+    @one_at_a_time
     def export(self, name: str, path: str | os.PathLike, format: str | None = None) -> None:
         """Write a tensor to .npy, .parquet or .csv (COPY name TO 'path')."""
         from .storage.export import export_tensor
@@ -93,9 +99,11 @@ class TensorIO:
         export_tensor(self.store, name, path, format=format,
                       memory_limit=self.settings.memory_limit)
 
+    @one_at_a_time
     def drop(self, name: str, if_exists: bool = False) -> None:
         self.store.drop(name, if_exists=if_exists)
 
+    @one_at_a_time
     def check(self, name: str | None = None) -> list[dict]:
         """Verify every stored tile of tensor ``name`` (None: the whole database, orphan files
         too) against its checksum and catalog row, reading the files (CHECK TENSOR / CHECK
