@@ -499,3 +499,37 @@ def test_python_api_arguments_are_checked():
         assert con.settings.tiling == "" and con.settings.executor == "local"
         assert [t["name"] for t in con.tensors()] == ["A"]
         assert con.execute("SELECT ?", [3]).fetchall() == [(3,)]
+
+
+DUCK_STATEMENTS = {  # statements whose time is DuckDB's: a query, and a tensor streamed to it
+    "create from a query": "CREATE TENSOR Q FROM (SELECT range % 1000 AS i, sum(range) AS v "
+                           "FROM range(4000000000) GROUP BY 1) INDEX (i) VALUE v",
+    "copy a tensor to csv": "COPY D TO '{out}'",
+}
+
+
+@pytest.mark.parametrize("what", DUCK_STATEMENTS)
+def test_ctrl_c_in_a_statement_duckdb_runs_is_an_interrupt(db_path, tmp_path, what):
+    """Ctrl-C while DuckDB runs a statement is the KeyboardInterrupt it was, as for an einsum
+    (the command line prints "interrupted"): it once arrived as an internal error (DuckDB's
+    RuntimeError "Query interrupted") or as "Current transaction is aborted" (the interrupt
+    raised inside the Python stream of a tensor that DuckDB was reading). Nothing is stored,
+    no file written, and the connection works."""
+    out = tmp_path / "d.csv"
+    with tensordb.connect(db_path) as con:
+        _big(con)
+        tensors = con.tensors()
+        timer = threading.Timer(0.4, _thread.interrupt_main)
+        t0 = time.perf_counter()
+        timer.start()
+        finished = False
+        with pytest.raises(KeyboardInterrupt):
+            con.execute(DUCK_STATEMENTS[what].format(out=out))
+            finished = True
+            time.sleep(5)  # where the interrupt lands if the statement was too quick for it
+        assert not finished, "the statement ended before the interrupt: make it longer"
+        assert time.perf_counter() - t0 < 3.0
+        assert con.tensors() == tensors and not out.exists()
+        assert con.execute("SELECT 42").fetchall() == [(42,)]
+        con.execute("E[i] = SUM(D[i,j])")
+        np.testing.assert_allclose(con.tensor("E"), con.tensor("D").sum(axis=1))

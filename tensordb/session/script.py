@@ -20,6 +20,7 @@ from ..bind import LetDef, internal_error as _internal
 from ..dialect import ast as A
 from ..errors import BinderError, Error, NotSupportedError, ProgrammingError, Span
 from ..result import Result
+from ..storage._duck import is_interrupt
 from ..storage.guard import single_statement
 from . import statements
 from .undo import UnitState
@@ -150,6 +151,12 @@ def _assigns(group: list[tuple[str, A.AssignStmt]], name: str) -> bool:
     return any(s.mode != "let" and s.target.name.lower() == key for _, s in group)
 
 
+def _internal_or_interrupt(exc: Exception, script: str, span: Span) -> BaseException:
+    """A library's error nobody translated: an internal error, unless it is DuckDB's report of
+    a Ctrl-C, which stays the KeyboardInterrupt it was (the command line says "interrupted")."""
+    return KeyboardInterrupt() if is_interrupt(exc) else _internal(exc, script, span)
+
+
 def _timed(fn, script: str, span: Span) -> Result:
     t0 = time.perf_counter()
     try:
@@ -157,7 +164,7 @@ def _timed(fn, script: str, span: Span) -> Result:
     except Error as exc:
         raise exc.with_source(script, span)
     except Exception as exc:  # a bug, or a library error nobody translated
-        raise _internal(exc, script, span) from exc
+        raise _internal_or_interrupt(exc, script, span) from exc
     result.elapsed = time.perf_counter() - t0
     return result
 
@@ -174,7 +181,7 @@ def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
     except Error as exc:
         raise exc.with_source(script, span)
     except Exception as exc:
-        raise _internal(exc, script, span) from exc
+        raise _internal_or_interrupt(exc, script, span) from exc
     elapsed = time.perf_counter() - t0
     for script, stmt in group:
         text = _text(script, stmt)

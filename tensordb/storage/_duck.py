@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import duckdb
 
 from .. import errors
 
-__all__ = ["translate", "translate_message", "translating", "quote_ident", "quote_str"]
+__all__ = ["translate", "translate_message", "translating", "is_interrupt", "note_interrupt",
+           "quote_ident", "quote_str"]
 
 # Most specific first: DuckDB's exception classes form a tree, ours too.
 _MAP = (
@@ -48,11 +50,35 @@ def _unprefixed(message: str, cls: type) -> str:
 
 @contextlib.contextmanager
 def translating(context: str | None = None):
-    """Re-raise any duckdb exception inside the block as a tensordb error."""
+    """Re-raise any duckdb exception inside the block as a tensordb error; DuckDB's report of
+    a Ctrl-C as the KeyboardInterrupt it was."""
     try:
         yield
-    except duckdb.Error as exc:
-        raise translate(exc, context) from exc
+    except BaseException as exc:
+        if is_interrupt(exc) or (isinstance(exc, duckdb.Error) and _SWALLOWED.is_set()):
+            _SWALLOWED.clear()
+            raise KeyboardInterrupt from None
+        if isinstance(exc, duckdb.Error):
+            raise translate(exc, context) from exc
+        raise
+
+
+# A Ctrl-C raised inside Python code that DuckDB was running (an Arrow stream of a tensor):
+# DuckDB reports it as its own error ("Current transaction is aborted"), not as what it was.
+_SWALLOWED = threading.Event()
+
+
+def note_interrupt() -> None:
+    """A KeyboardInterrupt is passing through Python code that DuckDB runs: the DuckDB error
+    that follows is reported as the KeyboardInterrupt (``translating``)."""
+    _SWALLOWED.set()
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is DuckDB saying a statement was interrupted (Ctrl-C while it ran): an
+    InterruptException, or, from its relation API, a RuntimeError "Query interrupted"."""
+    return isinstance(exc, duckdb.InterruptException) or \
+        (type(exc) is RuntimeError and str(exc) == "Query interrupted")
 
 
 _PREFIX = (("Conversion Error", errors.DataError), ("Invalid Input Error", errors.DataError),

@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from ._duck import quote_ident, translating
+from ._duck import note_interrupt, quote_ident, translating
 from .reader import TensorReader
 
 __all__ = ["referenced_names", "arrow_schema", "coo_batches", "TensorStream", "expose_tensors",
@@ -80,9 +80,15 @@ class TensorStream:
         return self.schema.__arrow_c_schema__()
 
     def __arrow_c_stream__(self, requested_schema=None):
-        stream = pa.RecordBatchReader.from_batches(self.schema,
-                                                   coo_batches(self.reader, self.max_rows))
+        stream = pa.RecordBatchReader.from_batches(self.schema, self._batches())
         return stream.__arrow_c_stream__(requested_schema)
+
+    def _batches(self):
+        try:
+            yield from coo_batches(self.reader, self.max_rows)
+        except KeyboardInterrupt:  # DuckDB runs this and would report it as its own error
+            note_interrupt()
+            raise
 
 
 def expose_tensors(store, query: str) -> list[str]:
