@@ -276,10 +276,12 @@ class Connection(TensorIO):
         out = plan.outputs[name]
         self._check_dense("the einsum's result", out.shape, out.dtype)
         result = self._run(plan)
-        arr = np.zeros(out.shape, out.dtype)  # tiles no call produced are zeros
+        # Tiles no call produced are zeros. np.zeros' pages take memory only once written, and
+        # each tile is let go as it lands: the run's tiles and the array are not both held whole.
+        arr = np.zeros(out.shape, out.dtype)
         for coords, key in out.tiles.items():
             lo, hi = tile_box(out.grid, coords)
-            arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = result.tiles[key]
+            arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = result.tiles.pop(key)
         return arr[()] if arr.ndim == 0 else arr  # a numpy scalar, as numpy.einsum gives
 
     @one_at_a_time

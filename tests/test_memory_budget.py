@@ -5,6 +5,7 @@ however a run ends. Results are checked against numpy, spilling against the run'
 from __future__ import annotations
 
 import _thread
+import gc
 import json
 import os
 import signal
@@ -426,3 +427,36 @@ def test_a_run_that_cannot_reach_the_limit_is_not_admitted_task_by_task(data):
     assert sum(working_bytes(small, t) for t in small.tasks) <= LIMIT and not may_cross(small, LIMIT)
     assert may_cross(chain, LIMIT)
     _close(*_stored(db, "Eb"), d["Xc"].T.astype(np.float64) @ d["Xc"])
+
+
+def _anon_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) << 10
+    return 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc/self/status")
+def test_an_einsum_returned_as_an_array_holds_no_second_copy(tmp_path):
+    """con.einsum without into= assembles the output tiles into one array: each tile is let go
+    as it lands, and the finished run keeps none (its object lives on in reference cycles
+    until a garbage collection: with the collector off, its tiles once stayed with it, twice
+    the result's memory under a limit its size)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2048, 512)), rng.standard_normal((512, 2048))
+    with tensordb.connect(tmp_path / "db", workers=2, memory_limit="40MB") as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.einsum("ij,jk->ik", "A", "B")  # warm: plans, pools, buffers
+        con.last_run = None  # and what the warm run left: measured from nothing held
+        gc.collect()
+        gc.disable()
+        try:
+            before = _anon_bytes()
+            r = con.einsum("ij,jk->ik", "A", "B")
+            held = _anon_bytes() - before - r.nbytes
+        finally:
+            gc.enable()
+        np.testing.assert_allclose(r, a @ b, rtol=1e-10)
+        assert held < r.nbytes // 4, f"{held >> 20} MiB held besides the {r.nbytes >> 20} MiB result"

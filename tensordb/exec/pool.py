@@ -167,11 +167,16 @@ class LocalExecutor:
         with self._lock, limits:
             run = _Run(self, plan, progress, dest, store)
             run.finished_tile = finished if tiles.writes_destinations else None
-            if inline and run.budget is None:
-                result = run.go_inline()
-            else:
-                self._start()
-                result = run.go()
+            try:
+                if inline and run.budget is None:
+                    result = run.go_inline()
+                else:
+                    self._start()
+                    result = run.go()
+            finally:
+                # The run object lives on in reference cycles until a garbage collection: the
+                # output tiles it holds would stay with it after the caller lets them go.
+                run.results.clear()
         result.tiles = {k: tiles.to_host(v) for k, v in result.tiles.items()}
         return result
 
