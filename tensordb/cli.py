@@ -302,6 +302,12 @@ class Shell:
                 print("^C", file=self.out)
                 buffer = ""
                 continue
+            if not _utf8(line):  # piped bytes that are not UTF-8 (Python keeps them escaped)
+                self.failed = True
+                print("<stdin>: cannot read: a line holds bytes that are not UTF-8; the "
+                      "statement it is part of is skipped", file=self.err)
+                buffer = ""
+                continue
             if not buffer and line.strip()[:1] in (".", "\\"):
                 if not self.command(line):
                     break
@@ -312,6 +318,15 @@ class Shell:
             if is_complete(buffer):
                 self.run_text(buffer, "<stdin>")
                 buffer = ""
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is text: stdin decodes bytes that are not UTF-8 to lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _history(completer=None) -> None:
@@ -399,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import tensordb
+    if args.db == "":
+        print("tensordb: the database path is empty (leave it out for an in-memory database)",
+              file=sys.stderr)
+        return 1
     try:
         con = tensordb.connect(args.db, read_only=args.read_only)
     except Error as exc:

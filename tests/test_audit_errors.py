@@ -301,3 +301,24 @@ def test_copy_to_an_unknown_suffix_names_it_and_the_known_formats(db, tmp_path):
            "none)" in str(info.value)
     assert "HINT: formats: npy (.npy), parquet (.parquet, .pq), csv (.csv)" in str(info.value)
     assert not (tmp_path / "out.xyz").exists()
+
+
+def test_piped_bytes_that_are_not_utf8_skip_their_statement_in_one_line(db):
+    """Bytes that are not UTF-8 piped into the shell: one line says so, the statement is
+    skipped, the others run, and the exit status is 1 (it was an internal error, a TypeError
+    from DuckDB's parser)."""
+    p = subprocess.run([sys.executable, "-m", "tensordb", str(db)],
+                       input=b"SELECT 1 AS a;\nSELECT \xff;\nSELECT 2 AS b;\n",
+                       capture_output=True, env=ENV, timeout=300)
+    err = p.stderr.decode()
+    assert p.returncode == 1
+    assert "<stdin>: cannot read: a line holds bytes that are not UTF-8" in err
+    assert "internal error" not in err and "Traceback" not in err
+    assert p.stdout.decode().count("(1 row)") == 2  # the statements before and after it ran
+
+
+def test_an_empty_database_path_is_refused_in_one_line(tmp_path):
+    rc, out, err = cli("", "-c", "SELECT 1", cwd=tmp_path)
+    assert rc == 1 and err.strip() == "tensordb: the database path is empty (leave it out " \
+        "for an in-memory database)"
+    assert list(tmp_path.iterdir()) == []
