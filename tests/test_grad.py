@@ -698,3 +698,105 @@ def test_pow_gradient_of_an_integer_base_to_the_power_0(con):
     x, k, w = np.array([0.0, 2.0, 3.0]), np.array([0.0, 2.0, 0.0]), np.array([1.0, 1.0, 2.0])
     np.testing.assert_allclose(con.tensor("g"), autograd.grad(
         lambda x: anp.sum(x ** k * w))(x))
+
+
+def test_a_grad_after_its_tensor_is_reassigned_differentiates_the_new_one(con):
+    """GRAD(L, W) after W was assigned means the new W, which L (computed before) does not
+    depend on: zeros, whatever other GRADs of L the group has (once it depended on them: an
+    earlier GRAD of L made it the old W's gradient)."""
+    con.load("W", np.array([1.0, 2.0, 3.0]))
+    con.load("V", np.array([4.0, 5.0, 6.0]))
+    for script in ["L = SUM(W[i] * V[i]); W[i] = W[i] + 1; gW = GRAD(L, W)",
+                   "L = SUM(W[i] * V[i]); gV = GRAD(L, V); W[i] = W[i] + 1; gW = GRAD(L, W)",
+                   "L = SUM(W[i] * V[i]); gV = GRAD(L, V); W[i] = W[i] + 1; gW = GRAD(L, W); "
+                   "W[i] = W[i] + 0"]:
+        con.load("W", np.array([1.0, 2.0, 3.0]), replace=True)
+        con.execute(script)
+        np.testing.assert_array_equal(con.tensor("gW"), np.zeros(3))
+        np.testing.assert_array_equal(con.tensor("W"), [2.0, 3.0, 4.0])
+
+
+def test_a_stored_gradient_read_after_the_update_is_the_one_the_update_used(con):
+    """The gradient's norm after an SGD step, one and two steps in one call, against numpy."""
+    x = np.array([[1.0, 2.0], [0.5, -1.0], [2.0, 0.0]])
+    y = np.array([1.0, 0.0, 2.0])
+    w0 = np.array([0.3, -0.2])
+    step = ("P[b] = SUM(X[b,d] * W[d]); L = SUM(SQUARE(P[b] - y[b])); gW = GRAD(L, W); "
+            "W[d] = W[d] - 0.01 * gW[d]; N = SUM(gW[d] * gW[d]);")
+    for k in (1, 2):
+        for name, a in {"X": x, "y": y, "W": w0}.items():
+            con.load(name, a, replace=True)
+        con.execute(step * k)
+        w = w0
+        for _ in range(k):
+            g = 2 * x.T @ (x @ w - y)
+            w, n = w - 0.01 * g, g @ g
+        np.testing.assert_allclose(float(con.tensor("N")), n, rtol=1e-12)
+        np.testing.assert_allclose(con.tensor("W"), w, rtol=1e-12)
+
+
+def test_a_grad_into_the_name_it_differentiates_then_another(con):
+    """W = GRAD(L, W) stores the gradient as W; a later GRAD(L, W) is then with respect to
+    that gradient (zeros). Once an InternalError (KeyError)."""
+    x, w = np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([[0.5, -1.0], [2.0, 0.25]])
+    con.load("X", x)
+    con.load("W", w)
+    con.execute("L = SUM(X[i,j] * W[j,k]); W = GRAD(L, W); g = GRAD(L, W)")
+    np.testing.assert_allclose(con.tensor("W"), autograd.grad(lambda W: anp.sum(x @ W))(w))
+    np.testing.assert_array_equal(con.tensor("g"), np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize("agg,fn", [("MAX", lambda a: anp.max(a, axis=1)),
+                                    ("MIN", lambda a: anp.min(a, axis=1)),
+                                    ("PROD", lambda a: anp.prod(a, axis=1))])
+def test_two_losses_sharing_an_aggregate_each_get_their_grad(con, agg, fn):
+    """MAX, MIN and PROD's backward needs helper tensors (the count of maxima, the zeros):
+    named for their pass, two losses of one group no longer define them twice."""
+    a = np.array([[0.5, 2.0, -1.0], [1.5, 0.25, 3.0]])
+    u = np.array([0.7, -1.3])
+    con.load("A", a)
+    con.load("u", u)
+    con.execute(f"M[i] = {agg}(A[i,j]); L1 = SUM(M[i] * u[i]); L2 = SUM(M[i] * M[i]); "
+                "g1 = GRAD(L1, A); g2 = GRAD(L2, A)")
+    np.testing.assert_allclose(con.tensor("g1"), autograd.grad(lambda A: anp.sum(fn(A) * u))(a))
+    np.testing.assert_allclose(con.tensor("g2"), autograd.grad(lambda A: anp.sum(fn(A) ** 2))(a))
+
+
+def test_graph_grad_called_twice_for_one_loss(con):
+    """Graph.grad(L, A).grad(L, B): two backward passes of L in one graph, their tensors
+    named apart (once 'dL/dv#1' was defined twice); each against autograd."""
+    rng = np.random.default_rng(11)
+    a, b = rng.normal(size=(4, 3)), rng.normal(size=3)
+    con.load("A", a)
+    con.load("B", b)
+    g = (Graph().einsum("ij,j->i", "A", "B", into="v", store=False)
+         .op("M", "", [("v", "i")], join="exp(x0)", agg="max", store=False)
+         .op("S", "", [("v", "i")], join="x0 * x0", store=False)
+         .op("L", "", [("M", ""), ("S", "")], join="x0 + x1"))
+    con.run(g.grad("L", "A").grad("L", "B"))
+
+    def f(A, B):
+        return anp.max(anp.exp(A @ B)) + anp.sum((A @ B) ** 2)
+    np.testing.assert_allclose(con.tensor("dA"), autograd.grad(f, 0)(a, b), rtol=1e-12)
+    np.testing.assert_allclose(con.tensor("dB"), autograd.grad(f, 1)(a, b), rtol=1e-12)
+
+
+@pytest.mark.parametrize("fn,np_fn", [("RELU", lambda z: anp.maximum(z, 0.0)),
+                                      ("ABS", anp.abs), ("TANH", anp.tanh)])
+def test_a_gradient_of_a_gradient(con, fn, np_fn):
+    """GRAD of a loss written with a gradient: the backward's masks (RELU's z > 0, MAX's
+    x == max) are steps, whose derivative is 0 where it exists (once: 'the function _GT has
+    no derivative'). Pre-activations away from 0, where RELU and ABS have derivatives."""
+    x = np.array([[1.0, 2.0], [0.5, -1.0], [2.0, 0.3]])
+    w = np.array([[0.3, -0.2], [0.1, 0.4]])
+    con.load("X", x)
+    con.load("W", w)
+    con.execute(f"P[b,h] = {fn}(SUM(X[b,d] * W[d,h])); L = SUM(P[b,h] * P[b,h]); "
+                "gW = GRAD(L, W); L2 = SUM(gW[d,h] * gW[d,h]); hW = GRAD(L2, W)")
+
+    def f(W):
+        p = np_fn(x @ W)
+        return anp.sum(p * p)
+    np.testing.assert_allclose(con.tensor("hW"),
+                               autograd.grad(lambda W: anp.sum(autograd.grad(f)(W) ** 2))(w),
+                               rtol=1e-12)

@@ -68,6 +68,7 @@ class Emitter:
         self.ops: list[EinOp] = []
         self.outputs: list[str] = []
         self.alias: dict[str, TensorRef] = {}     # a name replaced after it was read -> its result
+        self.passes: dict[str, int] = {}          # loss -> backward passes of it so far
 
     def read(self, info: TensorInfo) -> None:
         """A stored tensor the binder resolved (its name, shape and dtype, read once)."""
@@ -123,7 +124,9 @@ class Emitter:
                 self.known[t] = self.stored[t].dtype
             wrt.append((t, self._result_name(into)))
         shapes = {n: (i.shape, i.dtype) for n, i in self.inputs.items()}
-        ops = backward(self.ops, shapes, self.alias.get(step.loss, step.loss), wrt)
+        loss = self.alias.get(step.loss, step.loss)
+        self.passes[loss] = self.passes.get(loss, 0) + 1  # a loss may have several passes
+        ops = backward(self.ops, shapes, loss, wrt, self.passes[loss])
         for op in ops:
             for o in op.inputs:  # every stored tensor they read is an input of the graph
                 if o.tensor not in self.known:

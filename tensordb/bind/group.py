@@ -208,9 +208,7 @@ class GroupBinder:
             raise BinderError("a label appears twice on the left", statement=script, span=t.span)
         result_dtype = wdtype if np.dtype(wdtype).kind == "f" else "float64"
         for k, step in enumerate(self.steps):  # join an earlier GRAD of the same loss
-            if isinstance(step, GradStep) and step.loss == loss and (
-                    wrt in self.stored or
-                    any(isinstance(s, BoundStep) and s.into == wrt for s in self.steps[:k])):
+            if isinstance(step, GradStep) and step.loss == loss and self._same_at(wrt, k):
                 self.steps[k] = GradStep(loss, step.wrt + ((wrt, gname, store),))
                 break
         else:
@@ -219,6 +217,19 @@ class GroupBinder:
         self.current[t.name.lower()] = gname
         if store:
             self.outputs.append(t.name)
+
+    def _same_at(self, name, k: int) -> bool:
+        """Whether ``name`` (a tensor as the group knows it now) was already that tensor when
+        step ``k`` ran, so that a GRAD may join step ``k``'s backward pass: stored or made by
+        a step before ``k``, and not made by ``k`` or a later step (a stored W reassigned after
+        the pass, whose last value keeps the plain name, is another tensor there)."""
+        def makes(step) -> bool:
+            if isinstance(step, GradStep):
+                return any(into == name for _, into, _ in step.wrt)
+            return isinstance(step, BoundStep) and step.into == name
+        if any(makes(s) for s in self.steps[k:]):
+            return False
+        return name in self.stored or any(makes(s) for s in self.steps[:k])
 
     def _add_let(self, script: str, stmt: A.AssignStmt) -> None:
         t = stmt.target

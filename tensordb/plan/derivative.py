@@ -119,6 +119,8 @@ def derivative(expr: Expr, k: int) -> Expr | None:
         return sub(div(da, b), mul(div(div(a, b), b), db))
     if fn == "pow":
         return add(_pow_base(a, b, da), _pow_exponent(expr, a, db))
+    if fn in _STEPS:  # a comparison: 0 wherever it has a derivative (the masks of a backward)
+        return None
     if fn in ("max", "min"):
         win_a = call("_gt", a, b) if fn == "max" else call("_gt", b, a)
         win_b = call("_gt", b, a) if fn == "max" else call("_gt", a, b)
@@ -155,6 +157,10 @@ def _pow_exponent(expr, a, db):
         log_a = Call("log", (add(a, call("_eq", a, Const(0))),))
     return mul(mul(expr, log_a), db)
 
+
+# The backward's masks (RELU's a > 0, MAX's x == max): steps, whose derivative is 0 wherever
+# it exists, so that a gradient of a gradient (GRAD of a loss written with one) goes through.
+_STEPS = {"_gt", "_eq"}
 
 # f'(a) for the unary functions, given a and f(a) (``out``, to reuse: sigmoid' = s (1 - s)).
 _UNARY = {

@@ -80,12 +80,14 @@ class _Slots:
 
 
 def backward(ops: Sequence[EinOp], stored: Mapping[str, tuple[tuple[int, ...], str]], loss: str,
-             wrt: Sequence[tuple[str, str]]) -> list[EinOp]:
+             wrt: Sequence[tuple[str, str]], pass_no: int = 1) -> list[EinOp]:
     """The backward operations of the forward operations ``ops`` (in order) for the scalar
     ``loss`` (an output of one of them): for every ``(tensor, into)`` of ``wrt``, operations
     ending in one named ``into``, of the tensor's shape and dtype, holding d loss / d tensor.
-    ``stored`` gives the shape and dtype of the stored tensors the operations read."""
-    return _Backward(ops, stored, loss).run(wrt)
+    ``stored`` gives the shape and dtype of the stored tensors the operations read.
+    ``pass_no``: the how-manieth backward pass of ``loss`` in its graph (the names of a later
+    one's tensors are ``d<loss>(n)/d<t>``, apart from the first's ``d<loss>/d<t>``)."""
+    return _Backward(ops, stored, loss, pass_no).run(wrt)
 
 
 class _Backward:
@@ -93,11 +95,12 @@ class _Backward:
     element, known without computing anything: the seed d loss / d loss = 1, and what constant
     factors and sums make of it), or None (0: nothing reached the tensor)."""
 
-    def __init__(self, ops: Sequence[EinOp], stored, loss: str) -> None:
+    def __init__(self, ops: Sequence[EinOp], stored, loss: str, pass_no: int = 1) -> None:
         self.fwd = list(ops)
         self.producer = {op.output: op for op in self.fwd}
         self.stored = dict(stored)
         self.loss = loss
+        self.d = f"d{loss}" if pass_no == 1 else f"d{loss}({pass_no})"  # names' prefix
         if loss not in self.producer:
             raise BinderError(f"GRAD: the loss '{loss}' is not computed by this graph")
         if self.producer[loss].out_shape != ():
@@ -128,8 +131,9 @@ class _Backward:
         return d.name if d.kind == "f" else "float64"
 
     def name(self, t: str, part: bool = True) -> TensorRef:
-        """``d<loss>/d<t>``: the gradient of t; ``d<loss>/d<t>#n``: its n-th contribution."""
-        base = f"d{self.loss}/d{t}"
+        """``d<loss>/d<t>``: the gradient of t; ``d<loss>/d<t>#n``: its n-th contribution (a
+        later pass of the loss: ``d<loss>(n)/d<t>``)."""
+        base = f"{self.d}/d{t}"
         if not part or self.count.get(t, 0) <= 1:
             return TensorRef(base)
         n = self.counter[base] = self.counter.get(base, 0) + 1
@@ -303,8 +307,10 @@ class _Backward:
             body, agg = call("_eq", join, Const(0)), "sum"
         else:
             body, agg = Call("+", (join, call("_eq", join, Const(0)))), "prod"
-        name = self.emit(TensorRef(f"{kind}({op.output})"), op.out_labels, slots, body, op.size,
-                         agg=agg, dtype=op.dtype if np.dtype(op.dtype).kind == "f" else "float64")
+        # named for its pass, as the gradients are: two losses of one graph may share a MAX
+        name = self.emit(TensorRef(f"{self.d}:{kind}({op.output})"), op.out_labels, slots,
+                         body, op.size, agg=agg,
+                         dtype=op.dtype if np.dtype(op.dtype).kind == "f" else "float64")
         self.helpers[key] = name
         return name
 
