@@ -207,3 +207,25 @@ def test_open_errors(tmp_path):
         tensordb.connect(tmp_path / "fake")
     with pytest.raises(tensordb.OperationalError, match="does not exist"):
         tensordb.connect(tmp_path / "absent", read_only=True)
+
+
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("files", [{"W.npy": [1.0, 2.0], "w.npy": [3.0, 4.0, 5.0]},
+                                   {"a": [1.0], "a.npy": [2.0, 3.0]}])
+def test_npz_members_whose_tensors_would_share_a_name_are_refused(tmp_path, replace, files):
+    """An archive loaded whole makes <name>_<member>: members W and w (names ignore case), or
+    the files a and a.npy (both member a), would be one tensor. Once one replaced the other in
+    the same load (with OR REPLACE: the load reported two tensors and stored one), or the
+    error named a tensor that did not exist. Now a DataError naming both, before anything is
+    stored."""
+    path = tmp_path / "m.npz"
+    with zipfile.ZipFile(path, "w") as z:  # np.savez cannot write a and a.npy both
+        for file, values in files.items():
+            with z.open(file, "w") as f:
+                np.lib.format.write_array(f, np.array(values))
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("X_keep", np.ones(2))
+        with pytest.raises(tensordb.DataError, match="would both be tensor") as info:
+            con.execute(f"LOAD {'OR REPLACE ' if replace else ''}TENSOR X FROM '{path}'")
+        assert "ARRAY" in info.value.hint and all(f"'{f}'" in str(info.value) for f in files)
+        assert [m.name for m in con.store.list()] == ["X_keep"]

@@ -133,6 +133,24 @@ def _resolve(source, format: str | None, query: str | None) -> tuple[str, object
     return "numpy", arr
 
 
+def _member_tensors(path: str, name: str, members: list[str], files: list[str]) -> dict:
+    """tensor name -> member, for every array of an archive loaded whole (``<name>_<member>``).
+    Two members whose tensors would have one name (names are case-insensitive: 'W' and 'w';
+    or 'a' and 'a.npy') are refused before anything is read: one would replace the other."""
+    chosen: dict[str, str] = {}
+    seen: dict[str, str] = {}  # lower-cased tensor name -> the archive's file name
+    for m, file in zip(members, files):
+        tname = check_name(f"{name}_{m}")
+        other = seen.get(tname.lower())
+        if other is not None:
+            raise DataError(f"{path}: its arrays '{other}' and '{file}' would both be tensor "
+                            f"'{tname}' (tensor names ignore case)",
+                            hint="load them one at a time with ARRAY, each under a name of its own")
+        seen[tname.lower()] = file
+        chosen[tname] = m
+    return chosen
+
+
 def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
     """One member, or every member as <name>_<member>, stored together or not at all; each is
     read one tile (or one slab of rows) at a time (npzfile.py)."""
@@ -157,7 +175,7 @@ def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
         elif not members:
             raise DataError(f"{path} holds no arrays")
         else:
-            chosen = {check_name(f"{name}_{m}"): m for m in members}
+            chosen = _member_tensors(path, name, members, z.namelist())
         for tname in chosen:
             store.check_free(tname, replace)
         metas = []
