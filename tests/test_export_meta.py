@@ -148,3 +148,36 @@ def test_zero_dimensional_round_trip(con, tmp_path, value, suffix):
     con.load("T", tmp_path / f"s.{suffix}")
     back = con.tensor("T")
     assert back.shape == () and back.dtype == a.dtype and back == a
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("values", [np.inf, -np.inf, [np.inf, -np.inf], [[np.inf], [-np.inf]]])
+def test_infinities_alone_round_trip_through_csv(tmp_path, dtype, values):
+    """DuckDB's CSV sniffer reads a column of only inf and -inf as DATE ('infinity' is a date
+    to it): the value column is read as the recorded dtype when read, not cast after it (a 0-d
+    tensor of inf once failed to load: a DATE cannot be cast to FLOAT)."""
+    a = np.array(values, dtype=dtype)
+    path = tmp_path / "x.csv"
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("X", a)
+        con.export("X", path)
+        con.load("Y", path)
+        got = con.tensor("Y")
+    assert got.dtype == a.dtype and got.shape == a.shape
+    np.testing.assert_array_equal(got, a)
+
+
+def test_a_hand_written_csv_of_infinities_loads_and_real_dates_are_refused(tmp_path):
+    """Without an export's metadata: a value column of inf and -inf is read as DOUBLE, a dense
+    table's too; a column of real dates stays a date, refused as not numeric."""
+    (tmp_path / "coo.csv").write_text("i,value\n0,inf\n1,-inf\n")
+    (tmp_path / "dense.csv").write_text("a,b\ninf,1\n-inf,2\n")
+    (tmp_path / "dates.csv").write_text("i,value\n0,2024-01-01\n")
+    with tensordb.connect(tmp_path / "db") as con:
+        con.execute(f"LOAD TENSOR C FROM '{tmp_path / 'coo.csv'}' INDEX (i) VALUE value")
+        np.testing.assert_array_equal(con.tensor("C"), [np.inf, -np.inf])
+        con.execute(f"LOAD TENSOR D FROM '{tmp_path / 'dense.csv'}'")
+        np.testing.assert_array_equal(con.tensor("D"), [[np.inf, 1.0], [-np.inf, 2.0]])
+        with pytest.raises(tensordb.DataError, match="has type DATE, which is not numeric"):
+            con.execute(f"LOAD TENSOR E FROM '{tmp_path / 'dates.csv'}' INDEX (i) VALUE value")
+        assert sorted(m.name for m in con.store.list()) == ["C", "D"]

@@ -50,9 +50,14 @@ def numpy_type(duck_type: str, column: str, where: str) -> np.dtype:
     raise DataError(f"{where}: column '{column}' has type {duck_type}, which is not numeric")
 
 
-def source_sql(fmt: str, target: str) -> str:
+def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> str:
+    """The relation of a table source; ``types``: CSV columns read as these SQL types rather
+    than as DuckDB's sniffer guesses them."""
     if fmt == "parquet":
         return f"read_parquet({quote_str(target)})"
+    if fmt == "csv" and types:
+        given = ", ".join(f"{quote_str(c)}: {quote_str(t)}" for c, t in types.items())
+        return f"read_csv({quote_str(target)}, types = {{{given}}})"
     if fmt == "csv":
         return f"read_csv({quote_str(target)})"
     if not target.strip().rstrip(";").strip():
@@ -82,9 +87,12 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
         rel = store.duck.sql(f"SELECT * FROM {src}")
         columns = dict(zip(rel.columns, (str(t) for t in rel.types)))
         if fmt == "csv":
-            src, columns = _empty_csv_types(store.duck, src, columns, index)
-            if recorded is not None and recorded["dtype"] is not None:
-                src, columns = _recorded_dtype(src, columns, value, recorded["dtype"])
+            types = _empty_csv_types(store.duck, src, columns, index)
+            types.update(_csv_types(store.duck, src, columns, index, value,
+                                    recorded["dtype"] if recorded is not None else None))
+            if types:
+                src = source_sql(fmt, target, types)
+                columns = {**columns, **types}
         if recorded is not None and not recorded["dims"]:
             return _load_scalar(store, name, src, columns, where, replace=replace, value=value)
         if index is not None:
@@ -126,28 +134,32 @@ def _load_scalar(store, name, src, columns, where, *, replace, value):
     return load_array(store, name, arr, replace=replace, dims=(), what=where)
 
 
-def _recorded_dtype(src: str, columns: dict, value, dtype: str) -> tuple[str, dict]:
-    """CSV has no types: read the value column as the dtype the export recorded."""
-    col = next((c for c in columns if c.lower() == str(value or "value").lower()), None)
-    if col is None:
-        return src, columns  # no such column: _load_coo says so
-    sql_type = _SQL_TYPE[dtype]
-    q = quote_ident(col)
-    return f"(SELECT * REPLACE (CAST({q} AS {sql_type}) AS {q}) FROM {src})", \
-        {**columns, col: sql_type}
+def _csv_types(duck, src: str, columns: dict, index, value, dtype: str | None
+               ) -> dict[str, str]:
+    """CSV has no types, and DuckDB's sniffer reads a column of only inf and -inf as DATE
+    (infinity is a date to it): the value column is read as the dtype an export recorded,
+    and a value column that DuckDB reads as dates that are all infinite as DOUBLE (one of
+    real dates stays DATE, refused as not numeric). Typed when read, not cast after: DuckDB
+    cannot cast a DATE to a float."""
+    wanted = {str(c).lower() for c in ([index] if isinstance(index, str) else index or ())}
+    values = [c for c in columns if c.lower() == str(value or "value").lower()] if index or \
+        dtype is not None else [c for c in columns if c.lower() not in wanted]
+    types = {c: "DOUBLE" for c in values if columns[c].upper() == "DATE" and not duck.execute(
+        f"SELECT count(*) FROM {src} WHERE NOT isinf({quote_ident(c)})").fetchall()[0][0]}
+    if dtype is not None:
+        types.update({c: _SQL_TYPE[dtype] for c in values})
+    return types
 
 
-def _empty_csv_types(duck, src: str, columns: dict, index) -> tuple[str, dict]:
+def _empty_csv_types(duck, src: str, columns: dict, index) -> dict[str, str]:
     """A CSV file with a header and no rows carries no types (DuckDB reads every column as
     VARCHAR), yet it is what exporting an empty tensor writes: read its index columns as BIGINT
-    and its values as DOUBLE. A file with rows keeps the types DuckDB finds."""
+    and its values as DOUBLE. A file with rows keeps the types DuckDB finds (no types here)."""
     if not columns or any(t.upper() != "VARCHAR" for t in columns.values()) or \
             duck.execute(f"SELECT count(*) FROM {src}").fetchall()[0][0]:
-        return src, columns
+        return {}
     wanted = {str(c).lower() for c in ([index] if isinstance(index, str) else index or ())}
-    types = {c: "BIGINT" if c.lower() in wanted else "DOUBLE" for c in columns}
-    casts = ", ".join(f"CAST({quote_ident(c)} AS {t}) AS {quote_ident(c)}" for c, t in types.items())
-    return f"(SELECT {casts} FROM {src})", types
+    return {c: "BIGINT" if c.lower() in wanted else "DOUBLE" for c in columns}
 
 
 def _column(columns: dict, col: str, where: str) -> str:
