@@ -229,3 +229,18 @@ def test_npz_members_whose_tensors_would_share_a_name_are_refused(tmp_path, repl
             con.execute(f"LOAD {'OR REPLACE ' if replace else ''}TENSOR X FROM '{path}'")
         assert "ARRAY" in info.value.hint and all(f"'{f}'" in str(info.value) for f in files)
         assert [m.name for m in con.store.list()] == ["X_keep"]
+
+
+def test_a_ragged_csv_is_refused_not_cut(tmp_path):
+    """Rows of different widths: DuckDB's sniffer once took the lines before the last run of
+    one width for a preamble and skipped them, header included: the load stored [[4, 5, 6]]
+    of a file of three rows. Read with no preamble, the file is one column of text, refused."""
+    path = tmp_path / "r.csv"
+    path.write_text("a,b\n1,2\n3\n4,5,6\n")
+    with tensordb.connect(tmp_path / "db") as con:
+        with pytest.raises(tensordb.DataError, match="not numeric"):
+            con.execute(f"LOAD TENSOR R FROM '{path}'")
+        assert con.store.list() == []
+        (tmp_path / "ok.csv").write_text("a,b\n1,2\n3,4\n")  # a regular file still loads
+        con.execute(f"LOAD TENSOR R FROM '{tmp_path / 'ok.csv'}'")
+        np.testing.assert_array_equal(con.tensor("R"), [[1, 2], [3, 4]])

@@ -55,11 +55,12 @@ def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> st
     than as DuckDB's sniffer guesses them."""
     if fmt == "parquet":
         return f"read_parquet({quote_str(target)})"
-    if fmt == "csv" and types:
-        given = ", ".join(f"{quote_str(c)}: {quote_str(t)}" for c, t in types.items())
-        return f"read_csv({quote_str(target)}, types = {{{given}}})"
     if fmt == "csv":
-        return f"read_csv({quote_str(target)})"
+        # skip = 0: no lines are taken for a preamble. DuckDB's sniffer skips the lines before
+        # the first run of rows of one width, and with them the rows of a ragged file.
+        given = ", ".join(f"{quote_str(c)}: {quote_str(t)}" for c, t in (types or {}).items())
+        return f"read_csv({quote_str(target)}, skip = 0" + \
+            (f", types = {{{given}}})" if given else ")")
     if not target.strip().rstrip(";").strip():
         raise ProgrammingError("empty query")
     # Spliced into larger statements: DuckDB must see exactly one SELECT (no '); DROP ...'), and
