@@ -76,17 +76,26 @@ def test_sql_transaction_statements_refused_inside_a_group(tmp_path, word):
     commit or roll back the group's rows behind its back: it is refused, and the group rolls
     back whole."""
     root = str(tmp_path / "w.tdb")
-    with tensordb.connect(root, workers=1) as con:
-        con.load("W", W)
-        with pytest.raises(tensordb.ProgrammingError, match="inside a group of tensordb"):
-            with con.store.transaction():
-                con.load("W", W * 2, replace=True)
-                con.sql(word)
+    con = _replace_w_in_a_group(root, lambda con: con.sql(word), tensordb.ProgrammingError,
+                                "inside a group of tensordb")
+    with con:
         assert not con.store.user_transaction
         np.testing.assert_array_equal(con.tensor("W"), W)
         con.load("U", W)  # writes still run
     again, _ = _reopened(root)
     np.testing.assert_array_equal(again, W)
+
+
+def _replace_w_in_a_group(root: str, then, error, match: str):
+    """Load W; in one tensordb transaction replace it with W * 2, then call ``then(con)``,
+    which (or the transaction's end) must raise ``error``. Returns the open connection."""
+    con = tensordb.connect(root, workers=1)
+    con.load("W", W)
+    with pytest.raises(error, match=match):
+        with con.store.transaction():
+            con.load("W", W * 2, replace=True)
+            then(con)
+    return con
 
 
 def test_a_commit_behind_tensordbs_back_keeps_the_payloads_it_committed(tmp_path):
@@ -95,12 +104,9 @@ def test_a_commit_behind_tensordbs_back_keeps_the_payloads_it_committed(tmp_path
     then deleted only where the catalog proves them unreferenced: these are referenced (the
     rows were committed), so they stay and the new W reads back."""
     root = str(tmp_path / "w.tdb")
-    with tensordb.connect(root, workers=1) as con:
-        con.load("W", W)
-        with pytest.raises(tensordb.Error, match="commit failed"):
-            with con.store.transaction():
-                con.load("W", W * 2, replace=True)
-                con.store.duck.execute("COMMIT")
+    con = _replace_w_in_a_group(root, lambda con: con.store.duck.execute("COMMIT"),
+                                tensordb.Error, "commit failed")
+    with con:
         np.testing.assert_array_equal(con.tensor("W"), W * 2)
     again, _ = _reopened(root)
     np.testing.assert_array_equal(again, W * 2)
