@@ -97,8 +97,11 @@ class Result:
     def _all(self) -> list[tuple]:
         if self._rows is None:
             self._arrow_table()
-            self._rows = [tuple(r.values()) for r in self._table.to_pylist()] \
-                if self._table is not None else []
+            # by position: columns of one name (SELECT 1 AS a, 2 AS a; a self-join's *) are
+            # kept apart, where rows made as dicts kept the last of them
+            t = self._table
+            self._rows = list(zip(*(c.to_pylist() for c in t.columns))) if t is not None and \
+                t.num_columns else [() for _ in range(t.num_rows)] if t is not None else []
         return self._rows
 
     @property

@@ -188,3 +188,57 @@ def test_commit_and_rollback_of_a_sql_transaction(con):
     assert con.sql("SELECT k FROM t").fetchall() == [(2,)]
     con.load("A", np.ones(2))  # tensordb writes work again: no SQL transaction is open
     assert con.tensor("A").tolist() == [1.0, 1.0]
+
+
+def test_columns_of_one_name_are_all_kept():
+    """SELECT 1 AS a, 2 AS a and a self-join's *: DuckDB returns every column; the rows were
+    once made as dicts, which kept the last column of a name."""
+    ref = duckdb.connect()
+    with tensordb.connect() as con:
+        con.load("A", np.array([[1.0, 0.0], [2.0, 3.0]]))
+        for q in ["SELECT 1 AS a, 2 AS a, 3 AS b"]:
+            assert con.execute(q).fetchall() == ref.execute(q).fetchall() == [(1, 2, 3)]
+        cur = con.cursor().execute("SELECT * FROM A x JOIN A y ON x.i = y.j ORDER BY ALL")
+        rows = cur.fetchall()
+        assert len(cur.description) == 6 and all(len(r) == 6 for r in rows)
+        a = np.array([[1.0, 0.0], [2.0, 3.0]])
+        coo = [(i, j, a[i, j]) for i in range(2) for j in range(2) if a[i, j]]
+        assert rows == sorted(x + y for x in coo for y in coo if x[0] == y[1])
+
+
+def test_a_mapping_of_parameters_names_them():
+    """A dict gives $name parameters, as DuckDB takes it; once its keys were bound as values
+    (SELECT ? with {'x': 5} returned 'x')."""
+    with tensordb.connect() as con:
+        cur = con.cursor()
+        assert cur.execute("SELECT $x + 1 AS v", {"x": 5}).fetchall() == [(6,)]
+        with pytest.raises(tensordb.Error):
+            cur.execute("SELECT ? AS v", {"x": 5})
+        con.execute("CREATE TABLE t (k VARCHAR)")
+        cur.executemany("INSERT INTO t VALUES ($k)", [{"k": "secret"}, {"k": "other"}])
+        assert sorted(con.execute("SELECT k FROM t").fetchall()) == [("other",), ("secret",)]
+
+
+@pytest.mark.parametrize("q", ["SELECT [1, 2] AS l", "SELECT [1, 2][1] AS x",
+                               "SELECT [i * 2 FOR i IN range(3)] AS l"])
+def test_a_select_of_a_list_is_sql(q):
+    """SELECT [ ... ] was taken for a tensor assignment (a name followed by '[')."""
+    with tensordb.connect() as con:
+        assert con.execute(q).fetchall() == duckdb.connect().execute(q).fetchall()
+
+
+def test_parameterized_statements_in_a_block_wait_for_its_commit():
+    """Plain SQL in a BEGIN block takes part in it, with ? parameters too: once such a
+    statement ran and committed at once, and ROLLBACK left it stored."""
+    with tensordb.connect() as con:
+        con.execute("CREATE TABLE kv (k INTEGER, v DOUBLE)")
+        con.execute("BEGIN")
+        con.execute("INSERT INTO kv VALUES (?, ?)", [1, 0.5])
+        con.cursor().executemany("INSERT INTO kv VALUES (?, ?)", [[2, 1.5], [3, 2.5]])
+        assert con.sql("SELECT count(*) FROM kv").fetchall() == [(0,)]  # queued
+        con.execute("ROLLBACK")
+        assert con.sql("SELECT count(*) FROM kv").fetchall() == [(0,)]
+        con.execute("BEGIN")
+        con.execute("INSERT INTO kv VALUES (?, ?)", [4, 3.5])
+        con.commit()
+        assert con.sql("SELECT * FROM kv").fetchall() == [(4, 3.5)]

@@ -93,9 +93,15 @@ def classify(w: list[Word]) -> str:
         return "ours"
     if first == "CHECK" and nxt[:1] in (["TENSOR"], ["DATABASE"]):
         return "ours"
-    if _is_ident(w[0]) and len(w) >= 2 and w[1].text in ("[", "="):
+    if _is_ident(w[0]) and first not in _SQL_LEADS and len(w) >= 2 and w[1].text in ("[", "="):
         return "ours"
     return "sql"
+
+
+# Words that begin a query and may be followed by '[' (a list: SELECT [1, 2]), never a tensor
+# assignment's target (SQL reserves them).
+_SQL_LEADS = frozenset({"SELECT", "FROM", "WITH", "VALUES", "TABLE", "PIVOT", "UNPIVOT",
+                        "SUMMARIZE", "CALL", "PRAGMA"})
 
 
 @functools.lru_cache(maxsize=1)

@@ -61,6 +61,11 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
             on_result(r)
 
     try:
+        if parameters and sess.block is not None:  # queued with its values, as any statement
+            _check_parameterized(script, stmts)
+            sess.block.append((script, _Parameterized(stmts[0], parameters)))
+            emit(Result.status("queued until COMMIT", _text(script, stmts[0])))
+            return results
         if parameters:
             return _run_with_parameters(con, script, stmts, parameters, emit) or results
         unit: list[tuple[str, A.Statement]] = []
@@ -194,7 +199,9 @@ def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
         emit(r)
 
 
-def _run_one(con, script: str, stmt: A.Statement) -> Result:
+def _run_one(con, script: str, stmt) -> Result:
+    if isinstance(stmt, _Parameterized):  # a block's statement with its values
+        return _sql_with_parameters(con, script, stmt.stmt, stmt.parameters)
     text = _text(script, stmt)
     if isinstance(stmt, A.ExplainStmt):
         return Result.explain(explain_statements(con, [(script, stmt.statement)], stmt.format,
@@ -284,17 +291,35 @@ def explain_script(con, sql: str, stmts: list[A.Statement], fmt: str = "text",
     return explain_statements(con, [(sql, s) for s in stmts], fmt, analyze)
 
 
-def _run_with_parameters(con, script, stmts, parameters, emit) -> list[Result] | None:
-    """``?`` parameters: for one plain SQL statement, passed to DuckDB."""
+@dataclass(frozen=True)
+class _Parameterized:
+    """A plain SQL statement and its ``?`` parameters, queued in a BEGIN block until COMMIT."""
+
+    stmt: A.SqlStmt
+    parameters: object
+
+    @property
+    def span(self) -> Span:
+        return self.stmt.span
+
+
+def _check_parameterized(script: str, stmts: list) -> None:
     if len(stmts) != 1 or not isinstance(stmts[0], A.SqlStmt):
         raise NotSupportedError("parameters are supported for one plain SQL statement",
                                 statement=script, span=stmts[0].span if stmts else None)
 
-    def run():
-        try:
-            return statements.sql_with_parameters(con, stmts[0].text, parameters)
-        except Error as exc:  # DuckDB's caret becomes ours (one LINE, into the script)
-            raise statements.position_from_message(exc, script, stmts[0].span)
-    emit(_timed(run, script, stmts[0].span))
+
+def _run_with_parameters(con, script, stmts, parameters, emit) -> list[Result] | None:
+    """``?`` parameters: for one plain SQL statement, passed to DuckDB."""
+    _check_parameterized(script, stmts)
+    emit(_timed(lambda: _sql_with_parameters(con, script, stmts[0], parameters), script,
+                stmts[0].span))
     return None
+
+
+def _sql_with_parameters(con, script: str, stmt: A.SqlStmt, parameters) -> Result:
+    try:
+        return statements.sql_with_parameters(con, stmt.text, parameters)
+    except Error as exc:  # DuckDB's caret becomes ours (one LINE, into the script)
+        raise statements.position_from_message(exc, script, stmt.span)
 

@@ -16,6 +16,7 @@ time) the query runs; the stream reads the tensor as it was when ``sql`` was cal
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import duckdb
 
@@ -79,7 +80,9 @@ def _run_one(store, stmt, text, parameters, last: bool):
         expose_tensors(store, stmt.query)
     with translating():
         if parameters is not None:
-            cur = store.duck.execute(text, list(parameters))
+            # a mapping names $name parameters: passed as it is (list() would give its keys)
+            values = parameters if isinstance(parameters, Mapping) else list(parameters)
+            cur = store.duck.execute(text, values)
             cols = [d[0] for d in cur.description] if cur.description else []
             types = [str(d[1]) for d in cur.description] if cur.description else []
             rel = (cols, cur.fetchall() if cols else [], types)
