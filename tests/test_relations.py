@@ -139,3 +139,17 @@ def test_absurd_grids_are_refused_before_they_fill_the_memory():
         with pytest.raises(tensordb.ProgrammingError, match="tiles"):
             con.execute("CREATE TENSOR Z (i 100000000, j 100000000) FLOAT32 TILE (i 1, j 1)")
         assert con.tensors() == []
+
+
+@pytest.mark.parametrize("q", ["SELECT $$it's$$ AS s, sum(value) AS t FROM A WHERE 'x' <> 'y'",
+                               "SELECT E'\\'' AS s, sum(value) AS t FROM \"A\"",
+                               "SELECT 'a' AS s, /* it's */ sum(value) AS t FROM A"])
+def test_a_tensor_is_found_in_sql_with_any_kind_of_string(q):
+    """The tensors a query names are found with DuckDB's tokenizer: a $$...$$ or E'...' string
+    once threw the search off, and the query failed ('Table A does not exist'), or read a
+    stale version of A after it was replaced."""
+    with tensordb.connect() as con:
+        con.load("A", np.array([1.0, 2.0]))
+        assert con.sql(q).fetchall()[0][1] == 3.0
+        con.load("A", np.array([10.0, 20.0]), replace=True)
+        assert con.sql(q).fetchall()[0][1] == 30.0

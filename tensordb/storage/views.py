@@ -8,8 +8,8 @@ DuckDB binds a statement to say what it writes, an empty typed view standing in 
 from __future__ import annotations
 
 import contextlib
-import re
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -20,20 +20,23 @@ __all__ = ["referenced_names", "arrow_schema", "coo_batches", "TensorStream", "e
            "standing_in"]
 
 # Strings and comments are skipped; quoted and bare identifiers are collected.
-_TOKEN = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/|\"((?:[^\"]|\"\")*)\"|([A-Za-z_][A-Za-z0-9_$]*)",
-                    re.S)
 _ARROW = {"bool": pa.bool_(), "float32": pa.float32(), "float64": pa.float64(), "int32": pa.int32(),
           "int64": pa.int64()}
 
 
 def referenced_names(query: str) -> set[str]:
-    """Identifiers in ``query``, lower-cased (over-matching only registers an extra view)."""
+    """Identifiers (and keywords) in ``query``, lower-cased, by DuckDB's own tokenizer, which
+    knows every kind of string and comment ($$...$$, E'...'): a name inside one is none.
+    Over-matching only registers an extra view."""
+    toks = duckdb.tokenize(query)
     out = set()
-    for m in _TOKEN.finditer(query):
-        if m.group(1) is not None:
-            out.add(m.group(1).replace('""', '"').lower())
-        elif m.group(2) is not None:
-            out.add(m.group(2).lower())
+    for k, (pos, kind) in enumerate(toks):
+        if kind not in (duckdb.token_type.identifier, duckdb.token_type.keyword):
+            continue
+        word = query[pos:toks[k + 1][0] if k + 1 < len(toks) else len(query)].strip()
+        if len(word) >= 2 and word[0] == word[-1] == '"':
+            word = word[1:-1].replace('""', '"')
+        out.add(word.lower())
     return out
 
 
