@@ -153,3 +153,21 @@ def test_a_tensor_is_found_in_sql_with_any_kind_of_string(q):
         assert con.sql(q).fetchall()[0][1] == 3.0
         con.load("A", np.array([10.0, 20.0]), replace=True)
         assert con.sql(q).fetchall()[0][1] == 30.0
+
+
+def test_a_view_over_a_tensor_follows_its_replacements():
+    """CREATE VIEW over a tensor reads the current version: once it kept reading the version
+    registered when a query last named the tensor (sums of 3 after the tensor summed 300)."""
+    with tensordb.connect() as con:
+        con.load("A", np.array([[1.0, 0.0], [0.0, 2.0]]), dims=["i", "j"])
+        con.execute("CREATE VIEW v AS SELECT i, j, value FROM A")
+        assert con.execute("SELECT sum(value) FROM v").fetchall() == [(3.0,)]
+        con.execute("A[i,j] = A[i,j] * 10")
+        con.execute("A[i,j] = A[i,j] * 10")
+        assert con.execute("SELECT sum(value) FROM v").fetchall() == [(300.0,)]
+        rel = con.sql("SELECT sum(value) FROM A")
+        con.load("A", np.full((2, 2), 5.0), dims=["i", "j"], replace=True)
+        assert rel.fetchall() == [(20.0,)]  # a relation reads the tensor when it runs
+        con.execute("DROP TENSOR A")
+        with pytest.raises(tensordb.CatalogError):
+            con.execute("SELECT sum(value) FROM v")

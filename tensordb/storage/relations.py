@@ -3,7 +3,9 @@
 Absent cells (zeros) do not appear, whatever the tensor's density: a tensor is shown as its COO
 table, the same table a COO load reads and a Parquet/CSV export writes. Each query that names a
 tensor registers it with DuckDB as an Arrow stream that is produced tile by tile when (and each
-time) the query runs; the stream reads the tensor as it was when ``sql`` was called.
+time) the query runs. A replace registers the new version (``Store._refresh_views``), so a
+relation, and a view over a tensor, read the version current when they run; a stream already
+running keeps the version it mapped.
 
 >>> import numpy as np
 >>> from tensordb.storage import Store

@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence
 import duckdb
 import numpy as np
 
-from ..errors import CatalogError, InterfaceError, OperationalError, ProgrammingError
+from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
 from . import catalog, directory
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
@@ -42,6 +42,7 @@ class _Txn:
         self.created: list[str] = []
         self.retired: list[tuple[str, bool]] = []  # (path, may be kept as a spare)
         self.committed = False  # our COMMIT landed: what it references is the catalog's now
+        self.replaced: list[str] = []  # tensors given new versions: their SQL views follow
 
 
 class Store:
@@ -344,6 +345,7 @@ class Store:
                                            f"failed: {exc.strerror or exc}") from None
             for w, meta, entries in rows:
                 self._forget(w.name)
+                txn.replaced.append(w.name)
                 self._cache[w.name.lower()] = meta  # exact: the rows just inserted
                 if len(self._entries) > 1024:
                     self._entries.clear()
@@ -433,6 +435,19 @@ class Store:
                     self.spares.retire(path, keep=spare)
                 except OSError:  # committed: what is left is reconciled at the next open
                     pass
+            self._refresh_views(txn.replaced)
+
+    def _refresh_views(self, names) -> None:
+        """The SQL views of tensors just given new versions read the new ones: a user's view
+        (CREATE VIEW v AS SELECT ... FROM A) and a relation not fetched yet read a tensor as it
+        is when they run, never a version replaced since."""
+        from .views import TensorStream
+        for name in names:
+            for view in [v for v in self._views if v.lower() == name.lower()]:
+                try:
+                    self._register_view(view, TensorStream(self.open(name)))
+                except Error:  # committed all the same: the next query names it again
+                    self._forget_view(view)
 
     def _remove_created(self, txn: _Txn) -> None:
         """Delete the payload files of a transaction that did not commit, each only once the
