@@ -72,10 +72,23 @@ class Result:
     @classmethod
     def for_tensor(cls, con, name: str, statement: str = "") -> "Result":
         meta = con.store.meta(name)
-        return cls("tensor", name=meta.name, con=con, statement=statement,
-                   shape=tuple(meta.shape), dtype=np.dtype(meta.dtype).name,
-                   columns=list(meta.dims) + ["value"],
-                   types=["BIGINT"] * len(meta.dims) + [_SQL_TYPES[np.dtype(meta.dtype).name]])
+        r = cls("tensor", name=meta.name, con=con, statement=statement,
+                shape=tuple(meta.shape), dtype=np.dtype(meta.dtype).name,
+                columns=list(meta.dims) + ["value"],
+                types=["BIGINT"] * len(meta.dims) + [_SQL_TYPES[np.dtype(meta.dtype).name]])
+        r.version = meta.version  # the tensor this statement stored; its rows are read later
+        return r
+
+    def _check_version(self) -> None:
+        """A tensor result's rows and array are read when first asked for: by then the tensor
+        must still be the version the statement stored, else an error says so (its rows would
+        be another statement's)."""
+        meta = self._con.store._find(self.name)
+        if meta is None or meta.version != getattr(self, "version", meta.version):
+            raise ProgrammingError(
+                f"tensor '{self.name}' was {'dropped' if meta is None else 'replaced'} after the "
+                "statement whose result this is; its rows are no longer there to read",
+                hint="fetch a result before the statements that replace its tensor")
 
     @classmethod
     def explain(cls, text: str, statement: str = "", data: dict | None = None) -> "Result":
@@ -91,6 +104,7 @@ class Result:
     def _arrow_table(self):
         """The rows as Arrow data: a tensor's are its relation's, read when first asked for."""
         if self._table is None and self.kind == "tensor":
+            self._check_version()
             self._table = self.relation().to_arrow_table()
         return self._table
 
@@ -192,6 +206,7 @@ class Result:
         if self.kind != "tensor":
             raise ProgrammingError(f"this {self.kind} result holds no tensor")
         if self._array is None:
+            self._check_version()
             self._array = self._con.tensor(self.name)
         return self._array
 

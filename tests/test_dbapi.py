@@ -242,3 +242,26 @@ def test_parameterized_statements_in_a_block_wait_for_its_commit():
         con.execute("INSERT INTO kv VALUES (?, ?)", [4, 3.5])
         con.commit()
         assert con.sql("SELECT * FROM kv").fetchall() == [(4, 3.5)]
+
+
+def test_a_tensor_result_read_after_its_tensor_changed_says_so():
+    """A statement's result is its tensor's rows, read when first fetched: once that tensor
+    was replaced (another cursor's statement), the fetch returned the new tensor's rows under
+    the old description. It is an error now; a result fetched in time keeps its rows."""
+    with tensordb.connect() as con:
+        con.load("A", np.array([[1.0, 0.0], [0.0, 2.0]]), dims=["i", "j"])
+        c1, c2 = con.cursor(), con.cursor()
+        c1.execute("T[i] = SUM(A[i,j])")
+        c2.execute("T[x,y] = A[x,y] * 100")
+        with pytest.raises(tensordb.ProgrammingError, match="'T' was replaced after"):
+            c1.fetchall()
+        with pytest.raises(tensordb.ProgrammingError, match="'T' was replaced after"):
+            c1.result.tensor()
+        c1.execute("U[i] = SUM(A[i,j])")
+        rows = c1.fetchall()
+        c2.execute("DROP TENSOR U")
+        assert rows == [(0, 1.0), (1, 2.0)]
+        c1.execute("V[i] = SUM(A[i,j])")
+        c2.execute("DROP TENSOR V")
+        with pytest.raises(tensordb.ProgrammingError, match="'V' was dropped after"):
+            c1.fetchall()
