@@ -265,3 +265,23 @@ def test_a_tensor_result_read_after_its_tensor_changed_says_so():
         c2.execute("DROP TENSOR V")
         with pytest.raises(tensordb.ProgrammingError, match="'V' was dropped after"):
             c1.fetchall()
+
+
+def test_sql_and_reads_run_inside_a_transaction_begun_with_sql():
+    """After con.sql("BEGIN"), statements that are DuckDB's (or only read) run in the user's
+    transaction, as DuckDB runs them: once con.execute and cursors refused even a SELECT.
+    tensordb's own writes are still refused; ROLLBACK discards what ran."""
+    with tensordb.connect() as con:
+        con.load("A", np.eye(2))
+        con.sql("CREATE TABLE kv (k INTEGER)")
+        con.sql("BEGIN")
+        assert con.execute("SELECT count(*) FROM A").fetchall() == [(2,)]
+        con.cursor().execute("INSERT INTO kv VALUES (?)", [1])
+        con.execute("INSERT INTO kv VALUES (2)")
+        assert con.execute("SHOW TENSORS").fetchall()[0][0] == "A"
+        with pytest.raises(tensordb.ProgrammingError, match="begun with SQL BEGIN"):
+            con.execute("B[i] = SUM(A[i,j])")
+        assert sorted(con.sql("SELECT k FROM kv").fetchall()) == [(1,), (2,)]
+        con.sql("ROLLBACK")
+        assert con.sql("SELECT count(*) FROM kv").fetchall() == [(0,)]
+        assert not con.store.has("B")

@@ -130,7 +130,11 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool =
         return
     state = UnitState(con)
     store = con.store
-    txn = contextlib.nullcontext() if store.read_only else store.transaction()
+    # In a transaction the user began with SQL BEGIN, tensordb writes nothing (its writes run
+    # in transactions of their own: store.transaction refuses), but statements that are
+    # DuckDB's, or only read, run in the user's transaction as DuckDB would run them.
+    reads = store.user_transaction and all(isinstance(st, _IN_USER_TRANSACTION) for _, st in items)
+    txn = contextlib.nullcontext() if store.read_only or reads else store.transaction()
     try:
         with txn:
             group: list[tuple[str, A.AssignStmt]] = []
@@ -301,6 +305,11 @@ class _Parameterized:
     @property
     def span(self) -> Span:
         return self.stmt.span
+
+
+# what runs in a transaction the user began with SQL BEGIN (see run_unit)
+_IN_USER_TRANSACTION = (A.SqlStmt, A.ShowTensorsStmt, A.ShowSettingStmt, A.DescribeStmt,
+                        _Parameterized)
 
 
 def _check_parameterized(script: str, stmts: list) -> None:
