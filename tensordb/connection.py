@@ -453,6 +453,8 @@ class Connection(TensorIO):
         return result
 
     def _get_executor(self):
+        if self._executor is not None and not getattr(self._executor, "alive", True):
+            self._drop_executor()  # its cluster went away: connect again
         if self._executor is None:
             from .exec import make_executor
             self._executor = make_executor(self.settings.executor, self.settings.workers,

@@ -81,3 +81,54 @@ def test_killed_worker_without_retry_fails_and_stores_nothing(cluster):
             _query_with_kill(con, replace=True)
         np.testing.assert_array_equal(con.tensor("P"), np.zeros((2, 2)))
         assert sorted(t["name"] for t in con.tensors()) == ["D", "P"]
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_scheduler_that_went_away_is_an_operational_error_and_a_new_one_is_used(tmp_path):
+    """The scheduler closes between two statements: the next is an OperationalError naming
+    it (once an InternalError, then 'NoneType has no attribute ncores' for good), and once a
+    scheduler listens at the address again the connection uses it."""
+    from tensordb.exec.dask import local_cluster
+    port = _free_port()
+    a = np.arange(12.0).reshape(3, 4)
+    first = local_cluster(1, processes=False, scheduler_port=port)
+    con = tensordb.connect(tmp_path / "db", executor=f"dask://127.0.0.1:{port}?timeout=3")
+    try:
+        con.load("A", a)
+        con.execute("B[i] = SUM(A[i,j])")
+        np.testing.assert_array_equal(con.tensor("B"), a.sum(axis=1))
+        first.close()
+        with pytest.raises(tensordb.OperationalError, match="Dask scheduler"):
+            con.execute("C[i] = MAX(A[i,j])")
+        assert not con.store.has("C")
+        with local_cluster(1, processes=False, scheduler_port=port):
+            con.execute("C[i] = MAX(A[i,j])")
+            np.testing.assert_array_equal(con.tensor("C"), a.max(axis=1))
+    finally:
+        con.close()
+        first.close()
+
+
+def test_a_finished_query_leaves_the_client_registered(tmp_path, cluster):
+    """After a query whose loads were scattered, the futures are let go, not cancelled: the
+    cancel tripped an assertion in the scheduler, which then dropped the client (its log
+    filled with tracebacks, one a query)."""
+    a = np.random.default_rng(0).standard_normal((16, 12))
+    with tensordb.connect(tmp_path / "db", workers=2,
+                          executor=f"dask://{cluster.scheduler_address}?scatter=always") as con:
+        con.load("A", a, tile=(4, 4))
+        client = con._get_executor().client
+        for _ in range(3):
+            con.execute("B[j,k] = SUM(A[i,j] * A[i,k]) WITH (PIECES i 4)")
+            np.testing.assert_allclose(con.tensor("B"), a.T @ a, rtol=1e-12)
+        time.sleep(0.5)
+        actions = [e.get("action") for _, e in client.get_events(client.id)] \
+            if hasattr(client, "get_events") else []
+        assert client.id in cluster.scheduler.clients
+        assert "remove-client" not in actions

@@ -118,8 +118,22 @@ class DaskExecutor:
 
     # -- the cluster ---------------------------------------------------------------------------
     def addresses(self) -> list[str]:
-        """The workers' addresses, sorted: plan worker w runs on addresses()[w % n]."""
-        return sorted(self.client.ncores())  # a light call: the scheduler's address -> threads
+        """The workers' addresses, sorted: plan worker w runs on addresses()[w % n]. A
+        scheduler that cannot be asked is an OperationalError naming it (and the client is
+        given up, so that the connection makes a new one for its next statement)."""
+        try:
+            return sorted(self.client.ncores())  # a light call: the scheduler's address -> threads
+        except Exception as exc:  # noqa: BLE001 - connection failures come in many types
+            self.close()
+            raise OperationalError(f"lost the Dask scheduler of '{self.spec}': "
+                                   f"{type(exc).__name__}: {exc}",
+                                   hint="restart the scheduler (the next statement connects "
+                                        "again), or SET executor = 'local'") from None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the client still stands: a closed one is replaced by the connection."""
+        return self.client is not None
 
     @property
     def workers(self) -> int:
@@ -297,9 +311,12 @@ class _Attempt:
         return box["values"]
 
     def _release(self, futures, scattered, *, drop_records: bool) -> None:
-        """Drop every key of this run from the cluster (and the workers' records on failure)."""
+        """Drop every key of this run from the cluster (and the workers' records on failure).
+        After a run that succeeded the futures are only let go (the scheduler forgets keys
+        nobody holds): cancelling finished keys, scattered ones among them, tripped an
+        assertion in the scheduler, which then dropped the client."""
         try:
-            if futures or scattered:
+            if drop_records and (futures or scattered):
                 self.client.cancel(list(futures) + list(scattered.values()), force=True)
             if drop_records:
                 self.client.run(forget, self.run_id)
