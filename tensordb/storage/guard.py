@@ -31,7 +31,7 @@ from .sqltext import single_select, single_statement, statements
 from .sqltext import strings as _strings
 from .sqltext import words as _words
 
-__all__ = ["inside", "check_path", "statements", "check_statement", "single_select",
+__all__ = ["inside", "check_path", "statements", "check_statement", "single_select", "tables_made",
            "single_statement", "PATH_SETTINGS"]
 
 # DuckDB settings that name a file or directory DuckDB writes (or that decides where "~" points,
@@ -179,6 +179,29 @@ def _catalog_targets(store, stmt) -> list[tuple]:
             out.append((info.get("schema") or "", info.get("name") or "", ""))
         elif path:
             out.append(tuple(path))
+    return out
+
+
+def tables_made(store, stmt) -> list[str]:
+    """The names of the tables and views in the main schema (of this database, or temporary)
+    that ``stmt`` creates or renames a table to, from DuckDB's bound plan: tensors share that
+    namespace. However the name is spelled (quoted, qualified, after a comment)."""
+    if stmt.type not in (_T.CREATE, _T.ALTER):
+        return []
+    plan = _plan(store, stmt, refuse_unknown=False)
+    if plan is None:
+        return []
+    home = _current_database(store).lower()
+    out = []
+    for node in plan.get("plans", []):
+        info = node.get("table_info") or node.get("info") or {}
+        path = list((info.get("qualified_name") or {}).get("path") or ())
+        if info.get("alter_table_type") == "RENAME_TABLE" and path:
+            path[-1] = info.get("new_table_name") or path[-1]
+        elif stmt.type == _T.ALTER:
+            continue
+        if len(path) == 3 and path[0].lower() in (home, "temp") and path[1].lower() == "main":
+            out.append(path[2])
     return out
 
 

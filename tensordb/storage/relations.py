@@ -17,7 +17,6 @@ running keeps the version it mapped.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import duckdb
@@ -29,8 +28,6 @@ from .views import TensorStream, expose_tensors, referenced_names
 
 __all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relation"]
 
-_CREATE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+|TEMPORARY\s+)?(?:TABLE|VIEW)\s+"
-                     r"(?:IF\s+NOT\s+EXISTS\s+)?(?:main\.)?(?:\"((?:[^\"]|\"\")+)\"|(\w+))", re.I)
 
 
 _TRANSACTION = duckdb.StatementType.TRANSACTION
@@ -70,12 +67,11 @@ def sql(store, query: str, parameters=None):
 def _run_one(store, stmt, text, parameters, last: bool):
     """Check and run one statement (``text``: the original query when it is the only one, so
     DuckDB's error positions refer to what the user wrote)."""
-    m = _CREATE.match(stmt.query)
-    created = m and (m.group(1) or m.group(2))
-    if created and store.has(created):
-        raise CatalogError(f"cannot create table '{created}': a tensor named "
-                           f"'{store.meta(created).name}' exists",
-                           hint="tensors and tables share one namespace")
+    for created in guard.tables_made(store, stmt):
+        if store.has(created):
+            raise CatalogError(f"cannot create table '{created}': a tensor named "
+                               f"'{store.meta(created).name}' exists",
+                               hint="tensors and tables share one namespace")
     guard.check_statement(store, stmt, parameters)
     begins = _begins_transaction(store, stmt)
     if begins is None:
