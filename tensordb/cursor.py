@@ -177,20 +177,20 @@ class Cursor:
     # DuckDB's result methods, on the last result
     @one_at_a_time
     def fetchnumpy(self):
-        return self._rows().fetchnumpy()
+        return self._rows().rest().fetchnumpy()  # the rows not fetched yet, as DuckDB's
 
     @one_at_a_time
     def fetch_arrow_table(self):
-        return self._rows().fetch_arrow_table()
+        return self._rows().rest().fetch_arrow_table()  # the rows not fetched yet, as DuckDB's
 
     arrow = fetch_arrow_table
 
     @one_at_a_time
     def fetchdf(self):
-        return self._rows().fetchdf()
+        return self._rows().rest().fetchdf()  # the rows not fetched yet, as DuckDB's
 
     df = fetchdf
 
     @one_at_a_time
     def pl(self):
-        return self._rows().pl()
+        return self._rows().rest().pl()  # the rows not fetched yet, as DuckDB's

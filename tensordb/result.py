@@ -153,6 +153,19 @@ class Result:
     def __iter__(self):
         return iter(self.fetchall())
 
+    def rest(self) -> "Result":
+        """The rows not fetched yet, as a result of their own (they count as fetched now):
+        what a DB-API cursor's fetchnumpy, arrow and df return, as DuckDB's do. A result's
+        own methods return every row, as a DuckDB relation's do."""
+        rows = self._all()
+        r = Result("rows", columns=list(self.columns), types=list(self.types or []),
+                   data=rows[self._pos:])
+        table = self._arrow_table()
+        if table is not None:
+            r._table = table.slice(min(self._pos, table.num_rows))
+        self._pos = len(rows)
+        return r
+
     def fetchnumpy(self) -> dict[str, np.ndarray]:
         """Columns as numpy arrays (like DuckDB's ``fetchnumpy``)."""
         table = self._arrow_table()

@@ -285,3 +285,22 @@ def test_sql_and_reads_run_inside_a_transaction_begun_with_sql():
         con.sql("ROLLBACK")
         assert con.sql("SELECT count(*) FROM kv").fetchall() == [(0,)]
         assert not con.store.has("B")
+
+
+def test_fetches_after_fetchone_take_the_rest_as_duckdb_does():
+    """fetchnumpy, fetch_arrow_table and df after fetchone/fetchmany return the rows not
+    fetched yet, as DuckDB's do; they returned every row."""
+    q = "SELECT range AS x, range * 2 AS y FROM range(6)"
+    ref = duckdb.connect()
+    with tensordb.connect() as con:
+        cur = con.cursor().execute(q)
+        ref.execute(q)
+        assert cur.fetchone() == ref.fetchone()
+        got, want = cur.fetchnumpy(), ref.fetchnumpy()
+        assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in got)
+        assert cur.fetchall() == ref.fetchall() == []
+        cur.execute(q)
+        ref.execute(q)
+        assert cur.fetchmany(4) == ref.fetchmany(4)
+        assert cur.fetch_arrow_table().to_pydict() == {"x": [4, 5], "y": [8, 10]}
+        assert cur.fetchone() is None
