@@ -68,6 +68,10 @@ def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> st
     return f"({guard.single_select(target, 'the query')}\n)"
 
 
+# Queries over the source run as DuckDB relations (duck.sql), not duck.execute: DuckDB 2.0
+# stops a relation's query at Ctrl-C at once, and an execute's only when it has finished.
+
+
 def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape,
                memory_limit=None):
     where = target if fmt != "sql" else f"query for '{name}'"
@@ -125,7 +129,7 @@ def _load_scalar(store, name, src, columns, where, *, replace, value):
     """An exported 0-dimensional tensor: one row holding its value, or none when it is 0."""
     val = _column(columns, "value" if value is None else value, where)
     dtype = numpy_type(columns[val], val, where)
-    rows = store.duck.execute(f"SELECT CAST({quote_ident(val)} AS {_SQL_TYPE[dtype.name]}) "
+    rows = store.duck.sql(f"SELECT CAST({quote_ident(val)} AS {_SQL_TYPE[dtype.name]}) "
                               f"FROM {src} LIMIT 2").fetchall()
     if len(rows) > 1:
         raise DataError(f"{where}: a 0-dimensional tensor holds one value, the file has more rows")
@@ -145,7 +149,7 @@ def _csv_types(duck, src: str, columns: dict, index, value, dtype: str | None
     wanted = {str(c).lower() for c in ([index] if isinstance(index, str) else index or ())}
     values = [c for c in columns if c.lower() == str(value or "value").lower()] if index or \
         dtype is not None else [c for c in columns if c.lower() not in wanted]
-    types = {c: "DOUBLE" for c in values if columns[c].upper() == "DATE" and not duck.execute(
+    types = {c: "DOUBLE" for c in values if columns[c].upper() == "DATE" and not duck.sql(
         f"SELECT count(*) FROM {src} WHERE NOT isinf({quote_ident(c)})").fetchall()[0][0]}
     if dtype is not None:
         types.update({c: _SQL_TYPE[dtype] for c in values})
@@ -157,7 +161,7 @@ def _empty_csv_types(duck, src: str, columns: dict, index) -> dict[str, str]:
     VARCHAR), yet it is what exporting an empty tensor writes: read its index columns as BIGINT
     and its values as DOUBLE. A file with rows keeps the types DuckDB finds (no types here)."""
     if not columns or any(t.upper() != "VARCHAR" for t in columns.values()) or \
-            duck.execute(f"SELECT count(*) FROM {src}").fetchall()[0][0]:
+            duck.sql(f"SELECT count(*) FROM {src}").fetchall()[0][0]:
         return {}
     wanted = {str(c).lower() for c in ([index] if isinstance(index, str) else index or ())}
     return {c: "BIGINT" if c.lower() in wanted else "DOUBLE" for c in columns}
@@ -186,7 +190,7 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
     dims = check_dims(dims if dims is not None else idx, len(idx), name)
     q = [quote_ident(c) for c in idx]
     qv = quote_ident(val)
-    stats = duck.execute(
+    stats = duck.sql(
         f"SELECT count(*), count({qv}), "
         + ", ".join(f"count({c}), min({c}), max({c})" for c in q) + f" FROM {src}").fetchall()[0]
     rows, vals = stats[0], stats[1]
@@ -198,7 +202,7 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
         raise DataError(f"{where}: value column '{val}' has NULL values")
     coord = ", ".join(q)
     if rows and min(mins) < 0:
-        bad = first_row(duck.execute(f"SELECT {coord} FROM {src} WHERE "
+        bad = first_row(duck.sql(f"SELECT {coord} FROM {src} WHERE "
                                      + " OR ".join(f"{c} < 0" for c in q) + " LIMIT 1"))
         raise DataError(f"{where}: negative coordinate {_fmt(idx, bad)}",
                         hint="coordinates count from 0")
@@ -209,7 +213,7 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
         if len(shape) != len(idx) or any(n < 0 for n in shape):
             raise ProgrammingError(f"load '{name}': shape {shape} does not fit index {idx}")
         if rows and any(m >= n for m, n in zip(maxs, shape)):
-            bad = first_row(duck.execute(f"SELECT {coord} FROM {src} WHERE "
+            bad = first_row(duck.sql(f"SELECT {coord} FROM {src} WHERE "
                                          + " OR ".join(f"{c} >= {n}" for c, n in zip(q, shape))
                                          + " LIMIT 1"))
             raise DataError(f"{where}: coordinate {_fmt(idx, bad)} is outside shape {shape}")
@@ -288,7 +292,7 @@ def _load_dense(store, name, src, columns, where, *, tile, replace, dims, limit)
         raise DataError(f"{where} has no columns")
     dtypes = [numpy_type(t, c, where) for c, t in columns.items()]
     dtype = np.result_type(*dtypes)
-    rows = store.duck.execute(f"SELECT count(*) FROM {src}").fetchall()[0][0]
+    rows = store.duck.sql(f"SELECT count(*) FROM {src}").fetchall()[0][0]
     shape = (int(rows), len(columns))
     tile_shape = (check_tile_shape(tile, shape, name) if tile is not None
                   else default_tile_shape(shape, dtype))
