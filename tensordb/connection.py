@@ -230,9 +230,15 @@ class Connection(TensorIO):
     def sql(self, query: str):
         """Plain SQL over tables and tensors (a DuckDB relation); tensors appear as
         relations with one column per dimension plus ``value``."""
-        from .storage.relations import sql
+        from .storage.relations import sql, transaction_statement
         if not isinstance(query, str):
             raise ProgrammingError(f"a query must be a string, got {type(query).__name__}")
+        if self.session.block is not None and transaction_statement(query):
+            # the block's statements wait for its COMMIT: a transaction of DuckDB's begun or
+            # ended meanwhile would take them in, or leave them out, behind the block's back
+            raise ProgrammingError("a BEGIN ... COMMIT block of tensordb statements is open: "
+                                   "con.sql cannot begin or end a transaction now",
+                                   hint="end the block with COMMIT or ROLLBACK first")
         return sql(self.store, query)
 
     # -- einsum --------------------------------------------------------------------------------

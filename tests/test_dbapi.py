@@ -304,3 +304,18 @@ def test_fetches_after_fetchone_take_the_rest_as_duckdb_does():
         assert cur.fetchmany(4) == ref.fetchmany(4)
         assert cur.fetch_arrow_table().to_pydict() == {"x": [4, 5], "y": [8, 10]}
         assert cur.fetchone() is None
+
+
+def test_sql_cannot_begin_or_end_a_transaction_while_a_block_is_open():
+    """A BEGIN ... COMMIT block queues its statements for its COMMIT; con.sql("BEGIN") was
+    accepted meanwhile, and the block was then lost when its COMMIT failed."""
+    with tensordb.connect() as con:
+        con.load("A", np.eye(2))
+        con.execute("BEGIN")
+        con.execute("B[i] = SUM(A[i,j])")
+        for q in ["BEGIN", "COMMIT", "/* x */ ROLLBACK"]:
+            with pytest.raises(tensordb.ProgrammingError, match="block of tensordb statements"):
+                con.sql(q)
+        assert con.sql("SELECT 42").fetchall() == [(42,)]
+        con.execute("COMMIT")
+        np.testing.assert_array_equal(con.tensor("B"), [1.0, 1.0])

@@ -26,7 +26,8 @@ from . import guard, sqltext, suggest
 from ._duck import translating
 from .views import TensorStream, expose_tensors, referenced_names
 
-__all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relation"]
+__all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relation",
+           "transaction_statement"]
 
 
 
@@ -92,6 +93,14 @@ def _run_one(store, stmt, text, parameters, last: bool):
     if begins is not None:  # tensordb's own writes refuse to run inside the user's transaction
         store.user_transaction = begins
     return rel
+
+
+def transaction_statement(query: str) -> bool:
+    """Whether ``query`` holds a BEGIN, COMMIT or ROLLBACK (by DuckDB's parse)."""
+    try:
+        return any(stmt.type == _TRANSACTION for stmt in guard.statements(query))
+    except Error:  # it does not parse: running it says so
+        return False
 
 
 def _begins_transaction(store, stmt) -> bool | None:
