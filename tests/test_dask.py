@@ -314,3 +314,20 @@ def test_payload_files_are_not_recycled_once_workers_map_them(dcon, lcon):
         np.testing.assert_array_equal(con.tensor("R"), np.full((64, 64), 8, np.float32))
     assert not dcon.store.spares.enabled and not dcon.store.spares._files
     assert lcon.store.spares.enabled and lcon.store.spares._files
+
+
+def test_a_result_the_group_replaces_runs_on_dask_as_on_the_pool(dcon, lcon):
+    """Dask runs only what the keys it is asked for need: a statement whose result the same
+    group replaces (nothing stored reads it) was skipped there, so its error went unseen and
+    X was stored, where the local pool refuses the group. Both refuse it now; a group whose
+    dead result computes fine stores the same X on both."""
+    a = np.arange(1, 7, dtype=np.int64).reshape(2, 3)
+    for con in (dcon, lcon):
+        con.load("A", a, replace=True)
+        con.load("E", -np.ones((2, 3), dtype=np.int64), replace=True)
+        con.execute("DROP TENSOR IF EXISTS X")
+        with pytest.raises(tensordb.DataError, match="Integers to negative integer powers"):
+            con.execute("X[i,j] = POW(A[i,j], E[i,j]); X[i,j] = A[i,j] * 2")
+        assert not con.store.has("X")
+        con.execute("X[i,j] = A[i,j] + 1; X[i,j] = A[i,j] * 2")
+        np.testing.assert_array_equal(con.tensor("X"), a * 2)

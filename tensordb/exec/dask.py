@@ -205,11 +205,17 @@ class _Attempt:
         graph, where = self._graph(set(scattered))
         outs = [k for out in self.plan.outputs.values() if out.stored for k in out.tiles.values()]
         out_keys = [self._final_key(k) for k in outs]
+        # Dask runs only what the keys asked for need: tasks no stored output reads (a result
+        # the same group replaces) are asked for too, so that they run, and fail, as on the
+        # local pool. Their values come back and are dropped.
+        consumed = {k for t in self.plan.tasks for k in t.inputs} | set(outs)
+        dead = [self.dkey(t.key) for t in self.plan.tasks
+                if t.key not in consumed and self.dkey(t.key) in graph]
         futures: list = []
         try:
             with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=False):
-                futures = self.client.get(graph, out_keys, sync=False)
-            values = self._wait(futures)
+                futures = self.client.get(graph, out_keys + dead, sync=False)
+            values = self._wait(futures)[:len(out_keys)]
         except _WorkerLost:
             self._release(futures, scattered, drop_records=True)
             raise
