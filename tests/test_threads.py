@@ -89,3 +89,30 @@ def test_threads_running_einsums_through_their_own_cursors(tmp_path):
             np.testing.assert_allclose(con.tensor(f"R{t}_{k}"), m @ m + k, rtol=1e-12)
     assert [r["problem"] for r in con.check()] == ["ok"]
     con.close()
+
+
+def test_a_progress_callback_may_use_the_connection(tmp_path):
+    """Progress is reported on the thread that runs the statement, never on a worker: a
+    callback that asks the connection something (its calls wait for the running one, which
+    waits for the workers) once waited for ever."""
+    a = np.ones((512, 512))
+    con = tensordb.connect(tmp_path / "db", workers=2)
+    con.load("A", a, tile=(128, 128))
+    seen = []
+
+    def progress(done, total):
+        seen.append((threading.get_ident(), con.describe("A")["shape"]))
+
+    con.progress_callback = progress
+    done = threading.Event()
+
+    def run():
+        con.execute("B[i,k] = SUM(A[i,j] * A[j,k])")
+        done.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert done.wait(60), "the statement did not finish: the callback waited for the connection"
+    assert seen and {s[1] for s in seen} == {(512, 512)} and {s[0] for s in seen} == {t.ident}
+    np.testing.assert_allclose(con.tensor("B"), a @ a)
+    con.close()

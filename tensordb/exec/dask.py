@@ -294,9 +294,8 @@ class _Attempt:
         if self.progress is not None:  # per-tile callbacks cost a loop wake-up each: CLI only
             count = itertools.count(1)
 
-            def done(_) -> None:
+            def done(_) -> None:  # on Dask's thread: counted, reported by the loop below
                 finished[0] = next(count)
-                self.progress(finished[0], len(futures))
             for f in futures:
                 f.add_done_callback(done)
         thread = threading.Thread(target=gather, name="tensordb-dask-gather", daemon=True)

@@ -282,6 +282,7 @@ class _Run:
             # wait, but Python runs its handler (KeyboardInterrupt) here within a tick.
             while not self.finished.wait(_TICK):
                 control.report()  # also while one long BLAS call runs: the CLI's bar appears
+            control.report()  # the last figure (workers count tasks; this thread reports)
         except BaseException as exc:  # Ctrl-C: stop the workers before giving up the run
             control.fail(exc)
             self.ex.queues.wake()  # workers waiting for room skip their queues now

@@ -305,6 +305,10 @@ class RunControl:
         self.error: BaseException | None = None
         self.done = 0
         self.partial: dict[int, float] = {}  # worker thread -> fraction of its kernel call done
+        # ``progress`` is called on the thread that made the run (which reports while it waits,
+        # in short ticks), never on a worker: a callback may then use the connection, whose
+        # calls wait for the one running the plan (calls.py) and so would wait for ever.
+        self.owner = threading.get_ident()
 
     def fail(self, exc: BaseException) -> None:
         """Record ``exc`` as the run's error unless it already has one; running kernels stop."""
@@ -319,7 +323,7 @@ class RunControl:
             raise Cancelled()
         if fraction is not None and self.progress is not None:
             self.partial[threading.get_ident()] = fraction
-            self.report()
+            self.report()  # on a worker: counted, reported by the owner's next tick
 
     def call_ended(self) -> None:
         with self.lock:
@@ -329,12 +333,12 @@ class RunControl:
         with self.lock:
             self.done += 1
             done = self.done
-        if self.progress is not None:
+        if self.progress is not None and threading.get_ident() == self.owner:
             self.progress(done, self.total)
         return done
 
     def report(self) -> None:
-        if self.progress is None:
+        if self.progress is None or threading.get_ident() != self.owner:
             return
         with self.lock:
             done = self.done
