@@ -322,3 +322,18 @@ def test_an_empty_database_path_is_refused_in_one_line(tmp_path):
     assert rc == 1 and err.strip() == "tensordb: the database path is empty (leave it out " \
         "for an in-memory database)"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_inside_a_transaction_begun_with_sql_is_reported_as_itself(db):
+    """A unit that fails inside the user's transaction (which DuckDB then aborts): putting
+    DuckDB's settings back would read them in the aborted transaction, and that error
+    replaced the unit's own (an OperationalError instead of the IntegrityError)."""
+    with tensordb.connect(db) as con:
+        con.sql("CREATE TABLE t (a INT PRIMARY KEY)")
+        con.sql("INSERT INTO t VALUES (1)")
+        con.sql("BEGIN")
+        with pytest.raises(tensordb.IntegrityError, match="Duplicate key"):
+            con.execute("SET tiling = 'even'; SET threads = 1; INSERT INTO t VALUES (1)")
+        assert con.settings.tiling != "even"  # tensordb's own settings are put back
+        con.sql("ROLLBACK")
+        assert con.sql("SELECT count(*) FROM t").fetchall() == [(1,)]

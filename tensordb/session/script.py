@@ -128,12 +128,14 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool =
     (in one group it would be a temporary, and its printout would show the final value)."""
     if not items:
         return
-    state = UnitState(con)
     store = con.store
     # In a transaction the user began with SQL BEGIN, tensordb writes nothing (its writes run
     # in transactions of their own: store.transaction refuses), but statements that are
-    # DuckDB's, or only read, run in the user's transaction as DuckDB would run them.
+    # DuckDB's, or only read, run in the user's transaction as DuckDB would run them. DuckDB's
+    # settings are then the user's transaction's to keep or not: a failed statement may have
+    # aborted it, and nothing can be read in it until the user's ROLLBACK.
     reads = store.user_transaction and all(isinstance(st, _IN_USER_TRANSACTION) for _, st in items)
+    state = UnitState(con, duck=not reads)
     txn = contextlib.nullcontext() if store.read_only or reads else store.transaction()
     try:
         with txn:
@@ -150,8 +152,11 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool =
                 state.will_run(script, stmt)
                 emit(_timed(lambda: _run_one(con, script, stmt), script, stmt.span))
             _run_group(con, group, emit)
-    except BaseException:
-        state.restore()
+    except BaseException as exc:
+        try:
+            state.restore()
+        except Exception as failed:  # noqa: BLE001 - the unit's own error is the one to see
+            exc.add_note(f"(the settings the unit changed could not all be put back: {failed})")
         raise
 
 
@@ -309,7 +314,7 @@ class _Parameterized:
 
 # what runs in a transaction the user began with SQL BEGIN (see run_unit)
 _IN_USER_TRANSACTION = (A.SqlStmt, A.ShowTensorsStmt, A.ShowSettingStmt, A.DescribeStmt,
-                        _Parameterized)
+                        A.SetStmt, _Parameterized)
 
 
 def _check_parameterized(script: str, stmts: list) -> None:

@@ -33,15 +33,16 @@ _SETTERS = {"SET", "RESET", "USE", "PRAGMA", "CALL", "EXPLAIN"}
 class UnitState:
     """The state a unit starts from; ``restore`` returns to it after the unit failed."""
 
-    def __init__(self, con) -> None:
+    def __init__(self, con, duck: bool = True) -> None:
         self.con = con
         self.lets = dict(con.session.lets)
         self.settings = dataclasses.replace(con.settings)
+        self.watch_duck = duck  # False: DuckDB's settings are left as they are (see run_unit)
         self.duck: dict[str, str] | None = None  # DuckDB's settings, once a statement may change one
 
     def will_run(self, script: str, stmt: A.Statement) -> None:
         """Called before each statement of the unit runs."""
-        if self.duck is None and isinstance(stmt, A.SqlStmt):
+        if self.watch_duck and self.duck is None and isinstance(stmt, A.SqlStmt):
             head = words(script, stmt.span.start, stmt.span.end, 1)
             if head and head[0].upper in _SETTERS:
                 self.duck = _duck_settings(self.con)
