@@ -45,6 +45,7 @@ class Result:
         self.message = message
         self._shape, self._dtype = shape, dtype
         self._pos = 0
+        self.version: int | None = None  # a tensor result: the version its statement stored
         self._array: np.ndarray | None = None
         self.elapsed: float | None = None  # seconds; set by the executor
         self.count: int | None = None      # rows changed, for SQL statements that report it
@@ -84,7 +85,7 @@ class Result:
         must still be the version the statement stored, else an error says so (its rows would
         be another statement's)."""
         meta = self._con.store._find(self.name)
-        if meta is None or meta.version != getattr(self, "version", meta.version):
+        if meta is None or (self.version is not None and meta.version != self.version):
             raise ProgrammingError(
                 f"tensor '{self.name}' was {'dropped' if meta is None else 'replaced'} after the "
                 "statement whose result this is; its rows are no longer there to read",
@@ -236,6 +237,7 @@ class Result:
         elements and its dense array fits the memory budget (``SET memory_limit`` and the memory
         available); otherwise only its corners are read, which numpy would show of it anyway.
         Printing a statement's result never fails (nor undoes the statement) for want of memory."""
+        self._check_version()
         size = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
         if size <= max_elements:
             try:

@@ -319,3 +319,14 @@ def test_sql_cannot_begin_or_end_a_transaction_while_a_block_is_open():
         assert con.sql("SELECT 42").fetchall() == [(42,)]
         con.execute("COMMIT")
         np.testing.assert_array_equal(con.tensor("B"), [1.0, 1.0])
+
+
+def test_a_replaced_tensors_result_is_not_printed_either():
+    """A result's preview (what the command line prints) checks its version as its fetches
+    do: read by its corners, it once showed the newer tensor."""
+    with tensordb.connect() as con:
+        con.load("A", np.ones(4))
+        r = con.execute("B[i] = A[i] * 2")
+        con.execute("B[i] = A[i] * 3")
+        with pytest.raises(tensordb.ProgrammingError, match="'B' was replaced after"):
+            r.preview(max_elements=1)

@@ -175,7 +175,8 @@ def test_a_view_over_a_tensor_follows_its_replacements():
 
 @pytest.mark.parametrize("q", ['CREATE TABLE "main"."A" (x INT)', "CREATE TABLE memory.main.a AS SELECT 1",
                                "CREATE /* c */ TABLE a (x INT)", "ALTER TABLE t RENAME TO a",
-                               "CREATE VIEW a AS SELECT 1", "CREATE TEMP TABLE a (x INT)"])
+                               "CREATE VIEW a AS SELECT 1", "CREATE TEMP TABLE a (x INT)",
+                               "ALTER VIEW w RENAME TO a"])
 def test_a_table_named_like_a_tensor_is_refused_however_spelled(q):
     """Tensors and tables share one namespace; the check read the statement with a pattern,
     which quoting, qualifying, a comment or a rename got past (and the table then could not
@@ -183,6 +184,7 @@ def test_a_table_named_like_a_tensor_is_refused_however_spelled(q):
     with tensordb.connect() as con:
         con.load("A", np.ones(2))
         con.sql("CREATE TABLE t (x INT)")
+        con.sql("CREATE VIEW w AS SELECT 1 AS x")
         with pytest.raises(tensordb.CatalogError, match="a tensor named 'A' exists"):
             con.sql(q)
         tables = {r[0].lower() for r in con.sql(
@@ -191,3 +193,15 @@ def test_a_table_named_like_a_tensor_is_refused_however_spelled(q):
         assert "a" not in tables and "t" in tables
         np.testing.assert_array_equal(con.tensor("A"), np.ones(2))
         con.sql("CREATE TABLE other (x INT)")  # other names are free
+
+
+@pytest.mark.parametrize("q", ["CREATE MACRO a(x) AS x", "CREATE SEQUENCE a", "CREATE TYPE a AS INT",
+                               "CREATE INDEX a ON t(x)"])
+def test_objects_of_other_kinds_may_share_a_tensors_name(q):
+    """Macros, sequences, types and indexes have names of their own kind: a tensor's name is
+    free for them (the check once refused them as tables)."""
+    with tensordb.connect() as con:
+        con.load("A", np.ones(2))
+        con.sql("CREATE TABLE t (x INT)")
+        con.sql(q)
+        np.testing.assert_array_equal(con.tensor("A"), np.ones(2))

@@ -98,10 +98,10 @@ def classify(w: list[Word]) -> str:
     return "sql"
 
 
-# Words that begin a query and may be followed by '[' (a list: SELECT [1, 2]), never a tensor
-# assignment's target (SQL reserves them).
-_SQL_LEADS = frozenset({"SELECT", "FROM", "WITH", "VALUES", "TABLE", "PIVOT", "UNPIVOT",
-                        "SUMMARIZE", "CALL", "PRAGMA"})
+# A query that begins with a list (SELECT [1, 2]) looks like an assignment to a tensor named
+# SELECT, which DuckDB reserves: it is SQL. (Unreserved words such as CALL, PRAGMA or VALUES
+# may name tensors, and assigning to them stays ours.)
+_SQL_LEADS = frozenset({"SELECT"})
 
 
 @functools.lru_cache(maxsize=1)

@@ -55,12 +55,14 @@ def translating(context: str | None = None):
     try:
         yield
     except BaseException as exc:
-        if is_interrupt(exc) or (isinstance(exc, duckdb.Error) and _SWALLOWED.is_set()):
-            _SWALLOWED.clear()
+        swallowed = _SWALLOWED.is_set()
+        _SWALLOWED.clear()  # noted for the DuckDB error that follows it, and for no other
+        if is_interrupt(exc) or (isinstance(exc, duckdb.Error) and swallowed):
             raise KeyboardInterrupt from None
         if isinstance(exc, duckdb.Error):
             raise translate(exc, context) from exc
         raise
+    _SWALLOWED.clear()  # a noted interrupt whose error never came this way is stale now
 
 
 # A Ctrl-C raised inside Python code that DuckDB was running (an Arrow stream of a tensor):

@@ -198,8 +198,10 @@ def tables_made(store, stmt) -> list[str]:
         path = list((info.get("qualified_name") or {}).get("path") or ())
         if info.get("alter_table_type") == "RENAME_TABLE" and path:
             path[-1] = info.get("new_table_name") or path[-1]
-        elif stmt.type == _T.ALTER:
-            continue
+        elif info.get("alter_view_type") == "RENAME_VIEW" and path:
+            path[-1] = info.get("new_view_name") or path[-1]
+        elif stmt.type == _T.ALTER or info.get("type") not in ("TABLE_ENTRY", "VIEW_ENTRY"):
+            continue  # a macro, a sequence, a type, an index: names of their own kind
         if len(path) == 3 and path[0].lower() in (home, "temp") and path[1].lower() == "main":
             out.append(path[2])
     return out

@@ -30,7 +30,6 @@ __all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relatio
            "transaction_statement"]
 
 
-
 _TRANSACTION = duckdb.StatementType.TRANSACTION
 
 

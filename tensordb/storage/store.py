@@ -24,9 +24,9 @@ from . import catalog, directory
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
+from .npzfile import remove_leftover_members
 from .reader import TensorReader
 from .spares import SparePayloads
-from .npzfile import remove_leftover_members
 from .spilldir import remove_leftover_runs
 from .writer import StagingBuffers, TensorWriter
 
