@@ -485,3 +485,13 @@ def test_an_empty_aggregate_is_named_before_the_labels_it_leaves_unused(con, tex
         con.execute(text)
     assert f"{fn} takes one argument, got 0" in str(info.value)
     assert not con.store.has("C")
+
+
+@pytest.mark.parametrize("name", ["call", "pragma", "values", "pivot", "summarize", "table"])
+def test_a_tensor_named_by_an_unreserved_word_can_be_assigned(con, name):
+    """Only SELECT, which DuckDB reserves, begins SQL that looks like an assignment
+    (SELECT [1, 2]); a tensor named by an unreserved word is assigned as any other."""
+    con.load("A", np.ones(3))
+    con.execute(f"{name}[i] = A[i] * 2")
+    np.testing.assert_array_equal(con.tensor(name), [2.0, 2.0, 2.0])
+    assert con.execute("SELECT [1, 2] AS l").fetchall() == [([1, 2],)]
