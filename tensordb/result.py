@@ -115,8 +115,12 @@ class Result:
             # by position: columns of one name (SELECT 1 AS a, 2 AS a; a self-join's *) are
             # kept apart, where rows made as dicts kept the last of them
             t = self._table
-            self._rows = list(zip(*(c.to_pylist() for c in t.columns))) if t is not None and \
-                t.num_columns else [() for _ in range(t.num_rows)] if t is not None else []
+            if t is None:
+                self._rows = []
+            elif t.num_columns:
+                self._rows = list(zip(*(c.to_pylist() for c in t.columns)))
+            else:
+                self._rows = [()] * t.num_rows
         return self._rows
 
     @property

@@ -57,28 +57,36 @@ class UnitState:
 
 
 def _duck_settings(con) -> dict[str, str]:
-    return dict(con.sql("SELECT name, value FROM duckdb_settings()").fetchall())
+    """DuckDB's settings as it shows them (text), read on its own connection: no guard or
+    tensor views are wanted for its own table function."""
+    store = con.store
+    with store._lock, translating():
+        return dict(store.duck.execute("SELECT name, value FROM duckdb_settings()").fetchall())
 
 
 def _restore_duck(con, before: dict[str, str]) -> None:
     """Put back the DuckDB settings that differ from ``before``. A value is read back as text,
     rounded (memory sizes), so RESET comes first: a setting that was at its default is then
-    exactly as it was; another is SET to the text it had."""
+    exactly as it was; another is SET to the text it had, as a parameter (the guard's path
+    check, which refuses parameters in SET, was passed when the value was set)."""
+    store = con.store
     now = _duck_settings(con)
     for name, value in before.items():
         if now.get(name) == value:
             continue
         ident = quote_ident(name)  # one of DuckDB's own setting names
         try:
-            con.sql(f"RESET {ident}")
-            if _duck_settings(con).get(name) != value and value is not None:
-                _set_duck(con.store, ident, value)
+            with store._lock, translating():
+                store.duck.execute(f"RESET {ident}")
+                if value is not None and _duck_settings_now(store, name) != value:
+                    store.duck.execute(f"SET {ident} = ?", [value])
         except Error:  # a setting fixed once the database runs: it cannot have changed either
             pass
 
 
-def _set_duck(store, ident: str, value: str) -> None:
-    """SET a DuckDB setting back to the value it had: passed as a parameter, not spliced in. The
-    guard's path check (which refuses parameters in SET) was passed when the value was set."""
+def _duck_settings_now(store, name: str) -> str | None:
+    """One setting's value as ``duckdb_settings()`` shows it."""
     with store._lock, translating():
-        store.duck.execute(f"SET {ident} = ?", [value])
+        rows = store.duck.execute("SELECT value FROM duckdb_settings() WHERE name = ?",
+                                  [name]).fetchall()
+    return rows[0][0] if rows else None

@@ -58,9 +58,11 @@ def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> st
     if fmt == "csv":
         # skip = 0: no lines are taken for a preamble. DuckDB's sniffer skips the lines before
         # the first run of rows of one width, and with them the rows of a ragged file.
-        given = ", ".join(f"{quote_str(c)}: {quote_str(t)}" for c, t in (types or {}).items())
-        return f"read_csv({quote_str(target)}, skip = 0" + \
-            (f", types = {{{given}}})" if given else ")")
+        args = [quote_str(target), "skip = 0"]
+        if types:
+            args.append("types = {" + ", ".join(f"{quote_str(c)}: {quote_str(t)}"
+                                                for c, t in types.items()) + "}")
+        return f"read_csv({', '.join(args)})"
     if not target.strip().rstrip(";").strip():
         raise ProgrammingError("empty query")
     # Spliced into larger statements: DuckDB must see exactly one SELECT (no '); DROP ...'), and
@@ -68,8 +70,9 @@ def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> st
     return f"({guard.single_select(target, 'the query')}\n)"
 
 
-# Queries over the source run as DuckDB relations (duck.sql), not duck.execute: DuckDB 2.0
-# stops a relation's query at Ctrl-C at once, and an execute's only when it has finished.
+# Queries over the source run as DuckDB relations (duck.sql), not duck.execute: DuckDB 2.0's
+# client stops a relation's query at Ctrl-C at once more often than an execute's (which it
+# stopped only when the query had ended, in the runs tried).
 
 
 def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape,
@@ -146,11 +149,15 @@ def _csv_types(duck, src: str, columns: dict, index, value, dtype: str | None
     and a value column that DuckDB reads as dates that are all infinite as DOUBLE (one of
     real dates stays DATE, refused as not numeric). Typed when read, not cast after: DuckDB
     cannot cast a DATE to a float."""
-    wanted = {str(c).lower() for c in ([index] if isinstance(index, str) else index or ())}
-    values = [c for c in columns if c.lower() == str(value or "value").lower()] if index or \
-        dtype is not None else [c for c in columns if c.lower() not in wanted]
-    types = {c: "DOUBLE" for c in values if columns[c].upper() == "DATE" and not duck.sql(
-        f"SELECT count(*) FROM {src} WHERE NOT isinf({quote_ident(c)})").fetchall()[0][0]}
+    if index or dtype is not None:  # a COO table (or an exported scalar): its value column
+        values = [c for c in columns if c.lower() == str(value or "value").lower()]
+    else:  # a dense table: every column is values
+        values = list(columns)
+
+    def all_infinite(c: str) -> bool:
+        return not duck.sql(f"SELECT count(*) FROM {src} WHERE NOT isinf({quote_ident(c)})"
+                            ).fetchall()[0][0]
+    types = {c: "DOUBLE" for c in values if columns[c].upper() == "DATE" and all_infinite(c)}
     if dtype is not None:
         types.update({c: _SQL_TYPE[dtype] for c in values})
     return types
