@@ -1,5 +1,6 @@
 """A child process for tests/test_memory_budget.py: open a database, warm up, report the idle
-anonymous memory, wait for the parent's go, run one script, report what the run measured.
+anonymous memory, wait for the parent's go, run one script, report what the run measured (the
+protocol of tests/harness.py's SampledChild).
 
     python -m tests.budget_child DB LIMIT WORKERS   (the script on stdin after the go line)
 
@@ -14,14 +15,7 @@ import sys
 import numpy as np
 
 import tensordb
-
-
-def rss_anon() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no RssAnon in /proc/self/status")
+from tests.harness import rss_anon
 
 
 def main() -> None:
@@ -31,7 +25,10 @@ def main() -> None:
     con.load("WarmA", np.ones((64, 64), np.float32), replace=True)
     con.execute("WarmC[i,k] = SUM(WarmA[i,j] * WarmA[j,k]);")
     con.execute("WarmM[i,k] = MIN(WarmA[i,j] + WarmA[j,k]);")
-    print(json.dumps({"idle": rss_anon()}), flush=True)
+    idle = rss_anon()
+    if idle is None:
+        raise RuntimeError("no RssAnon in /proc/self/status")
+    print(json.dumps({"idle": idle}), flush=True)
     go = sys.stdin.readline()  # the parent samples from now on
     script = sys.stdin.read()
     assert go.strip() == "go", go

@@ -9,7 +9,6 @@ outside while its payload file grows. The parent reopens the database each time 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from tests.harness import assert_killed, assert_payloads_referenced, kill9, start_script
 
 COLS = 4096
 ROWS = 16384            # 16384 x 4096 float32 = 256 MiB
@@ -26,42 +26,22 @@ TILE = (1024, COLS)     # 16 tiles of 16 MiB
 OLD = np.full((8, 8), 7.0, "float32")
 
 CHILD = textwrap.dedent("""
-    import os, signal, sys
+    import sys
     import numpy as np
     import tensordb
     from tensordb.storage import catalog, spares, store as st, writer as wr
+    from tests.harness import die, die_after, die_before, nth_call
 
     path, point, rows, cols, tile_rows = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 
-    def die():
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def after(module, name, when=lambda: True):
-        orig = getattr(module, name)
-        def wrapped(*args, **kwargs):
-            out = orig(*args, **kwargs)
-            if when():
-                die()
-            return out
-        setattr(module, name, wrapped)
-
-    def before(module, name):
-        def wrapped(*args, **kwargs):
-            die()
-        setattr(module, name, wrapped)
-
     if point.startswith("tile"):           # after k tiles of the payload are written
-        count = [0]
-        def nth():
-            count[0] += 1
-            return count[0] == int(point[4:])
-        after(wr.TensorWriter, "write_tile", nth)
+        die_after(wr.TensorWriter, "write_tile", nth_call(int(point[4:])))
     elif point == "before_catalog":        # payload complete and synced, catalog untouched
-        before(st.Store, "_commit_writers")
+        die_before(st.Store, "_commit_writers")
     elif point == "before_commit":         # rows written inside the transaction, no COMMIT
-        after(catalog, "store")            # the rows of the new tensors, or the swapped ones
+        die_after(catalog, "store")        # the rows of the new tensors, or the swapped ones
     elif point == "after_commit":          # COMMIT done, the old payload not yet deleted
-        before(spares.SparePayloads, "retire")
+        die_before(spares.SparePayloads, "retire")
 
     con = tensordb.connect(path)
     a = np.empty((rows, cols), "float32")
@@ -86,8 +66,7 @@ def expected_new():
 
 
 def child(path, point):
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(path), point, str(ROWS), str(COLS),
-                             str(TILE[0])], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return start_script(CHILD, path, point, ROWS, COLS, TILE[0])
 
 
 def make_old(path):
@@ -99,9 +78,7 @@ def make_old(path):
 def state_after_crash(path, expected_new):
     """Reopen; check orphans are gone; return 'old' or 'new' (anything else fails the test)."""
     with tensordb.connect(path) as c:
-        referenced = {r[0] for r in c.store.duck.execute(
-            "SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
-        assert set(os.listdir(c.store.tiles_dir)) == referenced
+        assert_payloads_referenced(c)
         assert [t["name"] for t in c.tensors()] == ["T"]
         got = c.tensor("T")
     if got.shape == OLD.shape:
@@ -120,7 +97,7 @@ def test_kill_at_chosen_points(tmp_path, expected_new, point, outcome):
     make_old(path)
     p = child(path, point)
     _, err = p.communicate(timeout=120)
-    assert p.returncode == -signal.SIGKILL, err.decode()
+    assert_killed(p.returncode, err)
     tiles = os.listdir(path / "tiles")
     if outcome == "old":
         assert len(tiles) == 2  # the old payload and the orphaned new one
@@ -139,9 +116,7 @@ def test_kill_from_outside_while_payload_grows(tmp_path, expected_new):
         if payload.exists() and payload.stat().st_size > 64 << 20:
             break
         time.sleep(0.005)
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    assert p.returncode == -signal.SIGKILL
+    kill9(p)
     assert state_after_crash(path, expected_new) == "old"
 
 
@@ -163,7 +138,8 @@ def test_new_tensor_crash_leaves_nothing(tmp_path):
     with tensordb.connect(path):
         pass
     p = child(path, "tile3")
-    p.communicate(timeout=120)
+    _, err = p.communicate(timeout=120)
+    assert_killed(p.returncode, err)
     assert len(os.listdir(path / "tiles")) == 1
     with tensordb.connect(path) as c:
         assert c.tensors() == [] and os.listdir(c.store.tiles_dir) == []

@@ -13,10 +13,6 @@ the old values or both exactly the new ones (numpy's), never a mix or zeros.
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -24,13 +20,15 @@ import pytest
 
 import tensordb
 from tensordb.storage import writer
+from tests.harness import assert_killed, assert_payloads_referenced, run_script
 
 SHAPE = (1024, 512)  # 2 MiB of float32: staged (not mapped), one tile or several
 
 CHILD = textwrap.dedent("""
-    import os, signal, sys
+    import sys
     import tensordb
     from tensordb.storage import catalog, spares, writer as wr
+    from tests.harness import die_after, die_before
 
     path, point, before = sys.argv[1], sys.argv[2], int(sys.argv[3])
     con = tensordb.connect(path, workers=2)
@@ -47,25 +45,14 @@ CHILD = textwrap.dedent("""
         return size
     spares.SparePayloads.take = taken
 
-    def die(*a, **k):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def after(module, name):
-        orig = getattr(module, name)
-        def wrapped(*args, **kwargs):
-            out = orig(*args, **kwargs)
-            die()
-            return out
-        setattr(module, name, wrapped)
-
     if point == "before_write":             # computed, nothing written into the new file
-        wr.TensorWriter._write_staged = die
+        die_before(wr.TensorWriter, "_write_staged")
     elif point == "after_write":            # payload written, catalog untouched
-        after(wr.TensorWriter, "_write_staged")
+        die_after(wr.TensorWriter, "_write_staged")
     elif point == "before_commit":          # rows swapped inside the transaction, no COMMIT
-        after(catalog, "store")
+        die_after(catalog, "store")
     elif point == "after_commit":           # COMMIT done, the old payload not yet deleted
-        spares.SparePayloads.retire = die
+        die_before(spares.SparePayloads, "retire")
     con.execute(step)
     con.close()
 """)
@@ -92,14 +79,11 @@ def test_kill_around_a_staged_output_commit(tmp_path, point, outcome, recycled):
         c.load("V", w)
         c.load("G", g)
     before = 2 if recycled else 0
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), point, str(before)],
-                          capture_output=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    proc = run_script(CHILD, path, point, before)
+    assert_killed(proc.returncode, proc.stderr)
     assert (b"recycled" in proc.stdout) == recycled
     with tensordb.connect(path) as c:
-        referenced = {r[0] for r in c.store.duck.execute(
-            "SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
-        assert set(os.listdir(c.store.tiles_dir)) == referenced
+        assert_payloads_referenced(c)
         got, got_v = c.tensor("W"), c.tensor("V")
         assert [r["problem"] for r in c.check()] == ["ok"]
     v = w

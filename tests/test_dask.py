@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 
 import tensordb
-from tensordb.plan.scalar import parse_join
-
-from tests.oracle import extended_einsum
-from tests.test_engine_corpus import make_case
+from tests.test_engine_corpus import assert_matches, make_case, oracle
 
 pytestmark = pytest.mark.distributed
 distributed = pytest.importorskip("distributed")
@@ -76,9 +73,7 @@ def test_corpus_on_dask_equals_local_pool(dcon, lcon, seed):
     else:
         np.testing.assert_array_equal(got, want)
     operands, out, arrays, join, agg, _, _ = make_case(seed)
-    expr = parse_join(join) if join else parse_join(" * ".join(f"x{i}" for i in range(len(arrays))))
-    oracle = extended_einsum(out, [(a, ls) for (a, _), ls in zip(arrays, operands)], expr, agg, got.dtype)
-    np.testing.assert_allclose(got, oracle, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(oracle).max(initial=0))))
+    assert_matches(got, oracle(operands, out, arrays, join, agg), rtol32=1e-4, rtol64=1e-4)
 
 
 def test_executor_reports_cluster_workers(dcon):

@@ -1,5 +1,6 @@
 """The correctness corpus: hundreds of random extended einsums, under random tilings, stored
-tilings and absent tiles, for every registered tiling strategy, checked against a dense oracle.
+tilings and absent tiles, for every registered tiling strategy, checked against the numpy oracle
+of tests/fuzz_oracle.py (the fuzz test's, written without tensordb).
 ``TENSORDB_TEST_EXECUTOR=gpu`` runs it on the GPU executor (CuPy)."""
 from __future__ import annotations
 
@@ -9,21 +10,59 @@ import pytest
 import tensordb
 from conftest import corpus_executor
 from tensordb.optimizer import STRATEGIES
-from tensordb.plan.scalar import parse_join
 
-from tests.oracle import extended_einsum
+from tests.fuzz_oracle import Answer, Case, Operand, answer, compare
 
 N_CASES = 160
 POOL = "abcdef"
+X0, X1, X2 = ("in", 0), ("in", 1), ("in", 2)
+# Each join as the engine reads it (the Python API's syntax) and as the oracle evaluates it (an
+# expression tree of tests/fuzz_oracle.py, written by hand: nothing of the engine's parser).
 JOINS = {
-    1: ["x0", "exp(x0)", "relu(x0)", "x0 * x0", "-x0", "abs(x0) + 1", "2 * x0"],
-    2: ["x0 * x1", "x0 + x1", "x0 - x1", "max(x0, x1)", "relu(x0 * x1)", "x0 + 2 * x1",
-        "min(x0, x1) * 3"],
-    3: ["x0 * x1 * x2", "x0 + x1 + x2", "max(x0, x1) + x2", "x0 * x1 + x2"],
+    1: {"x0": X0, "exp(x0)": ("exp", X0), "relu(x0)": ("relu", X0), "x0 * x0": ("*", X0, X0),
+        "-x0": ("neg", X0), "abs(x0) + 1": ("+", ("abs", X0), ("lit", 1)),
+        "2 * x0": ("*", ("lit", 2), X0)},
+    2: {"x0 * x1": ("*", X0, X1), "x0 + x1": ("+", X0, X1), "x0 - x1": ("-", X0, X1),
+        "max(x0, x1)": ("max", X0, X1), "relu(x0 * x1)": ("relu", ("*", X0, X1)),
+        "x0 + 2 * x1": ("+", X0, ("*", ("lit", 2), X1)),
+        "min(x0, x1) * 3": ("*", ("min", X0, X1), ("lit", 3))},
+    3: {"x0 * x1 * x2": ("*", ("*", X0, X1), X2), "x0 + x1 + x2": ("+", ("+", X0, X1), X2),
+        "max(x0, x1) + x2": ("+", ("max", X0, X1), X2),
+        "x0 * x1 + x2": ("+", ("*", X0, X1), X2)},
 }
 INT_SAFE = {"x0", "relu(x0)", "x0 * x0", "-x0", "abs(x0) + 1", "2 * x0", "x0 * x1", "x0 + x1",
             "x0 - x1", "max(x0, x1)", "relu(x0 * x1)", "x0 + 2 * x1", "min(x0, x1) * 3",
             "x0 * x1 * x2", "x0 + x1 + x2", "max(x0, x1) + x2", "x0 * x1 + x2"}
+
+
+def oracle(operands, out, arrays, join, agg) -> Answer:
+    """numpy's answer to a case of ``make_case`` (tests/fuzz_oracle.py); ``join`` None is the
+    product of every operand, in order."""
+    n = len(arrays)
+    if join is None:
+        tree = ("in", 0)
+        for k in range(1, n):
+            tree = ("*", tree, ("in", k))
+    else:
+        tree = JOINS[n][join]
+    ops = [Operand(f"x{k}", tuple(ls), a) for k, ((a, _), ls) in enumerate(zip(arrays, operands))]
+    return answer(Case(tuple(out), ops, tree, agg))
+
+
+def assert_matches(got: np.ndarray, want: Answer, rtol32: float = 1e-4,
+                   rtol64: float = 1e-9) -> None:
+    """``got`` is numpy's answer: its dtype, shape, NaNs and infinities, each float element
+    within the oracle's rounding bound and within ``rtol`` of the largest (ints exactly)."""
+    assert want.error is None, want.why
+    problem = compare(got, want)
+    assert problem is None, problem
+    if np.issubdtype(got.dtype, np.floating):
+        tol = rtol32 if got.dtype == np.float32 else rtol64
+        value = want.value
+        np.testing.assert_allclose(got, value, rtol=tol,
+                                   atol=tol * max(1.0, float(np.abs(value).max(initial=0))))
+    else:
+        np.testing.assert_array_equal(got, want.value)
 
 
 def make_case(seed: int):
@@ -43,7 +82,7 @@ def make_case(seed: int):
     if product:
         join, agg = None, "sum"
     else:
-        options = JOINS[n]
+        options = list(JOINS[n])
         if dtype.startswith("int"):
             options = [j for j in options if j in INT_SAFE]
         join = str(rng.choice(options))
@@ -95,15 +134,7 @@ def test_random_einsum_matches_oracle(con, seed, strategy):
     finally:
         for name in names + [into]:
             con.drop(name, if_exists=True)
-    expr = parse_join(join) if join else parse_join(" * ".join(f"x{i}" for i in range(len(names))))
-    want = extended_einsum(out, [(a, ls) for (a, _), ls in zip(arrays, operands)], expr, agg,
-                           got.dtype)
-    assert got.shape == want.shape
-    if np.issubdtype(got.dtype, np.floating):
-        tol = 1e-4 if got.dtype == np.float32 else 1e-9
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, float(np.abs(want).max(initial=0))))
-    else:
-        np.testing.assert_array_equal(got, want)
+    assert_matches(got, oracle(operands, out, arrays, join, agg))
 
 
 NUMPY_SPECS = [

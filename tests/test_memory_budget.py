@@ -8,7 +8,6 @@ import _thread
 import gc
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,13 +20,12 @@ import pytest
 
 import tensordb
 from tensordb.errors import ProgrammingError
+from tests.harness import HAS_PROC, SampledChild, rss_anon
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(),
-                                reason="samples /proc/<pid>/status (Linux)")
+pytestmark = pytest.mark.skipif(not HAS_PROC, reason="samples /proc/<pid>/status (Linux)")
 
 MB = 1 << 20
 LIMIT = 32 * MB
-ROOT = Path(__file__).resolve().parent.parent
 
 CHAIN = "LET H[i,k] = RELU(SUM(Xc[i,j] * W1[j,k])); Y[i,m] = SUM(H[i,k] * W2[k,m]);"
 # H (64 MiB, twice the limit) is made while Y runs; Z needs all of it again, next to G, which
@@ -63,17 +61,6 @@ def data(tmp_path_factory):
     return path, d
 
 
-def _rss_anon(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def _runs(db: Path) -> list[str]:
     """The run spill directories in database ``db`` (exec/spill.py)."""
     try:
@@ -86,36 +73,17 @@ def _spill_files(db: Path) -> int:
     return sum(len(os.listdir(db / "spill" / r)) for r in _runs(db) if (db / "spill" / r).exists())
 
 
-class Child:
-    """``python -m tests.budget_child``: warm-up, then the script; sampled every ~2 ms."""
+class Child(SampledChild):
+    """``python -m tests.budget_child``: warm-up, then the script; sampled every ~2 ms, and the
+    most spill files seen at once counted at each sample."""
 
     def __init__(self, db: Path, limit: int, script: str, workers: int = 2) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.budget_child", str(db), str(limit), str(workers)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"the child failed: {self.proc.stderr.read()}")
-        self.idle = json.loads(line)["idle"]
-        self.peak = 0
-        self.spill_seen = 0
-        self.db = db
-        self._stop = threading.Event()
-        self._sampler = threading.Thread(target=self._sample)
-        self._sampler.start()
-        self.proc.stdin.write("go\n" + script)
-        self.proc.stdin.close()
-        self.proc.stdin = None  # communicate() must not flush it
+        self.db, self.spill_seen = db, 0
+        super().__init__([sys.executable, "-m", "tests.budget_child", str(db), str(limit),
+                          str(workers)], script, watch=self._watch)
 
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            rss = _rss_anon(self.proc.pid)
-            if rss is None:
-                return
-            self.peak = max(self.peak, rss)
-            self.spill_seen = max(self.spill_seen, _spill_files(self.db))
-            time.sleep(0.002)
+    def _watch(self) -> None:
+        self.spill_seen = max(self.spill_seen, _spill_files(self.db))
 
     def wait_for_spill_files(self, timeout: float = 60.0) -> None:
         t0 = time.monotonic()
@@ -124,19 +92,6 @@ class Child:
             time.sleep(0.002)
         assert self.spill_seen, "the run ended before it spilled"
 
-    def finish(self) -> dict:
-        out, err = self.proc.communicate(timeout=300)
-        self._stop.set()
-        self._sampler.join()
-        assert self.proc.returncode == 0, err
-        return json.loads(out.strip().splitlines()[-1])
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.communicate(timeout=60)
-        self._stop.set()
-        self._sampler.join()
-
 
 def _bounded(db: Path, script: str, limit: int = LIMIT) -> dict:
     """Run ``script`` in a child under ``limit``: its anonymous memory above idle stays within
@@ -144,7 +99,7 @@ def _bounded(db: Path, script: str, limit: int = LIMIT) -> dict:
     child = Child(db, limit, script)
     out = child.finish()
     assert "result" in out, out
-    grew = child.peak - child.idle
+    grew = child.grew
     assert grew <= 1.25 * limit, f"anonymous memory grew by {grew / MB:.1f} MiB " \
         f"(limit {limit / MB:.0f} MiB): {out}"
     assert _runs(db) == []
@@ -429,15 +384,6 @@ def test_a_run_that_cannot_reach_the_limit_is_not_admitted_task_by_task(data):
     _close(*_stored(db, "Eb"), d["Xc"].T.astype(np.float64) @ d["Xc"])
 
 
-def _anon_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) << 10
-    return 0
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc/self/status")
 def test_an_einsum_returned_as_an_array_holds_no_second_copy(tmp_path):
     """con.einsum without into= assembles the output tiles into one array: each tile is let go
     as it lands, and the finished run keeps none (its object lives on in reference cycles
@@ -453,9 +399,9 @@ def test_an_einsum_returned_as_an_array_holds_no_second_copy(tmp_path):
         gc.collect()
         gc.disable()
         try:
-            before = _anon_bytes()
+            before = rss_anon()
             r = con.einsum("ij,jk->ik", "A", "B")
-            held = _anon_bytes() - before - r.nbytes
+            held = rss_anon() - before - r.nbytes
         finally:
             gc.enable()
         np.testing.assert_allclose(r, a @ b, rtol=1e-10)

@@ -2,7 +2,7 @@
 
 Each case runs in a child process under a small memory_limit; the parent samples the child's
 anonymous memory (RssAnon in /proc/<pid>/status, what a budget bounds: memory-mapped file pages
-are the page cache's) while the load or export runs, and asserts that its growth above the idle
+are the page cache's; tests/harness.py) while the load or export runs, and asserts that its growth above the idle
 process stays well below the size of the data. The result is then checked against numpy.
 
 TENSORDB_STREAM_MB (default 64) sets the size of the data, to measure by hand with larger files:
@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import threading
-import time
 import zipfile
 from pathlib import Path
 
@@ -25,8 +22,9 @@ import numpy as np
 import pytest
 
 import tensordb
+from tests.harness import HAS_PROC, SampledChild
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+pytestmark = pytest.mark.skipif(not HAS_PROC, reason="needs /proc")
 
 MiB = 1 << 20
 SIZE = int(os.environ.get("TENSORDB_STREAM_MB", "64")) * MiB
@@ -34,17 +32,12 @@ COLS = 256                 # dense arrays: SIZE bytes of float32, COLS columns
 TABLE_COLS = 8             # tables (Parquet, CSV, SQL): narrower, as tables are
 TILE_ROWS = 4096           # arrays: 4 MiB tiles of 4096 x 256 float32
 LIMIT = os.environ.get("TENSORDB_STREAM_LIMIT", "32MB")
-REPO = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, sys
 import tensordb
+from tests.harness import rss_anon as anon
 path, limit, op = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-def anon():
-    with open('/proc/self/status') as f:
-        for line in f:
-            if line.startswith('RssAnon:'):
-                return int(line.split()[1]) << 10
 con = tensordb.connect(path, memory_limit=limit)
 con.execute('SELECT 1')
 # Warm up: the first tensor stored and exported costs ~30 MiB once (DuckDB's catalog writes,
@@ -73,44 +66,10 @@ print(json.dumps({'done': anon()}), flush=True)
 
 def run_child(db: Path, op: dict) -> int:
     """Run ``op`` in a child; returns the growth of its anonymous memory above its idle value."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db), LIMIT, json.dumps(op)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-    status = f"/proc/{proc.pid}/status"
-    peak, stop = [0], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            try:
-                with open(status) as f:
-                    for line in f:
-                        if line.startswith("RssAnon:"):
-                            peak[0] = max(peak[0], int(line.split()[1]) << 10)
-                            break
-            except OSError:
-                return
-            time.sleep(0.002)
-
-    try:
-        first = proc.stdout.readline()
-        if not first:
-            raise AssertionError(f"child failed to start: {proc.stderr.read()}")
-        idle = json.loads(first)["idle"]
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        out, err = proc.communicate(timeout=600)
-        stop.set()
-        sampler.join()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    assert "done" in out, out + err
-    growth = peak[0] - idle
+    child = SampledChild([sys.executable, "-c", CHILD, str(db), LIMIT, json.dumps(op)])
+    out = child.finish(timeout=600)
+    assert "done" in out, child.out + child.err
+    growth = child.grew
     if os.environ.get("TENSORDB_STREAM_MB"):
         print(f"\n{op.get('do')} {op.get('source') or op.get('path') or op.get('sql')}: "
               f"data {SIZE / MiB:.0f} MiB, anon growth {growth / MiB:.1f} MiB")
