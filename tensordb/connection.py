@@ -348,8 +348,12 @@ class Connection(TensorIO):
         inputs, not their versions (physical/cache.py): a graph over new versions of the same
         layout (a training step) reuses it, reading the current versions. TENSORDB_DEBUG=2
         prints the plan as EXPLAIN shows it, =3 its tile tasks too."""
-        fan_in = getattr(self._get_executor(), "max_fan_in", None)
-        readers = self.store.open_many([t.name for t in graph.inputs])  # one catalog query
+        from .exec import max_fan_in
+        fan_in = max_fan_in(self.settings.executor, self._get_executor)
+        # The one read of the inputs' catalog entries for the whole plan (cached in the store):
+        # the plan cache's key, the optimizer's sparsity and facts and the lowering's tile
+        # joins all read these readers.
+        readers = self.store.open_many([t.name for t in graph.inputs])
         layouts = {name: r.layout() for name, r in readers.items()}
         key = physical.plan_key(graph, pieces, layouts, self._plan_settings(), fan_in)
         cached = self._plan_cache.get(key)
@@ -358,9 +362,10 @@ class Connection(TensorIO):
                 print(f"[tensordb] plan cache hit ({self._plan_cache.hits} hits)", file=sys.stderr)
             decomp, plan = cached
             return decomp, physical.rebind(plan, readers)
-        decomp = self._optimize(graph, pieces)
+        facts = {name: r.facts() for name, r in readers.items()}
+        decomp = self._optimize(graph, pieces, readers, facts)
         with stage("lower"):
-            plan = physical.lower(graph, decomp, self.store)
+            plan = physical.lower(graph, decomp, self.store, readers, facts)
         with stage("place"):
             plan = physical.place(plan)
             plan = physical.aggregation_trees(plan, fan_in)  # on the workers placement chose
@@ -384,16 +389,15 @@ class Connection(TensorIO):
         return tuple((f.name, getattr(self.settings, f.name))
                      for f in dataclasses.fields(self.settings) if f.name != "progress")
 
-    def _optimize(self, graph: EinGraph, pieces=None):
-        """optimize: the Decomposition (pieces per label of every operation) and its cost."""
-        metas = {t.name: self.store.meta(t.name) for t in graph.inputs}
+    def _optimize(self, graph: EinGraph, pieces, readers, facts):
+        """optimize: the Decomposition (pieces per label of every operation) and its cost, from
+        the inputs' ``readers`` and their ``facts`` (TensorReader.facts) that ``plan`` read."""
+        metas = {name: r.meta for name, r in readers.items()}
         grids = {name: m.grid for name, m in metas.items()}
-        # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist.
-        readers = self.store.open_many(metas)
+        # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist,
+        # and only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.
         sparse = {name: r.coords() for name, r in readers.items()
                   if metas[name].tile_count < metas[name].total_tiles}
-        # ...and only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.
-        facts = {name: r.facts() for name, r in readers.items()}
         # Fixed pieces name statements: the operations computed under a statement's name (its
         # pairwise steps, temporaries, internal name) take them on; bad ones are errors here.
         pieces = optimizer.pieces_per_op(graph, pieces)
@@ -439,6 +443,7 @@ class Connection(TensorIO):
         # Outputs computed in anonymous memory are outside the memory budget: a sixteenth of
         # the limit at most (no limit: the writer's own cap per file).
         limit = self.settings.memory_limit
+        self._get_executor()  # before the writers take spares: it may turn their recycling off
         # the staging buffers kept between statements: no more than one statement may stage
         self.store.staging.cap(None if limit is None else limit // 16)
         writers = physical.OutputWriters(self.store, plan, replace=replace,

@@ -154,3 +154,21 @@ def test_the_executors_fan_in_shapes_the_plan(narrow, con, capsys, monkeypatch):
     narrow.run(g)
     assert narrow.last_plan.stats[0].agg_levels == 3
     np.testing.assert_allclose(narrow.tensor("Y"), x @ w, rtol=1e-10)
+
+
+def test_planning_reads_the_fan_in_without_making_an_executor(con, narrow):
+    """The local pool's fan-in and the Dask executor's are their classes': planning (EXPLAIN,
+    con.plan) makes no executor to learn it. One registered by others is asked itself."""
+    from tensordb.exec import max_fan_in
+    from tensordb.exec.dask import DaskExecutor
+    _, _, g = _wide_matmul(con)
+    assert con._executor is None
+    _, plan = con.plan(bind(g, con.store), g.pieces)
+    assert "20 kernel calls" in con.explain(g)
+    assert con._executor is None
+    assert max(len(t.parts) for t in plan.tasks if isinstance(t, Aggregate)) == 20
+    made = []
+    assert max_fan_in("local", made.append) is None and max_fan_in("gpu", made.append) is None
+    assert max_fan_in("dask://10.0.0.5:8786", made.append) == DaskExecutor.max_fan_in == 8
+    assert made == []
+    assert max_fan_in("narrow", lambda: _NarrowPool(2)) == 4

@@ -99,6 +99,8 @@ class HostTiles:
 class LocalExecutor:
     """W in-process workers: threads that live as long as the executor, one queue each."""
 
+    max_fan_in = None  # an aggregation task combines any number of partials (physical/trees.py)
+
     def __init__(self, workers: int, *, memory_limit: int | None = None,
                  tiles: HostTiles | None = None):
         self.tiles = tiles if tiles is not None else HostTiles()

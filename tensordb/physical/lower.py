@@ -28,7 +28,7 @@ __all__ = ["lower", "OutputWriters", "describe"]
 
 
 class _Lowering:
-    def __init__(self, graph: EinGraph, decomp, store) -> None:
+    def __init__(self, graph: EinGraph, decomp, store, readers=None, facts=None) -> None:
         self.graph, self.decomp, self.store = graph, decomp, store
         self.others: list = []                   # Loads, Assembles, Aggregates
         self.owner: dict[int, int] = {}          # their operation
@@ -38,11 +38,12 @@ class _Lowering:
         self.outputs: dict[str, OutputTiles] = {}
         self.stats: list[OpStats] = []
         self.kernels: list = []
-        self.readers = store.open_many([t.name for t in graph.inputs])
+        self.readers = readers if readers is not None else \
+            store.open_many([t.name for t in graph.inputs])
         self._loads: dict[tuple, int] = {}
         self._tables: set[str] = set()
         self._assembled: dict[tuple, int] = {}
-        self._known: dict[str, tuple[bool, bool]] = {}  # facts of each input, read once
+        self._known: dict[str, tuple[bool, bool]] = dict(facts or {})  # of each input, read once
 
     def _add(self, task, op_index: int) -> int:
         self.others.append(task)
@@ -284,9 +285,11 @@ def _aligned(grid: Grid, starts, stops) -> bool:
     return all(a in g and b in g for g, a, b in zip(grid, starts, stops))
 
 
-def lower(graph: EinGraph, decomp, store) -> TilePlan:
-    """Build the tile plan of ``graph`` under the pieces chosen in ``decomp``."""
-    return _Lowering(graph, decomp, store).run()
+def lower(graph: EinGraph, decomp, store, readers=None, facts=None) -> TilePlan:
+    """Build the tile plan of ``graph`` under the pieces chosen in ``decomp``. ``readers`` (name
+    -> TensorReader of every input) and their ``facts`` (name -> TensorReader.facts()) are what
+    the planner read already; left out, they are read from ``store``."""
+    return _Lowering(graph, decomp, store, readers, facts).run()
 
 
 class OutputWriters:
