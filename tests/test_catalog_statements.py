@@ -97,3 +97,24 @@ def test_a_new_matmul_on_a_connection_just_opened(tmp_path):
         log = statements(con, lambda: con.execute("D[i,k] = SUM(B[i,j] * A[j,k])"))
         assert len(log) <= NEW_MAX and reads(log) == [log[1]], log  # the tables check only
         _close(con.tensor("D"), b.astype(np.float64) @ a)
+
+
+@pytest.mark.parametrize("source", ["array", "npy", "npz"])
+def test_a_load_looks_for_a_table_of_its_name_before_reading_and_at_commit(tmp_path, source):
+    """Once before any data is read (to fail early), once inside the commit's transaction (what
+    holds); not a third time when the writer opens. A table of that name is refused either way."""
+    a = np.arange(12.0).reshape(3, 4)
+    given = {"array": a, "npy": tmp_path / "a.npy", "npz": tmp_path / "a.npz"}[source]
+    np.save(tmp_path / "a.npy", a)
+    np.savez(tmp_path / "a.npz", x=a)
+    with tensordb.connect(tmp_path / "db") as con:
+        given = given if source == "array" else str(given)
+        log = statements(con, lambda: con.load("T", given))
+        checks = [k for k, s in enumerate(log) if "duckdb_tables()" in s]
+        begin = log.index("BEGIN TRANSACTION")
+        assert len(checks) == 2 and checks[0] < begin < checks[1], "\n".join(log)
+        np.testing.assert_array_equal(con.tensor("T"), a)
+        con.sql("CREATE TABLE u (x INTEGER)")
+        with pytest.raises(tensordb.CatalogError, match="a table named 'u' exists"):
+            con.load("U", given)
+        assert not con.store.has("U")

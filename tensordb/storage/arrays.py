@@ -16,15 +16,19 @@ __all__ = ["load_array", "create_zeros"]
 
 
 def load_array(store, name: str, arr: np.ndarray, *, tile=None, replace=False, dims=None,
-               what: str, after_tile: Callable[[], None] | None = None) -> TensorMeta:
-    """Cut ``arr`` (any layout) into tiles and store them; all-zero tiles are skipped."""
+               what: str, after_tile: Callable[[], None] | None = None,
+               check_tables: bool = True) -> TensorMeta:
+    """Cut ``arr`` (any layout) into tiles and store them; all-zero tiles are skipped.
+    ``check_tables=False``: the caller has just looked for a user table of that name
+    (``Store.check_free``), so only the commit looks again (Store.writer)."""
     if arr.dtype.hasobject:
         raise DataError(f"{what}: unsupported dtype object",
                         hint=f"supported dtypes: {', '.join(SUPPORTED_DTYPES)}")
     dtype = supported_dtype(arr.dtype, what)
     tile_shape = (check_tile_shape(tile, arr.shape, name) if tile is not None
                   else default_tile_shape(arr.shape, dtype))
-    with store.writer(name, arr.shape, dtype, tile_shape, dims=dims, replace=replace) as w:
+    with store.writer(name, arr.shape, dtype, tile_shape, dims=dims, replace=replace,
+                      check_tables=check_tables) as w:
         for coords in np.ndindex(*grid_shape(w.grid)):
             lo, hi = tile_box(w.grid, coords)
             block = arr[tuple(slice(a, b) for a, b in zip(lo, hi))] if arr.ndim else arr[...]

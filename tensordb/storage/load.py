@@ -70,11 +70,11 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
         store.check_free(name, replace)  # fail before reading any data
     if fmt == "numpy":
         return load_array(store, name, target, tile=tile, replace=replace, dims=dims,
-                          what=f"tensor '{name}'")
+                          what=f"tensor '{name}'", check_tables=False)  # checked just above
     if fmt == "npy":
         with NpyFile(target) as npy:
             return load_array(store, name, npy.array, tile=tile, replace=replace, dims=dims,
-                              what=target, after_tile=npy.release)
+                              what=target, after_tile=npy.release, check_tables=False)
     if fmt == "npz":
         return _load_npz(store, name, target, array, tile=tile, replace=replace, dims=dims)
     from .tables import load_table
@@ -187,7 +187,8 @@ def _load_npz(store, name, path, member, *, tile, replace, dims) -> TensorMeta:
                                      scratch=str(store.root)) as (arr, tile_shape, after):
                         metas.append(load_array(store, tname, arr, tile=tile_shape,
                                                 replace=replace, dims=dims,
-                                                what=f"{path}['{m}']", after_tile=after))
+                                                what=f"{path}['{m}']", after_tile=after,
+                                                check_tables=False))  # checked above
                 except (ValueError, OSError, EOFError, RuntimeError, NotImplementedError,
                         zipfile.BadZipFile, zlib.error) as exc:  # encrypted, unknown method...
                     raise DataError(f"cannot read array '{m}' of {path}: {exc}") from None
