@@ -38,8 +38,8 @@ def _scheme(spec: str) -> str:
 def max_fan_in(spec: str, make):
     """The most partials one aggregation task of the executor named ``spec`` combines (None: any
     number; planning makes trees of wider aggregations, physical/trees.py), read from its class:
-    planning and EXPLAIN make no executor (nor connect to a cluster) for it. An executor
-    registered by others is asked itself: ``make()`` gives it."""
+    planning makes no executor for it. An executor registered by others is asked itself:
+    ``make()`` gives it."""
     factory = EXECUTORS.get(_scheme(spec))
     if factory is _local or factory is _gpu:
         return LocalExecutor.max_fan_in
