@@ -25,10 +25,17 @@ NumPy; several GPUs have not run (see docs/distributed.md).
 """
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from collections import Counter
 from contextlib import contextmanager
 
 from ..errors import NotSupportedError
+from ..geometry import tile_box
+from ..physical.plan import Load
+from .budget import upper_bytes
+from .devcache import DeviceCache
 from .kernels import get_backend
 from .pool import HostTiles, LocalExecutor
 
@@ -81,9 +88,15 @@ class DeviceTiles(HostTiles):
     spills = True      # the budget moves device tiles to host memory (evict), not to disk
     loads_copy = True  # a Load copies its box host -> device: the budget reserves it
 
-    def __init__(self, devices: list[int], xp=None) -> None:
+    def __init__(self, devices: list[int], xp=None, cache: bool = True) -> None:
         super().__init__(xp if xp is not None else get_backend("cupy"))
         self.devices = list(devices)
+        # stored tiles kept on the devices between runs (devcache.py); None: every Load copies
+        self.cache = DeviceCache() if cache else None
+        self.copies: Counter = Counter()  # this run's copies (RunResult.copies)
+        self._count_lock = threading.Lock()
+        self._listening = None  # (weakref to the store told to report commits, its listener)
+        self._capacity: int | None = -1  # the devices' memory the cache may fill (-1: not read)
 
     def _device(self, w: int) -> int:
         return self.devices[w % len(self.devices)]
@@ -96,33 +109,207 @@ class DeviceTiles(HostTiles):
             with cuda.Stream(non_blocking=True):  # the current stream is per thread
                 yield
 
+    def _count(self, **counts) -> None:
+        with self._count_lock:
+            self.copies.update(counts)
+
     def evict(self, value):
         """The budget's spill on a GPU: the tile copied to host memory (``OnHost``), its bytes
-        and the seconds the copy took. A task that reads it copies it back (``fetch``)."""
+        and the seconds the copy took. A task that reads it copies it back (``fetch``). A
+        cached tile leaves the cache too (else its device memory would stay taken)."""
         t0 = time.perf_counter()
+        if self.cache is not None:
+            self.cache.discard(value)
         host = self.xp.asnumpy(value)
+        self._count(device_to_host=int(host.nbytes))
         return OnHost(host), int(host.nbytes), time.perf_counter() - t0
 
     def fetch(self, value, src: int, dst: int):
         if isinstance(value, OnHost):  # evicted by the budget: back onto this worker's device
+            self._count(host_to_device=value.nbytes)
             return self.xp.asarray(value.array)
         if self._device(src) != self._device(dst):
             value = value.copy()  # cupy copies an array of another device onto the current one
             self.xp.cuda.get_current_stream().synchronize()  # the source may be freed next
+            self._count(peer=int(value.nbytes))
         return value
 
     def publish(self, value) -> None:
         self.xp.cuda.get_current_stream().synchronize()  # readers on other streams see it done
 
     def to_host(self, value):
-        return value.array if isinstance(value, OnHost) else self.xp.asnumpy(value)
+        if isinstance(value, OnHost):
+            return value.array
+        self._count(device_to_host=int(value.nbytes))
+        return self.xp.asnumpy(value)
+
+    # -- the device cache (devcache.py) --------------------------------------------------------
+    def _key(self, task, reader) -> tuple:
+        m = reader.meta
+        return (m.name.lower(), m.version, tuple(task.starts), tuple(task.stops))
+
+    def load(self, w: int, task, reader, runner, op):
+        """A Load on worker ``w``: the cached tile on its device (no copy), else a copy of the
+        one cached on another device (peer), else the box copied host -> device; kept."""
+        cache = self.cache
+        if cache is None:
+            value = runner.run(task, (), op, source=reader)
+            self._count(host_to_device=int(value.nbytes), misses=1)
+            return value
+        key, dev = self._key(task, reader), self._device(w)
+        value = cache.get(key, dev)
+        if value is not None:
+            self._count(hits=1)
+            return value
+        src = cache.peer(key, dev, self.devices)
+        if src is not None:
+            value = src[1].copy()  # onto this worker's device, from the one that holds it
+            self.xp.cuda.get_current_stream().synchronize()
+            self._count(peer=int(value.nbytes), peer_hits=1)
+        else:
+            value = runner.run(task, (), op, source=reader)
+            self._count(host_to_device=int(value.nbytes), misses=1)
+        return cache.put(key, dev, value)
+
+    def released(self, value) -> None:
+        if self.cache is not None:
+            self.cache.release(value)
+
+    def start_run(self, plan, store) -> None:
+        with self._count_lock:
+            self.copies = Counter()
+        cache = self.cache
+        if cache is None:
+            return
+        if store is not None and getattr(store, "commit_listeners", None) is not None:
+            self._listen(store)
+        for reader in plan.readers.values():  # a version read now: the others are stale
+            cache.keep_version(reader.meta.name, reader.meta.version)
+
+    def _listen(self, store) -> None:
+        """Have ``store`` report its commits to the cache: tiles of replaced and dropped
+        versions leave, a run's stored outputs become the new versions' tiles."""
+        if self._listening is not None and self._listening[0]() is store:
+            return
+        self._unlisten()
+        ref = weakref.ref(self.cache)
+
+        def committed(stored, retired, ref=ref):
+            cache = ref()
+            if cache is not None:
+                cache.committed(stored, retired)
+
+        store.commit_listeners.append(committed)
+        self._listening = (weakref.ref(store), committed)
+
+    def _unlisten(self) -> None:
+        if self._listening is None:
+            return
+        store, fn = self._listening[0](), self._listening[1]
+        self._listening = None
+        if store is not None and fn in getattr(store, "commit_listeners", ()):
+            store.commit_listeners.remove(fn)
+
+    def capacity(self) -> int | None:
+        """Three quarters of the devices' memory (None where the array module does not say):
+        the cache and a run's tiles together stay within it, and within memory_limit."""
+        if self._capacity == -1:
+            try:
+                total = 0
+                for d in self.devices:
+                    with self.xp.cuda.Device(d):
+                        total += int(self.xp.cuda.runtime.memGetInfo()[1])
+                self._capacity = total * 3 // 4
+            except Exception:  # noqa: BLE001 - a stand-in for CuPy, or a device that won't say
+                self._capacity = None
+        return self._capacity
+
+    def room(self, plan, limit):
+        """Make room for ``plan``: idle cached tiles leave (those it does not read first) until
+        the cache and the plan's tiles fit the limit (or the devices); what is left of
+        ``limit`` for the run's tiles."""
+        cache = self.cache
+        if cache is None or not cache.bytes:
+            return limit
+        caps = [c for c in (limit, self.capacity()) if c]
+        if caps:
+            over = cache.bytes + upper_bytes(plan) - min(caps)
+            if over > 0:
+                cache.make_room(over, keep={self._key(t, plan.readers[t.tensor])
+                                            for t in plan.tasks if isinstance(t, Load)})
+        return None if limit is None else limit - cache.bytes
+
+    def end_run(self, plan, run, result) -> None:
+        cache = self.cache
+        if cache is not None:
+            cache.run_ended()
+            if result is not None:
+                self._hold_outputs(plan, run, result)
+        if result is not None:
+            with self._count_lock:
+                copies = dict(self.copies)
+            if cache is not None:
+                copies.update(cached_bytes=cache.bytes, cached_tiles=len(cache))
+            result.copies = {k: int(v) for k, v in copies.items()}
+
+    def _hold_outputs(self, plan, run, result) -> None:
+        """Keep the device arrays of the stored outputs until their commit (then they are the
+        new versions' cached tiles: the next query reads them without a copy)."""
+        for out in plan.outputs.values():
+            if not out.stored or out.grid is None:
+                continue
+            tiles = []
+            for coords, key in out.tiles.items():
+                value = result.tiles.get(key)
+                if value is None or isinstance(value, OnHost):
+                    continue
+                starts, stops = tile_box(out.grid, coords)
+                tiles.append((starts, stops, self._device(run.made_on.get(key, 0)), value))
+            self.cache.hold_outputs(out.store_name or out.name, out.shape, out.dtype, tiles)
+
+    def resident(self, plan):
+        """Per stored input: its Loads, how many find their tile cached on their device, how
+        many on another device only (a peer copy), and the bytes already in place."""
+        if self.cache is None:
+            return None
+        out: dict[str, dict] = {}
+        for t in plan.tasks:
+            if not isinstance(t, Load):
+                continue
+            reader = plan.readers[t.tensor]
+            on = self.cache.where(self._key(t, reader), self.devices)
+            r = out.setdefault(reader.meta.name, {"loads": 0, "resident": 0, "peer": 0,
+                                                  "bytes": 0})
+            r["loads"] += 1
+            if self._device(t.worker) in on:
+                r["resident"] += 1
+                r["bytes"] += reader.meta.dtype.itemsize * \
+                    _volume(t.starts, t.stops)
+            elif on:
+                r["peer"] += 1
+        return out
+
+    def close(self) -> None:
+        self._unlisten()
+        if self.cache is not None:
+            self.cache.clear()
 
 
-def GpuExecutor(spec: str = "gpu", *, memory_limit=None) -> LocalExecutor:  # noqa: N802
+def _volume(starts, stops) -> int:
+    n = 1
+    for a, b in zip(starts, stops):
+        n *= b - a
+    return n
+
+
+def GpuExecutor(spec: str = "gpu", *, memory_limit=None, cache: bool = True
+                ) -> LocalExecutor:  # noqa: N802
     """The local pool with one worker per GPU (``ex.devices``); ``ex.workers`` is their count.
-    (A factory with a class's name: the GPU executor is no class of its own.)"""
+    ``cache=False``: no tile stays on a device after a run. (A factory with a class's name:
+    the GPU executor is no class of its own.)"""
     devices = gpu_devices(spec)
-    return LocalExecutor(len(devices), memory_limit=memory_limit, tiles=DeviceTiles(devices))
+    return LocalExecutor(len(devices), memory_limit=memory_limit,
+                         tiles=DeviceTiles(devices, cache=cache))
 
 
 def make(spec: str, workers: int = 0, *, memory_limit=None) -> LocalExecutor:

@@ -95,6 +95,34 @@ class HostTiles:
     def to_host(self, value):
         return value
 
+    # Hooks of a device cache (gpu.py keeps stored tiles on the GPUs between runs); host
+    # tiles keep nothing between runs.
+    def start_run(self, plan, store) -> None:
+        """A run of ``plan`` begins (``store``: the database it reads, or None)."""
+
+    def room(self, plan, limit):
+        """The part of ``limit`` (bytes, or None) a run of ``plan`` may fill with its tiles."""
+        return limit
+
+    def load(self, w: int, task, reader, runner, op):
+        """The tile of Load ``task`` on worker ``w``."""
+        return runner.run(task, (), op, source=reader)
+
+    def released(self, value) -> None:
+        """The run let tile ``value`` go (its last consumer ran)."""
+
+    def end_run(self, plan, run, result) -> None:
+        """The run of ``plan`` is over (``result``: its RunResult, None when it failed); called
+        before its tiles come back to host memory."""
+
+    def resident(self, plan):
+        """What of ``plan``'s stored inputs is already where the run needs it (None: not a
+        question for host tiles)."""
+        return None
+
+    def close(self) -> None:
+        """The executor closes."""
+
 
 class LocalExecutor:
     """W in-process workers: threads that live as long as the executor, one queue each."""
@@ -146,6 +174,12 @@ class LocalExecutor:
         for th in self.threads:
             th.join()
         self.threads = []
+        self.tiles.close()
+
+    def resident(self, plan):
+        """Which of ``plan``'s Loads find their tile on their device already (EXPLAIN; None
+        for host tiles)."""
+        return self.tiles.resident(plan)
 
     def run(self, plan: TilePlan, store=None, progress=None, destinations=None,
             finished=None) -> RunResult:
@@ -165,8 +199,10 @@ class LocalExecutor:
             self.last_blas_threads = threads
             limits = _blas_limits(threads)
         with self._lock, limits:
+            tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
             run.finished_tile = finished if tiles.writes_destinations else None
+            result = None
             try:
                 if inline and run.budget is None:
                     result = run.go_inline()
@@ -174,6 +210,7 @@ class LocalExecutor:
                     self._start()
                     result = run.go()
             finally:
+                tiles.end_run(plan, run, result)
                 # The run object lives on in reference cycles until a garbage collection: the
                 # output tiles it holds would stay with it after the caller lets them go.
                 run.results.clear()
@@ -252,8 +289,9 @@ class _Run:
         self._inline: list | None = None  # go_inline's ready heap
         self.finished_tile = None  # called with (key, tile) once a stored output's tile is final
         limit = ex.memory_limit
+        room = self.tiles.room(plan, limit)  # on a GPU, less what its cache keeps there
         # admission only where the run could cross the limit (see budget.may_cross)
-        self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, limit) else None
+        self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, room) else None
 
     def admit(self, item) -> bool:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
@@ -390,9 +428,12 @@ class _Run:
             self.ex.xp is np else None
         try:
             choice = self.plan.kernels[task.op] if isinstance(task, Kernel) else None
-            value = self.runner.run(task, inputs, op_of(self.plan, task), choice=choice,
-                                    out=dest, source=source,
-                                    sink=None if stats is None else stats.add)
+            if source is not None:  # a Load: a GPU may have its tile cached (devcache.py)
+                value = self.tiles.load(w, task, source, self.runner, op_of(self.plan, task))
+            else:
+                value = self.runner.run(task, inputs, op_of(self.plan, task), choice=choice,
+                                        out=dest, source=source,
+                                        sink=None if stats is None else stats.add)
         finally:
             if isinstance(task, Kernel):
                 self.control.call_ended()
@@ -473,3 +514,4 @@ class _Run:
             if value is not None:
                 self.ledger.release(k)
                 self.spill.drop(k)
+                self.tiles.released(value)
