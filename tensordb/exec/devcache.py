@@ -177,23 +177,23 @@ class DeviceCache:
             for where in [w for w in self.names.get(name, ()) if w[0][1] not in (None, version)]:
                 self._drop(where)
 
-    def hold_outputs(self, name: str, shape, dtype, tiles) -> None:
+    def hold_outputs(self, name: str, version: int, tiles) -> None:
         """The device arrays of a stored output's tiles, ``[(starts, stops, device, array)]``,
-        kept until the store commits ``name`` (``committed``); those of an earlier run of the
-        same name are replaced."""
+        kept until the store commits ``version`` of ``name`` (``committed``); those of an
+        earlier run of the same name are replaced."""
         name = name.lower()
         with self.lock:
             for where in [w for w in self.names.get(name, ()) if w[0][1] is None]:
                 self._drop(where)
         for starts, stops, device, array in tiles:
-            self.put((name, None, tuple(starts), tuple(stops), tuple(shape), str(dtype)), device,
-                     array, held=False)
+            self.put((name, None, tuple(starts), tuple(stops), int(version)), device, array,
+                     held=False)
 
     def committed(self, stored, retired) -> None:
-        """The store committed: ``stored`` (TensorMetas) are the new versions (their pending
-        tiles become theirs, where shape and dtype agree), ``retired`` the versions replaced
-        or dropped (their tiles go). Every other pending tile goes too: its run's outputs
-        were not committed."""
+        """The store committed: ``stored`` (TensorMetas) are the new versions (the pending
+        tiles held for one of them become its tiles), ``retired`` the versions replaced or
+        dropped (their tiles go). Every other pending tile goes too: its run's outputs were
+        not committed, or were replaced again in the same transaction."""
         final = {m.name.lower(): m for m in stored}  # a name stored twice: its last version
         gone = {(m.name.lower(), m.version) for m in retired}
         with self.lock:
@@ -208,7 +208,7 @@ class DeviceCache:
                 elif key[1] is None:
                     e = self.entries[where]
                     self._drop(where)
-                    if m is not None and key[4] == tuple(m.shape) and key[5] == str(m.dtype):
+                    if m is not None and key[4] == m.version:
                         new = ((key[0], m.version, key[2], key[3]), device)
                         if new not in self.entries:
                             self._add(new, _Entry(e.array, e.nbytes, 0))

@@ -239,24 +239,30 @@ class DeviceTiles(HostTiles):
                                             for t in plan.tasks if isinstance(t, Load)})
         return None if limit is None else limit - cache.bytes
 
-    def end_run(self, plan, run, result) -> None:
+    def end_run(self, plan, run, result, finished=None) -> None:
         cache = self.cache
         if cache is not None:
             cache.run_ended()
-            if result is not None:
-                self._hold_outputs(plan, run, result)
+            # the versions the outputs will have (physical.OutputWriters): without them,
+            # nothing is held (a tile must never be taken for another version's)
+            versions = getattr(getattr(finished, "__self__", None), "versions", None)
+            if result is not None and isinstance(versions, dict):
+                self._hold_outputs(plan, run, result, versions)
         if result is not None:
+            # this run's counter (the next run starts a new one): the outputs' copies back to
+            # the host, made after this, are counted in it too
             with self._count_lock:
-                copies = dict(self.copies)
-            if cache is not None:
-                copies.update(cached_bytes=cache.bytes, cached_tiles=len(cache))
-            result.copies = {k: int(v) for k, v in copies.items()}
+                result.copies = self.copies
+                if cache is not None:
+                    self.copies.update(cached_bytes=cache.bytes, cached_tiles=len(cache))
 
-    def _hold_outputs(self, plan, run, result) -> None:
+    def _hold_outputs(self, plan, run, result, versions: dict) -> None:
         """Keep the device arrays of the stored outputs until their commit (then they are the
         new versions' cached tiles: the next query reads them without a copy)."""
         for out in plan.outputs.values():
-            if not out.stored or out.grid is None:
+            name = out.store_name or out.name
+            version = versions.get(name.lower())
+            if not out.stored or out.grid is None or version is None:
                 continue
             tiles = []
             for coords, key in out.tiles.items():
@@ -265,7 +271,7 @@ class DeviceTiles(HostTiles):
                     continue
                 starts, stops = tile_box(out.grid, coords)
                 tiles.append((starts, stops, self._device(run.made_on.get(key, 0)), value))
-            self.cache.hold_outputs(out.store_name or out.name, out.shape, out.dtype, tiles)
+            self.cache.hold_outputs(name, version, tiles)
 
     def resident(self, plan):
         """Per stored input: its Loads, how many find their tile cached on their device, how

@@ -111,9 +111,10 @@ class HostTiles:
     def released(self, value) -> None:
         """The run let tile ``value`` go (its last consumer ran)."""
 
-    def end_run(self, plan, run, result) -> None:
+    def end_run(self, plan, run, result, finished=None) -> None:
         """The run of ``plan`` is over (``result``: its RunResult, None when it failed); called
-        before its tiles come back to host memory."""
+        before its tiles come back to host memory. ``finished``: the run's callback for
+        stored output tiles (the output writers', which know the versions to be stored)."""
 
     def resident(self, plan):
         """What of ``plan``'s stored inputs is already where the run needs it (None: not a
@@ -210,7 +211,7 @@ class LocalExecutor:
                     self._start()
                     result = run.go()
             finally:
-                tiles.end_run(plan, run, result)
+                tiles.end_run(plan, run, result, finished)
                 # The run object lives on in reference cycles until a garbage collection: the
                 # output tiles it holds would stay with it after the caller lets them go.
                 run.results.clear()
