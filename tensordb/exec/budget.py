@@ -15,6 +15,9 @@ c. else, when nothing runs, spills the task's own inputs too, and if that is not
    anyway and counts it (``over_budget``): the planner guarantees that one task's working set
    fits.
 
+On a GPU the device cache's tiles that no task holds (``devcache.py``, ``idle_bytes``) count
+with the run's, and are the first to go (least recently used first), before (a).
+
 Aggregation folds are always admitted: they free a partial. Every method is called under the
 ready queues' lock (``ready.py``), so admissions are serial; only the pool's workers call it.
 """

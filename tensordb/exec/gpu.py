@@ -18,7 +18,13 @@ anyway) and copied back onto the device when a task reads them,
 else the task waits for room (several GPUs) or runs over the limit, counted in ``over_budget``.
 Only the tiles count: CuPy's pool may keep freed blocks, and a task's inputs copied back are
 held while it runs. On a cluster, use dask-cuda's workers instead
-(``dask://...?backend=cupy``).
+(``dask://...?backend=cupy``; they keep no tiles between queries).
+
+The executor lives as long as the connection, and keeps stored tiles on the devices between
+runs (``devcache.py``): a Load whose box of that tensor version is cached on its device copies
+nothing, one cached on another device is copied from there, and a run's stored outputs become
+the cached tiles of the versions their commit stores. EXPLAIN shows which inputs are resident
+(``resident``), ``RunResult.copies`` what a run copied each way.
 
 Ran on an NVIDIA H200 with CuPy 14 (2026-11-26): the gpu tests and the random corpora equal
 NumPy; several GPUs have not run (see docs/distributed.md).
