@@ -368,3 +368,42 @@ def test_explain_shows_resident_inputs_and_analyze_the_copies():
     with tensordb.connect() as con:  # the local executor has nothing on a device
         _loaded(con)
         assert "device-resident" not in con.explain("C[i,k] = A[i,j] * B[j,k]", analyze=True)
+
+
+# -- Dask workers with a device backend keep their own cache -----------------------------------
+
+def test_a_dask_worker_on_a_device_backend_keeps_loaded_tiles(monkeypatch):
+    """What a dask-cuda worker runs for a Load (exec/dask_worker.py), here in-process with the
+    stand-in as its backend: the second query's Load of the same version copies nothing; a
+    new version is copied and the old one's tile leaves."""
+    from tensordb.exec import dask_worker, kernels
+    xp = DeviceXp()
+    monkeypatch.setitem(kernels.BACKENDS, "standin", lambda: xp)
+    monkeypatch.setattr(dask_worker, "_CACHE", [])
+    dask_worker._xp.cache_clear()
+    try:
+        with tensordb.connect() as con:
+            _loaded(con)
+
+            def load(run):
+                reader = con.store.open("A")
+                task = Load(0, "A", (0, 0), (64, 24))
+                payload = dask_worker.Payload(f"{run}-0", task, None, reader)
+                out = dask_worker.run_task(run, "standin", payload)
+                dask_worker.forget(run)
+                return out
+
+            first = load("r1")
+            assert xp.h2d == [A[:, :24].nbytes]
+            xp.clear()
+            second = load("r2")
+            assert xp.h2d == [] and second is first
+            np.testing.assert_array_equal(second, A[:, :24])
+            a2 = RNG.standard_normal(A.shape)
+            con.load("A", a2, tile=(32, 24), replace=True)
+            third = load("r3")
+            np.testing.assert_array_equal(third, a2[:, :24])
+            assert xp.h2d == [A[:, :24].nbytes]
+            assert dask_worker.cache_figures() == {"tiles": 1, "bytes": A[:, :24].nbytes}
+    finally:
+        dask_worker._xp.cache_clear()

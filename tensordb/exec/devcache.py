@@ -58,16 +58,18 @@ class DeviceCache:
         return len(self.entries)
 
     # -- the run's Loads -----------------------------------------------------------------------
-    def get(self, key: tuple, device: int):
-        """The cached array of ``key`` on ``device`` (now held by the run), or None."""
+    def get(self, key: tuple, device: int, held: bool = True):
+        """The cached array of ``key`` on ``device`` (now held by the run, unless ``held`` is
+        False), or None."""
         with self.lock:
             e = self.entries.get((key, device))
             if e is None:
                 return None
             self.entries.move_to_end((key, device))
-            if e.uses == 0:
-                self.idle_bytes -= e.nbytes
-            e.uses += 1
+            if held:
+                if e.uses == 0:
+                    self.idle_bytes -= e.nbytes
+                e.uses += 1
             return e.array
 
     def peer(self, key: tuple, device: int, devices):
