@@ -66,8 +66,9 @@ class DeviceXp(types.ModuleType):
         if isinstance(a, Dev):
             return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
         host = np.array(a, dtype=dtype, copy=True)
-        with self.lock:
-            self.h2d.append(int(host.nbytes))
+        if not isinstance(a, np.generic):  # NumPy's reductions give scalars, CuPy's 0-d arrays
+            with self.lock:
+                self.h2d.append(int(host.nbytes))
         return host.view(Dev)
 
     def asnumpy(self, a):
@@ -407,3 +408,41 @@ def test_a_dask_worker_on_a_device_backend_keeps_loaded_tiles(monkeypatch):
             assert dask_worker.cache_figures() == {"tiles": 1, "bytes": A[:, :24].nbytes}
     finally:
         dask_worker._xp.cache_clear()
+
+
+@pytest.fixture
+def standin_contractions(monkeypatch):
+    """opt_einsum's 'cupy' backend (the kernels' contractions on a GPU) as the stand-in's
+    functions, for one test: its function cache is restored afterwards."""
+    from opt_einsum.backends import dispatch
+    xp = DeviceXp()
+    for fn in ("tensordot", "transpose", "einsum"):
+        monkeypatch.setitem(dispatch._cached_funcs, (fn, "cupy"), getattr(xp, fn))
+    monkeypatch.setitem(dispatch._has_einsum, "cupy", True)
+    monkeypatch.setitem(dispatch._has_tensordot, "cupy", True)
+    return xp
+
+
+def test_training_steps_read_the_weights_the_last_step_stored_on_the_device(
+        standin_contractions):
+    """sql/train_mlp.sql's step repeated: after the first step no input and no weight is
+    copied host -> device (the new weights are the cached tiles of their new versions), and
+    the weights equal the same steps in NumPy."""
+    from tests.bench.bench_train import _arrays, numpy_step, step_sql
+    xp = standin_contractions
+    x, y, w1, w2 = _arrays(64, 16, 32, 4)
+    with tensordb.connect() as con:
+        for name, a in (("X", x), ("Y", y), ("W1", w1), ("W2", w2)):
+            con.load(name, a)
+        tiles = _gpu(con, xp)
+        for step in range(3):
+            xp.clear()
+            con.execute(step_sql(64))
+            loss, w1, w2 = numpy_step(x, y, w1, w2)
+            assert (sum(xp.h2d) > 0) == (step == 0)
+            np.testing.assert_allclose(con.tensor("W1"), w1, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(con.tensor("W2"), w2, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(con.tensor("L"), loss, rtol=1e-4)
+        cached = {(k[0], k[1]) for k in _keys(tiles)}
+        assert ("w1", con.store.meta("W1").version) in cached
+        assert len({v for n, v in cached if n == "w1"}) == 1  # the older versions left
