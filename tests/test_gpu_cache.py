@@ -446,3 +446,31 @@ def test_training_steps_read_the_weights_the_last_step_stored_on_the_device(
         cached = {(k[0], k[1]) for k in _keys(tiles)}
         assert ("w1", con.store.meta("W1").version) in cached
         assert len({v for n, v in cached if n == "w1"}) == 1  # the older versions left
+
+
+
+
+def test_stored_output_tiles_go_to_their_files_from_the_worker_that_finished_them():
+    """Each stored output tile is copied into its writer's buffer, its statistics taken and
+    handed to its writer on the worker that finished it (while other tiles are computed), not
+    one after another once the run is over: the run returns every tile's statistics, and the
+    stored tensor is equal and passes CHECK (its checksums)."""
+    xp = DeviceXp()
+    landed: list[str] = []
+    with tensordb.connect() as con:
+        _loaded(con)
+        tiles = _gpu(con, xp, devices=(0, 1))
+        copy_out = tiles.copy_out
+
+        def recording(value, buffer):
+            landed.append(threading.current_thread().name)
+            copy_out(value, buffer)
+
+        tiles.copy_out = recording
+        con.einsum("ij,jk->ik", "A", "B", into="C", pieces={"i": 2, "k": 2})
+        run = con.last_run
+        np.testing.assert_allclose(con.tensor("C"), A @ B, rtol=1e-12)
+        assert len(landed) == 4 and all("gpu-worker" in name for name in landed)
+        assert len(run.nnz) == len(run.crc32) == 4
+        assert run.copies["device_to_host"] == (A @ B).nbytes
+        con.execute("CHECK TENSOR C")

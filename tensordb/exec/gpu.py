@@ -37,6 +37,8 @@ import weakref
 from collections import Counter
 from contextlib import contextmanager
 
+import numpy as np
+
 from ..errors import NotSupportedError
 from ..geometry import tile_box
 from ..physical.plan import Load
@@ -92,6 +94,7 @@ class DeviceTiles(HostTiles):
                           # would inherit its core
     writes_destinations = False
     spills = True      # the budget moves device tiles to host memory (evict), not to disk
+    copies_out = True  # a stored output's tile goes to its host buffer as soon as it is final
     loads_copy = True  # a Load copies its box host -> device: the budget reserves it
 
     def __init__(self, devices: list[int], xp=None, cache: bool = True) -> None:
@@ -148,6 +151,18 @@ class DeviceTiles(HostTiles):
             return value.array
         self._count(device_to_host=int(value.nbytes))
         return self.xp.asnumpy(value)
+
+    def copy_out(self, value, buffer) -> None:
+        """A finished output tile into its writer's buffer (host memory), on its worker:
+        straight into the buffer where CuPy can (``ndarray.get(out=)``), else through a host
+        copy."""
+        self._count(device_to_host=int(value.nbytes))
+        get = getattr(value, "get", None)
+        if get is not None and buffer.dtype == value.dtype and buffer.shape == value.shape \
+                and buffer.flags.c_contiguous and value.flags.c_contiguous:
+            get(out=buffer)
+        else:
+            np.copyto(buffer, self.xp.asnumpy(value), casting="unsafe")
 
     # -- the device cache (devcache.py) --------------------------------------------------------
     def _key(self, task, reader) -> tuple:

@@ -76,6 +76,7 @@ class HostTiles:
     writes_destinations = True   # output tiles may land straight in the caller's buffers
     spills = True                # tiles are NumPy arrays: the budget may spill them to disk
     pins_workers = True          # each worker thread keeps to a core of its own (see _pin)
+    copies_out = False           # stored output tiles copied into their buffers as finished
 
     def __init__(self, xp=None) -> None:
         self.xp = xp if xp is not None else get_backend("numpy")
@@ -94,6 +95,10 @@ class HostTiles:
 
     def to_host(self, value):
         return value
+
+    def copy_out(self, value, buffer) -> None:
+        """Copy finished output tile ``value`` into ``buffer`` (host memory), on its worker."""
+        self.xp.copyto(buffer, value, casting="unsafe")
 
     # Hooks of a device cache (gpu.py keeps stored tiles on the GPUs between runs); host
     # tiles keep nothing between runs.
@@ -203,6 +208,8 @@ class LocalExecutor:
             tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
             run.finished_tile = finished if tiles.writes_destinations else None
+            if tiles.copies_out:  # a GPU's stored output tiles: to their buffers as finished
+                run.out_buffers, run.finished_out = destinations or {}, finished
             result = None
             try:
                 if inline and run.budget is None:
@@ -215,7 +222,9 @@ class LocalExecutor:
                 # The run object lives on in reference cycles until a garbage collection: the
                 # output tiles it holds would stay with it after the caller lets them go.
                 run.results.clear()
-        result.tiles = {k: tiles.to_host(v) for k, v in result.tiles.items()}
+        landed = run.landed  # copied to the host already, on their workers
+        result.tiles = {k: landed[k] if k in landed else tiles.to_host(v)
+                        for k, v in result.tiles.items()}
         return result
 
 
@@ -289,6 +298,13 @@ class _Run:
         self.spill = SpillFiles(store)
         self._inline: list | None = None  # go_inline's ready heap
         self.finished_tile = None  # called with (key, tile) once a stored output's tile is final
+        # Device tiles (copies_out): a stored output's tile is copied to its buffer in host
+        # memory (``out_buffers``, else a host array of its own) on the worker that finished
+        # it, its statistics taken there and ``finished_out`` called, as the host pool does
+        # with tiles computed in place; the device tile stays in ``results`` for its readers.
+        self.out_buffers: dict = {}
+        self.finished_out = None
+        self.landed: dict[int, object] = {}  # output key -> its host copy
         limit = ex.memory_limit
         room = self.tiles.room(plan, limit)  # on a GPU, less what its cache keeps there
         # admission only where the run could cross the limit (see budget.may_cross)
@@ -461,6 +477,8 @@ class _Run:
         """``stats``: the tile's statistics, where the kernel took them from every slab of
         ``value`` as it wrote them into the output file (``stats.nbytes`` tells)."""
         self.tiles.publish(value)
+        if self.finished_out is not None and task.key in self.keep:
+            self._land(task.key, value)
         dest = self.dest.get(task.key)
         if dest is not None:
             if value is not dest:  # land it in the output file, on this worker
@@ -505,6 +523,19 @@ class _Run:
             self._queue(t.worker, ("run", t))
         if self.control.task_done() == self.control.total:
             self.finished.set()
+
+    def _land(self, key: int, value) -> None:
+        """Device tile ``value`` of a stored output is final: copy it to the host now, on this
+        worker (while other tiles are still computed), with its statistics, and hand it to
+        its writer (``finished_out``: written early, or streamed into its file)."""
+        buf = self.out_buffers.get(key)
+        if buf is not None:
+            self.tiles.copy_out(value, buf)
+            self.nnz[key], self.nonfinite[key], self.crc32[key] = tile_stats(buf)
+        else:
+            buf = self.tiles.to_host(value)
+        self.landed[key] = buf
+        self.finished_out(key, buf)
 
     def _release(self, keys) -> None:
         for k in keys:
