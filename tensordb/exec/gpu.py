@@ -5,7 +5,8 @@
 
 Worker ``w`` runs on device ``devices[w]`` with its own non-blocking CUDA stream; Loads copy
 host -> device, kernels are CuPy's (cuBLAS for contractions), and only the stored outputs come
-back to host memory. A tile read by a worker on another device is copied onto that device (the
+back to host memory, each tile into its writer's buffer on the worker that finished it
+(``copy_out``; the pool takes its statistics and starts its write there). A tile read by a worker on another device is copied onto that device (the
 counted transfer). Each task's stream is synchronised before its tile is published, so another
 stream or device never reads a tile that is still being written, and no freed block is reused
 while a copy from it is in flight. Without CuPy or a GPU, asking for this executor raises
