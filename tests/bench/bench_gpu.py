@@ -45,6 +45,7 @@ from typing import Callable
 import numpy as np
 
 import tensordb
+from tensordb.config import format_bytes
 from tests.bench.workloads import _block_sparse, _rand  # the suite's generators
 
 F32 = np.float32
@@ -258,8 +259,9 @@ def render_resident(rows: list[dict]) -> str:
         lines.append(f"| {r['name']} | {_ms(r['tensordb_cached'])} | "
                      f"{_ms(r['tensordb_uncached'])} | {_ms(r.get('cupy_device'))} | "
                      f"{_ms(r.get('cupy_to_host'))} | {ratio} | "
-                     f"{c.get('host_to_device', 0) >> 20} MiB, {c.get('device_to_host', 0) >> 20}"
-                     f" MiB | {r['err_cached_vs_uncached']:.1e} |")
+                     f"{format_bytes(c.get('host_to_device', 0))}, "
+                     f"{format_bytes(c.get('device_to_host', 0))} | "
+                     f"{r['err_cached_vs_uncached']:.1e} |")
     notes = [f"- {r['name']}: {r['note']}" for r in rows if r.get("note")]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
