@@ -493,3 +493,20 @@ def test_random_statements_on_the_gpu_executor_over_a_fake_cupy():
          "-k", "test_fuzz_einsums and (seed0] or seed1])"],
         cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:]
+
+
+def test_the_cache_is_an_option_of_the_executor_spec(monkeypatch):
+    from tensordb.exec import kernels, make_executor
+    xp = DeviceXp()
+    xp.cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 2)
+    monkeypatch.setitem(kernels.BACKENDS, "cupy", lambda: xp)
+    for spec, cached, devices in (("gpu", True, [0, 1]), ("gpu://?cache=off", False, [0, 1]),
+                                  ("gpu://1?cache=on", True, [1])):
+        ex = make_executor(spec, 1)
+        try:
+            assert (ex.tiles.cache is not None) == cached and ex.devices == devices
+        finally:
+            ex.close()
+    for bad in ("gpu://?cache=maybe", "gpu://0?pool=big"):
+        with pytest.raises(tensordb.NotSupportedError, match="cache=on|off"):
+            make_executor(bad, 1)

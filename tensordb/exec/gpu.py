@@ -2,6 +2,7 @@
 
     con = tensordb.connect(executor="gpu")        # every visible GPU is a worker
     con = tensordb.connect(executor="gpu://0,2")  # GPUs 0 and 2 only
+    con = tensordb.connect(executor="gpu://?cache=off")  # no tile kept between queries
 
 Worker ``w`` runs on device ``devices[w]`` with its own non-blocking CUDA stream; Loads copy
 host -> device, kernels are CuPy's (cuBLAS for contractions), and only the stored outputs come
@@ -51,8 +52,20 @@ from .pool import HostTiles, LocalExecutor
 __all__ = ["GpuExecutor", "DeviceTiles", "OnHost", "gpu_devices"]
 
 
+def _options(spec: str) -> tuple[str, dict]:
+    """``spec`` without its ``?key=value&...`` options, and the options (only ``cache``)."""
+    spec, _, query = spec.partition("?")
+    opts = dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in query.split("&") if kv)
+    bad = sorted(set(opts) - {"cache"})
+    if bad or opts.get("cache", "on").lower() not in ("on", "off"):
+        raise NotSupportedError(f"cannot read the GPU executor's options in '?{query}'",
+                                hint="the one option is cache=on|off: gpu://0,1?cache=off")
+    return spec, opts
+
+
 def gpu_devices(spec: str = "gpu") -> list[int]:
     """The device ids a spec names: 'gpu' (all visible) or 'gpu://0,2'. CuPy must be usable."""
+    spec = _options(spec)[0]
     cupy = get_backend("cupy")  # NotSupportedError without CuPy or a GPU
     count = cupy.cuda.runtime.getDeviceCount()
     rest = spec.split("://", 1)[1] if "://" in spec else ""
@@ -342,5 +355,6 @@ def GpuExecutor(spec: str = "gpu", *, memory_limit=None, cache: bool = True
 
 def make(spec: str, workers: int = 0, *, memory_limit=None) -> LocalExecutor:
     """The registry's factory for ``gpu`` / ``gpu://ids`` (each GPU is a worker: ``workers`` is
-    not used)."""
-    return GpuExecutor(spec, memory_limit=memory_limit)
+    not used), with ``?cache=off`` for no device cache."""
+    cache = _options(spec)[1].get("cache", "on").lower() == "on"
+    return GpuExecutor(spec, memory_limit=memory_limit, cache=cache)

@@ -220,13 +220,10 @@ def run_resident(w: Resident, cp, executor: str, repeat: int, directory: str) ->
     results = {}
     for cached in (True, False):
         path = os.path.join(directory, f"res{abs(hash((w.name, cached))) % 10 ** 8}.tdb")
-        with tensordb.connect(path, executor=executor) as con:
+        spec = executor if cached or executor != "gpu" else "gpu://?cache=off"
+        with tensordb.connect(path, executor=spec) as con:  # no cache: every Load copies
             for name, a in arrays.items():
                 con.load(name, a)
-            tiles = getattr(con._get_executor(), "tiles", None)
-            if not cached and getattr(tiles, "cache", None) is not None:
-                tiles.close()
-                tiles.cache = None  # every Load copies its box host -> device
             row["tensordb_cached" if cached else "tensordb_uncached"] = \
                 median_time(lambda: con.execute(w.sql), repeat)
             if cached:
