@@ -7,8 +7,8 @@
 Worker ``w`` runs on device ``devices[w]`` with its own non-blocking CUDA stream; Loads copy
 host -> device, kernels are CuPy's (cuBLAS for contractions), and only the stored outputs come
 back to host memory, each tile into its writer's buffer on the worker that finished it
-(``copy_out``; the pool takes its statistics and starts its write there). A tile read by a worker on another device is copied onto that device (the
-counted transfer). Each task's stream is synchronised before its tile is published, so another
+(``copy_out``; the pool takes its statistics and starts its write there). A tile read by a
+worker on another device is copied onto that device (the counted transfer). Each task's stream is synchronised before its tile is published, so another
 stream or device never reads a tile that is still being written, and no freed block is reused
 while a copy from it is in flight. Without CuPy or a GPU, asking for this executor raises
 NotSupportedError. The pool and the runtime are the local executor's; this module supplies only
@@ -20,7 +20,7 @@ anyway) and copied back onto the device when a task reads them,
 else the task waits for room (several GPUs) or runs over the limit, counted in ``over_budget``.
 Only the tiles count: CuPy's pool may keep freed blocks, and a task's inputs copied back are
 held while it runs. On a cluster, use dask-cuda's workers instead
-(``dask://...?backend=cupy``; they keep no tiles between queries).
+(``dask://...?backend=cupy``; each keeps a device cache of its own, dask_worker.py).
 
 The executor lives as long as the connection, and keeps stored tiles on the devices between
 runs (``devcache.py``): a Load whose box of that tensor version is cached on its device copies
@@ -28,8 +28,9 @@ nothing, one cached on another device is copied from there, and a run's stored o
 the cached tiles of the versions their commit stores. EXPLAIN shows which inputs are resident
 (``resident``), ``RunResult.copies`` what a run copied each way.
 
-Ran on an NVIDIA H200 with CuPy 14 (2026-11-26): the gpu tests and the random corpora equal
-NumPy; several GPUs have not run (see docs/distributed.md).
+Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache and the tile-by-tile
+copies out: the gpu tests and the random corpora equal NumPy. Those two have run only on NumPy
+stand-ins for CuPy (tests/test_gpu_cache.py); several GPUs have not run (docs/distributed.md).
 """
 from __future__ import annotations
 
