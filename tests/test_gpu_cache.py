@@ -486,8 +486,10 @@ def test_random_statements_on_the_gpu_executor_over_a_fake_cupy():
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # before the rest of the path (a GPU machine's wheels), and so before a real CuPy
+    path = [root, os.path.join(root, "tests", "fakecupy"), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, TENSORDB_TEST_EXECUTOR="gpu",
-               PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests", "fakecupy")]))
+               PYTHONPATH=os.pathsep.join(p for p in path if p))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py",
          "-k", "test_fuzz_einsums and (seed0] or seed1])"],
