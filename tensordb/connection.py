@@ -337,8 +337,10 @@ class Connection(TensorIO):
         """Plan ``graph`` (and with ``analyze`` run that very plan) and have explain render it."""
         from .explain import render
         decomp, plan = self.plan(graph, pieces)
+        # on a GPU: what of the inputs is on the devices already (before ANALYZE's run)
+        resident = getattr(self._get_executor(), "resident", lambda plan: None)(plan)
         result = self._run_graph(graph, replace=True, planned=(decomp, plan)) if analyze else None
-        return render(decomp, plan, format=format, result=result)
+        return render(decomp, plan, format=format, result=result, resident=resident)
 
     @one_at_a_time
     def plan(self, graph: EinGraph, pieces=None):

@@ -59,8 +59,10 @@ def check_format(format: str) -> None:
                                hint=f"valid formats: {', '.join(FORMATS)}")
 
 
-def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
-    """Everything EXPLAIN shows, as plain data (this is the JSON form)."""
+def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
+    """Everything EXPLAIN shows, as plain data (this is the JSON form). ``resident``: on a GPU,
+    per stored input what its Loads find on the devices before the run (the executor's
+    ``resident(plan)``)."""
     from .physical.placement import transfers, worker_flops
     cost = decomp.details.get("cost")
     if cost is None:
@@ -129,6 +131,8 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
                            "total": total}
     if "search_seconds" in decomp.details:
         out["search_seconds"] = decomp.details["search_seconds"]
+    if resident is not None:
+        out["device_resident"] = {name: dict(r) for name, r in resident.items()}
     if "split_cost" in decomp.details:  # the search priced the BLAS threads (optimizer/threads.py)
         out["blas"] = {"threads": int(getattr(plan, "blas_threads", 0)),
                        "split_cost": decomp.details["split_cost"],
@@ -143,13 +147,15 @@ def plan_summary(decomp, plan, result=None) -> dict[str, Any]:
                            "spill_seconds": getattr(result, "spill_seconds", 0.0),
                            "over_budget": getattr(result, "over_budget", 0),
                            "memory_limit": getattr(result, "memory_limit", None)}
+        if getattr(result, "copies", None):
+            out["measured"]["copies"] = dict(result.copies)
     return out
 
 
-def render(decomp, plan, format: str = "text", result=None) -> str:
+def render(decomp, plan, format: str = "text", result=None, resident=None) -> str:
     """Render a planned (and, with ``result``, executed) TilePlan."""
     check_format(format)
-    data = plan_summary(decomp, plan, result)
+    data = plan_summary(decomp, plan, result, resident)
     if format == "json":
         return json.dumps(data, indent=2, default=float)
     if format == "dot":
@@ -220,6 +226,8 @@ def header(data: Mapping) -> list[str]:
         lines.append(memory_line(t["memory"]))
     if "blas" in data:
         lines.append(blas_line(data["blas"]))
+    if "device_resident" in data:
+        lines.append(resident_line(data["device_resident"]))
     if analyze:
         m = data["measured"]
         limit = m.get("memory_limit")
@@ -230,7 +238,33 @@ def header(data: Mapping) -> list[str]:
                      f"{_seconds(m.get('spill_seconds', 0.0))}"
                      + (f", {m['over_budget']} task(s) over the budget" if m.get("over_budget")
                         else ""))
+        if m.get("copies"):
+            lines.append(copies_line(m["copies"]))
     return lines
+
+
+def resident_line(resident: Mapping) -> str:
+    """Which stored inputs' tiles are on the devices already (the GPU executor's cache)."""
+    parts = []
+    for name, r in resident.items():
+        part = f"{name} {r['resident']}/{r['loads']} tiles ({format_bytes(r['bytes'])})"
+        if r.get("peer"):
+            part += f", {r['peer']} on another device"
+        parts.append(part)
+    return "  device-resident inputs: " + ("; ".join(parts) if parts else "none read")
+
+
+def copies_line(c: Mapping) -> str:
+    """What a GPU run copied: host -> device, device -> host, between devices, and how its
+    Loads fared with the device cache."""
+    line = (f"  copied: {format_bytes(c.get('host_to_device', 0))} host->device, "
+            f"{format_bytes(c.get('device_to_host', 0))} device->host, "
+            f"{format_bytes(c.get('peer', 0))} between devices")
+    if "cached_tiles" in c:
+        line += (f"; device cache: {c.get('hits', 0)} hit(s), {c.get('peer_hits', 0)} from "
+                 f"another device, {c.get('misses', 0)} miss(es), now "
+                 f"{c['cached_tiles']} tiles ({format_bytes(c['cached_bytes'])})")
+    return line
 
 
 def blas_line(b: Mapping) -> str:

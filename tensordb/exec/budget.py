@@ -15,6 +15,9 @@ c. else, when nothing runs, spills the task's own inputs too, and if that is not
    anyway and counts it (``over_budget``): the planner guarantees that one task's working set
    fits.
 
+On a GPU the device cache's tiles that no task holds (``devcache.py``, ``idle_bytes``) count
+with the run's, and are the first to go (least recently used first), before (a).
+
 Aggregation folds are always admitted: they free a partial. Every method is called under the
 ready queues' lock (``ready.py``), so admissions are serial; only the pool's workers call it.
 """
@@ -30,7 +33,8 @@ import numpy as np
 from ..physical.plan import Aggregate, Kernel, Load
 from .runtime import planned_bytes
 
-__all__ = ["Budget", "working_bytes", "may_cross", "return_freed_memory", "HEAP_SLACK"]
+__all__ = ["Budget", "working_bytes", "may_cross", "upper_bytes", "return_freed_memory",
+           "HEAP_SLACK"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _malloc_set = False
@@ -95,6 +99,12 @@ def may_cross(plan, limit: int) -> bool:
     bytes and every accumulator together fit: then no admission is needed, and the run goes as
     one without a limit (the default limit, most of the machine's memory, is far from most
     plans). Computed once per plan (a cached plan keeps it)."""
+    return upper_bytes(plan) > limit
+
+
+def upper_bytes(plan) -> int:
+    """The most bytes a run of ``plan`` could hold: every task's working bytes, accumulators,
+    and Loads at their full size (kept in the plan's memo)."""
     memo = getattr(plan, "memo", {})
     bound = memo.get("upper_bytes")
     if bound is None:
@@ -102,7 +112,7 @@ def may_cross(plan, limit: int) -> bool:
         # accumulators, and Loads at their full size: a box off the stored tiles is a copy
         bound += sum(planned_bytes(plan, t) for t in plan.tasks if isinstance(t, (Aggregate, Load)))
         memo["upper_bytes"] = bound
-    return bound > limit
+    return bound
 
 
 class Budget:
@@ -112,6 +122,8 @@ class Budget:
         self.run, self.limit, self.spill = run, int(limit), spill
         self.plan, self.ledger = run.plan, run.ledger
         self.loads_copy = getattr(run.tiles, "loads_copy", False)  # device tiles (gpu.py)
+        # A GPU's cached tiles that no task holds count too, and go first (exec/devcache.py).
+        self.cache = getattr(run.tiles, "cache", None)
         self.rank = run.rank
         self.reserved = 0
         self.running = 0
@@ -130,7 +142,10 @@ class Budget:
             self.in_use[part] += 1
             return True
         need = working_bytes(self.plan, task, self.loads_copy)
-        excess = self.ledger.live + self.reserved + need - self.limit
+        idle = self.cache.idle_bytes if self.cache is not None else 0
+        excess = self.ledger.live + self.reserved + need + idle - self.limit
+        if excess > 0 and idle and not force:
+            excess -= self.cache.make_room(excess)  # least recently used cached tiles first
         if excess > 0 and not force:
             inputs = set(task.inputs)  # needed now: spilled last, when nothing else can run
             excess -= self._spill(excess, inputs)

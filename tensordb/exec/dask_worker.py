@@ -3,24 +3,30 @@
 The client (``dask.py``) ships these functions in its graph and collects the records with
 ``client.run(collect, run_id)`` once the outputs are gathered; ``forget`` drops a failed run's.
 A worker keeps, per run: one ``TaskRunner`` (kernel specs built once), each task's seconds and
-tile bytes, and the most bytes Dask held on it.
+tile bytes, and the most bytes Dask held on it. With a device backend (``backend=cupy``) it
+also keeps the stored tiles its Loads copied onto its GPU, from one query to the next
+(``devcache.DeviceCache``, keyed by payload file, tensor version and box; a quarter of the
+device's memory, least recently used first): a Load of a version it holds copies nothing, and
+the tiles of a tensor's other versions go when a Load of a new one arrives.
 """
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections import defaultdict
 
 import numpy as np
 
-from ..physical.plan import Aggregate
+from ..physical.plan import Aggregate, Load
 from .runtime import TaskRunner
 
-__all__ = ["Payload", "run_task", "to_host", "collect", "forget", "gpu_count"]
+__all__ = ["Payload", "run_task", "to_host", "collect", "forget", "gpu_count", "cache_figures"]
 
 _LOG: dict[str, list] = defaultdict(list)    # run id -> (key, seconds, nbytes) per task
 _HELD: dict[str, int] = defaultdict(int)     # run id -> most bytes the worker held during the run
 _RUNNERS: dict[str, TaskRunner] = {}         # run id -> the task interpreter, once per worker
+_CACHE: list = []                            # [DeviceCache, capacity]: device backends only
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,12 +67,47 @@ def run_task(run: str, backend: str, payload: Payload, *inputs):
         # Dask keeps every input in the worker's store until it is released: never write into
         # one, so the accumulator starts from a copy.
         inputs[0] = xp.array(inputs[0], dtype=task.dtype, copy=True)
-    value = runner.run(task, inputs, payload.op, choice=payload.choice, source=payload.source)
+    if isinstance(task, Load) and xp is not np and payload.source is not None and \
+            payload.source.path is not None:
+        value = _cached_load(xp, runner, payload)
+    else:
+        value = runner.run(task, inputs, payload.op, choice=payload.choice,
+                           source=payload.source)
     if xp is not np:
         xp.cuda.get_current_stream().synchronize()  # time the kernel, not its launch
     _LOG[run].append((task.key, time.perf_counter() - t0, int(getattr(value, "nbytes", 0))))
     _HELD[run] = max(_HELD[run], _worker_bytes())
     return value
+
+
+def _cached_load(xp, runner, payload):
+    """A Load on a device backend: the tile this worker's GPU keeps from an earlier query, or
+    the box copied host -> device and kept (this worker's device cache)."""
+    from .devcache import DeviceCache
+    if not _CACHE:
+        try:
+            capacity = int(xp.cuda.runtime.memGetInfo()[1]) // 4
+        except Exception:  # noqa: BLE001 - a stand-in without device memory to ask about
+            capacity = 1 << 30
+        _CACHE[:] = [DeviceCache(), capacity]
+    cache, capacity = _CACHE
+    reader, task = payload.source, payload.task
+    # tensors of several databases may meet on one worker: the payload's directory names one
+    name = f"{os.path.dirname(reader.path)}/{reader.meta.name}"
+    cache.keep_version(name, reader.meta.version)
+    key = (name.lower(), reader.meta.version, tuple(task.starts), tuple(task.stops))
+    value = cache.get(key, 0, held=False)
+    if value is None:
+        value = runner.run(task, (), payload.op, source=reader)
+        cache.put(key, 0, value, held=False)
+        if cache.bytes > capacity:
+            cache.make_room(cache.bytes - capacity)
+    return value
+
+
+def cache_figures() -> dict:
+    """This worker's device cache: tiles and bytes kept (empty without one)."""
+    return {"tiles": len(_CACHE[0]), "bytes": _CACHE[0].bytes} if _CACHE else {}
 
 
 def _worker_bytes() -> int:

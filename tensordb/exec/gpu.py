@@ -2,11 +2,13 @@
 
     con = tensordb.connect(executor="gpu")        # every visible GPU is a worker
     con = tensordb.connect(executor="gpu://0,2")  # GPUs 0 and 2 only
+    con = tensordb.connect(executor="gpu://?cache=off")  # no tile kept between queries
 
 Worker ``w`` runs on device ``devices[w]`` with its own non-blocking CUDA stream; Loads copy
 host -> device, kernels are CuPy's (cuBLAS for contractions), and only the stored outputs come
-back to host memory. A tile read by a worker on another device is copied onto that device (the
-counted transfer). Each task's stream is synchronised before its tile is published, so another
+back to host memory, each tile into its writer's buffer on the worker that finished it
+(``copy_out``; the pool takes its statistics and starts its write there). A tile read by a
+worker on another device is copied onto that device (the counted transfer). Each task's stream is synchronised before its tile is published, so another
 stream or device never reads a tile that is still being written, and no freed block is reused
 while a copy from it is in flight. Without CuPy or a GPU, asking for this executor raises
 NotSupportedError. The pool and the runtime are the local executor's; this module supplies only
@@ -18,25 +20,53 @@ anyway) and copied back onto the device when a task reads them,
 else the task waits for room (several GPUs) or runs over the limit, counted in ``over_budget``.
 Only the tiles count: CuPy's pool may keep freed blocks, and a task's inputs copied back are
 held while it runs. On a cluster, use dask-cuda's workers instead
-(``dask://...?backend=cupy``).
+(``dask://...?backend=cupy``; each keeps a device cache of its own, dask_worker.py).
 
-Ran on an NVIDIA H200 with CuPy 14 (2026-11-26): the gpu tests and the random corpora equal
-NumPy; several GPUs have not run (see docs/distributed.md).
+The executor lives as long as the connection, and keeps stored tiles on the devices between
+runs (``devcache.py``): a Load whose box of that tensor version is cached on its device copies
+nothing, one cached on another device is copied from there, and a run's stored outputs become
+the cached tiles of the versions their commit stores. EXPLAIN shows which inputs are resident
+(``resident``), ``RunResult.copies`` what a run copied each way.
+
+Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache and the tile-by-tile
+copies out: the gpu tests and the random corpora equal NumPy. Those two have run only on NumPy
+stand-ins for CuPy (tests/test_gpu_cache.py); several GPUs have not run (docs/distributed.md).
 """
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from collections import Counter
 from contextlib import contextmanager
 
+import numpy as np
+
 from ..errors import NotSupportedError
+from ..geometry import tile_box
+from ..physical.plan import Load
+from .budget import upper_bytes
+from .devcache import DeviceCache
 from .kernels import get_backend
 from .pool import HostTiles, LocalExecutor
 
 __all__ = ["GpuExecutor", "DeviceTiles", "OnHost", "gpu_devices"]
 
 
+def _options(spec: str) -> tuple[str, dict]:
+    """``spec`` without its ``?key=value&...`` options, and the options (only ``cache``)."""
+    spec, _, query = spec.partition("?")
+    opts = dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in query.split("&") if kv)
+    bad = sorted(set(opts) - {"cache"})
+    if bad or opts.get("cache", "on").lower() not in ("on", "off"):
+        raise NotSupportedError(f"cannot read the GPU executor's options in '?{query}'",
+                                hint="the one option is cache=on|off: gpu://0,1?cache=off")
+    return spec, opts
+
+
 def gpu_devices(spec: str = "gpu") -> list[int]:
     """The device ids a spec names: 'gpu' (all visible) or 'gpu://0,2'. CuPy must be usable."""
+    spec = _options(spec)[0]
     cupy = get_backend("cupy")  # NotSupportedError without CuPy or a GPU
     count = cupy.cuda.runtime.getDeviceCount()
     rest = spec.split("://", 1)[1] if "://" in spec else ""
@@ -79,11 +109,18 @@ class DeviceTiles(HostTiles):
                           # would inherit its core
     writes_destinations = False
     spills = True      # the budget moves device tiles to host memory (evict), not to disk
+    copies_out = True  # a stored output's tile goes to its host buffer as soon as it is final
     loads_copy = True  # a Load copies its box host -> device: the budget reserves it
 
-    def __init__(self, devices: list[int], xp=None) -> None:
+    def __init__(self, devices: list[int], xp=None, cache: bool = True) -> None:
         super().__init__(xp if xp is not None else get_backend("cupy"))
         self.devices = list(devices)
+        # stored tiles kept on the devices between runs (devcache.py); None: every Load copies
+        self.cache = DeviceCache() if cache else None
+        self.copies: Counter = Counter()  # this run's copies (RunResult.copies)
+        self._count_lock = threading.Lock()
+        self._listening = None  # (weakref to the store told to report commits, its listener)
+        self._capacity: int | None = -1  # the devices' memory the cache may fill (-1: not read)
 
     def _device(self, w: int) -> int:
         return self.devices[w % len(self.devices)]
@@ -96,36 +133,229 @@ class DeviceTiles(HostTiles):
             with cuda.Stream(non_blocking=True):  # the current stream is per thread
                 yield
 
+    def _count(self, **counts) -> None:
+        with self._count_lock:
+            self.copies.update(counts)
+
     def evict(self, value):
         """The budget's spill on a GPU: the tile copied to host memory (``OnHost``), its bytes
-        and the seconds the copy took. A task that reads it copies it back (``fetch``)."""
+        and the seconds the copy took. A task that reads it copies it back (``fetch``). A
+        cached tile leaves the cache too (else its device memory would stay taken)."""
         t0 = time.perf_counter()
+        if self.cache is not None:
+            self.cache.discard(value)
         host = self.xp.asnumpy(value)
+        self._count(device_to_host=int(host.nbytes))
         return OnHost(host), int(host.nbytes), time.perf_counter() - t0
 
     def fetch(self, value, src: int, dst: int):
         if isinstance(value, OnHost):  # evicted by the budget: back onto this worker's device
+            self._count(host_to_device=value.nbytes)
             return self.xp.asarray(value.array)
         if self._device(src) != self._device(dst):
             value = value.copy()  # cupy copies an array of another device onto the current one
             self.xp.cuda.get_current_stream().synchronize()  # the source may be freed next
+            self._count(peer=int(value.nbytes))
         return value
 
     def publish(self, value) -> None:
         self.xp.cuda.get_current_stream().synchronize()  # readers on other streams see it done
 
     def to_host(self, value):
-        return value.array if isinstance(value, OnHost) else self.xp.asnumpy(value)
+        if isinstance(value, OnHost):
+            return value.array
+        self._count(device_to_host=int(value.nbytes))
+        return self.xp.asnumpy(value)
+
+    def copy_out(self, value, buffer) -> None:
+        """A finished output tile into its writer's buffer (host memory), on its worker:
+        straight into the buffer where CuPy can (``ndarray.get(out=)``), else through a host
+        copy."""
+        self._count(device_to_host=int(value.nbytes))
+        get = getattr(value, "get", None)
+        if get is not None and buffer.dtype == value.dtype and buffer.shape == value.shape \
+                and buffer.flags.c_contiguous and value.flags.c_contiguous:
+            get(out=buffer)
+        else:
+            np.copyto(buffer, self.xp.asnumpy(value), casting="unsafe")
+
+    # -- the device cache (devcache.py) --------------------------------------------------------
+    def _key(self, task, reader) -> tuple:
+        m = reader.meta
+        return (m.name.lower(), m.version, tuple(task.starts), tuple(task.stops))
+
+    def load(self, w: int, task, reader, runner, op):
+        """A Load on worker ``w``: the cached tile on its device (no copy), else a copy of the
+        one cached on another device (peer), else the box copied host -> device; kept."""
+        cache = self.cache
+        if cache is None:
+            value = runner.run(task, (), op, source=reader)
+            self._count(host_to_device=int(value.nbytes), misses=1)
+            return value
+        key, dev = self._key(task, reader), self._device(w)
+        value = cache.get(key, dev)
+        if value is not None:
+            self._count(hits=1)
+            return value
+        src = cache.peer(key, dev, self.devices)
+        if src is not None:
+            value = src[1].copy()  # onto this worker's device, from the one that holds it
+            self.xp.cuda.get_current_stream().synchronize()
+            self._count(peer=int(value.nbytes), peer_hits=1)
+        else:
+            value = runner.run(task, (), op, source=reader)
+            self._count(host_to_device=int(value.nbytes), misses=1)
+        return cache.put(key, dev, value)
+
+    def released(self, value) -> None:
+        if self.cache is not None:
+            self.cache.release(value)
+
+    def start_run(self, plan, store) -> None:
+        with self._count_lock:
+            self.copies = Counter()
+        cache = self.cache
+        if cache is None:
+            return
+        if store is not None and getattr(store, "commit_listeners", None) is not None:
+            self._listen(store)
+        for reader in plan.readers.values():  # a version read now: the others are stale
+            cache.keep_version(reader.meta.name, reader.meta.version)
+
+    def _listen(self, store) -> None:
+        """Have ``store`` report its commits to the cache: tiles of replaced and dropped
+        versions leave, a run's stored outputs become the new versions' tiles."""
+        if self._listening is not None and self._listening[0]() is store:
+            return
+        self._unlisten()
+        ref = weakref.ref(self.cache)
+
+        def committed(stored, retired, ref=ref):
+            cache = ref()
+            if cache is not None:
+                cache.committed(stored, retired)
+
+        store.commit_listeners.append(committed)
+        self._listening = (weakref.ref(store), committed)
+
+    def _unlisten(self) -> None:
+        if self._listening is None:
+            return
+        store, fn = self._listening[0](), self._listening[1]
+        self._listening = None
+        if store is not None and fn in getattr(store, "commit_listeners", ()):
+            store.commit_listeners.remove(fn)
+
+    def capacity(self) -> int | None:
+        """Three quarters of the devices' memory (None where the array module does not say):
+        the cache and a run's tiles together stay within it, and within memory_limit."""
+        if self._capacity == -1:
+            try:
+                total = 0
+                for d in self.devices:
+                    with self.xp.cuda.Device(d):
+                        total += int(self.xp.cuda.runtime.memGetInfo()[1])
+                self._capacity = total * 3 // 4
+            except Exception:  # noqa: BLE001 - a stand-in for CuPy, or a device that won't say
+                self._capacity = None
+        return self._capacity
+
+    def room(self, plan, limit):
+        """Make room for ``plan``: idle cached tiles leave (those it does not read first) until
+        the cache and the plan's tiles fit the limit (or the devices); what is left of
+        ``limit`` for the run's tiles."""
+        cache = self.cache
+        if cache is None or not cache.bytes:
+            return limit
+        caps = [c for c in (limit, self.capacity()) if c]
+        if caps:
+            over = cache.bytes + upper_bytes(plan) - min(caps)
+            if over > 0:
+                cache.make_room(over, keep={self._key(t, plan.readers[t.tensor])
+                                            for t in plan.tasks if isinstance(t, Load)})
+        return None if limit is None else limit - cache.bytes
+
+    def end_run(self, plan, run, result, finished=None) -> None:
+        cache = self.cache
+        if cache is not None:
+            cache.run_ended()
+            # the versions the outputs will have (physical.OutputWriters): without them,
+            # nothing is held (a tile must never be taken for another version's)
+            versions = getattr(getattr(finished, "__self__", None), "versions", None)
+            if result is not None and isinstance(versions, dict):
+                self._hold_outputs(plan, run, result, versions)
+        if result is not None:
+            # this run's counter (the next run starts a new one): the outputs' copies back to
+            # the host, made after this, are counted in it too
+            with self._count_lock:
+                result.copies = self.copies
+                if cache is not None:
+                    self.copies.update(cached_bytes=cache.bytes, cached_tiles=len(cache))
+
+    def _hold_outputs(self, plan, run, result, versions: dict) -> None:
+        """Keep the device arrays of the stored outputs until their commit (then they are the
+        new versions' cached tiles: the next query reads them without a copy)."""
+        for out in plan.outputs.values():
+            name = out.store_name or out.name
+            version = versions.get(name.lower())
+            if not out.stored or out.grid is None or version is None:
+                continue
+            tiles = []
+            for coords, key in out.tiles.items():
+                value = result.tiles.get(key)
+                if value is None or isinstance(value, OnHost):
+                    continue
+                starts, stops = tile_box(out.grid, coords)
+                tiles.append((starts, stops, self._device(run.made_on.get(key, 0)), value))
+            self.cache.hold_outputs(name, version, tiles)
+
+    def resident(self, plan):
+        """Per stored input: its Loads, how many find their tile cached on their device, how
+        many on another device only (a peer copy), and the bytes already in place."""
+        if self.cache is None:
+            return None
+        out: dict[str, dict] = {}
+        for t in plan.tasks:
+            if not isinstance(t, Load):
+                continue
+            reader = plan.readers[t.tensor]
+            on = self.cache.where(self._key(t, reader), self.devices)
+            r = out.setdefault(reader.meta.name, {"loads": 0, "resident": 0, "peer": 0,
+                                                  "bytes": 0})
+            r["loads"] += 1
+            if self._device(t.worker) in on:
+                r["resident"] += 1
+                r["bytes"] += reader.meta.dtype.itemsize * \
+                    _volume(t.starts, t.stops)
+            elif on:
+                r["peer"] += 1
+        return out
+
+    def close(self) -> None:
+        self._unlisten()
+        if self.cache is not None:
+            self.cache.clear()
 
 
-def GpuExecutor(spec: str = "gpu", *, memory_limit=None) -> LocalExecutor:  # noqa: N802
+def _volume(starts, stops) -> int:
+    n = 1
+    for a, b in zip(starts, stops):
+        n *= b - a
+    return n
+
+
+def GpuExecutor(spec: str = "gpu", *, memory_limit=None, cache: bool = True
+                ) -> LocalExecutor:  # noqa: N802
     """The local pool with one worker per GPU (``ex.devices``); ``ex.workers`` is their count.
-    (A factory with a class's name: the GPU executor is no class of its own.)"""
+    ``cache=False``: no tile stays on a device after a run. (A factory with a class's name:
+    the GPU executor is no class of its own.)"""
     devices = gpu_devices(spec)
-    return LocalExecutor(len(devices), memory_limit=memory_limit, tiles=DeviceTiles(devices))
+    return LocalExecutor(len(devices), memory_limit=memory_limit,
+                         tiles=DeviceTiles(devices, cache=cache))
 
 
 def make(spec: str, workers: int = 0, *, memory_limit=None) -> LocalExecutor:
     """The registry's factory for ``gpu`` / ``gpu://ids`` (each GPU is a worker: ``workers`` is
-    not used)."""
-    return GpuExecutor(spec, memory_limit=memory_limit)
+    not used), with ``?cache=off`` for no device cache."""
+    cache = _options(spec)[1].get("cache", "on").lower() == "on"
+    return GpuExecutor(spec, memory_limit=memory_limit, cache=cache)

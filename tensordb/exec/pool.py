@@ -41,11 +41,11 @@ from ..physical.order import ranks
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from ..storage.writer import TileStats, tile_stats
 from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
-from .kernels import get_backend
 from .ready import STOP, ReadyQueues
 from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, plan_specs,
                       translate)
 from .spill import SpillFiles
+from .tiles import HostTiles
 
 __all__ = ["LocalExecutor", "HostTiles"]
 
@@ -62,38 +62,6 @@ def _blas_limits(threads: int):
     if _controller is None:
         _controller = ThreadpoolController()
     return _controller.limit(limits=threads, user_api="blas")
-
-
-class HostTiles:
-    """Where the pool's tiles live and how they move: host memory, shared by every worker thread
-    (a transfer is only counted), NumPy kernels, outputs computed into their destination buffers.
-    ``gpu.py`` supplies the same interface for tiles resident on GPUs."""
-
-    name = "local"
-    devices: tuple = ()
-    limits_blas = True           # the workers' kernels are host BLAS: cap its threads per run
-    inline = True                # a tiny plan may run on the calling thread (no worker context)
-    writes_destinations = True   # output tiles may land straight in the caller's buffers
-    spills = True                # tiles are NumPy arrays: the budget may spill them to disk
-    pins_workers = True          # each worker thread keeps to a core of its own (see _pin)
-
-    def __init__(self, xp=None) -> None:
-        self.xp = xp if xp is not None else get_backend("numpy")
-
-    def worker(self, w: int):
-        """The context a worker thread runs its tasks in (a device and stream on a GPU)."""
-        return nullcontext()
-
-    def fetch(self, value, src: int, dst: int):
-        """Tile ``value`` made on worker ``src``, for a task on worker ``dst`` (called for every
-        input, ``src == dst`` too)."""
-        return value
-
-    def publish(self, value) -> None:
-        """Called before a tile is visible to other workers (a GPU waits for its stream)."""
-
-    def to_host(self, value):
-        return value
 
 
 class LocalExecutor:
@@ -148,6 +116,12 @@ class LocalExecutor:
         for th in self.threads:
             th.join()
         self.threads = []
+        self.tiles.close()
+
+    def resident(self, plan):
+        """Which of ``plan``'s Loads find their tile on their device already (EXPLAIN; None
+        for host tiles)."""
+        return self.tiles.resident(plan)
 
     def run(self, plan: TilePlan, store=None, progress=None, destinations=None,
             finished=None) -> RunResult:
@@ -167,8 +141,12 @@ class LocalExecutor:
             self.last_blas_threads = threads
             limits = _blas_limits(threads)
         with self._lock, limits:
+            tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
             run.finished_tile = finished if tiles.writes_destinations else None
+            if tiles.copies_out:  # a GPU's stored output tiles: to their buffers as finished
+                run.out_buffers, run.finished_out = destinations or {}, finished
+            result = None
             try:
                 if inline and run.budget is None:
                     result = run.go_inline()
@@ -176,10 +154,13 @@ class LocalExecutor:
                     self._start()
                     result = run.go()
             finally:
+                tiles.end_run(plan, run, result, finished)
                 # The run object lives on in reference cycles until a garbage collection: the
                 # output tiles it holds would stay with it after the caller lets them go.
                 run.results.clear()
-        result.tiles = {k: tiles.to_host(v) for k, v in result.tiles.items()}
+        landed = run.landed  # copied to the host already, on their workers
+        result.tiles = {k: landed[k] if k in landed else tiles.to_host(v)
+                        for k, v in result.tiles.items()}
         return result
 
 
@@ -253,9 +234,17 @@ class _Run:
         self.spill = SpillFiles(store)
         self._inline: list | None = None  # go_inline's ready heap
         self.finished_tile = None  # called with (key, tile) once a stored output's tile is final
+        # Device tiles (copies_out): a stored output's tile is copied to its buffer in host
+        # memory (``out_buffers``, else a host array of its own) on the worker that finished
+        # it, its statistics taken there and ``finished_out`` called, as the host pool does
+        # with tiles computed in place; the device tile stays in ``results`` for its readers.
+        self.out_buffers: dict = {}
+        self.finished_out = None
+        self.landed: dict[int, object] = {}  # output key -> its host copy
         limit = ex.memory_limit
+        room = self.tiles.room(plan, limit)  # on a GPU, less what its cache keeps there
         # admission only where the run could cross the limit (see budget.may_cross)
-        self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, limit) else None
+        self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, room) else None
 
     def admit(self, item) -> bool:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
@@ -392,9 +381,12 @@ class _Run:
             self.ex.xp is np else None
         try:
             choice = self.plan.kernels[task.op] if isinstance(task, Kernel) else None
-            value = self.runner.run(task, inputs, op_of(self.plan, task), choice=choice,
-                                    out=dest, source=source,
-                                    sink=None if stats is None else stats.add)
+            if source is not None:  # a Load: a GPU may have its tile cached (devcache.py)
+                value = self.tiles.load(w, task, source, self.runner, op_of(self.plan, task))
+            else:
+                value = self.runner.run(task, inputs, op_of(self.plan, task), choice=choice,
+                                        out=dest, source=source,
+                                        sink=None if stats is None else stats.add)
         finally:
             if isinstance(task, Kernel):
                 self.control.call_ended()
@@ -421,6 +413,8 @@ class _Run:
         """``stats``: the tile's statistics, where the kernel took them from every slab of
         ``value`` as it wrote them into the output file (``stats.nbytes`` tells)."""
         self.tiles.publish(value)
+        if self.finished_out is not None and task.key in self.keep:
+            self._land(task.key, value)
         dest = self.dest.get(task.key)
         if dest is not None:
             if value is not dest:  # land it in the output file, on this worker
@@ -466,6 +460,19 @@ class _Run:
         if self.control.task_done() == self.control.total:
             self.finished.set()
 
+    def _land(self, key: int, value) -> None:
+        """Device tile ``value`` of a stored output is final: copy it to the host now, on this
+        worker (while other tiles are still computed), with its statistics, and hand it to
+        its writer (``finished_out``: written early, or streamed into its file)."""
+        buf = self.out_buffers.get(key)
+        if buf is not None:
+            self.tiles.copy_out(value, buf)
+            self.nnz[key], self.nonfinite[key], self.crc32[key] = tile_stats(buf)
+        else:
+            buf = self.tiles.to_host(value)
+        self.landed[key] = buf
+        self.finished_out(key, buf)
+
     def _release(self, keys) -> None:
         for k in keys:
             with self.lock:
@@ -475,3 +482,4 @@ class _Run:
             if value is not None:
                 self.ledger.release(k)
                 self.spill.drop(k)
+                self.tiles.released(value)

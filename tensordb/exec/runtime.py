@@ -71,6 +71,9 @@ class RunResult:
     spill_seconds: float = 0.0  # time spent writing them
     over_budget: int = 0        # tasks run although the memory_limit was crossed (exec/budget.py)
     memory_limit: int | None = None  # the budget the run kept (None: none)
+    # On a GPU: bytes copied host_to_device, device_to_host and between devices (peer), and the
+    # device cache's hits, misses and evictions (exec/gpu.py); empty for host tiles.
+    copies: dict = field(default_factory=dict)
 
 
 # -- errors ------------------------------------------------------------------------------------

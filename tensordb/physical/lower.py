@@ -333,6 +333,12 @@ class OutputWriters:
             self.abort()
             raise
 
+    @property
+    def versions(self) -> dict[str, int]:
+        """The version each output will be stored as, by lower-cased catalog name (a GPU
+        keeps the run's output tiles on the device as that version's, once it is committed)."""
+        return {w.name.lower(): w.version for _, w in self.writers}
+
     def finished(self, key: int, tile) -> bool:
         """Output tile ``key`` is final (called on the worker that finished it): its writer
         takes it now, not at the commit. A tile computed in its reserved buffer goes to the

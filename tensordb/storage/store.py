@@ -43,6 +43,8 @@ class _Txn:
         self.retired: list[tuple[str, bool]] = []  # (path, may be kept as a spare)
         self.committed = False  # our COMMIT landed: what it references is the catalog's now
         self.replaced: list[str] = []  # tensors given new versions: their SQL views follow
+        self.stored: list[TensorMeta] = []  # versions written, and versions replaced or dropped:
+        self.gone: list[TensorMeta] = []    # told to the commit listeners once COMMIT lands
 
 
 class Store:
@@ -64,6 +66,10 @@ class Store:
         self._views: set[str] = set()
         self.spares = SparePayloads()  # retired payload files kept for reuse (spares.py)
         self.staging = StagingBuffers()  # anonymous buffers of staged outputs, kept for reuse
+        # Called as (versions stored, versions replaced or dropped), lists of TensorMeta, after
+        # each COMMIT that lands (the GPU executor's device cache, exec/devcache.py); must not
+        # raise.
+        self.commit_listeners: list[Callable] = []
         if path is None:
             if read_only:
                 raise ProgrammingError("an in-memory database cannot be opened read-only")
@@ -335,6 +341,7 @@ class Store:
                 for old in olds:
                     if old is not None:
                         self._retire_file(old, txn, spare=True)
+                        txn.gone.append(old)
                 catalog.store(self.duck, [(old, meta, w.file, entries)
                                           for old, (w, meta, entries) in zip(olds, rows)])
             for w, durable in items:
@@ -347,6 +354,7 @@ class Store:
                 self._forget(w.name)
                 txn.replaced.append(w.name)
                 self._cache[w.name.lower()] = meta  # exact: the rows just inserted
+                txn.stored.append(meta)
                 if len(self._entries) > 1024:
                     self._entries.clear()
                 self._entries[meta.version] = (w.file if entries else None, entries)
@@ -371,6 +379,7 @@ class Store:
     def _retire(self, old: TensorMeta, txn: _Txn) -> None:
         self._retire_file(old, txn)
         catalog.delete(self.duck, old)
+        txn.gone.append(old)
 
     def _retire_file(self, old: TensorMeta, txn: _Txn, spare: bool = False) -> None:
         """Have ``old``'s payload file deleted once the transaction that removes its rows
@@ -421,6 +430,7 @@ class Store:
             self._txn = None
             if txn.external:
                 self._clear_cache()  # the user's own COMMIT or ROLLBACK decides what lands
+                self._tell_listeners([], txn.gone)  # forgetting what may go costs nothing
                 return  # files are reconciled when the database is next opened
             try:
                 self.duck.execute("COMMIT")
@@ -436,6 +446,14 @@ class Store:
                 except OSError:  # committed: what is left is reconciled at the next open
                     pass
             self._refresh_views(txn.replaced)
+            self._tell_listeners(txn.stored, txn.gone)
+
+    def _tell_listeners(self, stored, gone) -> None:
+        for listener in list(self.commit_listeners):
+            try:
+                listener(stored, gone)
+            except Exception:  # noqa: BLE001 - committed all the same; a cache is no record
+                pass
 
     def _refresh_views(self, names) -> None:
         """The SQL views of tensors just given new versions read the new ones: a user's view

@@ -15,6 +15,16 @@ Each figure is the median of ``--repeat`` runs after one warm-up, float32 throug
 - CuPy ``host->host``: host arrays copied to the device, the computation, the result copied back;
 - NumPy: host arrays to a host result (all cores' BLAS).
 
+The device-resident section (``resident``, run first) repeats queries on stored inputs, as a
+session does, so that the GPU executor's device cache (exec/devcache.py) holds the inputs and
+the stored results from one query to the next: a 8192^2 matmul stored to stored and with its
+result a LET (only its row sums stored), a 2-layer MLP forward, and a step of
+sql/train_mlp.sql's training (forward, loss, GRADs, SGD updates stored) at a size that fills a
+good part of the GPU's memory. Each is timed end to end (``con.execute``), with the cache and
+without it (every Load copied host -> device), beside CuPy on device-resident arrays (and
+CuPy with the result copied back to the host where tensordb stores it); the bytes the last
+cached run copied each way are recorded.
+
 ``--dry-run`` checks this script without a GPU: small sizes, tensordb on ``executor="local"``,
 NumPy standing in for CuPy. The results are written after each workload (a run stopped by a
 timeout keeps what it measured).
@@ -35,6 +45,7 @@ from typing import Callable
 import numpy as np
 
 import tensordb
+from tensordb.config import format_bytes
 from tests.bench.workloads import _block_sparse, _rand  # the suite's generators
 
 F32 = np.float32
@@ -132,6 +143,124 @@ def _min_plus(n, numpy_n) -> GpuWorkload:
              f" TiB); NumPy: one run of the {numpy_n}x{numpy_n} problem, single-threaded (its "
              f"error column: the first 16 rows of the {n} product by NumPy); CuPy host->host not "
              f"timed (copying {n * n * 4 >> 20} MiB each way is small next to the product)")
+
+
+# -- the device-resident section ----------------------------------------------------------------
+
+@dataclass
+class Resident:
+    name: str
+    arrays: Callable[[np.random.Generator], dict]   # host inputs, stored once
+    sql: str                                        # the statements repeated
+    cupy: Callable[[object, dict], object]          # (cupy, device arrays) -> result (one step)
+    result: str                                     # the tensor tensordb stores (checked)
+    flops: float = 0.0
+    note: str = ""
+
+
+def _train_step_xp(xp, a: dict, lr: float):
+    """sql/train_mlp.sql's step by hand on ``xp`` (bench_train.numpy_step's): the weights in
+    ``a`` are replaced by the updated ones, as the SQL step stores them."""
+    x, y, w1, w2 = a["X"], a["Y"], a["W1"], a["W2"]
+    pre = x @ w1
+    h = xp.maximum(pre, 0)
+    z = h @ w2
+    m = z.max(1, keepdims=True)
+    e = xp.exp(z - m)
+    s = e.sum(1, keepdims=True)
+    loss = xp.sum(xp.log(s[:, 0]) + m[:, 0] - xp.sum(y * z, 1)) / len(x)
+    dz = (e / s - y) / F32(len(x))
+    dw2 = h.T @ dz
+    dh = (dz @ w2.T) * (pre > 0)
+    dw1 = x.T @ dh
+    a["W1"], a["W2"] = w1 - F32(lr) * dw1, w2 - F32(lr) * dw2
+    return loss
+
+
+def resident_workloads(dry: bool, train: tuple[int, int, int, int]) -> list[Resident]:
+    from tests.bench.bench_train import LR, _arrays, step_sql
+    n = 256 if dry else 8192
+    b, h, f = (128, 64, 256) if dry else (8192, 4096, 16384)
+    tb, tf, th, tc = train
+
+    def mm(rng):
+        return {"A": _rand(rng, n, n), "B": _rand(rng, n, n)}
+
+    def mlp(rng):
+        return {"X": _rand(rng, b, h), "W1": _rand(rng, h, f) / F32(math.sqrt(h)),
+                "W2": _rand(rng, f, h) / F32(math.sqrt(f))}
+
+    def train_arrays(rng):
+        x, y, w1, w2 = _arrays(tb, tf, th, tc)
+        return {"X": x, "Y": y, "W1": w1, "W2": w2}
+
+    return [
+        Resident(f"matmul {n}^2 stored -> stored", mm, "C[i,k] = A[i,j] * B[j,k]",
+                 lambda cp, a: cp.matmul(a["A"], a["B"]), "C", 2.0 * n ** 3),
+        Resident(f"matmul {n}^2, result a LET (row sums stored)", mm,
+                 "LET C[i,k] = A[i,j] * B[j,k]; R[i] = SUM(C[i,k])",
+                 lambda cp, a: cp.matmul(a["A"], a["B"]).sum(1), "R", 2.0 * n ** 3),
+        Resident(f"2-layer MLP forward b={b} h={h} f={f}", mlp,
+                 "LET H[b,f] = RELU(SUM(X[b,h] * W1[h,f])); OUT[b,o] = SUM(H[b,f] * W2[f,o])",
+                 lambda cp, a: cp.matmul(cp.maximum(cp.matmul(a["X"], a["W1"]), 0), a["W2"]),
+                 "OUT", 4.0 * b * h * f),
+        Resident(f"train_mlp step b={tb} f={tf} h={th} c={tc}", train_arrays, step_sql(tb),
+                 lambda cp, a: _train_step_xp(cp, a, LR), "W2", 6.0 * tb * tf * th,
+                 note="sql/train_mlp.sql's step (bench_train.step_sql): the weights are stored "
+                      "each step and read by the next; CuPy updates them on the device"),
+    ]
+
+
+def run_resident(w: Resident, cp, executor: str, repeat: int, directory: str) -> dict:
+    """``w`` repeated on one connection with the device cache, then without it, then CuPy."""
+    rng = np.random.default_rng(0)
+    arrays = w.arrays(rng)
+    row: dict = {"name": w.name, "note": w.note, "flops": w.flops, "section": "resident",
+                 "input_bytes": sum(int(a.nbytes) for a in arrays.values())}
+    results = {}
+    for cached in (True, False):
+        path = os.path.join(directory, f"res{abs(hash((w.name, cached))) % 10 ** 8}.tdb")
+        spec = executor if cached or executor != "gpu" else "gpu://?cache=off"
+        with tensordb.connect(path, executor=spec) as con:  # no cache: every Load copies
+            for name, a in arrays.items():
+                con.load(name, a)
+            row["tensordb_cached" if cached else "tensordb_uncached"] = \
+                median_time(lambda: con.execute(w.sql), repeat)
+            if cached:
+                row["copies"] = dict(getattr(con.last_run, "copies", {}) or {})
+                row["tensordb_run"] = con.last_run.seconds
+            results[cached] = con.tensor(w.result)
+        _log(f"tensordb {'cached' if cached else 'uncached'} "
+             f"{row['tensordb_cached' if cached else 'tensordb_uncached']:.3f}s")
+    row["err_cached_vs_uncached"] = rel_err(results[True], results[False])
+    if cp is not None:
+        sync = cp.cuda.Device().synchronize
+        dev = {k: cp.asarray(v) for k, v in arrays.items()}
+        row["cupy_device"] = median_time(lambda: w.cupy(cp, dev), repeat, sync)
+        row["cupy_to_host"] = median_time(lambda: cp.asnumpy(w.cupy(cp, dev)), repeat, sync)
+        _log(f"cupy device {row['cupy_device']:.3f}s")
+        del dev
+        cp.get_default_memory_pool().free_all_blocks()
+    return row
+
+
+def render_resident(rows: list[dict]) -> str:
+    lines = ["Device-resident inputs (queries repeated on one connection; medians, ms):", "",
+             "| workload | tensordb, device cache | tensordb, no cache | CuPy device | "
+             "CuPy device, result to host | cached / CuPy device | copied host->device, "
+             "device->host (last cached run) | rel. diff cached vs not |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r.get("copies", {})
+        ratio = f"{r['tensordb_cached'] / r['cupy_device']:.1f}x" if r.get("cupy_device") else "-"
+        lines.append(f"| {r['name']} | {_ms(r['tensordb_cached'])} | "
+                     f"{_ms(r['tensordb_uncached'])} | {_ms(r.get('cupy_device'))} | "
+                     f"{_ms(r.get('cupy_to_host'))} | {ratio} | "
+                     f"{format_bytes(c.get('host_to_device', 0))}, "
+                     f"{format_bytes(c.get('device_to_host', 0))} | "
+                     f"{r['err_cached_vs_uncached']:.1e} |")
+    notes = [f"- {r['name']}: {r['note']}" for r in rows if r.get("note")]
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
 def workloads(dry: bool, min_plus: int = 8192) -> list[GpuWorkload]:
@@ -310,6 +439,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="", help="run the workloads whose name has this text")
     p.add_argument("--min-plus", type=int, default=8192, help="the min-plus product's size")
     p.add_argument("--budget", action="store_true", help="the memory_limit check also with --only")
+    p.add_argument("--train", default="",
+                   help="the training step's b,f,h,c (default: by the device's memory)")
+    p.add_argument("--no-resident", action="store_true", help="leave out the resident section")
     p.add_argument("--json", default="")
     p.add_argument("--md", default="")
     args = p.parse_args(argv)
@@ -327,6 +459,33 @@ def main(argv=None) -> int:
         cp = _NumpyAsCupy()
     executor = "local" if args.dry_run else "gpu"
     rows: list[dict] = []
+    if args.train:
+        train = tuple(int(x) for x in args.train.split(","))
+    elif args.dry_run:
+        train = (64, 8, 16, 3)
+    else:  # X, the hidden layer and its gradient take about a fifth of the device
+        big = meta.get("device_memory_gib", 0) >= 100
+        train = (65536 if big else 32768, 4096, 16384, 1024)
+    resident: list[dict] = []
+    if not args.no_resident:
+        with tempfile.TemporaryDirectory(prefix="bench-gpu-res-") as d:
+            for w in resident_workloads(args.dry_run, train):
+                if args.only and args.only not in w.name:
+                    continue
+                t0 = time.perf_counter()
+                _log(f"{w.name}: starting")
+                try:
+                    row = run_resident(w, cp, executor, args.repeat, d)
+                except Exception as exc:  # noqa: BLE001 - one failure must not lose the rest
+                    row = {"name": w.name, "section": "resident",
+                           "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                row["wall_s"] = round(time.perf_counter() - t0, 1)
+                resident.append(row)
+                print(json.dumps(row), flush=True)
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump({"meta": meta, "resident": resident, "rows": rows}, f, indent=1)
+                cp.get_default_memory_pool().free_all_blocks()
     if not args.only or args.budget:
         n, tile, limit = (512, 64, 1 << 20) if args.dry_run else (8192, 1024, 512 << 20)
         try:
@@ -336,7 +495,7 @@ def main(argv=None) -> int:
         print(json.dumps(meta["budget"]), flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                json.dump({"meta": meta, "resident": resident, "rows": rows}, f, indent=1)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as d:
         for w in workloads(args.dry_run, args.min_plus):
             if args.only and args.only not in w.name:
@@ -352,16 +511,20 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                    json.dump({"meta": meta, "resident": resident, "rows": rows}, f, indent=1)
             cp.get_default_memory_pool().free_all_blocks()
     good = [r for r in rows if "error" not in r]
+    good_res = [r for r in resident if "error" not in r]
     text = render(good, meta) + "".join(f"- {r['name']}: FAILED {r['error']}\n"
-                                        for r in rows if "error" in r)
+                                        for r in rows + resident if "error" in r)
+    if good_res:
+        text += "\n" + render_resident(good_res)
     print(text)
     if args.md:
         with open(args.md, "w") as f:
             f.write(text)
-    return 1 if len(good) < len(rows) or not meta.get("budget", {}).get("ok", True) else 0
+    return 1 if len(good) < len(rows) or len(good_res) < len(resident) or \
+        not meta.get("budget", {}).get("ok", True) else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one unattended run on a lent GPU machine (docs/distributed.md,
-# "GPUs"): the gpu-marked tests, the random corpora on executor="gpu", then the benchmark.
+# "GPUs"): the gpu-marked tests (and the device cache's, tests/test_gpu_cache.py), the
+# benchmark (its device-resident section first: repeated queries with and without the device
+# cache beside CuPy, medians of 5), then the random corpora on executor="gpu".
 #
 #   bash tests/bench/gpu_device.sh                  # on the GPU machine; results under $OUT
 #   GPU_DRY_RUN=1 OUT=/tmp/gpu-out bash tests/bench/gpu_device.sh   # here, on the CPU
@@ -8,7 +10,7 @@
 # The device has CuPy, NumPy, pyarrow, opt_einsum, pytest... but not DuckDB or lark: their
 # wheels (Python 3.12, x86_64) are installed from $GPU_WHEELS (default: ../whl beside the source
 # tree) into /tmp/site. Each part runs under `timeout`, within the script's budget
-# ($GPU_BUDGET_S seconds, default 390), and one part's failure does not stop the next.
+# ($GPU_BUDGET_S seconds, default 450), and one part's failure does not stop the next.
 # GPU_PARTS picks parts (default: "env tests bench fuzz corpus"), BENCH_ARGS adds arguments to
 # bench_gpu.py (e.g. "--only min-plus --budget"), BENCH_LIMIT_S is its time limit, XDIST_N the
 # pytest-xdist processes of the corpora (default 4). In a dry run the corpora run on the local executor (a few fuzz seeds) and
@@ -17,7 +19,7 @@ set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/gpu-out}
 WHL=${GPU_WHEELS:-$SRC/../whl}
-BUDGET=${GPU_BUDGET_S:-390}
+BUDGET=${GPU_BUDGET_S:-450}
 PARTS=${GPU_PARTS:-env tests bench fuzz corpus}
 DRY=${GPU_DRY_RUN:-}
 START=$(date +%s)
@@ -71,14 +73,14 @@ part env 60 bash -c "nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,dri
     $PY -c 'import cupy; print(\"cupy\", cupy.__version__); cupy.show_config()' | head -30;
     $PY -c 'import tensordb; print(\"tensordb\", tensordb.__version__, tensordb.__file__)'"
 
-part tests 90 "${PYTEST[@]}" tests/test_gpu.py
+part tests 90 "${PYTEST[@]}" tests/test_gpu.py tests/test_gpu_cache.py
 
 if [ -n "$DRY" ]; then
     part bench 60 "$PY" -m tests.bench.bench_gpu --dry-run --repeat 2 --json "$OUT/bench.json" --md "$OUT/bench.md" ${BENCH_ARGS:-}
     part fuzz 120 "${PYTEST[@]}" tests/test_fuzz.py -k "test_fuzz_einsums and (seed0 or seed1)"
     part corpus 60 "${PYTEST[@]}" tests/test_engine_corpus.py -k "seed0- or seed1- or numpy_spec"
 else
-    part bench "${BENCH_LIMIT_S:-190}" "$PY" -m tests.bench.bench_gpu --repeat 5 --json "$OUT/bench.json" --md "$OUT/bench.md" ${BENCH_ARGS:-}
+    part bench "${BENCH_LIMIT_S:-240}" "$PY" -m tests.bench.bench_gpu --repeat 5 --json "$OUT/bench.json" --md "$OUT/bench.md" ${BENCH_ARGS:-}
     part fuzz 150 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/test_fuzz.py -k "test_fuzz_einsums and not slow"
     part corpus 90 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/test_engine_corpus.py
 fi

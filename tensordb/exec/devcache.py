@@ -1,0 +1,222 @@
+"""Tiles of stored tensors kept on the GPUs from one query to the next (the device cache).
+
+A query on the GPU executor reads its stored inputs with Loads, each a box of one tensor version
+copied host -> device. The cache keeps those device arrays after the run, keyed by
+``(tensor, version, starts, stops)`` and the device, so that the next query reading the same
+box of the same version copies nothing (a *hit*); a box cached on another device is copied
+from there (a *peer* copy, device to device). Versions are never reused while a database is
+open, so a key names the bytes; a tensor replaced or dropped has its older versions' tiles
+removed when the catalog commit lands (``committed``, a listener of the store), and a run also
+drops any tile of a tensor it reads at another version (``keep_version``).
+
+Stored outputs stay too: at the end of a run the device arrays of its stored output tiles are
+held as *pending* under the output's name and box; when the store commits that name, they
+become the cache's tiles of the committed version (a training step's new weights are read by
+the next step without a copy). Pending tiles of a run whose commit never came are dropped at
+the next commit.
+
+Memory: the cache's tiles count against the executor's ``memory_limit``, as the run's tiles
+do. A tile in use by the running query is counted by the run's ledger (it is one of its
+tiles); a cached tile no run holds is *idle* and counted here (``idle_bytes``). Before a run,
+idle tiles are dropped (least recently used first, those the plan does not read before those
+it does) until the cache and the plan's tiles fit the limit; during a run, the pool's admission
+drops idle tiles first when a task needs room (``make_room``), before it moves any tile of the
+run to host memory. The cache is thread-safe: worker threads of several devices use it at once.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+__all__ = ["DeviceCache"]
+
+
+@dataclass
+class _Entry:
+    array: object
+    nbytes: int
+    uses: int = 0   # Loads of the running query holding it (0: idle)
+
+
+class DeviceCache:
+    """Device arrays of stored tiles, least recently used first (see the module's doc).
+
+    Keys are ``(name.lower(), version, starts, stops)``; an entry is one key on one device.
+    Pending output tiles have version None until their commit."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: OrderedDict[tuple, _Entry] = OrderedDict()  # (key, device) -> entry
+        self.ids: dict[int, tuple] = {}   # id(array) -> its (key, device), for ``release``
+        self.names: dict[str, set] = {}   # name -> its entries' (key, device)
+        self.bytes = 0        # all cached bytes (idle or held by the run)
+        self.idle_bytes = 0   # bytes of entries no run holds
+        self.evicted = 0      # entries dropped for room (a figure for tests and EXPLAIN)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # -- the run's Loads -----------------------------------------------------------------------
+    def get(self, key: tuple, device: int, held: bool = True):
+        """The cached array of ``key`` on ``device`` (now held by the run, unless ``held`` is
+        False), or None."""
+        with self.lock:
+            e = self.entries.get((key, device))
+            if e is None:
+                return None
+            self.entries.move_to_end((key, device))
+            if held:
+                if e.uses == 0:
+                    self.idle_bytes -= e.nbytes
+                e.uses += 1
+            return e.array
+
+    def peer(self, key: tuple, device: int, devices):
+        """``(device, array)`` of ``key`` cached on another of ``devices`` than ``device``, or
+        None."""
+        with self.lock:
+            for d in devices:
+                e = self.entries.get((key, d)) if d != device else None
+                if e is not None:
+                    return d, e.array
+        return None
+
+    def put(self, key: tuple, device: int, array, held: bool = True):
+        """Cache ``array`` as ``key`` on ``device`` (held by the run unless ``held`` is False);
+        the array to use (the one cached already, when another thread put it first)."""
+        nbytes = int(getattr(array, "nbytes", 0))
+        with self.lock:
+            e = self.entries.get((key, device))
+            if e is not None:
+                self.entries.move_to_end((key, device))
+                if held:
+                    if e.uses == 0:
+                        self.idle_bytes -= e.nbytes
+                    e.uses += 1
+                return e.array
+            self._add((key, device), _Entry(array, nbytes, 1 if held else 0))
+            return array
+
+    def _add(self, where, e: _Entry) -> None:  # the caller holds the lock
+        self.entries[where] = e
+        self.ids[id(e.array)] = where
+        self.names.setdefault(where[0][0], set()).add(where)
+        self.bytes += e.nbytes
+        if e.uses == 0:
+            self.idle_bytes += e.nbytes
+
+    def release(self, array) -> None:
+        """The run let ``array`` go (its last reader ran): idle again, if it is cached."""
+        with self.lock:
+            where = self.ids.get(id(array))
+            e = self.entries.get(where) if where is not None else None
+            if e is None or e.array is not array or e.uses == 0:
+                return
+            e.uses -= 1
+            if e.uses == 0:
+                self.idle_bytes += e.nbytes
+
+    def run_ended(self) -> None:
+        """The run is over: it holds nothing any more."""
+        with self.lock:
+            for e in self.entries.values():
+                e.uses = 0
+            self.idle_bytes = self.bytes
+
+    def discard(self, array) -> None:
+        """``array`` leaves the cache (the budget moved it to host memory)."""
+        with self.lock:
+            where = self.ids.get(id(array))
+            e = self.entries.get(where) if where is not None else None
+            if e is not None and e.array is array:
+                self._drop(where)
+
+    # -- room ----------------------------------------------------------------------------------
+    def make_room(self, nbytes: int, keep=frozenset()) -> int:
+        """Drop idle entries, least recently used first (pending outputs first of all, then
+        those whose key is not in ``keep``, then the rest), until ``nbytes`` are freed or none
+        is left; the bytes freed."""
+        freed = 0
+        with self.lock:
+            idle = [(k, e) for k, e in self.entries.items() if e.uses == 0]
+            order = [k for k, e in idle if k[0][1] is None] + \
+                [k for k, e in idle if k[0][1] is not None and k[0] not in keep] + \
+                [k for k, e in idle if k[0][1] is not None and k[0] in keep]
+            for where in order:
+                if freed >= nbytes:
+                    break
+                freed += self._drop(where)
+                self.evicted += 1
+        return freed
+
+    def _drop(self, where) -> int:  # the caller holds the lock
+        e = self.entries.pop(where)
+        if self.ids.get(id(e.array)) == where:
+            del self.ids[id(e.array)]
+        same = self.names.get(where[0][0])
+        if same is not None:
+            same.discard(where)
+            if not same:
+                del self.names[where[0][0]]
+        self.bytes -= e.nbytes
+        if e.uses == 0:
+            self.idle_bytes -= e.nbytes
+        return e.nbytes
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.ids.clear()
+            self.names.clear()
+            self.bytes = self.idle_bytes = 0
+
+    # -- versions --------------------------------------------------------------------------
+    def keep_version(self, name: str, version: int) -> None:
+        """Drop the tiles of ``name`` at any version but ``version`` (the one a run reads)."""
+        name = name.lower()
+        with self.lock:
+            for where in [w for w in self.names.get(name, ()) if w[0][1] not in (None, version)]:
+                self._drop(where)
+
+    def hold_outputs(self, name: str, version: int, tiles) -> None:
+        """The device arrays of a stored output's tiles, ``[(starts, stops, device, array)]``,
+        kept until the store commits ``version`` of ``name`` (``committed``); those of an
+        earlier run of the same name are replaced."""
+        name = name.lower()
+        with self.lock:
+            for where in [w for w in self.names.get(name, ()) if w[0][1] is None]:
+                self._drop(where)
+        for starts, stops, device, array in tiles:
+            self.put((name, None, tuple(starts), tuple(stops), int(version)), device, array,
+                     held=False)
+
+    def committed(self, stored, retired) -> None:
+        """The store committed: ``stored`` (TensorMetas) are the new versions (the pending
+        tiles held for one of them become its tiles), ``retired`` the versions replaced or
+        dropped (their tiles go). Every other pending tile goes too: its run's outputs were
+        not committed, or were replaced again in the same transaction."""
+        final = {m.name.lower(): m for m in stored}  # a name stored twice: its last version
+        gone = {(m.name.lower(), m.version) for m in retired}
+        with self.lock:
+            names = {n for n, _ in gone} | set(final) | \
+                {n for n in self.names if any(w[0][1] is None for w in self.names[n])}
+            for where in [w for n in names for w in list(self.names.get(n, ()))]:
+                key, device = where
+                m = final.get(key[0])
+                if (key[0], key[1]) in gone or \
+                        (key[1] is not None and m is not None and key[1] != m.version):
+                    self._drop(where)
+                elif key[1] is None:
+                    e = self.entries[where]
+                    self._drop(where)
+                    if m is not None and key[4] == m.version:
+                        new = ((key[0], m.version, key[2], key[3]), device)
+                        if new not in self.entries:
+                            self._add(new, _Entry(e.array, e.nbytes, 0))
+
+    # -- what EXPLAIN shows ----------------------------------------------------------------
+    def where(self, key: tuple, devices) -> list[int]:
+        """Which of ``devices`` ``key`` is cached on."""
+        with self.lock:
+            return [d for d in devices if (key, d) in self.entries]
