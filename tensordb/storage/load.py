@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DataError, ProgrammingError
-from . import guard
+from . import guard, pyobjects
 from ._duck import translating
 from .arrays import load_array
 from .meta import TensorMeta, check_name
@@ -78,8 +78,11 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     if fmt == "npz":
         return _load_npz(store, name, target, array, tile=tile, replace=replace, dims=dims)
     from .tables import load_table
-    return load_table(store, name, fmt, target, tile=tile, replace=replace, dims=dims,
-                      memory_limit=memory_limit, **table_opts)
+    # a query may name the caller's DataFrames and Arrow tables, as in con.sql (pyobjects.py)
+    scans = pyobjects.scans_for(store, target) if fmt == "sql" else {}
+    with pyobjects.scanning(store, scans):
+        return load_table(store, name, fmt, target, tile=tile, replace=replace, dims=dims,
+                          memory_limit=memory_limit, **table_opts)
 
 
 def _check_not_a_pattern(store, name: str, path: str) -> None:

@@ -62,6 +62,10 @@ class Store:
         self.user_transaction = False  # a transaction begun with SQL (con.sql("BEGIN")) is open
         self._entries: dict[int, tuple] = {}
         self._views: set[str] = set()
+        # Python objects shown to SQL (pyobjects.py): registered by name (con.register), and
+        # those a running statement scans by the name the user's code gives them
+        self.registered: dict[str, object] = {}
+        self.scanning: dict[str, object] = {}
         self.spares = SparePayloads()  # retired payload files kept for reuse (spares.py)
         self.staging = StagingBuffers()  # anonymous buffers of staged outputs, kept for reuse
         if path is None:
@@ -278,6 +282,13 @@ class Store:
             names = [n for n in names if self._find(n) is None]
             if not names:
                 return
+            for name in names:
+                for known in self.registered:
+                    if known.lower() == name.lower():
+                        raise CatalogError(f"cannot create tensor '{name}': a Python object is "
+                                           f"registered as '{known}'",
+                                           hint=f"con.unregister('{known}') first; tensors, "
+                                                "tables and registered objects share one namespace")
             with translating():
                 found = catalog.tables_named(self.duck, names)
             for name in names:
