@@ -257,9 +257,12 @@ class Connection(TensorIO, DuckAPI):
 
     # -- einsum --------------------------------------------------------------------------------
     @one_at_a_time
-    def einsum(self, spec: str, *operands: str, into: str | None = None, join: str | None = None,
-               agg: str = "sum", pieces: Mapping[str, int] | None = None, replace: bool = True):
-        """Run a numpy-style einsum over stored tensors.
+    def einsum(self, spec: str, *operands, into: str | None = None, join: str | None = None,
+               agg: str = "sum", pieces: Mapping[str, int] | None = None, replace: bool = True,
+               optimize: Any = None):
+        """Run a numpy-style einsum over stored tensors (names) or arrays, which are stored as
+        temporaries for the call (``TensorIO._operands``). ``optimize`` takes any of numpy's
+        values and changes nothing: tensordb's own optimizer plans every einsum.
 
         Without ``into`` the result is returned as a numpy array (a numpy scalar when it has no
         dimensions), like ``numpy.einsum``, and nothing is stored. With ``into`` it is stored
@@ -278,6 +281,10 @@ class Connection(TensorIO, DuckAPI):
         array([[ 2.,  3.],
                [ 6., 11.]])
         """
+        with self._operands(operands) as operands:
+            return self._einsum(spec, operands, into, join, agg, pieces, replace)
+
+    def _einsum(self, spec, operands, into, join, agg, pieces, replace):
         if into is not None:
             graph = Graph().einsum(spec, *operands, into=into, join=join, agg=agg, pieces=pieces)
             return self.run(graph, replace=replace)

@@ -10,6 +10,8 @@ storage; none runs the pipeline (connection.py drives that). ``Connection`` inhe
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
 from typing import TYPE_CHECKING, Sequence
@@ -51,6 +53,29 @@ class TensorIO:
             metas = load_tensor(self.store, name, source, memory_limit=self.settings.memory_limit,
                                 **options)
         return metas if isinstance(metas, list) else [metas]
+
+    @contextlib.contextmanager
+    def _operands(self, operands):
+        """An einsum's operands as tensor names: each one that is not a name (a numpy array, or
+        anything ``numpy.asarray`` takes, as numpy's einsum takes it) is stored as a temporary
+        tensor ``_einsum_operand<k>`` for the block, and dropped after it, whatever happens."""
+        names, made = [], []
+        given = {op.lower() for op in operands if isinstance(op, str)}
+        try:
+            for k, op in enumerate(operands):
+                if isinstance(op, str):
+                    names.append(op)
+                    continue
+                name = next(n for n in (f"_einsum_operand{k}_{j}" if j else f"_einsum_operand{k}"
+                                        for j in itertools.count())
+                            if n.lower() not in given and not self.store.has(n))
+                self._load(name, op)
+                made.append(name)
+                names.append(name)
+            yield tuple(names)
+        finally:
+            for name in made:
+                self.store.drop(name, if_exists=True)
 
     @one_at_a_time
     def tensor(self, name: str) -> np.ndarray:
