@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ._optional import require
 from .calls import one_at_a_time
 from .config import available_memory, format_bytes, stage
 from .errors import OutOfMemoryError, ProgrammingError
@@ -38,7 +39,11 @@ class TensorIO:
     @one_at_a_time
     def load(self, name: str, source, *, tile: Sequence[int] | None = None, replace: bool = False,
              **options) -> None:
-        """Store a tensor from a numpy array, a .npy/.npz/.parquet/.csv path, or a SQL query.
+        """Store a tensor from a numpy array (or anything ``numpy.asarray`` takes), an object
+        with ``__dlpack__`` (a torch or JAX array on the CPU), an xarray DataArray (its dims
+        name the dimensions), a pandas or polars DataFrame or an Arrow table (every column
+        numeric: a rows x columns matrix, columns in their order; DuckDB reads it as it reads
+        a query over it), a .npy/.npz/.parquet/.csv path, or a SQL query.
 
         Options: ``array`` (npz member), ``index``/``value``/``shape`` (coordinate tables),
         ``dims`` (dimension names), ``format`` (when the suffix does not say), ``query`` (SQL).
@@ -90,6 +95,14 @@ class TensorIO:
             raise OutOfMemoryError(f"out of memory reading tensor '{meta.name}' "
                                    f"({format_bytes(math.prod(meta.shape) * meta.dtype.itemsize)})"
                                    " as a dense array") from None
+
+    @one_at_a_time
+    def to_xarray(self, name: str):
+        """The tensor as an xarray DataArray named ``name``, its dimension names as its dims
+        (``pip install tensordb[xarray]``); ``con.load(name, data_array)`` is the way back."""
+        xarray = require("xarray", "to_xarray()")
+        meta = self.store.meta(name)
+        return xarray.DataArray(self.tensor(meta.name), dims=list(meta.dims), name=meta.name)
 
     def _check_dense(self, what: str, shape, dtype) -> None:
         dtype = np.dtype(dtype)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import DataError, ProgrammingError
 from . import guard, pyobjects
-from ._duck import translating
+from ._duck import quote_ident, translating
 from .arrays import load_array
 from .meta import TensorMeta, check_name
 from .npyfile import NpyFile, open_input, read_header
@@ -53,7 +53,16 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     """
     store._check_open(writing=True)
     check_name(name)
+    if pyobjects.is_xarray(source):  # its dims name the tensor's dimensions
+        dims = list(source.dims) if dims is None else dims
+        source = source.values
     fmt, target = _resolve(source, format, query)
+    if fmt == "frame":  # a data frame or Arrow table: read by DuckDB, as a query over it is
+        scans = {f"_tensordb_load_{id(target):x}": target}
+        with pyobjects.scanning(store, scans):
+            return load_tensor(store, name, None, tile=tile, replace=replace, index=index,
+                               value=value, shape=shape, dims=dims, memory_limit=memory_limit,
+                               query=f"SELECT * FROM {quote_ident(next(iter(scans)))}")
     if fmt in ("npy", "npz", "parquet", "csv"):
         guard.check_path(store, target, f"cannot load '{name}'")
     if fmt in ("parquet", "csv"):
@@ -129,7 +138,13 @@ def _resolve(source, format: str | None, query: str | None) -> tuple[str, object
         raise ProgrammingError("nothing to load: give an array, a path or query=")
     if format is not None:
         raise ProgrammingError(f"format='{format}' applies to paths, not to in-memory arrays")
+    if pyobjects.is_scannable(source):
+        return "frame", source
     try:
+        if hasattr(source, "__dlpack__") and not isinstance(source, np.ndarray):
+            # torch, JAX, CuPy...: numpy reads host memory in place (a GPU array raises)
+            arr = np.from_dlpack(source)
+            return "numpy", arr
         arr = np.asarray(source)
     except Exception as exc:  # ragged lists and the like
         raise DataError(f"cannot read {type(source).__name__} as an array: {exc}") from None

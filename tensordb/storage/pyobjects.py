@@ -28,7 +28,7 @@ import duckdb
 from ..errors import CatalogError, ProgrammingError
 from ._duck import quote_ident, translating
 
-__all__ = ["is_scannable", "register", "unregister", "scanning", "scans_for", "user_frame",
+__all__ = ["is_scannable", "is_xarray", "register", "unregister", "scanning", "scans_for", "user_frame",
            "sql_type"]
 
 # (module prefix, class name) of the objects DuckDB scans; looked up by name, so that pandas and
@@ -51,6 +51,12 @@ def is_scannable(obj) -> bool:
         if (root, cls.__name__) in _SCANNABLE:
             return True
     return False
+
+
+def is_xarray(obj) -> bool:
+    """Whether ``obj`` is an xarray DataArray (xarray is not imported)."""
+    return any(cls.__name__ == "DataArray" and (cls.__module__ or "").startswith("xarray")
+               for cls in type(obj).__mro__)
 
 
 def _is_relation(obj) -> bool:
