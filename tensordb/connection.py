@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import threading
+import weakref
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -81,8 +81,11 @@ class Connection(TensorIO, DuckAPI):
         if executor is not None:  # refuse an unguarded script here, before anything starts
             from .exec.spawn import check_main_guard
             check_main_guard(self.settings.executor)
-        self._call_lock = threading.RLock()  # one call at a time (calls.py)
-        self._store: Store | None = Store(path, read_only=read_only)
+        # a second connection to a database open in this process shares its store, as DuckDB's
+        # share a database instance, and with it the turns of its calls (calls.py)
+        self._store: Store | None = Store.shared(path, read_only=read_only)
+        self._call_lock = self._store.call_lock
+        self._release = weakref.finalize(self, self._store.release)  # at close, or collected
         self._executor = None
         self.session = Session()  # the dialect's state: LETs and the open BEGIN block
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
@@ -108,7 +111,7 @@ class Connection(TensorIO, DuckAPI):
             self._executor.close()
             self._executor = None
         if self._store is not None:
-            self._store.close()
+            self._release()
             self._store = None
 
     # -- DB-API 2.0 ----------------------------------------------------------------------------
@@ -248,10 +251,6 @@ class Connection(TensorIO, DuckAPI):
             raise ProgrammingError("a BEGIN ... COMMIT block of tensordb statements is open: "
                                    "con.sql cannot begin or end a transaction now",
                                    hint="end the block with COMMIT or ROLLBACK first")
-        if params is not None and (isinstance(params, (str, bytes)) or
-                                   not isinstance(params, (Sequence, Mapping))):
-            raise ProgrammingError(f"params must be a list, tuple or dict, got "
-                                   f"{type(params).__name__}")
         rel = sql(self.store, query, params, relation=True)
         return rel.set_alias(alias) if alias and rel is not None else rel
 

@@ -337,3 +337,30 @@ def test_module_sql_reads_the_callers_frames():
     fresh = pd.DataFrame({"u": [2, 5]})
     assert tensordb.sql("SELECT max(u) FROM fresh").fetchall() == \
         duckdb.sql("SELECT max(u) FROM fresh").fetchall()
+
+
+def test_a_second_connect_to_a_path_shares_the_database(tmp_path):
+    path = str(tmp_path / "shared.tdb")
+    duck_path = str(tmp_path / "shared.duckdb")
+    d1, d2 = duckdb.connect(duck_path), duckdb.connect(duck_path)  # DuckDB shares the instance
+    c1, c2 = tensordb.connect(path), tensordb.connect(database=path)
+    for a, b in ((c1, c2), (d1, d2)):
+        a.execute("CREATE TABLE t AS SELECT 7 AS x")
+        assert b.execute("SELECT x FROM t").fetchall() == [(7,)]
+    c1.load("A", np.eye(3))
+    np.testing.assert_array_equal(c2.tensor("A"), np.eye(3))
+    c2.execute("B[i,k] = SUM(A[i,j] * A[j,k])")
+    np.testing.assert_array_equal(c1.tensor("B"), np.eye(3))
+    c1.close()
+    with pytest.raises(tensordb.InterfaceError):
+        c1.tensor("A")
+    assert sorted(t["name"] for t in c2.tensors()) == ["A", "B"]  # the other goes on
+    with pytest.raises(tensordb.OperationalError, match="already open for writing"):
+        tensordb.connect(path, read_only=True)  # DuckDB: another configuration is refused too
+    with pytest.raises(duckdb.ConnectionException):
+        duckdb.connect(duck_path, read_only=True)
+    c2.close()
+    d1.close()
+    d2.close()
+    with tensordb.connect(path, read_only=True) as reader:  # the last one closed it
+        np.testing.assert_array_equal(reader.tensor("B"), np.eye(3))

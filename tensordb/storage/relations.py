@@ -17,7 +17,7 @@ running keeps the version it mapped.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import duckdb
 
@@ -43,6 +43,10 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
     DataFrame or Arrow table the caller's code holds is scanned by the name the query gives it
     (pyobjects.py), for this call and for each later call of the relation it returns."""
     store._check_open()
+    if parameters is not None and (isinstance(parameters, (str, bytes)) or
+                                   not isinstance(parameters, (Sequence, Mapping))):
+        raise ProgrammingError(f"params must be a list, tuple or dict, got "
+                               f"{type(parameters).__name__}")
     try:
         stmts = guard.statements(query)
     except Error as exc:
