@@ -1,4 +1,4 @@
-"""Optional packages (pandas, polars, xarray): imported when a method needs them, and a
+"""Optional packages (pandas, polars, xarray, zarr): imported when a method needs them, and a
 tensordb error that names the extra to install when they are missing.
 
 >>> require("numpy", "fetchnumpy()").__name__
@@ -12,7 +12,7 @@ from .errors import InterfaceError
 
 __all__ = ["require", "EXTRAS"]
 
-EXTRAS = {"pandas": "pandas", "polars": "polars", "xarray": "xarray"}
+EXTRAS = {"pandas": "pandas", "polars": "polars", "xarray": "xarray", "zarr": "zarr"}
 
 
 def require(module: str, feature: str):

@@ -107,3 +107,68 @@ def test_dlpack_object_numpy_cannot_read_is_a_data_error(con):
 
     with pytest.raises(tensordb.DataError, match="cannot read Broken"):
         con.load("G", Broken())
+
+
+# -- zarr -------------------------------------------------------------------------------------------
+
+def test_zarr_arrays_load_chunk_by_chunk_and_export(con, tmp_path):
+    zarr = pytest.importorskip("zarr", reason="zarr is in the zarr extra")
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((10, 7)).astype(np.float32)
+    data[:4, :3] = 0  # a chunk of zeros: no tile stored, no chunk written
+    z = zarr.create_array(store=str(tmp_path / "in.zarr"), shape=data.shape, dtype=data.dtype,
+                          chunks=(3, 4), dimension_names=("row", "col"), fill_value=0)
+    z[...] = data
+    con.load("Z", z)  # an array object
+    np.testing.assert_array_equal(con.tensor("Z"), data)
+    info = con.describe("Z")
+    assert info["dims"] == ("row", "col")
+    assert all(t % c == 0 or t == n for t, c, n in zip(info["tile_shape"], (3, 4), data.shape))
+    con.load("P", str(tmp_path / "in.zarr"), tile=(5, 7))  # a path; tile= decides
+    np.testing.assert_array_equal(con.tensor("P"), data)
+    assert con.describe("P")["tile_shape"] == (5, 7)
+    con.execute(f"LOAD TENSOR Q FROM '{tmp_path / 'in.zarr'}'")  # the dialect's LOAD
+    np.testing.assert_array_equal(con.tensor("Q"), data)
+
+    con.export("P", str(tmp_path / "out.zarr"))
+    back = zarr.open_array(str(tmp_path / "out.zarr"), mode="r")
+    np.testing.assert_array_equal(back[...], data)
+    assert back.chunks == (5, 7) and tuple(back.metadata.dimension_names) == ("row", "col")
+    con.execute("M[row, col] = P[row, col] * 2")
+    con.execute(f"COPY M TO '{tmp_path / 'out.zarr'}'")  # replaces a zarr array
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[...],
+                                  data * 2)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "keep.txt").write_text("mine")
+    with pytest.raises(tensordb.ProgrammingError, match="not a zarr array"):
+        con.export("M", str(tmp_path / "plain.zarr").replace("plain.zarr", "plain"), format="zarr")
+    assert (tmp_path / "plain" / "keep.txt").read_text() == "mine"
+    with pytest.raises(tensordb.ProgrammingError, match="inside the database directory"):
+        con.export("M", str(con.store.root / "x.zarr"))
+
+
+def test_a_zarr_array_larger_than_a_tile_streams(con, tmp_path):
+    """Each tile read is a slice of the array: the loader never asks for the whole of it."""
+    zarr = pytest.importorskip("zarr", reason="zarr is in the zarr extra")
+    data = np.arange(64 * 48, dtype=np.float64).reshape(64, 48)
+    z = zarr.create_array(store=str(tmp_path / "big.zarr"), shape=data.shape, dtype=data.dtype,
+                          chunks=(16, 16), fill_value=0)
+    z[...] = data
+
+    class Watched:
+        """The zarr array, recording the size of every read."""
+        def __init__(self, arr):
+            self.arr, self.reads = arr, []
+            self.shape, self.dtype, self.ndim, self.chunks = arr.shape, arr.dtype, arr.ndim, arr.chunks
+            self.metadata = arr.metadata
+
+        def __getitem__(self, key):
+            out = self.arr[key]
+            self.reads.append(out.size)
+            return out
+
+    watched = Watched(z)
+    from tensordb.storage.zarrio import load_zarr
+    load_zarr(con.store, "W", watched, tile=(16, 48), replace=False, dims=None)
+    np.testing.assert_array_equal(con.tensor("W"), data)
+    assert len(watched.reads) == 4 and max(watched.reads) == 16 * 48

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DataError, ProgrammingError
-from . import guard, pyobjects
+from . import guard, pyobjects, zarrio
 from ._duck import quote_ident, translating
 from .arrays import load_array
 from .meta import TensorMeta, check_name
@@ -31,9 +31,9 @@ from .npzfile import member_info, open_member
 
 __all__ = ["load_tensor", "load_array", "FORMATS"]
 
-FORMATS = ("npy", "npz", "parquet", "csv", "sql")
+FORMATS = ("npy", "npz", "parquet", "csv", "sql", "zarr")
 _SUFFIX = {".npy": "npy", ".npz": "npz", ".parquet": "parquet", ".pq": "parquet",
-           ".csv": "csv", ".tsv": "csv", ".txt": "csv"}
+           ".csv": "csv", ".tsv": "csv", ".txt": "csv", ".zarr": "zarr"}
 
 
 def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
@@ -56,14 +56,14 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     if pyobjects.is_xarray(source):  # its dims name the tensor's dimensions
         dims = list(source.dims) if dims is None else dims
         source = source.values
-    fmt, target = _resolve(source, format, query)
+    fmt, target = ("zarr", source) if zarrio.is_zarr(source) else _resolve(source, format, query)
     if fmt == "frame":  # a data frame or Arrow table: read by DuckDB, as a query over it is
         scans = {f"_tensordb_load_{id(target):x}": target}
         with pyobjects.scanning(store, scans):
             return load_tensor(store, name, None, tile=tile, replace=replace, index=index,
                                value=value, shape=shape, dims=dims, memory_limit=memory_limit,
                                query=f"SELECT * FROM {quote_ident(next(iter(scans)))}")
-    if fmt in ("npy", "npz", "parquet", "csv"):
+    if fmt in ("npy", "npz", "parquet", "csv") or (fmt == "zarr" and isinstance(target, str)):
         guard.check_path(store, target, f"cannot load '{name}'")
     if fmt in ("parquet", "csv"):
         _check_not_a_pattern(store, name, target)
@@ -84,6 +84,8 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
         with NpyFile(target) as npy:
             return load_array(store, name, npy.array, tile=tile, replace=replace, dims=dims,
                               what=target, after_tile=npy.release)
+    if fmt == "zarr":  # streamed a tile (of whole chunks) at a time
+        return zarrio.load_zarr(store, name, target, tile=tile, replace=replace, dims=dims)
     if fmt == "npz":
         return _load_npz(store, name, target, array, tile=tile, replace=replace, dims=dims)
     from .tables import load_table
