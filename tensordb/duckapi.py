@@ -136,6 +136,8 @@ class DuckAPI:
         cur = self.cursor()
         cur.executemany(query, parameters)
         self._last_result = cur.result
+        if cur.result is not None and cur.rowcount >= 0:
+            cur.result.count = cur.rowcount  # the total, as DuckDB's rowcount is
         return cur.result
 
     def _last(self):
@@ -158,8 +160,12 @@ class DuckAPI:
 
     @property
     def rowcount(self) -> int:
-        """As DuckDB's connection gives it: -1 (its cursors count rows changed)."""
-        return -1
+        """Rows the last ``execute`` (or all of an ``executemany``) changed; -1 after a query
+        or a statement that changes no rows, as DuckDB's connection gives it."""
+        last = self._last_result
+        if last is None or last.kind != "status" or last.count is None:
+            return -1
+        return last.count
 
     @one_at_a_time
     def fetchone(self) -> tuple | None:

@@ -159,6 +159,14 @@ def test_executemany_on_the_connection(both):
         c.execute("CREATE TABLE kv (k INTEGER, v DOUBLE)")
         c.executemany("INSERT INTO kv VALUES (?, ?)", [(1, 0.5), (2, 1.5), (3, 2.5)])
     assert con.fetchall() == duck.fetchall()
+    assert con.rowcount == duck.rowcount == 3
+    for c in (con, duck):
+        c.execute("UPDATE kv SET v = 0 WHERE k > 1")
+    assert con.rowcount == duck.rowcount == 2
+    for c in (con, duck):
+        c.execute("SELECT * FROM kv")
+    assert con.rowcount == duck.rowcount == -1
+    duck.fetchall()
     assert con.sql("SELECT * FROM kv ORDER BY k").fetchall() == \
         duck.sql("SELECT * FROM kv ORDER BY k").fetchall()
     with pytest.raises(tensordb.DataError):
@@ -364,3 +372,24 @@ def test_a_second_connect_to_a_path_shares_the_database(tmp_path):
     d2.close()
     with tensordb.connect(path, read_only=True) as reader:  # the last one closed it
         np.testing.assert_array_equal(reader.tensor("B"), np.eye(3))
+
+
+def test_a_view_over_a_frame_finds_it_when_read(con):
+    """DuckDB looks a name up when it binds a statement, a view's body included."""
+    duck = duckdb.connect()
+    orders = pd.DataFrame({"n": [1, 2, 3]})
+    for c in (con, duck):
+        c.execute("CREATE VIEW big AS SELECT n FROM orders WHERE n > 1")
+    assert con.sql("SELECT sum(n) FROM big").fetchall() == duck.sql("SELECT sum(n) FROM big").fetchall()
+
+    def later():
+        orders = pd.DataFrame({"n": [10, 20]})  # noqa: F841: the view reads this one now
+        return con.execute("SELECT sum(n) FROM big").fetchall(), \
+            duck.execute("SELECT sum(n) FROM big").fetchall()
+    mine, theirs = later()
+    assert mine == theirs == [(30,)]
+    assert _no_views(con) == [("big",)]
+    del orders
+    with pytest.raises(tensordb.CatalogError, match="orders"):
+        con.sql("SELECT * FROM big")
+    duck.close()

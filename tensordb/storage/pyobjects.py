@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 
 import duckdb
@@ -29,7 +30,7 @@ from ..errors import CatalogError, ProgrammingError
 from ._duck import quote_ident, translating
 
 __all__ = ["is_scannable", "is_xarray", "register", "unregister", "scanning", "scans_for", "user_frame",
-           "sql_type"]
+           "sql_type", "missing_object"]
 
 # (module prefix, class name) of the objects DuckDB scans; looked up by name, so that pandas and
 # polars are imported only when the user has them.
@@ -183,25 +184,49 @@ def scans_for(store, query: str, frame=None) -> dict:
 @contextlib.contextmanager
 def scanning(store, scans: dict):
     """Register ``scans`` ({name: object}) for the block; afterwards each name is what it was
-    (nothing, or the tensor's view)."""
-    if not scans:
-        yield
-        return
-    with store._lock:
+    (nothing, or the tensor's view). The block gets a function ``more(name, obj)`` that
+    registers one more (added to ``scans``) until the block ends; the caller holds the store's
+    lock then."""
+    with store._lock if scans else contextlib.nullcontext():
         done = []
+
+        def more(name, obj):
+            with translating(f"cannot scan '{name}'"):
+                store.duck.register(name, _unwrapped(obj))
+            store.scanning[name] = _unwrapped(obj)
+            scans[name] = obj
+            done.append(name)
+
         try:
-            for name, obj in scans.items():
-                with translating(f"cannot scan '{name}'"):
-                    store.duck.register(name, _unwrapped(obj))
-                store.scanning[name] = _unwrapped(obj)
-                done.append(name)
-            yield
+            for name, obj in list(scans.items()):
+                more(name, obj)
+            yield more
         finally:
             for name in done:
                 store.scanning.pop(name, None)
                 with contextlib.suppress(duckdb.Error):
                     store.duck.unregister(name)
                 _restore(store, name)
+
+
+_MISSING = re.compile(r'Table with name "?([^"\s!]+)"? does not exist')
+
+
+def missing_object(store, exc, scans: dict) -> tuple[str, object] | None:
+    """(name, object) when ``exc`` is DuckDB saying a table is missing that the user's frame
+    holds as a data frame (a view over it names it, not the statement): scanned then, as
+    DuckDB's replacement scan finds it when it binds. None otherwise."""
+    found = _MISSING.search(getattr(exc, "message", "") or str(exc))
+    if found is None or found.group(1) in scans:
+        return None
+    name, frame = found.group(1), user_frame()
+    if frame is None:
+        return None
+    obj = frame.f_locals.get(name, frame.f_globals.get(name))
+    if obj is None or not is_scannable(obj) or store.has(name) or \
+            any(k.lower() == name.lower() for k in store.registered):
+        return None
+    return name, obj
 
 
 def _restore(store, name: str) -> None:

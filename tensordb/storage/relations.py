@@ -57,10 +57,18 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
     rel = None
     scans = pyobjects.scans_for(store, query)
     try:
-        with store._lock, pyobjects.scanning(store, scans):
+        with store._lock, pyobjects.scanning(store, scans) as scan_more:
             for k, stmt in enumerate(stmts):
-                rel = _run_one(store, stmt, query if len(stmts) == 1 else stmt,
-                               parameters, last=k == len(stmts) - 1, relation=relation)
+                while True:
+                    try:
+                        rel = _run_one(store, stmt, query if len(stmts) == 1 else stmt,
+                                       parameters, last=k == len(stmts) - 1, relation=relation)
+                        break
+                    except CatalogError as exc:  # bound, not run: scan what it misses, again
+                        found = pyobjects.missing_object(store, exc, scans)
+                        if found is None:
+                            raise
+                        scan_more(*found)
     except Error as exc:
         suggest.improve(exc, query, lambda: suggest.user_names(store))
         raise
