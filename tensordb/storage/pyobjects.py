@@ -27,7 +27,7 @@ import sys
 import duckdb
 
 from ..errors import CatalogError, ProgrammingError
-from ._duck import quote_ident, translating
+from ._duck import translating
 
 __all__ = ["is_scannable", "is_xarray", "register", "unregister", "scanning", "scans_for", "user_frame",
            "sql_type", "missing_object"]
