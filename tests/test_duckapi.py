@@ -393,3 +393,31 @@ def test_a_view_over_a_frame_finds_it_when_read(con):
     with pytest.raises(tensordb.CatalogError, match="orders"):
         con.sql("SELECT * FROM big")
     duck.close()
+
+
+def test_a_relations_writes_are_guarded_like_sql(con, tmp_path):
+    """A relation's own writing methods are checked as the SQL that writes is: no file inside
+    the database directory, nothing in the catalog schema, no table named like a tensor."""
+    duck = duckdb.connect()
+    con.load("A", np.eye(2))
+    rel = con.sql("SELECT 1 AS x")
+    for method in ("to_parquet", "write_parquet", "to_csv", "write_csv"):
+        with pytest.raises(tensordb.ProgrammingError, match="inside the database directory"):
+            getattr(rel, method)(str(con.store.root / "tiles" / f"x.{method}"))
+        out = tmp_path / f"ok_{method}"
+        getattr(rel, method)(str(out))  # elsewhere as DuckDB writes it
+        getattr(duck.sql("SELECT 1 AS x"), method)(str(tmp_path / f"duck_{method}"))
+        assert out.read_bytes()[:4] == (tmp_path / f"duck_{method}").read_bytes()[:4]
+    for method in ("create", "to_table", "insert_into", "create_view", "to_view"):
+        with pytest.raises(tensordb.ProgrammingError, match="catalog"):
+            getattr(rel, method)("tensordb.evil")
+    for method in ("create", "to_table", "create_view"):
+        with pytest.raises(tensordb.CatalogError, match="tensor named 'A'"):
+            getattr(rel, method)("a")
+    with pytest.raises(tensordb.ProgrammingError, match="catalog table"):
+        con.table("tensordb.tensors")
+    rel.create("made")
+    assert con.table("made").fetchall() == [(1,)]
+    assert con.sql("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'tensordb' "
+                   "AND table_name = 'evil'").fetchall() == [(0,)]
+    duck.close()

@@ -146,6 +146,11 @@ def relation_from(store, kind: str, *args, **kwargs) -> "Relation":
         name = args[0]
         if not isinstance(name, str):
             raise ProgrammingError(f"a {kind} name must be a string, got {type(name).__name__}")
+        if guard.in_catalog_schema(store, tuple(p.strip('"') for p in name.split("."))):
+            # a table relation may insert and update: read the catalog with con.sql instead
+            raise ProgrammingError(f"con.{kind}('{name}') refused: a relation of a catalog table "
+                                   "could change it", hint=f"read it with con.sql('SELECT * FROM "
+                                                           f"{name}')")
         if store.has(name):  # a tensor: its relation, as con.sql gives it
             return sql(store, f"SELECT * FROM {quote_ident(store.meta(name).name)}")
         with store._lock, translating():
@@ -155,6 +160,37 @@ def relation_from(store, kind: str, *args, **kwargs) -> "Relation":
                                f"{type(args[0]).__name__}")
     with store._lock, translating():
         return Relation(getattr(store.duck, kind)(*args, **kwargs), store)
+
+
+# A relation's methods that write: a file (its first argument), or a table or view (named by
+# its first argument). They are checked as plain SQL that writes is (guard.py).
+_WRITES_FILE = {"to_parquet": "file_name", "write_parquet": "file_name", "to_csv": "file_name",
+                "write_csv": "file_name"}
+_WRITES_TABLE = {"create": "table_name", "to_table": "table_name", "insert_into": "table_name",
+                 "create_view": "view_name", "to_view": "view_name"}
+
+
+def _check_write(store, method: str, args, kwargs) -> None:
+    """ProgrammingError when a relation's ``method`` would write inside the database directory,
+    into the catalog schema, or a table or view named like a tensor."""
+    key = _WRITES_FILE.get(method) or _WRITES_TABLE.get(method)
+    if key is None:
+        return
+    target = args[0] if args else kwargs.get(key)
+    if not isinstance(target, (str, bytes)) and not hasattr(target, "__fspath__"):
+        return  # DuckDB's own error says what it wants
+    if method in _WRITES_FILE:
+        guard.check_path(store, target, f"relation.{method}")
+        return
+    parts = tuple(p.strip('"') for p in str(target).split("."))
+    if guard.in_catalog_schema(store, parts):
+        raise ProgrammingError(f"relation.{method}('{target}') refused: it would change "
+                               "tensordb's catalog", hint="the tensordb schema describes every "
+                               "tensor; change tensors with tensordb's statements")
+    if method != "insert_into" and store.has(parts[-1]):
+        raise CatalogError(f"relation.{method}('{target}') refused: a tensor named "
+                           f"'{store.meta(parts[-1]).name}' exists",
+                           hint="tensors and tables share one namespace")
 
 
 class Relation:
@@ -186,6 +222,8 @@ class Relation:
             return value
 
         def call(*args, **kwargs):
+            if self._store is not None:
+                _check_write(self._store, attr, args, kwargs)
             scans = dict(self._scans)
             for a in args:  # a join's other relation may scan objects too
                 if isinstance(a, Relation):
