@@ -271,6 +271,13 @@ class Result:
         from .notebook import result_html
         return result_html(self)
 
+    def to_xarray(self):
+        """The tensor this statement stored, as an xarray DataArray (``con.to_xarray``)."""
+        if self.kind != "tensor":
+            raise ProgrammingError(f"this {self.kind} result holds no tensor")
+        self._check_version()
+        return self._con.to_xarray(self.name)
+
     def tile_map(self):
         """Which tiles of the stored tensor exist, as an SVG picture (tensordb.notebook)."""
         from .notebook import tile_map

@@ -65,9 +65,12 @@ def test_xarray_dims_become_dimension_names_and_come_back(con):
     assert back.dims == da.dims and back.name == "T"
     np.testing.assert_array_equal(back.values, data)
     # dimension names are what einsum statements see
-    con.execute("M[time, lat] = SUM(T[time, lat, lon])")
+    result = con.execute("M[time, lat] = SUM(T[time, lat, lon])")
     np.testing.assert_array_equal(con.tensor("M"), da.sum("lon").values)
     assert con.to_xarray("M").dims == ("time", "lat")
+    assert result.to_xarray().equals(da.sum("lon").rename("M"))
+    with pytest.raises(tensordb.ProgrammingError, match="holds no tensor"):
+        con.execute("SELECT 1").to_xarray()
     con.load("U", da, dims=["a", "b", "c"])  # dims= still decides
     assert con.describe("U")["dims"] == ("a", "b", "c")
 
