@@ -1,5 +1,5 @@
-"""Optional packages (pandas, polars): imported when a method needs them, and a tensordb error
-that names the extra to install when they are missing.
+"""Optional packages (pandas, polars, xarray, zarr): imported when a method needs them, and a
+tensordb error that names the extra to install when they are missing.
 
 >>> require("numpy", "fetchnumpy()").__name__
 'numpy'
@@ -12,7 +12,7 @@ from .errors import InterfaceError
 
 __all__ = ["require", "EXTRAS"]
 
-EXTRAS = {"pandas": "pandas", "polars": "polars"}
+EXTRAS = {"pandas": "pandas", "polars": "polars", "xarray": "xarray", "zarr": "zarr"}
 
 
 def require(module: str, feature: str):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import threading
+import weakref
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -19,6 +19,7 @@ import numpy as np
 from . import optimizer, physical
 from .calls import one_at_a_time
 from .config import Settings, debug_level, stage
+from .duckapi import DuckAPI, connect_arguments
 from .errors import CatalogError, InterfaceError, ParserError, ProgrammingError
 from .plan.builder import Graph
 from .plan.ir import EinGraph
@@ -35,10 +36,12 @@ EARLY_CHECK_FLOPS = 1 << 24
 _EXECUTOR_SETTINGS = frozenset({"workers", "executor", "memory_limit", "pin_workers"})
 
 
-def connect(path: str | os.PathLike | None = None, *, workers: int | None = None,
-            memory_limit: int | str | None = None, executor: str = "local",
-            read_only: bool = False) -> "Connection":
-    """Open a database: in memory when ``path`` is None, else a directory that persists.
+def connect(path: str | os.PathLike | None = None, read_only: bool = False, config=None, *,
+            workers: int | None = None, memory_limit: int | str | None = None,
+            executor: str = "local", database: str | os.PathLike | None = None) -> "Connection":
+    """Open a database: in memory when ``path`` is None (or ``':memory:'``), else a directory
+    that persists. ``database`` is another name for ``path``, and ``config`` a dict of
+    settings, as in ``duckdb.connect`` (duckapi.connect_arguments).
 
     ``memory_limit`` (bytes, or text such as ``'2GB'``) is shared by the workers; left out, it
     is 80% of the machine's memory (``config.default_memory_limit``); ``'none'``: no limit.
@@ -50,8 +53,9 @@ def connect(path: str | os.PathLike | None = None, *, workers: int | None = None
     ...     float(con.tensor("B").sum())
     3.0
     """
-    return Connection(path, workers=workers, memory_limit=memory_limit, executor=executor,
-                      read_only=read_only)
+    args = connect_arguments(path, database, config, workers=workers, memory_limit=memory_limit,
+                             executor=executor, read_only=read_only)
+    return Connection(args.pop("path"), **args)
 
 
 def _bind_group(store, lets, items) -> tuple[EinGraph | None, dict]:
@@ -62,9 +66,10 @@ def _bind_group(store, lets, items) -> tuple[EinGraph | None, dict]:
     return binder.eingraph(), dict(binder.pieces)
 
 
-class Connection(TensorIO):
+class Connection(TensorIO, DuckAPI):
     """One open database. Use as a context manager: leaving the block closes it. Its methods
-    that move tensors in and out (``load``, ``tensor``, ``export``, ...) are in tensor_io.py."""
+    that move tensors in and out (``load``, ``tensor``, ``export``, ...) are in tensor_io.py,
+    those of DuckDB's Python API (``register``, ``table``, ``fetchall``, ...) in duckapi.py."""
 
     def __init__(self, path=None, *, workers=None, memory_limit=None, executor="local",
                  read_only=False) -> None:
@@ -76,8 +81,11 @@ class Connection(TensorIO):
         if executor is not None:  # refuse an unguarded script here, before anything starts
             from .exec.spawn import check_main_guard
             check_main_guard(self.settings.executor)
-        self._call_lock = threading.RLock()  # one call at a time (calls.py)
-        self._store: Store | None = Store(path, read_only=read_only)
+        # a second connection to a database open in this process shares its store, as DuckDB's
+        # share a database instance, and with it the turns of its calls (calls.py)
+        self._store: Store | None = Store.shared(path, read_only=read_only)
+        self._call_lock = self._store.call_lock
+        self._release = weakref.finalize(self, self._store.release)  # at close, or collected
         self._executor = None
         self.session = Session()  # the dialect's state: LETs and the open BEGIN block
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
@@ -103,7 +111,7 @@ class Connection(TensorIO):
             self._executor.close()
             self._executor = None
         if self._store is not None:
-            self._store.close()
+            self._release()
             self._store = None
 
     # -- DB-API 2.0 ----------------------------------------------------------------------------
@@ -190,7 +198,9 @@ class Connection(TensorIO):
             raise ProgrammingError(f"parameters must be a list or tuple of values (one per ?), "
                                    f"got {type(parameters).__name__}")
         results = self.execute_script(sql, parameters)
-        return results[-1] if results else Result.status("OK", sql)
+        # the connection's fetches read it (DuckDB's con.execute(...); con.fetchall())
+        self._last_result = results[-1] if results else Result.status("OK", sql)
+        return self._last_result
 
     @one_at_a_time
     def execute_script(self, sql: str, parameters: Sequence[Any] | None = None,
@@ -227,9 +237,11 @@ class Connection(TensorIO):
         return explain_script(self, query, self._parse(query), fmt, analyze)
 
     @one_at_a_time
-    def sql(self, query: str):
+    def sql(self, query: str, *, alias: str = "", params=None):
         """Plain SQL over tables and tensors (a DuckDB relation); tensors appear as
-        relations with one column per dimension plus ``value``."""
+        relations with one column per dimension plus ``value``; ``params`` fill ``?`` or
+        ``$name`` placeholders, as in DuckDB's ``sql``. DataFrames and Arrow tables of the
+        calling code are read by their variable names, as DuckDB reads them."""
         from .storage.relations import sql, transaction_statement
         if not isinstance(query, str):
             raise ProgrammingError(f"a query must be a string, got {type(query).__name__}")
@@ -239,13 +251,17 @@ class Connection(TensorIO):
             raise ProgrammingError("a BEGIN ... COMMIT block of tensordb statements is open: "
                                    "con.sql cannot begin or end a transaction now",
                                    hint="end the block with COMMIT or ROLLBACK first")
-        return sql(self.store, query)
+        rel = sql(self.store, query, params, relation=True)
+        return rel.set_alias(alias) if alias and rel is not None else rel
 
     # -- einsum --------------------------------------------------------------------------------
     @one_at_a_time
-    def einsum(self, spec: str, *operands: str, into: str | None = None, join: str | None = None,
-               agg: str = "sum", pieces: Mapping[str, int] | None = None, replace: bool = True):
-        """Run a numpy-style einsum over stored tensors.
+    def einsum(self, spec: str, *operands, into: str | None = None, join: str | None = None,
+               agg: str = "sum", pieces: Mapping[str, int] | None = None, replace: bool = True,
+               optimize: Any = None):
+        """Run a numpy-style einsum over stored tensors (names) or arrays, which are stored as
+        temporaries for the call (``TensorIO._operands``). ``optimize`` takes any of numpy's
+        values and changes nothing: tensordb's own optimizer plans every einsum.
 
         Without ``into`` the result is returned as a numpy array (a numpy scalar when it has no
         dimensions), like ``numpy.einsum``, and nothing is stored. With ``into`` it is stored
@@ -264,6 +280,10 @@ class Connection(TensorIO):
         array([[ 2.,  3.],
                [ 6., 11.]])
         """
+        with self._operands(operands) as operands:
+            return self._einsum(spec, operands, into, join, agg, pieces, replace)
+
+    def _einsum(self, spec, operands, into, join, agg, pieces, replace):
         if into is not None:
             graph = Graph().einsum(spec, *operands, into=into, join=join, agg=agg, pieces=pieces)
             return self.run(graph, replace=replace)

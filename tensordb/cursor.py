@@ -11,7 +11,7 @@ Cursors of one connection share its transactions and its BEGIN block.
 >>> cur.execute("SELECT i, j, value FROM A ORDER BY i").fetchall()
 [(0, 0, 1.0), (1, 1, 1.0)]
 >>> [d[:2] for d in cur.description]
-[('i', 'BIGINT'), ('j', 'BIGINT'), ('value', 'DOUBLE')]
+[('i', BIGINT), ('j', BIGINT), ('value', DOUBLE)]
 """
 from __future__ import annotations
 
@@ -33,8 +33,11 @@ class _TypeObject:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _TypeObject):
             return other is self
-        # DECIMAL(18,3) and VARCHAR(10) are DECIMAL and VARCHAR
-        return isinstance(other, str) and other.upper().split("(")[0] in self.types
+        # DECIMAL(18,3) and VARCHAR(10) are DECIMAL and VARCHAR; a description's type codes
+        # are DuckDB's type objects, which print as their names
+        if other is None:
+            return False
+        return str(other).upper().split("(")[0] in self.types
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -107,7 +110,11 @@ class Cursor:
         """Run one or more statements (``?`` parameters for one plain SQL statement)."""
         self._check()
         self.result, self._rowcount = None, -1
-        self.result = self.connection.execute(operation, parameters)
+        saved = self.connection._last_result  # the connection's own fetches read its own
+        try:
+            self.result = self.connection.execute(operation, parameters)
+        finally:
+            self.connection._last_result = saved
         self._rowcount = self.result.rowcount
         return self
 
@@ -127,8 +134,12 @@ class Cursor:
         last = None
         txn = store.transaction() if not (store.read_only or store.user_transaction) else None
         with txn if txn is not None else contextlib.nullcontext():
+            saved = self.connection._last_result
             for params in seq_of_parameters:
-                last = self.connection.execute(operation, params)
+                try:
+                    last = self.connection.execute(operation, params)
+                finally:
+                    self.connection._last_result = saved
                 n = last.count if last.count is not None else -1
                 total = None if total is None or n < 0 else total + n
         self.result = last

@@ -101,6 +101,13 @@ class Result:
     def status(cls, message: str, statement: str = "") -> "Result":
         return cls("status", message=message, statement=statement)
 
+    def with_rows(self, columns: Sequence[str], data: list[tuple],
+                  types: Sequence[str]) -> "Result":
+        """A status that also holds DuckDB's rows for its statement: INSERT, UPDATE, DELETE,
+        COPY fetch ``[(count,)]`` and describe a ``Count`` column, as in DuckDB."""
+        self.columns, self.types, self._rows = list(columns), list(types), [tuple(r) for r in data]
+        return self
+
     # -- rows (DB-API style) -------------------------------------------------------------------
     def _arrow_table(self):
         """The rows as Arrow data: a tensor's are its relation's, read when first asked for."""
@@ -118,7 +125,8 @@ class Result:
             if t is None:
                 self._rows = []
             elif t.num_columns:
-                self._rows = list(zip(*(c.to_pylist() for c in t.columns)))
+                self._rows = list(zip(*(_python_values(c, ty)
+                                        for c, ty in zip(t.columns, self.types))))
             else:
                 self._rows = [()] * t.num_rows
         return self._rows
@@ -132,11 +140,14 @@ class Result:
 
     @property
     def description(self) -> list[tuple] | None:
-        """DB-API 7-tuples (name, type_code, None x 5); type_code is the DuckDB type name
-        ('BIGINT', 'DOUBLE', 'VARCHAR', ...) where known. None when there are no rows."""
+        """DB-API 7-tuples (name, type_code, None x 5); type_code is DuckDB's type object
+        (equal to its name, 'BIGINT', 'DOUBLE', ..., and to tensordb.NUMBER and duckdb.NUMBER)
+        where known. None when there are no rows."""
         if not self.columns:
             return None
-        return [(c, t, None, None, None, None, None) for c, t in zip(self.columns, self.types)]
+        from .storage.pyobjects import sql_type  # DuckDB's type objects, as its cursors give
+        return [(c, sql_type(t), None, None, None, None, None)
+                for c, t in zip(self.columns, self.types)]
 
     def fetchone(self) -> tuple | None:
         rows = self._all()
@@ -260,6 +271,13 @@ class Result:
         from .notebook import result_html
         return result_html(self)
 
+    def to_xarray(self):
+        """The tensor this statement stored, as an xarray DataArray (``con.to_xarray``)."""
+        if self.kind != "tensor":
+            raise ProgrammingError(f"this {self.kind} result holds no tensor")
+        self._check_version()
+        return self._con.to_xarray(self.name)
+
     def tile_map(self):
         """Which tiles of the stored tensor exist, as an SVG picture (tensordb.notebook)."""
         from .notebook import tile_map
@@ -286,6 +304,17 @@ class Result:
 
 
 _EDGE = 3
+_WIDE_INTEGERS = ("HUGEINT", "UHUGEINT")
+
+
+def _python_values(column, sql_type) -> list:
+    """A column's values as DuckDB's fetchall gives them: its HUGEINTs (a sum of BIGINTs) come
+    through Arrow as decimals of scale 0, and are ints in DuckDB's rows."""
+    values = column.to_pylist()
+    if sql_type in _WIDE_INTEGERS:
+        return [None if v is None else int(v) for v in values]
+    return values
+
 _SQL_TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT",
               "bool": "BOOLEAN"}
 

@@ -10,12 +10,15 @@ storage; none runs the pipeline (connection.py drives that). ``Connection`` inhe
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ._optional import require
 from .calls import one_at_a_time
 from .config import available_memory, format_bytes, stage
 from .errors import OutOfMemoryError, ProgrammingError
@@ -36,7 +39,11 @@ class TensorIO:
     @one_at_a_time
     def load(self, name: str, source, *, tile: Sequence[int] | None = None, replace: bool = False,
              **options) -> None:
-        """Store a tensor from a numpy array, a .npy/.npz/.parquet/.csv path, or a SQL query.
+        """Store a tensor from a numpy array (or anything ``numpy.asarray`` takes), an object
+        with ``__dlpack__`` (a torch or JAX array on the CPU), an xarray DataArray (its dims
+        name the dimensions), a pandas or polars DataFrame or an Arrow table (every column
+        numeric: a rows x columns matrix, columns in their order; DuckDB reads it as it reads
+        a query over it), a .npy/.npz/.parquet/.csv path, or a SQL query.
 
         Options: ``array`` (npz member), ``index``/``value``/``shape`` (coordinate tables),
         ``dims`` (dimension names), ``format`` (when the suffix does not say), ``query`` (SQL).
@@ -52,6 +59,29 @@ class TensorIO:
                                 **options)
         return metas if isinstance(metas, list) else [metas]
 
+    @contextlib.contextmanager
+    def _operands(self, operands):
+        """An einsum's operands as tensor names: each one that is not a name (a numpy array, or
+        anything ``numpy.asarray`` takes, as numpy's einsum takes it) is stored as a temporary
+        tensor ``_einsum_operand<k>`` for the block, and dropped after it, whatever happens."""
+        names, made = [], []
+        given = {op.lower() for op in operands if isinstance(op, str)}
+        try:
+            for k, op in enumerate(operands):
+                if isinstance(op, str):
+                    names.append(op)
+                    continue
+                name = next(n for n in (f"_einsum_operand{k}_{j}" if j else f"_einsum_operand{k}"
+                                        for j in itertools.count())
+                            if n.lower() not in given and not self.store.has(n))
+                self._load(name, op)
+                made.append(name)
+                names.append(name)
+            yield tuple(names)
+        finally:
+            for name in made:
+                self.store.drop(name, if_exists=True)
+
     @one_at_a_time
     def tensor(self, name: str) -> np.ndarray:
         """The tensor as a dense numpy array (OutOfMemoryError, before allocating, when it would
@@ -65,6 +95,14 @@ class TensorIO:
             raise OutOfMemoryError(f"out of memory reading tensor '{meta.name}' "
                                    f"({format_bytes(math.prod(meta.shape) * meta.dtype.itemsize)})"
                                    " as a dense array") from None
+
+    @one_at_a_time
+    def to_xarray(self, name: str):
+        """The tensor as an xarray DataArray named ``name``, its dimension names as its dims
+        (``pip install tensordb[xarray]``); ``con.load(name, data_array)`` is the way back."""
+        xarray = require("xarray", "to_xarray()")
+        meta = self.store.meta(name)
+        return xarray.DataArray(self.tensor(meta.name), dims=list(meta.dims), name=meta.name)
 
     def _check_dense(self, what: str, shape, dtype) -> None:
         dtype = np.dtype(dtype)

@@ -235,9 +235,14 @@ def test_in_memory_cleans_up(store):
 
 
 def test_same_process_second_writer_refused(db_path):
-    with tensordb.connect(db_path):
+    """Two Stores of one path in one process are refused; connections share one (as DuckDB's
+    connections share a database instance: tests/test_duckapi.py)."""
+    with Store(db_path):
         with pytest.raises(tensordb.OperationalError, match="already open in this process"):
-            tensordb.connect(db_path)
+            Store(db_path)
+    with tensordb.connect(db_path):
+        with pytest.raises(tensordb.OperationalError, match="already open for writing"):
+            tensordb.connect(db_path, read_only=True)
     with tensordb.connect(db_path) as c:  # closed: open again
         assert c.tensors() == []
     with tensordb.connect(db_path, read_only=True), tensordb.connect(db_path, read_only=True):

@@ -196,19 +196,29 @@ def _label_operands(spec: str, parsed: list[str], shapes: Sequence[tuple[int, ..
                 raise BinderError(f"einsum '{spec}': '...' dimensions {ell_sizes[slot]} and {n} "
                                   "cannot be broadcast together")
             ell_sizes[slot] = n
+    # Lettered dimensions broadcast as numpy's do too: size 1 against n in another operand
+    # (never within one operand: a repeated label there is a diagonal).
+    letter_sizes: dict[str, tuple[int, int, int]] = {}  # label -> (size, operand, axis)
+    for pos, (term, shape) in enumerate(zip(parsed, shapes)):
+        for axis, (c, n) in enumerate(zip(term, shape)):
+            if c in slots:
+                continue
+            seen = letter_sizes.get(c)
+            if seen is not None and seen[0] != n and (seen[1] == pos or 1 not in (seen[0], n)):
+                raise BinderError(f"einsum '{spec}': label '{c}' has size {seen[0]} in "
+                                  f"one place but {n} in operand {pos} axis {axis}")
+            if seen is None or seen[0] == 1:
+                letter_sizes[c] = (n, pos, axis)
     unique = iter(f"…b{n}" for n in range(10**6))
     labels: list[list[str]] = []
     sizes: dict[str, int] = {}
     for pos, (term, shape) in enumerate(zip(parsed, shapes)):
         out: list[str] = []
-        for axis, (c, n) in enumerate(zip(term, shape)):
+        for c, n in zip(term, shape):
             if c in slots:
                 lab = _ellipsis_label(slots[c]) if n == ell_sizes[slots[c]] else next(unique)
             else:
-                lab = c
-                if lab in sizes and sizes[lab] != n:
-                    raise BinderError(f"einsum '{spec}': label '{lab}' has size {sizes[lab]} in "
-                                      f"one place but {n} in operand {pos} axis {axis}")
+                lab = c if n == letter_sizes[c][0] else next(unique)  # a broadcast size 1
             sizes[lab] = n
             out.append(lab)
         labels.append(out)

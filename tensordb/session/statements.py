@@ -262,7 +262,7 @@ def _sql(con, script, s: A.SqlStmt, text) -> Result:
             n = int(row[0]) if row and isinstance(row[0], int) else None
             r = Result.status(verb if not n else f"{verb}: {n} row{'s' if n != 1 else ''}", text)
             r.count = n
-            return r
+            return r.with_rows(rel.columns, rows, [str(t) for t in rel.types])
         return Result.from_relation(rel, text)
     except Error as exc:
         if isinstance(exc, ParserError) and len(words(script, s.span.start, s.span.end, 2)) == 1:
@@ -293,7 +293,7 @@ def sql_with_parameters(con, query: str, parameters) -> Result:
         n = int(rows[0][0])  # INSERT ... VALUES (?): a status with the count, as without ?
         r = Result.status(f"{head[0].upper}: {n} row{'s' if n != 1 else ''}", query)
         r.count = n
-        return r
+        return r.with_rows(cols, rows, types)
     return Result.rows(cols, rows, query, types) if cols else Result.status("OK", query)
 
 

@@ -1,4 +1,5 @@
-"""export_tensor: a stored tensor to .npy (dense) or Parquet/CSV (COO, nonzeros only).
+"""export_tensor: a stored tensor to .npy (dense), Parquet/CSV (COO, nonzeros only) or a zarr
+array (its tiles as chunks: zarrio.py).
 
 Parquet and CSV hold exactly what SQL shows for the tensor: one column per dimension, then
 ``value``, one row per nonzero element, and record the shape, dimension names and dtype
@@ -14,15 +15,16 @@ import os
 import numpy as np
 
 from ..errors import OperationalError, ProgrammingError
-from . import filemeta, guard
+from . import filemeta, guard, zarrio
 from ._duck import quote_ident, quote_str, translating
 from .budget import batch_bytes, duck_bytes, duck_memory
 from .views import TensorStream, arrow_schema, coo_batches
 
 __all__ = ["export_tensor", "EXPORT_FORMATS"]
 
-EXPORT_FORMATS = ("npy", "parquet", "csv")
-_SUFFIX = {".npy": "npy", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+EXPORT_FORMATS = ("npy", "parquet", "csv", "zarr")
+_SUFFIX = {".npy": "npy", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
+           ".zarr": "zarr"}
 _counter = itertools.count()
 
 
@@ -55,6 +57,8 @@ def export_tensor(store, name: str, path, *, format: str | None = None,
     if not os.path.isdir(directory):
         raise OperationalError(f"cannot export to {path}: directory {directory} does not exist")
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    if fmt == "zarr":  # a directory of chunks: the tensor's tiles (zarrio.py)
+        return zarrio.export_zarr(reader, path, tmp)
     side_tmp = tmp + filemeta.SIDECAR
     try:
         if fmt == "npy":

@@ -32,7 +32,7 @@ from .sqltext import strings as _strings
 from .sqltext import words as _words
 
 __all__ = ["inside", "check_path", "statements", "check_statement", "single_select", "tables_made",
-           "single_statement", "PATH_SETTINGS"]
+           "single_statement", "in_catalog_schema", "PATH_SETTINGS"]
 
 # DuckDB settings that name a file or directory DuckDB writes (or that decides where "~" points,
 # and with it the default secret and extension directories).
@@ -138,7 +138,7 @@ def check_catalog_write(store, stmt) -> None:
     else:
         names = _catalog_targets(store, stmt)
     for name in names:
-        if _in_catalog_schema(store, name):
+        if in_catalog_schema(store, name):
             spelled = ".".join(p for p in name if p)
             raise ProgrammingError(
                 f"{_kind(stmt)} statement refused: it would change {spelled}, part of "
@@ -148,7 +148,7 @@ def check_catalog_write(store, stmt) -> None:
                      "reading the catalog tables is allowed")
 
 
-def _in_catalog_schema(store, name: tuple) -> bool:
+def in_catalog_schema(store, name: tuple) -> bool:
     """Whether a (catalog, schema, name) / (schema, name) / (name,) path lies in a schema called
     tensordb. A one-part name is in the current schema; a two-part ``a.b`` may be schema a or
     database a, and counts when ``a`` is tensordb."""

@@ -22,8 +22,8 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DataError, ProgrammingError
-from . import guard
-from ._duck import translating
+from . import guard, pyobjects, zarrio
+from ._duck import quote_ident, translating
 from .arrays import load_array
 from .meta import TensorMeta, check_name
 from .npyfile import NpyFile, open_input, read_header
@@ -31,9 +31,9 @@ from .npzfile import member_info, open_member
 
 __all__ = ["load_tensor", "load_array", "FORMATS"]
 
-FORMATS = ("npy", "npz", "parquet", "csv", "sql")
+FORMATS = ("npy", "npz", "parquet", "csv", "sql", "zarr")
 _SUFFIX = {".npy": "npy", ".npz": "npz", ".parquet": "parquet", ".pq": "parquet",
-           ".csv": "csv", ".tsv": "csv", ".txt": "csv"}
+           ".csv": "csv", ".tsv": "csv", ".txt": "csv", ".zarr": "zarr"}
 
 
 def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
@@ -53,8 +53,17 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     """
     store._check_open(writing=True)
     check_name(name)
-    fmt, target = _resolve(source, format, query)
-    if fmt in ("npy", "npz", "parquet", "csv"):
+    if pyobjects.is_xarray(source):  # its dims name the tensor's dimensions
+        dims = list(source.dims) if dims is None else dims
+        source = source.values
+    fmt, target = ("zarr", source) if zarrio.is_zarr(source) else _resolve(source, format, query)
+    if fmt == "frame":  # a data frame or Arrow table: read by DuckDB, as a query over it is
+        scans = {f"_tensordb_load_{id(target):x}": target}
+        with pyobjects.scanning(store, scans):
+            return load_tensor(store, name, None, tile=tile, replace=replace, index=index,
+                               value=value, shape=shape, dims=dims, memory_limit=memory_limit,
+                               query=f"SELECT * FROM {quote_ident(next(iter(scans)))}")
+    if fmt in ("npy", "npz", "parquet", "csv") or (fmt == "zarr" and isinstance(target, str)):
         guard.check_path(store, target, f"cannot load '{name}'")
     if fmt in ("parquet", "csv"):
         _check_not_a_pattern(store, name, target)
@@ -75,11 +84,16 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
         with NpyFile(target) as npy:
             return load_array(store, name, npy.array, tile=tile, replace=replace, dims=dims,
                               what=target, after_tile=npy.release, check_tables=False)
+    if fmt == "zarr":  # streamed a tile (of whole chunks) at a time
+        return zarrio.load_zarr(store, name, target, tile=tile, replace=replace, dims=dims)
     if fmt == "npz":
         return _load_npz(store, name, target, array, tile=tile, replace=replace, dims=dims)
     from .tables import load_table
-    return load_table(store, name, fmt, target, tile=tile, replace=replace, dims=dims,
-                      memory_limit=memory_limit, **table_opts)
+    # a query may name the caller's DataFrames and Arrow tables, as in con.sql (pyobjects.py)
+    scans = pyobjects.scans_for(store, target) if fmt == "sql" else {}
+    with pyobjects.scanning(store, scans):
+        return load_table(store, name, fmt, target, tile=tile, replace=replace, dims=dims,
+                          memory_limit=memory_limit, **table_opts)
 
 
 def _check_not_a_pattern(store, name: str, path: str) -> None:
@@ -126,7 +140,13 @@ def _resolve(source, format: str | None, query: str | None) -> tuple[str, object
         raise ProgrammingError("nothing to load: give an array, a path or query=")
     if format is not None:
         raise ProgrammingError(f"format='{format}' applies to paths, not to in-memory arrays")
+    if pyobjects.is_scannable(source):
+        return "frame", source
     try:
+        if hasattr(source, "__dlpack__") and not isinstance(source, np.ndarray):
+            # torch, JAX, CuPy...: numpy reads host memory in place (a GPU array raises)
+            arr = np.from_dlpack(source)
+            return "numpy", arr
         arr = np.asarray(source)
     except Exception as exc:  # ragged lists and the like
         raise DataError(f"cannot read {type(source).__name__} as an array: {exc}") from None

@@ -17,29 +17,36 @@ running keeps the version it mapped.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import duckdb
 
 from ..errors import CatalogError, Error, ProgrammingError
-from . import guard, sqltext, suggest
-from ._duck import translating
+from . import guard, pyobjects, sqltext, suggest
+from ._duck import quote_ident, translating
 from .views import TensorStream, expose_tensors, referenced_names
 
 __all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relation",
-           "transaction_statement"]
+           "transaction_statement", "relation_from"]
 
 
 _TRANSACTION = duckdb.StatementType.TRANSACTION
 
 
-def sql(store, query: str, parameters=None):
+def sql(store, query: str, parameters=None, *, relation: bool = False):
     """Run plain SQL over tables and tensors: a :class:`Relation` for a query; for a statement
-    with ``parameters`` (``?`` placeholders), a (columns, rows, type names) triple.
+    with ``parameters`` (``?`` placeholders), a (columns, rows, type names) triple, or with
+    ``relation`` a Relation (DuckDB's ``sql(query, params=...)``).
 
     Statements run one at a time, each checked first (guard.py): none may write inside the
-    database directory. A script of several statements returns the last one's relation."""
+    database directory. A script of several statements returns the last one's relation. A
+    DataFrame or Arrow table the caller's code holds is scanned by the name the query gives it
+    (pyobjects.py), for this call and for each later call of the relation it returns."""
     store._check_open()
+    if parameters is not None and (isinstance(parameters, (str, bytes)) or
+                                   not isinstance(parameters, (Sequence, Mapping))):
+        raise ProgrammingError(f"params must be a list, tuple or dict, got "
+                               f"{type(parameters).__name__}")
     try:
         stmts = guard.statements(query)
     except Error as exc:
@@ -48,23 +55,32 @@ def sql(store, query: str, parameters=None):
     if parameters is not None and len(stmts) != 1:
         raise ProgrammingError(f"? parameters need exactly one SQL statement, got {len(stmts)}")
     rel = None
+    scans = pyobjects.scans_for(store, query)
     try:
-        with store._lock:
+        with store._lock, pyobjects.scanning(store, scans) as scan_more:
             for k, stmt in enumerate(stmts):
-                rel = _run_one(store, stmt, query if len(stmts) == 1 else stmt,
-                               parameters, last=k == len(stmts) - 1)
+                while True:
+                    try:
+                        rel = _run_one(store, stmt, query if len(stmts) == 1 else stmt,
+                                       parameters, last=k == len(stmts) - 1, relation=relation)
+                        break
+                    except CatalogError as exc:  # bound, not run: scan what it misses, again
+                        found = pyobjects.missing_object(store, exc, scans)
+                        if found is None:
+                            raise
+                        scan_more(*found)
     except Error as exc:
         suggest.improve(exc, query, lambda: suggest.user_names(store))
         raise
     finally:
         # Any statement may have changed the catalog (DML on it, a ROLLBACK): reread it.
         store.forget_cached()
-    if parameters is not None:
+    if parameters is not None and not relation:
         return rel
-    return None if rel is None else Relation(rel)
+    return None if rel is None else Relation(rel, store, scans)
 
 
-def _run_one(store, stmt, text, parameters, last: bool):
+def _run_one(store, stmt, text, parameters, last: bool, relation: bool = False):
     """Check and run one statement (``text``: the original query when it is the only one, so
     DuckDB's error positions refer to what the user wrote)."""
     for created in guard.tables_made(store, stmt):
@@ -77,9 +93,12 @@ def _run_one(store, stmt, text, parameters, last: bool):
     if begins is None:
         expose_tensors(store, stmt.query)
     with translating():
-        if parameters is not None:
-            # a mapping names $name parameters: passed as it is (list() would give its keys)
-            values = parameters if isinstance(parameters, Mapping) else list(parameters)
+        # a mapping names $name parameters: passed as it is (list() would give its keys)
+        values = parameters if parameters is None or isinstance(parameters, Mapping) \
+            else list(parameters)
+        if parameters is not None and relation:
+            rel = store.duck.sql(text, params=values)
+        elif parameters is not None:
             cur = store.duck.execute(text, values)
             cols = [d[0] for d in cur.description] if cur.description else []
             types = [str(d[1]) for d in cur.description] if cur.description else []
@@ -119,39 +138,110 @@ def _begins_transaction(store, stmt) -> bool | None:
     return word in ("begin", "start")
 
 
+def relation_from(store, kind: str, *args, **kwargs) -> "Relation":
+    """A relation of DuckDB's Python API: ``table``/``view`` (a table, view or tensor by name),
+    ``read_parquet``, ``read_csv``, ``from_df``, ``from_arrow``."""
+    store._check_open()
+    if kind in ("table", "view"):
+        name = args[0]
+        if not isinstance(name, str):
+            raise ProgrammingError(f"a {kind} name must be a string, got {type(name).__name__}")
+        if guard.in_catalog_schema(store, tuple(p.strip('"') for p in name.split("."))):
+            # a table relation may insert and update: read the catalog with con.sql instead
+            raise ProgrammingError(f"con.{kind}('{name}') refused: a relation of a catalog table "
+                                   "could change it", hint=f"read it with con.sql('SELECT * FROM "
+                                                           f"{name}')")
+        if store.has(name):  # a tensor: its relation, as con.sql gives it
+            return sql(store, f"SELECT * FROM {quote_ident(store.meta(name).name)}")
+        with store._lock, translating():
+            return Relation(getattr(store.duck, kind)(name), store)
+    if kind in ("from_df", "from_arrow") and not pyobjects.is_scannable(args[0]):
+        raise ProgrammingError(f"{kind} needs a DataFrame or an Arrow table, got "
+                               f"{type(args[0]).__name__}")
+    with store._lock, translating():
+        return Relation(getattr(store.duck, kind)(*args, **kwargs), store)
+
+
+# A relation's methods that write: a file (its first argument), or a table or view (named by
+# its first argument). They are checked as plain SQL that writes is (guard.py).
+_WRITES_FILE = {"to_parquet": "file_name", "write_parquet": "file_name", "to_csv": "file_name",
+                "write_csv": "file_name"}
+_WRITES_TABLE = {"create": "table_name", "to_table": "table_name", "insert_into": "table_name",
+                 "create_view": "view_name", "to_view": "view_name"}
+
+
+def _check_write(store, method: str, args, kwargs) -> None:
+    """ProgrammingError when a relation's ``method`` would write inside the database directory,
+    into the catalog schema, or a table or view named like a tensor."""
+    key = _WRITES_FILE.get(method) or _WRITES_TABLE.get(method)
+    if key is None:
+        return
+    target = args[0] if args else kwargs.get(key)
+    if not isinstance(target, (str, bytes)) and not hasattr(target, "__fspath__"):
+        return  # DuckDB's own error says what it wants
+    if method in _WRITES_FILE:
+        guard.check_path(store, target, f"relation.{method}")
+        return
+    parts = tuple(p.strip('"') for p in str(target).split("."))
+    if guard.in_catalog_schema(store, parts):
+        raise ProgrammingError(f"relation.{method}('{target}') refused: it would change "
+                               "tensordb's catalog", hint="the tensordb schema describes every "
+                               "tensor; change tensors with tensordb's statements")
+    if method != "insert_into" and store.has(parts[-1]):
+        raise CatalogError(f"relation.{method}('{target}') refused: a tensor named "
+                           f"'{store.meta(parts[-1]).name}' exists",
+                           hint="tensors and tables share one namespace")
+
+
 class Relation:
     """A DuckDB relation whose errors are tensordb errors; ``.relation`` is the DuckDB one.
 
     Every method of DuckDB's relation is available (``fetchall``, ``df``, ``arrow``,
     ``fetchnumpy``, ``filter``, ``show``, ...); methods returning relations return wrapped ones.
+    A relation over Python objects its query named (``scans``) shows them to DuckDB again
+    while each of its methods runs: DuckDB binds a relation's query anew when it runs.
     """
 
-    __slots__ = ("relation",)
+    __slots__ = ("relation", "_store", "_scans")
 
-    def __init__(self, relation) -> None:
+    def __init__(self, relation, store=None, scans=None) -> None:
         self.relation = relation
+        self._store = store
+        self._scans = scans or {}
+
+    def _scanning(self):
+        import contextlib
+        if not self._scans or self._store is None or self._store.closed:
+            return contextlib.nullcontext()
+        return pyobjects.scanning(self._store, self._scans)
 
     def __getattr__(self, attr):
-        with translating():
+        with self._scanning(), translating():
             value = getattr(self.relation, attr)
         if not callable(value):
             return value
 
         def call(*args, **kwargs):
+            if self._store is not None:
+                _check_write(self._store, attr, args, kwargs)
+            scans = dict(self._scans)
+            for a in args:  # a join's other relation may scan objects too
+                if isinstance(a, Relation):
+                    scans.update(a._scans)
             args = [a.relation if isinstance(a, Relation) else a for a in args]
-            with translating():
+            with Relation(self.relation, self._store, scans)._scanning(), translating():
                 out = value(*args, **kwargs)
-            return Relation(out) if type(out) is type(self.relation) else out
+            return Relation(out, self._store, scans) if type(out) is type(self.relation) else out
         call.__name__ = attr
         call.__doc__ = getattr(value, "__doc__", None)
         return call
 
     def __len__(self) -> int:
-        with translating():
+        with self._scanning(), translating():
             return len(self.relation)
 
     def __repr__(self) -> str:
-        with translating():
+        with self._scanning(), translating():
             return repr(self.relation)
 
     __str__ = __repr__

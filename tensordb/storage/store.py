@@ -47,12 +47,55 @@ class _Txn:
         self.gone: list[TensorMeta] = []    # told to the commit listeners once COMMIT lands
 
 
+# The stores connections share, by resolved path (Store.shared): a second connect to a database
+# open in this process shares it, as DuckDB's connections share one database instance.
+# Weak: a store no connection holds any more (one never closed, collected) is gone from it.
+_SHARED: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
 class Store:
     """A tensordb database. ``Store()`` is in memory (payloads in a temporary directory)."""
+
+    @classmethod
+    def shared(cls, path: str | os.PathLike | None, *, read_only: bool = False) -> "Store":
+        """The store open at ``path`` in this process, shared (one more user), else a new one;
+        ``release`` when done. A different ``read_only`` is refused, as DuckDB refuses a second
+        connection of another configuration. In memory (None): a new store each time."""
+        if path is None:
+            return cls(None, read_only=read_only)
+        key = str(Path(os.fspath(path)).expanduser().resolve())
+        with _SHARED_LOCK:
+            store = _SHARED.get(key)
+            if store is not None and not store.closed:
+                if store.read_only != read_only:
+                    raise OperationalError(
+                        f"database {store.root} is already open "
+                        f"{'read-only' if store.read_only else 'for writing'} in this process",
+                        hint="a second connection shares it, opened the same way (read_only)")
+                store.users += 1
+                return store
+            store = cls(path, read_only=read_only)
+            _SHARED[key] = store
+            return store
+
+    def release(self) -> None:
+        """One user of a shared store is done; the last one closes it."""
+        with _SHARED_LOCK:
+            self.users -= 1
+            if self.users > 0:
+                return
+            for key in [k for k, v in _SHARED.items() if v is self]:
+                del _SHARED[key]
+        self.close()
 
     def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False) -> None:
         self.read_only = read_only
         self.closed = True
+        self.users = 1  # connections sharing it (shared/release)
+        # The calls of every connection using this store take turns (calls.py): they share its
+        # DuckDB connection, its transaction and its caches.
+        self.call_lock = threading.RLock()
         self._lock = threading.RLock()
         self._txn: _Txn | None = None
         # Catalog reads are cached: metadata by lower-cased name (None: no such tensor), tile
@@ -64,6 +107,10 @@ class Store:
         self.user_transaction = False  # a transaction begun with SQL (con.sql("BEGIN")) is open
         self._entries: dict[int, tuple] = {}
         self._views: set[str] = set()
+        # Python objects shown to SQL (pyobjects.py): registered by name (con.register), and
+        # those a running statement scans by the name the user's code gives them
+        self.registered: dict[str, object] = {}
+        self.scanning: dict[str, object] = {}
         self.spares = SparePayloads()  # retired payload files kept for reuse (spares.py)
         self.staging = StagingBuffers()  # anonymous buffers of staged outputs, kept for reuse
         # Called as (versions stored, versions replaced or dropped), lists of TensorMeta, after
@@ -284,6 +331,13 @@ class Store:
             names = [n for n in names if self._find(n) is None]
             if not names:
                 return
+            for name in names:
+                for known in self.registered:
+                    if known.lower() == name.lower():
+                        raise CatalogError(f"cannot create tensor '{name}': a Python object is "
+                                           f"registered as '{known}'",
+                                           hint=f"con.unregister('{known}') first; tensors, "
+                                                "tables and registered objects share one namespace")
             with translating():
                 found = catalog.tables_named(self.duck, names)
             for name in names:

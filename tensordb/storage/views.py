@@ -109,18 +109,29 @@ _SQL_TYPE = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64
 
 @contextlib.contextmanager
 def standing_in(store, query: str):
-    """Empty typed views in place of the tensors ``query`` names, while DuckDB binds it to say
-    what it writes: a plan that scans a Python Arrow stream cannot be serialized, one over a view
-    can. The tensors are registered again before the statement runs."""
-    names = [m for m in store.list() if m.name.lower() in referenced_names(query)]
+    """Empty typed views in place of the tensors and Python objects ``query`` names, while
+    DuckDB binds it to say what it writes: a plan that scans a Python Arrow stream (or a data
+    frame) cannot be serialized, one over a view can. They are registered again afterwards."""
+    wanted = referenced_names(query)
+    names = [m for m in store.list() if m.name.lower() in wanted]
     shown = {m.name for m in names if m.name in store._views}
+    objects = {n: obj for n, obj in {**store.registered, **store.scanning}.items()
+               if n.lower() in wanted}
+    stand_ins = []
     for meta in names:
         cols = [f"CAST(NULL AS BIGINT) AS {quote_ident(d)}" for d in meta.dims]
         cols.append(f"CAST(NULL AS {_SQL_TYPE.get(meta.dtype.name, 'DOUBLE')}) AS value")
+        stand_ins.append((meta.name, cols))
+    for name in objects:
         with translating():
-            store.duck.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(meta.name)} AS "
-                               f"SELECT {', '.join(cols)} WHERE FALSE")
+            rel = store.duck.table(name)
+            cols = [f"CAST(NULL AS {t}) AS {quote_ident(c)}" for c, t in zip(rel.columns, rel.types)]
+        stand_ins.append((name, cols))
     try:
+        for name, cols in stand_ins:
+            with translating():
+                store.duck.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS "
+                                   f"SELECT {', '.join(cols)} WHERE FALSE")
         yield
     finally:
         for meta in names:  # the tensor again where it was shown (earlier relations read it)
@@ -129,3 +140,8 @@ def standing_in(store, query: str):
                 store.duck.execute(f"DROP VIEW IF EXISTS temp.main.{quote_ident(meta.name)}")
             if meta.name in shown:
                 store._register_view(meta.name, TensorStream(store.open(meta.name)))
+        for name, obj in objects.items():  # and the objects
+            with contextlib.suppress(Exception):
+                store.duck.execute(f"DROP VIEW IF EXISTS temp.main.{quote_ident(name)}")
+            with translating():
+                store.duck.register(name, obj)
