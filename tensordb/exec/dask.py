@@ -363,7 +363,7 @@ def _sub_reader(reader, starts, stops):
         from ..geometry import overlapping
         ranges = [overlapping(b, a, z) for b, a, z in zip(reader.meta.grid, starts, stops)]
         keep = [reader.entries[c] for c in itertools.product(*ranges) if c in reader.entries]
-        return TensorReader(reader.meta, reader.path, keep)
+        return TensorReader(reader.meta, reader.path, keep, reader.database)
     except (AttributeError, TypeError):  # another reader type: ship it whole
         return reader
 

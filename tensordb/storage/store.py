@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
-from . import catalog, directory
+from . import catalog, directory, identity
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
@@ -51,6 +51,7 @@ class Store:
     def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False) -> None:
         self.read_only = read_only
         self.closed = True
+        self.database: str | None = None  # the database's id (identity.py)
         self._lock = threading.RLock()
         self._txn: _Txn | None = None
         # Catalog reads are cached: metadata by lower-cased name (None: no such tensor), tile
@@ -103,6 +104,9 @@ class Store:
                                            if catalog.has_column(self.duck, "tiles", c))
                 self.nonfinite_column = "nonfinite" if "nonfinite" in self._optional \
                     else "NULL::BOOLEAN"
+                # The database's identity (identity.py): made on the first open for writing.
+                self.database = identity.read_catalog_id(self.duck) if read_only else \
+                    identity.ensure_id(self.duck, str(self.root))
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
@@ -233,7 +237,8 @@ class Store:
                 self._entries.update(read)
             hits = {name: self._entries[m.version] for name, m in metas.items()}
         return {name: TensorReader(metas[name], os.path.join(self.tiles_dir, file) if file else None,
-                                   entries) for name, (file, entries) in hits.items()}
+                                   entries, self.database)
+                for name, (file, entries) in hits.items()}
 
     # -- writing -------------------------------------------------------------------------------
     def writer(self, name: str, shape: Sequence[int], dtype, grid, dims: Sequence[str] | None = None,
