@@ -37,8 +37,13 @@ _EXECUTOR_SETTINGS = frozenset({"workers", "executor", "memory_limit", "pin_work
 
 def connect(path: str | os.PathLike | None = None, *, workers: int | None = None,
             memory_limit: int | str | None = None, executor: str = "local",
-            read_only: bool = False) -> "Connection":
+            read_only: bool = False, storage: str = "local") -> "Connection":
     """Open a database: in memory when ``path`` is None, else a directory that persists.
+
+    ``storage`` declares where its payload files are for executors with workers in other
+    processes: ``'local'`` (the client's disk: workers shown to see the database at its path
+    read the files, the others get their tiles from the client) or ``'shared'`` (mounted at the
+    same path on every worker, which reads the files itself); docs/distributed.md.
 
     ``memory_limit`` (bytes, or text such as ``'2GB'``) is shared by the workers; left out, it
     is 80% of the machine's memory (``config.default_memory_limit``); ``'none'``: no limit.
@@ -51,7 +56,7 @@ def connect(path: str | os.PathLike | None = None, *, workers: int | None = None
     3.0
     """
     return Connection(path, workers=workers, memory_limit=memory_limit, executor=executor,
-                      read_only=read_only)
+                      read_only=read_only, storage=storage)
 
 
 def _bind_group(store, lets, items) -> tuple[EinGraph | None, dict]:
@@ -67,7 +72,7 @@ class Connection(TensorIO):
     that move tensors in and out (``load``, ``tensor``, ``export``, ...) are in tensor_io.py."""
 
     def __init__(self, path=None, *, workers=None, memory_limit=None, executor="local",
-                 read_only=False) -> None:
+                 read_only=False, storage="local") -> None:
         self.settings = Settings()
         for key, value in (("workers", workers), ("memory_limit", memory_limit),
                            ("executor", executor)):
@@ -77,7 +82,7 @@ class Connection(TensorIO):
             from .exec.spawn import check_main_guard
             check_main_guard(self.settings.executor)
         self._call_lock = threading.RLock()  # one call at a time (calls.py)
-        self._store: Store | None = Store(path, read_only=read_only)
+        self._store: Store | None = Store(path, read_only=read_only, storage=storage)
         self._executor = None
         self.session = Session()  # the dialect's state: LETs and the open BEGIN block
         self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)

@@ -21,16 +21,37 @@ import socket
 import threading
 import uuid
 
-from ..errors import OperationalError
+from ..errors import NotSupportedError, OperationalError, ProgrammingError
 
-__all__ = ["ID_FILE", "TABLE", "ensure_id", "read_catalog_id", "read_id_file", "check_database",
-           "sees_database", "set_process_label", "process_label", "payload_name"]
+__all__ = ["STORAGE", "check_storage", "ID_FILE", "TABLE", "ensure_id", "read_catalog_id", "read_id_file", "check_database",
+           "sees_database", "set_process_label", "named", "process_label", "payload_name"]
 
+STORAGE = ("local", "shared")
 ID_FILE = "database.id"
 TABLE = "tensordb.identity"
 _LOCK = threading.Lock()
 _SEEN: dict[str, tuple] = {}  # root -> (inode, mtime, size, id) of its id file, as last read
 _LABEL: str | None = None
+
+
+def check_storage(storage) -> str:
+    """The declared storage location: ``local`` (payloads on the client's disk; executors whose
+    workers cannot be shown to see them get the tiles from the client) or ``shared`` (a file
+    system mounted at the same path on every worker; a worker that does not see the database
+    there is an error). An object store URL is refused for now."""
+    if not isinstance(storage, str):
+        raise ProgrammingError(f"storage must be a string, got {storage!r}",
+                               hint="storage='local' or storage='shared'")
+    kind = storage.strip().lower()
+    if "://" in kind:
+        raise NotSupportedError(f"storage '{storage}': payloads in an object store are not "
+                                "supported yet", hint="storage='local' or storage='shared' (a "
+                                "file system mounted at the same path on every worker)")
+    if kind not in STORAGE:
+        raise ProgrammingError(f"unknown storage '{storage}'",
+                               hint="storage='local' (the client's disk, the default) or "
+                                    "storage='shared' (mounted at the same path on every worker)")
+    return kind
 
 
 def read_catalog_id(duck) -> str | None:
@@ -106,6 +127,11 @@ def set_process_label(label: str) -> None:
     """How errors name this process (a Dask worker sets its address)."""
     global _LABEL
     _LABEL = label
+
+
+def named() -> bool:
+    """Whether this process was given a label (``set_process_label``)."""
+    return _LABEL is not None
 
 
 def process_label() -> str:

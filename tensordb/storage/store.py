@@ -48,8 +48,12 @@ class _Txn:
 class Store:
     """A tensordb database. ``Store()`` is in memory (payloads in a temporary directory)."""
 
-    def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False,
+                 storage: str = "local") -> None:
         self.read_only = read_only
+        # Where the payloads are, as declared (identity.check_storage): "local" (the client's
+        # disk) or "shared" (mounted at the same path on every worker).
+        self.storage = identity.check_storage(storage)
         self.closed = True
         self.database: str | None = None  # the database's id (identity.py)
         self._lock = threading.RLock()
