@@ -182,6 +182,16 @@ def _delete(path):
     os.unlink(path)
 
 
+def _flip(path):
+    """Four bytes of tile (1, 0) of A (bytes 256-383 of the file: tiles of 128 bytes) inverted,
+    the file's size unchanged: only the checksum can tell."""
+    with open(path, "r+b") as f:
+        f.seek(300)
+        data = f.read(4)
+        f.seek(300)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
 def _fifo(path):  # reading it would block forever
     os.unlink(path)
     os.mkfifo(path)
@@ -191,7 +201,8 @@ DAMAGE = {"truncated": (_truncate, tensordb.DataError, "truncated"),
           "empty": (_empty, tensordb.DataError, "truncated: it has 0 bytes"),
           "directory": (_directory, tensordb.OperationalError, "is a directory"),
           "deleted": (_delete, tensordb.OperationalError, "is missing"),
-          "fifo": (_fifo, tensordb.OperationalError, "is a FIFO, not a regular file")}
+          "fifo": (_fifo, tensordb.OperationalError, "is a FIFO, not a regular file"),
+          "flipped": (_flip, tensordb.DataError, "tile (1, 0) in its payload file")}
 
 READS = {
     "tensor": lambda con, tmp: con.tensor("A"),
