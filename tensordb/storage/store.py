@@ -28,6 +28,7 @@ from .npzfile import remove_leftover_members
 from .reader import TensorReader
 from .spares import SparePayloads
 from .spilldir import remove_leftover_runs
+from .verify import mark_written
 from .writer import StagingBuffers, TensorWriter
 
 __all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter"]
@@ -359,6 +360,8 @@ class Store:
                 if len(self._entries) > 1024:
                     self._entries.clear()
                 self._entries[meta.version] = (w.file if entries else None, entries)
+                if entries:
+                    mark_written(w.path, entries)  # checksummed from these bytes (verify.py)
         return [meta for _, meta, _ in rows]
 
     def drop(self, name: str, if_exists: bool = False) -> None:
