@@ -97,7 +97,7 @@ class DaskExecutor:
             raise NotSupportedError(f"unknown scatter mode '{self.scatter}'",
                                     hint="scatter=auto, always or never")
         self._cluster = None
-        self._sees: dict[tuple, dict] = {}  # (root, database id) -> {address: None | why not}
+        self._sees: dict[tuple, set] = {}  # (root, database id) -> workers that see it
         try:
             if target in ("", "local"):
                 self._cluster = local_cluster(n, **cluster_opts)
@@ -137,18 +137,21 @@ class DaskExecutor:
 
     def probe(self, root: str, database: str, addresses: list[str]) -> dict[str, str | None]:
         """{address: None where that worker sees database ``database`` at ``root``, else why
-        not}; each worker is asked once per database (it checks again before each file it maps)."""
-        known = self._sees.setdefault((root, database), {})
-        ask = [a for a in addresses if a not in known]
+        not}. A worker that sees it is asked once per database (it checks again before each
+        file it maps); one that does not is asked again on the next query (a file system
+        mounted since then counts)."""
+        sees = self._sees.setdefault((root, database), set())
+        ask = [a for a in addresses if a not in sees]
+        answers = {}
         if ask:
             try:
                 answers = self.client.run(probe_database, root, database, workers=ask)
             except Exception as exc:  # noqa: BLE001 - a worker that cannot answer does not see it
                 answers = {a: f"Dask worker {a} did not answer: {type(exc).__name__}: {exc}"
                            for a in ask}
-            for a in ask:
-                known[a] = answers.get(a, f"Dask worker {a} did not answer")
-        return {a: known[a] for a in addresses}
+            sees.update(a for a in ask if a in answers and answers[a] is None)
+        return {a: None if a in sees else answers.get(a, f"Dask worker {a} did not answer")
+                for a in addresses}
 
     @property
     def alive(self) -> bool:
