@@ -46,7 +46,7 @@ READS = {"con.tensor": lambda con: con.tensor("A"),
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=8192, help="the tensor is n x n float32")
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     out = {"crc32": checksum.IMPLEMENTATION, "bytes": args.n * args.n * 4, "reads": {}}
@@ -58,11 +58,10 @@ def main() -> None:
         with tensordb.connect(root) as con:
             path = con.store.open("A").path
         for name, read in READS.items():
-            times = {}
-            for cache in ("cold", "warm"):
-                for checked in (True, False):
-                    runs = []
-                    for _ in range(args.runs):
+            runs: dict[str, list] = {}
+            for _ in range(args.runs):  # the four cases interleaved: load from other work on
+                for cache in ("cold", "warm"):  # the machine falls on each alike
+                    for checked in (True, False):
                         with tensordb.connect(root, workers=2) as con:
                             read(con)  # the tiles verified now, the pages cached
                         gc.collect()  # no mapping of the file is left: its pages can go
@@ -73,11 +72,11 @@ def main() -> None:
                         with tensordb.connect(root, workers=2) as con:
                             t0 = time.perf_counter()
                             read(con)
-                            runs.append(time.perf_counter() - t0)
+                            dt = time.perf_counter() - t0
                         gc.collect()
-                    times[f"{cache}, {'verified' if checked else 'not verified'}"] = \
-                        statistics.median(runs)
-            out["reads"][name] = times
+                        runs.setdefault(f"{cache}, {'verified' if checked else 'not verified'}",
+                                        []).append(dt)
+            out["reads"][name] = {k: statistics.median(v) for k, v in runs.items()}
     if args.json:
         print(json.dumps(out, indent=1))
     mib = out["bytes"] / 2**20
