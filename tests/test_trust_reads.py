@@ -238,13 +238,18 @@ def test_a_reader_in_another_process_checks_the_database_at_its_path(tmp_path, m
     assert "no directory" in gone["message"], gone
 
 
-def _unshare_prefix():
-    """The command prefix that runs a process in a mount namespace of its own, or None."""
+def _unshare_prefix(tmp_path):
+    """The command prefix that runs a process in a mount namespace of its own where it may
+    bind-mount one directory over another, or None."""
     if shutil.which("unshare") is None:
         return None
+    a, b = tmp_path / "ns-a", tmp_path / "ns-b"
+    a.mkdir()
+    b.mkdir()
     for prefix in (["unshare", "-m"], ["unshare", "-Urm"]):
         try:
-            ok = subprocess.run(prefix + ["true"], capture_output=True, timeout=10).returncode == 0
+            ok = subprocess.run(prefix + ["sh", "-c", f"mount --bind {a} {b}"],
+                                capture_output=True, timeout=10).returncode == 0
         except (OSError, subprocess.SubprocessError):
             ok = False
         if ok:
@@ -258,7 +263,7 @@ def namespaced_worker(tmp_path):
     one Dask worker in its own mount namespace, where ``other`` is bind-mounted over ``root``:
     the worker sees another database at the client's path, as one on another machine would."""
     pytest.importorskip("distributed")
-    prefix = _unshare_prefix()
+    prefix = _unshare_prefix(tmp_path)
     if prefix is None:
         pytest.skip("no mount namespaces here (unshare -m): the child-process test covers this")
     from distributed import Client, LocalCluster
