@@ -388,6 +388,26 @@ def test_an_older_database_gets_an_id_and_its_payloads_stay_readable(tmp_path):
     assert catalog(root, "SELECT id FROM tensordb.identity") == [(ident,)]
 
 
+def test_check_database_reports_a_wrong_or_missing_id_file(tmp_path):
+    root = make_db(tmp_path / "w.tdb")
+    [(ident,)] = catalog(root, "SELECT id FROM tensordb.identity")
+    id_file = os.path.join(root, ID_FILE)
+    for damage, words in (("other", "holds 0123"), ("missing", "is missing")):
+        if damage == "other":
+            with open(id_file, "w") as f:
+                f.write("0123" * 8)
+        else:
+            os.unlink(id_file)
+        with tensordb.connect(root, read_only=True) as con:
+            rows = con.check()
+        problems = [r["problem"] for r in rows if r["file"] == ID_FILE]
+        assert len(problems) == 1 and words in problems[0] and ident in problems[0], rows
+        assert rows[-1]["problem"] != "ok"
+    with tensordb.connect(root) as con:  # an open for writing rewrites it
+        assert con.check()[-1]["problem"] == "ok"
+    assert open(id_file).read().strip() == ident
+
+
 def test_storage_is_declared(tmp_path):
     with tensordb.connect(tmp_path / "a.tdb") as con:
         assert con.store.storage == "local"  # the default: the client's directory

@@ -16,8 +16,9 @@ declared (``connect(..., storage=...)``), not guessed from host names: with ``st
 at the client's path, and those that do not get their tiles from the client; with
 ``storage='shared'`` every worker must see it, and one that does not is an OperationalError
 naming it and the path, before anything runs. A worker also checks the database's id before it
-maps a payload, and every tile's checksum on its first read (storage/verify.py). Only the stored outputs are gathered; every
-other key is released when the run ends, so nothing outlives the query on a worker.
+maps a payload, and every tile's checksum on its first read (storage/verify.py). Only the stored
+outputs are gathered; every other key is released when the run ends, so nothing outlives the
+query on a worker.
 
 A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices,
 cancels the run and runs the plan again, once, on the workers alive then; a second loss raises
