@@ -51,13 +51,17 @@ def payload(root, name="A") -> str:
     return os.path.join(root, "tiles", f)
 
 
-def flip(path, at=300):
-    """Invert four bytes of tile (1, 0) of A (bytes 256-383), the file's size unchanged."""
+def flip(path, at=300, fresh=True):
+    """Invert four bytes of tile (1, 0) of A (bytes 256-383), the file's size unchanged; then
+    (``fresh``) read on as a process that has not read the file yet (this one wrote it, and a
+    change within one tick of the file system's clock keeps its modification time)."""
     with open(path, "r+b") as f:
         f.seek(at)
         data = f.read(4)
         f.seek(at)
         f.write(bytes(b ^ 0xFF for b in data))
+    if fresh:
+        verify.forget_verified()
 
 
 def tiles_files(root):
@@ -103,8 +107,8 @@ def test_damage_after_a_verified_read_is_still_found(tmp_path):
     with tensordb.connect(root) as con:
         np.testing.assert_array_equal(con.tensor("A"), A)
     path = payload(root)
-    time.sleep(0.01)  # a later modification time even on coarse clocks
-    flip(path)
+    time.sleep(0.05)  # a later modification time even on coarse clocks
+    flip(path, fresh=False)
     with tensordb.connect(root, workers=2) as con:
         for read in (lambda: con.tensor("A"), lambda: con.execute("C[i,j] = A[i,j] + 1"),
                      lambda: con.sql("SELECT max(value) FROM A").fetchall()):
@@ -173,6 +177,7 @@ def test_workers_that_see_the_database_read_the_files_and_verify_them(cluster, t
         run = con._get_executor().last_run
         assert run["scattered_bytes"] == 0  # both workers answered that they see it
     path = payload(root)
+    time.sleep(0.05)  # the workers verified A's file: a change must come a clock tick later
     flip(path)
     for extra in ("", "?scatter=always"):  # read by the workers, or by the client
         with tensordb.connect(root, executor=spec + extra, storage=storage) as con:
