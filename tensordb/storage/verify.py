@@ -5,12 +5,13 @@ a kernel, a result or a file. A damaged tile is a DataError naming the tensor, t
 file, so it never flows into a new tensor (whose own checksums would be valid).
 
 Once per process: what was verified is remembered by the file's identity (path, device, inode,
-modification time: a payload rewritten in place, or a spare recycled under a new version's name,
-is another file; damage that leaves the modification time alone, such as bit rot, is found by
-the next process that reads the file, and by CHECK) and the tile's place and recorded checksum; the tiles a process writes and
-commits count as verified in it (their checksums were taken from those bytes: ``mark_written``). A memory-mapped tile is checksummed
-through the mapping (a memoryview of it: nothing is copied); ISA-L folds about 23 GB/s, so the
-first read of a 16 MiB tile costs about 0.7 ms more, a warm read nothing (docs/benchmarks.md,
+modification time, size: a payload rewritten in place, or a spare recycled under a new
+version's name, is another file) and the tile's place and recorded checksum. Damage that leaves
+the modification time alone, such as a disk's bit rot, is found by the next process that reads
+the file, and by CHECK. The tiles a process writes and commits count as verified in it (their
+checksums were taken from those bytes: ``mark_written``). A memory-mapped tile is checksummed
+through the mapping (a memoryview of it: nothing is copied); ISA-L folds 10-23 GB/s, so the
+first read of a 16 MiB tile costs 0.7-1.6 ms more, a warm read nothing (docs/benchmarks.md,
 "Checksums on read"). Tiles written before checksums were recorded (NULL ``crc32``) cannot be
 verified and are read as before.
 """
