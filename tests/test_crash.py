@@ -19,6 +19,7 @@ import pytest
 
 import tensordb
 from tests.harness import assert_killed, assert_payloads_referenced, kill9, start_script
+from tensordb.storage.identity import payload_name, read_id_file
 
 COLS = 4096
 ROWS = 16384            # 16384 x 4096 float32 = 256 MiB
@@ -110,7 +111,7 @@ def test_kill_from_outside_while_payload_grows(tmp_path, expected_new):
     path = tmp_path / "db"
     old_version = make_old(path)
     p = child(path, "none")
-    payload = path / "tiles" / f"{old_version + 1}.bin"
+    payload = path / "tiles" / payload_name(old_version + 1, read_id_file(str(path)))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:
         if payload.exists() and payload.stat().st_size > 64 << 20:

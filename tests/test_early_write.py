@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from tensordb.storage.identity import payload_name
 from tensordb.storage import writeback, writer as writer_mod
 from tests.files import payload_files
 
@@ -22,7 +23,7 @@ MATMUL = "C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 2, j 1, k 2)"
 
 def _file_bytes(con, name):
     meta = con.store.meta(name)
-    with open(os.path.join(con.store.tiles_dir, f"{meta.version}.bin"), "rb") as f:
+    with open(os.path.join(con.store.tiles_dir, payload_name(meta.version, con.store.database)), "rb") as f:
         return f.read()
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from tensordb.storage import verify
 
 A = np.arange(1, 65, dtype="float64").reshape(8, 8)  # tiles (4, 4): every tile nonzero
 B = np.arange(64, dtype="float64").reshape(8, 8) % 5 - 2
@@ -182,6 +183,19 @@ def _delete(path):
     os.unlink(path)
 
 
+def _flip(path):
+    """Four bytes of tile (1, 0) of A (bytes 256-383 of the file: tiles of 128 bytes) inverted,
+    the file's size unchanged: only the checksum can tell."""
+    with open(path, "r+b") as f:
+        f.seek(300)
+        data = f.read(4)
+        f.seek(300)
+        f.write(bytes(b ^ 0xFF for b in data))
+    # Read as by a process that has not read the file yet (this one wrote it, and a change
+    # within one tick of the file system's clock keeps its modification time).
+    verify.forget_verified()
+
+
 def _fifo(path):  # reading it would block forever
     os.unlink(path)
     os.mkfifo(path)
@@ -191,7 +205,8 @@ DAMAGE = {"truncated": (_truncate, tensordb.DataError, "truncated"),
           "empty": (_empty, tensordb.DataError, "truncated: it has 0 bytes"),
           "directory": (_directory, tensordb.OperationalError, "is a directory"),
           "deleted": (_delete, tensordb.OperationalError, "is missing"),
-          "fifo": (_fifo, tensordb.OperationalError, "is a FIFO, not a regular file")}
+          "fifo": (_fifo, tensordb.OperationalError, "is a FIFO, not a regular file"),
+          "flipped": (_flip, tensordb.DataError, "tile (1, 0) in its payload file")}
 
 READS = {
     "tensor": lambda con, tmp: con.tensor("A"),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from tensordb.storage.identity import payload_name
 from tests.files import payload_files
 from tensordb.geometry import even_bounds
 from tensordb.storage import Store, TensorReader
@@ -58,8 +59,8 @@ def test_meta_and_layout(store, slabs):
     assert m.nbytes == 4 * 8 * 6 * 8 and m.density == 192 / 240
     rows = store.duck.execute('SELECT "offset", file FROM tensordb.tiles ORDER BY "offset"').fetchall()
     assert all(off % 64 == 0 for off, _ in rows)
-    assert {f for _, f in rows} == {f"{m.version}.bin"}
-    assert os.listdir(store.tiles_dir) == [f"{m.version}.bin"]
+    assert {f for _, f in rows} == {payload_name(m.version, store.database)}
+    assert os.listdir(store.tiles_dir) == [payload_name(m.version, store.database)]
     assert r.coords() == [(0, 0), (1, 0), (3, 0), (4, 0)]
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from tensordb.storage.identity import payload_name
 
 A = np.arange(1.0, 13.0).reshape(3, 4)
 B = np.arange(1, 7, dtype=np.int64).reshape(2, 3)
@@ -59,7 +60,7 @@ def assert_intact(con, snapshot, before):
 
 
 def payload(con, name="A") -> str:
-    return os.path.join("w.tdb", "tiles", f"{con.store.meta(name).version}.bin")
+    return os.path.join("w.tdb", "tiles", payload_name(con.store.meta(name).version, con.store.database))
 
 
 # -- item 1: writes into the database directory --------------------------------------------------
@@ -189,7 +190,8 @@ def test_parameters_with_a_write_target_refused(db, snapshot):
 def test_in_memory_database_directory_protected():
     with tensordb.connect() as con:
         con.load("A", A)
-        target = os.path.join(str(con.store.root), "tiles", f"{con.store.meta('A').version}.bin")
+        target = os.path.join(str(con.store.root), "tiles",
+                              payload_name(con.store.meta('A').version, con.store.database))
         with pytest.raises(tensordb.ProgrammingError, match="inside the database directory"):
             con.sql(f"COPY (SELECT 1 AS x) TO '{target}'")
         with pytest.raises(tensordb.ProgrammingError, match="inside the database directory"):
@@ -272,7 +274,8 @@ def test_missing_catalog_refused_and_nothing_deleted(tmp_path):
             tensordb.connect(path, read_only=read_only)
         assert "catalog.duckdb" in str(e.value) and "missing" in str(e.value)
         assert files_of(path) == before
-        assert sorted(os.listdir(path)) == ["tiles"]  # no new catalog was created either
+        # no new catalog was created either (the database's id file stays, as it was)
+        assert sorted(os.listdir(path)) == ["database.id", "tiles"]
 
 
 @pytest.mark.parametrize("damage", ["empty duckdb file", "zero bytes", "tables dropped",

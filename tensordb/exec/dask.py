@@ -9,9 +9,16 @@ moves tiles between workers; each task runs on the shared runtime (``runtime.py`
 interpreter, its error translation and the run's byte accounting), so results are the same.
 A Dask task combines all its inputs at once, so the executor asks the plan for aggregation
 trees of at most ``max_fan_in`` partials per task (``physical/trees.py``, made when planning).
-Stored input tiles are read on their worker from the memory-mapped payload when the worker shares
-this machine, else read here and scattered to it. Only the stored outputs are gathered; every
-other key is released when the run ends, so nothing outlives the query on a worker.
+Stored input tiles are read on their worker from the memory-mapped payload where the worker is
+known to see the database, else read here and scattered to it. Where the payloads are is
+declared (``connect(..., storage=...)``), not guessed from host names: with ``storage='local'``
+(the default) each worker is asked once whether it sees this database (its id, storage/identity.py)
+at the client's path, and those that do not get their tiles from the client; with
+``storage='shared'`` every worker must see it, and one that does not is an OperationalError
+naming it and the path, before anything runs. A worker also checks the database's id before it
+maps a payload, and every tile's checksum on its first read (storage/verify.py). Only the stored
+outputs are gathered; every other key is released when the run ends, so nothing outlives the
+query on a worker.
 
 A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices,
 cancels the run and runs the plan again, once, on the workers alive then; a second loss raises
@@ -21,9 +28,7 @@ workers). ``dask://local-cuda`` starts dask-cuda's LocalCUDACluster (one worker 
 """
 from __future__ import annotations
 
-import functools
 import itertools
-import socket
 import threading
 import time
 import uuid
@@ -34,7 +39,7 @@ import numpy as np
 
 from ..errors import Error, NotSupportedError, OperationalError
 from ..physical.plan import Kernel, Load, TilePlan
-from .dask_worker import Payload, collect, forget, gpu_count, run_task, to_host
+from .dask_worker import Payload, collect, forget, gpu_count, probe_database, run_task, to_host
 from .runtime import Ledger, RunResult, op_of, planned_bytes, translate
 from .tasks import run_load
 
@@ -93,6 +98,7 @@ class DaskExecutor:
             raise NotSupportedError(f"unknown scatter mode '{self.scatter}'",
                                     hint="scatter=auto, always or never")
         self._cluster = None
+        self._sees: dict[tuple, set] = {}  # (root, database id) -> workers that see it
         try:
             if target in ("", "local"):
                 self._cluster = local_cluster(n, **cluster_opts)
@@ -130,6 +136,24 @@ class DaskExecutor:
                                    hint="restart the scheduler (the next statement connects "
                                         "again), or SET executor = 'local'") from None
 
+    def probe(self, root: str, database: str, addresses: list[str]) -> dict[str, str | None]:
+        """{address: None where that worker sees database ``database`` at ``root``, else why
+        not}. A worker that sees it is asked once per database (it checks again before each
+        file it maps); one that does not is asked again on the next query (a file system
+        mounted since then counts)."""
+        sees = self._sees.setdefault((root, database), set())
+        ask = [a for a in addresses if a not in sees]
+        answers = {}
+        if ask:
+            try:
+                answers = self.client.run(probe_database, root, database, workers=ask)
+            except Exception as exc:  # noqa: BLE001 - a worker that cannot answer does not see it
+                answers = {a: f"Dask worker {a} did not answer: {type(exc).__name__}: {exc}"
+                           for a in ask}
+            sees.update(a for a in ask if a in answers and answers[a] is None)
+        return {a: None if a in sees else answers.get(a, f"Dask worker {a} did not answer")
+                for a in addresses}
+
     @property
     def alive(self) -> bool:
         """Whether the client still stands: a closed one is replaced by the connection."""
@@ -156,7 +180,7 @@ class DaskExecutor:
         while True:
             attempts += 1
             try:
-                result = _Attempt(self, plan, progress).go()
+                result = _Attempt(self, plan, progress, store).go()
             except _WorkerLost as lost:
                 if attempts > self.retries:
                     raise OperationalError(
@@ -184,8 +208,8 @@ class _WorkerLost(Exception):
 class _Attempt:
     """One submission of the whole plan, on the workers alive when it starts."""
 
-    def __init__(self, ex: DaskExecutor, plan: TilePlan, progress) -> None:
-        self.ex, self.plan, self.progress = ex, plan, progress
+    def __init__(self, ex: DaskExecutor, plan: TilePlan, progress, store=None) -> None:
+        self.ex, self.plan, self.progress, self.store = ex, plan, progress, store
         self.client = ex.client
         self.run_id = uuid.uuid4().hex[:12]
         self.addresses = ex.addresses()
@@ -260,10 +284,9 @@ class _Attempt:
 
     def _scatter_loads(self) -> tuple[dict[int, object], int]:
         """Read here and scatter the Load tiles of workers that cannot read the payload files."""
-        mode = self.ex.scatter
-        if mode == "never":
+        if not any(isinstance(t, Load) for t in self.plan.tasks):
             return {}, 0
-        local = set() if mode == "always" else {a for a in self.addresses if _is_local(a)}
+        local = self._file_readers()
         by_addr: dict[str, dict] = defaultdict(dict)
         keys: dict[str, int] = {}
         nbytes = 0
@@ -278,6 +301,30 @@ class _Attempt:
             for dk, fut in self.client.scatter(data, workers=[addr], broadcast=False).items():
                 futures[keys[dk]] = fut
         return futures, nbytes
+
+    def _file_readers(self) -> set[str]:
+        """The workers that read the payload files themselves: as declared (``storage``) and,
+        for local storage, as each worker answered when asked whether it sees the database."""
+        mode, store, everyone = self.ex.scatter, self.store, set(self.addresses)
+        if mode in ("never", "always"):
+            return everyone if mode == "never" else set()
+        if store is None:  # a plan run without its database: the client reads every tile
+            return set()
+        shared = store.storage == "shared"
+        if store.database is None:  # an older database opened read-only: no id to ask about
+            return everyone if shared else set()
+        seen = self.ex.probe(str(store.root), store.database, self.addresses)
+        if shared:
+            bad = sorted(why for why in seen.values() if why is not None)
+            if bad:
+                more = f" (and {len(bad) - 1} more worker(s))" if len(bad) > 1 else ""
+                raise OperationalError(
+                    f"storage='shared' declares that every Dask worker sees the database at "
+                    f"{store.root}, but {bad[0]}{more}; nothing was run",
+                    hint="mount the database's directory at the same path on every worker, or "
+                         "connect with storage='local' (the client then sends the tiles)")
+            return everyone
+        return {a for a, why in seen.items() if why is None}
 
     # -- waiting, with an eye on the workers ----------------------------------------------------
     def _wait(self, futures) -> list:
@@ -363,24 +410,9 @@ def _sub_reader(reader, starts, stops):
         from ..geometry import overlapping
         ranges = [overlapping(b, a, z) for b, a, z in zip(reader.meta.grid, starts, stops)]
         keep = [reader.entries[c] for c in itertools.product(*ranges) if c in reader.entries]
-        return TensorReader(reader.meta, reader.path, keep)
+        return TensorReader(reader.meta, reader.path, keep, reader.database)
     except (AttributeError, TypeError):  # another reader type: ship it whole
         return reader
-
-
-def _is_local(address: str) -> bool:
-    """Whether a worker runs on this machine (and so can map the payload files itself)."""
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "::1") or host.startswith("127.") or host in _my_hosts()
-
-
-@functools.lru_cache(maxsize=1)
-def _my_hosts() -> frozenset[str]:
-    name = socket.gethostname()
-    try:
-        return frozenset([name, *socket.gethostbyname_ex(name)[2]])
-    except OSError:  # no resolver: only the name
-        return frozenset([name])
 
 
 def _translate(exc: BaseException) -> BaseException:

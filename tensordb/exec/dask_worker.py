@@ -19,9 +19,11 @@ from collections import defaultdict
 import numpy as np
 
 from ..physical.plan import Aggregate, Load
+from ..storage import identity
 from .runtime import TaskRunner
 
-__all__ = ["Payload", "run_task", "to_host", "collect", "forget", "gpu_count", "cache_figures"]
+__all__ = ["Payload", "run_task", "to_host", "collect", "forget", "gpu_count", "cache_figures",
+           "probe_database"]
 
 _LOG: dict[str, list] = defaultdict(list)    # run id -> (key, seconds, nbytes) per task
 _HELD: dict[str, int] = defaultdict(int)     # run id -> most bytes the worker held during the run
@@ -54,8 +56,29 @@ class Payload:
         self.key, self.task, self.op, self.source, self.choice = state
 
 
+def _name_this_worker(worker=None) -> None:
+    """Errors raised here (a payload of another database) name this worker's address."""
+    if identity.named():
+        return
+    try:
+        if worker is None:
+            from distributed import get_worker
+            worker = get_worker()
+        identity.set_process_label(f"Dask worker {worker.address}")
+    except Exception:  # noqa: BLE001 - not on a worker: the process id names it
+        pass
+
+
+def probe_database(root: str, database: str, dask_worker=None) -> str | None:
+    """Run on each worker (``client.run``, which passes ``dask_worker``): None when it sees
+    database ``database`` at ``root``, else why not, naming the worker."""
+    _name_this_worker(dask_worker)
+    return identity.sees_database(root, database)
+
+
 def run_task(run: str, backend: str, payload: Payload, *inputs):
     """Run one tile task on the shared runtime, recording its time on this worker."""
+    _name_this_worker()
     task = payload.task
     xp = _xp(backend)
     runner = _RUNNERS.get(run)

@@ -9,6 +9,7 @@ import duckdb
 from .. import errors
 
 __all__ = ["translate", "translate_message", "translating", "is_interrupt", "note_interrupt",
+           "note_stream_error",
            "quote_ident", "quote_str"]
 
 # Most specific first: DuckDB's exception classes form a tree, ours too.
@@ -52,6 +53,7 @@ def _unprefixed(message: str, cls: type) -> str:
 def translating(context: str | None = None):
     """Re-raise any duckdb exception inside the block as a tensordb error; DuckDB's report of
     a Ctrl-C as the KeyboardInterrupt it was."""
+    since = _STREAM_SEQ[0]
     try:
         yield
     except BaseException as exc:
@@ -60,9 +62,44 @@ def translating(context: str | None = None):
         if is_interrupt(exc) or (isinstance(exc, duckdb.Error) and swallowed):
             raise KeyboardInterrupt from None
         if isinstance(exc, duckdb.Error):
+            ours = _stream_error(str(exc), since)
+            if ours is not None:  # a tensordb error inside a tensor's stream, as it was
+                raise ours from None
             raise translate(exc, context) from exc
         raise
     _SWALLOWED.clear()  # a noted interrupt whose error never came this way is stale now
+
+
+# A tensordb error raised inside a tensor's Arrow stream (a damaged tile) reaches the caller as
+# DuckDB's "Invalid Input Error" with a Python traceback in its text: it is kept here, and the
+# DuckDB error whose text carries its message is reported as the error itself.
+# Some statements (COPY ... TO) report only "Current transaction is aborted": then the error
+# noted since the block began is the one.
+_STREAM_ERRORS: list = []  # (sequence number, error)
+_STREAM_SEQ = [0]
+_STREAM_LOCK = threading.Lock()
+
+
+def note_stream_error(exc: BaseException) -> None:
+    """A tensordb error is passing through Python code that DuckDB runs (``translating``)."""
+    with _STREAM_LOCK:
+        _STREAM_SEQ[0] += 1
+        _STREAM_ERRORS.append((_STREAM_SEQ[0], exc))
+        del _STREAM_ERRORS[:-8]
+
+
+def _stream_error(message: str, since: int | None = None):
+    with _STREAM_LOCK:
+        for i, (_, exc) in enumerate(_STREAM_ERRORS):
+            if exc.message and exc.message in message:
+                del _STREAM_ERRORS[i]
+                return exc
+        if since is not None and "transaction is aborted" in message:
+            for i, (seq, exc) in enumerate(_STREAM_ERRORS):
+                if seq > since:
+                    del _STREAM_ERRORS[i]
+                    return exc
+    return None
 
 
 # A Ctrl-C raised inside Python code that DuckDB was running (an Arrow stream of a tensor):
@@ -90,6 +127,9 @@ _PREFIX = (("Conversion Error", errors.DataError), ("Invalid Input Error", error
 
 def translate_message(message: str, context: str | None = None) -> errors.Error:
     """The tensordb error for a DuckDB error that reached us as text (through an Arrow stream)."""
+    ours = _stream_error(message)
+    if ours is not None:
+        return ours
     cls = next((ours for prefix, ours in _PREFIX if message.startswith(prefix)),
                errors.DatabaseError)
     message = _unprefixed(message, cls)

@@ -3,7 +3,8 @@
 payload files the catalog proves unreferenced when it is opened for writing.
 
     <root>/catalog.duckdb   the catalog (and the user's own tables)
-    <root>/tiles/<v>.bin    one payload file per tensor version
+    <root>/database.id      the database's id (identity.py), for workers that read payloads
+    <root>/tiles/<v>-<id>.bin   one payload file per tensor version (<v>.bin before ids)
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ __all__ = ["CATALOG_FILE", "TILES_DIR", "check_root", "check_catalog", "claim", 
 
 CATALOG_FILE = "catalog.duckdb"
 TILES_DIR = "tiles"
-_PAYLOAD = re.compile(r"(\d+)\.bin\Z")
+_PAYLOAD = re.compile(r"(\d+)(?:-[0-9a-f]{16})?\.bin\Z")  # <version>[-<database id>].bin
 
 # Writable stores open in this process, by root: DuckDB lets one process open a file twice, but
 # two writers would hand out the same versions and delete each other's files in flight.

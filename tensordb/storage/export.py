@@ -4,13 +4,16 @@ array (its tiles as chunks: zarrio.py).
 Parquet and CSV hold exactly what SQL shows for the tensor: one column per dimension, then
 ``value``, one row per nonzero element, and record the shape, dimension names and dtype
 (filemeta.py: Parquet key-value metadata, a CSV sidecar), so loading the file back gives the
-tensor, trailing zero rows included. Files are written under a temporary name and renamed, so a
-failed export leaves no partial file.
+tensor, trailing zero rows included. Files are written under a temporary name
+(``.<name>.<pid>.tmp`` beside the target) and renamed, so a failed export leaves no partial file;
+an export killed before its rename (kill -9) leaves its temporary file, which the next export to
+the same path removes once no process of that id is alive (``remove_leftovers``).
 """
 from __future__ import annotations
 
 import itertools
 import os
+import re
 
 import numpy as np
 
@@ -20,7 +23,7 @@ from ._duck import quote_ident, quote_str, translating
 from .budget import batch_bytes, duck_bytes, duck_memory
 from .views import TensorStream, arrow_schema, coo_batches
 
-__all__ = ["export_tensor", "EXPORT_FORMATS"]
+__all__ = ["export_tensor", "EXPORT_FORMATS", "remove_leftovers"]
 
 EXPORT_FORMATS = ("npy", "parquet", "csv", "zarr")
 _SUFFIX = {".npy": "npy", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
@@ -60,6 +63,7 @@ def export_tensor(store, name: str, path, *, format: str | None = None,
     if fmt == "zarr":  # a directory of chunks: the tensor's tiles (zarrio.py)
         return zarrio.export_zarr(reader, path, tmp)
     side_tmp = tmp + filemeta.SIDECAR
+    remove_leftovers(path)
     try:
         if fmt == "npy":
             _write_npy(reader, tmp)
@@ -77,6 +81,46 @@ def export_tensor(store, name: str, path, *, format: str | None = None,
         for leftover in (tmp, side_tmp):
             if os.path.exists(leftover):
                 os.unlink(leftover)
+
+
+def remove_leftovers(path: str) -> list[str]:
+    """Delete the temporary files that killed exports to ``path`` left beside it (and their CSV
+    sidecars): ``.<name>.<pid>.tmp`` whose process is gone (``os.kill(pid, 0)`` finds none). A
+    process of that id that is alive may still be writing it, and its file stays. Returns the
+    paths removed."""
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(f".{os.path.basename(path)}.") + r"(\d+)\.tmp" +
+                         f"(?:{re.escape(filemeta.SIDECAR)})?" + r"\Z")
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = pattern.match(name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        leftover = os.path.join(directory, name)
+        try:
+            if not os.path.isdir(leftover) or os.path.islink(leftover):
+                os.unlink(leftover)
+                removed.append(leftover)
+        except OSError:  # gone already, or not ours to delete: left alone
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (this one's counts: its own export writes that name)."""
+    if pid == os.getpid():
+        return False  # ours: a file of that name is overwritten by this export anyway
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0  # another user's process (or an id no process can have: gone)
+    return True
 
 
 def _write_npy(reader, tmp: str) -> None:

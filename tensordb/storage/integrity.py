@@ -24,6 +24,7 @@ from ..geometry import tile_box
 from . import catalog
 from ._duck import translating
 from .checksum import crc32
+from .identity import ID_FILE, read_id_file
 from .meta import TensorMeta
 from .writer import count_nonzero
 from .reader import TileEntry, file_kind
@@ -44,6 +45,7 @@ def check(store, name: str | None = None) -> list[tuple]:
     if name is None:
         rows += _dangling_rows(store)
         rows += _orphans(store)
+        rows += _identity_rows(store)
     if all(r[4].startswith("unverified") for r in rows):  # notes only: no problem
         rows.append((None, None, None, None, "ok"))
     return rows
@@ -159,6 +161,19 @@ def _dangling_rows(store) -> list[tuple]:
             "GROUP BY ALL ORDER BY ALL").fetchall()
     return [(tensor, None, file, None, f"catalog: {n} tile row(s) of version {version}, which is "
              "not a stored tensor") for tensor, version, file, n in found]
+
+
+def _identity_rows(store) -> list[tuple]:
+    """The id file that workers check (identity.py) must hold the catalog's id."""
+    if store.database is None:  # an older database opened read-only: it has no id yet
+        return []
+    found = read_id_file(str(store.root))
+    if found == store.database:
+        return []
+    said = "is missing" if found is None else f"holds {found}"
+    return [(None, None, ID_FILE, None, f"identity: {ID_FILE} {said}, the catalog's id is "
+             f"{store.database} (Dask workers refuse to read the payloads; the next open for "
+             "writing rewrites it)")]
 
 
 def _orphans(store) -> list[tuple]:

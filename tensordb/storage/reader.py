@@ -6,7 +6,10 @@ first time a tile is needed, once per reader. Tiles come back as read-only views
 Every read of a payload file (the mapping, ``to_numpy``) opens it through :func:`open_payload`,
 which checks that it is a regular file long enough for every tile before a byte is used: a
 missing, replaced or truncated file is a tensordb error naming the tensor and the file, on every
-path that reads tiles (con.tensor, export, SQL relations, the executors' loads).
+path that reads tiles (con.tensor, export, SQL relations, the executors' loads). Every tile handed
+out is checked against its recorded CRC-32 the first time this process reads it (verify.py), and
+a reader shipped to another process (a Dask worker) first checks that the database it finds at
+the payload's path is the one it was opened on (identity.py).
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ import numpy as np
 from ..errors import DataError, Error, OperationalError
 from ..geometry import overlapping, tile_box
 from .meta import TensorMeta
+from .identity import check_database
+from .verify import file_identity, verified, verify_tile
 
 __all__ = ["TensorReader", "TileEntry", "open_payload", "file_kind", "track_mapping",
            "payload_in_use", "rename_unused"]
@@ -133,20 +138,27 @@ class TileEntry:
 class TensorReader:
     """Read access to one version of a tensor. ``path`` is the payload file (None: no tiles)."""
 
-    def __init__(self, meta: TensorMeta, path: str | None, entries: Sequence[TileEntry]) -> None:
+    def __init__(self, meta: TensorMeta, path: str | None, entries: Sequence[TileEntry],
+                 database: str | None = None) -> None:
         self.meta = meta
         self.path = path
         self.entries = {e.coords: e for e in entries}
+        self.database = database  # the id of the database it was opened on (None: an old one)
+        self.shipped = False  # unpickled in another process: the database there is checked
         self._map: mmap.mmap | None = None
+        self._ident: tuple | None = None  # the mapped file's identity (verify.py)
         self._lock = threading.Lock()
 
     # Pickling ships metadata and the file name; the other process maps the file itself.
     def __getstate__(self):
-        return {"meta": self.meta, "path": self.path, "entries": self.entries}
+        return {"meta": self.meta, "path": self.path, "entries": self.entries,
+                "database": self.database}
 
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
+        self.shipped = True
         self._map = None
+        self._ident = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -165,7 +177,7 @@ class TensorReader:
     def tile(self, coords: Sequence[int]) -> np.ndarray | None:
         """Read-only view of a stored tile, or None for an absent (all-zero) tile."""
         e = self.entries.get(tuple(int(c) for c in coords))
-        return None if e is None else self._view(e.offset, e.shape)
+        return None if e is None else self._view(e.offset, e.shape, (e,))
 
     def facts(self) -> tuple[bool, bool]:
         """(finite, nonzero): no stored tile holds NaN or inf (or might: unknown counts as might);
@@ -191,7 +203,7 @@ class TensorReader:
         """Every stored tile with its entry, in file order (sequential reads)."""
         for c in self.coords():
             e = self.entries[c]
-            yield e, self._view(e.offset, e.shape)
+            yield e, self._view(e.offset, e.shape, (e,))
 
     def mapping(self) -> mmap.mmap:
         """The payload file's mapping (opened on first use)."""
@@ -205,6 +217,7 @@ class TensorReader:
         with _USERS_LOCK:  # counted from before the open: see rename_unused
             _READING[self.path] += 1
         try:
+            self._check_database()
             fd = open_payload(self.meta.name, self.path, self.entries.values())
         except BaseException:
             _done_reading(self.path)
@@ -212,6 +225,7 @@ class TensorReader:
         try:
             _hold_shared(fd, self.path, self.meta.name)
             mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # keeps a copy of fd: the lock
+            self._ident = file_identity(self.path, os.fstat(fd))
             track_mapping(self.path, mapping)
             return mapping
         except (OSError, ValueError) as exc:  # checked above; a file changing under us lands here
@@ -221,12 +235,30 @@ class TensorReader:
             os.close(fd)
             _done_reading(self.path)
 
-    def _view(self, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+    def _check_database(self) -> None:
+        """In a process the reader was shipped to: the database at the payload's path must be
+        the one the reader was opened on (identity.py), else an OperationalError naming this
+        process and the path."""
+        if self.shipped and self.path is not None:
+            check_database(self.path, self.database, self.meta.name)
+
+    def _view(self, offset: int, shape: tuple[int, ...], tiles: Sequence[TileEntry]) -> np.ndarray:
+        """A view of the mapping at ``offset``; ``tiles``, the stored tiles it covers, are
+        checked against their checksums first (once per process: verify.py)."""
         count = int(np.prod(shape, dtype=np.int64))
         buf = self.mapping()
         if offset + count * self.meta.dtype.itemsize > len(buf):  # only if the catalog lies
             raise DataError(f"tensor '{self.meta.name}': a tile at byte {offset} runs past the end "
                             f"of its payload file {self.path} ({len(buf)} bytes)", hint=_CHECK_HINT)
+        for e in tiles:
+            if not verified(self._ident, e):
+                whole = memoryview(buf)
+                part = whole[e.offset:e.offset + e.nbytes]  # through the mapping: no copy
+                try:
+                    verify_tile(self.meta.name, self.path, self._ident, e, part)
+                finally:
+                    part.release()
+                    whole.release()
         return np.frombuffer(buf, self.meta.dtype, count, offset).reshape(shape)
 
     # -- boxes ---------------------------------------------------------------------------------
@@ -267,7 +299,7 @@ class TensorReader:
         the file (then the run is a slab of the C-ordered tensor)."""
         meta = self.meta
         if meta.ndim == 0:
-            return self._view(self.entries[()].offset, ())
+            return self._view(self.entries[()].offset, (), (self.entries[()],))
         if len(present) != len(ranges[0]) or any(len(r) != 1 for r in ranges[1:]):
             return None
         run = [self.entries[c] for c in sorted(present)]
@@ -276,7 +308,7 @@ class TensorReader:
             return None
         first = run[0]
         shape = (sum(e.shape[0] for e in run),) + first.shape[1:]
-        block = self._view(first.offset, shape)
+        block = self._view(first.offset, shape, run)
         return block[tuple(slice(a - s, b - s) for a, b, s in zip(starts, stops, first.starts))]
 
     def to_numpy(self) -> np.ndarray:
@@ -289,19 +321,21 @@ class TensorReader:
         with _USERS_LOCK:
             _READING[self.path] += 1
         try:
+            self._check_database()
             fd = open_payload(meta.name, self.path, self.entries.values())
         except BaseException:
             _done_reading(self.path)
             raise
         try:
+            ident = file_identity(self.path, os.fstat(fd))
             for c in self.coords():
                 e = self.entries[c]
                 dest = out[tuple(slice(s, s + n) for s, n in zip(e.starts, e.shape))] if meta.shape else out
-                if dest.flags.c_contiguous:
-                    self._pread_into(fd, memoryview(dest.reshape(-1)).cast("B"), e.offset)
-                else:
-                    buf = np.empty(e.shape, meta.dtype)
-                    self._pread_into(fd, memoryview(buf.reshape(-1)).cast("B"), e.offset)
+                buf = dest if dest.flags.c_contiguous else np.empty(e.shape, meta.dtype)
+                raw = memoryview(buf.reshape(-1)).cast("B")
+                self._pread_into(fd, raw, e.offset)
+                verify_tile(meta.name, self.path, ident, e, raw)  # before it reaches anyone
+                if buf is not dest:
                     dest[...] = buf
         finally:
             os.close(fd)

@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
-from . import catalog, directory
+from . import catalog, directory, identity
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
@@ -28,6 +28,7 @@ from .npzfile import remove_leftover_members
 from .reader import TensorReader
 from .spares import SparePayloads
 from .spilldir import remove_leftover_runs
+from .verify import mark_written
 from .writer import StagingBuffers, TensorWriter
 
 __all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter"]
@@ -58,12 +59,13 @@ class Store:
     """A tensordb database. ``Store()`` is in memory (payloads in a temporary directory)."""
 
     @classmethod
-    def shared(cls, path: str | os.PathLike | None, *, read_only: bool = False) -> "Store":
+    def shared(cls, path: str | os.PathLike | None, *, read_only: bool = False,
+               storage: str = "local") -> "Store":
         """The store open at ``path`` in this process, shared (one more user), else a new one;
         ``release`` when done. A different ``read_only`` is refused, as DuckDB refuses a second
         connection of another configuration. In memory (None): a new store each time."""
         if path is None:
-            return cls(None, read_only=read_only)
+            return cls(None, read_only=read_only, storage=storage)
         key = str(Path(os.fspath(path)).expanduser().resolve())
         with _SHARED_LOCK:
             store = _SHARED.get(key)
@@ -73,9 +75,14 @@ class Store:
                         f"database {store.root} is already open "
                         f"{'read-only' if store.read_only else 'for writing'} in this process",
                         hint="a second connection shares it, opened the same way (read_only)")
+                if store.storage != identity.check_storage(storage):
+                    raise OperationalError(
+                        f"database {store.root} is already open in this process with "
+                        f"storage={store.storage!r}",
+                        hint="a second connection shares it, declared the same way (storage=)")
                 store.users += 1
                 return store
-            store = cls(path, read_only=read_only)
+            store = cls(path, read_only=read_only, storage=storage)
             _SHARED[key] = store
             return store
 
@@ -89,13 +96,18 @@ class Store:
                 del _SHARED[key]
         self.close()
 
-    def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False,
+                 storage: str = "local") -> None:
         self.read_only = read_only
+        # Where the payloads are, as declared (identity.check_storage): "local" (the client's
+        # disk) or "shared" (mounted at the same path on every worker).
+        self.storage = identity.check_storage(storage)
         self.closed = True
         self.users = 1  # connections sharing it (shared/release)
         # The calls of every connection using this store take turns (calls.py): they share its
         # DuckDB connection, its transaction and its caches.
         self.call_lock = threading.RLock()
+        self.database: str | None = None  # the database's id (identity.py)
         self._lock = threading.RLock()
         self._txn: _Txn | None = None
         # Catalog reads are cached: metadata by lower-cased name (None: no such tensor), tile
@@ -156,6 +168,9 @@ class Store:
                                            if catalog.has_column(self.duck, "tiles", c))
                 self.nonfinite_column = "nonfinite" if "nonfinite" in self._optional \
                     else "NULL::BOOLEAN"
+                # The database's identity (identity.py): made on the first open for writing.
+                self.database = identity.read_catalog_id(self.duck) if read_only else \
+                    identity.ensure_id(self.duck, str(self.root))
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
@@ -286,7 +301,8 @@ class Store:
                 self._entries.update(read)
             hits = {name: self._entries[m.version] for name, m in metas.items()}
         return {name: TensorReader(metas[name], os.path.join(self.tiles_dir, file) if file else None,
-                                   entries) for name, (file, entries) in hits.items()}
+                                   entries, self.database)
+                for name, (file, entries) in hits.items()}
 
     # -- writing -------------------------------------------------------------------------------
     def writer(self, name: str, shape: Sequence[int], dtype, grid, dims: Sequence[str] | None = None,
@@ -412,6 +428,8 @@ class Store:
                 if len(self._entries) > 1024:
                     self._entries.clear()
                 self._entries[meta.version] = (w.file if entries else None, entries)
+                if entries:
+                    mark_written(w.path, entries)  # checksummed from these bytes (verify.py)
         return [meta for _, meta, _ in rows]
 
     def drop(self, name: str, if_exists: bool = False) -> None:

@@ -13,7 +13,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ._duck import note_interrupt, quote_ident, translating
+from ..errors import Error
+from ._duck import note_interrupt, note_stream_error, quote_ident, translating
 from .reader import TensorReader
 
 __all__ = ["referenced_names", "arrow_schema", "coo_batches", "TensorStream", "expose_tensors",
@@ -91,6 +92,9 @@ class TensorStream:
             yield from coo_batches(self.reader, self.max_rows)
         except KeyboardInterrupt:  # DuckDB runs this and would report it as its own error
             note_interrupt()
+            raise
+        except Error as exc:  # a damaged tile: reported as itself, not as DuckDB's error
+            note_stream_error(exc)
             raise
 
 

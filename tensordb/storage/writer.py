@@ -1,6 +1,6 @@
 """TensorWriter: tiles go into a new payload file; the catalog sees them only at commit.
 
-The payload file ``tiles/<version>.bin`` holds the stored tiles back to back, each C-ordered and
+The payload file ``tiles/<version>-<id>.bin`` (``<id>``: the database's, identity.py) holds the stored tiles back to back, each C-ordered and
 starting at a 64-byte aligned offset; each tile's CRC-32 goes into its catalog row (the
 integrity check compares it with the bytes read back). Until :meth:`TensorWriter.commit` it is
 referenced by no catalog row, so a crash leaves an orphan that the next open deletes. Tiles an
@@ -27,6 +27,7 @@ from ..geometry import Grid, grid_shape, tile_box
 from . import background
 from .writeback import start_writeback
 from .checksum import crc32 as checksum
+from .identity import payload_name
 from .meta import TensorMeta
 from .reader import TileEntry, track_mapping
 
@@ -52,7 +53,7 @@ class TensorWriter:
         self.tables_checked = False  # set by a caller that looked for user tables of its name
                                      # inside the commit's transaction already
         self.version = version
-        self.file = f"{version}.bin"
+        self.file = payload_name(version, store.database)
         self.path = os.path.join(store.tiles_dir, self.file)
         self.entries: dict[tuple[int, ...], TileEntry] = {}
         self._fd: int | None = None
