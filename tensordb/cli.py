@@ -49,6 +49,7 @@ Statements:
 Commands:
   .help              this text
   .timer on|off      show how long each statement took (also \\timing)
+  .quiet on|off      print only what queries return, not assignments nor messages (also -q)
   .tensors           SHOW TENSORS
   .tables            SHOW TABLES
   .read FILE         run a script
@@ -190,8 +191,16 @@ class Shell:
         print(f"{where}: {type(exc).__name__}: {exc}", file=self.err)
 
     # -- printing ------------------------------------------------------------------------------
+    @property
+    def quiet(self) -> bool:
+        """``SET quiet = on`` (``-q``, ``.quiet on``): print only what queries return."""
+        return bool(getattr(self.con.settings, "quiet", False))
+
     def show(self, result: Result) -> None:
         self.progress.stop()
+        if self.quiet and not _asked_for(result):
+            self.progress.reset()
+            return
         if result.kind == "rows":
             self._table(result)
         elif result.kind == "tensor":
@@ -247,6 +256,14 @@ class Shell:
             else:
                 self.timer = (args[0].lower() == "on") if args else not self.timer
                 self._print(f"timer {'on' if self.timer else 'off'}", style="dim")
+        elif cmd == ".quiet":
+            if args and args[0].lower() not in ("on", "off"):
+                self.failed = True
+                print(f"usage: {cmd} on|off", file=self.err)
+            else:
+                self.con.set("quiet", (args[0].lower() == "on") if args else not self.quiet)
+                if not self.quiet:
+                    self._print("quiet off", style="dim")
         elif cmd == ".help":
             self._print(HELP)
         elif cmd == ".tensors":
@@ -320,6 +337,16 @@ class Shell:
                 buffer = ""
 
 
+def _asked_for(result: Result) -> bool:
+    """What a quiet shell still prints: rows (SELECT, SHOW, DESCRIBE), EXPLAIN and a tensor
+    printed by its name; not a status (CREATE, SET, LET, INSERT counts) nor an assignment's
+    result, as psql -q prints no command tags."""
+    if result.kind == "tensor":
+        said = result.statement.strip().rstrip(";").strip()
+        return said.lower() == (result.name or "").lower()
+    return result.kind != "status"
+
+
 def _utf8(text: str) -> bool:
     """Whether ``text`` is text: stdin decodes bytes that are not UTF-8 to lone surrogates."""
     try:
@@ -367,7 +394,12 @@ def run_file(shell: Shell, path: str) -> bool:
         shell.failed = True
         print(f"{path}: cannot read: {_not_utf8(exc)}", file=shell.err)
         return False
-    return shell.run_text(text, path)
+    quiet = shell.quiet  # a script's SET quiet lasts to its end: the next script prints as asked
+    try:
+        return shell.run_text(text, path)
+    finally:
+        if shell.quiet != quiet:
+            shell.con.set("quiet", quiet)
 
 
 def read_script(path: str) -> str:
@@ -409,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-f", dest="actions", action=_Ordered, metavar="FILE",
                         help="run a script file (may be repeated)")
     parser.add_argument("--timer", action="store_true", help="print the time of each statement")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="print only what queries return (rows, EXPLAIN, a tensor named "
+                             "alone), not the results of assignments nor messages (SET quiet)")
     parser.add_argument("--read-only", action="store_true", help="open the database read-only")
     parser.add_argument("--version", action="version", version=f"tensordb {__version__}")
     args = parser.parse_args(argv)
@@ -426,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shell = Shell(con, where=args.db)
         shell.timer = args.timer
+        if args.quiet:
+            con.set("quiet", True)
         if not args.actions:
             shell.repl()
             # Piped input is a script: like sqlite3, its exit status says whether anything

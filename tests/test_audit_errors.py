@@ -184,7 +184,7 @@ def test_a_failed_shell_unit_restores_the_settings_for_the_next_one(db):
     assert rc == 1 and "<stdin>:1: CatalogError: unknown tensor 'Nope'" in err
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
             if line.startswith(("tiling", "progress"))}
-    assert rows == {"tiling": [], "progress": ["True"]}
+    assert rows == {"tiling": [], "progress": ["on"]}
 
 
 # -- 6. plain SQL refused inside a script: the script's line and column ---------------------------
