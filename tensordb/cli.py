@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import copy
 import os
 import sys
 import threading
@@ -15,7 +16,7 @@ import time
 import traceback
 
 from . import __version__
-from .errors import Error
+from .errors import Error, Span
 from .result import Result, format_cell
 
 __all__ = ["main", "Shell"]
@@ -53,7 +54,8 @@ Commands:
   .tensors           SHOW TENSORS
   .tables            SHOW TABLES
   .read FILE         run a script
-  .quit              leave (also .exit, \\q, Ctrl-D)
+  .quit              leave (also .exit, \\q, quit, exit, Ctrl-D)
+help, \\? and .help print this text; a ';' after a command is ignored.
 See docs/sql.md for the whole dialect."""
 
 
@@ -130,10 +132,10 @@ class Shell:
             self.progress(done, total)
 
     # -- running -------------------------------------------------------------------------------
-    def run_text(self, text: str, source: str) -> bool:
+    def run_text(self, text: str, source: str, first_line: int = 1) -> bool:
         """Run every statement of ``text``; False (and a message on stderr) if one failed or
         was interrupted (only a failure counts for a piped REPL's exit status: Ctrl-C is the
-        user's choice)."""
+        user's choice). ``first_line``: the line of ``source`` that ``text`` starts on."""
         self.progress.reset()
         shown, kept, boundary = 0, 0, None
 
@@ -151,7 +153,7 @@ class Shell:
         except Error as exc:
             self.failed = True
             self.progress.stop()
-            self.print_error(exc, text, source)
+            self.print_error(exc, text, source, first_line)
             self._say_what_was_kept(source, shown - kept, boundary)
             return False
         except KeyboardInterrupt:
@@ -182,10 +184,15 @@ class Shell:
             print(f"{source}: the statements after its last {boundary} were rolled back; those "
                   "before it were stored", file=self.err)
 
-    def print_error(self, exc: Error, text: str, source: str) -> None:
+    def print_error(self, exc: Error, text: str, source: str, first_line: int = 1) -> None:
         where = source
         if exc.statement == text and exc.span is not None:
-            where = f"{source}:{text.count(chr(10), 0, exc.span.start) + 1}"
+            where = f"{source}:{text.count(chr(10), 0, exc.span.start) + first_line}"
+            if first_line > 1:  # the caret's LINE counts the source's lines too
+                pad = "\n" * (first_line - 1)
+                exc = copy.copy(exc)
+                exc.statement = pad + text
+                exc.span = Span(exc.span.start + len(pad), exc.span.end + len(pad))
         if os.environ.get("TENSORDB_DEBUG") and exc.__cause__ is not None:
             traceback.print_exception(exc.__cause__, file=self.err)
         print(f"{where}: {type(exc).__name__}: {exc}", file=self.err)
@@ -244,10 +251,11 @@ class Shell:
 
     # -- the REPL ------------------------------------------------------------------------------
     def command(self, line: str) -> bool:
-        """A dot command; False to leave the REPL."""
-        parts = line.strip().split()
+        """A dot command (or psql's backslash one); False to leave the REPL. A ';' after it is
+        dropped: ``.timer on;`` is ``.timer on``."""
+        parts = line.strip().rstrip(";").split()
         cmd, args = parts[0].lower(), parts[1:]
-        if cmd in (".quit", ".exit", "\\q"):
+        if cmd in (".quit", ".exit", "\\q", "\\quit"):
             return False
         if cmd in (".timer", "\\timing"):
             if args and args[0].lower() not in ("on", "off"):
@@ -264,7 +272,7 @@ class Shell:
                 self.con.set("quiet", (args[0].lower() == "on") if args else not self.quiet)
                 if not self.quiet:
                     self._print("quiet off", style="dim")
-        elif cmd == ".help":
+        elif cmd in (".help", "\\?", "\\h", "\\help"):
             self._print(HELP)
         elif cmd == ".tensors":
             self.run_text("SHOW TENSORS;", "<stdin>")
@@ -301,40 +309,103 @@ class Shell:
             self._matches = sorted({w for w in words if w.lower().startswith(low)})
         return self._matches[state] if state < len(self._matches) else None
 
-    def repl(self, read=input) -> None:
+    def repl(self, read=None, interactive: bool | None = None) -> None:
+        """Read statements and commands until EOF or .quit. ``interactive`` (default: stdin is
+        a terminal, or ``read`` is given): a banner, prompts, line editing and history. Piped
+        input is a script: no banner nor prompts, and errors name their line (``<stdin>:7``)."""
         from .dialect import is_complete
-        _history(self.complete)
-        self._print(f"tensordb {__version__} ({self.where or 'in-memory database'}). "
-                    "End statements with ';'. .help for help.")
-        buffer = ""
+        if interactive is None:
+            interactive = read is not None or _isatty(sys.stdin)
+        if read is None:
+            read = input if interactive else _read_piped
+        if interactive:
+            _history(self.complete)
+            if not self.quiet:
+                self._print(f"tensordb {__version__} ({self.where or 'in-memory database'}). "
+                            "End statements with ';'. help for help.")
+        buffer, lines, line_no, first_line = "", 0, 0, 1
         while True:
             try:
                 line = read("tensordb> " if not buffer else "     ...> ")
             except EOFError:
-                print(file=self.out)
+                if interactive:
+                    print(file=self.out)
                 if not self.check_open_block():
                     self.failed = True
                 break
             except KeyboardInterrupt:
                 print("^C", file=self.out)
-                buffer = ""
+                buffer, lines = "", 0
                 continue
+            line_no += 1
             if not _utf8(line):  # piped bytes that are not UTF-8 (Python keeps them escaped)
                 self.failed = True
-                print("<stdin>: cannot read: a line holds bytes that are not UTF-8; the "
-                      "statement it is part of is skipped", file=self.err)
-                buffer = ""
+                print(f"<stdin>:{line_no}: cannot read: a line holds bytes that are not UTF-8; "
+                      "the statement it is part of is skipped", file=self.err)
+                buffer, lines = "", 0
                 continue
-            if not buffer and line.strip()[:1] in (".", "\\"):
-                if not self.command(line):
-                    break
-                continue
-            if not buffer and not line.strip():
-                continue
+            if not buffer:
+                cmd = _as_command(line)
+                if cmd is not None:
+                    if not self.command(cmd):
+                        break
+                    continue
+                if not line.strip():
+                    continue
+                first_line = line_no
             buffer += line + "\n"
+            lines += 1
             if is_complete(buffer):
-                self.run_text(buffer, "<stdin>")
-                buffer = ""
+                if interactive and lines > 1:
+                    _remember(buffer, lines)
+                self.run_text(buffer, "<stdin>", first_line if not interactive else 1)
+                buffer, lines = "", 0
+
+
+def _read_piped(prompt: str) -> str:
+    """A line of piped input, without its newline and without a prompt (it is no dialogue)."""
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line[:-1] if line.endswith("\n") else line
+
+
+# Words psql takes alone on a line, before any statement: `help`, `quit`, `exit` (a ';' after
+# them too). A tensor of one of these names is printed by SELECT * FROM it, or "name" quoted.
+_WORDS = {"help": ".help", "quit": ".quit", "exit": ".quit"}
+
+
+def _as_command(line: str) -> str | None:
+    """The command a line at the start of a statement is (``.timer on``, ``\\q``, ``help``,
+    ``quit;``), or None: the line begins a statement."""
+    text = line.strip()
+    word = text.rstrip(";").strip().lower()
+    if word in _WORDS:
+        return _WORDS[word]
+    return text if text[:1] in (".", "\\") else None
+
+
+def _remember(statement: str, lines: int) -> None:
+    """A statement typed over several lines is one history entry (recalled whole), not one per
+    line. Its lines are joined by spaces, so that the history file keeps it as one entry, unless
+    a line holds a ``--`` comment, which would swallow the lines after it."""
+    try:
+        import readline
+    except ImportError:
+        return
+    n = readline.get_current_history_length()
+    if n < lines:
+        return
+    typed = [readline.get_history_item(n - k + 1) for k in range(lines, 0, -1)]  # 1-based
+    if [t.strip() for t in typed if t is not None] != \
+            [t.strip() for t in statement.rstrip("\n").split("\n")]:
+        return  # not the lines just typed (history off, or lines recalled differently)
+    for k in range(lines):
+        readline.remove_history_item(n - 1 - k)  # 0-based
+    parts = [t.rstrip() for t in typed]
+    joined = "\n".join(parts) if any("--" in t for t in parts) else \
+        " ".join(p.strip() for p in parts)
+    readline.add_history(joined)
 
 
 def _asked_for(result: Result) -> bool:

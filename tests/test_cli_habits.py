@@ -1,0 +1,205 @@
+"""The habits users bring from psql, sqlite3 and duckdb, tried as they would try them: the shell
+on a pseudo-terminal (help, exit, quit, \\?, \\q, `.timer on;`, history, quiet), piped scripts
+through a pipe (no banner nor prompts; errors at their line), and the messages of SET and DROP
+TENSOR IF EXISTS from the command line."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensordb
+from tests.test_cli_conventions import ENV, Terminal
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def piped(db, text: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tensordb", str(db), *args], input=text,
+                          capture_output=True, text=True, env=ENV, timeout=300)
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "db.tdb"
+    with tensordb.connect(path) as con:
+        con.load("P", np.arange(6, dtype=np.float64).reshape(3, 2))
+    return path
+
+
+# -- piped input is a script ---------------------------------------------------------------------
+
+def test_piped_input_prints_no_banner_nor_prompts_and_errors_name_their_line(db):
+    script = ("SELECT 1 AS a;\n"          # 1
+              "\n"                        # 2
+              "SELECT\n"                  # 3
+              "  nope\n"                  # 4: the error
+              "FROM P;\n"                 # 5
+              "-- a comment\n"            # 6
+              "SELECT 2 AS\n"             # 7
+              "  b +;\n")                 # 8: a syntax error at the end
+    done = piped(db, script)
+    assert done.returncode == 1
+    assert "tensordb>" not in done.stdout and "...>" not in done.stdout
+    assert "tensordb " + tensordb.__version__ not in done.stdout  # no banner
+    assert done.stdout.startswith("a\n")
+    assert "<stdin>:4: BinderError: Referenced column \"nope\" not found" in done.stderr
+    assert "LINE 4:   nope\n          ^" in done.stderr
+    assert "<stdin>:8: ParserError" in done.stderr and "LINE 8:" in done.stderr
+    assert "<stdin>:1" not in done.stderr
+
+
+def test_piped_commands_end_with_a_semicolon_or_not(db):
+    done = piped(db, ".timer on;\nSELECT 7 AS seven;\nquit;\nSELECT 'not reached' AS x;\n")
+    assert done.returncode == 0, done.stderr
+    assert "timer on" in done.stdout and "Run Time:" in done.stdout and "seven" in done.stdout
+    assert "not reached" not in done.stdout and done.stderr == ""
+
+
+@pytest.mark.parametrize("leave", ["quit", "quit;", "exit", "exit;", ".quit;", ".exit", "\\q",
+                                   "\\q;"])
+def test_every_way_out_leaves(db, leave):
+    done = piped(db, f"SELECT 1 AS one;\n{leave}\nSELECT 'not reached' AS x;\n")
+    assert done.returncode == 0 and done.stderr == ""
+    assert "one" in done.stdout and "not reached" not in done.stdout
+
+
+@pytest.mark.parametrize("ask", ["help", "help;", "\\?", ".help;", "HELP"])
+def test_every_way_to_ask_for_help(db, ask):
+    done = piped(db, f"{ask}\n")
+    assert done.returncode == 0 and done.stderr == ""
+    assert "Statements end with ';'" in done.stdout and ".quit" in done.stdout
+
+
+def test_a_tensor_named_help_is_still_reachable(db):
+    with tensordb.connect(db) as con:
+        con.load("help", np.arange(3.0))
+    done = piped(db, 'SELECT sum(value) AS s FROM "help";\n')
+    assert done.returncode == 0 and re.search(r"^3(\.0)?\s*$", done.stdout, re.M)
+
+
+# -- on a terminal -------------------------------------------------------------------------------
+
+def test_terminal_words_commands_and_timer(db):
+    term = Terminal(db)
+    try:
+        banner = term.until(Terminal.PROMPT)
+        assert f"tensordb {tensordb.__version__}" in banner and "help for help" in banner
+        term.send("help")
+        assert "Statements end with ';'" in term.until(Terminal.PROMPT)
+        term.send("\\?")
+        assert ".timer on|off" in term.until(Terminal.PROMPT)
+        term.send(".timer on;")
+        assert "timer on" in term.until(Terminal.PROMPT)
+        term.send("SELECT 41 + 1 AS answer;")
+        shown = term.until(Terminal.PROMPT)
+        assert "42" in shown and "Run Time:" in shown
+        term.send("quit")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+            term.proc.wait()
+        os.close(term.master)
+
+
+def test_a_statement_over_several_lines_is_one_history_entry(db):
+    home = Path(db).parent / "home"
+    term = Terminal(db)
+    try:
+        term.until(Terminal.PROMPT)
+        term.send("SELECT 6 * 7")
+        term.until("...> ")
+        term.send("  AS answer;")
+        assert "42" in term.until(Terminal.PROMPT)
+        os.write(term.master, b"\x1b[A")  # the up arrow recalls the whole statement
+        term.send("")
+        shown = term.until(Terminal.PROMPT)
+        assert "42" in shown and "(1 row)" in shown
+        assert term.close() == 0
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+            term.proc.wait()
+    history = (home / ".tensordb_history").read_text().splitlines()
+    assert "SELECT 6 * 7 AS answer;" in history
+    assert "  AS answer;" not in history and "SELECT 6 * 7" not in history
+
+
+# -- quiet ---------------------------------------------------------------------------------------
+
+SCRIPT = ("CREATE OR REPLACE TENSOR A (i 2, j 2);\n"
+          "B[i,j] = A[i,j] + 3;\n"
+          "SET workers = 1;\n"
+          "SELECT sum(value) AS total FROM B;\n"
+          "B;\n"
+          "EXPLAIN C[i,k] = B[i,j] * B[j,k];\n")
+
+
+def test_quiet_prints_what_queries_return_only(db):
+    loud = piped(db, SCRIPT)
+    quiet = piped(db, SCRIPT, "-q")
+    assert loud.returncode == quiet.returncode == 0
+    assert "CREATE TENSOR A" in loud.stdout and "SET workers = 1" in loud.stdout
+    for said in ("CREATE TENSOR A", "SET workers", "B: float64 (2, 2)\n[[3. 3.]"):
+        assert quiet.stdout.count(said) == loud.stdout.count(said) - 1, said
+    assert re.search(r"^12(\.0)?\s*$", quiet.stdout, re.M)  # the SELECT
+    assert "B: float64 (2, 2)" in quiet.stdout  # the tensor printed by its name
+    assert "EXPLAIN" in quiet.stdout
+
+
+def test_quiet_in_a_script_lasts_to_its_end(db, tmp_path):
+    script = tmp_path / "q.sql"
+    script.write_text("SET quiet = on;\nCREATE TENSOR Q1 (i 2);\nSELECT 5 AS five;\n")
+    done = subprocess.run([sys.executable, "-m", "tensordb", str(db), "-f", str(script),
+                           "-c", "CREATE TENSOR Q2 (i 2)"], capture_output=True, text=True,
+                          env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "CREATE TENSOR Q1" not in done.stdout and "five" in done.stdout
+    assert "CREATE TENSOR Q2: float64 (2,)" in done.stdout
+    term = Terminal(db)
+    try:
+        term.until(Terminal.PROMPT)
+        term.send(".quiet on")
+        term.until(Terminal.PROMPT)
+        term.send("Q3[i] = P[i,j] * 2;")
+        term.send("SELECT 'after' AS marker;")
+        shown = term.until("(1 row)")
+        assert "Q3:" not in shown and "after" in shown
+        term.until(Terminal.PROMPT)
+        term.send(".quiet off")
+        assert "quiet off" in term.until(Terminal.PROMPT)
+    finally:
+        assert term.close() == 0
+
+
+# -- what SET and DROP TENSOR IF EXISTS say ------------------------------------------------------
+
+def test_settings_echo_as_typed(db):
+    done = piped(db, "SET progress = off;\nSET memory_limit = '2GB';\nSHOW memory_limit;\n"
+                     "SHOW progress;\nSET progress TO ON;\nSET memory_limit = DEFAULT;\n")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "SET progress = off" in out and "False" not in out and "True" not in out
+    assert "SET memory_limit = '2GB'" in out and "GiB" not in out.split("DEFAULT")[0]
+    assert re.search(r"^memory_limit\s+2GB\s*$", out, re.M)
+    assert re.search(r"^progress\s+off\s*$", out, re.M)
+    assert "SET progress = ON" in out
+    default = tensordb.config.default_memory_limit()
+    with tensordb.connect() as con:
+        assert con.settings.memory_limit == default
+    assert re.search(r"SET memory_limit = DEFAULT \([0-9.]+ ?[KMGT]i?B\)", out)
+
+
+def test_drop_if_exists_of_a_missing_tensor_says_nothing_was_dropped(db):
+    done = piped(db, "DROP TENSOR IF EXISTS Nope;\nDROP TENSOR IF EXISTS P;\n")
+    assert done.returncode == 0, done.stderr
+    assert "no tensor named 'Nope', nothing dropped" in done.stdout
+    assert "DROP TENSOR P" in done.stdout and "DROP TENSOR Nope" not in done.stdout
+    with tensordb.connect(db) as con:
+        assert not con.store.has("P")
