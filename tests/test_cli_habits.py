@@ -203,3 +203,22 @@ def test_drop_if_exists_of_a_missing_tensor_says_nothing_was_dropped(db):
     assert "DROP TENSOR P" in done.stdout and "DROP TENSOR Nope" not in done.stdout
     with tensordb.connect(db) as con:
         assert not con.store.has("P")
+
+
+# -- listing tables ------------------------------------------------------------------------------
+
+def test_tables_lists_every_tensor_from_the_start(db):
+    with tensordb.connect(db) as con:
+        con.load("Q", np.ones(3))
+        con.execute("CREATE TABLE t AS SELECT 1 AS x")
+    done = piped(db, ".tables\nSHOW TABLES;\n"
+                     "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+                     "ORDER BY table_name;\n")
+    assert done.returncode == 0, done.stderr
+    tables = [re.findall(r"^(\w+)\s*$", block, re.M) for block in done.stdout.split("(")]
+    listed = [sorted(set(names) - {"name", "table_name"}) for names in tables[:3]]
+    assert listed == [["P", "Q", "t"]] * 3, done.stdout
+    with tensordb.connect(db) as con:  # DuckDB's own answer, once every tensor was named
+        con.sql("SELECT * FROM P, Q").fetchall()
+        expect = sorted(r[0] for r in con.sql("SHOW TABLES").fetchall())
+    assert expect == ["P", "Q", "t"]

@@ -94,10 +94,18 @@ class TensorStream:
             raise
 
 
+# Words of a query that lists tables (SHOW TABLES, information_schema.tables, duckdb_views()):
+# every tensor is registered for it, so that tensors are listed before a query names them.
+LISTINGS = frozenset({"tables", "information_schema", "duckdb_tables", "duckdb_views",
+                      "duckdb_columns", "pg_catalog", "sqlite_master"})
+
+
 def expose_tensors(store, query: str) -> list[str]:
-    """Register every stored tensor that ``query`` names; returns their names."""
+    """Register every stored tensor that ``query`` names (all of them for a query that lists
+    tables); returns their names."""
     wanted = referenced_names(query)
-    names = [m.name for m in store.list() if m.name.lower() in wanted]
+    every = not wanted.isdisjoint(LISTINGS)
+    names = [m.name for m in store.list() if every or m.name.lower() in wanted]
     for name in names:
         store._register_view(name, TensorStream(store.open(name)))
     return names
