@@ -14,14 +14,15 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import nullcontext
 
 from . import __version__
 from .errors import Error, Span
 from .result import Result, format_cell
+from .terminal import Abandon, as_command, history, is_utf8, read_piped, remember
 
 __all__ = ["main", "Shell"]
 
-HISTORY_FILE = "~/.tensordb_history"
 PROGRESS_DELAY = 0.5   # seconds before a progress bar appears: quick work prints nothing extra
                        # (TENSORDB_PROGRESS_DELAY overrides it)
 MAX_ROWS = 40          # rows printed; the middle of longer results is elided
@@ -123,6 +124,7 @@ class Shell:
         self.err = err or sys.stderr
         self.timer = False
         self.failed = False  # a statement, script or command failed (a piped REPL then exits 1)
+        self.abandon: Abandon | None = None  # a second Ctrl-C's way out (main() sets it up)
         self._matches: list[str] = []
         self.progress = _Progress(self.err)
         con.progress_callback = self._on_progress
@@ -148,7 +150,8 @@ class Shell:
             self.show(result)
 
         try:
-            self.con.execute_script(text, on_result=show)
+            with self.abandon.statement() if self.abandon is not None else nullcontext():
+                self.con.execute_script(text, on_result=show)
             return True
         except Error as exc:
             self.failed = True
@@ -317,9 +320,9 @@ class Shell:
         if interactive is None:
             interactive = read is not None or _isatty(sys.stdin)
         if read is None:
-            read = input if interactive else _read_piped
+            read = input if interactive else read_piped
         if interactive:
-            _history(self.complete)
+            history(self.complete)
             if not self.quiet:
                 self._print(f"tensordb {__version__} ({self.where or 'in-memory database'}). "
                             "End statements with ';'. help for help.")
@@ -338,14 +341,14 @@ class Shell:
                 buffer, lines = "", 0
                 continue
             line_no += 1
-            if not _utf8(line):  # piped bytes that are not UTF-8 (Python keeps them escaped)
+            if not is_utf8(line):  # piped bytes that are not UTF-8 (Python keeps them escaped)
                 self.failed = True
                 print(f"<stdin>:{line_no}: cannot read: a line holds bytes that are not UTF-8; "
                       "the statement it is part of is skipped", file=self.err)
                 buffer, lines = "", 0
                 continue
             if not buffer:
-                cmd = _as_command(line)
+                cmd = as_command(line)
                 if cmd is not None:
                     if not self.command(cmd):
                         break
@@ -357,55 +360,9 @@ class Shell:
             lines += 1
             if is_complete(buffer):
                 if interactive and lines > 1:
-                    _remember(buffer, lines)
+                    remember(buffer, lines)
                 self.run_text(buffer, "<stdin>", first_line if not interactive else 1)
                 buffer, lines = "", 0
-
-
-def _read_piped(prompt: str) -> str:
-    """A line of piped input, without its newline and without a prompt (it is no dialogue)."""
-    line = sys.stdin.readline()
-    if not line:
-        raise EOFError
-    return line[:-1] if line.endswith("\n") else line
-
-
-# Words psql takes alone on a line, before any statement: `help`, `quit`, `exit` (a ';' after
-# them too). A tensor of one of these names is printed by SELECT * FROM it, or "name" quoted.
-_WORDS = {"help": ".help", "quit": ".quit", "exit": ".quit"}
-
-
-def _as_command(line: str) -> str | None:
-    """The command a line at the start of a statement is (``.timer on``, ``\\q``, ``help``,
-    ``quit;``), or None: the line begins a statement."""
-    text = line.strip()
-    word = text.rstrip(";").strip().lower()
-    if word in _WORDS:
-        return _WORDS[word]
-    return text if text[:1] in (".", "\\") else None
-
-
-def _remember(statement: str, lines: int) -> None:
-    """A statement typed over several lines is one history entry (recalled whole), not one per
-    line. Its lines are joined by spaces, so that the history file keeps it as one entry, unless
-    a line holds a ``--`` comment, which would swallow the lines after it."""
-    try:
-        import readline
-    except ImportError:
-        return
-    n = readline.get_current_history_length()
-    if n < lines:
-        return
-    typed = [readline.get_history_item(n - k + 1) for k in range(lines, 0, -1)]  # 1-based
-    if [t.strip() for t in typed if t is not None] != \
-            [t.strip() for t in statement.rstrip("\n").split("\n")]:
-        return  # not the lines just typed (history off, or lines recalled differently)
-    for k in range(lines):
-        readline.remove_history_item(n - 1 - k)  # 0-based
-    parts = [t.rstrip() for t in typed]
-    joined = "\n".join(parts) if any("--" in t for t in parts) else \
-        " ".join(p.strip() for p in parts)
-    readline.add_history(joined)
 
 
 def _asked_for(result: Result) -> bool:
@@ -416,41 +373,6 @@ def _asked_for(result: Result) -> bool:
         said = result.statement.strip().rstrip(";").strip()
         return said.lower() == (result.name or "").lower()
     return result.kind != "status"
-
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` is text: stdin decodes bytes that are not UTF-8 to lone surrogates."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _history(completer=None) -> None:
-    """Line editing, tab completion and a history file, where the platform has readline."""
-    try:
-        import atexit
-        import readline
-    except ImportError:
-        return
-    if completer is not None:
-        readline.set_completer(completer)
-        readline.set_completer_delims(" \t\n;,()[]=+-*/")
-        readline.parse_and_bind("tab: complete")
-    path = os.path.expanduser(HISTORY_FILE)
-    try:
-        readline.read_history_file(path)
-    except (OSError, ValueError):
-        pass
-    readline.set_history_length(2000)
-
-    def save() -> None:
-        try:
-            readline.write_history_file(path)
-        except OSError:
-            pass
-    atexit.register(save)
 
 
 def run_file(shell: Shell, path: str) -> bool:
@@ -529,8 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     except Error as exc:
         print(f"tensordb: cannot open {args.db or 'an in-memory database'}: {exc}", file=sys.stderr)
         return 1
+    abandon = Abandon(sys.stderr, in_memory=not args.db).start()
     try:
         shell = Shell(con, where=args.db)
+        shell.abandon = abandon
         shell.timer = args.timer
         if args.quiet:
             con.set("quiet", True)
@@ -550,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     finally:
+        abandon.stop()
         con.close()
 
 

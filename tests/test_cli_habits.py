@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -222,3 +224,56 @@ def test_tables_lists_every_tensor_from_the_start(db):
         con.sql("SELECT * FROM P, Q").fetchall()
         expect = sorted(r[0] for r in con.sql("SHOW TABLES").fetchall())
     assert expect == ["P", "Q", "t"]
+
+
+# -- a second Ctrl-C -----------------------------------------------------------------------------
+
+# One DuckDB function call over a 5-million-element list: DuckDB does not stop it at a Ctrl-C
+# (it runs for about 15 seconds on 2 cores, and longer when they are busy).
+STUBBORN = ("CREATE TABLE slow AS SELECT len(list_sort([hash(x) for x in range(5000000)])) AS n;")
+
+
+def test_a_second_ctrl_c_abandons_a_query_that_the_first_did_not_stop(db):
+    term = Terminal(db)
+    try:
+        term.until(Terminal.PROMPT)
+        term.send("CREATE TABLE kept AS SELECT 1 AS x;")
+        term.until(Terminal.PROMPT)
+        term.send(STUBBORN)
+        time.sleep(1.0)
+        term.proc.send_signal(signal.SIGINT)
+        seen = term.until("press Ctrl-C again", limit=30)
+        assert "tensordb>" not in seen  # still running: the first Ctrl-C did not stop it
+        t0 = time.monotonic()
+        term.proc.send_signal(signal.SIGINT)
+        assert "abandoned" in term.until("abandoned", limit=30)
+        assert term.proc.wait(timeout=30) == 130
+        assert time.monotonic() - t0 < 5
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+            term.proc.wait()
+        os.close(term.master)
+    with tensordb.connect(db) as con:  # what ran before is stored; the abandoned table is not
+        tables = {r[0] for r in con.sql("SELECT table_name FROM duckdb_tables()").fetchall()}
+        assert "kept" in tables and "slow" not in tables
+        np.testing.assert_array_equal(con.tensor("P"), np.arange(6.0).reshape(3, 2))
+
+
+def test_a_ctrl_c_that_stops_its_statement_gets_no_notice(db):
+    with tensordb.connect(db) as con:
+        con.load("D", np.random.default_rng(0).random((1500, 1500)), tile=(1500, 1500))
+    term = Terminal(db)
+    try:
+        term.until(Terminal.PROMPT)
+        term.send("E[i,j] = MIN(D[i,k] + D[k,j]);")
+        time.sleep(1.5)
+        term.proc.send_signal(signal.SIGINT)
+        seen = term.until(Terminal.PROMPT, limit=30)
+        assert "interrupted" in seen
+        time.sleep(1.5)  # longer than the notice's delay
+        term.send("SELECT 'alive' AS still;")
+        seen = term.until(Terminal.PROMPT)
+        assert "alive" in seen and "press Ctrl-C again" not in seen
+    finally:
+        assert term.close() == 0
