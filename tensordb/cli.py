@@ -69,6 +69,7 @@ class _Progress:
         self.started = 0.0
         self.bar = None
         self.task = None
+        self.done = 0.0
 
     def reset(self) -> None:
         with self.lock:
@@ -81,14 +82,19 @@ class _Progress:
                 if time.perf_counter() - self.started < _progress_delay() or not _isatty(self.stream):
                     return
                 from rich.console import Console
-                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                                            TimeElapsedColumn)
-                self.bar = Progress(TextColumn("running"), BarColumn(), MofNCompleteColumn(),
+                # A share of the work, not "4/6" tasks: a plan's last tasks may be its long
+                # kernels, whose progress comes as fractions of a task (kernels.py).
+                self.bar = Progress(TextColumn("running"), BarColumn(), TaskProgressColumn(),
                                     TimeElapsedColumn(), console=Console(file=self.stream),
                                     transient=True)
                 self.bar.start()
                 self.task = self.bar.add_task("tasks", total=total)
-            self.bar.update(self.task, completed=done, total=total)
+                self.done = 0.0
+            # workers report their fractions as they go: shown, the work never goes backwards
+            self.done = max(self.done, min(done, total))
+            self.bar.update(self.task, completed=self.done, total=total)
 
     def stop(self) -> None:
         with self.lock:

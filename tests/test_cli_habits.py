@@ -277,3 +277,27 @@ def test_a_ctrl_c_that_stops_its_statement_gets_no_notice(db):
         assert "alive" in seen and "press Ctrl-C again" not in seen
     finally:
         assert term.close() == 0
+
+
+# -- progress ------------------------------------------------------------------------------------
+
+def test_progress_advances_inside_a_long_min_plus_product(db):
+    """Two kernel calls do nearly all the work (the loads before them are done at once): the
+    bar shows the share of the work, moving while the calls run, never back; not "4/6" tasks
+    standing still."""
+    with tensordb.connect(db) as con:
+        con.load("D", np.random.default_rng(0).random((1200, 1200)), tile=(600, 1200))
+    term = Terminal(db, env={"TENSORDB_PROGRESS_DELAY": "0"})
+    try:
+        term.until(Terminal.PROMPT)
+        term.send("SET workers = 2;")
+        term.until(Terminal.PROMPT)
+        term.send("E[i,j] = MIN(D[i,k] + D[k,j]);")
+        shown = term.until("E: float64 (1200, 1200)")
+    finally:
+        assert term.close() == 0
+    shares = [int(p) for p in re.findall(r"(\d+)%", shown)]
+    assert shares == sorted(shares) and shares[-1] == 100
+    during = {p for p in shares if 0 < p < 100}
+    assert len(during) >= 5, shares  # it moved while the kernels ran
+    assert not re.search(r"\d+/\d+", shown)  # no task count
