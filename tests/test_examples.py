@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tensordb import cli as tensordb_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "sql").glob("*.sql"))
 ENV = {**os.environ, "TENSORDB_DEBUG": "", "COLUMNS": "120",
@@ -19,6 +21,14 @@ MARK = "=== script "
 def cli(*args, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tensordb", *map(str, args)], cwd=cwd, env=ENV,
                           capture_output=True, text=True, timeout=600)
+
+
+def in_process(db, script, capsys):
+    """``tensordb DB -f SCRIPT`` in this process (cli.main): (status, stdout, stderr)."""
+    capsys.readouterr()
+    rc = tensordb_cli.main([str(db), "-f", str(script)])
+    out, err = capsys.readouterr()
+    return rc, out, err
 
 
 def every_ordered_pair(n: int) -> list[int]:
@@ -57,13 +67,14 @@ def test_walk_covers_every_ordered_pair():
     assert len(pairs) == 49 and set(pairs) == {(a, b) for a in range(7) for b in range(7)}
 
 
-def test_every_script_runs_after_every_other_in_one_database(tmp_path):
+def test_every_script_runs_after_every_other_in_one_database(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert len(SCRIPTS) >= 7
     fresh = {}
     for script in SCRIPTS:  # the oracle: each script alone, in a database of its own
-        done = cli(tmp_path / f"{script.stem}.tdb", "-f", script, cwd=tmp_path)
-        assert done.returncode == 0 and done.stderr == "", (script.stem, done.stderr)
-        fresh[script.stem] = done.stdout
+        rc, out, err = in_process(tmp_path / f"{script.stem}.tdb", script, capsys)
+        assert rc == 0 and err == "", (script.stem, err)
+        fresh[script.stem] = out
     walk = [SCRIPTS[k] for k in every_ordered_pair(len(SCRIPTS))]
     args = []
     for script in walk:
@@ -77,11 +88,11 @@ def test_every_script_runs_after_every_other_in_one_database(tmp_path):
         assert comparable(name, text) == comparable(name, fresh[name]), name
 
 
-def test_train_mlp_prints_its_loss_curve_only(tmp_path):
-    done = cli(tmp_path / "t.tdb", "-f", ROOT / "sql" / "train_mlp.sql", cwd=tmp_path)
-    assert done.returncode == 0 and done.stderr == ""
-    lines = done.stdout.strip().splitlines()
+def test_train_mlp_prints_its_loss_curve_only(tmp_path, capsys):
+    rc, out, err = in_process(tmp_path / "t.tdb", ROOT / "sql" / "train_mlp.sql", capsys)
+    assert rc == 0 and err == ""
+    lines = out.strip().splitlines()
     steps = [int(m.group(1)) for m in (re.match(r"(\d+)\s+[0-9.]+$", ln.strip()) for ln in lines) if m]
     assert steps == [1, 5, 10, 15, 20]
-    assert len(lines) <= 10, done.stdout  # the header, its rule, five rows, the count
-    assert "W1" not in done.stdout and "[[" not in done.stdout
+    assert len(lines) <= 10, out  # the header, its rule, five rows, the count
+    assert "W1" not in out and "[[" not in out
