@@ -206,18 +206,22 @@ def test_quiet_in_a_script_lasts_to_its_end(db, tmp_path):
 
 def test_settings_echo_as_typed(db):
     done = piped(db, "SET progress = off;\nSET memory_limit = '2GB';\nSHOW memory_limit;\n"
-                     "SHOW progress;\nSET progress TO ON;\nSET memory_limit = DEFAULT;\n")
+                     "SHOW progress;\nSET progress TO ON;\nSET memory_limit = DEFAULT;\n"
+                     "SHOW memory_limit;\n")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "SET progress = off" in out and "False" not in out and "True" not in out
     assert "SET memory_limit = '2GB'" in out and "GiB" not in out.split("DEFAULT")[0]
-    assert re.search(r"^memory_limit\s+2GB\s*$", out, re.M)
+    assert re.search(r"^memory_limit\s+2GB\s*$", out, re.M)  # 2 * 10**9 bytes, exactly
     assert re.search(r"^progress\s+off\s*$", out, re.M)
     assert "SET progress = ON" in out
-    default = tensordb.config.default_memory_limit()
+    # a DEFAULT says what it stands for: what SHOW then shows
+    said = re.search(r"SET memory_limit = DEFAULT \((.+)\)", out).group(1)
+    shown = re.findall(r"^memory_limit\s+(.+?)\s*$", out, re.M)[-1]
+    assert said == shown and said != "2GB"
     with tensordb.connect() as con:
-        assert con.settings.memory_limit == default
-    assert re.search(r"SET memory_limit = DEFAULT \([0-9.]+ ?[KMGT]i?B\)", out)
+        con.execute("SET memory_limit = '2GB'")
+        assert con.settings.memory_limit == 2 * 10**9
 
 
 def test_drop_if_exists_of_a_missing_tensor_says_nothing_was_dropped(db):
