@@ -327,3 +327,16 @@ def test_progress_advances_inside_a_long_min_plus_product(db):
     during = {p for p in shares if 0 < p < 100}
     assert len(during) >= 5, shares  # it moved while the kernels ran
     assert not re.search(r"\d+/\d+", shown)  # no task count
+
+
+def test_tables_lists_a_damaged_tensor_and_still_works(db):
+    with tensordb.connect(db) as con:
+        con.load("Q", np.ones(3))
+        path = next(r for r in con.execute("DESCRIBE Q").fetchall() if r[0] == "file")[1]
+    os.remove(path)  # deleted outside tensordb
+    done = piped(db, "SHOW TABLES;\nSELECT sum(value) AS s FROM P;\nSELECT * FROM Q;\n")
+    assert done.returncode == 1
+    listed = set(re.findall(r"^(\w+)\s*$", done.stdout.split("(")[0], re.M)) - {"name"}
+    assert listed == {"P", "Q"}
+    assert re.search(r"^15(\.0)?\s*$", done.stdout, re.M)  # sum(0..5): other tensors read fine
+    assert "<stdin>:3: OperationalError" in done.stderr and "is missing" in done.stderr
