@@ -1,5 +1,6 @@
 -- An MLP forward pass: Y = RELU(X W1 + b1) W2 + b2, planned as one graph.
 --   tensordb mlp.tdb -f sql/mlp.sql
+-- Like every script in sql/, it runs again, and after any other, in the same database.
 
 CREATE OR REPLACE TENSOR X FROM (
     SELECT b, d, sin(0.37 * b + 0.11 * d) AS v FROM range(256) r(b), range(128) s(d)
@@ -17,11 +18,12 @@ CREATE OR REPLACE TENSOR W2 FROM (
 CREATE OR REPLACE TENSOR b2 (o 64) FLOAT64;
 
 -- The hidden layer is an intermediate: LET computes it where it is used and never stores it.
-LET H[b,f] = RELU(SUM(X[b,d] * W1[d,f]) + b1[f]);
-Y[b,o] = SUM(H[b,f] * W2[f,o]) + b2[o];
+-- (A LET needs a name no stored tensor has: quickstart.sql stores an H.)
+LET Hidden[b,f] = RELU(SUM(X[b,d] * W1[d,f]) + b1[f]);
+Y[b,o] = SUM(Hidden[b,f] * W2[f,o]) + b2[o];
 
 -- One plan for both layers: how are b, f and o split across the workers?
-EXPLAIN Y[b,o] = SUM(H[b,f] * W2[f,o]) + b2[o];
+EXPLAIN Y[b,o] = SUM(Hidden[b,f] * W2[f,o]) + b2[o];
 
 -- The predicted class of the first rows (argmax over o), straight from SQL.
 SELECT b, arg_max(o, value) AS class, round(max(value), 4) AS score

@@ -3,8 +3,12 @@
 -- The dialect has no loop: the step (forward, loss, GRADs, updates) is written out once per step
 -- below, and each step is one group of statements, planned as one graph (forward and backward
 -- together). The gradients are LETs: computed where the updates use them, never stored. The loss
--- is printed every 5 steps (the command line prints each statement's result too).
+-- is kept every 5 steps in a table, printed at the end: the loss curve.
 -- Run it again on the same database: the CREATE OR REPLACE statements start from scratch.
+
+-- Quiet: the command line prints only what queries return (the loss curve), not every weight
+-- each step stores nor a message per statement (-q on the command line does the same).
+SET quiet = on;
 
 -- 64 samples of 8 features, and a class (0, 1, 2) that a rule of the features picks.
 CREATE OR REPLACE TENSOR X FROM (
@@ -28,151 +32,155 @@ CREATE OR REPLACE TENSOR W2 FROM (
 ) INDEX (h, c) VALUE v SHAPE (16, 3);
 
 -- The model, as LETs: computed where they are used (with the weights of that moment), never stored.
-LET H[b,h] = RELU(SUM(X[b,d] * W1[d,h]) + b1[h]);
-LET Z[b,c] = SUM(H[b,h] * W2[h,c]);
-LET M[b] = MAX(Z[b,c]);
+-- (A LET needs a name no stored tensor has: quickstart.sql stores an H and an M.)
+LET Hidden[b,h] = RELU(SUM(X[b,d] * W1[d,h]) + b1[h]);
+LET Z[b,c] = SUM(Hidden[b,h] * W2[h,c]);
+LET Zmax[b] = MAX(Z[b,c]);
+CREATE OR REPLACE TABLE loss_curve (step INTEGER, loss DOUBLE);
 
 -- step 1
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
-SELECT 1 AS step, value AS loss FROM L;
+INSERT INTO loss_curve SELECT 1, value FROM L;
 
 -- step 2
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 3
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 4
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 5
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
-SELECT 5 AS step, value AS loss FROM L;
+INSERT INTO loss_curve SELECT 5, value FROM L;
 
 -- step 6
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 7
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 8
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 9
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 10
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
-SELECT 10 AS step, value AS loss FROM L;
+INSERT INTO loss_curve SELECT 10, value FROM L;
 
 -- step 11
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 12
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 13
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 14
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 15
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
-SELECT 15 AS step, value AS loss FROM L;
+INSERT INTO loss_curve SELECT 15, value FROM L;
 
 -- step 16
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 17
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 18
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 19
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
 
 -- step 20
-L = SUM(LOG(SUM(EXP(Z[b,c] - M[b]))) + M[b] - SUM(Y[b,c] * Z[b,c])) / 64;
+L = SUM(LOG(SUM(EXP(Z[b,c] - Zmax[b]))) + Zmax[b] - SUM(Y[b,c] * Z[b,c])) / 64;
 LET dW1 = GRAD(L, W1); LET db1 = GRAD(L, b1); LET dW2 = GRAD(L, W2);
 W1[d,h] = W1[d,h] - 0.5 * dW1[d,h];
 b1[h] = b1[h] - 0.5 * db1[h];
 W2[h,c] = W2[h,c] - 0.5 * dW2[h,c];
-SELECT 20 AS step, value AS loss FROM L;
+INSERT INTO loss_curve SELECT 20, value FROM L;
+
+SELECT step, round(loss, 6) AS loss FROM loss_curve ORDER BY step;

@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import copy
 import os
 import sys
 import threading
 import time
 import traceback
+from contextlib import nullcontext
 
 from . import __version__
-from .errors import Error
+from .errors import Error, Span
 from .result import Result, format_cell
+from .terminal import Abandon, as_command, history, is_utf8, read_piped, remember
 
 __all__ = ["main", "Shell"]
 
-HISTORY_FILE = "~/.tensordb_history"
 PROGRESS_DELAY = 0.5   # seconds before a progress bar appears: quick work prints nothing extra
                        # (TENSORDB_PROGRESS_DELAY overrides it)
 MAX_ROWS = 40          # rows printed; the middle of longer results is elided
@@ -49,10 +51,12 @@ Statements:
 Commands:
   .help              this text
   .timer on|off      show how long each statement took (also \\timing)
+  .quiet on|off      print only what queries return, not assignments nor messages (also -q)
   .tensors           SHOW TENSORS
   .tables            SHOW TABLES
   .read FILE         run a script
-  .quit              leave (also .exit, \\q, Ctrl-D)
+  .quit              leave (also .exit, \\q, quit, exit, Ctrl-D)
+help, \\? and .help print this text; a ';' after a command is ignored.
 See docs/sql.md for the whole dialect."""
 
 
@@ -65,6 +69,7 @@ class _Progress:
         self.started = 0.0
         self.bar = None
         self.task = None
+        self.done = 0.0
 
     def reset(self) -> None:
         with self.lock:
@@ -77,14 +82,19 @@ class _Progress:
                 if time.perf_counter() - self.started < _progress_delay() or not _isatty(self.stream):
                     return
                 from rich.console import Console
-                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                                            TimeElapsedColumn)
-                self.bar = Progress(TextColumn("running"), BarColumn(), MofNCompleteColumn(),
+                # A share of the work, not "4/6" tasks: a plan's last tasks may be its long
+                # kernels, whose progress comes as fractions of a task (kernels.py).
+                self.bar = Progress(TextColumn("running"), BarColumn(), TaskProgressColumn(),
                                     TimeElapsedColumn(), console=Console(file=self.stream),
                                     transient=True)
                 self.bar.start()
                 self.task = self.bar.add_task("tasks", total=total)
-            self.bar.update(self.task, completed=done, total=total)
+                self.done = 0.0
+            # workers report their fractions as they go: shown, the work never goes backwards
+            self.done = max(self.done, min(done, total))
+            self.bar.update(self.task, completed=self.done, total=total)
 
     def stop(self) -> None:
         with self.lock:
@@ -120,6 +130,7 @@ class Shell:
         self.err = err or sys.stderr
         self.timer = False
         self.failed = False  # a statement, script or command failed (a piped REPL then exits 1)
+        self.abandon: Abandon | None = None  # a second Ctrl-C's way out (main() sets it up)
         self._matches: list[str] = []
         self.progress = _Progress(self.err)
         con.progress_callback = self._on_progress
@@ -129,10 +140,10 @@ class Shell:
             self.progress(done, total)
 
     # -- running -------------------------------------------------------------------------------
-    def run_text(self, text: str, source: str) -> bool:
+    def run_text(self, text: str, source: str, first_line: int = 1) -> bool:
         """Run every statement of ``text``; False (and a message on stderr) if one failed or
         was interrupted (only a failure counts for a piped REPL's exit status: Ctrl-C is the
-        user's choice)."""
+        user's choice). ``first_line``: the line of ``source`` that ``text`` starts on."""
         self.progress.reset()
         shown, kept, boundary = 0, 0, None
 
@@ -145,12 +156,13 @@ class Shell:
             self.show(result)
 
         try:
-            self.con.execute_script(text, on_result=show)
+            with self.abandon.statement() if self.abandon is not None else nullcontext():
+                self.con.execute_script(text, on_result=show)
             return True
         except Error as exc:
             self.failed = True
             self.progress.stop()
-            self.print_error(exc, text, source)
+            self.print_error(exc, text, source, first_line)
             self._say_what_was_kept(source, shown - kept, boundary)
             return False
         except KeyboardInterrupt:
@@ -181,17 +193,30 @@ class Shell:
             print(f"{source}: the statements after its last {boundary} were rolled back; those "
                   "before it were stored", file=self.err)
 
-    def print_error(self, exc: Error, text: str, source: str) -> None:
+    def print_error(self, exc: Error, text: str, source: str, first_line: int = 1) -> None:
         where = source
         if exc.statement == text and exc.span is not None:
-            where = f"{source}:{text.count(chr(10), 0, exc.span.start) + 1}"
+            where = f"{source}:{text.count(chr(10), 0, exc.span.start) + first_line}"
+            if first_line > 1:  # the caret's LINE counts the source's lines too
+                pad = "\n" * (first_line - 1)
+                exc = copy.copy(exc)
+                exc.statement = pad + text
+                exc.span = Span(exc.span.start + len(pad), exc.span.end + len(pad))
         if os.environ.get("TENSORDB_DEBUG") and exc.__cause__ is not None:
             traceback.print_exception(exc.__cause__, file=self.err)
         print(f"{where}: {type(exc).__name__}: {exc}", file=self.err)
 
     # -- printing ------------------------------------------------------------------------------
+    @property
+    def quiet(self) -> bool:
+        """``SET quiet = on`` (``-q``, ``.quiet on``): print only what queries return."""
+        return bool(getattr(self.con.settings, "quiet", False))
+
     def show(self, result: Result) -> None:
         self.progress.stop()
+        if self.quiet and not _asked_for(result):
+            self.progress.reset()
+            return
         if result.kind == "rows":
             self._table(result)
         elif result.kind == "tensor":
@@ -235,10 +260,11 @@ class Shell:
 
     # -- the REPL ------------------------------------------------------------------------------
     def command(self, line: str) -> bool:
-        """A dot command; False to leave the REPL."""
-        parts = line.strip().split()
+        """A dot command (or psql's backslash one); False to leave the REPL. A ';' after it is
+        dropped: ``.timer on;`` is ``.timer on``."""
+        parts = line.strip().rstrip(";").split()
         cmd, args = parts[0].lower(), parts[1:]
-        if cmd in (".quit", ".exit", "\\q"):
+        if cmd in (".quit", ".exit", "\\q", "\\quit"):
             return False
         if cmd in (".timer", "\\timing"):
             if args and args[0].lower() not in ("on", "off"):
@@ -247,7 +273,15 @@ class Shell:
             else:
                 self.timer = (args[0].lower() == "on") if args else not self.timer
                 self._print(f"timer {'on' if self.timer else 'off'}", style="dim")
-        elif cmd == ".help":
+        elif cmd == ".quiet":
+            if args and args[0].lower() not in ("on", "off"):
+                self.failed = True
+                print(f"usage: {cmd} on|off", file=self.err)
+            else:
+                self.con.set("quiet", (args[0].lower() == "on") if args else not self.quiet)
+                if not self.quiet:
+                    self._print("quiet off", style="dim")
+        elif cmd in (".help", "\\?", "\\h", "\\help"):
             self._print(HELP)
         elif cmd == ".tensors":
             self.run_text("SHOW TENSORS;", "<stdin>")
@@ -284,75 +318,67 @@ class Shell:
             self._matches = sorted({w for w in words if w.lower().startswith(low)})
         return self._matches[state] if state < len(self._matches) else None
 
-    def repl(self, read=input) -> None:
+    def repl(self, read=None, interactive: bool | None = None) -> None:
+        """Read statements and commands until EOF or .quit. ``interactive`` (default: stdin is
+        a terminal, or ``read`` is given): a banner, prompts, line editing and history. Piped
+        input is a script: no banner nor prompts, and errors name their line (``<stdin>:7``)."""
         from .dialect import is_complete
-        _history(self.complete)
-        self._print(f"tensordb {__version__} ({self.where or 'in-memory database'}). "
-                    "End statements with ';'. .help for help.")
-        buffer = ""
+        if interactive is None:
+            interactive = read is not None or _isatty(sys.stdin)
+        if read is None:
+            read = input if interactive else read_piped
+        if interactive:
+            history(self.complete)
+            if not self.quiet:
+                self._print(f"tensordb {__version__} ({self.where or 'in-memory database'}). "
+                            "End statements with ';'. help for help.")
+        buffer, lines, line_no, first_line = "", 0, 0, 1
         while True:
             try:
                 line = read("tensordb> " if not buffer else "     ...> ")
             except EOFError:
-                print(file=self.out)
+                if interactive:
+                    print(file=self.out)
                 if not self.check_open_block():
                     self.failed = True
                 break
             except KeyboardInterrupt:
                 print("^C", file=self.out)
-                buffer = ""
+                buffer, lines = "", 0
                 continue
-            if not _utf8(line):  # piped bytes that are not UTF-8 (Python keeps them escaped)
+            line_no += 1
+            if not is_utf8(line):  # piped bytes that are not UTF-8 (Python keeps them escaped)
                 self.failed = True
-                print("<stdin>: cannot read: a line holds bytes that are not UTF-8; the "
-                      "statement it is part of is skipped", file=self.err)
-                buffer = ""
+                print(f"<stdin>:{line_no}: cannot read: a line holds bytes that are not UTF-8; "
+                      "the statement it is part of is skipped", file=self.err)
+                buffer, lines = "", 0
                 continue
-            if not buffer and line.strip()[:1] in (".", "\\"):
-                if not self.command(line):
-                    break
-                continue
-            if not buffer and not line.strip():
-                continue
+            if not buffer:
+                cmd = as_command(line)
+                if cmd is not None:
+                    if not self.command(cmd):
+                        break
+                    continue
+                if not line.strip():
+                    continue
+                first_line = line_no
             buffer += line + "\n"
+            lines += 1
             if is_complete(buffer):
-                self.run_text(buffer, "<stdin>")
-                buffer = ""
+                if interactive and lines > 1:
+                    remember(buffer, lines)
+                self.run_text(buffer, "<stdin>", first_line if not interactive else 1)
+                buffer, lines = "", 0
 
 
-def _utf8(text: str) -> bool:
-    """Whether ``text`` is text: stdin decodes bytes that are not UTF-8 to lone surrogates."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _history(completer=None) -> None:
-    """Line editing, tab completion and a history file, where the platform has readline."""
-    try:
-        import atexit
-        import readline
-    except ImportError:
-        return
-    if completer is not None:
-        readline.set_completer(completer)
-        readline.set_completer_delims(" \t\n;,()[]=+-*/")
-        readline.parse_and_bind("tab: complete")
-    path = os.path.expanduser(HISTORY_FILE)
-    try:
-        readline.read_history_file(path)
-    except (OSError, ValueError):
-        pass
-    readline.set_history_length(2000)
-
-    def save() -> None:
-        try:
-            readline.write_history_file(path)
-        except OSError:
-            pass
-    atexit.register(save)
+def _asked_for(result: Result) -> bool:
+    """What a quiet shell still prints: rows (SELECT, SHOW, DESCRIBE), EXPLAIN and a tensor
+    printed by its name; not a status (CREATE, SET, LET, INSERT counts) nor an assignment's
+    result, as psql -q prints no command tags."""
+    if result.kind == "tensor":
+        said = result.statement.strip().rstrip(";").strip()
+        return said.lower() == (result.name or "").lower()
+    return result.kind != "status"
 
 
 def run_file(shell: Shell, path: str) -> bool:
@@ -367,7 +393,12 @@ def run_file(shell: Shell, path: str) -> bool:
         shell.failed = True
         print(f"{path}: cannot read: {_not_utf8(exc)}", file=shell.err)
         return False
-    return shell.run_text(text, path)
+    quiet = shell.quiet  # a script's SET quiet lasts to its end: the next script prints as asked
+    try:
+        return shell.run_text(text, path)
+    finally:
+        if shell.quiet != quiet:
+            shell.con.set("quiet", quiet)
 
 
 def read_script(path: str) -> str:
@@ -409,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-f", dest="actions", action=_Ordered, metavar="FILE",
                         help="run a script file (may be repeated)")
     parser.add_argument("--timer", action="store_true", help="print the time of each statement")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="print only what queries return (rows, EXPLAIN, a tensor named "
+                             "alone), not the results of assignments nor messages (SET quiet)")
     parser.add_argument("--read-only", action="store_true", help="open the database read-only")
     parser.add_argument("--version", action="version", version=f"tensordb {__version__}")
     args = parser.parse_args(argv)
@@ -423,9 +457,13 @@ def main(argv: list[str] | None = None) -> int:
     except Error as exc:
         print(f"tensordb: cannot open {args.db or 'an in-memory database'}: {exc}", file=sys.stderr)
         return 1
+    abandon = Abandon(sys.stderr, in_memory=not args.db).start()
     try:
         shell = Shell(con, where=args.db)
+        shell.abandon = abandon
         shell.timer = args.timer
+        if args.quiet:
+            con.set("quiet", True)
         if not args.actions:
             shell.repl()
             # Piped input is a script: like sqlite3, its exit status says whether anything
@@ -442,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     finally:
+        abandon.stop()
         con.close()
 
 

@@ -117,7 +117,9 @@ class Settings:
     """What ``SET`` changes. ``workers``: kernel workers; ``memory_limit``: bytes for all workers
     together (default: ``MEMORY_FRACTION`` of the machine's memory; None: no limit);
     ``executor``: 'local' or 'dask://host:port'; ``tiling``: the registered tiling strategy;
-    ``progress``: show progress for long queries in the CLI; ``blas_one_call``: let the optimizer
+    ``progress``: show progress for long queries in the CLI; ``quiet``: the CLI prints only what
+    queries return (rows, EXPLAIN, a tensor printed by name), not the results of assignments nor
+    status messages (psql's ``-q``); ``blas_one_call``: let the optimizer
     offer, on the local pool, one BLAS call per operation on every core against split pieces
     (optimizer/threads.py; off by default: on a quiet 2-core machine it measured no faster and
     up to 3x slower for batched products, docs/benchmarks.md); ``pin_workers``: keep each of
@@ -133,6 +135,7 @@ class Settings:
     executor: str = "local"
     tiling: str = ""
     progress: bool = True
+    quiet: bool = False
     blas_one_call: bool = False
     pin_workers: bool = True
 
@@ -169,7 +172,7 @@ class Settings:
                                        "worker is a thread, and the optimizer plans for each one")
         elif key == "memory_limit":
             value = parse_bytes(value)
-        elif key in ("progress", "blas_one_call", "pin_workers"):
+        elif key in ("progress", "quiet", "blas_one_call", "pin_workers"):
             text = str(value).strip().lower()
             if text not in ("1", "true", "on", "yes", "0", "false", "off", "no"):
                 raise ProgrammingError(f"{key} must be on or off, got {value!r}")

@@ -184,7 +184,7 @@ def test_a_failed_shell_unit_restores_the_settings_for_the_next_one(db):
     assert rc == 1 and "<stdin>:1: CatalogError: unknown tensor 'Nope'" in err
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
             if line.startswith(("tiling", "progress"))}
-    assert rows == {"tiling": [], "progress": ["True"]}
+    assert rows == {"tiling": [], "progress": ["on"]}
 
 
 # -- 6. plain SQL refused inside a script: the script's line and column ---------------------------
@@ -312,7 +312,7 @@ def test_piped_bytes_that_are_not_utf8_skip_their_statement_in_one_line(db):
                        capture_output=True, env=ENV, timeout=300)
     err = p.stderr.decode()
     assert p.returncode == 1
-    assert "<stdin>: cannot read: a line holds bytes that are not UTF-8" in err
+    assert "<stdin>:2: cannot read: a line holds bytes that are not UTF-8" in err
     assert "internal error" not in err and "Traceback" not in err
     assert p.stdout.decode().count("(1 row)") == 2  # the statements before and after it ran
 

@@ -28,8 +28,8 @@ __all__ = ["parse", "parse_statement", "classify", "forget_parsed"]
 
 # The names of tensordb's settings (config.Settings; a test checks they agree): ``SET workers``
 # and ``SHOW workers`` are ours, any other SET or SHOW is DuckDB's.
-SETTINGS = ("workers", "memory_limit", "executor", "tiling", "progress", "blas_one_call",
-            "pin_workers")
+SETTINGS = ("workers", "memory_limit", "executor", "tiling", "progress", "quiet",
+            "blas_one_call", "pin_workers")
 _SETTINGS = frozenset(SETTINGS)
 
 

@@ -15,10 +15,29 @@ from __future__ import annotations
 import ast
 import multiprocessing
 import sys
+from importlib import import_module
 
-from ..errors import ProgrammingError
+from ..errors import InterfaceError, ProgrammingError
 
-__all__ = ["check_main_guard", "starts_local_processes"]
+__all__ = ["check_main_guard", "check_packages", "starts_local_processes"]
+
+# The packages an executor imports when it starts, and the extra that installs them.
+PACKAGES = {"dask": (("dask", "distributed"), "distributed")}
+
+
+def check_packages(spec: str) -> None:
+    """Raise InterfaceError naming the extra to install when executor ``spec`` needs packages
+    that cannot be imported: at connect (or SET executor), not at the first query."""
+    scheme = spec.split("://", 1)[0].lower() if "://" in spec else spec.lower()
+    modules, extra = PACKAGES.get(scheme, ((), ""))
+    for module in modules:
+        try:
+            import_module(module)
+        except ImportError as exc:
+            raise InterfaceError(
+                f"executor '{spec}' needs the packages {' and '.join(modules)}, and {module} "
+                f"cannot be imported ({exc})",
+                hint=f"pip install 'tensordb[{extra}]' (docs/distributed.md)") from None
 
 GUARD = 'if __name__ == "__main__":'
 
@@ -33,7 +52,9 @@ def starts_local_processes(spec: str) -> bool:
 
 def check_main_guard(spec: str) -> None:
     """Raise ProgrammingError when starting ``spec``'s worker processes would re-run unguarded
-    script code (see the module docstring); return quietly otherwise."""
+    script code (see the module docstring); return quietly otherwise. First, the executor's
+    packages are checked (``check_packages``): both are known before anything starts."""
+    check_packages(spec)
     if not starts_local_processes(spec):
         return
     if getattr(multiprocessing.current_process(), "_inheriting", False):

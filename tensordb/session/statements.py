@@ -144,8 +144,20 @@ def _show_tensors(con, script, s, text) -> Result:
 
 
 def _setting_value(con, name):
+    """A setting as it would be typed: ``on``/``off``, ``2GB`` (the largest unit that divides
+    the size exactly; else rounded, as ``18.8 GiB``)."""
     value = getattr(con.settings, name)
-    return format_bytes(value) if name == "memory_limit" else value
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if name == "memory_limit":
+        if value is None:
+            return "none"
+        for unit, size in (("TiB", 2**40), ("TB", 10**12), ("GiB", 2**30), ("GB", 10**9),
+                           ("MiB", 2**20), ("MB", 10**6), ("KiB", 2**10), ("kB", 10**3)):
+            if value >= size and value % size == 0:
+                return f"{value // size}{unit}"
+        return format_bytes(value)
+    return value
 
 
 def _show_setting(con, script, s: A.ShowSettingStmt, text) -> Result:
@@ -176,6 +188,8 @@ def _describe(con, script, s: A.DescribeStmt, text) -> Result:
 
 
 def _drop(con, script, s: A.DropStmt, text) -> Result:
+    if s.if_exists and not con.store.has(s.name):  # as psql: say that nothing was dropped
+        return Result.status(f"DROP TENSOR: no tensor named '{s.name}', nothing dropped", text)
     try:
         con.drop(s.name, if_exists=s.if_exists)
     except Error as exc:
@@ -209,7 +223,13 @@ def _set(con, script, s: A.SetStmt, text) -> Result:
         con.set(s.name, s.value)
     except Error as exc:
         raise exc.with_source(script, s.span) from None
-    return Result.status(f"SET {s.name} = {_setting_value(con, s.name)}", text)
+    # echoed as typed ('2GB', off); a DEFAULT says what it stands for
+    head = words(script, s.span.start, s.span.end, 3)
+    typed = script[head[2].start + len(head[2].text):s.span.end].strip() if len(head) == 3 else \
+        str(s.value)
+    shown = f"{typed} ({_setting_value(con, s.name)})" if Settings.is_default(s.name, s.value) \
+        else typed
+    return Result.status(f"SET {s.name} = {shown}", text)
 
 
 # -- plain SQL ---------------------------------------------------------------------------------

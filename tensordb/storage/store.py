@@ -153,8 +153,13 @@ class Store:
         self.fsync = self.persistent
         self.tiles_dir = str(self.root / TILES_DIR)
         try:
-            with translating(f"cannot open database {self.root}"):
-                self.duck.execute("SET enable_progress_bar = false")  # a library prints nothing
+            # an in-memory database's directory is a temporary one of ours: not the user's word
+            where = f"database {self.root}" if self.persistent else "an in-memory database"
+            with translating(f"cannot open {where}"):
+                # A library prints nothing. DuckDB starts with it off in a Jupyter kernel, and
+                # there refuses any change to it unless ipywidgets is installed: set it only on.
+                if self.duck.execute("SELECT current_setting('enable_progress_bar')").fetchall()[0][0]:
+                    self.duck.execute("SET enable_progress_bar = false")
                 self._duck_memory_default = self.duck.execute(
                     "SELECT current_setting('memory_limit')").fetchall()[0][0]
                 if not read_only:

@@ -98,12 +98,27 @@ class TensorStream:
             raise
 
 
+# Words of a query that lists tables (SHOW TABLES, information_schema.tables, duckdb_views()):
+# every tensor is registered for it, so that tensors are listed before a query names them.
+LISTINGS = frozenset({"tables", "information_schema", "duckdb_tables", "duckdb_views",
+                      "duckdb_columns", "pg_catalog", "sqlite_master"})
+
+
 def expose_tensors(store, query: str) -> list[str]:
-    """Register every stored tensor that ``query`` names; returns their names."""
+    """Register every stored tensor that ``query`` names (all of them for a query that lists
+    tables); returns their names."""
     wanted = referenced_names(query)
-    names = [m.name for m in store.list() if m.name.lower() in wanted]
+    every = not wanted.isdisjoint(LISTINGS)
+    names = [m.name for m in store.list() if every or m.name.lower() in wanted]
     for name in names:
-        store._register_view(name, TensorStream(store.open(name)))
+        try:
+            store._register_view(name, TensorStream(store.open(name)))
+        except Error:
+            if name.lower() in wanted:
+                raise
+            # only listed: a damaged tensor (CHECK DATABASE names it) is listed with its
+            # columns; a query that names it reads it, and fails then
+            store._register_view(name, arrow_schema(store.meta(name)).empty_table())
     return names
 
 
