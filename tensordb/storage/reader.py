@@ -128,6 +128,11 @@ class TileEntry:
     nnz: int
     crc32: int | None = None  # zlib.crc32 of the tile's bytes; None: written before checksums
     nonfinite: bool | None = None  # holds NaN or inf; None: not known (written by an old version)
+    format: str = "dense"  # 'dense', or a sparse layout ('csr', 'coo': storage/sparse.py)
+
+    @property
+    def sparse(self) -> bool:
+        return self.format != "dense"
 
 
 class TensorReader:
@@ -165,7 +170,29 @@ class TensorReader:
     def tile(self, coords: Sequence[int]) -> np.ndarray | None:
         """Read-only view of a stored tile, or None for an absent (all-zero) tile."""
         e = self.entries.get(tuple(int(c) for c in coords))
-        return None if e is None else self._view(e.offset, e.shape)
+        return None if e is None else self._array(e)
+
+    def stored_tile(self, coords: Sequence[int]):
+        """A stored tile as it is stored: a read-only view (dense), a scipy CSR array or a
+        ``sparse.CooTile`` (sparse, storage/sparse.py); None for an absent tile."""
+        e = self.entries.get(tuple(int(c) for c in coords))
+        if e is None or not e.sparse:
+            return None if e is None else self._view(e.offset, e.shape)
+        from .sparse import decode
+        return decode(self.mapping(), e.offset, e.nbytes, e.shape, self.meta.dtype, e.format,
+                      self.meta.name)
+
+    def _array(self, e: TileEntry) -> np.ndarray:
+        """A stored tile as a dense array: a view, or a sparse tile densified."""
+        if not e.sparse:
+            return self._view(e.offset, e.shape)
+        from .sparse import densify
+        return densify(self.stored_tile(e.coords))
+
+    @property
+    def has_sparse(self) -> bool:
+        """Whether any stored tile of this version is sparse."""
+        return any(e.sparse for e in self.entries.values())
 
     def facts(self) -> tuple[bool, bool]:
         """(finite, nonzero): no stored tile holds NaN or inf (or might: unknown counts as might);
@@ -184,14 +211,14 @@ class TensorReader:
         h = hashlib.blake2b(repr(self.meta.grid).encode(), digest_size=16)
         for c in sorted(self.entries):
             e = self.entries[c]
-            h.update(repr((c, e.nonfinite, e.nnz == math.prod(e.shape))).encode())
+            h.update(repr((c, e.nonfinite, e.nnz == math.prod(e.shape), e.format)).encode())
         return h.digest()
 
     def tiles(self) -> Iterator[tuple[TileEntry, np.ndarray]]:
         """Every stored tile with its entry, in file order (sequential reads)."""
         for c in self.coords():
             e = self.entries[c]
-            yield e, self._view(e.offset, e.shape)
+            yield e, self._array(e)
 
     def mapping(self) -> mmap.mmap:
         """The payload file's mapping (opened on first use)."""
@@ -271,6 +298,8 @@ class TensorReader:
         if len(present) != len(ranges[0]) or any(len(r) != 1 for r in ranges[1:]):
             return None
         run = [self.entries[c] for c in sorted(present)]
+        if any(e.sparse for e in run):
+            return None
         if len(run) > 1 and (any(len(b) != 2 for b in meta.grid[1:]) or any(
                 a.offset + a.nbytes != b.offset for a, b in zip(run, run[1:]))):
             return None
@@ -297,7 +326,9 @@ class TensorReader:
             for c in self.coords():
                 e = self.entries[c]
                 dest = out[tuple(slice(s, s + n) for s, n in zip(e.starts, e.shape))] if meta.shape else out
-                if dest.flags.c_contiguous:
+                if e.sparse:
+                    dest[...] = self._array(e)
+                elif dest.flags.c_contiguous:
                     self._pread_into(fd, memoryview(dest.reshape(-1)).cast("B"), e.offset)
                 else:
                     buf = np.empty(e.shape, meta.dtype)
