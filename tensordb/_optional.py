@@ -12,7 +12,7 @@ from .errors import InterfaceError
 
 __all__ = ["require", "EXTRAS"]
 
-EXTRAS = {"pandas": "pandas", "polars": "polars"}
+EXTRAS = {"pandas": "pandas", "polars": "polars", "sparse": "sparse"}
 
 
 def require(module: str, feature: str):
