@@ -191,8 +191,11 @@ class TensorReader:
 
     @property
     def has_sparse(self) -> bool:
-        """Whether any stored tile of this version is sparse."""
-        return any(e.sparse for e in self.entries.values())
+        """Whether any stored tile of this version is sparse (found once per reader)."""
+        found = self.__dict__.get("_has_sparse")
+        if found is None:
+            found = self.__dict__["_has_sparse"] = any(e.sparse for e in self.entries.values())
+        return found
 
     def facts(self) -> tuple[bool, bool]:
         """(finite, nonzero): no stored tile holds NaN or inf (or might: unknown counts as might);

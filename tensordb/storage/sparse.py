@@ -24,7 +24,7 @@ from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
 
 __all__ = ["CooTile", "encode", "encode_dense", "decode", "densify", "is_sparse", "stored_entries",
-           "validate", "to_scipy"]
+           "validate", "to_scipy", "read_sparse_box"]
 
 
 @dataclass(frozen=True)
@@ -185,3 +185,34 @@ def to_scipy(tile):
     if isinstance(tile, CooTile):
         return sp.csr_array(sp.coo_array((tile.values, tuple(tile.coords)), shape=tile.shape))
     return sp.csr_array(tile)
+
+
+def read_sparse_box(reader, starts, stops):
+    """The box ``[starts, stops)`` of a stored matrix as a scipy CSR array when every stored
+    tile it overlaps is sparse (slices of them, copied: proportional to their entries); None
+    when it overlaps a dense tile or none at all (then read it as ``reader.read_box``)."""
+    from ..geometry import overlapping, tile_box
+    import scipy.sparse as sp
+    meta = reader.meta
+    if meta.ndim != 2 or not reader.has_sparse:
+        return None
+    starts, stops = tuple(int(x) for x in starts), tuple(int(x) for x in stops)
+    ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, starts, stops)]
+    present = [(r, c) for r in ranges[0] for c in ranges[1] if (r, c) in reader.entries]
+    if not present or any(not reader.entries[c].sparse for c in present):
+        return None
+    shape = (stops[0] - starts[0], stops[1] - starts[1])
+    pieces = []
+    for c in present:
+        lo, hi = tile_box(meta.grid, c)
+        tile = reader.stored_tile(c)
+        a = [max(s, l) for s, l in zip(starts, lo)]
+        b = [min(z, h) for z, h in zip(stops, hi)]
+        if (tuple(a), tuple(b)) == (tuple(lo), tuple(hi)) and len(present) == 1 and \
+                (tuple(a), tuple(b)) == (starts, stops):
+            return tile  # the box is this tile: its views, no copy
+        part = tile[a[0] - lo[0]:b[0] - lo[0], a[1] - lo[1]:b[1] - lo[1]].tocoo()
+        pieces.append((part.row + (a[0] - starts[0]), part.col + (a[1] - starts[1]), part.data))
+    rows, cols, data = (np.concatenate(x) for x in zip(*pieces))
+    idx = np.int32 if max(shape + (data.size,)) < 2**31 else np.int64
+    return sp.csr_array(sp.coo_array((data, (rows.astype(idx), cols.astype(idx))), shape=shape))
