@@ -12,7 +12,7 @@ A tile's entries are sorted into C order, duplicates summed (as scipy does) or r
 >>> with Store() as store:
 ...     m = load_coo(store, "G", (np.array([0, 2, 2]), np.array([1, 0, 0])),
 ...                  np.array([1.0, 2.0, 3.0]), (3, 3), dims=("i", "j"))
-...     store.open("G").to_numpy()[2, 0]
+...     float(store.open("G").to_numpy()[2, 0])
 5.0
 """
 from __future__ import annotations
