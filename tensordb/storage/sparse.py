@@ -146,6 +146,16 @@ def decode(buf, offset: int, nbytes: int, shape, dtype, fmt: str, name: str = "?
     return CooTile(shape, coords, values)
 
 
+def _row_slab(tile, r0: int, r1: int):
+    """Rows ``r0:r1`` of a CSR tile: views of its entries, new row pointers only."""
+    if (r0, r1) == (0, tile.shape[0]):
+        return tile
+    ptr = tile.indptr
+    lo, hi = int(ptr[r0]), int(ptr[r1])
+    return _csr(tile.data[lo:hi], tile.indices[lo:hi], ptr[r0:r1 + 1] - ptr[r0],
+                (r1 - r0, tile.shape[1]))
+
+
 def _csr(values, indices, indptr, shape):
     import scipy.sparse as sp
     m = sp.csr_array((values, indices, indptr), shape=shape, copy=False)
@@ -208,9 +218,9 @@ def read_sparse_box(reader, starts, stops):
         tile = reader.stored_tile(c)
         a = [max(s, l) for s, l in zip(starts, lo)]
         b = [min(z, h) for z, h in zip(stops, hi)]
-        if (tuple(a), tuple(b)) == (tuple(lo), tuple(hi)) and len(present) == 1 and \
-                (tuple(a), tuple(b)) == (starts, stops):
-            return tile  # the box is this tile: its views, no copy
+        if len(present) == 1 and (tuple(a), tuple(b)) == (starts, stops) and \
+                (a[1], b[1]) == (lo[1], hi[1]):
+            return _row_slab(tile, a[0] - lo[0], b[0] - lo[0])  # views, no copy of entries
         part = tile[a[0] - lo[0]:b[0] - lo[0], a[1] - lo[1]:b[1] - lo[1]].tocoo()
         pieces.append((part.row + (a[0] - starts[0]), part.col + (a[1] - starts[1]), part.data))
     rows, cols, data = (np.concatenate(x) for x in zip(*pieces))
