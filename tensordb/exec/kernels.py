@@ -89,7 +89,7 @@ class KernelSpec:
         in slabs (a large elementwise tile on the CPU): the pool takes the tile's statistics
         while the slab is in the cache (the caller checks how much of ``out`` it was given)."""
         xp = self.xp
-        if self.choice.method == "spmm":  # a sparse matrix's kernel (exec/sparse_kernels.py)
+        if self.choice.method == "spmm" and xp is np:  # sparse tiles (exec/sparse_kernels.py)
             return spmm(self.op, self.choice, args, out_shape)
         args = dense_args(args)
         if self.diagonal is not None:
