@@ -155,3 +155,30 @@ def test_coo_files_round_trip(tmp_path):
             con.load(f"M_{suffix}", path)
             assert formats(con, f"M_{suffix}") == ["csr"]
             np.testing.assert_array_equal(con.tensor(f"M_{suffix}"), m.toarray())
+
+
+@pytest.mark.parametrize("kind", ["pandas", "polars", "arrow"])
+def test_coo_rows_from_a_dataframe_or_arrow_table(kind):
+    pd = pytest.importorskip("pandas")
+    import pyarrow as pa
+    rng = np.random.default_rng(5)
+    src, dst = rng.integers(0, 400, 900), rng.integers(0, 300, 900)
+    w = rng.standard_normal(900)
+    df = pd.DataFrame({"src": src, "dst": dst, "w": w})
+    frame = {"pandas": lambda: df, "arrow": lambda: pa.Table.from_pandas(df),
+             "polars": lambda: pytest.importorskip("polars").from_pandas(df)}[kind]()
+    want = np.zeros((400, 300))
+    np.add.at(want, (src, dst), w)
+    with tensordb.connect() as con:
+        con.load("G", frame, index=["src", "dst"], value="w", shape=(400, 300))
+        np.testing.assert_allclose(con.tensor("G"), want, rtol=1e-12)
+        assert con.describe("G")["dims"] == ("src", "dst") and formats(con, "G") == ["csr"]
+        with pytest.raises(tensordb.DataError, match="appears more than once"):
+            con.load("H", frame, index=["src", "dst"], value="w", duplicates="error")
+        bad = pd.DataFrame({"i": [0, 3, -2], "v": [1.0, 2.0, 3.0]})
+        with pytest.raises(tensordb.DataError, match=r"negative coordinate \(i=-2\)"):
+            con.load("H", bad, index=["i"], value="v")
+        assert not con.store.has("H")
+        # the registered table is gone again
+        assert con.store.duck.execute("SELECT count(*) FROM duckdb_views() WHERE view_name LIKE "
+                                      "'__tensordb_frame%'").fetchall()[0][0] == 0

@@ -46,7 +46,8 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     """Store ``source`` as tensor ``name``; returns its catalog entry.
 
     ``source``: a numpy array (or anything ``np.asarray`` takes), a scipy.sparse matrix or array
-    or a pydata ``sparse`` array (stored from its entries: coo.py), a path to .npy/.npz/.parquet/
+    or a pydata ``sparse`` array (stored from its entries: coo.py), a pandas or polars DataFrame
+    or an Arrow table with ``index=`` (a COO table, read by DuckDB), a path to .npy/.npz/.parquet/
     .csv, a SQL string with ``format="sql"``, or None with ``query=``. ``duplicates``: 'sum'
     (the default, as scipy) or 'error', for coordinates given twice (COO tables, sparse arrays). Table options: ``index``
     (coordinate columns) with ``value`` (the value column, default ``value``) and ``shape``;
@@ -68,6 +69,15 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
                         dims=dims, duplicates=duplicates, where=f"tensor '{name}'")
     if duplicates is not None:
         check_duplicates(duplicates, name)
+    from .tables import is_frame, load_frame
+    if index is not None and is_frame(source):  # a DataFrame or Arrow table of COO rows
+        if format is not None or query is not None or array is not None:
+            raise ProgrammingError(f"load '{name}': a table in memory takes index=, value=, "
+                                   "shape=, duplicates=, tile= and dims=")
+        store.check_free(name, replace)
+        return load_frame(store, name, source, tile=tile, replace=replace, dims=dims,
+                          index=index, value=value, shape=shape, memory_limit=memory_limit,
+                          duplicates=duplicates)
     fmt, target = _resolve(source, format, query)
     if fmt in ("npy", "npz", "parquet", "csv"):
         guard.check_path(store, target, f"cannot load '{name}'")

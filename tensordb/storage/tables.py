@@ -28,7 +28,7 @@ from .arrays import load_array
 from .coo import TileEntries, check_duplicates, default_tile
 from .meta import check_dims, check_tile_shape, supported_dtype
 
-__all__ = ["load_table", "source_sql", "numpy_type"]
+__all__ = ["load_table", "load_frame", "is_frame", "source_sql", "numpy_type"]
 
 _INT32 = {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT"}
 _INT64 = {"BIGINT", "UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"}
@@ -66,6 +66,8 @@ def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> st
             args.append("types = {" + ", ".join(f"{quote_str(c)}: {quote_str(t)}"
                                                 for c, t in types.items()) + "}")
         return f"read_csv({', '.join(args)})"
+    if fmt == "frame":  # a DataFrame or Arrow table registered with DuckDB (load_frame)
+        return quote_ident(target)
     if not target.strip().rstrip(";").strip():
         raise ProgrammingError("empty query")
     # Spliced into larger statements: DuckDB must see exactly one SELECT (no '); DROP ...'), and
@@ -80,7 +82,8 @@ def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> st
 
 def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape,
                memory_limit=None, duplicates=None):
-    where = target if fmt != "sql" else f"query for '{name}'"
+    where = target if fmt not in ("sql", "frame") else \
+        f"query for '{name}'" if fmt == "sql" else f"table for '{name}'"
     src = source_sql(fmt, target)
     recorded = _recorded(fmt, target, index, value, shape)
     if recorded is not None:  # a tensordb export: the tensor it was, trailing zero rows included
@@ -114,6 +117,37 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
             raise ProgrammingError(f"load '{name}': value= and shape= need index= (a COO table)")
         return _load_dense(store, name, src, columns, where, tile=tile, replace=replace, dims=dims,
                            limit=memory_limit)
+
+
+def load_frame(store, name, frame, **options):
+    """A pandas or polars DataFrame or an Arrow table, read by DuckDB as a table (a COO table
+    with ``index=``: its rows stored tile by tile as sparse or dense tiles, as a query's)."""
+    table = _arrow_table(frame)
+    view = f"__tensordb_frame_{id(table):x}"
+    with store._lock, translating(f"cannot read the table for '{name}'"):
+        store.duck.register(view, table)
+    try:
+        return load_table(store, name, "frame", view, **options)
+    finally:
+        with store._lock:
+            store.duck.unregister(view)
+
+
+def is_frame(obj) -> bool:
+    """Whether ``obj`` is a pandas or polars DataFrame or an Arrow table (or record batch)."""
+    mod = type(obj).__module__.split(".")[0]
+    return mod in ("pandas", "polars") and type(obj).__name__ == "DataFrame" or \
+        isinstance(obj, (pa.Table, pa.RecordBatch))
+
+
+def _arrow_table(frame) -> pa.Table:
+    if isinstance(frame, pa.Table):
+        return frame
+    if isinstance(frame, pa.RecordBatch):
+        return pa.Table.from_batches([frame])
+    if type(frame).__module__.startswith("polars"):
+        return frame.to_arrow()
+    return pa.Table.from_pandas(frame, preserve_index=False)
 
 
 def _recorded(fmt, target, index, value, shape) -> dict | None:
