@@ -189,6 +189,11 @@ class TensorReader:
         from .sparse import densify
         return densify(self.stored_tile(e.coords))
 
+    def _sparse_part(self, coords, part) -> np.ndarray:
+        """The dense box ``part`` (slices) of a sparse tile, without densifying the rest."""
+        from .sparse import densify_part
+        return densify_part(self.stored_tile(coords), part)
+
     @property
     def has_sparse(self) -> bool:
         """Whether any stored tile of this version is sparse (found once per reader)."""
@@ -287,8 +292,10 @@ class TensorReader:
             t_lo, t_hi = tile_box(meta.grid, c)
             lo = [max(a, s) for a, s in zip(starts, t_lo)]
             hi = [min(b, s) for b, s in zip(stops, t_hi)]
+            part = tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, t_lo))
+            e = self.entries[c]
             out[tuple(slice(l - a, h - a) for l, h, a in zip(lo, hi, starts))] = \
-                self.tile(c)[tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, t_lo))]
+                self.tile(c)[part] if not e.sparse else self._sparse_part(c, part)
         return out
 
     def _run_view(self, ranges, present, starts, stops) -> np.ndarray | None:

@@ -23,7 +23,8 @@ import numpy as np
 from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
 
-__all__ = ["CooTile", "encode", "encode_dense", "decode", "densify", "is_sparse", "stored_entries",
+__all__ = ["CooTile", "encode", "encode_dense", "decode", "densify", "densify_part", "is_sparse",
+           "stored_entries",
            "validate", "to_scipy", "read_sparse_box"]
 
 
@@ -75,6 +76,29 @@ def densify(tile) -> np.ndarray:
         out[rows, csr.indices] = csr.data
         return out
     return tile
+
+
+def densify_part(tile, part) -> np.ndarray:
+    """The dense box ``part`` (one slice per dimension, steps of 1) of a sparse tile: only the
+    box is made dense (a small box of a large tile costs the box and the entries in it)."""
+    lo = [p.start or 0 for p in part]
+    hi = [n if p.stop is None else p.stop for p, n in zip(part, tile.shape)]
+    if isinstance(tile, CooTile):
+        c = tile.coords
+        inside = np.ones(tile.values.size, bool)
+        for d in range(len(lo)):
+            inside &= (c[d] >= lo[d]) & (c[d] < hi[d])
+        out = np.zeros(tuple(h - l for l, h in zip(lo, hi)), tile.values.dtype)
+        out[tuple(c[d][inside] - lo[d] for d in range(len(lo)))] = tile.values[inside]
+        return out
+    rows = _row_slab(tile, lo[0], hi[0])
+    ptr = rows.indptr
+    r = np.repeat(np.arange(rows.shape[0]), np.diff(ptr))
+    cols = np.asarray(rows.indices)
+    inside = (cols >= lo[1]) & (cols < hi[1])
+    out = np.zeros((hi[0] - lo[0], hi[1] - lo[1]), rows.dtype)
+    out[r[inside], cols[inside] - lo[1]] = np.asarray(rows.data)[inside]
+    return out
 
 
 def stored_entries(flat: np.ndarray) -> np.ndarray:
