@@ -154,3 +154,36 @@ def test_spmm_of_a_graph_uses_the_sparse_kernel_and_the_relation_of_nonzeros():
         np.testing.assert_allclose(con.tensor("Y"), m @ X, rtol=1e-4, atol=1e-4)
         con.execute("y[i] = SUM(G[i,j] * X[j,k])")  # k summed inside X: not a sparse kernel
         np.testing.assert_allclose(con.tensor("y"), m @ X.sum(1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sparse_reductions_against_numpy(dtype):
+    """SUM, MAX, MIN of a sparse matrix over a label or both (the spreduce kernel), with NaN and
+    inf among the stored entries, int32 sums that wrap, bool sums: numpy's answers."""
+    rng = np.random.default_rng(11)
+    with tensordb.connect(workers=2) as con:
+        for case in range(6):
+            shape = (int(rng.integers(1, 80)), int(rng.integers(1, 80)))
+            a = _sparse_matrix(rng, shape, dtype, float(rng.choice([0.0, 0.02, 0.1])))
+            if dtype == "int32" and a.any():
+                a[np.nonzero(a)[0][0], np.nonzero(a)[1][0]] = 2**31 - 1  # sums wrap
+            if dtype.startswith("float") and a.any() and case % 2:
+                nz = np.nonzero(a)
+                a[nz[0][0], nz[1][0]] = rng.choice([np.nan, np.inf, -np.inf])
+            tile = (int(rng.integers(1, shape[0] + 1)), shape[1])
+            con.load("S", a, tile=tile, replace=True)
+            for agg in ("SUM", "MAX", "MIN"):
+                for out, axes in (("i", 1), ("j", 0), ("", None)):
+                    target = f"R[{out}]" if out else "R"
+                    sql = f"{target} = {agg}(S[i,j])"
+                    if "csr" in {r[0] for r in con.execute(
+                            "SELECT format FROM tensordb.tiles WHERE tensor = 'S'").fetchall()}:
+                        assert _kernels(con, sql)[0] == "spreduce", sql
+                    con.execute(sql)
+                    got = con.tensor("R")
+                    with np.errstate(all="ignore"):
+                        want = np.einsum("ij->" + out, a) if agg == "SUM" else \
+                            getattr(np, agg.lower())(a, axis=axes)
+                    assert got.dtype == want.dtype, sql
+                    np.testing.assert_array_equal(got, want, err_msg=sql) if dtype[0] != "f" \
+                        else np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=sql)

@@ -21,7 +21,7 @@ from ..plan import scalar
 from ..plan.aggregates import AGGREGATES
 from ..physical.choice import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
-from .sparse_kernels import dense_args, spmm
+from .sparse_kernels import dense_args, spmm, spreduce
 
 __all__ = ["KernelSpec", "BACKENDS", "get_backend", "combine", "CHUNK_ELEMENTS"]
 
@@ -89,8 +89,9 @@ class KernelSpec:
         in slabs (a large elementwise tile on the CPU): the pool takes the tile's statistics
         while the slab is in the cache (the caller checks how much of ``out`` it was given)."""
         xp = self.xp
-        if self.choice.method == "spmm" and xp is np:  # sparse tiles (exec/sparse_kernels.py)
-            return spmm(self.op, self.choice, args, out_shape)
+        if self.choice.method in ("spmm", "spreduce") and xp is np:  # exec/sparse_kernels.py
+            return (spmm if self.choice.method == "spmm" else spreduce)(
+                self.op, self.choice, args, out_shape)
         args = dense_args(args)
         if self.diagonal is not None:
             return self._write_diagonal(args, arg_shapes, out_shape, out, check)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..storage.sparse import densify, is_sparse
 
-__all__ = ["spmm", "dense_args"]
+__all__ = ["spmm", "spreduce", "dense_args"]
 
 
 def dense_args(args: list) -> list:
@@ -79,3 +79,27 @@ def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:
     if order != list(range(len(order))):
         res = res.transpose(order)
     return np.ascontiguousarray(res)
+
+
+def spreduce(op, choice, args: list, out_shape) -> np.ndarray:
+    """One call of a ``spreduce`` kernel: SUM, MAX or MIN of a sparse matrix tile over the
+    labels the output lacks; scipy counts the absent entries as zeros (they are)."""
+    dtype = np.dtype(op.dtype)
+    S = args[0]
+    if S is None:
+        return np.zeros(out_shape, dtype)
+    labels = op.inputs[0].labels
+    if not is_sparse(S):
+        S = np.asarray(S)
+    axis = None if not op.out_labels else 1 - labels.index(op.out_labels[0])
+    if op.agg == "sum":
+        res = S.sum(axis=axis, dtype=dtype if dtype.kind != "b" else None)
+        if dtype.kind == "b":
+            res = np.asarray(res) != 0
+    else:
+        if 0 in S.shape:  # the binder refuses MAX/MIN over an empty label; a kept one is empty
+            return np.zeros(out_shape, dtype)
+        res = S.max(axis=axis) if op.agg == "max" else S.min(axis=axis)
+        res = res.toarray() if is_sparse(res) else res
+    out = np.array(res, dtype=dtype).reshape(out_shape)  # (ascontiguousarray makes 0-d 1-d)
+    return out

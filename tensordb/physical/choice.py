@@ -1,7 +1,7 @@
 """The kernel choice: how each operation's tile kernel computes, decided when the plan is lowered.
 
 The executor's kernels (exec/kernels.py) read a ``KernelChoice`` and decide nothing; EXPLAIN
-prints it (the ``kernel`` column). Four methods:
+prints it (the ``kernel`` column). The methods:
 
 - ``matmul``: a two-operand product-and-sum that one batched matmul computes in the output's C
   order (``MatmulLayout``: operand order, the transposes, and the label groups batch, free of the
@@ -10,6 +10,9 @@ prints it (the ``kernel`` column). Four methods:
 - ``spmm``: a two-operand product-and-sum whose operand ``sparse`` is a matrix stored with sparse
   tiles and whose other operand is known to hold no NaN or inf: scipy.sparse's product
   (exec/sparse_kernels.py), the output dense;
+- ``spreduce``: a SUM, MAX or MIN of a matrix stored with sparse tiles, over one or both of its
+  labels, with no function applied (``sparse_reduction``): scipy.sparse's reduction over the
+  stored entries, absent ones counting as the zeros they are;
 - ``broadcast``: any other join, evaluated with broadcasting NumPy in chunks of at most
   ``chunk_elements`` elements of the join space: along the aggregated label ``chunk`` (the
   largest one in the operation's tiles), or, for a join with nothing to aggregate, in slabs of the
@@ -40,13 +43,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import InternalError
+from ..plan import scalar
 from ..plan.ir import EinOp
 from ..plan.memory import CHUNK_ELEMENTS, MatmulLayout, blas_product, chunk_elements, matmul_layout
 
 __all__ = ["CHUNK_ELEMENTS", "METHODS", "MatmulLayout", "KernelChoice", "choose_kernel",
-           "spmm_operand"]
+           "spmm_operand", "sparse_reduction"]
 
-METHODS = ("matmul", "contract", "broadcast", "spmm")
+METHODS = ("matmul", "contract", "broadcast", "spmm", "spreduce")
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,8 @@ class KernelChoice:
             raise InternalError("chunking goes with method 'broadcast' and only with it")
         if self.chunk_elements < 1:
             raise InternalError(f"chunks of {self.chunk_elements} elements")
-        if (self.sparse is not None) != (self.method == "spmm"):
-            raise InternalError("a sparse operand goes with method 'spmm' and only with it")
+        if (self.sparse is not None) != (self.method in ("spmm", "spreduce")):
+            raise InternalError("a sparse operand goes with the sparse methods and only with them")
 
     def describe(self) -> str:
         """``matmul x0@x1`` (``x1@x0``: the operands swapped), ``contract``, ``broadcast by j``
@@ -79,8 +83,8 @@ class KernelChoice:
         when the worker's memory budget made chunks smaller than ``CHUNK_ELEMENTS``."""
         if self.layout is not None:
             return f"matmul x{self.layout.first}@x{self.layout.second}"
-        if self.method == "spmm":
-            return f"spmm x{self.sparse} sparse"
+        if self.method in ("spmm", "spreduce"):
+            return f"{self.method} x{self.sparse} sparse"
         if self.method != "broadcast":
             return self.method
         # The chunk is shown when the memory budget made it smaller than the default.
@@ -95,7 +99,7 @@ class KernelChoice:
             out["layout"] = {"operands": [lay.first, lay.second], "batch": list(lay.batch),
                              "m": list(lay.free_first), "k": list(lay.contracted),
                              "n": list(lay.free_second)}
-        if self.method == "spmm":
+        if self.method in ("spmm", "spreduce"):
             out["sparse_operand"] = self.sparse
         if self.method == "broadcast":
             out["chunk"] = self.chunk
@@ -121,6 +125,8 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
         k = spmm_operand(op, sparse, finite)
         if k is not None:
             return KernelChoice("spmm", sparse=k)
+        if sparse_reduction(op, sparse):
+            return KernelChoice("spreduce", sparse=0)
     op = op.without_diagonal()
     prod = blas_product(op)
     if prod is not None:
@@ -161,3 +167,17 @@ def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> in
             continue
         return k
     return None
+
+
+def sparse_reduction(op: EinOp, sparse: Sequence[int]) -> bool:
+    """Whether ``op`` is ``AGG(S[i,j])`` over ``j``, ``i`` or both, for a stored sparse matrix
+    ``S`` read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
+    reduction of the stored entries that counts absent ones as zeros is then NumPy's answer."""
+    if list(sparse) != [0] or len(op.inputs) != 1 or op.agg not in ("sum", "max", "min"):
+        return False
+    labels = op.inputs[0].labels
+    prod = scalar.product_of(op.join)
+    in_dtype = (op.in_dtypes or (op.dtype,))[0]
+    return (len(labels) == 2 and len(set(labels)) == 2 and len(op.out_labels) < 2
+            and set(op.out_labels) <= set(labels) and prod is not None and prod[0] == 1
+            and tuple(prod[1]) == (0,) and np.dtype(in_dtype) == np.dtype(op.dtype))
