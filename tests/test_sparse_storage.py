@@ -105,9 +105,15 @@ def test_a_sparse_array_is_stored_sparse_and_reads_back_on_every_path(tmp_path, 
         np.testing.assert_array_equal(con.tensor("A"), a)
 
 
-def test_negative_zero_and_nonfinite_values_survive_sparse_tiles():
+def test_negative_zero_and_nonfinite_values_survive_sparse_tiles(tmp_path):
     a = np.zeros((100, 100))
     a[1, 1], a[2, 2], a[3, 3], a[4, 4] = -0.0, np.nan, np.inf, -2.5
+    with tensordb.connect() as con:
+        con.load("A", a)
+        con.export("A", str(tmp_path / "a.npy"))  # entries written into the file's zeros
+        back = np.load(str(tmp_path / "a.npy"))
+        np.testing.assert_array_equal(back, a)
+        assert np.signbit(back[1, 1])
     with tensordb.connect() as con:
         con.load("A", a)
         assert formats(con, "A") == ["csr"]

@@ -24,6 +24,7 @@ from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
 
 __all__ = ["CooTile", "encode", "encode_dense", "decode", "densify", "densify_part", "is_sparse",
+           "scatter_into",
            "stored_entries",
            "validate", "to_scipy", "read_sparse_box"]
 
@@ -99,6 +100,16 @@ def densify_part(tile, part) -> np.ndarray:
     out = np.zeros((hi[0] - lo[0], hi[1] - lo[1]), rows.dtype)
     out[r[inside], cols[inside] - lo[1]] = np.asarray(rows.data)[inside]
     return out
+
+
+def scatter_into(out: np.ndarray, starts, tile) -> None:
+    """Write a sparse tile's entries into ``out`` (zeros there already) at offset ``starts``."""
+    if isinstance(tile, CooTile):
+        coords, values = tile.coords, tile.values
+    else:
+        coords = (np.repeat(np.arange(tile.shape[0]), np.diff(tile.indptr)), tile.indices)
+        values = tile.data
+    out[tuple(np.asarray(c, np.int64) + s for c, s in zip(coords, starts))] = values
 
 
 def stored_entries(flat: np.ndarray) -> np.ndarray:
