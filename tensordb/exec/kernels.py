@@ -89,14 +89,14 @@ class KernelSpec:
         in slabs (a large elementwise tile on the CPU): the pool takes the tile's statistics
         while the slab is in the cache (the caller checks how much of ``out`` it was given)."""
         xp = self.xp
-        if self.choice.method in ("spmm", "spreduce") and xp is np:  # exec/sparse_kernels.py
-            return (spmm if self.choice.method == "spmm" else spreduce)(
-                self.op, self.choice, args, out_shape)
-        args = dense_args(args)
         if self.diagonal is not None:
             return self._write_diagonal(args, arg_shapes, out_shape, out, check)
         check = check or _no_check
         check()
+        if self.choice.method in ("spmm", "spreduce") and xp is np:  # exec/sparse_kernels.py
+            return (spmm if self.choice.method == "spmm" else spreduce)(
+                self.op, self.choice, args, out_shape)
+        args = dense_args(args)  # a sparse tile (a Load's CSR box) for a dense kernel
         arrays = [xp.zeros(s, dtype=d) if a is None else a
                   for a, s, d in zip(args, arg_shapes, self.in_dtypes)]
         if self.blas:
