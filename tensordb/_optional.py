@@ -12,7 +12,8 @@ from .errors import InterfaceError
 
 __all__ = ["require", "EXTRAS"]
 
-EXTRAS = {"pandas": "pandas", "polars": "polars", "xarray": "xarray", "zarr": "zarr"}
+EXTRAS = {"pandas": "pandas", "polars": "polars", "xarray": "xarray", "zarr": "zarr",
+          "sparse": "sparse"}
 
 
 def require(module: str, feature: str):

@@ -1,5 +1,5 @@
 """The Connection's methods that move tensors in and out of the database: ``load``, ``tensor``,
-``tensors``, ``describe``, ``export``, ``drop``, ``check``. Each checks its arguments and calls
+``sparse``, ``tensors``, ``describe``, ``export``, ``drop``, ``check``. Each checks its arguments and calls
 storage; none runs the pipeline (connection.py drives that). ``Connection`` inherits them.
 
 >>> import numpy as np, tensordb
@@ -45,8 +45,11 @@ class TensorIO:
         numeric: a rows x columns matrix, columns in their order; DuckDB reads it as it reads
         a query over it), a .npy/.npz/.parquet/.csv path, or a SQL query.
 
-        Options: ``array`` (npz member), ``index``/``value``/``shape`` (coordinate tables),
-        ``dims`` (dimension names), ``format`` (when the suffix does not say), ``query`` (SQL).
+        ``source`` may also be a scipy.sparse matrix or array or a pydata ``sparse`` array: it is
+        stored from its entries, never densified. Options: ``array`` (npz member),
+        ``index``/``value``/``shape`` (coordinate tables), ``duplicates`` ('sum', the default, or
+        'error': coordinates given twice in a table or sparse array), ``dims`` (dimension
+        names), ``format`` (when the suffix does not say), ``query`` (SQL).
         """
         self._load(name, source, tile=tile, replace=replace, **options)
 
@@ -114,6 +117,13 @@ class TensorIO:
                     f"{what} {dtype.name} {tuple(shape)} needs {format_bytes(need)} as a dense "
                     f"array, more than {where} ({format_bytes(budget)})",
                     hint="read it in parts with SQL (con.sql), or COPY it to a file")
+
+    @one_at_a_time
+    def sparse(self, name: str):
+        """The tensor as a sparse array built from its nonzeros, never dense: a
+        ``scipy.sparse.csr_array`` for a matrix, a pydata ``sparse.COO`` for any other rank."""
+        from .storage.coo import to_sparse
+        return to_sparse(self.store.open(name))
 
     @one_at_a_time
     def tensors(self) -> list[dict]:

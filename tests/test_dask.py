@@ -326,3 +326,19 @@ def test_a_result_the_group_replaces_runs_on_dask_as_on_the_pool(dcon, lcon):
         assert not con.store.has("X")
         con.execute("X[i,j] = A[i,j] + 1; X[i,j] = A[i,j] * 2")
         np.testing.assert_array_equal(con.tensor("X"), a * 2)
+
+
+def test_sparse_tiles_on_dask_workers(dcon):
+    """A sparse matrix's tiles read on the workers (CSR boxes, pickled between them): the
+    sparse kernel and the densifying path give the local pool's and numpy's answers."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(3)
+    m = sp.random(300, 200, density=0.02, random_state=3, format="csr")
+    x = rng.standard_normal((200, 5))
+    dcon.load("SpG", m, replace=True, tile=(100, 200))
+    dcon.load("SpX", x, replace=True)
+    dcon.execute("SpY[i,k] = SUM(SpG[i,j] * SpX[j,k]) WITH (PIECES i 2, j 2)")
+    assert "spmm" in dcon.explain("SpY[i,k] = SUM(SpG[i,j] * SpX[j,k])")
+    np.testing.assert_allclose(dcon.tensor("SpY"), m @ x, rtol=1e-10, atol=1e-12)
+    dcon.execute("SpM[i] = MAX(SpG[i,j])")  # densified on the workers
+    np.testing.assert_array_equal(dcon.tensor("SpM"), m.toarray().max(axis=1))

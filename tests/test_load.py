@@ -227,9 +227,15 @@ def test_coo_duplicates_across_batches_and_memory_setting_restored(con):
             f"FROM range({n}) UNION ALL SELECT 7, 9, 2.0")
     before = con.sql("SELECT current_setting('memory_limit')").fetchall()
     with pytest.raises(tensordb.DataError, match=r"\(i=7, j=9\) appears more than once"):
-        con.load("D", None, query="SELECT * FROM dups", index=["i", "j"], tile=(4096, 4096))
+        con.load("D", None, query="SELECT * FROM dups", index=["i", "j"], tile=(4096, 4096),
+                 duplicates="error")
     assert con.sql("SELECT current_setting('memory_limit')").fetchall() == before
     assert con.tensors() == []
+    # by default duplicates are summed, as scipy sums them
+    con.load("D", None, query="SELECT * FROM dups", index=["i", "j"], tile=(4096, 4096))
+    want = np.ones((2048, 1024))
+    want[7, 9] += 2.0
+    np.testing.assert_array_equal(con.tensor("D"), want)
 
 
 def test_replace_and_drop(con):

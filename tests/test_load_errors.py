@@ -98,11 +98,11 @@ def test_coo_negative_and_null(db, snapshot, tmp_path):
 def test_duplicate_coordinates(db, snapshot, tmp_path):
     (tmp_path / "dup.csv").write_text("i,j,value\n0,0,1\n1,2,3\n1,2,4\n")
     err = fails(db, snapshot, tensordb.DataError, r"coordinate \(i=1, j=2\) appears more than once",
-                "B", tmp_path / "dup.csv", index=["i", "j"])
+                "B", tmp_path / "dup.csv", index=["i", "j"], duplicates="error")
     assert "SUM(value)" in str(err)  # the hint says how to aggregate
     (tmp_path / "dup0.csv").write_text("i,j,value\n5,5,0\n0,0,1\n5,5,2\n")  # a zero row counts
     fails(db, snapshot, tensordb.DataError, r"\(i=5, j=5\) appears more than once", "B",
-          tmp_path / "dup0.csv", index=["i", "j"])
+          tmp_path / "dup0.csv", index=["i", "j"], duplicates="error")
 
 
 def test_missing_columns(db, snapshot, tmp_path):
@@ -189,7 +189,7 @@ def test_bad_query(db, snapshot):
 def test_failed_load_does_not_replace(db, snapshot, tmp_path):
     (tmp_path / "dup.csv").write_text("i,value\n0,1\n0,2\n")
     fails(db, snapshot, tensordb.DataError, "appears more than once", "A", tmp_path / "dup.csv",
-          index=["i"], replace=True)
+          index=["i"], replace=True, duplicates="error")
 
 
 def test_open_errors(tmp_path):

@@ -43,7 +43,7 @@ def test_catalog_tables_have_the_documented_columns(store):
     assert cols == [("tensor", "VARCHAR"), ("version", "BIGINT"), ("coords", "BIGINT[]"),
                     ("starts", "BIGINT[]"), ("shape", "BIGINT[]"), ("file", "VARCHAR"),
                     ("offset", "BIGINT"), ("nbytes", "BIGINT"), ("nnz", "BIGINT"),
-                    ("crc32", "BIGINT"), ("nonfinite", "BOOLEAN")]
+                    ("crc32", "BIGINT"), ("nonfinite", "BOOLEAN"), ("format", "VARCHAR")]
     cols = store.duck.execute("SELECT column_name FROM duckdb_columns() "
                               "WHERE schema_name = 'tensordb' AND table_name = 'tensors'").fetchall()
     assert [c for (c,) in cols] == ["name", "version", "dtype", "shape", "dims", "grid", "nbytes",

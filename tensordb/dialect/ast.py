@@ -180,6 +180,7 @@ class LoadStmt:
     span: Span
     name_span: Span
     source_span: Span
+    duplicates: str | None = None  # 'sum' or 'error' (DUPLICATES SUM | ERROR)
 
 
 @dataclass(frozen=True)

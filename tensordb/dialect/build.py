@@ -210,6 +210,13 @@ class _Build(Transformer):
     def opt_shape(self, meta, c):
         return ("shape", tuple(int(t) for t in _toks(c, "INT")))
 
+    def opt_duplicates(self, meta, c):
+        word = str(c[1]).lower()
+        if word not in ("sum", "error"):
+            raise ParserError(f"DUPLICATES {c[1]}: expected DUPLICATES SUM or DUPLICATES ERROR",
+                              statement=self.script, span=self.ts(c[1]))
+        return ("duplicates", word)
+
     def opt_tile(self, meta, c):
         return ("tile", c[0])
 
@@ -231,7 +238,7 @@ class _Build(Transformer):
                           value if kind == "query" else None, value if kind == "table" else None,
                           opts.get("format"), opts.get("array"), opts.get("index"), opts.get("value"),
                           opts.get("shape"), opts.get("tile"), bool(c[1]), self.sp(meta),
-                          self.ts(name), sspan)
+                          self.ts(name), sspan, opts.get("duplicates"))
 
     create_load = load = _load
 

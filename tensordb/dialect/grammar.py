@@ -10,7 +10,7 @@ KEYWORDS = (
     "CREATE", "OR", "REPLACE", "TENSOR", "IF", "NOT", "EXISTS", "FROM", "FORMAT", "ARRAY", "INDEX",
     "VALUE", "SHAPE", "TILE", "PIECES", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
     "DESC", "DROP", "COPY", "TO", "SET", "BEGIN", "START", "TRANSACTION", "COMMIT", "END",
-    "ROLLBACK", "ABORT", "DATABASE",
+    "ROLLBACK", "ABORT", "DATABASE", "DUPLICATES",
 )
 
 _RULES = r"""
@@ -36,6 +36,7 @@ load_opt: FORMAT NAME -> opt_format
         | INDEX LPAR NAME (COMMA NAME)* RPAR -> opt_index
         | VALUE NAME -> opt_value
         | SHAPE LPAR INT (COMMA INT)* RPAR -> opt_shape
+        | DUPLICATES NAME -> opt_duplicates
         | tile -> opt_tile
 tile: TILE LPAR label_value (COMMA label_value)* RPAR
 label_value: NAME INT -> named_value

@@ -21,6 +21,7 @@ from ..plan import scalar
 from ..plan.aggregates import AGGREGATES
 from ..physical.choice import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
+from .sparse_kernels import dense_args, spmm, spreduce
 
 __all__ = ["KernelSpec", "BACKENDS", "get_backend", "combine", "CHUNK_ELEMENTS"]
 
@@ -92,6 +93,10 @@ class KernelSpec:
             return self._write_diagonal(args, arg_shapes, out_shape, out, check)
         check = check or _no_check
         check()
+        if self.choice.method in ("spmm", "spreduce") and xp is np:  # exec/sparse_kernels.py
+            return (spmm if self.choice.method == "spmm" else spreduce)(
+                self.op, self.choice, args, out_shape)
+        args = dense_args(args)  # a sparse tile (a Load's CSR box) for a dense kernel
         arrays = [xp.zeros(s, dtype=d) if a is None else a
                   for a, s, d in zip(args, arg_shapes, self.in_dtypes)]
         if self.blas:

@@ -5,13 +5,21 @@ import numpy as np
 
 from ..physical.plan import Aggregate, Assemble, Kernel, Load
 from ..plan.aggregates import AGGREGATES
+from ..storage.sparse import read_sparse_box
 from .kernels import KernelSpec, combine
+from .sparse_kernels import dense_args
 
 __all__ = ["run_load", "run_assemble", "run_kernel", "start_aggregate", "finish_aggregate", "run_aggregate"]
 
 
 def run_load(task: Load, reader, xp=np):
-    """A box of a stored tensor: a memory-mapped view when possible, zeros where absent."""
+    """A box of a stored tensor: a memory-mapped view when possible, zeros where absent; a
+    scipy CSR array when the box lies in a matrix's sparse tiles (on the CPU: only the spmm
+    kernel reads it as it is, every other consumer densifies it, sparse_kernels.py)."""
+    if xp is np and reader.has_sparse:
+        out = read_sparse_box(reader, task.starts, task.stops)
+        if out is not None:
+            return out
     out = reader.read_box(task.starts, task.stops)
     if out is None:
         out = np.zeros(tuple(b - a for a, b in zip(task.starts, task.stops)), reader.meta.dtype)
@@ -22,6 +30,7 @@ def run_assemble(task: Assemble, sources: list, xp=np):
     """Cut pieces out of producer tiles and place them into a new tile (a re-tiling). A tile
     that one piece fills whole (a split of one producer tile) is not zeroed first: one pass over
     its memory, not two."""
+    sources = dense_args(sources)
     whole = len(task.pieces) == 1 and all(
         (a, b) == (0, n) for (a, b), n in zip(task.pieces[0][2], task.shape))
     out = (xp.empty if whole else xp.zeros)(task.shape, dtype=task.dtype)

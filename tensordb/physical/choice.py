@@ -1,12 +1,18 @@
 """The kernel choice: how each operation's tile kernel computes, decided when the plan is lowered.
 
 The executor's kernels (exec/kernels.py) read a ``KernelChoice`` and decide nothing; EXPLAIN
-prints it (the ``kernel`` column). Three methods:
+prints it (the ``kernel`` column). The methods:
 
 - ``matmul``: a two-operand product-and-sum that one batched matmul computes in the output's C
   order (``MatmulLayout``: operand order, the transposes, and the label groups batch, free of the
   first operand, contracted, free of the second);
 - ``contract``: another product-and-sum, by opt_einsum's contract (BLAS where it can);
+- ``spmm``: a two-operand product-and-sum whose operand ``sparse`` is a matrix stored with sparse
+  tiles and whose other operand is known to hold no NaN or inf: scipy.sparse's product
+  (exec/sparse_kernels.py), the output dense;
+- ``spreduce``: a SUM, MAX or MIN of a matrix stored with sparse tiles, over one or both of its
+  labels, with no function applied (``sparse_reduction``): scipy.sparse's reduction over the
+  stored entries, absent ones counting as the zeros they are;
 - ``broadcast``: any other join, evaluated with broadcasting NumPy in chunks of at most
   ``chunk_elements`` elements of the join space: along the aggregated label ``chunk`` (the
   largest one in the operation's tiles), or, for a join with nothing to aggregate, in slabs of the
@@ -32,15 +38,19 @@ the method ``matmul`` or ``contract``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
+
+import numpy as np
 
 from ..errors import InternalError
+from ..plan import scalar
 from ..plan.ir import EinOp
 from ..plan.memory import CHUNK_ELEMENTS, MatmulLayout, blas_product, chunk_elements, matmul_layout
 
-__all__ = ["CHUNK_ELEMENTS", "METHODS", "MatmulLayout", "KernelChoice", "choose_kernel"]
+__all__ = ["CHUNK_ELEMENTS", "METHODS", "MatmulLayout", "KernelChoice", "choose_kernel",
+           "spmm_operand", "sparse_reduction"]
 
-METHODS = ("matmul", "contract", "broadcast")
+METHODS = ("matmul", "contract", "broadcast", "spmm", "spreduce")
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,7 @@ class KernelChoice:
     layout: MatmulLayout | None = None  # method 'matmul' only
     chunk: str | None = None            # method 'broadcast': an aggregated label, or 'rows'
     chunk_elements: int = CHUNK_ELEMENTS
+    sparse: int | None = None           # method 'spmm': the operand stored sparse (a matrix)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -63,6 +74,8 @@ class KernelChoice:
             raise InternalError("chunking goes with method 'broadcast' and only with it")
         if self.chunk_elements < 1:
             raise InternalError(f"chunks of {self.chunk_elements} elements")
+        if (self.sparse is not None) != (self.method in ("spmm", "spreduce")):
+            raise InternalError("a sparse operand goes with the sparse methods and only with them")
 
     def describe(self) -> str:
         """``matmul x0@x1`` (``x1@x0``: the operands swapped), ``contract``, ``broadcast by j``
@@ -70,6 +83,8 @@ class KernelChoice:
         when the worker's memory budget made chunks smaller than ``CHUNK_ELEMENTS``."""
         if self.layout is not None:
             return f"matmul x{self.layout.first}@x{self.layout.second}"
+        if self.method in ("spmm", "spreduce"):
+            return f"{self.method} x{self.sparse} sparse"
         if self.method != "broadcast":
             return self.method
         # The chunk is shown when the memory budget made it smaller than the default.
@@ -84,6 +99,8 @@ class KernelChoice:
             out["layout"] = {"operands": [lay.first, lay.second], "batch": list(lay.batch),
                              "m": list(lay.free_first), "k": list(lay.contracted),
                              "n": list(lay.free_second)}
+        if self.method in ("spmm", "spreduce"):
+            out["sparse_operand"] = self.sparse
         if self.method == "broadcast":
             out["chunk"] = self.chunk
             out["chunk_elements"] = self.chunk_elements
@@ -93,11 +110,23 @@ class KernelChoice:
 
 
 def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
-                  budget: int | None = None) -> KernelChoice:
+                  budget: int | None = None, sparse: Sequence[int] = (),
+                  finite: Sequence[bool] = ()) -> KernelChoice:
     """The kernel for ``op`` whose tiles have (at most) ``extents`` per label (default: the whole
     operation, one tile), on a worker with ``budget`` bytes (None: no limit): a broadcasting
     kernel's chunks are sized from it (``plan.memory.chunk_elements``). A diagonal write
-    computes each output label once, then places the values: its choice is that one's."""
+    computes each output label once, then places the values: its choice is that one's.
+    ``sparse``: the operands stored with sparse tiles (matrices); ``finite``: per operand,
+    whether it is known to hold no NaN or inf. A product-and-sum of a sparse matrix with an
+    operand known finite is a sparse kernel (``spmm``, exec/sparse_kernels.py): absent entries
+    are skipped, which is NumPy's answer only where the partner holds no NaN or inf
+    (0 * inf is NaN)."""
+    if sparse and not op.writes_diagonal:
+        k = spmm_operand(op, sparse, finite)
+        if k is not None:
+            return KernelChoice("spmm", sparse=k)
+        if sparse_reduction(op, sparse):
+            return KernelChoice("spreduce", sparse=0)
     op = op.without_diagonal()
     prod = blas_product(op)
     if prod is not None:
@@ -114,3 +143,41 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
     # chunk_elements; a join with nothing to aggregate is cut in slabs of its first axis.
     chunk = max(op.agg_labels, key=lambda l: ext[l]) if op.agg_labels else "rows"
     return KernelChoice("broadcast", chunk=chunk, chunk_elements=chunk_elements(budget, op))
+
+
+def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> int | None:
+    """The operand a sparse kernel takes as its sparse matrix, or None: ``op`` is a SUM of the
+    product of two operands (no constant, one dtype that is not bool), the sparse one a matrix
+    with one label contracted with the other operand and one kept in the output, the other
+    operand known finite, with distinct labels, all kept but the contracted one."""
+    prod = blas_product(op)
+    if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
+            np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
+        return None
+    for k in sparse:
+        s, d = op.inputs[k].labels, op.inputs[1 - k].labels
+        if not finite[1 - k] or len(s) != 2 or len(set(s)) != 2 or len(set(d)) != len(d):
+            continue
+        shared = [l for l in s if l in d]
+        if len(shared) != 1 or shared[0] in op.out_labels:
+            continue
+        kept = [l for l in s if l != shared[0]]
+        if kept[0] not in op.out_labels or any(
+                l != shared[0] and l not in op.out_labels for l in d):
+            continue
+        return k
+    return None
+
+
+def sparse_reduction(op: EinOp, sparse: Sequence[int]) -> bool:
+    """Whether ``op`` is ``AGG(S[i,j])`` over ``j``, ``i`` or both, for a stored sparse matrix
+    ``S`` read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
+    reduction of the stored entries that counts absent ones as zeros is then NumPy's answer."""
+    if list(sparse) != [0] or len(op.inputs) != 1 or op.agg not in ("sum", "max", "min"):
+        return False
+    labels = op.inputs[0].labels
+    prod = scalar.product_of(op.join)
+    in_dtype = (op.in_dtypes or (op.dtype,))[0]
+    return (len(labels) == 2 and len(set(labels)) == 2 and len(op.out_labels) < 2
+            and set(op.out_labels) <= set(labels) and prod is not None and prod[0] == 1
+            and tuple(prod[1]) == (0,) and np.dtype(in_dtype) == np.dtype(op.dtype))

@@ -75,6 +75,16 @@ class _Lowering:
             self._known[tensor] = (False, False) if reader is None else reader.facts()
         return self._known[tensor]
 
+    def _sparsity(self, op: EinOp) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+        """(operands stored as matrices with sparse tiles, whether each operand is finite):
+        what the kernel choice needs to pick a sparse kernel (choice.spmm_operand)."""
+        sparse = tuple(k for k, o in enumerate(op.inputs) if o.tensor in self.readers
+                       and self.readers[o.tensor].meta.ndim == 2
+                       and self.readers[o.tensor].has_sparse)
+        if not sparse:
+            return (), ()
+        return sparse, tuple(self._facts(o.tensor)[0] for o in op.inputs)
+
     # -- the tile join -------------------------------------------------------------------------
     def _complete(self, tensor: str) -> bool:
         """Every tile of this input is present, so its presence at any grid is complete."""
@@ -156,7 +166,7 @@ class _Lowering:
         budget = getattr(self.decomp.details.get("memory"), "budget", None)
         self.kernels.append(choose_kernel(op, {l: b[1] - b[0] if len(b) > 1 else 0  # even: the
                                                for l, b in bounds.items()},  # first is largest
-                                          budget))
+                                          budget, *self._sparsity(op)))
         rows, outer, shape = self._call_rows(op, pieces, bounds)
         lay = LAYOUTS.get(shape) if shape is not None else None
         if lay is None:

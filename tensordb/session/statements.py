@@ -112,7 +112,7 @@ def _load(con, script, s: A.LoadStmt, text) -> Result:
     dims = [d.name for d in s.dims] if s.dims else (list(s.index) if s.index else None)
     tile = tile_shape(script, s.tile, None, dims) if s.tile else None
     options = dict(tile=tile, replace=s.replace, dims=dims, format=s.format)
-    for key in ("array", "index", "value", "shape"):
+    for key in ("array", "index", "value", "shape", "duplicates"):
         if getattr(s, key) is not None:
             options[key] = list(getattr(s, key)) if isinstance(getattr(s, key), tuple) else getattr(s, key)
     if s.path is not None:

@@ -1,7 +1,8 @@
 """The catalog tables in DuckDB (schema ``tensordb``) and the rows that describe a tensor.
 
     tensors(name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density, created)
-    tiles(tensor, version, coords, starts, shape, file, "offset", nbytes, nnz, crc32, nonfinite)
+    tiles(tensor, version, coords, starts, shape, file, "offset", nbytes, nnz, crc32, nonfinite,
+          format)
 
 A tensor is one ``tensors`` row plus one ``tiles`` row per stored tile; absent tiles are zeros.
 ``nonfinite`` says whether a tile holds NaN or inf (NULL: not known, as in catalogs written before
@@ -13,7 +14,9 @@ Physical planning reads ``tiles`` only through the relations this module builds
 Columns added after the first release go at the end, are nullable, and are added on open by
 :func:`create` (``ADD COLUMN IF NOT EXISTS``: idempotent), so an older database opens and works;
 rows are inserted BY NAME, so the order in which such columns were added does not matter.
-``crc32`` is NULL for tiles written before checksums were recorded.
+``crc32`` is NULL for tiles written before checksums were recorded. ``format`` is the tile's
+payload layout, 'dense' or a sparse one ('csr', 'coo': storage/sparse.py); NULL (a catalog
+written before sparse tiles) reads as 'dense'.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.tiles (
     "offset" BIGINT NOT NULL, nbytes BIGINT NOT NULL, nnz BIGINT NOT NULL);
 ALTER TABLE {SCHEMA}.tiles ADD COLUMN IF NOT EXISTS crc32 BIGINT;
 ALTER TABLE {SCHEMA}.tiles ADD COLUMN IF NOT EXISTS nonfinite BOOLEAN;
+ALTER TABLE {SCHEMA}.tiles ADD COLUMN IF NOT EXISTS format VARCHAR;
 """
 
 _COLUMNS = "name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density"
@@ -53,7 +57,7 @@ _TILES_SCHEMA = pa.schema([
     ("tensor", pa.string()), ("version", pa.int64()), ("coords", pa.list_(pa.int64())),
     ("starts", pa.list_(pa.int64())), ("shape", pa.list_(pa.int64())), ("file", pa.string()),
     ("offset", pa.int64()), ("nbytes", pa.int64()), ("nnz", pa.int64()), ("crc32", pa.int64()),
-    ("nonfinite", pa.bool_())])
+    ("nonfinite", pa.bool_()), ("format", pa.string())])
 
 
 _FEW = 256  # up to this many tiles a tensor's rows are inserted from list parameters
@@ -104,22 +108,24 @@ def all_metas(duck) -> list[TensorMeta]:
     return [_meta(r) for r in rows]
 
 
-def tile_entries(duck, meta: TensorMeta, optional: frozenset = frozenset(("crc32", "nonfinite"))
+def tile_entries(duck, meta: TensorMeta, optional: frozenset = frozenset(("crc32", "nonfinite", "format"))
                  ) -> tuple[str | None, list[TileEntry]]:
     """(payload file name, entries) of one tensor version. ``optional``: the columns added after
     the first release that this catalog has; the others read as NULL (a read-only open of an
     older database cannot add them)."""
-    crc, nonfinite = (c if c in optional else "NULL" for c in ("crc32", "nonfinite"))
+    crc, nonfinite, fmt = (c if c in optional else "NULL"
+                           for c in ("crc32", "nonfinite", "format"))
     rows = duck.execute(
-        f'SELECT coords, starts, shape, file, "offset", nbytes, nnz, {crc}, {nonfinite} '
+        f'SELECT coords, starts, shape, file, "offset", nbytes, nnz, {crc}, {nonfinite}, {fmt} '
         f'FROM {SCHEMA}.tiles WHERE tensor = ? AND version = ? ORDER BY "offset"',
         [meta.name, meta.version]).fetchall()
     files = {r[3] for r in rows}
     if len(files) > 1:  # pragma: no cover - the writer never does this
         raise AssertionError(f"tensor {meta.name} spans several payload files: {files}")
     entries = [TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz),
-                         None if cs is None else int(cs), None if nf is None else bool(nf))
-               for c, s, sh, _, o, nb, nz, cs, nf in rows]
+                         None if cs is None else int(cs), None if nf is None else bool(nf),
+                         fm or "dense")
+               for c, s, sh, _, o, nb, nz, cs, nf, fm in rows]
     return (files.pop() if files else None), entries
 
 
@@ -129,24 +135,27 @@ def payload_file(duck, meta: TensorMeta) -> str | None:
                                     "LIMIT 1", [meta.name, meta.version]))
 
 
-def tile_entries_many(duck, metas, optional: frozenset = frozenset(("crc32", "nonfinite"))
+def tile_entries_many(duck, metas, optional: frozenset = frozenset(("crc32", "nonfinite", "format"))
                       ) -> dict[int, tuple[str | None, list[TileEntry]]]:
     """``tile_entries`` of several tensor versions in one query: version -> (file, entries)."""
     metas = list(metas)
     if not metas:
         return {}
-    crc, nonfinite = (c if c in optional else "NULL" for c in ("crc32", "nonfinite"))
+    crc, nonfinite, fmt = (c if c in optional else "NULL"
+                           for c in ("crc32", "nonfinite", "format"))
     rows = duck.execute(
-        f'SELECT version, coords, starts, shape, file, "offset", nbytes, nnz, {crc}, {nonfinite} '
+        f'SELECT version, coords, starts, shape, file, "offset", nbytes, nnz, {crc}, {nonfinite}, '
+        f'{fmt} '
         f'FROM {SCHEMA}.tiles WHERE (tensor, version) IN (SELECT (unnest(?), unnest(?))) '
         f'ORDER BY version, "offset"',
         [[m.name for m in metas], [m.version for m in metas]]).fetchall()
     out: dict[int, tuple[set, list]] = {m.version: (set(), []) for m in metas}
-    for v, c, s, sh, f, o, nb, nz, cs, nf in rows:
+    for v, c, s, sh, f, o, nb, nz, cs, nf, fm in rows:
         files, entries = out[v]
         files.add(f)
         entries.append(TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz),
-                                 None if cs is None else int(cs), None if nf is None else bool(nf)))
+                                 None if cs is None else int(cs), None if nf is None else bool(nf),
+                                 fm or "dense"))
     result = {}
     for v, (files, entries) in out.items():
         if len(files) > 1:  # pragma: no cover - the writer never does this
@@ -228,8 +237,9 @@ def replace(duck, old: TensorMeta, meta: TensorMeta, file: str, entries) -> None
     if len(entries) == 1 and old.tile_count == 1:  # one tile row for another: update it in place
         e = entries[0]
         sets = 'tensor = ?, version = ?, file = ?, "offset" = ?, nbytes = ?, nnz = ?, crc32 = ?, ' \
-            'nonfinite = ?'
-        params = [meta.name, meta.version, file, e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite]
+            'nonfinite = ?, format = ?'
+        params = [meta.name, meta.version, file, e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite,
+                  e.format]
         if not (layout and meta.total_tiles == 1):  # else the lone tile is the whole tensor
             sets += ", coords = ?, starts = ?, shape = ?"
             params += [list(e.coords), list(e.starts), list(e.shape)]
@@ -262,7 +272,7 @@ def _insert_tiles(duck, meta: TensorMeta, file: str, entries) -> None:
                  [list(e.shape) for e in entries], [file] * len(entries),
                  [e.offset for e in entries], [e.nbytes for e in entries],
                  [e.nnz for e in entries], [e.crc32 for e in entries],
-                 [e.nonfinite for e in entries]]
+                 [e.nonfinite for e in entries], [e.format for e in entries]]
         values = ", ".join(f"unnest(?::{_SQL_TYPES[f.type]})" for f in _TILES_SCHEMA)
         duck.execute(f"INSERT INTO {SCHEMA}.tiles ({_TILE_COLUMNS}) SELECT {values}", lists)
         return
@@ -272,7 +282,7 @@ def _insert_tiles(duck, meta: TensorMeta, file: str, entries) -> None:
         "shape": [list(e.shape) for e in entries], "file": [file] * len(entries),
         "offset": [e.offset for e in entries], "nbytes": [e.nbytes for e in entries],
         "nnz": [e.nnz for e in entries], "crc32": [e.crc32 for e in entries],
-        "nonfinite": [e.nonfinite for e in entries]},
+        "nonfinite": [e.nonfinite for e in entries], "format": [e.format for e in entries]},
         schema=_TILES_SCHEMA)
     view = f"__tensordb_rows_{meta.version}"
     duck.register(view, rows)
@@ -287,7 +297,7 @@ def _insert_rows(duck, rows) -> None:
     marks = "(" + ", ".join("?" * len(_TILES_SCHEMA)) + ")"
     params = [x for meta, file, e in rows for x in (
         meta.name, meta.version, list(e.coords), list(e.starts), list(e.shape), file,
-        e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite)]
+        e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite, e.format)]
     duck.execute(f"INSERT INTO {SCHEMA}.tiles ({_TILE_COLUMNS}) VALUES "
                  + ", ".join([marks] * len(rows)), params)
 

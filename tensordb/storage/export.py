@@ -21,6 +21,7 @@ from ..errors import OperationalError, ProgrammingError
 from . import filemeta, guard, zarrio
 from ._duck import quote_ident, quote_str, translating
 from .budget import batch_bytes, duck_bytes, duck_memory
+from .sparse import scatter_into
 from .views import TensorStream, arrow_schema, coo_batches
 
 __all__ = ["export_tensor", "EXPORT_FORMATS", "remove_leftovers"]
@@ -128,8 +129,13 @@ def _write_npy(reader, tmp: str) -> None:
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=meta.dtype, shape=meta.shape)
     try:
         # The file starts sparse (zeros); only stored tiles are written.
-        for entry, tile in reader.tiles():
-            out[tuple(slice(s, s + n) for s, n in zip(entry.starts, entry.shape))] = tile
+        for coords in reader.coords():
+            entry = reader.entries[coords]
+            if entry.sparse:  # its entries, into the file's zeros: never the dense tile
+                scatter_into(out, entry.starts, reader.stored_tile(coords))
+                continue
+            out[tuple(slice(s, s + n) for s, n in zip(entry.starts, entry.shape))] = \
+                reader.tile(coords)
         out.flush()
     finally:
         del out

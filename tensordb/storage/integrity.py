@@ -28,6 +28,9 @@ from .identity import ID_FILE, read_id_file
 from .meta import TensorMeta
 from .writer import count_nonzero
 from .reader import TileEntry, file_kind
+from .sparse import decode, validate
+from ..errors import DataError
+from ..sparsity import SPARSE_FORMATS
 
 __all__ = ["check", "COLUMNS", "CHUNK"]
 
@@ -82,6 +85,9 @@ def _check_tensor(store, meta: TensorMeta) -> list[tuple]:
         buf = bytearray(max(size - size % meta.dtype.itemsize, meta.dtype.itemsize))
         unverified = 0
         for e in entries:
+            if e.sparse:
+                rows += _check_sparse(fd, st.st_size, meta, e, file)
+                continue
             need = math.prod(e.shape) * meta.dtype.itemsize
             if e.nbytes != need:
                 bad(e, f"catalog row says {e.nbytes} bytes, its shape {e.shape} needs {need}")
@@ -113,6 +119,40 @@ def _check_tensor(store, meta: TensorMeta) -> list[tuple]:
     finally:
         os.close(fd)
     return rows
+
+
+def _check_sparse(fd: int, size: int, meta: TensorMeta, e: TileEntry, file) -> list[tuple]:
+    """The problems of one sparse tile: its bytes read whole (a sparse tile is proportional to
+    its entries), checksummed, decoded and its index structure and nonzero count checked."""
+    def bad(problem: str) -> list[tuple]:
+        return [(meta.name, e.coords, file, e.offset, problem)]
+    if e.format not in SPARSE_FORMATS:
+        return bad(f"unknown tile format {e.format!r}")
+    if e.offset + e.nbytes > size:
+        return bad(f"short file: {size} bytes, the tile needs bytes {e.offset} to "
+                   f"{e.offset + e.nbytes}")
+    buf = bytearray(e.nbytes)
+    try:
+        got = os.preadv(fd, [buf], e.offset)
+    except OSError as exc:
+        return bad(f"cannot read the tile: {exc.strerror or exc}")
+    if got != e.nbytes:
+        return bad(f"short file: the tile ended after {got} of its {e.nbytes} bytes")
+    crc = crc32(memoryview(buf))
+    if e.crc32 is not None and crc != e.crc32:
+        return bad(f"checksum mismatch: recorded crc32 {e.crc32:08x}, read {crc:08x}")
+    try:
+        tile = decode(bytes(buf), 0, e.nbytes, e.shape, meta.dtype, e.format, meta.name)
+    except DataError as exc:
+        return bad(f"sparse tile: {exc.message}")
+    problems = validate(tile, meta.name, e.coords)
+    if problems:
+        return bad(problems[0])
+    values = tile.values if hasattr(tile, "values") else tile.data
+    nnz = count_nonzero(np.asarray(values))
+    if nnz != e.nnz:
+        return bad(f"nonzero count mismatch: the catalog records {e.nnz}, the tile has {nnz}")
+    return []
 
 
 def _read_tile(fd: int, buf: bytearray, e: TileEntry, dtype: np.dtype) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from ..errors import DataError, ProgrammingError
 from . import guard, pyobjects, zarrio
 from ._duck import quote_ident, translating
 from .arrays import load_array
+from .coo import check_duplicates, from_object, is_sparse_object, load_coo
 from .meta import TensorMeta, check_name
 from .npyfile import NpyFile, open_input, read_header
 from .npzfile import member_info, open_member
@@ -41,11 +42,14 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
                 index: Sequence[str] | None = None, value: str | None = None,
                 shape: Sequence[int] | None = None, dims: Sequence[str] | None = None,
                 format: str | None = None, query: str | None = None,
-                memory_limit: int | None = None) -> TensorMeta:
+                memory_limit: int | None = None, duplicates: str | None = None) -> TensorMeta:
     """Store ``source`` as tensor ``name``; returns its catalog entry.
 
-    ``source``: a numpy array (or anything ``np.asarray`` takes), a path to .npy/.npz/.parquet/
-    .csv, a SQL string with ``format="sql"``, or None with ``query=``. Table options: ``index``
+    ``source``: a numpy array (or anything ``np.asarray`` takes), a scipy.sparse matrix or array
+    or a pydata ``sparse`` array (stored from its entries: coo.py), a pandas or polars DataFrame
+    or an Arrow table with ``index=`` (a COO table, read by DuckDB), a path to .npy/.npz/.parquet/
+    .csv, a SQL string with ``format="sql"``, or None with ``query=``. ``duplicates``: 'sum'
+    (the default, as scipy) or 'error', for coordinates given twice (COO tables, sparse arrays). Table options: ``index``
     (coordinate columns) with ``value`` (the value column, default ``value``) and ``shape``;
     without ``index`` every column must be numeric and the table becomes a rows x columns matrix.
     ``memory_limit``: the connection's, bounding what DuckDB holds while it reads a table
@@ -53,6 +57,27 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     """
     store._check_open(writing=True)
     check_name(name)
+    if is_sparse_object(source):  # scipy.sparse, pydata sparse: entries, never densified
+        if format is not None or query is not None or any(
+                v is not None for v in (index, value, shape, array)):
+            raise ProgrammingError(f"load '{name}': a sparse array takes tile=, dims= and "
+                                   "duplicates= only")
+        check_duplicates(duplicates, name)
+        store.check_free(name, replace)
+        coords, values, shape = from_object(source)
+        return load_coo(store, name, coords, values, shape, tile=tile, replace=replace,
+                        dims=dims, duplicates=duplicates, where=f"tensor '{name}'")
+    if duplicates is not None:
+        check_duplicates(duplicates, name)
+    from .tables import is_frame, load_frame
+    if index is not None and is_frame(source):  # a DataFrame or Arrow table of COO rows
+        if format is not None or query is not None or array is not None:
+            raise ProgrammingError(f"load '{name}': a table in memory takes index=, value=, "
+                                   "shape=, duplicates=, tile= and dims=")
+        store.check_free(name, replace)
+        return load_frame(store, name, source, tile=tile, replace=replace, dims=dims,
+                          index=index, value=value, shape=shape, memory_limit=memory_limit,
+                          duplicates=duplicates)
     if pyobjects.is_xarray(source):  # its dims name the tensor's dimensions
         dims = list(source.dims) if dims is None else dims
         source = source.values
@@ -67,7 +92,7 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
         guard.check_path(store, target, f"cannot load '{name}'")
     if fmt in ("parquet", "csv"):
         _check_not_a_pattern(store, name, target)
-    table_opts = {"index": index, "value": value, "shape": shape}
+    table_opts = {"index": index, "value": value, "shape": shape, "duplicates": duplicates}
     if fmt not in ("parquet", "csv", "sql"):
         given = [k for k, v in table_opts.items() if v is not None]
         if given:

@@ -133,6 +133,11 @@ class TileEntry:
     nnz: int
     crc32: int | None = None  # zlib.crc32 of the tile's bytes; None: written before checksums
     nonfinite: bool | None = None  # holds NaN or inf; None: not known (written by an old version)
+    format: str = "dense"  # 'dense', or a sparse layout ('csr', 'coo': storage/sparse.py)
+
+    @property
+    def sparse(self) -> bool:
+        return self.format != "dense"
 
 
 class TensorReader:
@@ -177,7 +182,38 @@ class TensorReader:
     def tile(self, coords: Sequence[int]) -> np.ndarray | None:
         """Read-only view of a stored tile, or None for an absent (all-zero) tile."""
         e = self.entries.get(tuple(int(c) for c in coords))
-        return None if e is None else self._view(e.offset, e.shape, (e,))
+        return None if e is None else self._array(e)
+
+    def stored_tile(self, coords: Sequence[int]):
+        """A stored tile as it is stored: a read-only view (dense), a scipy CSR array or a
+        ``sparse.CooTile`` (sparse, storage/sparse.py); None for an absent tile."""
+        e = self.entries.get(tuple(int(c) for c in coords))
+        if e is None or not e.sparse:
+            return None if e is None else self._view(e.offset, e.shape, (e,))
+        self._verify((e,))  # its entries' bytes, before they are decoded
+        from .sparse import decode
+        return decode(self.mapping(), e.offset, e.nbytes, e.shape, self.meta.dtype, e.format,
+                      self.meta.name)
+
+    def _array(self, e: TileEntry) -> np.ndarray:
+        """A stored tile as a dense array: a view, or a sparse tile densified."""
+        if not e.sparse:
+            return self._view(e.offset, e.shape, (e,))
+        from .sparse import densify
+        return densify(self.stored_tile(e.coords))
+
+    def _sparse_part(self, coords, part) -> np.ndarray:
+        """The dense box ``part`` (slices) of a sparse tile, without densifying the rest."""
+        from .sparse import densify_part
+        return densify_part(self.stored_tile(coords), part)
+
+    @property
+    def has_sparse(self) -> bool:
+        """Whether any stored tile of this version is sparse (found once per reader)."""
+        found = self.__dict__.get("_has_sparse")
+        if found is None:
+            found = self.__dict__["_has_sparse"] = any(e.sparse for e in self.entries.values())
+        return found
 
     def facts(self) -> tuple[bool, bool]:
         """(finite, nonzero): no stored tile holds NaN or inf (or might: unknown counts as might);
@@ -196,14 +232,14 @@ class TensorReader:
         h = hashlib.blake2b(repr(self.meta.grid).encode(), digest_size=16)
         for c in sorted(self.entries):
             e = self.entries[c]
-            h.update(repr((c, e.nonfinite, e.nnz == math.prod(e.shape))).encode())
+            h.update(repr((c, e.nonfinite, e.nnz == math.prod(e.shape), e.format)).encode())
         return h.digest()
 
     def tiles(self) -> Iterator[tuple[TileEntry, np.ndarray]]:
         """Every stored tile with its entry, in file order (sequential reads)."""
         for c in self.coords():
             e = self.entries[c]
-            yield e, self._view(e.offset, e.shape, (e,))
+            yield e, self._array(e)
 
     def mapping(self) -> mmap.mmap:
         """The payload file's mapping (opened on first use)."""
@@ -250,16 +286,22 @@ class TensorReader:
         if offset + count * self.meta.dtype.itemsize > len(buf):  # only if the catalog lies
             raise DataError(f"tensor '{self.meta.name}': a tile at byte {offset} runs past the end "
                             f"of its payload file {self.path} ({len(buf)} bytes)", hint=_CHECK_HINT)
+        self._verify(tiles)
+        return np.frombuffer(buf, self.meta.dtype, count, offset).reshape(shape)
+
+    def _verify(self, tiles: Sequence[TileEntry]) -> None:
+        """Check ``tiles`` against their checksums through the mapping (no copy), once per
+        process (verify.py)."""
+        buf = self.mapping()
         for e in tiles:
             if not verified(self._ident, e):
                 whole = memoryview(buf)
-                part = whole[e.offset:e.offset + e.nbytes]  # through the mapping: no copy
+                part = whole[e.offset:e.offset + e.nbytes]
                 try:
                     verify_tile(self.meta.name, self.path, self._ident, e, part)
                 finally:
                     part.release()
                     whole.release()
-        return np.frombuffer(buf, self.meta.dtype, count, offset).reshape(shape)
 
     # -- boxes ---------------------------------------------------------------------------------
     def read_box(self, starts: Sequence[int], stops: Sequence[int]) -> np.ndarray | None:
@@ -289,8 +331,10 @@ class TensorReader:
             t_lo, t_hi = tile_box(meta.grid, c)
             lo = [max(a, s) for a, s in zip(starts, t_lo)]
             hi = [min(b, s) for b, s in zip(stops, t_hi)]
+            part = tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, t_lo))
+            e = self.entries[c]
             out[tuple(slice(l - a, h - a) for l, h, a in zip(lo, hi, starts))] = \
-                self.tile(c)[tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, t_lo))]
+                self.tile(c)[part] if not e.sparse else self._sparse_part(c, part)
         return out
 
     def _run_view(self, ranges, present, starts, stops) -> np.ndarray | None:
@@ -303,6 +347,8 @@ class TensorReader:
         if len(present) != len(ranges[0]) or any(len(r) != 1 for r in ranges[1:]):
             return None
         run = [self.entries[c] for c in sorted(present)]
+        if any(e.sparse for e in run):
+            return None
         if len(run) > 1 and (any(len(b) != 2 for b in meta.grid[1:]) or any(
                 a.offset + a.nbytes != b.offset for a, b in zip(run, run[1:]))):
             return None
@@ -331,6 +377,9 @@ class TensorReader:
             for c in self.coords():
                 e = self.entries[c]
                 dest = out[tuple(slice(s, s + n) for s, n in zip(e.starts, e.shape))] if meta.shape else out
+                if e.sparse:  # decoded from the mapping, its entries verified first
+                    dest[...] = self._array(e)
+                    continue
                 buf = dest if dest.flags.c_contiguous else np.empty(e.shape, meta.dtype)
                 raw = memoryview(buf.reshape(-1)).cast("B")
                 self._pread_into(fd, raw, e.offset)

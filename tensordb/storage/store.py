@@ -169,7 +169,7 @@ class Store:
                     raise OperationalError(f"{self.root} holds no tensordb catalog")
                 # Columns added after the first release that this catalog has: a read-only open
                 # of an older database cannot add them, and reads them as NULL (not known).
-                self._optional = frozenset(c for c in ("crc32", "nonfinite")
+                self._optional = frozenset(c for c in ("crc32", "nonfinite", "format")
                                            if catalog.has_column(self.duck, "tiles", c))
                 self.nonfinite_column = "nonfinite" if "nonfinite" in self._optional \
                     else "NULL::BOOLEAN"

@@ -1,11 +1,13 @@
 """Tables (Parquet, CSV, any DuckDB query) as tensors, streamed through DuckDB tile by tile.
 
 COO (``index=[...]``): each row is one element; DuckDB computes every row's tile coordinates and
-sorts by them, so the loader fills one dense tile buffer at a time and never holds the table.
-Missing cells are zeros; tiles with no nonzero row are not stored. Rules: indices are integers,
-at least 0 and inside ``shape`` (inferred as max + 1 when not given); a coordinate may appear
-at most once (a duplicate is a DataError naming it: summing or keeping the last would silently
-change data); NULL indices or values are errors.
+sorts by them, so the loader collects one tile's rows at a time and never holds the table nor
+makes the dense tensor: each tile is stored sparse or dense by the format rule (coo.py,
+``sparsity.choose_format``), and a table sparse as a whole gets tiles sized by its rows
+(``sparsity.sparse_tile_shape``). Missing cells are zeros; tiles with no nonzero row are not
+stored. Rules: indices are integers, at least 0 and inside ``shape`` (inferred as max + 1 when
+not given); a coordinate that appears more than once is summed (as scipy does), or, with
+``duplicates="error"``, a DataError naming it; NULL indices or values are errors.
 
 Dense (no ``index``): every column must be numeric; the table is a rows x columns matrix in the
 order the source yields rows, dtype the NumPy result type of the columns.
@@ -18,14 +20,15 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError, ProgrammingError
-from ..geometry import default_tile_shape, tile_box
+from ..geometry import default_tile_shape
 from ._duck import first_row, quote_ident, quote_str, translate_message, translating
 from . import filemeta, guard
 from .budget import SORT_MEMORY, batch_bytes, duck_bytes, duck_memory
 from .arrays import load_array
+from .coo import TileEntries, check_duplicates, default_tile
 from .meta import check_dims, check_tile_shape, supported_dtype
 
-__all__ = ["load_table", "source_sql", "numpy_type"]
+__all__ = ["load_table", "load_frame", "is_frame", "source_sql", "numpy_type"]
 
 _INT32 = {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT"}
 _INT64 = {"BIGINT", "UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"}
@@ -63,6 +66,8 @@ def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> st
             args.append("types = {" + ", ".join(f"{quote_str(c)}: {quote_str(t)}"
                                                 for c, t in types.items()) + "}")
         return f"read_csv({', '.join(args)})"
+    if fmt == "frame":  # a DataFrame or Arrow table registered with DuckDB (load_frame)
+        return quote_ident(target)
     if not target.strip().rstrip(";").strip():
         raise ProgrammingError("empty query")
     # Spliced into larger statements: DuckDB must see exactly one SELECT (no '); DROP ...'), and
@@ -76,8 +81,9 @@ def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> st
 
 
 def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape,
-               memory_limit=None):
-    where = target if fmt != "sql" else f"query for '{name}'"
+               memory_limit=None, duplicates=None):
+    where = target if fmt not in ("sql", "frame") else \
+        f"query for '{name}'" if fmt == "sql" else f"table for '{name}'"
     src = source_sql(fmt, target)
     recorded = _recorded(fmt, target, index, value, shape)
     if recorded is not None:  # a tensordb export: the tensor it was, trailing zero rows included
@@ -106,11 +112,42 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
         if index is not None:
             return _load_coo(store, name, src, columns, where, tile=tile, replace=replace,
                              dims=dims, index=index, value=value, shape=shape,
-                             limit=memory_limit)
+                             limit=memory_limit, duplicates=duplicates)
         if value is not None or shape is not None:
             raise ProgrammingError(f"load '{name}': value= and shape= need index= (a COO table)")
         return _load_dense(store, name, src, columns, where, tile=tile, replace=replace, dims=dims,
                            limit=memory_limit)
+
+
+def load_frame(store, name, frame, **options):
+    """A pandas or polars DataFrame or an Arrow table, read by DuckDB as a table (a COO table
+    with ``index=``: its rows stored tile by tile as sparse or dense tiles, as a query's)."""
+    table = _arrow_table(frame)
+    view = f"__tensordb_frame_{id(table):x}"
+    with store._lock, translating(f"cannot read the table for '{name}'"):
+        store.duck.register(view, table)
+    try:
+        return load_table(store, name, "frame", view, **options)
+    finally:
+        with store._lock:
+            store.duck.unregister(view)
+
+
+def is_frame(obj) -> bool:
+    """Whether ``obj`` is a pandas or polars DataFrame or an Arrow table (or record batch)."""
+    mod = type(obj).__module__.split(".")[0]
+    return mod in ("pandas", "polars") and type(obj).__name__ == "DataFrame" or \
+        isinstance(obj, (pa.Table, pa.RecordBatch))
+
+
+def _arrow_table(frame) -> pa.Table:
+    if isinstance(frame, pa.Table):
+        return frame
+    if isinstance(frame, pa.RecordBatch):
+        return pa.Table.from_batches([frame])
+    if type(frame).__module__.startswith("polars"):
+        return frame.to_arrow()
+    return pa.Table.from_pandas(frame, preserve_index=False)
 
 
 def _recorded(fmt, target, index, value, shape) -> dict | None:
@@ -183,7 +220,7 @@ def _column(columns: dict, col: str, where: str) -> str:
 
 
 def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, value, shape,
-              limit):
+              limit, duplicates=None):
     duck = store.duck
     index = [index] if isinstance(index, str) else list(index)
     if not index:
@@ -225,14 +262,16 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
                                          + " LIMIT 1"))
             raise DataError(f"{where}: coordinate {_fmt(idx, bad)} is outside shape {shape}")
     tile_shape = (check_tile_shape(tile, shape, name) if tile is not None
-                  else default_tile_shape(shape, dtype))
+                  else default_tile(shape, rows, dtype))  # sized by nonzeros when sparse
     keys = [f"{c} // {max(t, 1)}" for c, t in zip(q, tile_shape)]
     # Zero rows are kept: they cannot change a tile, but a duplicate among them is still a duplicate.
     select = (f"SELECT {', '.join(k + f' AS __t{d}' for d, k in enumerate(keys))}, "
               + ", ".join(f"CAST({c} AS BIGINT)" for c in q)
               + f", CAST({qv} AS {_SQL_TYPE[dtype.name]}) FROM {src} "
               + f"ORDER BY {', '.join(f'__t{d}' for d in range(len(keys)))}")
-    tile_bytes = int(np.prod(tile_shape, dtype=np.int64)) * dtype.itemsize
+    # the sort's share: a tile's rows (at most the table's), not its dense extent
+    tile_bytes = min(int(np.prod(tile_shape, dtype=np.int64)) * dtype.itemsize,
+                     max(rows, 1) * (16 * len(idx) + 8))
     # The writer first: DuckDB runs nothing else on the connection while a result streams.
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
         # DuckDB's sort needs memory that grows with the rows, spilling or not (268M rows fail
@@ -243,15 +282,16 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
                           min(SORT_MEMORY, _SORT_ROW_BYTES * rows)))
         with duck_memory(store, sort_bytes), \
                 _stream(duck, select, 16 * len(idx) + 8, limit) as reader:
-            _fill_coo(w, reader, idx, where)
+            _fill_coo(w, reader, idx, where, check_duplicates(duplicates, name))
     return w.meta()
 
 
-def _fill_coo(w, reader, names, where) -> None:
-    """Scatter rows sorted by tile into one dense tile buffer at a time; a coordinate met twice
-    (in the same tile, since rows arrive by tile) is a DataError."""
+def _fill_coo(w, reader, names, where, duplicates) -> None:
+    """Collect the rows of one tile at a time (they arrive sorted by tile) and store the tile
+    from its entries (``coo.TileEntries``): sparse or dense as the format rule says, never the
+    dense tensor. Duplicates are summed or refused (``duplicates``)."""
     ndim = len(names)
-    current, buf, seen, filled, lo = None, None, None, 0, None
+    current = None
     for batch in reader:
         cols = [batch.column(k).to_numpy(zero_copy_only=False) for k in range(2 * ndim + 1)]
         tkeys = np.stack(cols[:ndim], axis=1)
@@ -259,39 +299,13 @@ def _fill_coo(w, reader, names, where) -> None:
         change = np.flatnonzero(np.any(tkeys[1:] != tkeys[:-1], axis=1)) + 1
         for a, b in zip(np.r_[0, change], np.r_[change, batch.num_rows]):
             key = tuple(int(k) for k in tkeys[a])
-            if key != current:
-                if buf is not None:
-                    w.write_tile(current, buf)
-                current = key
-                lo, hi = tile_box(w.grid, key)
-                buf = np.zeros(tuple(h - l for l, h in zip(lo, hi)), w.dtype)
-                seen, filled = np.zeros(buf.size, bool), 0
-            local = tuple(c[a:b] - l for c, l in zip(coords, lo))
-            lin = np.ravel_multi_index(local, buf.shape)
-            dup = _duplicate(seen, lin, filled)
-            if dup is not None:
-                at = np.unravel_index(dup, buf.shape)
-                raise DataError(f"{where}: coordinate "
-                                f"{_fmt(names, [int(x) + l for x, l in zip(at, lo)])} appears more "
-                                "than once", hint="each coordinate may appear once; aggregate "
-                                "first, e.g. query='SELECT i, j, SUM(value) AS value FROM ... "
-                                "GROUP BY i, j'")
-            filled += b - a
-            buf[local] = values[a:b]
-    if buf is not None:
-        w.write_tile(current, buf)
-
-
-def _duplicate(seen: np.ndarray, lin: np.ndarray, filled: int):
-    """A linear index that ``lin`` repeats or that ``seen`` already has; marks ``lin`` seen."""
-    hit = seen[lin]
-    if hit.any():
-        return int(lin[hit][0])
-    seen[lin] = True
-    if np.count_nonzero(seen) != filled + len(lin):
-        u, counts = np.unique(lin, return_counts=True)
-        return int(u[counts > 1][0])
-    return None
+            if current is None or key != current.key:
+                if current is not None:
+                    current.finish()
+                current = TileEntries(w, key, duplicates=duplicates, where=where, names=names)
+            current.add([c[a:b] for c in coords], values[a:b])
+    if current is not None:
+        current.finish()
 
 
 def _load_dense(store, name, src, columns, where, *, tile, replace, dims, limit):

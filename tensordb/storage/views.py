@@ -16,6 +16,7 @@ import pyarrow as pa
 from ..errors import Error
 from ._duck import note_interrupt, note_stream_error, quote_ident, translating
 from .reader import TensorReader
+from .sparse import CooTile
 
 __all__ = ["referenced_names", "arrow_schema", "coo_batches", "TensorStream", "expose_tensors",
            "standing_in"]
@@ -53,7 +54,11 @@ def coo_batches(reader: TensorReader, max_rows: int = COO_ROWS):
     ``max_rows`` elements is scanned in slabs of its leading dimension, a batch per slab."""
     meta = reader.meta
     schema = arrow_schema(meta)
-    for entry, tile in reader.tiles():
+    for coords in reader.coords():
+        entry, tile = reader.entries[coords], reader.stored_tile(coords)
+        if entry.sparse:  # its entries, never the dense tile
+            yield from _sparse_batches(entry, tile, schema, max_rows)
+            continue
         if meta.ndim == 0:
             if tile != 0:
                 yield pa.record_batch([pa.array(tile.reshape(1))], schema=schema)
@@ -68,6 +73,21 @@ def coo_batches(reader: TensorReader, max_rows: int = COO_ROWS):
             starts = (entry.starts[0] + lo,) + tuple(entry.starts[1:])
             cols = [pa.array(ix.astype(np.int64) + s) for ix, s in zip(nz, starts)]
             yield pa.record_batch(cols + [pa.array(part[nz])], schema=schema)
+
+
+def _sparse_batches(entry, tile, schema, max_rows: int):
+    """The nonzeros of a sparse tile (``-0.0`` entries are zeros, as a dense tile's)."""
+    if isinstance(tile, CooTile):
+        coords, values = tile.coords, tile.values
+    else:
+        coords = (np.repeat(np.arange(tile.shape[0]), np.diff(tile.indptr)), tile.indices)
+        values = tile.data
+    keep = np.flatnonzero(values != 0)
+    for lo in range(0, keep.size, max_rows):
+        part = keep[lo:lo + max_rows]
+        cols = [pa.array(np.asarray(c)[part].astype(np.int64) + s)
+                for c, s in zip(coords, entry.starts)]
+        yield pa.record_batch(cols + [pa.array(np.asarray(values)[part])], schema=schema)
 
 
 class TensorStream:

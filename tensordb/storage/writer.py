@@ -1,6 +1,8 @@
 """TensorWriter: tiles go into a new payload file; the catalog sees them only at commit.
 
-The payload file ``tiles/<version>-<id>.bin`` (``<id>``: the database's, identity.py) holds the stored tiles back to back, each C-ordered and
+The payload file ``tiles/<version>-<id>.bin`` (``<id>``: the database's, identity.py) holds the
+stored tiles back to back, each C-ordered (or, for a tile the format rule
+``sparsity.choose_format`` makes sparse, its entries: storage/sparse.py) and
 starting at a 64-byte aligned offset; each tile's CRC-32 goes into its catalog row (the
 integrity check compares it with the bytes read back). Until :meth:`TensorWriter.commit` it is
 referenced by no catalog row, so a crash leaves an orphan that the next open deletes. Tiles an
@@ -30,6 +32,8 @@ from .checksum import crc32 as checksum
 from .identity import payload_name
 from .meta import TensorMeta
 from .reader import TileEntry, track_mapping
+from .sparse import encode, stored_entries
+from ..sparsity import choose_format
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
@@ -202,6 +206,41 @@ class TensorWriter:
         nnz, nonfinite, crc = tile_stats(flat)  # outside the lock: the checksum drops the GIL
         if nnz == 0:
             return False
+        fmt = "dense"
+        if choose_format(shape, nnz, self.dtype) != "dense":  # stored entries: nnz and -0.0s
+            lin = stored_entries(flat)
+            fmt = choose_format(shape, lin.size, self.dtype)
+            if fmt != "dense":
+                flat = encode(shape, self.dtype, lin, flat[lin], fmt)
+                crc = checksum(flat)
+        return self._append(coords, starts, shape, flat, int(nnz), crc, bool(nonfinite), fmt)
+
+    def write_entries(self, coords: Sequence[int], lin: np.ndarray, values: np.ndarray) -> bool:
+        """Store tile ``coords`` from its entries: C-order linear indices ``lin`` in the tile
+        (sorted, distinct) and their ``values``, without making the dense tile unless the format
+        rule (``sparsity.choose_format``) says dense. False (nothing stored) when no value is
+        nonzero (a ``-0.0`` included, as ``write_tile``)."""
+        coords = tuple(int(c) for c in coords)
+        starts, stops = tile_box(self.grid, coords)
+        shape = tuple(b - a for a, b in zip(starts, stops))
+        values = np.asarray(values, self.dtype)
+        keep = stored_entries(values)
+        lin, values = np.asarray(lin, np.int64)[keep], values[keep]
+        nnz = count_nonzero(values)
+        if nnz == 0:
+            return False
+        fmt = choose_format(shape, lin.size, self.dtype)
+        if fmt == "dense":
+            buf = np.zeros(shape, self.dtype)
+            buf.reshape(-1)[lin] = values
+            return self.write_tile(coords, buf)
+        payload = encode(shape, self.dtype, lin, values, fmt)
+        return self._append(coords, starts, shape, payload, nnz, checksum(payload),
+                            has_nonfinite(values), fmt)
+
+    def _append(self, coords, starts, shape, flat: np.ndarray, nnz: int, crc: int,
+                nonfinite: bool, fmt: str) -> bool:
+        """Append one tile's payload bytes (``flat``) to the file and record its entry."""
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
@@ -221,7 +260,7 @@ class TensorWriter:
                                        f"{exc.strerror or exc}") from None
             self._pos = offset + flat.nbytes
             self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes, nnz, crc,
-                                             nonfinite)
+                                             nonfinite, fmt)
         return True
 
     def _write_slot(self, coords: tuple[int, ...], array) -> bool:

@@ -1,0 +1,105 @@
+"""Kernels on sparse tiles (scipy.sparse), and the densifying of sparse tiles for every other kernel.
+
+A Load of a box of a stored matrix whose overlapping tiles are all sparse yields a scipy CSR array
+(``storage.sparse.read_sparse_box``), which only the ``spmm`` kernel reads as it is; any other
+kernel, an Assemble or a GPU gets it densified (``dense_args``), so every other path computes as
+before. The ``spmm`` kernel (``physical.choice.KernelChoice`` method ``spmm``, chosen when the
+plan is lowered) is a SUM of the product of a sparse matrix ``S`` (labels ``i, j``, in either
+order) with an operand ``D`` that holds ``j`` and labels kept in the output: ``D`` is laid out
+``(j, rest)`` and ``S @ D`` is one scipy call (SpMM; SpMV when ``rest`` is empty; SpGEMM when
+``D`` arrives sparse too), its result dense and reordered to the output's labels. The choice is
+made only where ``D`` is known to hold no NaN or inf, where skipping absent entries is exact.
+
+>>> import numpy as np, scipy.sparse as sp
+>>> from tensordb.plan.ir import EinOp
+>>> from tensordb.physical.choice import choose_kernel
+>>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 3, "j": 4, "k": 2})
+>>> c = choose_kernel(op, sparse=(0,), finite=(True, True))
+>>> c.describe()
+'spmm x0 sparse'
+>>> S = sp.csr_array(np.eye(3, 4)); D = np.arange(8.0).reshape(4, 2)
+>>> spmm(op, c, [S, D], (3, 2)).tolist()
+[[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..storage.sparse import densify, is_sparse
+
+__all__ = ["spmm", "spreduce", "dense_args"]
+
+
+def dense_args(args: list) -> list:
+    """``args`` with any sparse tile densified (a kernel that reads only dense arrays)."""
+    if all(a is None or isinstance(a, np.ndarray) for a in args):
+        return args
+    return [densify(a) if a is not None and is_sparse(a) else a for a in args]
+
+
+def spmm(op, choice, args: list, out_shape) -> np.ndarray:
+    """One call of a ``spmm`` kernel (see the module docstring): ``args`` in operand order, an
+    absent tile None (the product is then 0)."""
+    dtype = np.dtype(op.dtype)
+    k = choice.sparse
+    s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
+    (j,) = [l for l in s_labels if l in d_labels]
+    (i,) = [l for l in s_labels if l != j]
+    S, D = args[k], args[1 - k]
+    if S is None or D is None:
+        return np.zeros(out_shape, dtype)
+    rest = [l for l in d_labels if l != j]
+    axis = d_labels.index(j)
+    if not is_sparse(S):  # the box read was (partly) dense: plain BLAS on the dense tiles
+        D = densify(D)
+        res = np.tensordot(np.asarray(S, dtype), np.asarray(D, dtype),
+                           axes=(s_labels.index(j), axis))
+        return _to_output(res, [i] + rest, op.out_labels)
+    if S.dtype != dtype:
+        S = S.astype(dtype)
+    S = S if s_labels == (i, j) else S.T
+    if is_sparse(D):  # both sparse (and both finite): SpGEMM, then dense
+        D = D.astype(dtype) if D.dtype != dtype else D
+        res = (S @ (D if d_labels == (j, rest[0]) else D.T)).toarray() if rest else \
+            np.asarray((S @ densify(D))).reshape(-1)
+        return _to_output(res, [i] + rest, op.out_labels)
+    D = np.asarray(D)
+    if D.dtype != dtype:
+        D = D.astype(dtype)
+    rest_shape = tuple(D.shape[d_labels.index(l)] for l in rest)
+    D2 = np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape))
+    res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
+    return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:
+    order = [labels.index(l) for l in out_labels]
+    if order != list(range(len(order))):
+        res = res.transpose(order)
+    return np.ascontiguousarray(res)
+
+
+def spreduce(op, choice, args: list, out_shape) -> np.ndarray:
+    """One call of a ``spreduce`` kernel: SUM, MAX or MIN of a sparse matrix tile over the
+    labels the output lacks; scipy counts the absent entries as zeros (they are)."""
+    dtype = np.dtype(op.dtype)
+    S = args[0]
+    if S is None:
+        return np.zeros(out_shape, dtype)
+    labels = op.inputs[0].labels
+    if not is_sparse(S):
+        S = np.asarray(S)
+    axis = None if not op.out_labels else 1 - labels.index(op.out_labels[0])
+    if op.agg == "sum":
+        res = S.sum(axis=axis, dtype=dtype if dtype.kind != "b" else None)
+        if dtype.kind == "b":
+            res = np.asarray(res) != 0
+    else:
+        if 0 in S.shape:  # the binder refuses MAX/MIN over an empty label; a kept one is empty
+            return np.zeros(out_shape, dtype)
+        res = S.max(axis=axis) if op.agg == "max" else S.min(axis=axis)
+        res = res.toarray() if is_sparse(res) else res
+    out = np.array(res, dtype=dtype).reshape(out_shape)  # (ascontiguousarray makes 0-d 1-d)
+    return out

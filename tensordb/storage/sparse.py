@@ -1,0 +1,263 @@
+"""Sparse tile payloads: encoded from entries (or a dense tile), decoded as views of the mapping.
+
+Layout of a sparse tile's payload (``tensordb.sparsity`` sizes it and chooses the format):
+
+    nse (int64) | values (nse x itemsize, zero-padded to 8 bytes) | indices
+
+with indices ``indptr (rows + 1), indices (nse)`` for ``csr`` (a matrix, column indices sorted
+within each row) and ``coords (ndim x nse)`` (dimension-major, entries in C order) for ``coo``; int32
+where they fit, int64 otherwise (``sparsity.index_dtype``). The stored entries are a tile's
+nonzeros and its ``-0.0``s (an absent entry reads as ``+0``, and ``1 / -0.0`` is ``-inf``); the
+catalog's ``nnz`` counts nonzeros as for dense tiles. The tile's CRC-32 is over these bytes.
+
+A decoded matrix tile is a ``scipy.sparse.csr_array`` over read-only views of the payload; any
+other rank a :class:`CooTile`. :func:`densify` turns either into the dense array.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DataError
+from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
+
+__all__ = ["CooTile", "encode", "encode_dense", "decode", "densify", "densify_part", "is_sparse",
+           "scatter_into",
+           "stored_entries",
+           "validate", "to_scipy", "read_sparse_box"]
+
+
+@dataclass(frozen=True)
+class CooTile:
+    """A sparse tile of any rank: ``coords`` (ndim x nse, C order), ``values`` (nse)."""
+
+    shape: tuple[int, ...]
+    coords: np.ndarray
+    values: np.ndarray
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.values.dtype
+
+    @property
+    def nnz(self) -> int:  # stored entries, as scipy names them
+        return int(self.values.size)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def toarray(self) -> np.ndarray:
+        out = np.zeros(self.shape, self.values.dtype)
+        if self.values.size:
+            out[tuple(self.coords)] = self.values
+        return out
+
+
+def is_sparse(tile) -> bool:
+    """Whether ``tile`` is a decoded sparse tile (not a dense array)."""
+    return isinstance(tile, CooTile) or _is_scipy(tile)
+
+
+def _is_scipy(tile) -> bool:
+    return type(tile).__module__.startswith("scipy.sparse")
+
+
+def densify(tile) -> np.ndarray:
+    """The dense array of a tile, sparse or not (a dense one comes back as it is)."""
+    if isinstance(tile, CooTile):
+        return tile.toarray()
+    if _is_scipy(tile):
+        # not scipy's toarray, which adds the entries into zeros (-0.0 + 0 is +0.0)
+        csr = tile.tocsr()
+        out = np.zeros(csr.shape, csr.dtype)
+        rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
+        out[rows, csr.indices] = csr.data
+        return out
+    return tile
+
+
+def densify_part(tile, part) -> np.ndarray:
+    """The dense box ``part`` (one slice per dimension, steps of 1) of a sparse tile: only the
+    box is made dense (a small box of a large tile costs the box and the entries in it)."""
+    lo = [p.start or 0 for p in part]
+    hi = [n if p.stop is None else p.stop for p, n in zip(part, tile.shape)]
+    if isinstance(tile, CooTile):
+        c = tile.coords
+        inside = np.ones(tile.values.size, bool)
+        for d in range(len(lo)):
+            inside &= (c[d] >= lo[d]) & (c[d] < hi[d])
+        out = np.zeros(tuple(h - l for l, h in zip(lo, hi)), tile.values.dtype)
+        out[tuple(c[d][inside] - lo[d] for d in range(len(lo)))] = tile.values[inside]
+        return out
+    rows = _row_slab(tile, lo[0], hi[0])
+    ptr = rows.indptr
+    r = np.repeat(np.arange(rows.shape[0]), np.diff(ptr))
+    cols = np.asarray(rows.indices)
+    inside = (cols >= lo[1]) & (cols < hi[1])
+    out = np.zeros((hi[0] - lo[0], hi[1] - lo[1]), rows.dtype)
+    out[r[inside], cols[inside] - lo[1]] = np.asarray(rows.data)[inside]
+    return out
+
+
+def scatter_into(out: np.ndarray, starts, tile) -> None:
+    """Write a sparse tile's entries into ``out`` (zeros there already) at offset ``starts``."""
+    if isinstance(tile, CooTile):
+        coords, values = tile.coords, tile.values
+    else:
+        coords = (np.repeat(np.arange(tile.shape[0]), np.diff(tile.indptr)), tile.indices)
+        values = tile.data
+    out[tuple(np.asarray(c, np.int64) + s for c, s in zip(coords, starts))] = values
+
+
+def stored_entries(flat: np.ndarray) -> np.ndarray:
+    """Linear indices of the entries a sparse tile stores: nonzeros (NaN included) and -0.0."""
+    mask = flat != 0
+    if flat.dtype.kind == "f":
+        mask |= np.signbit(flat)
+    return np.flatnonzero(mask)
+
+
+def encode_dense(a: np.ndarray, fmt: str) -> np.ndarray:
+    """The payload (uint8) of dense tile ``a`` in sparse format ``fmt``."""
+    flat = np.ascontiguousarray(a).reshape(-1)
+    lin = stored_entries(flat)
+    return encode(a.shape, a.dtype, lin, flat[lin], fmt)
+
+
+def encode(shape, dtype, lin: np.ndarray, values: np.ndarray, fmt: str) -> np.ndarray:
+    """The payload (uint8) of a tile of ``shape`` whose entries are at C-order linear indices
+    ``lin`` (sorted, distinct) with ``values``."""
+    shape = tuple(int(n) for n in shape)
+    dtype = np.dtype(dtype)
+    nse = int(lin.size)
+    idx = index_dtype(shape, nse)
+    out = np.zeros(sparse_nbytes(shape, nse, dtype, fmt), np.uint8)
+    out[:HEADER_BYTES].view(np.int64)[0] = nse
+    vbytes = nse * dtype.itemsize
+    out[HEADER_BYTES:HEADER_BYTES + vbytes].view(dtype)[:] = values
+    at = HEADER_BYTES + vbytes + (-vbytes % 8)
+    coords = np.unravel_index(lin, shape) if nse else tuple(np.zeros(0, np.int64) for _ in shape)
+    if fmt == "csr":
+        indptr = np.zeros(shape[0] + 1, np.int64)
+        np.cumsum(np.bincount(coords[0], minlength=shape[0]), out=indptr[1:])
+        parts = [indptr, coords[1]]
+    elif fmt == "coo":
+        parts = list(coords)
+    else:
+        raise ValueError(f"unknown sparse format {fmt!r}")
+    for p in parts:
+        n = p.size * idx.itemsize
+        out[at:at + n].view(idx)[:] = p
+        at += n
+    return out
+
+
+def decode(buf, offset: int, nbytes: int, shape, dtype, fmt: str, name: str = "?"):
+    """The sparse tile stored at ``buf[offset:offset + nbytes]`` (views of ``buf``)."""
+    shape = tuple(int(n) for n in shape)
+    dtype = np.dtype(dtype)
+    if fmt not in SPARSE_FORMATS:
+        raise DataError(f"tensor '{name}': unknown tile format {fmt!r}")
+    if nbytes < HEADER_BYTES:
+        raise DataError(f"tensor '{name}': a sparse tile at byte {offset} has {nbytes} bytes")
+    nse = int(np.frombuffer(buf, np.int64, 1, offset)[0])
+    if not 0 <= nse <= math.prod(shape) or sparse_nbytes(shape, nse, dtype, fmt) != nbytes:
+        raise DataError(f"tensor '{name}': the sparse tile at byte {offset} says it holds {nse} "
+                        f"entries, which does not fit its {nbytes} bytes and shape {shape}",
+                        hint="CHECK DATABASE lists every damaged tile")
+    idx = index_dtype(shape, nse)
+    at = offset + HEADER_BYTES
+    values = np.frombuffer(buf, dtype, nse, at)
+    at += nse * dtype.itemsize
+    at += -(nse * dtype.itemsize) % 8
+    if fmt == "csr":
+        indptr = np.frombuffer(buf, idx, shape[0] + 1, at)
+        indices = np.frombuffer(buf, idx, nse, at + indptr.nbytes)
+        return _csr(values, indices, indptr, shape)
+    coords = np.frombuffer(buf, idx, len(shape) * nse, at).reshape(len(shape), nse)
+    return CooTile(shape, coords, values)
+
+
+def _row_slab(tile, r0: int, r1: int):
+    """Rows ``r0:r1`` of a CSR tile: views of its entries, new row pointers only."""
+    if (r0, r1) == (0, tile.shape[0]):
+        return tile
+    ptr = tile.indptr
+    lo, hi = int(ptr[r0]), int(ptr[r1])
+    return _csr(tile.data[lo:hi], tile.indices[lo:hi], ptr[r0:r1 + 1] - ptr[r0],
+                (r1 - r0, tile.shape[1]))
+
+
+def _csr(values, indices, indptr, shape):
+    import scipy.sparse as sp
+    m = sp.csr_array((values, indices, indptr), shape=shape, copy=False)
+    m.has_sorted_indices = True  # the encoder writes them sorted: scipy need not check or sort
+    return m
+
+
+def validate(tile, name: str, coords) -> list[str]:
+    """Problems of a decoded sparse tile's structure (for CHECK): indices out of range or out of
+    order. An empty list when it is sound."""
+    if isinstance(tile, CooTile):
+        c = tile.coords.astype(np.int64)
+        if c.size and (c.min() < 0 or any(c[d].max() >= n for d, n in enumerate(tile.shape))):
+            return ["sparse tile: a coordinate is outside the tile"]
+        if c.shape[1] > 1:
+            lin = np.ravel_multi_index(tuple(c), tile.shape)
+            if np.any(np.diff(lin) <= 0):
+                return ["sparse tile: entries out of order or repeated"]
+        return []
+    ptr = tile.indptr.astype(np.int64)
+    ind = tile.indices.astype(np.int64)
+    if ptr[0] != 0 or ptr[-1] != ind.size or np.any(np.diff(ptr) < 0):
+        return ["sparse tile: row pointers are not a valid CSR index"]
+    if ind.size and (ind.min() < 0 or ind.max() >= tile.shape[1]):
+        return ["sparse tile: a column index is outside the tile"]
+    rows = np.repeat(np.arange(tile.shape[0]), np.diff(ptr))
+    if ind.size > 1 and np.any(np.diff(rows * tile.shape[1] + ind) <= 0):
+        return ["sparse tile: entries out of order or repeated"]
+    return []
+
+
+def to_scipy(tile):
+    """A 2-D tile (sparse or dense) as a scipy CSR array, for kernels and export."""
+    import scipy.sparse as sp
+    if _is_scipy(tile):
+        return tile
+    if isinstance(tile, CooTile):
+        return sp.csr_array(sp.coo_array((tile.values, tuple(tile.coords)), shape=tile.shape))
+    return sp.csr_array(tile)
+
+
+def read_sparse_box(reader, starts, stops):
+    """The box ``[starts, stops)`` of a stored matrix as a scipy CSR array when every stored
+    tile it overlaps is sparse (slices of them, copied: proportional to their entries); None
+    when it overlaps a dense tile or none at all (then read it as ``reader.read_box``)."""
+    from ..geometry import overlapping, tile_box
+    import scipy.sparse as sp
+    meta = reader.meta
+    if meta.ndim != 2 or not reader.has_sparse:
+        return None
+    starts, stops = tuple(int(x) for x in starts), tuple(int(x) for x in stops)
+    ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, starts, stops)]
+    present = [(r, c) for r in ranges[0] for c in ranges[1] if (r, c) in reader.entries]
+    if not present or any(not reader.entries[c].sparse for c in present):
+        return None
+    shape = (stops[0] - starts[0], stops[1] - starts[1])
+    pieces = []
+    for c in present:
+        lo, hi = tile_box(meta.grid, c)
+        tile = reader.stored_tile(c)
+        a = [max(s, l) for s, l in zip(starts, lo)]
+        b = [min(z, h) for z, h in zip(stops, hi)]
+        if len(present) == 1 and (tuple(a), tuple(b)) == (starts, stops) and \
+                (a[1], b[1]) == (lo[1], hi[1]):
+            return _row_slab(tile, a[0] - lo[0], b[0] - lo[0])  # views, no copy of entries
+        part = tile[a[0] - lo[0]:b[0] - lo[0], a[1] - lo[1]:b[1] - lo[1]].tocoo()
+        pieces.append((part.row + (a[0] - starts[0]), part.col + (a[1] - starts[1]), part.data))
+    rows, cols, data = (np.concatenate(x) for x in zip(*pieces))
+    idx = np.int32 if max(shape + (data.size,)) < 2**31 else np.int64
+    return sp.csr_array(sp.coo_array((data, (rows.astype(idx), cols.astype(idx))), shape=shape))
