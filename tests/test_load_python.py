@@ -31,7 +31,10 @@ def test_frames_load_as_rows_by_columns(con):
     # DuckDB reads the same frame to the same rows
     pdf = frames[0]
     np.testing.assert_array_equal(con.tensor("F0"), np.array(duckdb.sql("SELECT * FROM pdf").fetchall()))
-    assert con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall() == []
+    # nothing of the loads stays registered: the only views are the tensors' own (a listing
+    # query shows every tensor as a view of its name)
+    views = {v for (v,) in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    assert views <= {"F0", "F1", "F2"}
 
 
 def test_integer_columns_keep_an_integer_dtype(con):
