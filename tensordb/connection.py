@@ -363,8 +363,9 @@ class Connection(TensorIO, DuckAPI):
         """Plan ``graph`` (and with ``analyze`` run that very plan) and have explain render it."""
         from .explain import render
         decomp, plan = self.plan(graph, pieces)
-        # on a GPU: what of the inputs is on the devices already (before ANALYZE's run)
-        resident = getattr(self._get_executor(), "resident", lambda plan: None)(plan)
+        # on a GPU: what of the inputs is on the devices already (before ANALYZE's run); an
+        # executor not started yet holds nothing, and EXPLAIN starts none
+        resident = getattr(self._executor, "resident", lambda plan: None)(plan)
         result = self._run_graph(graph, replace=True, planned=(decomp, plan)) if analyze else None
         return render(decomp, plan, format=format, result=result, resident=resident)
 
