@@ -46,8 +46,11 @@ from .scope import terms as _terms
 
 __all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pieces"]
 
-# User-visible scalar functions: the alphabetic entries of the join language.
-SCALAR_FUNCTIONS = tuple(sorted(f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"))
+# User-visible scalar functions: the alphabetic entries of the join language, and IF(c, a, b),
+# another name for WHERE(c, a, b) (numpy.where; CASE WHEN c THEN a ELSE b END is the same).
+SCALAR_FUNCTIONS = tuple(sorted({f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"}
+                                | {"if"}))
+_ALIASES = {"if": "where"}
 
 
 # resolve(name, span) -> (graph name, shape, dtype); raises CatalogError with the span.
@@ -306,7 +309,7 @@ class _Lowering:
         if fn in ("max", "min") and len(args) != 2:
             raise self.err(node.span, f"{fn.upper()} takes one argument (an aggregate) or two "
                            f"(elementwise), got {len(args)}")
-        spec = scalar.FUNCTIONS.get(fn) if fn.isalpha() else None
+        spec = scalar.FUNCTIONS.get(_ALIASES.get(fn, fn)) if fn.isalpha() else None
         if spec is None:
             names = sorted(set(SCALAR_FUNCTIONS) | set(AGGREGATES) | {"einsum"})
             close = difflib.get_close_matches(fn, names, n=1, cutoff=0.6)
@@ -315,7 +318,7 @@ class _Lowering:
                            "functions: " + ", ".join(n.upper() for n in names))
         if len(args) != spec.arity:
             raise self.err(node.span, f"{fn.upper()} takes {spec.arity} argument(s), got {len(args)}")
-        return _fold(scalar.Call(fn, tuple(self.conv(a, slots) for a in args)))
+        return _fold(scalar.Call(_ALIASES.get(fn, fn), tuple(self.conv(a, slots) for a in args)))
 
     def chain(self, node: A.Chain, slots) -> scalar.Expr:
         """A long chain, left to right as numpy would evaluate it, in parts of CHAIN_LIMIT

@@ -59,7 +59,7 @@ class Call:
 
 @dataclass(frozen=True)
 class BinOp:
-    op: str  # + - * /
+    op: str  # + - * / or a comparison: == != < <= > >=
     left: "Expr"
     right: "Expr"
     span: Span

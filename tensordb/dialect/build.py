@@ -44,6 +44,10 @@ def _toks(children, kind: str) -> list[Token]:
     return [c for c in children if isinstance(c, Token) and c.type == kind]
 
 
+# The dialect's comparison operators -> the names of the join language (NumPy's, Python's).
+_COMPARISONS = {"=": "==", "<>": "!=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
 # Integer literals longer than this are refused (int64 holds 19 digits; Python refuses to convert
 # more than 4300 to text).
 MAX_INT_DIGITS = 100
@@ -123,6 +127,23 @@ class _Build(Transformer):
         return expr
 
     sum = product = chain
+
+    def compare(self, meta, c):
+        """``a = b``, ``a <> b`` ...: a BinOp named as NumPy's operator (``==``, ``!=``, ...)."""
+        op = _COMPARISONS[str(c[1])]
+        return A.BinOp(op, c[0], c[2], self.sp(meta))
+
+    def when(self, meta, c):
+        return (c[1], c[3])
+
+    def case(self, meta, c):
+        """CASE WHEN c1 THEN a1 WHEN c2 THEN a2 ... ELSE b END: nested WHERE(c, a, b) calls,
+        as numpy.where computes them (each WHEN tested in order; the first true one wins)."""
+        whens = [x for x in c if isinstance(x, tuple)]
+        expr, fn_span = c[-2], self.ts(c[0])
+        for cond, value in reversed(whens):
+            expr = A.Call("where", (cond, value, expr), self.sp(meta), fn_span)
+        return expr
 
     def neg(self, meta, c):
         if isinstance(c[1], A.Number):

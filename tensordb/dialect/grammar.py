@@ -10,7 +10,7 @@ KEYWORDS = (
     "CREATE", "OR", "REPLACE", "TENSOR", "IF", "NOT", "EXISTS", "FROM", "FORMAT", "ARRAY", "INDEX",
     "VALUE", "SHAPE", "TILE", "PIECES", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
     "DESC", "DROP", "COPY", "TO", "SET", "BEGIN", "START", "TRANSACTION", "COMMIT", "END",
-    "ROLLBACK", "ABORT", "DATABASE",
+    "ROLLBACK", "ABORT", "DATABASE", "CASE", "WHEN", "THEN", "ELSE",
 )
 
 _RULES = r"""
@@ -51,7 +51,10 @@ labels: NAME (COMMA NAME)*
 with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
            | WITH LPAR tile (COMMA tile)* RPAR
 
-?expr: sum
+// A comparison is not associative (a < b < c is refused): SQL and Python read it differently.
+?expr: comparison
+?comparison: sum
+    | sum (EQ | NE | LT | LE | GT | GE) sum -> compare
 ?sum: product ((PLUS | MINUS) product)*
 ?product: unary ((STAR | SLASH) unary)*
 ?unary: atom
@@ -63,6 +66,8 @@ with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
     | NAME -> bare_ref
     | NAME LPAR [args] RPAR -> call
     | LPAR expr RPAR -> paren
+    | CASE when+ ELSE expr END -> case
+when: WHEN expr THEN expr
 args: expr (COMMA expr)*
 
 show: SHOW TENSORS -> show_tensors
@@ -94,6 +99,11 @@ LSQB: "["
 RSQB: "]"
 COMMA: ","
 EQ: "="
+NE: "<>" | "!="
+LE: "<="
+GE: ">="
+LT: "<"
+GT: ">"
 PLUS: "+"
 MINUS: "-"
 STAR: "*"
@@ -156,6 +166,8 @@ def explain_grammar() -> str:
 READABLE = {
     "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "STRING": "a 'string'",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQ": "'='",
+    "NE": "'<>'", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='",
+    "NE": "'<>'", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "$END": "the end of the statement",
     "<END-OF-FILE>": "the end of the statement",
     **{k: k for k in KEYWORDS}, "CHECK": "CHECK",

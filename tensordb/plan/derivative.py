@@ -96,6 +96,12 @@ def derivative(expr: Expr, k: int) -> Expr | None:
     if k not in expr.inputs():
         return None
     fn, args = expr.fn, expr.args
+    if fn == "where":  # the branch chosen; the condition is a step (0 wherever it has one)
+        da, db = derivative(args[1], k), derivative(args[2], k)
+        if da is None and db is None:
+            return None
+        return Call("where", (args[0], Const(0) if da is None else da,
+                              Const(0) if db is None else db))
     da = derivative(args[0], k)
     if len(args) == 1:
         if da is None:
@@ -160,7 +166,7 @@ def _pow_exponent(expr, a, db):
 
 # The backward's masks (RELU's a > 0, MAX's x == max): steps, whose derivative is 0 wherever
 # it exists, so that a gradient of a gradient (GRAD of a loss written with one) goes through.
-_STEPS = {"_gt", "_eq"}
+_STEPS = {"_gt", "_eq", "==", "!=", "<", "<=", ">", ">="}
 
 # f'(a) for the unary functions, given a and f(a) (``out``, to reuse: sigmoid' = s (1 - s)).
 _UNARY = {
@@ -178,4 +184,4 @@ _UNARY = {
     "_sign": lambda a, out: None,
 }
 DIFFERENTIABLE = {f for f in _UNARY if not f.startswith("_")} | \
-    {"+", "-", "*", "/", "pow", "max", "min"}
+    {"+", "-", "*", "/", "pow", "max", "min", "where"} | (_STEPS - {"_gt", "_eq"})

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..errors import BinderError
 
-__all__ = ["Expr", "Input", "Const", "Call", "FUNCTIONS", "parse_join", "product", "product_of",
-           "product_factors",
+__all__ = ["Expr", "Input", "Const", "Call", "FUNCTIONS", "COMPARISONS", "parse_join", "product",
+           "product_of", "product_factors",
            "evaluate", "render", "fold", "dtype_of",
            "uniform_dtype"]
 
@@ -117,6 +117,14 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "log": FunctionSpec(1, np.log, False),
     "sigmoid": FunctionSpec(1, _sigmoid, False),
     "cos": FunctionSpec(1, np.cos, False),
+    # Comparisons give NumPy's bool; WHERE(c, a, b) is numpy.where (CASE and IF in the dialect).
+    "==": FunctionSpec(2, np.equal, False),
+    "!=": FunctionSpec(2, np.not_equal, False),
+    "<": FunctionSpec(2, np.less, False),
+    "<=": FunctionSpec(2, np.less_equal, False),
+    ">": FunctionSpec(2, np.greater, False),
+    ">=": FunctionSpec(2, np.greater_equal, False),
+    "where": FunctionSpec(3, np.where, False),
     # Internal functions of the backward pass (plan/grad.py): masks and signs of derivatives.
     # Their names are not words, so the dialect never offers them (binder.SCALAR_FUNCTIONS).
     "_eq": FunctionSpec(2, np.equal, False),
@@ -340,6 +348,7 @@ def fold(call: Call) -> Expr:
 
 
 _INFIX = {"+": 1, "-": 1, "*": 2, "/": 2}
+COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 
 # An integer ``a ** b`` between literals is computed exactly (a weak Python int); one past this
 # many bits is refused before it is computed (it could not fit any dtype, and 10 ** 10 ** 10
@@ -366,6 +375,9 @@ def render(expr: Expr, names: list[str] | None = None, _prec: int = 0) -> str:
         if isinstance(v, (int, np.integer)):
             return str(int(v))
         return str(int(v)) if float(v).is_integer() else repr(float(v))
+    if expr.fn in COMPARISONS:  # not associative: both sides of a lower level in parentheses
+        text = f"{render(expr.args[0], names, 1)} {expr.fn} {render(expr.args[1], names, 1)}"
+        return f"({text})" if _prec > 0 else text
     if expr.fn in _INFIX:
         p = _INFIX[expr.fn]
         text = (f"{render(expr.args[0], names, p)} {expr.fn} "
@@ -377,6 +389,8 @@ def render(expr: Expr, names: list[str] | None = None, _prec: int = 0) -> str:
 
 
 _AST_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "pow"}
+_AST_COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
+                ast.GtE: ">="}
 
 
 # The deepest expression a join may have: expressions are evaluated and analysed recursively (in
@@ -426,6 +440,10 @@ def parse_join(text: str) -> Expr:
                 except (ZeroDivisionError, OverflowError, TypeError):
                     pass
             return Call(_AST_OPS[type(node.op)], (left, right))
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 \
+                and type(node.ops[0]) in _AST_COMPARE:  # one comparison: a < b < c is refused
+            return Call(_AST_COMPARE[type(node.ops[0])],
+                        (conv(node.left), conv(node.comparators[0])))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = conv(node.operand)
             return Const(-inner.value) if isinstance(inner, Const) else Call("neg", (inner,))
