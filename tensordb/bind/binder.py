@@ -36,7 +36,7 @@ from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
 from ..dtypes import check_dtype
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
-from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
+from ..plan.aggregates import AGGS as AGGREGATES, ARG_AGGS, empty_aggregate  # the names
 from ..dialect import ast as A
 from .emit import BoundStep
 from .scope import free_labels as _free_labels
@@ -208,17 +208,30 @@ class _Lowering:
         if _is_aggregate(expr) and all(l in self.lhs for _, ls in slots for l in ls):
             raise self._nothing_to_aggregate(expr, set(self.lhs))
         if _is_aggregate(expr):
-            self._check_empty(expr, [l for _, ls in slots for l in ls if l not in self.lhs])
+            own = [l for _, ls in slots for l in ls if l not in self.lhs]
+            self._check_empty(expr, own)
+            self._check_index(expr, own)
         pieces = check_pieces(self.script, stmt.pieces, set(used), "the statement")
         shape = tuple(self.sizes[l][0] for l in self.lhs)
         dtype = self.dtype(join, slots, expr.span)
+        if agg in ARG_AGGS:
+            dtype = "int64"
         self.step(self.into, self.lhs, slots, join, agg, self.store, dtype)
         return Lowered(self.steps, shape, dtype, pieces)
 
+    def _check_index(self, node: A.Call, aggregated) -> None:
+        """ARGMAX and ARGMIN give an index along one label (numpy.argmax with one axis)."""
+        own = list(dict.fromkeys(aggregated))
+        if node.fn in ARG_AGGS and len(own) != 1:
+            raise self.err(node.fn_span, f"{node.fn.upper()} aggregates exactly one label into "
+                           f"an index, here {len(own)}: {', '.join(own)}",
+                           hint="keep the other labels on the left, or aggregate them first "
+                                "with an inner MAX or SUM")
+
     def _check_empty(self, node: A.Call, aggregated) -> None:
-        """MAX and MIN over a label of size 0 have no value (numpy raises too)."""
+        """MAX, MIN, ARGMAX and ARGMIN over a label of size 0 have no value (numpy raises too)."""
         empty = [l for l in dict.fromkeys(aggregated) if self.sizes[l][0] == 0]
-        if empty and node.fn in ("max", "min"):
+        if empty and node.fn in ("max", "min") + ARG_AGGS:
             err = empty_aggregate(node.fn, empty, self.into)
             raise self.err(node.fn_span, err.message, cls=type(err), hint=err.hint)
 
@@ -304,7 +317,7 @@ class _Lowering:
         fn, args = node.fn, node.args
         if _is_aggregate(node):
             return self.aggregate(node, slots)
-        if fn in ("sum", "prod"):
+        if fn in ("sum", "prod") + ARG_AGGS:
             raise self.err(node.span, f"{fn.upper()} takes one argument, got {len(args)}")
         if fn in ("max", "min") and len(args) != 2:
             raise self.err(node.span, f"{fn.upper()} takes one argument (an aggregate) or two "
@@ -360,6 +373,7 @@ class _Lowering:
         if not own:
             raise self._nothing_to_aggregate(node, outer)
         self._check_empty(node, own)
+        self._check_index(node, own)
         inner: list[tuple[str, tuple[str, ...]]] = []
         self.outer = outer | set(own)
         try:
@@ -370,6 +384,8 @@ class _Lowering:
             raise self.err(node.span, f"{node.fn.upper()} of no tensor")
         name = TensorRef.of(self.into).temporary(sum(1 for s in self.steps) + 1)
         self.dtypes[name] = self.dtype(join, inner, node.span)
+        if node.fn in ARG_AGGS:
+            self.dtypes[name] = "int64"
         self.step(name, kept, inner, join, node.fn, False, self.dtypes[name])
         return _slot(slots, name, tuple(kept))
 

@@ -25,7 +25,7 @@ import difflib
 from ..dtypes import check_dtype
 from ..errors import BinderError, CatalogError, Error, InternalError, Span
 from ..plan import scalar
-from ..plan.aggregates import AGGREGATES, AGGS, empty_aggregate
+from ..plan.aggregates import AGGREGATES, AGGS, ARG_AGGS, empty_aggregate
 from ..plan.builder import Graph, GradRequest, Step, infer_dtype, parse_spec
 from ..plan.ir import EinGraph, TensorInfo
 from .emit import BoundStep, Emitter, GradStep
@@ -188,6 +188,13 @@ class _GraphBinder:
         except Error as exc:
             raise _at(exc, where) from None
         aggregated = [l for ls in labels for l in ls if l not in out]
+        if step.agg in ARG_AGGS and aggregated:
+            if len(set(aggregated)) != 1:
+                raise BinderError(f"agg={step.agg!r} aggregates exactly one label into an index, "
+                                  f"here {len(set(aggregated))}: "
+                                  f"{', '.join(dict.fromkeys(aggregated))}",
+                                  span=spans.get("agg", spans["call"]))
+            dtype = "int64"
         empty = [l for l in dict.fromkeys(aggregated) if sizes[l] == 0]
         if empty and AGGREGATES[step.agg].identity is None:
             shown = [f"{t}[{','.join(ls)}]" for t, ls in zip(names, labels)]

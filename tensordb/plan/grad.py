@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import BinderError
 from .derivative import add, call, derivative, div, mul, power, sub
+from .aggregates import ARG_AGGS
 from .ir import EinOp, Operand
 from .names import TensorRef
 from .scalar import Call, Const, Expr, Input, dtype_of
@@ -248,6 +249,8 @@ class _Backward:
         reading one tensor with the same labels): a new operation's name, or a constant."""
         operand = op.inputs[ks[0]]
         t, lk = operand.tensor, operand.labels
+        if op.agg in ARG_AGGS and op.agg_labels:  # an index: constant where it has a derivative
+            return None
         d = None
         for k in ks:
             d = add(d, derivative(op.join, k))

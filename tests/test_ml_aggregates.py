@@ -1,0 +1,128 @@
+"""ARGMAX and ARGMIN (numpy.argmax / argmin over one label: first occurrence, the first NaN wins,
+int64), in the dialect and the Python API, against numpy, on tiled tensors with absent tiles;
+the label they aggregate is one piece whatever the hints say (EXPLAIN shows it)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.errors import BinderError, DataError
+from tensordb.plan.builder import Graph
+
+
+@pytest.fixture
+def con(tmp_path):
+    c = tensordb.connect(tmp_path / "db")
+    yield c
+    c.close()
+
+
+def _values(rng, shape, dtype):
+    x = rng.integers(-3, 4, size=shape)  # small integers: many ties
+    if dtype == "bool":
+        return x > 0
+    x = x.astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x[rng.random(shape) < 0.05] = np.nan
+        x[rng.random(shape) < 0.03] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_argmax_argmin(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    dtype = ["float64", "float32", "int32", "int64", "bool"][seed % 5]
+    shape = (int(rng.integers(1, 9)), int(rng.integers(1, 11)))
+    x = _values(rng, shape, dtype)
+    if seed % 3 == 0:
+        x[: shape[0] // 2] = 0  # whole zero tiles: absent when stored
+    tile = (int(rng.integers(1, shape[0] + 1)), int(rng.integers(1, shape[1] + 1)))
+    fn = "argmax" if seed % 2 else "argmin"
+    with tensordb.connect(tmp_path / "db", workers=1 + seed % 2) as con:
+        con.load("X", x, tile=tile)
+        hint = " WITH (PIECES j 2)" if seed % 4 == 1 and shape[1] > 1 else ""
+        con.execute(f"r[i] = {fn.upper()}(X[i,j]){hint}; c[j] = {fn.upper()}(X[i,j])")
+        for name, axis in (("r", 1), ("c", 0)):
+            got = con.tensor(name)
+            want = getattr(np, fn)(x, axis=axis)
+            assert got.dtype == np.int64
+            np.testing.assert_array_equal(got, want, err_msg=f"{fn} axis {axis}\n{x}")
+        # of an expression, nested under arithmetic
+        if dtype != "bool":
+            con.execute(f"e[i] = 2 * {fn.upper()}(X[i,j] * X[i,j] - X[i,j]) + 1")
+            with np.errstate(all="ignore"):
+                np.testing.assert_array_equal(con.tensor("e"),
+                                              2 * getattr(np, fn)(x * x - x, axis=1) + 1)
+
+
+def test_argmax_of_three_labels_and_nan_rule(con):
+    x = np.array([[[1.0, 5.0, 5.0], [np.nan, 2.0, np.nan]],
+                  [[-np.inf, -np.inf, -np.inf], [0.0, 0.0, 3.0]]])
+    con.load("X", x, tile=(1, 1, 2))
+    con.execute("a[i,k] = ARGMAX(X[i,k,j]); b[i,j] = ARGMIN(X[i,k,j]); m[k,j] = ARGMAX(X[i,k,j])")
+    np.testing.assert_array_equal(con.tensor("a"), x.argmax(axis=2))
+    np.testing.assert_array_equal(con.tensor("b"), x.argmin(axis=1))
+    np.testing.assert_array_equal(con.tensor("m"), x.argmax(axis=0))
+
+
+def test_accuracy_of_a_classifier(con):
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(12, 5))
+    y = np.eye(5)[rng.integers(0, 5, 12)]
+    con.load("Z", logits, tile=(4, 2))
+    con.load("Y", y)
+    con.execute("hit[b] = ARGMAX(Z[b,c]) = ARGMAX(Y[b,k]); acc = SUM(1.0 * hit[b]) / 12")
+    assert con.tensor("hit").dtype == np.bool_
+    np.testing.assert_allclose(con.tensor("acc"), np.mean(logits.argmax(1) == y.argmax(1)))
+
+
+def test_python_api(con):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(6, 7))
+    con.load("X", x, tile=(3, 3))
+    con.einsum("ij->i", "X", into="r", agg="argmax", pieces={"j": 3})
+    np.testing.assert_array_equal(con.tensor("r"), x.argmax(1))
+    g = Graph()
+    g.op("s", "j", [("X", "ij")], join="-x0", agg="argmin")
+    con.run(g)
+    np.testing.assert_array_equal(con.tensor("s"), (-x).argmin(0))
+    with pytest.raises(BinderError, match="exactly one label"):
+        con.einsum("ij->", "X", into="t", agg="argmax")
+
+
+def test_the_label_is_one_piece(con):
+    con.load("X", np.arange(64.0).reshape(8, 8), tile=(2, 2))
+    plan = json.loads(con.explain("r[i] = ARGMAX(X[i,j]) WITH (PIECES j 4, i 2)", format="json"))
+    node = plan["nodes"][0]
+    assert node["pieces"]["j"] == 1 and node["pieces"]["i"] == 2
+    assert "argmax over j (one piece)" in con.explain("r[i] = ARGMAX(X[i,j])")
+    con.execute("r[i] = ARGMAX(X[i,j]) WITH (PIECES j 4, i 2)")
+    np.testing.assert_array_equal(con.tensor("r"), np.full(8, 7))
+
+
+def test_errors(con):
+    con.load("X", np.ones((2, 3)))
+    con.load("E", np.ones((2, 0)))
+    with pytest.raises(BinderError, match="exactly one label.*2: i, j"):
+        con.execute("r = ARGMAX(X[i,j])")
+    with pytest.raises(BinderError, match="ARGMIN takes one argument"):
+        con.execute("r[i] = ARGMIN(X[i,j], 1)")
+    with pytest.raises(DataError, match="ARGMAX over label 'j' of size 0"):
+        con.execute("r[i] = ARGMAX(E[i,j])")
+    with pytest.raises(BinderError, match="ARGMAX aggregates no label"):
+        con.execute("r[i,j] = ARGMAX(X[i,j])")
+    assert "r" not in [t["name"] for t in con.tensors()]
+
+
+def test_argmax_has_no_gradient(con):
+    rng = np.random.default_rng(4)
+    x, z = rng.normal(size=(4, 3)), rng.normal(size=4)
+    con.load("X", x)
+    con.load("Z", z)
+    con.execute("P[i] = 1.0 * ARGMAX(X[i,j]); L = SUM(P[i] * Z[i] * Z[i]); "
+                "gX = GRAD(L, X); gZ = GRAD(L, Z)")
+    np.testing.assert_array_equal(con.tensor("gX"), np.zeros_like(x))
+    np.testing.assert_allclose(con.tensor("gZ"), 2 * x.argmax(1) * z)
