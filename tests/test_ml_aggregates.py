@@ -126,3 +126,94 @@ def test_argmax_has_no_gradient(con):
                 "gX = GRAD(L, X); gZ = GRAD(L, Z)")
     np.testing.assert_array_equal(con.tensor("gX"), np.zeros_like(x))
     np.testing.assert_allclose(con.tensor("gZ"), 2 * x.argmax(1) * z)
+
+
+# -- MEAN (AVG) and COUNT ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_mean_and_count(tmp_path, seed):
+    rng = np.random.default_rng(100 + seed)
+    dtype = ["float64", "float32", "int32", "int64", "bool", "float32"][seed % 6]
+    shape = (int(rng.integers(1, 7)), int(rng.integers(1, 8)), int(rng.integers(1, 4)))
+    x = (rng.normal(size=shape) * 4).astype(dtype)
+    if seed % 3 == 0:
+        x[: shape[0] // 2] = 0  # absent tiles
+    tile = tuple(int(rng.integers(1, n + 1)) for n in shape)
+    mean = "MEAN" if seed % 2 else "AVG"
+    rtol = 1e-5 if dtype == "float32" else 1e-12
+    with tensordb.connect(tmp_path / "db", workers=1 + seed % 2) as con:
+        con.load("X", x, tile=tile)
+        con.execute(f"m1[i,k] = {mean}(X[i,j,k]); m2[j] = {mean}(X[i,j,k]); m0 = {mean}(X[i,j,k]); "
+                    f"c1[i] = COUNT(X[i,j,k]); c0 = COUNT(X[i,j,k]); "
+                    f"d[i,j,k] = X[i,j,k] - {mean}(X[i,m,k]); "
+                    f"r[i] = SUM(X[i,j,k] * 1.0) / COUNT(X[i,j,k])")
+        for name, want in [("m1", x.mean(axis=1)), ("m2", x.mean(axis=(0, 2))), ("m0", x.mean()),
+                           ("d", x - x.mean(axis=1, keepdims=True)),
+                           ("r", (x * 1.0).sum(axis=(1, 2)) / (shape[1] * shape[2]))]:
+            got = con.tensor(name)
+            assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * 10, err_msg=name)
+        np.testing.assert_array_equal(con.tensor("c1"), np.full(shape[0], shape[1] * shape[2]))
+        assert con.tensor("c1").dtype == np.int64
+        assert con.tensor("c0") == x.size and con.tensor("c0").dtype == np.int64
+
+
+def test_mean_over_nothing_is_nan(con):
+    con.load("E", np.ones((3, 0)))
+    con.execute("m[i] = MEAN(E[i,j]); c[i] = COUNT(E[i,j])")
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        want = np.ones((3, 0)).mean(axis=1)
+    np.testing.assert_array_equal(con.tensor("m"), want)
+    np.testing.assert_array_equal(con.tensor("c"), [0, 0, 0])
+
+
+def test_mean_errors(con):
+    con.load("X", np.ones((2, 3)))
+    with pytest.raises(BinderError, match="MEAN takes one argument"):
+        con.execute("m[i] = MEAN()")
+    with pytest.raises(BinderError, match="MEAN aggregates no label"):
+        con.execute("m[i,j] = MEAN(X[i,j])")
+    with pytest.raises(BinderError, match="COUNT takes one argument"):
+        con.execute("m[i] = COUNT(X[i,j], X[i,j])")
+
+
+def test_mean_gradient_layer_norm_and_cross_entropy(con):
+    autograd = pytest.importorskip("autograd")
+    anp = pytest.importorskip("autograd.numpy")
+    rng = np.random.default_rng(9)
+    x, w = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
+    z, y = rng.normal(size=(6, 3)), np.eye(3)[rng.integers(0, 3, 6)]
+    for n, a in {"X": x, "W": w, "Z": z, "Y": y}.items():
+        con.load(n, a)
+    con.execute("""
+        LN[i,j] = (X[i,j] - MEAN(X[i,k])) / SQRT(MEAN(SQUARE(X[i,k] - MEAN(X[i,m]))) + 1e-5);
+        L1 = MEAN(LN[i,j] * W[i,j]);
+        lse[b] = LOG(SUM(EXP(Z[b,c])));
+        L2 = MEAN(lse[b] - SUM(Y[b,c] * Z[b,c]));
+        gX = GRAD(L1, X); gZ = GRAD(L2, Z)""")
+
+    def l1(x):
+        mu = anp.mean(x, axis=1, keepdims=True)
+        var = anp.mean((x - anp.mean(x, axis=1, keepdims=True)) ** 2, axis=1, keepdims=True)
+        return anp.mean((x - mu) / anp.sqrt(var + 1e-5) * w)
+
+    def l2(z):
+        return anp.mean(anp.log(anp.sum(anp.exp(z), axis=1)) - anp.sum(y * z, axis=1))
+
+    np.testing.assert_allclose(con.tensor("L1"), l1(x), rtol=1e-12)
+    np.testing.assert_allclose(con.tensor("L2"), l2(z), rtol=1e-12)
+    np.testing.assert_allclose(con.tensor("gX"), autograd.grad(l1)(x), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(con.tensor("gZ"), autograd.grad(l2)(z), rtol=1e-9, atol=1e-12)
+
+
+def test_mean_from_python(con):
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 9, size=(4, 6)).astype(np.int32)
+    con.load("X", x, tile=(2, 4))
+    con.einsum("ij->j", "X", into="m", agg="mean", pieces={"i": 2})
+    assert con.tensor("m").dtype == np.float64
+    np.testing.assert_allclose(con.tensor("m"), x.mean(axis=0))
+    g = Graph()
+    g.op("s", "", [("X", "ij")], join="x0 * 0.5", agg="mean")
+    con.run(g)
+    np.testing.assert_allclose(con.tensor("s"), (x * 0.5).mean())

@@ -28,18 +28,22 @@ Label rules (the Einstein convention, with explicit aggregates):
 from __future__ import annotations
 
 import difflib
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
+
+import numpy as np
 
 from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
 from ..dtypes import check_dtype
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
-from ..plan.aggregates import AGGS as AGGREGATES, ARG_AGGS, empty_aggregate  # the names
+from ..plan.aggregates import ARG_AGGS, empty_aggregate
 from ..dialect import ast as A
 from .emit import BoundStep
 from .scope import free_labels as _free_labels
+from .scope import AGGREGATES, DERIVED
 from .scope import is_aggregate as _is_aggregate
 from .scope import labels_in as _labels_in
 from .scope import terms as _terms
@@ -157,6 +161,7 @@ class _Lowering:
         self.sizes: dict[str, tuple[int, str, Span]] = {}  # label -> (size, where, span)
         self.refs: dict[int, tuple[str, tuple[int, ...], str]] = {}  # id(Ref) -> resolved
         self.dtypes: dict[str, str] = {}
+        self.count_steps = False  # COUNT as a step of its own (a statement of counts alone)
 
     def err(self, span, message, **kw):
         return _err(self.script, span, message, **kw)
@@ -185,7 +190,7 @@ class _Lowering:
             seen.add(lab.name)
         self._resolve_refs(stmt.expr)
         for node in A.walk(stmt.expr):  # an aggregate with no argument leaves labels unused:
-            if isinstance(node, A.Call) and node.fn in ("sum", "prod") and not node.args:
+            if isinstance(node, A.Call) and node.fn in ("sum", "prod") + DERIVED and not node.args:
                 self.call(node, [])  # say what is wrong with it, not with the labels
         used = Counter(l.name for r in A.refs(stmt.expr) for l in (r.labels or ()))
         for lab in lhs:
@@ -193,7 +198,8 @@ class _Lowering:
                 raise self.err(lab.span, f"label '{lab.name}' on the left appears nowhere on the right")
         self.lhs = [l.name for l in lhs]
         expr = stmt.expr
-        if _is_aggregate(expr):
+        top = _is_aggregate(expr) and expr.fn not in DERIVED  # MEAN is a SUM's step, then a /
+        if top:
             agg, body = expr.fn, expr.args[0]
         else:
             agg, body = "sum", expr
@@ -203,11 +209,14 @@ class _Lowering:
         self.outer = set(self.lhs) | set(_free_labels(body))
         slots: list[tuple[str, tuple[str, ...]]] = []
         join = self.conv(body, slots)
+        if not slots and any(isinstance(n, A.Call) and n.fn == "count" for n in A.walk(expr)):
+            self.steps, self.count_steps = [], True  # counts alone: computed over the labels kept
+            join = self.conv(body, slots)
         if not slots:
             raise self.err(expr.span, "the right side uses no tensor")
-        if _is_aggregate(expr) and all(l in self.lhs for _, ls in slots for l in ls):
+        if top and all(l in self.lhs for _, ls in slots for l in ls):
             raise self._nothing_to_aggregate(expr, set(self.lhs))
-        if _is_aggregate(expr):
+        if top:
             own = [l for _, ls in slots for l in ls if l not in self.lhs]
             self._check_empty(expr, own)
             self._check_index(expr, own)
@@ -317,7 +326,7 @@ class _Lowering:
         fn, args = node.fn, node.args
         if _is_aggregate(node):
             return self.aggregate(node, slots)
-        if fn in ("sum", "prod") + ARG_AGGS:
+        if fn in ("sum", "prod") + ARG_AGGS + DERIVED:
             raise self.err(node.span, f"{fn.upper()} takes one argument, got {len(args)}")
         if fn in ("max", "min") and len(args) != 2:
             raise self.err(node.span, f"{fn.upper()} takes one argument (an aggregate) or two "
@@ -372,6 +381,8 @@ class _Lowering:
         own = [l for l in dict.fromkeys(_free_labels(node.args[0])) if l not in outer]
         if not own:
             raise self._nothing_to_aggregate(node, outer)
+        if node.fn in DERIVED:
+            return self._derived(node, slots, kept, own)
         self._check_empty(node, own)
         self._check_index(node, own)
         inner: list[tuple[str, tuple[str, ...]]] = []
@@ -388,6 +399,33 @@ class _Lowering:
             self.dtypes[name] = "int64"
         self.step(name, kept, inner, join, node.fn, False, self.dtypes[name])
         return _slot(slots, name, tuple(kept))
+
+    def _derived(self, node: A.Call, slots, kept, own) -> scalar.Expr:
+        """MEAN (AVG) and COUNT over the labels ``own``. COUNT is the number of elements they
+        span, a Python int as numpy's ``x.size`` (a weak literal: ``SUM(x) / COUNT(x)`` keeps
+        float32); only a statement of counts alone computes it as an int64 step. MEAN is
+        numpy.mean: the SUM computed in the argument's float dtype (ints and bools in float64,
+        as ``x * 1.0``), divided by the count; its gradient is the SUM's over the count."""
+        n = math.prod(self.sizes[l][0] for l in own)
+        span = node.span
+        if node.fn == "count" and not self.count_steps:
+            return scalar.Const(n)
+        if node.fn == "count":
+            inner: list[tuple[str, tuple[str, ...]]] = []
+            outer, self.outer = self.outer, self.outer | set(own)
+            try:
+                value = self.conv(node.args[0], inner)
+            finally:
+                self.outer = outer
+            one = scalar.Const(np.int64(1))  # where(v == v, 1, 1): 1 at every element, NaN too
+            join = scalar.Call("where", (scalar.Call("==", (value, value)), one, one))
+            name = TensorRef.of(self.into).temporary(len(self.steps) + 1)
+            self.dtypes[name] = "int64"
+            self.step(name, kept, inner, join, "sum", False, "int64")
+            return _slot(slots, name, tuple(kept))
+        total = A.Call("sum", (A.BinOp("*", node.args[0], A.Number(1.0, span), span),), span,
+                       node.fn_span)
+        return _fold(scalar.Call("/", (self.aggregate(total, slots), scalar.Const(n))))
 
 
 def _slot(slots: list, tensor: str, labels: tuple[str, ...]) -> scalar.Input:

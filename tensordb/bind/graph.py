@@ -21,6 +21,7 @@ HINT: known tensors: A
 from __future__ import annotations
 
 import difflib
+import math
 
 from ..dtypes import check_dtype
 from ..errors import BinderError, CatalogError, Error, InternalError, Span
@@ -28,6 +29,7 @@ from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, AGGS, ARG_AGGS, empty_aggregate
 from ..plan.builder import Graph, GradRequest, Step, infer_dtype, parse_spec
 from ..plan.ir import EinGraph, TensorInfo
+from ..plan.names import TensorRef
 from .emit import BoundStep, Emitter, GradStep
 
 __all__ = ["bind_graph", "source_of"]
@@ -156,9 +158,9 @@ class _GraphBinder:
         if isinstance(step, GradRequest):
             self._grad(step, spans)
             return
-        if step.agg not in AGGS:
+        if step.agg not in AGGS + ("mean",):
             raise BinderError(f"unknown aggregate '{step.agg}'", span=spans.get("agg"),
-                              hint=f"valid aggregates: {', '.join(AGGS)}")
+                              hint=f"valid aggregates: {', '.join(AGGS + ('mean',))}")
         if step.into in self.known and step.into not in emitter.inputs or \
                 step.into in emitter.alias:
             raise BinderError(f"'{step.into}' is defined twice in one graph",
@@ -183,6 +185,9 @@ class _GraphBinder:
                 raise _at(exc, spans["spec"]) from None
         else:
             labels, out, sizes = _explicit_labels(step, names, shapes, spans)
+        agg = step.agg
+        if agg == "mean":  # numpy.mean: the SUM in the float dtype (x * 1.0), then / the count
+            join, agg = scalar.Call("*", (join, scalar.Const(1.0))), "sum"
         try:
             dtype = infer_dtype(join, dtypes, names)
         except Error as exc:
@@ -196,13 +201,21 @@ class _GraphBinder:
                                   span=spans.get("agg", spans["call"]))
             dtype = "int64"
         empty = [l for l in dict.fromkeys(aggregated) if sizes[l] == 0]
-        if empty and AGGREGATES[step.agg].identity is None:
+        if empty and AGGREGATES[agg].identity is None:
             shown = [f"{t}[{','.join(ls)}]" for t, ls in zip(names, labels)]
             what = f"{step.into}[{','.join(out)}] = {step.agg.upper()}({scalar.render(join, shown)})"
             raise _at(empty_aggregate(step.agg, empty, what), spans.get("agg", spans["call"]))
         n = len(emitter.ops)
-        emitter.add(BoundStep(step.into, tuple(out), tuple(zip(names, map(tuple, labels))), join,
-                              step.agg, step.store, tuple(sizes.items()), dtype))
+        inputs = tuple(zip(names, map(tuple, labels)))
+        if step.agg == "mean" and aggregated:
+            count = math.prod(sizes[l] for l in dict.fromkeys(aggregated))
+            total = TensorRef.of(step.into).temporary(1)
+            emitter.add(BoundStep(total, tuple(out), inputs, join, "sum", False,
+                                  tuple(sizes.items()), dtype))
+            join = scalar.Call("/", (scalar.Input(0), scalar.Const(count)))
+            inputs = ((total, tuple(out)),)
+        emitter.add(BoundStep(step.into, tuple(out), inputs, join, agg, step.store,
+                              tuple(sizes.items()), dtype))
         for op in emitter.ops[n:]:
             self.known[op.output] = (op.out_shape, op.dtype)
 
