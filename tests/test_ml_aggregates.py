@@ -217,3 +217,69 @@ def test_mean_from_python(con):
     g.op("s", "", [("X", "ij")], join="x0 * 0.5", agg="mean")
     con.run(g)
     np.testing.assert_allclose(con.tensor("s"), (x * 0.5).mean())
+
+
+# -- LOGSUMEXP and SOFTMAX -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_logsumexp_softmax(tmp_path, seed):
+    from scipy.special import logsumexp, softmax
+    rng = np.random.default_rng(200 + seed)
+    dtype = ["float64", "float32", "int32", "int64"][seed % 4]
+    shape = (int(rng.integers(1, 7)), int(rng.integers(1, 9)))
+    x = (rng.normal(size=shape) * [1, 50, 800][seed % 3]).astype(dtype)  # exp overflows
+    if dtype.startswith("float") and shape[0] > 1:
+        x[0] = -np.inf  # a row of -inf: LOGSUMEXP -inf, SOFTMAX NaN, as scipy's
+        x[-1, 0] = np.inf
+    tile = (int(rng.integers(1, shape[0] + 1)), int(rng.integers(1, shape[1] + 1)))
+    with tensordb.connect(tmp_path / "db", workers=1 + seed % 2) as con:
+        con.load("X", x, tile=tile)
+        con.execute("l[i] = LOGSUMEXP(X[i,j]); l0 = LOGSUMEXP(X[i,j]); "
+                    "s[i,j] = SOFTMAX(X[i,j], j); t[i,j] = SOFTMAX(2 * X[i,j], i)")
+        with np.errstate(all="ignore"):
+            wants = [("l", logsumexp(x, axis=1)), ("l0", logsumexp(x)),
+                     ("s", softmax(x, axis=1)), ("t", softmax(2 * x, axis=0))]
+        for name, want in wants:
+            got = con.tensor(name)
+            assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+            np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12,
+                                       atol=1e-30, equal_nan=True, err_msg=name)
+
+
+def test_logsumexp_softmax_gradients(con):
+    autograd = pytest.importorskip("autograd")
+    anp = pytest.importorskip("autograd.numpy")
+    from autograd.scipy.special import logsumexp as alse
+    rng = np.random.default_rng(12)
+    z, w = rng.normal(size=(6, 4)) * 30, rng.normal(size=(6, 4))
+    y = np.eye(4)[rng.integers(0, 4, 6)]
+    for n, a in {"Z": z, "W": w, "Y": y}.items():
+        con.load(n, a)
+    con.execute("""
+        lse[b] = LOGSUMEXP(Z[b,c]);
+        CE = MEAN(lse[b] - SUM(Y[b,c] * Z[b,c]));
+        P[b,c] = SOFTMAX(Z[b,c], c);
+        Q = SUM(SQUARE(P[b,c] - Y[b,c]) * W[b,c]);
+        gCE = GRAD(CE, Z); gQ = GRAD(Q, Z)""")
+
+    def ce(z):
+        return anp.mean(alse(z, axis=1) - anp.sum(y * z, axis=1))
+
+    def q(z):
+        p = anp.exp(z - alse(z, axis=1, keepdims=True))
+        return anp.sum((p - y) ** 2 * w)
+
+    np.testing.assert_allclose(con.tensor("CE"), ce(z), rtol=1e-12)
+    np.testing.assert_allclose(con.tensor("Q"), q(z), rtol=1e-12)
+    np.testing.assert_allclose(con.tensor("gCE"), autograd.grad(ce)(z), rtol=1e-9, atol=1e-14)
+    np.testing.assert_allclose(con.tensor("gQ"), autograd.grad(q)(z), rtol=1e-9, atol=1e-14)
+
+
+def test_softmax_errors(con):
+    con.load("X", np.ones((2, 3)))
+    with pytest.raises(BinderError, match="label to normalize over"):
+        con.execute("s[i,j] = SOFTMAX(X[i,j])")
+    with pytest.raises(BinderError, match="label 'k', which its argument does not use"):
+        con.execute("s[i,j] = SOFTMAX(X[i,j], k)")
+    with pytest.raises(BinderError, match="LOGSUMEXP aggregates no label"):
+        con.execute("s[i,j] = LOGSUMEXP(X[i,j])")

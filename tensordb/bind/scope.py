@@ -16,8 +16,9 @@ from ..plan.aggregates import AGGS
 __all__ = ["AGGREGATES", "DERIVED", "is_aggregate", "terms", "free_labels", "labels_in"]
 
 # The dialect's aggregates: the one table's (plan/aggregates.py), and those the binder computes
-# from a SUM (MEAN and its other name AVG: the SUM over the count; COUNT: the count).
-DERIVED = ("mean", "avg", "count")
+# from others (MEAN and its other name AVG: the SUM over the count; COUNT: the count;
+# LOGSUMEXP: the MAX, and the SUM of EXP shifted by it).
+DERIVED = ("mean", "avg", "count", "logsumexp")
 AGGREGATES = AGGS + DERIVED
 
 

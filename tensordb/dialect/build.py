@@ -111,7 +111,11 @@ class _Build(Transformer):
         return tuple(x for x in c if not isinstance(x, Token))
 
     def call(self, meta, c):
-        return A.Call(str(c[0]).lower(), c[2] or (), self.sp(meta), self.ts(c[0]))
+        fn, args = str(c[0]).lower(), c[2] or ()
+        if fn == "softmax" and len(args) == 2 and isinstance(args[1], A.Ref) \
+                and args[1].labels is None:  # SOFTMAX(x, j): j is a label, not a tensor
+            args = (args[0], A.Label(args[1].name, args[1].span))
+        return A.Call(fn, args, self.sp(meta), self.ts(c[0]))
 
     def paren(self, meta, c):
         return c[1]

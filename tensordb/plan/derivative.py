@@ -182,6 +182,7 @@ _UNARY = {
     "exp": lambda a, out: out,
     "log": lambda a, out: div(Const(1), a),
     "_sign": lambda a, out: None,
+    "_stop": lambda a, out: None,
 }
 DIFFERENTIABLE = {f for f in _UNARY if not f.startswith("_")} | \
     {"+", "-", "*", "/", "pow", "max", "min", "where"} | (_STEPS - {"_gt", "_eq"})

@@ -91,6 +91,12 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def _stop(x):
+    """The value itself; its derivative is taken as 0 (a shift that cancels, such as the
+    maximum LOGSUMEXP subtracts and adds back: plan/derivative.py)."""
+    return x
+
+
 @dataclass(frozen=True)
 class FunctionSpec:
     arity: int
@@ -130,6 +136,7 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "_eq": FunctionSpec(2, np.equal, False),
     "_gt": FunctionSpec(2, np.greater, False),
     "_sign": FunctionSpec(1, np.sign, True),
+    "_stop": FunctionSpec(1, _stop, True),
 }
 
 

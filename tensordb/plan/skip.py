@@ -16,7 +16,7 @@ from .scalar import COMPARISONS, FUNCTIONS, Const, Expr, Input
 
 __all__ = ["zero_when_absent", "nonzero_sql"]
 
-_KEEPS_FINITE = {"neg", "abs", "relu", "tanh", "sin", "cos", "sigmoid", "max", "min"}
+_KEEPS_FINITE = {"neg", "abs", "relu", "tanh", "sin", "cos", "sigmoid", "max", "min", "_stop"}
 _KEEPS_NONZERO = {"neg", "abs"}
 _FALSE_ON_EQUAL = {"!=", "<", ">"}  # comparisons that are false (0) where both sides are 0
 
