@@ -357,7 +357,7 @@ class Connection(TensorIO):
             if debug_level() >= 1:
                 print(f"[tensordb] plan cache hit ({self._plan_cache.hits} hits)", file=sys.stderr)
             decomp, plan = cached
-            return decomp, physical.rebind(plan, readers)
+            return decomp, physical.rebind(plan, readers, graph.ops)
         decomp = self._optimize(graph, pieces)
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store)

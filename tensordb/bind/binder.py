@@ -305,6 +305,8 @@ class _Lowering:
     def conv(self, node, slots) -> scalar.Expr:
         if isinstance(node, A.Number):
             return scalar.Const(node.value)
+        if isinstance(node, A.Param):
+            return self.param(node)
         if isinstance(node, A.String):
             raise self.err(node.span, f"type error: the string '{node.value}' cannot be used in "
                            "arithmetic", hint="tensor expressions compute with numbers")
@@ -322,6 +324,15 @@ class _Lowering:
         if isinstance(node, A.Call):
             return self.call(node, slots)
         raise TypeError(f"unexpected node {node!r}")  # pragma: no cover
+
+    def param(self, node: A.Param) -> scalar.Param:
+        """A parameter, with the value given for it (session/script.py matched them)."""
+        for start, name, value in self.stmt.params or ():
+            if start == node.span.start:
+                return scalar.Param(name, type(value).__name__, value)
+        raise self.err(node.span, f"parameter {node.text} has no value",
+                       hint="pass the values with the statement: con.execute(sql, [0.1]) for ? "
+                            "and $1, con.execute(sql, {'lr': 0.1}) for $lr")
 
     def call(self, node: A.Call, slots) -> scalar.Expr:
         fn, args = node.fn, node.args

@@ -95,6 +95,9 @@ class _Build(Transformer):
         value = int(text) if text.isdigit() else float(text)
         return A.Number(value, self.sp(meta))
 
+    def param(self, meta, c):
+        return A.Param(str(c[0]), self.sp(meta))
+
     def string(self, meta, c):
         return A.String(_unquote(c[0]), self.sp(meta))
 

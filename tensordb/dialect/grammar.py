@@ -65,6 +65,7 @@ with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
     | NAME LSQB [labels] RSQB -> ref
     | NAME -> bare_ref
     | NAME LPAR [args] RPAR -> call
+    | PARAM -> param
     | LPAR expr RPAR -> paren
     | CASE when+ ELSE expr END -> case
 when: WHEN expr THEN expr
@@ -92,6 +93,7 @@ rollback: ROLLBACK [TRANSACTION] | ABORT [TRANSACTION]
 NAME: /[^\W\d]\w*/
 INT: /\d+/
 NUMBER: /(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?/
+PARAM: /\?|\$\d+|\$[^\W\d]\w*/
 STRING: /'(?:[^']|'')*'/
 LPAR: "("
 RPAR: ")"
@@ -164,7 +166,8 @@ def explain_grammar() -> str:
 
 # Readable names for lark's terminals in "expected ..." messages.
 READABLE = {
-    "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "STRING": "a 'string'",
+    "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "PARAM": "a parameter",
+    "STRING": "a 'string'",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQ": "'='",
     "NE": "'<>'", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='",
     "NE": "'<>'", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from ..errors import NotSupportedError
-from .scalar import Call, Const, Expr, Input
+from .scalar import Call, Const, Expr, Input, Param
 
 __all__ = ["derivative", "DIFFERENTIABLE", "add", "sub", "neg", "mul", "div", "power", "call"]
 
@@ -91,7 +91,7 @@ def derivative(expr: Expr, k: int) -> Expr | None:
     two equal values pass half of the gradient to each (as autograd and JAX do)."""
     if isinstance(expr, Input):
         return Const(1) if expr.index == k else None
-    if isinstance(expr, Const):
+    if isinstance(expr, (Const, Param)):
         return None
     if k not in expr.inputs():
         return None

@@ -48,7 +48,7 @@ from .derivative import add, call, derivative, div, mul, power, sub
 from .aggregates import ARG_AGGS
 from .ir import EinOp, Operand
 from .names import TensorRef
-from .scalar import Call, Const, Expr, Input, dtype_of
+from .scalar import Call, Const, Expr, Input, Param, dtype_of
 
 __all__ = ["derivative", "backward"]
 
@@ -59,7 +59,7 @@ def _subst(expr: Expr, slot_of) -> Expr:
     """``expr`` with input i replaced by ``slot_of(i)``."""
     if isinstance(expr, Input):
         return slot_of(expr.index)
-    if isinstance(expr, Const):
+    if isinstance(expr, (Const, Param)):
         return expr
     return Call(expr.fn, tuple(_subst(a, slot_of) for a in expr.args))
 

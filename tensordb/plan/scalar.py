@@ -15,14 +15,14 @@ import ast
 import math
 import operator
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Union
 
 import numpy as np
 
 from ..errors import BinderError
 
-__all__ = ["Expr", "Input", "Const", "Call", "FUNCTIONS", "COMPARISONS", "parse_join", "product",
+__all__ = ["Expr", "Input", "Const", "Param", "Call", "FUNCTIONS", "COMPARISONS", "parse_join", "product",
            "product_of", "product_factors",
            "evaluate", "render", "fold", "dtype_of",
            "uniform_dtype"]
@@ -59,6 +59,21 @@ class Const:
 
 
 @dataclass(frozen=True)
+class Param:
+    """A parameter of a statement (``$lr``, ``?``): a Python scalar like a literal, whose value
+    is given each time the statement runs. Two parameters of one name and kind are equal
+    whatever their values, so a plan (cached by its graph) is reused for new values: nothing
+    is planned from the value (no folding, no BLAS scale, no skipped call)."""
+
+    name: str
+    kind: str  # 'int' or 'float': the value's Python type, which the dtype depends on
+    value: int | float = field(default=0, compare=False, repr=False)
+
+    def inputs(self) -> set[int]:
+        return set()
+
+
+@dataclass(frozen=True)
 class Call:
     """A function of sub-expressions: an operator (``+ - * / max min pow``) or a unary function."""
 
@@ -78,7 +93,7 @@ class Call:
         return inputs_of(self)
 
 
-Expr = Union[Input, Const, Call]
+Expr = Union[Input, Const, Param, Call]
 
 
 def _relu(x):
@@ -296,7 +311,7 @@ def evaluate(expr: Expr, values: list, xp=np, out=None):
     (the result is then ``out``); otherwise it is ignored."""
     if isinstance(expr, Input):
         return values[expr.index]
-    if isinstance(expr, Const):
+    if isinstance(expr, (Const, Param)):
         return expr.value
     spec = FUNCTIONS[expr.fn]
     args = [evaluate(a, values, xp) for a in expr.args]
@@ -377,6 +392,8 @@ def render(expr: Expr, names: list[str] | None = None, _prec: int = 0) -> str:
     """Render as text, with input slot i shown as names[i] (default x{i})."""
     if isinstance(expr, Input):
         return names[expr.index] if names else f"x{expr.index}"
+    if isinstance(expr, Param):
+        return f"${expr.name}"
     if isinstance(expr, Const):
         v = expr.value
         if isinstance(v, (int, np.integer)):

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from .scalar import COMPARISONS, FUNCTIONS, Const, Expr, Input
+from .scalar import COMPARISONS, FUNCTIONS, Const, Expr, Input, Param
 
 __all__ = ["zero_when_absent", "nonzero_sql"]
 
@@ -61,6 +61,8 @@ def _finite(expr: Expr, L: _Logic, facts):
     """Certainly free of NaN and inf."""
     if isinstance(expr, Input):
         return facts[1](expr.index)
+    if isinstance(expr, Param):  # a value not known when planning
+        return L.false
     if isinstance(expr, Const):
         return L.const(_finite_in_float32(expr.value))
     a = expr.args
@@ -85,6 +87,8 @@ def _nonzero(expr: Expr, L: _Logic, facts):
     """Certainly free of 0 and NaN (a divisor that keeps ``0 / x`` at 0)."""
     if isinstance(expr, Input):
         return facts[2](expr.index)
+    if isinstance(expr, Param):
+        return L.false
     if isinstance(expr, Const):
         v = expr.value
         return L.const(v != 0 and not np.isnan(v) and abs(v) >= float(_F32.tiny))  # not cast to f32
@@ -97,6 +101,8 @@ def _zero(expr: Expr, L: _Logic, facts):
     """Certainly 0 everywhere."""
     if isinstance(expr, Input):
         return facts[0](expr.index)
+    if isinstance(expr, Param):
+        return L.false
     if isinstance(expr, Const):
         return L.const(expr.value == 0)
     a = expr.args
