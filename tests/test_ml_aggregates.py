@@ -283,3 +283,51 @@ def test_softmax_errors(con):
         con.execute("s[i,j] = SOFTMAX(X[i,j], k)")
     with pytest.raises(BinderError, match="LOGSUMEXP aggregates no label"):
         con.execute("s[i,j] = LOGSUMEXP(X[i,j])")
+
+
+# -- an aggregate with nothing of its own takes labels from the ones inside it ------------------
+
+def test_cross_entropy_as_on_paper(con):
+    autograd = pytest.importorskip("autograd")
+    anp = pytest.importorskip("autograd.numpy")
+    rng = np.random.default_rng(21)
+    z, y = rng.normal(size=(9, 4)), np.eye(4)[rng.integers(0, 4, 9)]
+    x, v = rng.normal(size=(5, 3)), rng.normal(size=6)
+    for n, a in {"Z": z, "Y": y, "X": x, "V": v}.items():
+        con.load(n, a, tile=(4, 2) if n == "Z" else None)
+    con.execute("""
+        L = SUM(LOG(SUM(EXP(Z[b,c]))) - SUM(Y[b,c] * Z[b,c])) / 9;
+        L2 = MEAN(LOGSUMEXP(Z[b,c]) - SUM(Y[b,c] * Z[b,c]));
+        acc = MEAN(ARGMAX(Z[b,c]) = ARGMAX(Y[b,k]));
+        gZ = GRAD(L, Z)""")
+
+    def ce(z):
+        return anp.sum(anp.log(anp.sum(anp.exp(z), axis=1)) - anp.sum(y * z, axis=1)) / 9
+
+    np.testing.assert_allclose(con.tensor("L"), ce(z), rtol=1e-12)
+    np.testing.assert_allclose(con.tensor("L2"), ce(z), rtol=1e-12)
+    np.testing.assert_allclose(con.tensor("acc"), np.mean(z.argmax(1) == y.argmax(1)))
+    with pytest.raises(BinderError, match="SUM aggregates no label"):
+        con.execute("P = SUM(SUM(X[b,c]) * SUM(V[d]))")  # no label is used by both
+    np.testing.assert_allclose(con.tensor("gZ"), autograd.grad(ce)(z), rtol=1e-10, atol=1e-14)
+
+
+def test_claimed_labels_keep_the_inner_aggregates_own(con):
+    rng = np.random.default_rng(22)
+    x = rng.normal(size=(3, 4, 2))
+    con.load("X", x)
+    # the outer MAX takes b and d, which both SUMs use; each keeps a label of its own
+    con.execute("M = MAX(SUM(X[b,c,d]) - SUM(X[b,e,d] * X[b,e,d]))")
+    want = np.max(x.sum(axis=1) - (x * x).sum(axis=1))
+    np.testing.assert_allclose(con.tensor("M"), want, rtol=1e-12)
+    # taking c as well would leave the first SUM nothing: the outer MAX takes b, c is summed
+    con.execute("N[d] = MAX(SUM(X[b,c,d]) * SUM(X[b,c,d]))")
+    np.testing.assert_allclose(con.tensor("N"), np.max(x.sum(axis=1) ** 2, axis=0), rtol=1e-12)
+    # the SUM takes k (the first label both use), MAX and MIN keep d
+    con.execute("F[b] = SUM(MAX(X[b,k,d]) + MIN(X[b,k,d]))")
+    np.testing.assert_allclose(con.tensor("F"), (x.max(axis=2) + x.min(axis=2)).sum(axis=1),
+                               rtol=1e-12)
+    # nothing to take: still an error (k would leave MAX and MIN nothing)
+    con.load("X2", x[:, :, 0])
+    with pytest.raises(BinderError, match="SUM aggregates no label"):
+        con.execute("E[b] = SUM(MAX(X2[b,k]) + MIN(X2[b,k]))")

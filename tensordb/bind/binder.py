@@ -208,6 +208,8 @@ class _Lowering:
                 body = self._split_terms(expr)
         # Labels the top step keeps or aggregates; nested aggregates keep these.
         self.outer = set(self.lhs) | set(_free_labels(body))
+        if top and self.outer == set(self.lhs):  # nothing of its own: what it may claim
+            self.outer |= set(self._claim(body, self.outer))
         slots: list[tuple[str, tuple[str, ...]]] = []
         join = self.conv(body, slots)
         if not slots and any(isinstance(n, A.Call) and n.fn == "count" for n in A.walk(expr)):
@@ -228,6 +230,34 @@ class _Lowering:
             dtype = "int64"
         self.step(self.into, self.lhs, slots, join, agg, self.store, dtype)
         return Lowered(self.steps, shape, dtype, pieces)
+
+    def _claim(self, arg, outer: set[str]) -> list[str]:
+        """The labels an aggregate call that uses no label outside its inner aggregate calls
+        takes from them, as written on paper: in ``SUM(LOG(SUM(EXP(Z[b,c]))) - SUM(Y[b,c] *
+        Z[b,c]))`` the outer SUM sums b, the inner ones c. It takes the labels that every inner
+        aggregate uses, in order of first use, each only if every inner aggregate keeps a label
+        of its own after it; none taken leaves the call with nothing (an error)."""
+        inner, stack = [], [arg]
+        while stack:  # the aggregate calls of ``arg`` that no other one of them contains
+            node = stack.pop()
+            if _is_aggregate(node):
+                inner.append(node)
+            elif isinstance(node, A.Call):
+                stack.extend(node.args)
+            elif isinstance(node, A.BinOp):
+                stack.extend((node.left, node.right))
+            elif isinstance(node, A.Neg):
+                stack.append(node.operand)
+            elif isinstance(node, A.Chain):
+                stack.extend(node.operands)
+        taken: list[str] = []
+        for label in _labels_in(arg):
+            trial = outer | set(taken) | {label}
+            if label not in outer and inner and \
+                    all(label in _labels_in(a.args[0]) for a in inner) and \
+                    all(any(l not in trial for l in _free_labels(a.args[0])) for a in inner):
+                taken.append(label)
+        return taken
 
     def _check_index(self, node: A.Call, aggregated) -> None:
         """ARGMAX and ARGMIN give an index along one label (numpy.argmax with one axis)."""
@@ -392,7 +422,8 @@ class _Lowering:
         its own nested aggregates; labels used only inside those belong to them."""
         outer = self.outer
         kept = [l for l in _labels_in(node.args[0]) if l in outer]
-        own = [l for l in dict.fromkeys(_free_labels(node.args[0])) if l not in outer]
+        own = [l for l in dict.fromkeys(_free_labels(node.args[0])) if l not in outer] or \
+            self._claim(node.args[0], outer)
         if not own:
             raise self._nothing_to_aggregate(node, outer)
         if node.fn in DERIVED:
