@@ -5,11 +5,13 @@ Label rules (the Einstein convention, with explicit aggregates):
 
 * a label on the left is kept; every other label is aggregated;
 * labels are scoped like variables: a label belongs to the outermost scope (the statement's term,
-  or an aggregate call: SUM, MAX, MIN, PROD with one argument) where it is used outside every
+  or an aggregate call: SUM, MAX, MIN, PROD, ARGMAX, ARGMIN, MEAN, COUNT, LOGSUMEXP with one
+  argument) where it is used outside every
   aggregate call nested in that scope, and is aggregated there; inner aggregates keep it. A label
   used only inside aggregate calls belongs to each of them separately, so in
   ``S[i,j] = EXP(X[i,j] - MAX(X[i,k])) / SUM(EXP(X[i,k] - MAX(X[i,m])))`` the first MAX and the
-  SUM each aggregate their own k;
+  SUM each aggregate their own k; unless that leaves an aggregate call with nothing: then it
+  claims the labels all its inner aggregate calls use (derived.py);
 * a label used outside every aggregate is summed by an implicit SUM around its term, as in
   Einstein's convention: ``C[i,k] = A[i,j] * B[j,k] + D[i,k]`` sums the product over j, not D;
 * a nested aggregate becomes a temporary step of its own (``H.t1``), never stored;
@@ -28,12 +30,9 @@ Label rules (the Einstein convention, with explicit aggregates):
 from __future__ import annotations
 
 import difflib
-import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
-
-import numpy as np
 
 from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
@@ -41,6 +40,8 @@ from ..dtypes import check_dtype
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
 from ..plan.aggregates import ARG_AGGS, empty_aggregate
 from ..dialect import ast as A
+from .derived import Derived
+from .derived import slot as _slot
 from .emit import BoundStep
 from .scope import free_labels as _free_labels
 from .scope import AGGREGATES, DERIVED
@@ -151,7 +152,7 @@ def _lower_einsum(script, stmt, call: A.Call, resolve, into, store):
     return Lowered([step], tuple(sizes[l] for l in out), dtype, pieces)
 
 
-class _Lowering:
+class _Lowering(Derived):
     """One index-notation statement -> steps (temporaries for nested aggregates first)."""
 
     def __init__(self, script, stmt: A.AssignStmt, resolve: Resolver, into: str, store: bool):
@@ -230,34 +231,6 @@ class _Lowering:
             dtype = "int64"
         self.step(self.into, self.lhs, slots, join, agg, self.store, dtype)
         return Lowered(self.steps, shape, dtype, pieces)
-
-    def _claim(self, arg, outer: set[str]) -> list[str]:
-        """The labels an aggregate call that uses no label outside its inner aggregate calls
-        takes from them, as written on paper: in ``SUM(LOG(SUM(EXP(Z[b,c]))) - SUM(Y[b,c] *
-        Z[b,c]))`` the outer SUM sums b, the inner ones c. It takes the labels that every inner
-        aggregate uses, in order of first use, each only if every inner aggregate keeps a label
-        of its own after it; none taken leaves the call with nothing (an error)."""
-        inner, stack = [], [arg]
-        while stack:  # the aggregate calls of ``arg`` that no other one of them contains
-            node = stack.pop()
-            if _is_aggregate(node):
-                inner.append(node)
-            elif isinstance(node, A.Call):
-                stack.extend(node.args)
-            elif isinstance(node, A.BinOp):
-                stack.extend((node.left, node.right))
-            elif isinstance(node, A.Neg):
-                stack.append(node.operand)
-            elif isinstance(node, A.Chain):
-                stack.extend(node.operands)
-        taken: list[str] = []
-        for label in _labels_in(arg):
-            trial = outer | set(taken) | {label}
-            if label not in outer and inner and \
-                    all(label in _labels_in(a.args[0]) for a in inner) and \
-                    all(any(l not in trial for l in _free_labels(a.args[0])) for a in inner):
-                taken.append(label)
-        return taken
 
     def _check_index(self, node: A.Call, aggregated) -> None:
         """ARGMAX and ARGMIN give an index along one label (numpy.argmax with one axis)."""
@@ -444,129 +417,6 @@ class _Lowering:
             self.dtypes[name] = "int64"
         self.step(name, kept, inner, join, node.fn, False, self.dtypes[name])
         return _slot(slots, name, tuple(kept))
-
-    def _derived(self, node: A.Call, slots, kept, own) -> scalar.Expr:
-        """MEAN (AVG) and COUNT over the labels ``own``. COUNT is the number of elements they
-        span, a Python int as numpy's ``x.size`` (a weak literal: ``SUM(x) / COUNT(x)`` keeps
-        float32); only a statement of counts alone computes it as an int64 step. MEAN is
-        numpy.mean: the SUM computed in the argument's float dtype (ints and bools in float64,
-        as ``x * 1.0``), divided by the count; its gradient is the SUM's over the count."""
-        n = math.prod(self.sizes[l][0] for l in own)
-        span = node.span
-        if node.fn == "logsumexp":
-            return self._logsumexp(node, slots, kept, own)
-        if node.fn == "count" and not self.count_steps:
-            return scalar.Const(n)
-        if node.fn == "count":
-            inner: list[tuple[str, tuple[str, ...]]] = []
-            outer, self.outer = self.outer, self.outer | set(own)
-            try:
-                value = self.conv(node.args[0], inner)
-            finally:
-                self.outer = outer
-            one = scalar.Const(np.int64(1))  # where(v == v, 1, 1): 1 at every element, NaN too
-            join = scalar.Call("where", (scalar.Call("==", (value, value)), one, one))
-            name = TensorRef.of(self.into).temporary(len(self.steps) + 1)
-            self.dtypes[name] = "int64"
-            self.step(name, kept, inner, join, "sum", False, "int64")
-            return _slot(slots, name, tuple(kept))
-        total = A.Call("sum", (A.BinOp("*", node.args[0], A.Number(1.0, span), span),), span,
-                       node.fn_span)
-        return _fold(scalar.Call("/", (self.aggregate(total, slots), scalar.Const(n))))
-
-    def _logsumexp(self, node: A.Call, slots, kept, own) -> scalar.Expr:
-        """LOG(SUM(EXP(x))) computed stably, as scipy.special.logsumexp: with m the MAX over
-        the same labels (0 where it is not finite), m + LOG(SUM(EXP(x - m))). The shift is
-        marked as having no derivative (it cancels), so the gradient is exactly the softmax."""
-        def shift(m):  # where(m - m == 0, m, 0): the maximum where it is finite, else 0
-            finite = scalar.Call("==", (scalar.Call("-", (m, m)), scalar.Const(0)))
-            return scalar.Call("_stop", (scalar.Call("where", (finite, m, scalar.Const(0))),))
-        m_slot, total = self._exp_sum(node, slots, kept, own, shift)
-        return scalar.Call("+", (scalar.Call("log", (total,)), shift(m_slot)))
-
-    def _exp_sum(self, node: A.Call, slots, kept, own, shift):
-        """The MAX of ``node``'s argument over ``own`` and SUM(EXP(x - shift(MAX))): two
-        temporary steps keeping ``kept``, referenced in ``slots``."""
-        m_slot = self.aggregate(A.Call("max", node.args[:1], node.span, node.fn_span), slots)
-        m_name, m_labels = slots[m_slot.index]
-        inner: list[tuple[str, tuple[str, ...]]] = []
-        outer, self.outer = self.outer, self.outer | set(own)
-        try:
-            value = self.conv(node.args[0], inner)
-        finally:
-            self.outer = outer
-        m = _slot(inner, m_name, m_labels)
-        join = scalar.Call("exp", (scalar.Call("-", (value, shift(m))),))
-        name = TensorRef.of(self.into).temporary(len(self.steps) + 1)
-        self.dtypes[name] = self.dtype(join, inner, node.span)
-        self.step(name, kept, inner, join, "sum", False, self.dtypes[name])
-        return m_slot, _slot(slots, name, tuple(kept))
-
-    def _softmax(self, node: A.Call, slots) -> scalar.Expr:
-        """SOFTMAX(x, j) = EXP(x - m) / SUM(EXP(x' - m)), m = MAX(x'), x' being x with j renamed
-        to a label of its own that the MAX and the SUM aggregate (x's other labels are kept):
-        scipy.special.softmax, NaN where m is not finite as there. The shift has no derivative
-        (it cancels), so the gradient is exactly the softmax's."""
-        args = node.args
-        if len(args) != 2 or not isinstance(args[1], A.Label):
-            raise self.err(node.span, "SOFTMAX takes an expression and the label to normalize "
-                           "over: SOFTMAX(X[i,j], j)")
-        label = args[1].name
-        if label not in _labels_in(args[0]):
-            raise self.err(args[1].span, f"SOFTMAX normalizes over label '{label}', which its "
-                           "argument does not use",
-                           hint=f"labels: {', '.join(_labels_in(args[0])) or 'none'}")
-        stray = [l for l in _free_labels(args[0]) if l not in self.outer]
-        if stray:
-            raise self.err(node.span, f"SOFTMAX's argument uses label(s) {', '.join(stray)} that "
-                           "the statement aggregates outside it",
-                           hint="aggregate them inside the argument, e.g. SOFTMAX(SUM(...), j)")
-        k = 1
-        while f"{label}_sm{k}" in self.sizes:
-            k += 1
-        fresh = f"{label}_sm{k}"
-        self.sizes[fresh] = self.sizes[label]
-        renamed = A.Call("softmax", (self._relabel(args[0], label, fresh),), node.span,
-                         node.fn_span)
-        kept = [l for l in _labels_in(renamed) if l in self.outer]
-
-        def shift(m):
-            return scalar.Call("_stop", (m,))
-        m_slot, total = self._exp_sum(renamed, slots, kept, [fresh], shift)
-        value = self.conv(args[0], slots)
-        return scalar.Call("/", (scalar.Call("exp", (scalar.Call("-", (value, shift(m_slot))),)),
-                                 total))
-
-    def _relabel(self, expr, old: str, new: str):
-        """``expr`` with label ``old`` renamed ``new`` (its tensors resolved as before)."""
-        if isinstance(expr, A.Ref):
-            if expr.labels is None:
-                return expr
-            ref = A.Ref(expr.name, tuple(A.Label(new if l.name == old else l.name, l.span)
-                                         for l in expr.labels), expr.span, expr.name_span)
-            self.refs[id(ref)] = self.refs[id(expr)]
-            self._kept.append(ref)  # ids stay unique while the statement is lowered
-            return ref
-        if isinstance(expr, A.Call):
-            return A.Call(expr.fn, tuple(self._relabel(a, old, new) for a in expr.args),
-                          expr.span, expr.fn_span)
-        if isinstance(expr, A.BinOp):
-            return A.BinOp(expr.op, self._relabel(expr.left, old, new),
-                           self._relabel(expr.right, old, new), expr.span)
-        if isinstance(expr, A.Neg):
-            return A.Neg(self._relabel(expr.operand, old, new), expr.span)
-        if isinstance(expr, A.Chain):
-            return A.Chain(self._relabel(expr.first, old, new),
-                           tuple((op, self._relabel(t, old, new)) for op, t in expr.rest),
-                           expr.span)
-        return expr  # a number, a string, a label
-
-
-def _slot(slots: list, tensor: str, labels: tuple[str, ...]) -> scalar.Input:
-    key = (tensor, labels)
-    if key not in slots:
-        slots.append(key)
-    return scalar.Input(slots.index(key))
 
 
 _fold = scalar.fold
