@@ -331,3 +331,21 @@ def test_claimed_labels_keep_the_inner_aggregates_own(con):
     con.load("X2", x[:, :, 0])
     with pytest.raises(BinderError, match="SUM aggregates no label"):
         con.execute("E[b] = SUM(MAX(X2[b,k]) + MIN(X2[b,k]))")
+
+
+def test_logsumexp_from_python(con):
+    autograd = pytest.importorskip("autograd")
+    from autograd.scipy.special import logsumexp as alse
+    from scipy.special import logsumexp
+    rng = np.random.default_rng(23)
+    x = rng.normal(size=(5, 6)) * 400
+    con.load("X", x, tile=(2, 3))
+    con.einsum("ij->i", "X", into="l", agg="logsumexp", pieces={"j": 2})
+    np.testing.assert_allclose(con.tensor("l"), logsumexp(x, axis=1), rtol=1e-12)
+    g = Graph()
+    g.op("s", "", [("X", "ij")], join="x0 * 0.01", agg="logsumexp")
+    g.grad("s", "X", into="gX")
+    con.run(g)
+    np.testing.assert_allclose(con.tensor("s"), logsumexp(x * 0.01), rtol=1e-12)
+    np.testing.assert_allclose(con.tensor("gX"), autograd.grad(lambda v: alse(v * 0.01))(x),
+                               rtol=1e-10, atol=1e-300)

@@ -158,9 +158,9 @@ class _GraphBinder:
         if isinstance(step, GradRequest):
             self._grad(step, spans)
             return
-        if step.agg not in AGGS + ("mean",):
+        if step.agg not in AGGS + _DERIVED:
             raise BinderError(f"unknown aggregate '{step.agg}'", span=spans.get("agg"),
-                              hint=f"valid aggregates: {', '.join(AGGS + ('mean',))}")
+                              hint=f"valid aggregates: {', '.join(AGGS + _DERIVED)}")
         if step.into in self.known and step.into not in emitter.inputs or \
                 step.into in emitter.alias:
             raise BinderError(f"'{step.into}' is defined twice in one graph",
@@ -188,6 +188,8 @@ class _GraphBinder:
         agg = step.agg
         if agg == "mean":  # numpy.mean: the SUM in the float dtype (x * 1.0), then / the count
             join, agg = scalar.Call("*", (join, scalar.Const(1.0))), "sum"
+        elif agg == "logsumexp":  # its MAX first (refused over nothing, as MAX is)
+            agg = "max"
         try:
             dtype = infer_dtype(join, dtypes, names)
         except Error as exc:
@@ -214,6 +216,9 @@ class _GraphBinder:
                                   tuple(sizes.items()), dtype))
             join = scalar.Call("/", (scalar.Input(0), scalar.Const(count)))
             inputs = ((total, tuple(out)),)
+        elif step.agg == "logsumexp" and aggregated:
+            inputs, join, agg, dtype = _logsumexp(emitter, step, inputs, join, out, sizes,
+                                                  dtypes, names, where)
         emitter.add(BoundStep(step.into, tuple(out), inputs, join, agg, step.store,
                               tuple(sizes.items()), dtype))
         for op in emitter.ops[n:]:
@@ -295,3 +300,31 @@ def _explicit_labels(step: Step, names: list[str], shapes: list[tuple[int, ...]]
         if out.index(l) != axis:
             raise BinderError(f"label '{l}' is repeated in the output", span=spans[("out", axis)])
     return labels, out, sizes
+
+
+# Aggregates the Python API computes from others (the dialect's are in derived.py).
+_DERIVED = ("mean", "logsumexp")
+
+
+def _logsumexp(emitter, step, inputs, join, out, sizes, dtypes, names, where):
+    """agg='logsumexp' as scipy.special.logsumexp: m = MAX of the join, SUM(EXP(join - s)) and
+    LOG of it + s, with s = m where it is finite, else 0, not differentiated (it cancels).
+    Returns the last step's inputs, join, aggregate and dtype."""
+    def shift(m):
+        finite = scalar.Call("==", (scalar.Call("-", (m, m)), scalar.Const(0)))
+        return scalar.Call("_stop", (scalar.Call("where", (finite, m, scalar.Const(0))),))
+    m = TensorRef.of(step.into).temporary(1)
+    total = TensorRef.of(step.into).temporary(2)
+    sized = tuple(sizes.items())
+    m_dtype = infer_dtype(join, dtypes, names)
+    emitter.add(BoundStep(m, tuple(out), inputs, join, "max", False, sized, m_dtype))
+    body = scalar.Call("exp", (scalar.Call("-", (join, shift(scalar.Input(len(inputs))))),))
+    try:
+        dtype = infer_dtype(body, [*dtypes, m_dtype])
+    except Error as exc:
+        raise _at(exc, where) from None
+    emitter.add(BoundStep(total, tuple(out), inputs + ((m, tuple(out)),), body, "sum", False,
+                          sized, dtype))
+    last = scalar.Call("+", (scalar.Call("log", (scalar.Input(0),)), shift(scalar.Input(1))))
+    return ((total, tuple(out)), (m, tuple(out))), last, "sum", dtype
+
