@@ -330,9 +330,8 @@ def bind_parameters(script: str, stmts: list, parameters) -> list:
     values: dict[int, list] = {id(s): [] for s in stmts}
     used, asked = set(), 0
     for stmt in stmts:
-        for node in A.walk(stmt.expr):
-            if not isinstance(node, A.Param):
-                continue
+        for node in sorted((n for n in A.walk(stmt.expr) if isinstance(n, A.Param)),
+                           key=lambda n: n.span.start):  # ? counts in the order written
             text = node.text
             key = asked if text == "?" else int(text[1:]) - 1 if text[1:].isdigit() else text[1:]
             asked += text == "?"
