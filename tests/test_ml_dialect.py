@@ -277,3 +277,13 @@ def test_random_comparison_corpus(tmp_path, seed):
         con.einsum("ij,j,ij->" + ("ij" if agg is None else "i"), "A", "B", "C", into="R2",
                    join=py, agg=agg or "sum")
         np.testing.assert_array_equal(con.tensor("R2"), want, err_msg=py)
+
+
+@pytest.mark.parametrize("name", ["case", "when", "then", "else"])
+def test_a_tensor_named_by_a_case_word_is_read_and_assigned(con, name):
+    con.load("A", np.arange(3.0))
+    con.execute(f"{name}[i] = A[i] * 2; B[i] = {name}[i] + 1; "
+                f"C[i] = CASE WHEN {name}[i] > 1 THEN {name}[i] ELSE -1 END")
+    np.testing.assert_array_equal(con.tensor("B"), np.arange(3.0) * 2 + 1)
+    np.testing.assert_array_equal(con.tensor("C"), np.where(np.arange(3.0) * 2 > 1,
+                                                            np.arange(3.0) * 2, -1))

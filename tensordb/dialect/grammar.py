@@ -68,6 +68,8 @@ with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
     | PARAM -> param
     | LPAR expr RPAR -> paren
     | CASE when+ ELSE expr END -> case
+    | CASE LSQB [labels] RSQB -> ref       // a tensor named case, as any other name
+    | CASE -> bare_ref
 when: WHEN expr THEN expr
 args: expr (COMMA expr)*
 
