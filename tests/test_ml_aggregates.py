@@ -349,3 +349,26 @@ def test_logsumexp_from_python(con):
     np.testing.assert_allclose(con.tensor("s"), logsumexp(x * 0.01), rtol=1e-12)
     np.testing.assert_allclose(con.tensor("gX"), autograd.grad(lambda v: alse(v * 0.01))(x),
                                rtol=1e-10, atol=1e-300)
+
+
+def test_the_classifier_script_against_numpy(con):
+    """sql/classifier.sql: its weights, predictions, accuracy and probabilities, step by step in
+    numpy (the gradient of the mean cross-entropy is X^T (softmax - Y) / batch)."""
+    from pathlib import Path
+    from scipy.special import softmax
+    script = (Path(__file__).resolve().parent.parent / "sql" / "classifier.sql").read_text()
+    con.execute(script)
+    b, d = np.meshgrid(np.arange(48), np.arange(4), indexing="ij")
+    x = np.sin(0.9 * b + 1.7 * d) + 0.5 * np.cos(0.4 * b * (d + 1))
+    s = x[:, 0] + x[:, 1]
+    cls = np.where(s > 0.5, 0, np.where(s > -0.5, 1, 2))
+    y = 1.0 * (cls[:, None] == np.arange(3))
+    w = np.zeros((4, 3))
+    for _ in range(3):
+        w = w - 0.5 * x.T @ (softmax(x @ w, axis=1) - y) / 48
+    z = x @ w
+    np.testing.assert_array_equal(con.tensor("Y"), y)
+    np.testing.assert_allclose(con.tensor("W"), w, rtol=1e-10, atol=1e-14)
+    np.testing.assert_array_equal(con.tensor("pred"), z.argmax(axis=1))
+    np.testing.assert_allclose(con.tensor("accuracy"), np.mean(z.argmax(1) == y.argmax(1)))
+    np.testing.assert_allclose(con.tensor("P"), softmax(z, axis=1), rtol=1e-10)
