@@ -287,3 +287,14 @@ def test_a_tensor_named_by_a_case_word_is_read_and_assigned(con, name):
     np.testing.assert_array_equal(con.tensor("B"), np.arange(3.0) * 2 + 1)
     np.testing.assert_array_equal(con.tensor("C"), np.where(np.arange(3.0) * 2 > 1,
                                                             np.arange(3.0) * 2, -1))
+
+
+def test_syntax_errors_say_why(con):
+    con.load("A", np.ones(2))
+    with pytest.raises(ParserError, match="(?s)not associative"):
+        con.execute("C[i] = A[i] < 1 <= 2")
+    with pytest.raises(ParserError, match="(?s)CASE needs an ELSE"):
+        con.execute("C[i] = CASE WHEN A[i] > 1 THEN 1 END")
+    with pytest.raises(ParserError) as e:
+        con.execute("C[i] = A[i] = = 2")
+    assert "not associative" not in str(e.value) and "expected one of" in str(e.value)
