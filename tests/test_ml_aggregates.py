@@ -372,3 +372,16 @@ def test_the_classifier_script_against_numpy(con):
     np.testing.assert_array_equal(con.tensor("pred"), z.argmax(axis=1))
     np.testing.assert_allclose(con.tensor("accuracy"), np.mean(z.argmax(1) == y.argmax(1)))
     np.testing.assert_allclose(con.tensor("P"), softmax(z, axis=1), rtol=1e-10)
+
+
+def test_argmax_memory_is_projected_whole(tmp_path):
+    """ARGMAX evaluates its join space whole (its label is one piece): the projection counts it,
+    so a small budget splits the kept label instead."""
+    x = np.random.default_rng(30).random((400, 1000))
+    with tensordb.connect(tmp_path / "db", memory_limit="2MB", workers=2) as con:
+        con.load("X", x, tile=(50, 1000))
+        node = json.loads(con.explain("r[i] = ARGMAX(X[i,j] * 2)", format="json"))["nodes"][0]
+        assert node["pieces"]["j"] == 1 and node["pieces"]["i"] >= 4
+        assert node["memory"]["temporaries"] >= 400 * 1000 * 8 // node["pieces"]["i"]
+        con.execute("r[i] = ARGMAX(X[i,j] * 2)")
+        np.testing.assert_array_equal(con.tensor("r"), x.argmax(axis=1))
