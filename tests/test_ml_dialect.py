@@ -61,6 +61,8 @@ def test_comparison_on_absent_tiles(con):
     a = np.zeros((8, 4))
     a[:4] = np.arange(16.0).reshape(4, 4) - 5
     con.load("A", a, tile=(4, 4))
+    [info] = [t for t in con.tensors() if t["name"] == "A"]
+    assert (info["tile_count"], info["total_tiles"]) == (1, 2)  # the zero tile is absent
     for text, want in [("A[i,j] = 0", a == 0), ("A[i,j] < 0", a < 0), ("A[i,j] >= 0", a >= 0),
                        ("CASE WHEN A[i,j] > 0 THEN A[i,j] ELSE 0 END", np.where(a > 0, a, 0)),
                        ("CASE WHEN A[i,j] > 0 THEN 1 ELSE 2 END", np.where(a > 0, 1, 2))]:
