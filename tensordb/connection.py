@@ -390,7 +390,7 @@ class Connection(TensorIO, DuckAPI):
             if debug_level() >= 1:
                 print(f"[tensordb] plan cache hit ({self._plan_cache.hits} hits)", file=sys.stderr)
             decomp, plan = cached
-            return decomp, physical.rebind(plan, readers)
+            return decomp, physical.rebind(plan, readers, graph.ops)
         facts = {name: r.facts() for name, r in readers.items()}
         decomp = self._optimize(graph, pieces, readers, facts)
         with stage("lower"):

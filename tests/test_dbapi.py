@@ -138,8 +138,8 @@ def test_cursor_errors_change_nothing(con, snapshot):
     with pytest.raises(tensordb.BinderError) as err:
         cur.execute("C[i,k] = SUM(A[i,j] * A[j,k])")
     assert "LINE 1" in str(err.value)
-    with pytest.raises(tensordb.NotSupportedError):
-        cur.execute("B[i,j] = A[i,j] + 1", [1])  # parameters are for plain SQL
+    with pytest.raises(tensordb.ProgrammingError, match="the statements have none"):
+        cur.execute("B[i,j] = A[i,j] + 1", [1])  # a value for no parameter
     assert snapshot(con) == before
 
 

@@ -100,8 +100,24 @@ def test_unary_functions(con, fn):
 
 def test_every_function_of_the_dialect_is_tested():
     from tensordb.bind import SCALAR_FUNCTIONS
-    covered = {f.lower() for f in UNARY} | {"max", "min", "pow"}
+    covered = {f.lower() for f in UNARY} | {"max", "min", "pow"} | set(CONDITIONAL) | \
+        {"softmax"}  # tests/test_ml_aggregates.py: test_logsumexp_softmax_gradients
     assert set(SCALAR_FUNCTIONS) <= covered
+
+
+CONDITIONAL = {  # the branch chosen gets the gradient; the condition (a comparison) none
+    "where": "WHERE(A[i,j] > B[j], A[i,j] * B[j], EXP(A[i,j]))",
+    "if": "IF(B[j] <= 0, SQUARE(A[i,j]), A[i,j] * (A[i,j] <> 0.25))",
+}
+
+
+@pytest.mark.parametrize("fn", sorted(CONDITIONAL))
+def test_conditional_functions(con, fn):
+    def f(A, B):
+        if fn == "where":
+            return anp.sum(anp.where(A > B, A * B, anp.exp(A)))
+        return anp.sum(anp.where(B <= 0, A * A, A * (A != 0.25)))
+    check(con, {"A": A, "B": B}, f"L = SUM({CONDITIONAL[fn]})", f, ["A", "B"])
 
 
 BINARY = {

@@ -16,14 +16,22 @@ SIZES = {"i": 3, "j": 4, "k": 2, "m": 3}
 # joins over x0, x1 (inputs are positive, away from 0, so that LOG, SQRT, POW and / are smooth)
 JOINS2 = ["x0 * x1", "x0 + x1", "exp(x0) * x1", "tanh(x0 - x1)", "x0 / x1", "sigmoid(x0) * x1",
           "pow(x0, x1)", "max(x0, x1 * 1.1)", "min(x0, x1) * x0", "log(x0) * x1",
-          "sqrt(x0 * x1)", "-x0 * relu(x1 - 1)", "abs(x0 - x1) + square(x1)", "sin(x0) * cos(x1)"]
+          "sqrt(x0 * x1)", "-x0 * relu(x1 - 1)", "abs(x0 - x1) + square(x1)", "sin(x0) * cos(x1)",
+          "where(x0 > x1, x0 * x1, exp(x1))", "(x0 >= 1) * x1 + x0 * (x1 < 1.2)"]
 JOINS1 = ["x0", "exp(x0)", "log(x0)", "tanh(x0)", "x0 * x0", "sqrt(x0)"]
 AGGS = ["sum", "sum", "max", "min", "prod"]
+
+def _where(c, a, b):
+    """numpy.where, its operands broadcast first (autograd's where does not unbroadcast)."""
+    shape = np.broadcast_shapes(anp.shape(c), anp.shape(a), anp.shape(b))
+    zeros = anp.zeros(shape)
+    return anp.where(np.broadcast_to(c, shape), a + zeros, b + zeros)
+
 
 NP = {"exp": anp.exp, "log": anp.log, "tanh": anp.tanh, "sqrt": anp.sqrt, "abs": anp.abs,
       "sin": anp.sin, "cos": anp.cos, "sigmoid": lambda x: 1 / (1 + anp.exp(-x)),
       "relu": lambda x: anp.maximum(x, 0), "square": lambda x: x * x,
-      "max": anp.maximum, "min": anp.minimum, "pow": lambda a, b: a ** b}
+      "max": anp.maximum, "min": anp.minimum, "pow": lambda a, b: a ** b, "where": _where}
 
 
 def oracle_op(arrays, out, inputs, join, agg):

@@ -5,11 +5,13 @@ Label rules (the Einstein convention, with explicit aggregates):
 
 * a label on the left is kept; every other label is aggregated;
 * labels are scoped like variables: a label belongs to the outermost scope (the statement's term,
-  or an aggregate call: SUM, MAX, MIN, PROD with one argument) where it is used outside every
+  or an aggregate call: SUM, MAX, MIN, PROD, ARGMAX, ARGMIN, MEAN, COUNT, LOGSUMEXP with one
+  argument) where it is used outside every
   aggregate call nested in that scope, and is aggregated there; inner aggregates keep it. A label
   used only inside aggregate calls belongs to each of them separately, so in
   ``S[i,j] = EXP(X[i,j] - MAX(X[i,k])) / SUM(EXP(X[i,k] - MAX(X[i,m])))`` the first MAX and the
-  SUM each aggregate their own k;
+  SUM each aggregate their own k; unless that leaves an aggregate call with nothing: then it
+  claims the labels all its inner aggregate calls use (derived.py);
 * a label used outside every aggregate is summed by an implicit SUM around its term, as in
   Einstein's convention: ``C[i,k] = A[i,j] * B[j,k] + D[i,k]`` sums the product over j, not D;
 * a nested aggregate becomes a temporary step of its own (``H.t1``), never stored;
@@ -36,18 +38,24 @@ from ..errors import BinderError, CatalogError, Error, Span
 from ..plan import scalar
 from ..dtypes import check_dtype
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
-from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
+from ..plan.aggregates import ARG_AGGS, empty_aggregate
 from ..dialect import ast as A
+from .derived import Derived
+from .derived import slot as _slot
 from .emit import BoundStep
 from .scope import free_labels as _free_labels
+from .scope import AGGREGATES, DERIVED
 from .scope import is_aggregate as _is_aggregate
 from .scope import labels_in as _labels_in
 from .scope import terms as _terms
 
 __all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNCTIONS", "check_pieces"]
 
-# User-visible scalar functions: the alphabetic entries of the join language.
-SCALAR_FUNCTIONS = tuple(sorted(f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"))
+# User-visible scalar functions: the alphabetic entries of the join language, and IF(c, a, b),
+# another name for WHERE(c, a, b) (numpy.where; CASE WHEN c THEN a ELSE b END is the same).
+SCALAR_FUNCTIONS = tuple(sorted({f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"}
+                                | {"if", "softmax"}))
+_ALIASES = {"if": "where"}
 
 
 # resolve(name, span) -> (graph name, shape, dtype); raises CatalogError with the span.
@@ -144,7 +152,7 @@ def _lower_einsum(script, stmt, call: A.Call, resolve, into, store):
     return Lowered([step], tuple(sizes[l] for l in out), dtype, pieces)
 
 
-class _Lowering:
+class _Lowering(Derived):
     """One index-notation statement -> steps (temporaries for nested aggregates first)."""
 
     def __init__(self, script, stmt: A.AssignStmt, resolve: Resolver, into: str, store: bool):
@@ -154,6 +162,8 @@ class _Lowering:
         self.sizes: dict[str, tuple[int, str, Span]] = {}  # label -> (size, where, span)
         self.refs: dict[int, tuple[str, tuple[int, ...], str]] = {}  # id(Ref) -> resolved
         self.dtypes: dict[str, str] = {}
+        self.count_steps = False  # COUNT as a step of its own (a statement of counts alone)
+        self._kept: list = []     # AST nodes made while lowering (SOFTMAX), kept alive
 
     def err(self, span, message, **kw):
         return _err(self.script, span, message, **kw)
@@ -182,7 +192,7 @@ class _Lowering:
             seen.add(lab.name)
         self._resolve_refs(stmt.expr)
         for node in A.walk(stmt.expr):  # an aggregate with no argument leaves labels unused:
-            if isinstance(node, A.Call) and node.fn in ("sum", "prod") and not node.args:
+            if isinstance(node, A.Call) and node.fn in ("sum", "prod") + DERIVED and not node.args:
                 self.call(node, [])  # say what is wrong with it, not with the labels
         used = Counter(l.name for r in A.refs(stmt.expr) for l in (r.labels or ()))
         for lab in lhs:
@@ -190,7 +200,8 @@ class _Lowering:
                 raise self.err(lab.span, f"label '{lab.name}' on the left appears nowhere on the right")
         self.lhs = [l.name for l in lhs]
         expr = stmt.expr
-        if _is_aggregate(expr):
+        top = _is_aggregate(expr) and expr.fn not in DERIVED  # MEAN is a SUM's step, then a /
+        if top:
             agg, body = expr.fn, expr.args[0]
         else:
             agg, body = "sum", expr
@@ -198,24 +209,42 @@ class _Lowering:
                 body = self._split_terms(expr)
         # Labels the top step keeps or aggregates; nested aggregates keep these.
         self.outer = set(self.lhs) | set(_free_labels(body))
+        if top and self.outer == set(self.lhs):  # nothing of its own: what it may claim
+            self.outer |= set(self._claim(body, self.outer))
         slots: list[tuple[str, tuple[str, ...]]] = []
         join = self.conv(body, slots)
+        if not slots and any(isinstance(n, A.Call) and n.fn == "count" for n in A.walk(expr)):
+            self.steps, self.count_steps = [], True  # counts alone: computed over the labels kept
+            join = self.conv(body, slots)
         if not slots:
             raise self.err(expr.span, "the right side uses no tensor")
-        if _is_aggregate(expr) and all(l in self.lhs for _, ls in slots for l in ls):
+        if top and all(l in self.lhs for _, ls in slots for l in ls):
             raise self._nothing_to_aggregate(expr, set(self.lhs))
-        if _is_aggregate(expr):
-            self._check_empty(expr, [l for _, ls in slots for l in ls if l not in self.lhs])
+        if top:
+            own = [l for _, ls in slots for l in ls if l not in self.lhs]
+            self._check_empty(expr, own)
+            self._check_index(expr, own)
         pieces = check_pieces(self.script, stmt.pieces, set(used), "the statement")
         shape = tuple(self.sizes[l][0] for l in self.lhs)
         dtype = self.dtype(join, slots, expr.span)
+        if agg in ARG_AGGS:
+            dtype = "int64"
         self.step(self.into, self.lhs, slots, join, agg, self.store, dtype)
         return Lowered(self.steps, shape, dtype, pieces)
 
+    def _check_index(self, node: A.Call, aggregated) -> None:
+        """ARGMAX and ARGMIN give an index along one label (numpy.argmax with one axis)."""
+        own = list(dict.fromkeys(aggregated))
+        if node.fn in ARG_AGGS and len(own) != 1:
+            raise self.err(node.fn_span, f"{node.fn.upper()} aggregates exactly one label into "
+                           f"an index, here {len(own)}: {', '.join(own)}",
+                           hint="keep the other labels on the left, or aggregate them first "
+                                "with an inner MAX or SUM")
+
     def _check_empty(self, node: A.Call, aggregated) -> None:
-        """MAX and MIN over a label of size 0 have no value (numpy raises too)."""
+        """MAX, MIN, ARGMAX and ARGMIN over a label of size 0 have no value (numpy raises too)."""
         empty = [l for l in dict.fromkeys(aggregated) if self.sizes[l][0] == 0]
-        if empty and node.fn in ("max", "min"):
+        if empty and node.fn in ("max", "min") + ARG_AGGS:
             err = empty_aggregate(node.fn, empty, self.into)
             raise self.err(node.fn_span, err.message, cls=type(err), hint=err.hint)
 
@@ -279,6 +308,8 @@ class _Lowering:
     def conv(self, node, slots) -> scalar.Expr:
         if isinstance(node, A.Number):
             return scalar.Const(node.value)
+        if isinstance(node, A.Param):
+            return self.param(node)
         if isinstance(node, A.String):
             raise self.err(node.span, f"type error: the string '{node.value}' cannot be used in "
                            "arithmetic", hint="tensor expressions compute with numbers")
@@ -297,16 +328,27 @@ class _Lowering:
             return self.call(node, slots)
         raise TypeError(f"unexpected node {node!r}")  # pragma: no cover
 
+    def param(self, node: A.Param) -> scalar.Param:
+        """A parameter, with the value given for it (session/script.py matched them)."""
+        for start, name, value in self.stmt.params or ():
+            if start == node.span.start:
+                return scalar.Param(name, type(value).__name__, value)
+        raise self.err(node.span, f"parameter {node.text} has no value",
+                       hint="pass the values with the statement: con.execute(sql, [0.1]) for ? "
+                            "and $1, con.execute(sql, {'lr': 0.1}) for $lr")
+
     def call(self, node: A.Call, slots) -> scalar.Expr:
         fn, args = node.fn, node.args
         if _is_aggregate(node):
             return self.aggregate(node, slots)
-        if fn in ("sum", "prod"):
+        if fn == "softmax":
+            return self._softmax(node, slots)
+        if fn in ("sum", "prod") + ARG_AGGS + DERIVED:
             raise self.err(node.span, f"{fn.upper()} takes one argument, got {len(args)}")
         if fn in ("max", "min") and len(args) != 2:
             raise self.err(node.span, f"{fn.upper()} takes one argument (an aggregate) or two "
                            f"(elementwise), got {len(args)}")
-        spec = scalar.FUNCTIONS.get(fn) if fn.isalpha() else None
+        spec = scalar.FUNCTIONS.get(_ALIASES.get(fn, fn)) if fn.isalpha() else None
         if spec is None:
             names = sorted(set(SCALAR_FUNCTIONS) | set(AGGREGATES) | {"einsum"})
             close = difflib.get_close_matches(fn, names, n=1, cutoff=0.6)
@@ -315,7 +357,7 @@ class _Lowering:
                            "functions: " + ", ".join(n.upper() for n in names))
         if len(args) != spec.arity:
             raise self.err(node.span, f"{fn.upper()} takes {spec.arity} argument(s), got {len(args)}")
-        return _fold(scalar.Call(fn, tuple(self.conv(a, slots) for a in args)))
+        return _fold(scalar.Call(_ALIASES.get(fn, fn), tuple(self.conv(a, slots) for a in args)))
 
     def chain(self, node: A.Chain, slots) -> scalar.Expr:
         """A long chain, left to right as numpy would evaluate it, in parts of CHAIN_LIMIT
@@ -353,10 +395,14 @@ class _Lowering:
         its own nested aggregates; labels used only inside those belong to them."""
         outer = self.outer
         kept = [l for l in _labels_in(node.args[0]) if l in outer]
-        own = [l for l in dict.fromkeys(_free_labels(node.args[0])) if l not in outer]
+        own = [l for l in dict.fromkeys(_free_labels(node.args[0])) if l not in outer] or \
+            self._claim(node.args[0], outer)
         if not own:
             raise self._nothing_to_aggregate(node, outer)
+        if node.fn in DERIVED:
+            return self._derived(node, slots, kept, own)
         self._check_empty(node, own)
+        self._check_index(node, own)
         inner: list[tuple[str, tuple[str, ...]]] = []
         self.outer = outer | set(own)
         try:
@@ -367,15 +413,10 @@ class _Lowering:
             raise self.err(node.span, f"{node.fn.upper()} of no tensor")
         name = TensorRef.of(self.into).temporary(sum(1 for s in self.steps) + 1)
         self.dtypes[name] = self.dtype(join, inner, node.span)
+        if node.fn in ARG_AGGS:
+            self.dtypes[name] = "int64"
         self.step(name, kept, inner, join, node.fn, False, self.dtypes[name])
         return _slot(slots, name, tuple(kept))
-
-
-def _slot(slots: list, tensor: str, labels: tuple[str, ...]) -> scalar.Input:
-    key = (tensor, labels)
-    if key not in slots:
-        slots.append(key)
-    return scalar.Input(slots.index(key))
 
 
 _fold = scalar.fold

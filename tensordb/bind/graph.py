@@ -21,13 +21,15 @@ HINT: known tensors: A
 from __future__ import annotations
 
 import difflib
+import math
 
 from ..dtypes import check_dtype
 from ..errors import BinderError, CatalogError, Error, InternalError, Span
 from ..plan import scalar
-from ..plan.aggregates import AGGREGATES, AGGS, empty_aggregate
+from ..plan.aggregates import AGGREGATES, AGGS, ARG_AGGS, empty_aggregate
 from ..plan.builder import Graph, GradRequest, Step, infer_dtype, parse_spec
 from ..plan.ir import EinGraph, TensorInfo
+from ..plan.names import TensorRef
 from .emit import BoundStep, Emitter, GradStep
 
 __all__ = ["bind_graph", "source_of"]
@@ -156,9 +158,9 @@ class _GraphBinder:
         if isinstance(step, GradRequest):
             self._grad(step, spans)
             return
-        if step.agg not in AGGS:
+        if step.agg not in AGGS + _DERIVED:
             raise BinderError(f"unknown aggregate '{step.agg}'", span=spans.get("agg"),
-                              hint=f"valid aggregates: {', '.join(AGGS)}")
+                              hint=f"valid aggregates: {', '.join(AGGS + _DERIVED)}")
         if step.into in self.known and step.into not in emitter.inputs or \
                 step.into in emitter.alias:
             raise BinderError(f"'{step.into}' is defined twice in one graph",
@@ -183,19 +185,42 @@ class _GraphBinder:
                 raise _at(exc, spans["spec"]) from None
         else:
             labels, out, sizes = _explicit_labels(step, names, shapes, spans)
+        agg = step.agg
+        if agg == "mean":  # numpy.mean: the SUM in the float dtype (x * 1.0), then / the count
+            join, agg = scalar.Call("*", (join, scalar.Const(1.0))), "sum"
+        elif agg == "logsumexp":  # its MAX first (refused over nothing, as MAX is)
+            agg = "max"
         try:
             dtype = infer_dtype(join, dtypes, names)
         except Error as exc:
             raise _at(exc, where) from None
         aggregated = [l for ls in labels for l in ls if l not in out]
+        if step.agg in ARG_AGGS and aggregated:
+            if len(set(aggregated)) != 1:
+                raise BinderError(f"agg={step.agg!r} aggregates exactly one label into an index, "
+                                  f"here {len(set(aggregated))}: "
+                                  f"{', '.join(dict.fromkeys(aggregated))}",
+                                  span=spans.get("agg", spans["call"]))
+            dtype = "int64"
         empty = [l for l in dict.fromkeys(aggregated) if sizes[l] == 0]
-        if empty and AGGREGATES[step.agg].identity is None:
+        if empty and AGGREGATES[agg].identity is None:
             shown = [f"{t}[{','.join(ls)}]" for t, ls in zip(names, labels)]
             what = f"{step.into}[{','.join(out)}] = {step.agg.upper()}({scalar.render(join, shown)})"
             raise _at(empty_aggregate(step.agg, empty, what), spans.get("agg", spans["call"]))
         n = len(emitter.ops)
-        emitter.add(BoundStep(step.into, tuple(out), tuple(zip(names, map(tuple, labels))), join,
-                              step.agg, step.store, tuple(sizes.items()), dtype))
+        inputs = tuple(zip(names, map(tuple, labels)))
+        if step.agg == "mean" and aggregated:
+            count = math.prod(sizes[l] for l in dict.fromkeys(aggregated))
+            total = TensorRef.of(step.into).temporary(1)
+            emitter.add(BoundStep(total, tuple(out), inputs, join, "sum", False,
+                                  tuple(sizes.items()), dtype))
+            join = scalar.Call("/", (scalar.Input(0), scalar.Const(count)))
+            inputs = ((total, tuple(out)),)
+        elif step.agg == "logsumexp" and aggregated:
+            inputs, join, agg, dtype = _logsumexp(emitter, step, inputs, join, out, sizes,
+                                                  dtypes, names, where)
+        emitter.add(BoundStep(step.into, tuple(out), inputs, join, agg, step.store,
+                              tuple(sizes.items()), dtype))
         for op in emitter.ops[n:]:
             self.known[op.output] = (op.out_shape, op.dtype)
 
@@ -275,3 +300,31 @@ def _explicit_labels(step: Step, names: list[str], shapes: list[tuple[int, ...]]
         if out.index(l) != axis:
             raise BinderError(f"label '{l}' is repeated in the output", span=spans[("out", axis)])
     return labels, out, sizes
+
+
+# Aggregates the Python API computes from others (the dialect's are in derived.py).
+_DERIVED = ("mean", "logsumexp")
+
+
+def _logsumexp(emitter, step, inputs, join, out, sizes, dtypes, names, where):
+    """agg='logsumexp' as scipy.special.logsumexp: m = MAX of the join, SUM(EXP(join - s)) and
+    LOG of it + s, with s = m where it is finite, else 0, not differentiated (it cancels).
+    Returns the last step's inputs, join, aggregate and dtype."""
+    def shift(m):
+        finite = scalar.Call("==", (scalar.Call("-", (m, m)), scalar.Const(0)))
+        return scalar.Call("_stop", (scalar.Call("where", (finite, m, scalar.Const(0))),))
+    m = TensorRef.of(step.into).temporary(1)
+    total = TensorRef.of(step.into).temporary(2)
+    sized = tuple(sizes.items())
+    m_dtype = infer_dtype(join, dtypes, names)
+    emitter.add(BoundStep(m, tuple(out), inputs, join, "max", False, sized, m_dtype))
+    body = scalar.Call("exp", (scalar.Call("-", (join, shift(scalar.Input(len(inputs))))),))
+    try:
+        dtype = infer_dtype(body, [*dtypes, m_dtype])
+    except Error as exc:
+        raise _at(exc, where) from None
+    emitter.add(BoundStep(total, tuple(out), inputs + ((m, tuple(out)),), body, "sum", False,
+                          sized, dtype))
+    last = scalar.Call("+", (scalar.Call("log", (scalar.Input(0),)), shift(scalar.Input(1))))
+    return ((total, tuple(out)), (m, tuple(out))), last, "sum", dtype
+

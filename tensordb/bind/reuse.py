@@ -114,7 +114,8 @@ class BoundCache:
         # The statement as bound, not only its text: EXPLAIN binds a LET's text as an
         # assignment (``mode``), which must not stand in for the LET, nor the LET for it.
         key = (tuple((script, stmt.span.start, stmt.span.end, type(stmt).__name__,
-                      getattr(stmt, "mode", None)) for script, stmt in items),
+                      getattr(stmt, "mode", None), getattr(stmt, "params", None))
+                     for script, stmt in items),
                _lets_key(lets))
         kept = self._kept.get(key)
         if kept is not None and self._still(store, kept[0]):

@@ -11,9 +11,15 @@ gives a label to the outermost scope that uses it free (docs/sql.md, the label r
 from __future__ import annotations
 
 from ..dialect import ast as A
-from ..plan.aggregates import AGGS as AGGREGATES  # the one table's names
+from ..plan.aggregates import AGGS
 
-__all__ = ["AGGREGATES", "is_aggregate", "terms", "free_labels", "labels_in"]
+__all__ = ["AGGREGATES", "DERIVED", "is_aggregate", "terms", "free_labels", "labels_in"]
+
+# The dialect's aggregates: the one table's (plan/aggregates.py), and those the binder computes
+# from others (MEAN and its other name AVG: the SUM over the count; COUNT: the count;
+# LOGSUMEXP: the MAX, and the SUM of EXP shifted by it).
+DERIVED = ("mean", "avg", "count", "logsumexp")
+AGGREGATES = AGGS + DERIVED
 
 
 def is_aggregate(node) -> bool:

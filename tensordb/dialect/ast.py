@@ -12,7 +12,8 @@ from typing import Union
 from ..errors import Span
 
 __all__ = [
-    "Label", "Number", "String", "Ref", "Call", "BinOp", "Neg", "Chain", "CHAIN_LIMIT", "Expr",
+    "Label", "Number", "String", "Param", "Ref", "Call", "BinOp", "Neg", "Chain", "CHAIN_LIMIT",
+    "Expr",
     "Target", "Dim", "LabelValue",
     "CreateStmt", "LoadStmt", "AssignStmt", "ExplainStmt", "ShowTensorsStmt", "ShowSettingStmt",
     "DescribeStmt", "DropStmt", "CopyStmt", "CheckStmt", "SetStmt", "BeginStmt", "CommitStmt",
@@ -40,6 +41,15 @@ class String:
 
 
 @dataclass(frozen=True)
+class Param:
+    """A parameter: ``?`` (the next value of a list), ``$1`` (the first) or ``$name`` (from a
+    dict), bound to a value passed with the statement (``AssignStmt.params``)."""
+
+    text: str
+    span: Span
+
+
+@dataclass(frozen=True)
 class Ref:
     """``A[i,j]``; ``labels`` is None for a bare name (a scalar, or an EINSUM operand)."""
 
@@ -59,7 +69,7 @@ class Call:
 
 @dataclass(frozen=True)
 class BinOp:
-    op: str  # + - * /
+    op: str  # + - * / or a comparison: == != < <= > >=
     left: "Expr"
     right: "Expr"
     span: Span
@@ -94,7 +104,7 @@ class Chain:
 # The longest chain of one precedence level that the parser builds as nested BinOps.
 CHAIN_LIMIT = 100
 
-Expr = Union[Number, String, Ref, Call, BinOp, Neg, Chain]
+Expr = Union[Number, String, Param, Ref, Call, BinOp, Neg, Chain]
 
 
 def walk(expr: Expr):
@@ -195,6 +205,9 @@ class AssignStmt:
     pieces: tuple[LabelValue, ...]  # WITH (PIECES i 4, ...): pieces fixed per label
     mode: str
     span: Span
+    # The values of its parameters, given with the statement: (position of the parameter in
+    # the script, its name, its value) each; None when none were given (session/script.py).
+    params: tuple[tuple[int, str, int | float], ...] | None = None
 
 
 @dataclass(frozen=True)

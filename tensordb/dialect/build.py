@@ -44,6 +44,10 @@ def _toks(children, kind: str) -> list[Token]:
     return [c for c in children if isinstance(c, Token) and c.type == kind]
 
 
+# The dialect's comparison operators -> the names of the join language (NumPy's, Python's).
+_COMPARISONS = {"=": "==", "<>": "!=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
 # Integer literals longer than this are refused (int64 holds 19 digits; Python refuses to convert
 # more than 4300 to text).
 MAX_INT_DIGITS = 100
@@ -91,6 +95,9 @@ class _Build(Transformer):
         value = int(text) if text.isdigit() else float(text)
         return A.Number(value, self.sp(meta))
 
+    def param(self, meta, c):
+        return A.Param(str(c[0]), self.sp(meta))
+
     def string(self, meta, c):
         return A.String(_unquote(c[0]), self.sp(meta))
 
@@ -107,7 +114,11 @@ class _Build(Transformer):
         return tuple(x for x in c if not isinstance(x, Token))
 
     def call(self, meta, c):
-        return A.Call(str(c[0]).lower(), c[2] or (), self.sp(meta), self.ts(c[0]))
+        fn, args = str(c[0]).lower(), c[2] or ()
+        if fn == "softmax" and len(args) == 2 and isinstance(args[1], A.Ref) \
+                and args[1].labels is None:  # SOFTMAX(x, j): j is a label, not a tensor
+            args = (args[0], A.Label(args[1].name, args[1].span))
+        return A.Call(fn, args, self.sp(meta), self.ts(c[0]))
 
     def paren(self, meta, c):
         return c[1]
@@ -123,6 +134,23 @@ class _Build(Transformer):
         return expr
 
     sum = product = chain
+
+    def compare(self, meta, c):
+        """``a = b``, ``a <> b`` ...: a BinOp named as NumPy's operator (``==``, ``!=``, ...)."""
+        op = _COMPARISONS[str(c[1])]
+        return A.BinOp(op, c[0], c[2], self.sp(meta))
+
+    def when(self, meta, c):
+        return (c[1], c[3])
+
+    def case(self, meta, c):
+        """CASE WHEN c1 THEN a1 WHEN c2 THEN a2 ... ELSE b END: nested WHERE(c, a, b) calls,
+        as numpy.where computes them (each WHEN tested in order; the first true one wins)."""
+        whens = [x for x in c if isinstance(x, tuple)]
+        expr, fn_span = c[-2], self.ts(c[0])
+        for cond, value in reversed(whens):
+            expr = A.Call("where", (cond, value, expr), self.sp(meta), fn_span)
+        return expr
 
     def neg(self, meta, c):
         if isinstance(c[1], A.Number):

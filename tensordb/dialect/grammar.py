@@ -10,7 +10,7 @@ KEYWORDS = (
     "CREATE", "OR", "REPLACE", "TENSOR", "IF", "NOT", "EXISTS", "FROM", "FORMAT", "ARRAY", "INDEX",
     "VALUE", "SHAPE", "TILE", "PIECES", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
     "DESC", "DROP", "COPY", "TO", "SET", "BEGIN", "START", "TRANSACTION", "COMMIT", "END",
-    "ROLLBACK", "ABORT", "DATABASE", "DUPLICATES",
+    "ROLLBACK", "ABORT", "DATABASE", "DUPLICATES", "CASE", "WHEN", "THEN", "ELSE",
 )
 
 _RULES = r"""
@@ -52,7 +52,10 @@ labels: NAME (COMMA NAME)*
 with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
            | WITH LPAR tile (COMMA tile)* RPAR
 
-?expr: sum
+// A comparison is not associative (a < b < c is refused): SQL and Python read it differently.
+?expr: comparison
+?comparison: sum
+    | sum (EQ | NE | LT | LE | GT | GE) sum -> compare
 ?sum: product ((PLUS | MINUS) product)*
 ?product: unary ((STAR | SLASH) unary)*
 ?unary: atom
@@ -63,7 +66,12 @@ with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
     | NAME LSQB [labels] RSQB -> ref
     | NAME -> bare_ref
     | NAME LPAR [args] RPAR -> call
+    | PARAM -> param
     | LPAR expr RPAR -> paren
+    | CASE when+ ELSE expr END -> case
+    | CASE LSQB [labels] RSQB -> ref       // a tensor named case, as any other name
+    | CASE -> bare_ref
+when: WHEN expr THEN expr
 args: expr (COMMA expr)*
 
 show: SHOW TENSORS -> show_tensors
@@ -88,6 +96,7 @@ rollback: ROLLBACK [TRANSACTION] | ABORT [TRANSACTION]
 NAME: /[^\W\d]\w*/
 INT: /\d+/
 NUMBER: /(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?/
+PARAM: /\?|\$\d+|\$[^\W\d]\w*/
 STRING: /'(?:[^']|'')*'/
 LPAR: "("
 RPAR: ")"
@@ -95,6 +104,11 @@ LSQB: "["
 RSQB: "]"
 COMMA: ","
 EQ: "="
+NE: "<>" | "!="
+LE: "<="
+GE: ">="
+LT: "<"
+GT: ">"
 PLUS: "+"
 MINUS: "-"
 STAR: "*"
@@ -155,8 +169,10 @@ def explain_grammar() -> str:
 
 # Readable names for lark's terminals in "expected ..." messages.
 READABLE = {
-    "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "STRING": "a 'string'",
+    "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "PARAM": "a parameter",
+    "STRING": "a 'string'",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQ": "'='",
+    "NE": "'<>'", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "$END": "the end of the statement",
     "<END-OF-FILE>": "the end of the statement",
     **{k: k for k in KEYWORDS}, "CHECK": "CHECK",

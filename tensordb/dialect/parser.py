@@ -346,6 +346,15 @@ def _syntax_error(exc: UnexpectedInput, script: str, span: Span, text: str) -> P
         kws = [e for e in expected if e in READABLE and READABLE[e] == e]
         close = _closest_keyword(typed.upper(), kws) if kws else None
         hint = f"did you mean {close}?" if close else None
+    if isinstance(exc, UnexpectedToken) and exc.token.type in _COMPARING and "NAME" not in expected:
+        hint = "a comparison is not associative: write (a < b) * (b < c) for both, or put " \
+               "one comparison in parentheses"
+    elif isinstance(exc, UnexpectedToken) and exc.token.type == "END" and "ELSE" in expected:
+        hint = "CASE needs an ELSE: CASE WHEN c THEN a ELSE b END"
     pos = min(pos, len(text))
     end = pos + 1 if pos < len(text) else pos
     return ParserError(msg, statement=script, span=Span(span.start + pos, span.start + end), hint=hint)
+
+
+# The comparison operators' terminals (grammar.py): a second comparison in a row is refused.
+_COMPARING = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})

@@ -18,7 +18,7 @@ import opt_einsum as oe
 
 from ..errors import NotSupportedError
 from ..plan import scalar
-from ..plan.aggregates import AGGREGATES
+from ..plan.aggregates import AGGREGATES, ARG_AGGS
 from ..physical.choice import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
 from .sparse_kernels import dense_args, spmm, spreduce
@@ -218,6 +218,8 @@ class KernelSpec:
             if agg_axes and 0 not in out_shape:
                 return xp.full(out_shape, agg.identity, dtype=self.dtype)
             return xp.zeros(out_shape, dtype=self.dtype)
+        if op.agg in ARG_AGGS and agg_axes:
+            return self._arg_reduce(views, full)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:
@@ -284,6 +286,17 @@ class KernelSpec:
             return None
         budget = self.choice.chunk_elements // max(block * rest, 1)
         return block, max(1, min(budget, full[axis], cache // max(block * rest, 1)))
+
+    def _arg_reduce(self, views, full):
+        """ARGMAX / ARGMIN over the one aggregated label (axis 0), which the plan keeps in one
+        piece: the index within the tile is the index in the tensor (numpy's first occurrence;
+        the first NaN wins, as in numpy.argmax)."""
+        xp = self.xp
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            val = xp.asarray(scalar.evaluate(self.op.join, views, xp))
+        val = xp.broadcast_to(val, full)
+        return getattr(xp, self.op.agg)(val, axis=0).astype(self.dtype, copy=False)
 
     def _reduce(self, views, full, axis, step, agg, arrays, check, scratch=None):
         """The join over the space ``full`` (aggregated axes first) reduced by ``agg``, computed

@@ -35,6 +35,7 @@ from typing import Mapping
 
 from ..config import format_bytes
 from ..errors import OutOfMemoryError, ProgrammingError
+from ..plan.aggregates import ARG_AGGS
 from ..plan.ir import EinGraph
 from .cost import OpModel
 
@@ -157,4 +158,7 @@ def pieces_per_op(graph: EinGraph, pieces: Mapping[str, Mapping[str, int]] | Non
                                        f"does not have", hint=f"labels: {', '.join(known)}")
             for op in hit:
                 out.setdefault(op.output, {})[l] = d
+    for op in graph.ops:  # an index over a label is found in one piece of it (no partials)
+        if op.agg in ARG_AGGS:
+            out.setdefault(op.output, {}).update((l, 1) for l in op.agg_labels)
     return out

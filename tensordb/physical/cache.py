@@ -43,13 +43,22 @@ def _literals(expr) -> tuple:
     return ()
 
 
-def rebind(plan, readers: dict):
+def rebind(plan, readers: dict, ops=None):
     """``plan`` reading through ``readers`` (input name -> TensorReader of its current version).
     Everything else in a TilePlan names tensors, never versions: its tasks, outputs and stats
-    are shared with the cached plan."""
+    are shared with the cached plan. ``ops``: the operations of the graph it runs now, equal to
+    the plan's but for the values of their parameters (``scalar.Param``), which they bring."""
     bound = copy.copy(plan)
     bound.readers = dict(readers)
+    if ops is not None and any(_has_param(op.join) for op in ops):
+        bound.ops = tuple(ops)
     return bound
+
+
+def _has_param(expr) -> bool:
+    if isinstance(expr, scalar.Param):
+        return True
+    return isinstance(expr, scalar.Call) and any(_has_param(a) for a in expr.args)
 
 
 class PlanCache:

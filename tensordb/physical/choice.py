@@ -44,6 +44,7 @@ import numpy as np
 
 from ..errors import InternalError
 from ..plan import scalar
+from ..plan.aggregates import ARG_AGGS
 from ..plan.ir import EinOp
 from ..plan.memory import CHUNK_ELEMENTS, MatmulLayout, blas_product, chunk_elements, matmul_layout
 
@@ -64,6 +65,7 @@ class KernelChoice:
     chunk: str | None = None            # method 'broadcast': an aggregated label, or 'rows'
     chunk_elements: int = CHUNK_ELEMENTS
     sparse: int | None = None           # method 'spmm': the operand stored sparse (a matrix)
+    index: str | None = None            # 'argmax' / 'argmin': the whole label in one call
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -87,6 +89,8 @@ class KernelChoice:
             return f"{self.method} x{self.sparse} sparse"
         if self.method != "broadcast":
             return self.method
+        if self.index is not None:
+            return f"{self.index} over {self.chunk} (one piece)"
         # The chunk is shown when the memory budget made it smaller than the default.
         small = f", chunks of {self.chunk_elements}" if self.chunk_elements < CHUNK_ELEMENTS else ""
         return f"broadcast by {self.chunk}{small}"
@@ -104,6 +108,8 @@ class KernelChoice:
         if self.method == "broadcast":
             out["chunk"] = self.chunk
             out["chunk_elements"] = self.chunk_elements
+            if self.index is not None:
+                out["index"] = self.index
         elif self.scale != 1:
             out["scale"] = self.scale if isinstance(self.scale, (int, float)) else float(self.scale)
         return out
@@ -139,6 +145,8 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
         layout = matmul_layout(op)
         return KernelChoice("matmul" if layout else "contract", scale, first, layout)
     ext = extents or op.size
+    if op.agg in ARG_AGGS:  # evaluated whole: the index needs every element of the label
+        return KernelChoice("broadcast", chunk=op.agg_labels[0], index=op.agg)
     # Chunk along the largest aggregated label (the first of equals), so one chunk stays near
     # chunk_elements; a join with nothing to aggregate is cut in slabs of its first axis.
     chunk = max(op.agg_labels, key=lambda l: ext[l]) if op.agg_labels else "rows"

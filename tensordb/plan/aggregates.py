@@ -2,7 +2,7 @@
 lowering's zero-filling and the kernels' reductions.
 
 >>> [a.name for a in AGGREGATES.values()]
-['sum', 'max', 'min', 'prod']
+['sum', 'max', 'min', 'prod', 'argmax', 'argmin']
 >>> AGGREGATES["prod"].identity, AGGREGATES["max"].identity
 (1, None)
 >>> int(AGGREGATES["prod"].ufunc.reduce([2, 3, 4]))
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import DataError
 
-__all__ = ["AggregateFn", "AGGREGATES", "AGGS", "empty_aggregate"]
+__all__ = ["AggregateFn", "AGGREGATES", "AGGS", "ARG_AGGS", "empty_aggregate"]
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,14 @@ class AggregateFn:
     """One aggregate. ``ufunc`` combines two partials (and reduces along an axis with NumPy);
     ``xp_reduce`` names the array-module function that reduces along several axes (CuPy has
     ``ufunc.reduce`` for a few ufuncs only); ``identity`` is its value over no element, None when
-    it has none (numpy raises for an empty maximum: such an aggregate is refused)."""
+    it has none (numpy raises for an empty maximum: such an aggregate is refused).
+
+    ARGMAX and ARGMIN (numpy.argmax: the first index of the maximum, or of the first NaN; int64)
+    aggregate one label, which the optimizer never splits (``optimizer.candidates``): one kernel
+    call sees the whole label and there are no partials to combine (``ufunc`` is None)."""
 
     name: str
-    ufunc: np.ufunc
+    ufunc: np.ufunc | None
     xp_reduce: str
     identity: int | None
 
@@ -44,7 +48,10 @@ AGGREGATES: dict[str, AggregateFn] = {a.name: a for a in (
     AggregateFn("max", np.maximum, "amax", None),
     AggregateFn("min", np.minimum, "amin", None),
     AggregateFn("prod", np.multiply, "prod", 1),
+    AggregateFn("argmax", None, "argmax", None),
+    AggregateFn("argmin", None, "argmin", None),
 )}
+ARG_AGGS = ("argmax", "argmin")  # give an index (int64), over one label kept in one piece
 AGGS = tuple(AGGREGATES)  # the names, in the order error hints list them
 
 
@@ -52,8 +59,8 @@ def empty_aggregate(agg: str, labels: Sequence[str], what: str) -> DataError:
     """The DataError of a MAX or MIN over a label of size 0 (as numpy, which raises for an empty
     maximum; an empty SUM is 0 and an empty PROD is 1)."""
     names = ", ".join(f"'{l}'" for l in labels)
-    extreme = "maximum" if agg == "max" else "minimum"
+    extreme = {"max": "maximum", "min": "minimum"}.get(agg, f"{agg.upper()}")
     return DataError(f"{what}: {agg.upper()} over label{'s' if len(labels) > 1 else ''} {names} "
                      f"of size 0: the {extreme} of no elements has no value",
-                     hint="an empty SUM is 0 and an empty PROD is 1; MAX and MIN need at least "
-                          "one element")
+                     hint="an empty SUM is 0 and an empty PROD is 1; MAX, MIN, ARGMAX and ARGMIN "
+                          "need at least one element")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from ..errors import NotSupportedError
-from .scalar import Call, Const, Expr, Input
+from .scalar import Call, Const, Expr, Input, Param
 
 __all__ = ["derivative", "DIFFERENTIABLE", "add", "sub", "neg", "mul", "div", "power", "call"]
 
@@ -91,11 +91,17 @@ def derivative(expr: Expr, k: int) -> Expr | None:
     two equal values pass half of the gradient to each (as autograd and JAX do)."""
     if isinstance(expr, Input):
         return Const(1) if expr.index == k else None
-    if isinstance(expr, Const):
+    if isinstance(expr, (Const, Param)):
         return None
     if k not in expr.inputs():
         return None
     fn, args = expr.fn, expr.args
+    if fn == "where":  # the branch chosen; the condition is a step (0 wherever it has one)
+        da, db = derivative(args[1], k), derivative(args[2], k)
+        if da is None and db is None:
+            return None
+        return Call("where", (args[0], Const(0) if da is None else da,
+                              Const(0) if db is None else db))
     da = derivative(args[0], k)
     if len(args) == 1:
         if da is None:
@@ -160,7 +166,7 @@ def _pow_exponent(expr, a, db):
 
 # The backward's masks (RELU's a > 0, MAX's x == max): steps, whose derivative is 0 wherever
 # it exists, so that a gradient of a gradient (GRAD of a loss written with one) goes through.
-_STEPS = {"_gt", "_eq"}
+_STEPS = {"_gt", "_eq", "==", "!=", "<", "<=", ">", ">="}
 
 # f'(a) for the unary functions, given a and f(a) (``out``, to reuse: sigmoid' = s (1 - s)).
 _UNARY = {
@@ -176,6 +182,7 @@ _UNARY = {
     "exp": lambda a, out: out,
     "log": lambda a, out: div(Const(1), a),
     "_sign": lambda a, out: None,
+    "_stop": lambda a, out: None,
 }
 DIFFERENTIABLE = {f for f in _UNARY if not f.startswith("_")} | \
-    {"+", "-", "*", "/", "pow", "max", "min"}
+    {"+", "-", "*", "/", "pow", "max", "min", "where"} | (_STEPS - {"_gt", "_eq"})

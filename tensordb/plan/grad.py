@@ -45,9 +45,10 @@ import numpy as np
 
 from ..errors import BinderError
 from .derivative import add, call, derivative, div, mul, power, sub
+from .aggregates import ARG_AGGS
 from .ir import EinOp, Operand
 from .names import TensorRef
-from .scalar import Call, Const, Expr, Input, dtype_of
+from .scalar import Call, Const, Expr, Input, Param, dtype_of
 
 __all__ = ["derivative", "backward"]
 
@@ -58,7 +59,7 @@ def _subst(expr: Expr, slot_of) -> Expr:
     """``expr`` with input i replaced by ``slot_of(i)``."""
     if isinstance(expr, Input):
         return slot_of(expr.index)
-    if isinstance(expr, Const):
+    if isinstance(expr, (Const, Param)):
         return expr
     return Call(expr.fn, tuple(_subst(a, slot_of) for a in expr.args))
 
@@ -248,6 +249,8 @@ class _Backward:
         reading one tensor with the same labels): a new operation's name, or a constant."""
         operand = op.inputs[ks[0]]
         t, lk = operand.tensor, operand.labels
+        if op.agg in ARG_AGGS and op.agg_labels:  # an index: constant where it has a derivative
+            return None
         d = None
         for k in ks:
             d = add(d, derivative(op.join, k))

@@ -22,7 +22,7 @@ import numpy as np
 from ..dtypes import check_dtype
 from ..errors import BinderError
 from . import scalar
-from .aggregates import AGGREGATES, AGGS, empty_aggregate
+from .aggregates import AGGREGATES, AGGS, ARG_AGGS, empty_aggregate
 from .names import TensorRef
 from .scalar import Expr
 
@@ -86,6 +86,10 @@ class EinOp:
                               hint=f"valid aggregates: {', '.join(AGGS)}")
         if not self.agg_labels:
             object.__setattr__(self, "agg", None)
+        if self.agg in ARG_AGGS and (len(self.agg_labels) != 1
+                                     or np.dtype(self.dtype) != np.int64):
+            raise BinderError(f"{self.output}: {self.agg.upper()} aggregates one label into an "
+                              f"int64 index, not {', '.join(self.agg_labels)} into {self.dtype}")
         empty = [l for l in self.agg_labels if size[l] == 0]
         if empty and AGGREGATES[self.agg].identity is None:
             raise empty_aggregate(self.agg, empty, self.describe())

@@ -41,6 +41,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import scalar
+from .aggregates import ARG_AGGS
 from .ir import EinOp
 
 __all__ = ["CHUNK_ELEMENTS", "TEMPORARY_SHARE", "CallMemory", "PlanMemory", "worker_budget",
@@ -228,7 +229,9 @@ def call_memory(op: EinOp, extents: Mapping[str, int], fan_in: int, copied: Sequ
         temps = sum(n * out_item for n, c in zip(elems, copies) if c)
     else:
         space = math.prod(extents[l] for l in op.labels)
-        if op.agg_labels:  # chunks along the largest aggregated label; one slice at least
+        if op.agg in ARG_AGGS and op.agg_labels:  # ARGMAX evaluates its join space whole
+            temps = space * element_bytes(op) + output
+        elif op.agg_labels:  # chunks along the largest aggregated label; one slice at least
             along = max(op.agg_labels, key=lambda l: extents[l])
             per_slice = space // max(extents[along], 1)
             temps = min(space, max(chunk, per_slice)) * element_bytes(op) + output  # + its reduction

@@ -15,15 +15,15 @@ import ast
 import math
 import operator
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Union
 
 import numpy as np
 
 from ..errors import BinderError
 
-__all__ = ["Expr", "Input", "Const", "Call", "FUNCTIONS", "parse_join", "product", "product_of",
-           "product_factors",
+__all__ = ["Expr", "Input", "Const", "Param", "Call", "FUNCTIONS", "COMPARISONS", "parse_join", "product",
+           "product_of", "product_factors",
            "evaluate", "render", "fold", "dtype_of",
            "uniform_dtype"]
 
@@ -59,6 +59,21 @@ class Const:
 
 
 @dataclass(frozen=True)
+class Param:
+    """A parameter of a statement (``$lr``, ``?``): a Python scalar like a literal, whose value
+    is given each time the statement runs. Two parameters of one name and kind are equal
+    whatever their values, so a plan (cached by its graph) is reused for new values: nothing
+    is planned from the value (no folding, no BLAS scale, no skipped call)."""
+
+    name: str
+    kind: str  # 'int' or 'float': the value's Python type, which the dtype depends on
+    value: int | float = field(default=0, compare=False, repr=False)
+
+    def inputs(self) -> set[int]:
+        return set()
+
+
+@dataclass(frozen=True)
 class Call:
     """A function of sub-expressions: an operator (``+ - * / max min pow``) or a unary function."""
 
@@ -78,7 +93,7 @@ class Call:
         return inputs_of(self)
 
 
-Expr = Union[Input, Const, Call]
+Expr = Union[Input, Const, Param, Call]
 
 
 def _relu(x):
@@ -89,6 +104,12 @@ def _relu(x):
 
 def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
+
+
+def _stop(x):
+    """The value itself; its derivative is taken as 0 (a shift that cancels, such as the
+    maximum LOGSUMEXP subtracts and adds back: plan/derivative.py)."""
+    return x
 
 
 @dataclass(frozen=True)
@@ -117,11 +138,20 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "log": FunctionSpec(1, np.log, False),
     "sigmoid": FunctionSpec(1, _sigmoid, False),
     "cos": FunctionSpec(1, np.cos, False),
+    # Comparisons give NumPy's bool; WHERE(c, a, b) is numpy.where (CASE and IF in the dialect).
+    "==": FunctionSpec(2, np.equal, False),
+    "!=": FunctionSpec(2, np.not_equal, False),
+    "<": FunctionSpec(2, np.less, False),
+    "<=": FunctionSpec(2, np.less_equal, False),
+    ">": FunctionSpec(2, np.greater, False),
+    ">=": FunctionSpec(2, np.greater_equal, False),
+    "where": FunctionSpec(3, np.where, False),
     # Internal functions of the backward pass (plan/grad.py): masks and signs of derivatives.
     # Their names are not words, so the dialect never offers them (binder.SCALAR_FUNCTIONS).
     "_eq": FunctionSpec(2, np.equal, False),
     "_gt": FunctionSpec(2, np.greater, False),
     "_sign": FunctionSpec(1, np.sign, True),
+    "_stop": FunctionSpec(1, _stop, True),
 }
 
 
@@ -281,7 +311,7 @@ def evaluate(expr: Expr, values: list, xp=np, out=None):
     (the result is then ``out``); otherwise it is ignored."""
     if isinstance(expr, Input):
         return values[expr.index]
-    if isinstance(expr, Const):
+    if isinstance(expr, (Const, Param)):
         return expr.value
     spec = FUNCTIONS[expr.fn]
     args = [evaluate(a, values, xp) for a in expr.args]
@@ -340,6 +370,7 @@ def fold(call: Call) -> Expr:
 
 
 _INFIX = {"+": 1, "-": 1, "*": 2, "/": 2}
+COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 
 # An integer ``a ** b`` between literals is computed exactly (a weak Python int); one past this
 # many bits is refused before it is computed (it could not fit any dtype, and 10 ** 10 ** 10
@@ -361,11 +392,16 @@ def render(expr: Expr, names: list[str] | None = None, _prec: int = 0) -> str:
     """Render as text, with input slot i shown as names[i] (default x{i})."""
     if isinstance(expr, Input):
         return names[expr.index] if names else f"x{expr.index}"
+    if isinstance(expr, Param):
+        return f"${expr.name}"
     if isinstance(expr, Const):
         v = expr.value
         if isinstance(v, (int, np.integer)):
             return str(int(v))
         return str(int(v)) if float(v).is_integer() else repr(float(v))
+    if expr.fn in COMPARISONS:  # not associative: both sides of a lower level in parentheses
+        text = f"{render(expr.args[0], names, 1)} {expr.fn} {render(expr.args[1], names, 1)}"
+        return f"({text})" if _prec > 0 else text
     if expr.fn in _INFIX:
         p = _INFIX[expr.fn]
         text = (f"{render(expr.args[0], names, p)} {expr.fn} "
@@ -377,6 +413,8 @@ def render(expr: Expr, names: list[str] | None = None, _prec: int = 0) -> str:
 
 
 _AST_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "pow"}
+_AST_COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
+                ast.GtE: ">="}
 
 
 # The deepest expression a join may have: expressions are evaluated and analysed recursively (in
@@ -426,6 +464,10 @@ def parse_join(text: str) -> Expr:
                 except (ZeroDivisionError, OverflowError, TypeError):
                     pass
             return Call(_AST_OPS[type(node.op)], (left, right))
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 \
+                and type(node.ops[0]) in _AST_COMPARE:  # one comparison: a < b < c is refused
+            return Call(_AST_COMPARE[type(node.ops[0])],
+                        (conv(node.left), conv(node.comparators[0])))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = conv(node.operand)
             return Const(-inner.value) if isinstance(inner, Const) else Call("neg", (inner,))

@@ -12,12 +12,13 @@ from typing import Callable
 
 import numpy as np
 
-from .scalar import FUNCTIONS, Const, Expr, Input
+from .scalar import COMPARISONS, FUNCTIONS, Const, Expr, Input, Param
 
 __all__ = ["zero_when_absent", "nonzero_sql"]
 
-_KEEPS_FINITE = {"neg", "abs", "relu", "tanh", "sin", "cos", "sigmoid", "max", "min"}
+_KEEPS_FINITE = {"neg", "abs", "relu", "tanh", "sin", "cos", "sigmoid", "max", "min", "_stop"}
 _KEEPS_NONZERO = {"neg", "abs"}
+_FALSE_ON_EQUAL = {"!=", "<", ">"}  # comparisons that are false (0) where both sides are 0
 
 
 class _Logic:
@@ -60,9 +61,15 @@ def _finite(expr: Expr, L: _Logic, facts):
     """Certainly free of NaN and inf."""
     if isinstance(expr, Input):
         return facts[1](expr.index)
+    if isinstance(expr, Param):  # a value not known when planning
+        return L.false
     if isinstance(expr, Const):
         return L.const(_finite_in_float32(expr.value))
     a = expr.args
+    if expr.fn in COMPARISONS:  # a bool
+        return L.true
+    if expr.fn == "where":
+        return L.and_(_finite(a[1], L, facts), _finite(a[2], L, facts))
     if expr.fn in _KEEPS_FINITE:
         out = _finite(a[0], L, facts)
         return L.and_(out, _finite(a[1], L, facts)) if len(a) == 2 else out
@@ -80,6 +87,8 @@ def _nonzero(expr: Expr, L: _Logic, facts):
     """Certainly free of 0 and NaN (a divisor that keeps ``0 / x`` at 0)."""
     if isinstance(expr, Input):
         return facts[2](expr.index)
+    if isinstance(expr, Param):
+        return L.false
     if isinstance(expr, Const):
         v = expr.value
         return L.const(v != 0 and not np.isnan(v) and abs(v) >= float(_F32.tiny))  # not cast to f32
@@ -92,6 +101,8 @@ def _zero(expr: Expr, L: _Logic, facts):
     """Certainly 0 everywhere."""
     if isinstance(expr, Input):
         return facts[0](expr.index)
+    if isinstance(expr, Param):
+        return L.false
     if isinstance(expr, Const):
         return L.const(expr.value == 0)
     a = expr.args
@@ -100,8 +111,12 @@ def _zero(expr: Expr, L: _Logic, facts):
                      L.and_(_zero(a[1], L, facts), _finite(a[0], L, facts)))
     if expr.fn == "/":
         return L.and_(_zero(a[0], L, facts), _nonzero(a[1], L, facts))
-    if expr.fn in ("+", "-", "max", "min"):
+    if expr.fn in ("+", "-", "max", "min") or expr.fn in _FALSE_ON_EQUAL:
         return L.and_(_zero(a[0], L, facts), _zero(a[1], L, facts))
+    if expr.fn in COMPARISONS:  # 0 == 0 is true
+        return L.false
+    if expr.fn == "where":  # both branches 0, or the condition certainly false and ELSE 0
+        return L.and_(_zero(a[2], L, facts), L.or_(_zero(a[1], L, facts), _zero(a[0], L, facts)))
     if expr.fn == "pow":  # 0 ** c is 0 for c > 0 only (1 for c = 0, inf below)
         positive = isinstance(a[1], Const) and a[1].value > 0
         return L.and_(_zero(a[0], L, facts), L.const(positive))

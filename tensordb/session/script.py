@@ -14,7 +14,9 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
+
+import numpy as np
 
 from ..bind import LetDef, internal_error as _internal
 from ..dialect import ast as A
@@ -61,6 +63,9 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
             on_result(r)
 
     try:
+        if parameters and stmts and all(isinstance(s, A.AssignStmt) for s in stmts):
+            # einsum statements: each carries the values of its parameters, and runs as any
+            stmts, parameters = bind_parameters(script, stmts, parameters), None
         if parameters and sess.block is not None:  # queued with its values, as any statement
             _check_parameterized(script, stmts)
             sess.block.append((script, _Parameterized(stmts[0], parameters)))
@@ -315,6 +320,49 @@ class _Parameterized:
 # what runs in a transaction the user began with SQL BEGIN (see run_unit)
 _IN_USER_TRANSACTION = (A.SqlStmt, A.ShowTensorsStmt, A.ShowSettingStmt, A.DescribeStmt,
                         A.SetStmt, _Parameterized)
+
+
+def bind_parameters(script: str, stmts: list, parameters) -> list:
+    """Einsum statements with the values of their parameters (``AssignStmt.params``): a list
+    for ``?`` (numbered across the statements, in order) and ``$1``, ``$2`` ...; a dict for
+    ``$name``. Each value is a Python or NumPy int or float, used as a literal would be."""
+    by_name = isinstance(parameters, Mapping)
+    values: dict[int, list] = {id(s): [] for s in stmts}
+    used, asked = set(), 0
+    for stmt in stmts:
+        for node in sorted((n for n in A.walk(stmt.expr) if isinstance(n, A.Param)),
+                           key=lambda n: n.span.start):  # ? counts in the order written
+            text = node.text
+            key = asked if text == "?" else int(text[1:]) - 1 if text[1:].isdigit() else text[1:]
+            asked += text == "?"
+            if by_name != isinstance(key, str):
+                raise ProgrammingError(f"parameter {text} takes its value from a "
+                                       f"{'list' if isinstance(key, int) else 'dict'}, but a "
+                                       f"{'dict' if by_name else 'list'} was given",
+                                       statement=script, span=node.span)
+            try:
+                value = parameters[key]
+            except (KeyError, IndexError):
+                raise ProgrammingError(f"no value for parameter {text}: "
+                                       f"{len(parameters)} given", statement=script,
+                                       span=node.span) from None
+            if isinstance(value, np.generic) and value.dtype.kind in "iuf":
+                value = value.item()
+            if type(value) not in (int, float):
+                raise ProgrammingError(f"parameter {text} is {type(value).__name__}: einsum "
+                                       "parameters are ints or floats", statement=script,
+                                       span=node.span)
+            name = key if isinstance(key, str) else str(key + 1)
+            values[id(stmt)].append((node.span.start, name, value))
+            used.add(key)
+    if not used:
+        raise ProgrammingError("parameters were given, but the statements have none",
+                               statement=script, span=stmts[0].span,
+                               hint="write $1, ? or $name where a value goes")
+    if not by_name and len(used) != len(parameters):
+        raise ProgrammingError(f"{len(parameters)} parameter values given for {len(used)} "
+                               "parameter(s)", statement=script, span=stmts[0].span)
+    return [dataclasses.replace(s, params=tuple(values[id(s)])) for s in stmts]
 
 
 def _check_parameterized(script: str, stmts: list) -> None:
