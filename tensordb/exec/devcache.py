@@ -53,6 +53,9 @@ class DeviceCache:
         self.bytes = 0        # all cached bytes (idle or held by the run)
         self.idle_bytes = 0   # bytes of entries no run holds
         self.evicted = 0      # entries dropped for room (a figure for tests and EXPLAIN)
+        # LET values (devlets.py), by their cache name "=identity": the stored (name, version)
+        # pairs each reads; it leaves when one of those is replaced or dropped
+        self.deps: dict[str, frozenset] = {}
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -81,6 +84,19 @@ class DeviceCache:
                 if e is not None:
                     return d, e.array
         return None
+
+    def pin(self, key: tuple, devices) -> bool:
+        """Hold ``key`` where it is cached (the first of ``devices`` that has it) for the run,
+        so that no room is made with it before the run reads it; whether it is cached."""
+        with self.lock:
+            for d in devices:
+                e = self.entries.get((key, d))
+                if e is not None:
+                    if e.uses == 0:
+                        self.idle_bytes -= e.nbytes
+                    e.uses += 1
+                    return True
+        return False
 
     def put(self, key: tuple, device: int, array, held: bool = True):
         """Cache ``array`` as ``key`` on ``device`` (held by the run unless ``held`` is False);
@@ -159,6 +175,7 @@ class DeviceCache:
             same.discard(where)
             if not same:
                 del self.names[where[0][0]]
+                self.deps.pop(where[0][0], None)
         self.bytes -= e.nbytes
         if e.uses == 0:
             self.idle_bytes -= e.nbytes
@@ -169,6 +186,7 @@ class DeviceCache:
             self.entries.clear()
             self.ids.clear()
             self.names.clear()
+            self.deps.clear()
             self.bytes = self.idle_bytes = 0
 
     # -- versions --------------------------------------------------------------------------
@@ -178,6 +196,19 @@ class DeviceCache:
         with self.lock:
             for where in [w for w in self.names.get(name, ()) if w[0][1] not in (None, version)]:
                 self._drop(where)
+            self._drop_lets(lambda n, v: n == name and v != version)
+
+    def let_reads(self, name: str, deps: frozenset) -> None:
+        """LET value ``name`` ("=identity", devlets.py) reads the stored ``deps``."""
+        with self.lock:
+            self.deps[name] = deps
+
+    def _drop_lets(self, stale) -> None:  # the caller holds the lock
+        """Drop every tile of the LET values that read a ``stale(name, version)``."""
+        for let in [n for n, deps in self.deps.items() if any(stale(*d) for d in deps)]:
+            for where in list(self.names.get(let, ())):
+                self._drop(where)
+            self.deps.pop(let, None)
 
     def hold_outputs(self, name: str, version: int, tiles) -> None:
         """The device arrays of a stored output's tiles, ``[(starts, stops, device, array)]``,
@@ -199,6 +230,7 @@ class DeviceCache:
         final = {m.name.lower(): m for m in stored}  # a name stored twice: its last version
         gone = {(m.name.lower(), m.version) for m in retired}
         with self.lock:
+            self._drop_lets(lambda n, v: (n, v) in gone or n in final and final[n].version != v)
             names = {n for n, _ in gone} | set(final) | \
                 {n for n in self.names if any(w[0][1] is None for w in self.names[n])}
             for where in [w for n in names for w in list(self.names.get(n, ()))]:

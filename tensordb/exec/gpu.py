@@ -42,11 +42,12 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..errors import NotSupportedError
+from ..errors import InternalError, NotSupportedError
 from ..geometry import tile_box
 from ..physical.plan import Load
 from .budget import upper_bytes
 from .devcache import DeviceCache
+from .devlets import cut_held, held_tiles, identities
 from .kernels import get_backend
 from .pool import HostTiles, LocalExecutor
 
@@ -121,6 +122,7 @@ class DeviceTiles(HostTiles):
         self._count_lock = threading.Lock()
         self._listening = None  # (weakref to the store told to report commits, its listener)
         self._capacity: int | None = -1  # the devices' memory the cache may fill (-1: not read)
+        self._making: dict[int, tuple] = {}  # this run's task key -> cache key of a LET tile
 
     def _device(self, w: int) -> int:
         return self.devices[w % len(self.devices)]
@@ -194,9 +196,12 @@ class DeviceTiles(HostTiles):
             return value
         key, dev = self._key(task, reader), self._device(w)
         value = cache.get(key, dev)
+        held = getattr(reader, "held", False)  # a LET's tile kept from an earlier run
         if value is not None:
-            self._count(hits=1)
+            self._count(**({"let_hits": 1} if held else {"hits": 1}))
             return value
+        if held and cache.peer(key, dev, self.devices) is None:  # pinned by start_run
+            raise InternalError(f"the LET tile {key} left the device cache during the run")
         src = cache.peer(key, dev, self.devices)
         if src is not None:
             value = src[1].copy()  # onto this worker's device, from the one that holds it
@@ -211,16 +216,36 @@ class DeviceTiles(HostTiles):
         if self.cache is not None:
             self.cache.release(value)
 
-    def start_run(self, plan, store) -> None:
+    def start_run(self, plan, store):
+        """Before a run: the cache forgets the versions the plan does not read, and the plan's
+        LET values already held on the devices are cut out of it (devlets.py): the plan to run."""
         with self._count_lock:
             self.copies = Counter()
+        self._making = {}
         cache = self.cache
         if cache is None:
-            return
+            return plan
         if store is not None and getattr(store, "commit_listeners", None) is not None:
             self._listen(store)
         for reader in plan.readers.values():  # a version read now: the others are stale
             cache.keep_version(reader.meta.name, reader.meta.version)
+        idents = identities(plan)
+        if not idents:
+            return plan
+        for ident, deps in idents.values():
+            cache.let_reads("=" + ident, deps)
+        made = held_tiles(plan, idents)
+        found = {k: m for k, m in made.items() if cache.pin(m[0], self.devices)}
+        self._making = {k: m[0] for k, m in made.items() if k not in found}
+        return cut_held(plan, found) if found else plan
+
+    def produced(self, w: int, key: int, value) -> None:
+        """A task's tile is final: a LET's tile stays in the cache (held by the run until its
+        last reader ran)."""
+        ckey = self._making.get(key)
+        if ckey is not None and not isinstance(value, OnHost):
+            self.cache.put(ckey, self._device(w), value)
+            self._count(let_tiles_kept=1)
 
     def _listen(self, store) -> None:
         """Have ``store`` report its commits to the cache: tiles of replaced and dropped
@@ -277,6 +302,7 @@ class DeviceTiles(HostTiles):
 
     def end_run(self, plan, run, result, finished=None) -> None:
         cache = self.cache
+        self._making = {}
         if cache is not None:
             cache.run_ended()
             # the versions the outputs will have (physical.OutputWriters): without them,

@@ -49,8 +49,13 @@ class HostTiles:
 
     # Hooks of a device cache (gpu.py keeps stored tiles on the GPUs between runs); host
     # tiles keep nothing between runs.
-    def start_run(self, plan, store) -> None:
-        """A run of ``plan`` begins (``store``: the database it reads, or None)."""
+    def start_run(self, plan, store):
+        """A run of ``plan`` begins (``store``: the database it reads, or None): the plan to
+        run (a GPU's cuts out what its cache holds already)."""
+        return plan
+
+    def produced(self, w: int, key: int, value) -> None:
+        """Task ``key``'s tile ``value`` is final, on worker ``w``."""
 
     def room(self, plan, limit):
         """The part of ``limit`` (bytes, or None) a run of ``plan`` may fill with its tiles."""
