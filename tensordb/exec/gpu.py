@@ -123,6 +123,11 @@ class DeviceTiles(HostTiles):
         self._listening = None  # (weakref to the store told to report commits, its listener)
         self._capacity: int | None = -1  # the devices' memory the cache may fill (-1: not read)
         self._making: dict[int, tuple] = {}  # this run's task key -> cache key of a LET tile
+        # this run's stored output tiles copied to the host already: id -> (device tile, host
+        # copy); the run holds both until it ends, so an id is never another array's here
+        self._landed: dict[int, tuple] = {}
+        self._landed_lock = threading.Lock()
+        self._running = False
 
     def _device(self, w: int) -> int:
         return self.devices[w % len(self.devices)]
@@ -146,6 +151,10 @@ class DeviceTiles(HostTiles):
         t0 = time.perf_counter()
         if self.cache is not None:
             self.cache.discard(value)
+        with self._landed_lock:
+            landed = self._landed.pop(id(value), None)
+        if landed is not None and landed[0] is value:  # its host copy exists: no second copy
+            return OnHost(landed[1]), int(landed[1].nbytes), time.perf_counter() - t0
         host = self.xp.asnumpy(value)
         self._count(device_to_host=int(host.nbytes))
         return OnHost(host), int(host.nbytes), time.perf_counter() - t0
@@ -167,7 +176,15 @@ class DeviceTiles(HostTiles):
         if isinstance(value, OnHost):
             return value.array
         self._count(device_to_host=int(value.nbytes))
-        return self.xp.asnumpy(value)
+        return self._land(value, self.xp.asnumpy(value))
+
+    def _land(self, value, host):
+        """``host`` is the copy of device tile ``value``: during a run, ``evict`` copies it no
+        more (the run holds ``value`` until it ends, or until ``evict`` lets it go)."""
+        with self._landed_lock:
+            if self._running:
+                self._landed[id(value)] = (value, host)
+        return host
 
     def copy_out(self, value, buffer) -> None:
         """A finished output tile into its writer's buffer (host memory), on its worker:
@@ -180,6 +197,8 @@ class DeviceTiles(HostTiles):
             get(out=buffer)
         else:
             np.copyto(buffer, self.xp.asnumpy(value), casting="unsafe")
+        if buffer.dtype == value.dtype and buffer.shape == value.shape:
+            self._land(value, buffer)
 
     # -- the device cache (devcache.py) --------------------------------------------------------
     def _key(self, task, reader) -> tuple:
@@ -222,6 +241,9 @@ class DeviceTiles(HostTiles):
         with self._count_lock:
             self.copies = Counter()
         self._making = {}
+        with self._landed_lock:
+            self._landed.clear()
+            self._running = True
         cache = self.cache
         if cache is None:
             return plan
@@ -303,6 +325,9 @@ class DeviceTiles(HostTiles):
     def end_run(self, plan, run, result, finished=None) -> None:
         cache = self.cache
         self._making = {}
+        with self._landed_lock:
+            self._landed.clear()
+            self._running = False
         if cache is not None:
             cache.run_ended()
             # the versions the outputs will have (physical.OutputWriters): without them,
