@@ -264,6 +264,9 @@ def copies_line(c: Mapping) -> str:
         line += (f"; device cache: {c.get('hits', 0)} hit(s), {c.get('peer_hits', 0)} from "
                  f"another device, {c.get('misses', 0)} miss(es), now "
                  f"{c['cached_tiles']} tiles ({format_bytes(c['cached_bytes'])})")
+    if c.get("let_hits") or c.get("let_tiles_kept"):
+        line += (f"; {c.get('let_hits', 0)} LET tile(s) read on the device, "
+                 f"{c.get('let_tiles_kept', 0)} kept")
     return line
 
 

@@ -122,7 +122,8 @@ class DeviceTiles(HostTiles):
         self._count_lock = threading.Lock()
         self._listening = None  # (weakref to the store told to report commits, its listener)
         self._capacity: int | None = -1  # the devices' memory the cache may fill (-1: not read)
-        self._making: dict[int, tuple] = {}  # this run's task key -> cache key of a LET tile
+        # this run's task key -> (cache key, bytes) of a LET tile it keeps (devlets.py)
+        self._making: dict[int, tuple] = {}
         # this run's stored output tiles copied to the host already: id -> (device tile, host
         # copy); the run holds both until it ends, so an id is never another array's here
         self._landed: dict[int, tuple] = {}
@@ -258,15 +259,16 @@ class DeviceTiles(HostTiles):
             cache.let_reads("=" + ident, deps)
         made = held_tiles(plan, idents)
         found = {k: m for k, m in made.items() if cache.pin(m[0], self.devices)}
-        self._making = {k: m[0] for k, m in made.items() if k not in found}
+        self._making = {k: (m[0], np.dtype(m[1]).itemsize * _volume(m[0][2], m[0][3]))
+                        for k, m in made.items() if k not in found}
         return cut_held(plan, found) if found else plan
 
     def produced(self, w: int, key: int, value) -> None:
         """A task's tile is final: a LET's tile stays in the cache (held by the run until its
         last reader ran)."""
-        ckey = self._making.get(key)
-        if ckey is not None and not isinstance(value, OnHost):
-            self.cache.put(ckey, self._device(w), value)
+        making = self._making.get(key)
+        if making is not None and not isinstance(value, OnHost):
+            self.cache.put(making[0], self._device(w), value)
             self._count(let_tiles_kept=1)
 
     def _listen(self, store) -> None:
@@ -309,18 +311,24 @@ class DeviceTiles(HostTiles):
 
     def room(self, plan, limit):
         """Make room for ``plan``: idle cached tiles leave (those it does not read first) until
-        the cache and the plan's tiles fit the limit (or the devices); what is left of
-        ``limit`` for the run's tiles."""
+        the cache, the plan's tiles and the LET tiles it will keep fit the limit (or the
+        devices); LET tiles are kept only where they fit so. What is left of ``limit`` for the
+        run's tiles."""
         cache = self.cache
-        if cache is None or not cache.bytes:
+        if cache is None:
+            return limit
+        lets = sum(n for _, n in self._making.values())
+        if not cache.bytes and not lets:
             return limit
         caps = [c for c in (limit, self.capacity()) if c]
         if caps:
-            over = cache.bytes + upper_bytes(plan) - min(caps)
+            over = cache.bytes + upper_bytes(plan) + lets - min(caps)
             if over > 0:
-                cache.make_room(over, keep={self._key(t, plan.readers[t.tensor])
-                                            for t in plan.tasks if isinstance(t, Load)})
-        return None if limit is None else limit - cache.bytes
+                over -= cache.make_room(over, keep={self._key(t, plan.readers[t.tensor])
+                                                    for t in plan.tasks if isinstance(t, Load)})
+            if over > 0 and lets:  # no room to keep this run's LET tiles
+                self._making, lets = {}, 0
+        return None if limit is None else limit - cache.bytes - lets
 
     def end_run(self, plan, run, result, finished=None) -> None:
         cache = self.cache
@@ -378,6 +386,20 @@ class DeviceTiles(HostTiles):
                 r["resident"] += 1
                 r["bytes"] += reader.meta.dtype.itemsize * \
                     _volume(t.starts, t.stops)
+            elif on:
+                r["peer"] += 1
+        # the LET values the plan computes that are held already (cut out of the run)
+        idents = identities(plan)
+        workers = {t.key: t.worker for t in plan.tasks} if idents else {}
+        for key, (ckey, dtype, _) in held_tiles(plan, idents).items():
+            name = next(n for n, (i, _) in idents.items() if "=" + i == ckey[0])
+            on = self.cache.where(ckey, self.devices)
+            r = out.setdefault(f"{name} (LET)", {"loads": 0, "resident": 0, "peer": 0,
+                                                 "bytes": 0})
+            r["loads"] += 1
+            if self._device(workers.get(key, 0)) in on:
+                r["resident"] += 1
+                r["bytes"] += np.dtype(dtype).itemsize * _volume(ckey[2], ckey[3])
             elif on:
                 r["peer"] += 1
         return out
