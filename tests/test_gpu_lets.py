@@ -187,24 +187,31 @@ def test_without_the_cache_a_let_is_computed_by_every_statement(xp):
         assert xp.products > 0 and "let_hits" not in con.last_run.copies
 
 
-def test_let_tiles_leave_under_a_tight_budget_and_answers_stay_right(xp):
-    """A budget too small to keep H between statements: its tiles leave the cache (least
-    recently used first), the next statement computes it again, the answers equal NumPy."""
+@pytest.mark.parametrize("devices", [(0,), (0, 1)])
+def test_let_tiles_leave_under_a_tight_budget_and_answers_stay_right(xp, devices):
+    """A budget too small to keep everything between statements: LET tiles are kept where the
+    run's admission can drop them again, and leave when room is needed; the cache never
+    holds more than the limit after a run, and the answers equal NumPy."""
     x = RNG.standard_normal((128, 64))
     w = RNG.standard_normal((64, 128))
     limit = 160 << 10  # X, W and H are 64 + 64 + 128 KiB
     h = np.maximum(x @ w, 0)
+    kept = hits = 0
     with tensordb.connect(memory_limit=limit) as con:
         con.load("X", x, tile=(64, 32))
         con.load("W", w, tile=(32, 64))
-        tiles = _gpu(con, xp, memory_limit=limit)
+        tiles = _gpu(con, xp, devices=devices, memory_limit=limit)
         con.execute(LET)
         for sql, name, want in (("Y[b] = SUM(H[b,f])", "Y", h.sum(1)),
                                 ("Z[b] = MAX(H[b,f])", "Z", h.max(1)),
-                                ("V[f] = SUM(H[b,f])", "V", h.sum(0))):
+                                ("V[f] = SUM(H[b,f])", "V", h.sum(0)),
+                                ("Z[b] = MIN(H[b,f])", "Z", h.min(1))):
             con.execute(sql)
             np.testing.assert_allclose(con.tensor(name), want, rtol=1e-10)
             assert tiles.cache.bytes <= limit and con.last_run.over_budget == 0
+            kept += con.last_run.copies.get("let_tiles_kept", 0)
+            hits += con.last_run.copies.get("let_hits", 0)
+        assert kept > 0 and hits > 0
 
 
 def test_explain_analyze_shows_the_let_tiles_read_from_the_device(xp):

@@ -85,9 +85,9 @@ class DeviceCache:
                     return d, e.array
         return None
 
-    def pin(self, key: tuple, devices) -> bool:
-        """Hold ``key`` where it is cached (the first of ``devices`` that has it) for the run,
-        so that no room is made with it before the run reads it; whether it is cached."""
+    def pin(self, key: tuple, devices) -> int | None:
+        """Hold ``key`` where it is cached (the first of ``devices`` that has it) until the run
+        reads it (``unpin``), so that no room is made with it before; that device, or None."""
         with self.lock:
             for d in devices:
                 e = self.entries.get((key, d))
@@ -95,8 +95,17 @@ class DeviceCache:
                     if e.uses == 0:
                         self.idle_bytes -= e.nbytes
                     e.uses += 1
-                    return True
-        return False
+                    return d
+        return None
+
+    def unpin(self, key: tuple, device: int) -> None:
+        """The run read ``key`` (pinned on ``device``): it counts as its Load's from now on."""
+        with self.lock:
+            e = self.entries.get((key, device))
+            if e is not None and e.uses > 0:
+                e.uses -= 1
+                if e.uses == 0:
+                    self.idle_bytes += e.nbytes
 
     def put(self, key: tuple, device: int, array, held: bool = True):
         """Cache ``array`` as ``key`` on ``device`` (held by the run unless ``held`` is False);

@@ -124,6 +124,7 @@ class DeviceTiles(HostTiles):
         self._capacity: int | None = -1  # the devices' memory the cache may fill (-1: not read)
         # this run's task key -> (cache key, bytes) of a LET tile it keeps (devlets.py)
         self._making: dict[int, tuple] = {}
+        self._pinned: dict[int, tuple] = {}  # task key -> (cache key, device) of a held LET tile
         # this run's stored output tiles copied to the host already: id -> (device tile, host
         # copy); the run holds both until it ends, so an id is never another array's here
         self._landed: dict[int, tuple] = {}
@@ -208,29 +209,35 @@ class DeviceTiles(HostTiles):
 
     def load(self, w: int, task, reader, runner, op):
         """A Load on worker ``w``: the cached tile on its device (no copy), else a copy of the
-        one cached on another device (peer), else the box copied host -> device; kept."""
+        one cached on another device (peer), else the box copied host -> device; kept. A held
+        LET tile (devlets.py) is only ever found: ``start_run`` pinned it."""
         cache = self.cache
         if cache is None:
             value = runner.run(task, (), op, source=reader)
             self._count(host_to_device=int(value.nbytes), misses=1)
             return value
         key, dev = self._key(task, reader), self._device(w)
-        value = cache.get(key, dev)
-        held = getattr(reader, "held", False)  # a LET's tile kept from an earlier run
-        if value is not None:
-            self._count(**({"let_hits": 1} if held else {"hits": 1}))
-            return value
-        if held and cache.peer(key, dev, self.devices) is None:  # pinned by start_run
-            raise InternalError(f"the LET tile {key} left the device cache during the run")
-        src = cache.peer(key, dev, self.devices)
-        if src is not None:
-            value = src[1].copy()  # onto this worker's device, from the one that holds it
-            self.xp.cuda.get_current_stream().synchronize()
-            self._count(peer=int(value.nbytes), peer_hits=1)
-        else:
-            value = runner.run(task, (), op, source=reader)
-            self._count(host_to_device=int(value.nbytes), misses=1)
-        return cache.put(key, dev, value)
+        held = getattr(reader, "held", False)
+        try:
+            value = cache.get(key, dev)
+            if value is not None:
+                self._count(**({"let_hits": 1} if held else {"hits": 1}))
+                return value
+            src = cache.peer(key, dev, self.devices)
+            if src is not None:
+                value = src[1].copy()  # onto this worker's device, from the one that holds it
+                self.xp.cuda.get_current_stream().synchronize()
+                self._count(peer=int(value.nbytes), peer_hits=1, **({"let_hits": 1} if held else {}))
+            elif held:
+                raise InternalError(f"the LET tile {key} left the device cache during the run")
+            else:
+                value = runner.run(task, (), op, source=reader)
+                self._count(host_to_device=int(value.nbytes), misses=1)
+            return cache.put(key, dev, value)
+        finally:
+            pinned = self._pinned.get(task.key) if held else None
+            if pinned is not None:  # read: held as this Load's tile now, as any cached tile
+                cache.unpin(*pinned)
 
     def released(self, value) -> None:
         if self.cache is not None:
@@ -241,7 +248,7 @@ class DeviceTiles(HostTiles):
         LET values already held on the devices are cut out of it (devlets.py): the plan to run."""
         with self._count_lock:
             self.copies = Counter()
-        self._making = {}
+        self._making, self._pinned = {}, {}
         with self._landed_lock:
             self._landed.clear()
             self._running = True
@@ -258,7 +265,9 @@ class DeviceTiles(HostTiles):
         for ident, deps in idents.values():
             cache.let_reads("=" + ident, deps)
         made = held_tiles(plan, idents)
-        found = {k: m for k, m in made.items() if cache.pin(m[0], self.devices)}
+        self._pinned = {k: (m[0], d) for k, m in made.items()
+                        if (d := cache.pin(m[0], self.devices)) is not None}
+        found = {k: m for k, m in made.items() if k in self._pinned}
         self._making = {k: (m[0], np.dtype(m[1]).itemsize * _volume(m[0][2], m[0][3]))
                         for k, m in made.items() if k not in found}
         return cut_held(plan, found) if found else plan
@@ -312,8 +321,8 @@ class DeviceTiles(HostTiles):
     def room(self, plan, limit):
         """Make room for ``plan``: idle cached tiles leave (those it does not read first) until
         the cache, the plan's tiles and the LET tiles it will keep fit the limit (or the
-        devices); LET tiles are kept only where they fit so. What is left of ``limit`` for the
-        run's tiles."""
+        devices); LET tiles are kept where they fit so, or where the run's admission will drop
+        them when it needs room. What is left of ``limit`` for the run's tiles."""
         cache = self.cache
         if cache is None:
             return limit
@@ -326,13 +335,16 @@ class DeviceTiles(HostTiles):
             if over > 0:
                 over -= cache.make_room(over, keep={self._key(t, plan.readers[t.tensor])
                                                     for t in plan.tasks if isinstance(t, Load)})
-            if over > 0 and lets:  # no room to keep this run's LET tiles
+            # Past the limit the pool's admission runs, and drops idle cached tiles (a LET's
+            # among them, once its readers ran) before anything else; past the devices' own
+            # memory, or with no limit, nothing would: no LET tile is kept then.
+            if over > 0 and lets and (limit is None or min(caps) < limit):
                 self._making, lets = {}, 0
         return None if limit is None else limit - cache.bytes - lets
 
     def end_run(self, plan, run, result, finished=None) -> None:
         cache = self.cache
-        self._making = {}
+        self._making, self._pinned = {}, {}
         with self._landed_lock:
             self._landed.clear()
             self._running = False
