@@ -248,3 +248,25 @@ def test_an_output_tile_moved_off_the_device_is_copied_to_the_host_once(xp):
         # ...and some were moved: more bytes left the device than were copied for it
         extra = sum(xp.d2h) - c.nbytes - c.max(0).nbytes  # A's and B's tiles moved to the host
         assert moved > extra >= 0
+
+
+def test_explain_analyze_shows_the_copies_of_each_operation(xp):
+    """Per operation: the bytes its Loads copied host -> device, and its stored result's
+    device -> host; they add up to the run's figures."""
+    with tensordb.connect() as con:
+        _loaded(con)
+        _gpu(con, xp)
+        text = con.explain("C[b,f] = SUM(X[b,h] * W[h,f]); D[f] = MAX(C[b,f])", analyze=True)
+        c = X @ W
+        np.testing.assert_allclose(con.tensor("D"), c.max(0), rtol=1e-12)
+        per_op, run = con.last_run.op_copies, con.last_run.copies
+        assert per_op["C"] == {"host_to_device": X.nbytes + W.nbytes,
+                               "device_to_host": c.nbytes}
+        assert per_op["D"] == {"device_to_host": c.max(0).nbytes}
+        for kind in ("host_to_device", "device_to_host"):
+            assert sum(p.get(kind, 0) for p in per_op.values()) == run[kind] == \
+                sum(getattr(xp, "h2d" if kind == "host_to_device" else "d2h"))
+        assert "copied per operation: C: 7.0 KiB host->device, 6.0 KiB device->host; " \
+               "D: 192 B device->host" in text
+        js = con.explain("D[f] = MAX(C[b,f])", analyze=True, format="json")
+        assert '"op_copies"' in js

@@ -119,6 +119,8 @@ class DeviceTiles(HostTiles):
         # stored tiles kept on the devices between runs (devcache.py); None: every Load copies
         self.cache = DeviceCache() if cache else None
         self.copies: Counter = Counter()  # this run's copies (RunResult.copies)
+        self.op_copies: dict[str, Counter] = {}  # ...per operation (RunResult.op_copies)
+        self._out_ops: dict[int, str] = {}  # this run's stored output tile -> its operation
         self._count_lock = threading.Lock()
         self._listening = None  # (weakref to the store told to report commits, its listener)
         self._capacity: int | None = -1  # the devices' memory the cache may fill (-1: not read)
@@ -142,9 +144,14 @@ class DeviceTiles(HostTiles):
             with cuda.Stream(non_blocking=True):  # the current stream is per thread
                 yield
 
-    def _count(self, **counts) -> None:
+    def _count(self, op: str | None = None, **counts) -> None:
+        """Add ``counts`` to the run's; its bytes copied to operation ``op``'s too (by the
+        name of its result)."""
         with self._count_lock:
             self.copies.update(counts)
+            if op is not None:
+                self.op_copies.setdefault(str(op), Counter()).update(
+                    {k: v for k, v in counts.items() if k in _BYTES})
 
     def evict(self, value):
         """The budget's spill on a GPU: the tile copied to host memory (``OnHost``), its bytes
@@ -174,10 +181,10 @@ class DeviceTiles(HostTiles):
     def publish(self, value) -> None:
         self.xp.cuda.get_current_stream().synchronize()  # readers on other streams see it done
 
-    def to_host(self, value):
+    def to_host(self, value, key=None):
         if isinstance(value, OnHost):
             return value.array
-        self._count(device_to_host=int(value.nbytes))
+        self._count(self._out_ops.get(key), device_to_host=int(value.nbytes))
         return self._land(value, self.xp.asnumpy(value))
 
     def _land(self, value, host):
@@ -188,11 +195,11 @@ class DeviceTiles(HostTiles):
                 self._landed[id(value)] = (value, host)
         return host
 
-    def copy_out(self, value, buffer) -> None:
+    def copy_out(self, value, buffer, key=None) -> None:
         """A finished output tile into its writer's buffer (host memory), on its worker:
         straight into the buffer where CuPy can (``ndarray.get(out=)``), else through a host
         copy."""
-        self._count(device_to_host=int(value.nbytes))
+        self._count(self._out_ops.get(key), device_to_host=int(value.nbytes))
         get = getattr(value, "get", None)
         if get is not None and buffer.dtype == value.dtype and buffer.shape == value.shape \
                 and buffer.flags.c_contiguous and value.flags.c_contiguous:
@@ -214,7 +221,7 @@ class DeviceTiles(HostTiles):
         cache = self.cache
         if cache is None:
             value = runner.run(task, (), op, source=reader)
-            self._count(host_to_device=int(value.nbytes), misses=1)
+            self._count(op.output, host_to_device=int(value.nbytes), misses=1)
             return value
         key, dev = self._key(task, reader), self._device(w)
         held = getattr(reader, "held", False)
@@ -227,12 +234,13 @@ class DeviceTiles(HostTiles):
             if src is not None:
                 value = src[1].copy()  # onto this worker's device, from the one that holds it
                 self.xp.cuda.get_current_stream().synchronize()
-                self._count(peer=int(value.nbytes), peer_hits=1, **({"let_hits": 1} if held else {}))
+                self._count(op.output, peer=int(value.nbytes), peer_hits=1,
+                            **({"let_hits": 1} if held else {}))
             elif held:
                 raise InternalError(f"the LET tile {key} left the device cache during the run")
             else:
                 value = runner.run(task, (), op, source=reader)
-                self._count(host_to_device=int(value.nbytes), misses=1)
+                self._count(op.output, host_to_device=int(value.nbytes), misses=1)
             return cache.put(key, dev, value)
         finally:
             pinned = self._pinned.get(task.key) if held else None
@@ -247,7 +255,9 @@ class DeviceTiles(HostTiles):
         """Before a run: the cache forgets the versions the plan does not read, and the plan's
         LET values already held on the devices are cut out of it (devlets.py): the plan to run."""
         with self._count_lock:
-            self.copies = Counter()
+            self.copies, self.op_copies = Counter(), {}
+        self._out_ops = {k: str(out.name) for out in plan.outputs.values() if out.stored
+                         for k in out.tiles.values()}
         self._making, self._pinned = {}, {}
         with self._landed_lock:
             self._landed.clear()
@@ -360,6 +370,7 @@ class DeviceTiles(HostTiles):
             # the host, made after this, are counted in it too
             with self._count_lock:
                 result.copies = self.copies
+                result.op_copies = self.op_copies
                 if cache is not None:
                     self.copies.update(cached_bytes=cache.bytes, cached_tiles=len(cache))
 
@@ -420,6 +431,9 @@ class DeviceTiles(HostTiles):
         self._unlisten()
         if self.cache is not None:
             self.cache.clear()
+
+
+_BYTES = ("host_to_device", "device_to_host", "peer")  # the counts of bytes copied
 
 
 def _volume(starts, stops) -> int:

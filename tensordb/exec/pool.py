@@ -465,10 +465,10 @@ class _Run:
         its writer (``finished_out``: written early, or streamed into its file)."""
         buf = self.out_buffers.get(key)
         if buf is not None:
-            self.tiles.copy_out(value, buf)
+            self.tiles.copy_out(value, buf, key)
             self.nnz[key], self.nonfinite[key], self.crc32[key] = tile_stats(buf)
         else:
-            buf = self.tiles.to_host(value)
+            buf = self.tiles.to_host(value, key)
         self.landed[key] = buf
         self.finished_out(key, buf)
 

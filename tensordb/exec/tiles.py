@@ -40,10 +40,11 @@ class HostTiles:
     def publish(self, value) -> None:
         """Called before a tile is visible to other workers (a GPU waits for its stream)."""
 
-    def to_host(self, value):
+    def to_host(self, value, key=None):
+        """Tile ``value`` in host memory (``key``: the task that made it, when known)."""
         return value
 
-    def copy_out(self, value, buffer) -> None:
+    def copy_out(self, value, buffer, key=None) -> None:
         """Copy finished output tile ``value`` into ``buffer`` (host memory), on its worker."""
         self.xp.copyto(buffer, value, casting="unsafe")
 
