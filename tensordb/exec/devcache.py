@@ -15,6 +15,11 @@ become the cache's tiles of the committed version (a training step's new weights
 the next step without a copy). Pending tiles of a run whose commit never came are dropped at
 the next commit.
 
+The tiles of LETs stay too (``devlets.py``): keyed ``("=" + digest, 0, starts, stops)``, the
+digest naming the operations that compute the value and the versions they read (``deps``,
+``let_reads``); they leave when one of those versions is replaced or dropped. A run pins the
+LET tiles its plan will read (``pin``) until it reads them (``unpin``).
+
 Memory: the cache's tiles count against the executor's ``memory_limit``, as the run's tiles
 do. A tile in use by the running query is counted by the run's ledger (it is one of its
 tiles); a cached tile no run holds is *idle* and counted here (``idle_bytes``). Before a run,

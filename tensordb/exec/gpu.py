@@ -25,8 +25,10 @@ held while it runs. On a cluster, use dask-cuda's workers instead
 The executor lives as long as the connection, and keeps stored tiles on the devices between
 runs (``devcache.py``): a Load whose box of that tensor version is cached on its device copies
 nothing, one cached on another device is copied from there, and a run's stored outputs become
-the cached tiles of the versions their commit stores. EXPLAIN shows which inputs are resident
-(``resident``), ``RunResult.copies`` what a run copied each way.
+the cached tiles of the versions their commit stores. The tiles of a LET stay as well, and a
+later plan computing the same value is cut to Loads of them (``start_run``, devlets.py).
+EXPLAIN shows which inputs (and LETs) are resident (``resident``), ``RunResult.copies`` what
+a run copied each way, ``RunResult.op_copies`` the same per operation.
 
 Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache and the tile-by-tile
 copies out: the gpu tests and the random corpora equal NumPy. Those two have run only on NumPy
