@@ -269,8 +269,10 @@ def copies_line(c: Mapping) -> str:
                  f"another device, {c.get('misses', 0)} miss(es), now "
                  f"{c['cached_tiles']} tiles ({format_bytes(c['cached_bytes'])})")
     if c.get("let_hits") or c.get("let_tiles_kept"):
-        line += (f"; {c.get('let_hits', 0)} LET tile(s) read on the device, "
-                 f"{c.get('let_tiles_kept', 0)} kept")
+        line += (f"; {c.get('let_hits', 0)} LET tile(s) read on the device"
+                 + (f" ({c['let_assembled']} cut from tiles of another box)"
+                    if c.get("let_assembled") else "")
+                 + f", {c.get('let_tiles_kept', 0)} kept")
     return line
 
 

@@ -270,3 +270,26 @@ def test_explain_analyze_shows_the_copies_of_each_operation(xp):
                "D: 192 B device->host" in text
         js = con.explain("D[f] = MAX(C[b,f])", analyze=True, format="json")
         assert '"op_copies"' in js
+
+
+@pytest.mark.parametrize("devices", [(0,), (0, 1)])
+def test_a_let_cut_into_other_tiles_is_assembled_on_the_device(xp, devices):
+    """The next plan cuts H another way (here its PIECES, which are not part of its value): each
+    of its tiles is assembled on the device from the cached tiles that cover it, with no
+    product run again, on uneven boundaries too (3 pieces of 32 and of 24)."""
+    h = _h()
+    with tensordb.connect() as con:
+        _loaded(con)
+        tiles = _gpu(con, xp, devices=devices)
+        con.execute(f"{LET} WITH (PIECES b 4, f 1); Y[b] = SUM(H[b,f])")
+        np.testing.assert_allclose(con.tensor("Y"), h.sum(1), rtol=1e-12)
+        for pieces, agg, want in (("b 2, f 2", "MAX", h.max(1)), ("b 3, f 3", "MIN", h.min(1)),
+                                  ("b 1, f 2", "SUM", h.sum(1))):
+            xp.products = 0
+            xp.clear()
+            con.execute(f"{LET} WITH (PIECES {pieces}); Z[b] = {agg}(H[b,f])")
+            np.testing.assert_allclose(con.tensor("Z"), want, rtol=1e-12)
+            copies = con.last_run.copies
+            n = len(con.last_plan.outputs["H"].tiles)
+            assert xp.products == 0 and xp.h2d == [] and copies["let_hits"] == n
+            assert copies["let_assembled"] == n

@@ -103,6 +103,27 @@ class DeviceCache:
                     return d
         return None
 
+    def cover(self, key: tuple, devices) -> list[tuple] | None:
+        """Cached tiles of ``key``'s name (a LET value's: the boxes of another tiling) that
+        together cover ``key``'s box, ``[(key, device)]``, pinned as ``pin`` does; None when
+        they do not cover it."""
+        name, starts, stops = key[0], key[2], key[3]
+        with self.lock:
+            boxes = {}
+            for (k, d) in self.names.get(name, ()):
+                if d in devices and k[1] == key[1] and k not in boxes and \
+                        all(a < q and p < b for a, b, p, q in zip(starts, stops, k[2], k[3])):
+                    boxes[k] = d
+            picked = _cover(starts, stops, sorted(boxes, key=lambda k: -_overlap(k, starts, stops)))
+            if picked is None:
+                return None
+            for k in picked:
+                e = self.entries[(k, boxes[k])]
+                if e.uses == 0:
+                    self.idle_bytes -= e.nbytes
+                e.uses += 1
+            return [(k, boxes[k]) for k in picked]
+
     def unpin(self, key: tuple, device: int) -> None:
         """The run read ``key`` (pinned on ``device``): it counts as its Load's from now on."""
         with self.lock:
@@ -266,3 +287,32 @@ class DeviceCache:
         """Which of ``devices`` ``key`` is cached on."""
         with self.lock:
             return [d for d in devices if (key, d) in self.entries]
+
+
+def _overlap(k: tuple, starts, stops) -> int:
+    n = 1
+    for a, b, p, q in zip(starts, stops, k[2], k[3]):
+        n *= max(0, min(b, q) - max(a, p))
+    return n
+
+
+def _cover(starts, stops, keys) -> list | None:
+    """Some of ``keys`` (largest overlap first) whose boxes cover the box ``starts``-``stops``
+    (checked on the cells their boundaries cut it into), or None."""
+    cuts = [sorted({a, b} | {c for k in keys for c in (k[2][d], k[3][d]) if a < c < b})
+            for d, (a, b) in enumerate(zip(starts, stops))]
+    cells = [()]
+    for c in cuts:
+        cells = [cell + ((lo, hi),) for cell in cells for lo, hi in zip(c, c[1:])]
+    if len(cells) > 1 << 16:  # cut into too many pieces to be worth assembling
+        return None
+    picked, left = [], set(cells)
+    for k in keys:
+        inside = {cell for cell in left
+                  if all(p <= lo and hi <= q for (lo, hi), p, q in zip(cell, k[2], k[3]))}
+        if inside:
+            picked.append(k)
+            left -= inside
+        if not left:
+            return picked
+    return None

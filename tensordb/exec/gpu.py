@@ -129,6 +129,7 @@ class DeviceTiles(HostTiles):
         # this run's task key -> (cache key, bytes) of a LET tile it keeps (devlets.py)
         self._making: dict[int, tuple] = {}
         self._pinned: dict[int, tuple] = {}  # task key -> (cache key, device) of a held LET tile
+        self._pieces: dict[int, list] = {}  # task key -> the pinned tiles its box is cut from
         # this run's stored output tiles copied to the host already: id -> (device tile, host
         # copy); the run holds both until it ends, so an id is never another array's here
         self._landed: dict[int, tuple] = {}
@@ -238,6 +239,8 @@ class DeviceTiles(HostTiles):
                 self.xp.cuda.get_current_stream().synchronize()
                 self._count(op.output, peer=int(value.nbytes), peer_hits=1,
                             **({"let_hits": 1} if held else {}))
+            elif held and task.key in self._pieces:
+                value = self._assemble(task, reader.meta.dtype, self._pieces[task.key], dev)
             elif held:
                 raise InternalError(f"the LET tile {key} left the device cache during the run")
             else:
@@ -245,9 +248,32 @@ class DeviceTiles(HostTiles):
                 self._count(op.output, host_to_device=int(value.nbytes), misses=1)
             return cache.put(key, dev, value)
         finally:
-            pinned = self._pinned.get(task.key) if held else None
-            if pinned is not None:  # read: held as this Load's tile now, as any cached tile
-                cache.unpin(*pinned)
+            if held:  # read: held as this Load's tile now, as any cached tile
+                for pinned in [self._pinned[task.key]] if task.key in self._pinned else \
+                        self._pieces.get(task.key, ()):
+                    cache.unpin(*pinned)
+
+    def _assemble(self, task, dtype, pieces, dev):
+        """The box of Load ``task`` built on device ``dev`` from the cached tiles ``pieces``
+        (``[(cache key, device)]``, pinned) of the same LET value cut another way."""
+        xp = self.xp
+        out = xp.empty([b - a for a, b in zip(task.starts, task.stops)], dtype=dtype)
+        for key, d in pieces:
+            part = self.cache.get(key, d, held=False)
+            if part is None:
+                raise InternalError(f"the LET tile {key} left the device cache during the run")
+            src = tuple(slice(max(a, p) - p, min(b, q) - p)
+                        for a, b, p, q in zip(task.starts, task.stops, key[2], key[3]))
+            dst = tuple(slice(max(a, p) - a, min(b, q) - a)
+                        for a, b, p, q in zip(task.starts, task.stops, key[2], key[3]))
+            part = part[src]
+            if d != dev:  # onto this worker's device (as a peer copy)
+                part = part.copy()
+                self.xp.cuda.get_current_stream().synchronize()
+                self._count(peer=int(part.nbytes))
+            out[dst] = part
+        self._count(let_hits=1, let_assembled=1)
+        return out
 
     def released(self, value) -> None:
         if self.cache is not None:
@@ -260,7 +286,7 @@ class DeviceTiles(HostTiles):
             self.copies, self.op_copies = Counter(), {}
         self._out_ops = {k: str(out.name) for out in plan.outputs.values() if out.stored
                          for k in out.tiles.values()}
-        self._making, self._pinned = {}, {}
+        self._making, self._pinned, self._pieces = {}, {}, {}
         with self._landed_lock:
             self._landed.clear()
             self._running = True
@@ -279,7 +305,10 @@ class DeviceTiles(HostTiles):
         made = held_tiles(plan, idents)
         self._pinned = {k: (m[0], d) for k, m in made.items()
                         if (d := cache.pin(m[0], self.devices)) is not None}
-        found = {k: m for k, m in made.items() if k in self._pinned}
+        # a tile of another box: assembled on the device from the cached tiles covering it
+        self._pieces = {k: got for k, m in made.items() if k not in self._pinned
+                        and (got := cache.cover(m[0], self.devices))}
+        found = {k: m for k, m in made.items() if k in self._pinned or k in self._pieces}
         self._making = {k: (m[0], np.dtype(m[1]).itemsize * _volume(m[0][2], m[0][3]))
                         for k, m in made.items() if k not in found}
         return cut_held(plan, found) if found else plan
@@ -356,7 +385,7 @@ class DeviceTiles(HostTiles):
 
     def end_run(self, plan, run, result, finished=None) -> None:
         cache = self.cache
-        self._making, self._pinned = {}, {}
+        self._making, self._pinned, self._pieces = {}, {}, {}
         with self._landed_lock:
             self._landed.clear()
             self._running = False
