@@ -280,7 +280,7 @@ def test_a_let_cut_into_other_tiles_is_assembled_on_the_device(xp, devices):
     h = _h()
     with tensordb.connect() as con:
         _loaded(con)
-        tiles = _gpu(con, xp, devices=devices)
+        _gpu(con, xp, devices=devices)
         con.execute(f"{LET} WITH (PIECES b 4, f 1); Y[b] = SUM(H[b,f])")
         np.testing.assert_allclose(con.tensor("Y"), h.sum(1), rtol=1e-12)
         for pieces, agg, want in (("b 2, f 2", "MAX", h.max(1)), ("b 3, f 3", "MIN", h.min(1)),
