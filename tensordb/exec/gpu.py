@@ -240,7 +240,7 @@ class DeviceTiles(HostTiles):
                 self._count(op.output, peer=int(value.nbytes), peer_hits=1,
                             **({"let_hits": 1} if held else {}))
             elif held and task.key in self._pieces:
-                value = self._assemble(task, reader.meta.dtype, self._pieces[task.key], dev)
+                value = self._assemble(task, reader.meta.dtype, self._pieces[task.key], dev, op)
             elif held:
                 raise InternalError(f"the LET tile {key} left the device cache during the run")
             else:
@@ -253,7 +253,7 @@ class DeviceTiles(HostTiles):
                         self._pieces.get(task.key, ()):
                     cache.unpin(*pinned)
 
-    def _assemble(self, task, dtype, pieces, dev):
+    def _assemble(self, task, dtype, pieces, dev, op):
         """The box of Load ``task`` built on device ``dev`` from the cached tiles ``pieces``
         (``[(cache key, device)]``, pinned) of the same LET value cut another way."""
         xp = self.xp
@@ -270,7 +270,7 @@ class DeviceTiles(HostTiles):
             if d != dev:  # onto this worker's device (as a peer copy)
                 part = part.copy()
                 self.xp.cuda.get_current_stream().synchronize()
-                self._count(peer=int(part.nbytes))
+                self._count(op.output, peer=int(part.nbytes))
             out[dst] = part
         self._count(let_hits=1, let_assembled=1)
         return out
