@@ -149,6 +149,8 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
                            "memory_limit": getattr(result, "memory_limit", None)}
         if getattr(result, "copies", None):
             out["measured"]["copies"] = dict(result.copies)
+        if getattr(result, "op_copies", None):  # per operation, by the name it computes
+            out["measured"]["op_copies"] = {n: dict(c) for n, c in result.op_copies.items()}
     return out
 
 
@@ -240,6 +242,8 @@ def header(data: Mapping) -> list[str]:
                         else ""))
         if m.get("copies"):
             lines.append(copies_line(m["copies"]))
+        if m.get("op_copies"):
+            lines.append(op_copies_line(m["op_copies"]))
     return lines
 
 
@@ -264,7 +268,23 @@ def copies_line(c: Mapping) -> str:
         line += (f"; device cache: {c.get('hits', 0)} hit(s), {c.get('peer_hits', 0)} from "
                  f"another device, {c.get('misses', 0)} miss(es), now "
                  f"{c['cached_tiles']} tiles ({format_bytes(c['cached_bytes'])})")
+    if c.get("let_hits") or c.get("let_tiles_kept"):
+        line += (f"; {c.get('let_hits', 0)} LET tile(s) read on the device"
+                 + (f" ({c['let_assembled']} cut from tiles of another box)"
+                    if c.get("let_assembled") else "")
+                 + f", {c.get('let_tiles_kept', 0)} kept")
     return line
+
+
+def op_copies_line(per_op: Mapping) -> str:
+    """The bytes a GPU run copied per operation: its Loads' host -> device and between devices,
+    its stored output's device -> host (``Y: 256 B device->host``)."""
+    names = {"host_to_device": "host->device", "device_to_host": "device->host",
+             "peer": "between devices"}
+    parts = [f"{op}: " + ", ".join(f"{format_bytes(c[k])} {v}" for k, v in names.items()
+                                   if c.get(k))
+             for op, c in per_op.items() if any(c.get(k) for k in names)]
+    return "  copied per operation: " + ("; ".join(parts) if parts else "nothing")
 
 
 def blas_line(b: Mapping) -> str:

@@ -462,9 +462,9 @@ def test_stored_output_tiles_go_to_their_files_from_the_worker_that_finished_the
         tiles = _gpu(con, xp, devices=(0, 1))
         copy_out = tiles.copy_out
 
-        def recording(value, buffer):
+        def recording(value, buffer, key=None):
             landed.append(threading.current_thread().name)
-            copy_out(value, buffer)
+            copy_out(value, buffer, key)
 
         tiles.copy_out = recording
         con.einsum("ij,jk->ik", "A", "B", into="C", pieces={"i": 2, "k": 2})

@@ -15,6 +15,11 @@ become the cache's tiles of the committed version (a training step's new weights
 the next step without a copy). Pending tiles of a run whose commit never came are dropped at
 the next commit.
 
+The tiles of LETs stay too (``devlets.py``): keyed ``("=" + digest, 0, starts, stops)``, the
+digest naming the operations that compute the value and the versions they read (``deps``,
+``let_reads``); they leave when one of those versions is replaced or dropped. A run pins the
+LET tiles its plan will read (``pin``) until it reads them (``unpin``).
+
 Memory: the cache's tiles count against the executor's ``memory_limit``, as the run's tiles
 do. A tile in use by the running query is counted by the run's ledger (it is one of its
 tiles); a cached tile no run holds is *idle* and counted here (``idle_bytes``). Before a run,
@@ -53,6 +58,9 @@ class DeviceCache:
         self.bytes = 0        # all cached bytes (idle or held by the run)
         self.idle_bytes = 0   # bytes of entries no run holds
         self.evicted = 0      # entries dropped for room (a figure for tests and EXPLAIN)
+        # LET values (devlets.py), by their cache name "=identity": the stored (name, version)
+        # pairs each reads; it leaves when one of those is replaced or dropped
+        self.deps: dict[str, frozenset] = {}
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -81,6 +89,49 @@ class DeviceCache:
                 if e is not None:
                     return d, e.array
         return None
+
+    def pin(self, key: tuple, devices) -> int | None:
+        """Hold ``key`` where it is cached (the first of ``devices`` that has it) until the run
+        reads it (``unpin``), so that no room is made with it before; that device, or None."""
+        with self.lock:
+            for d in devices:
+                e = self.entries.get((key, d))
+                if e is not None:
+                    if e.uses == 0:
+                        self.idle_bytes -= e.nbytes
+                    e.uses += 1
+                    return d
+        return None
+
+    def cover(self, key: tuple, devices) -> list[tuple] | None:
+        """Cached tiles of ``key``'s name (a LET value's: the boxes of another tiling) that
+        together cover ``key``'s box, ``[(key, device)]``, pinned as ``pin`` does; None when
+        they do not cover it."""
+        name, starts, stops = key[0], key[2], key[3]
+        with self.lock:
+            boxes = {}
+            for (k, d) in self.names.get(name, ()):
+                if d in devices and k[1] == key[1] and k not in boxes and \
+                        all(a < q and p < b for a, b, p, q in zip(starts, stops, k[2], k[3])):
+                    boxes[k] = d
+            picked = _cover(starts, stops, sorted(boxes, key=lambda k: -_overlap(k, starts, stops)))
+            if picked is None:
+                return None
+            for k in picked:
+                e = self.entries[(k, boxes[k])]
+                if e.uses == 0:
+                    self.idle_bytes -= e.nbytes
+                e.uses += 1
+            return [(k, boxes[k]) for k in picked]
+
+    def unpin(self, key: tuple, device: int) -> None:
+        """The run read ``key`` (pinned on ``device``): it counts as its Load's from now on."""
+        with self.lock:
+            e = self.entries.get((key, device))
+            if e is not None and e.uses > 0:
+                e.uses -= 1
+                if e.uses == 0:
+                    self.idle_bytes += e.nbytes
 
     def put(self, key: tuple, device: int, array, held: bool = True):
         """Cache ``array`` as ``key`` on ``device`` (held by the run unless ``held`` is False);
@@ -159,6 +210,7 @@ class DeviceCache:
             same.discard(where)
             if not same:
                 del self.names[where[0][0]]
+                self.deps.pop(where[0][0], None)
         self.bytes -= e.nbytes
         if e.uses == 0:
             self.idle_bytes -= e.nbytes
@@ -169,6 +221,7 @@ class DeviceCache:
             self.entries.clear()
             self.ids.clear()
             self.names.clear()
+            self.deps.clear()
             self.bytes = self.idle_bytes = 0
 
     # -- versions --------------------------------------------------------------------------
@@ -178,6 +231,19 @@ class DeviceCache:
         with self.lock:
             for where in [w for w in self.names.get(name, ()) if w[0][1] not in (None, version)]:
                 self._drop(where)
+            self._drop_lets(lambda n, v: n == name and v != version)
+
+    def let_reads(self, name: str, deps: frozenset) -> None:
+        """LET value ``name`` ("=identity", devlets.py) reads the stored ``deps``."""
+        with self.lock:
+            self.deps[name] = deps
+
+    def _drop_lets(self, stale) -> None:  # the caller holds the lock
+        """Drop every tile of the LET values that read a ``stale(name, version)``."""
+        for let in [n for n, deps in self.deps.items() if any(stale(*d) for d in deps)]:
+            for where in list(self.names.get(let, ())):
+                self._drop(where)
+            self.deps.pop(let, None)
 
     def hold_outputs(self, name: str, version: int, tiles) -> None:
         """The device arrays of a stored output's tiles, ``[(starts, stops, device, array)]``,
@@ -199,6 +265,7 @@ class DeviceCache:
         final = {m.name.lower(): m for m in stored}  # a name stored twice: its last version
         gone = {(m.name.lower(), m.version) for m in retired}
         with self.lock:
+            self._drop_lets(lambda n, v: (n, v) in gone or n in final and final[n].version != v)
             names = {n for n, _ in gone} | set(final) | \
                 {n for n in self.names if any(w[0][1] is None for w in self.names[n])}
             for where in [w for n in names for w in list(self.names.get(n, ()))]:
@@ -220,3 +287,32 @@ class DeviceCache:
         """Which of ``devices`` ``key`` is cached on."""
         with self.lock:
             return [d for d in devices if (key, d) in self.entries]
+
+
+def _overlap(k: tuple, starts, stops) -> int:
+    n = 1
+    for a, b, p, q in zip(starts, stops, k[2], k[3]):
+        n *= max(0, min(b, q) - max(a, p))
+    return n
+
+
+def _cover(starts, stops, keys) -> list | None:
+    """Some of ``keys`` (largest overlap first) whose boxes cover the box ``starts``-``stops``
+    (checked on the cells their boundaries cut it into), or None."""
+    cuts = [sorted({a, b} | {c for k in keys for c in (k[2][d], k[3][d]) if a < c < b})
+            for d, (a, b) in enumerate(zip(starts, stops))]
+    cells = [()]
+    for c in cuts:
+        cells = [cell + ((lo, hi),) for cell in cells for lo, hi in zip(c, c[1:])]
+    if len(cells) > 1 << 16:  # cut into too many pieces to be worth assembling
+        return None
+    picked, left = [], set(cells)
+    for k in keys:
+        inside = {cell for cell in left
+                  if all(p <= lo and hi <= q for (lo, hi), p, q in zip(cell, k[2], k[3]))}
+        if inside:
+            picked.append(k)
+            left -= inside
+        if not left:
+            return picked
+    return None

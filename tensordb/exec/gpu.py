@@ -25,8 +25,10 @@ held while it runs. On a cluster, use dask-cuda's workers instead
 The executor lives as long as the connection, and keeps stored tiles on the devices between
 runs (``devcache.py``): a Load whose box of that tensor version is cached on its device copies
 nothing, one cached on another device is copied from there, and a run's stored outputs become
-the cached tiles of the versions their commit stores. EXPLAIN shows which inputs are resident
-(``resident``), ``RunResult.copies`` what a run copied each way.
+the cached tiles of the versions their commit stores. The tiles of a LET stay as well, and a
+later plan computing the same value is cut to Loads of them (``start_run``, devlets.py).
+EXPLAIN shows which inputs (and LETs) are resident (``resident``), ``RunResult.copies`` what
+a run copied each way, ``RunResult.op_copies`` the same per operation.
 
 Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache and the tile-by-tile
 copies out: the gpu tests and the random corpora equal NumPy. Those two have run only on NumPy
@@ -42,11 +44,12 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..errors import NotSupportedError
+from ..errors import InternalError, NotSupportedError
 from ..geometry import tile_box
 from ..physical.plan import Load
 from .budget import upper_bytes
 from .devcache import DeviceCache
+from .devlets import cut_held, held_tiles, identities
 from .kernels import get_backend
 from .pool import HostTiles, LocalExecutor
 
@@ -118,9 +121,20 @@ class DeviceTiles(HostTiles):
         # stored tiles kept on the devices between runs (devcache.py); None: every Load copies
         self.cache = DeviceCache() if cache else None
         self.copies: Counter = Counter()  # this run's copies (RunResult.copies)
+        self.op_copies: dict[str, Counter] = {}  # ...per operation (RunResult.op_copies)
+        self._out_ops: dict[int, str] = {}  # this run's stored output tile -> its operation
         self._count_lock = threading.Lock()
         self._listening = None  # (weakref to the store told to report commits, its listener)
         self._capacity: int | None = -1  # the devices' memory the cache may fill (-1: not read)
+        # this run's task key -> (cache key, bytes) of a LET tile it keeps (devlets.py)
+        self._making: dict[int, tuple] = {}
+        self._pinned: dict[int, tuple] = {}  # task key -> (cache key, device) of a held LET tile
+        self._pieces: dict[int, list] = {}  # task key -> the pinned tiles its box is cut from
+        # this run's stored output tiles copied to the host already: id -> (device tile, host
+        # copy); the run holds both until it ends, so an id is never another array's here
+        self._landed: dict[int, tuple] = {}
+        self._landed_lock = threading.Lock()
+        self._running = False
 
     def _device(self, w: int) -> int:
         return self.devices[w % len(self.devices)]
@@ -133,9 +147,14 @@ class DeviceTiles(HostTiles):
             with cuda.Stream(non_blocking=True):  # the current stream is per thread
                 yield
 
-    def _count(self, **counts) -> None:
+    def _count(self, op: str | None = None, **counts) -> None:
+        """Add ``counts`` to the run's; its bytes copied to operation ``op``'s too (by the
+        name of its result)."""
         with self._count_lock:
             self.copies.update(counts)
+            if op is not None:
+                self.op_copies.setdefault(str(op), Counter()).update(
+                    {k: v for k, v in counts.items() if k in _BYTES})
 
     def evict(self, value):
         """The budget's spill on a GPU: the tile copied to host memory (``OnHost``), its bytes
@@ -144,6 +163,10 @@ class DeviceTiles(HostTiles):
         t0 = time.perf_counter()
         if self.cache is not None:
             self.cache.discard(value)
+        with self._landed_lock:
+            landed = self._landed.pop(id(value), None)
+        if landed is not None and landed[0] is value:  # its host copy exists: no second copy
+            return OnHost(landed[1]), int(landed[1].nbytes), time.perf_counter() - t0
         host = self.xp.asnumpy(value)
         self._count(device_to_host=int(host.nbytes))
         return OnHost(host), int(host.nbytes), time.perf_counter() - t0
@@ -161,23 +184,33 @@ class DeviceTiles(HostTiles):
     def publish(self, value) -> None:
         self.xp.cuda.get_current_stream().synchronize()  # readers on other streams see it done
 
-    def to_host(self, value):
+    def to_host(self, value, key=None):
         if isinstance(value, OnHost):
             return value.array
-        self._count(device_to_host=int(value.nbytes))
-        return self.xp.asnumpy(value)
+        self._count(self._out_ops.get(key), device_to_host=int(value.nbytes))
+        return self._land(value, self.xp.asnumpy(value))
 
-    def copy_out(self, value, buffer) -> None:
+    def _land(self, value, host):
+        """``host`` is the copy of device tile ``value``: during a run, ``evict`` copies it no
+        more (the run holds ``value`` until it ends, or until ``evict`` lets it go)."""
+        with self._landed_lock:
+            if self._running:
+                self._landed[id(value)] = (value, host)
+        return host
+
+    def copy_out(self, value, buffer, key=None) -> None:
         """A finished output tile into its writer's buffer (host memory), on its worker:
         straight into the buffer where CuPy can (``ndarray.get(out=)``), else through a host
         copy."""
-        self._count(device_to_host=int(value.nbytes))
+        self._count(self._out_ops.get(key), device_to_host=int(value.nbytes))
         get = getattr(value, "get", None)
         if get is not None and buffer.dtype == value.dtype and buffer.shape == value.shape \
                 and buffer.flags.c_contiguous and value.flags.c_contiguous:
             get(out=buffer)
         else:
             np.copyto(buffer, self.xp.asnumpy(value), casting="unsafe")
+        if buffer.dtype == value.dtype and buffer.shape == value.shape:
+            self._land(value, buffer)
 
     # -- the device cache (devcache.py) --------------------------------------------------------
     def _key(self, task, reader) -> tuple:
@@ -186,41 +219,107 @@ class DeviceTiles(HostTiles):
 
     def load(self, w: int, task, reader, runner, op):
         """A Load on worker ``w``: the cached tile on its device (no copy), else a copy of the
-        one cached on another device (peer), else the box copied host -> device; kept."""
+        one cached on another device (peer), else the box copied host -> device; kept. A held
+        LET tile (devlets.py) is only ever found: ``start_run`` pinned it."""
         cache = self.cache
         if cache is None:
             value = runner.run(task, (), op, source=reader)
-            self._count(host_to_device=int(value.nbytes), misses=1)
+            self._count(op.output, host_to_device=int(value.nbytes), misses=1)
             return value
         key, dev = self._key(task, reader), self._device(w)
-        value = cache.get(key, dev)
-        if value is not None:
-            self._count(hits=1)
-            return value
-        src = cache.peer(key, dev, self.devices)
-        if src is not None:
-            value = src[1].copy()  # onto this worker's device, from the one that holds it
-            self.xp.cuda.get_current_stream().synchronize()
-            self._count(peer=int(value.nbytes), peer_hits=1)
-        else:
-            value = runner.run(task, (), op, source=reader)
-            self._count(host_to_device=int(value.nbytes), misses=1)
-        return cache.put(key, dev, value)
+        held = getattr(reader, "held", False)
+        try:
+            value = cache.get(key, dev)
+            if value is not None:
+                self._count(**({"let_hits": 1} if held else {"hits": 1}))
+                return value
+            src = cache.peer(key, dev, self.devices)
+            if src is not None:
+                value = src[1].copy()  # onto this worker's device, from the one that holds it
+                self.xp.cuda.get_current_stream().synchronize()
+                self._count(op.output, peer=int(value.nbytes), peer_hits=1,
+                            **({"let_hits": 1} if held else {}))
+            elif held and task.key in self._pieces:
+                value = self._assemble(task, reader.meta.dtype, self._pieces[task.key], dev, op)
+            elif held:
+                raise InternalError(f"the LET tile {key} left the device cache during the run")
+            else:
+                value = runner.run(task, (), op, source=reader)
+                self._count(op.output, host_to_device=int(value.nbytes), misses=1)
+            return cache.put(key, dev, value)
+        finally:
+            if held:  # read: held as this Load's tile now, as any cached tile
+                for pinned in [self._pinned[task.key]] if task.key in self._pinned else \
+                        self._pieces.get(task.key, ()):
+                    cache.unpin(*pinned)
+
+    def _assemble(self, task, dtype, pieces, dev, op):
+        """The box of Load ``task`` built on device ``dev`` from the cached tiles ``pieces``
+        (``[(cache key, device)]``, pinned) of the same LET value cut another way."""
+        xp = self.xp
+        out = xp.empty([b - a for a, b in zip(task.starts, task.stops)], dtype=dtype)
+        for key, d in pieces:
+            part = self.cache.get(key, d, held=False)
+            if part is None:
+                raise InternalError(f"the LET tile {key} left the device cache during the run")
+            src = tuple(slice(max(a, p) - p, min(b, q) - p)
+                        for a, b, p, q in zip(task.starts, task.stops, key[2], key[3]))
+            dst = tuple(slice(max(a, p) - a, min(b, q) - a)
+                        for a, b, p, q in zip(task.starts, task.stops, key[2], key[3]))
+            part = part[src]
+            if d != dev:  # onto this worker's device (as a peer copy)
+                part = part.copy()
+                self.xp.cuda.get_current_stream().synchronize()
+                self._count(op.output, peer=int(part.nbytes))
+            out[dst] = part
+        self._count(let_hits=1, let_assembled=1)
+        return out
 
     def released(self, value) -> None:
         if self.cache is not None:
             self.cache.release(value)
 
-    def start_run(self, plan, store) -> None:
+    def start_run(self, plan, store):
+        """Before a run: the cache forgets the versions the plan does not read, and the plan's
+        LET values already held on the devices are cut out of it (devlets.py): the plan to run."""
         with self._count_lock:
-            self.copies = Counter()
+            self.copies, self.op_copies = Counter(), {}
+        self._out_ops = {k: str(out.name) for out in plan.outputs.values() if out.stored
+                         for k in out.tiles.values()}
+        self._making, self._pinned, self._pieces = {}, {}, {}
+        with self._landed_lock:
+            self._landed.clear()
+            self._running = True
         cache = self.cache
         if cache is None:
-            return
+            return plan
         if store is not None and getattr(store, "commit_listeners", None) is not None:
             self._listen(store)
         for reader in plan.readers.values():  # a version read now: the others are stale
             cache.keep_version(reader.meta.name, reader.meta.version)
+        idents = identities(plan)
+        if not idents:
+            return plan
+        for ident, deps in idents.values():
+            cache.let_reads("=" + ident, deps)
+        made = held_tiles(plan, idents)
+        self._pinned = {k: (m[0], d) for k, m in made.items()
+                        if (d := cache.pin(m[0], self.devices)) is not None}
+        # a tile of another box: assembled on the device from the cached tiles covering it
+        self._pieces = {k: got for k, m in made.items() if k not in self._pinned
+                        and (got := cache.cover(m[0], self.devices))}
+        found = {k: m for k, m in made.items() if k in self._pinned or k in self._pieces}
+        self._making = {k: (m[0], np.dtype(m[1]).itemsize * _volume(m[0][2], m[0][3]))
+                        for k, m in made.items() if k not in found}
+        return cut_held(plan, found) if found else plan
+
+    def produced(self, w: int, key: int, value) -> None:
+        """A task's tile is final: a LET's tile stays in the cache (held by the run until its
+        last reader ran)."""
+        making = self._making.get(key)
+        if making is not None and not isinstance(value, OnHost):
+            self.cache.put(making[0], self._device(w), value)
+            self._count(let_tiles_kept=1)
 
     def _listen(self, store) -> None:
         """Have ``store`` report its commits to the cache: tiles of replaced and dropped
@@ -262,21 +361,34 @@ class DeviceTiles(HostTiles):
 
     def room(self, plan, limit):
         """Make room for ``plan``: idle cached tiles leave (those it does not read first) until
-        the cache and the plan's tiles fit the limit (or the devices); what is left of
-        ``limit`` for the run's tiles."""
+        the cache, the plan's tiles and the LET tiles it will keep fit the limit (or the
+        devices); LET tiles are kept where they fit so, or where the run's admission will drop
+        them when it needs room. What is left of ``limit`` for the run's tiles."""
         cache = self.cache
-        if cache is None or not cache.bytes:
+        if cache is None:
+            return limit
+        lets = sum(n for _, n in self._making.values())
+        if not cache.bytes and not lets:
             return limit
         caps = [c for c in (limit, self.capacity()) if c]
         if caps:
-            over = cache.bytes + upper_bytes(plan) - min(caps)
+            over = cache.bytes + upper_bytes(plan) + lets - min(caps)
             if over > 0:
-                cache.make_room(over, keep={self._key(t, plan.readers[t.tensor])
-                                            for t in plan.tasks if isinstance(t, Load)})
-        return None if limit is None else limit - cache.bytes
+                over -= cache.make_room(over, keep={self._key(t, plan.readers[t.tensor])
+                                                    for t in plan.tasks if isinstance(t, Load)})
+            # Past the limit the pool's admission runs, and drops idle cached tiles (a LET's
+            # among them, once its readers ran) before anything else; past the devices' own
+            # memory, or with no limit, nothing would: no LET tile is kept then.
+            if over > 0 and lets and (limit is None or min(caps) < limit):
+                self._making, lets = {}, 0
+        return None if limit is None else limit - cache.bytes - lets
 
     def end_run(self, plan, run, result, finished=None) -> None:
         cache = self.cache
+        self._making, self._pinned, self._pieces = {}, {}, {}
+        with self._landed_lock:
+            self._landed.clear()
+            self._running = False
         if cache is not None:
             cache.run_ended()
             # the versions the outputs will have (physical.OutputWriters): without them,
@@ -289,6 +401,7 @@ class DeviceTiles(HostTiles):
             # the host, made after this, are counted in it too
             with self._count_lock:
                 result.copies = self.copies
+                result.op_copies = self.op_copies
                 if cache is not None:
                     self.copies.update(cached_bytes=cache.bytes, cached_tiles=len(cache))
 
@@ -329,12 +442,29 @@ class DeviceTiles(HostTiles):
                     _volume(t.starts, t.stops)
             elif on:
                 r["peer"] += 1
+        # the LET values the plan computes that are held already (cut out of the run)
+        idents = identities(plan)
+        workers = {t.key: t.worker for t in plan.tasks} if idents else {}
+        for key, (ckey, dtype, _) in held_tiles(plan, idents).items():
+            name = next(n for n, (i, _) in idents.items() if "=" + i == ckey[0])
+            on = self.cache.where(ckey, self.devices)
+            r = out.setdefault(f"{name} (LET)", {"loads": 0, "resident": 0, "peer": 0,
+                                                 "bytes": 0})
+            r["loads"] += 1
+            if self._device(workers.get(key, 0)) in on:
+                r["resident"] += 1
+                r["bytes"] += np.dtype(dtype).itemsize * _volume(ckey[2], ckey[3])
+            elif on:
+                r["peer"] += 1
         return out
 
     def close(self) -> None:
         self._unlisten()
         if self.cache is not None:
             self.cache.clear()
+
+
+_BYTES = ("host_to_device", "device_to_host", "peer")  # the counts of bytes copied
 
 
 def _volume(starts, stops) -> int:

@@ -141,7 +141,7 @@ class LocalExecutor:
             self.last_blas_threads = threads
             limits = _blas_limits(threads)
         with self._lock, limits:
-            tiles.start_run(plan, store)
+            plan = tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
             run.finished_tile = finished if tiles.writes_destinations else None
             if tiles.copies_out:  # a GPU's stored output tiles: to their buffers as finished
@@ -413,6 +413,7 @@ class _Run:
         """``stats``: the tile's statistics, where the kernel took them from every slab of
         ``value`` as it wrote them into the output file (``stats.nbytes`` tells)."""
         self.tiles.publish(value)
+        self.tiles.produced(w, task.key, value)
         if self.finished_out is not None and task.key in self.keep:
             self._land(task.key, value)
         dest = self.dest.get(task.key)
@@ -466,10 +467,10 @@ class _Run:
         its writer (``finished_out``: written early, or streamed into its file)."""
         buf = self.out_buffers.get(key)
         if buf is not None:
-            self.tiles.copy_out(value, buf)
+            self.tiles.copy_out(value, buf, key)
             self.nnz[key], self.nonfinite[key], self.crc32[key] = tile_stats(buf)
         else:
-            buf = self.tiles.to_host(value)
+            buf = self.tiles.to_host(value, key)
         self.landed[key] = buf
         self.finished_out(key, buf)
 

@@ -40,17 +40,23 @@ class HostTiles:
     def publish(self, value) -> None:
         """Called before a tile is visible to other workers (a GPU waits for its stream)."""
 
-    def to_host(self, value):
+    def to_host(self, value, key=None):
+        """Tile ``value`` in host memory (``key``: the task that made it, when known)."""
         return value
 
-    def copy_out(self, value, buffer) -> None:
+    def copy_out(self, value, buffer, key=None) -> None:
         """Copy finished output tile ``value`` into ``buffer`` (host memory), on its worker."""
         self.xp.copyto(buffer, value, casting="unsafe")
 
     # Hooks of a device cache (gpu.py keeps stored tiles on the GPUs between runs); host
     # tiles keep nothing between runs.
-    def start_run(self, plan, store) -> None:
-        """A run of ``plan`` begins (``store``: the database it reads, or None)."""
+    def start_run(self, plan, store):
+        """A run of ``plan`` begins (``store``: the database it reads, or None): the plan to
+        run (a GPU's cuts out what its cache holds already)."""
+        return plan
+
+    def produced(self, w: int, key: int, value) -> None:
+        """Task ``key``'s tile ``value`` is final, on worker ``w``."""
 
     def room(self, plan, limit):
         """The part of ``limit`` (bytes, or None) a run of ``plan`` may fill with its tiles."""

@@ -199,11 +199,16 @@ def resident_workloads(dry: bool, train: tuple[int, int, int, int]) -> list[Resi
                  lambda cp, a: cp.matmul(a["A"], a["B"]), "C", 2.0 * n ** 3),
         Resident(f"matmul {n}^2, result a LET (row sums stored)", mm,
                  "LET C[i,k] = A[i,j] * B[j,k]; R[i] = SUM(C[i,k])",
-                 lambda cp, a: cp.matmul(a["A"], a["B"]).sum(1), "R", 2.0 * n ** 3),
+                 lambda cp, a: cp.matmul(a["A"], a["B"]).sum(1), "R", 2.0 * n ** 3,
+                 note="with the device cache, a repeated run reads the LET C from the device "
+                      "(exec/devlets.py): the product runs in the first run only; without "
+                      "it, every run computes C"),
         Resident(f"2-layer MLP forward b={b} h={h} f={f}", mlp,
                  "LET H[b,f] = RELU(SUM(X[b,h] * W1[h,f])); OUT[b,o] = SUM(H[b,f] * W2[f,o])",
                  lambda cp, a: cp.matmul(cp.maximum(cp.matmul(a["X"], a["W1"]), 0), a["W2"]),
-                 "OUT", 4.0 * b * h * f),
+                 "OUT", 4.0 * b * h * f,
+                 note="with the device cache, a repeated run reads the LET H from the device: "
+                      "only the second layer runs after the first run"),
         Resident(f"train_mlp step b={tb} f={tf} h={th} c={tc}", train_arrays, step_sql(tb),
                  lambda cp, a: _train_step_xp(cp, a, LR), "W2", 6.0 * tb * tf * th,
                  note="sql/train_mlp.sql's step (bench_train.step_sql): the weights are stored "
