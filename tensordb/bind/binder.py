@@ -38,6 +38,7 @@ from ..dtypes import check_dtype
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
 from ..plan.aggregates import AGGS as AGGREGATES, empty_aggregate  # the names
 from ..dialect import ast as A
+from . import hoist
 from .emit import BoundStep
 from .scope import free_labels as _free_labels
 from .scope import is_aggregate as _is_aggregate
@@ -154,6 +155,7 @@ class _Lowering:
         self.sizes: dict[str, tuple[int, str, Span]] = {}  # label -> (size, where, span)
         self.refs: dict[int, tuple[str, tuple[int, ...], str]] = {}  # id(Ref) -> resolved
         self.dtypes: dict[str, str] = {}
+        self.temps: dict[tuple, str] = {}  # hoist.canonical(temporary step) -> its name
 
     def err(self, span, message, **kw):
         return _err(self.script, span, message, **kw)
@@ -208,6 +210,7 @@ class _Lowering:
             self._check_empty(expr, [l for _, ls in slots for l in ls if l not in self.lhs])
         pieces = check_pieces(self.script, stmt.pieces, set(used), "the statement")
         shape = tuple(self.sizes[l][0] for l in self.lhs)
+        join, slots = self.split(join, slots, self.lhs, agg, expr.span)
         dtype = self.dtype(join, slots, expr.span)
         self.step(self.into, self.lhs, slots, join, agg, self.store, dtype)
         return Lowered(self.steps, shape, dtype, pieces)
@@ -365,10 +368,41 @@ class _Lowering:
             self.outer = outer
         if not inner:
             raise self.err(node.span, f"{node.fn.upper()} of no tensor")
-        name = TensorRef.of(self.into).temporary(sum(1 for s in self.steps) + 1)
-        self.dtypes[name] = self.dtype(join, inner, node.span)
-        self.step(name, kept, inner, join, node.fn, False, self.dtypes[name])
+        join, inner = self.split(join, inner, kept, node.fn, node.span)
+        name = self.temporary(kept, inner, join, node.fn, node.span)
         return _slot(slots, name, tuple(kept))
+
+    def temporary(self, labels, inner, join, agg, span) -> str:
+        """The name of a temporary step ``agg(join)`` keeping ``labels``: a new step, or an
+        earlier one of the statement equal to it but for the names of labels (``SUM(C[i,k])``
+        and ``SUM(C[i,m])``), computed once."""
+        dtype = self.dtype(join, inner, span)
+        key = hoist.canonical(labels, inner, join, agg, dtype)
+        if key not in self.temps:
+            name = TensorRef.of(self.into).temporary(len(self.steps) + 1)
+            self.dtypes[name] = dtype
+            self.step(name, labels, inner, join, agg, False, dtype)
+            self.temps[key] = name
+        return self.temps[key]
+
+    def split(self, join, slots, out_labels, agg, span):
+        """A sum of a product with factors that are functions of tensors (``SUM(RELU(H[b,f]) *
+        W2[f,o])``) -> the product of their elementwise steps, as a LET of each would make it
+        (``hoist.py``): the planner then runs it as a contraction, not a broadcast."""
+        if not hoist.splittable(join, slots, out_labels, agg):
+            return join, slots
+        out: list[tuple[str, tuple[str, ...]]] = []
+        parts = []
+        for f in hoist.factors(join):
+            labels = hoist.own_step(f, slots)
+            if labels is None:
+                parts.append(hoist.remap(f, lambda i: _slot(out, *slots[i]).index))
+                continue
+            inner: list[tuple[str, tuple[str, ...]]] = []
+            fjoin = hoist.remap(f, lambda i: _slot(inner, *slots[i]).index)
+            name = self.temporary(labels, inner, fjoin, "sum", span)
+            parts.append(_slot(out, name, labels))
+        return hoist.product(parts), out
 
 
 def _slot(slots: list, tensor: str, labels: tuple[str, ...]) -> scalar.Input:
