@@ -390,6 +390,13 @@ class _Lowering:
         W2[f,o])``) -> the product of their elementwise steps, as a LET of each would make it
         (``hoist.py``): the planner then runs it as a contraction, not a broadcast."""
         if not hoist.splittable(join, slots, out_labels, agg):
+            labels = hoist.own_step(join, slots)  # an elementwise step made already: read it
+            if labels is not None:
+                inner: list[tuple[str, tuple[str, ...]]] = []
+                fjoin = hoist.remap(join, lambda i: _slot(inner, *slots[i]).index)
+                key = hoist.canonical(labels, inner, fjoin, "sum", self.dtype(fjoin, inner, span))
+                if key in self.temps:
+                    return scalar.Input(0), [(self.temps[key], labels)]
             return join, slots
         out: list[tuple[str, tuple[str, ...]]] = []
         parts = []
