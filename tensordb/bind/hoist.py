@@ -55,7 +55,7 @@ def canonical(out_labels, inputs, join: Expr, agg: str, dtype: str) -> tuple:
 def splittable(join: Expr, slots, out_labels, agg: str) -> bool:
     """Whether ``agg(join)`` over ``slots`` is a sum of a product that sums some label and has
     a factor worth an elementwise step of its own (see the module's docstring)."""
-    if agg != "sum":
+    if agg != "sum" or scalar.product_of(join) is not None:  # a (signed, scaled) product already
         return False
     fs = factors(join)
     if sum(1 for f in fs if inputs_of(f)) < 2:
@@ -68,7 +68,10 @@ def splittable(join: Expr, slots, out_labels, agg: str) -> bool:
 def own_step(factor: Expr, slots):
     """The labels of the elementwise step computing ``factor`` (a function of tensors that is
     not one tensor), or None where it has none: over more labels than any one of its tensors."""
-    if isinstance(factor, (Input, Const)) or not inputs_of(factor):
+    core = factor
+    while isinstance(core, Call) and core.fn == "neg":  # -x is a sign the planner folds
+        core = core.args[0]
+    if isinstance(core, (Input, Const)) or not inputs_of(core):
         return None
     used = [slots[i] for i in sorted(inputs_of(factor))]
     labels = tuple(dict.fromkeys(l for _, ls in used for l in ls))
