@@ -14,7 +14,7 @@ Two rewrites of the binder's steps (``binder._Lowering``), neither of which chan
 
 >>> from tensordb.plan.scalar import parse_join
 >>> [render(f) for f in factors(parse_join("relu(x0) * x1 * 2"))]
-['relu(x0)', 'x1', '2']
+['RELU(x0)', 'x1', '2']
 >>> canonical(("i",), (("C", ("i", "k")),), parse_join("x0"), "sum", "float64") == \\
 ...     canonical(("i",), (("C", ("i", "m")),), parse_join("x0"), "sum", "float64")
 True
