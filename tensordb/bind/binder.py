@@ -385,6 +385,14 @@ class _Lowering:
             self.temps[key] = name
         return self.temps[key]
 
+    def _storable(self, join, inner) -> bool:
+        """Whether ``join`` has a dtype a step may have (a part of a join may not)."""
+        try:
+            infer_dtype(join, [self.dtypes[t] for t, _ in inner])
+        except Error:
+            return False
+        return True
+
     def split(self, join, slots, out_labels, agg, span):
         """A sum of a product with factors that are functions of tensors (``SUM(RELU(H[b,f]) *
         W2[f,o])``) -> the product of their elementwise steps, as a LET of each would make it
@@ -394,6 +402,8 @@ class _Lowering:
             if labels is not None:
                 inner: list[tuple[str, tuple[str, ...]]] = []
                 fjoin = hoist.remap(join, lambda i: _slot(inner, *slots[i]).index)
+                if not self._storable(fjoin, inner):
+                    return join, slots
                 key = hoist.canonical(labels, inner, fjoin, "sum", self.dtype(fjoin, inner, span))
                 if key in self.temps:
                     return scalar.Input(0), [(self.temps[key], labels)]
@@ -402,11 +412,13 @@ class _Lowering:
         parts = []
         for f in hoist.factors(join):
             labels = hoist.own_step(f, slots)
+            inner: list[tuple[str, tuple[str, ...]]] = []
+            fjoin = hoist.remap(f, lambda i: _slot(inner, *slots[i]).index)
+            if labels is not None and not self._storable(fjoin, inner):
+                labels = None  # (1 + LOG(b) on a bool is float16: kept in the join, as NumPy)
             if labels is None:
                 parts.append(hoist.remap(f, lambda i: _slot(out, *slots[i]).index))
                 continue
-            inner: list[tuple[str, tuple[str, ...]]] = []
-            fjoin = hoist.remap(f, lambda i: _slot(inner, *slots[i]).index)
             name = self.temporary(labels, inner, fjoin, "sum", span)
             parts.append(_slot(out, name, labels))
         return hoist.product(parts), out
