@@ -82,8 +82,7 @@ def test_scores_of_attention_computed_once(db):
 
 def test_grad_through_the_one_statement_mlp(db):
     X, W1, W2 = (db.tensor(n) for n in ("X", "W1", "W2"))
-    r = db.execute(f"{MLP_ONE}; L = SUM(Y[b,o] * Y[b,o]); dW1 = GRAD(L, W1); dW2 = GRAD(L, W2)")
-    del r
+    db.execute(f"{MLP_ONE}; L = SUM(Y[b,o] * Y[b,o]); dW1 = GRAD(L, W1); dW2 = GRAD(L, W2)")
     a = X @ W1
     h = np.maximum(a, 0)
     dy = 2 * (h @ W2)
@@ -118,3 +117,19 @@ def test_integer_dtypes_are_those_of_the_join(con):
     np.testing.assert_array_equal(r, want)
     assert len(json.loads(con.explain("Z[i,k] = SUM(RELU(A[i,j]) * B[j,k])",
                                       format="json"))["nodes"]) == 2
+
+
+def test_grad_through_the_one_statement_layer_norm_with_its_mean_computed_once(db):
+    # the mean SUM(C[i,k]) is written twice and computed once: its gradient sums both uses
+    agnp = pytest.importorskip("autograd.numpy")
+    from autograd import grad
+    rng = np.random.default_rng(11)
+    db.load("G", rng.standard_normal((9, 7)))
+    G = db.tensor("G")
+    db.execute(f"{LN_ONE}; L = SUM(N[i,j] * G[i,j]); dC = GRAD(L, C)")
+
+    def loss(c):
+        mu = agnp.sum(c, axis=1, keepdims=True) / 7
+        var = agnp.sum((c - mu) ** 2, axis=1, keepdims=True) / 7
+        return agnp.sum((c - mu) / agnp.sqrt(var + 1e-5) * G)
+    np.testing.assert_allclose(db.tensor("dC"), grad(loss)(db.tensor("C")), rtol=1e-9, atol=1e-12)
