@@ -42,6 +42,7 @@ from ..plan.aggregates import ARG_AGGS, empty_aggregate
 from ..dialect import ast as A
 from .derived import Derived
 from .derived import slot as _slot
+from . import hoist
 from .emit import BoundStep
 from .scope import free_labels as _free_labels
 from .scope import AGGREGATES, DERIVED
@@ -164,6 +165,7 @@ class _Lowering(Derived):
         self.dtypes: dict[str, str] = {}
         self.count_steps = False  # COUNT as a step of its own (a statement of counts alone)
         self._kept: list = []     # AST nodes made while lowering (SOFTMAX), kept alive
+        self.temps: dict[tuple, str] = {}  # hoist.canonical(temporary step) -> its name
 
     def err(self, span, message, **kw):
         return _err(self.script, span, message, **kw)
@@ -226,6 +228,7 @@ class _Lowering(Derived):
             self._check_index(expr, own)
         pieces = check_pieces(self.script, stmt.pieces, set(used), "the statement")
         shape = tuple(self.sizes[l][0] for l in self.lhs)
+        join, slots = self.split(join, slots, self.lhs, agg, expr.span)
         dtype = self.dtype(join, slots, expr.span)
         if agg in ARG_AGGS:
             dtype = "int64"
@@ -411,12 +414,60 @@ class _Lowering(Derived):
             self.outer = outer
         if not inner:
             raise self.err(node.span, f"{node.fn.upper()} of no tensor")
-        name = TensorRef.of(self.into).temporary(sum(1 for s in self.steps) + 1)
-        self.dtypes[name] = self.dtype(join, inner, node.span)
-        if node.fn in ARG_AGGS:
-            self.dtypes[name] = "int64"
-        self.step(name, kept, inner, join, node.fn, False, self.dtypes[name])
+        join, inner = self.split(join, inner, kept, node.fn, node.span)
+        name = self.temporary(kept, inner, join, node.fn, node.span)
         return _slot(slots, name, tuple(kept))
+
+    def temporary(self, labels, inner, join, agg, span) -> str:
+        """The name of a temporary step ``agg(join)`` keeping ``labels``: a new step, or an
+        earlier one of the statement equal to it but for the names of labels (``SUM(C[i,k])``
+        and ``SUM(C[i,m])``), computed once."""
+        dtype = "int64" if agg in ARG_AGGS else self.dtype(join, inner, span)
+        key = hoist.canonical(labels, inner, join, agg, dtype)
+        if key not in self.temps:
+            name = TensorRef.of(self.into).temporary(len(self.steps) + 1)
+            self.dtypes[name] = dtype
+            self.step(name, labels, inner, join, agg, False, dtype)
+            self.temps[key] = name
+        return self.temps[key]
+
+    def _storable(self, join, inner) -> bool:
+        """Whether ``join`` has a dtype a step may have (a part of a join may not)."""
+        try:
+            infer_dtype(join, [self.dtypes[t] for t, _ in inner])
+        except Error:
+            return False
+        return True
+
+    def split(self, join, slots, out_labels, agg, span):
+        """A sum of a product with factors that are functions of tensors (``SUM(RELU(H[b,f]) *
+        W2[f,o])``) -> the product of their elementwise steps, as a LET of each would make it
+        (``hoist.py``): the planner then runs it as a contraction, not a broadcast."""
+        if not hoist.splittable(join, slots, out_labels, agg):
+            labels = hoist.own_step(join, slots)  # an elementwise step made already: read it
+            if labels is not None:
+                inner: list[tuple[str, tuple[str, ...]]] = []
+                fjoin = hoist.remap(join, lambda i: _slot(inner, *slots[i]).index)
+                if not self._storable(fjoin, inner):
+                    return join, slots
+                key = hoist.canonical(labels, inner, fjoin, "sum", self.dtype(fjoin, inner, span))
+                if key in self.temps:
+                    return scalar.Input(0), [(self.temps[key], labels)]
+            return join, slots
+        out: list[tuple[str, tuple[str, ...]]] = []
+        parts = []
+        for f in hoist.factors(join):
+            labels = hoist.own_step(f, slots)
+            inner: list[tuple[str, tuple[str, ...]]] = []
+            fjoin = hoist.remap(f, lambda i: _slot(inner, *slots[i]).index)
+            if labels is not None and not self._storable(fjoin, inner):
+                labels = None  # (1 + LOG(b) on a bool is float16: kept in the join, as NumPy)
+            if labels is None:
+                parts.append(hoist.remap(f, lambda i: _slot(out, *slots[i]).index))
+                continue
+            name = self.temporary(labels, inner, fjoin, "sum", span)
+            parts.append(_slot(out, name, labels))
+        return hoist.product(parts), out
 
 
 _fold = scalar.fold
