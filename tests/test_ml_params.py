@@ -100,3 +100,15 @@ def test_errors_change_nothing(con, sql, params, message):
         con.execute(sql, params)
     assert "^" in str(e.value)
     assert "B" not in [t["name"] for t in con.tensors()]
+
+
+def test_a_parameter_inside_a_factor_the_binder_splits_off(con):
+    """``SUM(RELU($s * H[b,f]) * W[f,o])``: the RELU factor becomes a step of its own
+    (bind/hoist.py), carrying the parameter with it."""
+    rng = np.random.default_rng(3)
+    h, w = rng.normal(size=(5, 4)), rng.normal(size=(4, 3))
+    con.load("H", h)
+    con.load("W", w)
+    for s in (0.5, -2.0):
+        con.execute("Y[b,o] = SUM(RELU($s * H[b,f]) * W[f,o])", {"s": s})
+        np.testing.assert_allclose(con.tensor("Y"), np.maximum(s * h, 0) @ w, rtol=1e-13)

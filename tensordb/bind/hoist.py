@@ -38,7 +38,7 @@ def remap(expr: Expr, index) -> Expr:
     """``expr`` with input ``i`` read as input ``index(i)``."""
     if isinstance(expr, Input):
         return Input(index(expr.index))
-    if isinstance(expr, Const):
+    if not isinstance(expr, Call):  # a constant or a parameter
         return expr
     return Call(expr.fn, tuple(remap(a, index) for a in expr.args))
 
