@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ProgrammingError
 
-__all__ = ["Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
+__all__ = ["BoxName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
            "default_tile_shape", "grid_shape", "tile_box", "overlapping"]
 
 Grid = tuple[tuple[int, ...], ...]
@@ -119,3 +119,35 @@ def _square_tiles(shape: tuple[int, ...], budget: int) -> tuple[int, ...]:
         rest = budget // max(1, math.prod(tile) // tile[d])
         tile[d] = min(max(shape[d], 1), max(tile[d], rest))
     return tuple(tile)
+
+
+class BoxName(str):
+    """The graph name of a box of a stored tensor (a slice, ``X[0:100, d]``): a ``str`` that
+    prints as ``X[0:100,0:5]`` and carries the stored tensor's name (``base``) and the box, one
+    ``(start, stop)`` per dimension. The storage opens it as a reader of that box alone
+    (storage/boxes.py); no stage parses its text.
+
+    >>> b = BoxName("X", ((0, 100), (0, 5)))
+    >>> str(b), b.base, b.box, b.shape
+    ('X[0:100,0:5]', 'X', ((0, 100), (0, 5)), (100, 5))
+    """
+
+    base: str
+    box: tuple[tuple[int, int], ...]
+
+    def __new__(cls, base: str, box) -> "BoxName":
+        box = tuple((int(a), int(b)) for a, b in box)
+        self = super().__new__(cls, f"{base}[{','.join(f'{a}:{b}' for a, b in box)}]")
+        object.__setattr__(self, "base", str(base))
+        object.__setattr__(self, "box", box)
+        return self
+
+    def __setattr__(self, key, value):
+        raise AttributeError("a BoxName is immutable")
+
+    def __reduce__(self):
+        return BoxName, (self.base, self.box)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self.box)

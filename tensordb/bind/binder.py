@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import BinderError, CatalogError, Error, Span
+from ..geometry import BoxName
 from ..plan import scalar
 from ..dtypes import check_dtype
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
@@ -50,8 +51,10 @@ __all__ = ["BoundStep", "Lowered", "Lookup", "lower", "AGGREGATES", "SCALAR_FUNC
 SCALAR_FUNCTIONS = tuple(sorted(f for f in scalar.FUNCTIONS if f.isalpha() and f != "neg"))
 
 
-# resolve(name, span) -> (graph name, shape, dtype); raises CatalogError with the span.
-Resolver = Callable[[str, Span], tuple[str, tuple[int, ...], str]]
+# resolve(name, span[, box]) -> (graph name, shape, dtype); raises CatalogError with the span.
+# With a box (one (start, stop) per dimension: a slice), the name of that box of a stored tensor
+# (geometry.BoxName), its extent and dtype; a BinderError when the name is not a stored tensor.
+Resolver = Callable[..., tuple[str, tuple[int, ...], str]]
 
 
 class Lookup:
@@ -60,11 +63,15 @@ class Lookup:
     def __init__(self, catalog) -> None:
         self.catalog = catalog
 
-    def resolve(self, name: str, span: Span):
+    def resolve(self, name: str, span: Span, box=None):
         if not self.catalog.has(name):
             raise CatalogError(f"unknown tensor '{name}'", span=span)
         meta = self.catalog.meta(name)
-        return name, tuple(int(n) for n in meta.shape), check_dtype(meta.dtype, name).name
+        dtype = check_dtype(meta.dtype, name).name
+        if box is not None:
+            b = BoxName(name, box)
+            return b, b.shape, dtype
+        return name, tuple(int(n) for n in meta.shape), dtype
 
 
 def _err(script: str, span: Span, message: str, cls=BinderError, hint: str | None = None) -> Error:
@@ -265,6 +272,9 @@ class _Lowering:
                 raise self.err(ref.span, f"{ref.name} has {len(shape)} dimension(s) but is indexed "
                                f"with {len(labels)} label(s): {shown}",
                                hint=f"{ref.name} has shape {shape}")
+            if any(lab.range is not None for lab in labels):  # a slice: a box of a stored tensor
+                box = tuple(self._box(ref, axis, lab, n) for axis, (lab, n) in enumerate(zip(labels, shape)))
+                gname, shape, dtype = self.resolve(ref.name, ref.span, box)
             for axis, (lab, n) in enumerate(zip(labels, shape)):
                 where = f"{ref.name} axis {axis}"
                 if lab.name in self.sizes and self.sizes[lab.name][0] != n:
@@ -274,6 +284,28 @@ class _Lowering:
                 self.sizes.setdefault(lab.name, (n, where, lab.span))
             self.refs[id(ref)] = (gname, shape, dtype)
             self.dtypes[gname] = dtype
+
+    def _box(self, ref: A.Ref, axis: int, lab: A.Label, n: int) -> tuple[int, int]:
+        """The (start, stop) a subscript reads of an axis of size ``n``: all of it for a label;
+        a slice's bounds as Python's (omitted: the ends; negative: from the end). A slice out of
+        range or empty is an error (numpy would clip it, or give an empty array)."""
+        if lab.range is None:
+            return 0, n
+        lo, hi = lab.range
+        start = 0 if lo is None else lo + n if lo < 0 else lo
+        stop = n if hi is None else hi + n if hi < 0 else hi
+        text = self.script[lab.span.start:lab.span.end]
+        if not (0 <= start <= n and 0 <= stop <= n):
+            raise self.err(lab.span, f"slice '{text}' is out of range for {ref.name} axis {axis}, "
+                           f"of size {n}", hint=f"{ref.name} has shape {self.refs_shape(ref)}; "
+                           f"bounds lie in -{n}..{n}")
+        if stop <= start:
+            raise self.err(lab.span, f"slice '{text}' of {ref.name} axis {axis} (size {n}) is empty: "
+                           f"it reads {start}:{stop}", hint="a slice reads at least one element")
+        return start, stop
+
+    def refs_shape(self, ref: A.Ref) -> tuple[int, ...]:
+        return self.resolve(ref.name, ref.name_span)[1]
 
     # -- expressions -> joins over input slots --------------------------------------------------
     def conv(self, node, slots) -> scalar.Expr:

@@ -23,8 +23,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Label:
+    """A label of a tensor reference; ``range`` (start, stop), each None where omitted and
+    negative from the end as in Python, when the subscript is a slice (``X[i 0:100, d]``; a
+    bare ``0:100`` gets a label of its own, ``anonymous``)."""
+
     name: str
     span: Span
+    range: tuple[int | None, int | None] | None = None
+    anonymous: bool = False
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,33 @@ class _Build(Transformer):
     def labels(self, meta, c):
         return tuple(A.Label(str(t), self.ts(t)) for t in _toks(c, "NAME"))
 
+    def subscripts(self, meta, c):
+        return tuple(x for x in c if isinstance(x, A.Label))
+
+    def sub_label(self, meta, c):
+        return A.Label(str(c[0]), self.ts(c[0]) if c[1] is None else self.sp(meta), c[1])
+
+    def sub_range(self, meta, c):
+        # A slice without a label: a label of its own (no name can hold ':'), aggregated.
+        sp = self.sp(meta)
+        return A.Label(f":{sp.start}", sp, c[0], anonymous=True)
+
+    def range(self, meta, c):
+        bounds = [x for x in c if not isinstance(x, Token)]
+        return (bounds[0], bounds[1])
+
+    def pos_bound(self, meta, c):
+        return self._bound(meta, str(c[0]))
+
+    def neg_bound(self, meta, c):
+        return -self._bound(meta, str(c[1]))
+
+    def _bound(self, meta, text: str) -> int:
+        if len(text) > MAX_INT_DIGITS:
+            raise ParserError(f"a slice bound of {len(text)} digits", statement=self.script,
+                              span=self.sp(meta))
+        return int(text)
+
     def ref(self, meta, c):
         return A.Ref(str(c[0]), c[2] or (), self.sp(meta), self.ts(c[0]))
 

@@ -60,11 +60,19 @@ with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
     | PLUS unary -> pos
 ?atom: NUMBER -> number
     | STRING -> string
-    | NAME LSQB [labels] RSQB -> ref
+    | NAME LSQB [subscripts] RSQB -> ref
     | NAME -> bare_ref
     | NAME LPAR [args] RPAR -> call
     | LPAR expr RPAR -> paren
 args: expr (COMMA expr)*
+// A tensor reference's subscripts: labels, and slices (X[i 0:100, d]; a bare 0:100 has a label
+// of its own, aggregated), numpy's half-open ranges with Python's negative and omitted bounds.
+subscripts: subscript (COMMA subscript)*
+subscript: NAME [range] -> sub_label
+         | range -> sub_range
+range: [bound] COLON [bound]
+bound: INT -> pos_bound
+     | MINUS INT -> neg_bound
 
 show: SHOW TENSORS -> show_tensors
     | SHOW ALL -> show_all
@@ -94,6 +102,7 @@ RPAR: ")"
 LSQB: "["
 RSQB: "]"
 COMMA: ","
+COLON: ":"
 EQ: "="
 PLUS: "+"
 MINUS: "-"
@@ -156,7 +165,7 @@ def explain_grammar() -> str:
 # Readable names for lark's terminals in "expected ..." messages.
 READABLE = {
     "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "STRING": "a 'string'",
-    "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQ": "'='",
+    "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "COLON": "':'", "EQ": "'='",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "$END": "the end of the statement",
     "<END-OF-FILE>": "the end of the statement",
     **{k: k for k in KEYWORDS}, "CHECK": "CHECK",
