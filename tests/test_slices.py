@@ -148,6 +148,9 @@ def test_python_api_slices(con):
     np.testing.assert_allclose(con.tensor("Y"), X[:5, 1:] @ W[1:])
     con.run(Graph().op("Z", "i", [("X[10:20]", "ij")]))
     np.testing.assert_allclose(con.tensor("Z"), X[10:20].sum(1))
+    np.testing.assert_allclose(con.einsum("ij,kj->ik", "X[:2]", "X[20:]"), X[:2] @ X[20:].T)
+    with pytest.raises(tensordb.BinderError, match="cannot slice 'H': it is computed by this graph"):
+        con.run(Graph().einsum("ij,jk->ik", "X", "W", into="H").einsum("ij->j", "H[:2]", into="G"))
 
 
 @pytest.mark.parametrize("operand, match", [

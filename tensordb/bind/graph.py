@@ -262,7 +262,7 @@ class _GraphBinder:
             raise BinderError(f"operand '{text}': a slice is written 'X[0:100, :]' (ranges "
                               "lo:hi, without a step)", span=span)
         name = m.group(1)
-        if name in self.known and name not in self.emitter.inputs:
+        if name in self.known and name not in self.emitter.stored:
             raise BinderError(f"cannot slice '{name}': it is computed by this graph, and a slice "
                               "reads a box of a stored tensor", span=span,
                               hint=f"store {name} first, then slice it in another graph")
