@@ -212,3 +212,28 @@ def test_explain_names_the_box(con):
     con.load("X", X, tile=(4, 4))
     text = con.execute("EXPLAIN CREATE TENSOR Y[i,j] AS X[i :8, d] * X[j 8:, d]").fetchall()[0][0]
     assert "X[0:8,0:6][i,d]" in text and "X[8:23,0:6][j,d]" in text
+
+
+@pytest.mark.distributed
+def test_slices_on_the_dask_executor(tmp_path):
+    """A box reader ships to Dask workers (pickled) and reads only its box there."""
+    pytest.importorskip("distributed")
+    from tensordb.exec.dask import local_cluster
+    with local_cluster(2, local_directory=str(tmp_path / "dask")) as cluster, \
+            tensordb.connect(tmp_path / "db", workers=2,
+                             executor=f"dask://{cluster.scheduler_address}") as con:
+        con.load("X", X, tile=(4, 4))
+        con.load("W", W)
+        con.execute("CREATE TENSOR Y[i,f] AS SUM(X[i 3:-5, d 1:] * W[d 1:, f])")
+        np.testing.assert_allclose(con.tensor("Y"), X[3:-5, 1:] @ W[1:], rtol=1e-12)
+
+
+def test_slice_of_a_sparse_tensor(con):
+    sp = pytest.importorskip("scipy.sparse")
+    m = sp.random(40, 30, density=0.05, random_state=3, format="csr")
+    con.load("S", m, tile=(16, 16))
+    v = RNG.normal(size=(30,))
+    con.load("v", v)
+    con.execute("CREATE TENSOR Y[i] AS SUM(S[i 5:33, j] * v[j]); CREATE TENSOR Z[i,j] AS S[i 10:20, j 3:]")
+    np.testing.assert_allclose(con.tensor("Y"), m.toarray()[5:33] @ v, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(con.tensor("Z"), m.toarray()[10:20, 3:])
