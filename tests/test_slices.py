@@ -237,3 +237,26 @@ def test_slice_of_a_sparse_tensor(con):
     con.execute("CREATE TENSOR Y[i] AS SUM(S[i 5:33, j] * v[j]); CREATE TENSOR Z[i,j] AS S[i 10:20, j 3:]")
     np.testing.assert_allclose(con.tensor("Y"), m.toarray()[5:33] @ v, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(con.tensor("Z"), m.toarray()[10:20, 3:])
+
+
+def test_a_statement_replacing_the_tensor_it_slices(con):
+    """The result replaces the tensor whose boxes it reads (a new version; the boxes read the
+    old one), repeatedly, with and without reading the tensor whole too."""
+    v = np.arange(10.0)
+    con.load("V", v, tile=(3,))
+    q = np.arange(12.0).reshape(4, 3)
+    con.load("Q", q, tile=(2, 2))
+    for _ in range(3):
+        con.execute("CREATE OR REPLACE TENSOR V[i] AS V[i 1:] * 2 + V[i :-1]; "
+                    "Q[i,j] = Q[i,j] + SUM(Q[i,k 0:2])")
+        v = v[1:] * 2 + v[:-1]
+        q = q + q[:, :2].sum(1, keepdims=True)
+        np.testing.assert_array_equal(con.tensor("V"), v)
+        np.testing.assert_array_equal(con.tensor("Q"), q)
+
+
+def test_a_sliced_label_has_one_size(con):
+    con.load("Q", np.ones((4, 3)))
+    with pytest.raises(tensordb.BinderError,
+                       match=r"label 'j' has size 3 in Q axis 1 but 1 in the slice Q\[j 0:1\]"):
+        con.execute("Q[i,j] = Q[i,j] + Q[i,j 0:1]")

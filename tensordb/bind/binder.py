@@ -276,7 +276,8 @@ class _Lowering:
                 box = tuple(self._box(ref, axis, lab, n) for axis, (lab, n) in enumerate(zip(labels, shape)))
                 gname, shape, dtype = self.resolve(ref.name, ref.span, box)
             for axis, (lab, n) in enumerate(zip(labels, shape)):
-                where = f"{ref.name} axis {axis}"
+                where = f"{ref.name} axis {axis}" if lab.range is None else \
+                    f"the slice {ref.name}[{self.script[lab.span.start:lab.span.end]}] of axis {axis}"
                 if lab.name in self.sizes and self.sizes[lab.name][0] != n:
                     first_n, first_where, _ = self.sizes[lab.name]
                     raise self.err(lab.span, f"label '{lab.name}' has size {first_n} in {first_where} "
