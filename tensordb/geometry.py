@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ProgrammingError
 
-__all__ = ["BoxName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
+__all__ = ["BoxName", "GatherName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
            "default_tile_shape", "grid_shape", "tile_box", "overlapping"]
 
 Grid = tuple[tuple[int, ...], ...]
@@ -151,3 +151,39 @@ class BoxName(str):
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(b - a for a, b in self.box)
+
+
+class GatherName(str):
+    """The graph name of a gather (``E[tok[b], d]``, an embedding lookup): the rows of the
+    stored tensor ``base`` that the values of the stored integer tensor ``index`` select, a
+    ``str`` printing ``E[tok]``. Its shape is the index's shape, then the base's other axes.
+    The storage opens it as a reader that reads the index's box, then the base's tiles holding
+    those rows (storage/boxes.py).
+
+    >>> g = GatherName("E", "tok", (2, 3), (50, 4))
+    >>> str(g), g.shape
+    ('E[tok]', (2, 3, 4))
+    """
+
+    base: str
+    index: str
+    index_shape: tuple[int, ...]
+    base_shape: tuple[int, ...]
+
+    def __new__(cls, base: str, index: str, index_shape, base_shape) -> "GatherName":
+        self = super().__new__(cls, f"{base}[{index}]")
+        for k, v in (("base", str(base)), ("index", str(index)),
+                     ("index_shape", tuple(int(n) for n in index_shape)),
+                     ("base_shape", tuple(int(n) for n in base_shape))):
+            object.__setattr__(self, k, v)
+        return self
+
+    def __setattr__(self, key, value):
+        raise AttributeError("a GatherName is immutable")
+
+    def __reduce__(self):
+        return GatherName, (self.base, self.index, self.index_shape, self.base_shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.index_shape + self.base_shape[1:]

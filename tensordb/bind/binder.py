@@ -32,8 +32,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import BinderError, CatalogError, Error, Span
-from ..geometry import BoxName
+from ..errors import BinderError, CatalogError, Error, NotSupportedError, Span
+from ..geometry import BoxName, GatherName
 from ..plan import scalar
 from ..dtypes import check_dtype
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
@@ -63,7 +63,7 @@ class Lookup:
     def __init__(self, catalog) -> None:
         self.catalog = catalog
 
-    def resolve(self, name: str, span: Span, box=None):
+    def resolve(self, name: str, span: Span, box=None, gather=None):
         if not self.catalog.has(name):
             raise CatalogError(f"unknown tensor '{name}'", span=span)
         meta = self.catalog.meta(name)
@@ -71,6 +71,9 @@ class Lookup:
         if box is not None:
             b = BoxName(name, box)
             return b, b.shape, dtype
+        if gather is not None:
+            g = GatherName(name, gather, self.catalog.meta(gather).shape, meta.shape)
+            return g, g.shape, dtype
         return name, tuple(int(n) for n in meta.shape), dtype
 
 
@@ -267,6 +270,8 @@ class _Lowering:
         for ref in A.refs(expr):
             gname, shape, dtype = self.resolve(ref.name, ref.name_span)
             labels = ref.labels or ()
+            if ref.gather is not None:  # E[tok[b], d]: the rows of E that tok's values select
+                gname, shape, dtype = self._gather(ref, shape)
             if len(labels) != len(shape):
                 shown = f"[{','.join(l.name for l in labels)}]" if ref.labels is not None else "no labels"
                 raise self.err(ref.span, f"{ref.name} has {len(shape)} dimension(s) but is indexed "
@@ -285,6 +290,24 @@ class _Lowering:
                 self.sizes.setdefault(lab.name, (n, where, lab.span))
             self.refs[id(ref)] = (gname, shape, dtype)
             self.dtypes[gname] = dtype
+
+    def _gather(self, ref: A.Ref, shape: tuple[int, ...]):
+        """A gather's input: its index a stored integer tensor with one label per dimension."""
+        index, ispan, n = ref.gather
+        _, ishape, idtype = self.resolve(index, ispan)
+        if len(ishape) != n:
+            raise self.err(ispan, f"the index tensor {index} has {len(ishape)} dimension(s) but "
+                           f"is indexed with {n} label(s)", hint=f"{index} has shape {ishape}")
+        if not idtype.startswith(("int", "uint")):
+            raise self.err(ispan, f"the index tensor {index} of a gather is {idtype}, not an "
+                           "integer tensor", hint="load the row numbers as int32 or int64")
+        if not shape:
+            raise self.err(ref.name_span, f"{ref.name} is a scalar: a gather selects rows")
+        sliced = next((l for l in ref.labels if l.range is not None), None)
+        if sliced is not None:
+            raise self.err(sliced.span, "a slice next to a gather is not supported",
+                           cls=NotSupportedError)
+        return self.resolve(ref.name, ref.name_span, gather=index)
 
     def _box(self, ref: A.Ref, axis: int, lab: A.Label, n: int) -> tuple[int, int]:
         """The (start, stop) a subscript reads of an axis of size ``n``: all of it for a label;

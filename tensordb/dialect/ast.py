@@ -53,6 +53,9 @@ class Ref:
     labels: tuple[Label, ...] | None
     span: Span
     name_span: Span
+    # A gather, ``E[tok[b], d]``: (the index tensor's name, its span, how many of ``labels``
+    # are its labels, in place of the first axis of ``name``).
+    gather: tuple[str, Span, int] | None = None
 
 
 @dataclass(frozen=True)

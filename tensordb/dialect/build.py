@@ -98,7 +98,18 @@ class _Build(Transformer):
         return tuple(A.Label(str(t), self.ts(t)) for t in _toks(c, "NAME"))
 
     def subscripts(self, meta, c):
-        return tuple(x for x in c if isinstance(x, A.Label))
+        subs = [x for x in c if isinstance(x, (A.Label, tuple))]
+        for k, x in enumerate(subs):
+            if isinstance(x, tuple) and k:
+                raise ParserError("a gather subscript (E[tok[b], d]) selects rows: it must be the "
+                                  "first subscript", statement=self.script, span=x[1])
+        if not subs or not isinstance(subs[0], tuple):
+            return tuple(subs)
+        name, span, labels = subs[0]
+        return ("gather", name, span, len(labels), tuple(labels) + tuple(subs[1:]))
+
+    def sub_gather(self, meta, c):
+        return (str(c[0]), self.ts(c[0]), c[2] or ())
 
     def sub_label(self, meta, c):
         return A.Label(str(c[0]), self.ts(c[0]) if c[1] is None else self.sp(meta), c[1])
@@ -125,7 +136,14 @@ class _Build(Transformer):
         return int(text)
 
     def ref(self, meta, c):
-        return A.Ref(str(c[0]), c[2] or (), self.sp(meta), self.ts(c[0]))
+        subs = c[2]
+        if isinstance(subs, tuple) and subs and subs[0] == "gather":
+            _, index, ispan, n, labels = subs
+            if any(isinstance(x, tuple) for x in labels):
+                raise ParserError("one gather per tensor reference", statement=self.script,
+                                  span=self.sp(meta))
+            return A.Ref(str(c[0]), labels, self.sp(meta), self.ts(c[0]), (index, ispan, n))
+        return A.Ref(str(c[0]), subs or (), self.sp(meta), self.ts(c[0]))
 
     def bare_ref(self, meta, c):
         return A.Ref(str(c[0]), None, self.sp(meta), self.ts(c[0]))

@@ -66,10 +66,12 @@ with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
     | LPAR expr RPAR -> paren
 args: expr (COMMA expr)*
 // A tensor reference's subscripts: labels, and slices (X[i 0:100, d]; a bare 0:100 has a label
-// of its own, aggregated), numpy's half-open ranges with Python's negative and omitted bounds.
+// of its own, aggregated), numpy's half-open ranges with Python's negative and omitted bounds;
+// a gather, E[tok[b], d]: the rows of E that the values of tok select.
 subscripts: subscript (COMMA subscript)*
 subscript: NAME [range] -> sub_label
          | range -> sub_range
+         | NAME LSQB labels RSQB -> sub_gather
 range: [bound] COLON [bound]
 bound: INT -> pos_bound
      | MINUS INT -> neg_bound

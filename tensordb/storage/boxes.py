@@ -21,11 +21,11 @@ import hashlib
 import math
 from typing import Sequence
 
-from ..errors import OperationalError
+from ..errors import DataError, OperationalError
 from ..geometry import overlapping
 from .meta import TensorMeta
 
-__all__ = ["BoxReader", "box_meta"]
+__all__ = ["BoxReader", "GatherReader", "box_meta"]
 
 
 def box_meta(meta: TensorMeta, box) -> TensorMeta:
@@ -92,3 +92,75 @@ class BoxReader:
 def _product(ranges):
     import itertools
     return itertools.product(*ranges)
+
+
+class GatherReader:
+    """The reader of a gather ``base[index]`` (geometry.GatherName): the tensor of shape
+    ``index.shape + base.shape[1:]`` whose element ``[b..., d...]`` is ``base[index[b...], d...]``.
+    A Load of a box reads the index's box, then only the base's tiles that hold the rows it
+    names (a join of the index's values with the base's row tiles). numpy's semantics: a
+    negative row counts from the end; one out of ``[-rows, rows)`` is a DataError naming it."""
+
+    has_sparse = False
+
+    def __init__(self, base, index, name) -> None:
+        import numpy as np
+        self.base, self.index, self.name = base, index, name
+        if index.meta.dtype.kind not in "iu":
+            raise DataError(f"the index tensor '{index.meta.name}' of a gather is "
+                            f"{index.meta.dtype.name}, not an integer")
+        bm, im = base.meta, index.meta
+        shape = tuple(im.shape) + tuple(bm.shape[1:])
+        grid = tuple(im.grid) + tuple(bm.grid[1:])
+        # The version a device cache keys its tiles by: changes with either tensor's version.
+        version = int.from_bytes(hashlib.sha256(f"{bm.version}:{im.version}".encode()).digest()[:7],
+                                 "big")
+        self.meta = dataclasses.replace(bm, name=str(name), shape=shape, grid=grid, version=version,
+                                        tile_count=math.prod(len(g) - 1 for g in grid),
+                                        nbytes=math.prod(shape) * bm.dtype.itemsize,
+                                        nnz=math.prod(shape), density=1.0)
+        self._np = np
+
+    def __repr__(self) -> str:
+        return f"GatherReader({self.base!r}, index={self.index!r})"
+
+    def facts(self) -> tuple[bool, bool]:
+        return self.base.facts()[0], False
+
+    def layout(self) -> bytes:
+        return hashlib.sha256(b"gather" + self.base.layout() + self.index.layout()).digest()
+
+    def read_box(self, starts: Sequence[int], stops: Sequence[int]):
+        np = self._np
+        k = self.index.meta.ndim
+        rows = self.index.read_box(starts[:k], stops[:k])
+        shape = tuple(b - a for a, b in zip(starts, stops))
+        if rows is None:  # absent index tiles hold 0: row 0
+            rows = np.zeros(shape[:k], self.index.meta.dtype)
+        n = self.base.meta.shape[0]
+        rows = np.asarray(rows).astype(np.int64, copy=False)
+        bad = (rows < -n) | (rows >= n)  # numpy's: a negative row counts from the end
+        if bad.any():
+            at = tuple(int(c) + int(s) for c, s in zip(np.argwhere(bad)[0], starts[:k]))
+            raise DataError(f"gather {self.name}: index {self.index.meta.name}{list(at)} = "
+                            f"{int(rows[tuple(np.argwhere(bad)[0])])} is out of range for the "
+                            f"{n} rows of {self.base.meta.name}")
+        rows = np.where(rows < 0, rows + n, rows)
+        rest_lo, rest_hi = list(starts[k:]), list(stops[k:])
+        out = np.zeros(shape, self.base.meta.dtype)
+        flat = rows.reshape(-1)
+        dest = out.reshape((flat.size,) + shape[k:])
+        grid0 = self.base.meta.grid[0]
+        tile_of = np.searchsorted(np.asarray(grid0), flat, side="right") - 1
+        for t in np.unique(tile_of):  # only the base's row tiles that the index names
+            lo, hi = int(grid0[t]), int(grid0[t + 1])
+            block = self.base.read_box([lo] + rest_lo, [hi] + rest_hi)
+            if block is None:
+                continue
+            sel = np.nonzero(tile_of == t)[0]
+            dest[sel] = np.asarray(block)[flat[sel] - lo]
+        return out
+
+    def close(self) -> None:
+        self.base.close()
+        self.index.close()
