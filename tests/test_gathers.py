@@ -132,3 +132,18 @@ def test_a_repeated_gather_reads_the_new_index(con):
     con.load("tok", np.array([40, 0, 9], dtype=np.int64), replace=True)
     con.execute("CREATE OR REPLACE TENSOR Y[n,d] AS E[tok[n], d]")
     np.testing.assert_array_equal(con.tensor("Y"), E[[40, 0, 9]])
+
+
+@pytest.mark.distributed
+def test_gathers_on_the_dask_executor(tmp_path):
+    """A gather's reader ships to Dask workers (pickled) and joins there."""
+    pytest.importorskip("distributed")
+    from tensordb.exec.dask import local_cluster
+    tok = RNG.integers(-50, 50, size=(4, 6))
+    with local_cluster(2, local_directory=str(tmp_path / "dask")) as cluster, \
+            tensordb.connect(tmp_path / "db", workers=2,
+                             executor=f"dask://{cluster.scheduler_address}") as con:
+        con.load("E", E, tile=(8, 4))
+        con.load("tok", tok, tile=(2, 3))
+        con.execute("CREATE TENSOR Y[b,t,d] AS E[tok[b,t], d] WITH (PIECES b 2)")
+        np.testing.assert_array_equal(con.tensor("Y"), E[tok])

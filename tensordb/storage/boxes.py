@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 from typing import Sequence
+
+import numpy as np
 
 from ..errors import DataError, OperationalError
 from ..geometry import overlapping
@@ -81,7 +84,6 @@ class BoxReader:
                                   [s + o for s, o in zip(stops, lo)])
 
     def to_numpy(self):
-        import numpy as np
         out = self.read_box([0] * len(self.box), list(self.meta.shape))
         return np.zeros(self.meta.shape, self.meta.dtype) if out is None else np.array(out)
 
@@ -90,7 +92,6 @@ class BoxReader:
 
 
 def _product(ranges):
-    import itertools
     return itertools.product(*ranges)
 
 
@@ -104,7 +105,6 @@ class GatherReader:
     has_sparse = False
 
     def __init__(self, base, index, name) -> None:
-        import numpy as np
         self.base, self.index, self.name = base, index, name
         if index.meta.dtype.kind not in "iu":
             raise DataError(f"the index tensor '{index.meta.name}' of a gather is "
@@ -119,7 +119,6 @@ class GatherReader:
                                         tile_count=math.prod(len(g) - 1 for g in grid),
                                         nbytes=math.prod(shape) * bm.dtype.itemsize,
                                         nnz=math.prod(shape), density=1.0)
-        self._np = np
 
     def __repr__(self) -> str:
         return f"GatherReader({self.base!r}, index={self.index!r})"
@@ -131,7 +130,6 @@ class GatherReader:
         return hashlib.sha256(b"gather" + self.base.layout() + self.index.layout()).digest()
 
     def read_box(self, starts: Sequence[int], stops: Sequence[int]):
-        np = self._np
         k = self.index.meta.ndim
         rows = self.index.read_box(starts[:k], stops[:k])
         shape = tuple(b - a for a, b in zip(starts, stops))
