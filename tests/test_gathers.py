@@ -147,3 +147,20 @@ def test_gathers_on_the_dask_executor(tmp_path):
         con.load("tok", tok, tile=(2, 3))
         con.execute("CREATE TENSOR Y[b,t,d] AS E[tok[b,t], d] WITH (PIECES b 2)")
         np.testing.assert_array_equal(con.tensor("Y"), E[tok])
+
+
+def test_python_api_gathers(con):
+    from tensordb.plan.builder import Graph
+    tok = RNG.integers(0, 50, size=(3, 4))
+    w = RNG.normal(size=(4, 2))
+    con.load("E", E, tile=(8, 4))
+    con.load("tok", tok)
+    con.load("W", w)
+    np.testing.assert_allclose(con.einsum("btd,df->btf", "E[tok]", "W"), E[tok] @ w, rtol=1e-12)
+    con.run(Graph().einsum("btd->bd", "E[tok]", into="Bag"))
+    np.testing.assert_allclose(con.tensor("Bag"), E[tok].sum(1), rtol=1e-12)
+    with pytest.raises(tensordb.BinderError, match="the index tensor W of a gather is float64"):
+        con.einsum("nd->n", "E[W]")
+    g = Graph().einsum("btd,df->btf", "E[tok]", "W", into="H").einsum("btf->", "H", into="L")
+    with pytest.raises(tensordb.NotSupportedError, match="grad with respect to 'E'"):
+        con.run(g.grad("L", ["E", "W"]))

@@ -24,7 +24,7 @@ import difflib
 import re
 
 from ..dtypes import check_dtype
-from ..geometry import BoxName
+from ..geometry import BoxName, GatherName
 from ..errors import BinderError, CatalogError, Error, InternalError, NotSupportedError, Span
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, AGGS, empty_aggregate
@@ -35,6 +35,7 @@ from .emit import BoundStep, Emitter, GradStep
 __all__ = ["bind_graph", "source_of"]
 
 _SLICE = re.compile(r"^\s*([^\W\d]\w*)\s*\[(.*)\]\s*$", re.S)
+_NAME = re.compile(r"^[^\W\d]\w*$")
 _RANGE = re.compile(r"^\s*(-?\d{1,30})?\s*:\s*(-?\d{1,30})?\s*$")
 
 
@@ -226,10 +227,11 @@ class _GraphBinder:
         for k, (name, into) in enumerate(zip(req.wrt, req.into)):
             t = emitter.alias.get(name, name)
             wshape, wdtype = self._resolve(t, spans[("wrt", k)])
-            sliced = [str(n) for n in emitter.inputs if isinstance(n, BoxName) and n.base == t]
+            sliced = [str(n) for n in emitter.inputs if isinstance(n, BoxName) and n.base == t
+                      or isinstance(n, GatherName) and t in (n.base, n.index)]
             if sliced:  # the backward pass has no scatter into a box yet: refused, never zeros
                 raise NotSupportedError(f"grad with respect to '{name}', which this graph reads "
-                                        f"through a slice ({sliced[0]}), is not supported yet",
+                                        f"through a slice or gather ({sliced[0]}), is not supported yet",
                                         span=spans[("wrt", k)])
             if into in self.known and into not in emitter.inputs or into in emitter.alias or \
                     into in req.into[:k]:
@@ -268,6 +270,8 @@ class _GraphBinder:
                               hint=f"store {name} first, then slice it in another graph")
         shape, dtype = self._resolve(name, span)
         parts = [p.strip() for p in m.group(2).split(",")]
+        if len(parts) == 1 and _NAME.match(parts[0]):  # 'E[tok]': a gather, numpy's E[tok]
+            return self._gather(name, parts[0], shape, dtype, span)
         if len(parts) > len(shape):
             raise BinderError(f"operand '{text}': {len(parts)} subscripts for {name} of shape "
                               f"{shape}", span=span)
@@ -290,6 +294,22 @@ class _GraphBinder:
         b = BoxName(name, box)
         self.emitter.read(TensorInfo(b, b.shape, dtype))
         return b, b.shape, dtype
+
+    def _gather(self, name: str, index: str, shape, dtype: str, span: Span):
+        """An operand ``'E[tok]'``: the rows of stored ``E`` that the values of the stored
+        integer tensor ``tok`` select (geometry.GatherName)."""
+        if index in self.known and index not in self.emitter.stored:
+            raise BinderError(f"cannot gather with '{index}': it is computed by this graph, and "
+                              "a gather reads stored tensors", span=span)
+        ishape, idtype = self._resolve(index, span)
+        if check_dtype(idtype, index).kind not in "iu":
+            raise BinderError(f"the index tensor {index} of a gather is {idtype}, not an integer "
+                              "tensor", span=span, hint="load the row numbers as int32 or int64")
+        if not shape:
+            raise BinderError(f"{name} is a scalar: a gather selects rows", span=span)
+        g = GatherName(name, index, ishape, shape)
+        self.emitter.read(TensorInfo(g, g.shape, dtype))
+        return g, g.shape, dtype
 
     def _hint(self, name: str) -> str | None:
         lister = getattr(self.catalog, "list", None)
