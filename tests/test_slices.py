@@ -260,3 +260,12 @@ def test_a_sliced_label_has_one_size(con):
     with pytest.raises(tensordb.BinderError,
                        match=r"label 'j' has size 3 in Q axis 1 but 1 in the slice Q\[j 0:1\]"):
         con.execute("Q[i,j] = Q[i,j] + Q[i,j 0:1]")
+
+
+def test_a_let_may_slice_a_stored_tensor(con):
+    con.load("X", X, tile=(4, 4))
+    con.load("W", W)
+    con.execute("LET Xb[b,d] = X[b 4:12, d]; CREATE TENSOR H[b,f] AS SUM(Xb[b,d] * W[d,f])")
+    np.testing.assert_allclose(con.tensor("H"), X[4:12] @ W, rtol=1e-12)
+    con.execute("CREATE TENSOR H2[b,f] AS SUM(Xb[b,d] * W[d,f]) + X[b 4:12, f 0:4]")  # used again
+    np.testing.assert_allclose(con.tensor("H2"), X[4:12] @ W + X[4:12, :4], rtol=1e-12)
