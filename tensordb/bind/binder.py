@@ -278,7 +278,7 @@ class _Lowering:
                                f"with {len(labels)} label(s): {shown}",
                                hint=f"{ref.name} has shape {shape}")
             if any(lab.range is not None for lab in labels):  # a slice: a box of a stored tensor
-                box = tuple(self._box(ref, axis, lab, n) for axis, (lab, n) in enumerate(zip(labels, shape)))
+                box = tuple(self._box(ref, axis, lab, shape) for axis, lab in enumerate(labels))
                 gname, shape, dtype = self.resolve(ref.name, ref.span, box)
             for axis, (lab, n) in enumerate(zip(labels, shape)):
                 where = f"{ref.name} axis {axis}" if lab.range is None else \
@@ -309,10 +309,11 @@ class _Lowering:
                            cls=NotSupportedError)
         return self.resolve(ref.name, ref.name_span, gather=index)
 
-    def _box(self, ref: A.Ref, axis: int, lab: A.Label, n: int) -> tuple[int, int]:
-        """The (start, stop) a subscript reads of an axis of size ``n``: all of it for a label;
+    def _box(self, ref: A.Ref, axis: int, lab: A.Label, shape) -> tuple[int, int]:
+        """The (start, stop) a subscript reads of ``axis`` of ``shape``: all of it for a label;
         a slice's bounds as Python's (omitted: the ends; negative: from the end). A slice out of
         range or empty is an error (numpy would clip it, or give an empty array)."""
+        n = shape[axis]
         if lab.range is None:
             return 0, n
         lo, hi = lab.range
@@ -321,15 +322,12 @@ class _Lowering:
         text = self.script[lab.span.start:lab.span.end]
         if not (0 <= start <= n and 0 <= stop <= n):
             raise self.err(lab.span, f"slice '{text}' is out of range for {ref.name} axis {axis}, "
-                           f"of size {n}", hint=f"{ref.name} has shape {self.refs_shape(ref)}; "
+                           f"of size {n}", hint=f"{ref.name} has shape {shape}; "
                            f"bounds lie in -{n}..{n}")
         if stop <= start:
             raise self.err(lab.span, f"slice '{text}' of {ref.name} axis {axis} (size {n}) is empty: "
                            f"it reads {start}:{stop}", hint="a slice reads at least one element")
         return start, stop
-
-    def refs_shape(self, ref: A.Ref) -> tuple[int, ...]:
-        return self.resolve(ref.name, ref.name_span)[1]
 
     # -- expressions -> joins over input slots --------------------------------------------------
     def conv(self, node, slots) -> scalar.Expr:
