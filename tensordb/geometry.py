@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ProgrammingError
 
-__all__ = ["Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
+__all__ = ["BoxName", "GatherName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
            "default_tile_shape", "grid_shape", "tile_box", "overlapping"]
 
 Grid = tuple[tuple[int, ...], ...]
@@ -119,3 +119,71 @@ def _square_tiles(shape: tuple[int, ...], budget: int) -> tuple[int, ...]:
         rest = budget // max(1, math.prod(tile) // tile[d])
         tile[d] = min(max(shape[d], 1), max(tile[d], rest))
     return tuple(tile)
+
+
+class BoxName(str):
+    """The graph name of a box of a stored tensor (a slice, ``X[0:100, d]``): a ``str`` that
+    prints as ``X[0:100,0:5]`` and carries the stored tensor's name (``base``) and the box, one
+    ``(start, stop)`` per dimension. The storage opens it as a reader of that box alone
+    (storage/boxes.py); no stage parses its text.
+
+    >>> b = BoxName("X", ((0, 100), (0, 5)))
+    >>> str(b), b.base, b.box, b.shape
+    ('X[0:100,0:5]', 'X', ((0, 100), (0, 5)), (100, 5))
+    """
+
+    base: str
+    box: tuple[tuple[int, int], ...]
+
+    def __new__(cls, base: str, box) -> "BoxName":
+        box = tuple((int(a), int(b)) for a, b in box)
+        self = super().__new__(cls, f"{base}[{','.join(f'{a}:{b}' for a, b in box)}]")
+        object.__setattr__(self, "base", str(base))
+        object.__setattr__(self, "box", box)
+        return self
+
+    def __setattr__(self, key, value):
+        raise AttributeError("a BoxName is immutable")
+
+    def __reduce__(self):
+        return BoxName, (self.base, self.box)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self.box)
+
+
+class GatherName(str):
+    """The graph name of a gather (``E[tok[b], d]``, an embedding lookup): the rows of the
+    stored tensor ``base`` that the values of the stored integer tensor ``index`` select, a
+    ``str`` printing ``E[tok]``. Its shape is the index's shape, then the base's other axes.
+    The storage opens it as a reader that reads the index's box, then the base's tiles holding
+    those rows (storage/boxes.py).
+
+    >>> g = GatherName("E", "tok", (2, 3), (50, 4))
+    >>> str(g), g.shape
+    ('E[tok]', (2, 3, 4))
+    """
+
+    base: str
+    index: str
+    index_shape: tuple[int, ...]
+    base_shape: tuple[int, ...]
+
+    def __new__(cls, base: str, index: str, index_shape, base_shape) -> "GatherName":
+        self = super().__new__(cls, f"{base}[{index}]")
+        for k, v in (("base", str(base)), ("index", str(index)),
+                     ("index_shape", tuple(int(n) for n in index_shape)),
+                     ("base_shape", tuple(int(n) for n in base_shape))):
+            object.__setattr__(self, k, v)
+        return self
+
+    def __setattr__(self, key, value):
+        raise AttributeError("a GatherName is immutable")
+
+    def __reduce__(self):
+        return GatherName, (self.base, self.index, self.index_shape, self.base_shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.index_shape + self.base_shape[1:]

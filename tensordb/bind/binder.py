@@ -34,7 +34,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import BinderError, CatalogError, Error, Span
+from ..errors import BinderError, CatalogError, Error, NotSupportedError, Span
+from ..geometry import BoxName, GatherName
 from ..plan import scalar
 from ..dtypes import check_dtype
 from ..plan.builder import TensorRef, infer_dtype, parse_spec
@@ -59,8 +60,10 @@ SCALAR_FUNCTIONS = tuple(sorted({f for f in scalar.FUNCTIONS if f.isalpha() and 
 _ALIASES = {"if": "where"}
 
 
-# resolve(name, span) -> (graph name, shape, dtype); raises CatalogError with the span.
-Resolver = Callable[[str, Span], tuple[str, tuple[int, ...], str]]
+# resolve(name, span[, box]) -> (graph name, shape, dtype); raises CatalogError with the span.
+# With a box (one (start, stop) per dimension: a slice), the name of that box of a stored tensor
+# (geometry.BoxName), its extent and dtype; a BinderError when the name is not a stored tensor.
+Resolver = Callable[..., tuple[str, tuple[int, ...], str]]
 
 
 class Lookup:
@@ -69,11 +72,18 @@ class Lookup:
     def __init__(self, catalog) -> None:
         self.catalog = catalog
 
-    def resolve(self, name: str, span: Span):
+    def resolve(self, name: str, span: Span, box=None, gather=None):
         if not self.catalog.has(name):
             raise CatalogError(f"unknown tensor '{name}'", span=span)
         meta = self.catalog.meta(name)
-        return name, tuple(int(n) for n in meta.shape), check_dtype(meta.dtype, name).name
+        dtype = check_dtype(meta.dtype, name).name
+        if box is not None:
+            b = BoxName(name, box)
+            return b, b.shape, dtype
+        if gather is not None:
+            g = GatherName(name, gather, self.catalog.meta(gather).shape, meta.shape)
+            return g, g.shape, dtype
+        return name, tuple(int(n) for n in meta.shape), dtype
 
 
 def _err(script: str, span: Span, message: str, cls=BinderError, hint: str | None = None) -> Error:
@@ -292,13 +302,19 @@ class _Lowering(Derived):
         for ref in A.refs(expr):
             gname, shape, dtype = self.resolve(ref.name, ref.name_span)
             labels = ref.labels or ()
+            if ref.gather is not None:  # E[tok[b], d]: the rows of E that tok's values select
+                gname, shape, dtype = self._gather(ref, shape)
             if len(labels) != len(shape):
                 shown = f"[{','.join(l.name for l in labels)}]" if ref.labels is not None else "no labels"
                 raise self.err(ref.span, f"{ref.name} has {len(shape)} dimension(s) but is indexed "
                                f"with {len(labels)} label(s): {shown}",
                                hint=f"{ref.name} has shape {shape}")
+            if any(lab.range is not None for lab in labels):  # a slice: a box of a stored tensor
+                box = tuple(self._box(ref, axis, lab, shape) for axis, lab in enumerate(labels))
+                gname, shape, dtype = self.resolve(ref.name, ref.span, box)
             for axis, (lab, n) in enumerate(zip(labels, shape)):
-                where = f"{ref.name} axis {axis}"
+                where = f"{ref.name} axis {axis}" if lab.range is None else \
+                    f"the slice {ref.name}[{self.script[lab.span.start:lab.span.end]}] of axis {axis}"
                 if lab.name in self.sizes and self.sizes[lab.name][0] != n:
                     first_n, first_where, _ = self.sizes[lab.name]
                     raise self.err(lab.span, f"label '{lab.name}' has size {first_n} in {first_where} "
@@ -306,6 +322,44 @@ class _Lowering(Derived):
                 self.sizes.setdefault(lab.name, (n, where, lab.span))
             self.refs[id(ref)] = (gname, shape, dtype)
             self.dtypes[gname] = dtype
+
+    def _gather(self, ref: A.Ref, shape: tuple[int, ...]):
+        """A gather's input: its index a stored integer tensor with one label per dimension."""
+        index, ispan, n = ref.gather
+        _, ishape, idtype = self.resolve(index, ispan)
+        if len(ishape) != n:
+            raise self.err(ispan, f"the index tensor {index} has {len(ishape)} dimension(s) but "
+                           f"is indexed with {n} label(s)", hint=f"{index} has shape {ishape}")
+        if not idtype.startswith(("int", "uint")):
+            raise self.err(ispan, f"the index tensor {index} of a gather is {idtype}, not an "
+                           "integer tensor", hint="load the row numbers as int32 or int64")
+        if not shape:
+            raise self.err(ref.name_span, f"{ref.name} is a scalar: a gather selects rows")
+        sliced = next((l for l in ref.labels if l.range is not None), None)
+        if sliced is not None:
+            raise self.err(sliced.span, "a slice next to a gather is not supported",
+                           cls=NotSupportedError)
+        return self.resolve(ref.name, ref.name_span, gather=index)
+
+    def _box(self, ref: A.Ref, axis: int, lab: A.Label, shape) -> tuple[int, int]:
+        """The (start, stop) a subscript reads of ``axis`` of ``shape``: all of it for a label;
+        a slice's bounds as Python's (omitted: the ends; negative: from the end). A slice out of
+        range or empty is an error (numpy would clip it, or give an empty array)."""
+        n = shape[axis]
+        if lab.range is None:
+            return 0, n
+        lo, hi = lab.range
+        start = 0 if lo is None else lo + n if lo < 0 else lo
+        stop = n if hi is None else hi + n if hi < 0 else hi
+        text = self.script[lab.span.start:lab.span.end]
+        if not (0 <= start <= n and 0 <= stop <= n):
+            raise self.err(lab.span, f"slice '{text}' is out of range for {ref.name} axis {axis}, "
+                           f"of size {n}", hint=f"{ref.name} has shape {shape}; "
+                           f"bounds lie in -{n}..{n}")
+        if stop <= start:
+            raise self.err(lab.span, f"slice '{text}' of {ref.name} axis {axis} (size {n}) is empty: "
+                           f"it reads {start}:{stop}", hint="a slice reads at least one element")
+        return start, stop
 
     # -- expressions -> joins over input slots --------------------------------------------------
     def conv(self, node, slots) -> scalar.Expr:

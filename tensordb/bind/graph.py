@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 
 from ..dtypes import check_dtype
-from ..errors import BinderError, CatalogError, Error, InternalError, Span
+from ..geometry import BoxName, GatherName
+from ..errors import BinderError, CatalogError, Error, InternalError, NotSupportedError, Span
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, AGGS, ARG_AGGS, empty_aggregate
 from ..plan.builder import Graph, GradRequest, Step, infer_dtype, parse_spec
@@ -33,6 +35,10 @@ from ..plan.names import TensorRef
 from .emit import BoundStep, Emitter, GradStep
 
 __all__ = ["bind_graph", "source_of"]
+
+_SLICE = re.compile(r"^\s*([^\W\d]\w*)\s*\[(.*)\]\s*$", re.S)
+_NAME = re.compile(r"^[^\W\d]\w*$")
+_RANGE = re.compile(r"^\s*(-?\d{1,30})?\s*:\s*(-?\d{1,30})?\s*$")
 
 
 def bind_graph(graph: Graph, catalog) -> EinGraph:
@@ -168,7 +174,10 @@ class _GraphBinder:
         names = [emitter.alias.get(t, t) for t, _ in step.inputs]
         shapes, dtypes = [], []
         for k, name in enumerate(names):
-            shape, dtype = self._resolve(name, spans[("operand", k)])
+            if "[" in name:  # a slice, 'X[0:100, :]': a box of a stored tensor
+                names[k], shape, dtype = self._resolve_box(name, spans[("operand", k)])
+            else:
+                shape, dtype = self._resolve(name, spans[("operand", k)])
             shapes.append(shape)
             dtypes.append(dtype)
         join = step.join if step.join is not None else scalar.product(len(names))
@@ -243,6 +252,12 @@ class _GraphBinder:
         for k, (name, into) in enumerate(zip(req.wrt, req.into)):
             t = emitter.alias.get(name, name)
             wshape, wdtype = self._resolve(t, spans[("wrt", k)])
+            sliced = [str(n) for n in emitter.inputs if isinstance(n, BoxName) and n.base == t
+                      or isinstance(n, GatherName) and t in (n.base, n.index)]
+            if sliced:  # the backward pass has no scatter into a box yet: refused, never zeros
+                raise NotSupportedError(f"grad with respect to '{name}', which this graph reads "
+                                        f"through a slice or gather ({sliced[0]}), is not supported yet",
+                                        span=spans[("wrt", k)])
             if into in self.known and into not in emitter.inputs or into in emitter.alias or \
                     into in req.into[:k]:
                 raise BinderError(f"'{into}' is defined twice in one graph",
@@ -264,6 +279,62 @@ class _GraphBinder:
         self.emitter.read(info)
         self.known[name] = (info.shape, info.dtype)
         return self.known[name]
+
+    def _resolve_box(self, text: str, span: Span):
+        """An operand ``'X[0:100, :]'``: numpy's basic slicing (half-open ranges, omitted and
+        negative bounds, axes left out read whole; no step) of a stored tensor, read as the
+        box it names (geometry.BoxName). Out-of-range and empty slices are errors."""
+        m = _SLICE.match(text)
+        if m is None:
+            raise BinderError(f"operand '{text}': a slice is written 'X[0:100, :]' (ranges "
+                              "lo:hi, without a step)", span=span)
+        name = m.group(1)
+        if name in self.known and name not in self.emitter.stored:
+            raise BinderError(f"cannot slice '{name}': it is computed by this graph, and a slice "
+                              "reads a box of a stored tensor", span=span,
+                              hint=f"store {name} first, then slice it in another graph")
+        shape, dtype = self._resolve(name, span)
+        parts = [p.strip() for p in m.group(2).split(",")]
+        if len(parts) == 1 and _NAME.match(parts[0]):  # 'E[tok]': a gather, numpy's E[tok]
+            return self._gather(name, parts[0], shape, dtype, span)
+        if len(parts) > len(shape):
+            raise BinderError(f"operand '{text}': {len(parts)} subscripts for {name} of shape "
+                              f"{shape}", span=span)
+        box = []
+        for axis, n in enumerate(shape):
+            r = _RANGE.match(parts[axis]) if axis < len(parts) else _RANGE.match(":")
+            if r is None:
+                raise BinderError(f"operand '{text}': subscript '{parts[axis]}' is not a range "
+                                  "lo:hi", span=span, hint="an index or a step is not supported")
+            lo, hi = (None if g is None else int(g) for g in r.groups())
+            start = 0 if lo is None else lo + n if lo < 0 else lo
+            stop = n if hi is None else hi + n if hi < 0 else hi
+            if not (0 <= start <= n and 0 <= stop <= n):
+                raise BinderError(f"operand '{text}': slice '{parts[axis]}' is out of range for "
+                                  f"{name} axis {axis}, of size {n}", span=span)
+            if stop <= start:
+                raise BinderError(f"operand '{text}': slice '{parts[axis]}' of {name} axis "
+                                  f"{axis} (size {n}) is empty", span=span)
+            box.append((start, stop))
+        b = BoxName(name, box)
+        self.emitter.read(TensorInfo(b, b.shape, dtype))
+        return b, b.shape, dtype
+
+    def _gather(self, name: str, index: str, shape, dtype: str, span: Span):
+        """An operand ``'E[tok]'``: the rows of stored ``E`` that the values of the stored
+        integer tensor ``tok`` select (geometry.GatherName)."""
+        if index in self.known and index not in self.emitter.stored:
+            raise BinderError(f"cannot gather with '{index}': it is computed by this graph, and "
+                              "a gather reads stored tensors", span=span)
+        ishape, idtype = self._resolve(index, span)
+        if check_dtype(idtype, index).kind not in "iu":
+            raise BinderError(f"the index tensor {index} of a gather is {idtype}, not an integer "
+                              "tensor", span=span, hint="load the row numbers as int32 or int64")
+        if not shape:
+            raise BinderError(f"{name} is a scalar: a gather selects rows", span=span)
+        g = GatherName(name, index, ishape, shape)
+        self.emitter.read(TensorInfo(g, g.shape, dtype))
+        return g, g.shape, dtype
 
     def _hint(self, name: str) -> str | None:
         lister = getattr(self.catalog, "list", None)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..dtypes import check_dtype
-from ..errors import BinderError, CatalogError, Span
+from ..errors import BinderError, CatalogError, NotSupportedError, Span
+from ..geometry import BoxName, GatherName
 from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
 from ..dialect import ast as A
@@ -54,8 +55,10 @@ class GroupBinder:
     _versions: int = 0
 
     # -- name resolution -----------------------------------------------------------------------
-    def resolve(self, name: str, span: Span, script: str = ""):
+    def resolve(self, name: str, span: Span, script: str = "", box=None, gather=None):
         key = name.lower()
+        if box is not None or gather is not None:
+            return self._resolve_box(name, span, script, box, gather)
         if key in self.current:
             g = self.current[key]
             return (g, *self.known[g])
@@ -82,8 +85,31 @@ class GroupBinder:
             listed or "the database holds no tensors yet"
         raise CatalogError(f"unknown tensor '{name}'", statement=script or None, span=span, hint=hint)
 
+    def _resolve_box(self, name: str, span: Span, script: str, box, gather=None):
+        """A slice: the box of a stored tensor, read as an input of its own (geometry.BoxName);
+        a gather: the rows of a stored tensor that a stored index tensor selects (GatherName)."""
+        for n in (name,) if gather is None else (name, gather):
+            key = n.lower()
+            if key in self.current or key in self.lets:
+                what = "a LET" if key in self.lets else "computed earlier in this group"
+                verb = "slice" if gather is None else "gather with" if n == gather else "gather from"
+                raise BinderError(f"cannot {verb} '{n}': it is {what}, and a "
+                                  f"{'slice' if gather is None else 'gather'} reads stored tensors",
+                                  statement=script or None, span=span,
+                                  hint=f"store {n} first (CREATE TENSOR {n}[...] AS ...), then "
+                                       "use it in a later statement")
+        base, bshape, dtype = self.resolve(name, span, script)
+        if gather is not None:
+            index, ishape, _ = self.resolve(gather, span, script)
+            b = GatherName(base, index, ishape, bshape)
+            self.stored[b] = TensorInfo(b, b.shape, dtype)
+            return b, b.shape, dtype
+        b = BoxName(base, box)
+        self.stored[b] = TensorInfo(b, b.shape, dtype)
+        return b, b.shape, dtype
+
     def _resolver(self, script: str):
-        return lambda name, span: self.resolve(name, span, script)
+        return lambda name, span, box=None, gather=None: self.resolve(name, span, script, box, gather)
 
     def _inline_let(self, let: LetDef):
         """The LET's steps, here (a LET is computed where it is used). Inlined again, under a
@@ -199,6 +225,15 @@ class GroupBinder:
             raise BinderError(f"GRAD: the loss '{loss_ref.name}' is {dtype}, not a float",
                               statement=script, span=loss_ref.span)
         wrt, wshape, wdtype = self.resolve(wrt_ref.name, wrt_ref.name_span, script)
+        sliced = [str(n) for st in self.steps if isinstance(st, BoundStep) for n, _ in st.inputs
+                  if isinstance(n, BoxName) and n.base == wrt
+                  or isinstance(n, GatherName) and wrt in (n.base, n.index)]
+        if sliced:  # the backward pass has no scatter into a box yet: refused, never zeros
+            raise NotSupportedError(f"GRAD with respect to '{wrt_ref.name}', which this group reads "
+                                    f"through a slice or gather ({sliced[0]}), is not supported yet",
+                                    statement=script, span=wrt_ref.span,
+                                    hint="gradients with respect to tensors read whole (the "
+                                         "weights of a mini-batch step) are supported")
         t = stmt.target
         if t.labels is not None and len(t.labels) != len(wshape):
             raise BinderError(f"GRAD's result has the shape of {wrt_ref.name}, {wshape}: "

@@ -24,8 +24,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Label:
+    """A label of a tensor reference; ``range`` (start, stop), each None where omitted and
+    negative from the end as in Python, when the subscript is a slice (``X[i 0:100, d]``; a
+    bare ``0:100`` gets a label of its own, ``anonymous``)."""
+
     name: str
     span: Span
+    range: tuple[int | None, int | None] | None = None
+    anonymous: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,9 @@ class Ref:
     labels: tuple[Label, ...] | None
     span: Span
     name_span: Span
+    # A gather, ``E[tok[b], d]``: (the index tensor's name, its span, how many of ``labels``
+    # are its labels, in place of the first axis of ``name``).
+    gather: tuple[str, Span, int] | None = None
 
 
 @dataclass(frozen=True)

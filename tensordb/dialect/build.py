@@ -104,8 +104,53 @@ class _Build(Transformer):
     def labels(self, meta, c):
         return tuple(A.Label(str(t), self.ts(t)) for t in _toks(c, "NAME"))
 
+    def subscripts(self, meta, c):
+        subs = [x for x in c if isinstance(x, (A.Label, tuple))]
+        for k, x in enumerate(subs):
+            if isinstance(x, tuple) and k:
+                raise ParserError("a gather subscript (E[tok[b], d]) selects rows: it must be the "
+                                  "first subscript", statement=self.script, span=x[1])
+        if not subs or not isinstance(subs[0], tuple):
+            return tuple(subs)
+        name, span, labels = subs[0]
+        return ("gather", name, span, len(labels), tuple(labels) + tuple(subs[1:]))
+
+    def sub_gather(self, meta, c):
+        return (str(c[0]), self.ts(c[0]), c[2] or ())
+
+    def sub_label(self, meta, c):
+        return A.Label(str(c[0]), self.ts(c[0]) if c[1] is None else self.sp(meta), c[1])
+
+    def sub_range(self, meta, c):
+        # A slice without a label: a label of its own (no name can hold ':'), aggregated.
+        sp = self.sp(meta)
+        return A.Label(f":{sp.start}", sp, c[0], anonymous=True)
+
+    def range(self, meta, c):
+        bounds = [x for x in c if not isinstance(x, Token)]
+        return (bounds[0], bounds[1])
+
+    def pos_bound(self, meta, c):
+        return self._bound(meta, str(c[0]))
+
+    def neg_bound(self, meta, c):
+        return -self._bound(meta, str(c[1]))
+
+    def _bound(self, meta, text: str) -> int:
+        if len(text) > MAX_INT_DIGITS:
+            raise ParserError(f"a slice bound of {len(text)} digits", statement=self.script,
+                              span=self.sp(meta))
+        return int(text)
+
     def ref(self, meta, c):
-        return A.Ref(str(c[0]), c[2] or (), self.sp(meta), self.ts(c[0]))
+        subs = c[2]
+        if isinstance(subs, tuple) and subs and subs[0] == "gather":
+            _, index, ispan, n, labels = subs
+            if any(isinstance(x, tuple) for x in labels):
+                raise ParserError("one gather per tensor reference", statement=self.script,
+                                  span=self.sp(meta))
+            return A.Ref(str(c[0]), labels, self.sp(meta), self.ts(c[0]), (index, ispan, n))
+        return A.Ref(str(c[0]), subs or (), self.sp(meta), self.ts(c[0]))
 
     def bare_ref(self, meta, c):
         return A.Ref(str(c[0]), None, self.sp(meta), self.ts(c[0]))

@@ -63,7 +63,7 @@ with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
     | PLUS unary -> pos
 ?atom: NUMBER -> number
     | STRING -> string
-    | NAME LSQB [labels] RSQB -> ref
+    | NAME LSQB [subscripts] RSQB -> ref
     | NAME -> bare_ref
     | NAME LPAR [args] RPAR -> call
     | PARAM -> param
@@ -73,6 +73,16 @@ with_clause: WITH LPAR PIECES label_value (COMMA label_value)* RPAR
     | CASE -> bare_ref
 when: WHEN expr THEN expr
 args: expr (COMMA expr)*
+// A tensor reference's subscripts: labels, and slices (X[i 0:100, d]; a bare 0:100 has a label
+// of its own, aggregated), numpy's half-open ranges with Python's negative and omitted bounds;
+// a gather, E[tok[b], d]: the rows of E that the values of tok select.
+subscripts: subscript (COMMA subscript)*
+subscript: NAME [range] -> sub_label
+         | range -> sub_range
+         | NAME LSQB labels RSQB -> sub_gather
+range: [bound] COLON [bound]
+bound: INT -> pos_bound
+     | MINUS INT -> neg_bound
 
 show: SHOW TENSORS -> show_tensors
     | SHOW ALL -> show_all
@@ -103,6 +113,7 @@ RPAR: ")"
 LSQB: "["
 RSQB: "]"
 COMMA: ","
+COLON: ":"
 EQ: "="
 NE: "<>" | "!="
 LE: "<="
@@ -171,8 +182,8 @@ def explain_grammar() -> str:
 READABLE = {
     "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "PARAM": "a parameter",
     "STRING": "a 'string'",
-    "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQ": "'='",
-    "NE": "'<>'", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='",
+    "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "COLON": "':'",
+    "EQ": "'='", "NE": "'<>'", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "$END": "the end of the statement",
     "<END-OF-FILE>": "the end of the statement",
     **{k: k for k in KEYWORDS}, "CHECK": "CHECK",

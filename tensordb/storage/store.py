@@ -20,9 +20,11 @@ import duckdb
 import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
+from ..geometry import BoxName, GatherName
 from . import catalog, directory, identity
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
+from .boxes import BoxReader, GatherReader
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .npzfile import remove_leftover_members
 from .reader import TensorReader
@@ -295,6 +297,14 @@ class Store:
     def open_many(self, names) -> dict[str, TensorReader]:
         """Readers for the current versions of ``names`` (the tile entries not cached yet are
         read in one query)."""
+        boxes = {name: name for name in names if isinstance(name, (BoxName, GatherName))}
+        if boxes:  # slices and gathers: readers of the stored tensors they read (boxes.py)
+            bases = self.open_many(list(dict.fromkeys(
+                [b.base for b in boxes] + [b.index for b in boxes if isinstance(b, GatherName)]
+                + [n for n in names if n not in boxes])))
+            return {name: bases[name] if name not in boxes else
+                    BoxReader(bases[name.base], name.box, name) if isinstance(name, BoxName) else
+                    GatherReader(bases[name.base], bases[name.index], name) for name in names}
         metas = {name: self.meta(name) for name in names}
         with self._lock:
             missing = [m for m in metas.values() if m.version not in self._entries]

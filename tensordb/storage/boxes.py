@@ -1,0 +1,164 @@
+"""A reader of one box of a stored tensor: what a slice (``X[0:100, d]``) reads.
+
+A ``BoxReader`` looks to planning and execution like the reader of a tensor whose shape is the
+box's extent: its grid is the stored grid cut to the box (so the pieces the optimizer chooses
+fall on the stored tiles), and each Load reads ``read_box`` of the stored tensor shifted by the
+box's start, so only the stored tiles that overlap the box are ever read. Its catalog facts are
+those of the overlapping tiles; it claims every tile of its grid present (the lowering then joins
+no catalog relation for it: an absent stored tile reads as zeros, as for any Load).
+
+>>> import numpy as np
+>>> from tensordb.storage.meta import TensorMeta
+>>> meta = TensorMeta("X", 1, np.dtype("float64"), (10, 4), ("d0", "d1"), ((0, 4, 8, 10), (0, 4)),
+...                   0, 0, 0, 0.0)
+>>> box_meta(meta, ((3, 9), (0, 4))).grid, box_meta(meta, ((3, 9), (0, 4))).shape
+(((0, 1, 5, 6), (0, 4)), (6, 4))
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DataError, OperationalError
+from ..geometry import overlapping
+from .meta import TensorMeta
+
+__all__ = ["BoxReader", "GatherReader", "box_meta"]
+
+
+def box_meta(meta: TensorMeta, box) -> TensorMeta:
+    """``meta`` of the box: its extent, the stored grid cut to it and shifted to start at 0."""
+    grid = tuple((0,) + tuple(b - lo for b in bounds if lo < b < hi) + (hi - lo,)
+                 for bounds, (lo, hi) in zip(meta.grid, box))
+    shape = tuple(hi - lo for lo, hi in box)
+    tiles = math.prod(len(g) - 1 for g in grid)
+    return dataclasses.replace(meta, shape=shape, grid=grid, tile_count=tiles,
+                               nbytes=math.prod(shape) * meta.dtype.itemsize,
+                               nnz=math.prod(shape), density=1.0)
+
+
+class BoxReader:
+    """The reader of ``box`` (one ``(start, stop)`` per dimension) of the tensor ``base`` reads;
+    ``name`` is the box's graph name (geometry.BoxName)."""
+
+    has_sparse = False  # read_box densifies the box's part of a sparse tile
+
+    def __init__(self, base, box, name: str) -> None:
+        self.base = base
+        self.box = tuple((int(a), int(b)) for a, b in box)
+        m = base.meta
+        if len(self.box) != m.ndim or any(not 0 <= a <= b <= n for (a, b), n in zip(self.box, m.shape)):
+            raise OperationalError(f"box {self.box} is outside tensor '{m.name}' of shape {m.shape}")
+        self.meta = dataclasses.replace(box_meta(m, self.box), name=str(name))
+
+    def __repr__(self) -> str:
+        return f"BoxReader({self.base!r}, box={self.box})"
+
+    def _overlapped(self) -> list:
+        ranges = [overlapping(g, a, b) for g, (a, b) in zip(self.base.meta.grid, self.box)]
+        entries = self.base.entries
+        out = []
+        for c in _product(ranges):
+            if c in entries:
+                out.append(entries[c])
+        return out
+
+    def facts(self) -> tuple[bool, bool]:
+        """(finite, nonzero): finite when no stored tile the box overlaps may hold NaN or inf;
+        nonzero is not claimed (the box may cross absent tiles)."""
+        return all(e.nonfinite is False for e in self._overlapped()), False
+
+    def layout(self) -> bytes:
+        """The plan cache's digest: the stored layout, and the box."""
+        return hashlib.sha256(self.base.layout() + repr(self.box).encode()).digest()
+
+    def read_box(self, starts: Sequence[int], stops: Sequence[int]):
+        """The elements in ``[starts, stops)`` of the box (None where no stored tile overlaps)."""
+        lo = [a for a, _ in self.box]
+        return self.base.read_box([s + o for s, o in zip(starts, lo)],
+                                  [s + o for s, o in zip(stops, lo)])
+
+    def to_numpy(self):
+        out = self.read_box([0] * len(self.box), list(self.meta.shape))
+        return np.zeros(self.meta.shape, self.meta.dtype) if out is None else np.array(out)
+
+    def close(self) -> None:
+        self.base.close()
+
+
+def _product(ranges):
+    return itertools.product(*ranges)
+
+
+class GatherReader:
+    """The reader of a gather ``base[index]`` (geometry.GatherName): the tensor of shape
+    ``index.shape + base.shape[1:]`` whose element ``[b..., d...]`` is ``base[index[b...], d...]``.
+    A Load of a box reads the index's box, then only the base's tiles that hold the rows it
+    names (a join of the index's values with the base's row tiles). numpy's semantics: a
+    negative row counts from the end; one out of ``[-rows, rows)`` is a DataError naming it."""
+
+    has_sparse = False
+
+    def __init__(self, base, index, name) -> None:
+        self.base, self.index, self.name = base, index, name
+        if index.meta.dtype.kind not in "iu":
+            raise DataError(f"the index tensor '{index.meta.name}' of a gather is "
+                            f"{index.meta.dtype.name}, not an integer")
+        bm, im = base.meta, index.meta
+        shape = tuple(im.shape) + tuple(bm.shape[1:])
+        grid = tuple(im.grid) + tuple(bm.grid[1:])
+        # The version a device cache keys its tiles by: changes with either tensor's version.
+        version = int.from_bytes(hashlib.sha256(f"{bm.version}:{im.version}".encode()).digest()[:7],
+                                 "big")
+        self.meta = dataclasses.replace(bm, name=str(name), shape=shape, grid=grid, version=version,
+                                        tile_count=math.prod(len(g) - 1 for g in grid),
+                                        nbytes=math.prod(shape) * bm.dtype.itemsize,
+                                        nnz=math.prod(shape), density=1.0)
+
+    def __repr__(self) -> str:
+        return f"GatherReader({self.base!r}, index={self.index!r})"
+
+    def facts(self) -> tuple[bool, bool]:
+        return self.base.facts()[0], False
+
+    def layout(self) -> bytes:
+        return hashlib.sha256(b"gather" + self.base.layout() + self.index.layout()).digest()
+
+    def read_box(self, starts: Sequence[int], stops: Sequence[int]):
+        k = self.index.meta.ndim
+        rows = self.index.read_box(starts[:k], stops[:k])
+        shape = tuple(b - a for a, b in zip(starts, stops))
+        if rows is None:  # absent index tiles hold 0: row 0
+            rows = np.zeros(shape[:k], self.index.meta.dtype)
+        n = self.base.meta.shape[0]
+        rows = np.asarray(rows).astype(np.int64, copy=False)
+        bad = (rows < -n) | (rows >= n)  # numpy's: a negative row counts from the end
+        if bad.any():
+            at = tuple(int(c) + int(s) for c, s in zip(np.argwhere(bad)[0], starts[:k]))
+            raise DataError(f"gather {self.name}: index {self.index.meta.name}{list(at)} = "
+                            f"{int(rows[tuple(np.argwhere(bad)[0])])} is out of range for the "
+                            f"{n} rows of {self.base.meta.name}")
+        rows = np.where(rows < 0, rows + n, rows)
+        rest_lo, rest_hi = list(starts[k:]), list(stops[k:])
+        out = np.zeros(shape, self.base.meta.dtype)
+        flat = rows.reshape(-1)
+        dest = out.reshape((flat.size,) + shape[k:])
+        grid0 = self.base.meta.grid[0]
+        tile_of = np.searchsorted(np.asarray(grid0), flat, side="right") - 1
+        for t in np.unique(tile_of):  # only the base's row tiles that the index names
+            lo, hi = int(grid0[t]), int(grid0[t + 1])
+            block = self.base.read_box([lo] + rest_lo, [hi] + rest_hi)
+            if block is None:
+                continue
+            sel = np.nonzero(tile_of == t)[0]
+            dest[sel] = np.asarray(block)[flat[sel] - lo]
+        return out
+
+    def close(self) -> None:
+        self.base.close()
+        self.index.close()
