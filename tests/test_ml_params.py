@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tensordb
 from tensordb.errors import ProgrammingError
 
 
