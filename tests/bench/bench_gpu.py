@@ -159,21 +159,10 @@ class Resident:
 
 
 def _train_step_xp(xp, a: dict, lr: float):
-    """sql/train_mlp.sql's step by hand on ``xp`` (bench_train.numpy_step's): the weights in
-    ``a`` are replaced by the updated ones, as the SQL step stores them."""
-    x, y, w1, w2 = a["X"], a["Y"], a["W1"], a["W2"]
-    pre = x @ w1
-    h = xp.maximum(pre, 0)
-    z = h @ w2
-    m = z.max(1, keepdims=True)
-    e = xp.exp(z - m)
-    s = e.sum(1, keepdims=True)
-    loss = xp.sum(xp.log(s[:, 0]) + m[:, 0] - xp.sum(y * z, 1)) / len(x)
-    dz = (e / s - y) / F32(len(x))
-    dw2 = h.T @ dz
-    dh = (dz @ w2.T) * (pre > 0)
-    dw1 = x.T @ dh
-    a["W1"], a["W2"] = w1 - F32(lr) * dw1, w2 - F32(lr) * dw2
+    """sql/train_mlp.sql's step by hand on ``xp`` (bench_train.xp_step): the weights in ``a``
+    are replaced by the updated ones, as the SQL step stores them."""
+    from tests.bench.bench_train import xp_step
+    loss, a["W1"], a["W2"] = xp_step(xp, a["X"], a["Y"], a["W1"], a["W2"], lr)
     return loss
 
 
