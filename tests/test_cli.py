@@ -98,7 +98,8 @@ def test_timer_and_explain(capsys):
     assert rc == 0 and "Run Time:" in out and "EXPLAIN" in out
 
 
-def repl(lines, capsys, con=None):
+def fed(lines):
+    """A ``read`` for ``Shell.repl``: ``lines`` one by one, then EOFError (the end of input)."""
     feed = iter(lines)
 
     def read(prompt):
@@ -106,9 +107,13 @@ def repl(lines, capsys, con=None):
             return next(feed)
         except StopIteration:
             raise EOFError from None
+    return read
+
+
+def repl(lines, capsys, con=None):
     con = con or tensordb.connect()
     shell = cli.Shell(con)
-    shell.repl(read=read)
+    shell.repl(read=fed(lines))
     out, err = capsys.readouterr()
     return shell, out, err
 

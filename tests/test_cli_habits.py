@@ -18,6 +18,7 @@ import pytest
 
 import tensordb
 from tensordb import cli
+from tests.test_cli import fed
 from tests.test_cli_conventions import ENV, Terminal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,16 +69,9 @@ def test_piped_commands_end_with_a_semicolon_or_not(db):
 def shell_fed(lines: list[str]) -> tuple[str, str]:
     """The shell reading ``lines`` as piped input does (in this process: quicker than a child
     per case; the pipe itself is tested above): (stdout, stderr)."""
-    feed = iter(lines)
-
-    def read(prompt):
-        try:
-            return next(feed)
-        except StopIteration:
-            raise EOFError from None
     out, err = io.StringIO(), io.StringIO()
     with tensordb.connect() as con:
-        cli.Shell(con, out=out, err=err).repl(read=read, interactive=False)
+        cli.Shell(con, out=out, err=err).repl(read=fed(lines), interactive=False)
     return out.getvalue(), err.getvalue()
 
 

@@ -1,12 +1,11 @@
 """The GPU executor's device cache (exec/devcache.py), run without a GPU: NumPy under another
-name stands in for CuPy, with device arrays of its own type (tagged with the device they were
-made on) and every copy recorded, host -> device, device -> host and between devices. The
-answers are checked against NumPy; the copies against the stand-in's own record."""
+name stands in for CuPy (tests/fakecupy: device arrays of their own type, tagged with the
+device they were made on, and every copy recorded, host -> device, device -> host and between
+devices). The answers are checked against NumPy; the copies against the stand-in's own record."""
 from __future__ import annotations
 
 import contextlib
 import threading
-import types
 
 import numpy as np
 import pytest
@@ -15,70 +14,7 @@ import tensordb
 from tensordb.exec.gpu import DeviceTiles
 from tensordb.exec.pool import LocalExecutor
 from tensordb.physical.plan import Aggregate, Kernel, Load, OutputTiles, TilePlan
-
-
-class _Current(threading.local):
-    device = 0
-
-
-_CURRENT = _Current()
-
-
-class Dev(np.ndarray):
-    """An array 'on a device': NumPy's, tagged with the device current when it was made."""
-
-    def __array_finalize__(self, obj):
-        self.dev = _CURRENT.device
-
-
-class DeviceXp(types.ModuleType):
-    """NumPy standing in for CuPy: arrays made through it are ``Dev``; ``asarray`` of a host
-    array is a host -> device copy, ``asnumpy`` a device -> host copy, ``Dev.copy()`` under
-    another device a copy between devices; each is recorded (its bytes)."""
-
-    def __init__(self) -> None:
-        super().__init__("xp")
-        self.lock = threading.Lock()
-        self.h2d: list[int] = []
-        self.d2h: list[int] = []
-        self.cuda = types.SimpleNamespace(
-            Device=self._device, Stream=lambda non_blocking: contextlib.nullcontext(),
-            get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None))
-
-    @contextlib.contextmanager
-    def _device(self, d: int):
-        old, _CURRENT.device = _CURRENT.device, d
-        try:
-            yield
-        finally:
-            _CURRENT.device = old
-
-    def __getattr__(self, name):
-        attr = getattr(np, name)
-        if callable(attr) and not isinstance(attr, (np.ufunc, type)):
-            def made_here(*args, **kw):
-                out = attr(*args, **kw)
-                return out.view(Dev) if type(out) is np.ndarray else out
-            return made_here
-        return attr
-
-    def asarray(self, a, dtype=None):
-        if isinstance(a, Dev):
-            return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
-        host = np.array(a, dtype=dtype, copy=True)
-        if not isinstance(a, np.generic):  # NumPy's reductions give scalars, CuPy's 0-d arrays
-            with self.lock:
-                self.h2d.append(int(host.nbytes))
-        return host.view(Dev)
-
-    def asnumpy(self, a):
-        with self.lock:
-            self.d2h.append(int(a.nbytes))
-        return np.array(a, copy=True)
-
-    def clear(self) -> None:
-        self.h2d.clear()
-        self.d2h.clear()
+from tests.fakecupy.cupy import DeviceXp
 
 
 def _gpu(con, xp, devices=(0,), memory_limit=None, cache=True):
@@ -86,6 +22,16 @@ def _gpu(con, xp, devices=(0,), memory_limit=None, cache=True):
     con._executor = LocalExecutor(len(devices), memory_limit=memory_limit,
                                   tiles=DeviceTiles(list(devices), xp=xp, cache=cache))
     return con._executor.tiles
+
+
+@contextlib.contextmanager
+def _on_standin(**gpu):
+    """A connection holding A and B, its executor a GPU one on a fresh stand-in (``_gpu``'s
+    options): yields the connection, the stand-in and the executor's device tiles."""
+    xp = DeviceXp()
+    with tensordb.connect() as con:
+        _loaded(con)
+        yield con, xp, _gpu(con, xp, **gpu)
 
 
 def _keys(tiles) -> list[tuple]:
@@ -103,10 +49,7 @@ def _loaded(con):
 
 
 def test_a_repeated_query_copies_nothing_host_to_device():
-    xp = DeviceXp()
-    with tensordb.connect() as con:
-        _loaded(con)
-        tiles = _gpu(con, xp)
+    with _on_standin() as (con, xp, tiles):
         con.execute("C[i,k] = A[i,j] * B[j,k]")
         first = list(xp.h2d)
         np.testing.assert_allclose(con.tensor("C"), A @ B, rtol=1e-12)
@@ -127,10 +70,7 @@ def test_a_repeated_query_copies_nothing_host_to_device():
 
 
 def test_without_the_cache_every_query_copies_its_inputs():
-    xp = DeviceXp()
-    with tensordb.connect() as con:
-        _loaded(con)
-        tiles = _gpu(con, xp, cache=False)
+    with _on_standin(cache=False) as (con, xp, tiles):
         for _ in range(2):
             xp.clear()
             con.execute("C[i,k] = A[i,j] * B[j,k]")
@@ -142,10 +82,7 @@ def test_without_the_cache_every_query_copies_its_inputs():
 def test_a_stored_result_is_read_from_the_device_by_the_next_query():
     """A result's tiles stay on the device as its committed version: the next statement,
     reading it, copies nothing host -> device (a training step's weights, read by the next)."""
-    xp = DeviceXp()
-    with tensordb.connect() as con:
-        _loaded(con)
-        _gpu(con, xp)
+    with _on_standin() as (con, xp, _):
         con.execute("C[i,k] = A[i,j] * B[j,k]")
         xp.clear()
         con.execute("D[i,k] = RELU(C[i,k])")
@@ -165,10 +102,7 @@ def test_a_stored_result_is_read_from_the_device_by_the_next_query():
 
 
 def test_a_replaced_tensor_leaves_the_cache_at_its_commit():
-    xp = DeviceXp()
-    with tensordb.connect() as con:
-        _loaded(con)
-        tiles = _gpu(con, xp)
+    with _on_standin() as (con, xp, tiles):
         con.execute("C[i,k] = A[i,j] * B[j,k]")
         old = con.store.meta("A").version
         assert ("a", old) in {k[:2] for k in _keys(tiles)}
@@ -190,10 +124,7 @@ def test_a_replaced_tensor_leaves_the_cache_at_its_commit():
 
 
 def test_a_dropped_tensor_leaves_the_cache():
-    xp = DeviceXp()
-    with tensordb.connect() as con:
-        _loaded(con)
-        tiles = _gpu(con, xp)
+    with _on_standin() as (con, xp, tiles):
         con.execute("C[i,k] = A[i,j] * B[j,k]")
         assert {"a", "b", "c"} <= {k[0] for k in _keys(tiles)}
         con.execute("DROP TENSOR B")
@@ -211,10 +142,7 @@ def test_a_result_that_was_not_committed_never_becomes_a_cached_tile():
     """A unit that fails after one of its statements ran: that result's tiles were held for
     its version, which never landed; a later tensor of the same name and shape, stored some
     other way, is read from its own file."""
-    xp = DeviceXp()
-    with tensordb.connect() as con:
-        _loaded(con)
-        tiles = _gpu(con, xp)
+    with _on_standin() as (con, xp, tiles):
         con.load("I", np.array([2, 3], np.int64))
         con.load("J", np.array([1, -1], np.int64))
         con.execute("C[i,k] = A[i,j] * B[j,k]")
@@ -349,10 +277,7 @@ def test_a_tile_cached_on_one_device_is_copied_from_it_to_another():
 
 
 def test_explain_shows_resident_inputs_and_analyze_the_copies():
-    xp = DeviceXp()
-    with tensordb.connect() as con:
-        _loaded(con)
-        _gpu(con, xp)
+    with _on_standin() as (con, xp, _):
         q = "C[i,k] = A[i,j] * B[j,k]"
         before = con.explain(q, format="json")
         import json
@@ -414,8 +339,12 @@ def test_a_dask_worker_on_a_device_backend_keeps_loaded_tiles(monkeypatch):
 def standin_contractions(monkeypatch):
     """opt_einsum's 'cupy' backend (the kernels' contractions on a GPU) as the stand-in's
     functions, for one test: its function cache is restored afterwards."""
+    return as_opt_einsum_cupy(monkeypatch, DeviceXp())
+
+
+def as_opt_einsum_cupy(monkeypatch, xp):
+    """Make ``xp``'s functions opt_einsum's 'cupy' backend until ``monkeypatch`` undoes it."""
     from opt_einsum.backends import dispatch
-    xp = DeviceXp()
     for fn in ("tensordot", "transpose", "einsum"):
         monkeypatch.setitem(dispatch._cached_funcs, (fn, "cupy"), getattr(xp, fn))
     monkeypatch.setitem(dispatch._has_einsum, "cupy", True)
@@ -455,11 +384,8 @@ def test_stored_output_tiles_go_to_their_files_from_the_worker_that_finished_the
     handed to its writer on the worker that finished it (while other tiles are computed), not
     one after another once the run is over: the run returns every tile's statistics, and the
     stored tensor is equal and passes CHECK (its checksums)."""
-    xp = DeviceXp()
     landed: list[str] = []
-    with tensordb.connect() as con:
-        _loaded(con)
-        tiles = _gpu(con, xp, devices=(0, 1))
+    with _on_standin(devices=(0, 1)) as (con, xp, tiles):
         copy_out = tiles.copy_out
 
         def recording(value, buffer, key=None):
@@ -499,8 +425,7 @@ def test_random_statements_on_the_gpu_executor_over_a_fake_cupy():
 
 def test_the_cache_is_an_option_of_the_executor_spec(monkeypatch):
     from tensordb.exec import kernels, make_executor
-    xp = DeviceXp()
-    xp.cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 2)
+    xp = DeviceXp()  # two devices
     monkeypatch.setitem(kernels.BACKENDS, "cupy", lambda: xp)
     for spec, cached, devices in (("gpu", True, [0, 1]), ("gpu://?cache=off", False, [0, 1]),
                                   ("gpu://1?cache=on", True, [1])):

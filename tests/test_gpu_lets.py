@@ -1,5 +1,5 @@
 """LETs kept on the devices between statements (exec/devlets.py), and the copies a tight device
-budget saves, on the stand-in for CuPy of test_gpu_cache.py (NumPy arrays tagged with their
+budget saves, on the stand-in for CuPy (tests/fakecupy: NumPy arrays tagged with their
 device, every copy recorded; here its matrix products are counted too). Answers are checked
 against NumPy; "computed once" against the stand-in's record of products and the pool's
 kernel calls per operation."""
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import tensordb
-from tests.test_gpu_cache import DeviceXp, Dev, _gpu, _keys
+from tests.fakecupy.cupy import Dev, DeviceXp
+from tests.test_gpu_cache import _gpu, _keys, as_opt_einsum_cupy
 
 RNG = np.random.default_rng(21)
 X = RNG.standard_normal((32, 16))
@@ -41,13 +42,7 @@ class CountingXp(DeviceXp):
 @pytest.fixture
 def xp(monkeypatch):
     """The counting stand-in, also as opt_einsum's 'cupy' backend (restored afterwards)."""
-    from opt_einsum.backends import dispatch
-    xp = CountingXp()
-    for fn in ("tensordot", "transpose", "einsum"):
-        monkeypatch.setitem(dispatch._cached_funcs, (fn, "cupy"), getattr(xp, fn))
-    monkeypatch.setitem(dispatch._has_einsum, "cupy", True)
-    monkeypatch.setitem(dispatch._has_tensordot, "cupy", True)
-    return xp
+    return as_opt_einsum_cupy(monkeypatch, CountingXp())
 
 
 def _loaded(con, x=X, w=W):

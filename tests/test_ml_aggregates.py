@@ -14,10 +14,9 @@ from tensordb.plan.builder import Graph
 
 
 @pytest.fixture
-def con(tmp_path):
-    c = tensordb.connect(tmp_path / "db")
-    yield c
-    c.close()
+def con(disk_con):
+    """The tests here run on an on-disk database (conftest's ``disk_con``)."""
+    return disk_con
 
 
 def _values(rng, shape, dtype):

@@ -22,10 +22,9 @@ OPS = {"=": np.equal, "<>": np.not_equal, "!=": np.not_equal, "<": np.less, "<="
 
 
 @pytest.fixture
-def con(tmp_path):
-    c = tensordb.connect(tmp_path / "db")
-    yield c
-    c.close()
+def con(disk_con):
+    """The tests here run on an on-disk database (conftest's ``disk_con``)."""
+    return disk_con
 
 
 def _arrays(dtype, rng):

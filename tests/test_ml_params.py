@@ -6,15 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tensordb
 from tensordb.errors import ProgrammingError
 
 
 @pytest.fixture
-def con(tmp_path):
-    c = tensordb.connect(tmp_path / "db")
-    yield c
-    c.close()
+def con(disk_con):
+    """The tests here run on an on-disk database (conftest's ``disk_con``)."""
+    return disk_con
 
 
 def test_a_learning_rate_schedule_plans_once(con):

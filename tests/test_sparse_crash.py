@@ -10,15 +10,13 @@ replays its WAL). The parent reopens the database and checks G and CHECK DATABAS
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 
 import tensordb
+from tests.harness import assert_killed, assert_payloads_referenced, run_script
 
 N, ROWS, TILE_ROWS = 2000, 20000, 250
 OLD = np.full((8, 8), 7.0, "float32")
@@ -27,41 +25,21 @@ LOAD = (f"CREATE OR REPLACE TENSOR G FROM (SELECT (r * 7919) % {N} AS i, "
         f"INDEX (i, j) VALUE v SHAPE ({N}, {N}) TILE ({TILE_ROWS}, {N})")
 
 CHILD = textwrap.dedent("""
-    import os, signal, sys
+    import sys
     import tensordb
     from tensordb.storage import catalog, spares, store as st, writer as wr
+    from tests.harness import die, die_after, die_before, nth_call
 
     path, point, sql = sys.argv[1], sys.argv[2], sys.argv[3]
 
-    def die():
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def after(cls, name, when=lambda: True):
-        orig = getattr(cls, name)
-        def wrapped(*args, **kwargs):
-            out = orig(*args, **kwargs)
-            if when():
-                die()
-            return out
-        setattr(cls, name, wrapped)
-
-    def before(cls, name):
-        def wrapped(*args, **kwargs):
-            die()
-        setattr(cls, name, wrapped)
-
     if point.startswith("tile"):           # after k sparse tiles are in the payload file
-        count = [0]
-        def nth():
-            count[0] += 1
-            return count[0] == int(point[4:])
-        after(wr.TensorWriter, "_append", nth)
+        die_after(wr.TensorWriter, "_append", nth_call(int(point[4:])))
     elif point == "before_catalog":
-        before(st.Store, "_commit_writers")
+        die_before(st.Store, "_commit_writers")
     elif point == "before_commit":
-        after(catalog, "replace")
+        die_after(catalog, "replace")
     elif point == "after_commit":
-        before(spares.SparePayloads, "retire")
+        die_before(spares.SparePayloads, "retire")
 
     con = tensordb.connect(path)
     con.execute(sql)
@@ -84,10 +62,8 @@ def test_kill_during_a_sparse_load_leaves_old_or_new(tmp_path, point):
     root = str(tmp_path / "db")
     with tensordb.connect(root) as con:
         con.load("G", OLD)
-    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", CHILD, root, point, LOAD], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    proc = run_script(CHILD, root, point, LOAD)
+    assert_killed(proc.returncode, proc.stderr)
     with tensordb.connect(root) as con:
         got = con.tensor("G")
         if point in ("tile1", "tile5", "before_catalog", "before_commit"):
@@ -100,5 +76,6 @@ def test_kill_during_a_sparse_load_leaves_old_or_new(tmp_path, point):
             assert con.describe("G")["tile_count"] == N // TILE_ROWS
         report = con.check()
         assert report[-1]["problem"] == "ok", report
+        assert_payloads_referenced(con)
         files = sorted(os.listdir(os.path.join(root, "tiles")))
         assert len(files) == 1, files  # the killed load's payload (or the old one) is gone

@@ -73,11 +73,7 @@ class DeviceCache:
             e = self.entries.get((key, device))
             if e is None:
                 return None
-            self.entries.move_to_end((key, device))
-            if held:
-                if e.uses == 0:
-                    self.idle_bytes -= e.nbytes
-                e.uses += 1
+            self._used(key, device, e, held)
             return e.array
 
     def peer(self, key: tuple, device: int, devices):
@@ -97,9 +93,7 @@ class DeviceCache:
             for d in devices:
                 e = self.entries.get((key, d))
                 if e is not None:
-                    if e.uses == 0:
-                        self.idle_bytes -= e.nbytes
-                    e.uses += 1
+                    self._hold(e)
                     return d
         return None
 
@@ -118,10 +112,7 @@ class DeviceCache:
             if picked is None:
                 return None
             for k in picked:
-                e = self.entries[(k, boxes[k])]
-                if e.uses == 0:
-                    self.idle_bytes -= e.nbytes
-                e.uses += 1
+                self._hold(self.entries[(k, boxes[k])])
             return [(k, boxes[k]) for k in picked]
 
     def unpin(self, key: tuple, device: int) -> None:
@@ -129,9 +120,7 @@ class DeviceCache:
         with self.lock:
             e = self.entries.get((key, device))
             if e is not None and e.uses > 0:
-                e.uses -= 1
-                if e.uses == 0:
-                    self.idle_bytes += e.nbytes
+                self._let_go(e)
 
     def put(self, key: tuple, device: int, array, held: bool = True):
         """Cache ``array`` as ``key`` on ``device`` (held by the run unless ``held`` is False);
@@ -140,14 +129,27 @@ class DeviceCache:
         with self.lock:
             e = self.entries.get((key, device))
             if e is not None:
-                self.entries.move_to_end((key, device))
-                if held:
-                    if e.uses == 0:
-                        self.idle_bytes -= e.nbytes
-                    e.uses += 1
+                self._used(key, device, e, held)
                 return e.array
             self._add((key, device), _Entry(array, nbytes, 1 if held else 0))
             return array
+
+    def _used(self, key: tuple, device: int, e: _Entry, held: bool) -> None:
+        """``e`` (``key`` on ``device``) was just asked for: the most recently used, and held
+        by the run when ``held``. The caller holds the lock."""
+        self.entries.move_to_end((key, device))
+        if held:
+            self._hold(e)
+
+    def _hold(self, e: _Entry) -> None:  # the caller holds the lock
+        if e.uses == 0:
+            self.idle_bytes -= e.nbytes
+        e.uses += 1
+
+    def _let_go(self, e: _Entry) -> None:  # the caller holds the lock; e.uses > 0
+        e.uses -= 1
+        if e.uses == 0:
+            self.idle_bytes += e.nbytes
 
     def _add(self, where, e: _Entry) -> None:  # the caller holds the lock
         self.entries[where] = e
@@ -164,9 +166,7 @@ class DeviceCache:
             e = self.entries.get(where) if where is not None else None
             if e is None or e.array is not array or e.uses == 0:
                 return
-            e.uses -= 1
-            if e.uses == 0:
-                self.idle_bytes += e.nbytes
+            self._let_go(e)
 
     def run_ended(self) -> None:
         """The run is over: it holds nothing any more."""

@@ -10,7 +10,7 @@ from .. import errors
 
 __all__ = ["translate", "translate_message", "translating", "is_interrupt", "note_interrupt",
            "note_stream_error",
-           "quote_ident", "quote_str"]
+           "quote_ident", "quote_str", "spelled_names"]
 
 # Most specific first: DuckDB's exception classes form a tree, ours too.
 _MAP = (
@@ -149,3 +149,19 @@ def first_row(result):
     DuckDB refuses other work on a connection while a result is only partly fetched."""
     rows = result.fetchall()
     return rows[0] if rows else None
+
+
+def spelled_names(query: str) -> list[str]:
+    """Identifiers and keywords of ``query`` as spelled (quotes removed, case kept), by
+    DuckDB's own tokenizer, which knows every kind of string and comment ($$...$$, E'...'): a
+    name inside one is none. Text DuckDB cannot tokenize raises its error."""
+    toks = duckdb.tokenize(query)
+    out = []
+    for k, (pos, kind) in enumerate(toks):
+        if kind not in (duckdb.token_type.identifier, duckdb.token_type.keyword):
+            continue
+        word = query[pos:toks[k + 1][0] if k + 1 < len(toks) else len(query)].strip()
+        if len(word) >= 2 and word[0] == word[-1] == '"':
+            word = word[1:-1].replace('""', '"')
+        out.append(word)
+    return out

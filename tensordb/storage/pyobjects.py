@@ -27,7 +27,7 @@ import sys
 import duckdb
 
 from ..errors import CatalogError, ProgrammingError
-from ._duck import translating
+from ._duck import spelled_names, translating
 
 __all__ = ["is_scannable", "is_xarray", "register", "unregister", "scanning", "scans_for", "user_frame",
            "sql_type", "missing_object"]
@@ -142,20 +142,12 @@ def user_frame():
 
 
 def _spelled_names(query: str) -> list[str]:
-    """Identifiers and keywords of ``query`` as spelled (quotes removed), by DuckDB's tokenizer."""
+    """Identifiers and keywords of ``query`` as spelled; none for text DuckDB cannot even
+    tokenize (running it says why)."""
     try:
-        toks = duckdb.tokenize(query)
-    except Exception:  # text DuckDB cannot even tokenize: running it says why
+        return spelled_names(query)
+    except Exception:
         return []
-    out = []
-    for k, (pos, kind) in enumerate(toks):
-        if kind not in (duckdb.token_type.identifier, duckdb.token_type.keyword):
-            continue
-        word = query[pos:toks[k + 1][0] if k + 1 < len(toks) else len(query)].strip()
-        if len(word) >= 2 and word[0] == word[-1] == '"':
-            word = word[1:-1].replace('""', '"')
-        out.append(word)
-    return out
 
 
 def scans_for(store, query: str, frame=None) -> dict:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import contextlib
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
 from ..errors import Error
-from ._duck import note_interrupt, note_stream_error, quote_ident, translating
+from ._duck import note_interrupt, note_stream_error, quote_ident, spelled_names, translating
 from .reader import TensorReader
 from .sparse import CooTile
 
@@ -30,16 +29,7 @@ def referenced_names(query: str) -> set[str]:
     """Identifiers (and keywords) in ``query``, lower-cased, by DuckDB's own tokenizer, which
     knows every kind of string and comment ($$...$$, E'...'): a name inside one is none.
     Over-matching only registers an extra view."""
-    toks = duckdb.tokenize(query)
-    out = set()
-    for k, (pos, kind) in enumerate(toks):
-        if kind not in (duckdb.token_type.identifier, duckdb.token_type.keyword):
-            continue
-        word = query[pos:toks[k + 1][0] if k + 1 < len(toks) else len(query)].strip()
-        if len(word) >= 2 and word[0] == word[-1] == '"':
-            word = word[1:-1].replace('""', '"')
-        out.add(word.lower())
-    return out
+    return {word.lower() for word in spelled_names(query)}
 
 
 def arrow_schema(meta) -> pa.Schema:

@@ -159,21 +159,10 @@ class Resident:
 
 
 def _train_step_xp(xp, a: dict, lr: float):
-    """sql/train_mlp.sql's step by hand on ``xp`` (bench_train.numpy_step's): the weights in
-    ``a`` are replaced by the updated ones, as the SQL step stores them."""
-    x, y, w1, w2 = a["X"], a["Y"], a["W1"], a["W2"]
-    pre = x @ w1
-    h = xp.maximum(pre, 0)
-    z = h @ w2
-    m = z.max(1, keepdims=True)
-    e = xp.exp(z - m)
-    s = e.sum(1, keepdims=True)
-    loss = xp.sum(xp.log(s[:, 0]) + m[:, 0] - xp.sum(y * z, 1)) / len(x)
-    dz = (e / s - y) / F32(len(x))
-    dw2 = h.T @ dz
-    dh = (dz @ w2.T) * (pre > 0)
-    dw1 = x.T @ dh
-    a["W1"], a["W2"] = w1 - F32(lr) * dw1, w2 - F32(lr) * dw2
+    """sql/train_mlp.sql's step by hand on ``xp`` (bench_train.xp_step): the weights in ``a``
+    are replaced by the updated ones, as the SQL step stores them."""
+    from tests.bench.bench_train import xp_step
+    loss, a["W1"], a["W2"] = xp_step(xp, a["X"], a["Y"], a["W1"], a["W2"], lr)
     return loss
 
 
@@ -472,25 +461,35 @@ def main(argv=None) -> int:
         big = meta.get("device_memory_gib", 0) >= 100
         train = (65536 if big else 32768, 4096, 16384, 1024)
     resident: list[dict] = []
-    if not args.no_resident:
-        with tempfile.TemporaryDirectory(prefix="bench-gpu-res-") as d:
-            for w in resident_workloads(args.dry_run, train):
+
+    def save() -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "resident": resident, "rows": rows}, f, indent=1)
+
+    def run_each(ws, run, into: list, prefix: str, section: dict) -> None:
+        """Run the workloads ``ws`` that --only names with ``run``, each row into ``into`` (and
+        the JSON file) as it ends; a failure is a row with its error, and the rest still run."""
+        with tempfile.TemporaryDirectory(prefix=prefix) as d:
+            for w in ws:
                 if args.only and args.only not in w.name:
                     continue
                 t0 = time.perf_counter()
                 _log(f"{w.name}: starting")
                 try:
-                    row = run_resident(w, cp, executor, args.repeat, d)
+                    row = run(w, cp, executor, args.repeat, d)
                 except Exception as exc:  # noqa: BLE001 - one failure must not lose the rest
-                    row = {"name": w.name, "section": "resident",
+                    row = {"name": w.name, **section,
                            "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 row["wall_s"] = round(time.perf_counter() - t0, 1)
-                resident.append(row)
+                into.append(row)
                 print(json.dumps(row), flush=True)
-                if args.json:
-                    with open(args.json, "w") as f:
-                        json.dump({"meta": meta, "resident": resident, "rows": rows}, f, indent=1)
+                save()
                 cp.get_default_memory_pool().free_all_blocks()
+
+    if not args.no_resident:
+        run_each(resident_workloads(args.dry_run, train), run_resident, resident,
+                 "bench-gpu-res-", {"section": "resident"})
     if not args.only or args.budget:
         n, tile, limit = (512, 64, 1 << 20) if args.dry_run else (8192, 1024, 512 << 20)
         try:
@@ -498,26 +497,8 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001
             meta["budget"] = {"error": f"{type(exc).__name__}: {exc}"[:2000], "ok": False}
         print(json.dumps(meta["budget"]), flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"meta": meta, "resident": resident, "rows": rows}, f, indent=1)
-    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as d:
-        for w in workloads(args.dry_run, args.min_plus):
-            if args.only and args.only not in w.name:
-                continue
-            t0 = time.perf_counter()
-            print(f"{time.strftime('%H:%M:%S')} {w.name}: starting", flush=True)
-            try:
-                row = run_workload(w, cp, executor, args.repeat, d)
-            except Exception as exc:  # noqa: BLE001 - one failure must not lose the rest
-                row = {"name": w.name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-            row["wall_s"] = round(time.perf_counter() - t0, 1)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump({"meta": meta, "resident": resident, "rows": rows}, f, indent=1)
-            cp.get_default_memory_pool().free_all_blocks()
+        save()
+    run_each(workloads(args.dry_run, args.min_plus), run_workload, rows, "bench-gpu-", {})
     good = [r for r in rows if "error" not in r]
     good_res = [r for r in resident if "error" not in r]
     text = render(good, meta) + "".join(f"- {r['name']}: FAILED {r['error']}\n"

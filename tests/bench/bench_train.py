@@ -96,18 +96,24 @@ def plans(f: int, h: int, c: int) -> list[str]:
 
 def numpy_step(x, y, w1, w2):
     """The same step by hand (float32 throughout)."""
+    return xp_step(np, x, y, w1, w2)
+
+
+def xp_step(xp, x, y, w1, w2, lr: float = LR):
+    """The step by hand on the array module ``xp`` (NumPy, or CuPy for bench_gpu.py): the loss
+    and the updated weights."""
     pre = x @ w1
-    h = np.maximum(pre, 0)
+    h = xp.maximum(pre, 0)
     z = h @ w2
     m = z.max(1, keepdims=True)
-    e = np.exp(z - m)
+    e = xp.exp(z - m)
     s = e.sum(1, keepdims=True)
-    loss = np.sum(np.log(s[:, 0]) + m[:, 0] - np.sum(y * z, 1)) / len(x)
+    loss = xp.sum(xp.log(s[:, 0]) + m[:, 0] - xp.sum(y * z, 1)) / len(x)
     dz = (e / s - y) / np.float32(len(x))
     dw2 = h.T @ dz
     dh = (dz @ w2.T) * (pre > 0)
     dw1 = x.T @ dh
-    return loss, w1 - np.float32(LR) * dw1, w2 - np.float32(LR) * dw2
+    return loss, w1 - np.float32(lr) * dw1, w2 - np.float32(lr) * dw2
 
 
 def jax_step():

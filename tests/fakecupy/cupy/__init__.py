@@ -1,56 +1,96 @@
-"""A fake CuPy, for tests/test_gpu_cache.py's run of the random corpora on executor="gpu"
-without a GPU: NumPy under CuPy's name, with device arrays of a type of their own (tagged with
-the device current when they were made), two 'devices', and the part of ``cupy.cuda`` the
-GPU executor uses. Only that test's subprocess puts this directory on its PYTHONPATH."""
-import contextlib, threading, types
+"""A fake CuPy: NumPy under CuPy's name, with device arrays of a type of their own (tagged with
+the device current when they were made), two 'devices', the part of ``cupy.cuda`` the GPU
+executor uses, and every copy recorded (its bytes), host -> device and device -> host.
+
+Two uses, one stand-in:
+- ``DeviceXp()`` objects, imported as ``tests.fakecupy.cupy`` by tests/test_gpu_cache.py and
+  tests/test_gpu_lets.py and handed to the executor as its ``xp`` (each with its own record);
+- this directory first on a subprocess's PYTHONPATH, so that ``import cupy`` there is this
+  module (tests/test_gpu_cache.py's run of the random corpora on executor="gpu"): the module
+  is then one ``DeviceXp``'s functions.
+pytest does not collect this directory (pyproject.toml ignores it): in the test process it
+must never be imported as ``cupy``."""
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+
 import numpy as np
 
 __version__ = "fake"
 
-class _Cur(threading.local):
+
+class _Current(threading.local):
     device = 0
-_CUR = _Cur()
 
-class ndarray_dev(np.ndarray):  # noqa: N801 - a device array
+
+_CURRENT = _Current()
+
+
+class Dev(np.ndarray):
+    """An array 'on a device': NumPy's, tagged with the device current when it was made."""
+
     def __array_finalize__(self, obj):
-        self.dev = _CUR.device
+        self.dev = _CURRENT.device
 
-H2D = [0]
 
-@contextlib.contextmanager
-def _device(d=0):
-    old, _CUR.device = _CUR.device, d
-    try:
-        yield
-    finally:
-        _CUR.device = old
+class DeviceXp(types.ModuleType):
+    """NumPy standing in for CuPy: arrays made through it are ``Dev``; ``asarray`` of a host
+    array is a host -> device copy, ``asnumpy`` a device -> host copy, ``Dev.copy()`` under
+    another device a copy between devices; each is recorded (its bytes)."""
 
-class _Dev:
-    def __init__(self, d=0): self.d = d
-    def __enter__(self): self.old = _CUR.device; _CUR.device = self.d
-    def __exit__(self, *a): _CUR.device = self.old
-    def synchronize(self): pass
+    def __init__(self, name: str = "xp") -> None:
+        super().__init__(name)
+        self.lock = threading.Lock()
+        self.h2d: list[int] = []
+        self.d2h: list[int] = []
+        self.cuda = types.SimpleNamespace(
+            Device=self._device, Stream=lambda non_blocking=False: contextlib.nullcontext(),
+            get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
+            runtime=types.SimpleNamespace(getDeviceCount=lambda: 2,
+                                          memGetInfo=lambda: (1 << 34, 1 << 34)))
 
-_stream = types.SimpleNamespace(synchronize=lambda: None)
-cuda = types.SimpleNamespace(
-    Device=_Dev, Stream=lambda non_blocking=False: contextlib.nullcontext(),
-    get_current_stream=lambda: _stream,
-    runtime=types.SimpleNamespace(getDeviceCount=lambda: 2, memGetInfo=lambda: (1 << 34, 1 << 34)))
+    @contextlib.contextmanager
+    def _device(self, d: int = 0):
+        old, _CURRENT.device = _CURRENT.device, d
+        try:
+            yield
+        finally:
+            _CURRENT.device = old
 
-def asarray(a, dtype=None):
-    if isinstance(a, ndarray_dev):
-        return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
-    H2D[0] += 1
-    return np.array(a, dtype=dtype, copy=True).view(ndarray_dev)
+    def __getattr__(self, name):
+        attr = getattr(np, name)
+        if callable(attr) and not isinstance(attr, (np.ufunc, type)):
+            def made_here(*args, **kw):
+                out = attr(*args, **kw)
+                return out.view(Dev) if type(out) is np.ndarray else out
+            return made_here
+        return attr
 
-def asnumpy(a):
-    return np.array(a, copy=True)
+    def asarray(self, a, dtype=None):
+        if isinstance(a, Dev):
+            return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
+        host = np.array(a, dtype=dtype, copy=True)
+        if not isinstance(a, np.generic):  # NumPy's reductions give scalars, CuPy's 0-d arrays
+            with self.lock:
+                self.h2d.append(int(host.nbytes))
+        return host.view(Dev)
+
+    def asnumpy(self, a):
+        with self.lock:
+            self.d2h.append(int(a.nbytes))
+        return np.array(a, copy=True)
+
+    def clear(self) -> None:
+        self.h2d.clear()
+        self.d2h.clear()
+
+
+# ``import cupy`` in a subprocess: the module is one stand-in's functions
+_XP = DeviceXp("cupy")
+cuda, asarray, asnumpy = _XP.cuda, _XP.asarray, _XP.asnumpy
+
 
 def __getattr__(name):
-    attr = getattr(np, name)
-    if callable(attr) and not isinstance(attr, (np.ufunc, type)):
-        def made_here(*args, **kw):
-            out = attr(*args, **kw)
-            return out.view(ndarray_dev) if type(out) is np.ndarray else out
-        return made_here
-    return attr
+    return getattr(_XP, name)
