@@ -441,7 +441,7 @@ class Connection(TensorIO, DuckAPI):
             return optimizer.decompose(graph, workers, strategy=self.settings.tiling,
                                        memory_limit=self.settings.memory_limit, pieces=pieces,
                                        input_grids=grids, input_tiles=sparse, input_facts=facts,
-                                       blas_threads=threads)
+                                       blas_threads=threads, input_stats=_stored_stats(readers))
 
     def _run(self, plan, destinations=None, finished=None):
         """run: the executor runs the placed plan; its output tiles come back (or, with
@@ -509,3 +509,15 @@ def _cores() -> int:
     """The cores this process may run on."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else os.cpu_count() or 1)
+
+
+def _stored_stats(readers) -> dict:
+    """Per stored input, its tiles' formats, nonzeros and payload bytes (the catalog's): the
+    optimizer prices sparse inputs by them, and EXPLAIN shows them."""
+    out = {}
+    for name, r in readers.items():
+        entries = r.entries.values()
+        out[name] = optimizer.StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
+                                          sum(int(e.nnz) for e in entries),
+                                          sum(int(e.nbytes) for e in entries))
+    return out
