@@ -477,7 +477,8 @@ class Connection(TensorIO, DuckAPI):
         writers = physical.OutputWriters(self.store, plan, replace=replace,
                                          check_tables=self._plan_cache.hits == hits and
                                          sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
-                                         stage_max=None if limit is None else limit // 16)
+                                         stage_max=None if limit is None else limit // 16,
+                                         sparse_nnz=decomp.details.get("output_nnz"))
         try:
             result = self._run(plan, writers.buffers, writers.finished)
         except BaseException:
@@ -485,6 +486,7 @@ class Connection(TensorIO, DuckAPI):
             raise
         with stage("commit"):
             writers.store_tiles(result.tiles, result.nnz, result.nonfinite, result.crc32)
+        result.output_nnz = writers.nnz()  # what EXPLAIN ANALYZE compares the estimate with
         # The tiles are the stored tensors' now (read them through the catalog): the result
         # keeps its statistics, not the buffers, which the next run's outputs may then reuse
         # (a staging buffer, a spare payload file no mapping holds).

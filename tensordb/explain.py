@@ -105,6 +105,12 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
         }
         if c is not None and plan.kernels[i].method in ("spmm", "spreduce"):
             node["flops"] = int(c.flops)  # the sparse kernel's, from the catalog's nnz
+        est = decomp.details.get("output_nnz", {}).get(op.output)
+        if est is not None:
+            node["output_nnz"] = {"estimated": int(round(est))}
+            got = getattr(result, "output_nnz", {}).get(op.output)
+            if got is not None:
+                node["output_nnz"]["measured"] = int(got)
         if c is not None:
             node["cost"] = {"join": c.join, "aggregation": c.aggregation, "retile": c.retile,
                             "overhead": c.overhead, "balance": c.balance,
@@ -238,6 +244,12 @@ def header(data: Mapping) -> list[str]:
         lines.append("  sparse inputs: " + ", ".join(
             f"{name} {i['format']} nnz {count(i['nnz'])} ({format_bytes(i['bytes'])})"
             for name, i in sparse.items()))
+    nnz = [(n["output"], n["output_nnz"]) for n in data["nodes"] if "output_nnz" in n]
+    if nnz:
+        lines.append("  output nnz: " + ", ".join(
+            f"{name} estimated {count(v['estimated'])}"
+            + (f", measured {count(v['measured'])}" if "measured" in v else "")
+            for name, v in nnz))
     if "blas" in data:
         lines.append(blas_line(data["blas"]))
     if "device_resident" in data:

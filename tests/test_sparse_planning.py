@@ -66,3 +66,42 @@ def test_dense_inputs_keep_dense_pricing(con):
     assert node["flops"] == 40 * 30 * 20   # the join space: one multiply-add per element
     assert [i["format"] for i in node["inputs"]] == ["dense", "dense"]
     assert [i["nnz"] for i in node["inputs"]] == [np.count_nonzero(A), np.count_nonzero(B)]
+
+
+def _stored(con, name):
+    return con.execute("SELECT format, sum(nnz) FROM tensordb.tiles WHERE tensor = ? GROUP BY format",
+                       [name]).fetchall()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_spgemm_result_is_stored_sparse_with_its_real_nnz(con, seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(300, 900))
+    A = _graph(n, 2e-3, seed)
+    B = _graph(n, 2e-3, seed + 10)
+    con.load("A", A, replace=True)
+    con.load("B", B, replace=True)
+    sql = "C[i,k] = SUM(A[i,j] * B[j,k])"
+    data = json.loads(con.explain(sql, format="json", analyze=True))
+    node = data["nodes"][0]
+    assert node["kernel"]["method"] == "spmm"
+    want = A.toarray() @ B.toarray()
+    real = int(np.count_nonzero(want))
+    assert node["output_nnz"]["measured"] == real
+    # the estimator: independent uniform entries (cost._sparse_out_nnz), by hand
+    ps, pd = A.nnz / n / n, B.nnz / n / n
+    assert node["output_nnz"]["estimated"] == round(n * n * (1 - (1 - ps * pd) ** n))
+    rows = _stored(con, "C")
+    assert {f for f, _ in rows} == {"csr"} and sum(k for _, k in rows) == real
+    np.testing.assert_allclose(con.tensor("C"), want, rtol=1e-10, atol=1e-12)
+    assert "output nnz: C estimated" in con.explain(sql, analyze=True)
+
+
+def test_spmm_with_a_dense_partner_stays_dense(con):
+    G = _graph(400, 5e-3, 7)
+    X = np.random.default_rng(8).standard_normal((400, 5))
+    con.load("G", G)
+    con.load("X", X)
+    con.execute("Y[i,k] = SUM(G[i,j] * X[j,k])")
+    assert {f for f, _ in _stored(con, "Y")} == {"dense"}
+    np.testing.assert_allclose(con.tensor("Y"), G.toarray() @ X, rtol=1e-10, atol=1e-12)

@@ -198,8 +198,12 @@ def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None =
                   decomp.workers)
     inputs = {name: {"format": st.format, "nnz": int(st.nnz), "bytes": int(st.nbytes)}
               for name, st in (input_stats or {}).items()}
+    # a sparse kernel's estimated output nonzeros: the writer stores such an output sparse
+    # when the format rule says so (physical.OutputWriters), EXPLAIN shows it
+    out_nnz = {name: c.out_nnz for name, c in cost.ops.items() if c.out_nnz is not None}
     return replace(decomp, details={**decomp.details, "cost": cost, "memory": mem,
-                                    **({"inputs": inputs} if inputs else {})})
+                                    **({"inputs": inputs} if inputs else {}),
+                                    **({"output_nnz": out_nnz} if out_nnz else {})})
 
 
 def _presence(input_grids, input_tiles) -> dict[str, Presence]:
