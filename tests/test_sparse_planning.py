@@ -105,3 +105,50 @@ def test_spmm_with_a_dense_partner_stays_dense(con):
     con.execute("Y[i,k] = SUM(G[i,j] * X[j,k])")
     assert {f for f, _ in _stored(con, "Y")} == {"dense"}
     np.testing.assert_allclose(con.tensor("Y"), G.toarray() @ X, rtol=1e-10, atol=1e-12)
+
+
+# -- densified sparse tiles count in the memory projection ------------------------------------
+
+def _one_tile_graph(con, n, nnz, seed=0):
+    rng = np.random.default_rng(seed)  # (sp.random draws from n*n cells: slow at this size)
+    G = sp.csr_array(sp.coo_array((rng.random(nnz, np.float32) + 1,
+                                   (rng.integers(0, n, nnz), rng.integers(0, n, nnz))), (n, n)))
+    G.sum_duplicates()
+    con.load("G", G, tile=(n, n))
+    assert con.execute("SELECT count(*), min(format) FROM tensordb.tiles WHERE tensor = 'G'"
+                       ).fetchall()[0] == (1, "csr")
+    return G
+
+
+@pytest.mark.parametrize("sql", ["H[i,j] = G[i,j] * 2", "r[i] = SUM(G[i,j] * 2)"])
+def test_a_densified_big_sparse_tile_is_planned_within_the_limit(con, sql):
+    n = 20_000                      # one 1.6 GB tile if dense, 160 KiB stored
+    _one_tile_graph(con, n, 20_000)
+    con.execute("SET memory_limit = '64MB'")
+    data = json.loads(con.explain(sql, format="json"))
+    node, mem = data["nodes"][0], data["total"]["memory"]
+    assert node["kernel"]["method"] not in ("spmm", "spreduce")
+    t = node["tile_shape"]
+    # the box of G each call reads is densified: counted at its dense bytes
+    assert node["memory"]["inputs"] >= t["i"] * t["j"] * 4
+    assert mem["fits"] and mem["peak"] <= mem["budget"] == mem["memory_limit"] // 2
+    assert node["kernel_calls"] > 1                   # split, not one 1.6 GB call
+
+
+def test_a_densified_sparse_tile_over_any_budget_is_refused(con):
+    _one_tile_graph(con, 20_000, 20_000)
+    con.execute("SET memory_limit = '64KB'")
+    with pytest.raises(tensordb.OperationalError, match="memory"):
+        con.execute("H[i,j] = G[i,j] * 2")
+    assert not con.execute("SELECT count(*) FROM tensordb.tiles WHERE tensor = 'H'").fetchall()[0][0]
+
+
+def test_densified_sparse_tiles_under_a_small_limit_against_numpy(con):
+    G = _one_tile_graph(con, 1500, 3000, 5)
+    con.execute("SET memory_limit = '4MB'")
+    con.execute("H[i,j] = G[i,j] * 2")
+    con.execute("r[i] = SUM(G[i,j] * 2)")
+    con.execute("SET memory_limit = DEFAULT")  # to read the results whole
+    D = G.toarray()
+    np.testing.assert_array_equal(con.tensor("H"), D * 2)
+    np.testing.assert_allclose(con.tensor("r"), (D * 2).sum(axis=1), rtol=1e-6)

@@ -284,7 +284,9 @@ class OpModel:
         worker reaches running this operation under tiling ``d``."""
         tile = [-(-n // k) if n else 0 for n, k in zip(self.sizes, d)]
         extents = dict(zip(self.labels, tile))
-        copied = [i.sparse and i.held < 1.0 or not (
+        # A sparse stored input's box is always a copy: its entries (a sparse kernel, ``held``
+        # below 1) or, for any other kernel, the box densified at its dense bytes.
+        copied = [i.sparse or not (
                       i.stored and i.grid is not None and
                       _views(tuple(map(tuple, i.grid)), i.shape, self.need(d, w),
                              i.presence is None))

@@ -7,7 +7,8 @@ at once is the working set of one kernel call (``CallMemory``):
 - ``inputs``: its input tiles that are copies: a re-tiled (assembled) piece, an earlier
   operation's output tile, a stored box that is not one stored tile or a run of row tiles; a box
   of a stored tensor the reader hands out as a memory-mapped view costs nothing (the page
-  cache's, not the budget's);
+  cache's, not the budget's); a box of a tensor stored with sparse tiles is a copy (its
+  entries for a sparse kernel, ``held``; densified, at its dense bytes, for any other);
 - ``output``: its output tile (the partial result when the contraction is split);
 - ``accumulator``: the output tile's accumulator, when its contracted labels are split (fan-in
   above 1: a sliced contraction);
