@@ -88,7 +88,7 @@ def test_spgemm_result_is_stored_sparse_with_its_real_nnz(con, seed):
     want = A.toarray() @ B.toarray()
     real = int(np.count_nonzero(want))
     assert node["output_nnz"]["measured"] == real
-    # the estimator: independent uniform entries (cost._sparse_out_nnz), by hand
+    # the estimator: independent uniform entries (sparse_cost.sparse_out_nnz), by hand
     ps, pd = A.nnz / n / n, B.nnz / n / n
     assert node["output_nnz"]["estimated"] == round(n * n * (1 - (1 - ps * pd) ** n))
     rows = _stored(con, "C")

@@ -141,7 +141,7 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
     also prices running each BLAS operation as one call with that many threads (threads.py)
     and records the count it chose in ``details["blas_threads"]`` (0: split, the executor's rule).
     ``input_stats`` maps stored inputs to their formats, nonzeros and payload bytes
-    (``cost.StoredStats``): sparse inputs are priced by nnz (their payload read, a sparse
+    (``sparse_cost.StoredStats``): sparse inputs are priced by nnz (their payload read, a sparse
     kernel's flops), and EXPLAIN shows them (``details["inputs"]``).
 
     The result's ``details["cost"]`` is the cost model's estimate (a ``PlanCost``), whatever the

@@ -41,6 +41,7 @@ import numpy as np
 from ..geometry import Grid, even_bounds, overlapping
 from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
+from .sparse_cost import StoredStats, sparse_flops, sparse_out_nnz
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "StoredStats", "blas_efficiency",
            "evaluate", "stored_aligned"]
@@ -104,27 +105,6 @@ class Presence:
         if all(even_bounds(n, d) == b for n, d, b in zip(shape, need, self.grid)):
             return need
         return None
-
-
-@dataclass(frozen=True)
-class StoredStats:
-    """What the catalog knows of a stored input's tiles, summed over them: their formats
-    ('dense', 'csr', 'coo'), nonzeros and payload bytes. An operation whose kernel reads a
-    stored input sparse (``plan.memory.sparse_kernel``) is priced on these, not on extents: it
-    reads ``nbytes``, and its flops are ``2 * nnz * columns`` (spmm) or ``nnz`` (spreduce)."""
-
-    formats: tuple[str, ...]
-    nnz: int
-    nbytes: int
-
-    @property
-    def sparse(self) -> bool:
-        return any(f != "dense" for f in self.formats)
-
-    @property
-    def format(self) -> str:
-        """One format, or several joined by '+' (a tensor with dense and sparse tiles)."""
-        return "+".join(self.formats) if self.formats else "dense"
 
 
 @dataclass(frozen=True)
@@ -194,7 +174,7 @@ class OpModel:
                                         # output of one call (None: not BLAS, one thread per call)
     threads: int = 1                    # BLAS threads each kernel call runs with
     sparse_kernel: tuple | None = None  # (method, operand): a sparse kernel priced by nnz
-    out_nnz: float | None = None        # its output's estimated nonzeros (_sparse_out_nnz)
+    out_nnz: float | None = None        # its output's estimated nonzeros (sparse_cost)
 
     @staticmethod
     def of(op: EinOp, dtypes: Mapping[str, str], workers: int,
@@ -245,10 +225,10 @@ class OpModel:
                               k in st))
         flops, out_nnz = float(op.flops), None
         if kern is not None:
-            flops = float(_sparse_flops(op, kern, st[kern[1]].nnz))
+            flops = float(sparse_flops(op, kern, st[kern[1]].nnz))
             other = (stats or {}).get(op.inputs[1 - kern[1]].tensor) if len(op.inputs) == 2 \
                 and op.inputs[1 - kern[1]].tensor not in produced else None
-            out_nnz = _sparse_out_nnz(op, kern, st[kern[1]].nnz,
+            out_nnz = sparse_out_nnz(op, kern, st[kern[1]].nnz,
                                       None if other is None else other.nnz)
         item = np.dtype(op.dtype).itemsize
         out_pos = tuple(labels.index(l) for l in op.out_labels) if op.writes_diagonal else ()
@@ -409,48 +389,6 @@ def blas_efficiency(mn: int, threads: int, params: CostParams = DEFAULT_PARAMS) 
     """
     t = max(1, threads)
     return max(1.0 / t, min(1.0, mn / (t * params.blas_thread_elements)))
-
-
-def _sparse_flops(op: EinOp, kern: tuple, nnz: int) -> int:
-    """The flops of a sparse kernel on a sparse operand of ``nnz`` stored entries: a multiply
-    and an add per entry and column of the other operand (spmm), one add per entry (spreduce).
-
-    >>> op = EinOp.contraction("C", "ik", [("S", "ij"), ("X", "jk")], {"i": 9, "j": 9, "k": 4})
-    >>> _sparse_flops(op, ("spmm", 0), 10)
-    80
-    """
-    method, k = kern
-    if method != "spmm":
-        return nnz
-    s, d = op.inputs[k].labels, op.inputs[1 - k].labels
-    return 2 * nnz * math.prod(op.size[l] for l in d if l not in s)
-
-
-def _sparse_out_nnz(op: EinOp, kern: tuple, nnz: int, other: int | None) -> float:
-    """The estimated nonzeros of a sparse kernel's output, taking the stored entries of each
-    operand as independent and uniformly spread (an earlier result, ``other`` None, as full):
-    for ``spmm`` of ``S[i,j]`` (density ``ps``) and ``D[j,r]`` (density ``pd``), an output
-    element is nonzero when one of its ``J`` products is, ``I*R*(1 - (1 - ps*pd)**J)``; for
-    ``spreduce`` over ``j``, ``I*(1 - (1 - ps)**J)``. Cancellation (a sum of products that is 0)
-    is not foreseen, so it errs high; EXPLAIN ANALYZE shows it beside the measured nnz.
-
-    >>> op = EinOp.contraction("C", "ik", [("S", "ij"), ("X", "jk")], {"i": 10, "j": 10, "k": 3})
-    >>> round(_sparse_out_nnz(op, ("spmm", 0), 10, None), 2)   # a tenth of S times a full X
-    19.54
-    """
-    method, k = kern
-    s = op.inputs[k].labels
-    n_s = math.prod(op.size[l] for l in s)
-    ps = min(1.0, nnz / n_s) if n_s else 0.0
-    out = math.prod(op.size[l] for l in op.out_labels)
-    if method != "spmm":
-        along = math.prod(op.size[l] for l in s if l not in op.out_labels)
-        return out * (1.0 - (1.0 - ps) ** along)
-    d = op.inputs[1 - k].labels
-    n_d = math.prod(op.size[l] for l in d)
-    pd = 1.0 if other is None or not n_d else min(1.0, other / n_d)
-    shared = math.prod(op.size[l] for l in s if l in d)
-    return out * (1.0 - (1.0 - ps * pd) ** shared)
 
 
 def _blas_output(op: EinOp, labels: tuple[str, ...]) -> tuple[int, ...] | None:
