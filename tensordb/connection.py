@@ -442,7 +442,7 @@ class Connection(TensorIO, DuckAPI):
             return optimizer.decompose(graph, workers, strategy=self.settings.tiling,
                                        memory_limit=self.settings.memory_limit, pieces=pieces,
                                        input_grids=grids, input_tiles=sparse, input_facts=facts,
-                                       blas_threads=threads)
+                                       blas_threads=threads, input_stats=_stored_stats(readers))
 
     def _run(self, plan, destinations=None, finished=None):
         """run: the executor runs the placed plan; its output tiles come back (or, with
@@ -478,7 +478,8 @@ class Connection(TensorIO, DuckAPI):
         writers = physical.OutputWriters(self.store, plan, replace=replace,
                                          check_tables=self._plan_cache.hits == hits and
                                          sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
-                                         stage_max=None if limit is None else limit // 16)
+                                         stage_max=None if limit is None else limit // 16,
+                                         sparse_nnz=decomp.details.get("output_nnz"))
         try:
             result = self._run(plan, writers.buffers, writers.finished)
         except BaseException:
@@ -486,6 +487,7 @@ class Connection(TensorIO, DuckAPI):
             raise
         with stage("commit"):
             writers.store_tiles(result.tiles, result.nnz, result.nonfinite, result.crc32)
+        result.output_nnz = writers.nnz()  # what EXPLAIN ANALYZE compares the estimate with
         # The tiles are the stored tensors' now (read them through the catalog): the result
         # keeps its statistics, not the buffers, which the next run's outputs may then reuse
         # (a staging buffer, a spare payload file no mapping holds).
@@ -510,3 +512,15 @@ def _cores() -> int:
     """The cores this process may run on."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else os.cpu_count() or 1)
+
+
+def _stored_stats(readers) -> dict:
+    """Per stored input, its tiles' formats, nonzeros and payload bytes (the catalog's): the
+    optimizer prices sparse inputs by them, and EXPLAIN shows them."""
+    out = {}
+    for name, r in readers.items():
+        entries = r.entries.values()
+        out[name] = optimizer.StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
+                                          sum(int(e.nnz) for e in entries),
+                                          sum(int(e.nbytes) for e in entries))
+    return out

@@ -70,6 +70,7 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
                                "renders the optimizer's estimate and does not make one",
                                hint="price it first: optimizer.price(graph, decomposition)")
     choices = decomp.details.get("choices", {})
+    stored = decomp.details.get("inputs", {})  # stored inputs' formats, nnz, payload bytes
     mem = decomp.details.get("memory")   # a plan.memory.PlanMemory, when the optimizer made one
     moved, moved_per_op = transfers(plan)
     nodes = []
@@ -96,7 +97,20 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
             "bytes_moved": int(moved_per_op[i]),
             "retile_bytes": int(stats.retile_bytes) if stats else 0,
             "kernel": plan.kernels[i].summary(),
+            "inputs": [{"tensor": o.tensor, "labels": o.labels,
+                        **({"format": stored[o.tensor]["format"],
+                            "nnz": stored[o.tensor]["nnz"],
+                            "bytes": stored[o.tensor]["bytes"]} if o.tensor in stored else {})}
+                       for o in op.inputs],
         }
+        if c is not None and plan.kernels[i].method in ("spmm", "spreduce"):
+            node["flops"] = int(c.flops)  # the sparse kernel's, from the catalog's nnz
+        est = decomp.details.get("output_nnz", {}).get(op.output)
+        if est is not None:
+            node["output_nnz"] = {"estimated": int(round(est))}
+            got = getattr(result, "output_nnz", {}).get(op.output)
+            if got is not None:
+                node["output_nnz"]["measured"] = int(got)
         if c is not None:
             node["cost"] = {"join": c.join, "aggregation": c.aggregation, "retile": c.retile,
                             "overhead": c.overhead, "balance": c.balance,
@@ -226,6 +240,18 @@ def header(data: Mapping) -> list[str]:
                  f"flop imbalance {t['imbalance']:.2f}")
     if "memory" in t:
         lines.append(memory_line(t["memory"]))
+    sparse = {i["tensor"]: i for n in data["nodes"] for i in n.get("inputs", ())
+              if i.get("format", "dense") != "dense"}
+    if sparse:
+        lines.append("  sparse inputs: " + ", ".join(
+            f"{name} {i['format']} nnz {count(i['nnz'])} ({format_bytes(i['bytes'])})"
+            for name, i in sparse.items()))
+    nnz = [(n["output"], n["output_nnz"]) for n in data["nodes"] if "output_nnz" in n]
+    if nnz:
+        lines.append("  output nnz: " + ", ".join(
+            f"{name} estimated {count(v['estimated'])}"
+            + (f", measured {count(v['measured'])}" if "measured" in v else "")
+            for name, v in nnz))
     if "blas" in data:
         lines.append(blas_line(data["blas"]))
     if "device_resident" in data:

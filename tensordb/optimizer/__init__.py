@@ -31,13 +31,13 @@ from ..plan.ir import EinGraph
 from ..plan.memory import PlanMemory, project, worker_budget
 from .baselines import data_parallel_pieces, even_pieces
 from .candidates import pieces_per_op
-from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, evaluate, models_of
+from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, StoredStats, evaluate, models_of
 from .dp import Choice, solve
 from .threads import one_call_plan, one_call_threads
 
 __all__ = ["Decomposition", "decompose", "price", "STRATEGIES", "register_strategy",
            "DEFAULT_STRATEGY", "CostParams", "PlanCost", "PlanMemory", "Choice", "evaluate",
-           "pieces_per_op"]
+           "pieces_per_op", "StoredStats"]
 
 
 @dataclass(frozen=True)
@@ -78,14 +78,14 @@ def _split_largest_output(graph: EinGraph, workers: int, *, pieces=None, **_) ->
 
 def _eindecomp(graph: EinGraph, workers: int, *, memory_limit=None, pieces=None, input_grids=None,
                params: CostParams = DEFAULT_PARAMS, presence=None, facts=None, blas_threads=1,
-               **_) -> Decomposition:
+               stats=None, **_) -> Decomposition:
     """The cost-based search: the dynamic program of dp.py over the candidates of candidates.py.
     It prices its choice with the cost models it searched with (each is built once). With
     ``blas_threads`` > 1 (the local executor) it also prices the one-call plan (threads.py)
     and keeps the cheaper of the two."""
     t0 = time.perf_counter()
     models = models_of(graph, workers, params, presence, facts, input_grids,
-                       worker_budget(memory_limit, workers))
+                       worker_budget(memory_limit, workers), stats)
     by_op, choices, dp_cost, _ = solve(graph, workers, memory_limit=memory_limit, pieces=pieces,
                                        input_grids=input_grids, params=params, presence=presence,
                                        facts=facts, models=models)
@@ -128,7 +128,8 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
               pieces=None, input_grids=None, params: CostParams | None = None,
               input_tiles: Mapping | None = None,
               input_facts: Mapping[str, tuple[bool, bool]] | None = None,
-              blas_threads: int = 1) -> Decomposition:
+              blas_threads: int = 1,
+              input_stats: Mapping[str, StoredStats] | None = None) -> Decomposition:
     """Choose the pieces of every label of every operation with the named strategy.
 
     ``input_tiles`` maps block-sparse stored inputs to the coordinates of their stored tiles
@@ -139,6 +140,9 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
     kernel call may use (the local executor's cores; 1 elsewhere): above 1 the default search
     also prices running each BLAS operation as one call with that many threads (threads.py)
     and records the count it chose in ``details["blas_threads"]`` (0: split, the executor's rule).
+    ``input_stats`` maps stored inputs to their formats, nonzeros and payload bytes
+    (``sparse_cost.StoredStats``): sparse inputs are priced by nnz (their payload read, a sparse
+    kernel's flops), and EXPLAIN shows them (``details["inputs"]``).
 
     The result's ``details["cost"]`` is the cost model's estimate (a ``PlanCost``), whatever the
     strategy, so that EXPLAIN and the benchmarks compare strategies with one yardstick.
@@ -159,17 +163,18 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
     prm = params or DEFAULT_PARAMS
     presence = _presence(input_grids, input_tiles)
     kwargs = {"params": prm, "presence": presence, "facts": input_facts,
-              "blas_threads": blas_threads} if fn is _eindecomp else {}
+              "blas_threads": blas_threads, "stats": input_stats} if fn is _eindecomp else {}
     decomp = fn(graph, workers, memory_limit=memory_limit, pieces=pieces, input_grids=input_grids,
                 **kwargs)
     return price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,
-                 input_facts=input_facts, memory_limit=memory_limit)
+                 input_facts=input_facts, memory_limit=memory_limit, input_stats=input_stats)
 
 
 def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None = None,
           input_grids=None, input_tiles: Mapping | None = None,
           input_facts: Mapping[str, tuple[bool, bool]] | None = None,
-          memory_limit: int | None = None) -> Decomposition:
+          memory_limit: int | None = None,
+          input_stats: Mapping[str, StoredStats] | None = None) -> Decomposition:
     """``decomp`` carrying its cost in ``details["cost"]`` (as it is when it already does) and
     its projected memory in ``details["memory"]`` (a ``plan.memory.PlanMemory``: the peak a
     worker reaches against its share of ``memory_limit``): what EXPLAIN shows and the
@@ -188,10 +193,17 @@ def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None =
     cost = decomp.details.get("cost") or evaluate(
         graph, decomp.pieces_by_op, decomp.workers, params=params or DEFAULT_PARAMS,
         input_grids=input_grids, presence=_presence(input_grids, input_tiles), facts=input_facts,
-        memory_limit=memory_limit)
+        memory_limit=memory_limit, stats=input_stats)
     mem = project(graph, {name: c.memory for name, c in cost.ops.items()}, memory_limit,
                   decomp.workers)
-    return replace(decomp, details={**decomp.details, "cost": cost, "memory": mem})
+    inputs = {name: {"format": st.format, "nnz": int(st.nnz), "bytes": int(st.nbytes)}
+              for name, st in (input_stats or {}).items()}
+    # a sparse kernel's estimated output nonzeros: the writer stores such an output sparse
+    # when the format rule says so (physical.OutputWriters), EXPLAIN shows it
+    out_nnz = {name: c.out_nnz for name, c in cost.ops.items() if c.out_nnz is not None}
+    return replace(decomp, details={**decomp.details, "cost": cost, "memory": mem,
+                                    **({"inputs": inputs} if inputs else {}),
+                                    **({"output_nnz": out_nnz} if out_nnz else {})})
 
 
 def _presence(input_grids, input_tiles) -> dict[str, Presence]:

@@ -41,9 +41,10 @@ import numpy as np
 from ..geometry import Grid, even_bounds, overlapping
 from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
+from .sparse_cost import StoredStats, sparse_flops, sparse_out_nnz
 
-__all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "blas_efficiency", "evaluate",
-           "stored_aligned"]
+__all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "StoredStats", "blas_efficiency",
+           "evaluate", "stored_aligned"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class OpCost:
     tile_bytes: int          # the working set of the largest kernel call: input tiles + output tile
     memory: memory.CallMemory = memory.CallMemory()   # what the largest call holds (plan/memory.py)
     compute: float = 0.0     # the kernels' flops, where a sparse input makes them vary (cost())
+    out_nnz: float | None = None  # a sparse kernel's estimated output nonzeros (OpModel.out_nnz)
 
     @property
     def bytes(self) -> float:
@@ -143,6 +145,10 @@ class _Input:
                                        # given what is known of the other inputs' values
     stored: bool = False               # a stored tensor (else an earlier operation's output)
     grid: Grid | None = None           # its stored grid, when known (its boxes may be views)
+    held: float = 1.0                  # bytes one tile holds as a share of its dense bytes (a
+                                       # sparse tile a sparse kernel reads as it is: below 1)
+    sparse: bool = False               # stored with sparse tiles (a copy when read: entries
+                                       # sliced, or the box densified)
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,8 @@ class OpModel:
     blas: tuple[int, ...] | None = None # a BLAS kernel: the positions of the labels of the M x N
                                         # output of one call (None: not BLAS, one thread per call)
     threads: int = 1                    # BLAS threads each kernel call runs with
+    sparse_kernel: tuple | None = None  # (method, operand): a sparse kernel priced by nnz
+    out_nnz: float | None = None        # its output's estimated nonzeros (sparse_cost)
 
     @staticmethod
     def of(op: EinOp, dtypes: Mapping[str, str], workers: int,
@@ -174,14 +182,17 @@ class OpModel:
            presence: Mapping[str, Presence] | None = None,
            facts: Mapping[str, tuple[bool, bool]] | None = None,
            grids: Mapping[str, Grid] | None = None, budget: int | None = None,
-           produced: frozenset = frozenset(), handoff: bool = False) -> "OpModel":
+           produced: frozenset = frozenset(), handoff: bool = False,
+           stats: Mapping[str, StoredStats] | None = None) -> "OpModel":
         """``dtypes`` maps each input tensor name to its dtype; ``presence`` the sparse stored
         inputs to the tiles they store; ``facts`` the stored inputs to (finite: no NaN/inf,
         nonzero: no 0 and no NaN), as the lowering sees them (others: neither). Without
         ``facts`` every input is taken to be finite: an estimate. ``grids``: the stored inputs'
         grids (a box inside one stored tile is a view; without a grid, a copy); ``produced``:
         the names earlier operations compute (their tiles are always copies); ``budget``: a
-        worker's bytes; ``handoff``: the result is an unstored intermediate (plan.memory)."""
+        worker's bytes; ``handoff``: the result is an unstored intermediate (plan.memory);
+        ``stats``: the stored inputs' formats, nonzeros and payload bytes (``StoredStats``):
+        a sparse input is read as its payload, and a sparse kernel's flops count its nonzeros."""
         from ..plan.skip import zero_when_absent
         labels = op.labels
         size = op.size
@@ -190,20 +201,41 @@ class OpModel:
                  for o in op.inputs]
         finite = {k for k, f in enumerate(known) if f[0]}
         nonzero = {k for k, f in enumerate(known) if f[1]}
+        st = {k: (stats or {}).get(o.tensor) for k, o in enumerate(op.inputs)
+              if o.tensor not in produced}
+        st = {k: v for k, v in st.items() if v is not None and v.sparse}
+        # The kernel the lowering will choose (physical/choice.py): the same rule, the same facts.
+        kern = memory.sparse_kernel(op, tuple(k for k in st if len(op.inputs[k].labels) == 2),
+                                    tuple(f[0] for f in known))
         ins = []
         for k, o in enumerate(op.inputs):
             item = np.dtype(dtypes[o.tensor]).itemsize
             shape = tuple(size[l] for l in o.labels)
+            dense = math.prod(shape) * item
+            nbytes, held = dense, 1.0
+            if k in st:  # read as its payload; held sparse only by the kernel that reads it so
+                nbytes = st[k].nbytes
+                if kern is not None and kern[1] == k:
+                    held = min(1.0, nbytes / dense) if dense else 1.0
             ins.append(_Input(o.tensor, tuple(labels.index(l) for l in o.labels),
-                              math.prod(shape) * item, item, shape,
+                              nbytes, item, shape,
                               (presence or {}).get(o.tensor),
                               zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k}),
-                              o.tensor not in produced, (grids or {}).get(o.tensor)))
+                              o.tensor not in produced, (grids or {}).get(o.tensor), held,
+                              k in st))
+        flops, out_nnz = float(op.flops), None
+        if kern is not None:
+            flops = float(sparse_flops(op, kern, st[kern[1]].nnz))
+            other = (stats or {}).get(op.inputs[1 - kern[1]].tensor) if len(op.inputs) == 2 \
+                and op.inputs[1 - kern[1]].tensor not in produced else None
+            out_nnz = sparse_out_nnz(op, kern, st[kern[1]].nnz,
+                                      None if other is None else other.nnz)
         item = np.dtype(op.dtype).itemsize
         out_pos = tuple(labels.index(l) for l in op.out_labels) if op.writes_diagonal else ()
         return OpModel(op, labels, sizes, tuple(ins), len(op.free_labels),
-                       math.prod(op.out_shape) * item, item, float(op.flops), max(1, workers), params,
-                       budget, memory.kernel_copies(op), handoff, out_pos, _blas_output(op, labels))
+                       math.prod(op.out_shape) * item, item, flops, max(1, workers), params,
+                       budget, memory.kernel_copies(op), handoff, out_pos, _blas_output(op, labels),
+                       sparse_kernel=kern, out_nnz=out_nnz)
 
     def clamp(self, pieces: Sequence[int]) -> tuple[int, ...]:
         return tuple(max(1, min(int(d), n)) if n > 0 else 1 for d, n in zip(pieces, self.sizes))
@@ -224,7 +256,7 @@ class OpModel:
         out = [tile[p] for p in self.out_pos] if self.out_pos else tile[: self.n_out]
         total = self.out_itemsize * math.prod(out)
         for i in self.inputs:
-            total += i.itemsize * math.prod(tile[p] for p in i.pos)
+            total += int(i.itemsize * math.prod(tile[p] for p in i.pos) * i.held)
         return total
 
     def call_memory(self, d: Sequence[int]) -> memory.CallMemory:
@@ -232,25 +264,28 @@ class OpModel:
         worker reaches running this operation under tiling ``d``."""
         tile = [-(-n // k) if n else 0 for n, k in zip(self.sizes, d)]
         extents = dict(zip(self.labels, tile))
-        copied = [not (i.stored and i.grid is not None and
-                       _views(tuple(map(tuple, i.grid)), i.shape, self.need(d, w),
-                              i.presence is None))
+        # A sparse stored input's box is always a copy: its entries (a sparse kernel, ``held``
+        # below 1) or, for any other kernel, the box densified at its dense bytes.
+        copied = [i.sparse or not (
+                      i.stored and i.grid is not None and
+                      _views(tuple(map(tuple, i.grid)), i.shape, self.need(d, w),
+                             i.presence is None))
                   for w, i in enumerate(self.inputs)]
         fan_in = math.prod(d[self.n_out:])
         return memory.call_memory(self.op, extents, fan_in, copied,
                                   memory.chunk_elements(self.budget, self.op), self.kernel,
-                                  self.handoff)
+                                  self.handoff, [i.held for i in self.inputs])
 
     def peak(self, d: Sequence[int]) -> int:
         """Bytes a worker holds at once running this operation under tiling ``d``."""
         return self.call_memory(d).total
 
-    def present(self, d: Sequence[int]) -> float:
+    def present(self, d: Sequence[int], skip: int | None = None) -> float:
         """The expected share of kernel calls whose gating input tiles all exist (1 for dense
-        inputs; sparse inputs are assumed independent)."""
+        inputs; sparse inputs are assumed independent), the input ``skip`` left out."""
         f = 1.0
         for w, i in enumerate(self.inputs):
-            if i.presence is not None and i.inner:
+            if i.presence is not None and i.inner and w != skip:
                 f *= i.presence.fraction(i.shape, self.need(d, w))
         return f
 
@@ -314,6 +349,8 @@ class OpModel:
         par = min(calls * self.rate(d), p)
         prm = self.params
         flops = self.flops * f
+        if self.sparse_kernel is not None:  # its nonzeros count only the tiles that exist
+            flops = self.flops * self.present(d, skip=self.sparse_kernel[1])
         # Idle workers cost their share of the flops, except next to a small operation (at most
         # small_op_flops, tens of microseconds): splitting it saves less time than a task costs
         # (and a stored result pays a catalog row per tile).
@@ -330,7 +367,7 @@ class OpModel:
         compute = flops * prm.bytes_per_flop if self.sparse else 0.0
         return OpCost(join * f, agg * f, retile, prm.task_bytes * tasks, balance, k, fan_in, flops,
                       self.working_set(d), self.call_memory(d) if memory else _NO_MEMORY,
-                      compute)
+                      compute, self.out_nnz)
 
     @property
     def sparse(self) -> bool:
@@ -414,12 +451,13 @@ def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS
               presence: Mapping[str, Presence] | None = None,
               facts: Mapping[str, tuple[bool, bool]] | None = None,
               grids: Mapping[str, Grid] | None = None,
-              budget: int | None = None) -> dict[str, OpModel]:
+              budget: int | None = None,
+              stats: Mapping[str, StoredStats] | None = None) -> dict[str, OpModel]:
     dt = dtypes_of(graph)
     produced = frozenset(op.output for op in graph.ops)
     read = {o.tensor for op in graph.ops for o in op.inputs}
     return {op.output: OpModel.of(op, dt, workers, params, presence, facts, grids, budget, produced,
-                                  op.output in read and op.output not in graph.outputs)
+                                  op.output in read and op.output not in graph.outputs, stats)
             for op in graph.ops}
 
 
@@ -484,13 +522,14 @@ def evaluate(graph: EinGraph, pieces_by_op: Mapping[str, Mapping[str, int]], wor
              models: Mapping[str, OpModel] | None = None,
              presence: Mapping[str, Presence] | None = None,
              facts: Mapping[str, tuple[bool, bool]] | None = None,
-             memory_limit: int | None = None) -> PlanCost:
+             memory_limit: int | None = None,
+             stats: Mapping[str, StoredStats] | None = None) -> PlanCost:
     """The cost of a complete decomposition (pieces per label for every operation): the oracle
     that the dynamic program's choice, the baselines and brute force are all measured with.
     Each operation's cost carries what its largest kernel call holds (``OpCost.memory``, with
     kernel chunks sized from a worker's share of ``memory_limit``)."""
     models = models or models_of(graph, workers, params, presence, facts, input_grids,
-                                 memory.worker_budget(memory_limit, workers))
+                                 memory.worker_budget(memory_limit, workers), stats)
     grids = input_grids or {}
     vec = {name: m.clamp([pieces_by_op[name].get(l, 1) for l in m.labels]) for name, m in models.items()}
     out: dict[str, OpCost] = {}

@@ -46,7 +46,8 @@ from ..errors import InternalError
 from ..plan import scalar
 from ..plan.aggregates import ARG_AGGS
 from ..plan.ir import EinOp
-from ..plan.memory import CHUNK_ELEMENTS, MatmulLayout, blas_product, chunk_elements, matmul_layout
+from ..plan.memory import (CHUNK_ELEMENTS, MatmulLayout, blas_product, chunk_elements, matmul_layout,
+                           sparse_kernel, sparse_reduction, spmm_operand)
 
 __all__ = ["CHUNK_ELEMENTS", "METHODS", "MatmulLayout", "KernelChoice", "choose_kernel",
            "spmm_operand", "sparse_reduction"]
@@ -127,12 +128,9 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
     operand known finite is a sparse kernel (``spmm``, exec/sparse_kernels.py): absent entries
     are skipped, which is NumPy's answer only where the partner holds no NaN or inf
     (0 * inf is NaN)."""
-    if sparse and not op.writes_diagonal:
-        k = spmm_operand(op, sparse, finite)
-        if k is not None:
-            return KernelChoice("spmm", sparse=k)
-        if sparse_reduction(op, sparse):
-            return KernelChoice("spreduce", sparse=0)
+    found = sparse_kernel(op, sparse, finite)
+    if found is not None:
+        return KernelChoice(found[0], sparse=found[1])
     op = op.without_diagonal()
     prod = blas_product(op)
     if prod is not None:
@@ -151,41 +149,3 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
     # chunk_elements; a join with nothing to aggregate is cut in slabs of its first axis.
     chunk = max(op.agg_labels, key=lambda l: ext[l]) if op.agg_labels else "rows"
     return KernelChoice("broadcast", chunk=chunk, chunk_elements=chunk_elements(budget, op))
-
-
-def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> int | None:
-    """The operand a sparse kernel takes as its sparse matrix, or None: ``op`` is a SUM of the
-    product of two operands (no constant, one dtype that is not bool), the sparse one a matrix
-    with one label contracted with the other operand and one kept in the output, the other
-    operand known finite, with distinct labels, all kept but the contracted one."""
-    prod = blas_product(op)
-    if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
-            np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
-        return None
-    for k in sparse:
-        s, d = op.inputs[k].labels, op.inputs[1 - k].labels
-        if not finite[1 - k] or len(s) != 2 or len(set(s)) != 2 or len(set(d)) != len(d):
-            continue
-        shared = [l for l in s if l in d]
-        if len(shared) != 1 or shared[0] in op.out_labels:
-            continue
-        kept = [l for l in s if l != shared[0]]
-        if kept[0] not in op.out_labels or any(
-                l != shared[0] and l not in op.out_labels for l in d):
-            continue
-        return k
-    return None
-
-
-def sparse_reduction(op: EinOp, sparse: Sequence[int]) -> bool:
-    """Whether ``op`` is ``AGG(S[i,j])`` over ``j``, ``i`` or both, for a stored sparse matrix
-    ``S`` read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
-    reduction of the stored entries that counts absent ones as zeros is then NumPy's answer."""
-    if list(sparse) != [0] or len(op.inputs) != 1 or op.agg not in ("sum", "max", "min"):
-        return False
-    labels = op.inputs[0].labels
-    prod = scalar.product_of(op.join)
-    in_dtype = (op.in_dtypes or (op.dtype,))[0]
-    return (len(labels) == 2 and len(set(labels)) == 2 and len(op.out_labels) < 2
-            and set(op.out_labels) <= set(labels) and prod is not None and prod[0] == 1
-            and tuple(prod[1]) == (0,) and np.dtype(in_dtype) == np.dtype(op.dtype))

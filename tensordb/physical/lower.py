@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Mapping
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from ..plan import skip
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage import catalog
+from ..sparsity import is_sparse_overall
 from ..storage.writer import commit_all
 from .calls import LAYOUTS, Calls, Layout, grid_rows
 from .choice import choose_kernel
@@ -315,7 +317,8 @@ class OutputWriters:
     """
 
     def __init__(self, store, plan: TilePlan, *, replace: bool = False,
-                 check_tables: bool = True, stage_max: int | None = None) -> None:
+                 check_tables: bool = True, stage_max: int | None = None,
+                 sparse_nnz: Mapping[str, float] | None = None) -> None:
         self.store, self.plan = store, plan
         self.writers = []
         self.buffers: dict[int, np.ndarray] = {}
@@ -333,7 +336,12 @@ class OutputWriters:
                 w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
                                  dims=dims, replace=replace, check_tables=check_tables)
                 self.writers.append((out, w))
-                for coords, buf in w.reserve(sorted(out.tiles), stage_max=left).items():
+                est = (sparse_nnz or {}).get(out.name)
+                # An output the estimate says is sparse gets no dense buffers: store_tiles
+                # stores each tile as the format rule says (writer.write_tile).
+                sparse = est is not None and is_sparse_overall(out.shape, int(est), out.dtype)
+                for coords, buf in ({} if sparse else
+                                    w.reserve(sorted(out.tiles), stage_max=left)).items():
                     self.buffers[out.tiles[coords]] = buf
                 for coords, key in out.tiles.items():
                     self._tile_of[key] = (w, coords)
@@ -391,6 +399,10 @@ class OutputWriters:
     def abort(self) -> None:
         for _, w in self.writers:
             w.abort()
+
+    def nnz(self) -> dict[str, int]:
+        """The nonzeros stored per output (after ``store_tiles``), by plan name."""
+        return {out.name: sum(int(e.nnz) for e in w.entries.values()) for out, w in self.writers}
 
 
 def describe(plan: TilePlan) -> str:

@@ -7,7 +7,8 @@ at once is the working set of one kernel call (``CallMemory``):
 - ``inputs``: its input tiles that are copies: a re-tiled (assembled) piece, an earlier
   operation's output tile, a stored box that is not one stored tile or a run of row tiles; a box
   of a stored tensor the reader hands out as a memory-mapped view costs nothing (the page
-  cache's, not the budget's);
+  cache's, not the budget's); a box of a tensor stored with sparse tiles is a copy (its
+  entries for a sparse kernel, ``held``; densified, at its dense bytes, for any other);
 - ``output``: its output tile (the partial result when the contraction is split);
 - ``accumulator``: the output tile's accumulator, when its contracted labels are split (fan-in
   above 1: a sliced contraction);
@@ -46,7 +47,8 @@ from .ir import EinOp
 
 __all__ = ["CHUNK_ELEMENTS", "TEMPORARY_SHARE", "CallMemory", "PlanMemory", "worker_budget",
            "chunk_elements", "element_bytes", "blas_product", "matmul_layout", "MatmulLayout",
-           "kernel_copies", "call_memory", "project"]
+           "kernel_copies", "call_memory", "project", "sparse_kernel", "spmm_operand",
+           "sparse_reduction"]
 
 CHUNK_ELEMENTS = 1 << 22  # the most join-space elements a broadcasting kernel materialises at once
 TEMPORARY_SHARE = 4       # a chunked kernel's temporaries stay within 1/4 of a worker's budget
@@ -209,18 +211,22 @@ def kernel_copies(op: EinOp) -> tuple[str, tuple[bool, ...]]:
 
 def call_memory(op: EinOp, extents: Mapping[str, int], fan_in: int, copied: Sequence[bool],
                 chunk: int = CHUNK_ELEMENTS, kernel: tuple | None = None,
-                handoff: bool = False) -> CallMemory:
+                handoff: bool = False, held: Sequence[float] | None = None) -> CallMemory:
     """The working set of one kernel call of ``op`` on tiles of ``extents`` per label, in an
     output tile combining ``fan_in`` calls; ``copied[k]``: operand k's tile is a copy (not a
     view of a stored tile); ``chunk``: the broadcasting kernel's chunk (``chunk_elements``);
     ``kernel``: ``kernel_copies(op)``, when the caller has it already; ``handoff``: the result
     is an unstored intermediate, whose tile a consumer on the same worker holds next to its own
-    output (so a producer's tile leaves its consumer room: at most half a worker's budget)."""
+    output (so a producer's tile leaves its consumer room: at most half a worker's budget);
+    ``held[k]``: the share of its dense bytes operand k's copy holds (a sparse tile that a
+    sparse kernel reads as its entries: below 1; default 1, dense)."""
     method, copies = kernel or kernel_copies(op)
     ins = op.in_dtypes or (op.dtype,) * len(op.inputs)
     out_item = np.dtype(op.dtype).itemsize
     elems = [math.prod(extents[l] for l in o.labels) for o in op.inputs]
-    inputs = sum(n * np.dtype(d).itemsize for n, d, c in zip(elems, ins, copied) if c)
+    held = held or (1.0,) * len(elems)
+    inputs = int(sum(n * np.dtype(d).itemsize * h
+                     for n, d, c, h in zip(elems, ins, copied, held) if c))
     output = out_item * math.prod(extents[l] for l in op.out_labels)
     accumulator = output if fan_in > 1 else 0
     if method == "contract":  # opt_einsum may copy every operand, and its result
@@ -294,3 +300,56 @@ def project(graph, ops: Mapping[str, CallMemory], memory_limit: int | None,
         for name in [n for n in alive if last.get(n, at) <= at]:
             del alive[name]
     return PlanMemory(memory_limit, max(1, int(workers)), dict(ops), sizes, top)
+
+
+def sparse_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> tuple[str, int] | None:
+    """The sparse kernel ``op`` runs as, (method, the sparse operand), or None: ``spmm`` or
+    ``spreduce`` (physical/choice.py). ``sparse``: the operands stored as matrices with sparse
+    tiles; ``finite``: per operand, whether it is known to hold no NaN or inf. The lowering
+    chooses the kernel with it, and the optimizer prices the same kernel (optimizer/cost.py)."""
+    if not sparse or op.writes_diagonal:
+        return None
+    k = spmm_operand(op, sparse, finite)
+    if k is not None:
+        return "spmm", k
+    if sparse_reduction(op, sparse):
+        return "spreduce", 0
+    return None
+
+
+def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> int | None:
+    """The operand a sparse kernel takes as its sparse matrix, or None: ``op`` is a SUM of the
+    product of two operands (no constant, one dtype that is not bool), the sparse one a matrix
+    with one label contracted with the other operand and one kept in the output, the other
+    operand known finite, with distinct labels, all kept but the contracted one."""
+    prod = blas_product(op)
+    if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
+            np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
+        return None
+    for k in sparse:
+        s, d = op.inputs[k].labels, op.inputs[1 - k].labels
+        if not finite[1 - k] or len(s) != 2 or len(set(s)) != 2 or len(set(d)) != len(d):
+            continue
+        shared = [l for l in s if l in d]
+        if len(shared) != 1 or shared[0] in op.out_labels:
+            continue
+        kept = [l for l in s if l != shared[0]]
+        if kept[0] not in op.out_labels or any(
+                l != shared[0] and l not in op.out_labels for l in d):
+            continue
+        return k
+    return None
+
+
+def sparse_reduction(op: EinOp, sparse: Sequence[int]) -> bool:
+    """Whether ``op`` is ``AGG(S[i,j])`` over ``j``, ``i`` or both, for a stored sparse matrix
+    ``S`` read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
+    reduction of the stored entries that counts absent ones as zeros is then NumPy's answer."""
+    if list(sparse) != [0] or len(op.inputs) != 1 or op.agg not in ("sum", "max", "min"):
+        return False
+    labels = op.inputs[0].labels
+    prod = scalar.product_of(op.join)
+    in_dtype = (op.in_dtypes or (op.dtype,))[0]
+    return (len(labels) == 2 and len(set(labels)) == 2 and len(op.out_labels) < 2
+            and set(op.out_labels) <= set(labels) and prod is not None and prod[0] == 1
+            and tuple(prod[1]) == (0,) and np.dtype(in_dtype) == np.dtype(op.dtype))
