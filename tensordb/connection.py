@@ -519,6 +519,8 @@ def _stored_stats(readers) -> dict:
     optimizer prices sparse inputs by them, and EXPLAIN shows them."""
     out = {}
     for name, r in readers.items():
+        if not hasattr(r, "entries"):  # a slice's or a gather's reader: read densified (boxes.py)
+            continue
         entries = r.entries.values()
         out[name] = optimizer.StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
                                           sum(int(e.nnz) for e in entries),
