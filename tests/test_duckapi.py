@@ -425,3 +425,29 @@ def test_a_relations_writes_are_guarded_like_sql(con, tmp_path):
     assert con.sql("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'tensordb' "
                    "AND table_name = 'evil'").fetchall() == [(0,)]
     duck.close()
+
+
+def test_connects_and_closes_racing_in_threads_never_find_the_database_held(tmp_path):
+    """The last close of a shared store and a connect in another thread: the connect finds
+    either the open store or a closed database, never 'already open in this process'."""
+    import threading
+    path = str(tmp_path / "race.tdb")
+    with tensordb.connect(path) as con:
+        con.load("A", np.ones(3))
+    errors = []
+
+    def loop():
+        for _ in range(25):
+            try:
+                con = tensordb.connect(path)
+                assert con.tensor("A").sum() == 3
+                con.close()
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=loop) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -178,3 +178,21 @@ def test_a_zarr_array_larger_than_a_tile_streams(con, tmp_path):
     load_zarr(con.store, "W", watched, tile=(16, 48), replace=False, dims=None)
     np.testing.assert_array_equal(con.tensor("W"), data)
     assert len(watched.reads) == 4 and max(watched.reads) == 16 * 48
+
+
+def test_an_export_never_replaces_a_zarr_group(con, tmp_path):
+    """A zarr group at the target holds other arrays: the export refuses it and the group is
+    left as it was (only a zarr array is replaced)."""
+    zarr = pytest.importorskip("zarr", reason="zarr is in the zarr extra")
+    path = str(tmp_path / "data.zarr")
+    group = zarr.open_group(path, mode="w")
+    kept = group.create_array("kept", shape=(3,), dtype="f8")
+    kept[:] = [1.0, 2.0, 3.0]
+    con.load("A", np.arange(4.0))
+    with pytest.raises(tensordb.ProgrammingError, match="not a zarr array"):
+        con.export("A", path)
+    np.testing.assert_array_equal(zarr.open_group(path, mode="r")["kept"][:], [1.0, 2.0, 3.0])
+    con.export("A", str(tmp_path / "a.zarr"))
+    con.export("A", str(tmp_path / "a.zarr"))  # an array there is replaced
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[:],
+                                  np.arange(4.0))

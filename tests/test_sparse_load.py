@@ -182,3 +182,18 @@ def test_coo_rows_from_a_dataframe_or_arrow_table(kind):
         # the registered table is gone again
         assert con.store.duck.execute("SELECT count(*) FROM duckdb_views() WHERE view_name LIKE "
                                       "'__tensordb_frame%'").fetchall()[0][0] == 0
+
+
+def test_uint64_entries_are_refused_as_a_dense_load_refuses_them():
+    """uint64 values past int64's range would wrap: refused, like a dense uint64 array, and
+    nothing is stored."""
+    big = sp.coo_array((np.array([2**63 + 5, 7], np.uint64), (np.array([0, 1]), np.array([1, 0]))),
+                       shape=(2, 2))
+    with tensordb.connect() as con:
+        with pytest.raises(tensordb.DataError, match="uint64"):
+            con.load("U", big)
+        with pytest.raises(tensordb.DataError, match="uint64"):
+            con.load("V", big.toarray())
+        assert not con.store.has("U")
+        con.load("W", big.astype(np.uint32))  # narrower unsigned entries fit int64
+        np.testing.assert_array_equal(con.tensor("W"), big.astype(np.uint32).toarray())

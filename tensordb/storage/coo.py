@@ -175,6 +175,8 @@ def load_coo(store, name: str, coords, values, shape, *, tile=None, replace=Fals
     shape = tuple(int(n) for n in shape)
     coords = [np.asarray(c) for c in coords]
     values = np.asarray(values)
+    if values.dtype.kind == "u" and values.dtype.itemsize == 8:
+        supported_dtype(values.dtype, where)  # refused, as a dense load refuses it: no wrap
     if values.dtype.kind in "iu":
         values = values.astype(np.int64 if values.dtype.itemsize > 4 or values.dtype.kind == "u"
                                else np.int32)

@@ -96,7 +96,9 @@ class Store:
                 return
             for key in [k for k, v in _SHARED.items() if v is self]:
                 del _SHARED[key]
-        self.close()
+            # closed before the lock goes: a connect in another thread that finds no shared
+            # store must find the database closed too (directory.claim), not still held
+            self.close()
 
     def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False,
                  storage: str = "local") -> None:

@@ -16,6 +16,7 @@ whose ``dimension_names`` are the tensor's dims, which a load gives back.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -63,14 +64,27 @@ def load_zarr(store, name: str, source, *, tile, replace: bool, dims):
     return load_array(store, name, arr, tile=tile, replace=replace, dims=dims, what=where)
 
 
+def _is_zarr_array(path: str) -> bool:
+    """Whether ``path`` holds one zarr array (v3: ``zarr.json`` of node type array; v2:
+    ``.zarray`` and no ``.zgroup``), which an export may replace: a group holds other arrays."""
+    meta = os.path.join(path, "zarr.json")
+    if os.path.isfile(meta):
+        try:
+            with open(meta, encoding="utf-8") as fh:
+                return json.load(fh).get("node_type") == "array"
+        except (OSError, ValueError, AttributeError):
+            return False
+    return os.path.isfile(os.path.join(path, ".zarray")) and \
+        not os.path.exists(os.path.join(path, ".zgroup"))
+
+
 def export_zarr(reader, path: str, tmp: str | None = None) -> None:
     """Write the tensor of ``reader`` as a new zarr array at ``path`` (written under ``tmp``,
     then renamed; an existing zarr array at ``path`` is replaced, anything else refused)."""
     zarr = require("zarr", "exporting to .zarr")
     meta = reader.meta
     path = os.fspath(path)
-    if os.path.exists(path) and not os.path.exists(os.path.join(path, "zarr.json")) and \
-            not os.path.exists(os.path.join(path, ".zarray")):
+    if os.path.exists(path) and not _is_zarr_array(path):
         raise ProgrammingError(f"cannot export '{meta.name}' to {path}: it exists and is not "
                                "a zarr array", hint="choose a new path; a zarr array there is "
                                                     "replaced")
