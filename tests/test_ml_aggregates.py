@@ -384,3 +384,18 @@ def test_argmax_memory_is_projected_whole(tmp_path):
         assert node["memory"]["temporaries"] >= 400 * 1000 * 8 // node["pieces"]["i"]
         con.execute("r[i] = ARGMAX(X[i,j] * 2)")
         np.testing.assert_array_equal(con.tensor("r"), x.argmax(axis=1))
+
+
+@pytest.mark.parametrize("make", [lambda r: r.random((4, 5)) > 0.5,
+                                  lambda r: r.integers(-3, 4, (4, 5)),
+                                  lambda r: r.random((4, 5)).astype(np.float32)],
+                         ids=["bool", "int64", "float32"])
+def test_logsumexp_of_bools_and_ints_is_scipys(con, make):
+    """scipy reads a bool or int argument as float (float32 stays float32)."""
+    from scipy.special import logsumexp
+    x = make(np.random.default_rng(5))
+    con.load("X", x, tile=(2, 3))
+    con.execute("Y[i] = LOGSUMEXP(X[i,j])")
+    want = logsumexp(x, axis=1)
+    assert con.tensor("Y").dtype == want.dtype
+    np.testing.assert_allclose(con.tensor("Y"), want, rtol=1e-6)

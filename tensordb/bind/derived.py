@@ -91,6 +91,11 @@ class Derived:
         def shift(m):  # where(m - m == 0, m, 0): the maximum where it is finite, else 0
             finite = scalar.Call("==", (scalar.Call("-", (m, m)), scalar.Const(0)))
             return scalar.Call("_stop", (scalar.Call("where", (finite, m, scalar.Const(0))),))
+        # x * 1.0, as scipy reads x: a bool or int argument becomes float (bools would not
+        # subtract), a float keeps its dtype
+        span = node.span
+        node = A.Call(node.fn, (A.BinOp("*", node.args[0], A.Number(1.0, span), span),),
+                      span, node.fn_span)
         m_slot, total = self._exp_sum(node, slots, kept, own, shift)
         return scalar.Call("+", (scalar.Call("log", (total,)), shift(m_slot)))
 
