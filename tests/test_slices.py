@@ -16,10 +16,9 @@ from tensordb.storage import verify
 
 
 @pytest.fixture
-def con(tmp_path):
-    c = tensordb.connect(tmp_path / "db")
-    yield c
-    c.close()
+def con(disk_con):
+    """The tests here run on an on-disk database (conftest's ``disk_con``)."""
+    return disk_con
 
 
 RNG = np.random.default_rng(7)

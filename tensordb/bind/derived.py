@@ -15,7 +15,6 @@ import numpy as np
 
 from ..dialect import ast as A
 from ..plan import scalar
-from ..plan.names import TensorRef
 from .scope import free_labels as _free_labels
 from .scope import is_aggregate as _is_aggregate
 from .scope import labels_in as _labels_in
@@ -68,18 +67,10 @@ class Derived:
         if node.fn == "count" and not self.count_steps:
             return scalar.Const(n)
         if node.fn == "count":
-            inner: list[tuple[str, tuple[str, ...]]] = []
-            outer, self.outer = self.outer, self.outer | set(own)
-            try:
-                value = self.conv(node.args[0], inner)
-            finally:
-                self.outer = outer
+            inner, value = self._argument(node, own)
             one = scalar.Const(np.int64(1))  # where(v == v, 1, 1): 1 at every element, NaN too
             join = scalar.Call("where", (scalar.Call("==", (value, value)), one, one))
-            name = TensorRef.of(self.into).temporary(len(self.steps) + 1)
-            self.dtypes[name] = "int64"
-            self.step(name, kept, inner, join, "sum", False, "int64")
-            return slot(slots, name, tuple(kept))
+            return slot(slots, self.temporary(kept, inner, join, "sum", span), tuple(kept))
         total = A.Call("sum", (A.BinOp("*", node.args[0], A.Number(1.0, span), span),), span,
                        node.fn_span)
         return scalar.fold(scalar.Call("/", (self.aggregate(total, slots), scalar.Const(n))))
@@ -104,18 +95,21 @@ class Derived:
         temporary steps keeping ``kept``, referenced in ``slots``."""
         m_slot = self.aggregate(A.Call("max", node.args[:1], node.span, node.fn_span), slots)
         m_name, m_labels = slots[m_slot.index]
+        inner, value = self._argument(node, own)
+        m = slot(inner, m_name, m_labels)
+        join = scalar.Call("exp", (scalar.Call("-", (value, shift(m))),))
+        name = self.temporary(kept, inner, join, "sum", node.span)
+        return m_slot, slot(slots, name, tuple(kept))
+
+    def _argument(self, node: A.Call, own):
+        """``node``'s argument converted with ``own`` as aggregated labels: its inputs and
+        its scalar expression."""
         inner: list[tuple[str, tuple[str, ...]]] = []
         outer, self.outer = self.outer, self.outer | set(own)
         try:
-            value = self.conv(node.args[0], inner)
+            return inner, self.conv(node.args[0], inner)
         finally:
             self.outer = outer
-        m = slot(inner, m_name, m_labels)
-        join = scalar.Call("exp", (scalar.Call("-", (value, shift(m))),))
-        name = TensorRef.of(self.into).temporary(len(self.steps) + 1)
-        self.dtypes[name] = self.dtype(join, inner, node.span)
-        self.step(name, kept, inner, join, "sum", False, self.dtypes[name])
-        return m_slot, slot(slots, name, tuple(kept))
 
     def _softmax(self, node: A.Call, slots) -> scalar.Expr:
         """SOFTMAX(x, j) = EXP(x - m) / SUM(EXP(x' - m)), m = MAX(x'), x' being x with j renamed
