@@ -248,7 +248,7 @@ class Connection(TensorIO, DuckAPI):
         relations with one column per dimension plus ``value``; ``params`` fill ``?`` or
         ``$name`` placeholders, as in DuckDB's ``sql``. DataFrames and Arrow tables of the
         calling code are read by their variable names, as DuckDB reads them."""
-        from .storage.relations import sql, transaction_statement
+        from .sqlfront.relations import sql, transaction_statement
         if not isinstance(query, str):
             raise ProgrammingError(f"a query must be a string, got {type(query).__name__}")
         if self.session.block is not None and transaction_statement(query):

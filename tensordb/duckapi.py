@@ -69,19 +69,19 @@ class DuckAPI:
         relation to later SQL as the view ``view_name`` until ``unregister`` (DuckDB's
         ``register``). A tensor's name is refused: tensors, tables and registered objects share
         one namespace. Returns the connection, as DuckDB's does."""
-        from .storage.pyobjects import register
+        from .sqlfront.pyobjects import register
         register(self.store, view_name, python_object)
         return self
 
     @one_at_a_time
     def unregister(self, view_name: str):
         """Forget the object registered as ``view_name`` (nothing happens when there is none)."""
-        from .storage.pyobjects import unregister
+        from .sqlfront.pyobjects import unregister
         unregister(self.store, view_name)
         return self
 
     def _relation(self, kind: str, *args, **kwargs):
-        from .storage.relations import relation_from
+        from .sqlfront.relations import relation_from
         return relation_from(self.store, kind, *args, **kwargs)
 
     @one_at_a_time

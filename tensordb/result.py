@@ -84,7 +84,7 @@ class Result:
         """A tensor result's rows and array are read when first asked for: by then the tensor
         must still be the version the statement stored, else an error says so (its rows would
         be another statement's)."""
-        meta = self._con.store._find(self.name)
+        meta = self._con.store.find(self.name)
         if meta is None or (self.version is not None and meta.version != self.version):
             raise ProgrammingError(
                 f"tensor '{self.name}' was {'dropped' if meta is None else 'replaced'} after the "
@@ -145,7 +145,7 @@ class Result:
         where known. None when there are no rows."""
         if not self.columns:
             return None
-        from .storage.pyobjects import sql_type  # DuckDB's type objects, as its cursors give
+        from .sqlfront.pyobjects import sql_type  # DuckDB's type objects, as its cursors give
         return [(c, sql_type(t), None, None, None, None, None)
                 for c, t in zip(self.columns, self.types)]
 
@@ -244,7 +244,7 @@ class Result:
         its dims, then ``value``), as ``con.sql`` returns it."""
         if self.kind != "tensor":
             raise ProgrammingError(f"this {self.kind} result holds no tensor")
-        from .storage._duck import quote_ident
+        from .storage import quote_ident
         return self._con.sql(f"SELECT * FROM {quote_ident(self.name)}")
 
     def preview(self, max_elements: int = 1_000_000) -> str:

@@ -56,7 +56,7 @@ class TensorIO:
     def _load(self, name: str, source, **options) -> list:
         """``load``, returning the catalog entries of what it stored: one tensor, or one per
         array of a .npz file loaded whole (``<name>_<array>``)."""
-        from .storage.load import load_tensor
+        from .formats.load import load_tensor
         with stage("load"):
             metas = load_tensor(self.store, name, source, memory_limit=self.settings.memory_limit,
                                 **options)
@@ -122,7 +122,7 @@ class TensorIO:
     def sparse(self, name: str):
         """The tensor as a sparse array built from its nonzeros, never dense: a
         ``scipy.sparse.csr_array`` for a matrix, a pydata ``sparse.COO`` for any other rank."""
-        from .storage.coo import to_sparse
+        from .formats.coo import to_sparse
         return to_sparse(self.store.open(name))
 
     @one_at_a_time
@@ -139,7 +139,7 @@ class TensorIO:
     @one_at_a_time
     def export(self, name: str, path: str | os.PathLike, format: str | None = None) -> None:
         """Write a tensor to .npy, .parquet or .csv (COPY name TO 'path')."""
-        from .storage.export import export_tensor
+        from .formats.export import export_tensor
         if not isinstance(path, (str, os.PathLike)):
             raise ProgrammingError(f"an export path must be a string or path, got {type(path).__name__}")
         if format is not None and not isinstance(format, str):

@@ -210,7 +210,7 @@ def test_sql_with_params_is_a_relation(both):
     con, duck = both
     query = "SELECT k, s FROM t WHERE k >= ? AND s <> ? ORDER BY k"
     mine = con.sql(query, params=[2, "s4"])
-    assert isinstance(mine, tensordb.storage.relations.Relation)
+    assert isinstance(mine, tensordb.sqlfront.relations.Relation)
     assert mine.fetchall() == duck.sql(query, params=[2, "s4"]).fetchall()
     named = "SELECT $lo + 1 AS x"
     assert con.sql(named, params={"lo": 41}).fetchall() == \

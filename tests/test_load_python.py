@@ -174,7 +174,7 @@ def test_a_zarr_array_larger_than_a_tile_streams(con, tmp_path):
             return out
 
     watched = Watched(z)
-    from tensordb.storage.zarrio import load_zarr
+    from tensordb.formats.zarrio import load_zarr
     load_zarr(con.store, "W", watched, tile=(16, 48), replace=False, dims=None)
     np.testing.assert_array_equal(con.tensor("W"), data)
     assert len(watched.reads) == 4 and max(watched.reads) == 16 * 48

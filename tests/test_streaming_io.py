@@ -258,7 +258,7 @@ def test_npz_members_read_like_numpy(tmp_path, compressed, case):
 def test_npz_wide_compressed_member_goes_through_a_file(tmp_path, monkeypatch):
     """A compressed member whose row slab is far larger than a tile is inflated into a
     temporary file in the database directory, mapped, and removed, loaded or not."""
-    from tensordb.storage import npzfile
+    from tensordb.formats import npzfile
     monkeypatch.setattr(npzfile, "_SLAB_FLOOR", 0)
     arr = np.random.default_rng(6).standard_normal((64, 4096)).astype(np.float32)
     src = tmp_path / "x.npz"

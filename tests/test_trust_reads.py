@@ -24,7 +24,7 @@ import pytest
 
 import tensordb
 from tensordb.storage import verify
-from tensordb.storage.export import remove_leftovers
+from tensordb.formats.export import remove_leftovers
 from tensordb.storage.identity import ID_FILE
 
 A = np.arange(1, 65, dtype="float64").reshape(8, 8)  # tiles (4, 4): four tiles of 128 bytes

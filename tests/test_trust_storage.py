@@ -247,7 +247,7 @@ def test_path_settings_cover_duckdb():
     rows = duckdb.connect().sql(
         "SELECT name FROM duckdb_settings() WHERE description ILIKE '%file%' OR description "
         "ILIKE '%director%' OR description ILIKE '%path%'").fetchall()
-    from tensordb.storage import guard
+    from tensordb.sqlfront import guard
     unknown = {r[0] for r in rows} - guard.PATH_SETTINGS - reads_or_not_a_path
     assert not unknown, f"decide whether these settings name a place DuckDB writes: {unknown}"
 
@@ -387,7 +387,7 @@ def test_explain_of_plain_sql_is_one_statement(db, snapshot):
 
 
 def test_guard_single_select_uses_duckdb_parser():
-    from tensordb.storage import guard
+    from tensordb.sqlfront import guard
     assert guard.single_select("SELECT ';' AS x;", "q") == "SELECT ';' AS x"
     assert guard.single_select("VALUES (1), (2)", "q") == "VALUES (1), (2)"
     for bad in ("SELECT 1; SELECT 2", "INSERT INTO t VALUES (1)", "SELECT (", "  ;  "):

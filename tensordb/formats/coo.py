@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import DataError, ProgrammingError
 from ..geometry import default_tile_shape, tile_box
 from ..sparsity import choose_format, is_sparse_overall, sparse_tile_shape
-from .meta import check_dims, check_tile_shape, supported_dtype
+from ..storage.meta import check_dims, check_tile_shape, supported_dtype
 
 __all__ = ["DUPLICATES", "check_duplicates", "default_tile", "write_tile_entries", "TileEntries",
            "load_coo",
@@ -227,7 +227,7 @@ def to_sparse(reader):
     """A stored tensor as a sparse array built from its tiles' nonzeros (a sparse tile's entries,
     a dense tile's nonzeros; ``-0.0`` is a zero here): a ``scipy.sparse.csr_array`` for a matrix,
     a pydata ``sparse.COO`` for any other rank (the optional package ``sparse``)."""
-    from .views import coo_batches
+    from ..storage.views import coo_batches
     meta = reader.meta
     parts = [[] for _ in range(meta.ndim + 1)]
     for batch in coo_batches(reader):

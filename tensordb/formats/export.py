@@ -18,11 +18,12 @@ import re
 import numpy as np
 
 from ..errors import OperationalError, ProgrammingError
-from . import filemeta, guard, zarrio
-from ._duck import quote_ident, quote_str, translating
-from .budget import batch_bytes, duck_bytes, duck_memory
-from .sparse import scatter_into
-from .views import TensorStream, arrow_schema, coo_batches
+from ..sqlfront import guard
+from . import filemeta, zarrio
+from ..storage import quote_ident, quote_str, translating
+from ..storage.budget import batch_bytes, duck_bytes, duck_memory
+from ..storage.sparse import scatter_into
+from ..storage.views import TensorStream, arrow_schema, coo_batches
 
 __all__ = ["export_tensor", "EXPORT_FORMATS", "remove_leftovers"]
 
@@ -171,7 +172,7 @@ def _batch_rows(meta, limit: int | None) -> int:
 def _write_csv(store, reader, tmp: str, limit: int | None) -> None:
     view = f"__tensordb_export_{next(_counter)}"
     options = "FORMAT csv, HEADER true"
-    with store._lock, translating(f"cannot export '{reader.meta.name}'"), \
+    with store.lock, translating(f"cannot export '{reader.meta.name}'"), \
             duck_memory(store, duck_bytes(limit)):
         store.duck.register(view, TensorStream(reader, _batch_rows(reader.meta, limit)))
         try:

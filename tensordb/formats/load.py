@@ -22,11 +22,12 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DataError, ProgrammingError
-from . import guard, pyobjects, zarrio
-from ._duck import quote_ident, translating
-from .arrays import load_array
+from ..sqlfront import guard, pyobjects
+from . import zarrio
+from ..storage import quote_ident, translating
+from ..storage.arrays import load_array
 from .coo import check_duplicates, from_object, is_sparse_object, load_coo
-from .meta import TensorMeta, check_name
+from ..storage.meta import TensorMeta, check_name
 from .npyfile import NpyFile, open_input, read_header
 from .npzfile import member_info, open_member
 
@@ -55,7 +56,7 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     ``memory_limit``: the connection's, bounding what DuckDB holds while it reads a table
     (budget.py); arrays are read one tile at a time whatever it is.
     """
-    store._check_open(writing=True)
+    store.check_open(writing=True)
     check_name(name)
     if is_sparse_object(source):  # scipy.sparse, pydata sparse: entries, never densified
         if format is not None or query is not None or any(
@@ -127,7 +128,7 @@ def _check_not_a_pattern(store, name: str, path: str) -> None:
     DuckDB would read those files instead (perhaps one inside the database directory)."""
     if not any(c in path for c in "*?["):
         return
-    with store._lock, translating(f"cannot load '{name}'"):
+    with store.lock, translating(f"cannot load '{name}'"):
         matched = [r[0] for r in store.duck.execute("SELECT file FROM glob(?)", [path]).fetchall()]
     if [os.path.realpath(m) for m in matched] != [os.path.realpath(path)]:
         shown = ", ".join(matched[:3]) + (", ..." if len(matched) > 3 else "") or "no file"

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..dtypes import SUPPORTED_DTYPES
 from ..errors import DataError, OperationalError
-from .meta import supported_dtype
+from ..storage.meta import supported_dtype
 
 __all__ = ["NpyFile", "open_input", "read_header"]
 

@@ -23,12 +23,11 @@ import numpy as np
 
 from ..errors import DataError
 from ..geometry import default_tile_shape
-from .meta import check_tile_shape
+from ..storage.meta import check_tile_shape
 from .npyfile import NpyFile, read_header
+from ..storage.directory import MEMBER_PREFIX
 
-__all__ = ["member_info", "open_member", "remove_leftover_members", "MEMBER_PREFIX"]
-
-MEMBER_PREFIX = ".npz-member-"  # a compressed member inflated into the database root
+__all__ = ["member_info", "open_member"]
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra length
 _PIECE = 1 << 20  # bytes inflated per read
@@ -69,19 +68,6 @@ def open_member(z: zipfile.ZipFile, path: str, member: str, *, tile, name: str, 
             yield npy.array, tile_shape, npy.release
     finally:
         os.unlink(tmp)
-
-
-def remove_leftover_members(scratch) -> None:
-    """Remove the inflated members that a killed load left in ``scratch`` (a database's root:
-    the file goes when its load ends, unless the process is killed first)."""
-    try:
-        entries = list(os.scandir(str(scratch)))
-    except OSError:
-        return
-    for entry in entries:
-        if entry.name.startswith(MEMBER_PREFIX) and entry.is_file(follow_symlinks=False):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
 
 
 def _tile_shape(tile, arr, name, shape=None):

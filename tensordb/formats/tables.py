@@ -21,12 +21,13 @@ import pyarrow as pa
 
 from ..errors import DataError, ProgrammingError
 from ..geometry import default_tile_shape
-from ._duck import first_row, quote_ident, quote_str, translate_message, translating
-from . import filemeta, guard
-from .budget import SORT_MEMORY, batch_bytes, duck_bytes, duck_memory
-from .arrays import load_array
+from ..storage import first_row, quote_ident, quote_str, translate_message, translating
+from ..sqlfront import guard
+from . import filemeta
+from ..storage.budget import SORT_MEMORY, batch_bytes, duck_bytes, duck_memory
+from ..storage.arrays import load_array
 from .coo import TileEntries, check_duplicates, default_tile
-from .meta import check_dims, check_tile_shape, supported_dtype
+from ..storage.meta import check_dims, check_tile_shape, supported_dtype
 
 __all__ = ["load_table", "load_frame", "is_frame", "source_sql", "numpy_type"]
 
@@ -92,11 +93,11 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
     if fmt == "sql":
         # One SELECT, and one that writes no file into the database (enable_logging(...)).
         guard.check_statement(store, guard.single_statement(target, "the query"))
-        from .views import expose_tensors
+        from ..storage.views import expose_tensors
         expose_tensors(store, target)
     # DuckDB's share of the limit from the first query on: counting rows of a query with an
     # ORDER BY sorts it too.
-    with store._lock, translating(f"cannot read {where}"), \
+    with store.lock, translating(f"cannot read {where}"), \
             duck_memory(store, duck_bytes(memory_limit)):
         rel = store.duck.sql(f"SELECT * FROM {src}")
         columns = dict(zip(rel.columns, (str(t) for t in rel.types)))
@@ -124,12 +125,12 @@ def load_frame(store, name, frame, **options):
     with ``index=``: its rows stored tile by tile as sparse or dense tiles, as a query's)."""
     table = _arrow_table(frame)
     view = f"__tensordb_frame_{id(table):x}"
-    with store._lock, translating(f"cannot read the table for '{name}'"):
+    with store.lock, translating(f"cannot read the table for '{name}'"):
         store.duck.register(view, table)
     try:
         return load_table(store, name, "frame", view, **options)
     finally:
-        with store._lock:
+        with store.lock:
             store.duck.unregister(view)
 
 

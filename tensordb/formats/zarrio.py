@@ -23,7 +23,7 @@ import shutil
 from .._optional import require
 from ..errors import OperationalError, ProgrammingError
 from ..geometry import default_tile_shape
-from .arrays import load_array
+from ..storage.arrays import load_array
 
 __all__ = ["is_zarr", "load_zarr", "export_zarr"]
 

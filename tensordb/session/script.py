@@ -22,8 +22,8 @@ from ..bind import LetDef, internal_error as _internal
 from ..dialect import ast as A
 from ..errors import BinderError, Error, NotSupportedError, ProgrammingError, Span
 from ..result import Result
-from ..storage._duck import is_interrupt
-from ..storage.guard import single_statement
+from ..storage import is_interrupt
+from ..sqlfront.guard import single_statement
 from . import statements
 from .undo import UnitState
 

@@ -11,7 +11,7 @@ import numpy as np
 from ..config import Settings, format_bytes
 from ..errors import BinderError, CatalogError, Error, ParserError, Span
 from ..result import Result
-from ..storage._duck import quote_ident
+from ..storage import quote_ident
 from ..storage.arrays import create_zeros
 from ..storage.meta import MAX_DIMS
 from ..dialect import ast as A
@@ -306,7 +306,7 @@ def _our_show_or_set(script, s: A.SqlStmt, exc: Error) -> None:
 
 
 def sql_with_parameters(con, query: str, parameters) -> Result:
-    from ..storage.relations import sql
+    from ..sqlfront.relations import sql
     cols, rows, types = sql(con.store, query, parameters)
     head = words(query, 0, len(query), 1)
     if head and head[0].upper in _COUNTED and cols == ["Count"] and len(rows) == 1:

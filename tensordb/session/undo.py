@@ -21,7 +21,7 @@ import dataclasses
 from ..dialect import ast as A
 from ..dialect.lexer import words
 from ..errors import Error
-from ..storage._duck import quote_ident, translating
+from ..storage import quote_ident, translating
 
 __all__ = ["UnitState"]
 
@@ -60,7 +60,7 @@ def _duck_settings(con) -> dict[str, str]:
     """DuckDB's settings as it shows them (text), read on its own connection: no guard or
     tensor views are wanted for its own table function."""
     store = con.store
-    with store._lock, translating():
+    with store.lock, translating():
         return dict(store.duck.execute("SELECT name, value FROM duckdb_settings()").fetchall())
 
 
@@ -76,7 +76,7 @@ def _restore_duck(con, before: dict[str, str]) -> None:
             continue
         ident = quote_ident(name)  # one of DuckDB's own setting names
         try:
-            with store._lock, translating():
+            with store.lock, translating():
                 store.duck.execute(f"RESET {ident}")
                 if value is not None and _duck_settings_now(store, name) != value:
                     store.duck.execute(f"SET {ident} = ?", [value])
@@ -86,7 +86,7 @@ def _restore_duck(con, before: dict[str, str]) -> None:
 
 def _duck_settings_now(store, name: str) -> str | None:
     """One setting's value as ``duckdb_settings()`` shows it."""
-    with store._lock, translating():
+    with store.lock, translating():
         rows = store.duck.execute("SELECT value FROM duckdb_settings() WHERE name = ?",
                                   [name]).fetchall()
     return rows[0][0] if rows else None

@@ -23,7 +23,7 @@ import os
 import duckdb
 
 from ..errors import ProgrammingError, Span
-from ._duck import translating
+from ..storage import translating
 from .sqltext import bound_plan as _plan
 from .sqltext import explained as _explained
 from .sqltext import prepared as _prepared

@@ -11,7 +11,7 @@ frame there, and are not a tensor, a table, a view or a registered object, for t
 
 >>> import pyarrow as pa
 >>> from tensordb.storage import Store
->>> from tensordb.storage.relations import sql
+>>> from tensordb.sqlfront.relations import sql
 >>> prices = pa.table({"p": [1.5, 2.5]})
 >>> with Store() as store:
 ...     sql(store, "SELECT sum(p) FROM prices").fetchall()
@@ -27,7 +27,7 @@ import sys
 import duckdb
 
 from ..errors import CatalogError, ProgrammingError
-from ._duck import spelled_names, translating
+from ..storage import spelled_names, translating
 
 __all__ = ["is_scannable", "is_xarray", "register", "unregister", "scanning", "scans_for", "user_frame",
            "sql_type", "missing_object"]
@@ -62,7 +62,7 @@ def is_xarray(obj) -> bool:
 
 def _is_relation(obj) -> bool:
     """A tensordb relation (relations.py, which imports this module)."""
-    return type(obj).__name__ == "Relation" and type(obj).__module__ == "tensordb.storage.relations"
+    return type(obj).__name__ == "Relation" and type(obj).__module__ == "tensordb.sqlfront.relations"
 
 
 def _unwrapped(obj):
@@ -86,7 +86,7 @@ def register(store, name: str, obj) -> None:
     """Show ``obj`` to later SQL as the view ``name`` (``con.register``), replacing an object
     registered under that name before; a tensor's name is refused (tensors, tables and
     registered objects share one namespace)."""
-    store._check_open()
+    store.check_open()
     if not isinstance(name, str) or not name:
         raise ProgrammingError(f"a view name must be a non-empty string, got {name!r}")
     if not is_scannable(obj):
@@ -98,7 +98,7 @@ def register(store, name: str, obj) -> None:
         raise CatalogError(f"cannot register '{name}': a tensor named '{store.meta(name).name}' "
                            "exists", hint="tensors, tables and registered objects share one "
                                           "namespace; choose another name")
-    with store._lock:
+    with store.lock:
         _drop_registered(store, name)
         with translating(f"cannot register '{name}'"):
             store.duck.register(name, _unwrapped(obj))
@@ -108,8 +108,8 @@ def register(store, name: str, obj) -> None:
 def unregister(store, name: str) -> None:
     """Forget the object registered as ``name`` (DuckDB's ``unregister``: nothing happens when
     there is none)."""
-    store._check_open()
-    with store._lock:
+    store.check_open()
+    with store.lock:
         _drop_registered(store, name)
 
 
@@ -164,7 +164,7 @@ def scans_for(store, query: str, frame=None) -> dict:
     if not found:
         return {}
     taken = {k.lower() for k in store.registered}
-    with store._lock, translating():
+    with store.lock, translating():
         taken.update(r[0] for r in store.duck.execute(
             "SELECT lower(table_name) FROM duckdb_tables() WHERE list_contains(?, lower(table_name)) "
             "UNION ALL SELECT lower(view_name) FROM duckdb_views() WHERE NOT internal AND "
@@ -179,7 +179,7 @@ def scanning(store, scans: dict):
     (nothing, or the tensor's view). The block gets a function ``more(name, obj)`` that
     registers one more (added to ``scans``) until the block ends; the caller holds the store's
     lock then."""
-    with store._lock if scans else contextlib.nullcontext():
+    with store.lock if scans else contextlib.nullcontext():
         done = []
 
         def more(name, obj):
@@ -228,8 +228,8 @@ def _restore(store, name: str) -> None:
             with contextlib.suppress(duckdb.Error):
                 store.duck.register(known, obj)
             return
-    views = [v for v in store._views if v.lower() == name.lower()]
+    views = store.views_of(name)
     if views and store.has(name):
-        from .views import TensorStream
+        from ..storage.views import TensorStream
         for view in views:
-            store._register_view(view, TensorStream(store.open(name)))
+            store.register_view(view, TensorStream(store.open(name)))

@@ -9,7 +9,7 @@ running keeps the version it mapped.
 
 >>> import numpy as np
 >>> from tensordb.storage import Store
->>> from tensordb.storage.load import load_tensor
+>>> from tensordb.formats.load import load_tensor
 >>> with Store() as store:
 ...     _ = load_tensor(store, "A", np.array([[0, 2], [3, 0]], "int32"), dims=["i", "j"])
 ...     sql(store, "SELECT i, j, value FROM A ORDER BY i").fetchall()
@@ -23,8 +23,8 @@ import duckdb
 
 from ..errors import CatalogError, Error, ProgrammingError
 from . import guard, pyobjects, sqltext, suggest
-from ._duck import quote_ident, translating
-from .views import TensorStream, expose_tensors, referenced_names
+from ..storage import quote_ident, translating
+from ..storage.views import TensorStream, expose_tensors, referenced_names
 
 __all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relation",
            "transaction_statement", "relation_from"]
@@ -42,7 +42,7 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
     database directory. A script of several statements returns the last one's relation. A
     DataFrame or Arrow table the caller's code holds is scanned by the name the query gives it
     (pyobjects.py), for this call and for each later call of the relation it returns."""
-    store._check_open()
+    store.check_open()
     if parameters is not None and (isinstance(parameters, (str, bytes)) or
                                    not isinstance(parameters, (Sequence, Mapping))):
         raise ProgrammingError(f"params must be a list, tuple or dict, got "
@@ -57,7 +57,7 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
     rel = None
     scans = pyobjects.scans_for(store, query)
     try:
-        with store._lock, pyobjects.scanning(store, scans) as scan_more:
+        with store.lock, pyobjects.scanning(store, scans) as scan_more:
             for k, stmt in enumerate(stmts):
                 while True:
                     try:
@@ -129,7 +129,7 @@ def _begins_transaction(store, stmt) -> bool | None:
     if stmt.type != _TRANSACTION:
         return None
     word = next((w for _, w, op in sqltext.words(stmt.query) if not op), "")
-    if store._txn is not None:
+    if store.in_transaction:
         raise ProgrammingError(
             f"{word.upper()} cannot run inside a group of tensordb statements: the group "
             "commits or rolls back as one",
@@ -141,7 +141,7 @@ def _begins_transaction(store, stmt) -> bool | None:
 def relation_from(store, kind: str, *args, **kwargs) -> "Relation":
     """A relation of DuckDB's Python API: ``table``/``view`` (a table, view or tensor by name),
     ``read_parquet``, ``read_csv``, ``from_df``, ``from_arrow``."""
-    store._check_open()
+    store.check_open()
     if kind in ("table", "view"):
         name = args[0]
         if not isinstance(name, str):
@@ -153,12 +153,12 @@ def relation_from(store, kind: str, *args, **kwargs) -> "Relation":
                                                            f"{name}')")
         if store.has(name):  # a tensor: its relation, as con.sql gives it
             return sql(store, f"SELECT * FROM {quote_ident(store.meta(name).name)}")
-        with store._lock, translating():
+        with store.lock, translating():
             return Relation(getattr(store.duck, kind)(name), store)
     if kind in ("from_df", "from_arrow") and not pyobjects.is_scannable(args[0]):
         raise ProgrammingError(f"{kind} needs a DataFrame or an Arrow table, got "
                                f"{type(args[0]).__name__}")
-    with store._lock, translating():
+    with store.lock, translating():
         return Relation(getattr(store.duck, kind)(*args, **kwargs), store)
 
 

@@ -9,8 +9,8 @@ import json
 import duckdb
 
 from ..errors import ProgrammingError
-from ._duck import translate, translating
-from .views import standing_in
+from ..storage import translate, translating
+from ..storage.views import standing_in
 
 __all__ = ["statements", "single_statement", "single_select", "bound_plan", "strings", "words",
            "explained", "prepared"]

@@ -54,7 +54,7 @@ def user_names(store) -> list[str]:
     and must not replace that error with its own."""
     try:
         names = [m.name for m in store.list()]
-        with store._lock:
+        with store.lock:
             rows = store.duck.execute(
                 "SELECT table_name FROM duckdb_tables() WHERE NOT internal AND schema_name = 'main' "
                 "UNION ALL SELECT view_name FROM duckdb_views() WHERE NOT internal "

@@ -1,7 +1,7 @@
-"""Storage: the DuckDB catalog, tile payload files, import and export (docs/storage.md).
+"""Storage: the DuckDB catalog, tile payload files, readers, writers and integrity (docs/storage.md).
 
-Only this package imports duckdb, and no duckdb exception leaves it (each becomes a tensordb
-error). The interface the rest of tensordb relies on:
+Only this package and the ones on it (sqlfront, formats) import duckdb, and no duckdb exception
+leaves them (each becomes a tensordb error). The interface the rest of tensordb relies on:
 
 ``Store(path=None, *, read_only=False)``
     Opens (creating if needed) a database directory (``catalog.duckdb`` + ``tiles/``), or an
@@ -52,12 +52,22 @@ Catalog tables (schema ``tensordb``):
     back and compared with its crc32 and catalog row; orphans; ``COLUMNS`` names the columns).
 
 Modules: store (Store), directory (the database directory: checks before opening, one writer,
-the sweep of leftover payloads), catalog (the tables), writer/reader (payload files), integrity (the
-check), load, arrays and tables (sources), relations (plain SQL over tables and tensors), views (tensors
-shown to DuckDB), guard (what user SQL may write; queries spliced as one SELECT), export, info
-(listing), npyfile, meta (names, grids). Tile geometry and dtypes are tensordb.geometry and
-tensordb.dtypes, shared with the other stages: storage imports no stage above it.
+the sweep of leftover payloads and of a killed load's inflated npz members), catalog (the
+tables), writer/reader (payload files), boxes (slices and gathers), sparse (sparse tile payloads),
+integrity (the check), arrays (arrays cut into tiles; tensors of zeros), views (tensors shown to
+DuckDB as Arrow streams), budget (DuckDB's memory for loads and exports), info (listing), meta
+(names, grids). Tile geometry and dtypes are tensordb.geometry and tensordb.dtypes, shared with the
+other stages: storage imports no stage above it. The SQL front door (user SQL passed to DuckDB)
+is tensordb.sqlfront, the file formats (loads and exports) tensordb.formats; both sit on this
+package and use only its public names (``Store.lock``, ``check_open``, ``in_transaction``,
+``find``, ``views_of``, ``register_view``; the error translation and quoting above).
 """
+from ._duck import (first_row, is_interrupt, quote_ident, quote_str, spelled_names,  # noqa: E402
+                    translate, translate_message, translating)
 from .store import Store, TensorMeta, TensorReader, TensorWriter  # noqa: E402
 
-__all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter"]
+__all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter",
+           # DuckDB's errors as tensordb's, and quoting: for every package that runs SQL on the
+           # store's connection (sqlfront/, formats/, session/), as storage itself does
+           "translate", "translate_message", "translating", "is_interrupt", "quote_ident",
+           "quote_str", "first_row", "spelled_names"]

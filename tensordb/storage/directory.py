@@ -8,6 +8,7 @@ payload files the catalog proves unreferenced when it is opened for writing.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -24,7 +25,8 @@ from . import background, catalog
 from ._duck import translate, translating
 
 __all__ = ["CATALOG_FILE", "TILES_DIR", "check_root", "check_catalog", "claim", "release",
-           "connect", "sweep", "unreferenced", "remove", "remove_payload"]
+           "connect", "sweep", "unreferenced", "remove", "remove_payload", "MEMBER_PREFIX",
+           "remove_leftover_members"]
 
 CATALOG_FILE = "catalog.duckdb"
 TILES_DIR = "tiles"
@@ -234,3 +236,21 @@ def remove(path: str) -> None:
             os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+# A compressed .npz member a load inflates into the database root (formats/npzfile.py); the file
+# goes when its load ends, unless the process is killed first.
+MEMBER_PREFIX = ".npz-member-"
+
+
+def remove_leftover_members(scratch) -> None:
+    """Remove the inflated members that a killed load left in ``scratch`` (a database's root:
+    the file goes when its load ends, unless the process is killed first)."""
+    try:
+        entries = list(os.scandir(str(scratch)))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith(MEMBER_PREFIX) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)

@@ -23,10 +23,9 @@ from ..errors import CatalogError, Error, InterfaceError, OperationalError, Prog
 from ..geometry import BoxName, GatherName
 from . import catalog, directory, identity
 from ._duck import quote_str, translate, translating
-from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
+from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_leftover_members
 from .boxes import BoxReader, GatherReader
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
-from .npzfile import remove_leftover_members
 from .reader import TensorReader
 from .spares import SparePayloads
 from .spilldir import remove_leftover_runs
@@ -567,6 +566,36 @@ class Store:
             return
         for path in unreferenced:
             _remove(path)
+
+    # -- what the SQL front door and the file formats use (sqlfront/, formats/) ----------------
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every use of ``duck`` holds (``with store.lock, translating(): store.duck...``):
+        the store's own catalog calls take it too."""
+        return self._lock
+
+    def check_open(self, writing: bool = False) -> None:
+        """InterfaceError when the store is closed; OperationalError when ``writing`` and it is
+        open read-only."""
+        self._check_open(writing)
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether tensordb's own catalog transaction (``transaction()``) is open."""
+        return self._txn is not None
+
+    def find(self, name: str) -> TensorMeta | None:
+        """The catalog entry of ``name`` (case-insensitive), or None where ``meta`` raises."""
+        return self._find(name)
+
+    def views_of(self, name: str) -> list[str]:
+        """The names under which ``name`` is registered with DuckDB as a view (views.py)."""
+        return [v for v in self._views if v.lower() == name.lower()]
+
+    def register_view(self, name: str, obj) -> None:
+        """Show ``obj`` (a tensor's ``views.TensorStream``) to DuckDB as ``name``; a commit of a
+        new version of the tensor registers it again."""
+        self._register_view(name, obj)
 
     # -- SQL views of tensors (see relations.py) -----------------------------------------------
     def _register_view(self, name: str, obj) -> None:
