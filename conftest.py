@@ -24,7 +24,7 @@ def gpu_available() -> bool:
 
 
 def corpus_executor() -> str:
-    """The executor the random corpora (tests/test_fuzz.py, tests/test_engine_corpus.py) run on:
+    """The executor the random corpora (tests/corpus/test_fuzz.py, tests/corpus/test_engine_corpus.py) run on:
     ``TENSORDB_TEST_EXECUTOR``, ``local`` when unset. ``gpu`` runs them with CuPy on a GPU
     (tests/bench/gpu_device.sh); there is no fallback: without a GPU they fail."""
     return os.environ.get("TENSORDB_TEST_EXECUTOR", "").strip() or "local"

@@ -1,4 +1,4 @@
-"""A child process for tests/test_memory_budget.py: open a database, warm up, report the idle
+"""A child process for tests/exec/test_memory_budget.py: open a database, warm up, report the idle
 anonymous memory, wait for the parent's go, run one script, report what the run measured (the
 protocol of tests/harness.py's SampledChild).
 

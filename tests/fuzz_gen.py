@@ -1,4 +1,4 @@
-"""The random statements of the fuzz test (tests/test_fuzz.py): stored tensors and statement
+"""The random statements of the fuzz test (tests/corpus/test_fuzz.py): stored tensors and statement
 descriptions (tests/fuzz_oracle.py's ``Case``), drawn from one numpy Generator."""
 from __future__ import annotations
 

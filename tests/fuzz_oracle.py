@@ -1,6 +1,6 @@
 """An oracle for extended einsums written with plain numpy, independently of tensordb.
 
-It imports nothing from tensordb. A case is the description the fuzzer generates (tests/test_fuzz.py):
+It imports nothing from tensordb. A case is the description the fuzzer generates (tests/corpus/test_fuzz.py):
 output labels, operands (an array and one label per axis, repeated labels are diagonals), a join
 expression tree over the operands and an aggregate. The answer is numpy's, as docs/sql.md promises:
 

@@ -32,7 +32,7 @@ a run copied each way, ``RunResult.op_copies`` the same per operation.
 
 Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache and the tile-by-tile
 copies out: the gpu tests and the random corpora equal NumPy. Those two have run only on NumPy
-stand-ins for CuPy (tests/test_gpu_cache.py); several GPUs have not run (docs/distributed.md).
+stand-ins for CuPy (tests/exec/test_gpu_cache.py); several GPUs have not run (docs/distributed.md).
 """
 from __future__ import annotations
 

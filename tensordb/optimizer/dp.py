@@ -23,7 +23,7 @@ look-ahead: when ``u``'s table is complete, ``u`` takes the tiling ``e`` that mi
 ``M[u][e]`` plus, for each use, the cheapest consumer tiling given ``e`` (the consumer's own cost
 plus re-tiling ``u`` if needed; the consumer's other inputs are not yet known). ``u``'s cost then
 counts once, and its consumers see it as a fixed input, like a stored tensor. The gap to the best
-tiling, measured against brute force on small DAGs, is in tests/test_optimizer_dp.py.
+tiling, measured against brute force on small DAGs, is in tests/optimizer/test_optimizer_dp.py.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from tensordb.config import format_bytes, max_workers
 from tensordb.dialect.ast import CHAIN_LIMIT
 from tensordb.plan.scalar import MAX_EXPRESSION_DEPTH
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env():

@@ -3,7 +3,7 @@ form, on the same stored tensors, medians of ``--runs`` runs.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_natural_form.py
 
-The statements are tests/test_natural_form.py's at moderate sizes: a 2-layer MLP (X 2048x512,
+The statements are tests/bind/test_natural_form.py's at moderate sizes: a 2-layer MLP (X 2048x512,
 W1 512x2048, W2 2048x512), a masked attention block (softmax(Q K^T + M) V, 2048 positions, 64
 wide) and a layer norm (4096x1024), all float32 in an on-disk database. Each run executes the
 statement (the result is stored); the two forms alternate, after one warm-up each, so that a

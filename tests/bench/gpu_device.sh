@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one unattended run on a lent GPU machine (docs/distributed.md,
-# "GPUs"): the gpu-marked tests (and the device cache's, tests/test_gpu_cache.py, tests/test_gpu_lets.py), the
+# "GPUs"): the gpu-marked tests (and the device cache's, tests/exec/test_gpu_cache.py, tests/exec/test_gpu_lets.py), the
 # benchmark (its device-resident section first: repeated queries with and without the device
 # cache beside CuPy, medians of 5), then the random corpora on executor="gpu".
 #
@@ -73,16 +73,16 @@ part env 60 bash -c "nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,dri
     $PY -c 'import cupy; print(\"cupy\", cupy.__version__); cupy.show_config()' | head -30;
     $PY -c 'import tensordb; print(\"tensordb\", tensordb.__version__, tensordb.__file__)'"
 
-part tests 90 "${PYTEST[@]}" tests/test_gpu.py tests/test_gpu_cache.py tests/test_gpu_lets.py
+part tests 90 "${PYTEST[@]}" tests/exec/test_gpu.py tests/exec/test_gpu_cache.py tests/exec/test_gpu_lets.py
 
 if [ -n "$DRY" ]; then
     part bench 60 "$PY" -m tests.bench.bench_gpu --dry-run --repeat 2 --json "$OUT/bench.json" --md "$OUT/bench.md" ${BENCH_ARGS:-}
-    part fuzz 120 "${PYTEST[@]}" tests/test_fuzz.py -k "test_fuzz_einsums and (seed0 or seed1)"
-    part corpus 60 "${PYTEST[@]}" tests/test_engine_corpus.py -k "seed0- or seed1- or numpy_spec"
+    part fuzz 120 "${PYTEST[@]}" tests/corpus/test_fuzz.py -k "test_fuzz_einsums and (seed0 or seed1)"
+    part corpus 60 "${PYTEST[@]}" tests/corpus/test_engine_corpus.py -k "seed0- or seed1- or numpy_spec"
 else
     part bench "${BENCH_LIMIT_S:-240}" "$PY" -m tests.bench.bench_gpu --repeat 5 --json "$OUT/bench.json" --md "$OUT/bench.md" ${BENCH_ARGS:-}
-    part fuzz 150 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/test_fuzz.py -k "test_fuzz_einsums and not slow"
-    part corpus 90 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/test_engine_corpus.py
+    part fuzz 150 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/corpus/test_fuzz.py -k "test_fuzz_einsums and not slow"
+    part corpus 90 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/corpus/test_engine_corpus.py
 fi
 
 echo "total: $(( $(date +%s) - START ))s" >> "$SUMMARY"

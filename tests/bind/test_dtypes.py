@@ -241,7 +241,7 @@ def test_a_product_of_tensors_is_an_einsum_in_any_order_and_next_to_an_inf(con):
     # np.einsum casts every operand to the result dtype first: int32 * int32 * float64 does not
     # wrap in int32. That holds for a product written in any order (a Python join
     # "x1 * (x2 * x0)"), and for a product that is not split into pairs because an operand
-    # holds an inf. Found by tests/test_fuzz.py (both computed the int32 or float32 product).
+    # holds an inf. Found by tests/corpus/test_fuzz.py (both computed the int32 or float32 product).
     x = np.array([2**20, 3, -7], np.int32)
     y = np.array([2**20, 5, 2**30], np.int32)
     z = np.array([1.0, np.inf, 3.0])
@@ -347,7 +347,7 @@ def test_bool_computes_like_numpy(con, tile):
 def test_relu_is_max_with_a_weak_zero(con):
     # RELU(x) is MAX(x, 0), as NumPy computes np.maximum(x, 0): int and float tensors keep their
     # dtype, a bool becomes int64, and RELU of a literal is a NumPy scalar (strong) like EXP(1).
-    # Found by tests/test_fuzz.py: RELU kept bool, and RELU(1.0) was a weak Python float.
+    # Found by tests/corpus/test_fuzz.py: RELU kept bool, and RELU(1.0) was a weak Python float.
     f = np.linspace(-1, 1, 12).reshape(3, 4).astype(np.float32)
     n = np.arange(-6, 6, dtype=np.int32).reshape(3, 4)
     con.load("B", B)

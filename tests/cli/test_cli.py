@@ -16,7 +16,7 @@ import pytest
 import tensordb
 from tensordb import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "sql").glob("*.sql"))
 
 

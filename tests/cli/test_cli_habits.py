@@ -18,10 +18,10 @@ import pytest
 
 import tensordb
 from tensordb import cli
-from tests.test_cli import fed
-from tests.test_cli_conventions import ENV, Terminal
+from tests.cli.test_cli import fed
+from tests.cli.test_cli_conventions import ENV, Terminal
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def piped(db, text: str, *args) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ Each seed is one batch: one in-memory connection, label sizes of its own, a pool
 (every dtype, NaN and inf, odd and size-1 stored tiles, absent tiles from zeroed blocks and from
 COO queries) and ``CASES`` random statements over them, each run through the dialect, ``con.einsum``
 or the ``Graph`` API, with random ``WITH (PIECES ...)`` pieces. A failure names the seed, the case and
-the statement; rerun it with ``pytest 'tests/test_fuzz.py::test_fuzz_einsums[seed17]'``.
+the statement; rerun it with ``pytest 'tests/corpus/test_fuzz.py::test_fuzz_einsums[seed17]'``.
 ``--runslow`` adds ten times as many seeds. ``TENSORDB_TEST_EXECUTOR=gpu`` runs it on the GPU
 executor (CuPy). docs/architecture.md ("Testing") describes it.
 """
@@ -19,8 +19,8 @@ import tensordb
 from conftest import corpus_executor
 from tensordb.plan.builder import Graph
 
-from .fuzz_gen import DTYPES, LABELS, Pool, Statement, Stored, gen_statement, labels_of
-from .fuzz_oracle import (Answer, Case, Operand, answer, compare, is_plain_product, render_python,
+from tests.fuzz_gen import DTYPES, LABELS, Pool, Statement, Stored, gen_statement, labels_of
+from tests.fuzz_oracle import (Answer, Case, Operand, answer, compare, is_plain_product, render_python,
                           render_sql)
 
 SEEDS = 36            # the default run: SEEDS * CASES statements
@@ -113,7 +113,7 @@ def _describe(st: Statement) -> str:
 def run_batch(seed: int, cases: int = CASES, directory=None, memory_limit=None) -> list[str]:
     """Run one seed's statements; the failures, as messages. With a ``directory``, some seeds
     use a database on disk there (payload files, memory-mapped reads) instead of memory; with a
-    ``memory_limit``, the executor runs under it (tests/test_memory_budget.py: it spills, waits
+    ``memory_limit``, the executor runs under it (tests/exec/test_memory_budget.py: it spills, waits
     and runs over it all the time)."""
     rng = np.random.default_rng(seed)
     sizes = {l: int(rng.choice([0, 1, 2, 3, 4, 5, 7], p=[0.04, 0.16, 0.2, 0.2, 0.15, 0.15, 0.1]))
@@ -212,7 +212,7 @@ def _check(con, into, want, got) -> str | None:
 def test_fuzz_einsums(seed, tmp_path):
     failures = run_batch(seed, directory=tmp_path)
     assert not failures, f"{len(failures)} failure(s), rerun with pytest " \
-        f"'tests/test_fuzz.py::test_fuzz_einsums[seed{seed}]':\n" + "\n".join(failures[:5])
+        f"'tests/corpus/test_fuzz.py::test_fuzz_einsums[seed{seed}]':\n" + "\n".join(failures[:5])
 
 
 @pytest.mark.slow
@@ -220,7 +220,7 @@ def test_fuzz_einsums(seed, tmp_path):
 def test_fuzz_einsums_slow(seed, tmp_path):
     failures = run_batch(seed, directory=tmp_path)
     assert not failures, f"{len(failures)} failure(s), rerun with pytest --runslow " \
-        f"'tests/test_fuzz.py::test_fuzz_einsums_slow[seed{seed}]':\n" + "\n".join(failures[:5])
+        f"'tests/corpus/test_fuzz.py::test_fuzz_einsums_slow[seed{seed}]':\n" + "\n".join(failures[:5])
 
 
 # -- the oracle itself --------------------------------------------------------------------------

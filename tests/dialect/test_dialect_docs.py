@@ -9,7 +9,7 @@ import pytest
 
 import tensordb
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "sql.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "sql.md"
 FENCE = re.compile(r"^```(sql|sql error|python)\n(.*?)^```", re.S | re.M)
 
 

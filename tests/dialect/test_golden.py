@@ -26,7 +26,7 @@ import pytest
 
 import tensordb
 
-SQL_DIR = Path(__file__).parent / "sql"
+SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 FILES = sorted(SQL_DIR.glob("*.test"))
 
 

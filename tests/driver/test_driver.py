@@ -19,7 +19,7 @@ from tensordb.dialect import SETTINGS, parse
 from tensordb.dialect.parser import MAX_EXPRESSION_DEPTH
 from tensordb.plan import scalar
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("parse", "bind", "optimize", "lower", "place", "run", "commit")
 
 SCRIPT = """

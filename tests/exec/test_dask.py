@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensordb
-from tests.test_engine_corpus import assert_matches, make_case, oracle
+from tests.corpus.test_engine_corpus import assert_matches, make_case, oracle
 
 pytestmark = pytest.mark.distributed
 distributed = pytest.importorskip("distributed")
@@ -213,14 +213,14 @@ def test_cupy_backend_on_workers_without_gpus_says_so(dask_cluster):
 
 
 def _golden_files():
-    from tests import test_golden
+    from tests.dialect import test_golden
     return test_golden.FILES
 
 
 @pytest.mark.parametrize("path", _golden_files(), ids=lambda p: p.stem)
 def test_golden_queries_on_dask(dask_cluster, path, tmp_path, monkeypatch):
     """The dialect's golden files (tests/sql/*.test) with every connection on the cluster."""
-    from tests import test_golden
+    from tests.dialect import test_golden
     monkeypatch.chdir(tmp_path)
     spec = f"dask://{dask_cluster.scheduler_address}"
     real = tensordb.connect

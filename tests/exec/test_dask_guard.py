@@ -18,7 +18,7 @@ from tensordb.exec.spawn import _guarded, check_main_guard, starts_local_process
 pytestmark = pytest.mark.distributed
 distributed = pytest.importorskip("distributed")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TENSORDB_DEBUG": "",
        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 GUARD = 'if __name__ == "__main__":'

@@ -403,7 +403,7 @@ def test_stored_output_tiles_go_to_their_files_from_the_worker_that_finished_the
 
 
 def test_random_statements_on_the_gpu_executor_over_a_fake_cupy():
-    """Two seeds of the random corpus (tests/test_fuzz.py: 60 statements each, stored tensors
+    """Two seeds of the random corpus (tests/corpus/test_fuzz.py: 60 statements each, stored tensors
     replaced and read again, 1 to 3 workers) on executor="gpu", in a process where CuPy is
     tests/fakecupy (NumPy with device arrays of their own, two devices): the device cache,
     the outputs copied out on the workers and the copies between devices, all against the
@@ -411,13 +411,13 @@ def test_random_statements_on_the_gpu_executor_over_a_fake_cupy():
     import os
     import subprocess
     import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # before the rest of the path (a GPU machine's wheels), and so before a real CuPy
     path = [root, os.path.join(root, "tests", "fakecupy"), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, TENSORDB_TEST_EXECUTOR="gpu",
                PYTHONPATH=os.pathsep.join(p for p in path if p))
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/corpus/test_fuzz.py",
          "-k", "test_fuzz_einsums and (seed0] or seed1])"],
         cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:]

@@ -12,7 +12,7 @@ import pytest
 
 import tensordb
 from tests.fakecupy.cupy import Dev, DeviceXp
-from tests.test_gpu_cache import _gpu, _keys, as_opt_einsum_cupy
+from tests.exec.test_gpu_cache import _gpu, _keys, as_opt_einsum_cupy
 
 RNG = np.random.default_rng(21)
 X = RNG.standard_normal((32, 16))

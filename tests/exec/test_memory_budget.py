@@ -355,7 +355,7 @@ def test_fuzzed_statements_under_a_tiny_budget_match_numpy(seed, tmp_path, monke
     """The fuzz test's statements (every dtype, join, aggregate, empty and block-sparse tensor)
     with the executor's budget at 2 KiB: it spills, waits and runs over it all the time."""
     from tensordb.exec.runtime import Ledger
-    from tests.test_fuzz import run_batch
+    from tests.corpus.test_fuzz import run_batch
     spilled = []
     real = Ledger.spilled
 

@@ -133,7 +133,7 @@ def test_sums_of_products_next_to_an_inf_are_not_regrouped(pieces):
     # The answer is the sum of every product the statement names. Summing a label that one
     # operand alone has first (opt_einsum, np.einsum), or a pair of a product of three first
     # (the pairwise split), is the same for finite values but not next to an inf:
-    # (2 - 1) * inf is inf, 2 * inf - 1 * inf is NaN. Found by tests/test_fuzz.py.
+    # (2 - 1) * inf is inf, 2 * inf - 1 * inf is NaN. Found by tests/corpus/test_fuzz.py.
     a, b = np.array([2.0, -1.0, 0.5, -0.5]), np.array([1.0, 1.0, 1.0, 1.0])
     inf = np.array([-INF, 3.0])
     space2 = np_(lambda: a[:, None] * inf[None, :])                        # (i, k)
@@ -161,7 +161,7 @@ def test_sums_of_products_next_to_an_inf_are_not_regrouped(pieces):
 def test_a_literal_that_is_inf_or_zero_in_float32_does_not_skip_absent_tiles(dtype):
     # A weak literal takes the tensor's dtype: next to float32, 1e300 is inf (0 * inf is NaN)
     # and 1e-50 is 0 (0 / 0 is NaN), so an absent tile's call is not certainly 0. Found by
-    # tests/test_fuzz.py (the calls were skipped and the answer was 0).
+    # tests/corpus/test_fuzz.py (the calls were skipped and the answer was 0).
     z = np.zeros(4, dtype)
     y = np.array([1, 0, 0, 0], dtype)
     with tensordb.connect() as con:
@@ -414,7 +414,7 @@ def test_contraction_over_an_empty_label_gives_a_full_result(join):
 @pytest.mark.parametrize("join", ["x0 + x1", "x0 * x1"])
 def test_prod_over_an_empty_label_next_to_a_cut_one_is_one(pieces, join):
     # PROD over k (4 elements, cut into pieces) and l (size 0): a product over no element is 1.
-    # Found by tests/test_fuzz.py: with k cut, the one call per output tile was taken for a
+    # Found by tests/corpus/test_fuzz.py: with k cut, the one call per output tile was taken for a
     # skipped call and a 0 joined the product.
     m, e = np.arange(1.0, 13.0).reshape(3, 4), np.zeros((0,))
     fn = np.add if join == "x0 + x1" else np.multiply
@@ -432,7 +432,7 @@ def test_prod_over_an_empty_label_next_to_a_cut_one_is_one(pieces, join):
 def test_a_join_over_an_empty_space_is_evaluated_nowhere(agg):
     # POW(1, N[k,k]) fails on N's negative ints, but with l of size 0 the join space is empty:
     # the join is evaluated at no point and the answer is numpy's on that space (an empty
-    # result, or 0 / 1 for SUM / PROD over the empty label). Found by tests/test_fuzz.py.
+    # result, or 0 / 1 for SUM / PROD over the empty label). Found by tests/corpus/test_fuzz.py.
     n = np.array([[2, -5, 4], [2, -3, -1], [0, 3, 5]], np.int64)
     e = np.zeros((0, 3), np.int64)
     with tensordb.connect() as con:

@@ -61,7 +61,7 @@ def test_unsupported_dtype(db, snapshot, tmp_path, dtype):
 
 
 def test_unsupported_column_types(db, snapshot, tmp_path):
-    # (BOOLEAN columns load as bool tensors: tests/test_dtypes.py)
+    # (BOOLEAN columns load as bool tensors: tests/bind/test_dtypes.py)
     pq.write_table(pa.table({"i": [0, 1], "value": pa.array([0, 1], pa.date32())}),
                    tmp_path / "d.parquet")
     fails(db, snapshot, tensordb.DataError, "column 'value' has type DATE", "B",

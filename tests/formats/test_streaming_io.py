@@ -8,7 +8,7 @@ process stays well below the size of the data. The result is then checked agains
 TENSORDB_STREAM_MB (default 64) sets the size of the data, to measure by hand with larger files:
 
     TENSORDB_STREAM_MB=1024 TENSORDB_STREAM_LIMIT=128MB python -m pytest -q -p no:cacheprovider \
-        tests/test_streaming_io.py -s
+        tests/formats/test_streaming_io.py -s
 """
 from __future__ import annotations
 

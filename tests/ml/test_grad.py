@@ -100,7 +100,7 @@ def test_unary_functions(con, fn):
 def test_every_function_of_the_dialect_is_tested():
     from tensordb.bind import SCALAR_FUNCTIONS
     covered = {f.lower() for f in UNARY} | {"max", "min", "pow"} | set(CONDITIONAL) | \
-        {"softmax"}  # tests/test_ml_aggregates.py: test_logsumexp_softmax_gradients
+        {"softmax"}  # tests/ml/test_ml_aggregates.py: test_logsumexp_softmax_gradients
     assert set(SCALAR_FUNCTIONS) <= covered
 
 

@@ -355,7 +355,7 @@ def test_the_classifier_script_against_numpy(con):
     numpy (the gradient of the mean cross-entropy is X^T (softmax - Y) / batch)."""
     from pathlib import Path
     from scipy.special import softmax
-    script = (Path(__file__).resolve().parent.parent / "sql" / "classifier.sql").read_text()
+    script = (Path(__file__).resolve().parents[2] / "sql" / "classifier.sql").read_text()
     con.execute(script)
     b, d = np.meshgrid(np.arange(48), np.arange(4), indexing="ij")
     x = np.sin(0.9 * b + 1.7 * d) + 0.5 * np.cos(0.4 * b * (d + 1))

@@ -12,7 +12,7 @@ import numpy as np
 
 import tensordb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "sql" / "train_mlp.sql"
 LR, ROWS = 0.5, 64
 

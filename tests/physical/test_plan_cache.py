@@ -16,7 +16,7 @@ import pytest
 
 import tensordb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SQL = "C[i,k] = SUM(A[i,j] * B[j,k])"
 
 

@@ -1,6 +1,6 @@
 """Aggregation trees (physical/trees.py): made when planning, at the fan-in the executor states
 (``executor.max_fan_in``); the local pool states none and its plans keep one aggregation per
-output tile. Results are checked against numpy; the Dask side is in tests/test_dask.py."""
+output tile. Results are checked against numpy; the Dask side is in tests/exec/test_dask.py."""
 from __future__ import annotations
 
 import json

@@ -19,7 +19,7 @@ RNG = np.random.default_rng(7)
 DATA = RNG.integers(-5, 6, size=(3, 4, 5)).astype(np.float64)
 
 
-# ARGMAX and ARGMIN have no partials to combine (their label is one piece): tests/test_ml_aggregates.py
+# ARGMAX and ARGMIN have no partials to combine (their label is one piece): tests/ml/test_ml_aggregates.py
 COMBINING = tuple(a for a in AGGS if a not in ARG_AGGS)
 
 

@@ -339,7 +339,7 @@ def test_parameters_for_plain_sql(db):
     assert db.execute("SELECT ? + 1 AS x", [41]).fetchall() == [(42,)]
     assert db.execute("SELECT count(*) FROM A WHERE value > ?", [100.0]).fetchone() == (0,)
     with pytest.raises(ProgrammingError, match="the statements have none"):
-        db.execute("C[i] = bias[i]", [1])  # einsum statements take them: tests/test_ml_params.py
+        db.execute("C[i] = bias[i]", [1])  # einsum statements take them: tests/ml/test_ml_params.py
     with pytest.raises(NotSupportedError):  # one plain SQL statement, or einsum statements
         db.execute("C[i] = bias[i] * ?; SELECT ?", [1, 2])
 

@@ -2,7 +2,7 @@
 the old tensor or the new one, and reopening removes what the killed load left.
 
 A child replaces a small dense tensor G with a sparse one built from COO rows (8 CSR tiles) and
-kills itself with SIGKILL at chosen points, as tests/test_crash.py does for dense loads: after k
+kills itself with SIGKILL at chosen points, as tests/storage/test_crash.py does for dense loads: after k
 sparse tiles are in the payload file, before the catalog transaction, inside it before COMMIT,
 after COMMIT before the old payload is retired, and after the statement without closing (DuckDB
 replays its WAL). The parent reopens the database and checks G and CHECK DATABASE.

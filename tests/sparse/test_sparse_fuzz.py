@@ -1,6 +1,6 @@
 """Sparse and mixed sparse/dense extended einsums against the independent numpy oracle.
 
-1. The random corpus of tests/test_fuzz.py (every join, AGG, dtype, NaN and inf, pieces, routes)
+1. The random corpus of tests/corpus/test_fuzz.py (every join, AGG, dtype, NaN and inf, pieces, routes)
    over stored tensors that are mostly zeros, so their tiles are stored sparse (and, where a tile
    is dense enough, dense: mixed), checked by tests/fuzz_oracle.py on the dense arrays.
 2. A corpus of products a sparse kernel computes (SpMM, SpMV, SpGEMM): a stored sparse matrix in
@@ -19,8 +19,8 @@ import scipy.sparse as sp
 import tensordb
 from tensordb.exec import sparse_kernels
 
-from . import fuzz_gen
-from .test_fuzz import run_batch
+from tests import fuzz_gen
+from tests.corpus.test_fuzz import run_batch
 
 SEEDS = 10
 CASES = 40

@@ -15,7 +15,7 @@ import tensordb
 from tensordb.errors import CatalogError
 from tensordb.storage.writer import commit_all
 
-from .files import payload_files
+from tests.files import payload_files
 
 RNG = np.random.default_rng(7)
 

@@ -237,7 +237,7 @@ def test_in_memory_cleans_up(store):
 
 def test_same_process_second_writer_refused(db_path):
     """Two Stores of one path in one process are refused; connections share one (as DuckDB's
-    connections share a database instance: tests/test_duckapi.py)."""
+    connections share a database instance: tests/sqlfront/test_duckapi.py)."""
     with Store(db_path):
         with pytest.raises(tensordb.OperationalError, match="already open in this process"):
             Store(db_path)

@@ -211,7 +211,7 @@ def test_a_reader_in_another_process_checks_the_database_at_its_path(tmp_path, m
     """Two databases whose payload files have the same names: a reader shipped to a process
     that finds the other one at the path refuses to read, naming itself and the path; where
     there is no database, likewise; where it is the right one, it reads the right values."""
-    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     root = make_db(tmp_path / "w.tdb")
     with tensordb.connect(root, read_only=True) as con:
         reader = con.store.open("A")
@@ -442,7 +442,7 @@ def test_the_next_export_removes_what_a_killed_export_left(tmp_path):
     target = str(tmp_path / "big.csv")
     child = subprocess.Popen([sys.executable, "-c", EXPORT_CHILD, root, target],
                              env={**os.environ, "PYTHONPATH": os.path.dirname(
-                                 os.path.dirname(os.path.abspath(__file__)))})
+                                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))))})
     tmp = str(tmp_path / f".big.csv.{child.pid}.tmp")
     deadline = time.monotonic() + 60
     while not os.path.exists(tmp) and child.poll() is None and time.monotonic() < deadline:

@@ -3,10 +3,10 @@ the device current when they were made), two 'devices', the part of ``cupy.cuda`
 executor uses, and every copy recorded (its bytes), host -> device and device -> host.
 
 Two uses, one stand-in:
-- ``DeviceXp()`` objects, imported as ``tests.fakecupy.cupy`` by tests/test_gpu_cache.py and
-  tests/test_gpu_lets.py and handed to the executor as its ``xp`` (each with its own record);
+- ``DeviceXp()`` objects, imported as ``tests.fakecupy.cupy`` by tests/exec/test_gpu_cache.py and
+  tests/exec/test_gpu_lets.py and handed to the executor as its ``xp`` (each with its own record);
 - this directory first on a subprocess's PYTHONPATH, so that ``import cupy`` there is this
-  module (tests/test_gpu_cache.py's run of the random corpora on executor="gpu"): the module
+  module (tests/exec/test_gpu_cache.py's run of the random corpora on executor="gpu"): the module
   is then one ``DeviceXp``'s functions.
 pytest does not collect this directory (pyproject.toml ignores it): in the test process it
 must never be imported as ``cupy``."""
