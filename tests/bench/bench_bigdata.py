@@ -48,11 +48,7 @@ import json, sys, time
 import numpy as np
 import tensordb
 db, limit, script, oracle = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-def anon():
-    with open('/proc/self/status') as f:
-        for line in f:
-            if line.startswith('RssAnon:'):
-                return int(line.split()[1]) << 10
+from tests.harness import rss_anon as anon  # the one sampler (the bench runs from the repository root)
 con = tensordb.connect(db, memory_limit=limit)
 con.execute('SELECT 1')
 idle = anon()
@@ -81,11 +77,7 @@ import numpy as np
 import tensordb
 db, limit, npy, tile_rows, slice_rows = sys.argv[1:6]
 tile_rows, slice_rows = int(tile_rows), int(slice_rows)
-def anon():
-    with open('/proc/self/status') as f:
-        for line in f:
-            if line.startswith('RssAnon:'):
-                return int(line.split()[1]) << 10
+from tests.harness import rss_anon as anon  # the one sampler (the bench runs from the repository root)
 con = tensordb.connect(db, memory_limit=limit)
 con.execute('SELECT 1')
 idle = anon()

@@ -73,11 +73,7 @@ CHILD = r"""
 import json, sys, time
 import tensordb
 path, script, workers, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-def anon():
-    with open('/proc/self/status') as f:
-        for line in f:
-            if line.startswith('RssAnon:'):
-                return int(line.split()[1]) << 10
+from tests.harness import rss_anon as anon  # the one sampler (the bench runs from the repository root)
 con = tensordb.connect(path, workers=workers, memory_limit=limit)  # 'none': no limit (None is the default)
 con.execute('SELECT 1')  # warm DuckDB so its own start-up is idle memory
 # The first tensor a process stores costs ~30 MiB once (DuckDB's catalog writes, imports): a
