@@ -113,3 +113,49 @@ def test_an_ignored_import_that_went_away_breaks_the_check(tmp_path):
     run = lint(root)
     assert run.returncode != 0
     assert "tensordb.dialect.lexer -> tensordb.storage" in run.stdout + run.stderr
+
+
+def test_storage_reaching_up_into_the_sql_front_door_or_a_format_breaks_the_check(tmp_path):
+    """storage keeps the catalog, payloads, readers, writers and integrity; the SQL front door
+    and the file formats sit on it (formats -> sqlfront -> storage), never under it."""
+    root = _copy(tmp_path)
+    _append(root / "tensordb" / "storage" / "catalog.py", "from ..sqlfront import guard")
+    _append(root / "tensordb" / "sqlfront" / "suggest.py", "from ..formats import filemeta")
+    run = lint(root)
+    assert run.returncode != 0
+    assert "storage imports no sqlfront or formats, and sqlfront no formats BROKEN" in run.stdout
+    assert "tensordb.storage.catalog -> tensordb.sqlfront.guard" in run.stdout
+    assert "tensordb.sqlfront.suggest -> tensordb.formats.filemeta" in run.stdout
+
+
+def test_a_format_importing_the_session_breaks_the_check(tmp_path):
+    root = _copy(tmp_path)
+    _append(root / "tensordb" / "formats" / "load.py", "from ..session import script")
+    run = lint(root)
+    assert run.returncode != 0
+    assert "the file formats import no plan, optimizer, physical, exec, dialect, binder, " in run.stdout
+    assert "tensordb.formats.load -> tensordb.session.script" in run.stdout
+
+
+# A private name of storage read from outside it: its private modules (``storage._duck``) or a
+# private attribute of a store (``store._lock``). What others need, storage names publicly
+# (``Store.lock``, ``check_open``, ``in_transaction``, ``find``, ``views_of``, ``register_view``,
+# ``query``; ``tensordb.storage.translating``, ``quote_ident``, ...).
+_PRIVATE = re.compile(r"storage\._\w|\bstore\._\w|from \.+_duck\b")
+
+
+def test_nothing_outside_storage_reads_its_private_names():
+    package = ROOT / "tensordb"
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in sorted(package.rglob("*.py")) if package / "storage" not in path.parents
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if _PRIVATE.search(line.split("#")[0])]
+    assert found == []
+
+
+def test_the_private_name_check_sees_what_it_is_meant_to():
+    assert _PRIVATE.search("from ..storage._duck import quote_ident")
+    assert _PRIVATE.search("with store._lock, translating():")
+    assert _PRIVATE.search("meta = self._con.store._find(name)")
+    assert not _PRIVATE.search("with store.lock, translating():")
+    assert not _PRIVATE.search("from ..storage import quote_ident, translating")

@@ -21,7 +21,7 @@ import dataclasses
 from ..dialect import ast as A
 from ..dialect.lexer import words
 from ..errors import Error
-from ..storage import quote_ident, translating
+from ..storage import quote_ident
 
 __all__ = ["UnitState"]
 
@@ -59,9 +59,7 @@ class UnitState:
 def _duck_settings(con) -> dict[str, str]:
     """DuckDB's settings as it shows them (text), read on its own connection: no guard or
     tensor views are wanted for its own table function."""
-    store = con.store
-    with store.lock, translating():
-        return dict(store.duck.execute("SELECT name, value FROM duckdb_settings()").fetchall())
+    return dict(con.store.query("SELECT name, value FROM duckdb_settings()"))
 
 
 def _restore_duck(con, before: dict[str, str]) -> None:
@@ -76,17 +74,15 @@ def _restore_duck(con, before: dict[str, str]) -> None:
             continue
         ident = quote_ident(name)  # one of DuckDB's own setting names
         try:
-            with store.lock, translating():
-                store.duck.execute(f"RESET {ident}")
+            with store.lock:
+                store.query(f"RESET {ident}")
                 if value is not None and _duck_settings_now(store, name) != value:
-                    store.duck.execute(f"SET {ident} = ?", [value])
+                    store.query(f"SET {ident} = ?", [value])
         except Error:  # a setting fixed once the database runs: it cannot have changed either
             pass
 
 
 def _duck_settings_now(store, name: str) -> str | None:
     """One setting's value as ``duckdb_settings()`` shows it."""
-    with store.lock, translating():
-        rows = store.duck.execute("SELECT value FROM duckdb_settings() WHERE name = ?",
-                                  [name]).fetchall()
+    rows = store.query("SELECT value FROM duckdb_settings() WHERE name = ?", [name])
     return rows[0][0] if rows else None
