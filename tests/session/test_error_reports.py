@@ -1,6 +1,8 @@
-"""Error handling found wanting by an audit (/work/audit/errors): each test runs a real database
-on disk, the command line as a subprocess where the command line is the point, and checks the
-exit status, the message and that nothing changed that should not have."""
+"""What a failed statement, script or unit reports and leaves behind: scripts that are not UTF-8,
+failures after a COMMIT, settings restored after a failure, guard refusals pointing into the
+script, refused statements (USE, too many dimensions, bad SET values). Each test runs a real
+database on disk, the command line as a subprocess where the command line is the point, and
+checks the exit status, the message and that nothing changed that should not have."""
 from __future__ import annotations
 
 import os

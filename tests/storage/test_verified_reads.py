@@ -1,5 +1,5 @@
-"""Issue "Scale out", items 0 and 1: reads verify checksums, a database has an identity that its
-payloads carry and its workers check, and where the storage is is declared.
+"""Reads verify checksums (storage/verify.py), a database has an identity that its payloads carry
+and its workers check (storage/identity.py), and where the storage is is declared.
 
 Real database directories, real Dask clusters on 127.0.0.1, real child processes (a reader
 unpickled in one; an export killed with SIGKILL in another) and, where the machine allows it, a
@@ -69,7 +69,7 @@ def tiles_files(root):
             for n in os.listdir(os.path.join(root, "tiles"))}
 
 
-# -- 0. reads verify checksums, once per process --------------------------------------------------
+# -- reads verify checksums, once per process -----------------------------------------------------
 
 def test_each_tile_is_verified_on_its_first_read_in_the_process(tmp_path, monkeypatch):
     calls = []
@@ -156,7 +156,7 @@ def test_a_damaged_tile_on_the_gpu_executor(tmp_path):
         np.testing.assert_array_equal(con.tensor("D"), 2 * B)
 
 
-# -- 0. and 1. on Dask workers --------------------------------------------------------------------
+# -- checksums and identity on Dask workers --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
@@ -347,7 +347,7 @@ def test_a_worker_that_sees_a_stale_copy_of_the_database(tmp_path, namespaced_wo
         assert not con.store.has("C")
 
 
-# -- 1. the identity ------------------------------------------------------------------------------
+# -- the identity ---------------------------------------------------------------------------------
 
 def test_a_database_has_an_id_in_its_catalog_its_id_file_and_its_payload_names(tmp_path):
     root = make_db(tmp_path / "w.tdb")
@@ -425,7 +425,7 @@ def test_storage_is_declared(tmp_path):
     assert not os.path.exists(tmp_path / "c.tdb") and not os.path.exists(tmp_path / "d.tdb")
 
 
-# -- 0. a killed export's leftovers ---------------------------------------------------------------
+# -- a killed export's leftovers ------------------------------------------------------------------
 
 EXPORT_CHILD = r"""
 import sys, tensordb
