@@ -26,6 +26,7 @@ import tensordb
 from tensordb.storage import verify
 from tensordb.formats.export import remove_leftovers
 from tensordb.storage.identity import ID_FILE
+from tests.harness import kill9, start_script
 
 A = np.arange(1, 65, dtype="float64").reshape(8, 8)  # tiles (4, 4): four tiles of 128 bytes
 B = np.arange(64, dtype="float64").reshape(8, 8) % 5 - 2
@@ -440,9 +441,7 @@ def test_the_next_export_removes_what_a_killed_export_left(tmp_path):
     with tensordb.connect(root) as con:
         con.load("Big", big)
     target = str(tmp_path / "big.csv")
-    child = subprocess.Popen([sys.executable, "-c", EXPORT_CHILD, root, target],
-                             env={**os.environ, "PYTHONPATH": os.path.dirname(
-                                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))))})
+    child = start_script(EXPORT_CHILD, root, target)
     tmp = str(tmp_path / f".big.csv.{child.pid}.tmp")
     deadline = time.monotonic() + 60
     while not os.path.exists(tmp) and child.poll() is None and time.monotonic() < deadline:
@@ -451,8 +450,7 @@ def test_the_next_export_removes_what_a_killed_export_left(tmp_path):
         child.kill()
         child.wait()
         pytest.fail("the child export finished or failed before its temporary file was seen")
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
+    kill9(child)
     assert os.path.exists(tmp) and not os.path.exists(target)  # what the kill left
     with tensordb.connect(root) as con:
         con.export("Big", target)
