@@ -1,4 +1,4 @@
-"""The plan cache (physical/cache.py): a repeated statement reuses its plan while its inputs keep
+"""The plan cache (tensordb/driver/cache.py): a repeated statement reuses its plan while its inputs keep
 their layout (grid, present tiles, NaN/inf and all-nonzero flags per tile), whatever their
 versions; a new layout (other present tiles, a NaN, a zero), a setting that steers planning or
 different pieces plan again. A reused plan reads the inputs' current versions. Every result is
