@@ -33,8 +33,7 @@ __all__ = ["PreparedCache", "Bound", "rebind", "statements_key", "graph_key"]
 @dataclass
 class Bound:
     """A bound group: the graph and pieces binding gave, what it read (``answers``) at
-    ``epoch``, and the LETs it defined (name, statement index, shape, dtype) and dropped. The
-    ``plan`` it ran last, by its inputs' layouts, saves hashing the graph on a repeat."""
+    ``epoch``, and the LETs it defined (name, statement index, shape, dtype) and dropped."""
 
     answers: tuple
     epoch: int
@@ -42,7 +41,6 @@ class Bound:
     pieces: dict
     defined: tuple = ()
     dropped: tuple = ()
-    plan: tuple | None = None  # (layouts, plan key)
 
 
 def statements_key(items, lets) -> Hashable:
