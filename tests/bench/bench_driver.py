@@ -46,7 +46,7 @@ def _timed(fn, n: int) -> list[tuple[float, float]]:
     return out
 
 
-def child(scale: int) -> dict[str, list[float]]:
+def child(scale: int, only: str = "") -> dict[str, list[float]]:
     import tensordb
     from tensordb.dialect import parser
     sys.path.insert(0, str(HERE))
@@ -58,14 +58,19 @@ def child(scale: int) -> dict[str, list[float]]:
 
     out = {}
     rng = np.random.default_rng(0)
+
+    def wanted(*cases):
+        return any(only in c for c in cases)
     with tempfile.TemporaryDirectory() as tmp:
         for where, label in ((None, "in memory"), (os.path.join(tmp, "m.tdb"), "on disk")):
             with tensordb.connect(where, workers=2) as con:
                 for name in "AB":
                     con.load(name, rng.standard_normal((64, 64), dtype=np.float32))
                 sql = "C[i,k] = SUM(A[i,j] * B[j,k])"
-                out[f"matmul 64, {label}, plan cached"] = _timed(lambda: con.execute(sql), 20 * scale)
-                if where is None:
+                if wanted(f"matmul 64, {label}, plan cached"):
+                    out[f"matmul 64, {label}, plan cached"] = _timed(lambda: con.execute(sql),
+                                                                     20 * scale)
+                if where is None and wanted(f"matmul 64, {label}, planned"):
                     out[f"matmul 64, {label}, planned"] = _timed(
                         lambda: (forget(con), con.execute(sql)), 10 * scale)
                 b, f, h, c = 64, 256, 64, 16
@@ -75,23 +80,27 @@ def child(scale: int) -> dict[str, list[float]]:
                 y[np.arange(b), rng.integers(0, c, b)] = 1
                 con.load("Y", y)
                 step = step_sql(b)
-                out[f"train step, {label}"] = _timed(lambda: con.execute(step), 5 * scale)
-        with tensordb.connect(os.path.join(tmp, "mlp.tdb"), workers=4) as con:
-            con.load("X", rng.standard_normal((512, 256), dtype=np.float32))
-            for k in range(50):
-                con.load(f"W{k}", rng.standard_normal((256, 256), dtype=np.float32))
-                con.load(f"c{k}", rng.standard_normal((256,), dtype=np.float32))
-            script = mlp_script(50)
+                if wanted(f"train step, {label}"):
+                    out[f"train step, {label}"] = _timed(lambda: con.execute(step), 5 * scale)
+        if wanted("EXPLAIN 50-layer MLP, planned"):
+            with tensordb.connect(os.path.join(tmp, "mlp.tdb"), workers=4) as con:
+                con.load("X", rng.standard_normal((512, 256), dtype=np.float32))
+                for k in range(50):
+                    con.load(f"W{k}", rng.standard_normal((256, 256), dtype=np.float32))
+                    con.load(f"c{k}", rng.standard_normal((256,), dtype=np.float32))
+                script = mlp_script(50)
 
-            def explain():
-                forget(con)
-                parser.forget_parsed()
-                con.explain(script)
-            out["EXPLAIN 50-layer MLP, planned"] = _timed(explain, max(2, scale))
-    with tensordb.connect(workers=2) as con:
-        con.load("x", np.ones(1))
-        out["A = SUM(x[i]), in memory"] = _timed(lambda: con.execute("A = SUM(x[i])"), 40 * scale)
-        assert float(con.tensor("A")) == 1.0
+                def explain():
+                    forget(con)
+                    parser.forget_parsed()
+                    con.explain(script)
+                out["EXPLAIN 50-layer MLP, planned"] = _timed(explain, max(2, scale))
+    if wanted("A = SUM(x[i]), in memory"):
+        with tensordb.connect(workers=2) as con:
+            con.load("x", np.ones(1))
+            out["A = SUM(x[i]), in memory"] = _timed(lambda: con.execute("A = SUM(x[i])"),
+                                                     40 * scale)
+            assert float(con.tensor("A")) == 1.0
     return out
 
 
@@ -147,22 +156,25 @@ def main(argv=None) -> None:
     ap.add_argument("--against", default=None, help="the other checkout's root")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--scale", type=int, default=1, help="more calls per case")
+    ap.add_argument("--only", default="", help="the cases whose name contains this text")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.scale)))
+        print(json.dumps(child(args.scale, args.only)))
         return
     if args.breakdown:
         breakdown()
         return
     roots = {"this": ROOT} | ({"other": Path(args.against).resolve()} if args.against else {})
-    samples: dict[str, dict[str, list[float]]] = {k: {c: [] for c in CASES} for k in roots}
+    cases = [c for c in CASES if args.only in c]
+    samples: dict[str, dict[str, list[float]]] = {k: {c: [] for c in cases} for k in roots}
     for r in range(args.rounds):
         for key in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
             env = {**os.environ, "PYTHONPATH": str(roots[key])}
             env.pop("TENSORDB_DEBUG", None)
-            run = subprocess.run([sys.executable, __file__, "--child", "--scale", str(args.scale)],
+            run = subprocess.run([sys.executable, __file__, "--child", "--scale", str(args.scale),
+                                  "--only", args.only],
                                  env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(),
                                  timeout=600)
             assert run.returncode == 0, run.stderr
@@ -171,7 +183,7 @@ def main(argv=None) -> None:
     head = "| case | this: wall, CPU (ms) |" + \
         (" other: wall, CPU (ms) | this / other: wall, CPU |" if args.against else "")
     print(head + "\n|---|---:|" + ("---:|---:|" if args.against else ""))
-    for case in CASES:
+    for case in cases:
         this = [1e3 * statistics.median(s[k] for s in samples["this"][case]) for k in (0, 1)]
         row = f"| {case} | {this[0]:.2f}, {this[1]:.2f} |"
         if args.against:
