@@ -269,7 +269,7 @@ class Connection(TensorIO, DuckAPI):
 
     def _compute(self, graph: Graph, name: str):
         """Run a graph whose one output is ``name`` and return it as an array; nothing is
-        stored (the output tiles stay in memory and are assembled here)."""
+        stored (the output tiles stay in memory and are assembled: driver.ArraySink)."""
         return self.engine.compute(graph, name, check=self._check_dense)
 
     @one_at_a_time
