@@ -1,26 +1,20 @@
-"""Connection: the embedded database. It is the one driver of the pipeline; each stage is one
-call, timed under TENSORDB_DEBUG=1:
-
-    text --parse--> statements --bind--> EinGraph --optimize--> Decomposition
-         --lower--> TilePlan --place--> --run--> tiles --commit--> store
-
-The statements that are not einsums, blocks and LETs are the session's (tensordb/session/).
+"""Connection: the embedded database. Its calls go to the driver (tensordb/driver/: parse ->
+bind -> optimize -> lower -> place -> run -> commit, each stage one call, timed under
+TENSORDB_DEBUG=1) through its ``engine``; the statements that are not einsums, blocks and LETs
+are the session's (tensordb/session/), which runs einsum groups on the same engine.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import weakref
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
-from . import optimizer, physical
 from .calls import one_at_a_time
-from .config import Settings, debug_level, stage
+from .config import Settings
+from .driver import Engine, parse
 from .duckapi import DuckAPI, connect_arguments
-from .errors import CatalogError, InterfaceError, ParserError, ProgrammingError
+from .errors import InterfaceError, ParserError, ProgrammingError
 from .plan.builder import Graph
 from .plan.ir import EinGraph
 from .session import Session
@@ -28,13 +22,6 @@ from .storage import Store
 from .tensor_io import TensorIO
 
 __all__ = ["Connection", "connect"]
-
-# A statement planned afresh whose kernels do at most this many flops (a few ms) leaves the user
-# table check to its commit (see _run_graph).
-EARLY_CHECK_FLOPS = 1 << 24
-# Settings the executor is made with: changing one makes a new executor.
-_EXECUTOR_SETTINGS = frozenset({"workers", "executor", "memory_limit", "pin_workers"})
-
 
 def connect(path: str | os.PathLike | None = None, read_only: bool = False, config=None, *,
             workers: int | None = None, memory_limit: int | str | None = None,
@@ -64,14 +51,6 @@ def connect(path: str | os.PathLike | None = None, read_only: bool = False, conf
     return Connection(args.pop("path"), **args)
 
 
-def _bind_group(store, lets, items) -> tuple[EinGraph | None, dict]:
-    from .bind import bind_statements
-    binder = bind_statements(store, lets, items)
-    if not (binder.steps and binder.outputs):
-        return None, {}
-    return binder.eingraph(), dict(binder.pieces)
-
-
 class Connection(TensorIO, DuckAPI):
     """One open database. Use as a context manager: leaving the block closes it. Its methods
     that move tensors in and out (``load``, ``tensor``, ``export``, ...) are in tensor_io.py,
@@ -92,17 +71,25 @@ class Connection(TensorIO, DuckAPI):
         self._store: Store | None = Store.shared(path, read_only=read_only, storage=storage)
         self._call_lock = self._store.call_lock
         self._release = weakref.finalize(self, self._store.release)  # at close, or collected
-        self._executor = None
         self.session = Session()  # the dialect's state: LETs and the open BEGIN block
-        self.last_plan = None  # the TilePlan of the last einsum run (for EXPLAIN ANALYZE, tests)
-        self.last_run = None   # what that run returned: tiles and statistics (exec.RunResult)
-        # Called as (done, total) tasks while a plan runs (the CLI); ``done`` counts the running
-        # kernel calls' fractions too, so it grows while a few long calls run.
-        self.progress_callback = None
-        # Plans of bound graphs, reused while their inputs' versions and the settings hold.
-        self._plan_cache = physical.PlanCache()
-        from .bind.reuse import BoundCache
-        self._bound = BoundCache()
+        # the driver's state: executor, prepared-statement cache, last plan and run
+        self.engine = Engine(self._store, self.settings, self.session)
+
+    # the engine's, shown here (tests, the CLI, EXPLAIN ANALYZE read them)
+    last_plan = property(lambda self: self.engine.last_plan,
+                         doc="The TilePlan of the last einsum run.")
+    last_run = property(lambda self: self.engine.last_run,
+                        doc="What the last einsum run returned (exec.RunResult).")
+
+    @property
+    def progress_callback(self):
+        """Called as (done, total) tasks while a plan runs (the CLI); ``done`` counts the
+        running kernel calls' fractions too, so it grows while a few long calls run."""
+        return self.engine.progress_callback
+
+    @progress_callback.setter
+    def progress_callback(self, fn) -> None:
+        self.engine.progress_callback = fn
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -113,9 +100,7 @@ class Connection(TensorIO, DuckAPI):
 
     @one_at_a_time
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+        self.engine.close()
         if self._store is not None:
             self._release()
             self._store = None
@@ -175,23 +160,7 @@ class Connection(TensorIO, DuckAPI):
             from .exec.spawn import check_main_guard
             check_main_guard(value)  # before the setting changes
         self.settings.set(name, value)
-        if key in _EXECUTOR_SETTINGS:
-            self._drop_executor()
-
-    def _restore_settings(self, saved: Settings) -> None:
-        """Return every setting to ``saved``: a unit that failed leaves them as it found them."""
-        changed = [f.name for f in dataclasses.fields(saved)
-                   if getattr(saved, f.name) != getattr(self.settings, f.name)]
-        for name in changed:
-            setattr(self.settings, name, getattr(saved, name))
-        if _EXECUTOR_SETTINGS.intersection(changed):
-            self._drop_executor()
-
-    def _drop_executor(self) -> None:
-        """The executor was made for other settings: the next run makes a new one."""
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+        self.engine.setting_changed(key)
 
     # -- the SQL dialect -----------------------------------------------------------------------
     @one_at_a_time
@@ -215,7 +184,7 @@ class Connection(TensorIO, DuckAPI):
         result as soon as it exists (the CLI prints it while later statements run)."""
         from .session import run_script
         try:
-            stmts = self._parse(sql)
+            stmts = parse(sql)
         except ParserError:  # a block open since an earlier call can only be rolled back now
             self.session.abort_block()
             raise
@@ -233,14 +202,13 @@ class Connection(TensorIO, DuckAPI):
         if isinstance(query, (Graph, EinGraph)):
             from .explain import check_format
             check_format(format)
-            graph, pieces = self._bind(query, pieces)
-            return self._explain_graph(graph, pieces, format=format, analyze=analyze)
+            return self.engine.explain(self.engine.prepare(query, pieces), format, analyze)
         if pieces:
             raise ProgrammingError("pieces= applies to a Graph; in SQL text write "
                                    "WITH (PIECES label n, ...) after the statement")
         from .session import explain_format, explain_script
         fmt = explain_format(format)
-        return explain_script(self, query, self._parse(query), fmt, analyze)
+        return explain_script(self, query, parse(query), fmt, analyze)
 
     @one_at_a_time
     def sql(self, query: str, *, alias: str = "", params=None):
@@ -301,20 +269,8 @@ class Connection(TensorIO, DuckAPI):
 
     def _compute(self, graph: Graph, name: str):
         """Run a graph whose one output is ``name`` and return it as an array; nothing is
-        stored (the output tiles stay in memory and are assembled here)."""
-        from .geometry import tile_box
-        bound, pieces = self._bind(graph)
-        decomp, plan = self.plan(bound, pieces)
-        out = plan.outputs[name]
-        self._check_dense("the einsum's result", out.shape, out.dtype)
-        result = self._run(plan)
-        # Tiles no call produced are zeros. np.zeros' pages take memory only once written, and
-        # each tile is let go as it lands: the run's tiles and the array are not both held whole.
-        arr = np.zeros(out.shape, out.dtype)
-        for coords, key in out.tiles.items():
-            lo, hi = tile_box(out.grid, coords)
-            arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = result.tiles.pop(key)
-        return arr[()] if arr.ndim == 0 else arr  # a numpy scalar, as numpy.einsum gives
+        stored (the output tiles stay in memory and are assembled: driver.ArraySink)."""
+        return self.engine.compute(graph, name, check=self._check_dense)
 
     @one_at_a_time
     def run(self, graph: Graph | EinGraph, *, pieces: Mapping[str, Mapping[str, int]] | None = None,
@@ -322,207 +278,33 @@ class Connection(TensorIO, DuckAPI):
         """Plan and run a whole graph of operations at once; stores its outputs atomically,
         replacing tensors of the same names as assignments do (``replace=False`` refuses).
         ``pieces`` maps result names to {label: pieces} fixed for them (added to the graph's)."""
-        graph, pieces = self._bind(graph, pieces)
-        return self._run_graph(graph, pieces=pieces, replace=replace)
-
-    # -- the pipeline: each stage one call ------------------------------------------------------
-    def _parse(self, sql: str) -> list:
-        """parse: text -> statements (ASTs with spans)."""
-        from .dialect import parse
-        if not isinstance(sql, str):
-            raise ProgrammingError(f"a statement must be a string, got {type(sql).__name__}")
-        with stage("parse"):
-            return parse(sql)
-
-    def _bind(self, graph: Graph | EinGraph, pieces=None) -> tuple[EinGraph, dict]:
-        """bind: a Graph of named steps -> the checked EinGraph, and the pieces it carries."""
-        from .bind import bind_graph
-        if isinstance(graph, EinGraph):
-            return graph, dict(pieces or {})
-        with stage("bind"):
-            return bind_graph(graph, self.store), {**graph.pieces, **(pieces or {})}
-
-    def _bind_statements(self, items) -> tuple[EinGraph | None, dict]:
-        """bind: einsum statements (with the session's LETs) -> the EinGraph of what they store
-        (None when they only define LETs), and its pieces. A repeated group whose LETs and
-        catalog answers are the same again (a training step) is bound once (``bind/reuse.py``)."""
-        with stage("bind"):
-            return self._bound.bind(self.store, self.session.lets, items, _bind_group)
-
-    def _run_statements(self, items) -> None:
-        """A group of einsum statements: bind, optimize, lower, place, run, commit."""
-        graph, pieces = self._bind_statements(items)
-        if graph is not None:
-            self._run_graph(graph, pieces=pieces, replace=True)
-
-    def _explain_statements(self, items, format: str = "text", analyze: bool = False) -> str:
-        graph, pieces = self._bind_statements(items)
-        return self._explain_graph(graph, pieces, format=format, analyze=analyze)
-
-    def _explain_graph(self, graph: EinGraph, pieces, format: str = "text", analyze: bool = False):
-        """Plan ``graph`` (and with ``analyze`` run that very plan) and have explain render it."""
-        from .explain import render
-        decomp, plan = self.plan(graph, pieces)
-        # on a GPU: what of the inputs is on the devices already (before ANALYZE's run); an
-        # executor not started yet holds nothing, and EXPLAIN starts none
-        resident = getattr(self._executor, "resident", lambda plan: None)(plan)
-        result = self._run_graph(graph, replace=True, planned=(decomp, plan)) if analyze else None
-        return render(decomp, plan, format=format, result=result, resident=resident)
+        return self.engine.run_graph(graph, pieces, replace=replace)
 
     @one_at_a_time
-    def plan(self, graph: EinGraph, pieces=None):
-        """optimize, lower, place: a bound graph -> (Decomposition, placed TilePlan); nothing
-        runs. Aggregations wider than the executor combines in one task (its ``max_fan_in``;
-        None: any) become trees on their worker. A plan is cached under the layout of its
-        inputs, not their versions (physical/cache.py): a graph over new versions of the same
-        layout (a training step) reuses it, reading the current versions. TENSORDB_DEBUG=2
-        prints the plan as EXPLAIN shows it, =3 its tile tasks too."""
-        from .exec import max_fan_in
-        fan_in = max_fan_in(self.settings.executor, self._get_executor)
-        # The one read of the inputs' catalog entries for the whole plan (cached in the store):
-        # the plan cache's key, the optimizer's sparsity and facts and the lowering's tile
-        # joins all read these readers.
-        readers = self.store.open_many([t.name for t in graph.inputs])
-        layouts = {name: r.layout() for name, r in readers.items()}
-        key = physical.plan_key(graph, pieces, layouts, self._plan_settings(), fan_in)
-        cached = self._plan_cache.get(key)
-        if cached is not None:
-            if debug_level() >= 1:
-                print(f"[tensordb] plan cache hit ({self._plan_cache.hits} hits)", file=sys.stderr)
-            decomp, plan = cached
-            return decomp, physical.rebind(plan, readers, graph.ops)
-        facts = {name: r.facts() for name, r in readers.items()}
-        decomp = self._optimize(graph, pieces, readers, facts)
-        with stage("lower"):
-            plan = physical.lower(graph, decomp, self.store, readers, facts)
-        with stage("place"):
-            plan = physical.place(plan)
-            plan = physical.aggregation_trees(plan, fan_in)  # on the workers placement chose
-            plan = physical.order(plan)  # the memory-aware order the pool runs tasks in
-        self._plan_cache.prune(self.store.has)
-        self._plan_cache.put(key, decomp, plan, readers)
-        if debug_level() >= 2:
-            from .explain import render
-            print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)
-        if debug_level() >= 3:
-            print(physical.describe_tasks(plan), file=sys.stderr)
-        return decomp, plan
+    def plan(self, graph: Graph | EinGraph, pieces=None):
+        """optimize, lower, place: a graph -> (Decomposition, placed TilePlan); nothing runs
+        (the driver's ``prepare``, tensordb/driver/pipeline.py). A plan is cached under the
+        layout of its inputs, not their versions: a graph over new versions of the same layout
+        (a training step) reuses it, reading the current versions."""
+        return self.engine.plan(graph, pieces)
+
+    def _run_graph(self, graph: EinGraph, *, pieces=None, replace=False, planned=None):
+        """Run ``graph`` as planned: ``planned`` = (decomposition, plan) as ``plan`` gave, or
+        changed by the caller (tests that force a kernel)."""
+        from .driver import Prepared, Snapshot
+        prepared = None if planned is None else Prepared(Snapshot(self.store), graph, pieces or {},
+                                                         *planned, fresh=True)
+        return self.engine.run_graph(graph, pieces, replace=replace, prepared=prepared)
 
     @property
     def plan_cache_stats(self) -> dict[str, int]:
         """The plan cache's counters: ``hits``, ``misses`` and ``size`` (plans kept)."""
         return self._plan_cache.stats()
 
-    def _plan_settings(self) -> tuple:
-        """The settings a plan depends on (all but the CLI's progress display)."""
-        return tuple((f.name, getattr(self.settings, f.name))
-                     for f in dataclasses.fields(self.settings) if f.name != "progress")
-
-    def _optimize(self, graph: EinGraph, pieces, readers, facts):
-        """optimize: the Decomposition (pieces per label of every operation) and its cost, from
-        the inputs' ``readers`` and their ``facts`` (TensorReader.facts) that ``plan`` read."""
-        metas = {name: r.meta for name, r in readers.items()}
-        grids = {name: m.grid for name, m in metas.items()}
-        # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist,
-        # and only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.
-        sparse = {name: r.coords() for name, r in readers.items()
-                  if metas[name].tile_count < metas[name].total_tiles}
-        # Fixed pieces name statements: the operations computed under a statement's name (its
-        # pairwise steps, temporaries, internal name) take them on; bad ones are errors here.
-        pieces = optimizer.pieces_per_op(graph, pieces)
-        # The optimizer plans for the workers that will run the plan: the local pool's, or the
-        # cluster's when the executor is a Dask cluster.
-        local = self.settings.executor == "local"
-        workers = self.settings.workers if local else self._get_executor().workers
-        # The local pool's workers share this machine's cores: with SET blas_one_call = on, one
-        # BLAS call may use them all (optimizer/threads.py); a Dask cluster's or a GPU's calls,
-        # and by default the pool's, stay as the tiling makes them.
-        threads = min(workers, _cores()) if local and self.settings.blas_one_call else 1
-        with stage("optimize"):
-            return optimizer.decompose(graph, workers, strategy=self.settings.tiling,
-                                       memory_limit=self.settings.memory_limit, pieces=pieces,
-                                       input_grids=grids, input_tiles=sparse, input_facts=facts,
-                                       blas_threads=threads, input_stats=_stored_stats(readers))
-
-    def _run(self, plan, destinations=None, finished=None):
-        """run: the executor runs the placed plan; its output tiles come back (or, with
-        ``destinations``, are written straight into their new payload files, each handed to
-        ``finished`` once it is final)."""
-        with stage("run"):
-            result = self._get_executor().run(plan, self.store, progress=self.progress_callback,
-                                              destinations=destinations, finished=finished)
-        self.last_plan, self.last_run = plan, result
-        return result
-
-    def _run_graph(self, graph: EinGraph, *, pieces=None, replace=False, planned=None):
-        """Plan (unless ``planned`` = (decomposition, plan) is given), run, commit atomically."""
-        for name in graph.outputs:
-            name = graph.stored_name(name)
-            if self.store.has(name) and not replace:
-                raise CatalogError(f"tensor '{name}' already exists",
-                                   hint="use replace=True (CREATE OR REPLACE) to overwrite it")
-        hits = self._plan_cache.hits
-        decomp, plan = planned if planned is not None else self.plan(graph, pieces)
-        # Output tiles are computed straight into their new payload files where the executor
-        # can (in-process workers); nothing is visible until the catalog commit. A user table
-        # named like an output is refused by the commit; a graph planned afresh (a new
-        # statement) is also checked before its run, so that a refused name costs no compute,
-        # unless its kernels are a few milliseconds at most: then that catalog query (0.5 ms)
-        # would cost more than it could save. A repeated graph (its plan cached) is not.
-        # Outputs computed in anonymous memory are outside the memory budget: a sixteenth of
-        # the limit at most (no limit: the writer's own cap per file).
-        limit = self.settings.memory_limit
-        self._get_executor()  # before the writers take spares: it may turn their recycling off
-        # the staging buffers kept between statements: no more than one statement may stage
-        self.store.staging.cap(None if limit is None else limit // 16)
-        writers = physical.OutputWriters(self.store, plan, replace=replace,
-                                         check_tables=self._plan_cache.hits == hits and
-                                         sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
-                                         stage_max=None if limit is None else limit // 16,
-                                         sparse_nnz=decomp.details.get("output_nnz"))
-        try:
-            result = self._run(plan, writers.buffers, writers.finished)
-        except BaseException:
-            writers.abort()
-            raise
-        with stage("commit"):
-            writers.store_tiles(result.tiles, result.nnz, result.nonfinite, result.crc32)
-        result.output_nnz = writers.nnz()  # what EXPLAIN ANALYZE compares the estimate with
-        # The tiles are the stored tensors' now (read them through the catalog): the result
-        # keeps its statistics, not the buffers, which the next run's outputs may then reuse
-        # (a staging buffer, a spare payload file no mapping holds).
-        result.tiles = {}
-        return result
-
+    # the engine's executor and prepared-statement cache (tests reach for them)
     def _get_executor(self):
-        if self._executor is not None and not getattr(self._executor, "alive", True):
-            self._drop_executor()  # its cluster went away: connect again
-        if self._executor is None:
-            from .exec import make_executor
-            self._executor = make_executor(self.settings.executor, self.settings.workers,
-                                           memory_limit=self.settings.memory_limit)
-            if hasattr(self._executor, "pin_workers"):
-                self._executor.pin_workers = self.settings.pin_workers  # before threads start
-            if getattr(self._executor, "other_processes_read_files", False):
-                self.store.spares.disable()  # a retired file may be mapped in another process
-        return self._executor
+        return self.engine.executor()
 
-
-def _cores() -> int:
-    """The cores this process may run on."""
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else os.cpu_count() or 1)
-
-
-def _stored_stats(readers) -> dict:
-    """Per stored input, its tiles' formats, nonzeros and payload bytes (the catalog's): the
-    optimizer prices sparse inputs by them, and EXPLAIN shows them."""
-    out = {}
-    for name, r in readers.items():
-        if not hasattr(r, "entries"):  # a slice's or a gather's reader: read densified (boxes.py)
-            continue
-        entries = r.entries.values()
-        out[name] = optimizer.StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
-                                          sum(int(e.nnz) for e in entries),
-                                          sum(int(e.nbytes) for e in entries))
-    return out
+    _executor = property(lambda self: self.engine._executor,
+                         lambda self, ex: self.engine.set_executor(ex))
+    _plan_cache = property(lambda self: self.engine.cache)

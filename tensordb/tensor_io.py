@@ -20,11 +20,12 @@ import numpy as np
 
 from ._optional import require
 from .calls import one_at_a_time
-from .config import available_memory, format_bytes, stage
+from .config import available_memory, format_bytes
 from .errors import OutOfMemoryError, ProgrammingError
 
 if TYPE_CHECKING:
     from .config import Settings
+    from .driver import Engine
     from .storage import Store
 
 __all__ = ["TensorIO"]
@@ -34,6 +35,7 @@ class TensorIO:
     """Mixed into ``Connection``, whose ``store`` and ``settings`` these methods use."""
 
     store: "Store"
+    engine: "Engine"
     settings: "Settings"
 
     @one_at_a_time
@@ -56,11 +58,8 @@ class TensorIO:
     def _load(self, name: str, source, **options) -> list:
         """``load``, returning the catalog entries of what it stored: one tensor, or one per
         array of a .npz file loaded whole (``<name>_<array>``)."""
-        from .formats.load import load_tensor
-        with stage("load"):
-            metas = load_tensor(self.store, name, source, memory_limit=self.settings.memory_limit,
-                                **options)
-        return metas if isinstance(metas, list) else [metas]
+        _ = self.store  # a closed connection: InterfaceError
+        return self.engine.load(name, source, **options)
 
     @contextlib.contextmanager
     def _operands(self, operands):

@@ -1,7 +1,7 @@
 """Lowering and placement: an EinGraph and its Decomposition become a TilePlan of tile joins and
 aggregations, every task of it gets the worker that runs it, and aggregations wider than the
-executor combines become trees. Plans are kept in a PlanCache while their inputs keep their layout."""
-from .cache import PlanCache, plan_key, rebind
+executor combines become trees. Plans are kept by the driver's cache while their inputs keep their
+layout (tensordb/driver/cache.py)."""
 from .lower import OutputWriters, describe, lower
 from .order import order
 from .placement import place, transfers, worker_flops
@@ -10,4 +10,4 @@ from .trees import aggregation_trees
 
 __all__ = ["lower", "place", "aggregation_trees", "order", "transfers", "worker_flops",
            "OutputWriters", "describe", "TilePlan", "Load", "Assemble", "Kernel", "Aggregate",
-           "OutputTiles", "OpStats", "describe_tasks", "PlanCache", "plan_key", "rebind"]
+           "OutputTiles", "OpStats", "describe_tasks"]

@@ -3,8 +3,8 @@
 One ``execute`` call is one unit: parsed completely (by the Connection) before anything runs,
 then run inside one store transaction, so a failing statement leaves the database as it was
 before the call. BEGIN ... COMMIT makes a unit of statements sent in several calls (the REPL).
-Consecutive einsum statements of a unit go to the Connection as one group
-(``Connection._run_statements``: bind, optimize, lower, place, run, commit); the other
+Consecutive einsum statements of a unit go to the driver as one group (``con.engine``,
+tensordb/driver/: bind, optimize, lower, place, run, commit); the other
 statements go to their handlers (``statements.py``). The per-connection state (LETs, the open
 BEGIN block) is a ``Session`` the Connection owns (``con.session``).
 """
@@ -196,7 +196,7 @@ def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
     span = first.span if len(group) == 1 or group[-1][0] is not script else \
         Span(first.span.start, group[-1][1].span.end)
     try:
-        con._run_statements(group)
+        con.engine.run_statements(group)
     except Error as exc:
         raise exc.with_source(script, span)
     except Exception as exc:
@@ -262,7 +262,7 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
     lets_before = dict(con.session.lets)
     try:
         with txn:
-            return con._explain_statements(items, format=format, analyze=analyze)
+            return con.engine.explain_statements(items, format, analyze)
     except Error as exc:
         raise exc.with_source(script, first.span)
     finally:

@@ -122,7 +122,7 @@ def _load(con, script, s: A.LoadStmt, text) -> Result:
     else:
         source, options["query"] = None, f"SELECT * FROM {quote_ident(s.table)}"
     try:
-        metas = con._load(s.name, source, **options)
+        metas = con.engine.load(s.name, source, **options)
     except Error as exc:
         if exc.hint and "format=" in exc.hint:  # the Python API's words; say it in SQL
             exc.hint = "add FORMAT NPY | NPZ | PARQUET | CSV"

@@ -51,7 +51,7 @@ class UnitState:
         lets = self.con.session.lets
         lets.clear()
         lets.update(self.lets)
-        self.con._restore_settings(self.settings)
+        self.con.engine.restore_settings(self.settings)
         if self.duck is not None:
             _restore_duck(self.con, self.duck)
 

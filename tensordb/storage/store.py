@@ -119,6 +119,10 @@ class Store:
         self._cache: dict[str, TensorMeta | None] = {}
         self._cache_full = False  # _cache was filled from the whole catalog since it was cleared
         self._changed: set[str] = set()  # names written or dropped since then
+        # Counts the changes of the cached catalog answers (a write, a drop, a rollback, SQL
+        # that may have changed the catalog): an answer read at one epoch holds while it lasts
+        # (the driver's prepared statements are validated by it, driver/cache.py).
+        self.epoch = 0
         self.user_transaction = False  # a transaction begun with SQL (con.sql("BEGIN")) is open
         self._entries: dict[int, tuple] = {}
         self._views: set[str] = set()
@@ -270,19 +274,22 @@ class Store:
             return self._cache[key]
 
     def _clear_cache(self) -> None:
+        self.epoch += 1
         self._cache.clear()
         self._cache_full = False
         self._changed.clear()
 
     def _forget(self, name: str) -> None:
+        self.epoch += 1
         self._cache.pop(name.lower(), None)
         self._changed.add(name.lower())
 
     def forget_cached(self) -> None:
-        """Drop cached catalog reads (after SQL that may have changed the catalog)."""
+        """Drop cached catalog reads (after SQL that may have changed the catalog). The tile
+        entries, cached by version, stay: a version's tiles never change (the catalog schema
+        is tensordb's alone, guard.py) and no version number is used twice."""
         with self._lock:
             self._clear_cache()
-            self._entries.clear()
 
     def query(self, sql: str, params=None) -> list[tuple]:
         """Run SQL (with ``params`` for its ``?``) on the catalog connection itself (so it sees

@@ -163,9 +163,13 @@ def split(con, text: str, repeat: int) -> dict:
             finally:
                 parts.setdefault(key, []).append(time.perf_counter() - t0)
         setattr(owner, name, timed)
-    for name, key in (("_parse", "parse"), ("_bind_statements", "bind (GRAD included)"),
-                      ("plan", "plan (cache hit)"), ("_run", "run")):
-        wrap(con, name, key)
+    from tensordb import connection
+    from tensordb.driver import pipeline
+    for owner, name, key in ((connection, "parse", "parse"),
+                             (pipeline, "bind", "bind (GRAD included)"),
+                             (pipeline, "plan_graph", "plan (cache hit)"),
+                             (con._get_executor(), "run", "run")):
+        wrap(owner, name, key)
     wrap(physical.OutputWriters, "__init__", "open the output files")
     wrap(physical.OutputWriters, "store_tiles", "commit")
     wrap(os, "fsync", "fsync")
@@ -431,9 +435,11 @@ def main(argv=None) -> None:
         # the ratio is the median of the paired ratios
         # A step reuses its plan (the cache is keyed by the weights' layout, not their
         # versions); "planned every step" empties the cache first: what a step cost before.
-        # The time spent in Connection.plan (a hit: the layout digest and the rebinding).
+        # The time spent planning (driver/pipeline.py's plan_graph; a hit: the layout digest
+        # and the rebinding).
+        from tensordb.driver import pipeline
         hits, planning = [], {"sql": [], "fresh": []}
-        plan = con.plan
+        plan = pipeline.plan_graph
 
         def timed_plan(kind):
             def run(*a, **k):
@@ -445,22 +451,26 @@ def main(argv=None) -> None:
 
         def cached():
             before = con.plan_cache_stats["hits"]
-            con.plan = timed_plan("sql")
-            con.execute(text)
+            pipeline.plan_graph = timed_plan("sql")
+            try:
+                con.execute(text)
+            finally:
+                pipeline.plan_graph = plan
             hits.append(con.plan_cache_stats["hits"] > before)
 
         def afresh():
             # planned with an empty cache of its own: the other steps' plans stay cached
-            kept, con._plan_cache = con._plan_cache, type(con._plan_cache)()
+            cache = con._plan_cache
+            kept, cache._plans = cache._plans, type(cache._plans)()
             try:
-                con.plan = timed_plan("fresh")
+                pipeline.plan_graph = timed_plan("fresh")
                 con.execute(text)
             finally:
-                con._plan_cache = kept
+                cache._plans = kept
+                pipeline.plan_graph = plan
         text_stored = step_sql(args.b, stored=True)
 
         def stored():
-            con.plan = plan
             con.execute(text_stored)
         # k steps in one execute call: one group, planned as one graph (the plan reused), one
         # commit of the last weights: what parse, bind and the commit cost is paid once per k
@@ -468,7 +478,6 @@ def main(argv=None) -> None:
         text_k = step_sql(args.b) * k
 
         def several():
-            con.plan = plan
             con.execute(text_k)
 
         def in_memory():
@@ -476,7 +485,6 @@ def main(argv=None) -> None:
         times = paired({**fns, "sql": cached, "memory": in_memory, "stored": stored,
                         "fresh": afresh, "several": several}, args.repeat, args.settle)
         times["several"] = [t / k for t in times["several"]]
-        con.plan = plan
         parts = {"sql": split(con, text, args.repeat),
                  "memory": split(mem, text, args.repeat),
                  "stored": split(con, text_stored, args.repeat)}

@@ -1,4 +1,4 @@
-"""A repeated group of statements is bound once (bind/reuse.py): a training step does not derive
+"""A repeated group of statements is bound once (tensordb/driver/cache.py): a training step does not derive
 its backward pass again. Checked on a real catalog against numpy: the reused binding gives the
 same weights as numpy's steps; a tensor that changes shape, dtype or finiteness, a LET defined
 anew, a dropped tensor, all bind again (or fail with the binder's error, changing nothing)."""
@@ -35,13 +35,13 @@ def test_repeated_steps_reuse_their_binding_and_track_numpy(con):
     x = con.tensor("X")
     for k in range(4):
         w = con.tensor("W")
-        hits = con._bound.hits
+        hits = con.engine.cache.bound_hits
         con.execute(STEP)
         loss, w_np = numpy_step(x, w)
         np.testing.assert_allclose(con.tensor("W"), w_np, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(con.tensor("L"), loss, rtol=1e-12)
         # the first step defines the LETs, the second binds from them; then every step reuses
-        assert con._bound.hits == hits + (k >= 2)
+        assert con.engine.cache.bound_hits == hits + (k >= 2)
     # the LETs a reused binding defines are the step's own, and usable afterwards
     con.execute("Hv[b,h] = H[b,h]")
     np.testing.assert_allclose(con.tensor("Hv"), np.maximum(x @ con.tensor("W"), 0), rtol=1e-12)
@@ -54,9 +54,9 @@ def test_a_tensor_of_another_shape_binds_again(con):
     x, w = rng.standard_normal((8, 5)), rng.standard_normal((5, 3))
     con.load("X", x, replace=True)
     con.load("W", w, replace=True)
-    hits = con._bound.hits
+    hits = con.engine.cache.bound_hits
     con.execute(STEP)
-    assert con._bound.hits == hits
+    assert con.engine.cache.bound_hits == hits
     np.testing.assert_allclose(con.tensor("W"), numpy_step(x, w)[1], rtol=1e-12, atol=1e-12)
 
 
@@ -90,16 +90,16 @@ def test_a_nan_appearing_in_an_input_binds_again(con):
     text = "P[i,k] = SUM(X[i,j] * W[j,k] * W[j,k])"
     for _ in range(3):
         con.execute(text)
-    hits = con._bound.hits
+    hits = con.engine.cache.bound_hits
     x = con.tensor("X")
     x[0, 0] = np.nan
     con.load("X", x, replace=True)
     con.execute(text)
-    assert con._bound.hits == hits
+    assert con.engine.cache.bound_hits == hits
     w = con.tensor("W")
     np.testing.assert_allclose(con.tensor("P"), x @ (w * w), rtol=1e-12, equal_nan=True)
     con.execute(text)  # the same facts again: reused
-    assert con._bound.hits == hits + 1
+    assert con.engine.cache.bound_hits == hits + 1
 
 
 def test_a_let_defined_anew_binds_again(con):
@@ -108,9 +108,9 @@ def test_a_let_defined_anew_binds_again(con):
     for _ in range(3):
         con.execute(text)
     con.execute("LET S[f,h] = W[f,h] * 3")
-    hits = con._bound.hits
+    hits = con.engine.cache.bound_hits
     con.execute(text)
-    assert con._bound.hits == hits
+    assert con.engine.cache.bound_hits == hits
     np.testing.assert_allclose(con.tensor("Q"), con.tensor("W") * 3 + 1, rtol=1e-12)
 
 
@@ -134,16 +134,16 @@ def test_each_catalog_answer_is_kept_once_and_a_change_in_any_is_seen(con):
         " P[b,h] = A19[b,h] * A3[b,h] + SUM(X[b,f] * W[f,h]);"
     con.execute(text)
     con.execute(text)  # P exists now: bound again, with that answer
-    answers = list(con._bound._kept.values())[-1][0]  # the binding kept last
+    answers = list(con.engine.cache._bound.values())[-1].answers  # the binding kept last
     # X and W named 42 times, the 21 names each looked for once: one answer per question
     assert len(answers) == len({(q, name) for q, name, _ in answers}) <= 30
-    hits = con._bound.hits
+    hits = con.engine.cache.bound_hits
     con.execute(text)
-    assert con._bound.hits == hits + 1
+    assert con.engine.cache.bound_hits == hits + 1
     x, w = con.tensor("X"), con.tensor("W").astype(np.float32)
     con.load("W", w, replace=True)
     con.execute(text)
-    assert con._bound.hits == hits + 1 and con.tensor("P").dtype == np.float64
+    assert con.engine.cache.bound_hits == hits + 1 and con.tensor("P").dtype == np.float64
     want = (x @ w + 19) * (x @ w + 3) + x @ w
     np.testing.assert_allclose(con.tensor("P"), want, rtol=1e-5)
 

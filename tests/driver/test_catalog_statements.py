@@ -118,3 +118,36 @@ def test_a_load_looks_for_a_table_of_its_name_before_reading_and_at_commit(tmp_p
         with pytest.raises(tensordb.CatalogError, match="a table named 'u' exists"):
             con.load("U", given)
         assert not con.store.has("U")
+
+
+@pytest.mark.parametrize("query", ["SELECT 42", "CREATE TABLE t{k} AS SELECT 1 AS x",
+                                   "BEGIN; ROLLBACK"])
+def test_the_first_query_after_con_sql_sends_no_more(matmul, query):
+    """Plain SQL may change the catalog, so the tensors' rows are read again after it (one
+    statement); the tile entries, cached by version, are not: a version's tiles never change.
+    A repeated query then sends at most 5 statements, a new one at most 6."""
+    con, want = matmul
+    con.execute(MATMUL)
+    con.execute(MATMUL)
+    for k, (sql, limit) in enumerate([(MATMUL, REPEATED_MAX),
+                                      ("D[i,k] = SUM(B[i,j] * A[j,k])", NEW_MAX)]):
+        con.sql(query.format(k=k))
+        log = statements(con, lambda: con.execute(sql))
+        assert len(log) <= limit, "\n".join(log)
+        assert_no_read_twice(log)
+        assert not any("FROM tensordb.tiles" in s for s in log), log
+    _close(con.tensor("C"), want)
+    a, b = con.tensor("A").astype(np.float64), con.tensor("B").astype(np.float64)
+    _close(con.tensor("D"), b @ a)
+
+
+def test_a_rolled_back_sql_transaction_leaves_no_stale_tile_entries(matmul):
+    """The tile entries kept across con.sql are those of versions the catalog holds: after a
+    ROLLBACK of plain SQL the query reads the versions that are there, as numpy says."""
+    con, want = matmul
+    con.execute(MATMUL)
+    con.sql("BEGIN")
+    con.sql("CREATE TABLE scratch AS SELECT 1 AS x")
+    con.sql("ROLLBACK")
+    con.execute("E[i,k] = SUM(C[i,j] * B[j,k])")
+    _close(con.tensor("E"), want @ con.tensor("B").astype(np.float64))

@@ -1,6 +1,8 @@
-"""The Connection is the one driver: parse -> bind -> optimize -> lower -> place -> run ->
-commit, each stage timed under TENSORDB_DEBUG; the session's state lives on the connection; the
-dialect only parses (what it knows of the other stages is checked against them here)."""
+"""One driver (tensordb/driver/): parse -> bind -> optimize -> lower -> place -> run -> commit,
+each stage timed under TENSORDB_DEBUG, for the connection, the session, Graphs and EXPLAIN
+alike; one catalog snapshot per statement group; one prepared-statement cache; the session's
+state lives on the connection; the dialect only parses (what it knows of the other stages is
+checked against them here)."""
 from __future__ import annotations
 
 import dataclasses
@@ -119,3 +121,97 @@ def test_the_dialects_depth_bound_is_the_irs():
 
 def test_the_sessions_explain_formats_are_explains():
     assert session.script.FORMATS == explain.FORMATS
+
+
+def test_the_session_calls_the_engine_never_the_connections_privates():
+    """The session is handed the engine (``con.engine``); no ``con._name`` anywhere in it."""
+    for path in (ROOT / "tensordb" / "session").glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"\bcon\._[a-z]", text), path
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How often, per call, the catalog's tile entries are opened and each input's layout and
+    NaN/inf facts are computed."""
+    from tensordb.storage import Store
+    from tensordb.storage.reader import TensorReader
+    seen = {"open_many": 0, "layout": 0, "facts": 0}
+    for cls, name in ((Store, "open_many"), (TensorReader, "layout"), (TensorReader, "facts")):
+        real = getattr(cls, name)
+
+        def counting(self, *args, _real=real, _name=name):
+            seen[_name] += 1
+            return _real(self, *args)
+        monkeypatch.setattr(cls, name, counting)
+    return seen
+
+
+def test_a_group_reads_the_catalog_once_through_its_snapshot(counted):
+    """A new group, a repeat, a GRAD step and a Graph each open their inputs in one
+    ``Store.open_many`` and compute each input's layout and facts at most once."""
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    step = ("LET T[i,j] = A[i,j] * 2; L = SUM(T[i,j] * T[i,j]); LET dA = GRAD(L, A); "
+            "A[i,j] = A[i,j] - 0.01 * dA[i,j]")
+    graph = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="G")
+    with tensordb.connect(workers=2) as con:
+        con.load("A", a)
+        con.load("B", b)
+        for run in [lambda: con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")] * 3 + \
+                [lambda: con.execute(step)] * 3 + [lambda: con.run(graph)] * 2:
+            counted.update(open_many=0, layout=0, facts=0)
+            run()
+            assert counted["open_many"] == 1, counted
+            assert counted["layout"] <= 2 and counted["facts"] <= 2, counted
+        np.testing.assert_allclose(con.tensor("C"), a @ b)
+        stepped = a * (1 - 0.01 * 8) ** 3  # dL/dA = 8 A, three steps
+        np.testing.assert_allclose(con.tensor("A"), stepped)
+        np.testing.assert_allclose(con.tensor("G"), stepped @ b)
+
+
+def test_a_repeated_graph_is_bound_and_planned_once():
+    """``con.run(Graph)`` goes through the same prepared-statement cache as SQL text: the
+    second run binds nothing and plans nothing, and reads the inputs' new values."""
+    rng = np.random.default_rng(6)
+    graph = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="G")
+    with tensordb.connect(workers=2) as con:
+        con.load("B", rng.standard_normal((5, 4)))
+        for n in range(3):
+            a = rng.standard_normal((6, 5))
+            con.load("A", a, replace=True)
+            bound, stats = con.engine.cache.bound_hits, con.plan_cache_stats
+            con.run(graph)
+            np.testing.assert_allclose(con.tensor("G"), a @ con.tensor("B"))
+            assert con.engine.cache.bound_hits == bound + (n > 0)
+            assert con.plan_cache_stats["hits"] == stats["hits"] + (n > 0)
+
+
+def test_planning_and_explain_build_no_executor():
+    """What planning needs of the executor (workers, fan-in, memory) is declared
+    (``Engine.target``): a plan and an EXPLAIN start no worker."""
+    with tensordb.connect(workers=2) as con:
+        con.load("A", np.arange(6.0).reshape(2, 3))
+        text = con.explain("G[i,k] = SUM(A[i,j] * A[k,j])")
+        assert text.startswith("EXPLAIN") and con.engine._executor is None
+        con.execute("G[i,k] = SUM(A[i,j] * A[k,j])")
+        assert con.engine._executor is not None
+
+
+def test_the_connection_session_and_explain_prepare_through_one_function(monkeypatch):
+    """Every entry point (execute, explain, run, einsum) prepares through
+    ``driver.pipeline.prepare``: one place to add a decision."""
+    from tensordb.driver import engine as engine_mod
+    seen = []
+    real = engine_mod.prepare
+    monkeypatch.setattr(engine_mod, "prepare", lambda *a, **k: seen.append(type(a[0]).__name__)
+                        or real(*a, **k))
+    with tensordb.connect(workers=2) as con:
+        con.load("A", np.eye(3) * 2)
+        con.execute("B[i,k] = SUM(A[i,j] * A[j,k])")
+        con.explain("B[i,k] = SUM(A[i,j] * A[j,k])")
+        con.run(tensordb.Graph().einsum("ij,jk->ik", "A", "A", into="C"))
+        got = con.einsum("ij,jk->ik", "A", "A")
+        np.testing.assert_allclose(got, np.eye(3) * 4)
+        np.testing.assert_allclose(con.tensor("C"), np.eye(3) * 4)
+    assert seen == ["list", "list", "Graph", "Graph"]

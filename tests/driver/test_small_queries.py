@@ -71,7 +71,7 @@ def test_a_large_new_statement_is_refused_before_it_runs(con):
     """A statement planned afresh whose kernels are more than EARLY_CHECK_FLOPS looks for a user
     table of its output's name before the run: a refused name costs no compute. A small one
     leaves that to its commit (the test above): the same error, nothing stored."""
-    from tensordb.connection import EARLY_CHECK_FLOPS
+    from tensordb.driver.sink import EARLY_CHECK_FLOPS
     big = np.random.default_rng(2).standard_normal((512, 512))
     assert 2 * 512 ** 3 > EARLY_CHECK_FLOPS
     con.load("G", big, tile=(128, 128))

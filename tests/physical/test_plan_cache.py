@@ -1,4 +1,4 @@
-"""The plan cache (physical/cache.py): a repeated statement reuses its plan while its inputs keep
+"""The plan cache (tensordb/driver/cache.py): a repeated statement reuses its plan while its inputs keep
 their layout (grid, present tiles, NaN/inf and all-nonzero flags per tile), whatever their
 versions; a new layout (other present tiles, a NaN, a zero), a setting that steers planning or
 different pieces plan again. A reused plan reads the inputs' current versions. Every result is
@@ -257,3 +257,30 @@ def test_a_cached_plans_kernels_are_set_up_once_and_a_replaced_plan_gets_its_own
     con._run_graph(bound, replace=True, planned=(decomp, forced))
     np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-12)
     assert made and all(c.method == "broadcast" for c in made)
+
+
+def test_an_unchanged_catalog_validates_a_prepared_group_by_its_epoch(con, monkeypatch):
+    """While the store's epoch stands (nothing written, dropped or rolled back, no plain SQL),
+    a prepared group is reused without asking the catalog anything again; after a write of
+    another tensor, its answers are asked again, hold, and it is reused all the same; after a
+    change to what it read, it is bound and planned again."""
+    from tensordb.storage import Store
+    asked = []
+    real = Store.has  # (what binding asked; planning opens the inputs' current versions anyway)
+    monkeypatch.setattr(Store, "has", lambda self, name: asked.append(name) or real(self, name))
+    con.explain(SQL)
+    bound, hits = con.engine.cache.bound_hits, con.plan_cache_stats["hits"]
+    asked.clear()
+    text = con.explain(SQL)  # the same epoch: nothing asked
+    assert asked == [] and "EXPLAIN" in text
+    assert con.engine.cache.bound_hits == bound + 1 and con.plan_cache_stats["hits"] == hits + 1
+    con.load("Other", np.ones(3))  # a new epoch, the answers the same
+    con.execute(SQL)
+    assert asked and con.engine.cache.bound_hits == bound + 2
+    assert con.plan_cache_stats["hits"] == hits + 2
+    _check(con)
+    con.load("B", np.random.default_rng(4).standard_normal((10, 7)), tile=(5, 7), replace=True)
+    con.execute(SQL)  # B's shape changed: bound and planned again
+    assert con.engine.cache.bound_hits == bound + 2
+    assert con.plan_cache_stats["misses"] == 2
+    _check(con)

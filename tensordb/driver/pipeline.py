@@ -1,0 +1,180 @@
+"""The driver: every statement group, Graph and EXPLAIN goes through these few functions, and
+their bodies are the pipeline, each stage one call, timed under TENSORDB_DEBUG=1:
+
+    text --parse--> statements --bind--> EinGraph --optimize--> Decomposition
+         --lower--> TilePlan --place--> --run--> tiles --commit--> store
+
+``prepare(statements | Graph, snapshot)`` binds and plans against one catalog ``Snapshot``
+(snapshot.py), reusing what the ``PreparedCache`` (cache.py) holds; ``Prepared.run(executor,
+sink)`` runs the plan and hands its outputs to the sink (sink.py: the store's commit, or an
+array). The ``Engine`` (engine.py) holds the state these need between calls.
+
+>>> import numpy as np, tensordb
+>>> from tensordb.driver import Snapshot, PreparedCache, ArraySink, prepare
+>>> con = tensordb.connect()
+>>> con.load("A", np.eye(2) * 3)
+>>> g = tensordb.Graph().einsum("ij,jk->ik", "A", "A", into="B")
+>>> target = con.engine.target()
+>>> p = prepare(g, Snapshot(con.store), target, PreparedCache())
+>>> p.run(con.engine.executor(), ArraySink("B")).tolist()
+[[9.0, 0.0], [0.0, 9.0]]
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+from .. import optimizer, physical
+from ..bind import bind_graph, bind_statements
+from ..config import debug_level, stage
+from ..errors import ProgrammingError
+from ..plan.builder import Graph
+from ..plan.ir import EinGraph
+from .cache import PreparedCache, graph_key, plan_key, rebind, statements_key
+from .snapshot import Snapshot
+
+__all__ = ["parse", "prepare", "Prepared", "Target"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What planning needs of the executor that will run the plan, declared rather than asked
+    of a live one: its ``workers``, the most partials one aggregation task combines
+    (``fan_in``; None: any, physical/trees.py), the ``memory_limit`` they share, the BLAS
+    threads one call may use, the tiling strategy; ``key``: all that steers a plan."""
+
+    workers: int
+    fan_in: int | None
+    memory_limit: int | None
+    blas_threads: int
+    tiling: str | None
+    key: Hashable = ()
+
+
+@dataclass
+class Prepared:
+    """A statement group (or Graph) bound and planned against ``snapshot``: its ``graph``
+    (None when it only defines LETs), ``pieces``, ``decomp`` and placed ``plan``; ``fresh``
+    when the plan was made now (not taken from the cache)."""
+
+    snapshot: Snapshot
+    graph: EinGraph | None = None
+    pieces: dict = field(default_factory=dict)
+    decomp: Any = None
+    plan: Any = None
+    fresh: bool = False
+
+    def run(self, executor, sink, progress=None, ran=None):
+        """run, commit: ``executor`` runs the placed plan; its output tiles go to ``sink``
+        (computed straight into their new payload files where the executor can), which
+        commits them and says what the run gives. ``ran(plan, result)`` sees the run first."""
+        out = sink.open(self)
+        try:
+            with stage("run"):
+                result = executor.run(self.plan, self.snapshot.store, progress=progress,
+                                      destinations=out.buffers, finished=out.finished)
+        except BaseException:
+            out.abort()
+            raise
+        if ran is not None:
+            ran(self.plan, result)
+        with stage("commit"):
+            return out.commit(result)
+
+
+def parse(sql: str) -> list:
+    """parse: text -> statements (ASTs with spans)."""
+    from ..dialect import parse as parse_text
+    if not isinstance(sql, str):
+        raise ProgrammingError(f"a statement must be a string, got {type(sql).__name__}")
+    with stage("parse"):
+        return parse_text(sql)
+
+
+def prepare(source, snapshot: Snapshot, target: Target, cache: PreparedCache, *,
+            lets: dict | None = None, pieces=None) -> Prepared:
+    """bind, optimize, lower, place: ``source`` (a list of (script, AssignStmt) with the
+    session's ``lets``, a Graph, or a bound EinGraph) -> Prepared; nothing runs."""
+    graph, pieces = bind(source, snapshot, cache, lets, pieces)
+    if graph is None:
+        return Prepared(snapshot)
+    decomp, plan, fresh = plan_graph(graph, pieces, snapshot, target, cache)
+    return Prepared(snapshot, graph, pieces, decomp, plan, fresh)
+
+
+def bind(source, snapshot: Snapshot, cache: PreparedCache, lets=None, pieces=None):
+    """bind: statements or a Graph -> the checked EinGraph (None when the statements only
+    define LETs) and the pieces it carries; a group bound before whose catalog answers hold
+    again (a training step) is taken from the cache."""
+    if isinstance(source, EinGraph):
+        return source, dict(pieces or {})
+    graph_given = isinstance(source, Graph)
+    with stage("bind"):
+        key = graph_key(source) if graph_given else statements_key(source, lets)
+        kept = cache.bound(key, snapshot, None if graph_given else lets, source)
+        if kept is not None:
+            graph, bound_pieces = kept.graph, kept.pieces
+        elif graph_given:
+            graph, bound_pieces = bind_graph(source, snapshot), dict(source.pieces)
+            cache.keep_bound(key, snapshot, graph, bound_pieces, None, None)
+        else:
+            before = dict(lets)
+            binder = bind_statements(snapshot, lets, source)
+            graph, bound_pieces = (binder.eingraph(), dict(binder.pieces)) \
+                if binder.steps and binder.outputs else (None, {})
+            cache.keep_bound(key, snapshot, graph, bound_pieces, before, lets, source)
+    return graph, {**bound_pieces, **(pieces or {})}
+
+
+def plan_graph(graph: EinGraph, pieces, snapshot: Snapshot, target: Target,
+               cache: PreparedCache):
+    """optimize, lower, place: a bound graph -> (Decomposition, placed TilePlan, fresh). A
+    plan is kept under the layouts of its inputs, not their versions (cache.py): a graph over
+    new versions of the same layout (a training step) reuses it, reading the current ones.
+    TENSORDB_DEBUG=2 prints the plan as EXPLAIN shows it, =3 its tile tasks too."""
+    names = [t.name for t in graph.inputs]
+    readers = snapshot.readers(names)
+    key = plan_key(graph, pieces, snapshot.layouts(names), target.key)
+    cached = cache.plan(key)
+    if cached is not None:
+        if debug_level() >= 1:
+            print(f"[tensordb] plan cache hit ({cache.hits} hits)", file=sys.stderr)
+        decomp, plan = cached
+        return decomp, rebind(plan, readers, graph.ops), False
+    decomp = optimize(graph, pieces, snapshot, names, target)
+    facts = {name: snapshot.facts(name) for name in names}
+    with stage("lower"):
+        plan = physical.lower(graph, decomp, snapshot.store, readers, facts)
+    with stage("place"):
+        plan = physical.place(plan)
+        plan = physical.aggregation_trees(plan, target.fan_in)  # on the workers placement chose
+        plan = physical.order(plan)  # the memory-aware order the pool runs tasks in
+    cache.prune(snapshot.store.has)
+    cache.keep_plan(key, decomp, plan, readers)
+    if debug_level() >= 2:
+        from ..explain import render
+        print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)
+    if debug_level() >= 3:
+        print(physical.describe_tasks(plan), file=sys.stderr)
+    return decomp, plan, True
+
+
+def optimize(graph: EinGraph, pieces, snapshot: Snapshot, names, target: Target):
+    """optimize: the Decomposition (pieces per label of every operation) and its cost, from
+    what the snapshot read of the inputs."""
+    readers = snapshot.readers(names)
+    metas = {name: r.meta for name, r in readers.items()}
+    # Block-sparse inputs: the optimizer counts only the kernel calls whose tiles exist, and
+    # only where the partner tiles are finite (0 * inf is NaN): what the catalog knows.
+    sparse = {name: r.coords() for name, r in readers.items()
+              if metas[name].tile_count < metas[name].total_tiles}
+    # Fixed pieces name statements: the operations computed under a statement's name (its
+    # pairwise steps, temporaries, internal name) take them on; bad ones are errors here.
+    pieces = optimizer.pieces_per_op(graph, pieces)
+    with stage("optimize"):
+        return optimizer.decompose(
+            graph, target.workers, strategy=target.tiling, memory_limit=target.memory_limit,
+            pieces=pieces, input_grids={name: m.grid for name, m in metas.items()},
+            input_tiles=sparse, input_facts={name: snapshot.facts(name) for name in names},
+            blas_threads=target.blas_threads, input_stats=snapshot.stored_stats(names))

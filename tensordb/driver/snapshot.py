@@ -1,0 +1,138 @@
+"""The catalog as one statement group sees it: read once, handed to every stage.
+
+A ``Snapshot`` is taken when a group starts (``Engine.snapshot``); the binder asks it what a
+name is (``has``, ``meta``, ``open``), planning reads the inputs' readers, layouts, NaN/inf and
+zero facts and stored formats from it, and the lowering and the run read the very readers it
+opened. Each answer is read from the store once (the store caches rows by name and tile entries
+by version) and written down, so that a prepared group can later be checked by asking the same
+questions again (``holds``). No stage reads the catalog during the group for what the snapshot
+has: the tile-join SQL of the lowering (presence of tiles at an operation's grid) is the one
+read left, and runs only for grids the stored tiles do not give directly.
+
+>>> import numpy as np, tensordb
+>>> con = tensordb.connect()
+>>> con.load("A", np.ones((2, 3)))
+>>> snap = Snapshot(con.store)
+>>> snap.has("A"), snap.facts("A"), snap.holds(snap.answers)
+(True, (True, True), True)
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..errors import Error
+from ..optimizer import StoredStats
+from ..storage.reader import TensorReader
+
+__all__ = ["Snapshot", "meta_key"]
+
+
+def meta_key(m) -> tuple:
+    """What the binder reads of a tensor's catalog entry (not its version). The dtype by its
+    code (``'<f4'``): ``str`` of a NumPy dtype is Python code, and a repeated statement
+    compares these for every tensor it names."""
+    return (m.name, tuple(m.shape), m.dtype.str, tuple(m.dims), m.grid)
+
+
+class Snapshot:
+    """One statement group's view of ``store`` (see the module's docstring). ``epoch``: the
+    store's epoch when it was taken; ``keepable``: every question asked of it is written down
+    (a listing, asked for an error's hint, is not, and nothing is then kept)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.epoch = store.epoch
+        self.keepable = True
+        self._readers: dict = {}
+        self._facts: dict = {}
+        self._answers: dict[tuple[str, object], object] = {}
+
+    # -- what the binder asks (bind.GroupBinder's catalog) --------------------------------------
+    def has(self, name: str) -> bool:
+        out = self.store.has(name)
+        self._note("has", name, out)
+        return out
+
+    def meta(self, name: str):
+        m = self.store.meta(name)
+        self._note("meta", name, meta_key(m))
+        return m
+
+    def open(self, name: str) -> TensorReader:
+        reader = self.readers([name])[name]
+        self._note("open", name, self.facts(name))
+        return reader
+
+    def list(self):
+        self.keepable = False  # an error's hint: nothing to check a kept answer by
+        return self.store.list()
+
+    # -- what planning reads ----------------------------------------------------------------------
+    def readers(self, names: Iterable) -> dict:
+        """name -> reader of its version at this snapshot, the tile entries of all not opened
+        yet read in one query (``Store.open_many``)."""
+        names = list(names)
+        missing = [n for n in dict.fromkeys(names) if n not in self._readers]
+        if missing:
+            self._readers.update(self.store.open_many(missing))
+        return {n: self._readers[n] for n in names}
+
+    def facts(self, name) -> tuple[bool, bool]:
+        """(finite, nonzero) of an input (``TensorReader.facts``), computed once."""
+        if name not in self._facts:
+            self._facts[name] = self.readers([name])[name].facts()
+        return self._facts[name]
+
+    def layouts(self, names) -> dict:
+        """name -> ``TensorReader.layout()`` (the plan's key), each computed once and written
+        down as an answer: a prepared plan holds while its inputs keep their layouts."""
+        out = {}
+        for name in names:
+            key = ("layout", name)
+            if key not in self._answers:
+                self._answers[key] = self.readers([name])[name].layout()
+            out[name] = self._answers[key]
+        return out
+
+    def stored_stats(self, names) -> dict:
+        """Per stored input, its tiles' formats, nonzeros and payload bytes (the catalog's):
+        the optimizer prices sparse inputs by them, and EXPLAIN shows them. A slice's or a
+        gather's reader (storage/boxes.py) is read densified: it has none."""
+        out = {}
+        for name, r in self.readers(names).items():
+            if not isinstance(r, TensorReader):
+                continue
+            entries = r.entries.values()
+            out[name] = StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
+                                    sum(int(e.nnz) for e in entries),
+                                    sum(int(e.nbytes) for e in entries))
+        return out
+
+    # -- checking what was read -------------------------------------------------------------------
+    @property
+    def answers(self) -> tuple:
+        """Every answer written down, as (question, name, answer)."""
+        return tuple((q, name, a) for (q, name), a in self._answers.items())
+
+    def holds(self, answers) -> bool:
+        """Whether this snapshot gives every one of ``answers`` (another snapshot's) again."""
+        try:
+            return all(self._ask(q, name) == a for q, name, a in answers)
+        except Error:  # a tensor gone meanwhile: the caller binds again, and the binder says so
+            return False
+
+    def _ask(self, question: str, name):
+        if question == "has":
+            return self.has(name)
+        if question == "meta":
+            return meta_key(self.meta(name))
+        if question == "open":
+            return self.facts(name)
+        return self.layouts([name])[name]
+
+    def _note(self, question: str, name, answer) -> None:
+        key = (question, name)
+        if key not in self._answers:
+            self._answers[key] = answer
+        elif self._answers[key] != answer:  # the catalog changed while binding: keep nothing
+            self.keepable = False
