@@ -200,12 +200,12 @@ class TensorReader:
         if not e.sparse:
             return self._view(e.offset, e.shape, (e,))
         from .sparse import densify
-        return densify(self.stored_tile(e.coords))
+        return densify(self.stored_tile(e.coords), self.meta.fill)
 
     def _sparse_part(self, coords, part) -> np.ndarray:
         """The dense box ``part`` (slices) of a sparse tile, without densifying the rest."""
         from .sparse import densify_part
-        return densify_part(self.stored_tile(coords), part)
+        return densify_part(self.stored_tile(coords), part, self.meta.fill)
 
     @property
     def has_sparse(self) -> bool:
