@@ -22,6 +22,7 @@ from .config import Settings, debug_level, stage
 from .duckapi import DuckAPI, connect_arguments
 from .errors import CatalogError, InterfaceError, ParserError, ProgrammingError
 from .plan.builder import Graph
+from .plan import fills as plan_fills
 from .plan.ir import EinGraph
 from .session import Session
 from .storage import Store
@@ -392,7 +393,11 @@ class Connection(TensorIO, DuckAPI):
             decomp, plan = cached
             return decomp, physical.rebind(plan, readers, graph.ops)
         facts = {name: r.facts() for name, r in readers.items()}
+        # Every output's fill value (plan/fills.py): an operation that keeps none is refused
+        # here, before anything is planned or run.
+        fills = plan_fills.graph_fills(graph, {n: r.meta.fill for n, r in readers.items()})
         decomp = self._optimize(graph, pieces, readers, facts)
+        decomp.details["output_fill"] = {n: f for n, f in fills.items() if f}
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store, readers, facts)
         with stage("place"):
@@ -479,7 +484,8 @@ class Connection(TensorIO, DuckAPI):
                                          check_tables=self._plan_cache.hits == hits and
                                          sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
                                          stage_max=None if limit is None else limit // 16,
-                                         sparse_nnz=decomp.details.get("output_nnz"))
+                                         sparse_nnz=decomp.details.get("output_nnz"),
+                                         fills=decomp.details.get("output_fill"))
         try:
             result = self._run(plan, writers.buffers, writers.finished)
         except BaseException:
