@@ -77,15 +77,18 @@ class _Lowering:
             self._known[tensor] = (False, False) if reader is None else reader.facts()
         return self._known[tensor]
 
-    def _sparsity(self, op: EinOp) -> tuple[tuple[int, ...], tuple[bool, ...]]:
-        """(operands stored as matrices with sparse tiles, whether each operand is finite):
-        what the kernel choice needs to pick a sparse kernel (choice.spmm_operand)."""
+    def _sparsity(self, op: EinOp) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[float, ...]]:
+        """(operands stored as matrices with sparse tiles, whether each operand is finite, each
+        operand's fill value): what the kernel choice needs to pick a sparse kernel
+        (choice.spmm_operand, plan/sparse_rules.py)."""
         sparse = tuple(k for k, o in enumerate(op.inputs) if o.tensor in self.readers
                        and self.readers[o.tensor].meta.ndim == 2
                        and self.readers[o.tensor].has_sparse)
         if not sparse:
-            return (), ()
-        return sparse, tuple(self._facts(o.tensor)[0] for o in op.inputs)
+            return (), (), ()
+        return (sparse, tuple(self._facts(o.tensor)[0] for o in op.inputs),
+                tuple(self.readers[o.tensor].meta.fill if o.tensor in self.readers else 0.0
+                      for o in op.inputs))
 
     # -- the tile join -------------------------------------------------------------------------
     def _complete(self, tensor: str) -> bool:
