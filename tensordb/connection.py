@@ -22,7 +22,7 @@ from .config import Settings, debug_level, stage
 from .duckapi import DuckAPI, connect_arguments
 from .errors import CatalogError, InterfaceError, ParserError, ProgrammingError
 from .plan.builder import Graph
-from .plan import fills as plan_fills
+from .plan import fills as plan_fills, sparse_fuse
 from .plan.ir import EinGraph
 from .session import Session
 from .storage import Store
@@ -384,6 +384,7 @@ class Connection(TensorIO, DuckAPI):
         # the plan cache's key, the optimizer's sparsity and facts and the lowering's tile
         # joins all read these readers.
         readers = self.store.open_many([t.name for t in graph.inputs])
+        graph = _fuse_sparse(graph, readers)
         layouts = {name: r.layout() for name, r in readers.items()}
         key = physical.plan_key(graph, pieces, layouts, self._plan_settings(), fan_in)
         cached = self._plan_cache.get(key)
@@ -518,6 +519,17 @@ def _cores() -> int:
     """The cores this process may run on."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else os.cpu_count() or 1)
+
+
+def _fuse_sparse(graph: EinGraph, readers) -> EinGraph:
+    """``graph`` with a product that a sparse matrix masks fused with it, where the masked
+    SpGEMM or SDDMM kernel computes it (plan/sparse_fuse.py): only over matrices stored with
+    sparse tiles, fill 0."""
+    sparse = {n for n, r in readers.items() if getattr(r, "has_sparse", False)
+              and r.meta.ndim == 2 and r.meta.fill == 0}
+    if not sparse:
+        return graph
+    return sparse_fuse.fuse(graph, sparse, {n: r.facts()[0] for n, r in readers.items()})
 
 
 def _stored_stats(readers) -> dict:
