@@ -542,5 +542,5 @@ def _stored_stats(readers) -> dict:
         entries = r.entries.values()
         out[name] = optimizer.StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
                                           sum(int(e.nnz) for e in entries),
-                                          sum(int(e.nbytes) for e in entries))
+                                          sum(int(e.nbytes) for e in entries), r.meta.fill)
     return out

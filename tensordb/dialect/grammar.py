@@ -38,8 +38,8 @@ load_opt: FORMAT NAME -> opt_format
         | SHAPE LPAR INT (COMMA INT)* RPAR -> opt_shape
         | DUPLICATES NAME -> opt_duplicates
         | FILL fill_value -> opt_fill
-fill_value: [PLUS | MINUS] (NUMBER | NAME)
         | tile -> opt_tile
+fill_value: [PLUS | MINUS] (NUMBER | NAME)
 tile: TILE LPAR label_value (COMMA label_value)* RPAR
 label_value: NAME INT -> named_value
            | INT -> bare_value

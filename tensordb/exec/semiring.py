@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-from ..plan.sparse_rules import SEMIRINGS
+from ..plan.sparse_rules import SEMIRINGS, have_graphblas
 from ..storage.sparse import Filled, densify, is_sparse
 
 __all__ = ["semiring", "masked", "sddmm", "CHUNK"]
@@ -195,6 +195,12 @@ def masked(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         with np.errstate(all="ignore"):
             res = (_dense(*m) * (_dense(*X) @ _dense(*Y))).sum(dtype=dtype)
         return np.asarray(res, dtype).reshape(out_shape)
+    if not have_graphblas():  # scipy's SpGEMM, unmasked, then the mask's entries of it
+        import scipy.sparse as sp
+        xs = X[0] if X[0] is not None else sp.csr_array(X[2])
+        ys = Y[0] if Y[0] is not None else sp.csr_array(Y[2])
+        value = (xs @ ys).multiply(m[0]).sum(dtype=dtype)
+        return np.asarray(value, dtype).reshape(out_shape)
     gb = _gb()
     M = _to_gb(m[0], None)
     P = _to_gb(X[0], X[2]).mxm(_to_gb(Y[0], Y[2]), gb.semiring.plus_times).new(mask=M.S)

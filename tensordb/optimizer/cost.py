@@ -41,7 +41,7 @@ import numpy as np
 from ..geometry import Grid, even_bounds, overlapping
 from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
-from .sparse_cost import StoredStats, sparse_flops, sparse_out_nnz
+from .sparse_cost import StoredStats, special_kernel, sparse_flops, sparse_out_nnz
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "StoredStats", "blas_efficiency",
            "evaluate", "stored_aligned"]
@@ -205,8 +205,9 @@ class OpModel:
               if o.tensor not in produced}
         st = {k: v for k, v in st.items() if v is not None and v.sparse}
         # The kernel the lowering will choose (physical/choice.py): the same rule, the same facts.
-        kern = memory.sparse_kernel(op, tuple(k for k in st if len(op.inputs[k].labels) == 2),
-                                    tuple(f[0] for f in known))
+        kern = special_kernel(op, st, known) or memory.sparse_kernel(
+            op, tuple(k for k in st if len(op.inputs[k].labels) == 2 and not st[k].fill),
+            tuple(f[0] for f in known))
         ins = []
         for k, o in enumerate(op.inputs):
             item = np.dtype(dtypes[o.tensor]).itemsize

@@ -28,6 +28,8 @@ True
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 from typing import Sequence
 
 import numpy as np
@@ -35,7 +37,7 @@ import numpy as np
 from .ir import EinOp
 from .scalar import Call, Input
 
-__all__ = ["choose", "semiring_kernel", "matrix_operand", "SEMIRINGS", "masked_kernel",
+__all__ = ["choose", "have_graphblas", "semiring_kernel", "matrix_operand", "SEMIRINGS", "masked_kernel",
            "sddmm_kernel", "METHODS"]
 
 METHODS = ("semiring", "masked", "sddmm")  # the kernels of exec/semiring.py
@@ -66,11 +68,19 @@ def matrix_operand(op: EinOp, k: int) -> bool:
         l == shared[0] or l in op.out_labels for l in d)
 
 
+@functools.lru_cache(maxsize=1)
+def have_graphblas() -> bool:
+    """Whether python-graphblas is installed (the ``graph`` extra): without it a semiring
+    product runs as the dense kernel, and a masked product with scipy.sparse."""
+    return importlib.util.find_spec("graphblas") is not None
+
+
 def semiring_kernel(op: EinOp, sparse: Sequence[int], fills: Sequence[float]) -> tuple | None:
     """``('semiring', operand, name)`` when ``op`` runs as a GraphBLAS semiring product (see
     the module docstring), else None. ``sparse``: the operands stored as matrices with sparse
     tiles; ``fills``: every operand's fill value (0 for an earlier result)."""
-    if not sparse or len(op.inputs) != 2 or op.writes_diagonal or len(op.agg_labels) != 1:
+    if not sparse or len(op.inputs) != 2 or op.writes_diagonal or len(op.agg_labels) != 1 \
+            or not have_graphblas():
         return None
     dtypes = op.in_dtypes or (op.dtype,) * 2
     if np.dtype(op.dtype).kind not in "iuf" or any(np.dtype(d) != np.dtype(op.dtype) for d in dtypes):
