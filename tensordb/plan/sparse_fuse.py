@@ -3,8 +3,9 @@
 The binder splits a product of three operands into pairwise steps (opt_einsum's order), so
 ``SUM(A[i,j] * A[j,k] * A[k,i])`` becomes ``T[i,k] = SUM(A[i,j] * A[j,k])`` (dense, I x K) then
 ``SUM(A[k,i] * T[i,k])``, and ``M[i,j] * SUM(U[i,r] * V[j,r])`` computes all of ``U @ V^T``
-before M masks it. Where the second step multiplies the first step's result (used nowhere else)
-by a matrix stored with sparse tiles (fill 0), the two are one operation of three operands,
+before M masks it. Where a step multiplies the previous step's result (used nowhere else), and
+one of the three operands is a matrix stored with sparse tiles (fill 0), the two are one
+operation of three operands,
 ``SUM(M * X * Y)``, that the masked or sampled kernel (plan/sparse_rules.py) computes only at
 M's entries: ``fuse`` rewrites the graph so, where that kernel would be chosen, and leaves it
 as it is everywhere else. The fused operation is the second step's (its name, output labels
@@ -62,9 +63,7 @@ def fuse(graph: EinGraph, sparse: set[str], finite: Mapping[str, bool]) -> EinGr
 
 
 def _fused(graph: EinGraph, ops, op2: EinOp, t: int, sparse, finite) -> EinOp | None:
-    mask, tref = op2.inputs[1 - t], op2.inputs[t]
-    if mask.tensor not in sparse or len(mask.labels) != 2:
-        return None
+    other, tref = op2.inputs[1 - t], op2.inputs[t]
     op1 = graph.producer(tref.tensor)
     if op1 is None or op1 not in ops or tref.tensor in graph.outputs or \
             not _plain_product(op1) or op1.dtype != op2.dtype or \
@@ -83,11 +82,12 @@ def _fused(graph: EinGraph, ops, op2: EinOp, t: int, sparse, finite) -> EinOp | 
         taken.add(new)
     sizes = dict(op2.size)
     sizes.update({rename[l]: n for l, n in op1.size.items()})
-    inputs = (mask,) + tuple(Operand(o.tensor, tuple(rename[l] for l in o.labels))
-                             for o in op1.inputs)
+    inputs = (other,) + tuple(Operand(o.tensor, tuple(rename[l] for l in o.labels))
+                              for o in op1.inputs)
     fused = EinOp(op2.output, op2.out_labels, inputs, tuple(sizes.items()), product(3), "sum",
                   op2.dtype, (), op2.backward)
     known = tuple(bool(finite.get(o.tensor, False)) for o in inputs)
-    if masked_kernel(fused, (0,), known) or sddmm_kernel(fused, (0,), known):
+    masks = tuple(n for n, o in enumerate(inputs) if o.tensor in sparse and len(o.labels) == 2)
+    if masks and (masked_kernel(fused, masks, known) or sddmm_kernel(fused, masks, known)):
         return fused
     return None
