@@ -399,6 +399,10 @@ class Connection(TensorIO, DuckAPI):
         fills = plan_fills.graph_fills(graph, {n: r.meta.fill for n, r in readers.items()})
         decomp = self._optimize(graph, pieces, readers, facts)
         decomp.details["output_fill"] = {n: f for n, f in fills.items() if f}
+        sparse = {n for n, r in readers.items() if getattr(r, "has_sparse", False)}
+        if sparse:  # EXPLAIN: an operation whose output is dense where its input is absent
+            decomp.details["densifies"] = plan_fills.densifying(
+                graph, {n: r.meta.fill for n, r in readers.items()}, sparse, fills)
         with stage("lower"):
             plan = physical.lower(graph, decomp, self.store, readers, facts)
         with stage("place"):

@@ -255,3 +255,20 @@ def test_sddmm_computes_only_at_the_mask(tmp_path, dtype):
             got = con.tensor(sql.split("[")[0])
             assert got.dtype == ref.dtype
             np.testing.assert_array_equal(got, ref)
+
+
+def test_explain_shows_fills_kept_and_where_an_operation_densifies(tmp_path):
+    a = _graph(30, 0.1, 21)
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("D", a, fill_value=INF)
+        con.load("X", a)
+        text = con.explain("P[i,k] = MIN(D[i,j] + D[j,k])")
+        assert "fill values: D +inf, P +inf (kept)" in text
+        node = _explain_json(con, "P[i,k] = MIN(D[i,j] + D[j,k])")["nodes"][0]
+        assert node["fill"] == INF and node["inputs"][0]["fill"] == INF
+        assert node["flops"] == 2 * a.nnz * 30           # priced by nnz, as spmm
+        text = con.explain("E[i,j] = EXP(X[i,j])")
+        assert "densifies: E (its value where the input is absent is 1)" in text
+        assert "densifies" not in con.explain("F[i,j] = X[i,j] * 3")   # 0 * 3 is 0
+        con.execute("E[i,j] = EXP(X[i,j])")
+        np.testing.assert_array_equal(con.tensor("E"), np.exp(a.toarray()))

@@ -38,7 +38,7 @@ from ..errors import ProgrammingError
 from . import scalar
 from .ir import EinGraph, EinOp
 
-__all__ = ["graph_fills", "op_fill"]
+__all__ = ["graph_fills", "op_fill", "densifying"]
 
 
 def graph_fills(graph: EinGraph, input_fills: Mapping[str, float]) -> dict[str, float]:
@@ -53,22 +53,45 @@ def graph_fills(graph: EinGraph, input_fills: Mapping[str, float]) -> dict[str, 
     return out
 
 
-def op_fill(op: EinOp, fills: Sequence[float]) -> float:
-    """The fill of ``op``'s output given its inputs' ``fills`` (see the module docstring)."""
+def densifying(graph: EinGraph, input_fills: Mapping[str, float], sparse: set[str],
+               out_fills: Mapping[str, float]) -> dict[str, float]:
+    """The operations over a sparse stored input (``sparse``) whose value where every input is
+    at its fill is not their output's fill (``EXP(X)`` of an X of fill 0 is 1 there): their
+    output is dense wherever the input is absent. By output name, that value (EXPLAIN says so)."""
+    fills = {**{n: float(f) for n, f in input_fills.items()}, **out_fills}
+    out: dict[str, float] = {}
+    for op in graph.ops:
+        if not any(o.tensor in sparse for o in op.inputs):
+            continue
+        try:
+            v = _at_fills(op, [fills.get(o.tensor, 0.0) for o in op.inputs])
+        except (ArithmeticError, ValueError, TypeError):
+            continue
+        if not math.isnan(v) and v != out_fills.get(op.output, 0.0):
+            out[op.output] = v
+    return out
+
+
+def _at_fills(op: EinOp, fills: Sequence[float]) -> float:
+    """``op``'s join at its inputs' ``fills``, aggregated over its aggregated labels."""
     dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
     with np.errstate(all="ignore"):
         at = [np.array(f).astype(d) if np.dtype(d).kind == "f" or math.isfinite(f) else
               np.array(f) for f, d in zip(fills, dtypes)]
         v = np.asarray(scalar.evaluate(op.join, at), dtype=np.float64).reshape(()).item()
         n = math.prod(op.size[l] for l in op.agg_labels)
-        if op.agg_labels and op.agg in ("argmax", "argmin"):
-            return 0.0  # the first index of an all-fill row
-        if op.agg_labels and n == 0:
-            return 0.0
+        if op.agg_labels and (op.agg in ("argmax", "argmin") or n == 0):
+            return 0.0  # the first index of an all-fill row; an empty aggregate
         if op.agg_labels and op.agg == "sum":
             v = v * n if v != 0 else 0.0
         elif op.agg_labels and op.agg == "prod":
             v = v ** n if v not in (0.0, 1.0) else v
+    return v
+
+
+def op_fill(op: EinOp, fills: Sequence[float]) -> float:
+    """The fill of ``op``'s output given its inputs' ``fills`` (see the module docstring)."""
+    v = _at_fills(op, fills)
     if math.isnan(v):
         bad = next(o.tensor for o, f in zip(op.inputs, fills) if f != 0)
         f = next(f for f in fills if f != 0)
