@@ -34,6 +34,7 @@ would, so the answer is numpy's on the densified inputs either way. The output t
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -46,9 +47,28 @@ CHUNK = 1 << 22  # elements of a dense fallback's temporary (a tile whose values
 _FILLS = {name: fill for name, fill in SEMIRINGS.values()}
 
 
+_IMPORT = threading.Lock()
+_GB = None
+
+
 def _gb():
-    import graphblas as gb  # imported when a semiring kernel first runs (about 1 s)
-    return gb
+    """python-graphblas, imported when a semiring kernel first runs (about 1 s), once: its
+    submodules load lazily, and two workers importing them at once see a half-made module."""
+    global _GB
+    if _GB is None:
+        with _IMPORT:
+            if _GB is None:
+                import graphblas as gb
+                import graphblas.binary  # noqa: F401
+                import graphblas.io  # noqa: F401
+                import graphblas.monoid  # noqa: F401
+                import graphblas.semiring  # noqa: F401
+                for name in ("min_plus", "max_plus", "max_times", "min_times", "plus_pair",
+                             "plus_times"):
+                    getattr(gb.semiring, name)  # made on first use, too
+                gb.binary.times, gb.monoid.plus  # noqa: B018
+                _GB = gb
+    return _GB
 
 
 # -- operands -------------------------------------------------------------------------------

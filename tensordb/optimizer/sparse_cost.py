@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..plan import sparse_rules
 from ..plan.ir import EinOp
 
-__all__ = ["StoredStats", "special_kernel", "sparse_flops", "sparse_out_nnz"]
+__all__ = ["StoredStats", "special_kernel", "read_sparse", "sparse_flops", "sparse_out_nnz"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,19 @@ def special_kernel(op: EinOp, st: dict, known) -> tuple | None:
     fills = tuple(st[k].fill if k in st else 0.0 for k in range(len(op.inputs)))
     found = sparse_rules.choose(op, sparse, tuple(f[0] for f in known), fills)
     return None if found is None else found[:2]
+
+
+def read_sparse(op: EinOp, kern: tuple, st: dict) -> set[int]:
+    """The operands a sparse kernel holds as their entries (its call's working set counts them
+    at their payload's share of the dense bytes; any other operand is densified): the sparse
+    operand; for ``masked``, every sparse stored one (each arrives as CSR and stays so); for
+    ``semiring``, every sparse stored one whose fill is the sparse operand's."""
+    method, k = kern[0], kern[1]
+    if method == "masked":
+        return set(st)
+    if method == "semiring":
+        return {n for n in st if st[n].fill == st[k].fill}
+    return {k}
 
 
 def sparse_flops(op: EinOp, kern: tuple, nnz: int) -> int:
