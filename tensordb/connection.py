@@ -384,7 +384,8 @@ class Connection(TensorIO, DuckAPI):
         # the plan cache's key, the optimizer's sparsity and facts and the lowering's tile
         # joins all read these readers.
         readers = self.store.open_many([t.name for t in graph.inputs])
-        graph = _fuse_sparse(graph, readers)
+        if self.settings.executor != "gpu":  # the fused kernels are the CPU's (exec/semiring.py)
+            graph = _fuse_sparse(graph, readers)
         layouts = {name: r.layout() for name, r in readers.items()}
         key = physical.plan_key(graph, pieces, layouts, self._plan_settings(), fan_in)
         cached = self._plan_cache.get(key)

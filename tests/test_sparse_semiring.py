@@ -272,3 +272,48 @@ def test_explain_shows_fills_kept_and_where_an_operation_densifies(tmp_path):
         assert "densifies" not in con.explain("F[i,j] = X[i,j] * 3")   # 0 * 3 is 0
         con.execute("E[i,j] = EXP(X[i,j])")
         np.testing.assert_array_equal(con.tensor("E"), np.exp(a.toarray()))
+
+
+def test_on_a_gpu_the_sparse_kernels_compute_as_the_dense_ones():
+    """A GPU (here tests/fakecupy's stand-in) gets every sparse tile densified: a semiring, a
+    masked product, an elementwise join and a MAX reduction are numpy's answers there too."""
+    from tensordb.exec.gpu import DeviceTiles
+    from tensordb.exec.pool import LocalExecutor
+    from tests.fakecupy.cupy import DeviceXp
+    a = _graph(24, 0.15, 31)
+    b = _graph(24, 0.15, 32)
+    with tensordb.connect() as con:
+        con.load("D", a, fill_value=INF)
+        con.load("A", a)
+        con.load("B", b)
+        con._executor = LocalExecutor(1, tiles=DeviceTiles([0], xp=DeviceXp()))
+        d, ad, bd = _dense(a, INF), a.toarray(), b.toarray()
+        for sql, ref in [("P[i,k] = MIN(D[i,j] + D[j,k])", (d[:, :, None] + d[None]).min(1)),
+                         ("t = SUM(A[i,j] * A[j,k] * A[k,i])", np.einsum("ij,jk,ki->", ad, ad, ad)),
+                         ("S[i,j] = A[i,j] + B[i,j]", ad + bd),
+                         ("M[i] = MAX(A[i,j])", ad.max(axis=1)),
+                         ("Q[i,k] = MAX(A[i,j] * B[j,k])", (ad[:, :, None] * bd[None]).max(1))]:
+            con.execute(sql)
+            np.testing.assert_array_equal(con.tensor(sql.split("[")[0].split(" ")[0]), ref)
+
+
+def test_elementwise_joins_of_two_sparse_matrices_intersect_and_unite(tmp_path):
+    """A product keeps the intersection of the entries, a sum or difference their union
+    (scipy.sparse); a NaN or inf in a tile sends its product to numpy (inf * an absent 0)."""
+    a = sp.random(40, 30, density=0.1, format="csr", random_state=41)
+    b = sp.random(40, 30, density=0.1, format="csr", random_state=42)
+    b.data[0], b.data[1] = np.inf, np.nan
+    ad, bd = a.toarray(), b.toarray()
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.load("BT", sp.csr_array(b.T))
+        for sql, ref in [("C[i,j] = A[i,j] * B[i,j]", ad * bd),
+                         ("D[i,j] = A[i,j] + B[i,j]", ad + bd),
+                         ("E[j,i] = BT[j,i] - A[i,j]", (bd - ad).T),
+                         ("F[i,j] = A[i,j] * BT[j,i]", ad * bd)]:
+            assert "spjoin x0 x1 sparse" in con.explain(sql), sql
+            con.execute(sql)
+            with np.errstate(invalid="ignore"):
+                np.testing.assert_array_equal(con.tensor(sql.split("[")[0]), ref)
+        assert con.store.meta("C").nnz == np.count_nonzero(ad * bd)

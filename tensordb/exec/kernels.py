@@ -57,8 +57,10 @@ class KernelSpec:
         # leading axes combines whole contiguous slabs, which NumPy does at memory speed.
         self.space = op.agg_labels + op.out_labels
         self.in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
-        # (a semiring kernel off the CPU is no product-and-sum: it broadcasts)
-        self.blas = c.method not in ("broadcast", "semiring")
+        # Off the CPU a sparse method computes as the dense kernel: BLAS for spmm's product and
+        # sum; the others (spreduce's MAX, a semiring, a join, a fused three-operand product)
+        # broadcast.
+        self.blas = c.method in ("matmul", "contract", "spmm")
         self.scale, self.scale_first = c.scale, c.scale_first
         # A trailing constant of a product-and-sum multiplies the sum (BLAS), where NumPy
         # multiplies each product: the two differ only where one of them is not finite.

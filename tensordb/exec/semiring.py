@@ -9,7 +9,10 @@ numpy where it is one line), chosen when the plan is lowered (plan/sparse_rules.
 - ``masked``: ``SUM(A[i,j] * B[j,k] * C[k,i])``: ``A @ B`` only where C has entries (GraphBLAS's
   masked ``mxm``), times C there, summed: the triangle count of a graph;
 - ``sddmm``: ``SUM_r(M[i,j] * U[i,r] * V[j,r])``: the dot products of U's and V's rows only at
-  M's entries, times M's values; 0 elsewhere (an absent M entry times finite values).
+  M's entries, times M's values; 0 elsewhere (an absent M entry times finite values);
+- ``spjoin``: ``A * B`` of two sparse tiles on the intersection of their entries (where both
+  hold no NaN or inf: an absent 0 times them is 0), ``A + B`` and ``A - B`` on the union
+  (scipy.sparse); a tile that arrives dense is computed densely.
 
 Each checks the values of its tile first: where they are not what its rule assumes (NaN, or an
 infinity that meets the fill), the tile is computed densely with numpy, as the dense kernel
@@ -41,7 +44,7 @@ import numpy as np
 from ..plan.sparse_rules import SEMIRINGS, have_graphblas
 from ..storage.sparse import Filled, densify, is_sparse
 
-__all__ = ["semiring", "masked", "sddmm", "CHUNK"]
+__all__ = ["semiring", "masked", "sddmm", "spjoin", "CHUNK"]
 
 CHUNK = 1 << 22  # elements of a dense fallback's temporary (a tile whose values rule GraphBLAS out)
 _FILLS = {name: fill for name, fill in SEMIRINGS.values()}
@@ -187,6 +190,29 @@ def _dense_semiring(S: np.ndarray, D: np.ndarray, plus: bool, agg, dtype) -> np.
 
 # -- masked SpGEMM, SDDMM ---------------------------------------------------------------------
 
+def _dense_product_sum(op, args, dtype, out_shape) -> np.ndarray:
+    """``op`` (a SUM of a product of three operands) as numpy computes it on the dense tiles:
+    each operand broadcast over the join space, the join evaluated, summed (a tile whose values
+    rule the masked or sampled product out: an inf meets a 0 per product there)."""
+    from ..plan import scalar
+    labels = list(op.out_labels) + [l for l in op.labels if l not in op.out_labels]
+    dense = [np.asarray(densify(a), dtype) for a in args]
+    sizes = {}
+    for a, o in zip(dense, op.inputs):
+        sizes.update(zip(o.labels, a.shape))
+    views = []
+    for a, o in zip(dense, op.inputs):
+        spec = "".join(chr(97 + labels.index(l)) for l in o.labels)
+        kept = sorted(o.labels, key=labels.index)
+        arr = np.einsum(f"{spec}->{''.join(chr(97 + labels.index(l)) for l in kept)}", a)
+        views.append(arr.reshape([sizes[l] if l in o.labels else 1 for l in labels]))
+    with np.errstate(all="ignore"):
+        res = np.asarray(scalar.evaluate(op.join, views), dtype)
+        res = np.broadcast_to(res, [sizes[l] for l in labels])
+        res = np.add.reduce(res, axis=tuple(range(len(op.out_labels), len(labels))), dtype=dtype)
+    return np.ascontiguousarray(np.asarray(res, dtype).reshape(out_shape))
+
+
 def _orient(op, k_mask: int):
     """For ``masked`` and ``sddmm``: the mask's labels (a, b), and the operands holding a and
     b (each with the third label ``c``), as (operand, its labels)."""
@@ -212,9 +238,7 @@ def masked(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         finite = all(np.isfinite(_values(t[0], t[2])).all() for t in (m, X, Y)
                      if _values(t[0], t[2]).dtype.kind == "f")
     if m[0] is None or not finite:
-        with np.errstate(all="ignore"):
-            res = (_dense(*m) * (_dense(*X) @ _dense(*Y))).sum(dtype=dtype)
-        return np.asarray(res, dtype).reshape(out_shape)
+        return _dense_product_sum(op, args, dtype, out_shape)
     if not have_graphblas():  # scipy's SpGEMM, unmasked, then the mask's entries of it
         import scipy.sparse as sp
         xs = X[0] if X[0] is not None else sp.csr_array(X[2])
@@ -240,9 +264,11 @@ def sddmm(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     U = _dense(*_matrix(args[x], op.inputs[x].labels != (a, r), dtype))
     V = _dense(*_matrix(args[y], op.inputs[y].labels != (b, r), dtype))
     with np.errstate(all="ignore"):
-        if m[0] is None or not np.isfinite(_values(m[0], m[2])).all():
-            res = _dense(*m) * (U @ V.T)
-            return _to_output(np.asarray(res, dtype), [a, b], op.out_labels)
+        finite = all(np.isfinite(x).all() for x in (_values(m[0], m[2]), U, V)
+                     if x.dtype.kind == "f")
+    if m[0] is None or not finite:
+        return _dense_product_sum(op, args, dtype, out_shape)
+    with np.errstate(all="ignore"):
         csr = m[0]
         rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
         cols = np.asarray(csr.indices)
@@ -255,3 +281,27 @@ def sddmm(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     res = np.zeros(csr.shape, dtype)
     res[rows, cols] = vals
     return _to_output(res, [a, b], op.out_labels)
+
+
+def spjoin(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
+    """One call of an ``spjoin`` kernel (see the module docstring)."""
+    dtype = np.dtype(op.dtype)
+    args = _materialize(args, arg_shapes, op)
+    a, b = (_matrix(x, o.labels != op.out_labels, dtype) for x, o in zip(args, op.inputs))
+    fn = op.join.fn
+    first = op.join.args[0].index
+    a, b = (a, b) if first == 0 else (b, a)
+    if a[0] is None or b[0] is None:
+        x, y = _dense(*a), _dense(*b)
+    elif fn == "*":
+        with np.errstate(all="ignore"):
+            finite = all(np.isfinite(t[0].data).all() for t in (a, b) if dtype.kind == "f")
+        if finite:
+            return np.ascontiguousarray(densify(a[0].multiply(b[0]).tocsr()), dtype=dtype)
+        x, y = _dense(*a), _dense(*b)
+    else:
+        res = a[0] + b[0] if fn == "+" else a[0] - b[0]
+        return np.ascontiguousarray(densify(res.tocsr()), dtype=dtype)
+    with np.errstate(all="ignore"):
+        res = x * y if fn == "*" else x + y if fn == "+" else x - y
+    return np.ascontiguousarray(res, dtype=dtype)

@@ -31,7 +31,7 @@ from ..storage.sparse import densify, is_sparse
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "SPARSE_METHODS"]
 
-SPARSE_METHODS = ("spmm", "spreduce", "semiring", "masked", "sddmm")
+SPARSE_METHODS = ("spmm", "spreduce", "semiring", "masked", "sddmm", "spjoin")
 
 
 def sparse_call(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:

@@ -52,7 +52,7 @@ def read_sparse(op: EinOp, kern: tuple, st: dict) -> set[int]:
     operand; for ``masked``, every sparse stored one (each arrives as CSR and stays so); for
     ``semiring``, every sparse stored one whose fill is the sparse operand's."""
     method, k = kern[0], kern[1]
-    if method == "masked":
+    if method in ("masked", "spjoin"):
         return set(st)
     if method == "semiring":
         return {n for n in st if st[n].fill == st[k].fill}

@@ -90,6 +90,8 @@ class KernelChoice:
             return f"matmul x{self.layout.first}@x{self.layout.second}"
         if self.method == "semiring":
             return f"semiring {self.semiring} x{self.sparse} sparse (GraphBLAS)"
+        if self.method == "spjoin":
+            return "spjoin x0 x1 sparse"
         if self.method in SPARSE_METHODS:
             return f"{self.method} x{self.sparse} sparse"
         if self.method != "broadcast":

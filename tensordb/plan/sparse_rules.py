@@ -11,6 +11,9 @@ model share, beside ``plan.memory.sparse_kernel`` (spmm, spreduce).
   a matrix, C stored sparse): ``C^T .* (A @ B)`` only where C has entries (a masked SpGEMM).
 - ``sddmm``: ``M[i,j] * SUM_r(U[i,r] * V[j,r])`` (sampled dense-dense): an output element
   only where M has an entry, as the element-wise mask of M with ``U @ V^T``.
+- ``spjoin``: an elementwise ``A[i,j] * B[i,j]`` (the intersection of their entries), ``A + B``
+  or ``A - B`` (the union) of two stored sparse matrices (fill 0, either orientation), by
+  scipy.sparse on their entries.
 
 Each is NumPy's answer on the densified inputs wherever the values are what the rule assumes
 (no NaN, no inf against a 0); the kernel checks that on each tile, and computes a tile where
@@ -38,9 +41,9 @@ from .ir import EinOp
 from .scalar import Call, Input
 
 __all__ = ["choose", "have_graphblas", "semiring_kernel", "matrix_operand", "SEMIRINGS", "masked_kernel",
-           "sddmm_kernel", "METHODS"]
+           "sddmm_kernel", "spjoin_kernel", "METHODS"]
 
-METHODS = ("semiring", "masked", "sddmm")  # the kernels of exec/semiring.py
+METHODS = ("semiring", "masked", "sddmm", "spjoin")  # the kernels of exec/semiring.py
 
 # (agg, join operator) -> (semiring name, the fill every sparse operand must have; None: 0)
 SEMIRINGS = {("min", "+"): ("min_plus", float("inf")), ("max", "+"): ("max_plus", float("-inf")),
@@ -98,9 +101,9 @@ def semiring_kernel(op: EinOp, sparse: Sequence[int], fills: Sequence[float]) ->
 
 def masked_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> tuple | None:
     """``('masked', operand)`` for ``SUM(A[i,j] * B[j,k] * C[k,i])`` over all three labels
-    into a scalar, the operand a stored sparse matrix (the mask, here C) whose partners are
-    known to hold no NaN or inf (an absent C entry times them is 0); None otherwise. Float or
-    integer, one dtype."""
+    into a scalar, the operand a stored sparse matrix (the mask, here C), all three known to
+    hold no NaN or inf (an absent C entry times the others is 0, and grouping the products
+    does not matter); None otherwise. Float or integer, one dtype."""
     if len(op.inputs) != 3 or op.agg != "sum" or op.out_labels or op.writes_diagonal:
         return None
     if not (isinstance(op.join, Call) and _product3(op.join)):
@@ -114,9 +117,12 @@ def masked_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> t
     # a cycle i -> j -> k -> i: each label in exactly two operands
     if any(sum(l in ls for ls in labels) != 2 for l in op.labels):
         return None
+    # every operand finite: then the sum over the mask's entries of M * (A @ B) is numpy's sum
+    # of the three-way products, whatever the grouping (an inf would meet a 0 differently)
+    if len(finite) != 3 or not all(finite):
+        return None
     for k in sparse:
-        if len(finite) == 3 and all(finite[n] for n in range(3) if n != k):
-            return "masked", k
+        return "masked", k
     return None
 
 
@@ -135,8 +141,9 @@ def _product3(expr) -> bool:
 
 def sddmm_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> tuple | None:
     """``('sddmm', operand)`` for ``SUM_r(M[i,j] * U[i,r] * V[j,r])`` kept ``i, j`` (in either
-    order), M a stored sparse matrix (the mask), U and V known to hold no NaN or inf (an absent
-    M entry times them is then 0); None otherwise."""
+    order), M a stored sparse matrix (the mask), all three known to hold no NaN or inf (an
+    absent M entry times U and V is then 0, and ``M * sum(U * V)`` is ``sum(M * U * V)``);
+    None otherwise."""
     if len(op.inputs) != 3 or op.agg != "sum" or len(op.out_labels) != 2 or op.writes_diagonal:
         return None
     if not (isinstance(op.join, Call) and _product3(op.join)):
@@ -151,12 +158,30 @@ def sddmm_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> tu
     for k in sparse:
         m = op.inputs[k].labels
         others = [o.labels for n, o in enumerate(op.inputs) if n != k]
-        if set(m) != out or len(set(m)) != 2 or not all(finite[n] for n in range(3) if n != k):
+        if set(m) != out or len(set(m)) != 2 or not all(finite):
             continue
         if all(len(o) == 2 and r in o and len(set(o) & out) == 1 for o in others) and \
                 {next(l for l in o if l != r) for o in others} == out:
             return "sddmm", k
     return None
+
+
+def spjoin_kernel(op: EinOp, sparse: Sequence[int], fills: Sequence[float]) -> tuple | None:
+    """``('spjoin', 0)`` for ``A * B``, ``A + B`` or ``A - B`` elementwise, both operands stored
+    sparse matrices of fill 0 over the output's two labels; None otherwise."""
+    j = op.join
+    if len(op.inputs) != 2 or op.agg_labels or op.writes_diagonal or sorted(sparse) != [0, 1]:
+        return None
+    if any(fills[k] for k in (0, 1)) or not (isinstance(j, Call) and j.fn in ("*", "+", "-")
+                                             and _pair(j, j.fn)):
+        return None
+    dtypes = op.in_dtypes or (op.dtype,) * 2
+    if np.dtype(op.dtype).kind not in "iuf" or any(np.dtype(d) != np.dtype(op.dtype) for d in dtypes):
+        return None
+    labels = [o.labels for o in op.inputs]
+    if any(len(l) != 2 or len(set(l)) != 2 or set(l) != set(op.out_labels) for l in labels):
+        return None
+    return "spjoin", 0
 
 
 def choose(op: EinOp, sparse: Sequence[int], finite: Sequence[bool],
@@ -169,4 +194,4 @@ def choose(op: EinOp, sparse: Sequence[int], finite: Sequence[bool],
     fills = tuple(fills) or (0.0,) * len(op.inputs)
     plain = tuple(k for k in sparse if fills[k] == 0)
     return (semiring_kernel(op, sparse, fills) or masked_kernel(op, plain, finite)
-            or sddmm_kernel(op, plain, finite))
+            or sddmm_kernel(op, plain, finite) or spjoin_kernel(op, sparse, fills))
