@@ -27,11 +27,10 @@ import math
 
 import numpy as np
 
+from ..physical.choice import SPARSE_METHODS
 from ..storage.sparse import densify, is_sparse
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "SPARSE_METHODS"]
-
-SPARSE_METHODS = ("spmm", "spreduce", "semiring", "masked", "sddmm", "spjoin")
 
 
 def sparse_call(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
