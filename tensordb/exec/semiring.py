@@ -122,7 +122,9 @@ def _materialize(args, arg_shapes, op):
 # -- semiring products ------------------------------------------------------------------------
 
 def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
-    """One call of a ``semiring`` kernel (see the module docstring)."""
+    """One call of a ``semiring`` kernel (see the module docstring). A sparse tile is handed to
+    GraphBLAS as it is stored and transposed there (a descriptor, no copy) when its labels are
+    the other way round."""
     dtype = np.dtype(op.dtype)
     name, k = choice.semiring, choice.sparse
     fill = _FILLS[name]
@@ -131,21 +133,22 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     (i,) = [l for l in s_labels if l != j]
     rest = [l for l in d_labels if l != j]
     S, D = _materialize(args, arg_shapes, op)[k], _materialize(args, arg_shapes, op)[1 - k]
-    s = _matrix(S, s_labels != (i, j), dtype)
+    s = _matrix(S, False, dtype) + (s_labels != (i, j),)   # (csr, fill, dense, transposed)
     if len(d_labels) == 2 and (isinstance(D, Filled) or is_sparse(D)):
-        d = _matrix(D, d_labels != (j, rest[0]), dtype)
-        rest_shape = (d[0].shape[1],)
+        d = _matrix(D, False, dtype) + (d_labels != (j, rest[0]),)
+        rest_shape = (D.shape[d_labels.index(rest[0])],)
     else:
         D = densify(D)
         axis = d_labels.index(j)
         rest_shape = tuple(D.shape[d_labels.index(l)] for l in rest)
         d = (None, 0.0, np.ascontiguousarray(
-            np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape)), dtype=dtype))
+            np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape)), dtype=dtype),
+             False)
     # an operand whose absent entries are not the semiring's own fill takes part densely
-    s, d = [(x[0], x[1], None) if x[0] is not None and x[1] == fill else
-            (None, 0.0, _dense(*x)) for x in (s, d)]
-    I, J = (s[0] if s[0] is not None else s[2]).shape
-    R = (d[0] if d[0] is not None else d[2]).shape[1]
+    s, d = [x if x[0] is not None and x[1] == fill else (None, 0.0, _dense(*x[:3]), x[3])
+            for x in (s, d)]
+    I, J = S.shape[s_labels.index(i)], S.shape[s_labels.index(j)]
+    R = math.prod(rest_shape)
     plus = name.endswith("plus")
     agg = np.minimum if name.startswith("min") else np.maximum
     with np.errstate(all="ignore"):
@@ -153,10 +156,13 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         bad = any(np.isnan(v).any() or (v == -fill).any() if plus else not np.isfinite(v).all()
                   for v in vals if v.dtype.kind == "f")
     if bad:
-        res = _dense_semiring(_dense(*s), _dense(*d), plus, agg, dtype)
+        dense = [_dense(*x[:3]) for x in (s, d)]
+        res = _dense_semiring(*[a.T if x[3] else a for a, x in zip(dense, (s, d))],
+                              plus, agg, dtype)
     else:
         gb = _gb()
-        A, B = _to_gb(s[0], s[2]), _to_gb(d[0], d[2])
+        A, B = [_to_gb(x[0], x[2]) for x in (s, d)]
+        A, B = A.T if s[3] else A, B.T if d[3] else B
         C = A.mxm(B, getattr(gb.semiring, name)).new()
         res = np.full((I, R), fill, dtype) if fill else np.zeros((I, R), dtype)
         r, c, v = C.to_coo()
