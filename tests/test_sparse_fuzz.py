@@ -213,7 +213,6 @@ def _entries(rng, shape, dtype, density, fill):
 def _case(rng, kind):
     """(operands: name -> (labels, dense, COO or None, fill), join, agg, output labels, method
     the rule should pick or None)."""
-    from . import fuzz_oracle as fo  # noqa: F401  (the oracle reads these tuples)
     fdt = np.dtype(str(rng.choice(["float32", "float64"])))
     anydt = np.dtype(str(rng.choice(["float32", "float64", "int32", "int64"])))
     n = {l: int(rng.integers(6, 30)) for l in "ijkr"}

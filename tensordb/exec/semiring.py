@@ -30,9 +30,9 @@ would, so the answer is numpy's on the densified inputs either way. The output t
 >>> c = choose_kernel(op, sparse=(0, 1), finite=(False, False), fills=(inf, inf))
 >>> c.describe()
 'semiring min_plus x0 sparse (GraphBLAS)'
->>> D = Filled(sp.csr_array(np.array([[0.0, 1.0], [0.0, 0.0]])), inf)  # 0 -> 1 costs 1
->>> semiring(op, c, [D, D], [(2, 2), (2, 2)], (2, 2)).tolist()
-[[inf, inf], [inf, inf]]
+>>> D = Filled(sp.csr_array(np.array([[0.0, 1.0], [2.0, 0.0]])), inf)  # 0 -> 1: 1, 1 -> 0: 2
+>>> semiring(op, c, [D, D], [(2, 2), (2, 2)], (2, 2)).tolist()   # two steps: there and back
+[[3.0, inf], [inf, 3.0]]
 """
 from __future__ import annotations
 

@@ -18,7 +18,9 @@ parameters a, b, c = 0.57, 0.19, 0.19; weights 1-10), against python-graphblas
 D[j,k])`` over D of fill +inf, with 0-weight self loops, as many steps as GraphBLAS needs to
 converge, the answer checked against scipy.sparse.csgraph's Dijkstra), and the triangle count
 ``SUM(A[i,j] * A[j,k] * A[k,i])`` of the undirected graph (a masked SpGEMM; checked against
-GraphBLAS and scipy). On a smaller R-MAT graph (``--small-scale``, default 11: 2,048 nodes),
+GraphBLAS and scipy) on an R-MAT graph of ``--triangle-scale`` (default 13: 8,192 nodes; a
+power-law graph's hubs make the count's work grow with the square of their degree, and scipy's
+unmasked A @ A with it). On a smaller R-MAT graph (``--small-scale``, default 11: 2,048 nodes),
 min-plus ``MIN(D[i,j] + D[j,k])`` and SpGEMM ``SUM(G[i,j] * G[j,k])`` of the whole graph, whose
 output tiles the kernels still compute dense in memory (so not at the large size).
 """
@@ -62,6 +64,7 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--rmat-scale", type=int, default=17)
     ap.add_argument("--small-scale", type=int, default=11)
+    ap.add_argument("--triangle-scale", type=int, default=13)
     ap.add_argument("--graph-only", action="store_true", help="only the R-MAT section")
     args = ap.parse_args(argv)
     if args.graph_only:
@@ -145,15 +148,12 @@ def graph_section(args) -> None:
     loops = sp.coo_array((np.r_[loops.data, np.zeros(n)], (np.r_[loops.row, np.arange(n)],
                                                             np.r_[loops.col, np.arange(n)])),
                          shape=(n, n))
-    A = sp.csr_array(((D + D.T) > 0).astype(np.float64))
-    print(f"\nR-MAT scale {args.rmat_scale}: {n} nodes, {D.nnz} weighted edges; undirected "
-          f"{A.nnz // 2} edges; tensordb {W} workers, GraphBLAS {W} threads, scipy 1 thread; "
-          f"medians of {args.runs}")
+    print(f"\nR-MAT scale {args.rmat_scale}: {n} nodes, {D.nnz} weighted edges; tensordb {W} "
+          f"workers, GraphBLAS {W} threads, scipy 1 thread; medians of {args.runs}")
     src = int(np.argmax(np.diff(D.indptr)))  # a hub: most of the graph is reachable
     with tempfile.TemporaryDirectory(prefix="tensordb-bench-rmat-") as root:
         with tensordb.connect(os.path.join(root, "g.tdb"), workers=W) as con:
             con.load("D", loops, fill_value=np.inf)
-            con.load("A", A)
             d0 = np.full(n, np.inf)
             d0[src] = 0.0
             # GraphBLAS: steps of v min.+ D until v stops changing
@@ -189,6 +189,16 @@ def graph_section(args) -> None:
                   f"({1e3 * t_td / steps:.1f} ms a step), GraphBLAS {1e3 * t_gb:.0f} ms "
                   f"({1e3 * t_gb / steps:.1f} ms a step); scipy csgraph Dijkstra "
                   f"{1e3 * t_dij:.0f} ms; answers equal")
+    ti, tj = rmat(args.triangle_scale, 8, rng)
+    tn = 1 << args.triangle_scale
+    keep = ti != tj
+    A = sp.csr_array(sp.coo_array((np.ones(int(keep.sum())), (ti[keep], tj[keep])), shape=(tn, tn)))
+    A = sp.csr_array(((A + A.T) > 0).astype(np.float64))
+    print(f"R-MAT scale {args.triangle_scale}: {tn} nodes, {A.nnz // 2} undirected edges, largest "
+          f"degree {int(np.diff(A.indptr).max())}")
+    with tempfile.TemporaryDirectory(prefix="tensordb-bench-rmat-") as root:
+        with tensordb.connect(os.path.join(root, "g.tdb"), workers=W) as con:
+            con.load("A", A)
             tri = "t = SUM(A[i,j] * A[j,k] * A[k,i])"
             t_td = median_time(lambda: con.execute(tri), args.runs)
             got = float(con.tensor("t"))
