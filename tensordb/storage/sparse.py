@@ -82,6 +82,12 @@ class Filled:
     def dtype(self):
         return self.csr.dtype
 
+    @property
+    def nbytes(self) -> int:
+        """Its entries' bytes (values and indices): what it holds in memory."""
+        c = self.csr
+        return int(c.data.nbytes + c.indices.nbytes + c.indptr.nbytes)
+
 
 def _full(shape, fill, dtype) -> np.ndarray:
     return np.full(shape, fill, dtype) if fill else np.zeros(shape, dtype)
