@@ -99,11 +99,16 @@ def _dense(csr, fill, dense) -> np.ndarray:
     return dense if csr is None else densify(Filled(csr, fill) if fill else csr)
 
 
-def _to_gb(csr, dense):
+def _to_gb(csr, dense, missing=None):
+    """A GraphBLAS matrix of a tile: its entries, or every element of a dense one but those
+    equal to ``missing`` (an absorbing value, +inf in min-plus, that can never win)."""
     gb = _gb()
     if csr is not None:
         return gb.io.from_scipy_sparse(csr)
-    return gb.Matrix.from_dense(dense)  # every entry present
+    if missing is None:
+        return gb.Matrix.from_dense(dense)
+    r, c = np.nonzero(dense != missing)
+    return gb.Matrix.from_coo(r, c, dense[r, c], nrows=dense.shape[0], ncols=dense.shape[1])
 
 
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:
@@ -161,12 +166,16 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
                               plus, agg, dtype)
     else:
         gb = _gb()
-        A, B = [_to_gb(x[0], x[2]) for x in (s, d)]
+        # in min-plus (max-plus) a dense element at the fill is as absent: it never wins
+        A, B = [_to_gb(x[0], x[2], fill if plus else None) for x in (s, d)]
         A, B = A.T if s[3] else A, B.T if d[3] else B
         C = A.mxm(B, getattr(gb.semiring, name)).new()
-        res = np.full((I, R), fill, dtype) if fill else np.zeros((I, R), dtype)
-        r, c, v = C.to_coo()
-        res[r, c] = v
+        if C.nvals * 8 > I * R:  # mostly present: GraphBLAS writes the dense array itself
+            res = np.asarray(C.to_dense(fill_value=fill), dtype=dtype).reshape(I, R)
+        else:
+            res = np.full((I, R), fill, dtype) if fill else np.zeros((I, R), dtype)
+            r, c, v = C.to_coo()
+            res[r, c] = v
         if not plus and J and (s[0] is not None or d[0] is not None):
             # an output with some pair absent also aggregates that pair's product, 0
             cnt = np.zeros((I, R), np.int64)
