@@ -317,3 +317,18 @@ def test_elementwise_joins_of_two_sparse_matrices_intersect_and_unite(tmp_path):
             con.execute(sql)
             np.testing.assert_array_equal(con.tensor(sql.split("[")[0]), ref)
         assert con.store.meta("C").nnz == np.count_nonzero(cases[0][1])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_fill_survives_export_and_load_again(tmp_path, fmt):
+    a = _graph(20, 0.1, 51)
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("D", a, fill_value=-INF)
+        path = str(tmp_path / f"D.{fmt}")
+        con.export("D", path)
+        con.load("E", path)                     # the file records the fill with the shape
+        assert con.store.meta("E").fill == -INF
+        np.testing.assert_array_equal(con.tensor("E"), _dense(a, -INF))
+        np.save(tmp_path / "D.npy", con.tensor("D"))
+        con.export("D", str(tmp_path / "X.npy"))  # a dense export holds the fill's elements
+        np.testing.assert_array_equal(np.load(tmp_path / "X.npy"), _dense(a, -INF))

@@ -89,6 +89,7 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
     if recorded is not None:  # a tensordb export: the tensor it was, trailing zero rows included
         index = list(recorded["dims"]) if index is None else index
         shape = recorded["shape"]
+        fill = recorded.get("fill") or None if fill is None else fill  # and its fill value
     if fmt == "sql":
         # One SELECT, and one that writes no file into the database (enable_logging(...)).
         guard.check_statement(store, guard.single_statement(target, "the query"))
