@@ -34,7 +34,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ProgrammingError
+from ..errors import Error, ProgrammingError
 from . import scalar
 from .ir import EinGraph, EinOp
 
@@ -65,7 +65,7 @@ def densifying(graph: EinGraph, input_fills: Mapping[str, float], sparse: set[st
             continue
         try:
             v = _at_fills(op, [fills.get(o.tensor, 0.0) for o in op.inputs])
-        except (ArithmeticError, ValueError, TypeError):
+        except (ArithmeticError, ValueError, TypeError, Error):
             continue
         if not math.isnan(v) and v != out_fills.get(op.output, 0.0):
             out[op.output] = v
@@ -91,7 +91,10 @@ def _at_fills(op: EinOp, fills: Sequence[float]) -> float:
 
 def op_fill(op: EinOp, fills: Sequence[float]) -> float:
     """The fill of ``op``'s output given its inputs' ``fills`` (see the module docstring)."""
-    v = _at_fills(op, fills)
+    try:
+        v = _at_fills(op, fills)
+    except (ArithmeticError, ValueError, TypeError, Error):
+        return 0.0  # the join refuses the fills' values (an int to a negative power): fill 0
     if math.isnan(v):
         bad = next(o.tensor for o, f in zip(op.inputs, fills) if f != 0)
         f = next(f for f in fills if f != 0)
