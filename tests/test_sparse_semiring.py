@@ -332,3 +332,23 @@ def test_a_fill_survives_export_and_load_again(tmp_path, fmt):
         np.save(tmp_path / "D.npy", con.tensor("D"))
         con.export("D", str(tmp_path / "X.npy"))  # a dense export holds the fill's elements
         np.testing.assert_array_equal(np.load(tmp_path / "X.npy"), _dense(a, -INF))
+
+
+def test_reductions_of_rows_with_no_stored_entry_are_numpys(tmp_path):
+    """SUM, MAX, MIN and PROD over rows and columns of a sparse matrix whose some rows hold no
+    entry (and a negative-only row): numpy's answers on the dense array, for fill 0 and +inf."""
+    d = np.zeros((12, 9))
+    d[0, :3] = [-2.0, -5.0, -1.0]      # all stored entries negative: MAX is 0 (an absent 0)
+    d[4, 1], d[7, 8] = 3.0, 4.0        # rows 1-3, 5, 6, 8-11: no entry at all
+    a = sp.csr_array(d)
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("A", a)
+        con.load("D", a, fill_value=INF)
+        dense_inf = _dense(a, INF)
+        for agg in ("SUM", "MAX", "MIN", "PROD"):
+            fn = {"SUM": np.sum, "MAX": np.max, "MIN": np.min, "PROD": np.prod}[agg]
+            for out, axis in (("i", 1), ("j", 0)):
+                for name, ref in (("A", d), ("D", dense_inf)):
+                    sql = f"R[{out}] = {agg}({name}[i,j])"
+                    con.execute(sql)
+                    np.testing.assert_array_equal(con.tensor("R"), fn(ref, axis=axis), sql)
