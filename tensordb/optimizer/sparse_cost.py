@@ -86,7 +86,8 @@ def sparse_out_nnz(op: EinOp, kern: tuple, nnz: int, other: int | None) -> float
     """The estimated nonzeros of a sparse kernel's output, taking the stored entries of each
     operand as independent and uniformly spread (an earlier result, ``other`` None, as full):
     for ``spmm`` (and a ``semiring`` product, whose output entry exists where a pair does)
-    of ``S[i,j]`` (density ``ps``) and ``D[j,r]`` (density ``pd``), an output element is nonzero when one of its ``J`` products is, ``I*R*(1 - (1 - ps*pd)**J)``; for
+    of ``S[i,j]`` (density ``ps``) and ``D[j,r]`` (density ``pd``), an output element is
+    nonzero when one of its ``J`` products is, ``I*R*(1 - (1 - ps*pd)**J)``; for
     ``spreduce`` over ``j``, ``I*(1 - (1 - ps)**J)``. Cancellation (a sum of products that is 0)
     is not foreseen, so it errs high; EXPLAIN ANALYZE shows it beside the measured nnz.
 
