@@ -100,11 +100,20 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
             "inputs": [{"tensor": o.tensor, "labels": o.labels,
                         **({"format": stored[o.tensor]["format"],
                             "nnz": stored[o.tensor]["nnz"],
-                            "bytes": stored[o.tensor]["bytes"]} if o.tensor in stored else {})}
+                            "bytes": stored[o.tensor]["bytes"],
+                            **({"fill": stored[o.tensor]["fill"]}
+                               if "fill" in stored[o.tensor] else {})}
+                           if o.tensor in stored else {})}
                        for o in op.inputs],
         }
-        if c is not None and plan.kernels[i].method in ("spmm", "spreduce"):
+        if c is not None and plan.kernels[i].sparse is not None:
             node["flops"] = int(c.flops)  # the sparse kernel's, from the catalog's nnz
+        fill = decomp.details.get("output_fill", {}).get(op.output)
+        if fill:  # its absent entries (plan/fills.py)
+            node["fill"] = fill
+        dense = decomp.details.get("densifies", {}).get(op.output)
+        if dense is not None:  # dense where its sparse input is absent
+            node["densifies"] = dense
         est = decomp.details.get("output_nnz", {}).get(op.output)
         if est is not None:
             node["output_nnz"] = {"estimated": int(round(est))}
@@ -226,6 +235,10 @@ def _seconds(s: float | None) -> str:
     return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
 
 
+def _fill(v: float) -> str:
+    return "+inf" if v == math.inf else "-inf" if v == -math.inf else f"{v:g}"
+
+
 def header(data: Mapping) -> list[str]:
     """The lines above the table: operations and workers, totals, and what was measured."""
     t = data["total"]
@@ -246,6 +259,14 @@ def header(data: Mapping) -> list[str]:
         lines.append("  sparse inputs: " + ", ".join(
             f"{name} {i['format']} nnz {count(i['nnz'])} ({format_bytes(i['bytes'])})"
             for name, i in sparse.items()))
+    fills = [f"{name} {_fill(i['fill'])}" for name, i in sparse.items() if "fill" in i] + \
+        [f"{n['output']} {_fill(n['fill'])} (kept)" for n in data["nodes"] if "fill" in n]
+    if fills:
+        lines.append("  fill values: " + ", ".join(fills))
+    dense = [f"{n['output']} (its value where the input is absent is {_fill(n['densifies'])})"
+             for n in data["nodes"] if "densifies" in n]
+    if dense:
+        lines.append("  densifies: " + ", ".join(dense))
     nnz = [(n["output"], n["output_nnz"]) for n in data["nodes"] if "output_nnz" in n]
     if nnz:
         lines.append("  output nnz: " + ", ".join(

@@ -50,7 +50,9 @@ class TensorIO:
         ``source`` may also be a scipy.sparse matrix or array or a pydata ``sparse`` array: it is
         stored from its entries, never densified. Options: ``array`` (npz member),
         ``index``/``value``/``shape`` (coordinate tables), ``duplicates`` ('sum', the default, or
-        'error': coordinates given twice in a table or sparse array), ``dims`` (dimension
+        'error': coordinates given twice in a table or sparse array), ``fill_value`` (the value
+        of the entries a coordinate table or sparse array leaves out, recorded in the catalog:
+        ``float("inf")`` for a graph's distances; docs/sql.md, "Fill values"), ``dims`` (dimension
         names), ``format`` (when the suffix does not say), ``query`` (SQL).
         """
         self._load(name, source, tile=tile, replace=replace, **options)
@@ -120,7 +122,8 @@ class TensorIO:
     @one_at_a_time
     def sparse(self, name: str):
         """The tensor as a sparse array built from its nonzeros, never dense: a
-        ``scipy.sparse.csr_array`` for a matrix, a pydata ``sparse.COO`` for any other rank."""
+        ``scipy.sparse.csr_array`` for a matrix, a pydata ``sparse.COO`` for any other rank, and
+        for a tensor whose fill value is not 0 (with that ``fill_value``)."""
         from .formats.coo import to_sparse
         return to_sparse(self.store.open(name))
 

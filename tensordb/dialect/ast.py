@@ -200,6 +200,7 @@ class LoadStmt:
     name_span: Span
     source_span: Span
     duplicates: str | None = None  # 'sum' or 'error' (DUPLICATES SUM | ERROR)
+    fill: float | None = None  # FILL +inf: the value of the entries the table leaves out
 
 
 @dataclass(frozen=True)

@@ -290,6 +290,18 @@ class _Build(Transformer):
                               statement=self.script, span=self.ts(c[1]))
         return ("duplicates", word)
 
+    def opt_fill(self, meta, c):
+        return ("fill", c[1])
+
+    def fill_value(self, meta, c):
+        """FILL 0 | 1.5 | +inf | -inf | inf: the value of the entries the table leaves out."""
+        sign = -1.0 if c[0] is not None and c[0].type == "MINUS" else 1.0
+        tok = c[-1]
+        if tok.type == "NAME" and str(tok).lower() not in ("inf", "infinity"):
+            raise ParserError(f"FILL {tok}: expected a number, +inf or -inf",
+                              statement=self.script, span=self.ts(tok))
+        return sign * float("inf" if tok.type == "NAME" else str(tok))
+
     def opt_tile(self, meta, c):
         return ("tile", c[0])
 
@@ -311,7 +323,7 @@ class _Build(Transformer):
                           value if kind == "query" else None, value if kind == "table" else None,
                           opts.get("format"), opts.get("array"), opts.get("index"), opts.get("value"),
                           opts.get("shape"), opts.get("tile"), bool(c[1]), self.sp(meta),
-                          self.ts(name), sspan, opts.get("duplicates"))
+                          self.ts(name), sspan, opts.get("duplicates"), opts.get("fill"))
 
     create_load = load = _load
 

@@ -10,7 +10,7 @@ KEYWORDS = (
     "CREATE", "OR", "REPLACE", "TENSOR", "IF", "NOT", "EXISTS", "FROM", "FORMAT", "ARRAY", "INDEX",
     "VALUE", "SHAPE", "TILE", "PIECES", "AS", "LOAD", "LET", "WITH", "SHOW", "TENSORS", "ALL", "DESCRIBE",
     "DESC", "DROP", "COPY", "TO", "SET", "BEGIN", "START", "TRANSACTION", "COMMIT", "END",
-    "ROLLBACK", "ABORT", "DATABASE", "DUPLICATES", "CASE", "WHEN", "THEN", "ELSE",
+    "ROLLBACK", "ABORT", "DATABASE", "DUPLICATES", "CASE", "WHEN", "THEN", "ELSE", "FILL",
 )
 
 _RULES = r"""
@@ -37,7 +37,9 @@ load_opt: FORMAT NAME -> opt_format
         | VALUE NAME -> opt_value
         | SHAPE LPAR INT (COMMA INT)* RPAR -> opt_shape
         | DUPLICATES NAME -> opt_duplicates
+        | FILL fill_value -> opt_fill
         | tile -> opt_tile
+fill_value: [PLUS | MINUS] (NUMBER | NAME)
 tile: TILE LPAR label_value (COMMA label_value)* RPAR
 label_value: NAME INT -> named_value
            | INT -> bare_value

@@ -101,7 +101,8 @@ class Engine:
         threads = min(workers, _cores()) if local and s.blas_one_call else 1
         steering = tuple((f.name, getattr(s, f.name)) for f in dataclasses.fields(s)
                          if f.name != "progress")
-        return Target(workers, fan_in, s.memory_limit, threads, s.tiling, (steering, fan_in))
+        return Target(workers, fan_in, s.memory_limit, threads, s.tiling, (steering, fan_in),
+                      fuse_sparse=s.executor != "gpu")
 
     # -- the pipeline ------------------------------------------------------------------------------
     def prepare(self, source, pieces=None, lets=None) -> Prepared:

@@ -29,6 +29,7 @@ from .. import optimizer, physical
 from ..bind import bind_graph, bind_statements
 from ..config import debug_level, stage
 from ..errors import ProgrammingError
+from ..plan import fills as plan_fills, sparse_fuse
 from ..plan.builder import Graph
 from ..plan.ir import EinGraph
 from .cache import PreparedCache, graph_key, plan_key, rebind, statements_key
@@ -50,6 +51,7 @@ class Target:
     blas_threads: int
     tiling: str | None
     key: Hashable = ()
+    fuse_sparse: bool = True  # the fused masked kernels are the CPU's (exec/semiring.py)
 
 
 @dataclass
@@ -135,6 +137,8 @@ def plan_graph(graph: EinGraph, pieces, snapshot: Snapshot, target: Target,
     TENSORDB_DEBUG=2 prints the plan as EXPLAIN shows it, =3 its tile tasks too."""
     names = [t.name for t in graph.inputs]
     readers = snapshot.readers(names)
+    if target.fuse_sparse:
+        graph = fuse_sparse(graph, readers, snapshot)
     key = plan_key(graph, pieces, snapshot.layouts(names), target.key)
     cached = cache.plan(key)
     if cached is not None:
@@ -142,7 +146,15 @@ def plan_graph(graph: EinGraph, pieces, snapshot: Snapshot, target: Target,
             print(f"[tensordb] plan cache hit ({cache.hits} hits)", file=sys.stderr)
         decomp, plan = cached
         return decomp, rebind(plan, readers, graph.ops), False
+    # Every output's fill value (plan/fills.py): an operation that keeps none is refused here,
+    # before anything is planned or run.
+    input_fills = {n: r.meta.fill for n, r in readers.items()}
+    fills = plan_fills.graph_fills(graph, input_fills)
     decomp = optimize(graph, pieces, snapshot, names, target)
+    decomp.details["output_fill"] = {n: f for n, f in fills.items() if f}
+    sparse = {n for n, r in readers.items() if getattr(r, "has_sparse", False)}
+    if sparse:  # EXPLAIN: an operation whose output is dense where its input is absent
+        decomp.details["densifies"] = plan_fills.densifying(graph, input_fills, sparse, fills)
     facts = {name: snapshot.facts(name) for name in names}
     with stage("lower"):
         plan = physical.lower(graph, decomp, snapshot.store, readers, facts)
@@ -178,3 +190,14 @@ def optimize(graph: EinGraph, pieces, snapshot: Snapshot, names, target: Target)
             pieces=pieces, input_grids={name: m.grid for name, m in metas.items()},
             input_tiles=sparse, input_facts={name: snapshot.facts(name) for name in names},
             blas_threads=target.blas_threads, input_stats=snapshot.stored_stats(names))
+
+
+def fuse_sparse(graph: EinGraph, readers, snapshot: Snapshot) -> EinGraph:
+    """``graph`` with a product that a sparse matrix masks fused with it, where the masked
+    SpGEMM or SDDMM kernel computes it (plan/sparse_fuse.py): only over matrices stored with
+    sparse tiles, fill 0."""
+    sparse = {n for n, r in readers.items() if getattr(r, "has_sparse", False)
+              and r.meta.ndim == 2 and r.meta.fill == 0}
+    if not sparse:
+        return graph
+    return sparse_fuse.fuse(graph, sparse, {n: snapshot.facts(n)[0] for n in readers})

@@ -41,7 +41,8 @@ class StoreSink:
             self.store, plan, replace=self.replace,
             check_tables=prepared.fresh and sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
             stage_max=None if limit is None else limit // 16,
-            sparse_nnz=prepared.decomp.details.get("output_nnz"))
+            sparse_nnz=prepared.decomp.details.get("output_nnz"),
+            fills=prepared.decomp.details.get("output_fill"))
         return _Stored(writers)
 
 

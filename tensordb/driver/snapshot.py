@@ -105,7 +105,7 @@ class Snapshot:
             entries = r.entries.values()
             out[name] = StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
                                     sum(int(e.nnz) for e in entries),
-                                    sum(int(e.nbytes) for e in entries))
+                                    sum(int(e.nbytes) for e in entries), r.meta.fill)
         return out
 
     # -- checking what was read -------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, ARG_AGGS
 from ..physical.choice import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
-from .sparse_kernels import dense_args, spmm, spreduce
+from .sparse_kernels import SPARSE_METHODS, dense_args, sparse_call
 
 __all__ = ["KernelSpec", "BACKENDS", "get_backend", "combine", "CHUNK_ELEMENTS"]
 
@@ -57,7 +57,10 @@ class KernelSpec:
         # leading axes combines whole contiguous slabs, which NumPy does at memory speed.
         self.space = op.agg_labels + op.out_labels
         self.in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
-        self.blas = c.method != "broadcast"
+        # Off the CPU a sparse method computes as the dense kernel: BLAS for spmm's product and
+        # sum; the others (spreduce's MAX, a semiring, a join, a fused three-operand product)
+        # broadcast.
+        self.blas = c.method in ("matmul", "contract", "spmm")
         self.scale, self.scale_first = c.scale, c.scale_first
         # A trailing constant of a product-and-sum multiplies the sum (BLAS), where NumPy
         # multiplies each product: the two differ only where one of them is not finite.
@@ -93,9 +96,8 @@ class KernelSpec:
             return self._write_diagonal(args, arg_shapes, out_shape, out, check)
         check = check or _no_check
         check()
-        if self.choice.method in ("spmm", "spreduce") and xp is np:  # exec/sparse_kernels.py
-            return (spmm if self.choice.method == "spmm" else spreduce)(
-                self.op, self.choice, args, out_shape)
+        if self.choice.method in SPARSE_METHODS and xp is np:  # exec/sparse_kernels.py
+            return sparse_call(self.op, self.choice, args, arg_shapes, out_shape)
         args = dense_args(args)  # a sparse tile (a Load's CSR box) for a dense kernel
         arrays = [xp.zeros(s, dtype=d) if a is None else a
                   for a, s, d in zip(args, arg_shapes, self.in_dtypes)]

@@ -27,9 +27,18 @@ import math
 
 import numpy as np
 
+from ..physical.choice import SPARSE_METHODS
 from ..storage.sparse import densify, is_sparse
 
-__all__ = ["spmm", "spreduce", "dense_args"]
+__all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "SPARSE_METHODS"]
+
+
+def sparse_call(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
+    """One call of the sparse kernel ``choice.method`` names (on the CPU; a GPU densifies)."""
+    if choice.method in ("spmm", "spreduce"):
+        return (spmm if choice.method == "spmm" else spreduce)(op, choice, args, out_shape)
+    from . import semiring
+    return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
 
 
 def dense_args(args: list) -> list:

@@ -102,7 +102,8 @@ class TileEntries:
             if self.count < self.dense_at:
                 return
             parts, self.parts = self.parts, []
-            self.buf = np.zeros(self.shape, self.w.dtype)
+            self.buf = np.full(self.shape, self.w.fill, self.w.dtype) if self.w.fill else \
+                np.zeros(self.shape, self.w.dtype)
             self.seen = np.zeros(self.buf.size, bool)
             for c, v in parts:
                 self._scatter(c, v)
@@ -127,6 +128,8 @@ class TileEntries:
                             f"{_fmt(self.names, [int(x) + l for x, l in zip(at, self.lo)])} "
                             "appears more than once", hint=_DUP_HINT)
         if repeated:
+            if self.w.fill:  # summed from 0, not from the fill
+                flat[lin[~hit]] = 0
             np.add.at(flat, lin, np.asarray(values, self.w.dtype))
             self.filled = int(np.count_nonzero(self.seen))
         else:
@@ -167,7 +170,7 @@ def _check_coords(coords, shape, names, where) -> None:
 
 
 def load_coo(store, name: str, coords, values, shape, *, tile=None, replace=False, dims=None,
-             duplicates=None, where: str | None = None):
+             duplicates=None, where: str | None = None, fill=0.0):
     """Store the entries ``values`` at ``coords`` (one integer array per dimension) as tensor
     ``name`` of ``shape``: one sort by tile, then tile by tile."""
     where = where or f"tensor '{name}'"
@@ -194,7 +197,7 @@ def load_coo(store, name: str, coords, values, shape, *, tile=None, replace=Fals
     keys = keys[order]
     coords = [c[order] for c in coords]
     values = values[order].astype(dtype, copy=False)
-    with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
+    with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace, fill=fill) as w:
         if values.size:
             change = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
             for a, b in zip(np.r_[0, change], np.r_[change, values.size]):
@@ -210,23 +213,23 @@ def is_sparse_object(obj) -> bool:
 
 
 def from_object(obj):
-    """(coords, values, shape) of a scipy.sparse or pydata sparse array, without densifying."""
+    """(coords, values, shape, fill value) of a scipy.sparse or pydata sparse array, without
+    densifying."""
     mod = type(obj).__module__
     if mod.startswith("scipy.sparse"):
         coo = obj.tocoo()
-        return (coo.row, coo.col) if coo.ndim == 2 else tuple(coo.coords), coo.data, coo.shape
-    if getattr(obj, "fill_value", 0) != 0:
-        raise DataError(f"a sparse array with fill value {obj.fill_value!r}: tensordb stores "
-                        "absent entries as 0", hint="convert it: x - x.fill_value, or "
-                        "sparse.COO(x.coords, x.data - x.fill_value, x.shape)")
+        return ((coo.row, coo.col) if coo.ndim == 2 else tuple(coo.coords), coo.data, coo.shape,
+                0.0)
     coo = obj.tocoo() if hasattr(obj, "tocoo") else obj
-    return tuple(coo.coords), coo.data, coo.shape
+    fill = getattr(obj, "fill_value", 0)
+    return tuple(coo.coords), coo.data, coo.shape, (0.0 if fill is None else float(fill))
 
 
 def to_sparse(reader):
     """A stored tensor as a sparse array built from its tiles' nonzeros (a sparse tile's entries,
     a dense tile's nonzeros; ``-0.0`` is a zero here): a ``scipy.sparse.csr_array`` for a matrix,
-    a pydata ``sparse.COO`` for any other rank (the optional package ``sparse``)."""
+    a pydata ``sparse.COO`` for any other rank (the optional package ``sparse``), and for a
+    tensor whose fill value is not 0 (its ``fill_value``; scipy has none)."""
     from ..storage.views import coo_batches
     meta = reader.meta
     parts = [[] for _ in range(meta.ndim + 1)]
@@ -236,12 +239,14 @@ def to_sparse(reader):
     cols = [np.concatenate(p) if p else np.zeros(0, np.int64 if k < meta.ndim else meta.dtype)
             for k, p in enumerate(parts)]
     coords, values = cols[:-1], cols[-1].astype(meta.dtype, copy=False)
-    if meta.ndim == 2:
+    if meta.ndim == 2 and not meta.fill:
         import scipy.sparse as sp
         idx = np.int32 if max(meta.shape + (values.size,)) < 2**31 else np.int64
         return sp.csr_array(sp.coo_array((values, tuple(c.astype(idx) for c in coords)),
                                          shape=meta.shape))
     from .._optional import require
-    sparse = require("sparse", "con.sparse() of a tensor that is not a matrix")
+    sparse = require("sparse", "con.sparse() of a tensor that is not a matrix, or whose fill "
+                     "value is not 0")
     return sparse.COO(np.stack(coords) if coords else np.zeros((0, values.size), np.int64),
-                      values, shape=meta.shape, has_duplicates=False, sorted=False)
+                      values, shape=meta.shape, has_duplicates=False, sorted=False,
+                      fill_value=meta.dtype.type(meta.fill))

@@ -132,7 +132,7 @@ def _write_npy(reader, tmp: str) -> None:
         # The file starts sparse (zeros); only stored tiles are written.
         for coords in reader.coords():
             entry = reader.entries[coords]
-            if entry.sparse:  # its entries, into the file's zeros: never the dense tile
+            if entry.sparse and not meta.fill:  # its entries, into the zeros: never dense
                 scatter_into(out, entry.starts, reader.stored_tile(coords))
                 continue
             out[tuple(slice(s, s + n) for s, n in zip(entry.starts, entry.shape))] = \

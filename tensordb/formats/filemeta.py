@@ -33,8 +33,11 @@ _DTYPES = ("bool", "float32", "float64", "int32", "int64")
 
 def describe(meta) -> str:
     """The JSON text recorded for tensor ``meta``."""
-    return json.dumps({"shape": [int(n) for n in meta.shape], "dims": list(meta.dims),
-                       "dtype": np.dtype(meta.dtype).name})
+    info = {"shape": [int(n) for n in meta.shape], "dims": list(meta.dims),
+            "dtype": np.dtype(meta.dtype).name}
+    if getattr(meta, "fill", 0):  # the value of the rows left out (as text: JSON has no inf)
+        info["fill"] = repr(float(meta.fill))
+    return json.dumps(info)
 
 
 def sidecar_path(path: str) -> str:
@@ -57,15 +60,18 @@ def parse(text: str, where: str) -> dict:
         shape = tuple(info["shape"])
         dims = tuple(info["dims"])
         dtype = info.get("dtype")
+        fill = float(info.get("fill", 0.0))
         ok = (all(type(n) is int and n >= 0 for n in shape) and len(dims) == len(shape)
-              and all(isinstance(d, str) for d in dims) and (dtype is None or dtype in _DTYPES))
+              and all(isinstance(d, str) for d in dims) and (dtype is None or dtype in _DTYPES)
+              and fill == fill)
     except (ValueError, TypeError, KeyError, AttributeError):
         ok = False
     if not ok:
         raise DataError(f"{where}: its tensordb metadata is not valid: {text[:200]!r}",
                         hint="give index= and shape= (INDEX (...) VALUE ... SHAPE (...)) to read "
                              "it as a plain coordinate table")
-    return {"shape": shape, "dims": dims, "dtype": dtype, "csv_bytes": info.get("csv_bytes")}
+    return {"shape": shape, "dims": dims, "dtype": dtype, "csv_bytes": info.get("csv_bytes"),
+            "fill": fill}
 
 
 def read(fmt: str, path: str) -> dict | None:

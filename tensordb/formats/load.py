@@ -43,7 +43,8 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
                 index: Sequence[str] | None = None, value: str | None = None,
                 shape: Sequence[int] | None = None, dims: Sequence[str] | None = None,
                 format: str | None = None, query: str | None = None,
-                memory_limit: int | None = None, duplicates: str | None = None) -> TensorMeta:
+                memory_limit: int | None = None, duplicates: str | None = None,
+                fill_value: float | None = None) -> TensorMeta:
     """Store ``source`` as tensor ``name``; returns its catalog entry.
 
     ``source``: a numpy array (or anything ``np.asarray`` takes), a scipy.sparse matrix or array
@@ -54,10 +55,15 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     (coordinate columns) with ``value`` (the value column, default ``value``) and ``shape``;
     without ``index`` every column must be numeric and the table becomes a rows x columns matrix.
     ``memory_limit``: the connection's, bounding what DuckDB holds while it reads a table
-    (budget.py); arrays are read one tile at a time whatever it is.
+    (budget.py); arrays are read one tile at a time whatever it is. ``fill_value``: the value
+    of the entries a COO table or sparse array leaves out (default 0; a pydata array's own
+    ``fill_value``), recorded in the catalog (TensorMeta.fill).
     """
     store.check_open(writing=True)
     check_name(name)
+    if fill_value is not None and not is_sparse_object(source) and index is None:
+        raise ProgrammingError(f"load '{name}': fill_value= applies to COO tables (index=) and "
+                               "sparse arrays, whose absent entries it gives")
     if is_sparse_object(source):  # scipy.sparse, pydata sparse: entries, never densified
         if format is not None or query is not None or any(
                 v is not None for v in (index, value, shape, array)):
@@ -65,9 +71,13 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
                                    "duplicates= only")
         check_duplicates(duplicates, name)
         store.check_free(name, replace)
-        coords, values, shape = from_object(source)
+        coords, values, shape, fill = from_object(source)
+        if fill_value is not None and fill != 0 and float(fill_value) != fill:
+            raise ProgrammingError(f"load '{name}': fill_value={fill_value!r}, but the sparse "
+                                   f"array's fill value is {fill!r}")
         return load_coo(store, name, coords, values, shape, tile=tile, replace=replace,
-                        dims=dims, duplicates=duplicates, where=f"tensor '{name}'")
+                        dims=dims, duplicates=duplicates, where=f"tensor '{name}'",
+                        fill=fill if fill_value is None else fill_value)
     if duplicates is not None:
         check_duplicates(duplicates, name)
     from .tables import is_frame, load_frame
@@ -78,7 +88,7 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
         store.check_free(name, replace)
         return load_frame(store, name, source, tile=tile, replace=replace, dims=dims,
                           index=index, value=value, shape=shape, memory_limit=memory_limit,
-                          duplicates=duplicates)
+                          duplicates=duplicates, fill=fill_value)
     if pyobjects.is_xarray(source):  # its dims name the tensor's dimensions
         dims = list(source.dims) if dims is None else dims
         source = source.values
@@ -88,12 +98,14 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
         with pyobjects.scanning(store, scans):
             return load_tensor(store, name, None, tile=tile, replace=replace, index=index,
                                value=value, shape=shape, dims=dims, memory_limit=memory_limit,
+                               fill_value=fill_value,
                                query=f"SELECT * FROM {quote_ident(next(iter(scans)))}")
     if fmt in ("npy", "npz", "parquet", "csv") or (fmt == "zarr" and isinstance(target, str)):
         guard.check_path(store, target, f"cannot load '{name}'")
     if fmt in ("parquet", "csv"):
         _check_not_a_pattern(store, name, target)
-    table_opts = {"index": index, "value": value, "shape": shape, "duplicates": duplicates}
+    table_opts = {"index": index, "value": value, "shape": shape, "duplicates": duplicates,
+                  "fill": fill_value}
     if fmt not in ("parquet", "csv", "sql"):
         given = [k for k, v in table_opts.items() if v is not None]
         if given:

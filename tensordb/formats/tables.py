@@ -82,7 +82,7 @@ def source_sql(fmt: str, target: str, types: dict[str, str] | None = None) -> st
 
 
 def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, shape,
-               memory_limit=None, duplicates=None):
+               memory_limit=None, duplicates=None, fill=None):
     where = target if fmt not in ("sql", "frame") else \
         f"query for '{name}'" if fmt == "sql" else f"table for '{name}'"
     src = source_sql(fmt, target)
@@ -90,6 +90,7 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
     if recorded is not None:  # a tensordb export: the tensor it was, trailing zero rows included
         index = list(recorded["dims"]) if index is None else index
         shape = recorded["shape"]
+        fill = recorded.get("fill") or None if fill is None else fill  # and its fill value
     if fmt == "sql":
         # One SELECT, and one that writes no file into the database (enable_logging(...)).
         guard.check_statement(store, guard.single_statement(target, "the query"))
@@ -113,7 +114,7 @@ def load_table(store, name, fmt, target, *, tile, replace, dims, index, value, s
         if index is not None:
             return _load_coo(store, name, src, columns, where, tile=tile, replace=replace,
                              dims=dims, index=index, value=value, shape=shape,
-                             limit=memory_limit, duplicates=duplicates)
+                             limit=memory_limit, duplicates=duplicates, fill=fill)
         if value is not None or shape is not None:
             raise ProgrammingError(f"load '{name}': value= and shape= need index= (a COO table)")
         return _load_dense(store, name, src, columns, where, tile=tile, replace=replace, dims=dims,
@@ -221,7 +222,7 @@ def _column(columns: dict, col: str, where: str) -> str:
 
 
 def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, value, shape,
-              limit, duplicates=None):
+              limit, duplicates=None, fill=None):
     duck = store.duck
     index = [index] if isinstance(index, str) else list(index)
     if not index:
@@ -274,7 +275,8 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
     tile_bytes = min(int(np.prod(tile_shape, dtype=np.int64)) * dtype.itemsize,
                      max(rows, 1) * (16 * len(idx) + 8))
     # The writer first: DuckDB runs nothing else on the connection while a result streams.
-    with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace) as w:
+    with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace,
+                      fill=fill or 0.0) as w:
         # DuckDB's sort needs memory that grows with the rows, spilling or not (268M rows fail
         # with 128 MB): within a memory_limit it gets its share, 2 tiles, or 4 bytes a row up to
         # SORT_MEMORY, whichever is most; without one, SORT_MEMORY or 8 tiles.

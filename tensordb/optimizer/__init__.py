@@ -196,7 +196,8 @@ def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None =
         memory_limit=memory_limit, stats=input_stats)
     mem = project(graph, {name: c.memory for name, c in cost.ops.items()}, memory_limit,
                   decomp.workers)
-    inputs = {name: {"format": st.format, "nnz": int(st.nnz), "bytes": int(st.nbytes)}
+    inputs = {name: {"format": st.format, "nnz": int(st.nnz), "bytes": int(st.nbytes),
+                     **({"fill": st.fill} if st.fill else {})}
               for name, st in (input_stats or {}).items()}
     # a sparse kernel's estimated output nonzeros: the writer stores such an output sparse
     # when the format rule says so (physical.OutputWriters), EXPLAIN shows it

@@ -41,7 +41,7 @@ import numpy as np
 from ..geometry import Grid, even_bounds, overlapping
 from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
-from .sparse_cost import StoredStats, sparse_flops, sparse_out_nnz
+from .sparse_cost import StoredStats, read_sparse, special_kernel, sparse_flops, sparse_out_nnz
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "StoredStats", "blas_efficiency",
            "evaluate", "stored_aligned"]
@@ -205,8 +205,9 @@ class OpModel:
               if o.tensor not in produced}
         st = {k: v for k, v in st.items() if v is not None and v.sparse}
         # The kernel the lowering will choose (physical/choice.py): the same rule, the same facts.
-        kern = memory.sparse_kernel(op, tuple(k for k in st if len(op.inputs[k].labels) == 2),
-                                    tuple(f[0] for f in known))
+        kern = special_kernel(op, st, known) or memory.sparse_kernel(
+            op, tuple(k for k in st if len(op.inputs[k].labels) == 2 and not st[k].fill),
+            tuple(f[0] for f in known))
         ins = []
         for k, o in enumerate(op.inputs):
             item = np.dtype(dtypes[o.tensor]).itemsize
@@ -215,7 +216,7 @@ class OpModel:
             nbytes, held = dense, 1.0
             if k in st:  # read as its payload; held sparse only by the kernel that reads it so
                 nbytes = st[k].nbytes
-                if kern is not None and kern[1] == k:
+                if kern is not None and k in read_sparse(op, kern, st):
                     held = min(1.0, nbytes / dense) if dense else 1.0
             ins.append(_Input(o.tensor, tuple(labels.index(l) for l in o.labels),
                               nbytes, item, shape,

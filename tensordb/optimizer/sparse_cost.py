@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..plan import sparse_rules
 from ..plan.ir import EinOp
 
-__all__ = ["StoredStats", "sparse_flops", "sparse_out_nnz"]
+__all__ = ["StoredStats", "special_kernel", "read_sparse", "sparse_flops", "sparse_out_nnz"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class StoredStats:
     formats: tuple[str, ...]
     nnz: int
     nbytes: int
+    fill: float = 0.0  # the value of its absent entries (TensorMeta.fill)
 
     @property
     def sparse(self) -> bool:
@@ -34,16 +36,47 @@ class StoredStats:
         return "+".join(self.formats) if self.formats else "dense"
 
 
+def special_kernel(op: EinOp, st: dict, known) -> tuple | None:
+    """The semiring, masked or sampled kernel the lowering will choose for ``op``
+    (plan/sparse_rules.py), from its sparse stored operands' stats ``st`` (operand -> its
+    StoredStats) and what is known of each operand (``(finite, nonzero)``)."""
+    sparse = tuple(k for k in st if len(op.inputs[k].labels) == 2)
+    fills = tuple(st[k].fill if k in st else 0.0 for k in range(len(op.inputs)))
+    found = sparse_rules.choose(op, sparse, tuple(f[0] for f in known), fills)
+    return None if found is None else found[:2]
+
+
+def read_sparse(op: EinOp, kern: tuple, st: dict) -> set[int]:
+    """The operands a sparse kernel holds as their entries (its call's working set counts them
+    at their payload's share of the dense bytes; any other operand is densified): the sparse
+    operand; for ``masked``, every sparse stored one (each arrives as CSR and stays so); for
+    ``semiring``, every sparse stored one whose fill is the sparse operand's."""
+    method, k = kern[0], kern[1]
+    if method in ("masked", "spjoin"):
+        return set(st)
+    if method == "semiring":
+        return {n for n in st if st[n].fill == st[k].fill}
+    return {k}
+
+
 def sparse_flops(op: EinOp, kern: tuple, nnz: int) -> int:
     """The flops of a sparse kernel on a sparse operand of ``nnz`` stored entries: a multiply
-    and an add per entry and column of the other operand (spmm), one add per entry (spreduce).
+    and an add per entry and column of the other operand (spmm, semiring), one add per entry
+    (spreduce); per entry of the mask, a dot product of the third label's extent (sddmm) or
+    of the mask's density times it (masked: the entries of a row of A @ B that meet the mask).
 
     >>> op = EinOp.contraction("C", "ik", [("S", "ij"), ("X", "jk")], {"i": 9, "j": 9, "k": 4})
     >>> sparse_flops(op, ("spmm", 0), 10)
     80
     """
     method, k = kern
-    if method != "spmm":
+    if method in ("masked", "sddmm"):
+        m = op.inputs[k].labels
+        (c,) = [l for l in op.labels if l not in m]
+        n_m = math.prod(op.size[l] for l in m)
+        share = 1.0 if method == "sddmm" else min(1.0, nnz / n_m) if n_m else 0.0
+        return int(2 * nnz * max(1.0, op.size[c] * share))
+    if method not in ("spmm", "semiring"):
         return nnz
     s, d = op.inputs[k].labels, op.inputs[1 - k].labels
     return 2 * nnz * math.prod(op.size[l] for l in d if l not in s)
@@ -52,8 +85,9 @@ def sparse_flops(op: EinOp, kern: tuple, nnz: int) -> int:
 def sparse_out_nnz(op: EinOp, kern: tuple, nnz: int, other: int | None) -> float:
     """The estimated nonzeros of a sparse kernel's output, taking the stored entries of each
     operand as independent and uniformly spread (an earlier result, ``other`` None, as full):
-    for ``spmm`` of ``S[i,j]`` (density ``ps``) and ``D[j,r]`` (density ``pd``), an output
-    element is nonzero when one of its ``J`` products is, ``I*R*(1 - (1 - ps*pd)**J)``; for
+    for ``spmm`` (and a ``semiring`` product, whose output entry exists where a pair does)
+    of ``S[i,j]`` (density ``ps``) and ``D[j,r]`` (density ``pd``), an output element is
+    nonzero when one of its ``J`` products is, ``I*R*(1 - (1 - ps*pd)**J)``; for
     ``spreduce`` over ``j``, ``I*(1 - (1 - ps)**J)``. Cancellation (a sum of products that is 0)
     is not foreseen, so it errs high; EXPLAIN ANALYZE shows it beside the measured nnz.
 
@@ -66,7 +100,11 @@ def sparse_out_nnz(op: EinOp, kern: tuple, nnz: int, other: int | None) -> float
     n_s = math.prod(op.size[l] for l in s)
     ps = min(1.0, nnz / n_s) if n_s else 0.0
     out = math.prod(op.size[l] for l in op.out_labels)
-    if method != "spmm":
+    if method == "masked":
+        return 1.0
+    if method == "sddmm":  # at most the mask's entries
+        return float(nnz)
+    if method not in ("spmm", "semiring"):
         along = math.prod(op.size[l] for l in s if l not in op.out_labels)
         return out * (1.0 - (1.0 - ps) ** along)
     d = op.inputs[1 - k].labels

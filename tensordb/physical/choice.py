@@ -43,7 +43,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import InternalError
-from ..plan import scalar
+from ..plan import scalar, sparse_rules
 from ..plan.aggregates import ARG_AGGS
 from ..plan.ir import EinOp
 from ..plan.memory import (CHUNK_ELEMENTS, MatmulLayout, blas_product, chunk_elements, matmul_layout,
@@ -52,7 +52,8 @@ from ..plan.memory import (CHUNK_ELEMENTS, MatmulLayout, blas_product, chunk_ele
 __all__ = ["CHUNK_ELEMENTS", "METHODS", "MatmulLayout", "KernelChoice", "choose_kernel",
            "spmm_operand", "sparse_reduction"]
 
-METHODS = ("matmul", "contract", "broadcast", "spmm", "spreduce")
+METHODS = ("matmul", "contract", "broadcast", "spmm", "spreduce") + sparse_rules.METHODS
+SPARSE_METHODS = ("spmm", "spreduce") + sparse_rules.METHODS  # exec/sparse_kernels.py
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class KernelChoice:
     chunk_elements: int = CHUNK_ELEMENTS
     sparse: int | None = None           # method 'spmm': the operand stored sparse (a matrix)
     index: str | None = None            # 'argmax' / 'argmin': the whole label in one call
+    semiring: str | None = None         # method 'semiring': 'min_plus', 'max_times', ...
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -77,7 +79,7 @@ class KernelChoice:
             raise InternalError("chunking goes with method 'broadcast' and only with it")
         if self.chunk_elements < 1:
             raise InternalError(f"chunks of {self.chunk_elements} elements")
-        if (self.sparse is not None) != (self.method in ("spmm", "spreduce")):
+        if (self.sparse is not None) != (self.method in SPARSE_METHODS):
             raise InternalError("a sparse operand goes with the sparse methods and only with them")
 
     def describe(self) -> str:
@@ -86,7 +88,11 @@ class KernelChoice:
         when the worker's memory budget made chunks smaller than ``CHUNK_ELEMENTS``."""
         if self.layout is not None:
             return f"matmul x{self.layout.first}@x{self.layout.second}"
-        if self.method in ("spmm", "spreduce"):
+        if self.method == "semiring":
+            return f"semiring {self.semiring} x{self.sparse} sparse (GraphBLAS)"
+        if self.method == "spjoin":
+            return "spjoin x0 x1 sparse"
+        if self.method in SPARSE_METHODS:
             return f"{self.method} x{self.sparse} sparse"
         if self.method != "broadcast":
             return self.method
@@ -104,8 +110,10 @@ class KernelChoice:
             out["layout"] = {"operands": [lay.first, lay.second], "batch": list(lay.batch),
                              "m": list(lay.free_first), "k": list(lay.contracted),
                              "n": list(lay.free_second)}
-        if self.method in ("spmm", "spreduce"):
+        if self.method in SPARSE_METHODS:
             out["sparse_operand"] = self.sparse
+        if self.semiring is not None:
+            out["semiring"] = self.semiring
         if self.method == "broadcast":
             out["chunk"] = self.chunk
             out["chunk_elements"] = self.chunk_elements
@@ -118,7 +126,7 @@ class KernelChoice:
 
 def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
                   budget: int | None = None, sparse: Sequence[int] = (),
-                  finite: Sequence[bool] = ()) -> KernelChoice:
+                  finite: Sequence[bool] = (), fills: Sequence[float] = ()) -> KernelChoice:
     """The kernel for ``op`` whose tiles have (at most) ``extents`` per label (default: the whole
     operation, one tile), on a worker with ``budget`` bytes (None: no limit): a broadcasting
     kernel's chunks are sized from it (``plan.memory.chunk_elements``). A diagonal write
@@ -127,8 +135,14 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
     whether it is known to hold no NaN or inf. A product-and-sum of a sparse matrix with an
     operand known finite is a sparse kernel (``spmm``, exec/sparse_kernels.py): absent entries
     are skipped, which is NumPy's answer only where the partner holds no NaN or inf
-    (0 * inf is NaN)."""
-    found = sparse_kernel(op, sparse, finite)
+    (0 * inf is NaN). ``fills``: per operand, its fill value (0 when left out): a semiring,
+    masked or sampled kernel (plan/sparse_rules.py, exec/semiring.py) where one fits."""
+    # -- sparse kernels (scipy.sparse, GraphBLAS): exec/sparse_kernels.py, exec/semiring.py --
+    special = sparse_rules.choose(op, sparse, finite, fills)
+    if special is not None:
+        return KernelChoice(special[0], sparse=special[1],
+                            semiring=special[2] if len(special) > 2 else None)
+    found = sparse_kernel(op, tuple(k for k in sparse if not fills or fills[k] == 0), finite)
     if found is not None:
         return KernelChoice(found[0], sparse=found[1])
     op = op.without_diagonal()

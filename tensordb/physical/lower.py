@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import InternalError
-from ..geometry import Grid, even_bounds, overlapping
+from ..geometry import Grid, even_bounds, overlapping, tile_box
 from ..plan import skip
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
@@ -77,15 +77,18 @@ class _Lowering:
             self._known[tensor] = (False, False) if reader is None else reader.facts()
         return self._known[tensor]
 
-    def _sparsity(self, op: EinOp) -> tuple[tuple[int, ...], tuple[bool, ...]]:
-        """(operands stored as matrices with sparse tiles, whether each operand is finite):
-        what the kernel choice needs to pick a sparse kernel (choice.spmm_operand)."""
+    def _sparsity(self, op: EinOp) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[float, ...]]:
+        """(operands stored as matrices with sparse tiles, whether each operand is finite, each
+        operand's fill value): what the kernel choice needs to pick a sparse kernel
+        (choice.spmm_operand, plan/sparse_rules.py)."""
         sparse = tuple(k for k, o in enumerate(op.inputs) if o.tensor in self.readers
                        and self.readers[o.tensor].meta.ndim == 2
                        and self.readers[o.tensor].has_sparse)
         if not sparse:
-            return (), ()
-        return sparse, tuple(self._facts(o.tensor)[0] for o in op.inputs)
+            return (), (), ()
+        return (sparse, tuple(self._facts(o.tensor)[0] for o in op.inputs),
+                tuple(self.readers[o.tensor].meta.fill if o.tensor in self.readers else 0.0
+                      for o in op.inputs))
 
     # -- the tile join -------------------------------------------------------------------------
     def _complete(self, tensor: str) -> bool:
@@ -318,7 +321,8 @@ class OutputWriters:
 
     def __init__(self, store, plan: TilePlan, *, replace: bool = False,
                  check_tables: bool = True, stage_max: int | None = None,
-                 sparse_nnz: Mapping[str, float] | None = None) -> None:
+                 sparse_nnz: Mapping[str, float] | None = None,
+                 fills: Mapping[str, float] | None = None) -> None:
         self.store, self.plan = store, plan
         self.writers = []
         self.buffers: dict[int, np.ndarray] = {}
@@ -333,13 +337,16 @@ class OutputWriters:
                 op = next(o for o in plan.ops if o.output == out.name)
                 dims = [l if l.isidentifier() and not op.writes_diagonal else f"d{n}"
                         for n, l in enumerate(op.out_labels)]
+                fill = (fills or {}).get(out.name, 0.0)
                 w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
-                                 dims=dims, replace=replace, check_tables=check_tables)
+                                 dims=dims, replace=replace, check_tables=check_tables, fill=fill)
                 self.writers.append((out, w))
                 est = (sparse_nnz or {}).get(out.name)
-                # An output the estimate says is sparse gets no dense buffers: store_tiles
-                # stores each tile as the format rule says (writer.write_tile).
-                sparse = est is not None and is_sparse_overall(out.shape, int(est), out.dtype)
+                # An output the estimate says is sparse, or whose fill is not 0 (plan/fills.py),
+                # gets no dense buffers: store_tiles stores each tile as the format rule says
+                # (writer.write_tile).
+                sparse = fill != 0 or (est is not None and
+                                       is_sparse_overall(out.shape, int(est), out.dtype))
                 for coords, buf in ({} if sparse else
                                     w.reserve(sorted(out.tiles), stage_max=left)).items():
                     self.buffers[out.tiles[coords]] = buf
@@ -389,6 +396,8 @@ class OutputWriters:
                             continue
                         w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key),
                                      crc32.get(key))
+                    if w.fill:  # a tile no kernel computed is zeros, not the fill: stored
+                        _store_zeros(w)
                 commit_all([w for _, w in self.writers])  # the rows of all in a few statements
         except BaseException:
             self.abort()
@@ -403,6 +412,15 @@ class OutputWriters:
     def nnz(self) -> dict[str, int]:
         """The nonzeros stored per output (after ``store_tiles``), by plan name."""
         return {out.name: sum(int(e.nnz) for e in w.entries.values()) for out, w in self.writers}
+
+
+def _store_zeros(w) -> None:
+    """Store every tile of writer ``w`` (an output whose fill is not 0) that the run computed
+    no kernel call for, so is all zeros, as zeros: an absent tile of it would read as the fill."""
+    for coords in itertools.product(*(range(len(b) - 1) for b in w.grid)):
+        if coords not in w.entries:
+            lo, hi = tile_box(w.grid, coords)
+            w.write_tile(coords, np.zeros(tuple(b - a for a, b in zip(lo, hi)), w.dtype))
 
 
 def describe(plan: TilePlan) -> str:

@@ -115,6 +115,8 @@ def _load(con, script, s: A.LoadStmt, text) -> Result:
     for key in ("array", "index", "value", "shape", "duplicates"):
         if getattr(s, key) is not None:
             options[key] = list(getattr(s, key)) if isinstance(getattr(s, key), tuple) else getattr(s, key)
+    if s.fill is not None:
+        options["fill_value"] = s.fill
     if s.path is not None:
         source = s.path
     elif s.query is not None:

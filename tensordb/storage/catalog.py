@@ -20,6 +20,7 @@ written before sparse tiles) reads as 'dense'.
 """
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -49,9 +50,12 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.tiles (
 ALTER TABLE {SCHEMA}.tiles ADD COLUMN IF NOT EXISTS crc32 BIGINT;
 ALTER TABLE {SCHEMA}.tiles ADD COLUMN IF NOT EXISTS nonfinite BOOLEAN;
 ALTER TABLE {SCHEMA}.tiles ADD COLUMN IF NOT EXISTS format VARCHAR;
+ALTER TABLE {SCHEMA}.tensors ADD COLUMN IF NOT EXISTS fill DOUBLE;
 """
 
-_COLUMNS = "name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density"
+_COLUMNS = "name, version, dtype, shape, dims, grid, nbytes, tile_count, nnz, density, fill"
+# A catalog written before fill values (read-only, so the column could not be added) reads 0.
+_OLD_COLUMNS = _COLUMNS.replace(", fill", ", 0.0 AS fill")
 
 _TILES_SCHEMA = pa.schema([
     ("tensor", pa.string()), ("version", pa.int64()), ("coords", pa.list_(pa.int64())),
@@ -90,21 +94,28 @@ def _first_value(cursor):
 
 
 def _meta(row) -> TensorMeta:
-    name, version, dtype, shape, dims, grid, nbytes, tiles, nnz, density = row
+    name, version, dtype, shape, dims, grid, nbytes, tiles, nnz, density, fill = row
     return TensorMeta(name, int(version), np.dtype(dtype), tuple(shape), tuple(dims),
                       tuple(tuple(b) for b in grid), int(nbytes), int(tiles), int(nnz),
-                      float(density))
+                      float(density), 0.0 if fill is None else float(fill))
+
+
+def _select(duck, where: str, params=()):
+    """The ``tensors`` rows ``where`` says, with their fill (0 in a catalog that predates it)."""
+    try:
+        return duck.execute(f"SELECT {_COLUMNS} FROM {SCHEMA}.tensors {where}", params)
+    except duckdb.BinderException:
+        return duck.execute(f"SELECT {_OLD_COLUMNS} FROM {SCHEMA}.tensors {where}", params)
 
 
 def find(duck, name: str) -> TensorMeta | None:
     """The tensor called ``name`` (case-insensitive), or None."""
-    row = first_row(duck.execute(f"SELECT {_COLUMNS} FROM {SCHEMA}.tensors "
-                                 "WHERE lower(name) = lower(?)", [name]))
+    row = first_row(_select(duck, "WHERE lower(name) = lower(?)", [name]))
     return None if row is None else _meta(row)
 
 
 def all_metas(duck) -> list[TensorMeta]:
-    rows = duck.execute(f"SELECT {_COLUMNS} FROM {SCHEMA}.tensors ORDER BY lower(name)").fetchall()
+    rows = _select(duck, "ORDER BY lower(name)").fetchall()
     return [_meta(r) for r in rows]
 
 
@@ -166,10 +177,10 @@ def tile_entries_many(duck, metas, optional: frozenset = frozenset(("crc32", "no
 
 def insert(duck, meta: TensorMeta, file: str, entries) -> None:
     """The rows of a new tensor: its ``tensors`` row and one ``tiles`` row per entry."""
-    duck.execute(f"INSERT INTO {SCHEMA}.tensors ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    duck.execute(f"INSERT INTO {SCHEMA}.tensors ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                  [meta.name, meta.version, meta.dtype.name, list(meta.shape), list(meta.dims),
                   [list(b) for b in meta.grid], meta.nbytes, meta.tile_count, meta.nnz,
-                  meta.density])
+                  meta.density, meta.fill])
     _insert_tiles(duck, meta, file, entries)
 
 
@@ -193,16 +204,16 @@ def store(duck, rows) -> None:
     if not same:
         return
     marks = "(?::VARCHAR, ?::BIGINT, ?::BIGINT, ?::VARCHAR, ?::BIGINT, ?::BIGINT, ?::BIGINT, " \
-            "?::DOUBLE)"
+            "?::DOUBLE, ?::DOUBLE)"
     duck.execute(
         f"UPDATE {SCHEMA}.tensors AS t SET version = v.new, dtype = v.dtype, nbytes = v.nbytes, "
-        "tile_count = v.tile_count, nnz = v.nnz, density = v.density, "
+        "tile_count = v.tile_count, nnz = v.nnz, density = v.density, fill = v.fill, "
         "created = current_localtimestamp() FROM (VALUES " + ", ".join([marks] * len(same))
-        + ") AS v(name, old, new, dtype, nbytes, tile_count, nnz, density) "
+        + ") AS v(name, old, new, dtype, nbytes, tile_count, nnz, density, fill) "
         "WHERE t.name = v.name AND t.version = v.old",
         [x for old, meta, _, _ in same for x in (
             old.name, old.version, meta.version, meta.dtype.name, meta.nbytes, meta.tile_count,
-            meta.nnz, meta.density)])
+            meta.nnz, meta.density, meta.fill)])
     duck.execute(f"DELETE FROM {SCHEMA}.tiles WHERE "
                  + " OR ".join(["(tensor = ? AND version = ?)"] * len(same)),
                  [x for old, _, _, _ in same for x in (old.name, old.version)])
@@ -225,8 +236,9 @@ def replace(duck, old: TensorMeta, meta: TensorMeta, file: str, entries) -> None
     and shape) are set only where they change: a training step's new weights keep their layout,
     and DuckDB updates a row's scalars in a fraction of the time it takes to rewrite its lists."""
     layout = _same_layout(old, meta)
-    sets = "version = ?, dtype = ?, nbytes = ?, tile_count = ?, nnz = ?, density = ?"
-    params = [meta.version, meta.dtype.name, meta.nbytes, meta.tile_count, meta.nnz, meta.density]
+    sets = "version = ?, dtype = ?, nbytes = ?, tile_count = ?, nnz = ?, density = ?, fill = ?"
+    params = [meta.version, meta.dtype.name, meta.nbytes, meta.tile_count, meta.nnz, meta.density,
+              meta.fill]
     if old.name != meta.name:
         sets, params = sets + ", name = ?", params + [meta.name]
     if not layout:

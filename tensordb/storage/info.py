@@ -23,6 +23,7 @@ def summary(meta: TensorMeta) -> dict:
         "total_tiles": meta.total_tiles,
         "nnz": meta.nnz,
         "density": meta.density,         # nonzero elements / elements
+        "fill": meta.fill,               # the value of an absent entry (0 unless declared)
         "version": meta.version,
     }
 

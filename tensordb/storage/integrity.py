@@ -97,7 +97,7 @@ def _check_tensor(store, meta: TensorMeta) -> list[tuple]:
                        f"{e.offset + e.nbytes}")
                 continue
             try:
-                crc, nnz = _read_tile(fd, buf, e, meta.dtype)
+                crc, nnz = _read_tile(fd, buf, e, meta.dtype, meta.fill)
             except EOFError as exc:
                 bad(e, f"short file: {exc}")
                 continue
@@ -149,14 +149,17 @@ def _check_sparse(fd: int, size: int, meta: TensorMeta, e: TileEntry, file) -> l
     if problems:
         return bad(problems[0])
     values = tile.values if hasattr(tile, "values") else tile.data
-    nnz = count_nonzero(np.asarray(values))
+    # a tensor with another fill stores the entries that differ from it, and counts them all
+    nnz = count_nonzero(np.asarray(values)) if not meta.fill else int(np.asarray(values).size)
     if nnz != e.nnz:
         return bad(f"nonzero count mismatch: the catalog records {e.nnz}, the tile has {nnz}")
     return []
 
 
-def _read_tile(fd: int, buf: bytearray, e: TileEntry, dtype: np.dtype) -> tuple[int, int]:
-    """(crc32, nonzero count) of one tile, read ``len(buf)`` bytes at a time."""
+def _read_tile(fd: int, buf: bytearray, e: TileEntry, dtype: np.dtype,
+               fill: float = 0.0) -> tuple[int, int]:
+    """(crc32, nonzero count) of one tile, read ``len(buf)`` bytes at a time (of a tensor with
+    another fill than 0: the count of elements that are not the fill)."""
     view = memoryview(buf)
     crc, nnz, done = 0, 0, 0
     while done < e.nbytes:
@@ -168,7 +171,8 @@ def _read_tile(fd: int, buf: bytearray, e: TileEntry, dtype: np.dtype) -> tuple[
                 raise EOFError(f"the file ended at byte {e.offset + done + got} while reading")
             got += n
         crc = crc32(view[:want], crc)
-        nnz += count_nonzero(np.frombuffer(buf, dtype, want // dtype.itemsize))
+        part = np.frombuffer(buf, dtype, want // dtype.itemsize)
+        nnz += count_nonzero(part) if not fill else int(np.count_nonzero(part != fill))
         done += want
     return crc, nnz
 

@@ -15,7 +15,7 @@ from ..errors import DataError, ProgrammingError
 from ..geometry import Grid, grid_shape, regular_grid
 
 __all__ = ["TensorMeta", "check_name", "check_dims", "check_grid", "check_tile_shape",
-           "default_dims", "supported_dtype", "MAX_DIMS"]
+           "default_dims", "supported_dtype", "MAX_DIMS", "check_fill"]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MAX_NAME = 128
@@ -29,7 +29,10 @@ class TensorMeta:
     """One stored tensor, as the catalog describes it.
 
     ``nbytes`` is what the stored tiles take on disk (absent tiles take nothing), ``nnz`` the
-    nonzero elements they hold and ``density`` is ``nnz / size``.
+    nonzero elements they hold and ``density`` is ``nnz / size``. ``fill`` is the value of an
+    entry a sparse tile does not store (0 unless declared, e.g. +inf for distances); a tensor
+    with another fill stores every tile (an absent tile is all zeros), and its ``nnz`` counts
+    the elements that are not the fill.
     """
 
     name: str
@@ -42,6 +45,7 @@ class TensorMeta:
     tile_count: int
     nnz: int
     density: float
+    fill: float = 0.0  # the value of an absent entry (a graph's distances: +inf)
 
     @property
     def ndim(self) -> int:
@@ -153,3 +157,30 @@ def supported_dtype(dtype, what: str) -> np.dtype:
         return check_dtype(dtype, what)
     except TypeError:  # pragma: no cover - check_dtype already maps this
         raise DataError(f"{what}: unknown dtype {dtype!r}") from None
+
+
+def check_fill(fill, dtype, name: str) -> float:
+    """A tensor's fill value (the value of its absent entries) as a float: a real number that
+    ``dtype`` holds exactly (so +inf and -inf only for floating tensors), never NaN.
+
+    >>> check_fill(float("inf"), np.dtype("float64"), "D")
+    inf
+    >>> check_fill(float("inf"), np.dtype("int32"), "D")
+    Traceback (most recent call last):
+    ...
+    tensordb.errors.ProgrammingError: tensor 'D': fill value inf does not fit its dtype int32
+    """
+    try:
+        f = float(fill)
+    except (TypeError, ValueError):
+        raise ProgrammingError(f"tensor '{name}': fill value {fill!r} is not a number") from None
+    if math.isnan(f):
+        raise ProgrammingError(f"tensor '{name}': fill value NaN (an absent entry must be a "
+                               "value that a stored one can differ from)")
+    dtype = np.dtype(dtype)
+    with np.errstate(all="ignore"):
+        exact = np.array(f).astype(dtype).astype(np.float64) == f if dtype.kind != "c" else True
+    if f != 0 and (dtype.kind in "bc" or not exact):
+        raise ProgrammingError(f"tensor '{name}': fill value {fill!r} does not fit its dtype "
+                               f"{dtype.name}")
+    return f

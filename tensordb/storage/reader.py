@@ -200,12 +200,12 @@ class TensorReader:
         if not e.sparse:
             return self._view(e.offset, e.shape, (e,))
         from .sparse import densify
-        return densify(self.stored_tile(e.coords))
+        return densify(self.stored_tile(e.coords), self.meta.fill)
 
     def _sparse_part(self, coords, part) -> np.ndarray:
         """The dense box ``part`` (slices) of a sparse tile, without densifying the rest."""
         from .sparse import densify_part
-        return densify_part(self.stored_tile(coords), part)
+        return densify_part(self.stored_tile(coords), part, self.meta.fill)
 
     @property
     def has_sparse(self) -> bool:
@@ -219,7 +219,7 @@ class TensorReader:
         """(finite, nonzero): no stored tile holds NaN or inf (or might: unknown counts as might);
         every element is stored and is neither 0 nor NaN."""
         entries = self.entries.values()
-        finite = all(e.nonfinite is False for e in entries)
+        finite = all(e.nonfinite is False for e in entries) and math.isfinite(self.meta.fill)
         full = len(self.entries) == self.meta.total_tiles and all(
             e.nnz == math.prod(e.shape) for e in entries)
         return finite, finite and full
@@ -229,7 +229,7 @@ class TensorReader:
         grid, which tiles are present, and per tile its NaN/inf flag and whether nnz == size.
         Two versions with the same layout get the same plan (the plan cache's key): the
         values differ, the tile join, kernel calls and skipped products do not."""
-        h = hashlib.blake2b(repr(self.meta.grid).encode(), digest_size=16)
+        h = hashlib.blake2b(repr((self.meta.grid, self.meta.fill)).encode(), digest_size=16)
         for c in sorted(self.entries):
             e = self.entries[c]
             h.update(repr((c, e.nonfinite, e.nnz == math.prod(e.shape), e.format)).encode())

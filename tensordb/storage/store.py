@@ -25,7 +25,7 @@ from . import catalog, directory, identity
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_leftover_members
 from .boxes import BoxReader, GatherReader
-from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
+from .meta import TensorMeta, check_dims, check_fill, check_grid, check_name, supported_dtype
 from .reader import TensorReader
 from .spares import SparePayloads
 from .spilldir import remove_leftover_runs
@@ -329,8 +329,10 @@ class Store:
 
     # -- writing -------------------------------------------------------------------------------
     def writer(self, name: str, shape: Sequence[int], dtype, grid, dims: Sequence[str] | None = None,
-               replace: bool = False, check_tables: bool = True) -> TensorWriter:
+               replace: bool = False, check_tables: bool = True,
+               fill: float = 0.0) -> TensorWriter:
         """A writer for a new tensor (or a new version of ``name`` when ``replace``).
+        ``fill``: the value of its absent entries (``meta.check_fill``).
 
         ``grid`` is one tuple of boundaries per dimension, or a tile shape (one int each). A
         user table of that name is refused at once, and again, inside the transaction, at commit;
@@ -344,11 +346,12 @@ class Store:
         dtype = np.dtype(dtype.name)  # native byte order
         grid = check_grid(grid, shape, name)
         dims = check_dims(dims, len(shape), name)
+        fill = check_fill(fill, dtype, name)
         self.check_free(name, replace, tables=check_tables)
         with self._lock:
             version = self._next_version
             self._next_version += 1
-        return TensorWriter(self, name, shape, dtype, grid, dims, replace, version)
+        return TensorWriter(self, name, shape, dtype, grid, dims, replace, version, fill)
 
     def check_free(self, name: str, replace: bool, tables: bool = True) -> None:
         """CatalogError unless ``name`` may be created (or replaced, when ``replace``); with

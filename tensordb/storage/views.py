@@ -41,23 +41,24 @@ COO_ROWS = 1 << 18  # elements of a tile scanned per batch: a batch is at most t
 
 def coo_batches(reader: TensorReader, max_rows: int = COO_ROWS):
     """Arrow batches of (coordinates..., value), nonzeros only, tile by tile; a tile larger than
-    ``max_rows`` elements is scanned in slabs of its leading dimension, a batch per slab."""
+    ``max_rows`` elements is scanned in slabs of its leading dimension, a batch per slab. Of a
+    tensor whose fill is not 0 (TensorMeta.fill), the entries that are not the fill."""
     meta = reader.meta
     schema = arrow_schema(meta)
     for coords in reader.coords():
         entry, tile = reader.entries[coords], reader.stored_tile(coords)
         if entry.sparse:  # its entries, never the dense tile
-            yield from _sparse_batches(entry, tile, schema, max_rows)
+            yield from _sparse_batches(entry, tile, schema, max_rows, meta.fill)
             continue
         if meta.ndim == 0:
-            if tile != 0:
+            if tile != meta.fill:
                 yield pa.record_batch([pa.array(tile.reshape(1))], schema=schema)
             continue
         row = max(1, tile[0].size) if tile.shape[0] else 1
         step = max(1, max_rows // row)
         for lo in range(0, tile.shape[0], step):
             part = tile[lo:lo + step]
-            nz = np.nonzero(part)
+            nz = np.nonzero(part != meta.fill) if meta.fill else np.nonzero(part)
             if not len(nz[0]):
                 continue
             starts = (entry.starts[0] + lo,) + tuple(entry.starts[1:])
@@ -65,14 +66,14 @@ def coo_batches(reader: TensorReader, max_rows: int = COO_ROWS):
             yield pa.record_batch(cols + [pa.array(part[nz])], schema=schema)
 
 
-def _sparse_batches(entry, tile, schema, max_rows: int):
+def _sparse_batches(entry, tile, schema, max_rows: int, fill: float = 0.0):
     """The nonzeros of a sparse tile (``-0.0`` entries are zeros, as a dense tile's)."""
     if isinstance(tile, CooTile):
         coords, values = tile.coords, tile.values
     else:
         coords = (np.repeat(np.arange(tile.shape[0]), np.diff(tile.indptr)), tile.indices)
         values = tile.data
-    keep = np.flatnonzero(values != 0)
+    keep = np.flatnonzero(values != 0) if not fill else np.arange(values.size)
     for lo in range(0, keep.size, max_rows):
         part = keep[lo:lo + max_rows]
         cols = [pa.array(np.asarray(c)[part].astype(np.int64) + s)

@@ -50,9 +50,14 @@ class TensorWriter:
     :meth:`commit` / :meth:`abort`. ``write_tile`` may be called from several threads."""
 
     def __init__(self, store: "Store", name: str, shape: tuple[int, ...], dtype: np.dtype,
-                 grid: Grid, dims: tuple[str, ...], replace: bool, version: int) -> None:
+                 grid: Grid, dims: tuple[str, ...], replace: bool, version: int,
+                 fill: float = 0.0) -> None:
         self.store = store
         self.name, self.shape, self.dtype, self.grid, self.dims = name, shape, dtype, grid, dims
+        # The value of an entry a sparse tile leaves out (TensorMeta.fill): with another than 0,
+        # every tile is stored (one never written is stored empty, all fill, at commit) and a
+        # tile stores the entries that differ from it (``_write_filled``).
+        self.fill = float(fill)
         self.replace = replace
         self.tables_checked = False  # set by a caller that looked for user tables of its name
                                      # inside the commit's transaction already
@@ -102,6 +107,9 @@ class TensorWriter:
         with self._lock:
             if self._state != "open" or self._fd is not None:
                 raise InterfaceError(f"writer for '{self.name}': reserve() comes before any write")
+            if self.fill != 0:
+                raise InternalError(f"writer for '{self.name}': a tensor with fill "
+                                    f"{self.fill} is written tile by tile, not reserved")
             layout, pos = {}, 0
             for coords in tiles:
                 coords = tuple(int(c) for c in coords)
@@ -200,6 +208,10 @@ class TensorWriter:
                             f"got {a.shape}")
         if a.dtype != self.dtype:
             a = a.astype(self.dtype)
+        if self.fill != 0:
+            flat = np.ascontiguousarray(a).reshape(-1)
+            lin = np.flatnonzero(flat != self.fill)
+            return self._write_filled(coords, starts, shape, lin, flat[lin], flat)
         if not a.flags.c_contiguous and count_nonzero(a) == 0:
             return False  # an absent tile: not copied only to be dropped
         flat = np.ascontiguousarray(a).reshape(-1)  # copies only a non-contiguous tile
@@ -224,6 +236,10 @@ class TensorWriter:
         starts, stops = tile_box(self.grid, coords)
         shape = tuple(b - a for a, b in zip(starts, stops))
         values = np.asarray(values, self.dtype)
+        if self.fill != 0:
+            keep = np.flatnonzero(values != self.fill)
+            return self._write_filled(coords, starts, shape, np.asarray(lin, np.int64)[keep],
+                                      values[keep], None)
         keep = stored_entries(values)
         lin, values = np.asarray(lin, np.int64)[keep], values[keep]
         nnz = count_nonzero(values)
@@ -237,6 +253,35 @@ class TensorWriter:
         payload = encode(shape, self.dtype, lin, values, fmt)
         return self._append(coords, starts, shape, payload, nnz, checksum(payload),
                             has_nonfinite(values), fmt)
+
+    def _write_filled(self, coords, starts, shape, lin: np.ndarray, values: np.ndarray,
+                      dense: np.ndarray | None) -> bool:
+        """Store a tile of a tensor whose fill is not 0 from the entries that differ from the
+        fill (``lin``, sorted; ``values``) and, where the caller has it, its dense form: sparse
+        or dense as the format rule says of their count (its ``nnz``), stored even when empty."""
+        fmt = choose_format(shape, lin.size, self.dtype)
+        if fmt == "dense":
+            if dense is None:
+                dense = np.full(math.prod(shape), self.fill, self.dtype)
+                dense[lin] = values
+            payload = dense
+        else:
+            payload = encode(shape, self.dtype, lin, values, fmt)
+        return self._append(coords, starts, shape, payload, int(lin.size), checksum(payload),
+                            has_nonfinite(values) or not math.isfinite(self.fill), fmt)
+
+    def _fill_absent(self) -> None:
+        """A tensor whose fill is not 0 stores every tile: each one not written is stored
+        empty (all fill), so that an absent tile anywhere means zeros, as for any tensor."""
+        if self.fill == 0:
+            return
+        import itertools
+        for coords in itertools.product(*(range(n) for n in self._grid_shape)):
+            if coords not in self.entries:
+                starts, stops = tile_box(self.grid, coords)
+                shape = tuple(b - a for a, b in zip(starts, stops))
+                self._write_filled(coords, starts, shape, np.zeros(0, np.int64),
+                                   np.zeros(0, self.dtype), None)
 
     def _append(self, coords, starts, shape, flat: np.ndarray, nnz: int, crc: int,
                 nonfinite: bool, fmt: str) -> bool:
@@ -369,7 +414,7 @@ class TensorWriter:
         nnz = sum(e.nnz for e in self.entries.values())
         return TensorMeta(self.name, self.version, self.dtype, self.shape, self.dims, self.grid,
                           sum(e.nbytes for e in self.entries.values()), len(self.entries), nnz,
-                          nnz / size if size else 0.0)
+                          nnz / size if size else 0.0, self.fill)
 
     def commit(self) -> TensorMeta:
         """Make the tensor visible: flush the payload, then swap catalog rows atomically.
@@ -471,6 +516,8 @@ def commit_all(writers: Sequence[TensorWriter]) -> list[TensorMeta]:
     fsyncs. All land or none does: on any error every writer is aborted."""
     durables = []
     try:
+        for w in writers:
+            w._fill_absent()
         for w in writers:
             durables.append(_no_wait)  # until _finish has started a sync to wait for
             durables[-1] = w._finish()

@@ -10,6 +10,19 @@ indices and row pointers); ``CREATE TENSOR G FROM (SELECT i, j, v FROM edges) IN
 catalog commit) and ``con.load`` of the scipy CSR matrix; ``Y[i,k] = SUM(G[i,j] * X[j,k])`` for a
 dense X of --cols columns, planned afresh and with its plan cached, against scipy's ``G @ X``;
 ``con.sparse('G')`` (export to scipy). The product is checked against scipy once.
+
+Then (``--rmat-scale``, default 17: an R-MAT graph of 131,072 nodes and 8 edges a node, Graph500's
+parameters a, b, c = 0.57, 0.19, 0.19; weights 1-10), against python-graphblas
+(SuiteSparse:GraphBLAS) at the same thread count as tensordb's workers, and scipy.sparse
+(one thread): single-source shortest paths by repeated min-plus (``dist[k] = MIN(dist[j] +
+D[j,k])`` over D of fill +inf, with 0-weight self loops, as many steps as GraphBLAS needs to
+converge, the answer checked against scipy.sparse.csgraph's Dijkstra), and the triangle count
+``SUM(A[i,j] * A[j,k] * A[k,i])`` of the undirected graph (a masked SpGEMM; checked against
+GraphBLAS and scipy) on an R-MAT graph of ``--triangle-scale`` (default 13: 8,192 nodes; a
+power-law graph's hubs make the count's work grow with the square of their degree, and scipy's
+unmasked A @ A with it). On a smaller R-MAT graph (``--small-scale``, default 11: 2,048 nodes),
+min-plus ``MIN(D[i,j] + D[j,k])`` and SpGEMM ``SUM(G[i,j] * G[j,k])`` of the whole graph, whose
+output tiles the kernels still compute dense in memory (so not at the large size).
 """
 from __future__ import annotations
 
@@ -49,7 +62,14 @@ def main(argv=None) -> None:
     ap.add_argument("--cols", type=int, default=16)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--rmat-scale", type=int, default=17)
+    ap.add_argument("--small-scale", type=int, default=11)
+    ap.add_argument("--triangle-scale", type=int, default=13)
+    ap.add_argument("--graph-only", action="store_true", help="only the R-MAT section")
     args = ap.parse_args(argv)
+    if args.graph_only:
+        graph_section(args)
+        return
     n, m = args.nodes, args.edges
     rng = np.random.default_rng(0)
     i = rng.integers(0, n, m)
@@ -91,6 +111,135 @@ def main(argv=None) -> None:
     print(f"G @ X ({' '.join(kernel)}): {1e3 * t_fresh:.1f} ms planned afresh, "
           f"{1e3 * t_cached:.1f} ms plan cached; scipy G @ X {1e3 * t_scipy:.1f} ms")
     print(f"con.sparse('G'): {1e3 * t_export:.0f} ms")
+    graph_section(args)
+
+
+def rmat(scale: int, edge_factor: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Graph500's R-MAT edges (a, b, c = 0.57, 0.19, 0.19): 2**scale nodes, edge_factor edges
+    a node, self loops and repeats kept (the caller drops or sums them), nodes permuted."""
+    n, m = 1 << scale, edge_factor << scale
+    i = np.zeros(m, np.int64)
+    j = np.zeros(m, np.int64)
+    for bit in range(scale):
+        r = rng.random(m)
+        down = r >= 0.57 + 0.19          # quadrants c or d: the row bit is set
+        right = ((r >= 0.57) & (r < 0.76)) | (r >= 0.95)  # quadrants b or d: the column bit
+        i |= down.astype(np.int64) << bit
+        j |= right.astype(np.int64) << bit
+    perm = rng.permutation(n)
+    return perm[i], perm[j]
+
+
+def graph_section(args) -> None:
+    import graphblas as gb
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import shortest_path
+    W = args.workers or 2
+    gb.ss.config["nthreads"] = W
+    rng = np.random.default_rng(1)
+    i, j = rmat(args.rmat_scale, 8, rng)
+    n = 1 << args.rmat_scale
+    keep = i != j
+    i, j = i[keep], j[keep]
+    w = rng.integers(1, 11, i.size).astype(np.float64)
+    D = sp.csr_array(sp.coo_array((w, (i, j)), shape=(n, n)))
+    D.sum_duplicates()
+    loops = D.tocoo()
+    loops = sp.coo_array((np.r_[loops.data, np.zeros(n)], (np.r_[loops.row, np.arange(n)],
+                                                            np.r_[loops.col, np.arange(n)])),
+                         shape=(n, n))
+    print(f"\nR-MAT scale {args.rmat_scale}: {n} nodes, {D.nnz} weighted edges; tensordb {W} "
+          f"workers, GraphBLAS {W} threads, scipy 1 thread; medians of {args.runs}")
+    src = int(np.argmax(np.diff(D.indptr)))  # a hub: most of the graph is reachable
+    with tempfile.TemporaryDirectory(prefix="tensordb-bench-rmat-") as root:
+        with tensordb.connect(os.path.join(root, "g.tdb"), workers=W) as con:
+            con.load("D", loops, fill_value=np.inf)
+            d0 = np.full(n, np.inf)
+            d0[src] = 0.0
+            # GraphBLAS: steps of v min.+ D until v stops changing
+            G = gb.io.from_scipy_sparse(sp.csr_array(loops))
+            def gb_sssp():
+                v = gb.Vector.from_dense(d0, missing_value=np.inf)
+                steps = 0
+                while True:
+                    nxt = v.vxm(G, gb.semiring.min_plus).new()
+                    steps += 1
+                    if nxt.isequal(v):
+                        return nxt, steps
+                    v = nxt
+            gbv, steps = gb_sssp()
+            t_gb = median_time(gb_sssp, args.runs)
+            step = "CREATE OR REPLACE TENSOR dist[k] AS MIN(dist[j] + D[j,k])"
+
+            def td_sssp():
+                con.load("dist", d0, replace=True)
+                for _ in range(steps):
+                    con.execute(step)
+            td_sssp()
+            want = shortest_path(sp.csr_array(D), method="D", directed=True, indices=src)
+            np.testing.assert_array_equal(con.tensor("dist"), want)
+            np.testing.assert_array_equal(gbv.to_dense(fill_value=np.inf), want)
+            t_td = median_time(td_sssp, args.runs)
+            t_dij = median_time(lambda: shortest_path(sp.csr_array(D), method="D", directed=True,
+                                                      indices=src), args.runs)
+            kernel = [k for k in con.explain(step.replace("CREATE OR REPLACE TENSOR dist[k] AS",
+                                                          "x[k] ="))
+                      .splitlines() if "MIN(dist" in k][0].split("  ")[-1].strip()
+            print(f"SSSP, {steps} min-plus steps ({kernel}): tensordb {1e3 * t_td:.0f} ms "
+                  f"({1e3 * t_td / steps:.1f} ms a step), GraphBLAS {1e3 * t_gb:.0f} ms "
+                  f"({1e3 * t_gb / steps:.1f} ms a step); scipy csgraph Dijkstra "
+                  f"{1e3 * t_dij:.0f} ms; answers equal")
+    ti, tj = rmat(args.triangle_scale, 8, rng)
+    tn = 1 << args.triangle_scale
+    keep = ti != tj
+    A = sp.csr_array(sp.coo_array((np.ones(int(keep.sum())), (ti[keep], tj[keep])), shape=(tn, tn)))
+    A = sp.csr_array(((A + A.T) > 0).astype(np.float64))
+    print(f"R-MAT scale {args.triangle_scale}: {tn} nodes, {A.nnz // 2} undirected edges, largest "
+          f"degree {int(np.diff(A.indptr).max())}")
+    with tempfile.TemporaryDirectory(prefix="tensordb-bench-rmat-") as root:
+        with tensordb.connect(os.path.join(root, "g.tdb"), workers=W) as con:
+            con.load("A", A)
+            tri = "t = SUM(A[i,j] * A[j,k] * A[k,i])"
+            t_td = median_time(lambda: con.execute(tri), args.runs)
+            got = float(con.tensor("t"))
+            M = gb.io.from_scipy_sparse(A)
+            t_gb = median_time(lambda: M.mxm(M, gb.semiring.plus_pair).new(mask=M.S)
+                               .reduce_scalar().new(), args.runs)
+            gb_count = M.mxm(M, gb.semiring.plus_pair).new(mask=M.S).reduce_scalar().new().value
+            t_sp = median_time(lambda: (A @ A).multiply(A).sum(), args.runs)
+            assert got == gb_count == (A @ A).multiply(A).sum()
+            kernel = [k for k in con.explain(tri).splitlines() if "SUM(A" in k][0].split("  ")[-1]
+            print(f"triangles ({int(got) // 6} of them; {kernel.strip()}): tensordb "
+                  f"{1e3 * t_td:.0f} ms, GraphBLAS masked mxm {1e3 * t_gb:.0f} ms, scipy "
+                  f"(A @ A) .* A {1e3 * t_sp:.0f} ms")
+    # the whole-graph products, on a graph whose dense output tiles fit
+    i, j = rmat(args.small_scale, 8, rng)
+    n = 1 << args.small_scale
+    w = rng.integers(1, 11, i.size).astype(np.float64)
+    S = sp.csr_array(sp.coo_array((w, (i, j)), shape=(n, n)))
+    S.sum_duplicates()
+    with tempfile.TemporaryDirectory(prefix="tensordb-bench-rmat-") as root:
+        with tensordb.connect(os.path.join(root, "g.tdb"), workers=W) as con:
+            con.load("D", S, fill_value=np.inf)
+            con.load("G", S)
+            G = gb.io.from_scipy_sparse(S)
+            mp = "P[i,k] = MIN(D[i,j] + D[j,k])"
+            con.execute(mp)
+            want = G.mxm(G, gb.semiring.min_plus).new()
+            np.testing.assert_array_equal(con.tensor("P"), want.to_dense(fill_value=np.inf))
+            t_td = median_time(lambda: con.execute(mp), args.runs)
+            t_gb = median_time(lambda: G.mxm(G, gb.semiring.min_plus).new(), args.runs)
+            print(f"\nR-MAT scale {args.small_scale}: {n} nodes, {S.nnz} edges")
+            print(f"min-plus D (x) D ({want.nvals} entries): tensordb {1e3 * t_td:.1f} ms, "
+                  f"GraphBLAS {1e3 * t_gb:.1f} ms")
+            sg = "C[i,k] = SUM(G[i,j] * G[j,k])"
+            con.execute(sg)
+            np.testing.assert_array_equal(con.tensor("C"), (S @ S).toarray())
+            t_td = median_time(lambda: con.execute(sg), args.runs)
+            t_sp = median_time(lambda: S @ S, args.runs)
+            t_gb = median_time(lambda: G.mxm(G, gb.semiring.plus_times).new(), args.runs)
+            print(f"SpGEMM G @ G ({(S @ S).nnz} entries): tensordb {1e3 * t_td:.1f} ms, scipy "
+                  f"{1e3 * t_sp:.1f} ms, GraphBLAS {1e3 * t_gb:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -84,8 +84,6 @@ def test_sparse_products_against_numpy(seed, monkeypatch):
     calls = []
     real = sparse_kernels.spmm
     monkeypatch.setattr(sparse_kernels, "spmm", lambda *a: calls.append(1) or real(*a))
-    import tensordb.exec.kernels as kernels
-    monkeypatch.setattr(kernels, "spmm", sparse_kernels.spmm)
     rng = np.random.default_rng(seed)
     with tensordb.connect(workers=int(rng.integers(1, 3))) as con:
         for case in range(12):
@@ -187,3 +185,139 @@ def test_sparse_reductions_against_numpy(dtype):
                     assert got.dtype == want.dtype, sql
                     np.testing.assert_array_equal(got, want, err_msg=sql) if dtype[0] != "f" \
                         else np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=sql)
+
+
+# -- semirings, masked SpGEMM, SDDMM and fill values ------------------------------------------
+# Each case: stored matrices with sparse tiles (some with a fill of +inf or -inf), an operation
+# whose kernel a rule of plan/sparse_rules.py picks (or that keeps or refuses a fill), checked
+# by fuzz_oracle on the densified arrays; where the rule should pick its kernel, EXPLAIN must say
+# so. Values are small integers (exact sums), with a NaN or an infinity now and then, which the
+# kernels must compute as numpy does (falling back to numpy on such a tile).
+KINDS = ("min_plus", "max_plus", "max_times", "min_times", "masked", "sddmm", "spjoin",
+         "elementwise", "reduce")
+_FILL = {"min_plus": np.inf, "max_plus": -np.inf}
+
+
+def _entries(rng, shape, dtype, density, fill):
+    """A dense array with ``fill`` where no entry is stored, and its stored entries as COO."""
+    keep = rng.random(shape) < density
+    vals = rng.integers(-4, 5, shape).astype(dtype)
+    if dtype.kind == "f" and rng.random() < 0.25 and keep.any():
+        at = tuple(a[0] for a in np.nonzero(keep))
+        vals[at] = rng.choice([np.nan, np.inf, -np.inf])
+    dense = np.where(keep, vals, np.asarray(fill).astype(dtype) if fill else 0).astype(dtype)
+    coo = sp.coo_array((vals[keep], np.nonzero(keep)), shape=shape)
+    return dense, coo
+
+
+def _case(rng, kind):
+    """(operands: name -> (labels, dense, COO or None, fill), join, agg, output labels, method
+    the rule should pick or None)."""
+    fdt = np.dtype(str(rng.choice(["float32", "float64"])))
+    anydt = np.dtype(str(rng.choice(["float32", "float64", "int32", "int64"])))
+    n = {l: int(rng.integers(6, 30)) for l in "ijkr"}
+    dens = float(rng.choice([0.05, 0.1, 0.3]))
+    if kind in ("min_plus", "max_plus"):
+        fill = _FILL[kind]
+        a, ac = _entries(rng, (n["i"], n["j"]), fdt, dens, fill)
+        if rng.random() < 0.5:   # sparse x sparse, both with the fill
+            b, bc = _entries(rng, (n["j"], n["k"]), fdt, dens, fill)
+            ops = {"A": ("ij", a, ac, fill), "B": ("jk", b, bc, fill)}
+        else:                    # sparse x dense (a vector or a matrix)
+            lab = str(rng.choice(["j", "jk", "kj"]))
+            b = rng.integers(-4, 5, tuple(n[l] for l in lab)).astype(fdt)
+            ops = {"A": ("ij", a, ac, fill), "B": (lab, b, None, 0.0)}
+        out = "i" + "".join(l for l in ops["B"][0] if l != "j")
+        return ops, ("+", ("in", 0), ("in", 1)), kind.split("_")[0], out, "semiring"
+    if kind in ("max_times", "min_times"):
+        a, ac = _entries(rng, (n["i"], n["j"]), anydt, dens, 0)
+        b, bc = _entries(rng, (n["j"], n["k"]), anydt, dens, 0)
+        ops = {"A": ("ij", a, ac, 0.0), "B": ("jk", b, bc if rng.random() < 0.6 else None, 0.0)}
+        return ops, ("*", ("in", 0), ("in", 1)), kind.split("_")[0], "ik", "semiring"
+    if kind == "masked":
+        m, mc = _entries(rng, (n["k"], n["i"]), anydt, min(dens, 0.1), 0)
+        a = rng.integers(-3, 4, (n["i"], n["j"])).astype(anydt)
+        b = rng.integers(-3, 4, (n["j"], n["k"])).astype(anydt)
+        ops = {"A": ("ij", a, None, 0.0), "B": ("jk", b, None, 0.0), "M": ("ki", m, mc, 0.0)}
+        join = ("*", ("*", ("in", 0), ("in", 1)), ("in", 2))
+        return ops, join, "sum", "", "masked"
+    if kind == "sddmm":
+        m, mc = _entries(rng, (n["i"], n["j"]), anydt, min(dens, 0.1), 0)
+        u = rng.integers(-3, 4, (n["i"], n["r"])).astype(anydt)
+        v = rng.integers(-3, 4, (n["j"], n["r"])).astype(anydt)
+        ops = {"M": ("ij", m, mc, 0.0), "U": ("ir", u, None, 0.0), "V": ("jr", v, None, 0.0)}
+        join = ("*", ("in", 0), ("*", ("in", 1), ("in", 2)))
+        return ops, join, "sum", str(rng.choice(["ij", "ji"])), "sddmm"
+    if kind == "spjoin":
+        a, ac = _entries(rng, (n["i"], n["j"]), anydt, min(dens, 0.1), 0)
+        lab = str(rng.choice(["ij", "ji"]))
+        b, bc = _entries(rng, tuple(n[l] for l in lab), anydt, min(dens, 0.1), 0)
+        ops = {"A": ("ij", a, ac, 0.0), "B": (lab, b, bc, 0.0)}
+        fn = str(rng.choice(["*", "+", "-"]))
+        return ops, (fn, ("in", 0), ("in", 1)), "sum", str(rng.choice(["ij", "ji"])), "spjoin"
+    fill = float(rng.choice([np.inf, -np.inf, 2.0]))
+    a, ac = _entries(rng, (n["i"], n["j"]), fdt, dens, fill)
+    ops = {"A": ("ij", a, ac, fill)}
+    if kind == "reduce":
+        return ops, ("in", 0), str(rng.choice(["min", "max", "sum"])), \
+            str(rng.choice(["i", "j", ""])), None
+    join = [("+", ("*", ("in", 0), ("lit", 2)), ("lit", 1)), ("neg", ("in", 0)),
+            ("exp", ("neg", ("in", 0))), ("*", ("in", 0), ("lit", 0))][int(rng.integers(4))]
+    return ops, join, "sum", "ij", None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_semirings_masks_and_fills_against_the_oracle(seed, tmp_path):
+    from tests import fuzz_oracle as fo
+    rng = np.random.default_rng(500 + seed)
+    picked = set()
+    with tensordb.connect(tmp_path / "db", workers=int(rng.integers(1, 3))) as con:
+        for case in range(3 * len(KINDS)):
+            kind = KINDS[case % len(KINDS)]
+            ops, join, agg, out, method = _case(rng, kind)
+            names = {}
+            for name, (labels, dense, coo, fill) in ops.items():
+                names[name] = f"{name}{case}"
+                tile = tuple(int(rng.integers(1, s + 1)) for s in dense.shape) \
+                    if rng.random() < 0.4 else None
+                extra = {"tile": tile} if tile else {}
+                if coo is not None:
+                    con.load(names[name], coo, fill_value=fill, **extra)
+                else:
+                    con.load(names[name], dense, **extra)
+            refs = [f"{names[k]}[{','.join(v[0])}]" for k, v in ops.items()]
+            body = fo.render_sql(join, refs)
+            if agg != "sum" or any(l not in out for v in ops.values() for l in v[0]):
+                body = f"{agg.upper()}({body})"
+            pieces = " WITH (PIECES i 2)" if "i" in out and rng.random() < 0.3 else ""
+            sql = f"O{case}[{','.join(out)}] = {body}{pieces}"
+            oracle = fo.answer(fo.Case(tuple(out), [fo.Operand(names[k], tuple(v[0]), v[1])
+                                                    for k, v in ops.items()], join, agg))
+            # the join at the inputs' fills: NaN (with some fill not 0) is refused
+            with np.errstate(all="ignore"):
+                at_fills = fo.answer(fo.Case((), [fo.Operand(k, (), np.asarray(v[3], v[1].dtype))
+                                                  for k, v in ops.items()], join, agg))
+            if any(v[3] for v in ops.values()) and at_fills.error is None and \
+                    np.isnan(np.asarray(at_fills.value, np.float64)).any():
+                with pytest.raises(tensordb.ProgrammingError, match="cannot keep a fill"):
+                    con.execute(sql)
+                assert not con.store.has(f"O{case}")
+                continue
+            if oracle.error is not None:
+                with pytest.raises(tensordb.Error):
+                    con.execute(sql)
+                continue
+            sparse_ops = [names[k] for k, v in ops.items() if v[2] is not None]
+            # masked and sampled products need every operand finite (the grouping of an inf
+            # with a 0 would differ); the others check their tiles' values as they run
+            finite = all(np.isfinite(v[1]).all() for v in ops.values() if v[1].dtype.kind == "f")
+            if method is not None and sparse_ops and all(
+                    con.store.open(t).has_sparse for t in sparse_ops) and \
+                    (finite or method not in ("masked", "sddmm")):
+                kernels = _kernels(con, sql)
+                assert kernels == [method], f"{sql}: {kernels}"
+                picked.add(method)
+            con.execute(sql)
+            problem = fo.compare(con.tensor(f"O{case}"), oracle)
+            assert problem is None, f"{sql}: {problem}"
+    assert picked == {"semiring", "masked", "sddmm", "spjoin"}, picked  # every rule exercised

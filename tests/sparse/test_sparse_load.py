@@ -141,8 +141,12 @@ def test_pydata_sparse_arrays_round_trip():
         back = con.sparse("S")
         assert isinstance(back, sparse.COO) and back.shape == s.shape
         np.testing.assert_array_equal(back.todense(), s.todense())
-        with pytest.raises(tensordb.DataError, match="fill value"):
-            con.load("F", sparse.COO(s.coords, s.data, shape=s.shape, fill_value=np.inf))
+        # a fill value other than 0 is the tensor's own (docs/storage.md, "Fill values")
+        f = sparse.COO(s.coords, s.data, shape=s.shape, fill_value=np.inf)
+        con.load("F", f)
+        assert con.store.meta("F").fill == np.inf
+        np.testing.assert_array_equal(con.tensor("F"), f.todense())
+        assert con.sparse("F").fill_value == np.inf
 
 
 def test_coo_files_round_trip(tmp_path):

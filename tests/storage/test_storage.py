@@ -47,7 +47,7 @@ def test_catalog_tables_have_the_documented_columns(store):
     cols = store.duck.execute("SELECT column_name FROM duckdb_columns() "
                               "WHERE schema_name = 'tensordb' AND table_name = 'tensors'").fetchall()
     assert [c for (c,) in cols] == ["name", "version", "dtype", "shape", "dims", "grid", "nbytes",
-                                    "tile_count", "nnz", "density", "created"]
+                                    "tile_count", "nnz", "density", "created", "fill"]
 
 
 def test_meta_and_layout(store, slabs):

@@ -1,0 +1,322 @@
+"""Semiring, masked and sampled kernels on sparse tiles (python-graphblas, SuiteSparse:GraphBLAS;
+numpy where it is one line), chosen when the plan is lowered (plan/sparse_rules.py):
+
+- ``semiring``: ``AGG_j (S[i,j] (+) X[j,...])`` as one GraphBLAS ``mxm`` in the semiring
+  (min_plus, max_plus, max_times, min_times) over the stored entries. Min-plus of operands
+  whose fill is +inf leaves out what can never win; an output with no pair is +inf, the fill.
+  Max-times and min-times of operands whose fill is 0: an output where some pair has an absent
+  entry also takes that pair's 0 (a structural count, ``plus_pair``, tells which);
+- ``masked``: ``SUM(A[i,j] * B[j,k] * C[k,i])``: ``A @ B`` only where C has entries (GraphBLAS's
+  masked ``mxm``), times C there, summed: the triangle count of a graph;
+- ``sddmm``: ``SUM_r(M[i,j] * U[i,r] * V[j,r])``: the dot products of U's and V's rows only at
+  M's entries, times M's values; 0 elsewhere (an absent M entry times finite values);
+- ``spjoin``: ``A * B`` of two sparse tiles on the intersection of their entries (where both
+  hold no NaN or inf: an absent 0 times them is 0), ``A + B`` and ``A - B`` on the union
+  (scipy.sparse); a tile that arrives dense is computed densely.
+
+Each checks the values of its tile first: where they are not what its rule assumes (NaN, or an
+infinity that meets the fill), the tile is computed densely with numpy, as the dense kernel
+would, so the answer is numpy's on the densified inputs either way. The output tile is dense
+(the writer stores it sparse, with its fill, where the format rule says so).
+
+>>> import numpy as np, scipy.sparse as sp
+>>> from tensordb.plan.ir import EinOp
+>>> from tensordb.plan.scalar import parse_join
+>>> from tensordb.physical.choice import choose_kernel
+>>> from tensordb.storage.sparse import Filled
+>>> inf = np.inf
+>>> op = EinOp.contraction("P", "ik", [("D", "ij"), ("D", "jk")], {"i": 2, "j": 2, "k": 2},
+...                        join=parse_join("x0 + x1"), agg="min")
+>>> c = choose_kernel(op, sparse=(0, 1), finite=(False, False), fills=(inf, inf))
+>>> c.describe()
+'semiring min_plus x0 sparse (GraphBLAS)'
+>>> D = Filled(sp.csr_array(np.array([[0.0, 1.0], [2.0, 0.0]])), inf)  # 0 -> 1: 1, 1 -> 0: 2
+>>> semiring(op, c, [D, D], [(2, 2), (2, 2)], (2, 2)).tolist()   # two steps: there and back
+[[3.0, inf], [inf, 3.0]]
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from ..plan.sparse_rules import SEMIRINGS, have_graphblas
+from ..storage.sparse import Filled, densify, is_sparse
+
+__all__ = ["semiring", "masked", "sddmm", "spjoin", "CHUNK"]
+
+CHUNK = 1 << 22  # elements of a dense fallback's temporary (a tile whose values rule GraphBLAS out)
+_FILLS = {name: fill for name, fill in SEMIRINGS.values()}
+
+
+_IMPORT = threading.Lock()
+_GB = None
+
+
+def _gb():
+    """python-graphblas, imported when a semiring kernel first runs (about 1 s), once: its
+    submodules load lazily, and two workers importing them at once see a half-made module."""
+    global _GB
+    if _GB is None:
+        with _IMPORT:
+            if _GB is None:
+                import graphblas as gb
+                import graphblas.binary  # noqa: F401
+                import graphblas.io  # noqa: F401
+                import graphblas.monoid  # noqa: F401
+                import graphblas.semiring  # noqa: F401
+                for name in ("min_plus", "max_plus", "max_times", "min_times", "plus_pair",
+                             "plus_times"):
+                    getattr(gb.semiring, name)  # made on first use, too
+                gb.binary.times, gb.monoid.plus  # noqa: B018
+                _GB = gb
+    return _GB
+
+
+# -- operands -------------------------------------------------------------------------------
+
+def _matrix(x, swap: bool, dtype):
+    """A 2-D tile as (scipy CSR or None, its fill, dense array or None), transposed when
+    ``swap``, in ``dtype``: a sparse tile stays sparse (its fill: a Filled box's, else 0)."""
+    if isinstance(x, Filled) or is_sparse(x):
+        fill = x.fill if isinstance(x, Filled) else 0.0
+        csr = x.csr if isinstance(x, Filled) else x
+        csr = (csr.T if swap else csr).tocsr()
+        if csr.dtype != dtype:
+            csr = csr.astype(dtype)
+        return csr, fill, None
+    a = np.asarray(x)
+    a = a.T if swap else a
+    return None, 0.0, np.ascontiguousarray(a, dtype=dtype)
+
+
+def _values(csr, dense) -> np.ndarray:
+    return np.asarray(csr.data) if csr is not None else dense.reshape(-1)
+
+
+def _dense(csr, fill, dense) -> np.ndarray:
+    return dense if csr is None else densify(Filled(csr, fill) if fill else csr)
+
+
+def _to_gb(csr, dense, missing=None):
+    """A GraphBLAS matrix of a tile: its entries, or every element of a dense one but those
+    equal to ``missing`` (an absorbing value, +inf in min-plus, that can never win)."""
+    gb = _gb()
+    if csr is not None:
+        return gb.io.from_scipy_sparse(csr)
+    if missing is None:
+        return gb.Matrix.from_dense(dense)
+    r, c = np.nonzero(dense != missing)
+    return gb.Matrix.from_coo(r, c, dense[r, c], nrows=dense.shape[0], ncols=dense.shape[1])
+
+
+def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:
+    order = [labels.index(l) for l in out_labels]
+    if order != list(range(len(order))):
+        res = res.transpose(order)
+    return np.ascontiguousarray(res)
+
+
+def _materialize(args, arg_shapes, op):
+    """``args`` with an absent tile (None) as the zeros it stands for."""
+    dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
+    return [np.zeros(s, d) if a is None else a for a, s, d in zip(args, arg_shapes, dtypes)]
+
+
+# -- semiring products ------------------------------------------------------------------------
+
+def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
+    """One call of a ``semiring`` kernel (see the module docstring). A sparse tile is handed to
+    GraphBLAS as it is stored and transposed there (a descriptor, no copy) when its labels are
+    the other way round."""
+    dtype = np.dtype(op.dtype)
+    name, k = choice.semiring, choice.sparse
+    fill = _FILLS[name]
+    s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
+    (j,) = [l for l in s_labels if l in d_labels]
+    (i,) = [l for l in s_labels if l != j]
+    rest = [l for l in d_labels if l != j]
+    S, D = _materialize(args, arg_shapes, op)[k], _materialize(args, arg_shapes, op)[1 - k]
+    s = _matrix(S, False, dtype) + (s_labels != (i, j),)   # (csr, fill, dense, transposed)
+    if len(d_labels) == 2 and (isinstance(D, Filled) or is_sparse(D)):
+        d = _matrix(D, False, dtype) + (d_labels != (j, rest[0]),)
+        rest_shape = (D.shape[d_labels.index(rest[0])],)
+    else:
+        D = densify(D)
+        axis = d_labels.index(j)
+        rest_shape = tuple(D.shape[d_labels.index(l)] for l in rest)
+        d = (None, 0.0, np.ascontiguousarray(
+            np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape)), dtype=dtype),
+             False)
+    # an operand whose absent entries are not the semiring's own fill takes part densely
+    s, d = [x if x[0] is not None and x[1] == fill else (None, 0.0, _dense(*x[:3]), x[3])
+            for x in (s, d)]
+    I, J = S.shape[s_labels.index(i)], S.shape[s_labels.index(j)]
+    R = math.prod(rest_shape)
+    plus = name.endswith("plus")
+    agg = np.minimum if name.startswith("min") else np.maximum
+    with np.errstate(all="ignore"):
+        vals = [_values(x[0], x[2]) for x in (s, d)]
+        bad = any(np.isnan(v).any() or (v == -fill).any() if plus else not np.isfinite(v).all()
+                  for v in vals if v.dtype.kind == "f")
+    if bad:
+        dense = [_dense(*x[:3]) for x in (s, d)]
+        res = _dense_semiring(*[a.T if x[3] else a for a, x in zip(dense, (s, d))],
+                              plus, agg, dtype)
+    else:
+        gb = _gb()
+        # in min-plus (max-plus) a dense element at the fill is as absent: it never wins
+        A, B = [_to_gb(x[0], x[2], fill if plus else None) for x in (s, d)]
+        A, B = A.T if s[3] else A, B.T if d[3] else B
+        C = A.mxm(B, getattr(gb.semiring, name)).new()
+        if C.nvals * 8 > I * R:  # mostly present: GraphBLAS writes the dense array itself
+            res = np.asarray(C.to_dense(fill_value=fill), dtype=dtype).reshape(I, R)
+        else:
+            res = np.full((I, R), fill, dtype) if fill else np.zeros((I, R), dtype)
+            r, c, v = C.to_coo()
+            res[r, c] = v
+        if not plus and J and (s[0] is not None or d[0] is not None):
+            # an output with some pair absent also aggregates that pair's product, 0
+            cnt = np.zeros((I, R), np.int64)
+            r, c, v = A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64").to_coo()
+            cnt[r, c] = v
+            part = cnt < J
+            res[part] = agg(res[part], dtype.type(0))
+    res = res.reshape((I,) + rest_shape)
+    return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _dense_semiring(S: np.ndarray, D: np.ndarray, plus: bool, agg, dtype) -> np.ndarray:
+    """``AGG_j (S[i,j] (+) D[j,r])`` with numpy, in slabs of ``j`` (NaN propagates as in
+    numpy's MIN and MAX)."""
+    I, J = S.shape
+    R = D.shape[1]
+    fn = np.add if plus else np.multiply
+    step = max(1, CHUNK // max(I * R, 1))
+    out = None
+    with np.errstate(all="ignore"):
+        for lo in range(0, J, step):
+            part = fn(S[:, lo:lo + step, None], D[None, lo:lo + step, :])
+            red = part.min(axis=1) if agg is np.minimum else part.max(axis=1)
+            out = red if out is None else agg(out, red)
+    return np.asarray(out, dtype)
+
+
+# -- masked SpGEMM, SDDMM ---------------------------------------------------------------------
+
+def _dense_product_sum(op, args, dtype, out_shape) -> np.ndarray:
+    """``op`` (a SUM of a product of three operands) as numpy computes it on the dense tiles:
+    each operand broadcast over the join space, the join evaluated, summed (a tile whose values
+    rule the masked or sampled product out: an inf meets a 0 per product there)."""
+    from ..plan import scalar
+    labels = list(op.out_labels) + [l for l in op.labels if l not in op.out_labels]
+    dense = [np.asarray(densify(a), dtype) for a in args]
+    sizes = {}
+    for a, o in zip(dense, op.inputs):
+        sizes.update(zip(o.labels, a.shape))
+    views = []
+    for a, o in zip(dense, op.inputs):
+        spec = "".join(chr(97 + labels.index(l)) for l in o.labels)
+        kept = sorted(o.labels, key=labels.index)
+        arr = np.einsum(f"{spec}->{''.join(chr(97 + labels.index(l)) for l in kept)}", a)
+        views.append(arr.reshape([sizes[l] if l in o.labels else 1 for l in labels]))
+    with np.errstate(all="ignore"):
+        res = np.asarray(scalar.evaluate(op.join, views), dtype)
+        res = np.broadcast_to(res, [sizes[l] for l in labels])
+        res = np.add.reduce(res, axis=tuple(range(len(op.out_labels), len(labels))), dtype=dtype)
+    return np.ascontiguousarray(np.asarray(res, dtype).reshape(out_shape))
+
+
+def _orient(op, k_mask: int):
+    """For ``masked`` and ``sddmm``: the mask's labels (a, b), and the operands holding a and
+    b (each with the third label ``c``), as (operand, its labels)."""
+    a, b = op.inputs[k_mask].labels
+    rest = [n for n in range(3) if n != k_mask]
+    x = next(n for n in rest if a in op.inputs[n].labels)
+    y = next(n for n in rest if n != x)
+    (c,) = [l for l in op.inputs[x].labels if l != a]
+    return a, b, c, x, y
+
+
+def masked(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
+    """One call of a ``masked`` kernel: ``SUM(M[a,b] * X[a,c] * Y[c,b])`` = the sum over M's
+    entries of M times ``(X @ Y)`` there, ``X @ Y`` computed only at M's entries."""
+    dtype = np.dtype(op.dtype)
+    k = choice.sparse
+    args = _materialize(args, arg_shapes, op)
+    a, b, c, x, y = _orient(op, k)
+    m = _matrix(args[k], False, dtype)
+    X = _matrix(args[x], op.inputs[x].labels != (a, c), dtype)
+    Y = _matrix(args[y], op.inputs[y].labels != (c, b), dtype)
+    with np.errstate(all="ignore"):
+        finite = all(np.isfinite(_values(t[0], t[2])).all() for t in (m, X, Y)
+                     if _values(t[0], t[2]).dtype.kind == "f")
+    if m[0] is None or not finite:
+        return _dense_product_sum(op, args, dtype, out_shape)
+    if not have_graphblas():  # scipy's SpGEMM, unmasked, then the mask's entries of it
+        import scipy.sparse as sp
+        xs = X[0] if X[0] is not None else sp.csr_array(X[2])
+        ys = Y[0] if Y[0] is not None else sp.csr_array(Y[2])
+        value = (xs @ ys).multiply(m[0]).sum(dtype=dtype)
+        return np.asarray(value, dtype).reshape(out_shape)
+    gb = _gb()
+    M = _to_gb(m[0], None)
+    P = _to_gb(X[0], X[2]).mxm(_to_gb(Y[0], Y[2]), gb.semiring.plus_times).new(mask=M.S)
+    total = P.ewise_mult(M, gb.binary.times).new().reduce_scalar(gb.monoid.plus).new()
+    value = total.value if total.nvals else 0
+    return np.asarray(value if value is not None else 0, dtype).reshape(out_shape)
+
+
+def sddmm(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
+    """One call of an ``sddmm`` kernel: ``SUM_r(M[a,b] * U[a,r] * V[b,r])``, the dot products
+    of U's and V's rows only at M's entries (in slabs of entries), times M's values."""
+    dtype = np.dtype(op.dtype)
+    k = choice.sparse
+    args = _materialize(args, arg_shapes, op)
+    a, b, r, x, y = _orient(op, k)
+    m = _matrix(args[k], False, dtype)
+    U = _dense(*_matrix(args[x], op.inputs[x].labels != (a, r), dtype))
+    V = _dense(*_matrix(args[y], op.inputs[y].labels != (b, r), dtype))
+    with np.errstate(all="ignore"):
+        finite = all(np.isfinite(x).all() for x in (_values(m[0], m[2]), U, V)
+                     if x.dtype.kind == "f")
+    if m[0] is None or not finite:
+        return _dense_product_sum(op, args, dtype, out_shape)
+    with np.errstate(all="ignore"):
+        csr = m[0]
+        rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
+        cols = np.asarray(csr.indices)
+        vals = np.empty(rows.size, dtype)
+        step = max(1, CHUNK // max(U.shape[1], 1))
+        for lo in range(0, rows.size, step):
+            sl = slice(lo, lo + step)
+            vals[sl] = np.einsum("nr,nr->n", U[rows[sl]], V[cols[sl]])
+        vals *= np.asarray(csr.data)
+    res = np.zeros(csr.shape, dtype)
+    res[rows, cols] = vals
+    return _to_output(res, [a, b], op.out_labels)
+
+
+def spjoin(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
+    """One call of an ``spjoin`` kernel (see the module docstring)."""
+    dtype = np.dtype(op.dtype)
+    args = _materialize(args, arg_shapes, op)
+    a, b = (_matrix(x, o.labels != op.out_labels, dtype) for x, o in zip(args, op.inputs))
+    fn = op.join.fn
+    first = op.join.args[0].index
+    a, b = (a, b) if first == 0 else (b, a)
+    if a[0] is None or b[0] is None:
+        x, y = _dense(*a), _dense(*b)
+    elif fn == "*":
+        with np.errstate(all="ignore"):
+            finite = all(np.isfinite(t[0].data).all() for t in (a, b) if dtype.kind == "f")
+        if finite:
+            return np.ascontiguousarray(densify(a[0].multiply(b[0]).tocsr()), dtype=dtype)
+        x, y = _dense(*a), _dense(*b)
+    else:
+        res = a[0] + b[0] if fn == "+" else a[0] - b[0]
+        return np.ascontiguousarray(densify(res.tocsr()), dtype=dtype)
+    with np.errstate(all="ignore"):
+        res = x * y if fn == "*" else x + y if fn == "+" else x - y
+    return np.ascontiguousarray(res, dtype=dtype)
