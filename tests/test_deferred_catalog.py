@@ -116,3 +116,27 @@ def test_on_disk_nothing_waits(db_path):
         assert con.store._txn is None
     with tensordb.connect(db_path) as con:
         np.testing.assert_array_equal(con.tensor("A"), np.arange(4.0) * 3)
+
+
+def test_digits_steps_match_numpy_and_write_no_row():
+    """The natural-form training steps of tests/bench/bench_ml_steps.py (a slice per batch,
+    MEAN, LOGSUMEXP, GRAD, the learning rate a parameter, ARGMAX for the accuracy) against
+    numpy's steps by hand; in memory their commits run no DuckDB statement."""
+    from tests.bench.bench_ml_steps import check, data, load, step_sql, LR
+    x, y, _ = data()
+    got = check(x, y, 3, 2)  # raises unless loss, weights and accuracy match numpy's
+    assert set(got) == {"log", "mlp"} and all(r["err"] < 1e-10 for r in got.values())
+    with tensordb.connect(None, workers=2) as con:
+        load(con, x, y)
+        con.execute(step_sql("mlp"), {"lr": LR})  # planned: reads the catalog
+        counting = _Counting(con.store._conn)
+        con.store._conn = counting
+        try:
+            for _ in range(3):
+                con.execute(step_sql("mlp") * 2, {"lr": LR})
+            assert counting.statements == []
+        finally:
+            con.store._conn = counting.conn
+        rows = con.sql("SELECT name, version FROM tensordb.tensors ORDER BY name").fetchall()
+        assert rows == sorted((m.name, m.version) for m in con.store.list())
+        assert {n for n, _ in rows} == {"L", "W", "W1", "W2", "X", "Y"}
