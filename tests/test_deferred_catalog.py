@@ -140,3 +140,14 @@ def test_digits_steps_match_numpy_and_write_no_row():
         rows = con.sql("SELECT name, version FROM tensordb.tensors ORDER BY name").fetchall()
         assert rows == sorted((m.name, m.version) for m in con.store.list())
         assert {n for n, _ in rows} == {"L", "W", "W1", "W2", "X", "Y"}
+
+
+def test_a_relation_made_before_the_steps_reads_the_newest_rows(con):
+    con.load("A", np.ones(3))
+    tensors = con.sql("SELECT name, version FROM tensordb.tensors")
+    total = con.sql("SELECT sum(value) FROM A")
+    assert tensors.fetchall() == [("A", con.store.meta("A").version)]
+    for k in range(3):
+        con.execute("A[i] = A[i] * 2")
+        assert tensors.fetchall() == [("A", con.store.meta("A").version)]
+        assert total.fetchall() == [(3.0 * 2 ** (k + 1),)]

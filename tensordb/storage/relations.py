@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import duckdb
 
 from ..errors import CatalogError, Error, ProgrammingError
-from . import guard, pyobjects, sqltext, suggest
+from . import deferred, guard, pyobjects, sqltext, suggest
 from ._duck import quote_ident, translating
 from .views import TensorStream, expose_tensors, referenced_names
 
@@ -211,6 +211,9 @@ class Relation:
 
     def _scanning(self):
         import contextlib
+        store = self._store
+        if store is not None and not store.closed and store._pending:
+            deferred.flush(store)  # in memory: commits' rows kept back, written before it runs
         if not self._scans or self._store is None or self._store.closed:
             return contextlib.nullcontext()
         return pyobjects.scanning(self._store, self._scans)
