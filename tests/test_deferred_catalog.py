@@ -151,3 +151,4 @@ def test_a_relation_made_before_the_steps_reads_the_newest_rows(con):
         con.execute("A[i] = A[i] * 2")
         assert tensors.fetchall() == [("A", con.store.meta("A").version)]
         assert total.fetchall() == [(3.0 * 2 ** (k + 1),)]
+
