@@ -23,7 +23,7 @@ import duckdb
 
 from ..errors import CatalogError, Error, ProgrammingError
 from . import guard, pyobjects, sqltext, suggest
-from ..storage import quote_ident, translating
+from ..storage import deferred, quote_ident, translating
 from ..storage.views import TensorStream, expose_tensors, referenced_names
 
 __all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relation",
@@ -211,6 +211,9 @@ class Relation:
 
     def _scanning(self):
         import contextlib
+        store = self._store
+        if store is not None and not store.closed and store.holds_rows:
+            deferred.flush(store)  # in memory: commits' rows kept back, written before it runs
         if not self._scans or self._store is None or self._store.closed:
             return contextlib.nullcontext()
         return pyobjects.scanning(self._store, self._scans)

@@ -26,16 +26,29 @@ def _any_core() -> None:
             pass
 
 
+# Set while this thread is inside ``submit``. A garbage collection there may run a finalizer
+# (a collected connection closes its store, whose spare files go through ``submit``), and the
+# executor's locks are not reentrant: the nested call would wait for its own thread forever
+# (seen: a test run hung in ThreadPoolExecutor.submit under Store.close under a collection).
+_inside = threading.local()
+
+
 def submit(fn, *args) -> Future | None:
     """Run ``fn(*args)`` on a helper thread; None when no thread can start (the interpreter is
-    shutting down): the caller then runs it itself."""
+    shutting down) or when called from within ``submit`` itself (a finalizer run by a garbage
+    collection there): the caller then runs it itself."""
     global _pool
-    with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(4, thread_name_prefix="tensordb-files",
-                                       initializer=_any_core)
-        pool = _pool
+    if getattr(_inside, "busy", False):
+        return None
+    _inside.busy = True
     try:
+        with _lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(4, thread_name_prefix="tensordb-files",
+                                           initializer=_any_core)
+            pool = _pool
         return pool.submit(fn, *args)
     except RuntimeError:
         return None
+    finally:
+        _inside.busy = False

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
 from ..geometry import BoxName, GatherName
-from . import catalog, directory, identity
+from . import catalog, deferred, directory, identity
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_leftover_members
 from .boxes import BoxReader, GatherReader
@@ -47,6 +47,10 @@ class _Txn:
         self.replaced: list[str] = []  # tensors given new versions: their SQL views follow
         self.stored: list[TensorMeta] = []  # versions written, and versions replaced or dropped:
         self.gone: list[TensorMeta] = []    # told to the commit listeners once COMMIT lands
+        # In memory (deferred.py): whether BEGIN has run in DuckDB (it waits for the first use
+        # of the catalog connection), and the rows of the commits kept back until then.
+        self.begun = True
+        self.deferred: dict[str, tuple] = {}
 
 
 # The stores connections share, by resolved path (Store.shared): a second connect to a database
@@ -102,6 +106,8 @@ class Store:
     def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False,
                  storage: str = "local") -> None:
         self.read_only = read_only
+        # In memory: the rows of landed commits not written to the catalog yet (deferred.py)
+        self._pending: dict[str, tuple] = {}
         # Where the payloads are, as declared (identity.check_storage): "local" (the client's
         # disk) or "shared" (mounted at the same path on every worker).
         self.storage = identity.check_storage(storage)
@@ -201,20 +207,36 @@ class Store:
                 self.spares.clear()
             if getattr(self, "staging", None) is not None:
                 self.staging.clear()
-            if getattr(self, "duck", None) is not None:
+            self._pending = {}  # in memory: the catalog goes with the database
+            if self._conn is not None:
                 try:
-                    if self._txn is not None and not self._txn.external:
-                        self.duck.execute("ROLLBACK")
-                    self.duck.close()
+                    if self._txn is not None and not self._txn.external and self._txn.begun:
+                        self._conn.execute("ROLLBACK")
+                    self._conn.close()
                 except duckdb.Error:
                     pass
-                self.duck = None
+                self._conn = None
             self._txn = None
             self.closed = True
             if self.persistent:
                 directory.release(self)
             elif self._cleanup is not None:
                 self._cleanup()
+
+    _conn = None  # the catalog's DuckDB connection
+
+    @property
+    def duck(self):
+        """The catalog's DuckDB connection. In memory, the rows of commits kept back are
+        written first and an open transaction begins in DuckDB (deferred.py): whoever uses
+        it, SQL or this package's code, sees every commit."""
+        if self._pending or (self._txn is not None and not self._txn.begun):
+            deferred.flush(self)
+        return self._conn
+
+    @duck.setter
+    def duck(self, conn) -> None:
+        self._conn = conn
 
     def __enter__(self) -> "Store":
         return self
@@ -405,7 +427,8 @@ class Store:
                 with self.transaction() as txn:
                     txns.append(txn)
                     return [m for item in items for m in self._swap_rows([item], txns)]
-            return self._swap_rows(items, txns)
+            metas = deferred.commit(self, items)  # in memory: the rows kept back
+            return self._swap_rows(items, txns) if metas is None else metas
         except BaseException:
             if txns and txns[0].committed:
                 # The COMMIT landed and something came after it (a Ctrl-C while the replaced
@@ -501,7 +524,11 @@ class Store:
                 "in the dialect's BEGIN ... COMMIT")
         with self._lock:
             joined = self._txn
-            if joined is None:
+            if joined is None and not self.persistent:
+                txn = _Txn(external=False)  # begins in DuckDB at the first use (deferred.py)
+                txn.begun = False
+                self._txn = txn
+            elif joined is None:
                 try:
                     self.duck.execute("BEGIN TRANSACTION")
                     txn = _Txn(external=False)
@@ -520,8 +547,9 @@ class Store:
                 self._txn = None
                 self._clear_cache()
                 if not txn.external:
-                    with contextlib.suppress(duckdb.Error):
-                        self.duck.execute("ROLLBACK")
+                    if txn.begun:
+                        with contextlib.suppress(duckdb.Error):
+                            self._conn.execute("ROLLBACK")
                     self._remove_created(txn)
             raise
         with self._lock:
@@ -531,11 +559,14 @@ class Store:
                 self._tell_listeners([], txn.gone)  # forgetting what may go costs nothing
                 return  # files are reconciled when the database is next opened
             try:
-                self.duck.execute("COMMIT")
+                if txn.begun:
+                    self._conn.execute("COMMIT")
+                else:
+                    deferred.land(self, txn)
                 txn.committed = True
             except duckdb.Error as exc:
                 with contextlib.suppress(duckdb.Error):
-                    self.duck.execute("ROLLBACK")
+                    self._conn.execute("ROLLBACK")
                 self._remove_created(txn)
                 raise translate(exc, "commit failed") from None
             for path, spare in txn.retired:  # a replaced payload may be reused; a dropped one goes
@@ -584,6 +615,12 @@ class Store:
         the store's own catalog calls take it too."""
         return self._lock
 
+    @property
+    def holds_rows(self) -> bool:
+        """In memory: whether commits' catalog rows are held back, to be written before the
+        catalog connection is next used (storage/deferred.py)."""
+        return bool(self._pending)
+
     def check_open(self, writing: bool = False) -> None:
         """InterfaceError when the store is closed; OperationalError when ``writing`` and it is
         open read-only."""
@@ -610,7 +647,7 @@ class Store:
     # -- SQL views of tensors (see relations.py) -----------------------------------------------
     def _register_view(self, name: str, obj) -> None:
         with self._lock, translating():
-            self.duck.register(name, obj)
+            self._conn.register(name, obj)  # reads no catalog row: nothing to write first
             self._views.add(name)
 
     def _forget_view(self, name: str) -> None:
