@@ -444,13 +444,12 @@ class Connection(TensorIO, DuckAPI):
                                        input_grids=grids, input_tiles=sparse, input_facts=facts,
                                        blas_threads=threads, input_stats=_stored_stats(readers))
 
-    def _run(self, plan, destinations=None, finished=None):
-        """run: the executor runs the placed plan; its output tiles come back (or, with
-        ``destinations``, are written straight into their new payload files, each handed to
-        ``finished`` once it is final)."""
+    def _run(self, plan, sink=None):
+        """run: the executor runs the placed plan; its output tiles come back (or, with a
+        ``sink``, go to it: physical.CatalogSink writes them into their new payload files)."""
         with stage("run"):
             result = self._get_executor().run(plan, self.store, progress=self.progress_callback,
-                                              destinations=destinations, finished=finished)
+                                              sink=sink)
         self.last_plan, self.last_run = plan, result
         return result
 
@@ -481,12 +480,12 @@ class Connection(TensorIO, DuckAPI):
                                          stage_max=None if limit is None else limit // 16,
                                          sparse_nnz=decomp.details.get("output_nnz"))
         try:
-            result = self._run(plan, writers.buffers, writers.finished)
+            result = self._run(plan, sink=writers)
         except BaseException:
             writers.abort()
             raise
         with stage("commit"):
-            writers.store_tiles(result.tiles, result.nnz, result.nonfinite, result.crc32)
+            writers.commit(result)
         result.output_nnz = writers.nnz()  # what EXPLAIN ANALYZE compares the estimate with
         # The tiles are the stored tensors' now (read them through the catalog): the result
         # keeps its statistics, not the buffers, which the next run's outputs may then reuse

@@ -30,6 +30,7 @@ from .checksum import crc32 as checksum
 from .identity import payload_name
 from .meta import TensorMeta
 from .reader import TileEntry, track_mapping
+from .slots import TileFacts, TileSlot
 from .sparse import encode, stored_entries
 from ..sparsity import choose_format
 from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, allocate, no_wait,
@@ -88,8 +89,8 @@ class TensorWriter:
             self.commit()
 
     # -- writing -------------------------------------------------------------------------------
-    def reserve(self, tiles: Sequence[Sequence[int]],
-                stage_max: int | None = None) -> dict[tuple[int, ...], np.ndarray]:
+    def reserve(self, tiles: Sequence[Sequence[int]], stage_max: int | None = None,
+                remote: bool = False) -> dict[tuple[int, ...], np.ndarray]:
         """Writable buffers for ``tiles``, laid out as in the payload file, whose blocks are
         allocated here (a full disk is an error now, not at commit): anonymous memory that
         ``commit`` writes into the file with one pwrite (a file up to ``STAGE_MAX``), or, where
@@ -99,7 +100,10 @@ class TensorWriter:
         a tile can write it in place, and ``write_tile`` of that very buffer then costs no
         copy. A larger file where the commit fsyncs gets no buffers (``streams``): each tile is
         computed as any other and handed to ``write_tile`` once finished, which writes it into
-        its place in the file then. Call once, before any ``write_tile``."""
+        its place in the file then. With ``remote``, no buffers either: workers in other
+        processes write each tile into its place themselves (``slot``, slots.py) and the
+        caller records what they report (``record_slot``). Call once, before any
+        ``write_tile``."""
         with self._lock:
             if self._state != "open" or self._fd is not None:
                 raise InterfaceError(f"writer for '{self.name}': reserve() comes before any write")
@@ -133,7 +137,7 @@ class TensorWriter:
                 mapped = recycled and not self.store.fsync
                 large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
                 biggest = max(math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize
-                if large and self.store.fsync and biggest <= STREAM_TILE_MAX:
+                if remote or (large and self.store.fsync and biggest <= STREAM_TILE_MAX):
                     self._slots = layout
                 elif mapped or large:
                     self._map = mmap.mmap(self._fd, pos)
@@ -290,6 +294,30 @@ class TensorWriter:
             self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes,
                                              int(nnz), crc, bool(nonfinite))
         return True
+
+    def slot(self, coords: Sequence[int]) -> TileSlot | None:
+        """Where a worker in another process writes tile ``coords`` itself (a file laid out by
+        ``reserve(..., remote=True)``), or None."""
+        place = self._slots.get(tuple(coords))
+        if place is None:
+            return None
+        return TileSlot(self.path, place[0], place[2], self.dtype.str, self.store.database,
+                        self.store.fsync, self.name)
+
+    def record_slot(self, coords: Sequence[int], facts: TileFacts) -> bool:
+        """A worker wrote tile ``coords`` into its ``slot`` and reported ``facts``: its row,
+        unless the tile is all zero (``facts.keep``, the rule of ``_write_slot``)."""
+        coords = tuple(int(c) for c in coords)
+        offset, starts, shape = self._slots[coords]
+        with self._lock:
+            if self._state != "open":
+                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
+            if coords in self.entries:
+                raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
+            if facts.keep:
+                self.entries[coords] = TileEntry(coords, starts, shape, offset, facts.nbytes,
+                                                 facts.nnz, facts.crc32, facts.nonfinite)
+        return facts.keep
 
     @property
     def streams(self) -> bool:

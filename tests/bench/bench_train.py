@@ -166,8 +166,8 @@ def split(con, text: str, repeat: int) -> dict:
     for name, key in (("_parse", "parse"), ("_bind_statements", "bind (GRAD included)"),
                       ("plan", "plan (cache hit)"), ("_run", "run")):
         wrap(con, name, key)
-    wrap(physical.OutputWriters, "__init__", "open the output files")
-    wrap(physical.OutputWriters, "store_tiles", "commit")
+    wrap(physical.CatalogSink, "__init__", "open the output files")
+    wrap(physical.CatalogSink, "store_tiles", "commit")
     wrap(os, "fsync", "fsync")
     kinds = {}
     totals = []
