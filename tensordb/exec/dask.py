@@ -148,7 +148,12 @@ class DaskExecutor:
         answers = {}
         if ask:
             try:
-                answers = self.client.run(probe_database, root, database, workers=ask)
+                # each worker's own answer: one that left says so, the others still answer
+                answers = self.client.run(probe_database, root, database, workers=ask,
+                                          on_error="return")
+                answers = {a: why if why is None or isinstance(why, str) else
+                           f"Dask worker {a} did not answer: {type(why).__name__}: {why}"
+                           for a, why in answers.items()}
             except Exception as exc:  # noqa: BLE001 - a worker that cannot answer does not see it
                 answers = {a: f"Dask worker {a} did not answer: {type(exc).__name__}: {exc}"
                            for a in ask}
