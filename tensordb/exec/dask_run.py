@@ -116,8 +116,10 @@ class Attempt:
         return self._result(tiles, seconds, scattered_bytes, gathered)
 
     def _final_key(self, key: int) -> str:
-        if key in self.slots:
+        if key in self.slots and self.consumers.get(key):
             return self.dkey(key, "-write")
+        if key in self.slots:  # written by its own task
+            return self.dkey(key)
         return self.dkey(key, "-host") if self.ex.backend == "cupy" else self.dkey(key)
 
     def _graph(self, scattered: set[int]):
@@ -139,17 +141,21 @@ class Attempt:
                              key=self.addresses.index)
             names = [self.ref(k, self.addr[t.key]) for k in t.inputs]
             given = [self.dkey(k) for k in t.inputs if k in scattered]
+            # a stored output tile no task reads is written by the task that makes it
+            slot = None if self.consumers.get(t.key) else self.slots.get(t.key)
             for addr in at:
                 dk = self.ref(t.key, addr)
                 graph[dk] = Task(dk, run_task, run, backend,
-                                 Payload(dk, t, op_of(plan, t), source, choice, names, given),
-                                 *[TaskRef(n) for n in names])
+                                 Payload(dk, t, op_of(plan, t), source, choice, names, given,
+                                         slot), *[TaskRef(n) for n in names])
                 where[dk] = addr
         for out in plan.outputs.values():
             if not out.stored:
                 continue
             for k in out.tiles.values():
-                if k in self.slots:  # written on its worker: only its facts come back
+                if k in self.slots and not self.consumers.get(k):
+                    continue  # its own task writes it
+                if k in self.slots:  # read by other tasks too: a task of its own writes it
                     wk = self.dkey(k, "-write")
                     graph[wk] = Task(wk, write_output, run, self.slots[k], TaskRef(self.dkey(k)))
                     where[wk] = self.addr[k]

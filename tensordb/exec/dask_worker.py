@@ -44,23 +44,28 @@ class Payload:
     """A task record, its operation and a Load's reader. Dask tokenizes every graph it is given;
     the unique key stands for the contents, which would otherwise be hashed field by field."""
 
-    __slots__ = ("key", "task", "op", "source", "choice", "inputs", "given")
+    __slots__ = ("key", "task", "op", "source", "choice", "inputs", "given", "slot")
 
-    def __init__(self, key: str, task, op, source, choice=None, inputs=(), given=()) -> None:
+    def __init__(self, key: str, task, op, source, choice=None, inputs=(), given=(),
+                 slot=None) -> None:
         self.key, self.task, self.op, self.source, self.choice = key, task, op, source, choice
         # the Dask keys of its inputs, and those of them the client scattered (not made by a
         # worker): an input made on another worker is a tile moved (``run_task``)
         self.inputs, self.given = tuple(inputs), frozenset(given)
+        # a stored output tile no other task reads: written here (its TileSlot), and only its
+        # facts returned
+        self.slot = slot
 
     def __dask_tokenize__(self):
         return self.key
 
     def __getstate__(self):
-        return (self.key, self.task, self.op, self.source, self.choice, self.inputs, self.given)
+        return (self.key, self.task, self.op, self.source, self.choice, self.inputs, self.given,
+                self.slot)
 
     def __setstate__(self, state) -> None:
         (self.key, self.task, self.op, self.source, self.choice, self.inputs,
-         self.given) = state
+         self.given, self.slot) = state
 
 
 def _name_this_worker(worker=None) -> None:
@@ -114,6 +119,8 @@ def run_task(run: str, backend: str, payload: Payload, *inputs):
     _LOG[run].append((task.key, time.perf_counter() - t0, int(getattr(value, "nbytes", 0)),
                       moved))
     _HELD[run] = max(_HELD[run], _worker_bytes())
+    if payload.slot is not None:
+        return write_output(run, payload.slot, value)
     return value
 
 
