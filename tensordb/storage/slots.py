@@ -8,8 +8,10 @@ those of ``tilestats.tile_stats``: the same file and rows the local pool writes.
 
 A worker checks the database's id before it opens the file (identity.py), opens it without
 creating it (a query the client gave up has deleted it: the write fails and leaves nothing),
-and syncs what it wrote when the commit will fsync (the client's fsync does not reach another
-machine's writes on a network file system).
+and, where the commit fsyncs, starts the write-back of what it wrote (writeback.py) and closes
+the file: on one machine the pages are the file's, which the client's fsync at commit writes;
+on NFS a close sends the data to the server and the client's fsync (a COMMIT) makes the server
+write all of the file's. An fdatasync per tile here cost 5 ms a tile (256 KiB, this machine).
 
     >>> slot = TileSlot("/db/tiles/7-0123456789abcdef.bin", 0, (2, 2), "<f8", None, False, "C")
     >>> write_slot(slot, np.eye(2)).nnz                  # doctest: +SKIP
@@ -25,6 +27,7 @@ import numpy as np
 from ..errors import DataError, OperationalError
 from .identity import check_database
 from .tilestats import has_negative_zero, tile_stats
+from .writeback import start_writeback
 
 __all__ = ["TileSlot", "TileFacts", "write_slot"]
 
@@ -81,7 +84,7 @@ def write_slot(slot: TileSlot, tile) -> TileFacts:
         while at < len(view):
             at += os.pwrite(fd, view[at:], slot.offset + at)
         if slot.fsync:
-            os.fdatasync(fd)
+            start_writeback(fd, slot.offset, flat.nbytes)
     except OSError as exc:
         raise OperationalError(f"cannot write a tile of '{slot.tensor}' to {slot.path}: "
                                f"{exc.strerror or exc}") from None

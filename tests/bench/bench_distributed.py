@@ -258,7 +258,7 @@ def main(argv=None) -> None:
                     help="only the loopback bytes of the hand-started deployment")
     ap.add_argument("--n", type=int, default=4096, help="the loopback matmul's size")
     args = ap.parse_args(argv)
-    loop = render_loopback(loopback_run(args.n, args.repeat), args.n)
+    loop = "" if args.only else render_loopback(loopback_run(args.n, args.repeat), args.n)
     if args.loopback_only:
         print(loop)
         return
