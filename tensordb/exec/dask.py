@@ -16,9 +16,11 @@ declared (``connect(..., storage=...)``), not guessed from host names: with ``st
 at the client's path, and those that do not get their tiles from the client; with
 ``storage='shared'`` every worker must see it, and one that does not is an OperationalError
 naming it and the path, before anything runs. A worker also checks the database's id before it
-maps a payload, and every tile's checksum on its first read (storage/verify.py). Only the stored
-outputs are gathered; every other key is released when the run ends, so nothing outlives the
-query on a worker.
+maps a payload, and every tile's checksum on its first read (storage/verify.py). The stored
+outputs go to the run's sink (exec/contract.py): with ``storage='shared'`` each worker writes
+its tiles into the new payload files itself and only their facts come back; else they are
+gathered here. Every other key is released when the run ends, so nothing outlives the query on
+a worker. One run is ``dask_run.Attempt``.
 
 A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices,
 cancels the run and runs the plan again, once, on the workers alive then; a second loss raises
@@ -46,14 +48,16 @@ PROCESS_ALLOWANCE = 512 << 20
 
 
 def local_cluster(n_workers: int = 2, **kwargs):
-    """A LocalCluster on 127.0.0.1: worker processes with one thread each, no dashboard.
+    """A LocalCluster on 127.0.0.1: worker processes with one thread each; the scheduler's
+    HTTP server (Dask's dashboard, where bokeh is installed) on a free port.
 
     >>> cluster = local_cluster(2)                       # doctest: +SKIP
     >>> con = tensordb.connect(executor=f"dask://{cluster.scheduler_address}")  # doctest: +SKIP
     """
     from distributed import LocalCluster
-    # No dashboard; the scheduler's small HTTP server (health, metrics) takes any free port
-    # rather than 8787, so several clusters can run side by side (tests, notebooks).
+    # The scheduler's HTTP server (health, metrics, and the dashboard where bokeh is installed:
+    # DaskExecutor.dashboard_link) takes any free port rather than 8787, so several clusters
+    # can run side by side (tests, notebooks); the workers serve none.
     opts = dict(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
     opts.update(kwargs)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import background
 
-__all__ = ["ALIGN", "STAGE_MAX", "STREAM_TILE_MAX", "StagingBuffers", "allocate", "no_wait",
+__all__ = ["ALIGN", "STAGE_MAX", "STREAM_TILE_MAX", "StagingBuffers", "allocate", "no_wait", "open_payload",
            "sync_in_background", "write_all"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
@@ -162,3 +162,27 @@ def write_all(fd: int, data) -> None:
     while len(view):
         n = os.write(fd, view)
         view = view[n:]
+
+
+def open_payload(store, path: str, size: int) -> tuple[int, bool]:
+    """The new payload file, ``size`` bytes with their disk blocks, and whether it is
+    recycled: a retired payload file of about that size, renamed, where the store has one
+    (writing into its blocks and pages costs a third of allocating new ones, and so does
+    their fsync), else a new file."""
+    spare = store.take_spare(size, path)
+    if spare is not None:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if spare > size:
+                os.ftruncate(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, True
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        allocate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, False

@@ -33,8 +33,8 @@ from .reader import TileEntry, track_mapping
 from .slots import TileFacts, TileSlot
 from .sparse import encode, stored_entries
 from ..sparsity import choose_format
-from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, allocate, no_wait,
-                      sync_in_background, write_all)
+from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
+                      open_payload, sync_in_background, write_all)
 from .tilestats import (_NNZ_BLOCK, _STATS_BLOCK, TileStats, count_nonzero, has_negative_zero,  # noqa: F401
                         has_nonfinite, tile_stats)
 
@@ -118,7 +118,7 @@ class TensorWriter:
             if not layout or pos == 0:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             try:
-                self._fd, recycled = self._open_reserved(pos)
+                self._fd, recycled = open_payload(self.store, self.path, pos)
                 os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
                 # A recycled file's pages are in the page cache already: computing into its
                 # mapping (the faults taken by the workers, in parallel) costs less than staging
@@ -156,29 +156,6 @@ class TensorWriter:
             self._reserved = {c: (off, st, sh, np.ndarray(sh, self.dtype, base, off))
                               for c, (off, st, sh) in layout.items()}
             return {c: r[3] for c, r in self._reserved.items()}
-
-    def _open_reserved(self, size: int) -> tuple[int, bool]:
-        """The new payload file, ``size`` bytes with their disk blocks, and whether it is
-        recycled: a retired payload file of about that size, renamed, where the store has one
-        (writing into its blocks and pages costs a third of allocating new ones, and so does
-        their fsync), else a new file."""
-        spare = self.store.take_spare(size, self.path)
-        if spare is not None:
-            fd = os.open(self.path, os.O_RDWR)
-            try:
-                if spare > size:
-                    os.ftruncate(fd, size)
-            except BaseException:
-                os.close(fd)
-                raise
-            return fd, True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            allocate(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, False
 
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
                    nonfinite: bool | None = None, crc32: int | None = None) -> bool:
