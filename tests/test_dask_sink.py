@@ -148,3 +148,33 @@ def test_a_worker_refuses_a_slot_of_another_database(pair):
     with pytest.raises(tensordb.OperationalError, match="another database"):
         write_slot(TileSlot(path, 0, (4, 4), "<f8", "f" * 32, False, "X"), np.ones((4, 4)))
     np.testing.assert_array_equal(d.tensor("A"), np.ones((8, 8)))  # nothing was written
+
+
+def test_outputs_finished_before_a_worker_left_are_not_computed_again(pair, monkeypatch):
+    """After a worker is lost, the output tiles already finished on the workers left (written
+    into their file, their facts on a worker) are kept: the next attempt computes only the
+    rest. Here the loss is pretended once every output finished, so nothing runs again."""
+    from tensordb.exec import dask_run
+    d, local = pair
+    real, lost = dask_run.Attempt._wait, []
+
+    def wait_then_lose_a_worker(self, futures):
+        values = real(self, futures)
+        if not lost:
+            lost.append(len(futures))
+            raise dask_run.WorkerLost("a worker is gone (pretended)", self._finished(futures))
+        return values
+    monkeypatch.setattr(dask_run.Attempt, "_wait", wait_then_lose_a_worker)
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((96, 64)), rng.standard_normal((64, 64))
+    for con in (d, local):
+        con.load("A", a, tile=(32, 32))
+        con.load("B", b, tile=(32, 32))
+        con.execute("C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 3, k 2)")
+    run = d._get_executor().last_run
+    n_out = len(d.last_plan.outputs["C"].tiles)
+    assert lost and run["attempts"] == 2 and run["kept_from_earlier_attempts"] == n_out == 6
+    assert run["ran_on"] == {} and run["loads_on"] == {}  # the second attempt ran no task
+    np.testing.assert_allclose(d.tensor("C"), a @ b, atol=1e-12)
+    assert stored(d, "C") == stored(local, "C")
+    assert on_disk(d) == catalog_files(d)

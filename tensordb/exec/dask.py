@@ -23,8 +23,9 @@ gathered here. Every other key is released when the run ends, so nothing outlive
 a worker. One run is ``dask_run.Attempt``.
 
 A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices,
-cancels the run and runs the plan again, once, on the workers alive then; a second loss raises
-``OperationalError``. Spec options: ``?retries=N`` (default 1), ``?scatter=auto|always|never``,
+keeps the stored output tiles already finished on the workers left (written, or gathered),
+cancels the rest and runs again, once, on the workers alive then, only what those tiles do not
+cover; a second loss raises ``OperationalError``. Spec options: ``?retries=N`` (default 1), ``?scatter=auto|always|never``,
 ``?backend=numpy|cupy`` (CuPy tiles on dask-cuda workers), ``?timeout=S`` (seconds to wait for
 workers). ``dask://local-cuda`` starts dask-cuda's LocalCUDACluster (one worker per GPU).
 """
@@ -230,12 +231,13 @@ class DaskExecutor:
         workers_write = sink is not None and self.storage_shared and self.scatter != "always"
         if sink is not None:
             sink.open(workers_write)
-        attempts = 0
+        attempts, done = 0, {}
         while True:
             attempts += 1
             try:
-                result = Attempt(self, plan, progress, store, sink, workers_write).go()
+                result = Attempt(self, plan, progress, store, sink, workers_write, done).go()
             except WorkerLost as lost:
+                done = lost.done  # stored output tiles finished on the workers left: kept
                 if attempts > self.retries:
                     raise OperationalError(
                         f"a Dask worker left while the query ran ({lost}); the query was tried "

@@ -32,7 +32,13 @@ POLL_SECONDS = 0.25  # how often a running query checks that its workers are sti
 
 
 class WorkerLost(Exception):
-    """A worker the run needed left while it ran (the executor may try again)."""
+    """A worker the run needed left while it ran (the executor may try again). ``done``: the
+    stored output tiles already finished on the workers left (key -> value: its facts, or
+    the tile), which the next attempt keeps rather than computes again."""
+
+    def __init__(self, message: str, done: dict | None = None) -> None:
+        super().__init__(message)
+        self.done = done or {}
 
 
 class Attempt:
@@ -41,8 +47,9 @@ class Attempt:
     key -> the TileSlot its worker writes it into (the sink's, when the workers write)."""
 
     def __init__(self, ex, plan: TilePlan, progress, store=None, sink=None,
-                 workers_write: bool = False) -> None:
+                 workers_write: bool = False, done: dict | None = None) -> None:
         self.ex, self.plan, self.progress, self.store = ex, plan, progress, store
+        self.done = done if done is not None else {}  # outputs an earlier attempt finished
         self.sink, self.workers_write = sink, workers_write
         self.client = ex.client
         self.run_id = uuid.uuid4().hex[:12]
@@ -77,15 +84,18 @@ class Attempt:
         import dask
         t0 = time.perf_counter()
         scattered, scattered_bytes = self._scatter_loads()
-        outs = [k for out in self.plan.outputs.values() if out.stored for k in out.tiles.values()]
+        every = [k for out in self.plan.outputs.values() if out.stored for k in out.tiles.values()]
         if self.workers_write:
-            self.slots = {k: s for k in outs if (s := self.sink.slot(k)) is not None}
+            self.slots = {k: s for k in every if (s := self.sink.slot(k)) is not None}
+        # Only what is not finished yet: Dask computes just what the asked-for keys need, so the
+        # outputs an attempt before finished on the workers left are not computed again.
+        outs = [k for k in every if k not in self.done]
         graph, where = self._graph(set(scattered))
         out_keys = [self._final_key(k) for k in outs]
         # Dask runs only what the keys asked for need: tasks no stored output reads (a result
         # the same group replaces) are asked for too, so that they run, and fail, as on the
         # local pool. Their values come back and are dropped.
-        consumed = set(self.consumers) | set(outs)
+        consumed = set(self.consumers) | set(every)
         dead = [self.dkey(t.key) for t in self.plan.tasks
                 if t.key not in consumed and self.dkey(t.key) in graph]
         futures: list = []
@@ -93,7 +103,9 @@ class Attempt:
             with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=False):
                 futures = self.client.get(graph, out_keys + dead, sync=False)
             values = self._wait(futures)[:len(out_keys)]
-        except WorkerLost:
+        except WorkerLost as lost:
+            lost.done = {**self.done, **{outs[i]: v for i, v in lost.done.items()
+                                         if i < len(outs)}}
             self._release(futures, scattered, drop_records=True)
             raise
         except Exception as exc:  # noqa: BLE001 - translated below
@@ -102,7 +114,8 @@ class Attempt:
                 raise WorkerLost(str(exc)) from None
             raise translate_cluster_error(exc) from exc
         tiles, gathered = {}, 0
-        for k, v in zip(outs, values):
+        reused = len(self.done)
+        for k, v in [*self.done.items(), *zip(outs, values)]:
             if k in self.slots:  # the worker wrote it; its facts came back
                 self.sink.wrote(k, v)
                 continue
@@ -113,6 +126,7 @@ class Attempt:
         self._release(futures, scattered, drop_records=False)
         del futures, values
         seconds = time.perf_counter() - t0
+        self.reused = reused
         return self._result(tiles, seconds, scattered_bytes, gathered)
 
     def _final_key(self, key: int) -> str:
@@ -239,14 +253,27 @@ class Attempt:
                 self.progress(finished[0], len(futures))
             gone = needed - set(self.ex.addresses())
             if gone:
+                done = self._finished(futures)  # before the cancel: kept by the next attempt
                 self.client.cancel(futures, force=True)  # ends the gather
                 thread.join()
-                raise WorkerLost(f"worker {', '.join(sorted(gone))} is gone")
+                raise WorkerLost(f"worker {', '.join(sorted(gone))} is gone", done)
         if "error" in box:
             raise box["error"]
         if self.progress is not None:  # done callbacks may still be on their way
             self.progress(len(futures), len(futures))
         return box["values"]
+
+    def _finished(self, futures) -> dict:
+        """{position: value} of the futures finished on the workers still there (a value the
+        lost worker held is not finished any more, or cannot be gathered: it is not kept)."""
+        ready = {i: f for i, f in enumerate(futures) if f.status == "finished"}
+        if not ready:
+            return {}
+        try:
+            values = self.client.gather(list(ready.values()), errors="raise")
+        except Exception:  # noqa: BLE001 - nothing kept: the next attempt computes them
+            return {}
+        return dict(zip(ready, values))
 
     def _release(self, futures, scattered, *, drop_records: bool) -> None:
         """Drop every key of this run from the cluster (and the workers' records on failure).
@@ -291,7 +318,8 @@ class Attempt:
                                                            loads_on.items()},
                             "scattered_bytes": scattered_bytes,
                             "gathered_bytes": gathered,
-                            "written_by_workers": len(self.slots), "write_seconds": writes}
+                            "written_by_workers": len(self.slots), "write_seconds": writes,
+                            "kept_from_earlier_attempts": self.reused}
         return ledger.result(tiles, seconds)
 
 
