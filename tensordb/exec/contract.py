@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Capabilities", "Executor", "OutputSink", "CallbackSink", "as_sink"]
+__all__ = ["Capabilities", "Executor", "OutputSink", "CallbackSink", "as_sink",
+           "pool_capabilities"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,13 @@ class Capabilities:
     def __post_init__(self) -> None:
         if self.workers < 1 or (self.max_fan_in is not None and self.max_fan_in < 2):
             raise ValueError(f"bad executor capabilities {self!r}")
+
+
+def pool_capabilities(workers: int, memory_limit: int | None) -> Capabilities:
+    """An in-process pool of ``workers`` threads under ``memory_limit`` (bytes, or None): an
+    aggregation task combines any number of partials, each worker has an equal share."""
+    workers = max(1, int(workers))
+    return Capabilities(workers, None, memory_limit // workers if memory_limit else None)
 
 
 @runtime_checkable

@@ -40,7 +40,7 @@ from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..physical.order import ranks
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from ..storage.writer import TileStats, tile_stats
-from .contract import Capabilities, as_sink
+from .contract import Capabilities, as_sink, pool_capabilities
 from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
 from .ready import STOP, ReadyQueues
 from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, plan_specs,
@@ -48,7 +48,7 @@ from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_
 from .spill import SpillFiles
 from .tiles import HostTiles
 
-__all__ = ["LocalExecutor", "HostTiles", "pool_capabilities"]
+__all__ = ["LocalExecutor", "HostTiles", "pool_capabilities"]  # (the last: contract.py's)
 
 _controller = None
 _TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
@@ -120,8 +120,7 @@ class LocalExecutor:
         self.tiles.close()
 
     def capabilities(self) -> Capabilities:
-        """What planning reads of this pool (``exec.capabilities`` reads the same from the
-        settings, without making one): its workers, each with an equal share of the limit."""
+        """What planning reads of it (``exec.capabilities`` reads the same without one)."""
         return pool_capabilities(self.workers, self.memory_limit)
 
     @property
@@ -175,13 +174,6 @@ class LocalExecutor:
         result.tiles = {k: landed[k] if k in landed else tiles.to_host(v)
                         for k, v in result.tiles.items()}
         return result
-
-
-def pool_capabilities(workers: int, memory_limit: int | None) -> Capabilities:
-    """A pool of ``workers`` threads under ``memory_limit`` (bytes, or None)."""
-    workers = max(1, int(workers))
-    return Capabilities(workers, LocalExecutor.max_fan_in,
-                        memory_limit // workers if memory_limit else None)
 
 
 def _pin(w: int, workers: int) -> None:
