@@ -43,7 +43,7 @@ class WorkerLost(Exception):
 
 class Attempt:
     """One submission of the whole plan, on the workers alive when it starts. ``readers``: the
-    workers that read the payload files themselves (``files_readers``); ``slots``: output task
+    workers that read the payload files themselves (``_file_readers``); ``slots``: output task
     key -> the TileSlot its worker writes it into (the sink's, when the workers write)."""
 
     def __init__(self, ex, plan: TilePlan, progress, store=None, sink=None,
