@@ -47,11 +47,13 @@ class Capabilities:
             raise ValueError(f"bad executor capabilities {self!r}")
 
 
-def pool_capabilities(workers: int, memory_limit: int | None) -> Capabilities:
+def pool_capabilities(workers: int, memory_limit: int | None,
+                      max_fan_in: int | None = None) -> Capabilities:
     """An in-process pool of ``workers`` threads under ``memory_limit`` (bytes, or None): an
-    aggregation task combines any number of partials, each worker has an equal share."""
+    aggregation task combines any number of partials (unless a subclass says ``max_fan_in``),
+    each worker has an equal share of the limit."""
     workers = max(1, int(workers))
-    return Capabilities(workers, None, memory_limit // workers if memory_limit else None)
+    return Capabilities(workers, max_fan_in, memory_limit // workers if memory_limit else None)
 
 
 @runtime_checkable

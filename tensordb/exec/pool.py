@@ -121,7 +121,7 @@ class LocalExecutor:
 
     def capabilities(self) -> Capabilities:
         """What planning reads of it (``exec.capabilities`` reads the same without one)."""
-        return pool_capabilities(self.workers, self.memory_limit)
+        return pool_capabilities(self.workers, self.memory_limit, self.max_fan_in)
 
     @property
     def alive(self) -> bool:
