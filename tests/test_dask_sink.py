@@ -178,3 +178,21 @@ def test_outputs_finished_before_a_worker_left_are_not_computed_again(pair, monk
     np.testing.assert_allclose(d.tensor("C"), a @ b, atol=1e-12)
     assert stored(d, "C") == stored(local, "C")
     assert on_disk(d) == catalog_files(d)
+
+
+def test_the_older_arguments_reach_the_same_sink(pair):
+    """``run(plan, store, destinations=sink.buffers, finished=sink.finished)`` (the driver's
+    call before ``sink=``) hands the executor the sink itself: its workers still write."""
+    from tensordb.bind import bind_graph as bind
+    d, _ = pair
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((64, 64))
+    d.load("A", a, tile=(32, 32))
+    g = tensordb.Graph().einsum("ij,jk->ik", "A", "A", into="C", pieces={"i": 2, "k": 2})
+    _, plan = d.plan(bind(g, d.store), g.pieces)
+    sink = CatalogSink(d.store, plan, replace=True)
+    ex = d._get_executor()
+    result = ex.run(plan, d.store, destinations=sink.buffers, finished=sink.finished)
+    sink.commit(result)
+    assert ex.last_run["written_by_workers"] == 4 and ex.last_run["gathered_bytes"] == 0
+    np.testing.assert_allclose(d.tensor("C"), a @ a, atol=1e-12)

@@ -126,9 +126,14 @@ class CallbackSink:
 
 def as_sink(sink, destinations=None, finished=None):
     """The sink an executor calls: ``sink`` itself, else one made of the older arguments
-    (None when there are none: the tiles only come back in the RunResult)."""
+    (None when there are none: the tiles only come back in the RunResult). Older callers pass
+    a sink's own ``finished`` (and ``buffers``): that sink is the one called, so its workers
+    may write into its slots too."""
     if sink is not None:
         return sink
     if destinations is None and finished is None:
         return None
+    owner = getattr(finished, "__self__", None)
+    if isinstance(owner, OutputSink) and not isinstance(owner, CallbackSink):
+        return owner
     return CallbackSink(destinations, finished)

@@ -18,7 +18,7 @@ worker left is an orphan that the next open deletes, storage/directory.py).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -101,9 +101,11 @@ class CatalogSink:
         return self._buffers
 
     @property
-    def buffers(self) -> dict[int, np.ndarray]:
-        """The buffers of ``open(False)`` (opened now if need be)."""
-        return self.open(False)
+    def buffers(self) -> Mapping[int, np.ndarray]:
+        """The buffers of ``open(False)``, laid out when first looked into: a caller that only
+        passes them on (the older ``run(destinations=sink.buffers, finished=sink.finished)``)
+        leaves the choice to the executor, which opens the sink as its workers need."""
+        return _LazyBuffers(self)
 
     @property
     def versions(self) -> dict[str, int]:
@@ -193,6 +195,25 @@ class CatalogSink:
     def nnz(self) -> dict[str, int]:
         """The nonzeros stored per output (after the commit), by plan name."""
         return {out.name: sum(int(e.nnz) for e in w.entries.values()) for out, w in self.writers}
+
+
+class _LazyBuffers(Mapping):
+    """``CatalogSink.buffers`` before the sink is opened: opened (in this process) on first use."""
+
+    def __init__(self, sink: CatalogSink) -> None:
+        self._sink = sink
+
+    def _open(self) -> dict:
+        return self._sink.open(False)
+
+    def __getitem__(self, key):
+        return self._open()[key]
+
+    def __iter__(self):
+        return iter(self._open())
+
+    def __len__(self) -> int:
+        return len(self._open())
 
 
 OutputWriters = CatalogSink  # the name the connection knew it by
