@@ -16,55 +16,61 @@ declared (``connect(..., storage=...)``), not guessed from host names: with ``st
 at the client's path, and those that do not get their tiles from the client; with
 ``storage='shared'`` every worker must see it, and one that does not is an OperationalError
 naming it and the path, before anything runs. A worker also checks the database's id before it
-maps a payload, and every tile's checksum on its first read (storage/verify.py). Only the stored
-outputs are gathered; every other key is released when the run ends, so nothing outlives the
-query on a worker.
+maps a payload, and every tile's checksum on its first read (storage/verify.py). The stored
+outputs go to the run's sink (exec/contract.py): with ``storage='shared'`` each worker writes
+its tiles into the new payload files itself and only their facts come back; else they are
+gathered here. Every other key is released when the run ends, so nothing outlives the query on
+a worker. One run is ``dask_run.Attempt``.
 
 A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices,
-cancels the run and runs the plan again, once, on the workers alive then; a second loss raises
-``OperationalError``. Spec options: ``?retries=N`` (default 1), ``?scatter=auto|always|never``,
+keeps the stored output tiles already finished on the workers left (written, or gathered),
+cancels the rest and runs again, once, on the workers alive then, only what those tiles do not
+cover; a second loss raises ``OperationalError``. Spec options: ``?retries=N`` (default 1), ``?scatter=auto|always|never``,
 ``?backend=numpy|cupy`` (CuPy tiles on dask-cuda workers), ``?timeout=S`` (seconds to wait for
 workers). ``dask://local-cuda`` starts dask-cuda's LocalCUDACluster (one worker per GPU).
 """
 from __future__ import annotations
 
-import itertools
-import threading
-import time
-import uuid
-from collections import defaultdict
 from urllib.parse import parse_qsl
 
-import numpy as np
-
 from ..errors import Error, NotSupportedError, OperationalError
-from ..physical.plan import Kernel, Load, TilePlan
-from .dask_worker import Payload, collect, forget, gpu_count, probe_database, run_task, to_host
-from .runtime import Ledger, RunResult, op_of, planned_bytes, translate
-from .tasks import run_load
+from ..physical.plan import TilePlan
+from .contract import Capabilities, as_sink
+from .dask_run import Attempt, WorkerLost
+from .dask_worker import gpu_count, probe_database
+from .runtime import RunResult
 
-__all__ = ["DaskExecutor", "local_cluster"]
+__all__ = ["DaskExecutor", "local_cluster", "static_capabilities"]
 
 AGG_FAN_IN = 8  # partials one aggregation task combines; more become a tree on the same worker
-POLL_SECONDS = 0.25  # how often a running query checks that its workers are still alive
 # A Dask worker's memory limit bounds its whole process, tensordb's memory_limit only tiles: a
 # local cluster's worker gets its share of the budget plus this much for the process itself.
 PROCESS_ALLOWANCE = 512 << 20
 
 
 def local_cluster(n_workers: int = 2, **kwargs):
-    """A LocalCluster on 127.0.0.1: worker processes with one thread each, no dashboard.
+    """A LocalCluster on 127.0.0.1: worker processes with one thread each; the scheduler's
+    HTTP server (Dask's dashboard, where bokeh is installed) on a free port.
 
     >>> cluster = local_cluster(2)                       # doctest: +SKIP
     >>> con = tensordb.connect(executor=f"dask://{cluster.scheduler_address}")  # doctest: +SKIP
     """
     from distributed import LocalCluster
-    # No dashboard; the scheduler's small HTTP server (health, metrics) takes any free port
-    # rather than 8787, so several clusters can run side by side (tests, notebooks).
+    # The scheduler's HTTP server (health, metrics, and the dashboard where bokeh is installed:
+    # DaskExecutor.dashboard_link) takes any free port rather than 8787, so several clusters
+    # can run side by side (tests, notebooks); the workers serve none.
     opts = dict(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
     opts.update(kwargs)
     return LocalCluster(**opts)
+
+
+def static_capabilities(spec: str, workers: int, memory_limit=None) -> Capabilities:
+    """What planning reads of ``spec`` without a cluster: a ``dask://local`` cluster is ours
+    to make (``workers`` processes, each with its share of ``memory_limit``); another one is
+    known only when asked (``DaskExecutor.capabilities``): these are the settings' guesses."""
+    n = max(1, int(workers))
+    return Capabilities(n, AGG_FAN_IN, memory_limit // n if memory_limit else None)
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -121,6 +127,7 @@ class DaskExecutor:
                                    hint="start one with `dask scheduler` and `dask worker ADDRESS`,"
                                         " or use executor='dask://local'") from None
         self.last_run: dict = {}
+        self.storage_shared = False  # the last run's store declared storage='shared'
 
     # -- the cluster ---------------------------------------------------------------------------
     def addresses(self) -> list[str]:
@@ -146,7 +153,12 @@ class DaskExecutor:
         answers = {}
         if ask:
             try:
-                answers = self.client.run(probe_database, root, database, workers=ask)
+                # each worker's own answer: one that left says so, the others still answer
+                answers = self.client.run(probe_database, root, database, workers=ask,
+                                          on_error="return")
+                answers = {a: why if why is None or isinstance(why, str) else
+                           f"Dask worker {a} did not answer: {type(why).__name__}: {why}"
+                           for a, why in answers.items()}
             except Exception as exc:  # noqa: BLE001 - a worker that cannot answer does not see it
                 answers = {a: f"Dask worker {a} did not answer: {type(exc).__name__}: {exc}"
                            for a in ask}
@@ -163,6 +175,40 @@ class DaskExecutor:
     def workers(self) -> int:
         return max(1, len(self.addresses()))
 
+    def capabilities(self) -> Capabilities:
+        """What planning reads of the cluster, as its workers report it: their count, the
+        least memory one may fill with tiles (its own limit less what its process needs,
+        within this connection's share of ``memory_limit``) and the fewest threads."""
+        try:
+            info = self.client.scheduler_info(n_workers=-1)["workers"]
+        except TypeError:  # an older client: every worker is listed anyway
+            info = self.client.scheduler_info()["workers"]
+        except Exception:  # noqa: BLE001 - the scheduler gone: addresses() says so clearly
+            self.addresses()
+            raise
+        n = max(1, len(info))
+        limits = [int(w.get("memory_limit") or 0) for w in info.values()]
+        per = min(limits) - PROCESS_ALLOWANCE if limits and min(limits) > 0 else None
+        if self.memory_limit:
+            share = self.memory_limit // n
+            per = share if per is None else min(per, share)
+        threads = min((int(w.get("nthreads") or 1) for w in info.values()), default=1)
+        return Capabilities(n, AGG_FAN_IN, None if per is None or per <= 0 else per, threads,
+                            workers_write=self.storage_shared)
+
+    def resident(self, plan):
+        """Not a question for a cluster: its workers read the storage for each query."""
+        return None
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard of the cluster (``dask://local`` starts one on a free port)."""
+        client = self.client
+        try:
+            return client.dashboard_link if client is not None else None
+        except Exception:  # noqa: BLE001 - a scheduler without its HTTP server
+            return None
+
     def close(self) -> None:
         client, cluster = getattr(self, "client", None), self._cluster
         self.client, self._cluster = None, None
@@ -173,15 +219,25 @@ class DaskExecutor:
 
     # -- running a plan ------------------------------------------------------------------------
     def run(self, plan: TilePlan, store=None, progress=None, destinations=None,
-            finished=None) -> RunResult:
+            finished=None, *, sink=None) -> RunResult:
+        """Run ``plan``; its stored output tiles go to ``sink`` (exec/contract.py). With
+        ``storage='shared'`` the workers write them into their places in the new payload
+        files themselves and only their facts come back (``sink.slot``, ``sink.wrote``);
+        otherwise they are gathered here and handed to ``sink.finished``."""
         if not plan.tasks:
             return RunResult({})
-        attempts = 0
+        sink = as_sink(sink, destinations, finished)
+        self.storage_shared = store is not None and store.storage == "shared"
+        workers_write = sink is not None and self.storage_shared and self.scatter != "always"
+        if sink is not None:
+            sink.open(workers_write)
+        attempts, done = 0, {}
         while True:
             attempts += 1
             try:
-                result = _Attempt(self, plan, progress, store).go()
-            except _WorkerLost as lost:
+                result = Attempt(self, plan, progress, store, sink, workers_write, done).go()
+            except WorkerLost as lost:
+                done = lost.done  # stored output tiles finished on the workers left: kept
                 if attempts > self.retries:
                     raise OperationalError(
                         f"a Dask worker left while the query ran ({lost}); the query was tried "
@@ -201,231 +257,6 @@ class DaskExecutor:
                                    f"(waited {self.timeout:.0f} s)") from None
 
 
-class _WorkerLost(Exception):
-    pass
-
-
-class _Attempt:
-    """One submission of the whole plan, on the workers alive when it starts."""
-
-    def __init__(self, ex: DaskExecutor, plan: TilePlan, progress, store=None) -> None:
-        self.ex, self.plan, self.progress, self.store = ex, plan, progress, store
-        self.client = ex.client
-        self.run_id = uuid.uuid4().hex[:12]
-        self.addresses = ex.addresses()
-        if not self.addresses:
-            raise _WorkerLost("no workers")
-        n = len(self.addresses)  # plan worker w runs on the w % n-th address (as the pool's queues)
-        self.addr = {t.key: self.addresses[t.worker % n] for t in plan.tasks}
-
-    def dkey(self, key: int, part: str = "") -> str:
-        return f"tdb-{self.run_id}-{key}{part}"
-
-    # -- the graph -----------------------------------------------------------------------------
-    def go(self) -> RunResult:
-        import dask
-        t0 = time.perf_counter()
-        scattered, scattered_bytes = self._scatter_loads()
-        graph, where = self._graph(set(scattered))
-        outs = [k for out in self.plan.outputs.values() if out.stored for k in out.tiles.values()]
-        out_keys = [self._final_key(k) for k in outs]
-        # Dask runs only what the keys asked for need: tasks no stored output reads (a result
-        # the same group replaces) are asked for too, so that they run, and fail, as on the
-        # local pool. Their values come back and are dropped.
-        consumed = {k for t in self.plan.tasks for k in t.inputs} | set(outs)
-        dead = [self.dkey(t.key) for t in self.plan.tasks
-                if t.key not in consumed and self.dkey(t.key) in graph]
-        futures: list = []
-        try:
-            with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=False):
-                futures = self.client.get(graph, out_keys + dead, sync=False)
-            values = self._wait(futures)[:len(out_keys)]
-        except _WorkerLost:
-            self._release(futures, scattered, drop_records=True)
-            raise
-        except Exception as exc:  # noqa: BLE001 - translated below
-            self._release(futures, scattered, drop_records=True)
-            if type(exc).__name__ == "KilledWorker":  # Dask gave up on a task's workers
-                raise _WorkerLost(str(exc)) from None
-            raise _translate(exc) from exc
-        tiles = {k: _host(v) for k, v in zip(outs, values)}
-        self._release(futures, scattered, drop_records=False)
-        del futures, values
-        seconds = time.perf_counter() - t0
-        return self._result(tiles, seconds, scattered_bytes)
-
-    def _final_key(self, key: int) -> str:
-        return self.dkey(key, "-host") if self.ex.backend == "cupy" else self.dkey(key)
-
-    def _graph(self, scattered: set[int]):
-        """One Dask task per plan task, on its worker; nothing is added or regrouped here."""
-        from dask.task_spec import Task, TaskRef
-        plan, run, backend = self.plan, self.run_id, self.ex.backend
-        graph, where = {}, {}
-        for t in plan.tasks:
-            if isinstance(t, Load) and t.key in scattered:
-                continue
-            dk = self.dkey(t.key)
-            source = _sub_reader(plan.readers[t.tensor], t.starts, t.stops) \
-                if isinstance(t, Load) else None
-            choice = plan.kernels[t.op] if isinstance(t, Kernel) else None
-            graph[dk] = Task(dk, run_task, run, backend,
-                             Payload(dk, t, op_of(plan, t), source, choice),
-                             *[TaskRef(self.dkey(k)) for k in t.inputs])
-            where[dk] = self.addr[t.key]
-        if backend == "cupy":  # stored outputs come back to the client as NumPy
-            for out in plan.outputs.values():
-                if out.stored:
-                    for k in out.tiles.values():
-                        hk = self.dkey(k, "-host")
-                        graph[hk] = Task(hk, to_host, TaskRef(self.dkey(k)))
-                        where[hk] = self.addr[k]
-        return graph, where
-
-    def _scatter_loads(self) -> tuple[dict[int, object], int]:
-        """Read here and scatter the Load tiles of workers that cannot read the payload files."""
-        if not any(isinstance(t, Load) for t in self.plan.tasks):
-            return {}, 0
-        local = self._file_readers()
-        by_addr: dict[str, dict] = defaultdict(dict)
-        keys: dict[str, int] = {}
-        nbytes = 0
-        for t in self.plan.tasks:
-            if isinstance(t, Load) and self.addr[t.key] not in local:
-                tile = np.array(run_load(t, self.plan.readers[t.tensor]), order="C")  # 0-d stays 0-d
-                by_addr[self.addr[t.key]][self.dkey(t.key)] = tile
-                keys[self.dkey(t.key)] = t.key
-                nbytes += tile.nbytes
-        futures = {}
-        for addr, data in by_addr.items():
-            for dk, fut in self.client.scatter(data, workers=[addr], broadcast=False).items():
-                futures[keys[dk]] = fut
-        return futures, nbytes
-
-    def _file_readers(self) -> set[str]:
-        """The workers that read the payload files themselves: as declared (``storage``) and,
-        for local storage, as each worker answered when asked whether it sees the database."""
-        mode, store, everyone = self.ex.scatter, self.store, set(self.addresses)
-        if mode in ("never", "always"):
-            return everyone if mode == "never" else set()
-        if store is None:  # a plan run without its database: the client reads every tile
-            return set()
-        shared = store.storage == "shared"
-        if store.database is None:  # an older database opened read-only: no id to ask about
-            return everyone if shared else set()
-        seen = self.ex.probe(str(store.root), store.database, self.addresses)
-        if shared:
-            bad = sorted(why for why in seen.values() if why is not None)
-            if bad:
-                more = f" (and {len(bad) - 1} more worker(s))" if len(bad) > 1 else ""
-                raise OperationalError(
-                    f"storage='shared' declares that every Dask worker sees the database at "
-                    f"{store.root}, but {bad[0]}{more}; nothing was run",
-                    hint="mount the database's directory at the same path on every worker, or "
-                         "connect with storage='local' (the client then sends the tiles)")
-            return everyone
-        return {a for a, why in seen.items() if why is None}
-
-    # -- waiting, with an eye on the workers ----------------------------------------------------
-    def _wait(self, futures) -> list:
-        """Gather the outputs (in a helper thread) while watching that the plan's workers stay."""
-        box: dict = {}
-
-        def gather():
-            try:
-                box["values"] = self.client.gather(futures)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = exc
-
-        finished = [0]  # outputs gathered so far, for the progress reported while waiting
-        if self.progress is not None:  # per-tile callbacks cost a loop wake-up each: CLI only
-            count = itertools.count(1)
-
-            def done(_) -> None:  # on Dask's thread: counted, reported by the loop below
-                finished[0] = next(count)
-            for f in futures:
-                f.add_done_callback(done)
-        thread = threading.Thread(target=gather, name="tensordb-dask-gather", daemon=True)
-        thread.start()
-        needed = set(self.addr.values())  # only workers that have tasks of this plan
-        while thread.join(POLL_SECONDS) or thread.is_alive():
-            if self.progress is not None:  # a few long tasks: the CLI's bar appears anyway
-                self.progress(finished[0], len(futures))
-            gone = needed - set(self.ex.addresses())
-            if gone:
-                self.client.cancel(futures, force=True)  # ends the gather
-                thread.join()
-                raise _WorkerLost(f"worker {', '.join(sorted(gone))} is gone")
-        if "error" in box:
-            raise box["error"]
-        if self.progress is not None:  # done callbacks may still be on their way
-            self.progress(len(futures), len(futures))
-        return box["values"]
-
-    def _release(self, futures, scattered, *, drop_records: bool) -> None:
-        """Drop every key of this run from the cluster (and the workers' records on failure).
-        After a run that succeeded the futures are only let go (the scheduler forgets keys
-        nobody holds): cancelling finished keys, scattered ones among them, tripped an
-        assertion in the scheduler, which then dropped the client."""
-        try:
-            if drop_records and (futures or scattered):
-                self.client.cancel(list(futures) + list(scattered.values()), force=True)
-            if drop_records:
-                self.client.run(forget, self.run_id)
-        except Exception:  # noqa: BLE001 - best effort: the keys die with their futures anyway
-            pass
-
-    # -- what happened --------------------------------------------------------------------------
-    def _result(self, tiles, seconds, scattered_bytes) -> RunResult:
-        plan = self.plan
-        try:
-            logs = self.client.run(collect, self.run_id)
-        except Exception:  # noqa: BLE001 - a worker gone after the run costs measurements only
-            logs = {}
-        index = {a: i for i, a in enumerate(self.addresses)}
-        ledger = Ledger(plan, len(self.addresses))
-        ran_on = {}
-        for addr, (records, held) in logs.items():
-            ledger.peak += held  # Dask's own count of the bytes each worker held, at its most
-            for key, dt, nb in records:
-                task = plan.task(key)
-                ledger.ran(task, index.get(addr, 0), dt)
-                ledger.produced(task, 0, nb)  # Dask counts what its workers hold (above)
-                ran_on[key] = addr
-        # Bytes moved, from the plan: every input tile whose producer ran on another worker.
-        for t in plan.tasks:
-            for k in t.inputs:
-                if self.addr[k] != self.addr[t.key]:
-                    ledger.moved(t, planned_bytes(plan, plan.task(k)))
-        self.ex.last_run = {"addresses": self.addresses,
-                            "planned_on": dict(self.addr),
-                            "ran_on": ran_on, "scattered_bytes": scattered_bytes}
-        return ledger.result(tiles, seconds)
-
-
-def _sub_reader(reader, starts, stops):
-    """A reader holding only the tiles that overlap the box, so each Load task ships little."""
-    try:
-        from ..storage.reader import TensorReader
-        from ..geometry import overlapping
-        ranges = [overlapping(b, a, z) for b, a, z in zip(reader.meta.grid, starts, stops)]
-        keep = [reader.entries[c] for c in itertools.product(*ranges) if c in reader.entries]
-        return TensorReader(reader.meta, reader.path, keep, reader.database)
-    except (AttributeError, TypeError):  # another reader type: ship it whole
-        return reader
-
-
-def _translate(exc: BaseException) -> BaseException:
-    """A failed gather as a tensordb error. A task's own failure was translated on its worker
-    (by the runtime, naming the operation); what is left is the cluster's."""
-    if isinstance(exc, Error):
-        return exc
-    if isinstance(exc, (OSError, TimeoutError)) or type(exc).__name__ in (
-            "CommClosedError", "FutureCancelledError", "CancelledError"):
-        return OperationalError(f"the Dask cluster failed the query: {type(exc).__name__}: {exc}")
-    return translate(exc)
-
-
 def _local_cuda_cluster():
     try:
         from dask_cuda import LocalCUDACluster
@@ -443,10 +274,6 @@ def _check_gpu_workers(client) -> None:
     if bad:
         addr, msg = sorted(bad.items())[0]
         raise NotSupportedError(f"backend=cupy needs a GPU on every Dask worker; {addr}: {msg}")
-
-
-def _host(value):
-    return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
 def make(spec: str, workers: int, *, memory_limit=None) -> DaskExecutor:

@@ -20,15 +20,18 @@ import numpy as np
 
 from ..physical.plan import Aggregate, Load
 from ..storage import identity
+from ..storage.slots import write_slot
 from .runtime import TaskRunner
 
-__all__ = ["Payload", "run_task", "to_host", "collect", "forget", "gpu_count", "cache_figures",
-           "probe_database"]
+__all__ = ["Payload", "run_task", "write_output", "to_host", "collect", "forget", "gpu_count",
+           "cache_figures", "probe_database"]
 
-_LOG: dict[str, list] = defaultdict(list)    # run id -> (key, seconds, nbytes) per task
+_LOG: dict[str, list] = defaultdict(list)    # run id -> (key, seconds, nbytes, moved) per task
+_RAN: dict[str, set] = defaultdict(set)      # run id -> Dask keys of the tasks run here
 _HELD: dict[str, int] = defaultdict(int)     # run id -> most bytes the worker held during the run
 _RUNNERS: dict[str, TaskRunner] = {}         # run id -> the task interpreter, once per worker
 _CACHE: list = []                            # [DeviceCache, capacity]: device backends only
+_WRITES: dict[str, float] = {}               # run id -> seconds spent writing output tiles
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,19 +44,28 @@ class Payload:
     """A task record, its operation and a Load's reader. Dask tokenizes every graph it is given;
     the unique key stands for the contents, which would otherwise be hashed field by field."""
 
-    __slots__ = ("key", "task", "op", "source", "choice")
+    __slots__ = ("key", "task", "op", "source", "choice", "inputs", "given", "slot")
 
-    def __init__(self, key: str, task, op, source, choice=None) -> None:
+    def __init__(self, key: str, task, op, source, choice=None, inputs=(), given=(),
+                 slot=None) -> None:
         self.key, self.task, self.op, self.source, self.choice = key, task, op, source, choice
+        # the Dask keys of its inputs, and those of them the client scattered (not made by a
+        # worker): an input made on another worker is a tile moved (``run_task``)
+        self.inputs, self.given = tuple(inputs), frozenset(given)
+        # a stored output tile no other task reads: written here (its TileSlot), and only its
+        # facts returned
+        self.slot = slot
 
     def __dask_tokenize__(self):
         return self.key
 
     def __getstate__(self):
-        return (self.key, self.task, self.op, self.source, self.choice)
+        return (self.key, self.task, self.op, self.source, self.choice, self.inputs, self.given,
+                self.slot)
 
     def __setstate__(self, state) -> None:
-        self.key, self.task, self.op, self.source, self.choice = state
+        (self.key, self.task, self.op, self.source, self.choice, self.inputs,
+         self.given, self.slot) = state
 
 
 def _name_this_worker(worker=None) -> None:
@@ -98,9 +110,30 @@ def run_task(run: str, backend: str, payload: Payload, *inputs):
                            source=payload.source)
     if xp is not np:
         xp.cuda.get_current_stream().synchronize()  # time the kernel, not its launch
-    _LOG[run].append((task.key, time.perf_counter() - t0, int(getattr(value, "nbytes", 0))))
+    # Measured as the local pool measures it: each input this task read that another worker
+    # made (it came here by a transfer); a tile the client scattered is not a worker's.
+    ran = _RAN[run]
+    moved = sum(int(getattr(v, "nbytes", 0)) for k, v in zip(payload.inputs, inputs)
+                if k not in ran and k not in payload.given)
+    ran.add(payload.key)
+    _LOG[run].append((task.key, time.perf_counter() - t0, int(getattr(value, "nbytes", 0)),
+                      moved))
     _HELD[run] = max(_HELD[run], _worker_bytes())
+    if payload.slot is not None:
+        return write_output(run, payload.slot, value)
     return value
+
+
+def write_output(run: str, slot, tile):
+    """Write a stored output tile into its place in the new payload file, on the worker that
+    computed it (storage/slots.py), and return only its facts (TileFacts) to the client."""
+    _name_this_worker()
+    t0 = time.perf_counter()
+    if not isinstance(tile, np.ndarray):
+        tile = to_host(tile)  # a device tile: its bytes go to the file from host memory
+    facts = write_slot(slot, tile)
+    _WRITES[run] = _WRITES.get(run, 0.0) + time.perf_counter() - t0
+    return facts
 
 
 def _cached_load(xp, runner, payload):
@@ -147,16 +180,19 @@ def to_host(value):
 
 
 def collect(run: str):
-    """The worker's records of one run (then forgotten): ([(key, s, nbytes)], peak)."""
-    records, held = _LOG.pop(run, []), _HELD.pop(run, 0)
+    """The worker's records of one run (then forgotten): ([(key, s, nbytes, moved)], peak,
+    seconds spent writing output tiles)."""
+    records, held, writes = _LOG.pop(run, []), _HELD.pop(run, 0), _WRITES.get(run, 0.0)
     forget(run)
-    return records, held
+    return records, held, writes
 
 
 def forget(run: str) -> None:
     _LOG.pop(run, None)
     _HELD.pop(run, None)
     _RUNNERS.pop(run, None)
+    _WRITES.pop(run, None)
+    _RAN.pop(run, None)
 
 
 def gpu_count():

@@ -383,7 +383,7 @@ class DeviceTiles(HostTiles):
                 self._making, lets = {}, 0
         return None if limit is None else limit - cache.bytes - lets
 
-    def end_run(self, plan, run, result, finished=None) -> None:
+    def end_run(self, plan, run, result, sink=None) -> None:
         cache = self.cache
         self._making, self._pinned, self._pieces = {}, {}, {}
         with self._landed_lock:
@@ -391,9 +391,9 @@ class DeviceTiles(HostTiles):
             self._running = False
         if cache is not None:
             cache.run_ended()
-            # the versions the outputs will have (physical.OutputWriters): without them,
-            # nothing is held (a tile must never be taken for another version's)
-            versions = getattr(getattr(finished, "__self__", None), "versions", None)
+            # the versions the outputs will have (the sink's): without them, nothing is
+            # held (a tile must never be taken for another version's)
+            versions = getattr(sink, "versions", None)
             if result is not None and isinstance(versions, dict):
                 self._hold_outputs(plan, run, result, versions)
         if result is not None:

@@ -40,6 +40,7 @@ from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..physical.order import ranks
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from ..storage.writer import TileStats, tile_stats
+from .contract import Capabilities, as_sink, pool_capabilities
 from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
 from .ready import STOP, ReadyQueues
 from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, plan_specs,
@@ -47,7 +48,7 @@ from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_
 from .spill import SpillFiles
 from .tiles import HostTiles
 
-__all__ = ["LocalExecutor", "HostTiles"]
+__all__ = ["LocalExecutor", "HostTiles", "pool_capabilities"]  # (the last: contract.py's)
 
 _controller = None
 _TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
@@ -124,22 +125,33 @@ class LocalExecutor:
         self.threads = []
         self.tiles.close()
 
+    def capabilities(self) -> Capabilities:
+        """What planning reads of it (``exec.capabilities`` reads the same without one)."""
+        return pool_capabilities(self.workers, self.memory_limit, self.max_fan_in)
+
+    @property
+    def alive(self) -> bool:
+        return True  # threads in this process: nothing can take them away
+
     def resident(self, plan):
         """Which of ``plan``'s Loads find their tile on their device already (EXPLAIN; None
         for host tiles)."""
         return self.tiles.resident(plan)
 
     def run(self, plan: TilePlan, store=None, progress=None, destinations=None,
-            finished=None) -> RunResult:
-        """Run ``plan``; ``destinations`` maps output task keys to buffers to compute into, and
-        ``finished(key, buffer)`` (optional) is called on the worker once such a tile is final
-        and its statistics are taken (the output writers hand it to its file then), and on
-        a stored output's tile that has no destination: returning True, it has written the
-        tile, which the run then keeps only as long as its consumers need it."""
+            finished=None, *, sink=None) -> RunResult:
+        """Run ``plan``; its stored output tiles go to ``sink`` (exec/contract.py): computed in
+        the buffers of ``sink.open()`` where the tiles are host memory, and each handed to
+        ``sink.finished(key, tile, facts)`` on its worker once it is final and its statistics
+        are taken (the sink hands it to its file then); returning True, the sink has written
+        the tile, which the run then keeps only as long as its consumers need it.
+        ``destinations`` and ``finished`` are the older form of a sink."""
         if not plan.tasks:
             return RunResult({}, ops=[])
         tiles = self.tiles
-        dest = (destinations or {}) if tiles.writes_destinations else {}
+        sink = as_sink(sink, destinations, finished)
+        buffers = sink.open(False) if sink is not None else {}
+        dest = buffers if tiles.writes_destinations else {}
         inline = tiles.inline and _tiny(plan)
         limits = nullcontext()
         if tiles.limits_blas:
@@ -149,9 +161,9 @@ class LocalExecutor:
         with self._lock, limits:
             plan = tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
-            run.finished_tile = finished if tiles.writes_destinations else None
-            if tiles.copies_out:  # a GPU's stored output tiles: to their buffers as finished
-                run.out_buffers, run.finished_out = destinations or {}, finished
+            run.finished_tile = sink.finished if tiles.writes_destinations and sink else None
+            if tiles.copies_out and sink is not None:  # a GPU's: to their buffers as finished
+                run.out_buffers, run.finished_out = buffers, sink.finished
             result = None
             try:
                 if inline and run.budget is None:
@@ -160,7 +172,7 @@ class LocalExecutor:
                     self._start()
                     result = run.go()
             finally:
-                tiles.end_run(plan, run, result, finished)
+                tiles.end_run(plan, run, result, sink)
                 # The run object lives on in reference cycles until a garbage collection: the
                 # output tiles it holds would stay with it after the caller lets them go.
                 run.results.clear()
@@ -224,6 +236,7 @@ class _Run:
         self.queues = ex.queues
         self.results: dict[int, object] = {}
         self.made_on: dict[int, int] = {}
+        self.sent: set[tuple[int, int]] = set()  # (tile, worker) read there from another
         consumers = plan.consumers()
         self.consumers = consumers
         self.refs = {k: len(v) for k, v in consumers.items()}
@@ -374,8 +387,12 @@ class _Run:
     def _fetch(self, w: int, task, key: int):
         value = self.results[key]
         src = self.made_on.get(key, w)
-        if src != w:
-            self.ledger.moved(task, int(getattr(value, "nbytes", 0)))
+        if src != w:  # counted once per worker that reads it, as a cluster moves it once
+            with self.lock:
+                first = (key, w) not in self.sent
+                self.sent.add((key, w))
+            if first:
+                self.ledger.moved(task, int(getattr(value, "nbytes", 0)))
         return self.tiles.fetch(value, src, w)  # also a tile the budget moved off a device
 
     def _run_task(self, w: int, task) -> None:
@@ -433,11 +450,11 @@ class _Run:
                 stats = None
             # The store needs these: worked out here, on the worker, as each tile is finished,
             # not one tile after another at the commit.
-            self.nnz[task.key], self.nonfinite[task.key], self.crc32[task.key] = \
-                stats.result() if stats is not None and stats.nbytes == dest.nbytes else \
+            facts = stats.result() if stats is not None and stats.nbytes == dest.nbytes else \
                 tile_stats(dest)
+            self.nnz[task.key], self.nonfinite[task.key], self.crc32[task.key] = facts
             if self.finished_tile is not None:
-                self.finished_tile(task.key, dest)
+                self.finished_tile(task.key, dest, facts)
         written = dest is None and self.finished_tile is not None and task.key in self.keep \
             and self.finished_tile(task.key, value)
         self.results[task.key] = value
@@ -474,14 +491,14 @@ class _Run:
         """Device tile ``value`` of a stored output is final: copy it to the host now, on this
         worker (while other tiles are still computed), with its statistics, and hand it to
         its writer (``finished_out``: written early, or streamed into its file)."""
-        buf = self.out_buffers.get(key)
+        buf, facts = self.out_buffers.get(key), None
         if buf is not None:
             self.tiles.copy_out(value, buf, key)
-            self.nnz[key], self.nonfinite[key], self.crc32[key] = tile_stats(buf)
+            facts = self.nnz[key], self.nonfinite[key], self.crc32[key] = tile_stats(buf)
         else:
             buf = self.tiles.to_host(value, key)
         self.landed[key] = buf
-        self.finished_out(key, buf)
+        self.finished_out(key, buf, facts)
 
     def _release(self, keys) -> None:
         for k in keys:

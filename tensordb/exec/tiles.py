@@ -69,10 +69,10 @@ class HostTiles:
     def released(self, value) -> None:
         """The run let tile ``value`` go (its last consumer ran)."""
 
-    def end_run(self, plan, run, result, finished=None) -> None:
+    def end_run(self, plan, run, result, sink=None) -> None:
         """The run of ``plan`` is over (``result``: its RunResult, None when it failed); called
-        before its tiles come back to host memory. ``finished``: the run's callback for
-        stored output tiles (the output writers', which know the versions to be stored)."""
+        before its tiles come back to host memory. ``sink``: where the run's stored output
+        tiles go (exec/contract.py; its ``versions`` are those they will be stored as)."""
 
     def resident(self, plan):
         """What of ``plan``'s stored inputs is already where the run needs it (None: not a

@@ -2,12 +2,13 @@
 aggregations, every task of it gets the worker that runs it, and aggregations wider than the
 executor combines become trees. Plans are kept by the driver's cache while their inputs keep their
 layout (tensordb/driver/cache.py)."""
-from .lower import OutputWriters, describe, lower
+from .lower import describe, lower
 from .order import order
 from .placement import place, transfers, worker_flops
+from .sink import CatalogSink, OutputWriters
 from .plan import Aggregate, Assemble, Kernel, Load, OpStats, OutputTiles, TilePlan, describe_tasks
 from .trees import aggregation_trees
 
 __all__ = ["lower", "place", "aggregation_trees", "order", "transfers", "worker_flops",
-           "OutputWriters", "describe", "TilePlan", "Load", "Assemble", "Kernel", "Aggregate",
-           "OutputTiles", "OpStats", "describe_tasks"]
+           "CatalogSink", "OutputWriters", "describe", "TilePlan", "Load", "Assemble", "Kernel",
+           "Aggregate", "OutputTiles", "OpStats", "describe_tasks"]

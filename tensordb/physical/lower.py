@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Mapping
 
 import numpy as np
 
@@ -20,13 +19,11 @@ from ..plan import skip
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage import catalog
-from ..sparsity import is_sparse_overall
-from ..storage.writer import commit_all
 from .calls import LAYOUTS, Calls, Layout, grid_rows
 from .choice import choose_kernel
 from .plan import Assemble, CallBlock, Columns, Load, OpStats, Once, OutputTiles, TilePlan
 
-__all__ = ["lower", "OutputWriters", "describe"]
+__all__ = ["lower", "describe"]
 
 
 class _Lowering:
@@ -305,122 +302,6 @@ def lower(graph: EinGraph, decomp, store, readers=None, facts=None) -> TilePlan:
     -> TensorReader of every input) and their ``facts`` (name -> TensorReader.facts()) are what
     the planner read already; left out, they are read from ``store``."""
     return _Lowering(graph, decomp, store, readers, facts).run()
-
-
-class OutputWriters:
-    """The writers of a plan's stored outputs, opened before the run.
-
-    Every output tile gets a buffer inside its new payload file (``buffers``: task key -> array),
-    so the executor can compute results in place; ``store`` then records them (no copy for a
-    tile that is its buffer) and the catalog takes them all in one transaction, or none. A user
-    table named like an output is refused by that transaction; ``check_tables`` also refuses it
-    before the run (one catalog query per output). ``stage_max``: how many bytes of outputs in
-    all may be computed in anonymous memory and written at commit (the writer's ``STAGE_MAX``
-    per file, at most); the rest is computed in mappings of their payload files.
-    """
-
-    def __init__(self, store, plan: TilePlan, *, replace: bool = False,
-                 check_tables: bool = True, stage_max: int | None = None,
-                 sparse_nnz: Mapping[str, float] | None = None,
-                 fills: Mapping[str, float] | None = None) -> None:
-        self.store, self.plan = store, plan
-        self.writers = []
-        self.buffers: dict[int, np.ndarray] = {}
-        self._tile_of: dict[int, tuple] = {}  # task key -> (writer, tile coords)
-        self._written: set[int] = set()  # tiles of streamed outputs, written during the run
-        # outputs computed in anonymous memory (writer.reserve), up to ``stage_max`` bytes in all
-        left = stage_max
-        try:
-            for out in plan.outputs.values():
-                if not out.stored:
-                    continue
-                op = next(o for o in plan.ops if o.output == out.name)
-                dims = [l if l.isidentifier() and not op.writes_diagonal else f"d{n}"
-                        for n, l in enumerate(op.out_labels)]
-                fill = (fills or {}).get(out.name, 0.0)
-                w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
-                                 dims=dims, replace=replace, check_tables=check_tables, fill=fill)
-                self.writers.append((out, w))
-                est = (sparse_nnz or {}).get(out.name)
-                # An output the estimate says is sparse, or whose fill is not 0 (plan/fills.py),
-                # gets no dense buffers: store_tiles stores each tile as the format rule says
-                # (writer.write_tile).
-                sparse = fill != 0 or (est is not None and
-                                       is_sparse_overall(out.shape, int(est), out.dtype))
-                for coords, buf in ({} if sparse else
-                                    w.reserve(sorted(out.tiles), stage_max=left)).items():
-                    self.buffers[out.tiles[coords]] = buf
-                for coords, key in out.tiles.items():
-                    self._tile_of[key] = (w, coords)
-                if left is not None:
-                    left -= w.staged_bytes
-        except BaseException:
-            self.abort()
-            raise
-
-    @property
-    def versions(self) -> dict[str, int]:
-        """The version each output will be stored as, by lower-cased catalog name (a GPU
-        keeps the run's output tiles on the device as that version's, once it is committed)."""
-        return {w.name.lower(): w.version for _, w in self.writers}
-
-    def finished(self, key: int, tile) -> bool:
-        """Output tile ``key`` is final (called on the worker that finished it): its writer
-        takes it now, not at the commit. A tile computed in its reserved buffer goes to the
-        file (``write_early``); a streamed output's tile (no buffer) is written into its place,
-        and True tells the executor it need not keep it."""
-        w, coords = self._tile_of[key]
-        if w.streams:
-            w.write_tile(coords, tile)
-            self._written.add(key)
-            return True
-        w.write_early(coords)
-        return False
-
-    def store_tiles(self, tiles: dict[int, np.ndarray], nnz: dict[int, int] | None = None,
-                    nonfinite: dict[int, bool] | None = None,
-                    crc32: dict[int, int] | None = None) -> None:
-        """Record the run's output tiles (with their nonzero counts, NaN/inf flags and
-        checksums, if the run made them) and commit every output atomically."""
-        nnz, nonfinite, crc32 = nnz or {}, nonfinite or {}, crc32 or {}
-        try:
-            with self.store.transaction():
-                # one catalog query for every output's name, not one per commit below
-                self.store.check_no_tables([w.name for _, w in self.writers])
-                for _, w in self.writers:
-                    w.tables_checked = True
-                for out, w in self.writers:
-                    for coords in sorted(out.tiles):
-                        key = out.tiles[coords]
-                        if key in self._written:  # a streamed tile, in its file already
-                            continue
-                        w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key),
-                                     crc32.get(key))
-                    if w.fill:  # a tile no kernel computed is zeros, not the fill: stored
-                        _store_zeros(w)
-                commit_all([w for _, w in self.writers])  # the rows of all in a few statements
-        except BaseException:
-            self.abort()
-            raise
-        for buf in self.buffers.values():  # they are the stored tensor's bytes now
-            buf.flags.writeable = False
-
-    def abort(self) -> None:
-        for _, w in self.writers:
-            w.abort()
-
-    def nnz(self) -> dict[str, int]:
-        """The nonzeros stored per output (after ``store_tiles``), by plan name."""
-        return {out.name: sum(int(e.nnz) for e in w.entries.values()) for out, w in self.writers}
-
-
-def _store_zeros(w) -> None:
-    """Store every tile of writer ``w`` (an output whose fill is not 0) that the run computed
-    no kernel call for, so is all zeros, as zeros: an absent tile of it would read as the fill."""
-    for coords in itertools.product(*(range(len(b) - 1) for b in w.grid)):
-        if coords not in w.entries:
-            lo, hi = tile_box(w.grid, coords)
-            w.write_tile(coords, np.zeros(tuple(b - a for a, b in zip(lo, hi)), w.dtype))
 
 
 def describe(plan: TilePlan) -> str:

@@ -14,7 +14,6 @@ one, whose pages are cached already, where the commit does not fsync.
 """
 from __future__ import annotations
 
-import errno
 import math
 import mmap
 import os
@@ -26,22 +25,25 @@ import numpy as np
 
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import Grid, grid_shape, tile_box
-from . import background
 from .writeback import start_writeback
 from .checksum import crc32 as checksum
 from .identity import payload_name
 from .meta import TensorMeta
 from .reader import TileEntry, track_mapping
+from .slots import TileFacts, TileSlot
 from .sparse import encode, stored_entries
 from ..sparsity import choose_format
+from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
+                      open_payload, sync_in_background, write_all)
+from .tilestats import (_NNZ_BLOCK, _STATS_BLOCK, TileStats, count_nonzero, has_negative_zero,  # noqa: F401
+                        has_nonfinite, tile_stats)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
 
-__all__ = ["TensorWriter", "ALIGN", "StagingBuffers", "commit_all", "count_nonzero",
-           "has_nonfinite", "has_negative_zero", "tile_stats", "TileStats"]
+__all__ = ["TensorWriter", "ALIGN", "STAGE_MAX", "STREAM_TILE_MAX", "StagingBuffers", "commit_all",
+           "count_nonzero", "has_nonfinite", "has_negative_zero", "tile_stats", "TileStats"]
 
-ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 _ZEROS = bytes(ALIGN)
 
 
@@ -92,8 +94,8 @@ class TensorWriter:
             self.commit()
 
     # -- writing -------------------------------------------------------------------------------
-    def reserve(self, tiles: Sequence[Sequence[int]],
-                stage_max: int | None = None) -> dict[tuple[int, ...], np.ndarray]:
+    def reserve(self, tiles: Sequence[Sequence[int]], stage_max: int | None = None,
+                remote: bool = False) -> dict[tuple[int, ...], np.ndarray]:
         """Writable buffers for ``tiles``, laid out as in the payload file, whose blocks are
         allocated here (a full disk is an error now, not at commit): anonymous memory that
         ``commit`` writes into the file with one pwrite (a file up to ``STAGE_MAX``), or, where
@@ -103,7 +105,10 @@ class TensorWriter:
         a tile can write it in place, and ``write_tile`` of that very buffer then costs no
         copy. A larger file where the commit fsyncs gets no buffers (``streams``): each tile is
         computed as any other and handed to ``write_tile`` once finished, which writes it into
-        its place in the file then. Call once, before any ``write_tile``."""
+        its place in the file then. With ``remote``, no buffers either: workers in other
+        processes write each tile into its place themselves (``slot``, slots.py) and the
+        caller records what they report (``record_slot``). Call once, before any
+        ``write_tile``."""
         with self._lock:
             if self._state != "open" or self._fd is not None:
                 raise InterfaceError(f"writer for '{self.name}': reserve() comes before any write")
@@ -121,7 +126,7 @@ class TensorWriter:
             if not layout or pos == 0:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             try:
-                self._fd, recycled = self._open_reserved(pos)
+                self._fd, recycled = open_payload(self.store, self.path, pos)
                 os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
                 # A recycled file's pages are in the page cache already: computing into its
                 # mapping (the faults taken by the workers, in parallel) costs less than staging
@@ -140,7 +145,7 @@ class TensorWriter:
                 mapped = recycled and not self.store.fsync
                 large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
                 biggest = max(math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize
-                if large and self.store.fsync and biggest <= STREAM_TILE_MAX:
+                if remote or (large and self.store.fsync and biggest <= STREAM_TILE_MAX):
                     self._slots = layout
                 elif mapped or large:
                     self._map = mmap.mmap(self._fd, pos)
@@ -159,29 +164,6 @@ class TensorWriter:
             self._reserved = {c: (off, st, sh, np.ndarray(sh, self.dtype, base, off))
                               for c, (off, st, sh) in layout.items()}
             return {c: r[3] for c, r in self._reserved.items()}
-
-    def _open_reserved(self, size: int) -> tuple[int, bool]:
-        """The new payload file, ``size`` bytes with their disk blocks, and whether it is
-        recycled: a retired payload file of about that size, renamed, where the store has one
-        (writing into its blocks and pages costs a third of allocating new ones, and so does
-        their fsync), else a new file."""
-        spare = self.store.take_spare(size, self.path)
-        if spare is not None:
-            fd = os.open(self.path, os.O_RDWR)
-            try:
-                if spare > size:
-                    os.ftruncate(fd, size)
-            except BaseException:
-                os.close(fd)
-                raise
-            return fd, True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            _allocate(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, False
 
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
                    nonfinite: bool | None = None, crc32: int | None = None) -> bool:
@@ -296,9 +278,9 @@ class TensorWriter:
                     self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 pad = -self._pos % ALIGN
                 if pad:
-                    _write_all(self._fd, _ZEROS[:pad])
+                    write_all(self._fd, _ZEROS[:pad])
                 offset = self._pos + pad
-                _write_all(self._fd, memoryview(flat).cast("B"))
+                write_all(self._fd, memoryview(flat).cast("B"))
             except OSError as exc:
                 self._fail()
                 raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
@@ -334,6 +316,30 @@ class TensorWriter:
             self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes,
                                              int(nnz), crc, bool(nonfinite))
         return True
+
+    def slot(self, coords: Sequence[int]) -> TileSlot | None:
+        """Where a worker in another process writes tile ``coords`` itself (a file laid out by
+        ``reserve(..., remote=True)``), or None."""
+        place = self._slots.get(tuple(coords))
+        if place is None:
+            return None
+        return TileSlot(self.path, place[0], place[2], self.dtype.str, self.store.database,
+                        self.store.fsync, self.name)
+
+    def record_slot(self, coords: Sequence[int], facts: TileFacts) -> bool:
+        """A worker wrote tile ``coords`` into its ``slot`` and reported ``facts``: its row,
+        unless the tile is all zero (``facts.keep``, the rule of ``_write_slot``)."""
+        coords = tuple(int(c) for c in coords)
+        offset, starts, shape = self._slots[coords]
+        with self._lock:
+            if self._state != "open":
+                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
+            if coords in self.entries:
+                raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
+            if facts.keep:
+                self.entries[coords] = TileEntry(coords, starts, shape, offset, facts.nbytes,
+                                                 facts.nnz, facts.crc32, facts.nonfinite)
+        return facts.keep
 
     @property
     def streams(self) -> bool:
@@ -437,7 +443,7 @@ class TensorWriter:
         self._give_back_staging()
         if os.path.exists(self.path):
             os.unlink(self.path)
-        return _no_wait
+        return no_wait
 
     def _write_staged(self) -> None:
         """Write the reserved tiles computed in anonymous memory into the payload file (one
@@ -480,11 +486,11 @@ class TensorWriter:
             self._map = None
         fd, self._fd = self._fd, None
         if fd is None:
-            return _no_wait
+            return no_wait
         if not sync:
             os.close(fd)
-            return _no_wait
-        return _sync_in_background(fd, self.store.tiles_dir)
+            return no_wait
+        return sync_in_background(fd, self.store.tiles_dir)
 
     def _fail(self) -> None:
         self._state = "aborted"
@@ -519,7 +525,7 @@ def commit_all(writers: Sequence[TensorWriter]) -> list[TensorMeta]:
         for w in writers:
             w._fill_absent()
         for w in writers:
-            durables.append(_no_wait)  # until _finish has started a sync to wait for
+            durables.append(no_wait)  # until _finish has started a sync to wait for
             durables[-1] = w._finish()
         metas = writers[0].store._commit_writers(list(zip(writers, durables))) if writers else []
     except BaseException:
@@ -535,229 +541,3 @@ def commit_all(writers: Sequence[TensorWriter]) -> list[TensorMeta]:
     for w in writers:
         w._state = "committed"
     return metas
-
-
-def has_negative_zero(a: np.ndarray) -> bool:
-    """Whether a computed tile with no nonzero element holds a ``-0.0`` (an absent tile reads
-    as ``+0``, and ``1 / -0.0`` is ``-inf``): such a tile is stored."""
-    return a.dtype.kind == "f" and a.size > 0 and bool(np.signbit(a).any())
-
-
-# Elements compared per block by count_nonzero (its boolean temporary stays in the cache).
-_NNZ_BLOCK = 1 << 18
-
-
-def count_nonzero(a: np.ndarray) -> int:
-    """``np.count_nonzero(a)`` (a tile's ``nnz``), the same count, faster for floating tiles:
-    NumPy's count of a float array tests each element on its own, while ``a != 0`` (False for
-    0.0 and -0.0, True for NaN, as the count) is a vectorised compare whose booleans it counts
-    at memory speed, about 5x faster on a float32 tile. Done in blocks of a contiguous tile,
-    so the booleans are a small temporary."""
-    if a.dtype.kind not in "fc" or a.size <= _NNZ_BLOCK:
-        return int(np.count_nonzero(a if a.dtype.kind not in "fc" else a != 0))
-    if not a.flags.c_contiguous:
-        return int(np.count_nonzero(a != 0))
-    flat = a.reshape(-1)
-    return sum(int(np.count_nonzero(flat[lo:lo + _NNZ_BLOCK] != 0))
-               for lo in range(0, flat.size, _NNZ_BLOCK))
-
-
-# Bytes per block of tile_stats: its three passes over a block find it in the core's L2 cache.
-_STATS_BLOCK = 1 << 18
-
-
-class TileStats:
-    """The running ``tile_stats`` of a tile taken block by block, in the order of its bytes
-    (the slabs of rows of a C-contiguous tile). A kernel that computes its output in
-    cache-sized slabs adds each one while it is still in the cache (``KernelSpec``'s
-    ``sink``): the finished tile then needs no sweep of its own from memory. ``nbytes`` is
-    what was added, so the caller can tell the whole tile from a part of it."""
-
-    __slots__ = ("nnz", "nonfinite", "crc", "nbytes")
-
-    def __init__(self) -> None:
-        self.nnz, self.nonfinite, self.crc, self.nbytes = 0, False, 0, 0
-
-    def add(self, block: np.ndarray) -> None:
-        """Add the next C-contiguous block of the tile."""
-        self.crc = checksum(block, self.crc)
-        self.nnz += count_nonzero(block)
-        self.nonfinite = self.nonfinite or has_nonfinite(block)
-        self.nbytes += block.nbytes
-
-    def result(self) -> tuple[int, bool, int]:
-        return self.nnz, self.nonfinite, self.crc
-
-
-def tile_stats(a: np.ndarray) -> tuple[int, bool, int]:
-    """``(count_nonzero(a), has_nonfinite(a), crc32)`` of a finished C-contiguous tile: what
-    its catalog row records. A floating tile larger than a block is swept once, block by
-    block, each block counted, summed and checksummed while it is in the cache: a 64 MiB
-    float32 tile (it comes from memory, not the cache) in 5.6 ms against 7.4 ms for three
-    passes over the whole (medians of 9 on the benchmark machine)."""
-    if a.dtype.kind not in "fc" or a.nbytes <= _STATS_BLOCK or not a.flags.c_contiguous:
-        return count_nonzero(a), has_nonfinite(a), checksum(a)
-    flat = a.reshape(-1)
-    step = _STATS_BLOCK // a.itemsize
-    stats = TileStats()
-    for lo in range(0, flat.size, step):
-        stats.add(flat[lo:lo + step])
-    return stats.result()
-
-
-def has_nonfinite(a: np.ndarray) -> bool:
-    """Whether a tile holds NaN or inf (its ``nonfinite`` catalog flag). One summing pass: a
-    finite sum proves every element finite; only a tile whose sum is not (it holds NaN or inf,
-    or its finite values overflow the sum) is looked at element by element."""
-    if a.dtype.kind not in "fc" or a.size == 0:
-        return False
-    with np.errstate(all="ignore"):
-        if np.isfinite(np.add.reduce(a, axis=None)):
-            return False
-        return not bool(np.isfinite(a).all())
-
-
-# Reserved tiles of a payload file up to this size are computed in anonymous memory and written
-# into the file by pwrite (each as it is finished, write_early, or at commit): a fresh shared
-# file mapping takes a page fault per 4 KiB page written (a 16 MiB SGD update spent twice its
-# arithmetic in them), anonymous memory comes in huge pages and the write copies at memory
-# speed. A larger file is streamed or mapped (its pages can be written back and dropped under
-# memory pressure; anonymous ones cannot).
-STAGE_MAX = 64 << 20
-# A file larger than STAGE_MAX whose tiles are all up to this size is streamed where the commit
-# fsyncs (reserve): each tile written as it is finished, its memory then reused by the allocator.
-STREAM_TILE_MAX = 16 << 20
-_SMALL_FILE = 1 << 20  # up to this size a payload file's blocks are reserved by writing zeros
-
-
-class StagingBuffers:
-    """A store's anonymous buffers for staged outputs (``TensorWriter.reserve``), kept after a
-    commit for the next writer. A fresh allocation of tens of MiB takes new pages from the
-    kernel each time (glibc maps one above 32 MiB afresh and unmaps it when freed; on a virtual
-    machine that hands freed memory back to its host, each page then faults in the host too):
-    a block-sparse product's 32 MiB output, staged anew for each query, took its kernels 2.5x
-    their time. A kept buffer is reused only once nothing refers to it: an array made from a
-    tile staged in it (a run's result) keeps it, and it is skipped until then. At most
-    ``max_bytes`` of staged files are kept (the oldest go first; a buffer is ``ALIGN`` bytes
-    more than the file it stages, for alignment); buffers under ``min_bytes`` are not kept
-    (the heap reuses small allocations by itself)."""
-
-    def __init__(self, max_bytes: int = STAGE_MAX, min_bytes: int = 1 << 20) -> None:
-        self.max_bytes, self.min_bytes = max_bytes, min_bytes
-        self._kept: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> np.ndarray:
-        """A writable uint8 buffer of at least ``nbytes``: a kept one no more than twice as
-        large that nothing refers to, else a new one."""
-        if nbytes >= self.min_bytes:
-            with self._lock:
-                for k in range(len(self._kept)):
-                    raw = self._kept[k]
-                    # references: the list's, ``raw``'s and getrefcount's argument: no view
-                    if nbytes <= raw.nbytes <= 2 * nbytes and sys.getrefcount(raw) <= 3:
-                        del self._kept[k]
-                        return raw[:nbytes]
-        return np.empty(nbytes, np.uint8)
-
-    def keep(self, raw: np.ndarray) -> None:
-        raw = raw.base if raw.base is not None else raw  # the allocation, not a slice of it
-        if raw.nbytes < self.min_bytes or raw.nbytes > self.max_bytes + ALIGN:
-            return
-        with self._lock:
-            if any(k is raw for k in self._kept):
-                return
-            self._kept.append(raw)
-            self._trim()
-
-    def _trim(self) -> None:
-        while self._kept and sum(k.nbytes - ALIGN for k in self._kept) > self.max_bytes:
-            self._kept.pop(0)
-
-    def cap(self, limit: int | None) -> None:
-        """Keep at most ``limit`` bytes (None: ``STAGE_MAX``), dropping the oldest beyond it."""
-        with self._lock:
-            self.max_bytes = STAGE_MAX if limit is None else min(STAGE_MAX, max(0, limit))
-            self._trim()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(k.nbytes for k in self._kept)
-
-
-def _allocate(fd: int, size: int) -> None:
-    """Give the file ``size`` bytes of real disk blocks before it is memory-mapped: a mapping
-    over blocks the disk does not have ends in SIGBUS when it fills up, not in an error. Blocks
-    allocated up front also make the page faults of computing in place cheaper. A small file
-    gets its blocks by a write of zeros (delayed allocation reserves them, and a full disk is an
-    error here too): fallocate's unwritten extents are journalled metadata that can make the
-    file's later unlink wait milliseconds for the file system's journal."""
-    if size <= _SMALL_FILE:
-        _write_all(fd, bytes(size))
-        return
-    try:
-        os.posix_fallocate(fd, 0, size)
-        return
-    except AttributeError:
-        pass
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            raise  # ENOSPC, EDQUOT, EFBIG: the caller reports it
-    chunk = bytes(1 << 20)  # a file system without fallocate: write the zeros ourselves
-    at = 0
-    while at < size:
-        at += os.pwrite(fd, chunk[:min(len(chunk), size - at)], at)
-
-
-def _no_wait() -> None:
-    pass
-
-
-def _sync_in_background(fd: int, directory: str):
-    """fsync ``fd`` (then close it) and ``directory`` at once, on two helper threads: the file
-    system's journal commits both together, where one after the other waits for two commits;
-    the caller writes its catalog rows meanwhile. Returns the wait (it raises their OSError)."""
-    jobs = [background.submit(_fsync_close, fd), background.submit(_fsync_dir, directory)]
-    if None in jobs:  # the interpreter is shutting down: no new threads, sync here
-        if jobs[0] is None:
-            _fsync_close(fd)
-        if jobs[1] is None:
-            _fsync_dir(directory)
-        jobs = [j for j in jobs if j is not None]
-
-    def wait() -> None:
-        errors = []
-        for job in jobs:
-            try:
-                job.result()
-            except OSError as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-    return wait
-
-
-def _fsync_close(fd: int) -> None:
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data) -> None:
-    view = memoryview(data)
-    while len(view):
-        n = os.write(fd, view)
-        view = view[n:]

@@ -1,12 +1,16 @@
 """The workload suite on a local Dask cluster (2 worker processes) against the local pool
-(2 worker threads), in the same run. Run by hand; the table goes to docs/benchmarks.md between
-the distributed markers:
+(2 worker threads), in the same run, and the loopback bytes of a 4096^2 float32 matmul on two
+hand-started workers over a shared directory. Run by hand; the tables go to docs/benchmarks.md
+between the distributed markers:
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_distributed.py
 
-Both executors get the same plans (workers=2) from stored tensors to a stored result. Each figure
-is the median of --repeat runs after one warm-up. With a GPU, --gpu also times the GPU executor
-against CuPy's own matmul/einsum on the same device.
+Both executors get the same plans (workers=2) from stored tensors in a database directory to a
+stored result; the Dask workers see it (storage='shared'): they read their inputs and write their
+outputs there themselves. Each figure is the median of --repeat runs after one warm-up. The
+loopback figure is the bytes that crossed the loopback interface (/proc/net/dev, lo: every
+process on the machine) while the query ran, against the result's bytes. With a GPU, --gpu also
+times the GPU executor against CuPy's own matmul/einsum on the same device.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,9 +67,9 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
         row[label] = statistics.median(times[label])
         row[f"{label}_moved"] = con.last_run.bytes_moved
         row["tasks"] = len(con.last_plan.tasks)
-    plan = cons["dask"].last_plan
-    row["gathered"] = sum(_tile_nbytes(plan, plan.task(k)) for o in plan.outputs.values()
-                          if o.stored for k in o.tiles.values())
+    last = cons["dask"]._get_executor().last_run
+    row["gathered"] = last.get("gathered_bytes", 0)
+    row["written"] = last.get("written_by_workers", 0)
     row["ratio"] = statistics.median(d / l for d, l in zip(times["dask"], times["local"]))
     want, got = cons["local"].tensor(w.output), cons["dask"].tensor(w.output)
     row["diff"] = float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
@@ -74,10 +79,74 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
     return row
 
 
-def _tile_nbytes(plan, task) -> int:
-    shape = getattr(task, "out_shape", None) or getattr(task, "shape", ())
-    dtype = plan.ops[task.op].dtype if hasattr(task, "op") else task.dtype
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+def loopback_bytes() -> int:
+    """Bytes received on the loopback interface so far, by every process (/proc/net/dev): each
+    byte sent over 127.0.0.1 is received once."""
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name.strip() == "lo":
+                return int(rest.split()[0])
+    raise RuntimeError("no loopback interface in /proc/net/dev")
+
+
+def loopback_run(n: int = 4096, repeat: int = 3) -> list[dict]:
+    """A float32 n^2 matmul on a scheduler and 2 workers started by hand (``dask scheduler``,
+    ``dask worker``), over one database directory: with storage='shared' (the workers read and
+    write the payloads) and storage='local' (they read them; the result comes to the client)."""
+    from tests.exec.dask_deploy import Deployment
+    rows = []
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    want = None
+    with tempfile.TemporaryDirectory() as tmp, Deployment(Path(tmp) / "cluster") as dep:
+        dep.worker("w1", memory_limit="6GB")
+        dep.worker("w2", memory_limit="6GB")
+        dep.wait(2)
+        for storage in ("shared", "local"):
+            with tensordb.connect(Path(tmp) / "db", executor=f"dask://{dep.address}",
+                                  storage=storage) as con:
+                if not con.store.has("A"):
+                    con.load("A", a)
+                    con.load("B", b)
+                sql = "C[i,k] = SUM(A[i,j] * B[j,k])"
+                con.execute(sql)  # warm-up: imports on the workers, the page cache
+                moved, secs = [], []
+                for _ in range(repeat):
+                    before, t0 = loopback_bytes(), time.perf_counter()
+                    con.execute(sql)
+                    secs.append(time.perf_counter() - t0)
+                    moved.append(loopback_bytes() - before)
+                got = con.tensor("C")
+                if want is None:
+                    want = a @ b
+                run = con._get_executor().last_run
+                rows.append({"storage": storage, "loopback": statistics.median(moved),
+                             "result": got.nbytes, "seconds": statistics.median(secs),
+                             "written": run.get("written_by_workers", 0),
+                             "gathered": run.get("gathered_bytes", 0),
+                             "pieces": dict(con.last_plan.stats[0].pieces),
+                             "diff": float(np.abs(got - want).max() / np.abs(want).max())})
+                print(rows[-1], flush=True)
+    return rows
+
+
+def render_loopback(rows, n: int) -> str:
+    lines = ["", f"Loopback bytes of a {n}^2 float32 matmul (`C[i,k] = SUM(A[i,j] * B[j,k])`, "
+             f"a {rows[0]['result'] / 2**20:.0f} MiB result) on a scheduler and 2 workers started "
+             "by hand (`dask scheduler`, `dask worker --nthreads 1 --no-nanny`) on 127.0.0.1 over "
+             "one database directory: bytes received on `lo` by all processes while the query "
+             "ran (/proc/net/dev), median of the timed runs.", "",
+             "| storage | pieces | loopback | loopback / result | tiles written by workers | "
+             "gathered by the client | s | max rel. diff |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        pieces = " ".join(f"{k}:{v}" for k, v in r["pieces"].items())
+        lines.append(f"| {r['storage']} | {pieces} | {r['loopback'] / 2**20:.2f} MiB | "
+                     f"{100 * r['loopback'] / r['result']:.1f}% | {r['written']} | "
+                     f"{r['gathered'] / 2**20:.0f} MiB | {r['seconds']:.2f} | {r['diff']:.1e} |")
+    return "\n".join(lines)
 
 
 def run_gpu_workload(w, con, repeat: int) -> dict:
@@ -149,26 +218,29 @@ def render(rows, args, local_blas: str, worker_blas: str) -> str:
         f"ratios. Load average when the run ended: {os.getloadavg()[0]:.1f} (on 2 cores; other "
         "work shared the machine, so single figures are noisy).",
         "",
-        "| workload | tasks | local pool ms | Dask ms | Dask / local | moved (plan) | gathered | "
-        "max diff |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        "| workload | tasks | local pool ms | Dask ms | Dask / local | moved (local) | "
+        "moved (Dask) | written by workers | gathered | max diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['name']} | {r['tasks']} | {1e3 * r['local']:.0f} | {1e3 * r['dask']:.0f} | "
-                     f"{r['ratio']:.2f} | {r['dask_moved'] / 2**20:.1f} MiB | "
+                     f"{r['ratio']:.2f} | {r['local_moved'] / 2**20:.1f} MiB | "
+                     f"{r['dask_moved'] / 2**20:.1f} MiB | {r['written']} tiles | "
                      f"{r['gathered'] / 2**20:.0f} MiB | {r['diff']:.1e} |")
     if not args.gpu:
         lines.append("| GPU executor vs cupy matmul/einsum | | | | not measured: no GPU available "
                      "in this session | | | |")
     ratios = [r["ratio"] for r in rows]
     geo = float(np.exp(np.mean(np.log(ratios))))
-    lines += ["", f"Geometric mean of Dask / local pool: **{geo:.2f}**. 'moved' is what the plan "
-              "moves between workers (the same for both executors); 'gathered' is the stored result, "
-              "which Dask sends from the worker processes to the client (the local pool stores "
-              "it from memory); 'max diff' compares the two results, relative to the largest "
-              "value. Where Dask's time goes: pickling and sending the gathered result over "
-              "loopback, a few ms of scheduler round trips per dependency level of the graph "
-              "(small plans with chains of operations feel this most), and about 1 ms per task; "
-              "on 2 cores the scheduler, the client and both workers also share the CPUs."]
+    lines += ["", f"Geometric mean of Dask / local pool: **{geo:.2f}**. 'moved' is measured on "
+              "each executor by one rule (exec/contract.py): the bytes of tiles a task read that "
+              "another worker made; the Dask workers read stored tiles from the database "
+              "themselves, so only computed tiles move there. 'written by workers' counts the "
+              "stored output tiles the workers wrote into the payload files themselves "
+              "(storage='shared'); 'gathered' is what came back to the client; 'max diff' "
+              "compares the two results, relative to the largest value. Where Dask's time goes "
+              "now: a few ms of scheduler round trips per dependency level of the graph (small "
+              "plans with chains of operations feel this most), about 1 ms per task, and on 2 "
+              "cores the scheduler, the client and both workers share the CPUs."]
     return "\n".join(lines)
 
 
@@ -182,12 +254,20 @@ def main(argv=None) -> None:
     ap.add_argument("--only", default="", help="run workloads whose name contains this text")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     ap.add_argument("--gpu", action="store_true", help="also: the gpu executor against CuPy")
+    ap.add_argument("--loopback-only", action="store_true",
+                    help="only the loopback bytes of the hand-started deployment")
+    ap.add_argument("--n", type=int, default=4096, help="the loopback matmul's size")
     args = ap.parse_args(argv)
+    loop = "" if args.only else render_loopback(loopback_run(args.n, args.repeat), args.n)
+    if args.loopback_only:
+        print(loop)
+        return
     from tensordb.exec.dask import local_cluster
     rows = []
-    with local_cluster(2) as cluster, \
-            tensordb.connect(workers=2) as local, \
-            tensordb.connect(workers=2, executor=f"dask://{cluster.scheduler_address}") as dask:
+    with tempfile.TemporaryDirectory() as tmp, local_cluster(2) as cluster, \
+            tensordb.connect(Path(tmp) / "local", workers=2) as local, \
+            tensordb.connect(Path(tmp) / "dask", workers=2, storage="shared",
+                             executor=f"dask://{cluster.scheduler_address}") as dask:
         client = dask._get_executor().client
         worker_blas = {a: blas(i) for a, i in client.run(_threadpools).items()}
         local_blas = blas(_threadpools())
@@ -197,7 +277,8 @@ def main(argv=None) -> None:
             row = run_workload(w, {"local": local, "dask": dask}, args.repeat)
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-    text = render(rows, args, local_blas, "; ".join(sorted(set(worker_blas.values()))))
+    text = render(rows, args, local_blas, "; ".join(sorted(set(worker_blas.values())))) + \
+        "\n" + loop
     if args.gpu:
         text += "\n" + gpu_section(args)
     print(text)

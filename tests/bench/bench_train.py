@@ -170,8 +170,8 @@ def split(con, text: str, repeat: int) -> dict:
                              (pipeline, "plan_graph", "plan (cache hit)"),
                              (con._get_executor(), "run", "run")):
         wrap(owner, name, key)
-    wrap(physical.OutputWriters, "__init__", "open the output files")
-    wrap(physical.OutputWriters, "store_tiles", "commit")
+    wrap(physical.CatalogSink, "__init__", "open the output files")
+    wrap(physical.CatalogSink, "store_tiles", "commit")
     wrap(os, "fsync", "fsync")
     kinds = {}
     totals = []

@@ -214,12 +214,12 @@ def test_create_tensor_is_storages_one_call(con):
     np.testing.assert_array_equal(con.tensor("u"), np.arange(6.0))
     create_zeros(con.store, "u", (2, 2), "bool", tile=(1, 2), replace=True)
     assert con.describe("u")["tile_shape"] == (1, 2) and not con.tensor("u").any()
-    # Outside storage and the loaders (formats/), only the commit of a run's outputs
-    # (physical.OutputWriters) drives a writer.
+    # Outside storage and the loaders (formats/), only the sink of a run's outputs
+    # (physical.CatalogSink) drives a writer.
     root = pathlib.Path(tensordb.__file__).parent
     drivers = {str(p.relative_to(root)) for p in root.rglob("*.py")
                if ".writer(" in p.read_text() and p.parent.name not in ("storage", "formats")}
-    assert drivers == {"physical/lower.py"}
+    assert drivers == {"physical/sink.py"}
 
 
 @pytest.mark.parametrize("text, cls, shown", [

@@ -38,7 +38,7 @@ def ab():
 def test_each_output_tile_is_handed_to_its_file_before_the_commit(tmp_path, ab, where,
                                                                    monkeypatch):
     import sys
-    lower = sys.modules["tensordb.physical.lower"]
+    lower = sys.modules["tensordb.physical.sink"]
     a, b = ab
     started = []
     real = writeback.start_writeback
@@ -159,7 +159,7 @@ def test_an_output_too_large_to_stage_is_streamed_and_not_held(tmp_path, monkeyp
     and the run keeps it no longer than its consumers need it, so the run holds a few tiles
     at a time, not the whole output. The answer is numpy's, block-sparse zeros included."""
     import sys
-    lower = sys.modules["tensordb.physical.lower"]
+    lower = sys.modules["tensordb.physical.sink"]
     monkeypatch.setattr(writer_mod, "STAGE_MAX", 1 << 20)
     rng = np.random.default_rng(4)
     a = rng.standard_normal((2048, 256))  # 4 MiB of float64: 16 tiles of 256 KiB
