@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ProgrammingError
 
-__all__ = ["BoxName", "GatherName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
+__all__ = ["BoxName", "GatherName", "IotaName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
            "default_tile_shape", "grid_shape", "tile_box", "overlapping"]
 
 Grid = tuple[tuple[int, ...], ...]
@@ -187,3 +187,34 @@ class GatherName(str):
     @property
     def shape(self) -> tuple[int, ...]:
         return self.index_shape + self.base_shape[1:]
+
+
+class IotaName(str):
+    """The graph name of ``numpy.arange(start, stop)`` (int64), a tensor no catalog stores: the
+    positions a slice of an intermediate, or the gradient of a slice or a gather, compares
+    (``where(I[i] == J[j], ...)``: a box as an equality join on positions). It prints as
+    ``iota(3:7)``; the storage opens it as a reader that computes its values (storage/boxes.py).
+
+    >>> i = IotaName(3, 7)
+    >>> str(i), i.start, i.stop, i.shape
+    ('iota(3:7)', 3, 7, (4,))
+    """
+
+    start: int
+    stop: int
+
+    def __new__(cls, start: int, stop: int) -> "IotaName":
+        self = super().__new__(cls, f"iota({int(start)}:{int(stop)})")
+        object.__setattr__(self, "start", int(start))
+        object.__setattr__(self, "stop", int(stop))
+        return self
+
+    def __setattr__(self, key, value):
+        raise AttributeError("an IotaName is immutable")
+
+    def __reduce__(self):
+        return IotaName, (self.start, self.stop)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.stop - self.start,)

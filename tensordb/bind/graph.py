@@ -26,7 +26,7 @@ import re
 
 from ..dtypes import check_dtype
 from ..geometry import BoxName, GatherName
-from ..errors import BinderError, CatalogError, Error, InternalError, NotSupportedError, Span
+from ..errors import BinderError, CatalogError, Error, InternalError, Span
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, AGGS, ARG_AGGS, empty_aggregate
 from ..plan.builder import Graph, GradRequest, Step, infer_dtype, parse_spec
@@ -252,12 +252,12 @@ class _GraphBinder:
         for k, (name, into) in enumerate(zip(req.wrt, req.into)):
             t = emitter.alias.get(name, name)
             wshape, wdtype = self._resolve(t, spans[("wrt", k)])
-            sliced = [str(n) for n in emitter.inputs if isinstance(n, BoxName) and n.base == t
-                      or isinstance(n, GatherName) and t in (n.base, n.index)]
-            if sliced:  # the backward pass has no scatter into a box yet: refused, never zeros
-                raise NotSupportedError(f"grad with respect to '{name}', which this graph reads "
-                                        f"through a slice or gather ({sliced[0]}), is not supported yet",
-                                        span=spans[("wrt", k)])
+            index_of = [str(n) for n in emitter.inputs
+                        if isinstance(n, GatherName) and n.index == t]
+            if index_of:  # integer positions: no derivative
+                raise BinderError(f"grad with respect to '{name}', the index of the gather "
+                                  f"{index_of[0]}: an index has no gradient",
+                                  span=spans[("wrt", k)])
             if into in self.known and into not in emitter.inputs or into in emitter.alias or \
                     into in req.into[:k]:
                 raise BinderError(f"'{into}' is defined twice in one graph",

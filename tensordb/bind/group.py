@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..dtypes import check_dtype
-from ..errors import BinderError, CatalogError, NotSupportedError, Span
+from ..errors import BinderError, CatalogError, Span
 from ..geometry import BoxName, GatherName
 from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
@@ -225,15 +225,14 @@ class GroupBinder:
             raise BinderError(f"GRAD: the loss '{loss_ref.name}' is {dtype}, not a float",
                               statement=script, span=loss_ref.span)
         wrt, wshape, wdtype = self.resolve(wrt_ref.name, wrt_ref.name_span, script)
-        sliced = [str(n) for st in self.steps if isinstance(st, BoundStep) for n, _ in st.inputs
-                  if isinstance(n, BoxName) and n.base == wrt
-                  or isinstance(n, GatherName) and wrt in (n.base, n.index)]
-        if sliced:  # the backward pass has no scatter into a box yet: refused, never zeros
-            raise NotSupportedError(f"GRAD with respect to '{wrt_ref.name}', which this group reads "
-                                    f"through a slice or gather ({sliced[0]}), is not supported yet",
-                                    statement=script, span=wrt_ref.span,
-                                    hint="gradients with respect to tensors read whole (the "
-                                         "weights of a mini-batch step) are supported")
+        index_of = [str(n) for st in self.steps if isinstance(st, BoundStep) for n, _ in st.inputs
+                    if isinstance(n, GatherName) and n.index == wrt]
+        if index_of:  # integer positions: no derivative (numpy's and autograd's answer)
+            raise BinderError(f"GRAD with respect to '{wrt_ref.name}', the index of the gather "
+                              f"{index_of[0]}: an index has no gradient", statement=script,
+                              span=wrt_ref.span, hint="differentiate with respect to the "
+                                                      "gathered tensor (its rows get the sum of "
+                                                      "their lookups' gradients)")
         t = stmt.target
         if t.labels is not None and len(t.labels) != len(wshape):
             raise BinderError(f"GRAD's result has the shape of {wrt_ref.name}, {wshape}: "

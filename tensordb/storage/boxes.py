@@ -28,7 +28,7 @@ from ..errors import DataError, OperationalError
 from ..geometry import overlapping
 from .meta import TensorMeta
 
-__all__ = ["BoxReader", "GatherReader", "box_meta"]
+__all__ = ["BoxReader", "GatherReader", "IotaReader", "box_meta"]
 
 
 def box_meta(meta: TensorMeta, box) -> TensorMeta:
@@ -162,3 +162,35 @@ class GatherReader:
     def close(self) -> None:
         self.base.close()
         self.index.close()
+
+
+class IotaReader:
+    """The reader of ``numpy.arange(name.start, name.stop)`` (geometry.IotaName): int64 values
+    computed for each box read, never stored; one tile, every element finite."""
+
+    has_sparse = False
+
+    def __init__(self, name) -> None:
+        self.name = name
+        n = name.stop - name.start
+        self.entries: dict = {}
+        self.meta = TensorMeta(str(name), 0, np.dtype("int64"), (n,), ("d0",), ((0, n),),
+                               n * 8, 1, n, 1.0)
+
+    def __repr__(self) -> str:
+        return f"IotaReader({self.name!s})"
+
+    def facts(self) -> tuple[bool, bool]:
+        return True, False
+
+    def layout(self) -> bytes:
+        return hashlib.sha256(str(self.name).encode()).digest()
+
+    def read_box(self, starts: Sequence[int], stops: Sequence[int]):
+        return np.arange(self.name.start + starts[0], self.name.start + stops[0], dtype=np.int64)
+
+    def to_numpy(self):
+        return self.read_box([0], [self.meta.shape[0]])
+
+    def close(self) -> None:
+        pass

@@ -20,11 +20,11 @@ import duckdb
 import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
-from ..geometry import BoxName, GatherName
+from ..geometry import BoxName, GatherName, IotaName
 from . import catalog, directory, identity
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
-from .boxes import BoxReader, GatherReader
+from .boxes import BoxReader, GatherReader, IotaReader
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .npzfile import remove_leftover_members
 from .reader import TensorReader
@@ -299,6 +299,10 @@ class Store:
     def open_many(self, names) -> dict[str, TensorReader]:
         """Readers for the current versions of ``names`` (the tile entries not cached yet are
         read in one query)."""
+        if any(isinstance(name, IotaName) for name in names):  # positions, computed (boxes.py)
+            rest = self.open_many([n for n in names if not isinstance(n, IotaName)])
+            return {name: IotaReader(name) if isinstance(name, IotaName) else rest[name]
+                    for name in names}
         boxes = {name: name for name in names if isinstance(name, (BoxName, GatherName))}
         if boxes:  # slices and gathers: readers of the stored tensors they read (boxes.py)
             bases = self.open_many(list(dict.fromkeys(
