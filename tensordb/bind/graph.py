@@ -32,6 +32,7 @@ from ..plan.aggregates import AGGREGATES, AGGS, ARG_AGGS, empty_aggregate
 from ..plan.builder import Graph, GradRequest, Step, infer_dtype, parse_spec
 from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
+from ..plan.select import box_select
 from .emit import BoundStep, Emitter, GradStep
 
 __all__ = ["bind_graph", "source_of"]
@@ -289,13 +290,14 @@ class _GraphBinder:
             raise BinderError(f"operand '{text}': a slice is written 'X[0:100, :]' (ranges "
                               "lo:hi, without a step)", span=span)
         name = m.group(1)
-        if name in self.known and name not in self.emitter.stored:
-            raise BinderError(f"cannot slice '{name}': it is computed by this graph, and a slice "
-                              "reads a box of a stored tensor", span=span,
-                              hint=f"store {name} first, then slice it in another graph")
+        computed = name in self.known and name not in self.emitter.stored
         shape, dtype = self._resolve(name, span)
         parts = [p.strip() for p in m.group(2).split(",")]
         if len(parts) == 1 and _NAME.match(parts[0]):  # 'E[tok]': a gather, numpy's E[tok]
+            if computed:
+                raise BinderError(f"cannot gather from '{name}': it is computed by this graph, "
+                                  "and a gather reads stored tensors", span=span,
+                                  hint=f"store {name} first, then gather from it in another graph")
             return self._gather(name, parts[0], shape, dtype, span)
         if len(parts) > len(shape):
             raise BinderError(f"operand '{text}': {len(parts)} subscripts for {name} of shape "
@@ -316,6 +318,16 @@ class _GraphBinder:
                 raise BinderError(f"operand '{text}': slice '{parts[axis]}' of {name} axis "
                                   f"{axis} (size {n}) is empty", span=span)
             box.append((start, stop))
+        if computed:  # an earlier step's result: selected by an operation (plan/select.py)
+            into = TensorRef(f"{name}.slice[{','.join(f'{a}:{b}' for a, b in box)}]")
+            if into not in self.known:
+                sel = box_select(shape, box, dtype).with_source(name)
+                for t, _ in sel.inputs[1:]:
+                    self.emitter.read(TensorInfo(t, t.shape, "int64"))
+                self.emitter.add(BoundStep(into, sel.out_labels, sel.inputs, sel.join, sel.agg,
+                                           False, tuple(sel.sizes.items()), dtype))
+                self.known[into] = (tuple(b - a for a, b in box), dtype)
+            return (into, *self.known[into])
         b = BoxName(name, box)
         self.emitter.read(TensorInfo(b, b.shape, dtype))
         return b, b.shape, dtype

@@ -18,6 +18,7 @@ from ..errors import BinderError, CatalogError, Span
 from ..geometry import BoxName, GatherName
 from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
+from ..plan.select import box_select
 from ..dialect import ast as A
 from .binder import Lowered, lower
 from .emit import BoundStep, Emitter, GradStep
@@ -86,16 +87,18 @@ class GroupBinder:
         raise CatalogError(f"unknown tensor '{name}'", statement=script or None, span=span, hint=hint)
 
     def _resolve_box(self, name: str, span: Span, script: str, box, gather=None):
-        """A slice: the box of a stored tensor, read as an input of its own (geometry.BoxName);
-        a gather: the rows of a stored tensor that a stored index tensor selects (GatherName)."""
-        for n in (name,) if gather is None else (name, gather):
+        """A slice: the box of a stored tensor, read as an input of its own (geometry.BoxName),
+        or of a LET or an earlier result, selected by an operation (``_slice``); a gather: the
+        rows of a stored tensor that a stored index tensor selects (GatherName)."""
+        if gather is None and (name.lower() in self.current or name.lower() in self.lets):
+            return self._slice(*self.resolve(name, span, script), box)
+        for n in (name, gather) if gather is not None else ():
             key = n.lower()
             if key in self.current or key in self.lets:
                 what = "a LET" if key in self.lets else "computed earlier in this group"
-                verb = "slice" if gather is None else "gather with" if n == gather else "gather from"
-                raise BinderError(f"cannot {verb} '{n}': it is {what}, and a "
-                                  f"{'slice' if gather is None else 'gather'} reads stored tensors",
-                                  statement=script or None, span=span,
+                verb = "gather with" if n == gather else "gather from"
+                raise BinderError(f"cannot {verb} '{n}': it is {what}, and a gather reads "
+                                  "stored tensors", statement=script or None, span=span,
                                   hint=f"store {n} first (CREATE TENSOR {n}[...] AS ...), then "
                                        "use it in a later statement")
         base, bshape, dtype = self.resolve(name, span, script)
@@ -107,6 +110,20 @@ class GroupBinder:
         b = BoxName(base, box)
         self.stored[b] = TensorInfo(b, b.shape, dtype)
         return b, b.shape, dtype
+
+    def _slice(self, source: str, shape, dtype: str, box):
+        """``box`` of ``source`` (a LET or an earlier result, not stored): a step of its own,
+        an equality join on positions (plan/select.py), made once per source and box."""
+        box = tuple((int(a), int(b)) for a, b in box)
+        into = TensorRef(f"{source}.slice[{','.join(f'{a}:{b}' for a, b in box)}]")
+        if into not in self.known:
+            sel = box_select(shape, box, dtype).with_source(source)
+            for t, _ in sel.inputs[1:]:
+                self.stored[t] = TensorInfo(t, t.shape, "int64")
+            self.steps.append(BoundStep(into, sel.out_labels, sel.inputs, sel.join, sel.agg,
+                                        False, tuple(sel.sizes.items()), dtype))
+            self.known[into] = (tuple(b - a for a, b in box), dtype)
+        return (into, *self.known[into])
 
     def _resolver(self, script: str):
         return lambda name, span, box=None, gather=None: self.resolve(name, span, script, box, gather)
