@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import difflib
 import math
+import warnings
 import re
 
 from ..dtypes import check_dtype
 from ..geometry import BoxName, GatherName
-from ..errors import BinderError, CatalogError, Error, InternalError, Span
+from ..errors import BinderError, CatalogError, Error, GradientWarning, InternalError, Span
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, AGGS, ARG_AGGS, empty_aggregate
 from ..plan.builder import Graph, GradRequest, Step, infer_dtype, parse_spec
@@ -263,6 +264,7 @@ class _GraphBinder:
                     into in req.into[:k]:
                 raise BinderError(f"'{into}' is defined twice in one graph",
                                   span=spans[("into", k)])
+            _warn_unused(emitter, req.loss, loss, name, t)
             wrt.append((t, into, req.store))
             self.known[into] = (wshape, wdtype if check_dtype(wdtype, t).kind == "f"
                                 else "float64")
@@ -356,6 +358,20 @@ class _GraphBinder:
             difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         return f"did you mean '{close[0]}'?" if close else \
             f"known tensors: {', '.join(known[:12])}" if known else None
+
+
+def _warn_unused(emitter, loss_name: str, loss: str, name: str, t: str) -> None:
+    """A GradientWarning when the graph's ``loss`` does not depend on ``t``: zeros."""
+    need = {loss}
+    for op in reversed(emitter.ops):
+        if op.output in need:
+            need |= {o.tensor for o in op.inputs}
+    if t in need or any(isinstance(n, (BoxName, GatherName)) and n.base == t for n in need):
+        return
+    why = f"'{name}' was replaced after '{loss_name}' read it" if t != name else \
+        f"'{loss_name}' does not read '{name}'"
+    warnings.warn(GradientWarning(f"grad({loss_name!r}, {name!r}) is zeros: {why}"),
+                  stacklevel=3)
 
 
 def _explicit_labels(step: Step, names: list[str], shapes: list[tuple[int, ...]], spans: dict

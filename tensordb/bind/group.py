@@ -9,12 +9,13 @@ name and stores it as P.
 from __future__ import annotations
 
 import difflib
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..dtypes import check_dtype
-from ..errors import BinderError, CatalogError, Span
+from ..errors import BinderError, CatalogError, GradientWarning, Span, warning_text
 from ..geometry import BoxName, GatherName
 from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
@@ -206,7 +207,8 @@ class GroupBinder:
         if store:
             self.outputs.append(t.name)
 
-    def _add_grad(self, script: str, stmt: A.AssignStmt, gname: str, store: bool) -> None:
+    def _add_grad(self, script: str, stmt: A.AssignStmt, gname: str, store: bool,
+                  warn: bool = True) -> None:
         """``dW = GRAD(L, W)``: L a scalar computed earlier in the group, W a tensor (stored, a
         LET or a result). GRADs of one loss join the first one's backward pass."""
         call = stmt.expr
@@ -250,6 +252,8 @@ class GroupBinder:
                               span=wrt_ref.span, hint="differentiate with respect to the "
                                                       "gathered tensor (its rows get the sum of "
                                                       "their lookups' gradients)")
+        if warn:
+            self._warn_unused(script, loss_ref, wrt_ref, loss, wrt)
         t = stmt.target
         if t.labels is not None and len(t.labels) != len(wshape):
             raise BinderError(f"GRAD's result has the shape of {wrt_ref.name}, {wshape}: "
@@ -268,6 +272,42 @@ class GroupBinder:
         self.current[t.name.lower()] = gname
         if store:
             self.outputs.append(t.name)
+
+    def _warn_unused(self, script: str, loss_ref, wrt_ref, loss: str, wrt: str) -> None:
+        """A GradientWarning when ``loss`` does not depend on ``wrt`` as it is now (its
+        gradient is zeros): the steps are walked back from the loss's, each name read taken to
+        be what the last step before made of it (else the stored tensor)."""
+        def made(st) -> list:
+            return [into for _, into, _ in st.wrt] if isinstance(st, GradStep) else [st.into]
+
+        def reads(st) -> set:
+            if isinstance(st, GradStep):
+                return {st.loss} | {t for t, _, _ in st.wrt}
+            return {n for n, _ in st.inputs}
+        at = max((k for k, st in enumerate(self.steps) if loss in made(st)), default=-1)
+        maker = max((k for k, st in enumerate(self.steps) if wrt in made(st)), default=None)
+        need, reached = {loss}, False
+        for k in range(at, -1, -1):
+            outs = need & set(made(self.steps[k]))
+            if outs:
+                reached |= k == maker and wrt in outs
+                need = (need - outs) | reads(self.steps[k])
+        if maker is None:
+            reached = wrt in need or any(isinstance(n, (BoxName, GatherName)) and wrt in
+                                         (n.base, getattr(n, "index", None)) for n in need)
+        if reached:
+            return
+        name = wrt_ref.name
+        later = maker is not None and maker > at
+        why = (f"'{name}' was assigned after '{loss_ref.name}' was computed, and GRAD is with "
+               f"respect to the new {name}" if later else
+               f"'{loss_ref.name}' does not read '{name}'")
+        warnings.warn(GradientWarning(warning_text(
+            f"GRAD({loss_ref.name}, {name}) is zeros: {why}", script, wrt_ref.span,
+            hint=f"compute {loss_ref.name} after {name}'s last assignment, or store the gradient "
+                 f"before it (dW = GRAD(L, W) above the update)" if later else
+            f"GRAD of a tensor the loss uses; {loss_ref.name} is computed from: "
+            f"{', '.join(sorted(str(n) for n in need)[:8]) or 'constants'}")), stacklevel=2)
 
     def _same_at(self, name, k: int) -> bool:
         """Whether ``name`` (a tensor as the group knows it now) was already that tensor when
@@ -296,7 +336,7 @@ class GroupBinder:
         probe = GroupBinder(self.store, self.lets, known=dict(self.known), current=dict(self.current))
         if _is_grad(stmt):
             probe.steps, probe.stored = list(self.steps), dict(self.stored)
-            probe._add_grad(script, stmt, t.name, store=False)
+            probe._add_grad(script, stmt, t.name, store=False, warn=False)
             self.lets[key] = LetDef(script, stmt, *probe.known[t.name])
             self.stale(key)  # LETs that read it see the new definition from here on
             return
