@@ -353,7 +353,12 @@ class Connection(TensorIO, DuckAPI):
         """A group of einsum statements: bind, optimize, lower, place, run, commit."""
         graph, pieces = self._bind_statements(items)
         if graph is not None:
-            self._run_graph(graph, pieces=pieces, replace=True)
+            result = self._run_graph(graph, pieces=pieces, replace=True)
+            if result.output_nonfinite:  # an EXP that overflowed: a warning naming it
+                from .bind.overflow import warn_nonfinite
+                warn_nonfinite(graph, result.output_nonfinite, items,
+                               lambda name: name not in self.last_plan.readers
+                               or self.last_plan.readers[name].facts()[0])
 
     def _explain_statements(self, items, format: str = "text", analyze: bool = False) -> str:
         graph, pieces = self._bind_statements(items)
@@ -488,6 +493,7 @@ class Connection(TensorIO, DuckAPI):
         with stage("commit"):
             writers.store_tiles(result.tiles, result.nnz, result.nonfinite, result.crc32)
         result.output_nnz = writers.nnz()  # what EXPLAIN ANALYZE compares the estimate with
+        result.output_nonfinite = writers.nonfinite()
         # The tiles are the stored tensors' now (read them through the catalog): the result
         # keeps its statistics, not the buffers, which the next run's outputs may then reuse
         # (a staging buffer, a spare payload file no mapping holds).

@@ -404,6 +404,11 @@ class OutputWriters:
         """The nonzeros stored per output (after ``store_tiles``), by plan name."""
         return {out.name: sum(int(e.nnz) for e in w.entries.values()) for out, w in self.writers}
 
+    def nonfinite(self) -> list[str]:
+        """The outputs (plan names) a stored tile of which holds NaN or inf."""
+        return [out.name for out, w in self.writers
+                if any(e.nonfinite is True for e in w.entries.values())]
+
 
 def describe(plan: TilePlan) -> str:
     """A short per-operation summary (TENSORDB_DEBUG=2)."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..bind import LetDef, internal_error as _internal
 from ..dialect import ast as A
-from ..errors import BinderError, Error, NotSupportedError, ProgrammingError, Span
+from ..errors import BinderError, Error, NotSupportedError, ProgrammingError, Span, Warning
 from ..result import Result
 from ..storage._duck import is_interrupt
 from ..storage.guard import single_statement
@@ -173,6 +173,8 @@ def _assigns(group: list[tuple[str, A.AssignStmt]], name: str) -> bool:
 def _internal_or_interrupt(exc: Exception, script: str, span: Span) -> BaseException:
     """A library's error nobody translated: an internal error, unless it is DuckDB's report of
     a Ctrl-C, which stays the KeyboardInterrupt it was (the command line says "interrupted")."""
+    if isinstance(exc, Warning):  # a tensordb warning the caller's filter made an error
+        return exc
     return KeyboardInterrupt() if is_interrupt(exc) else _internal(exc, script, span)
 
 
