@@ -87,6 +87,11 @@ class Derived:
         span = node.span
         node = A.Call(node.fn, (A.BinOp("*", node.args[0], A.Number(1.0, span), span),),
                       span, node.fn_span)
+        if any(self.sizes[l][0] == 0 for l in own):  # over nothing: LOG(0) = -inf, as scipy
+            inner, value = self._argument(node, own)
+            ones = scalar.Call("+", (scalar.Call("*", (value, scalar.Const(0))), scalar.Const(1)))
+            total = self.temporary(kept, inner, ones, "sum", span)  # 0: no element to EXP
+            return scalar.Call("log", (slot(slots, total, tuple(kept)),))
         m_slot, total = self._exp_sum(node, slots, kept, own, shift)
         return scalar.Call("+", (scalar.Call("log", (total,)), shift(m_slot)))
 

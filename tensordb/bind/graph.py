@@ -214,6 +214,8 @@ class _GraphBinder:
                                   span=spans.get("agg", spans["call"]))
             dtype = "int64"
         empty = [l for l in dict.fromkeys(aggregated) if sizes[l] == 0]
+        if empty and step.agg == "logsumexp":  # over nothing: LOG(0) = -inf, as scipy's
+            agg = "sum"
         if empty and AGGREGATES[agg].identity is None:
             shown = [f"{t}[{','.join(ls)}]" for t, ls in zip(names, labels)]
             what = f"{step.into}[{','.join(out)}] = {step.agg.upper()}({scalar.render(join, shown)})"
@@ -227,6 +229,13 @@ class _GraphBinder:
                                   tuple(sizes.items()), dtype))
             join = scalar.Call("/", (scalar.Input(0), scalar.Const(count)))
             inputs = ((total, tuple(out)),)
+        elif step.agg == "logsumexp" and empty:  # SUM over nothing (0), then its LOG
+            total = TensorRef.of(step.into).temporary(1)
+            ones = scalar.Call("+", (scalar.Call("*", (join, scalar.Const(0))), scalar.Const(1)))
+            dtype = infer_dtype(scalar.Call("*", (join, scalar.Const(1.0))), dtypes, names)
+            emitter.add(BoundStep(total, tuple(out), inputs, ones, "sum", False,
+                                  tuple(sizes.items()), dtype))
+            join, inputs = scalar.Call("log", (scalar.Input(0),)), ((total, tuple(out)),)
         elif step.agg == "logsumexp" and aggregated:
             inputs, join, agg, dtype = _logsumexp(emitter, step, inputs, join, out, sizes,
                                                   dtypes, names, where)
