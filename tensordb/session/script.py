@@ -249,7 +249,7 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
                        analyze: bool = False) -> str:
     script, first = items[0]
     if any(s.mode == "let" for _, s in items):
-        if analyze:
+        if analyze and all(s.mode == "let" for _, s in items):  # (a step's LET gradients run)
             let = next(s for _, s in items if s.mode == "let")
             raise ProgrammingError("EXPLAIN ANALYZE of a LET: a LET is computed only where it is "
                                    "used", statement=script, span=let.span,
