@@ -199,8 +199,8 @@ class _GraphBinder:
         agg = step.agg
         if agg == "mean":  # numpy.mean: the SUM in the float dtype (x * 1.0), then / the count
             join, agg = scalar.Call("*", (join, scalar.Const(1.0))), "sum"
-        elif agg == "logsumexp":  # its MAX first (refused over nothing, as MAX is)
-            agg = "max"
+        elif agg == "logsumexp":  # its MAX first; x * 1.0, as scipy reads bools and ints
+            join, agg = scalar.Call("*", (join, scalar.Const(1.0))), "max"
         try:
             dtype = infer_dtype(join, dtypes, names)
         except Error as exc:

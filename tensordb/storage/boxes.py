@@ -173,7 +173,6 @@ class IotaReader:
     def __init__(self, name) -> None:
         self.name = name
         n = name.stop - name.start
-        self.entries: dict = {}
         self.meta = TensorMeta(str(name), 0, np.dtype("int64"), (n,), ("d0",), ((0, n),),
                                n * 8, 1, n, 1.0)
 
