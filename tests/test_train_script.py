@@ -96,13 +96,13 @@ def test_train_embedding_script_uses_every_construct_and_matches_numpy(tmp_path)
     then one more step from Python with the learning rate as a parameter."""
     text = EMBEDDING.read_text()
     for construct in ("ARGMAX(", "MEAN(", "COUNT(", "LOGSUMEXP(", "SOFTMAX(", "IF(", "CASE ",
-                      "E[tok[n,s], k]", "X[b 0:10, q]", "H[b 0:10, k]", "GRAD(", " > ", " = ",
-                      "FROM accuracy"):
+                      "Emb[tok[n,s], k]", "X[b 0:10, q]", "Bag[b 0:10, k]", "GRAD(", " > ",
+                      " = ", "FROM acc_emb"):
         assert construct in text, construct
     steps = len(re.findall(r"^-- step \d+$", text, flags=re.M))
     with tensordb.connect(tmp_path / "setup.tdb") as con:
         con.execute_script(text.split("\n-- step 1\n")[0])
-        x, tok, y, e, w, u = (con.tensor(n) for n in ("X", "tok", "Y", "E", "W", "U"))
+        x, tok, y, e, w, u = (con.tensor(n) for n in ("X", "tok", "Y", "Emb", "W", "U"))
     assert tok.dtype == np.int64 and set(np.unique(tok)) == set(range(12))
     assert (y.sum(1) == 1).all() and y.sum(0).min() > 0
     env = {**os.environ, "TENSORDB_DEBUG": "",
@@ -134,13 +134,14 @@ def test_train_embedding_script_uses_every_construct_and_matches_numpy(tmp_path)
     assert float(acc_line.group(1)) == pytest.approx(accuracy, abs=1e-12)  # k / 40: exact
     assert float(acc_line.group(2)) == pytest.approx(confident, abs=1e-12)
     with tensordb.connect(db) as con:
-        for name, want in (("E", e), ("W", w), ("U", u), ("P", p)):
+        for name, want in (("Emb", e), ("W", w), ("U", u), ("P", p)):
             np.testing.assert_allclose(con.tensor(name), want, rtol=1e-10, atol=1e-12)
         np.testing.assert_array_equal(con.tensor("pred"), z.argmax(1))
         # one more step from Python: the learning rate a parameter, the step text the script's
         step_text = text.split("-- step 1\n")[1].split("INSERT INTO")[0].replace("0.5 *", "$lr *")
-        con.execute("LET H[n,k] = SUM(E[tok[n,s], k]);" + step_text, {"lr": 0.25})  # a new session
+        con.execute("LET Bag[n,k] = SUM(Emb[tok[n,s], k]);" + step_text,  # a new session
+                    {"lr": 0.25})
         loss, e, w, u = _numpy_embedding_step(x, tok, y, e, w, u, 0, 10, 0.25)
         np.testing.assert_allclose(con.tensor("L"), loss, rtol=1e-12)
-        for name, want in (("E", e), ("W", w), ("U", u)):
+        for name, want in (("Emb", e), ("W", w), ("U", u)):
             np.testing.assert_allclose(con.tensor(name), want, rtol=1e-10, atol=1e-12)
