@@ -165,3 +165,20 @@ def test_mini_batch_sgd_with_an_embedding_matches_numpy(con):
             np.testing.assert_allclose(con.tensor("E"), e, rtol=1e-11, atol=1e-13)
             np.testing.assert_allclose(con.tensor("W"), w, rtol=1e-11, atol=1e-13)
             np.testing.assert_allclose(con.tensor("U"), u, rtol=1e-11, atol=1e-13)
+
+
+def test_alternating_mini_batches_are_planned_once_each(con):
+    """A plan that reads boxes, a gather and positions is kept by the plan cache (they exist
+    while the tensors they read do): each batch's step is planned once, then reused."""
+    con.load("X", X)
+    con.load("W", W)
+    con.load("E", E)
+    con.load("tok", TOK)
+    for epoch in range(3):
+        for lo in (0, 5, 10):
+            con.execute(f"LET Z[b,f] = SUM(X[b {lo}:{lo + 3}, d] * W[d,f]); "
+                        "L = SUM(Z[b 0:2, f] * Z[b 0:2, f]) + SUM(E[tok[a,t], e]); "
+                        "LET gW = GRAD(L, W); LET gE = GRAD(L, E); "
+                        "W[d,f] = W[d,f] - 0.001 * gW[d,f]; E[r,d] = E[r,d] - 0.001 * gE[r,d]")
+    stats = con.plan_cache_stats
+    assert stats["misses"] == 3 and stats["hits"] == 6, stats

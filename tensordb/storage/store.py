@@ -236,6 +236,14 @@ class Store:
             return catalog.all_metas(self.duck)
 
     def has(self, name: str) -> bool:
+        """Whether ``name`` is stored; a slice's, a gather's or positions' graph name (geometry)
+        exists while the tensors it reads do (the plan cache keeps plans that read them)."""
+        if isinstance(name, IotaName):
+            return True
+        if isinstance(name, BoxName):
+            return self.has(name.base)
+        if isinstance(name, GatherName):
+            return self.has(name.base) and self.has(name.index)
         return self._find(name) is not None
 
     def meta(self, name: str) -> TensorMeta:
