@@ -264,9 +264,13 @@ def gen_statement(rng, pool: Pool, sizes: dict[str, int], dtypes: tuple[str, ...
         stored.append(t)
     join = _join(rng, n)
     assert _inputs(join) == set(range(n)), join
+    over = None
+    if used and rng.random() < 0.05:  # SOFTMAX over one label, keeping every label
+        agg, over = "softmax", str(rng.choice(used))
+        out = [str(l) for l in rng.permutation(used)]
     pieces = {}
     if rng.random() < 0.4:
         for l in used:
             if rng.random() < 0.6:
                 pieces[l] = int(rng.integers(1, min(max(sizes[l], 1), 5) + 1))
-    return Statement(Case(tuple(out), operands, join, agg), stored, pieces)
+    return Statement(Case(tuple(out), operands, join, agg, over), stored, pieces)

@@ -75,7 +75,8 @@ class Case:
     operands: list[Operand]
     join: tuple
     agg: str                                   # sum, prod, max, min, mean, argmax, argmin,
-                                               # logsumexp
+                                               # logsumexp, softmax (out: every label)
+    over: str | None = None                    # softmax: the label it normalizes over
 
 
 @dataclass
@@ -222,7 +223,12 @@ def answer(case: Case) -> Answer:
         joined = np.broadcast_to(joined, shape)
         jerr = np.broadcast_to(np.asarray(jerr, dtype=np.float64), shape)
         axes = tuple(labels.index(l) for l in agg_labels)
-        value, err = _reduce(case.agg, joined, jerr, axes, dtype)
+        if case.agg == "softmax":
+            if dtype == np.bool_:  # x - MAX(x): numpy refuses bools
+                return Answer(error="any", why="numpy refuses the subtraction of bools")
+            value, err = _softmax(joined, jerr, labels.index(case.over))
+        else:
+            value, err = _reduce(case.agg, joined, jerr, axes, dtype)
         value = np.asarray(value, dtype=_result_dtype(case.agg, dtype))
         err = np.broadcast_to(np.asarray(err, dtype=np.float64), value.shape)
         kept = [l for l in labels if l in case.out]
@@ -236,7 +242,24 @@ def _result_dtype(agg: str, dtype) -> np.dtype:
         return np.dtype(np.int64)
     if agg in ("mean", "logsumexp"):
         return (np.ones(1, dtype) * 1.0).dtype
+    if agg == "softmax":
+        return np.exp(np.ones(1, dtype) - np.ones(1, dtype)).dtype
     return np.dtype(dtype)
+
+
+def _softmax(joined, jerr, axis: int):
+    """scipy.special.softmax as docs/sql.md writes it: EXP(x - m) / SUM(EXP(x - m)), m the MAX
+    along the axis (NaN along a line holding +inf or only -inf)."""
+    if joined.size == 0:  # an empty result (a label of size 0)
+        out = np.exp(joined - joined)
+        return out, np.zeros(out.shape)
+    m = np.max(joined, axis=axis, keepdims=True)
+    e = np.exp(joined - m)
+    value = e / np.sum(e, axis=axis, keepdims=True)
+    eps = float(np.finfo(value.dtype).eps)
+    count = joined.shape[axis]
+    err = np.abs(_f64(value)) * (2 * np.max(jerr, axis=axis, keepdims=True) + eps * (count + 8))
+    return value, _clean(err)
 
 
 def _reduce(agg: str, joined, jerr, axes, dtype):

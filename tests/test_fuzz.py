@@ -66,7 +66,9 @@ def sql_text(into: str, st: Statement, rng) -> str:
     used = {l for op in c.operands for l in op.labels}
     # A single term (no + or - at the top) sums its free labels by Einstein's convention.
     implicit = c.agg == "sum" and c.join[0] not in ("+", "-", "neg") and rng.random() < 0.3
-    if used - set(c.out) and not implicit:
+    if c.agg == "softmax":  # the dialect's only: the statement keeps every label
+        body = f"SOFTMAX({body}, {c.over})"
+    elif used - set(c.out) and not implicit:
         body = f"{c.agg.upper()}({body})"
     return f"{target} = {body}{hint}"
 
@@ -84,6 +86,8 @@ def run_unit(con, unit: list[tuple[str, Statement]], rng) -> tuple[str, list]:
     unit, planned as one graph), several operations in one ``Graph``, or one ``con.einsum``.
     Returns (what was run, per statement the result array or the exception)."""
     route = rng.random()
+    if any(st.case.agg == "softmax" for _, st in unit):
+        route = 0.0  # SOFTMAX is the dialect's
     text = ""
     try:
         if route < 0.5:

@@ -435,3 +435,13 @@ def test_aggregates_of_counts(con, text, want):
     got = con.tensor("m")
     np.testing.assert_array_equal(got, want(x))
     assert got.dtype == np.asarray(want(x)).dtype
+
+
+def test_softmax_over_an_empty_label_is_empty_as_scipys(con):
+    from scipy.special import softmax
+    e = np.ones((3, 0))
+    con.load("E", e)
+    con.execute("s[i,j] = SOFTMAX(E[i,j], j)")
+    want = softmax(e, axis=1)
+    got = con.tensor("s")
+    assert got.shape == want.shape == (3, 0) and got.dtype == want.dtype

@@ -135,6 +135,9 @@ class Derived:
             raise self.err(node.span, f"SOFTMAX's argument uses label(s) {', '.join(stray)} that "
                            "the statement aggregates outside it",
                            hint="aggregate them inside the argument, e.g. SOFTMAX(SUM(...), j)")
+        if self.sizes[label][0] == 0:  # an empty result, as scipy's: no MAX over nothing
+            value = self.conv(args[0], slots)
+            return scalar.Call("exp", (scalar.Call("-", (value, value)),))
         k = 1
         while f"{label}_sm{k}" in self.sizes:
             k += 1
