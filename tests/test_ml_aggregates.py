@@ -437,11 +437,12 @@ def test_aggregates_of_counts(con, text, want):
     assert got.dtype == np.asarray(want(x)).dtype
 
 
-def test_softmax_over_an_empty_label_is_empty_as_scipys(con):
-    from scipy.special import softmax
-    e = np.ones((3, 0))
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_softmax_over_an_empty_label_is_empty(con, dtype):
+    """Elementwise over no element: an empty result of numpy's dtype for EXP(x - m) (scipy's
+    softmax raises on it, its max having no identity)."""
+    e = np.ones((3, 0), dtype)
     con.load("E", e)
     con.execute("s[i,j] = SOFTMAX(E[i,j], j)")
-    want = softmax(e, axis=1)
     got = con.tensor("s")
-    assert got.shape == want.shape == (3, 0) and got.dtype == want.dtype
+    assert got.shape == (3, 0) and got.dtype == np.exp(e - e).dtype
