@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ProgrammingError
 
-__all__ = ["BoxName", "GatherName", "IotaName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
+__all__ = ["BoxName", "GatherName", "IotaName", "OneHotName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
            "default_tile_shape", "grid_shape", "tile_box", "overlapping"]
 
 Grid = tuple[tuple[int, ...], ...]
@@ -187,6 +187,40 @@ class GatherName(str):
     @property
     def shape(self) -> tuple[int, ...]:
         return self.index_shape + self.base_shape[1:]
+
+
+class OneHotName(str):
+    """The graph name of the one-hot rows of the stored integer tensor ``index``: of shape
+    ``index_shape + (rows,)``, 1 (True) where the last coordinate is the row the index names
+    (numpy's negative rows too), else 0: the matrix whose product with a gather's gradient is
+    its scatter-add (plan/select.py). It prints as ``onehot(tok,50)``; the storage opens it as a
+    reader that compares the index's box with the row numbers (storage/boxes.py).
+
+    >>> h = OneHotName("tok", (2, 3), 50)
+    >>> str(h), h.shape
+    ('onehot(tok,50)', (2, 3, 50))
+    """
+
+    index: str
+    index_shape: tuple[int, ...]
+    rows: int
+
+    def __new__(cls, index: str, index_shape, rows: int) -> "OneHotName":
+        self = super().__new__(cls, f"onehot({index},{int(rows)})")
+        for k, v in (("index", str(index)), ("index_shape", tuple(int(n) for n in index_shape)),
+                     ("rows", int(rows))):
+            object.__setattr__(self, k, v)
+        return self
+
+    def __setattr__(self, key, value):
+        raise AttributeError("a OneHotName is immutable")
+
+    def __reduce__(self):
+        return OneHotName, (self.index, self.index_shape, self.rows)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.index_shape + (self.rows,)
 
 
 class IotaName(str):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..geometry import BoxName, GatherName, IotaName
+from ..geometry import BoxName, GatherName, IotaName, OneHotName
 from ..plan import scalar
 from ..plan.builder import split_pairwise
 from ..plan.grad import backward
@@ -191,15 +191,20 @@ class Emitter:
     def _select(self, name: TensorRef, sel, dtype: str, backward: bool = True) -> None:
         """One operation of plan/select.py (its positions made inputs of the graph)."""
         for t, _ in sel.inputs:
-            if isinstance(t, IotaName) and t not in self.known:
-                self.inputs[t] = TensorInfo(t, t.shape, "int64")
-                self.known[t] = "int64"
+            if isinstance(t, (IotaName, OneHotName)) and t not in self.known:
+                kind = "int64" if isinstance(t, IotaName) else "bool"
+                self.inputs[t] = TensorInfo(t, t.shape, kind)
+                self.known[t] = kind
             elif t not in self.known:
                 self.inputs[t] = self.stored[t]
                 self.known[t] = self.stored[t].dtype
+        product = sel.agg == "sum" and scalar.product_factors(sel.join) is not None
         op = EinOp(name, sel.out_labels, tuple(Operand(t, ls) for t, ls in sel.inputs),
                    tuple(sel.sizes.items()), sel.join, sel.agg, dtype,
-                   tuple(self.known[t] for t, _ in sel.inputs), backward=backward)
+                   # a product (a gather's scatter-add): np.einsum's rule, every operand cast
+                   # to the result dtype, so that it runs as a matrix product
+                   tuple(dtype if product else self.known[t] for t, _ in sel.inputs),
+                   backward=backward)
         self.ops.append(op)
         self.known[name] = dtype
 

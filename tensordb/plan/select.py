@@ -7,24 +7,28 @@ operation that compares positions: ``geometry.IotaName`` tensors hold ``arange``
 
     Z[j, c] for j in lo:hi       = SUM over i of  WHERE(I[i] == J[j], Z[i, c], 0)
     dX[i, c] (X[lo:hi] was read) = SUM over j of  WHERE(I[i] == J[j], dXbox[j, c], 0)
-    dE[r, d] (E[tok[b], d] read) = SUM over b of  WHERE(tok[b] == R[r] OR tok[b] == R[r] - n, dG[b, d], 0)
+    dE[r, d] (E[tok[b], d] read) = SUM over b of  dG[b, d] * H[b, r]
 
-with ``I = arange(0, n)``, ``J = arange(lo, hi)``, ``R = arange(0, n)``: an equality join on the
-positions (the index values), aggregated; the second test of a gather is numpy's negative index.
-Each is one operation, planned and tiled like every other, differentiable like every other
-(WHERE's derivative is the branch it chose), so a slice of a LET has a gradient for free. The
-kernel evaluates the comparison densely per tile: its cost is the join space (rows x box x the
-other axes), not the box's size; a stored tensor's slice needs none of this.
+with ``I = arange(0, n)``, ``J = arange(lo, hi)``: an equality join on the positions, aggregated;
+``H = onehot(tok)`` (``geometry.OneHotName``: ``H[b, r]`` is ``tok[b] == r``, numpy's negative
+rows included), so a gather's gradient is a matrix product (the scatter-add as BLAS computes it:
+where a gradient row holds inf or NaN, ``0 * inf`` spreads NaN to every row, where numpy's
+``np.add.at`` keeps it to the rows the index names; a training step that got there has
+diverged, and the NonFiniteWarning says so). Each is one operation, planned and tiled like
+every other, differentiable like every other (WHERE's derivative is the branch it chose), so a
+slice of a LET has a gradient for free. A box's kernel evaluates the comparison densely per
+tile: its cost is the join space (rows x box x the other axes), not the box's size; a stored
+tensor's slice needs none of this.
 
 >>> s = box_select((10, 4), ((2, 5), (0, 4)), "float64")
 >>> s.out_labels, s.inputs, s.sizes
-(('a0', 'a1'), (('x', ('s0', 'a1')), (iota(0:10), ('s0',)), (iota(2:5), ('a0',))), {'s0': 10, 'a1': 4, 'a0': 3})
+(('a0', 'a1'), (('x', ('s0', 'a1')), ('iota(0:10)', ('s0',)), ('iota(2:5)', ('a0',))), {'s0': 10, 'a1': 4, 'a0': 3})
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..geometry import IotaName
+from ..geometry import IotaName, OneHotName
 from .scalar import Call, Const, Expr, Input
 
 __all__ = ["Selection", "box_select", "box_scatter", "gather_scatter"]
@@ -86,11 +90,11 @@ def box_scatter(shape, box, dtype: str = "float64") -> Selection:
 
 def gather_scatter(base_shape, index: str, index_shape) -> Selection:
     """The gradient of ``base[index]`` from ``x`` (of ``index_shape + base_shape[1:]``): the
-    scatter-add of x's rows onto the rows of ``base`` the index names."""
+    scatter-add of x's rows onto the rows of ``base`` the index names, as the product of x with
+    the index's one-hot rows (``OneHotName``), a contraction over the lookups (BLAS)."""
     n = base_shape[0]
     b = tuple(f"b{k}" for k in range(len(index_shape)))
     rest = tuple(f"a{k}" for k in range(1, len(base_shape)))
     sizes = dict(zip(b, index_shape)) | {"r": n} | dict(zip(rest, base_shape[1:]))
-    inputs = (("x", b + rest), (index, b), (IotaName(0, n), ("r",)), (IotaName(-n, 0), ("r",)))
-    hit = Call("max", (Call("==", (Input(1), Input(2))), Call("==", (Input(1), Input(3)))))
-    return Selection(("r",) + rest, inputs, Call("where", (hit, Input(0), Const(0))), sizes, "sum")
+    inputs = (("x", b + rest), (OneHotName(index, index_shape, n), b + ("r",)))
+    return Selection(("r",) + rest, inputs, Call("*", (Input(0), Input(1))), sizes, "sum")

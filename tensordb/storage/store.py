@@ -20,11 +20,11 @@ import duckdb
 import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
-from ..geometry import BoxName, GatherName, IotaName
+from ..geometry import BoxName, GatherName, IotaName, OneHotName
 from . import catalog, directory, identity
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
-from .boxes import BoxReader, GatherReader, IotaReader
+from .boxes import BoxReader, GatherReader, IotaReader, OneHotReader
 from .meta import TensorMeta, check_dims, check_grid, check_name, supported_dtype
 from .npzfile import remove_leftover_members
 from .reader import TensorReader
@@ -244,6 +244,8 @@ class Store:
             return self.has(name.base)
         if isinstance(name, GatherName):
             return self.has(name.base) and self.has(name.index)
+        if isinstance(name, OneHotName):
+            return self.has(name.index)
         return self._find(name) is not None
 
     def meta(self, name: str) -> TensorMeta:
@@ -307,10 +309,13 @@ class Store:
     def open_many(self, names) -> dict[str, TensorReader]:
         """Readers for the current versions of ``names`` (the tile entries not cached yet are
         read in one query)."""
-        if any(isinstance(name, IotaName) for name in names):  # positions, computed (boxes.py)
-            rest = self.open_many([n for n in names if not isinstance(n, IotaName)])
-            return {name: IotaReader(name) if isinstance(name, IotaName) else rest[name]
-                    for name in names}
+        if any(isinstance(name, (IotaName, OneHotName)) for name in names):  # computed (boxes.py)
+            rest = self.open_many(list(dict.fromkeys(
+                [n for n in names if not isinstance(n, (IotaName, OneHotName))]
+                + [n.index for n in names if isinstance(n, OneHotName)])))
+            return {name: IotaReader(name) if isinstance(name, IotaName) else
+                    OneHotReader(rest[name.index], name) if isinstance(name, OneHotName) else
+                    rest[name] for name in names}
         boxes = {name: name for name in names if isinstance(name, (BoxName, GatherName))}
         if boxes:  # slices and gathers: readers of the stored tensors they read (boxes.py)
             bases = self.open_many(list(dict.fromkeys(
