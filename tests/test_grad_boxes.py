@@ -182,3 +182,11 @@ def test_alternating_mini_batches_are_planned_once_each(con):
                         "W[d,f] = W[d,f] - 0.001 * gW[d,f]; E[r,d] = E[r,d] - 0.001 * gE[r,d]")
     stats = con.plan_cache_stats
     assert stats["misses"] == 3 and stats["hits"] == 6, stats
+
+
+def test_a_gathers_gradient_is_a_matrix_product_with_one_hot_rows(con):
+    con.load("E", E)
+    con.load("tok", TOK)
+    text = con.explain("L = SUM(TANH(E[tok[b,t], d])); dE = GRAD(L, E)")
+    line = next(l for l in text.splitlines() if "onehot(tok,9)" in l)
+    assert "backward dE[" in line and "matmul" in line
