@@ -11,8 +11,8 @@ from .default import (arrow, default_connection, describe, df, drop, einsum, exe
                       fetchone, from_arrow, from_df, load, pl, query, read_csv, read_json,
                       read_parquet, register, sql, table, tensor, tensors, to_arrow_table,
                       unregister, view)
-from .errors import (BinderError, CatalogError, DatabaseError, DataError, Error, IntegrityError,
-                     InterfaceError, InternalError, NotSupportedError, OperationalError,
+from .errors import (BinderError, CatalogError, DatabaseError, DataError, Error, GradientWarning,
+                     IntegrityError, InterfaceError, NonFiniteWarning, InternalError, NotSupportedError, OperationalError,
                      OutOfMemoryError, ParserError, ProgrammingError, Warning)
 from .plan.builder import Graph
 
@@ -24,7 +24,7 @@ paramstyle = "qmark"
 
 __all__ = [
     "connect", "Connection", "Cursor", "Graph", "__version__",
-    "Error", "Warning", "InterfaceError", "DatabaseError", "DataError", "OperationalError",
+    "Error", "Warning", "GradientWarning", "NonFiniteWarning", "InterfaceError", "DatabaseError", "DataError", "OperationalError",
     "IntegrityError", "InternalError", "ProgrammingError", "NotSupportedError",
     "ParserError", "BinderError", "CatalogError", "OutOfMemoryError",
     "STRING", "NUMBER", "DATETIME", "BINARY", "ROWID", "default_connection",

@@ -14,10 +14,11 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from contextlib import nullcontext
 
 from . import __version__
-from .errors import Error, Span
+from .errors import Error, Span, Warning
 from .result import Result, format_cell
 from .terminal import Abandon, as_command, history, is_utf8, read_piped, remember
 
@@ -156,7 +157,10 @@ class Shell:
             self.show(result)
 
         try:
-            with self.abandon.statement() if self.abandon is not None else nullcontext():
+            with self.abandon.statement() if self.abandon is not None else nullcontext(), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("always", Warning)
+                warnings.showwarning = self._show_warning
                 self.con.execute_script(text, on_result=show)
             return True
         except Error as exc:
@@ -180,6 +184,15 @@ class Shell:
             print(f"internal error: {type(exc).__name__}: {exc}", file=self.err)
             self._say_what_was_kept(source, shown - kept, boundary)
             return False
+
+    def _show_warning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        """tensordb's warnings as ``warning: ...`` lines on stderr (with their caret); any
+        other as Python shows it."""
+        if issubclass(category, Warning):
+            print(f"warning: {message}", file=self.err)
+        else:
+            print(warnings.formatwarning(message, category, filename, lineno, line),
+                  file=self.err, end="")
 
     def _say_what_was_kept(self, source: str, undone: int, boundary: str | None) -> None:
         """After a failure: results were printed as statements ran, but the failed unit is undone

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 __all__ = [
     "closest_keyword",
     "Span", "render_caret",
-    "Warning", "Error", "InterfaceError", "DatabaseError", "DataError", "OperationalError",
+    "Warning", "GradientWarning", "NonFiniteWarning", "warning_text", "Error", "InterfaceError", "DatabaseError", "DataError", "OperationalError",
     "IntegrityError", "InternalError", "ProgrammingError", "NotSupportedError",
     "ParserError", "BinderError", "CatalogError", "OutOfMemoryError",
 ]
@@ -61,8 +61,32 @@ def render_caret(text: str, span: Span) -> str:
     return f"{prefix}{shown}\n{' ' * caret_col}^{'~' * (width - 1) if width > 1 else ''}"
 
 
-class Warning(Exception):  # noqa: A001 - DB-API name
-    """DB-API warning."""
+class Warning(UserWarning):  # noqa: A001 - DB-API name
+    """DB-API warning; also a Python warning category (``warnings.warn``), so that
+    ``warnings.simplefilter("error", tensordb.Warning)`` turns tensordb's warnings into errors.
+    Its text names the statement, with a caret, as an error's does (``warning``)."""
+
+
+class GradientWarning(Warning):
+    """A GRAD whose result is zeros by construction: the loss does not depend on the tensor
+    (never read, or assigned after the loss read it)."""
+
+
+class NonFiniteWarning(Warning):
+    """A stored result of EXP or SOFTMAX holds inf or NaN (an overflow)."""
+
+
+def warning_text(message: str, statement: str | None = None, span: Span | None = None,
+                 hint: str | None = None) -> str:
+    """A warning's text: the message, the caret line, the hint (as ``str(Error)`` shows)."""
+    parts = [message]
+    if statement is not None and span is not None:
+        parts.append(render_caret(statement, span))
+    elif statement is not None:
+        parts.append(f"in statement: {statement.strip()[:200]}")
+    if hint:
+        parts.append(f"HINT: {hint}")
+    return "\n".join(parts)
 
 
 class Error(Exception):

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ProgrammingError
 
-__all__ = ["BoxName", "GatherName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
+__all__ = ["BoxName", "GatherName", "IotaName", "OneHotName", "Grid", "TARGET_TILE_BYTES", "regular_bounds", "even_bounds", "regular_grid",
            "default_tile_shape", "grid_shape", "tile_box", "overlapping"]
 
 Grid = tuple[tuple[int, ...], ...]
@@ -187,3 +187,68 @@ class GatherName(str):
     @property
     def shape(self) -> tuple[int, ...]:
         return self.index_shape + self.base_shape[1:]
+
+
+class OneHotName(str):
+    """The graph name of the one-hot rows of the stored integer tensor ``index``: of shape
+    ``index_shape + (rows,)``, 1 (True) where the last coordinate is the row the index names
+    (numpy's negative rows too), else 0: the matrix whose product with a gather's gradient is
+    its scatter-add (plan/select.py). It prints as ``onehot(tok,50)``; the storage opens it as a
+    reader that compares the index's box with the row numbers (storage/boxes.py).
+
+    >>> h = OneHotName("tok", (2, 3), 50)
+    >>> str(h), h.shape
+    ('onehot(tok,50)', (2, 3, 50))
+    """
+
+    index: str
+    index_shape: tuple[int, ...]
+    rows: int
+
+    def __new__(cls, index: str, index_shape, rows: int) -> "OneHotName":
+        self = super().__new__(cls, f"onehot({index},{int(rows)})")
+        for k, v in (("index", str(index)), ("index_shape", tuple(int(n) for n in index_shape)),
+                     ("rows", int(rows))):
+            object.__setattr__(self, k, v)
+        return self
+
+    def __setattr__(self, key, value):
+        raise AttributeError("a OneHotName is immutable")
+
+    def __reduce__(self):
+        return OneHotName, (self.index, self.index_shape, self.rows)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.index_shape + (self.rows,)
+
+
+class IotaName(str):
+    """The graph name of ``numpy.arange(start, stop)`` (int64), a tensor no catalog stores: the
+    positions a slice of an intermediate, or the gradient of a slice or a gather, compares
+    (``where(I[i] == J[j], ...)``: a box as an equality join on positions). It prints as
+    ``iota(3:7)``; the storage opens it as a reader that computes its values (storage/boxes.py).
+
+    >>> i = IotaName(3, 7)
+    >>> str(i), i.start, i.stop, i.shape
+    ('iota(3:7)', 3, 7, (4,))
+    """
+
+    start: int
+    stop: int
+
+    def __new__(cls, start: int, stop: int) -> "IotaName":
+        self = super().__new__(cls, f"iota({int(start)}:{int(stop)})")
+        object.__setattr__(self, "start", int(start))
+        object.__setattr__(self, "stop", int(stop))
+        return self
+
+    def __setattr__(self, key, value):
+        raise AttributeError("an IotaName is immutable")
+
+    def __reduce__(self):
+        return IotaName, (self.start, self.stop)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.stop - self.start,)

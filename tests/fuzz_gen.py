@@ -134,6 +134,13 @@ class Pool:
         self.by_shape.setdefault(shape, []).append(t)
         return t
 
+    def index(self, rows: np.ndarray) -> Stored:
+        """A stored int64 index tensor of a gather (rows may be negative: numpy's)."""
+        self.count += 1
+        name = f"I{self.count}"
+        self.con.load(name, np.asarray(rows, np.int64))
+        return Stored(name, np.asarray(rows, np.int64), "con.load() (a gather's index)")
+
 
 # -- statements -------------------------------------------------------------------------------
 
@@ -182,7 +189,14 @@ def _join(rng, n: int) -> tuple:
 def _maybe_unary(rng, e):
     if rng.random() < 0.2:
         return (_UNARY[int(rng.integers(len(_UNARY)))], e)
+    if e[0] == "in" and rng.random() < 0.12:  # a comparison of stored values: exact
+        other = ("lit", _literal(rng)) if rng.random() < 0.7 else ("in", e[1])
+        op = _COMPARE[int(rng.integers(len(_COMPARE)))]
+        return (op, e, other) if rng.random() < 0.7 else (op, other, e)
     return e
+
+
+_COMPARE = ("==", "!=", "<", "<=", ">", ">=")
 
 
 def _inputs(e) -> set[int]:
@@ -217,22 +231,46 @@ def gen_statement(rng, pool: Pool, sizes: dict[str, int], dtypes: tuple[str, ...
         out = [l for l in used if rng.random() < 0.5]
         out = [str(l) for l in rng.permutation(out)] if out else []
         agg_labels = [l for l in used if l not in out]
-        agg = str(rng.choice(["sum", "prod", "max", "min"], p=[0.4, 0.2, 0.2, 0.2]))
+        agg = str(rng.choice(["sum", "prod", "max", "min", "mean", "argmax", "argmin",
+                              "logsumexp"], p=[0.32, 0.16, 0.15, 0.15, 0.06, 0.05, 0.03, 0.08]))
+        if agg in ("argmax", "argmin") and len(set(agg_labels)) != 1:
+            agg = "max"  # an index aggregates exactly one label
         if not agg_labels:
             agg = "sum"  # nothing is aggregated: the aggregate does not matter
         if agg == "prod" and math.prod(sizes[l] for l in agg_labels) > MAX_PROD:
             continue
         break
-    stored = []
+    stored, operands = [], []
     for ls in labels:
         dtype = dtypes[int(rng.integers(len(dtypes)))]
-        stored.append(pool.get(tuple(sizes[l] for l in ls), dtype))
+        shape = tuple(sizes[l] for l in ls)
+        r = rng.random()
+        if ls and all(shape) and r < 0.08:  # a slice: a box of a larger stored tensor
+            grow = [int(rng.integers(0, 3)) for _ in shape]
+            t = pool.get(tuple(n + g for n, g in zip(shape, grow)), dtype)
+            box = tuple((lo, lo + n) for n, g in zip(shape, grow)
+                        for lo in [int(rng.integers(0, g + 1))])
+            operands.append(Operand(t.name, ls, t.array[tuple(slice(a, b) for a, b in box)],
+                                    box=box))
+        elif ls and r < 0.12 and len(set(ls)) == len(ls):  # a gather: E[tok[l0], rest]
+            rows = int(rng.integers(1, 7))
+            t = pool.get((rows,) + shape[1:], dtype)
+            index = pool.index(rng.integers(-rows, rows, size=shape[:1]))
+            operands.append(Operand(t.name, ls, t.array[index.array], gather=index.name,
+                                    gather_rank=1))
+        else:
+            t = pool.get(shape, dtype)
+            operands.append(Operand(t.name, ls, t.array))
+        stored.append(t)
     join = _join(rng, n)
     assert _inputs(join) == set(range(n)), join
-    operands = [Operand(t.name, ls, t.array) for t, ls in zip(stored, labels)]
+    over = None
+    if used and rng.random() < 0.05:  # SOFTMAX over one label, keeping every label
+        agg, over = "softmax", str(rng.choice(used))
+        out = [str(l) for l in rng.permutation(used)]
     pieces = {}
     if rng.random() < 0.4:
         for l in used:
             if rng.random() < 0.6:
                 pieces[l] = int(rng.integers(1, min(max(sizes[l], 1), 5) + 1))
-    return Statement(Case(tuple(out), operands, join, agg), stored, pieces)
+    return Statement(Case(tuple(out), operands, join, agg, over), stored, pieces)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FUNCTIONS", "BINARY", "UNARY", "Operand", "Case", "Answer", "answer", "compare",
+__all__ = ["FUNCTIONS", "BINARY", "COMPARISONS", "UNARY", "Operand", "Case", "Answer", "answer", "compare",
            "render_sql", "render_python", "STORED_DTYPES"]
 
 STORED_DTYPES = ("bool", "int32", "int64", "float32", "float64")
@@ -47,6 +47,10 @@ def _sigmoid(x):
 
 BINARY = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide,
           "max": np.maximum, "min": np.minimum, "pow": np.power}
+# Comparisons give numpy's bool (the dialect's =, <>, <, <=, >, >=; the Python API's ==, ...).
+COMPARISONS = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
+               ">": np.greater, ">=": np.greater_equal}
+BINARY.update(COMPARISONS)
 UNARY = {"neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "abs": np.abs,
          "relu": _relu, "tanh": np.tanh, "sigmoid": _sigmoid, "sin": np.sin, "cos": np.cos,
          "square": np.square}
@@ -59,7 +63,10 @@ _PYTHON = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operato
 class Operand:
     name: str
     labels: tuple[str, ...]
-    array: np.ndarray
+    array: np.ndarray                          # what the operand reads (a box's, a gather's)
+    box: tuple | None = None                   # a slice of the stored ``name``: (start, stop)s
+    gather: str | None = None                  # a gather: name[gather[labels[:k]], ...]
+    gather_rank: int = 0                       # the index tensor's dimensions
 
 
 @dataclass
@@ -67,7 +74,9 @@ class Case:
     out: tuple[str, ...]
     operands: list[Operand]
     join: tuple
-    agg: str                                   # sum, prod, max, min
+    agg: str                                   # sum, prod, max, min, mean, argmax, argmin,
+                                               # logsumexp, softmax (out: every label)
+    over: str | None = None                    # softmax: the label it normalizes over
 
 
 @dataclass
@@ -164,6 +173,8 @@ def _eval(expr, values: list, errs: list):
         e = ea[0] / fa[1] + fa[0] * ea[1] / (fa[1] * fa[1])
     elif kind in ("max", "min"):
         e = np.maximum(ea[0], ea[1])
+    elif kind in COMPARISONS:  # exact: the generator compares stored values and literals
+        return out, 0.0
     elif kind == "pow":
         b = _f64(args[1])
         e = np.abs(b * np.power(fa[0], b - 1)) * ea[0] + r * np.abs(np.log(fa[0])) * ea[1]
@@ -191,7 +202,8 @@ def answer(case: Case) -> Answer:
             _eval(case.join, probes, [np.zeros(1)] * len(probes))
         except (TypeError, ValueError, OverflowError) as exc:
             return Answer(error="any", why=f"numpy refuses the join: {exc}")
-        if case.agg in ("max", "min") and any(sizes[l] == 0 for l in agg_labels):
+        if case.agg in ("max", "min", "argmax", "argmin") and \
+                any(sizes[l] == 0 for l in agg_labels):
             return Answer(error="data", why=f"{case.agg.upper()} over an empty label")
         try:
             # Every operand is broadcast over the whole join space: the join is evaluated at
@@ -211,17 +223,73 @@ def answer(case: Case) -> Answer:
         joined = np.broadcast_to(joined, shape)
         jerr = np.broadcast_to(np.asarray(jerr, dtype=np.float64), shape)
         axes = tuple(labels.index(l) for l in agg_labels)
-        value, err = _reduce(case.agg, joined, jerr, axes, dtype)
-        value = np.asarray(value, dtype=dtype)
+        if case.agg == "softmax":
+            if dtype == np.bool_:  # x - MAX(x): numpy refuses bools
+                return Answer(error="any", why="numpy refuses the subtraction of bools")
+            value, err = _softmax(joined, jerr, labels.index(case.over))
+        else:
+            value, err = _reduce(case.agg, joined, jerr, axes, dtype)
+        value = np.asarray(value, dtype=_result_dtype(case.agg, dtype))
         err = np.broadcast_to(np.asarray(err, dtype=np.float64), value.shape)
         kept = [l for l in labels if l in case.out]
         order = [kept.index(l) for l in case.out]
     return Answer(value=np.transpose(value, order), err=np.transpose(err, order))
 
 
+def _result_dtype(agg: str, dtype) -> np.dtype:
+    """numpy's: an index is int64; a mean and a logsumexp are floats (x * 1.0)."""
+    if agg in ("argmax", "argmin"):
+        return np.dtype(np.int64)
+    if agg in ("mean", "logsumexp"):
+        return (np.ones(1, dtype) * 1.0).dtype
+    if agg == "softmax":
+        return np.exp(np.ones(1, dtype) - np.ones(1, dtype)).dtype
+    return np.dtype(dtype)
+
+
+def _softmax(joined, jerr, axis: int):
+    """scipy.special.softmax as docs/sql.md writes it: EXP(x - m) / SUM(EXP(x - m)), m the MAX
+    along the axis (NaN along a line holding +inf or only -inf)."""
+    if joined.size == 0:  # an empty result (a label of size 0)
+        out = np.exp(joined - joined)
+        return out, np.zeros(out.shape)
+    m = np.max(joined, axis=axis, keepdims=True)
+    e = np.exp(joined - m)
+    value = e / np.sum(e, axis=axis, keepdims=True)
+    eps = float(np.finfo(value.dtype).eps)
+    count = joined.shape[axis]
+    err = np.abs(_f64(value)) * (2 * np.max(jerr, axis=axis, keepdims=True) + eps * (count + 8))
+    return value, _clean(err)
+
+
 def _reduce(agg: str, joined, jerr, axes, dtype):
     if not axes:
+        if agg in ("mean", "logsumexp"):  # nothing aggregated: the join, as a float
+            return joined * 1.0, jerr
         return joined, jerr
+    if agg in ("argmax", "argmin"):  # one label: numpy's first extreme (the first NaN)
+        (axis,) = axes
+        value = (np.argmax if agg == "argmax" else np.argmin)(joined, axis=axis)
+        return value, np.zeros(value.shape)
+    if agg == "mean":
+        x = joined * 1.0
+        total, err = _reduce("sum", x, jerr, axes, x.dtype)
+        count = math.prod(joined.shape[a] for a in axes)
+        return np.true_divide(total, count, dtype=x.dtype), \
+            err / max(count, 1) + 2 * float(np.finfo(x.dtype).eps) * np.abs(_f64(total)) / max(count, 1)
+    if agg == "logsumexp":  # scipy.special.logsumexp's algorithm, written out
+        x = joined * 1.0
+        count = math.prod(joined.shape[a] for a in axes)
+        if count == 0:
+            return np.full(np.delete(np.array(joined.shape), axes), -np.inf, x.dtype), 0.0
+        m = np.max(x, axis=axes, keepdims=True)
+        shift = np.where(np.isfinite(m), m, 0).astype(x.dtype)
+        total = np.add.reduce(np.exp(x - shift), axis=axes, dtype=x.dtype)
+        value = (np.log(total) + np.squeeze(shift, axis=axes)).astype(x.dtype)
+        eps = float(np.finfo(x.dtype).eps)
+        err = np.max(jerr, axis=axes) + eps * (count + 8) * \
+            (np.abs(_f64(value)) + np.abs(_f64(np.squeeze(shift, axis=axes))) + 1)
+        return value, _clean(err)
     count = math.prod(joined.shape[a] for a in axes)
     eps = float(np.finfo(dtype).eps) if dtype.kind == "f" else 0.0
     mag = np.abs(joined.astype(np.float64))
@@ -297,6 +365,7 @@ def _first(bad, got, value, what) -> str:
 # -- rendering a join -----------------------------------------------------------------------
 
 _INFIX = ("+", "-", "*", "/")
+_SQL_COMPARISON = {"==": "=", "!=": "<>"}
 
 
 def _literal(v) -> str:
@@ -313,6 +382,8 @@ def render_sql(expr, refs: list[str]) -> str:
     args = [render_sql(a, refs) for a in expr[1:]]
     if kind in _INFIX:
         return f"({args[0]} {kind} {args[1]})"
+    if kind in COMPARISONS:
+        return f"({args[0]} {_SQL_COMPARISON.get(kind, kind)} {args[1]})"
     if kind == "neg":
         return f"(-{args[0]})"
     return f"{kind.upper()}({', '.join(args)})"
@@ -330,7 +401,7 @@ def render_python(expr) -> str:
     if kind == "lit":
         return _literal(expr[1]) if expr[1] >= 0 else f"(-{_literal(-expr[1])})"
     args = [render_python(a) for a in expr[1:]]
-    if kind in _INFIX:
+    if kind in _INFIX or kind in COMPARISONS:
         return f"({args[0]} {kind} {args[1]})"
     if kind == "pow" and _has_input(expr[1]):  # else ** would be Python's power of literals
         return f"({args[0]} ** {args[1]})"

@@ -21,7 +21,7 @@ parses text. The catalog is anything with ``has``, ``meta`` and ``list`` (the St
 """
 from __future__ import annotations
 
-from ..errors import Error, InternalError, Span
+from ..errors import Error, InternalError, Span, Warning
 from .binder import AGGREGATES, SCALAR_FUNCTIONS
 from .graph import bind_graph
 from .group import GroupBinder, LetDef
@@ -44,6 +44,8 @@ def bind_statements(store, lets: dict[str, LetDef], items) -> GroupBinder:
             binder.add(script, stmt, last=last.get(stmt.target.name.lower()) in (k, None))
         except Error as exc:
             raise exc.with_source(script, stmt.span)
+        except Warning:  # a tensordb warning the caller's filter made an error: as it is
+            raise
         except Exception as exc:
             raise internal_error(exc, script, stmt.span) from exc
     return binder

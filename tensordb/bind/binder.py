@@ -464,6 +464,13 @@ class _Lowering(Derived):
         self.outer = outer | set(own)
         try:
             join = self.conv(node.args[0], inner)
+            if not inner and not self.count_steps and \
+                    any(isinstance(n, A.Call) and n.fn == "count" for n in A.walk(node.args[0])):
+                self.count_steps = True  # MEAN(COUNT(x)): the counts as a step, aggregated
+                try:
+                    join = self.conv(node.args[0], inner)
+                finally:
+                    self.count_steps = False
         finally:
             self.outer = outer
         if not inner:

@@ -87,6 +87,11 @@ class Derived:
         span = node.span
         node = A.Call(node.fn, (A.BinOp("*", node.args[0], A.Number(1.0, span), span),),
                       span, node.fn_span)
+        if any(self.sizes[l][0] == 0 for l in own):  # over nothing: LOG(0) = -inf, as scipy
+            inner, value = self._argument(node, own)
+            ones = scalar.Call("+", (scalar.Call("*", (value, scalar.Const(0))), scalar.Const(1)))
+            total = self.temporary(kept, inner, ones, "sum", span)  # 0: no element to EXP
+            return scalar.Call("log", (slot(slots, total, tuple(kept)),))
         m_slot, total = self._exp_sum(node, slots, kept, own, shift)
         return scalar.Call("+", (scalar.Call("log", (total,)), shift(m_slot)))
 
@@ -130,6 +135,9 @@ class Derived:
             raise self.err(node.span, f"SOFTMAX's argument uses label(s) {', '.join(stray)} that "
                            "the statement aggregates outside it",
                            hint="aggregate them inside the argument, e.g. SOFTMAX(SUM(...), j)")
+        if self.sizes[label][0] == 0:  # an empty result, as scipy's: no MAX over nothing
+            value = self.conv(args[0], slots)
+            return scalar.Call("exp", (scalar.Call("-", (value, value)),))
         k = 1
         while f"{label}_sm{k}" in self.sizes:
             k += 1

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..geometry import BoxName, GatherName, IotaName, OneHotName
 from ..plan import scalar
 from ..plan.builder import split_pairwise
 from ..plan.grad import backward
 from ..plan.ir import EinGraph, EinOp, Operand, TensorInfo
 from ..plan.names import TensorRef
+from ..plan.select import box_scatter, gather_scatter
 
 __all__ = ["BoundStep", "GradStep", "Emitter"]
 
@@ -115,14 +119,30 @@ class Emitter:
             self.outputs.append(into)
 
     def _grad(self, step: GradStep) -> None:
-        """The backward pass of ``step.loss`` (plan/grad.py), after the operations so far."""
-        wrt = []
+        """The backward pass of ``step.loss`` (plan/grad.py), after the operations so far. A
+        tensor read through slices or gathers gets the gradients of those boxes scattered back
+        onto its shape (plan/select.py), summed with the gradient of its whole reads."""
+        wrt, views, results = [], [], []
         for tensor, into, store in step.wrt:
             t = self.alias.get(tensor, tensor)
-            if t not in self.known:
+            into = self._result_name(into)
+            results.append((into, store))
+            boxes = [n for n in self.inputs if isinstance(n, (BoxName, GatherName)) and n.base == t]
+            direct = any(o.tensor == t for op in self.ops for o in op.inputs)
+            if t not in self.known and (direct or not boxes):
                 self.inputs[t] = self.stored[t]
                 self.known[t] = self.stored[t].dtype
-            wrt.append((t, self._result_name(into)))
+            if not boxes:
+                wrt.append((t, into))
+                continue
+            parts = []
+            if direct:
+                parts.append(into.temporary(1))
+                wrt.append((t, parts[-1]))
+            for box in boxes:
+                wrt.append((box, into.temporary(len(parts) + 1)))
+                parts.append((box, wrt[-1][1]))
+            views.append((t, into, parts))
         shapes = {n: (i.shape, i.dtype) for n, i in self.inputs.items()}
         loss = self.alias.get(step.loss, step.loss)
         self.passes[loss] = self.passes.get(loss, 0) + 1  # a loss may have several passes
@@ -134,7 +154,59 @@ class Emitter:
                     self.known[o.tensor] = self.stored[o.tensor].dtype
             self.ops.append(op)
             self.known[op.output] = op.dtype
-        self.outputs.extend(into for (_, into), (_, _, store) in zip(wrt, step.wrt) if store)
+        for t, into, parts in views:
+            self._scatter(t, into, parts)
+        self.outputs.extend(into for into, store in results if store)
+
+    def _scatter(self, t: str, into: TensorRef, parts: list) -> None:
+        """``into``, the gradient of ``t``: the sum of ``parts``, each the gradient of t's whole
+        reads (a name) or of one of its boxes or gathers ``(box, its gradient)``, scattered."""
+        info = self.stored[t]
+        dtype = info.dtype if np.dtype(info.dtype).kind == "f" else "float64"
+        last = len(parts) + 2
+        names = []
+        for k, part in enumerate(parts):
+            if not isinstance(part, tuple):
+                names.append(part)
+                continue
+            box, grad = part
+            if isinstance(box, BoxName):
+                sel = box_scatter(info.shape, box.box, dtype)
+            else:
+                sel = gather_scatter(info.shape, box.index, box.index_shape)
+            name = into if len(parts) == 1 else into.temporary(last + k)
+            self._select(name, sel.with_source(grad), dtype)
+            names.append(name)
+        if len(parts) > 1:
+            labels = tuple(f"d{i}" for i in range(len(info.shape)))
+            join: scalar.Expr = scalar.Input(0)
+            for k in range(1, len(names)):
+                join = scalar.Call("+", (join, scalar.Input(k)))
+            op = EinOp(into, labels, tuple(Operand(n, labels) for n in names),
+                       tuple(zip(labels, info.shape)), join, "sum", dtype,
+                       tuple(self.known[n] for n in names), backward=True)
+            self.ops.append(op)
+            self.known[into] = dtype
+
+    def _select(self, name: TensorRef, sel, dtype: str, backward: bool = True) -> None:
+        """One operation of plan/select.py (its positions made inputs of the graph)."""
+        for t, _ in sel.inputs:
+            if isinstance(t, (IotaName, OneHotName)) and t not in self.known:
+                kind = "int64" if isinstance(t, IotaName) else "bool"
+                self.inputs[t] = TensorInfo(t, t.shape, kind)
+                self.known[t] = kind
+            elif t not in self.known:
+                self.inputs[t] = self.stored[t]
+                self.known[t] = self.stored[t].dtype
+        product = sel.agg == "sum" and scalar.product_factors(sel.join) is not None
+        op = EinOp(name, sel.out_labels, tuple(Operand(t, ls) for t, ls in sel.inputs),
+                   tuple(sel.sizes.items()), sel.join, sel.agg, dtype,
+                   # a product (a gather's scatter-add): np.einsum's rule, every operand cast
+                   # to the result dtype, so that it runs as a matrix product
+                   tuple(dtype if product else self.known[t] for t, _ in sel.inputs),
+                   backward=backward)
+        self.ops.append(op)
+        self.known[name] = dtype
 
     def _finite(self, name: str) -> bool:
         """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""

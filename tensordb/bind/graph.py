@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import difflib
 import math
+import warnings
 import re
 
 from ..dtypes import check_dtype
 from ..geometry import BoxName, GatherName
-from ..errors import BinderError, CatalogError, Error, InternalError, NotSupportedError, Span
+from ..errors import BinderError, CatalogError, Error, GradientWarning, InternalError, Span
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, AGGS, ARG_AGGS, empty_aggregate
 from ..plan.builder import Graph, GradRequest, Step, infer_dtype, parse_spec
 from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
+from ..plan.select import box_select
 from .emit import BoundStep, Emitter, GradStep
 
 __all__ = ["bind_graph", "source_of"]
@@ -197,8 +199,8 @@ class _GraphBinder:
         agg = step.agg
         if agg == "mean":  # numpy.mean: the SUM in the float dtype (x * 1.0), then / the count
             join, agg = scalar.Call("*", (join, scalar.Const(1.0))), "sum"
-        elif agg == "logsumexp":  # its MAX first (refused over nothing, as MAX is)
-            agg = "max"
+        elif agg == "logsumexp":  # its MAX first; x * 1.0, as scipy reads bools and ints
+            join, agg = scalar.Call("*", (join, scalar.Const(1.0))), "max"
         try:
             dtype = infer_dtype(join, dtypes, names)
         except Error as exc:
@@ -212,6 +214,8 @@ class _GraphBinder:
                                   span=spans.get("agg", spans["call"]))
             dtype = "int64"
         empty = [l for l in dict.fromkeys(aggregated) if sizes[l] == 0]
+        if empty and step.agg == "logsumexp":  # over nothing: LOG(0) = -inf, as scipy's
+            agg = "sum"
         if empty and AGGREGATES[agg].identity is None:
             shown = [f"{t}[{','.join(ls)}]" for t, ls in zip(names, labels)]
             what = f"{step.into}[{','.join(out)}] = {step.agg.upper()}({scalar.render(join, shown)})"
@@ -225,6 +229,13 @@ class _GraphBinder:
                                   tuple(sizes.items()), dtype))
             join = scalar.Call("/", (scalar.Input(0), scalar.Const(count)))
             inputs = ((total, tuple(out)),)
+        elif step.agg == "logsumexp" and empty:  # SUM over nothing (0), then its LOG
+            total = TensorRef.of(step.into).temporary(1)
+            ones = scalar.Call("+", (scalar.Call("*", (join, scalar.Const(0))), scalar.Const(1)))
+            dtype = infer_dtype(scalar.Call("*", (join, scalar.Const(1.0))), dtypes, names)
+            emitter.add(BoundStep(total, tuple(out), inputs, ones, "sum", False,
+                                  tuple(sizes.items()), dtype))
+            join, inputs = scalar.Call("log", (scalar.Input(0),)), ((total, tuple(out)),)
         elif step.agg == "logsumexp" and aggregated:
             inputs, join, agg, dtype = _logsumexp(emitter, step, inputs, join, out, sizes,
                                                   dtypes, names, where)
@@ -252,16 +263,17 @@ class _GraphBinder:
         for k, (name, into) in enumerate(zip(req.wrt, req.into)):
             t = emitter.alias.get(name, name)
             wshape, wdtype = self._resolve(t, spans[("wrt", k)])
-            sliced = [str(n) for n in emitter.inputs if isinstance(n, BoxName) and n.base == t
-                      or isinstance(n, GatherName) and t in (n.base, n.index)]
-            if sliced:  # the backward pass has no scatter into a box yet: refused, never zeros
-                raise NotSupportedError(f"grad with respect to '{name}', which this graph reads "
-                                        f"through a slice or gather ({sliced[0]}), is not supported yet",
-                                        span=spans[("wrt", k)])
+            index_of = [str(n) for n in emitter.inputs
+                        if isinstance(n, GatherName) and n.index == t]
+            if index_of:  # integer positions: no derivative
+                raise BinderError(f"grad with respect to '{name}', the index of the gather "
+                                  f"{index_of[0]}: an index has no gradient",
+                                  span=spans[("wrt", k)])
             if into in self.known and into not in emitter.inputs or into in emitter.alias or \
                     into in req.into[:k]:
                 raise BinderError(f"'{into}' is defined twice in one graph",
                                   span=spans[("into", k)])
+            _warn_unused(emitter, req.loss, loss, name, t)
             wrt.append((t, into, req.store))
             self.known[into] = (wshape, wdtype if check_dtype(wdtype, t).kind == "f"
                                 else "float64")
@@ -289,13 +301,14 @@ class _GraphBinder:
             raise BinderError(f"operand '{text}': a slice is written 'X[0:100, :]' (ranges "
                               "lo:hi, without a step)", span=span)
         name = m.group(1)
-        if name in self.known and name not in self.emitter.stored:
-            raise BinderError(f"cannot slice '{name}': it is computed by this graph, and a slice "
-                              "reads a box of a stored tensor", span=span,
-                              hint=f"store {name} first, then slice it in another graph")
+        computed = name in self.known and name not in self.emitter.stored
         shape, dtype = self._resolve(name, span)
         parts = [p.strip() for p in m.group(2).split(",")]
         if len(parts) == 1 and _NAME.match(parts[0]):  # 'E[tok]': a gather, numpy's E[tok]
+            if computed:
+                raise BinderError(f"cannot gather from '{name}': it is computed by this graph, "
+                                  "and a gather reads stored tensors", span=span,
+                                  hint=f"store {name} first, then gather from it in another graph")
             return self._gather(name, parts[0], shape, dtype, span)
         if len(parts) > len(shape):
             raise BinderError(f"operand '{text}': {len(parts)} subscripts for {name} of shape "
@@ -316,6 +329,16 @@ class _GraphBinder:
                 raise BinderError(f"operand '{text}': slice '{parts[axis]}' of {name} axis "
                                   f"{axis} (size {n}) is empty", span=span)
             box.append((start, stop))
+        if computed:  # an earlier step's result: selected by an operation (plan/select.py)
+            into = TensorRef(f"{name}.slice[{','.join(f'{a}:{b}' for a, b in box)}]")
+            if into not in self.known:
+                sel = box_select(shape, box, dtype).with_source(name)
+                for t, _ in sel.inputs[1:]:
+                    self.emitter.read(TensorInfo(t, t.shape, "int64"))
+                self.emitter.add(BoundStep(into, sel.out_labels, sel.inputs, sel.join, sel.agg,
+                                           False, tuple(sel.sizes.items()), dtype))
+                self.known[into] = (tuple(b - a for a, b in box), dtype)
+            return (into, *self.known[into])
         b = BoxName(name, box)
         self.emitter.read(TensorInfo(b, b.shape, dtype))
         return b, b.shape, dtype
@@ -344,6 +367,20 @@ class _GraphBinder:
             difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         return f"did you mean '{close[0]}'?" if close else \
             f"known tensors: {', '.join(known[:12])}" if known else None
+
+
+def _warn_unused(emitter, loss_name: str, loss: str, name: str, t: str) -> None:
+    """A GradientWarning when the graph's ``loss`` does not depend on ``t``: zeros."""
+    need = {loss}
+    for op in reversed(emitter.ops):
+        if op.output in need:
+            need |= {o.tensor for o in op.inputs}
+    if t in need or any(isinstance(n, (BoxName, GatherName)) and n.base == t for n in need):
+        return
+    why = f"'{name}' was replaced after '{loss_name}' read it" if t != name else \
+        f"'{loss_name}' does not read '{name}'"
+    warnings.warn(GradientWarning(f"grad({loss_name!r}, {name!r}) is zeros: {why}"),
+                  stacklevel=3)
 
 
 def _explicit_labels(step: Step, names: list[str], shapes: list[tuple[int, ...]], spans: dict

@@ -9,15 +9,17 @@ name and stores it as P.
 from __future__ import annotations
 
 import difflib
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..dtypes import check_dtype
-from ..errors import BinderError, CatalogError, NotSupportedError, Span
+from ..errors import BinderError, CatalogError, GradientWarning, Span, warning_text
 from ..geometry import BoxName, GatherName
 from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
+from ..plan.select import box_select
 from ..dialect import ast as A
 from .binder import Lowered, lower
 from .emit import BoundStep, Emitter, GradStep
@@ -86,16 +88,18 @@ class GroupBinder:
         raise CatalogError(f"unknown tensor '{name}'", statement=script or None, span=span, hint=hint)
 
     def _resolve_box(self, name: str, span: Span, script: str, box, gather=None):
-        """A slice: the box of a stored tensor, read as an input of its own (geometry.BoxName);
-        a gather: the rows of a stored tensor that a stored index tensor selects (GatherName)."""
-        for n in (name,) if gather is None else (name, gather):
+        """A slice: the box of a stored tensor, read as an input of its own (geometry.BoxName),
+        or of a LET or an earlier result, selected by an operation (``_slice``); a gather: the
+        rows of a stored tensor that a stored index tensor selects (GatherName)."""
+        if gather is None and (name.lower() in self.current or name.lower() in self.lets):
+            return self._slice(*self.resolve(name, span, script), box)
+        for n in (name, gather) if gather is not None else ():
             key = n.lower()
             if key in self.current or key in self.lets:
                 what = "a LET" if key in self.lets else "computed earlier in this group"
-                verb = "slice" if gather is None else "gather with" if n == gather else "gather from"
-                raise BinderError(f"cannot {verb} '{n}': it is {what}, and a "
-                                  f"{'slice' if gather is None else 'gather'} reads stored tensors",
-                                  statement=script or None, span=span,
+                verb = "gather with" if n == gather else "gather from"
+                raise BinderError(f"cannot {verb} '{n}': it is {what}, and a gather reads "
+                                  "stored tensors", statement=script or None, span=span,
                                   hint=f"store {n} first (CREATE TENSOR {n}[...] AS ...), then "
                                        "use it in a later statement")
         base, bshape, dtype = self.resolve(name, span, script)
@@ -107,6 +111,20 @@ class GroupBinder:
         b = BoxName(base, box)
         self.stored[b] = TensorInfo(b, b.shape, dtype)
         return b, b.shape, dtype
+
+    def _slice(self, source: str, shape, dtype: str, box):
+        """``box`` of ``source`` (a LET or an earlier result, not stored): a step of its own,
+        an equality join on positions (plan/select.py), made once per source and box."""
+        box = tuple((int(a), int(b)) for a, b in box)
+        into = TensorRef(f"{source}.slice[{','.join(f'{a}:{b}' for a, b in box)}]")
+        if into not in self.known:
+            sel = box_select(shape, box, dtype).with_source(source)
+            for t, _ in sel.inputs[1:]:
+                self.stored[t] = TensorInfo(t, t.shape, "int64")
+            self.steps.append(BoundStep(into, sel.out_labels, sel.inputs, sel.join, sel.agg,
+                                        False, tuple(sel.sizes.items()), dtype))
+            self.known[into] = (tuple(b - a for a, b in box), dtype)
+        return (into, *self.known[into])
 
     def _resolver(self, script: str):
         return lambda name, span, box=None, gather=None: self.resolve(name, span, script, box, gather)
@@ -189,7 +207,8 @@ class GroupBinder:
         if store:
             self.outputs.append(t.name)
 
-    def _add_grad(self, script: str, stmt: A.AssignStmt, gname: str, store: bool) -> None:
+    def _add_grad(self, script: str, stmt: A.AssignStmt, gname: str, store: bool,
+                  warn: bool = True) -> None:
         """``dW = GRAD(L, W)``: L a scalar computed earlier in the group, W a tensor (stored, a
         LET or a result). GRADs of one loss join the first one's backward pass."""
         call = stmt.expr
@@ -225,15 +244,16 @@ class GroupBinder:
             raise BinderError(f"GRAD: the loss '{loss_ref.name}' is {dtype}, not a float",
                               statement=script, span=loss_ref.span)
         wrt, wshape, wdtype = self.resolve(wrt_ref.name, wrt_ref.name_span, script)
-        sliced = [str(n) for st in self.steps if isinstance(st, BoundStep) for n, _ in st.inputs
-                  if isinstance(n, BoxName) and n.base == wrt
-                  or isinstance(n, GatherName) and wrt in (n.base, n.index)]
-        if sliced:  # the backward pass has no scatter into a box yet: refused, never zeros
-            raise NotSupportedError(f"GRAD with respect to '{wrt_ref.name}', which this group reads "
-                                    f"through a slice or gather ({sliced[0]}), is not supported yet",
-                                    statement=script, span=wrt_ref.span,
-                                    hint="gradients with respect to tensors read whole (the "
-                                         "weights of a mini-batch step) are supported")
+        index_of = [str(n) for st in self.steps if isinstance(st, BoundStep) for n, _ in st.inputs
+                    if isinstance(n, GatherName) and n.index == wrt]
+        if index_of:  # integer positions: no derivative (numpy's and autograd's answer)
+            raise BinderError(f"GRAD with respect to '{wrt_ref.name}', the index of the gather "
+                              f"{index_of[0]}: an index has no gradient", statement=script,
+                              span=wrt_ref.span, hint="differentiate with respect to the "
+                                                      "gathered tensor (its rows get the sum of "
+                                                      "their lookups' gradients)")
+        if warn:
+            self._warn_unused(script, loss_ref, wrt_ref, loss, wrt)
         t = stmt.target
         if t.labels is not None and len(t.labels) != len(wshape):
             raise BinderError(f"GRAD's result has the shape of {wrt_ref.name}, {wshape}: "
@@ -252,6 +272,42 @@ class GroupBinder:
         self.current[t.name.lower()] = gname
         if store:
             self.outputs.append(t.name)
+
+    def _warn_unused(self, script: str, loss_ref, wrt_ref, loss: str, wrt: str) -> None:
+        """A GradientWarning when ``loss`` does not depend on ``wrt`` as it is now (its
+        gradient is zeros): the steps are walked back from the loss's, each name read taken to
+        be what the last step before made of it (else the stored tensor)."""
+        def made(st) -> list:
+            return [into for _, into, _ in st.wrt] if isinstance(st, GradStep) else [st.into]
+
+        def reads(st) -> set:
+            if isinstance(st, GradStep):
+                return {st.loss} | {t for t, _, _ in st.wrt}
+            return {n for n, _ in st.inputs}
+        at = max((k for k, st in enumerate(self.steps) if loss in made(st)), default=-1)
+        maker = max((k for k, st in enumerate(self.steps) if wrt in made(st)), default=None)
+        need, reached = {loss}, False
+        for k in range(at, -1, -1):
+            outs = need & set(made(self.steps[k]))
+            if outs:
+                reached |= k == maker and wrt in outs
+                need = (need - outs) | reads(self.steps[k])
+        if maker is None:
+            reached = wrt in need or any(isinstance(n, (BoxName, GatherName)) and wrt in
+                                         (n.base, getattr(n, "index", None)) for n in need)
+        if reached:
+            return
+        name = wrt_ref.name
+        later = maker is not None and maker > at
+        why = (f"'{name}' was assigned after '{loss_ref.name}' was computed, and GRAD is with "
+               f"respect to the new {name}" if later else
+               f"'{loss_ref.name}' does not read '{name}'")
+        warnings.warn(GradientWarning(warning_text(
+            f"GRAD({loss_ref.name}, {name}) is zeros: {why}", script, wrt_ref.span,
+            hint=f"compute {loss_ref.name} after {name}'s last assignment, or store the gradient "
+                 f"before it (dW = GRAD(L, W) above the update)" if later else
+            f"GRAD of a tensor the loss uses; {loss_ref.name} is computed from: "
+            f"{', '.join(sorted(str(n) for n in need)[:8]) or 'constants'}")), stacklevel=2)
 
     def _same_at(self, name, k: int) -> bool:
         """Whether ``name`` (a tensor as the group knows it now) was already that tensor when
@@ -280,7 +336,7 @@ class GroupBinder:
         probe = GroupBinder(self.store, self.lets, known=dict(self.known), current=dict(self.current))
         if _is_grad(stmt):
             probe.steps, probe.stored = list(self.steps), dict(self.stored)
-            probe._add_grad(script, stmt, t.name, store=False)
+            probe._add_grad(script, stmt, t.name, store=False, warn=False)
             self.lets[key] = LetDef(script, stmt, *probe.known[t.name])
             self.stale(key)  # LETs that read it see the new definition from here on
             return

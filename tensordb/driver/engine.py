@@ -126,7 +126,15 @@ class Engine:
         """A group of einsum statements with the session's LETs: prepare, run, commit. The
         run's result, or None when they only define LETs."""
         prepared = self.prepare(items, lets=self.session.lets)
-        return None if prepared.graph is None else self.run(prepared, self.store_sink())
+        if prepared.graph is None:
+            return None
+        result = self.run(prepared, self.store_sink())
+        if result.output_nonfinite:  # an EXP that overflowed: a warning naming it
+            from ..bind.overflow import warn_nonfinite
+            readers = prepared.plan.readers
+            warn_nonfinite(prepared.graph, result.output_nonfinite, items,
+                           lambda name: name not in readers or readers[name].facts()[0])
+        return result
 
     def explain_statements(self, items, format: str = "text", analyze: bool = False) -> str:
         return self.explain(self.prepare(items, lets=self.session.lets), format, analyze)

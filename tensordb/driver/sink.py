@@ -54,6 +54,7 @@ class _Stored:
     def commit(self, result):
         self.writers.store_tiles(result.tiles, result.nnz, result.nonfinite, result.crc32)
         result.output_nnz = self.writers.nnz()  # what EXPLAIN ANALYZE compares the estimate with
+        result.output_nonfinite = self.writers.nonfinite()  # bind/overflow.py warns of these
         # The tiles are the stored tensors' now (read them through the catalog): the result
         # keeps its statistics, not the buffers, which the next run's outputs may then reuse
         # (a staging buffer, a spare payload file no mapping holds).

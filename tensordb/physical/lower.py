@@ -60,6 +60,9 @@ class _Lowering:
         what the catalog knows of each piece (``f``: no NaN/inf; ``n``: no 0 and no NaN): the
         storage catalog's relations (storage/catalog.py), cut to the operation's pieces."""
         cut = [bounds[l] for l in labels]
+        if tensor in self.readers and not hasattr(self.readers[tensor], "entries"):
+            # a slice, a gather, positions: no catalog tiles; every piece reads (boxes.py)
+            return catalog.every_piece(cut, labels, self._facts(tensor)[0])
         if tensor in self.readers:
             return catalog.tiles_cut_to_grid(self.readers[tensor].meta, cut, labels,
                                              self.store.nonfinite_column)

@@ -204,6 +204,11 @@ class CatalogSink:
         """The nonzeros stored per output (after the commit), by plan name."""
         return {out.name: sum(int(e.nnz) for e in w.entries.values()) for out, w in self.writers}
 
+    def nonfinite(self) -> list[str]:
+        """The outputs (plan names) a stored tile of which holds NaN or inf."""
+        return [out.name for out, w in self.writers
+                if any(e.nonfinite is True for e in w.entries.values())]
+
 
 def _store_zeros(w) -> None:
     """Store every tile of writer ``w`` (an output whose fill is not 0) that the run computed

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..bind import LetDef, internal_error as _internal
 from ..dialect import ast as A
-from ..errors import BinderError, Error, NotSupportedError, ProgrammingError, Span
+from ..errors import BinderError, Error, NotSupportedError, ProgrammingError, Span, Warning
 from ..result import Result
 from ..storage import is_interrupt
 from ..sqlfront.guard import single_statement
@@ -173,6 +173,8 @@ def _assigns(group: list[tuple[str, A.AssignStmt]], name: str) -> bool:
 def _internal_or_interrupt(exc: Exception, script: str, span: Span) -> BaseException:
     """A library's error nobody translated: an internal error, unless it is DuckDB's report of
     a Ctrl-C, which stays the KeyboardInterrupt it was (the command line says "interrupted")."""
+    if isinstance(exc, Warning):  # a tensordb warning the caller's filter made an error
+        return exc
     return KeyboardInterrupt() if is_interrupt(exc) else _internal(exc, script, span)
 
 
@@ -247,7 +249,7 @@ def explain_statements(con, items: list[tuple[str, A.AssignStmt]], format: str =
                        analyze: bool = False) -> str:
     script, first = items[0]
     if any(s.mode == "let" for _, s in items):
-        if analyze:
+        if analyze and all(s.mode == "let" for _, s in items):  # (a step's LET gradients run)
             let = next(s for _, s in items if s.mode == "let")
             raise ProgrammingError("EXPLAIN ANALYZE of a LET: a LET is computed only where it is "
                                    "used", statement=script, span=let.span,

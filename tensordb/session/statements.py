@@ -16,6 +16,7 @@ from ..storage.arrays import create_zeros
 from ..storage.meta import MAX_DIMS
 from ..dialect import ast as A
 from ..dialect.lexer import words
+from .letsql import let_relations
 
 __all__ = ["run", "DTYPES", "sql_with_parameters", "position_from_message"]
 
@@ -272,6 +273,11 @@ def _sql(con, script, s: A.SqlStmt, text) -> Result:
     shown = _bare_name(con, script, s)
     if shown is not None:
         return shown
+    with let_relations(con, script, s):  # the LETs it names, for this statement (letsql.py)
+        return _run_sql(con, script, s, text)
+
+
+def _run_sql(con, script, s: A.SqlStmt, text) -> Result:
     try:
         rel = con.sql(s.text)
         head = words(script, s.span.start, s.span.end, 4)

@@ -28,7 +28,7 @@ from ..errors import DataError, OperationalError
 from ..geometry import overlapping
 from .meta import TensorMeta
 
-__all__ = ["BoxReader", "GatherReader", "box_meta"]
+__all__ = ["BoxReader", "GatherReader", "IotaReader", "OneHotReader", "box_meta"]
 
 
 def box_meta(meta: TensorMeta, box) -> TensorMeta:
@@ -161,4 +161,78 @@ class GatherReader:
 
     def close(self) -> None:
         self.base.close()
+        self.index.close()
+
+
+class IotaReader:
+    """The reader of ``numpy.arange(name.start, name.stop)`` (geometry.IotaName): int64 values
+    computed for each box read, never stored; one tile, every element finite."""
+
+    has_sparse = False
+
+    def __init__(self, name) -> None:
+        self.name = name
+        n = name.stop - name.start
+        self.meta = TensorMeta(str(name), 0, np.dtype("int64"), (n,), ("d0",), ((0, n),),
+                               n * 8, 1, n, 1.0)
+
+    def __repr__(self) -> str:
+        return f"IotaReader({self.name!s})"
+
+    def facts(self) -> tuple[bool, bool]:
+        return True, False
+
+    def layout(self) -> bytes:
+        return hashlib.sha256(str(self.name).encode()).digest()
+
+    def read_box(self, starts: Sequence[int], stops: Sequence[int]):
+        return np.arange(self.name.start + starts[0], self.name.start + stops[0], dtype=np.int64)
+
+    def to_numpy(self):
+        return self.read_box([0], [self.meta.shape[0]])
+
+    def close(self) -> None:
+        pass
+
+
+class OneHotReader:
+    """The reader of the one-hot rows of an index tensor (geometry.OneHotName): a box reads the
+    index's box and compares its values (negative ones counted from the end, as numpy's) with
+    the box's row numbers; bool, computed, never stored."""
+
+    has_sparse = False
+
+    def __init__(self, index, name) -> None:
+        self.index, self.name = index, name
+        im = index.meta
+        shape = tuple(im.shape) + (name.rows,)
+        version = int.from_bytes(hashlib.sha256(f"onehot:{im.version}".encode()).digest()[:7],
+                                 "big")
+        self.meta = TensorMeta(str(name), version, np.dtype("bool"), shape,
+                               tuple(f"d{k}" for k in range(len(shape))),
+                               tuple(im.grid) + ((0, name.rows),), math.prod(shape),
+                               math.prod(len(g) - 1 for g in im.grid), math.prod(shape), 1.0)
+
+    def __repr__(self) -> str:
+        return f"OneHotReader({self.index!r}, rows={self.name.rows})"
+
+    def facts(self) -> tuple[bool, bool]:
+        return True, False
+
+    def layout(self) -> bytes:
+        return hashlib.sha256(b"onehot" + self.index.layout() + str(self.name.rows).encode()).digest()
+
+    def read_box(self, starts: Sequence[int], stops: Sequence[int]):
+        k = self.index.meta.ndim
+        rows = self.index.read_box(starts[:k], stops[:k])
+        shape = tuple(b - a for a, b in zip(starts[:k], stops[:k]))
+        rows = np.zeros(shape, np.int64) if rows is None else np.asarray(rows).astype(np.int64)
+        n = self.name.rows
+        rows = np.where(rows < 0, rows + n, rows)
+        return rows[..., None] == np.arange(starts[k], stops[k], dtype=np.int64)
+
+    def to_numpy(self):
+        return self.read_box([0] * len(self.meta.shape), list(self.meta.shape))
+
+    def close(self) -> None:
         self.index.close()

@@ -408,6 +408,19 @@ def tiles_cut_to_grid(meta: TensorMeta, bounds, keys, nonfinite_column: str = "n
     return _diagonal(sql, list(keys))
 
 
+def every_piece(bounds, keys, finite: bool) -> str:
+    """Every piece of ``bounds`` (an input with no catalog tiles: a slice's, a gather's or
+    positions' reader, storage/boxes.py, which reads zeros where no stored tile lies): ``f``
+    is ``finite``, ``n`` false."""
+    r = range(len(bounds))
+    cols = [f"q{d}.p AS c{d}" for d in r]
+    parts = [f"{pieces_relation(bounds[d])} AS q{d}" for d in r]
+    src = ", ".join(parts) if parts else "(SELECT 1) AS unit"
+    sql = (f"SELECT {', '.join(cols) or '1 AS one'}, {'TRUE' if finite else 'FALSE'} AS f, "
+           f"FALSE AS n FROM {src}")
+    return _diagonal(sql, list(keys))
+
+
 def coords_table(table: str, coords, rank: int) -> str:
     """The statement that makes temporary table ``table`` (c0, c1, ...) of tile coordinates."""
     cols = [f"c{d}" for d in range(rank)] or ["one"]

@@ -20,11 +20,11 @@ import duckdb
 import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
-from ..geometry import BoxName, GatherName
+from ..geometry import BoxName, GatherName, IotaName, OneHotName
 from . import catalog, deferred, directory, identity
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_leftover_members
-from .boxes import BoxReader, GatherReader
+from .boxes import BoxReader, GatherReader, IotaReader, OneHotReader
 from .meta import TensorMeta, check_dims, check_fill, check_grid, check_name, supported_dtype
 from .reader import TensorReader
 from .spares import SparePayloads
@@ -261,6 +261,16 @@ class Store:
             return catalog.all_metas(self.duck)
 
     def has(self, name: str) -> bool:
+        """Whether ``name`` is stored; a slice's, a gather's or positions' graph name (geometry)
+        exists while the tensors it reads do (the plan cache keeps plans that read them)."""
+        if isinstance(name, IotaName):
+            return True
+        if isinstance(name, BoxName):
+            return self.has(name.base)
+        if isinstance(name, GatherName):
+            return self.has(name.base) and self.has(name.index)
+        if isinstance(name, OneHotName):
+            return self.has(name.index)
         return self._find(name) is not None
 
     def meta(self, name: str) -> TensorMeta:
@@ -327,6 +337,13 @@ class Store:
     def open_many(self, names) -> dict[str, TensorReader]:
         """Readers for the current versions of ``names`` (the tile entries not cached yet are
         read in one query)."""
+        if any(isinstance(name, (IotaName, OneHotName)) for name in names):  # computed (boxes.py)
+            rest = self.open_many(list(dict.fromkeys(
+                [n for n in names if not isinstance(n, (IotaName, OneHotName))]
+                + [n.index for n in names if isinstance(n, OneHotName)])))
+            return {name: IotaReader(name) if isinstance(name, IotaName) else
+                    OneHotReader(rest[name.index], name) if isinstance(name, OneHotName) else
+                    rest[name] for name in names}
         boxes = {name: name for name in names if isinstance(name, (BoxName, GatherName))}
         if boxes:  # slices and gathers: readers of the stored tensors they read (boxes.py)
             bases = self.open_many(list(dict.fromkeys(

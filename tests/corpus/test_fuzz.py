@@ -31,7 +31,24 @@ SLOW_SEEDS = 400      # --runslow
 # -- running ----------------------------------------------------------------------------------
 
 def _ref(op: Operand) -> str:
+    """The operand in the dialect: ``T[i,j]``, a slice ``T[i 1:4, j 0:2]``, a gather
+    ``E[I[i], j]``."""
+    if op.box is not None:
+        return f"{op.name}[{', '.join(f'{l} {a}:{b}' for l, (a, b) in zip(op.labels, op.box))}]"
+    if op.gather is not None:
+        k = op.gather_rank
+        return f"{op.name}[{op.gather}[{','.join(op.labels[:k])}]" + \
+            "".join(f", {l}" for l in op.labels[k:]) + "]"
     return f"{op.name}[{','.join(op.labels)}]" if op.labels else op.name
+
+
+def _api_name(op: Operand) -> str:
+    """The operand in the Python API: ``'T'``, ``'T[1:4, 0:2]'``, ``'E[I]'``."""
+    if op.box is not None:
+        return f"{op.name}[{', '.join(f'{a}:{b}' for a, b in op.box)}]"
+    if op.gather is not None:
+        return f"{op.name}[{op.gather}]"
+    return op.name
 
 
 def sql_text(into: str, st: Statement, rng) -> str:
@@ -40,14 +57,18 @@ def sql_text(into: str, st: Statement, rng) -> str:
     hint = ""
     if st.pieces:
         hint = " WITH (PIECES " + ", ".join(f"{l} {p}" for l, p in st.pieces.items()) + ")"
-    if is_plain_product(c.join, len(c.operands)) and c.agg == "sum" and rng.random() < 0.3:
+    plain_refs = all(op.box is None and op.gather is None for op in c.operands)
+    if is_plain_product(c.join, len(c.operands)) and c.agg == "sum" and plain_refs and \
+            rng.random() < 0.3:
         spec = ",".join("".join(op.labels) for op in c.operands) + "->" + "".join(c.out)
         return f"{into} = EINSUM('{spec}', {', '.join(op.name for op in c.operands)}){hint}"
     body = render_sql(c.join, [_ref(op) for op in c.operands])
     used = {l for op in c.operands for l in op.labels}
     # A single term (no + or - at the top) sums its free labels by Einstein's convention.
     implicit = c.agg == "sum" and c.join[0] not in ("+", "-", "neg") and rng.random() < 0.3
-    if used - set(c.out) and not implicit:
+    if c.agg == "softmax":  # the dialect's only: the statement keeps every label
+        body = f"SOFTMAX({body}, {c.over})"
+    elif used - set(c.out) and not implicit:
         body = f"{c.agg.upper()}({body})"
     return f"{target} = {body}{hint}"
 
@@ -65,6 +86,8 @@ def run_unit(con, unit: list[tuple[str, Statement]], rng) -> tuple[str, list]:
     unit, planned as one graph), several operations in one ``Graph``, or one ``con.einsum``.
     Returns (what was run, per statement the result array or the exception)."""
     route = rng.random()
+    if any(st.case.agg == "softmax" for _, st in unit):
+        route = 0.0  # SOFTMAX is the dialect's
     text = ""
     try:
         if route < 0.5:
@@ -76,7 +99,7 @@ def run_unit(con, unit: list[tuple[str, Statement]], rng) -> tuple[str, list]:
             for into, st in unit:
                 c = st.case
                 spec = ",".join("".join(op.labels) for op in c.operands) + "->" + "".join(c.out)
-                join, names = _api_join(st, rng), [op.name for op in c.operands]
+                join, names = _api_join(st, rng), [_api_name(op) for op in c.operands]
                 text = (f"con.einsum({spec!r}, {', '.join(map(repr, names))}, into={into!r}, "
                         f"join={join!r}, agg={c.agg!r}, pieces={st.pieces!r})")
                 try:
@@ -89,7 +112,7 @@ def run_unit(con, unit: list[tuple[str, Statement]], rng) -> tuple[str, list]:
         g, lines = Graph(), []
         for into, st in unit:
             c = st.case
-            inputs = [(op.name, list(op.labels)) for op in c.operands]
+            inputs = [(_api_name(op), list(op.labels)) for op in c.operands]
             join = _api_join(st, rng)
             lines.append(f".op({into!r}, {list(c.out)!r}, {inputs!r}, join={join!r}, "
                          f"agg={c.agg!r}, pieces={st.pieces!r})")

@@ -53,9 +53,14 @@ def check(con, arrays: dict, script: str, f, wrt, *, fd: bool = True, loss: str 
     for k, v in arrays.items():
         con.load(k, v, replace=True)
     grads = "; ".join(f"g_{w} = GRAD({loss}, {w})" for w in wrt)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as seen:  # numpy's warnings are errors
         warnings.simplefilter("error")
+        warnings.simplefilter("always", tensordb.GradientWarning)
         con.execute(f"{script}; {grads};")
+    # the one warning expected: a GRAD with respect to a tensor the loss does not read
+    unread = [w for w in wrt if not re.search(rf"\b{w}\b", script)]
+    assert sorted(re.findall(r"GRAD\(\w+, (\w+)\) is zeros", " ".join(
+        str(x.message) for x in seen))) == sorted(unread)
     expected_loss = float(f(**arrays))
     assert con.tensor(loss).shape == ()
     np.testing.assert_allclose(con.tensor(loss), expected_loss, rtol=1e-12, atol=1e-12)
@@ -396,12 +401,21 @@ def test_diagonal_writes_in_pieces(con):
     assert con.store.meta("gM").tile_count == 3
 
 
-def test_unused_tensor_gets_zeros_without_warnings(con):
+def test_unused_tensor_gets_zeros_and_a_gradient_warning(con):
+    """Zeros (also where U holds NaN or inf), with a tensordb.GradientWarning naming the
+    statement, and no numpy warning."""
     con.load("A", A)
     con.load("U", np.array([[np.nan, np.inf], [1.0, -np.inf]]))
-    with warnings.catch_warnings():
+    text = "L = SUM(A[i,j] * A[i,j]); gU = GRAD(L, U); gA = GRAD(L, A)"
+    with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("error")
-        con.execute("L = SUM(A[i,j] * A[i,j]); gU = GRAD(L, U); gA = GRAD(L, A)")
+        warnings.simplefilter("always", tensordb.Warning)
+        con.execute(text)
+    assert [type(w.message) for w in seen] == [tensordb.GradientWarning]
+    message = str(seen[0].message)
+    assert "GRAD(L, U) is zeros: 'L' does not read 'U'" in message
+    caret = message.splitlines()[2].index("^") - len("LINE 1: ")
+    assert text[caret:].startswith("U); gA")
     np.testing.assert_array_equal(con.tensor("gU"), np.zeros((2, 2)))
     np.testing.assert_allclose(con.tensor("gA"), 2 * A)
 

@@ -179,3 +179,100 @@ def _check_against_autograd(con, loss, arrays, wrt, text):
         np.testing.assert_allclose(con.tensor(f"g{n}"), expected, rtol=1e-9, atol=1e-12,
                                    err_msg=f"d L / d {n}: {text}")
     con.close()
+
+
+# -- slices, gathers, MEAN and LOGSUMEXP: gradients scattered back (plan/select.py) ----------
+
+ML_AGGS = ["sum", "mean", "logsumexp", "max"]
+
+
+def _oracle_agg(space, agg, axes):
+    if agg == "mean":
+        return anp.mean(space, axis=axes)
+    if agg == "logsumexp":
+        return anp.log(anp.sum(anp.exp(space), axis=axes))
+    return {"sum": anp.sum, "max": anp.max}[agg](space, axis=axes)
+
+
+def ml_case(seed):
+    """Stored tensors read whole, through a slice of their first axis ('T0[1:4]') or a gather
+    of their rows ('T0[I0]'), in a random chain of operations with ML aggregates."""
+    rng = np.random.default_rng(1000 + seed)
+    letters = list(SIZES)
+    stored, reads, index = {}, {}, {}
+    for n in range(3):
+        ls = "".join(rng.choice(letters, size=int(rng.integers(1, 3)), replace=False))
+        name, first = f"T{n}", SIZES[ls[0]]
+        how = rng.choice(["whole", "slice", "gather"], p=[0.3, 0.35, 0.35])
+        if how == "slice":
+            lo = int(rng.integers(0, 3))
+            stored[name] = (first + lo + int(rng.integers(0, 3)),) + tuple(SIZES[l] for l in ls[1:])
+            reads[name] = (f"{name}[{lo}:{lo + first}]", ls, (lo, lo + first))
+        elif how == "gather":
+            rows = int(rng.integers(2, 6))
+            stored[name] = (rows,) + tuple(SIZES[l] for l in ls[1:])
+            index[f"I{n}"] = rng.integers(-rows, rows, size=first)
+            reads[name] = (f"{name}[I{n}]", ls, f"I{n}")
+        else:
+            stored[name] = tuple(SIZES[l] for l in ls)
+            reads[name] = (name, ls, None)
+    steps, avail = [], {reads[t][0]: reads[t][1] for t in stored}
+    for s in range(int(rng.integers(1, 3))):
+        names = list(avail)
+        a = names[-1] if s else str(rng.choice(names))
+        b = str(rng.choice([n for n in names if n != a]))
+        ins = [(a, avail[a]), (b, avail[b])]
+        used = sorted({l for _, ls in ins for l in ls})
+        out = "".join(l for l in used if rng.random() < 0.5)
+        agg = str(rng.choice(ML_AGGS)) if len(out) < len(used) else "sum"
+        join = str(rng.choice(["x0 * x1", "x0 + x1", "tanh(x0 - x1)", "exp(x0) * x1",
+                               "where(x0 > x1, x0 * x1, x1)"]))
+        steps.append((f"O{s}", out, ins, join, agg))
+        avail[f"O{s}"] = out
+    arrays = {n: rng.uniform(0.5, 1.5, size=shape) for n, shape in stored.items()}
+    return arrays, index, reads, steps
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # autograd: a loss that ignores a tensor
+@pytest.mark.parametrize("seed", range(24))
+def test_random_slice_gather_gradients(tmp_path, seed):
+    arrays, index, reads, steps = ml_case(seed)
+    con = tensordb.connect(tmp_path / "db")
+    for n, a in {**arrays, **index}.items():
+        con.load(n, a, tile=tuple(max(1, k // 2) for k in a.shape))  # boxes cut the tiles
+    g = Graph()
+    for into, out, ins, join, agg in steps:
+        g.op(into, out, ins, join=join, agg=agg, store=False)
+    last, out_last = steps[-1][0], steps[-1][1]
+    g.op("L", "", [(last, out_last)], join="x0 * x0")
+    wrt = list(arrays)
+    g.grad("L", wrt, into=[f"g{n}" for n in wrt])
+    con.run(g)
+
+    def loss(**xs):
+        env = {}
+        for t, (text, ls, how) in reads.items():
+            env[text] = xs[t][how[0]:how[1]] if isinstance(how, tuple) else \
+                xs[t][index[how]] if how else xs[t]
+        for into, out, ins, join, agg in steps:
+            space_out = oracle_op(env, out, [(env[n], ls) for n, ls in ins], join, "sum") \
+                if agg == "sum" else _ml_op(env, out, ins, join, agg)
+            env[into] = space_out
+        return anp.sum(env[last] * env[last])
+
+    text = f"{reads}; " + "; ".join(f"{i}[{o}] = {a}({j} over {ins})" for i, o, ins, j, a in steps)
+    _check_against_autograd(con, loss, arrays, wrt, text)
+
+
+def _ml_op(env, out, ins, join, agg):
+    labels = list(out) + sorted({l for _, ls in ins for l in ls} - set(out))
+    values = []
+    for n, ls in ins:
+        a, ls = _diagonals(env[n], ls)
+        order = sorted(range(len(ls)), key=lambda d: labels.index(ls[d]))
+        x = anp.transpose(a, order) if len(ls) > 1 else a
+        values.append(anp.reshape(x, [SIZES[l] if l in ls else 1 for l in labels]))
+    names = {f"x{n}": v for n, v in enumerate(values)}
+    space = eval(join, {"__builtins__": {}}, {**NP, **names})  # noqa: S307 - our own strings
+    space = space + anp.zeros([SIZES[l] for l in labels])
+    return _oracle_agg(space, agg, tuple(range(len(out), len(labels))))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -399,3 +401,48 @@ def test_logsumexp_of_bools_and_ints_is_scipys(con, make):
     want = logsumexp(x, axis=1)
     assert con.tensor("Y").dtype == want.dtype
     np.testing.assert_allclose(con.tensor("Y"), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+def test_logsumexp_over_nothing_is_minus_inf_as_scipys(con, dtype):
+    from scipy.special import logsumexp
+    from tensordb.plan.builder import Graph
+    e = np.ones((3, 0), dtype)
+    con.load("E", e)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy warning, no NonFiniteWarning: no EXP ran
+        con.execute("s[i] = LOGSUMEXP(E[i,j]); t = LOGSUMEXP(E[i,j])")
+        con.run(Graph().op("u", "i", [("E", "ij")], agg="logsumexp"))
+    with np.errstate(all="ignore"):
+        want = logsumexp(e, axis=1)
+    for name in ("s", "u"):
+        got = con.tensor(name)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype or dtype == "int32"  # scipy's int: float64, as ours
+    assert con.tensor("t") == -np.inf
+
+
+@pytest.mark.parametrize("text, want", [
+    ("m = MEAN(COUNT(X[i,j]))", lambda x: np.mean(np.full(x.shape[0], x.shape[1]))),
+    ("m = MEAN(COUNT(X[i,j] > 0.5))", lambda x: np.mean(np.full(x.shape[0], x.shape[1]))),
+    ("m[j] = MEAN(COUNT(X[i,j,k]))", lambda x: np.full(x.shape[1], x.shape[2], float)),
+    ("m = SUM(COUNT(X[i,j]) * 2)", lambda x: 2 * x.size),
+])
+def test_aggregates_of_counts(con, text, want):
+    x = np.random.default_rng(3).random((4, 5, 2) if "k]" in text else (4, 5))
+    con.load("X", x)
+    con.execute(text)
+    got = con.tensor("m")
+    np.testing.assert_array_equal(got, want(x))
+    assert got.dtype == np.asarray(want(x)).dtype
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_softmax_over_an_empty_label_is_empty(con, dtype):
+    """Elementwise over no element: an empty result of numpy's dtype for EXP(x - m) (scipy's
+    softmax raises on it, its max having no identity)."""
+    e = np.ones((3, 0), dtype)
+    con.load("E", e)
+    con.execute("s[i,j] = SOFTMAX(E[i,j], j)")
+    got = con.tensor("s")
+    assert got.shape == (3, 0) and got.dtype == np.exp(e - e).dtype
