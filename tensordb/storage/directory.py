@@ -124,8 +124,10 @@ def connect(target: str, root: Path, read_only: bool):
             if mode == "open read-only":
                 hint = "a database has one writer at a time, and none while another " \
                     "process reads it: close the reader, or open this one read_only=True too"
-            raise OperationalError(f"database {root} is locked: {who} has it {mode}",
-                                   hint=hint) from None
+            error = OperationalError(f"database {root} is locked: {who} has it {mode}",
+                                     hint=hint)
+            error.locked = True  # a read-only open then reads published snapshots (store.py)
+            raise error from None
         if "not a valid DuckDB database" in text:
             raise OperationalError(f"cannot open database {root}: {CATALOG_FILE} is not a "
                                    "DuckDB database file") from None
@@ -134,8 +136,10 @@ def connect(target: str, root: Path, read_only: bool):
         raise translate(exc, f"cannot open database {root}") from None
 
 
-def sweep(duck, tiles_dir: str, read_only: bool) -> int:
+def sweep(duck, tiles_dir: str, read_only: bool, pinned: set[str] | None = frozenset()) -> int:
     """Delete unreferenced payload files (crash leftovers) and return the next version.
+    ``pinned``: files readers of published snapshots may read, kept too (None: keep all;
+    snapshots.py).
 
     A file goes only when the catalog, read without error, proves it unreferenced: no tile
     row names it and no tensor row has its version (so a damaged tiles table cannot make a
@@ -150,7 +154,8 @@ def sweep(duck, tiles_dir: str, read_only: bool) -> int:
         m = _PAYLOAD.match(entry.name)
         if m:
             newest = max(newest, int(m.group(1)))
-        if read_only or _referenced(entry.name, keep, live):
+        if read_only or pinned is None or entry.name in pinned \
+                or _referenced(entry.name, keep, live):
             continue
         if entry.is_dir(follow_symlinks=False):
             continue

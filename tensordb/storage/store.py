@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
 from ..geometry import BoxName, GatherName
-from . import catalog, directory, identity
+from . import catalog, directory, identity, snapshots
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove
 from .boxes import BoxReader, GatherReader
@@ -111,6 +111,11 @@ class Store:
         # The calls of every connection using this store take turns (calls.py): they share its
         # DuckDB connection, its transaction and its caches.
         self.call_lock = threading.RLock()
+        # Readers in other processes (snapshots.py): a writer's publisher of catalog
+        # snapshots; a reader's lease and the snapshot it reads, when a writer holds the catalog
+        self.publisher: snapshots.Publisher | None = None
+        self.lease: snapshots.Lease | None = None
+        self.snapshot_seq: int | None = None
         self.database: str | None = None  # the database's id (identity.py)
         self._lock = threading.RLock()
         self._txn: _Txn | None = None
@@ -150,6 +155,11 @@ class Store:
             directory.claim(self)
             try:
                 self.duck = directory.connect(str(self.root / CATALOG_FILE), self.root, read_only)
+            except OperationalError as exc:
+                if not (read_only and getattr(exc, "locked", False)):
+                    directory.release(self)
+                    raise
+                self.duck = self._open_snapshot(exc)  # another process writes: read its snapshots
             except BaseException:
                 directory.release(self)
                 raise
@@ -185,7 +195,14 @@ class Store:
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
                 remove_leftover_members(self.root)  # and a killed load's inflated npz member
             self.closed = False
-            self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only)
+            if self.persistent and not read_only:
+                self.publisher = snapshots.Publisher(str(self.root))
+            pinned = snapshots.pinned_files(str(self.root), self.duck) if self.publisher else set()
+            self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only, pinned)
+            if self.publisher is not None:
+                with translating(f"cannot publish a snapshot of database {self.root}"):
+                    if not self.publisher.current(self.duck):
+                        self.publisher.publish(self.duck)
         except BaseException:
             self.close()
             raise
@@ -202,12 +219,16 @@ class Store:
                 try:
                     if self._txn is not None and not self._txn.external:
                         self.duck.execute("ROLLBACK")
+                    if self.publisher is not None:
+                        self._closing_publish()
                     self.duck.close()
                 except duckdb.Error:
                     pass
                 self.duck = None
             self._txn = None
             self.closed = True
+            if getattr(self, "lease", None) is not None:
+                self.lease.close()
             if self.persistent:
                 directory.release(self)
             elif self._cleanup is not None:
@@ -519,6 +540,8 @@ class Store:
             self._txn = None
             if txn.external:
                 self._clear_cache()  # the user's own COMMIT or ROLLBACK decides what lands
+                if self.publisher is not None:
+                    self.publisher.owed = True  # published at the next commit or at close
                 self._tell_listeners([], txn.gone)  # forgetting what may go costs nothing
                 return  # files are reconciled when the database is next opened
             try:
@@ -529,13 +552,72 @@ class Store:
                     self.duck.execute("ROLLBACK")
                 self._remove_created(txn)
                 raise translate(exc, "commit failed") from None
+            self._publish()  # before a retired file goes: readers find the snapshot without it
             for path, spare in txn.retired:  # a replaced payload may be reused; a dropped one goes
                 try:
-                    self.spares.retire(path, keep=spare)
+                    if self.publisher is None:
+                        self.spares.retire(path, keep=spare)
+                    else:  # or waits while a reader of another process may still read it
+                        self.publisher.retire(path, spare, self.spares)
                 except OSError:  # committed: what is left is reconciled at the next open
                     pass
             self._refresh_views(txn.replaced)
             self._tell_listeners(txn.stored, txn.gone)
+
+    # -- readers in other processes (snapshots.py) ---------------------------------------------
+    def _publish(self) -> None:
+        if self.publisher is None:
+            return
+        try:
+            self.publisher.publish(self.duck)
+            self.publisher.collect()
+        except (duckdb.Error, OSError):  # committed all the same: the next publish carries it
+            pass
+
+    def _closing_publish(self) -> None:
+        try:
+            if getattr(self.publisher, "owed", False):
+                self.publisher.publish(self.duck)
+            self.publisher.collect()
+        except (duckdb.Error, OSError):
+            pass
+
+    def _open_snapshot(self, locked: OperationalError):
+        """An in-memory DuckDB holding the newest published snapshot of the catalog, read under
+        a lease; the lock error ``locked`` when the writer publishes none (an older tensordb)."""
+        lease = snapshots.Lease(str(self.root))
+        duck = duckdb.connect(":memory:")
+        try:
+            seq = snapshots.load_newest(duck, str(self.root), identity.read_id_file(str(self.root)),
+                                        lease)
+        except BaseException:
+            duck.close()
+            lease.close()
+            raise
+        if seq is None:
+            duck.close()
+            lease.close()
+            raise locked
+        self.lease, self.snapshot_seq = lease, seq
+        self.call_lock = snapshots.Turns(self.refresh_snapshot)
+        return duck
+
+    def refresh_snapshot(self) -> None:
+        """A snapshot reader takes the newest published snapshot (each call does, on entry)."""
+        if self.closed or self.lease is None:
+            return
+        with self._lock:
+            if self._txn is not None or self.user_transaction:
+                return
+            with translating(f"cannot read a snapshot of database {self.root}"):
+                seq = snapshots.load_newest(self.duck, str(self.root), self.database, self.lease,
+                                            after=self.snapshot_seq)
+            if seq is None:
+                return
+            self.snapshot_seq = seq
+            self._clear_cache()
+            self._entries.clear()
+            self._refresh_views(list(self._views))
 
     def _tell_listeners(self, stored, gone) -> None:
         for listener in list(self.commit_listeners):
