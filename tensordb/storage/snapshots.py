@@ -287,14 +287,14 @@ class Publisher:
         spare) now when no reader reads an older snapshot, else once none does."""
         first = self.seq + 1 if self.failed else self.seq
         pins = live_pins(self.root)
-        if pins and min(pins) < first:
+        if self.failed or (pins and min(pins) < first):  # unpublished: the newest names it
             self.deferred.append((path, first))
             return
         spares.retire(path, keep=keep)
 
     def collect(self) -> None:
         """Delete the deferred files no live reader may read any more."""
-        if not self.deferred:
+        if not self.deferred or self.failed:
             return
         pins = live_pins(self.root)
         low = min(pins) if pins else None

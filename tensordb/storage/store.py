@@ -195,14 +195,16 @@ class Store:
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
                 remove_leftover_members(self.root)  # and a killed load's inflated npz member
             self.closed = False
+            pinned = set()
             if self.persistent and not read_only:
+                # published before the sweep: a reader that comes now finds what the catalog
+                # holds, and one that came before is seen by pinned_files
                 self.publisher = snapshots.Publisher(str(self.root))
-            pinned = snapshots.pinned_files(str(self.root), self.duck) if self.publisher else set()
-            self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only, pinned)
-            if self.publisher is not None:
                 with translating(f"cannot publish a snapshot of database {self.root}"):
                     if not self.publisher.current(self.duck):
                         self.publisher.publish(self.duck)
+                    pinned = snapshots.pinned_files(str(self.root), self.duck)
+            self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only, pinned)
         except BaseException:
             self.close()
             raise
