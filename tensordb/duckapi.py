@@ -206,3 +206,12 @@ class DuckAPI:
     @one_at_a_time
     def pl(self):
         return self._last().rest().pl()
+
+    @one_at_a_time
+    def torch(self):
+        """The rest of the last result as torch tensors, one per column (DuckDB's
+        ``fetch_torch``); a tensor result as one torch.Tensor."""
+        last = self._last()
+        return last.torch() if last.kind == "tensor" else last.rest().torch()
+
+    fetch_torch = torch

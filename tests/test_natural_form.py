@@ -16,6 +16,10 @@ ATT_ONE = ("O[i,d] = SUM(EXP(SUM(Q[i,e] * K[j,e]) + M[i,j] - MAX(SUM(Q[i,e] * K[
            " * V[j,d]) / SUM(EXP(SUM(Q[i,e] * K[m,e]) + M[i,m] - MAX(SUM(Q[i,e] * K[n,e]) + M[i,n])))")
 ATT_LET = ("LET S[i,j] = SUM(Q[i,e] * K[j,e]); LET mx[i] = MAX(S[i,k] + M[i,k]); "
            "LET P[i,j] = EXP(S[i,j] + M[i,j] - mx[i]); O[i,d] = SUM(P[i,j] * V[j,d]) / SUM(P[i,m])")
+UNMASKED_ONE = ("O[i,d] = SUM(EXP(SUM(Q[i,e] * K[j,e]) - MAX(SUM(Q[i,e] * K[k,e]))) * V[j,d])"
+                " / SUM(EXP(SUM(Q[i,e] * K[m,e]) - MAX(SUM(Q[i,e] * K[n,e]))))")
+UNMASKED_LET = ("LET S[i,j] = SUM(Q[i,e] * K[j,e]); LET mx[i] = MAX(S[i,k]); "
+                "LET P[i,j] = EXP(S[i,j] - mx[i]); O[i,d] = SUM(P[i,j] * V[j,d]) / SUM(P[i,m])")
 LN_ONE = ("N[i,j] = (C[i,j] - SUM(C[i,k]) / 7) / "
           "SQRT(SUM(SQUARE(C[i,k] - SUM(C[i,m]) / 7)) / 7 + 1e-5)")
 LN_LET = ("LET s[i] = SUM(C[i,k]); LET var[i] = SUM(SQUARE(C[i,k] - s[i] / 7)); "
@@ -54,6 +58,13 @@ def attention(db):
     return (p / p.sum(axis=1, keepdims=True)) @ V
 
 
+def unmasked(db):
+    Q, K, V = (db.tensor(n) for n in ("Q", "K", "V"))
+    s = Q @ K.T
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ V
+
+
 def layer_norm(db):
     C = db.tensor("C")
     return (C - C.mean(axis=1, keepdims=True)) / np.sqrt(C.var(axis=1, keepdims=True) + 1e-5)
@@ -61,7 +72,8 @@ def layer_norm(db):
 
 @pytest.mark.parametrize("one, let, name, oracle", [
     (MLP_ONE, MLP_LET, "Y", mlp), (ATT_ONE, ATT_LET, "O", attention),
-    (LN_ONE, LN_LET, "N", layer_norm)], ids=["mlp", "attention", "layer-norm"])
+    (UNMASKED_ONE, UNMASKED_LET, "O", unmasked),
+    (LN_ONE, LN_LET, "N", layer_norm)], ids=["mlp", "attention", "unmasked", "layer-norm"])
 def test_one_statement_binds_to_the_let_plan_and_equals_numpy(db, one, let, name, oracle):
     assert shape_of(db, one) == shape_of(db, let)
     want = oracle(db)

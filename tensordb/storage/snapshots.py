@@ -6,8 +6,8 @@ connection that finds the catalog held by a writer reads the newest published sn
 (SQLite's WAL mode and TileDB give readers the same: the last committed version, never a half
 one). Payload files are immutable, so a snapshot's rows are all a reader needs.
 
-    <root>/snapshots/<seq>.tiles.parquet    the ``tiles`` rows of commit <seq>
-    <root>/snapshots/<seq>.tensors.parquet  its ``tensors`` rows (written last: the snapshot's
+    <root>/snapshots/<seq>.tiles.arrow    the ``tiles`` rows of commit <seq>
+    <root>/snapshots/<seq>.tensors.arrow  its ``tensors`` rows (written last: the snapshot's
                                             mark of completeness)
     <root>/readers/<id>.lock                a reader's lease, flock-ed while the reader lives
     <root>/readers/<id>.seq                 the snapshot it reads (absent: any of them)
@@ -31,23 +31,38 @@ import fcntl
 import os
 import re
 import threading
+import time
 import uuid
 
-from ._duck import quote_str
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
 from .catalog import SCHEMA
 from .directory import remove_payload
 
 __all__ = ["SNAPSHOTS_DIR", "READERS_DIR", "newest", "Publisher", "Lease", "load", "pinned_files",
-           "live_pins", "Turns"]
+           "live_pins", "open_reader", "read_counter", "Turns"]
 
 SNAPSHOTS_DIR = "snapshots"
 READERS_DIR = "readers"
-_SNAP = re.compile(r"(\d+)\.tensors\.parquet\Z")
-_TABLES = ("tiles", "tensors")  # written in this order: tensors last marks a snapshot complete
+_SNAP = re.compile(r"(\d+)\.tensors\.arrow\Z")
+_TABLES = ("tiles", "tensors")
+COUNTER = "commit"  # the newest commit's number (Publisher.committed)  # written in this order: tensors last marks a snapshot complete
 
 
 def _path(root, seq: int, table: str) -> str:
-    return os.path.join(root, SNAPSHOTS_DIR, f"{seq}.{table}.parquet")
+    return os.path.join(root, SNAPSHOTS_DIR, f"{seq}.{table}.arrow")
+
+
+def _write(path: str, table) -> None:
+    """An Arrow IPC file (a third of what Parquet costs for the catalog's list columns)."""
+    with pa.OSFile(path, "wb") as f, ipc.new_file(f, table.schema) as w:
+        w.write_table(table)
+
+
+def _read(path: str):
+    with pa.memory_map(path) as f:
+        return ipc.open_file(f).read_all()
 
 
 def published(root) -> list[int]:
@@ -145,8 +160,7 @@ def pinned_files(root, duck) -> set[str] | None:
     for seq in pins:
         path = _path(root, seq, "tiles")
         try:
-            files.update(r[0] for r in duck.execute(
-                f"SELECT DISTINCT file FROM read_parquet({quote_str(path)})").fetchall())
+            files.update(_read(path).column("file").unique().to_pylist())
         except Exception:  # noqa: BLE001 - gone or unreadable: nothing proves a file unneeded
             return None
     return files
@@ -157,15 +171,17 @@ def load(duck, root, seq: int, database: str | None) -> None:
     """Make ``duck`` (an in-memory DuckDB) hold snapshot ``seq``'s catalog tables;
     FileNotFoundError when the writer has removed it meanwhile (take the newest again)."""
     paths = {t: _path(root, seq, t) for t in _TABLES}
-    for p in paths.values():
-        if not os.path.exists(p):
-            raise FileNotFoundError(p)
+    tables = {t: _read(p) for t, p in paths.items()}  # FileNotFoundError: superseded
     duck.execute("BEGIN TRANSACTION")
     try:
         duck.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-        for table, path in paths.items():
-            duck.execute(f"CREATE OR REPLACE TABLE {SCHEMA}.{table} AS "
-                         f"SELECT * FROM read_parquet({quote_str(path)})")
+        for name, table in tables.items():
+            duck.register("_tensordb_snapshot", table)
+            try:
+                duck.execute(f"CREATE OR REPLACE TABLE {SCHEMA}.{name} AS "
+                             "SELECT * FROM _tensordb_snapshot")
+            finally:
+                duck.unregister("_tensordb_snapshot")
         duck.execute(f"CREATE OR REPLACE TABLE {SCHEMA}.identity AS SELECT ?::VARCHAR AS id, "
                      "current_localtimestamp() AS created", [database])
         duck.execute("COMMIT")
@@ -186,13 +202,32 @@ def load_newest(duck, root, database: str | None, lease: Lease, after: int = 0) 
             load(duck, root, seq, database)
         except FileNotFoundError:
             continue
-        except Exception as exc:  # noqa: BLE001 - a file vanished under DuckDB's read
-            if "No files found" in str(exc) or "No such file" in str(exc):
-                continue
-            raise
         lease.pin(seq)
         return seq
     return None
+
+
+def open_reader(duck, root, database: str | None, lease: Lease, timeout: float = 10.0
+                ) -> int | None:
+    """Load the snapshot of the writer's newest commit into ``duck`` (waiting up to
+    ``timeout`` seconds for the writer to publish it) and pin it; None when the writer
+    publishes no snapshots (a tensordb before them)."""
+    deadline = time.monotonic() + timeout
+    seq = load_newest(duck, root, database, lease)
+    while True:
+        if seq is not None and seq >= read_counter(root):
+            return seq
+        if seq is None and not os.path.isdir(os.path.join(root, SNAPSHOTS_DIR)):
+            return None
+        if time.monotonic() > deadline:
+            from ..errors import OperationalError
+            raise OperationalError(
+                f"database {root}: the process writing it has not published its newest "
+                f"commit ({read_counter(root)}) for readers in {timeout:g} s",
+                hint="it publishes from a thread of its own; is it stopped (a debugger, "
+                     "SIGSTOP) or its disk full?")
+        time.sleep(0.005)
+        seq = load_newest(duck, root, database, lease, after=seq or 0) or seq
 
 
 class Turns:
@@ -229,49 +264,151 @@ class Turns:
 
 
 # -- the writer's side -------------------------------------------------------------------------
-class Publisher:
-    """The writer's snapshots and the payload files retired while readers may still read them."""
+POLL = 0.05  # how often the publisher looks for readers while commits wait unpublished
+MIN_INTERVAL = 0.02  # at most one snapshot per this many seconds under a stream of commits
 
-    def __init__(self, root) -> None:
+
+def read_counter(root) -> int:
+    """The number of the newest commit (its snapshot may not be published yet)."""
+    try:
+        with open(os.path.join(root, SNAPSHOTS_DIR, COUNTER)) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def readers_present(root) -> bool:
+    try:
+        return any(n.endswith(".lock") for n in os.listdir(os.path.join(root, READERS_DIR)))
+    except FileNotFoundError:
+        return False
+
+
+class Publisher:
+    """The writer's snapshots, published by a thread of its own off the statements' path, and
+    the payload files retired while readers may still read them.
+
+    A commit costs the writer a counter file's update and a look at the readers' leases
+    (``committed``, ``retire``); the thread publishes the catalog as of the newest commit when
+    some reader lives, at most every ``MIN_INTERVAL`` (commits in between share one snapshot).
+    A reader that opens waits until the snapshot of the newest commit is there
+    (``open_reader``), so a file a commit retired before the reader came, and recycled at once,
+    is in no snapshot the reader reads."""
+
+    def __init__(self, root, duck, store_lock) -> None:
         self.root = root
         os.makedirs(os.path.join(root, SNAPSHOTS_DIR), exist_ok=True)
-        self.seq = newest(root) or 0
-        self.deferred: list[tuple[str, int]] = []  # (payload path, first snapshot without it)
-        self.failed = False  # the last publish failed: the next one still owes the readers
-        self.owed = False  # a commit of the user's own transaction came after the last one
+        self.seq = newest(root) or 0  # the newest snapshot published
+        self.counter = max(self.seq, read_counter(root))  # the newest commit's number
+        self.dirty = False  # commits since the newest snapshot
+        self.deferred: list[tuple[str, int]] = []  # (payload path, first commit without it)
+        self._duck, self._store_lock = duck, store_lock
+        self._lock = threading.Lock()  # deferred, seq
+        self._wake = threading.Event()
+        self._stop = False
+        self._cursor = None
+        self._thread: threading.Thread | None = None
 
-    def publish(self, duck) -> int:
-        """Write snapshot ``seq + 1`` of the committed catalog; remove the snapshots no live
-        reader pins (the newest stays)."""
-        seq = self.seq + 1
+    def opened(self) -> None:
+        """At the writer's open: a catalog its newest snapshot does not hold (a writer that
+        died before publishing, a database from before snapshots) becomes a commit to publish."""
+        if self.counter > self.seq or not self.current(self._duck):
+            self.committed()
+
+    def current(self, duck) -> bool:
+        """Whether the newest snapshot holds what the catalog holds: every commit adds a
+        version or removes a tensor row, so the rows' count, newest version and sum of versions
+        tell."""
+        if not self.seq:
+            return False
         try:
+            versions = _read(_path(self.root, self.seq, "tensors")).column("version").to_pylist()
+        except Exception:  # noqa: BLE001 - unreadable: publish anew
+            return False
+        snap = (len(versions), max(versions, default=None), sum(versions) if versions else None)
+        return [snap] == duck.execute("SELECT count(*), max(version), sum(version) FROM "
+                                      f"{SCHEMA}.tensors").fetchall()
+
+    def committed(self) -> None:
+        """A COMMIT landed (called under the store's lock, before any file it retired goes)."""
+        self.counter += 1
+        path = os.path.join(self.root, SNAPSHOTS_DIR, COUNTER)
+        with open(path + ".new", "w") as f:
+            f.write(str(self.counter))
+        os.replace(path + ".new", path)
+        self.dirty = True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tensordb-snapshots",
+                                            daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def retire(self, path: str, keep: bool, spares) -> None:
+        """``path`` left the catalog in the newest commit: delete it (or keep it as a spare)
+        now when no reader reads an older snapshot, else once none does."""
+        pins = live_pins(self.root)
+        if pins and min(pins) < self.counter:
+            with self._lock:
+                self.deferred.append((path, self.counter))
+            return
+        spares.retire(path, keep=keep)
+
+    def collect(self) -> None:
+        """Delete the deferred files no live reader may read any more."""
+        with self._lock:
+            if not self.deferred:
+                return
+            pins = live_pins(self.root)
+            low = min(pins) if pins else None
+            gone = [(p, r) for p, r in self.deferred if low is None or low >= r]
+            self.deferred = [d for d in self.deferred if d not in gone]
+        for path, _ in gone:
+            remove_payload(path)
+
+    # -- the thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(POLL)
+            self._wake.clear()
+            if self._stop:
+                break
+            try:
+                if self.dirty and readers_present(self.root):
+                    start = time.monotonic()
+                    self.publish()
+                    time.sleep(max(0.0, MIN_INTERVAL - (time.monotonic() - start)))
+                self.collect()
+            except Exception:  # noqa: BLE001 - a full disk, say: tried again at the next wake
+                time.sleep(POLL)
+
+    def publish(self) -> int:
+        """Write the snapshot of the newest commit; remove those no live reader pins."""
+        if self._cursor is None:
+            self._cursor = self._duck.cursor()
+        cur = self._cursor
+        with self._store_lock:  # the number and the rows of one commit
+            seq = self.counter
+            cur.execute("BEGIN TRANSACTION")
+            cur.execute(f"SELECT count(*) FROM {SCHEMA}.tensors").fetchall()
+            self.dirty = False
+        try:
+            tables = {t: cur.sql(f"SELECT * FROM {SCHEMA}.{t}").to_arrow_table()
+                      for t in _TABLES}
+            cur.execute("COMMIT")
             for table in _TABLES:
-                path = _path(self.root, seq, table)
-                duck.execute(f"COPY (SELECT * FROM {SCHEMA}.{table}) TO "
-                             f"{quote_str(path + '.new')} (FORMAT parquet)")
+                _write(_path(self.root, seq, table) + ".new", tables[table])
             for table in _TABLES:
                 path = _path(self.root, seq, table)
                 os.replace(path + ".new", path)
         except BaseException:
-            self.failed = True
+            self.dirty = True
+            with contextlib.suppress(Exception):
+                cur.execute("ROLLBACK")
             raise
-        self.seq, self.failed, self.owed = seq, False, False
+        with self._lock:
+            self.seq = max(self.seq, seq)
         self._prune(live_pins(self.root))
         return seq
-
-    def current(self, duck) -> bool:
-        """Whether the newest snapshot holds what the catalog holds (a writer that opens
-        publishes only when not): every commit adds a version or removes a tensor row, so the
-        rows' count, newest version and sum of versions tell."""
-        if not self.seq:
-            return False
-        sql = "SELECT count(*), max(version), sum(version) FROM {}"
-        try:
-            snap = duck.execute(sql.format(
-                f"read_parquet({quote_str(_path(self.root, self.seq, 'tensors'))})")).fetchall()
-        except Exception:  # noqa: BLE001 - unreadable: publish anew
-            return False
-        return snap == duck.execute(sql.format(f"{SCHEMA}.tensors")).fetchall()
 
     def _prune(self, pins: list[int]) -> None:
         if pins and min(pins) == 0:
@@ -282,26 +419,18 @@ class Publisher:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(_path(self.root, seq, table))
 
-    def retire(self, path: str, keep: bool, spares) -> None:
-        """``path`` left the catalog in the commit just published: delete it (or keep it as a
-        spare) now when no reader reads an older snapshot, else once none does."""
-        first = self.seq + 1 if self.failed else self.seq
-        pins = live_pins(self.root)
-        if self.failed or (pins and min(pins) < first):  # unpublished: the newest names it
-            self.deferred.append((path, first))
-            return
-        spares.retire(path, keep=keep)
-
-    def collect(self) -> None:
-        """Delete the deferred files no live reader may read any more."""
-        if not self.deferred or self.failed:
-            return
-        pins = live_pins(self.root)
-        low = min(pins) if pins else None
-        keep = []
-        for path, first in self.deferred:
-            if low is None or low >= first:
-                remove_payload(path)
-            else:
-                keep.append((path, first))
-        self.deferred = keep
+    def close(self) -> None:
+        """Stop the thread; with readers still reading, publish what they have not seen."""
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        with contextlib.suppress(Exception):
+            if self.dirty and readers_present(self.root):
+                self.publish()
+        with contextlib.suppress(Exception):
+            self.collect()
+        if self._cursor is not None:
+            with contextlib.suppress(Exception):
+                self._cursor.close()
+            self._cursor = None

@@ -197,12 +197,11 @@ class Store:
             self.closed = False
             pinned = set()
             if self.persistent and not read_only:
-                # published before the sweep: a reader that comes now finds what the catalog
-                # holds, and one that came before is seen by pinned_files
-                self.publisher = snapshots.Publisher(str(self.root))
-                with translating(f"cannot publish a snapshot of database {self.root}"):
-                    if not self.publisher.current(self.duck):
-                        self.publisher.publish(self.duck)
+                # numbered before the sweep: a reader that comes now waits for the snapshot of
+                # what the catalog holds, and one that came before is seen by pinned_files
+                self.publisher = snapshots.Publisher(str(self.root), self.duck, self._lock)
+                with translating(f"cannot open database {self.root} for readers"):
+                    self.publisher.opened()
                     pinned = snapshots.pinned_files(str(self.root), self.duck)
             self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only, pinned)
         except BaseException:
@@ -222,7 +221,7 @@ class Store:
                     if self._txn is not None and not self._txn.external:
                         self.duck.execute("ROLLBACK")
                     if self.publisher is not None:
-                        self._closing_publish()
+                        self.publisher.close()
                     self.duck.close()
                 except duckdb.Error:
                     pass
@@ -543,7 +542,7 @@ class Store:
             if txn.external:
                 self._clear_cache()  # the user's own COMMIT or ROLLBACK decides what lands
                 if self.publisher is not None:
-                    self.publisher.owed = True  # published at the next commit or at close
+                    self.publisher.committed()  # perhaps: the user's COMMIT decides
                 self._tell_listeners([], txn.gone)  # forgetting what may go costs nothing
                 return  # files are reconciled when the database is next opened
             try:
@@ -554,7 +553,11 @@ class Store:
                     self.duck.execute("ROLLBACK")
                 self._remove_created(txn)
                 raise translate(exc, "commit failed") from None
-            self._publish()  # before a retired file goes: readers find the snapshot without it
+            if self.publisher is not None:
+                try:  # numbered before a retired file goes: a reader that comes now waits
+                    self.publisher.committed()  # for the snapshot without it
+                except OSError:  # committed: what was retired waits for the next open
+                    txn.retired = []
             for path, spare in txn.retired:  # a replaced payload may be reused; a dropped one goes
                 try:
                     if self.publisher is None:
@@ -563,35 +566,20 @@ class Store:
                         self.publisher.retire(path, spare, self.spares)
                 except OSError:  # committed: what is left is reconciled at the next open
                     pass
+            if self.publisher is not None:
+                self.publisher.collect()  # what waited for readers that have moved on or gone
             self._refresh_views(txn.replaced)
             self._tell_listeners(txn.stored, txn.gone)
 
     # -- readers in other processes (snapshots.py) ---------------------------------------------
-    def _publish(self) -> None:
-        if self.publisher is None:
-            return
-        try:
-            self.publisher.publish(self.duck)
-            self.publisher.collect()
-        except (duckdb.Error, OSError):  # committed all the same: the next publish carries it
-            pass
-
-    def _closing_publish(self) -> None:
-        try:
-            if getattr(self.publisher, "owed", False):
-                self.publisher.publish(self.duck)
-            self.publisher.collect()
-        except (duckdb.Error, OSError):
-            pass
-
     def _open_snapshot(self, locked: OperationalError):
         """An in-memory DuckDB holding the newest published snapshot of the catalog, read under
         a lease; the lock error ``locked`` when the writer publishes none (an older tensordb)."""
         lease = snapshots.Lease(str(self.root))
         duck = duckdb.connect(":memory:")
         try:
-            seq = snapshots.load_newest(duck, str(self.root), identity.read_id_file(str(self.root)),
-                                        lease)
+            seq = snapshots.open_reader(duck, str(self.root),
+                                        identity.read_id_file(str(self.root)), lease)
         except BaseException:
             duck.close()
             lease.close()
