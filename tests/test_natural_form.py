@@ -145,3 +145,15 @@ def test_grad_through_the_one_statement_layer_norm_with_its_mean_computed_once(d
         var = agnp.sum((c - mu) ** 2, axis=1, keepdims=True) / 7
         return agnp.sum((c - mu) / agnp.sqrt(var + 1e-5) * G)
     np.testing.assert_allclose(db.tensor("dC"), grad(loss)(db.tensor("C")), rtol=1e-9, atol=1e-12)
+
+
+def test_the_row_max_of_a_product_is_over_its_free_label_in_either_order(db):
+    Q, K = db.tensor("Q"), db.tensor("K")
+    db.execute("R1[i] = MAX(SUM(Q[i,e] * K[k,e])); R2[i] = MAX(SUM(K[k,e] * Q[i,e]))")
+    for name in ("R1", "R2"):
+        np.testing.assert_allclose(db.tensor(name), (Q @ K.T).max(axis=1), rtol=1e-12)
+    # the denominator of a softmax of a product: the outer SUM takes m from the product
+    db.execute("Z[i] = SUM(EXP(SUM(Q[i,e] * K[m,e]) - MAX(SUM(Q[i,e] * K[n,e]))))")
+    s = Q @ K.T
+    np.testing.assert_allclose(db.tensor("Z"), np.exp(s - s.max(1, keepdims=True)).sum(1),
+                               rtol=1e-12)
