@@ -41,13 +41,13 @@ from .catalog import SCHEMA
 from .directory import remove_payload
 
 __all__ = ["SNAPSHOTS_DIR", "READERS_DIR", "newest", "Publisher", "Lease", "load", "pinned_files",
-           "live_pins", "open_reader", "read_counter", "Turns"]
+           "live_pins", "open_reader", "Turns"]
 
 SNAPSHOTS_DIR = "snapshots"
 READERS_DIR = "readers"
 _SNAP = re.compile(r"(\d+)\.tensors\.arrow\Z")
 _TABLES = ("tiles", "tensors")
-COUNTER = "commit"  # the newest commit's number (Publisher.committed)  # written in this order: tensors last marks a snapshot complete
+# (written in this order: tensors last marks a snapshot complete)
 
 
 def _path(root, seq: int, table: str) -> str:
@@ -89,6 +89,12 @@ def live_pins(root) -> list[int]:
     except FileNotFoundError:
         return []
     pins = []
+    locks = {n[:-len(".lock")] for n in names if n.endswith(".lock")}
+    for name in names:  # what a reader that closed or died left beside its lease
+        base, _, suffix = name.partition(".")
+        if base not in locks and suffix in ("seq", "ack", "seq.new", "ack.new"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(where, name))
     for name in names:
         if not name.endswith(".lock"):
             continue
@@ -103,7 +109,8 @@ def live_pins(root) -> list[int]:
             except BlockingIOError:  # held: the reader lives
                 pins.append(_read_pin(lock[:-len(".lock")] + ".seq"))
                 continue
-            for path in (lock[:-len(".lock")] + ".seq", lock):  # its process is gone
+            base = lock[:-len(".lock")]
+            for path in (base + ".seq", base + ".ack", lock):  # its process is gone
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
         finally:
@@ -131,6 +138,15 @@ class Lease:
         fcntl.flock(self.fd, fcntl.LOCK_SH)
         os.rename(tmp, self.base + ".lock")  # visible only once locked: never taken for dead
 
+    def acknowledged(self) -> int | None:
+        """The snapshot the writer named when it saw this lease (``<id>.ack``): it holds every
+        commit made before then; None until the writer has seen it."""
+        try:
+            with open(self.base + ".ack") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
     def pin(self, seq: int) -> None:
         tmp = self.base + ".seq.new"
         with open(tmp, "w") as f:
@@ -140,7 +156,7 @@ class Lease:
     def close(self) -> None:
         if self.fd is None:
             return
-        for suffix in (".seq", ".lock"):
+        for suffix in (".seq", ".ack", ".lock"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.base + suffix)
         os.close(self.fd)
@@ -209,25 +225,27 @@ def load_newest(duck, root, database: str | None, lease: Lease, after: int = 0) 
 
 def open_reader(duck, root, database: str | None, lease: Lease, timeout: float = 10.0
                 ) -> int | None:
-    """Load the snapshot of the writer's newest commit into ``duck`` (waiting up to
-    ``timeout`` seconds for the writer to publish it) and pin it; None when the writer
-    publishes no snapshots (a tensordb before them)."""
+    """Load, into ``duck``, a snapshot holding every commit made before ``lease`` appeared,
+    and pin it: the writer's thread acknowledges a new lease with the snapshot of its newest
+    commit (publishing it first when needed). None when there is no snapshot directory (a
+    writer from before snapshots)."""
+    if not os.path.isdir(os.path.join(root, SNAPSHOTS_DIR)):
+        return None
     deadline = time.monotonic() + timeout
-    seq = load_newest(duck, root, database, lease)
-    while True:
-        if seq is not None and seq >= read_counter(root):
-            return seq
-        if seq is None and not os.path.isdir(os.path.join(root, SNAPSHOTS_DIR)):
-            return None
+    while (floor := lease.acknowledged()) is None:
         if time.monotonic() > deadline:
             from ..errors import OperationalError
             raise OperationalError(
-                f"database {root}: the process writing it has not published its newest "
-                f"commit ({read_counter(root)}) for readers in {timeout:g} s",
-                hint="it publishes from a thread of its own; is it stopped (a debugger, "
-                     "SIGSTOP) or its disk full?")
-        time.sleep(0.005)
-        seq = load_newest(duck, root, database, lease, after=seq or 0) or seq
+                f"database {root}: the process writing it did not answer a reader in "
+                f"{timeout:g} s", hint="it publishes from a thread of its own; is it stopped "
+                "(a debugger, SIGSTOP), its disk full, or is it a tensordb from before "
+                "readers could share a database with a writer?")
+        time.sleep(0.002)
+    for _ in range(100):
+        seq = load_newest(duck, root, database, lease, after=floor - 1)
+        if seq is not None:
+            return seq
+    return None
 
 
 class Turns:
@@ -268,38 +286,43 @@ POLL = 0.05  # how often the publisher looks for readers while commits wait unpu
 MIN_INTERVAL = 0.02  # at most one snapshot per this many seconds under a stream of commits
 
 
-def read_counter(root) -> int:
-    """The number of the newest commit (its snapshot may not be published yet)."""
-    try:
-        with open(os.path.join(root, SNAPSHOTS_DIR, COUNTER)) as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 0
-
-
 def readers_present(root) -> bool:
+    return bool(_leases(root))
+
+
+def _leases(root) -> list[str]:
+    """The leases' paths, without their ``.lock``."""
+    where = os.path.join(root, READERS_DIR)
     try:
-        return any(n.endswith(".lock") for n in os.listdir(os.path.join(root, READERS_DIR)))
+        return [os.path.join(where, n[:-len(".lock")]) for n in os.listdir(where)
+                if n.endswith(".lock")]
     except FileNotFoundError:
-        return False
+        return []
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path + ".new", "w") as f:
+        f.write(text)
+    os.replace(path + ".new", path)
 
 
 class Publisher:
     """The writer's snapshots, published by a thread of its own off the statements' path, and
     the payload files retired while readers may still read them.
 
-    A commit costs the writer a counter file's update and a look at the readers' leases
-    (``committed``, ``retire``); the thread publishes the catalog as of the newest commit when
-    some reader lives, at most every ``MIN_INTERVAL`` (commits in between share one snapshot).
-    A reader that opens waits until the snapshot of the newest commit is there
-    (``open_reader``), so a file a commit retired before the reader came, and recycled at once,
-    is in no snapshot the reader reads."""
+    A commit costs the writer a look at the readers' leases (``committed``, ``retire``: a
+    directory listing); the thread publishes the catalog as of the newest commit while some
+    reader lives, at most every ``MIN_INTERVAL`` (commits in between share one snapshot), and
+    with none, never. It looks for new leases every ``POLL`` seconds and answers each with the
+    snapshot of the newest commit, published first when needed (``<id>.ack``): a reader waits
+    for that answer (``open_reader``), so a file a commit retired before the reader came (and
+    recycled at once) is in no snapshot it reads; a commit after the lease appeared sees it."""
 
     def __init__(self, root, duck, store_lock) -> None:
         self.root = root
         os.makedirs(os.path.join(root, SNAPSHOTS_DIR), exist_ok=True)
         self.seq = newest(root) or 0  # the newest snapshot published
-        self.counter = max(self.seq, read_counter(root))  # the newest commit's number
+        self.counter = self.seq  # the newest commit's number
         self.dirty = False  # commits since the newest snapshot
         self.deferred: list[tuple[str, int]] = []  # (payload path, first commit without it)
         self._duck, self._store_lock = duck, store_lock
@@ -312,8 +335,10 @@ class Publisher:
     def opened(self) -> None:
         """At the writer's open: a catalog its newest snapshot does not hold (a writer that
         died before publishing, a database from before snapshots) becomes a commit to publish."""
-        if self.counter > self.seq or not self.current(self._duck):
+        if not self.current(self._duck):
             self.committed()
+        self._thread = threading.Thread(target=self._run, name="tensordb-snapshots", daemon=True)
+        self._thread.start()
 
     def current(self, duck) -> bool:
         """Whether the newest snapshot holds what the catalog holds: every commit adds a
@@ -332,16 +357,9 @@ class Publisher:
     def committed(self) -> None:
         """A COMMIT landed (called under the store's lock, before any file it retired goes)."""
         self.counter += 1
-        path = os.path.join(self.root, SNAPSHOTS_DIR, COUNTER)
-        with open(path + ".new", "w") as f:
-            f.write(str(self.counter))
-        os.replace(path + ".new", path)
         self.dirty = True
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tensordb-snapshots",
-                                            daemon=True)
-            self._thread.start()
-        self._wake.set()
+        if readers_present(self.root):
+            self._wake.set()
 
     def retire(self, path: str, keep: bool, spares) -> None:
         """``path`` left the catalog in the newest commit: delete it (or keep it as a spare)
@@ -373,11 +391,16 @@ class Publisher:
             if self._stop:
                 break
             try:
-                if self.dirty and readers_present(self.root):
-                    start = time.monotonic()
+                leases = _leases(self.root)  # listed before the snapshot below is taken
+                waiting = [b for b in leases if not os.path.exists(b + ".ack")]
+                start = time.monotonic()
+                if leases and self.dirty:
                     self.publish()
-                    time.sleep(max(0.0, MIN_INTERVAL - (time.monotonic() - start)))
+                for base in waiting:  # new readers: a snapshot holding every commit before them
+                    _write_text(base + ".ack", str(self.seq))
                 self.collect()
+                if leases:
+                    time.sleep(max(0.0, MIN_INTERVAL - (time.monotonic() - start)))
             except Exception:  # noqa: BLE001 - a full disk, say: tried again at the next wake
                 time.sleep(POLL)
 

@@ -6,7 +6,7 @@ statement (by hand; storage/snapshots.py).
 A small statement that stores a tensor (``A[i,j] = A[i,j] + 1``, 64 x 64 float64 in 16 tiles)
 on an on-disk database, with the writer publishing a snapshot after each commit (as tensordb
 does) and with publishing turned off (``store.publisher = None``: what it cost before), the two
-alternating; then the same with a reader in another process holding an old snapshot (every
+alternating statement by statement; then the same with a reader in another process holding an old snapshot (every
 replaced payload is then deferred rather than recycled). The catalog holds ``--tensors`` other
 tensors of 16 tiles each, since a snapshot copies the whole catalog. Medians of ``--runs``.
 """
@@ -25,34 +25,41 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tensordb  # noqa: E402
+from tensordb.storage import snapshots  # noqa: E402
 
 STEP = "A[i,j] = A[i,j] + 1"
 HOLD = ("import sys, tensordb; c = tensordb.connect(sys.argv[1], read_only=True); "
         "c.tensor('A'); print('ready', flush=True); sys.stdin.read()")
 
 
-def timed(con, publisher, runs: int) -> float:
+def measure(con, runs: int) -> tuple[float, float]:
+    """Medians of the statement with the publisher and without, alternating statement by
+    statement so that a busy machine slows both alike."""
     store = con.store
-    saved = store.publisher
-    store.publisher = publisher
+    publisher = store.publisher
+    on, off = [], []
     try:
-        times = []
-        for _ in range(runs):
+        for k in range(2 * runs):
+            store.publisher = publisher if k % 2 == 0 else None
             t = time.perf_counter()
             con.execute(STEP)
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+            (on if k % 2 == 0 else off).append(time.perf_counter() - t)
     finally:
-        store.publisher = saved
-        saved.committed()  # what ran unpublished is published too (as it is outside a bench)
-
-
-def measure(con, runs: int) -> tuple[float, float]:
-    on, off = [], []
-    for _ in range(5):  # alternate, so a busy machine slows both alike
-        on.append(timed(con, con.store.publisher, runs // 5))
-        off.append(timed(con, None, runs // 5))
+        store.publisher = publisher
+        publisher.committed()  # what ran unpublished is published too (as outside a bench)
     return statistics.median(on), statistics.median(off)
+
+
+def hook(con, runs: int) -> float:
+    """The writer's own part of a commit, alone: the counter and the look at the leases."""
+    publisher = con.store.publisher
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        publisher.committed()
+        snapshots.live_pins(publisher.root)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -60,8 +67,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--tensors", type=int, nargs="+", default=[0, 100, 1000])
     args = ap.parse_args()
-    print("| other tensors (tile rows) | reader | publishing | not publishing | per statement |")
-    print("|---:|:---:|---:|---:|---:|")
+    print("| other tensors (tile rows) | reader | publishing | not publishing | difference "
+          "| the commit's hook alone |")
+    print("|---:|:---:|---:|---:|---:|---:|")
     for others in args.tensors:
         with tempfile.TemporaryDirectory() as tmp:
             root = os.path.join(tmp, "db")
@@ -79,12 +87,14 @@ def main() -> None:
                         assert holder.stdout.readline().strip() == b"ready"
                     try:
                         on, off = measure(con, args.runs)
+                        alone = hook(con, args.runs)
                     finally:
                         if holder is not None:
                             holder.communicate(b"")
                     rows = 16 * (others + 1)
                     print(f"| {others} ({rows}) | {'yes' if reader else 'no'} | "
-                          f"{on * 1e3:.2f} ms | {off * 1e3:.2f} ms | +{(on - off) * 1e3:.2f} ms |",
+                          f"{on * 1e3:.2f} ms | {off * 1e3:.2f} ms | {(on - off) * 1e3:+.2f} ms | "
+                          f"{alone * 1e6:.0f} us |",
                           flush=True)
 
 
