@@ -2,25 +2,29 @@
 
 DuckDB locks its file per process: while a writer has ``catalog.duckdb`` open, no other process
 can open it, not even read-only. So the writer publishes what it committed, and a read-only
-connection that finds the catalog held by a writer reads the newest published snapshot instead
-(SQLite's WAL mode and TileDB give readers the same: the last committed version, never a half
-one). Payload files are immutable, so a snapshot's rows are all a reader needs.
+connection that finds the catalog held by a writer reads a published snapshot instead (SQLite's
+WAL mode and TileDB give readers the same: the last committed version, never a half one).
+Payload files are immutable, so a snapshot's rows are all a reader needs.
 
-    <root>/snapshots/<seq>.tiles.arrow    the ``tiles`` rows of commit <seq>
-    <root>/snapshots/<seq>.tensors.arrow  its ``tensors`` rows (written last: the snapshot's
-                                            mark of completeness)
-    <root>/readers/<id>.lock                a reader's lease, flock-ed while the reader lives
-    <root>/readers/<id>.seq                 the snapshot it reads (absent: any of them)
+    <root>/snapshots/<n>.tiles.arrow     the ``tiles`` rows as of commit <n> (Arrow IPC)
+    <root>/snapshots/<n>.tensors.arrow   its ``tensors`` rows (written last: the mark that
+                                         the snapshot is complete)
+    <root>/readers/<id>.lock             a reader's lease, flock-ed while the reader lives
+    <root>/readers/<id>.ack              the writer's answer: a snapshot holding every commit
+                                         made before it saw the lease
+    <root>/readers/<id>.seq              the snapshot the reader reads (absent: any of them)
 
-The writer publishes snapshot ``seq + 1`` after every COMMIT, before it deletes the payload
-files that COMMIT retired. A file retired by snapshot ``r`` is still named by the snapshots
-before ``r``: it is deleted (never reused as a spare) only once every live lease reads ``r`` or
-later; until then it is deferred. A lease appears (under its final name, already locked) before
-its reader lists the snapshots, and pins every snapshot until it names one: so a reader either
-is seen by the writer's check, or finds the snapshot published before it. A lease whose lock
-can be taken belongs to a dead process and is removed. A writer that opens the database keeps,
-besides what its catalog references, every payload file a pinned snapshot names
-(``pinned_files``): no file a reader may still read is deleted.
+The writer's thread (``Publisher``) publishes only while some reader lives. A new reader's
+lease appears already locked; the thread, having listed it, publishes the newest commit when
+snapshots lag and answers with that snapshot's number, which the reader waits for
+(``open_reader``). So a commit either came before the thread listed the lease (and is in the
+snapshot the reader gets) or after the lease appeared (and sees it). A file a commit retires is
+still named by the snapshots before that commit: it is deleted (never recycled as a spare) only
+once every live lease reads a later snapshot; until then it is deferred. A lease pins every
+snapshot until its reader names one; a lease whose lock can be taken belongs to a dead process
+and is removed. A writer that opens the database keeps, besides what its catalog references,
+every payload file a pinned snapshot names (``pinned_files``): no file a reader may still read
+is deleted.
 
 A reader picks up newer snapshots at the start of each call on its connection (``Turns``).
 """
