@@ -5,6 +5,8 @@ payload files the catalog proves unreferenced when it is opened for writing.
     <root>/catalog.duckdb   the catalog (and the user's own tables)
     <root>/database.id      the database's id (identity.py), for workers that read payloads
     <root>/tiles/<v>-<id>.bin   one payload file per tensor version (<v>.bin before ids)
+    <root>/snapshots/, readers/ catalog snapshots for readers in other processes, and their
+                                leases (snapshots.py)
 """
 from __future__ import annotations
 
