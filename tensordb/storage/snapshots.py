@@ -37,6 +37,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -341,7 +342,10 @@ class Publisher:
         died before publishing, a database from before snapshots) becomes a commit to publish."""
         if not self.current(self._duck):
             self.committed()
-        self._thread = threading.Thread(target=self._run, name="tensordb-snapshots", daemon=True)
+        # the thread holds the publisher weakly: a store never closed, once collected, takes
+        # its DuckDB connection (and the file's lock) with it, and the thread ends
+        self._thread = threading.Thread(target=_run, args=(weakref.ref(self), self._wake),
+                                        name="tensordb-snapshots", daemon=True)
         self._thread.start()
 
     def current(self, duck) -> bool:
@@ -388,25 +392,18 @@ class Publisher:
             remove_payload(path)
 
     # -- the thread ------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stop:
-            self._wake.wait(POLL)
-            self._wake.clear()
-            if self._stop:
-                break
-            try:
-                leases = _leases(self.root)  # listed before the snapshot below is taken
-                waiting = [b for b in leases if not os.path.exists(b + ".ack")]
-                start = time.monotonic()
-                if leases and self.dirty:
-                    self.publish()
-                for base in waiting:  # new readers: a snapshot holding every commit before them
-                    _write_text(base + ".ack", str(self.seq))
-                self.collect()
-                if leases:
-                    time.sleep(max(0.0, MIN_INTERVAL - (time.monotonic() - start)))
-            except Exception:  # noqa: BLE001 - a full disk, say: tried again at the next wake
-                time.sleep(POLL)
+    def _serve(self) -> None:
+        """One round of the thread: publish while readers live, answer new ones."""
+        leases = _leases(self.root)  # listed before the snapshot below is taken
+        waiting = [b for b in leases if not os.path.exists(b + ".ack")]
+        start = time.monotonic()
+        if leases and self.dirty:
+            self.publish()
+        for base in waiting:  # new readers: a snapshot holding every commit before them
+            _write_text(base + ".ack", str(self.seq))
+        self.collect()
+        if leases:
+            time.sleep(max(0.0, MIN_INTERVAL - (time.monotonic() - start)))
 
     def publish(self) -> int:
         """Write the snapshot of the newest commit; remove those no live reader pins."""
@@ -453,11 +450,31 @@ class Publisher:
         if self._thread is not None:
             self._thread.join()
         with contextlib.suppress(Exception):
-            if self.dirty and readers_present(self.root):
+            leases = _leases(self.root)
+            if leases and self.dirty:
                 self.publish()
+            for base in leases:  # a reader still waiting for its answer gets it
+                if not os.path.exists(base + ".ack") and not self.dirty:
+                    _write_text(base + ".ack", str(self.seq))
         with contextlib.suppress(Exception):
             self.collect()
         if self._cursor is not None:
             with contextlib.suppress(Exception):
                 self._cursor.close()
             self._cursor = None
+
+
+def _run(ref, wake: threading.Event) -> None:
+    """The publisher's thread, until it is closed or collected."""
+    while True:
+        wake.wait(POLL)
+        wake.clear()
+        publisher = ref()
+        if publisher is None or publisher._stop:
+            return
+        try:
+            publisher._serve()
+        except Exception:  # noqa: BLE001 - a full disk, say: tried again at the next round
+            time.sleep(POLL)
+        finally:
+            del publisher

@@ -211,6 +211,9 @@ class Store:
     # -- closing -------------------------------------------------------------------------------
     def close(self) -> None:
         """Close the catalog; an in-memory database's payload files are deleted."""
+        publisher = getattr(self, "publisher", None)
+        if publisher is not None and getattr(self, "duck", None) is not None:
+            publisher.close()  # before the lock: its thread may be waiting for it
         with self._lock:
             if getattr(self, "spares", None) is not None:
                 self.spares.clear()
@@ -220,8 +223,6 @@ class Store:
                 try:
                     if self._txn is not None and not self._txn.external:
                         self.duck.execute("ROLLBACK")
-                    if self.publisher is not None:
-                        self.publisher.close()
                     self.duck.close()
                 except duckdb.Error:
                     pass
