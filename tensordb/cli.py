@@ -456,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="print only what queries return (rows, EXPLAIN, a tensor named "
                              "alone), not the results of assignments nor messages (SET quiet)")
-    parser.add_argument("--read-only", action="store_true", help="open the database read-only")
+    parser.add_argument("--read-only", "-readonly", dest="read_only", action="store_true",
+                        help="open the database read-only (DuckDB's -readonly too); a "
+                             "database another process writes is read as of its newest commit")
     parser.add_argument("--version", action="version", version=f"tensordb {__version__}")
     args = parser.parse_args(argv)
 

@@ -128,6 +128,50 @@ class DuckAPI:
         """The same as ``sql`` (DuckDB's alias)."""
         return self.sql(query, alias=alias, params=params)
 
+    from_query = query
+
+    @one_at_a_time
+    def values(self, *values):
+        """A one-row relation of ``values`` (DuckDB's ``values``)."""
+        return self._relation("values", *values)
+
+    @one_at_a_time
+    def append(self, table_name: str, df, *, by_name: bool = False):
+        """Append the rows of a DataFrame (or Arrow table) to a table, as DuckDB's ``append``:
+        an INSERT, checked as plain SQL that writes is (a tensor's name is refused)."""
+        import uuid
+        from .storage import quote_ident
+        from .sqlfront.pyobjects import is_scannable
+        if not isinstance(table_name, str):
+            raise ProgrammingError(f"a table name must be a string, got {table_name!r}")
+        if not is_scannable(df):
+            raise ProgrammingError(f"append needs a DataFrame or an Arrow table, got "
+                                   f"{type(df).__name__}")
+        if self.store.has(table_name):
+            raise ProgrammingError(f"cannot append to '{table_name}': it is a tensor",
+                                   hint="a tensor is stored whole: con.load(name, data, "
+                                        "replace=True), or INSERT into a table of your own")
+        source = f"_tensordb_append_{uuid.uuid4().hex[:12]}"
+        self.register(source, df)
+        try:
+            self.sql(f"INSERT INTO {quote_ident(table_name)} {'BY NAME ' if by_name else ''}"
+                     f"SELECT * FROM {quote_ident(source)}")
+        finally:
+            self.unregister(source)
+        return self
+
+    @one_at_a_time
+    def begin(self):
+        """Open a BEGIN ... COMMIT block (``commit()`` ends it, ``rollback()`` drops it): its
+        statements, einsums and plain SQL alike, wait for the COMMIT and land together."""
+        self.execute("BEGIN")
+        return self
+
+    def duplicate(self):
+        """Another handle on this database (DuckDB's ``duplicate``, its ``cursor``): a cursor
+        of this connection, whose results are its own."""
+        return self.cursor()
+
     # -- running and fetching, DuckDB's way ----------------------------------------------------
     @one_at_a_time
     def executemany(self, query: str, parameters: Iterable[Sequence[Any]] = ()):
@@ -206,3 +250,12 @@ class DuckAPI:
     @one_at_a_time
     def pl(self):
         return self._last().rest().pl()
+
+    @one_at_a_time
+    def torch(self):
+        """The rest of the last result as torch tensors, one per column (DuckDB's
+        ``fetch_torch``); a tensor result as one torch.Tensor."""
+        last = self._last()
+        return last.torch() if last.kind == "tensor" else last.rest().torch()
+
+    fetch_torch = torch

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._optional import require
-from .errors import OutOfMemoryError, ProgrammingError
+from .errors import DataError, OutOfMemoryError, ProgrammingError
 
 __all__ = ["Result"]
 
@@ -185,9 +185,11 @@ class Result:
     def fetchnumpy(self) -> dict[str, np.ndarray]:
         """Columns as numpy arrays (like DuckDB's ``fetchnumpy``)."""
         table = self._arrow_table()
-        if table is not None:
-            return {c: table.column(k).to_numpy(zero_copy_only=False)
-                    for k, c in enumerate(self.columns)}
+        if table is not None:  # DuckDB's own conversion: DECIMAL as float64, NULLs masked...
+            import duckdb
+            columns = list(duckdb.from_arrow(table.rename_columns(
+                [f"c{k}" for k in range(table.num_columns)])).fetchnumpy().values())
+            return dict(zip(self.columns, columns))
         rows = self._all()
         out = {}
         for k, c in enumerate(self.columns):
@@ -277,6 +279,23 @@ class Result:
             raise ProgrammingError(f"this {self.kind} result holds no tensor")
         self._check_version()
         return self._con.to_xarray(self.name)
+
+    def torch(self):
+        """A tensor result as a torch.Tensor (through DLPack, no copy); rows as a dict of one
+        torch.Tensor per column, as DuckDB's ``torch()`` gives them."""
+        from ._optional import require
+        torch = require("torch", "torch()")
+        if self.kind == "tensor":
+            return torch.from_dlpack(self.tensor())
+        if self.kind != "rows":
+            raise ProgrammingError(f"this {self.kind} result holds no tensor and no rows")
+        out = {}
+        for column, values in self.fetchnumpy().items():
+            if values.dtype.kind not in "biufc":
+                raise DataError(f"column '{column}' ({values.dtype}) has no torch dtype",
+                                hint="torch() takes numeric and boolean columns only")
+            out[column] = torch.from_dlpack(np.ascontiguousarray(values))
+        return out
 
     def tile_map(self):
         """Which tiles of the stored tensor exist, as an SVG picture (tensordb.notebook)."""

@@ -108,6 +108,12 @@ class TensorIO:
         meta = self.store.meta(name)
         return xarray.DataArray(self.tensor(meta.name), dims=list(meta.dims), name=meta.name)
 
+    def to_torch(self, name: str):
+        """The tensor as a torch.Tensor on the CPU, handed over through DLPack without a copy
+        (torch is not a dependency of tensordb: install it yourself)."""
+        torch = require("torch", "to_torch()")
+        return torch.from_dlpack(self.tensor(name))
+
     def _check_dense(self, what: str, shape, dtype) -> None:
         dtype = np.dtype(dtype)
         need = math.prod(shape) * dtype.itemsize

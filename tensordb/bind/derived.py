@@ -30,8 +30,14 @@ class Derived:
         """The labels an aggregate call that uses no label outside its inner aggregate calls
         takes from them, as written on paper: in ``SUM(LOG(SUM(EXP(Z[b,c]))) - SUM(Y[b,c] *
         Z[b,c]))`` the outer SUM sums b, the inner ones c. It takes the labels that every inner
-        aggregate uses, in order of first use, each only if every inner aggregate keeps a label
-        of its own after it; none taken leaves the call with nothing (an error)."""
+        aggregate uses, each only if every inner aggregate keeps a label of its own after it;
+        a label fewer tensors use comes first (in ``MAX(SUM(Q[i,e] * K[k,e]))`` the MAX takes
+        k and the SUM keeps e, its product's shared label: the row maximum of a matrix
+        product), then the order of first use. Where no label is used by them all, it takes
+        a free label of an inner aggregate that is a product's (one tensor uses it, and the
+        inner call keeps a label two tensors use, its contraction), on the same terms: the
+        softmax's denominator ``SUM(EXP(SUM(Q[i,e] * K[m,e]) - MAX(SUM(Q[i,e] * K[n,e]))))``
+        sums m. None taken leaves the call with nothing (an error)."""
         inner, stack = [], [arg]
         while stack:  # the aggregate calls of ``arg`` that no other one of them contains
             node = stack.pop()
@@ -45,14 +51,32 @@ class Derived:
                 stack.append(node.operand)
             elif isinstance(node, A.Chain):
                 stack.extend(node.operands)
-        taken: list[str] = []
-        for label in _labels_in(arg):
-            trial = outer | set(taken) | {label}
-            if label not in outer and inner and \
-                    all(label in _labels_in(a.args[0]) for a in inner) and \
-                    all(any(l not in trial for l in _free_labels(a.args[0])) for a in inner):
-                taken.append(label)
-        return taken
+        if not inner:
+            return []
+        first = _labels_in(arg)
+        uses: dict[str, int] = {}
+        for ref in A.refs(arg):
+            for l in dict.fromkeys(x.name for x in ref.labels or ()):
+                uses[l] = uses.get(l, 0) + 1
+
+        def keeps_one(a, trial, claims: bool) -> bool:  # an inner call keeps a label to
+            labels = _free_labels(a.args[0])  # aggregate (``claims``: or one to claim)
+            if not labels and claims:
+                labels = _labels_in(a.args[0])
+            return any(l not in trial for l in labels)
+
+        def take(candidates, claims: bool) -> list[str]:
+            taken: list[str] = []
+            for label in sorted(candidates, key=lambda l: (uses.get(l, 0), first.index(l))):
+                trial = outer | set(taken) | {label}
+                if all(keeps_one(a, trial, claims) for a in inner):
+                    taken.append(label)
+            return taken
+
+        everyone = [l for l in first if l not in outer
+                    and all(l in _labels_in(a.args[0]) for a in inner)]
+        return take(everyone, False) or take(dict.fromkeys(
+            l for a in inner for l in _product_free(a.args[0], outer)), True)
 
     def _derived(self, node: A.Call, slots, kept, own) -> scalar.Expr:
         """MEAN (AVG) and COUNT over the labels ``own``. COUNT is the number of elements they
@@ -184,3 +208,28 @@ def slot(slots: list, tensor: str, labels: tuple[str, ...]) -> scalar.Input:
     if key not in slots:
         slots.append(key)
     return scalar.Input(slots.index(key))
+
+
+def _product_free(arg, outer) -> list[str]:
+    """The labels of an aggregate's argument ``arg`` that one of its tensors uses (outside its
+    inner aggregates) when another label, used by two or more, is its contraction: the free
+    labels of a matrix product ``Q[i,e] * K[m,e]`` (m) but none of ``X[b,c]``."""
+    free = [l for l in _free_labels(arg) if l not in outer]
+    uses: dict[str, int] = {}
+    for ref in _refs_outside_aggregates(arg):
+        for l in dict.fromkeys(x.name for x in ref.labels or ()):
+            uses[l] = uses.get(l, 0) + 1
+    if not any(uses.get(l, 0) >= 2 for l in free):
+        return []
+    return [l for l in dict.fromkeys(free) if uses.get(l, 0) == 1]
+
+
+def _refs_outside_aggregates(expr) -> list:
+    if isinstance(expr, A.Ref):
+        return [expr]
+    if _is_aggregate(expr):
+        return []
+    kids = expr.args if isinstance(expr, A.Call) else (expr.left, expr.right) \
+        if isinstance(expr, A.BinOp) else (expr.operand,) if isinstance(expr, A.Neg) else \
+        expr.operands if isinstance(expr, A.Chain) else ()
+    return [r for k in kids for r in _refs_outside_aggregates(k)]

@@ -5,6 +5,8 @@ payload files the catalog proves unreferenced when it is opened for writing.
     <root>/catalog.duckdb   the catalog (and the user's own tables)
     <root>/database.id      the database's id (identity.py), for workers that read payloads
     <root>/tiles/<v>-<id>.bin   one payload file per tensor version (<v>.bin before ids)
+    <root>/snapshots/, readers/ catalog snapshots for readers in other processes, and their
+                                leases (snapshots.py)
 """
 from __future__ import annotations
 
@@ -126,8 +128,10 @@ def connect(target: str, root: Path, read_only: bool):
             if mode == "open read-only":
                 hint = "a database has one writer at a time, and none while another " \
                     "process reads it: close the reader, or open this one read_only=True too"
-            raise OperationalError(f"database {root} is locked: {who} has it {mode}",
-                                   hint=hint) from None
+            error = OperationalError(f"database {root} is locked: {who} has it {mode}",
+                                     hint=hint)
+            error.locked = True  # a read-only open then reads published snapshots (store.py)
+            raise error from None
         if "not a valid DuckDB database" in text:
             raise OperationalError(f"cannot open database {root}: {CATALOG_FILE} is not a "
                                    "DuckDB database file") from None
@@ -136,8 +140,10 @@ def connect(target: str, root: Path, read_only: bool):
         raise translate(exc, f"cannot open database {root}") from None
 
 
-def sweep(duck, tiles_dir: str, read_only: bool) -> int:
+def sweep(duck, tiles_dir: str, read_only: bool, pinned: set[str] | None = frozenset()) -> int:
     """Delete unreferenced payload files (crash leftovers) and return the next version.
+    ``pinned``: files readers of published snapshots may read, kept too (None: keep all;
+    snapshots.py).
 
     A file goes only when the catalog, read without error, proves it unreferenced: no tile
     row names it and no tensor row has its version (so a damaged tiles table cannot make a
@@ -152,7 +158,8 @@ def sweep(duck, tiles_dir: str, read_only: bool) -> int:
         m = _PAYLOAD.match(entry.name)
         if m:
             newest = max(newest, int(m.group(1)))
-        if read_only or _referenced(entry.name, keep, live):
+        if read_only or pinned is None or entry.name in pinned \
+                or _referenced(entry.name, keep, live):
             continue
         if entry.is_dir(follow_symlinks=False):
             continue

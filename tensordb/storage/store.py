@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
 from ..geometry import BoxName, GatherName, IotaName, OneHotName
-from . import catalog, deferred, directory, identity
+from . import catalog, deferred, directory, identity, snapshots
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_leftover_members
 from .boxes import BoxReader, GatherReader, IotaReader, OneHotReader
@@ -116,6 +116,11 @@ class Store:
         # The calls of every connection using this store take turns (calls.py): they share its
         # DuckDB connection, its transaction and its caches.
         self.call_lock = threading.RLock()
+        # Readers in other processes (snapshots.py): a writer's publisher of catalog
+        # snapshots; a reader's lease and the snapshot it reads, when a writer holds the catalog
+        self.publisher: snapshots.Publisher | None = None
+        self.lease: snapshots.Lease | None = None
+        self.snapshot_seq: int | None = None
         self.database: str | None = None  # the database's id (identity.py)
         self._lock = threading.RLock()
         self._txn: _Txn | None = None
@@ -159,6 +164,11 @@ class Store:
             directory.claim(self)
             try:
                 self.duck = directory.connect(str(self.root / CATALOG_FILE), self.root, read_only)
+            except OperationalError as exc:
+                if not (read_only and getattr(exc, "locked", False)):
+                    directory.release(self)
+                    raise
+                self.duck = self._open_snapshot(exc)  # another process writes: read its snapshots
             except BaseException:
                 directory.release(self)
                 raise
@@ -194,7 +204,15 @@ class Store:
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
                 remove_leftover_members(self.root)  # and a killed load's inflated npz member
             self.closed = False
-            self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only)
+            pinned = set()
+            if self.persistent and not read_only:
+                # numbered before the sweep: a reader that comes now waits for the snapshot of
+                # what the catalog holds, and one that came before is seen by pinned_files
+                self.publisher = snapshots.Publisher(str(self.root), self.duck, self._lock)
+                with translating(f"cannot open database {self.root} for readers"):
+                    self.publisher.opened()
+                    pinned = snapshots.pinned_files(str(self.root), self.duck)
+            self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only, pinned)
         except BaseException:
             self.close()
             raise
@@ -202,6 +220,9 @@ class Store:
     # -- closing -------------------------------------------------------------------------------
     def close(self) -> None:
         """Close the catalog; an in-memory database's payload files are deleted."""
+        publisher = getattr(self, "publisher", None)
+        if publisher is not None and getattr(self, "duck", None) is not None:
+            publisher.close()  # before the lock: its thread may be waiting for it
         with self._lock:
             if getattr(self, "spares", None) is not None:
                 self.spares.clear()
@@ -218,6 +239,8 @@ class Store:
                 self._conn = None
             self._txn = None
             self.closed = True
+            if getattr(self, "lease", None) is not None:
+                self.lease.close()
             if self.persistent:
                 directory.release(self)
             elif self._cleanup is not None:
@@ -573,6 +596,8 @@ class Store:
             self._txn = None
             if txn.external:
                 self._clear_cache()  # the user's own COMMIT or ROLLBACK decides what lands
+                if self.publisher is not None:
+                    self.publisher.committed()  # perhaps: the user's COMMIT decides
                 self._tell_listeners([], txn.gone)  # forgetting what may go costs nothing
                 return  # files are reconciled when the database is next opened
             try:
@@ -586,13 +611,61 @@ class Store:
                     self._conn.execute("ROLLBACK")
                 self._remove_created(txn)
                 raise translate(exc, "commit failed") from None
+            if self.publisher is not None:
+                try:  # numbered before a retired file goes: a reader that comes now waits
+                    self.publisher.committed()  # for the snapshot without it
+                except OSError:  # committed: what was retired waits for the next open
+                    txn.retired = []
             for path, spare in txn.retired:  # a replaced payload may be reused; a dropped one goes
                 try:
-                    self.spares.retire(path, keep=spare)
+                    if self.publisher is None:
+                        self.spares.retire(path, keep=spare)
+                    else:  # or waits while a reader of another process may still read it
+                        self.publisher.retire(path, spare, self.spares)
                 except OSError:  # committed: what is left is reconciled at the next open
                     pass
+            if self.publisher is not None:
+                self.publisher.collect()  # what waited for readers that have moved on or gone
             self._refresh_views(txn.replaced)
             self._tell_listeners(txn.stored, txn.gone)
+
+    # -- readers in other processes (snapshots.py) ---------------------------------------------
+    def _open_snapshot(self, locked: OperationalError):
+        """An in-memory DuckDB holding the newest published snapshot of the catalog, read under
+        a lease; the lock error ``locked`` when the writer publishes none (an older tensordb)."""
+        lease = snapshots.Lease(str(self.root))
+        duck = duckdb.connect(":memory:")
+        try:
+            seq = snapshots.open_reader(duck, str(self.root),
+                                        identity.read_id_file(str(self.root)), lease)
+        except BaseException:
+            duck.close()
+            lease.close()
+            raise
+        if seq is None:
+            duck.close()
+            lease.close()
+            raise locked
+        self.lease, self.snapshot_seq = lease, seq
+        self.call_lock = snapshots.Turns(self.refresh_snapshot)
+        return duck
+
+    def refresh_snapshot(self) -> None:
+        """A snapshot reader takes the newest published snapshot (each call does, on entry)."""
+        if self.closed or self.lease is None:
+            return
+        with self._lock:
+            if self._txn is not None or self.user_transaction:
+                return
+            with translating(f"cannot read a snapshot of database {self.root}"):
+                seq = snapshots.load_newest(self.duck, str(self.root), self.database, self.lease,
+                                            after=self.snapshot_seq)
+            if seq is None:
+                return
+            self.snapshot_seq = seq
+            self._clear_cache()
+            self._entries.clear()
+            self._refresh_views(list(self._views))
 
     def _tell_listeners(self, stored, gone) -> None:
         for listener in list(self.commit_listeners):

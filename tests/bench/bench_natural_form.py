@@ -6,7 +6,9 @@ form, on the same stored tensors, medians of ``--runs`` runs.
 The statements are tests/bind/test_natural_form.py's at moderate sizes: a 2-layer MLP (X 2048x512,
 W1 512x2048, W2 2048x512), a masked attention block (softmax(Q K^T + M) V, 2048 positions, 64
 wide) and a layer norm (4096x1024), all float32 in an on-disk database. Each run executes the
-statement (the result is stored); the two forms alternate, after one warm-up each, so that a
+statement (the result is stored); also, by ``--only``, the same attention block unmasked
+(softmax(Q K^T) V) and the MLP at 8192x1024x4096x1024 (``bigmlp``, X 32 MiB, H 128 MiB, 137
+GFLOP a run). The two forms alternate, after one warm-up each, so that a
 busy shared machine slows both alike. The ratio is one-statement / LET, of the medians and of
 the best runs (the best is steadier on a machine others share). Also printed: whether
 the two forms bind to the same operations (kernel methods, flops, kernel calls per operation).
@@ -38,8 +40,18 @@ LAYER_NORM = (
     "SQRT(SUM(SQUARE(C[i,k] - SUM(C[i,m]) / 1024)) / 1024 + 1e-5)",
     "LET s[i] = SUM(C[i,k]); LET var[i] = SUM(SQUARE(C[i,k] - s[i] / 1024)); "
     "N[i,j] = (C[i,j] - s[i] / 1024) / SQRT(var[i] / 1024 + 1e-5)")
-WORKLOADS = (("MLP 2048x512x2048x512", MLP), ("attention 2048x2048x64, causal", ATTENTION),
-             ("layer norm 4096x1024", LAYER_NORM))
+UNMASKED = (
+    "O[i,d] = SUM(EXP(SUM(Q[i,e] * K[j,e]) - MAX(SUM(Q[i,e] * K[k,e]))) * V[j,d])"
+    " / SUM(EXP(SUM(Q[i,e] * K[m,e]) - MAX(SUM(Q[i,e] * K[n,e]))))",
+    "LET S[i,j] = SUM(Q[i,e] * K[j,e]); LET mx[i] = MAX(S[i,k]); "
+    "LET P[i,j] = EXP(S[i,j] - mx[i]); O[i,d] = SUM(P[i,j] * V[j,d]) / SUM(P[i,m])")
+BIG_MLP = ("Z[b,o] = SUM(RELU(SUM(XB[b,h] * W1B[h,f])) * W2B[f,o])",
+           "LET H[b,f] = RELU(SUM(XB[b,h] * W1B[h,f])); Z[b,o] = SUM(H[b,f] * W2B[f,o])")
+WORKLOADS = {"mlp": ("MLP 2048x512x2048x512", MLP),
+             "attention": ("attention 2048x2048x64, causal", ATTENTION),
+             "unmasked": ("attention 2048x2048x64, unmasked", UNMASKED),
+             "layernorm": ("layer norm 4096x1024", LAYER_NORM),
+             "bigmlp": ("MLP 8192x1024x4096x1024", BIG_MLP)}
 
 
 def load(con) -> None:
@@ -52,6 +64,14 @@ def load(con) -> None:
         con.load(name, rng.standard_normal((2048, 64), dtype=f32) / 8)
     con.load("M", np.where(np.tril(np.ones((2048, 2048))) > 0, 0, -1e9).astype(f32))
     con.load("C", rng.standard_normal((4096, 1024), dtype=f32) * 3 + 1)
+
+
+def load_big(con) -> None:
+    rng = np.random.default_rng(1)
+    f32 = np.float32
+    con.load("XB", rng.standard_normal((8192, 1024), dtype=f32))
+    con.load("W1B", rng.standard_normal((1024, 4096), dtype=f32) / 32)
+    con.load("W2B", rng.standard_normal((4096, 1024), dtype=f32) / 64)
 
 
 def plan_shape(con, sql: str) -> list:
@@ -68,13 +88,18 @@ def seconds(con, sql: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--only", nargs="+", choices=list(WORKLOADS),
+                    default=["mlp", "attention", "unmasked", "layernorm"],
+                    help="the workloads to run (bigmlp, the 8192x1024x4096 MLP, on request)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, tensordb.connect(os.path.join(tmp, "b.db")) as con:
         load(con)
+        if "bigmlp" in args.only:
+            load_big(con)
         print("| workload | operations (one / LET) | same plan | one statement | LET form | ratio "
               "| best one / LET | ratio of bests |")
         print("|---|---:|:---:|---:|---:|---:|---:|---:|")
-        for name, (one, let) in WORKLOADS:
+        for name, (one, let) in (WORKLOADS[w] for w in args.only):
             s1, s2 = plan_shape(con, one), plan_shape(con, let)
             seconds(con, one), seconds(con, let)  # warm-up
             t1, t2 = [], []

@@ -16,6 +16,10 @@ ATT_ONE = ("O[i,d] = SUM(EXP(SUM(Q[i,e] * K[j,e]) + M[i,j] - MAX(SUM(Q[i,e] * K[
            " * V[j,d]) / SUM(EXP(SUM(Q[i,e] * K[m,e]) + M[i,m] - MAX(SUM(Q[i,e] * K[n,e]) + M[i,n])))")
 ATT_LET = ("LET S[i,j] = SUM(Q[i,e] * K[j,e]); LET mx[i] = MAX(S[i,k] + M[i,k]); "
            "LET P[i,j] = EXP(S[i,j] + M[i,j] - mx[i]); O[i,d] = SUM(P[i,j] * V[j,d]) / SUM(P[i,m])")
+UNMASKED_ONE = ("O[i,d] = SUM(EXP(SUM(Q[i,e] * K[j,e]) - MAX(SUM(Q[i,e] * K[k,e]))) * V[j,d])"
+                " / SUM(EXP(SUM(Q[i,e] * K[m,e]) - MAX(SUM(Q[i,e] * K[n,e]))))")
+UNMASKED_LET = ("LET S[i,j] = SUM(Q[i,e] * K[j,e]); LET mx[i] = MAX(S[i,k]); "
+                "LET P[i,j] = EXP(S[i,j] - mx[i]); O[i,d] = SUM(P[i,j] * V[j,d]) / SUM(P[i,m])")
 LN_ONE = ("N[i,j] = (C[i,j] - SUM(C[i,k]) / 7) / "
           "SQRT(SUM(SQUARE(C[i,k] - SUM(C[i,m]) / 7)) / 7 + 1e-5)")
 LN_LET = ("LET s[i] = SUM(C[i,k]); LET var[i] = SUM(SQUARE(C[i,k] - s[i] / 7)); "
@@ -54,6 +58,13 @@ def attention(db):
     return (p / p.sum(axis=1, keepdims=True)) @ V
 
 
+def unmasked(db):
+    Q, K, V = (db.tensor(n) for n in ("Q", "K", "V"))
+    s = Q @ K.T
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ V
+
+
 def layer_norm(db):
     C = db.tensor("C")
     return (C - C.mean(axis=1, keepdims=True)) / np.sqrt(C.var(axis=1, keepdims=True) + 1e-5)
@@ -61,7 +72,8 @@ def layer_norm(db):
 
 @pytest.mark.parametrize("one, let, name, oracle", [
     (MLP_ONE, MLP_LET, "Y", mlp), (ATT_ONE, ATT_LET, "O", attention),
-    (LN_ONE, LN_LET, "N", layer_norm)], ids=["mlp", "attention", "layer-norm"])
+    (UNMASKED_ONE, UNMASKED_LET, "O", unmasked),
+    (LN_ONE, LN_LET, "N", layer_norm)], ids=["mlp", "attention", "unmasked", "layer-norm"])
 def test_one_statement_binds_to_the_let_plan_and_equals_numpy(db, one, let, name, oracle):
     assert shape_of(db, one) == shape_of(db, let)
     want = oracle(db)
@@ -133,3 +145,15 @@ def test_grad_through_the_one_statement_layer_norm_with_its_mean_computed_once(d
         var = agnp.sum((c - mu) ** 2, axis=1, keepdims=True) / 7
         return agnp.sum((c - mu) / agnp.sqrt(var + 1e-5) * G)
     np.testing.assert_allclose(db.tensor("dC"), grad(loss)(db.tensor("C")), rtol=1e-9, atol=1e-12)
+
+
+def test_the_row_max_of_a_product_is_over_its_free_label_in_either_order(db):
+    Q, K = db.tensor("Q"), db.tensor("K")
+    db.execute("R1[i] = MAX(SUM(Q[i,e] * K[k,e])); R2[i] = MAX(SUM(K[k,e] * Q[i,e]))")
+    for name in ("R1", "R2"):
+        np.testing.assert_allclose(db.tensor(name), (Q @ K.T).max(axis=1), rtol=1e-12)
+    # the denominator of a softmax of a product: the outer SUM takes m from the product
+    db.execute("Z[i] = SUM(EXP(SUM(Q[i,e] * K[m,e]) - MAX(SUM(Q[i,e] * K[n,e]))))")
+    s = Q @ K.T
+    np.testing.assert_allclose(db.tensor("Z"), np.exp(s - s.max(1, keepdims=True)).sum(1),
+                               rtol=1e-12)
