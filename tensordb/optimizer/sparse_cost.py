@@ -17,7 +17,7 @@ __all__ = ["StoredStats", "sparse_flops", "sparse_out_nnz"]
 class StoredStats:
     """What the catalog knows of a stored input's tiles, summed over them: their formats
     ('dense', 'csr', 'coo'), nonzeros and payload bytes. An operation whose kernel reads a
-    stored input sparse (``plan.memory.sparse_kernel``) is priced on these, not on extents: it
+    stored input sparse (``plan.kernel.sparse_kernel``) is priced on these, not on extents: it
     reads ``nbytes``, and its flops are ``2 * nnz * columns`` (spmm) or ``nnz`` (spreduce)."""
 
     formats: tuple[str, ...]

@@ -21,6 +21,7 @@ from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage import catalog
 from ..sparsity import is_sparse_overall
+from ..storage.reader import box_view
 from ..storage.writer import commit_all
 from .calls import LAYOUTS, Calls, Layout, grid_rows
 from .choice import choose_kernel
@@ -238,7 +239,7 @@ class _Lowering:
                 key = self._add(Load(self._next_key, tensor, starts, stops), index)
                 self._loads[(tensor, starts, stops)] = key
                 stats.input_tiles += 1
-                if not _aligned(self.readers[tensor].meta.grid, starts, stops):
+                if not _free(self.readers[tensor].meta, starts, stops):
                     stats.retile_bytes += _nbytes(box, self.readers[tensor].meta.dtype)
             return key
         out = self.outputs[tensor]
@@ -292,9 +293,12 @@ def _nbytes(box, dtype) -> int:
     return math.prod(b - a for a, b in box) * np.dtype(dtype).itemsize
 
 
-def _aligned(grid: Grid, starts, stops) -> bool:
-    """True when the box is whole stored tiles (one, or a run that the store reads as a view)."""
-    return all(a in g and b in g for g, a, b in zip(grid, starts, stops))
+def _free(meta, starts, stops) -> bool:
+    """True when the box is whole stored tiles that the reader hands out as a view (the
+    optimizer's test, optimizer/retile.py: anything else is a re-tiling copy)."""
+    return all(a in g and b in g for g, a, b in zip(meta.grid, starts, stops)) and \
+        box_view(meta.grid, [[(a, b)] for a, b in zip(starts, stops)],
+                 meta.tile_count == meta.total_tiles)
 
 
 def lower(graph: EinGraph, decomp, store, readers=None, facts=None) -> TilePlan:
