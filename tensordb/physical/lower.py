@@ -19,12 +19,12 @@ from ..geometry import Grid, even_bounds, overlapping
 from ..plan import skip
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
-from ..storage import catalog
 from ..sparsity import is_sparse_overall
 from ..storage.reader import box_view
 from ..storage.writer import commit_all
 from .calls import LAYOUTS, Calls, Layout, grid_rows
 from .choice import choose_kernel
+from . import tilejoin
 from .plan import Assemble, CallBlock, Columns, Load, OpStats, Once, OutputTiles, TilePlan
 
 __all__ = ["lower", "OutputWriters", "describe"]
@@ -59,16 +59,16 @@ class _Lowering:
         return self._cursor
 
     # -- presence of input tiles at an operation's grid ------------------------------------------
-    def _presence_sql(self, tensor: str, labels, bounds: dict[str, tuple]) -> str:
-        """SQL for the op-grid coordinates (c0, c1, ...) of the present tiles of an input, with
-        what the catalog knows of each piece (``f``: no NaN/inf; ``n``: no 0 and no NaN): the
-        storage catalog's relations (storage/catalog.py), cut to the operation's pieces."""
+    def _presence_sql(self, tensor: str, labels, bounds: dict[str, tuple]) -> tuple[str, list]:
+        """The relation of the op-grid coordinates of the present tiles of an input, with what
+        the catalog knows of each piece (physical/tilejoin.py), cut to the operation's pieces."""
         cut = [bounds[l] for l in labels]
         if tensor in self.readers:
-            return catalog.tiles_cut_to_grid(self.readers[tensor].meta, cut, labels,
-                                             self.store.nonfinite_column)
-        return catalog.coords_cut_to_grid(self._materialize(tensor), self.outputs[tensor].grid,
-                                          cut, labels)
+            meta = self.readers[tensor].meta
+            return tilejoin.stored_pieces(meta.name, meta.version, meta.grid, cut, labels,
+                                          self.store.nonfinite_column)
+        return tilejoin.made_pieces(self._materialize(tensor), self.outputs[tensor].grid,
+                                    cut, labels)
 
     def _facts(self, tensor: str) -> tuple[bool, bool]:
         """(finite, nonzero) of a whole input (TensorReader.facts); neither is known of an
@@ -110,48 +110,22 @@ class _Lowering:
         present = {k: "TRUE" for k in inner} | {k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} "
                                                    f"IS NOT NULL)" for k in outer}
         while True:
-            test = skip.nonzero_sql(op.join, lambda k: present[k],
-                                    lambda k: "TRUE" if k in whole else f"coalesce(in{k}.f, TRUE)",
-                                    lambda k: f"coalesce(in{k}.n, FALSE)")
+            test = tilejoin.nonzero_test(
+                op.join, lambda k: present[k],
+                lambda k: "TRUE" if k in whole else f"coalesce(in{k}.f, TRUE)",
+                lambda k: f"coalesce(in{k}.n, FALSE)")
             needed = {k for k in whole if f"in{k}." in test}
             if not needed:
                 break
             whole -= needed
-        ctes = [f"in{k} AS ({self._presence_sql(o.tensor, o.labels, bounds)})"
-                for k, o in enumerate(op.inputs) if k not in whole]
-        label_col: dict[str, str] = {}
-        from_parts, conds = [], []
-        for k in inner:
-            if k in whole:
-                continue
-            from_parts.append(f"in{k}")
-            for d, l in enumerate(op.inputs[k].labels):
-                col = f"in{k}.c{d}"
-                if l in label_col:
-                    conds.append(f"{label_col[l]} = {col}")
-                else:
-                    label_col[l] = col
-        for l in op.labels:
-            if l not in label_col:
-                ctes.append(f"r_{len(label_col)} AS (SELECT unnest(range({pieces[l]})) AS c0)")
-                from_parts.append(f"r_{len(label_col)}")
-                label_col[l] = f"r_{len(label_col)}.c0"
-        if not from_parts:  # no labels and no input that must be present: one call
-            from_parts.append("(SELECT 1 AS one) AS unit")
-        sql_from = from_parts[0]
-        for part in from_parts[1:]:
-            sql_from += f" CROSS JOIN {part}" if not conds else f" JOIN {part} ON TRUE"
-        flags = []
-        for k in outer:
-            on = " AND ".join(f"in{k}.c{d} = {label_col[l]}" for d, l in enumerate(op.inputs[k].labels))
-            sql_from += f" LEFT JOIN in{k} ON {on or 'TRUE'}"
-            flags.append(f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} IS NOT NULL) AS p{k}")
-        conds.append(test)
-        select = [f"{label_col[l]} AS {_q(l)}" for l in op.labels] + flags
-        sql = (f"WITH {', '.join(ctes)} SELECT {', '.join(select) or '1'} FROM {sql_from} "
-               f"WHERE {' AND '.join(conds)}")
+        number = {l: i for i, l in enumerate(op.labels)}
+        sql, params = tilejoin.join(
+            range(len(op.labels)), [pieces[l] for l in op.labels],
+            [[number[l] for l in o.labels] for o in op.inputs],
+            [None if k in whole else self._presence_sql(o.tensor, o.labels, bounds)
+             for k, o in enumerate(op.inputs)], inner, outer, test)
         try:
-            rows = self.store.query(sql)
+            rows = self.store.query(sql, params)
         except Exception as exc:  # a bug in the generated SQL, never the user's fault
             raise InternalError(f"tile join for {op.describe()} failed: {exc}\n{sql}") from exc
         return np.array(rows, dtype=np.int64).reshape(len(rows), len(op.labels) + len(outer))
@@ -225,7 +199,7 @@ class _Lowering:
         table = f"__tensordb_tiles_{self._op_index[tensor]}"
         if table not in self._tables:
             out = self.outputs[tensor]
-            self.store.query(catalog.coords_table(table, out.tiles, len(out.shape)))
+            self.store.query(tilejoin.coords_table(table, out.tiles, len(out.shape)))
             self._tables.add(table)
         return table
 
@@ -277,16 +251,12 @@ class _Lowering:
                 self.lower_op(index, op)
         finally:
             for table in self._tables:
-                self.store.query(catalog.drop_coords_table(table))
+                self.store.query(tilejoin.drop_coords_table(table))
         columns = Columns(self.blocks, self.others, self.owner, self._cursor)
         return TilePlan.deferred(self.graph.ops, self.outputs, self.stats, self.decomp.workers,
                                  self.readers, tuple(self.kernels), {}, Once(columns.tasks),
                                  columns=columns,
                                  blas_threads=int(self.decomp.details.get("blas_threads", 0)))
-
-
-def _q(label: str) -> str:
-    return '"' + label.replace('"', '""') + '"'
 
 
 def _nbytes(box, dtype) -> int:

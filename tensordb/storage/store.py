@@ -285,12 +285,12 @@ class Store:
             self._clear_cache()
             self._entries.clear()
 
-    def query(self, sql: str) -> list[tuple]:
-        """Run SQL on the catalog connection itself (so it sees the writes of an open
-        transaction block); the engine's tile joins go through here."""
+    def query(self, sql: str, params=None) -> list[tuple]:
+        """Run SQL (with its ``params``) on the catalog connection itself (so it sees the
+        writes of an open transaction block); the engine's tile joins go through here."""
         self._check_open()
         with self._lock, translating():
-            return self.duck.execute(sql).fetchall()
+            return self.duck.execute(sql, params).fetchall()
 
     def open(self, name: str) -> TensorReader:
         """A reader for the current version of ``name``."""
