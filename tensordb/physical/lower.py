@@ -107,23 +107,9 @@ class _Lowering:
         # matter): a block-sparse A times a dense B joins only A's tiles.
         whole = {k for k in inner if op.inputs[k].tensor in self.readers
                  and self._complete(op.inputs[k].tensor) and self._facts(op.inputs[k].tensor)[0]}
-        present = {k: "TRUE" for k in inner} | {k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} "
-                                                   f"IS NOT NULL)" for k in outer}
-        while True:
-            test = tilejoin.nonzero_test(
-                op.join, lambda k: present[k],
-                lambda k: "TRUE" if k in whole else f"coalesce(in{k}.f, TRUE)",
-                lambda k: f"coalesce(in{k}.n, FALSE)")
-            needed = {k for k in whole if f"in{k}." in test}
-            if not needed:
-                break
-            whole -= needed
-        number = {l: i for i, l in enumerate(op.labels)}
         sql, params = tilejoin.join(
-            range(len(op.labels)), [pieces[l] for l in op.labels],
-            [[number[l] for l in o.labels] for o in op.inputs],
-            [None if k in whole else self._presence_sql(o.tensor, o.labels, bounds)
-             for k, o in enumerate(op.inputs)], inner, outer, test)
+            op, pieces, inner, outer, whole,
+            lambda k: self._presence_sql(op.inputs[k].tensor, op.inputs[k].labels, bounds))
         try:
             rows = self.store.query(sql, params)
         except Exception as exc:  # a bug in the generated SQL, never the user's fault

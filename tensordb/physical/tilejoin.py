@@ -20,7 +20,7 @@ text, and every relation and column is named by position.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..plan import skip
 from ..storage.catalog import SCHEMA
@@ -151,37 +151,50 @@ def nonzero_test(expr, present: Callable[[int], str], finite: Callable[[int], st
     return _not(skip.certainly_zero(expr, _Sql, facts))
 
 
-def join(labels: Sequence[int], pieces: Sequence[int], inputs: Sequence[Sequence[int]],
-         relations: Sequence[tuple[str, list] | None], inner: Sequence[int],
-         outer: Sequence[int], test: str) -> tuple[str, list]:
-    """The tile join of an operation with ``labels`` (numbered 0..n-1) of ``pieces`` each, whose
-    input k has the labels ``inputs[k]`` and the pieces relation ``relations[k]`` (None: left
-    out, its labels range over the whole grid): the ``inner`` inputs joined on shared labels,
-    the ``outer`` ones left-joined (a presence flag each), the rows where ``test`` (SQL over
-    ``in{k}.f`` / ``in{k}.n``, ``nonzero_test``) holds. One row per kernel call: the label
-    piece indices, then the outer inputs' flags. (SQL, parameters)."""
+def join(op, pieces: Mapping[str, int], inner: Sequence[int], outer: Sequence[int],
+         whole: set, relation: Callable[[int], tuple[str, list]]) -> tuple[str, list]:
+    """The tile join of ``op`` (an EinOp) with ``pieces`` per label: the ``inner`` inputs joined
+    on shared labels, the ``outer`` ones left-joined (a presence flag each), the rows kept that
+    ``nonzero_test`` does not prove zero from their pieces' facts. ``whole``: complete stored
+    inputs known finite, left out (their labels range over the whole grid) unless the test
+    reads their facts; ``relation(k)``: input k's pieces relation (``stored_pieces`` or
+    ``made_pieces``). One row per kernel call: the label piece indices in ``op.labels`` order,
+    then the outer inputs' flags. (SQL, parameters)."""
+    present = {k: "TRUE" for k in inner} | {
+        k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} IS NOT NULL)" for k in outer}
+    whole = set(whole)
+    while True:
+        test = nonzero_test(op.join, lambda k: present[k],
+                            lambda k: "TRUE" if k in whole else f"coalesce(in{k}.f, TRUE)",
+                            lambda k: f"coalesce(in{k}.n, FALSE)")
+        needed = {k for k in whole if f"in{k}." in test}
+        if not needed:
+            break
+        whole -= needed
     ctes, params = [], []
-    for k, rel in enumerate(relations):
-        if rel is not None:
-            ctes.append(f"in{k} AS ({rel[0]})")
-            params += rel[1]
+    for k in range(len(op.inputs)):
+        if k not in whole:
+            sql, values = relation(k)
+            ctes.append(f"in{k} AS ({sql})")
+            params += values
+    number = {l: i for i, l in enumerate(op.labels)}
     label_col: dict[int, str] = {}
     from_parts, conds = [], []
     for k in inner:
-        if relations[k] is None:
+        if k in whole:
             continue
         from_parts.append(f"in{k}")
-        for d, l in enumerate(inputs[k]):
+        for d, l in enumerate(op.inputs[k].labels):
             col = f"in{k}.c{d}"
-            if l in label_col:
-                conds.append(f"{label_col[l]} = {col}")
+            if number[l] in label_col:
+                conds.append(f"{label_col[number[l]]} = {col}")
             else:
-                label_col[l] = col
-    for l in labels:
-        if l not in label_col:
+                label_col[number[l]] = col
+    for l, i in number.items():
+        if i not in label_col:
             ctes.append(f"r_{len(label_col)} AS (SELECT unnest(range({int(pieces[l])})) AS c0)")
             from_parts.append(f"r_{len(label_col)}")
-            label_col[l] = f"r_{len(label_col)}.c0"
+            label_col[i] = f"r_{len(label_col)}.c0"
     if not from_parts:  # no labels and no input that must be present: one call
         from_parts.append("(SELECT 1 AS one) AS unit")
     sql_from = from_parts[0]
@@ -189,10 +202,11 @@ def join(labels: Sequence[int], pieces: Sequence[int], inputs: Sequence[Sequence
         sql_from += f" CROSS JOIN {part}" if not conds else f" JOIN {part} ON TRUE"
     flags = []
     for k in outer:
-        on = " AND ".join(f"in{k}.c{d} = {label_col[l]}" for d, l in enumerate(inputs[k]))
+        on = " AND ".join(f"in{k}.c{d} = {label_col[number[l]]}"
+                          for d, l in enumerate(op.inputs[k].labels))
         sql_from += f" LEFT JOIN in{k} ON {on or 'TRUE'}"
-        flags.append(f"(in{k}.{'c0' if inputs[k] else 'one'} IS NOT NULL) AS p{k}")
+        flags.append(f"{present[k]} AS p{k}")
     conds.append(test)
-    select = [f"{label_col[l]} AS l{l}" for l in labels] + flags
+    select = [f"{label_col[i]} AS l{i}" for i in number.values()] + flags
     return (f"WITH {', '.join(ctes)} SELECT {', '.join(select) or '1'} FROM {sql_from} "
             f"WHERE {' AND '.join(conds)}"), params
