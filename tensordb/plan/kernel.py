@@ -350,11 +350,26 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
     if layout is None:
         return KernelChoice("contract", scale, first, fallback=fallback, fallback_on=tuple(tests))
     ins = op.in_dtypes or (op.dtype,) * len(op.inputs)
-    perms = {layout.first: layout.perm_first, layout.second: layout.perm_second}
-    copies = tuple(np.dtype(d) != np.dtype(op.dtype) or k == first
-                   or perms[k] != tuple(range(len(perms[k]))) for k, d in enumerate(ins))
+    lay = layout
+    groups = {lay.first: (lay.perm_first, (len(lay.batch), len(lay.free_first))),
+              lay.second: (lay.perm_second, (len(lay.batch), len(lay.contracted)))}
+    copies = tuple(np.dtype(d) != np.dtype(op.dtype) or k == first or not _merges(*groups[k])
+                   for k, d in enumerate(ins))
     return KernelChoice("matmul", scale, first, layout, copies=copies, fallback=fallback,
                         fallback_on=tuple(tests))
+
+
+def _merges(perm: tuple[int, ...], cuts: tuple[int, int]) -> bool:
+    """Whether an operand whose axes ``perm`` lays out as three groups (the first two of
+    ``cuts`` axes) reshapes to 3-d as a view: each group's axes are adjacent and in order (a
+    transposed matrix is a view too; BLAS reads it transposed, nothing is copied).
+
+    >>> _merges((1, 0), (0, 1)), _merges((0, 1, 2), (0, 2)), _merges((0, 2, 1), (0, 2))
+    (True, True, False)
+    """
+    a, b = cuts
+    return all(list(g) == list(range(g[0], g[0] + len(g)))
+               for g in (perm[:a], perm[a:a + b], perm[a + b:]) if g)
 
 
 def _broadcast(op: EinOp, ext: Mapping[str, int], budget: int | None) -> KernelChoice:
