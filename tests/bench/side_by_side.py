@@ -7,7 +7,7 @@ Each round runs the benchmark module (``python -m MODULE ARGS``) once with this 
 with ``--base`` on PYTHONPATH, alternating which goes first, so a drift of the machine's load
 slows both alike. Every figure the benchmark prints is collected per round: bench_suite's rows
 (tensordb's seconds per workload), and the rows of markdown tables whose cells read ``N ms``
-(bench_planning: ``ops/workers`` -> total; a labelled row -> its first figure). Printed: per
+(bench_planning: ``ops/workers`` -> total and CPU; a labelled row -> its median and CPU). Per
 figure, the median over the rounds of each checkout and their ratio (this / base).
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[2]
-_PLAN_ROW = re.compile(r"^\| (\d+) \| (\d+) \| ([\d.]+) ms")
-_LABEL_ROW = re.compile(r"^\| ([^|]+?) \| ([\d.]+) ms")
+_PLAN_ROW = re.compile(r"^\| (\d+) \| (\d+) \| ([\d.]+) ms \| ([\d.]+) ms")
+_LABEL_ROW = re.compile(r"^\| ([^|]+?) \| ([\d.]+) ms \| ([\d.]+) ms")
 
 
 def figures(out: str) -> dict[str, float]:
@@ -36,8 +36,10 @@ def figures(out: str) -> dict[str, float]:
             found[row["name"]] = 1e3 * row["tensordb"]
         elif m := _PLAN_ROW.match(line):
             found[f"{m[1]} ops / {m[2]} workers"] = float(m[3])
+            found[f"{m[1]} ops / {m[2]} workers, CPU"] = float(m[4])
         elif m := _LABEL_ROW.match(line):
             found[m[1].strip()] = float(m[2])
+            found[m[1].strip() + ", CPU"] = float(m[3])
     return found
 
 
