@@ -30,7 +30,6 @@ True
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -275,11 +274,10 @@ class OpModel:
                             i.presence is None))
                   for w, i in enumerate(self.inputs)]
         fan_in = math.prod(d[self.n_out:])
-        choice = self.kernel
-        if choice.method == "broadcast" and choice.index is None:  # chunked as lowered
-            choice = dataclasses.replace(choice, chunk=chunk_label(self.op, extents))
-        return memory.call_memory(self.op, extents, fan_in, copied, choice, self.handoff,
-                                  [i.held for i in self.inputs])
+        # chunked along the label the lowering picks for these tiles
+        chunk = chunk_label(self.op, extents) if self.kernel.index is None else None
+        return memory.call_memory(self.op, extents, fan_in, copied, self.kernel, self.handoff,
+                                  [i.held for i in self.inputs], chunk)
 
     def peak(self, d: Sequence[int]) -> int:
         """Bytes a worker holds at once running this operation under tiling ``d``."""

@@ -46,7 +46,7 @@ import numpy as np
 from ..shares import Shares
 from .aggregates import ARG_AGGS
 from .ir import EinOp
-from .kernel import KernelChoice, choose_kernel, element_bytes
+from .kernel import KernelChoice, choose_kernel, chunk_label, element_bytes
 
 __all__ = ["CallMemory", "PlanMemory", "worker_budget", "kernel_temporaries", "call_memory",
            "project", "BLAS_FLOPS_PER_THREAD"]
@@ -92,7 +92,8 @@ def worker_budget(memory_limit: int | None, workers: int) -> int | None:
 
 # -- the projection ------------------------------------------------------------------------------
 
-def kernel_temporaries(op: EinOp, choice: KernelChoice, extents: Mapping[str, int]) -> int:
+def kernel_temporaries(op: EinOp, choice: KernelChoice, extents: Mapping[str, int],
+                       chunk: str | None = None) -> int:
     """What one kernel call of ``op`` allocates besides its inputs and output tile, run as
     ``choice`` on tiles of ``extents`` per label: the one figure the optimizer projects
     (``call_memory``), the pool reserves before a call (exec/budget.py) and the run's ledger
@@ -100,7 +101,9 @@ def kernel_temporaries(op: EinOp, choice: KernelChoice, extents: Mapping[str, in
     ``choice.chunk_elements`` join-space elements (one slice of the chunk label at least),
     ``element_bytes`` each, plus the chunk's reduction; a matmul writes into its output and copies
     only the operands it casts, transposes or scales; opt_einsum's ``contract`` may copy every
-    operand and its result; a sparse kernel makes its (dense) result once more.
+    operand and its result; a sparse kernel makes its (dense) result once more. ``chunk``: the
+    label a broadcasting kernel chunks along on these tiles, when not ``choice.chunk`` (the
+    optimizer's tilings: ``plan.kernel.chunk_label``).
 
     >>> from tensordb.plan.kernel import choose_kernel
     >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 4, "j": 3, "k": 2})
@@ -122,8 +125,9 @@ def kernel_temporaries(op: EinOp, choice: KernelChoice, extents: Mapping[str, in
     if op.agg in ARG_AGGS and op.agg_labels:  # ARGMAX evaluates its join space whole
         return space * element_bytes(op) + output
     if op.agg_labels:  # chunks along the chunk label; one slice at least, + the reduction
-        along = choice.chunk if choice.chunk in extents else \
-            max(op.agg_labels, key=lambda l: extents[l])
+        along = chunk or choice.chunk
+        if along not in extents:
+            along = chunk_label(op, extents)
         per_slice = space // max(extents[along], 1)
         return min(space, max(choice.chunk_elements, per_slice)) * element_bytes(op) + output
     # slabs of the first axis when the tile is larger than a chunk
@@ -134,7 +138,7 @@ def kernel_temporaries(op: EinOp, choice: KernelChoice, extents: Mapping[str, in
 
 def call_memory(op: EinOp, extents: Mapping[str, int], fan_in: int, copied: Sequence[bool],
                 choice: KernelChoice | None = None, handoff: bool = False,
-                held: Sequence[float] | None = None) -> CallMemory:
+                held: Sequence[float] | None = None, chunk: str | None = None) -> CallMemory:
     """The working set of one kernel call of ``op`` on tiles of ``extents`` per label, in an
     output tile combining ``fan_in`` calls; ``copied[k]``: operand k's tile is a copy (not a
     view of a stored tile); ``choice``: the kernel (``plan.kernel.choose_kernel(op)`` when not
@@ -142,7 +146,7 @@ def call_memory(op: EinOp, extents: Mapping[str, int], fan_in: int, copied: Sequ
     intermediate, whose tile a consumer on the same worker holds next to its own output (so a
     producer's tile leaves its consumer room: at most half a worker's budget); ``held[k]``: the
     share of its dense bytes operand k's copy holds (a sparse tile that a sparse kernel reads as
-    its entries: below 1; default 1, dense)."""
+    its entries: below 1; default 1, dense); ``chunk``: as for ``kernel_temporaries``."""
     choice = choice or choose_kernel(op)
     ins = op.in_dtypes or (op.dtype,) * len(op.inputs)
     elems = [math.prod(extents[l] for l in o.labels) for o in op.inputs]
@@ -151,7 +155,7 @@ def call_memory(op: EinOp, extents: Mapping[str, int], fan_in: int, copied: Sequ
                      for n, d, c, h in zip(elems, ins, copied, held) if c))
     output = np.dtype(op.dtype).itemsize * math.prod(extents[l] for l in op.out_labels)
     accumulator = output if fan_in > 1 else 0
-    temps = kernel_temporaries(op, choice, extents)
+    temps = kernel_temporaries(op, choice, extents, chunk)
     return CallMemory(inputs, output, accumulator, temps, output if handoff else 0)
 
 
