@@ -80,12 +80,11 @@ class _Lowering:
 
     def _sparsity(self, op: EinOp) -> tuple[tuple[int, ...], tuple[bool, ...]]:
         """(operands stored as matrices with sparse tiles, whether each operand is finite):
-        what the kernel choice needs to pick a sparse kernel (choice.spmm_operand)."""
+        what the kernel choice needs to pick a sparse kernel (choice.spmm_operand), and to
+        leave out a BLAS kernel's test of its inputs for NaN or inf."""
         sparse = tuple(k for k, o in enumerate(op.inputs) if o.tensor in self.readers
                        and self.readers[o.tensor].meta.ndim == 2
                        and self.readers[o.tensor].has_sparse)
-        if not sparse:
-            return (), ()
         return sparse, tuple(self._facts(o.tensor)[0] for o in op.inputs)
 
     # -- the tile join -------------------------------------------------------------------------
