@@ -323,12 +323,12 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
     a sparse kernel (``spmm``, exec/sparse_kernels.py): absent entries are skipped, which is
     NumPy's answer only where the partner holds no NaN or inf (0 * inf is NaN)."""
     found = sparse_kernel(op, sparse, finite)
-    if found is not None:  # where it runs dense (a GPU), the dense choice's variant
-        dense = choose_kernel(op, extents, budget)
-        return KernelChoice(found[0], sparse=found[1], fallback=dense.fallback,
-                            fallback_on=dense.fallback_on)
     op = op.without_diagonal()
     ext = extents or op.size
+    if found is not None:  # where it runs dense (a GPU: opt_einsum), tested as 'contract' is
+        tests = ("inputs",) if np.dtype(op.dtype).kind == "f" else ()
+        return KernelChoice(found[0], sparse=found[1], fallback_on=tests,
+                            fallback=_broadcast(op, ext, budget) if tests else None)
     prod = blas_product(op)
     if prod is None:
         return _broadcast(op, ext, budget)
