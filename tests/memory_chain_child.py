@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import sys
 
-import numpy as np
-
 import tensordb
 from tests.harness import rss_anon
 
