@@ -1,8 +1,8 @@
 """Admission against the memory budget: the pool asks before a task runs.
 
 A run with a ``memory_limit`` reserves, before each task runs, the bytes it will hold
-(``working_bytes``: its output tile, the copies its kernel makes of its inputs (absent tiles as
-zeros, a BLAS operand in another dtype), the chunk of a broadcasting kernel's join). When the
+(``working_bytes``: its output tile, absent input tiles as zeros, and its kernel's temporaries,
+the very figure the optimizer projected: ``plan.memory.kernel_temporaries``). When the
 tiles alive (``Ledger.live``) plus the reservations of running tasks plus this one would cross
 the limit, it
 
@@ -31,10 +31,11 @@ from collections import Counter
 import numpy as np
 
 from ..physical.plan import Aggregate, Kernel, Load
+from ..plan.memory import kernel_temporaries
 from .runtime import planned_bytes
 
-__all__ = ["Budget", "working_bytes", "may_cross", "upper_bytes", "return_freed_memory",
-           "HEAP_SLACK"]
+__all__ = ["Budget", "working_bytes", "temporary_bytes", "may_cross", "upper_bytes",
+           "return_freed_memory", "HEAP_SLACK"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _malloc_set = False
@@ -65,33 +66,37 @@ def return_freed_memory() -> None:
 
 def working_bytes(plan, task, loads_copy: bool = False) -> int:
     """The bytes ``task`` holds while it runs, from the plan alone: its output tile, plus for a
-    kernel call the zeros of absent inputs, the copies of BLAS operands in another dtype and a
-    broadcasting kernel's chunk of the join (an elementwise join's result is its output). A Load reserves nothing (a view of
-    a stored tile; a copy counts once made), unless ``loads_copy``: on a GPU every Load is a
-    copy of its box in device memory."""
+    kernel call the zeros of absent inputs and its kernel's temporaries (``temporary_bytes``).
+    A Load reserves nothing (a view of a stored tile; a copy counts once made), unless
+    ``loads_copy``: on a GPU every Load is a copy of its box in device memory."""
     if isinstance(task, Load):
         return planned_bytes(plan, task) if loads_copy else 0
     out = planned_bytes(plan, task)
     if not isinstance(task, Kernel):
         return out
     op = plan.ops[task.op]
-    itemsize = np.dtype(op.dtype).itemsize
-    choice = plan.kernels[task.op]
-    blas = choice.method in ("matmul", "contract")
     in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
-    extra, ext = 0, {}
-    for key, shape, o, dt in zip(task.args, task.arg_shapes, op.inputs, in_dtypes):
-        ext.update(zip(o.labels, shape))
-        if key is None:  # an absent tile is made of zeros
-            extra += math.prod(shape) * np.dtype(dt).itemsize
-        if blas and np.dtype(dt) != np.dtype(op.dtype):  # BLAS multiplies in the result's dtype
-            extra += math.prod(shape) * itemsize
-    if choice.method == "broadcast" and op.agg_labels:  # the join of one chunk, then reduced
-        space = math.prod(ext.values())
-        along = ext.get(choice.chunk, 1) if choice.chunk else 1
-        per_slice = space // max(along, 1)  # a chunk is one slice of its label at least
-        extra += min(space, max(choice.chunk_elements, per_slice)) * itemsize
-    return out + extra
+    zeros = sum(math.prod(shape) * np.dtype(dt).itemsize  # an absent tile is made of zeros
+                for key, shape, dt in zip(task.args, task.arg_shapes, in_dtypes) if key is None)
+    return out + zeros + temporary_bytes(plan, task)
+
+
+def temporary_bytes(plan, task) -> int:
+    """What kernel call ``task`` allocates besides its output (``plan.memory.kernel_temporaries``,
+    the optimizer's figure, on this call's tiles): reserved before it runs, and counted by the
+    run's ledger while it runs."""
+    memo = getattr(plan, "memo", None)
+    key = ("temporaries", task.op, task.arg_shapes)
+    found = memo.get(key) if memo is not None else None
+    if found is None:
+        op = plan.ops[task.op]
+        ext = {}
+        for o, shape in zip(op.inputs, task.arg_shapes):
+            ext.update(zip(o.labels, shape))
+        found = kernel_temporaries(op, plan.kernels[task.op], ext)
+        if memo is not None:
+            memo[key] = found
+    return found
 
 
 def may_cross(plan, limit: int) -> bool:

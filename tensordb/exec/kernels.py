@@ -19,7 +19,7 @@ import opt_einsum as oe
 from ..errors import NotSupportedError
 from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, ARG_AGGS
-from ..physical.choice import CHUNK_ELEMENTS, KernelChoice, choose_kernel
+from ..plan.kernel import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
 from .sparse_kernels import SPARSE_METHODS, dense_args, sparse_call
 
@@ -62,10 +62,9 @@ class KernelSpec:
         # broadcast.
         self.blas = c.method in ("matmul", "contract", "spmm")
         self.scale, self.scale_first = c.scale, c.scale_first
-        # A trailing constant of a product-and-sum multiplies the sum (BLAS), where NumPy
-        # multiplies each product: the two differ only where one of them is not finite.
-        self.scales_the_sum = self.blas and c.scale != 1 and c.scale_first is None and \
-            bool(op.agg_labels) and np.dtype(op.dtype).kind in "fc"
+        # Where the plan says NumPy's answer may differ next to a NaN or inf, its variant.
+        self.test_inputs = "inputs" in c.fallback_on
+        self.test_result = "result" in c.fallback_on
         sym = {l: oe.get_symbol(i) for i, l in enumerate(op.labels)}
         self.eq = ",".join("".join(sym[l] for l in o.labels) for o in op.inputs) + "->" + \
             "".join(sym[l] for l in op.out_labels)
@@ -104,22 +103,23 @@ class KernelSpec:
         if self.blas:
             # NumPy multiplies in the promoted dtype: int32 x float64 is a float64 product.
             arrays = [a if a.dtype == self.dtype else a.astype(self.dtype) for a in arrays]
-            if self.matmul is None and self.dtype.kind == "f" and \
-                    not all(bool(xp.isfinite(a).all()) for a in arrays):
+            if self.test_inputs and not all(bool(xp.isfinite(a).all()) for a in arrays):
                 # opt_einsum sums a label that one operand alone has before multiplying, and
                 # groups a product of three: next to an inf that is not the sum of the products
                 # (sum(a) * inf is inf for a = [2, -1]; 2 * inf - 1 * inf is NaN).
-                return self._broadcast(arrays, out, check, sink)
+                return self._broadcast(arrays, out, check, sink, self.choice.fallback)
             if self.scale_first is not None:
                 k = self.scale_first
                 arrays[k] = arrays[k] * _scalar(self.scale, self.dtype)
             res = self._contract(arrays, out)
-            if self.scales_the_sum and not bool(xp.isfinite(res).all()):
+            if self.test_result and not bool(xp.isfinite(res).all()):
                 # the sum of the unscaled products overflowed, or the constant met an inf
                 # (0 * inf): NumPy's answer is that of the constant times each product
-                return self._broadcast(arrays, out, check, sink)
+                return self._broadcast(arrays, out, check, sink, self.choice.fallback)
             return res
-        return self._broadcast(arrays, out, check, sink)
+        # a sparse method run dense (off the CPU): the plan's broadcast variant
+        return self._broadcast(arrays, out, check, sink,
+                               self.choice.fallback if "device" in self.choice.fallback_on else None)
 
     def _write_diagonal(self, args, arg_shapes, out_shape, out, check):
         """A diagonal write: the values of each distinct output label, placed where the
@@ -197,8 +197,10 @@ class KernelSpec:
         return res
 
     # -- broadcasting NumPy, chunked over aggregated labels --------------------------------------
-    def _broadcast(self, arrays, out=None, check=None, sink=None):
+    def _broadcast(self, arrays, out=None, check=None, sink=None, choice=None):
+        """The join by broadcasting NumPy, chunked as ``choice`` says (default: the plan's)."""
         xp = self.xp
+        choice = choice or self.choice
         op = self.op
         views, ext = [], {}
         for a, (uniq, diag), (order, present) in zip(arrays, self.unique, self.placed):
@@ -225,7 +227,7 @@ class KernelSpec:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not agg_axes:
-                slab = self._slab_rows(full)
+                slab = self._slab_rows(full, choice.chunk_elements)
                 if slab is not None:  # a large tile: in slabs, cancellable
                     return self._elementwise_chunked(views, full, out, check or _no_check, slab,
                                                      sink)
@@ -240,14 +242,13 @@ class KernelSpec:
                     res = xp.broadcast_to(res, full).copy()
                 return res
             # Chunk along the plan's aggregated label so one chunk stays near chunk_elements (a
-            # 'contract' tile holding NaN or inf comes here too: along its largest such label).
-            chunk = self.choice.chunk if self.choice.method == "broadcast" else \
-                max(self.space[:len(agg_axes)], key=lambda l: ext[l])
-            axis = self.space.index(chunk)
+            # BLAS tile holding NaN or inf comes here too, chunked as its variant says).
+            axis = self.space.index(choice.chunk)
             per_slice = math.prod(full) // max(full[axis], 1)
-            step = max(1, self.choice.chunk_elements // max(per_slice, 1))
+            step = max(1, choice.chunk_elements // max(per_slice, 1))
             oax = len(agg_axes)  # the first output axis
-            blocked = self._cache_blocks(views, full, axis, oax) if xp is np else None
+            blocked = self._cache_blocks(views, full, axis, oax, choice.chunk_elements) \
+                if xp is np else None
             if blocked is None:
                 return self._reduce(views, full, axis, step, agg, arrays, check)
             # On the CPU a reduction whose operands fit the chunks' budget is computed in blocks
@@ -271,14 +272,14 @@ class KernelSpec:
                 result[lo:hi] = part
             return xp.asarray(result, dtype=self.dtype)
 
-    def _cache_blocks(self, views, full, axis, oax):
+    def _cache_blocks(self, views, full, axis, oax, chunk_elements):
         """(block, step): blocks of output axis ``oax`` and chunks of ``step`` along ``axis``
         whose join stays within CACHE_BYTES, when the join combines operands (a reduction of one
         gains nothing), that cuts the output at all, and the operands may be copied into the
         join's order (the copies together fit the chunks' share of the budget); None otherwise
         (the plain chunks along ``axis`` are used)."""
         copies = sum(v.size for v in views if not v.flags.c_contiguous)
-        if len(views) < 2 or oax == len(full) or copies > self.choice.chunk_elements:
+        if len(views) < 2 or oax == len(full) or copies > chunk_elements:
             return None
         rest = math.prod(full) // (full[axis] * full[oax])
         cache = CACHE_BYTES // self.dtype.itemsize
@@ -286,7 +287,7 @@ class KernelSpec:
         block = max(1, min(full[oax], cache // max(step * rest, 1)))
         if block == full[oax]:
             return None
-        budget = self.choice.chunk_elements // max(block * rest, 1)
+        budget = chunk_elements // max(block * rest, 1)
         return block, max(1, min(budget, full[axis], cache // max(block * rest, 1)))
 
     def _arg_reduce(self, views, full):
@@ -345,7 +346,7 @@ class KernelSpec:
             acc = xp.full(full[len(agg_axes):], agg.identity, dtype=self.dtype)
         return xp.asarray(acc, dtype=self.dtype)
 
-    def _slab_rows(self, full) -> int | None:
+    def _slab_rows(self, full, chunk_elements: int) -> int | None:
         """Rows of the first axis an elementwise tile is computed in at once (None: all of
         them, the tile whole): slabs of at most the choice's ``chunk_elements`` and, on the
         CPU, of about ``SLAB_BYTES`` of output. A slab's inputs, temporaries and output then
@@ -355,7 +356,7 @@ class KernelSpec:
         if not full or full[0] <= 1:
             return None
         row = max(math.prod(full[1:]), 1)
-        rows = self.choice.chunk_elements // row
+        rows = chunk_elements // row
         if self.xp is np:
             rows = min(rows, SLAB_BYTES // (row * self.dtype.itemsize))
         return max(1, rows) if rows < full[0] else None

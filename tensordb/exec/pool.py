@@ -41,7 +41,7 @@ from ..physical.order import ranks
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from ..storage.writer import TileStats, tile_stats
 from .contract import Capabilities, as_sink, pool_capabilities
-from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory
+from .budget import HEAP_SLACK, Budget, may_cross, return_freed_memory, temporary_bytes
 from .ready import STOP, ReadyQueues
 from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, plan_specs,
                       translate)
@@ -405,6 +405,10 @@ class _Run:
         # cache: the tile's statistics are taken there, not in a sweep of their own after it.
         stats = TileStats() if dest is not None and isinstance(task, Kernel) and \
             self.ex.xp is np else None
+        # the kernel's temporaries count in the run's peak while it runs (budget.py)
+        temps = temporary_bytes(self.plan, task) if isinstance(task, Kernel) else 0
+        if temps:
+            self.ledger.hold(task.key, temps)
         try:
             choice = self.plan.kernels[task.op] if isinstance(task, Kernel) else None
             if source is not None:  # a Load: a GPU may have its tile cached (devcache.py)
@@ -414,6 +418,8 @@ class _Run:
                                         out=dest, source=source,
                                         sink=None if stats is None else stats.add)
         finally:
+            if temps:
+                self.ledger.drop(temps)
             if isinstance(task, Kernel):
                 self.control.call_ended()
         self._release(task.inputs)

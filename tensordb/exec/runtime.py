@@ -229,6 +229,7 @@ class Ledger:
         self.spilled_bytes = 0
         self.spill_seconds = 0.0
         self.held: dict = {}  # tile key -> bytes acquired for it
+        self.working = 0      # running kernel calls' temporaries (``hold``), beside ``live``
         self.busy = [0.0] * workers
         self.ops = [OpMeasure() for _ in plan.ops]
 
@@ -244,11 +245,27 @@ class Ledger:
     def _acquire(self, key, nbytes: int) -> None:  # the caller holds the lock
         self.held[key] = self.held.get(key, 0) + nbytes
         self.live += nbytes
-        if self.live > self.peak:
-            self.peak = self.live
+        self._peak(key)
+
+    def _peak(self, key) -> None:  # the caller holds the lock
+        now = self.live + self.working
+        if now > self.peak:
+            self.peak = now
         m = self.ops[self.owner.get(key, 0)]
-        if self.live > m.peak_bytes:
-            m.peak_bytes = self.live
+        if now > m.peak_bytes:
+            m.peak_bytes = now
+
+    def hold(self, key, nbytes: int) -> None:
+        """Kernel call ``key`` allocates ``nbytes`` of temporaries while it runs (its chunks, its
+        copies: ``budget.temporary_bytes``); ``drop(key)`` when it has returned. They count in
+        the run's peak, not in ``live`` (the budget reserved them with the call)."""
+        with self.lock:
+            self.working += nbytes
+            self._peak(key)
+
+    def drop(self, nbytes: int) -> None:
+        with self.lock:
+            self.working -= nbytes
 
     def release(self, key) -> None:
         """The tile ``key`` leaves memory (its last consumer ran)."""

@@ -33,18 +33,19 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..geometry import Grid, even_bounds, overlapping
+from ..geometry import Grid, even_bounds
 from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
-from .sparse_cost import StoredStats, read_sparse, special_kernel, sparse_flops, sparse_out_nnz
+from ..plan.kernel import KernelChoice, choose_kernel, chunk_label
+from .retile import edge_retile, recut_bytes, stored_aligned, views
+from .sparse_cost import StoredStats, read_sparse, sparse_flops, sparse_out_nnz
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "StoredStats", "blas_efficiency",
-           "evaluate", "stored_aligned"]
+           "evaluate", "stored_aligned", "edge_retile", "recut_bytes"]
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class OpModel:
     workers: int
     params: CostParams = DEFAULT_PARAMS
     budget: int | None = None  # a worker's share of the memory_limit (None: no limit)
-    kernel: tuple = ("broadcast", ())   # plan.memory.kernel_copies(op)
+    kernel: KernelChoice | None = None  # plan.kernel.choose_kernel: the lowering's choice
     handoff: bool = False               # an unstored result read by later operations
     out_pos: tuple[int, ...] = ()       # per output axis, its label's position (a diagonal
                                         # write repeats one); () when it is 0..n_out-1
@@ -204,10 +205,12 @@ class OpModel:
         st = {k: (stats or {}).get(o.tensor) for k, o in enumerate(op.inputs)
               if o.tensor not in produced}
         st = {k: v for k, v in st.items() if v is not None and v.sparse}
-        # The kernel the lowering will choose (physical/choice.py): the same rule, the same facts.
-        kern = special_kernel(op, st, known) or memory.sparse_kernel(
-            op, tuple(k for k in st if len(op.inputs[k].labels) == 2 and not st[k].fill),
-            tuple(f[0] for f in known))
+        # The kernel the lowering will choose (plan/kernel.py): the same function, the same
+        # facts (the sparse operands, what is known finite, the fill values).
+        fills = tuple(st[k].fill if k in st else 0.0 for k in range(len(op.inputs)))
+        choice = choose_kernel(op, None, budget, tuple(k for k in st if len(op.inputs[k].labels) == 2),
+                               tuple(f[0] for f in known), fills if st else ())
+        kern = (choice.method, choice.sparse) if choice.sparse is not None else None
         ins = []
         for k, o in enumerate(op.inputs):
             item = np.dtype(dtypes[o.tensor]).itemsize
@@ -235,7 +238,7 @@ class OpModel:
         out_pos = tuple(labels.index(l) for l in op.out_labels) if op.writes_diagonal else ()
         return OpModel(op, labels, sizes, tuple(ins), len(op.free_labels),
                        math.prod(op.out_shape) * item, item, flops, max(1, workers), params,
-                       budget, memory.kernel_copies(op), handoff, out_pos, _blas_output(op, labels),
+                       budget, choice, handoff, out_pos, _blas_output(op, choice, labels),
                        sparse_kernel=kern, out_nnz=out_nnz)
 
     def clamp(self, pieces: Sequence[int]) -> tuple[int, ...]:
@@ -269,13 +272,14 @@ class OpModel:
         # below 1) or, for any other kernel, the box densified at its dense bytes.
         copied = [i.sparse or not (
                       i.stored and i.grid is not None and
-                      _views(tuple(map(tuple, i.grid)), i.shape, self.need(d, w),
-                             i.presence is None))
+                      views(tuple(map(tuple, i.grid)), i.shape, self.need(d, w),
+                            i.presence is None))
                   for w, i in enumerate(self.inputs)]
         fan_in = math.prod(d[self.n_out:])
-        return memory.call_memory(self.op, extents, fan_in, copied,
-                                  memory.chunk_elements(self.budget, self.op), self.kernel,
-                                  self.handoff, [i.held for i in self.inputs])
+        # chunked along the label the lowering picks for these tiles
+        chunk = chunk_label(self.op, extents) if self.kernel.index is None else None
+        return memory.call_memory(self.op, extents, fan_in, copied, self.kernel, self.handoff,
+                                  [i.held for i in self.inputs], chunk)
 
     def peak(self, d: Sequence[int]) -> int:
         """Bytes a worker holds at once running this operation under tiling ``d``."""
@@ -392,54 +396,22 @@ def blas_efficiency(mn: int, threads: int, params: CostParams = DEFAULT_PARAMS) 
     return max(1.0 / t, min(1.0, mn / (t * params.blas_thread_elements)))
 
 
-def _blas_output(op: EinOp, labels: tuple[str, ...]) -> tuple[int, ...] | None:
+def _blas_output(op: EinOp, choice: KernelChoice, labels: tuple[str, ...]) -> tuple[int, ...] | None:
     """The positions in ``labels`` of the labels of one BLAS call's M x N output (its batch
-    labels are separate calls), or None when ``op`` is not computed by BLAS (physical/choice)."""
-    plain = op.without_diagonal()
-    if memory.blas_product(plain) is None:
+    labels are separate calls), or None when the kernel ``choice`` is not BLAS."""
+    if choice.method == "matmul":
+        mn = choice.layout.free_first + choice.layout.free_second
+    elif choice.method == "contract":
+        mn = op.without_diagonal().out_labels
+    else:
         return None
-    lay = memory.matmul_layout(plain)
-    mn = lay.free_first + lay.free_second if lay is not None else plain.out_labels
     return tuple(labels.index(l) for l in mn if l in labels)
+
+
 # The tiling on dense inputs' stored grids is a candidate with at most this many kernel calls
 # per worker (a wide matrix of 16 MiB column tiles stays within it up to 8 GiB on 2 workers).
 _MAX_ALIGNED_CALLS = 256
 
-
-@lru_cache(maxsize=65536)
-def _views(grid: Grid, shape: tuple[int, ...], need: tuple[int, ...], dense: bool = True) -> bool:
-    """True when the reader hands out every piece of the even tiling ``need`` of a stored tensor
-    as a view (storage/reader.py ``read_box``): each piece lies inside one stored tile, or (along
-    the first dimension, when every tile is stored) spans a run of row tiles that are whole in
-    every other dimension. (A piece over an absent tile is no tile at all: nothing held.)
-
-    >>> _views(((0, 4, 8), (0, 4, 8)), (8, 8), (4, 2)), _views(((0, 4, 8), (0, 4, 8)), (8, 8), (1, 2))
-    (True, False)
-    >>> _views(((0, 4, 8), (0, 8)), (8, 8), (1, 2))     # a run of two row tiles
-    True
-    """
-    rows_whole = dense and all(len(b) == 2 for b in grid[1:])
-    for dim, (bounds, n, k) in enumerate(zip(grid, shape, need)):
-        if dim == 0 and rows_whole:
-            continue
-        cuts = even_bounds(n, k)
-        if any(len(overlapping(bounds, a, b)) > 1 for a, b in zip(cuts, cuts[1:])):
-            return False
-    return True
-
-
-def stored_aligned(grid: Grid | None, shape: Sequence[int], need: Sequence[int]) -> bool:
-    """True when every piece of the needed even tiling is a union of stored tiles.
-
-    >>> stored_aligned(((0, 4, 8),), (8,), (2,)), stored_aligned(((0, 4, 8),), (8,), (4,))
-    (True, False)
-    """
-    if grid is None:
-        return True
-    for bounds, n, d in zip(grid, shape, need):
-        if not set(even_bounds(n, d)) <= set(bounds):
-            return False
-    return True
 
 
 def dtypes_of(graph: EinGraph) -> dict[str, str]:
@@ -460,38 +432,6 @@ def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS
     return {op.output: OpModel.of(op, dt, workers, params, presence, facts, grids, budget, produced,
                                   op.output in read and op.output not in graph.outputs, stats)
             for op in graph.ops}
-
-
-def edge_retile(model: OpModel, which: int, d: Sequence[int], producer: "OpModel | None",
-                producer_d: Sequence[int] | None, grid: Grid | None) -> float:
-    """The re-tiling cost of input ``which`` of ``model`` under tiling ``d``."""
-    inp = model.inputs[which]
-    need = model.need(d, which)
-    if producer is None:
-        # Pieces that are unions of stored tiles are free when the reader hands them out as
-        # views; one cut off the stored grid, or made of several stored tiles that are not one
-        # run of rows (a matrix stored in column tiles), is a copy on its worker.
-        if stored_aligned(grid, inp.shape, need) and (
-                grid is None or _views(tuple(map(tuple, grid)), inp.shape, need,
-                                       inp.presence is None)):
-            return 0.0
-        return model.params.stored_retile * inp.nbytes
-    return recut_bytes(float(producer.out_bytes), producer.out_tiling(producer_d), need)
-
-
-# Re-cutting a result into a finer tiling of the same labels (every piece needed lies in one tile
-# made, on that tile's worker, and can run as soon as it exists) costs this share of its bytes:
-# nothing is gathered from other tiles, and the tile made need not wait for others to be freed.
-REFINE_SHARE = 0.5
-
-
-def recut_bytes(nbytes: float, made: tuple, need: tuple) -> float:
-    """The cost of reading a result tiled ``made`` (pieces per dimension) as ``need``."""
-    if made == need:
-        return 0.0
-    if all(n % m == 0 for n, m in zip(need, made)):
-        return REFINE_SHARE * nbytes
-    return nbytes
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..plan import sparse_rules
 from ..plan.ir import EinOp
 
-__all__ = ["StoredStats", "special_kernel", "read_sparse", "sparse_flops", "sparse_out_nnz"]
+__all__ = ["StoredStats", "read_sparse", "sparse_flops", "sparse_out_nnz"]
 
 
 @dataclass(frozen=True)
 class StoredStats:
     """What the catalog knows of a stored input's tiles, summed over them: their formats
     ('dense', 'csr', 'coo'), nonzeros and payload bytes. An operation whose kernel reads a
-    stored input sparse (``plan.memory.sparse_kernel``) is priced on these, not on extents: it
+    stored input sparse (``plan.kernel.sparse_kernel``) is priced on these, not on extents: it
     reads ``nbytes``, and its flops are ``2 * nnz * columns`` (spmm) or ``nnz`` (spreduce)."""
 
     formats: tuple[str, ...]
@@ -34,16 +33,6 @@ class StoredStats:
     def format(self) -> str:
         """One format, or several joined by '+' (a tensor with dense and sparse tiles)."""
         return "+".join(self.formats) if self.formats else "dense"
-
-
-def special_kernel(op: EinOp, st: dict, known) -> tuple | None:
-    """The semiring, masked or sampled kernel the lowering will choose for ``op``
-    (plan/sparse_rules.py), from its sparse stored operands' stats ``st`` (operand -> its
-    StoredStats) and what is known of each operand (``(finite, nonzero)``)."""
-    sparse = tuple(k for k in st if len(op.inputs[k].labels) == 2)
-    fills = tuple(st[k].fill if k in st else 0.0 for k in range(len(op.inputs)))
-    found = sparse_rules.choose(op, sparse, tuple(f[0] for f in known), fills)
-    return None if found is None else found[:2]
 
 
 def read_sparse(op: EinOp, kern: tuple, st: dict) -> set[int]:

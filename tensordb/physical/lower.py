@@ -18,9 +18,10 @@ from ..geometry import Grid, even_bounds, overlapping, tile_box
 from ..plan import skip
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
-from ..storage import catalog
+from ..storage.reader import TensorReader, box_view
 from .calls import LAYOUTS, Calls, Layout, grid_rows
 from .choice import choose_kernel
+from . import tilejoin
 from .plan import Assemble, CallBlock, Columns, Load, OpStats, Once, OutputTiles, TilePlan
 
 __all__ = ["lower", "describe"]
@@ -55,19 +56,19 @@ class _Lowering:
         return self._cursor
 
     # -- presence of input tiles at an operation's grid ------------------------------------------
-    def _presence_sql(self, tensor: str, labels, bounds: dict[str, tuple]) -> str:
-        """SQL for the op-grid coordinates (c0, c1, ...) of the present tiles of an input, with
-        what the catalog knows of each piece (``f``: no NaN/inf; ``n``: no 0 and no NaN): the
-        storage catalog's relations (storage/catalog.py), cut to the operation's pieces."""
+    def _presence_sql(self, tensor: str, labels, bounds: dict[str, tuple]) -> tuple[str, list]:
+        """The relation of the op-grid coordinates of the present tiles of an input, with what
+        the catalog knows of each piece (physical/tilejoin.py), cut to the operation's pieces."""
         cut = [bounds[l] for l in labels]
-        if tensor in self.readers and not hasattr(self.readers[tensor], "entries"):
+        if tensor in self.readers and not isinstance(self.readers[tensor], TensorReader):
             # a slice, a gather, positions: no catalog tiles; every piece reads (boxes.py)
-            return catalog.every_piece(cut, labels, self._facts(tensor)[0])
+            return tilejoin.every_piece(cut, labels, self._facts(tensor)[0])
         if tensor in self.readers:
-            return catalog.tiles_cut_to_grid(self.readers[tensor].meta, cut, labels,
-                                             self.store.nonfinite_column)
-        return catalog.coords_cut_to_grid(self._materialize(tensor), self.outputs[tensor].grid,
-                                          cut, labels)
+            meta = self.readers[tensor].meta
+            return tilejoin.stored_pieces(meta.name, meta.version, meta.grid, cut, labels,
+                                          self.store.nonfinite_column)
+        return tilejoin.made_pieces(self._materialize(tensor), self.outputs[tensor].grid,
+                                    cut, labels)
 
     def _facts(self, tensor: str) -> tuple[bool, bool]:
         """(finite, nonzero) of a whole input (TensorReader.facts); neither is known of an
@@ -80,15 +81,16 @@ class _Lowering:
     def _sparsity(self, op: EinOp) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[float, ...]]:
         """(operands stored as matrices with sparse tiles, whether each operand is finite, each
         operand's fill value): what the kernel choice needs to pick a sparse kernel
-        (choice.spmm_operand, plan/sparse_rules.py)."""
+        (choice.spmm_operand, plan/sparse_rules.py), and to leave out a BLAS kernel's test of
+        its inputs for NaN or inf."""
         sparse = tuple(k for k, o in enumerate(op.inputs) if o.tensor in self.readers
                        and self.readers[o.tensor].meta.ndim == 2
                        and self.readers[o.tensor].has_sparse)
-        if not sparse:
-            return (), (), ()
+        # every input's finite fact also lets a BLAS kernel on inputs known finite skip its
+        # NaN/inf test (plan/kernel.py)
         return (sparse, tuple(self._facts(o.tensor)[0] for o in op.inputs),
                 tuple(self.readers[o.tensor].meta.fill if o.tensor in self.readers else 0.0
-                      for o in op.inputs))
+                      for o in op.inputs) if sparse else ())
 
     # -- the tile join -------------------------------------------------------------------------
     def _complete(self, tensor: str) -> bool:
@@ -109,51 +111,11 @@ class _Lowering:
         # matter): a block-sparse A times a dense B joins only A's tiles.
         whole = {k for k in inner if op.inputs[k].tensor in self.readers
                  and self._complete(op.inputs[k].tensor) and self._facts(op.inputs[k].tensor)[0]}
-        present = {k: "TRUE" for k in inner} | {k: f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} "
-                                                   f"IS NOT NULL)" for k in outer}
-        while True:
-            test = skip.nonzero_sql(op.join, lambda k: present[k],
-                                    lambda k: "TRUE" if k in whole else f"coalesce(in{k}.f, TRUE)",
-                                    lambda k: f"coalesce(in{k}.n, FALSE)")
-            needed = {k for k in whole if f"in{k}." in test}
-            if not needed:
-                break
-            whole -= needed
-        ctes = [f"in{k} AS ({self._presence_sql(o.tensor, o.labels, bounds)})"
-                for k, o in enumerate(op.inputs) if k not in whole]
-        label_col: dict[str, str] = {}
-        from_parts, conds = [], []
-        for k in inner:
-            if k in whole:
-                continue
-            from_parts.append(f"in{k}")
-            for d, l in enumerate(op.inputs[k].labels):
-                col = f"in{k}.c{d}"
-                if l in label_col:
-                    conds.append(f"{label_col[l]} = {col}")
-                else:
-                    label_col[l] = col
-        for l in op.labels:
-            if l not in label_col:
-                ctes.append(f"r_{len(label_col)} AS (SELECT unnest(range({pieces[l]})) AS c0)")
-                from_parts.append(f"r_{len(label_col)}")
-                label_col[l] = f"r_{len(label_col)}.c0"
-        if not from_parts:  # no labels and no input that must be present: one call
-            from_parts.append("(SELECT 1 AS one) AS unit")
-        sql_from = from_parts[0]
-        for part in from_parts[1:]:
-            sql_from += f" CROSS JOIN {part}" if not conds else f" JOIN {part} ON TRUE"
-        flags = []
-        for k in outer:
-            on = " AND ".join(f"in{k}.c{d} = {label_col[l]}" for d, l in enumerate(op.inputs[k].labels))
-            sql_from += f" LEFT JOIN in{k} ON {on or 'TRUE'}"
-            flags.append(f"(in{k}.{'c0' if op.inputs[k].labels else 'one'} IS NOT NULL) AS p{k}")
-        conds.append(test)
-        select = [f"{label_col[l]} AS {_q(l)}" for l in op.labels] + flags
-        sql = (f"WITH {', '.join(ctes)} SELECT {', '.join(select) or '1'} FROM {sql_from} "
-               f"WHERE {' AND '.join(conds)}")
+        sql, params = tilejoin.join(
+            op, pieces, inner, outer, whole,
+            lambda k: self._presence_sql(op.inputs[k].tensor, op.inputs[k].labels, bounds))
         try:
-            rows = self.store.query(sql)
+            rows = self.store.query(sql, params)
         except Exception as exc:  # a bug in the generated SQL, never the user's fault
             raise InternalError(f"tile join for {op.describe()} failed: {exc}\n{sql}") from exc
         return np.array(rows, dtype=np.int64).reshape(len(rows), len(op.labels) + len(outer))
@@ -227,7 +189,7 @@ class _Lowering:
         table = f"__tensordb_tiles_{self._op_index[tensor]}"
         if table not in self._tables:
             out = self.outputs[tensor]
-            self.store.query(catalog.coords_table(table, out.tiles, len(out.shape)))
+            self.store.query(tilejoin.coords_table(table, out.tiles, len(out.shape)))
             self._tables.add(table)
         return table
 
@@ -241,7 +203,7 @@ class _Lowering:
                 key = self._add(Load(self._next_key, tensor, starts, stops), index)
                 self._loads[(tensor, starts, stops)] = key
                 stats.input_tiles += 1
-                if not _aligned(self.readers[tensor].meta.grid, starts, stops):
+                if not _free(self.readers[tensor].meta, starts, stops):
                     stats.retile_bytes += _nbytes(box, self.readers[tensor].meta.dtype)
             return key
         out = self.outputs[tensor]
@@ -279,7 +241,7 @@ class _Lowering:
                 self.lower_op(index, op)
         finally:
             for table in self._tables:
-                self.store.query(catalog.drop_coords_table(table))
+                self.store.query(tilejoin.drop_coords_table(table))
         columns = Columns(self.blocks, self.others, self.owner, self._cursor)
         return TilePlan.deferred(self.graph.ops, self.outputs, self.stats, self.decomp.workers,
                                  self.readers, tuple(self.kernels), {}, Once(columns.tasks),
@@ -287,17 +249,16 @@ class _Lowering:
                                  blas_threads=int(self.decomp.details.get("blas_threads", 0)))
 
 
-def _q(label: str) -> str:
-    return '"' + label.replace('"', '""') + '"'
-
-
 def _nbytes(box, dtype) -> int:
     return math.prod(b - a for a, b in box) * np.dtype(dtype).itemsize
 
 
-def _aligned(grid: Grid, starts, stops) -> bool:
-    """True when the box is whole stored tiles (one, or a run that the store reads as a view)."""
-    return all(a in g and b in g for g, a, b in zip(grid, starts, stops))
+def _free(meta, starts, stops) -> bool:
+    """True when the box is whole stored tiles that the reader hands out as a view (the
+    optimizer's test, optimizer/retile.py: anything else is a re-tiling copy)."""
+    return all(a in g and b in g for g, a, b in zip(meta.grid, starts, stops)) and \
+        box_view(meta.grid, [[(a, b)] for a, b in zip(starts, stops)],
+                 meta.tile_count == meta.total_tiles)
 
 
 def lower(graph: EinGraph, decomp, store, readers=None, facts=None) -> TilePlan:

@@ -2,48 +2,41 @@
 certainly 0: ``0 * x`` is 0 only where x is finite (0 * inf is NaN) and ``0 / x`` only where x
 holds no 0 and no NaN. The facts about inputs come per tile from the catalog (present; nonfinite;
 nnz), so the same three-valued analysis is written once and evaluated either on Python booleans
-(the optimizer, and which inputs gate the join) or as SQL over the tile join (each call).
+(the optimizer, and which inputs gate the join) or as SQL over the tile join (each call: its SQL
+is physical/tilejoin.py's).
 Finite inputs can still overflow (1e200 * 1e200 is inf), so only functions that cannot make a
 finite value infinite keep ``finite``; everything else is treated as possibly non-finite.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
 from .scalar import COMPARISONS, FUNCTIONS, Const, Expr, Input, Param
 
-__all__ = ["zero_when_absent", "nonzero_sql"]
+__all__ = ["zero_when_absent", "certainly_zero"]
 
 _KEEPS_FINITE = {"neg", "abs", "relu", "tanh", "sin", "cos", "sigmoid", "max", "min", "_stop"}
 _KEEPS_NONZERO = {"neg", "abs"}
 _FALSE_ON_EQUAL = {"!=", "<", ">"}  # comparisons that are false (0) where both sides are 0
 
 
-class _Logic:
-    """Booleans to build the analysis with: Python's, or SQL text (folding TRUE and FALSE)."""
+class _Bool:
+    """The analysis on Python booleans (physical/tilejoin.py has its SQL flavour: the same
+    attributes, on SQL text)."""
 
-    def __init__(self, sql: bool) -> None:
-        self.sql = sql
-        self.true, self.false = ("TRUE", "FALSE") if sql else (True, False)
+    true, false = True, False
 
-    def const(self, value: bool):
-        return self.true if value else self.false
+    @staticmethod
+    def const(value: bool) -> bool:
+        return bool(value)
 
-    def and_(self, a, b):
-        if not self.sql:
-            return a and b
-        if a == "FALSE" or b == "FALSE":
-            return "FALSE"
-        return b if a == "TRUE" else a if b == "TRUE" else f"({a} AND {b})"
+    @staticmethod
+    def and_(a: bool, b: bool) -> bool:
+        return a and b
 
-    def or_(self, a, b):
-        if not self.sql:
-            return a or b
-        if a == "TRUE" or b == "TRUE":
-            return "TRUE"
-        return b if a == "FALSE" else a if b == "FALSE" else f"({a} OR {b})"
+    @staticmethod
+    def or_(a: bool, b: bool) -> bool:
+        return a or b
 
 
 # A weak literal takes the dtype of the array it meets: next to float32, 1e300 is inf and 1e-50
@@ -57,7 +50,7 @@ def _finite_in_float32(value) -> bool:
     return bool(np.isfinite(value)) and abs(value) <= float(_F32.max)
 
 
-def _finite(expr: Expr, L: _Logic, facts):
+def _finite(expr: Expr, L, facts):
     """Certainly free of NaN and inf."""
     if isinstance(expr, Input):
         return facts[1](expr.index)
@@ -83,7 +76,7 @@ def _finite(expr: Expr, L: _Logic, facts):
     return L.false
 
 
-def _nonzero(expr: Expr, L: _Logic, facts):
+def _nonzero(expr: Expr, L, facts):
     """Certainly free of 0 and NaN (a divisor that keeps ``0 / x`` at 0)."""
     if isinstance(expr, Input):
         return facts[2](expr.index)
@@ -97,8 +90,10 @@ def _nonzero(expr: Expr, L: _Logic, facts):
     return L.false
 
 
-def _zero(expr: Expr, L: _Logic, facts):
-    """Certainly 0 everywhere."""
+def certainly_zero(expr: Expr, L, facts):
+    """Certainly 0 everywhere, in the booleans of ``L`` (``_Bool``, or SQL text), given
+    ``facts``: per input, callables for (its tile is absent, it holds no NaN/inf, it holds no 0
+    and no NaN)."""
     if isinstance(expr, Input):
         return facts[0](expr.index)
     if isinstance(expr, Param):
@@ -107,21 +102,22 @@ def _zero(expr: Expr, L: _Logic, facts):
         return L.const(expr.value == 0)
     a = expr.args
     if expr.fn == "*":
-        return L.or_(L.and_(_zero(a[0], L, facts), _finite(a[1], L, facts)),
-                     L.and_(_zero(a[1], L, facts), _finite(a[0], L, facts)))
+        return L.or_(L.and_(certainly_zero(a[0], L, facts), _finite(a[1], L, facts)),
+                     L.and_(certainly_zero(a[1], L, facts), _finite(a[0], L, facts)))
     if expr.fn == "/":
-        return L.and_(_zero(a[0], L, facts), _nonzero(a[1], L, facts))
+        return L.and_(certainly_zero(a[0], L, facts), _nonzero(a[1], L, facts))
     if expr.fn in ("+", "-", "max", "min") or expr.fn in _FALSE_ON_EQUAL:
-        return L.and_(_zero(a[0], L, facts), _zero(a[1], L, facts))
+        return L.and_(certainly_zero(a[0], L, facts), certainly_zero(a[1], L, facts))
     if expr.fn in COMPARISONS:  # 0 == 0 is true
         return L.false
     if expr.fn == "where":  # both branches 0, or the condition certainly false and ELSE 0
-        return L.and_(_zero(a[2], L, facts), L.or_(_zero(a[1], L, facts), _zero(a[0], L, facts)))
+        return L.and_(certainly_zero(a[2], L, facts),
+                      L.or_(certainly_zero(a[1], L, facts), certainly_zero(a[0], L, facts)))
     if expr.fn == "pow":  # 0 ** c is 0 for c > 0 only (1 for c = 0, inf below)
         positive = isinstance(a[1], Const) and a[1].value > 0
-        return L.and_(_zero(a[0], L, facts), L.const(positive))
+        return L.and_(certainly_zero(a[0], L, facts), L.const(positive))
     if FUNCTIONS[expr.fn].zero_preserving:
-        return _zero(a[0], L, facts)
+        return certainly_zero(a[0], L, facts)
     return L.false
 
 
@@ -138,17 +134,4 @@ def zero_when_absent(expr: Expr, absent, finite=(), nonzero=()) -> bool:
     absent, finite, nonzero = set(absent), set(finite), set(nonzero)
     facts = (lambda k: k in absent, lambda k: k in absent or k in finite,
              lambda k: k not in absent and k in nonzero)
-    return _zero(expr, _Logic(False), facts)
-
-
-def nonzero_sql(expr: Expr, present: Callable[[int], str], finite: Callable[[int], str],
-                nonzero: Callable[[int], str]) -> str:
-    """A SQL boolean that is false only where ``expr`` is certainly zero. The callables give, per
-    input, SQL for: its tile is present; it holds no NaN/inf (true for an absent tile); it holds
-    no 0 and no NaN (false for an absent tile)."""
-    facts = (lambda k: _not(present(k)), finite, nonzero)
-    return _not(_zero(expr, _Logic(True), facts))
-
-
-def _not(sql: str) -> str:
-    return {"TRUE": "FALSE", "FALSE": "TRUE"}.get(sql, f"(NOT {sql})")
+    return certainly_zero(expr, _Bool, facts)

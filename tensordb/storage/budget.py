@@ -1,4 +1,5 @@
-"""The memory a load or an export may use, from the connection's memory_limit.
+"""The memory a load or an export may use, from the connection's memory_limit (its ``Shares``,
+tensordb/shares.py).
 
 Loads and exports run one tile (or one batch) at a time; what they hold beyond that is DuckDB's
 (scanning Parquet and CSV, running a query, sorting a COO table by tile, writing CSV) and the
@@ -12,23 +13,21 @@ from __future__ import annotations
 
 import contextlib
 
-__all__ = ["duck_memory", "duck_bytes", "batch_bytes", "SORT_MEMORY", "DUCK_FLOOR"]
+from ..shares import BATCH_BYTES, BATCH_FLOOR, DUCK_FLOOR, SORT_MEMORY, Shares
 
-SORT_MEMORY = 1 << 30   # DuckDB memory for sorting a COO table by tile without a memory_limit
-DUCK_FLOOR = 64 << 20   # the least DuckDB gets: its CSV reader and a sort fail below about 50 MB
-BATCH_BYTES = 16 << 20  # per Arrow batch without a memory_limit: about one tile
-BATCH_FLOOR = 1 << 20
+__all__ = ["duck_memory", "duck_bytes", "batch_bytes", "SORT_MEMORY", "DUCK_FLOOR", "BATCH_BYTES",
+           "BATCH_FLOOR"]
 
 
 def duck_bytes(limit: int | None, *, sort: bool = False) -> int | None:
-    """DuckDB's memory limit for a load or export (None: leave DuckDB's default)."""
-    if limit is None:
-        return SORT_MEMORY if sort else None
-    return max(int(limit) // 2, DUCK_FLOOR)
+    """DuckDB's memory limit for a load or export (None: leave DuckDB's default): the
+    ``Shares`` of the limit (tensordb/shares.py)."""
+    shares = Shares(limit)
+    return shares.sort if sort else shares.duck
 
 
 def batch_bytes(limit: int | None) -> int:
-    return BATCH_BYTES if limit is None else min(BATCH_BYTES, max(int(limit) // 16, BATCH_FLOOR))
+    return Shares(limit).batch
 
 
 @contextlib.contextmanager

@@ -8,8 +8,8 @@ A tensor is one ``tensors`` row plus one ``tiles`` row per stored tile; absent t
 ``nonfinite`` says whether a tile holds NaN or inf (NULL: not known, as in catalogs written before
 the column existed; the planner then assumes it may): an absent tile's kernel calls are skipped
 only when the partner tiles are finite (0 * inf is NaN).
-Physical planning reads ``tiles`` only through the relations this module builds
-(``tiles_cut_to_grid``, ``coords_cut_to_grid``), which it joins in DuckDB.
+Physical planning reads ``tiles`` through the tile join (physical/tilejoin.py), which joins
+these rows in DuckDB.
 
 Columns added after the first release go at the end, are nullable, and are added on open by
 :func:`create` (``ADD COLUMN IF NOT EXISTS``: idempotent), so an older database opens and works;
@@ -24,15 +24,13 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ._duck import first_row, quote_str
+from ._duck import first_row
 from .meta import TensorMeta
 from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
            "tile_entries_many", "payload_file",
-           "insert", "replace", "store", "delete", "referenced_files", "versions", "max_version", "table_named", "tables_named",
-           "pieces_relation", "tiles_cut_to_grid", "coords_table", "drop_coords_table",
-           "coords_cut_to_grid"]
+           "insert", "replace", "store", "delete", "referenced_files", "versions", "max_version", "table_named", "tables_named"]
 
 SCHEMA = "tensordb"
 
@@ -354,99 +352,3 @@ def tables_named(duck, names) -> dict[str, str]:
 
 # -- relations for the tile join ------------------------------------------------------------------
 #
-# The planner asks, per input of an operation: which pieces of the operation's grid hold a present
-# tile? Each function below returns the SQL of a relation (c0, c1, ...: piece indices, one per
-# dimension; ``one`` for a 0-d input) that the planner joins with DuckDB. ``bounds`` are the
-# piece boundaries per dimension; ``keys`` name the dimensions (equal keys: a diagonal, and only
-# pieces with equal indices there are kept). Every value is an integer or a quoted literal.
-
-def _list(values) -> str:
-    return "[" + ",".join(str(int(v)) for v in values) + "]"
-
-
-def pieces_relation(bounds) -> str:
-    """A relation (p, lo, hi) of the pieces of one dimension."""
-    n = len(bounds) - 1
-    return (f"(SELECT unnest(range({n})) AS p, unnest({_list(bounds[:-1])}) AS lo, "
-            f"unnest({_list(bounds[1:])}) AS hi)")
-
-
-def _diagonal(sql: str, keys) -> str:
-    where = [f"c{keys.index(k)} = c{d}" for d, k in enumerate(keys) if keys.index(k) != d]
-    return f"SELECT * FROM ({sql}) WHERE {' AND '.join(where)}" if where else sql
-
-
-def tiles_cut_to_grid(meta: TensorMeta, bounds, keys, nonfinite_column: str = "nonfinite") -> str:
-    """The pieces of ``bounds`` that a present stored tile of ``meta`` overlaps (an interval join
-    of ``tiles`` against the pieces), with what the catalog knows of each piece: ``f``, it holds
-    no NaN/inf; ``n``, it holds no 0 and no NaN (every element lies in a stored tile with nnz =
-    its size). ``nonfinite_column`` is ``NULL::BOOLEAN`` for a catalog without the column."""
-    r = range(len(bounds))
-    src = (f"(SELECT coords, starts, shape, nnz, {nonfinite_column} AS nonfinite FROM {SCHEMA}.tiles "
-           f"WHERE tensor = {quote_str(meta.name)} AND version = {int(meta.version)})")
-    lo = [f"s.starts[{d + 1}]" for d in r]
-    hi = [f"s.starts[{d + 1}] + s.shape[{d + 1}]" for d in r]
-    # Where the pieces are the stored tiles themselves, a tile is its piece: no interval join.
-    same = [tuple(bounds[d]) == tuple(meta.grid[d]) for d in r]
-    q_p = [f"s.coords[{d + 1}]" if same[d] else f"q{d}.p" for d in r]
-    q_lo = [lo[d] if same[d] else f"q{d}.lo" for d in r]
-    q_hi = [hi[d] if same[d] else f"q{d}.hi" for d in r]
-    joins = [f"JOIN {pieces_relation(bounds[d])} AS q{d} ON {lo[d]} < q{d}.hi AND {hi[d]} > q{d}.lo"
-             for d in r if not same[d]]
-    cols = [f"{q_p[d]} AS c{d}" for d in r]
-    keys_sql = ", ".join(cols) or "1 AS one"
-    # A piece is free of zeros when the stored tiles with no zero (and no NaN) cover it.
-    size = " * ".join(f"s.shape[{d + 1}]" for d in r) or "1"
-    overlap = " * ".join(f"(least({hi[d]}, {q_hi[d]}) - greatest({lo[d]}, {q_lo[d]}))"
-                         for d in r) or "1"
-    volume = " * ".join(f"any_value({q_hi[d]} - {q_lo[d]})" for d in r) or "1"
-    full = f"s.nnz = {size} AND s.nonfinite IS FALSE"
-    group = f" GROUP BY {', '.join(f'c{d}' for d in r)}" if cols else ""
-    sql = (f"SELECT {keys_sql}, bool_and(coalesce(NOT s.nonfinite, FALSE)) AS f, "
-           f"sum(CASE WHEN {full} THEN {overlap} ELSE 0 END) = {volume} AS n "
-           f"FROM {src} AS s {' '.join(joins)}{group} HAVING count(*) > 0")
-    return _diagonal(sql, list(keys))
-
-
-def every_piece(bounds, keys, finite: bool) -> str:
-    """Every piece of ``bounds`` (an input with no catalog tiles: a slice's, a gather's or
-    positions' reader, storage/boxes.py, which reads zeros where no stored tile lies): ``f``
-    is ``finite``, ``n`` false."""
-    r = range(len(bounds))
-    cols = [f"q{d}.p AS c{d}" for d in r]
-    parts = [f"{pieces_relation(bounds[d])} AS q{d}" for d in r]
-    src = ", ".join(parts) if parts else "(SELECT 1) AS unit"
-    sql = (f"SELECT {', '.join(cols) or '1 AS one'}, {'TRUE' if finite else 'FALSE'} AS f, "
-           f"FALSE AS n FROM {src}")
-    return _diagonal(sql, list(keys))
-
-
-def coords_table(table: str, coords, rank: int) -> str:
-    """The statement that makes temporary table ``table`` (c0, c1, ...) of tile coordinates."""
-    cols = [f"c{d}" for d in range(rank)] or ["one"]
-    rows = [tuple(c) for c in coords] if rank else ([(1,)] if coords else [])
-    values = ", ".join("(" + ", ".join(str(int(v)) for v in row) + ")" for row in rows)
-    body = f"SELECT * FROM (VALUES {values}) AS v({', '.join(cols)})" if rows else \
-        f"SELECT {', '.join(f'NULL::BIGINT AS {c}' for c in cols)} WHERE FALSE"
-    return f"CREATE OR REPLACE TEMP TABLE {table} AS {body}"
-
-
-def drop_coords_table(table: str) -> str:
-    return f"DROP TABLE IF EXISTS {table}"
-
-
-def coords_cut_to_grid(table: str, grid, bounds, keys) -> str:
-    """The pieces of ``bounds`` that a tile listed in ``table`` (a ``coords_table`` of tiles on
-    ``grid``) overlaps; nothing is known of their values (``f`` and ``n`` are false)."""
-    cols, joins = [], []
-    for d in range(len(bounds)):
-        if tuple(grid[d]) == tuple(bounds[d]):
-            cols.append(f"s.c{d} AS c{d}")
-            continue
-        joins.append(f"JOIN {pieces_relation(grid[d])} AS g{d} ON g{d}.p = s.c{d}")
-        joins.append(f"JOIN {pieces_relation(bounds[d])} AS q{d} ON g{d}.lo < q{d}.hi "
-                     f"AND g{d}.hi > q{d}.lo")
-        cols.append(f"q{d}.p AS c{d}")
-    keys_sql = ", ".join(cols) or "1 AS one"
-    sql = f"SELECT DISTINCT {keys_sql}, FALSE AS f, FALSE AS n FROM {table} AS s {' '.join(joins)}"
-    return _diagonal(sql, list(keys))

@@ -33,7 +33,7 @@ from .meta import TensorMeta
 from .identity import check_database
 from .verify import file_identity, verified, verify_tile
 
-__all__ = ["TensorReader", "TileEntry", "open_payload", "file_kind", "track_mapping",
+__all__ = ["TensorReader", "TileEntry", "box_view", "open_payload", "file_kind", "track_mapping",
            "payload_in_use", "rename_unused"]
 
 # Who in this process may still read a payload file: its live mappings (a mapping stays alive
@@ -44,6 +44,26 @@ _USERS_LOCK = threading.Lock()
 _MAPPINGS: dict[str, weakref.WeakSet] = {}
 _READING: Counter = Counter()
 _SWEEP_AT = 1024  # paths tracked before those with no live mapping are forgotten
+
+
+def box_view(grid, cuts, dense: bool = True) -> bool:
+    """Whether the reader hands out as a view of its mapping (``read_box``) every box whose
+    extent along dimension d is one of the ``(start, stop)`` pairs ``cuts[d]``: each lies inside
+    one stored tile, or, along the first dimension of a tensor stored in whole rows (one tile
+    across every other dimension) whose tiles are all stored (``dense``), spans a run of row
+    tiles. The one predicate the optimizer prices (a box that is no view is a copy), the
+    lowering counts and the reader follows (which also needs the run's tiles stored back to
+    back, dense, and present: a box over an absent tile is no tile at all).
+
+    >>> g = ((0, 4, 8), (0, 4, 8))
+    >>> box_view(g, [[(0, 4)], [(4, 6)]]), box_view(g, [[(0, 8)], [(0, 4)]])
+    (True, False)
+    >>> box_view(((0, 4, 8), (0, 8)), [[(0, 8)], [(0, 8)]])     # a run of two row tiles
+    True
+    """
+    rows = dense and all(len(b) == 2 for b in grid[1:])
+    return all((dim == 0 and rows) or all(len(overlapping(bounds, a, b)) <= 1 for a, b in pairs)
+               for dim, (bounds, pairs) in enumerate(zip(grid, cuts)))
 
 
 def track_mapping(path: str, mapping: mmap.mmap) -> None:
@@ -344,13 +364,12 @@ class TensorReader:
         meta = self.meta
         if meta.ndim == 0:
             return self._view(self.entries[()].offset, (), (self.entries[()],))
-        if len(present) != len(ranges[0]) or any(len(r) != 1 for r in ranges[1:]):
+        if len(present) != len(ranges[0]) or not box_view(
+                meta.grid, [[(a, b)] for a, b in zip(starts, stops)]):
             return None
         run = [self.entries[c] for c in sorted(present)]
-        if any(e.sparse for e in run):
-            return None
-        if len(run) > 1 and (any(len(b) != 2 for b in meta.grid[1:]) or any(
-                a.offset + a.nbytes != b.offset for a, b in zip(run, run[1:]))):
+        if any(e.sparse for e in run) or any(a.offset + a.nbytes != b.offset
+                                            for a, b in zip(run, run[1:])):
             return None
         first = run[0]
         shape = (sum(e.shape[0] for e in run),) + first.shape[1:]

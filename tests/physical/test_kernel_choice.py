@@ -191,3 +191,63 @@ def test_no_slab_reaches_the_sink_unless_the_kernel_writes_into_the_callers_buff
                                      out=np.empty(small, np.float32), sink=slabs.append)
     np.testing.assert_array_equal(got, want[:64, :100])
     assert slabs == []
+
+
+def test_the_nan_inf_variant_is_chosen_at_planning():
+    """A BLAS kernel's variant next to a NaN or inf is the plan's (a chunked broadcast, with what
+    the kernel tests): opt_einsum sums B over k before multiplying, which next to A's inf is not
+    NumPy's NaN; a stored input the catalog knows finite is not tested at all."""
+    a = A.copy()
+    a[1, 2] = np.inf
+    with tensordb.connect(workers=1) as con:
+        con.load("A", a)
+        con.load("B", B)
+        con.load("F", A)
+        con.execute("C[i] = SUM(A[i,j] * B[j,k])")
+        choice = con.last_plan.kernels[0]
+        assert choice.method == "contract" and choice.fallback_on == ("inputs",)
+        assert choice.fallback.method == "broadcast" and choice.fallback.chunk in ("j", "k")
+        with np.errstate(all="ignore"):
+            expect = (a[:, :, None] * B[None]).sum(axis=(1, 2))
+        assert np.isnan(expect[1])
+        np.testing.assert_allclose(con.tensor("C"), expect, rtol=1e-12)
+        data = json.loads(con.explain("C[i] = SUM(A[i,j] * B[j,k])", format="json"))
+        assert data["nodes"][0]["kernel"]["nonfinite"]["test"] == ["inputs"]
+        con.execute("D[i] = SUM(F[i,j] * B[j,k])")   # F is finite: nothing to test
+        assert con.last_plan.kernels[0].fallback is None
+        np.testing.assert_allclose(con.tensor("D"), (A @ B).sum(axis=1), rtol=1e-12)
+        con.execute("E[i,k] = SUM(F[i,j] * B[j,k] * 1e308)")   # a trailing constant: the result
+        choice = con.last_plan.kernels[0]
+        assert choice.method == "matmul" and choice.fallback_on == ("result",)
+        with np.errstate(all="ignore"):
+            expect = (A[:, :, None] * B[None] * 1e308).sum(axis=1)
+        assert not np.isfinite(expect).all()
+        np.testing.assert_allclose(con.tensor("E"), expect, rtol=1e-12)
+
+
+def test_kernel_temporaries_are_what_the_plan_reserves_and_the_ledger_counts():
+    """One figure for a kernel call's temporaries (plan.memory.kernel_temporaries): the pool
+    reserves it with the call (exec/budget.py) and the run's ledger counts it while the call runs,
+    so a MIN over a long join peaks above its output tile."""
+    from tensordb.exec.budget import temporary_bytes, working_bytes
+    from tensordb.physical.plan import Kernel
+    from tensordb.plan.kernel import element_bytes, live_arrays
+    p, q = RNG.standard_normal((32, 64)), RNG.standard_normal((64, 32))
+    with tensordb.connect(workers=1) as con:
+        con.load("P", p)
+        con.load("Q", q)
+        con.execute("M[i,k] = MIN(EXP(P[i,j]) * 2 + SIN(Q[j,k]) - COS(P[i,j]) * Q[j,k])")
+        plan, run = con.last_plan, con.last_run
+        [task] = [t for t in plan.tasks if isinstance(t, Kernel)]
+        op = plan.ops[0]
+        assert live_arrays(op.join) == 3 and element_bytes(op) == 24
+        temps = temporary_bytes(plan, task)
+        assert temps == 32 * 64 * 32 * 24 + 32 * 32 * 8   # the whole join space, + the reduction
+        assert working_bytes(plan, task) == 32 * 32 * 8 + temps
+        assert run.peak_bytes >= temps
+    e = np.exp(p)[:, :, None] * 2 + np.sin(q)[None] - np.cos(p)[:, :, None] * q[None]
+    with tensordb.connect(workers=1) as con:
+        con.load("P", p)
+        con.load("Q", q)
+        con.execute("M[i,k] = MIN(EXP(P[i,j]) * 2 + SIN(Q[j,k]) - COS(P[i,j]) * Q[j,k])")
+        np.testing.assert_allclose(con.tensor("M"), e.min(axis=1), rtol=1e-12)

@@ -16,7 +16,7 @@ from tensordb.optimizer import decompose
 from tensordb.physical.plan import Aggregate, Assemble, Kernel, Load
 from tensordb.bind import bind_graph as bind
 from tensordb.plan.builder import Graph
-from tensordb.plan.memory import TEMPORARY_SHARE, element_bytes
+from tensordb.plan.kernel import TEMPORARY_SHARE, element_bytes
 
 
 def plan_of(con, g: Graph):

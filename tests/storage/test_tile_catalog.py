@@ -1,4 +1,4 @@
-"""The storage catalog's relations for the tile join (storage/catalog.py), run by DuckDB on a real
+"""The tile join's relations (physical/tilejoin.py), run by DuckDB on a real
 catalog and checked against the stored array with NumPy."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensordb
-from tensordb.storage import catalog
+from tensordb.physical import tilejoin
 
 TILE = (3, 5)
 
@@ -45,8 +45,9 @@ def test_tiles_cut_to_grid_is_the_interval_join_of_present_tiles(bounds):
     with tensordb.connect() as con:
         con.load("A", a, tile=TILE)
         meta = con.store.meta("A")
-        sql = catalog.tiles_cut_to_grid(meta, bounds, ("i", "j"), con.store.nonfinite_column)
-        got = {(p, q): (f, n) for p, q, f, n in con.store.query(sql)}
+        sql = tilejoin.stored_pieces(meta.name, meta.version, meta.grid, bounds, ("i", "j"),
+                                     con.store.nonfinite_column)
+        got = {(p, q): (f, n) for p, q, f, n in con.store.query(*sql)}
     want = {}
     for p, q in itertools.product(range(len(bounds[0]) - 1), range(len(bounds[1]) - 1)):
         lo = (bounds[0][p], bounds[1][q])
@@ -67,8 +68,9 @@ def test_a_repeated_key_keeps_the_diagonal_pieces():
     with tensordb.connect() as con:
         con.load("A", a, tile=(5, 5))
         bounds = ((0, 5, 10), (0, 5, 10))
-        rows = con.store.query(catalog.tiles_cut_to_grid(con.store.meta("A"), bounds, ("i", "i")))
-        both = con.store.query(catalog.tiles_cut_to_grid(con.store.meta("A"), bounds, ("i", "j")))
+        meta = con.store.meta("A")
+        rows = con.store.query(*tilejoin.stored_pieces("A", meta.version, meta.grid, bounds, ("i", "i")))
+        both = con.store.query(*tilejoin.stored_pieces("A", meta.version, meta.grid, bounds, ("i", "j")))
     assert sorted(r[:2] for r in rows) == sorted(r[:2] for r in both if r[0] == r[1])
     stored = [p for p in range(2) if a[5 * p:5 * p + 5, 5 * p:5 * p + 5].any()]
     assert sorted(r[:2] for r in rows) == [(p, p) for p in stored]
@@ -79,12 +81,12 @@ def test_coords_cut_to_grid_recuts_a_list_of_tiles():
     present = [(0, 0), (1, 2)]
     bounds = ((0, 2, 8), (0, 9))
     with tensordb.connect() as con:
-        con.store.query(catalog.coords_table("__t", present, 2))
+        con.store.query(tilejoin.coords_table("__t", present, 2))
         try:
-            got = sorted(con.store.query(catalog.coords_cut_to_grid("__t", grid, bounds, ("a", "b"))))
-            same = sorted(con.store.query(catalog.coords_cut_to_grid("__t", grid, grid, ("a", "b"))))
+            got = sorted(con.store.query(*tilejoin.made_pieces("__t", grid, bounds, ("a", "b"))))
+            same = sorted(con.store.query(*tilejoin.made_pieces("__t", grid, grid, ("a", "b"))))
         finally:
-            con.store.query(catalog.drop_coords_table("__t"))
+            con.store.query(tilejoin.drop_coords_table("__t"))
     want = set()
     for c0, c1 in present:
         for p, q in itertools.product(range(len(bounds[0]) - 1), range(len(bounds[1]) - 1)):

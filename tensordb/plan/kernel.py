@@ -1,0 +1,404 @@
+"""The kernel choice: how each operation's tile kernel computes, decided once, when the plan is
+lowered, and priced by the optimizer with the same function (``choose_kernel``).
+
+The executor's kernels (exec/kernels.py) read a ``KernelChoice`` and decide nothing; EXPLAIN
+prints it (the ``kernel`` column); the memory model (plan/memory.py) reads its temporaries off it.
+The methods:
+
+- ``matmul``: a two-operand product-and-sum that one batched matmul computes in the output's C
+  order (``MatmulLayout``: operand order, the transposes, and the label groups batch, free of the
+  first operand, contracted, free of the second); ``copies``: the operands it casts, transposes
+  or scales first;
+- ``contract``: another product-and-sum, by opt_einsum's contract (BLAS where it can);
+- ``spmm``: a two-operand product-and-sum whose operand ``sparse`` is a matrix stored with sparse
+  tiles and whose other operand is known to hold no NaN or inf: scipy.sparse's product
+  (exec/sparse_kernels.py), the output dense;
+- ``spreduce``: a SUM, MAX or MIN of a matrix stored with sparse tiles, over one or both of its
+  labels, with no function applied (``sparse_reduction``): scipy.sparse's reduction over the
+  stored entries, absent ones counting as the zeros they are;
+- ``broadcast``: any other join, evaluated with broadcasting NumPy in chunks of at most
+  ``chunk_elements`` elements of the join space: along the aggregated label ``chunk`` (the
+  largest one in the operation's tiles), or, for a join with nothing to aggregate, in slabs of the
+  first axis (``chunk == "rows"``) when a tile is larger than that. ``chunk_elements`` is sized
+  from the worker's memory budget (``chunk_elements``: the chunk's temporaries, ``element_bytes``
+  per element, stay within a quarter of it), at most ``CHUNK_ELEMENTS``.
+
+BLAS computes the product in the result dtype and applies the constant after it (``scale``;
+``scale_first``: the operand a leading constant is applied to first, as NumPy does): that is
+NumPy's answer only when NumPy computes every product of the join in that dtype, so only then is
+the method ``matmul`` or ``contract``. Where NumPy's answer may still differ next to a NaN or an
+inf, the choice carries its variant for that case (``fallback``, a chunked ``broadcast``) and
+what the kernel tests before taking it (``fallback_on``): ``inputs`` (opt_einsum sums a label
+that one operand alone has before multiplying: not NumPy's answer next to an inf; left out where
+the catalog's facts say every operand is finite) or ``result`` (a trailing constant times a sum
+that is not finite). The test is on the data; the variant and its chunks are the plan's.
+
+>>> from tensordb.plan.ir import EinOp
+>>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 4, "j": 3, "k": 2})
+>>> choose_kernel(op).describe()
+'matmul x0@x1'
+>>> from tensordb.plan.scalar import parse_join
+>>> mp = EinOp.contraction("P", "ik", [("A", "ij"), ("B", "jk")], {"i": 4, "j": 3, "k": 2},
+...                        join=parse_join("x0 + x1"), agg="min")
+>>> choose_kernel(mp).describe()
+'broadcast by j'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InternalError
+from . import scalar, sparse_rules
+from .aggregates import ARG_AGGS
+from .ir import EinOp
+
+__all__ = ["CHUNK_ELEMENTS", "TEMPORARY_SHARE", "METHODS", "MatmulLayout", "KernelChoice",
+           "choose_kernel", "chunk_label", "chunk_elements", "element_bytes", "live_arrays", "blas_product",
+           "matmul_layout", "sparse_kernel", "spmm_operand", "sparse_reduction", "SPARSE_METHODS"]
+
+CHUNK_ELEMENTS = 1 << 22  # the most join-space elements a broadcasting kernel materialises at once
+TEMPORARY_SHARE = 4       # a chunked kernel's temporaries stay within 1/4 of a worker's budget
+METHODS = ("matmul", "contract", "broadcast", "spmm", "spreduce") + sparse_rules.METHODS
+SPARSE_METHODS = ("spmm", "spreduce") + sparse_rules.METHODS  # exec/sparse_kernels.py
+
+
+# -- chunks: what a broadcasting kernel holds per element of its join space ---------------------
+
+def live_arrays(expr) -> int:
+    """The most arrays ``scalar.evaluate`` holds at once evaluating ``expr``: a function's
+    arguments are evaluated in order and kept until it is applied, then its result is made.
+
+    >>> from tensordb.plan.scalar import parse_join
+    >>> live_arrays(parse_join("x0 + x1")), live_arrays(parse_join("exp(x0) * 2 + sin(x1) * x0"))
+    (1, 3)
+    """
+    if not isinstance(expr, scalar.Call):
+        return 0
+    held = top = 0
+    for a in expr.args:
+        top = max(top, held + live_arrays(a))
+        held += isinstance(a, scalar.Call)
+    return max(top, held + 1)
+
+
+def element_bytes(op: EinOp) -> int:
+    """Bytes a broadcasting kernel holds per join-space element: the join's intermediate arrays
+    alive at once (``live_arrays``) at the widest of the operands' and the result's itemsizes,
+    and at least one element of each operand's slice, broadcast to the chunk.
+
+    >>> from tensordb.plan.scalar import parse_join
+    >>> op = EinOp.contraction("P", "ik", [("A", "ij"), ("B", "jk")], {"i": 8, "j": 8, "k": 8},
+    ...                        join=parse_join("exp(x0) * 2 + sin(x1) * x0"), agg="max")
+    >>> element_bytes(op)    # three float64 arrays alive at once
+    24
+    """
+    ins = [np.dtype(d).itemsize for d in (op.in_dtypes or (op.dtype,) * len(op.inputs))]
+    widest = max(ins + [np.dtype(op.dtype).itemsize])
+    return max(sum(ins), live_arrays(op.join) * widest) or widest
+
+
+def chunk_elements(budget: int | None, op: EinOp) -> int:
+    """The join-space elements one chunk of ``op``'s broadcasting kernel materialises: at most
+    ``CHUNK_ELEMENTS`` (larger chunks gain nothing), and few enough that the chunk's temporaries
+    stay within ``1 / TEMPORARY_SHARE`` of the worker's ``budget``.
+
+    >>> op = EinOp.contraction("P", "ik", [("A", "ij"), ("B", "jk")], {"i": 8, "j": 8, "k": 8})
+    >>> chunk_elements(None, op) == CHUNK_ELEMENTS, chunk_elements(64 << 10, op)   # 16 B/element
+    (True, 1024)
+    """
+    if budget is None:
+        return CHUNK_ELEMENTS
+    return max(1, min(CHUNK_ELEMENTS, int(budget) // TEMPORARY_SHARE // element_bytes(op)))
+
+
+# -- BLAS and sparse kernels: when they give NumPy's answer ---------------------------------------
+
+@dataclass(frozen=True)
+class MatmulLayout:
+    """``matmul(X(b, m, k), Y(b, k, n))`` with X = operand ``first`` transposed by ``perm_first``
+    and Y = operand ``second`` by ``perm_second``; the groups name the labels of b, m, k and n."""
+
+    first: int
+    second: int
+    perm_first: tuple[int, ...]
+    perm_second: tuple[int, ...]
+    batch: tuple[str, ...]
+    free_first: tuple[str, ...]
+    contracted: tuple[str, ...]
+    free_second: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if {self.first, self.second} != {0, 1}:
+            raise InternalError(f"a matmul layout takes operands 0 and 1, not {self.first}, {self.second}")
+        n_first = len(self.batch + self.free_first + self.contracted)
+        n_second = len(self.batch + self.contracted + self.free_second)
+        if sorted(self.perm_first) != list(range(n_first)) or \
+                sorted(self.perm_second) != list(range(n_second)):
+            raise InternalError(f"matmul permutations {self.perm_first}, {self.perm_second} do not "
+                                "match the label groups")
+
+
+def blas_product(op: EinOp):
+    """``scalar.product_of(op.join)`` when BLAS computes ``op`` as NumPy would (a sum of products
+    of every input, each once, in one dtype), else None."""
+    in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
+    prod = scalar.product_of(op.join)
+    if (op.agg in ("sum", None) and prod is not None
+            and sorted(prod[1]) == list(range(len(op.inputs)))
+            and scalar.uniform_dtype(op.join, in_dtypes, op.dtype)):
+        return prod
+    return None
+
+
+def matmul_layout(op: EinOp) -> MatmulLayout | None:
+    """How to run a two-operand product as one batched matmul that yields the output in C order.
+
+    Labels are batch (both operands and the output), contracted (both, not the output) or free
+    (one operand and the output). When the output reads batch + free(first) + free(second), for
+    one order of the operands, the product is ``matmul(A(b,m,k), B(b,k,n))`` with no transpose of
+    the result. None when there is no such order.
+    """
+    if len(op.inputs) != 2:
+        return None
+    a, b = (o.labels for o in op.inputs)
+    if not a or not b or len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None  # a scalar operand or a diagonal: the general path handles those
+    if any(l not in b and l not in op.out_labels for l in a) or \
+            any(l not in a and l not in op.out_labels for l in b):
+        return None  # a label summed inside one operand
+    out = op.out_labels
+    batch = [l for l in out if l in a and l in b]
+    contracted = [l for l in a if l in b and l not in out]
+    if list(out[:len(batch)]) != batch:
+        return None
+    rest = list(out[len(batch):])
+    for first, second, x, y in ((0, 1, a, b), (1, 0, b, a)):
+        free_x = [l for l in rest if l in x]
+        free_y = [l for l in rest if l in y]
+        if rest != free_x + free_y:
+            continue
+        perm_x = tuple(x.index(l) for l in batch + free_x + contracted)
+        perm_y = tuple(y.index(l) for l in batch + contracted + free_y)
+        return MatmulLayout(first, second, perm_x, perm_y, tuple(batch), tuple(free_x),
+                            tuple(contracted), tuple(free_y))
+    return None
+
+
+def sparse_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> tuple[str, int] | None:
+    """The sparse kernel ``op`` runs as, (method, the sparse operand), or None: ``spmm`` or
+    ``spreduce`` (physical/choice.py). ``sparse``: the operands stored as matrices with sparse
+    tiles; ``finite``: per operand, whether it is known to hold no NaN or inf. The lowering
+    chooses the kernel with it, and the optimizer prices the same kernel (optimizer/cost.py)."""
+    if not sparse or op.writes_diagonal:
+        return None
+    k = spmm_operand(op, sparse, finite)
+    if k is not None:
+        return "spmm", k
+    if sparse_reduction(op, sparse):
+        return "spreduce", 0
+    return None
+
+
+def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> int | None:
+    """The operand a sparse kernel takes as its sparse matrix, or None: ``op`` is a SUM of the
+    product of two operands (no constant, one dtype that is not bool), the sparse one a matrix
+    with one label contracted with the other operand and one kept in the output, the other
+    operand known finite, with distinct labels, all kept but the contracted one."""
+    prod = blas_product(op)
+    if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
+            np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
+        return None
+    for k in sparse:
+        s, d = op.inputs[k].labels, op.inputs[1 - k].labels
+        if not finite[1 - k] or len(s) != 2 or len(set(s)) != 2 or len(set(d)) != len(d):
+            continue
+        shared = [l for l in s if l in d]
+        if len(shared) != 1 or shared[0] in op.out_labels:
+            continue
+        kept = [l for l in s if l != shared[0]]
+        if kept[0] not in op.out_labels or any(
+                l != shared[0] and l not in op.out_labels for l in d):
+            continue
+        return k
+    return None
+
+
+def sparse_reduction(op: EinOp, sparse: Sequence[int]) -> bool:
+    """Whether ``op`` is ``AGG(S[i,j])`` over ``j``, ``i`` or both, for a stored sparse matrix
+    ``S`` read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
+    reduction of the stored entries that counts absent ones as zeros is then NumPy's answer."""
+    if list(sparse) != [0] or len(op.inputs) != 1 or op.agg not in ("sum", "max", "min"):
+        return False
+    labels = op.inputs[0].labels
+    prod = scalar.product_of(op.join)
+    in_dtype = (op.in_dtypes or (op.dtype,))[0]
+    return (len(labels) == 2 and len(set(labels)) == 2 and len(op.out_labels) < 2
+            and set(op.out_labels) <= set(labels) and prod is not None and prod[0] == 1
+            and tuple(prod[1]) == (0,) and np.dtype(in_dtype) == np.dtype(op.dtype))
+
+
+# -- the choice -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """How one operation's kernel computes (see the module docstring)."""
+
+    method: str
+    scale: object = 1                   # the join's constant (BLAS methods)
+    scale_first: int | None = None      # the operand a leading constant is applied to first
+    layout: MatmulLayout | None = None  # method 'matmul' only
+    chunk: str | None = None            # method 'broadcast': an aggregated label, or 'rows'
+    chunk_elements: int = CHUNK_ELEMENTS
+    sparse: int | None = None           # method 'spmm': the operand stored sparse (a matrix)
+    index: str | None = None            # 'argmax' / 'argmin': the whole label in one call
+    semiring: str | None = None         # method 'semiring': 'min_plus', 'max_times', ...
+    copies: tuple[bool, ...] = ()       # method 'matmul': per operand, copied first
+    fallback: "KernelChoice | None" = None  # the variant next to a NaN or inf (not broadcast)
+    fallback_on: tuple[str, ...] = ()   # when it is taken: 'inputs', 'result' (tests of the
+    #                                     data), 'device' (a sparse method run dense, off the CPU)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InternalError(f"unknown kernel method '{self.method}' (methods: {', '.join(METHODS)})")
+        if (self.layout is not None) != (self.method == "matmul"):
+            raise InternalError("a matmul layout goes with method 'matmul' and only with it")
+        if (self.chunk is not None) != (self.method == "broadcast"):
+            raise InternalError("chunking goes with method 'broadcast' and only with it")
+        if self.chunk_elements < 1:
+            raise InternalError(f"chunks of {self.chunk_elements} elements")
+        if (self.sparse is not None) != (self.method in SPARSE_METHODS):
+            raise InternalError("a sparse operand goes with the sparse methods and only with them")
+        if bool(self.fallback_on) != (self.fallback is not None) or (
+                self.fallback is not None and (self.method == "broadcast"
+                                               or self.fallback.method != "broadcast")):
+            raise InternalError("a NaN/inf variant is a broadcast, of another method, with its test")
+
+    def describe(self) -> str:
+        """``matmul x0@x1`` (``x1@x0``: the operands swapped), ``contract``, ``broadcast by j``
+        (chunks along aggregated label j) or ``broadcast by rows``; ``, chunks of N`` follows
+        when the worker's memory budget made chunks smaller than ``CHUNK_ELEMENTS``."""
+        if self.layout is not None:
+            return f"matmul x{self.layout.first}@x{self.layout.second}"
+        if self.method == "semiring":
+            return f"semiring {self.semiring} x{self.sparse} sparse (GraphBLAS)"
+        if self.method == "spjoin":
+            return "spjoin x0 x1 sparse"
+        if self.method in SPARSE_METHODS:
+            return f"{self.method} x{self.sparse} sparse"
+        if self.method != "broadcast":
+            return self.method
+        if self.index is not None:
+            return f"{self.index} over {self.chunk} (one piece)"
+        # The chunk is shown when the memory budget made it smaller than the default.
+        small = f", chunks of {self.chunk_elements}" if self.chunk_elements < CHUNK_ELEMENTS else ""
+        return f"broadcast by {self.chunk}{small}"
+
+    def summary(self) -> dict:
+        """The choice as plain data (EXPLAIN's JSON form)."""
+        out: dict = {"method": self.method, "text": self.describe()}
+        if self.layout is not None:
+            lay = self.layout
+            out["layout"] = {"operands": [lay.first, lay.second], "batch": list(lay.batch),
+                             "m": list(lay.free_first), "k": list(lay.contracted),
+                             "n": list(lay.free_second)}
+        if self.method in SPARSE_METHODS:
+            out["sparse_operand"] = self.sparse
+        if self.semiring is not None:
+            out["semiring"] = self.semiring
+        if self.method == "broadcast":
+            out["chunk"] = self.chunk
+            out["chunk_elements"] = self.chunk_elements
+            if self.index is not None:
+                out["index"] = self.index
+        elif self.scale != 1:
+            out["scale"] = self.scale if isinstance(self.scale, (int, float)) else float(self.scale)
+        if self.fallback is not None:
+            out["nonfinite"] = {"test": list(self.fallback_on), "text": self.fallback.describe()}
+        return out
+
+
+def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
+                  budget: int | None = None, sparse: Sequence[int] = (),
+                  finite: Sequence[bool] = (), fills: Sequence[float] = ()) -> KernelChoice:
+    """The kernel for ``op`` whose tiles have (at most) ``extents`` per label (default: the whole
+    operation, one tile), on a worker with ``budget`` bytes (None: no limit): a broadcasting
+    kernel's chunks are sized from it (``chunk_elements``). A diagonal write computes each
+    output label once, then places the values: its choice is that one's. ``sparse``: the
+    operands stored with sparse tiles (matrices); ``finite``: per operand, whether it is known
+    to hold no NaN or inf. A product-and-sum of a sparse matrix with an operand known finite is
+    a sparse kernel (``spmm``, exec/sparse_kernels.py): absent entries are skipped, which is
+    NumPy's answer only where the partner holds no NaN or inf (0 * inf is NaN). ``fills``: per
+    operand, its fill value (0 when left out): a semiring, masked or sampled kernel
+    (plan/sparse_rules.py, exec/semiring.py) where one fits."""
+    # -- sparse kernels (scipy.sparse, GraphBLAS): exec/sparse_kernels.py, exec/semiring.py --
+    special = sparse_rules.choose(op, sparse, finite, fills)
+    found = special or sparse_kernel(op, tuple(k for k in sparse if not fills or fills[k] == 0),
+                                     finite)
+    op = op.without_diagonal()
+    ext = extents or op.size
+    if found is not None:
+        # Where it runs dense (a GPU): spmm as BLAS, tested as 'contract' is; the others as
+        # their variant, a chunked broadcast ('device').
+        tests = (("inputs",) if np.dtype(op.dtype).kind == "f" else ()) \
+            if found[0] == "spmm" else ("device",)
+        return KernelChoice(found[0], sparse=found[1],
+                            semiring=found[2] if len(found) > 2 else None, fallback_on=tests,
+                            fallback=_broadcast(op, ext, budget) if tests else None)
+    prod = blas_product(op)
+    if prod is None:
+        return _broadcast(op, ext, budget)
+    scale = prod[0]
+    # NumPy applies a leading literal (c * x0 * x1) to x0 before any product, and the kernel
+    # does the same, so overflow to inf and the NaN of 0 * inf happen where NumPy's happen. A
+    # trailing one ((x0 * x1) * c) multiplies each product in NumPy and the sum here: where
+    # that sum is not finite the kernel computes the join as NumPy does (the variant).
+    first = prod[1][0] if prod[2] and scale != 1 else None
+    layout = matmul_layout(op)
+    float_kind = np.dtype(op.dtype).kind
+    tests = []
+    if layout is None and float_kind == "f" and not (len(finite) == len(op.inputs)
+                                                    and all(finite)):
+        tests.append("inputs")
+    if scale != 1 and first is None and op.agg_labels and float_kind in "fc":
+        tests.append("result")
+    fallback = _broadcast(op, ext, budget) if tests else None
+    if layout is None:
+        return KernelChoice("contract", scale, first, fallback=fallback, fallback_on=tuple(tests))
+    ins = op.in_dtypes or (op.dtype,) * len(op.inputs)
+    lay = layout
+    groups = {lay.first: (lay.perm_first, (len(lay.batch), len(lay.free_first))),
+              lay.second: (lay.perm_second, (len(lay.batch), len(lay.contracted)))}
+    copies = tuple(np.dtype(d) != np.dtype(op.dtype) or k == first or not _merges(*groups[k])
+                   for k, d in enumerate(ins))
+    return KernelChoice("matmul", scale, first, layout, copies=copies, fallback=fallback,
+                        fallback_on=tuple(tests))
+
+
+def _merges(perm: tuple[int, ...], cuts: tuple[int, int]) -> bool:
+    """Whether an operand whose axes ``perm`` lays out as three groups (the first two of
+    ``cuts`` axes) reshapes to 3-d as a view: each group's axes are adjacent and in order (a
+    transposed matrix is a view too; BLAS reads it transposed, nothing is copied).
+
+    >>> _merges((1, 0), (0, 1)), _merges((0, 1, 2), (0, 2)), _merges((0, 2, 1), (0, 2))
+    (True, True, False)
+    """
+    a, b = cuts
+    return all(list(g) == list(range(g[0], g[0] + len(g)))
+               for g in (perm[:a], perm[a:a + b], perm[a + b:]) if g)
+
+
+def _broadcast(op: EinOp, ext: Mapping[str, int], budget: int | None) -> KernelChoice:
+    if op.agg in ARG_AGGS:  # evaluated whole: the index needs every element of the label
+        return KernelChoice("broadcast", chunk=op.agg_labels[0], index=op.agg)
+    return KernelChoice("broadcast", chunk=chunk_label(op, ext),
+                        chunk_elements=chunk_elements(budget, op))
+
+
+def chunk_label(op: EinOp, extents: Mapping[str, int]) -> str:
+    """What a broadcasting kernel of ``op`` on tiles of ``extents`` chunks along: the largest
+    aggregated label (the first of equals), so one chunk stays near ``chunk_elements``; a join
+    with nothing to aggregate is cut in slabs of its first axis (``rows``)."""
+    return max(op.agg_labels, key=lambda l: extents[l]) if op.agg_labels else "rows"
