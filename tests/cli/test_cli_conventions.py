@@ -21,7 +21,7 @@ import pytest
 
 import tensordb
 from tensordb import cli
-from tensordb.plan import memory
+from tensordb.plan import kernel as plan_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TENSORDB_DEBUG": "", "PYTHONUNBUFFERED": "1",
@@ -257,7 +257,7 @@ def test_repl_shows_progress_on_a_terminal(db):
 def test_progress_is_reported_within_one_long_kernel_call(monkeypatch, statement):
     """One kernel call over one tile, in many chunks: progress is reported between the chunks
     (fractions of the call), not only when the call ends."""
-    monkeypatch.setattr(memory, "CHUNK_ELEMENTS", 1000)  # the plan chooses chunks
+    monkeypatch.setattr(plan_kernel, "CHUNK_ELEMENTS", 1000)  # the plan chooses chunks
     seen: list[tuple[float, int]] = []
     with tensordb.connect() as con:
         con.execute("SET workers = 1")
