@@ -41,6 +41,12 @@ TILES = "tiles"
 _FILESYSTEMS: dict[tuple, object] = {}  # (url's options) -> S3FileSystem, one per process
 _LOCK = threading.Lock()
 _SEEN_IDS: dict[tuple, str] = {}  # (location, expected id) checked in this process
+# Opened payloads (a HEAD each), by URL: objects are immutable, so the next query's readers of
+# a version reuse its handle rather than ask again. Every byte fetched through one is checked
+# against its tile's CRC-32 all the same (objreader.py), so an object rewritten outside tensordb
+# is found at its next read.
+_HANDLES: dict[str, tuple] = {}
+_HANDLES_MAX = 512
 
 
 def is_object_url(storage) -> bool:
@@ -153,6 +159,10 @@ class ObjectStore:
     def open(self, file: str, tensor: str):
         """(a random-access handle, its identity for verify.py) of payload ``file``: one HEAD."""
         url = self.url_of(file)
+        with _LOCK:
+            hit = _HANDLES.get(url)
+        if hit is not None and hit[2] == self.options:
+            return hit[0], hit[1]
         try:
             handle = self.fs.open_input_file(self.key(file))
             meta = handle.metadata()
@@ -165,7 +175,12 @@ class ObjectStore:
             raise self._error(f"cannot open the payload object {url} of tensor '{tensor}'",
                               exc) from None
         etag = meta.get("ETag", meta.get("etag", b""))
-        return handle, ("object", url, bytes(etag), handle.size())
+        ident = ("object", url, bytes(etag), handle.size())
+        with _LOCK:
+            if len(_HANDLES) >= _HANDLES_MAX:
+                _HANDLES.clear()
+            _HANDLES[url] = (handle, ident, self.options)
+        return handle, ident
 
     def read(self, handle, file: str, tensor: str, offset: int, nbytes: int) -> bytes:
         """``nbytes`` bytes at ``offset`` of an opened payload (one ranged GET)."""
@@ -182,6 +197,8 @@ class ObjectStore:
 
     def delete(self, file: str) -> None:
         """Delete payload ``file`` (missing already: nothing to do)."""
+        with _LOCK:
+            _HANDLES.pop(self.url_of(file), None)
         try:
             self.fs.delete_file(self.key(file))
         except FileNotFoundError:
