@@ -6,11 +6,15 @@ tiles asked for (one ranged GET per tile, or per run of adjacent tiles a box cov
 a read-only array over them. The object is opened once per reader (one HEAD, which also gives the
 identity: URL, ETag, size; the handle is kept per process, objects.py), and in a process the
 reader was shipped to (a Dask worker) the prefix's ``database.id`` is checked first, once per
-process. Every range fetched is checked against its tiles' CRC-32s: the bytes are new each time,
-and the CRC (about 1 ms per 16 MiB) costs little beside the request.
+process. Every range fetched is checked against its tiles' CRC-32s (the CRC, about 1 ms per
+16 MiB, costs little beside the request), then kept in this process's cache of ranges
+(``RangeCache``, 256 MiB, least recently used first out; a range over a quarter of that is not
+kept), so the tasks of one query that load the same tile fetch it once.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -21,7 +25,50 @@ from .objects import ObjectStore
 from .reader import TensorReader, TileEntry
 from .verify import verify_tile
 
-__all__ = ["ObjectTensorReader"]
+__all__ = ["ObjectTensorReader", "RangeCache", "RANGE_CACHE_BYTES"]
+
+RANGE_CACHE_BYTES = 256 << 20
+
+
+class RangeCache:
+    """Ranges fetched in this process, verified, least recently used first out, at most
+    ``limit`` bytes: a query whose tasks load one input tile several times (a matmul's row tile
+    for each column block) fetches it once, as a file's tiles are read once into the page
+    cache. Objects are immutable, so a cached range is never stale while its object exists; a
+    deleted object's ranges age out."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._items: "OrderedDict[tuple, bytes]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            data = self._items.get(key)
+            if data is not None:
+                self._items.move_to_end(key)
+            return data
+
+    def put(self, key, data: bytes) -> None:
+        if len(data) > self.limit // 4:  # a range this large would push out everything else
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = data
+            self.bytes += len(data)
+            while self.bytes > self.limit:
+                _, old = self._items.popitem(last=False)
+                self.bytes -= len(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.bytes = 0
+
+
+_RANGES = RangeCache(RANGE_CACHE_BYTES)
 
 
 class ObjectTensorReader(TensorReader):
@@ -74,12 +121,19 @@ class ObjectTensorReader(TensorReader):
         return handle
 
     def _fetch(self, offset: int, nbytes: int, tiles: Sequence[TileEntry]) -> bytes:
-        """The bytes ``[offset, offset + nbytes)``, ``tiles`` (which lie in them) verified."""
-        data = self.objects.read(self.mapping(), self.file, self.meta.name, offset, nbytes)
+        """The bytes ``[offset, offset + nbytes)``, ``tiles`` (which lie in them) verified: from
+        this process's cache of fetched ranges, else one ranged GET."""
+        handle = self.mapping()  # first: a shipped reader checks the prefix's database id
+        key = (self.path, offset, nbytes)
+        data = _RANGES.get(key)
+        if data is not None:
+            return data
+        data = self.objects.read(handle, self.file, self.meta.name, offset, nbytes)
         view = memoryview(data)
         for e in tiles:  # every fetch: its bytes are new (no ident: never skipped)
             verify_tile(self.meta.name, self.path, None, e,
                         view[e.offset - offset:e.offset - offset + e.nbytes], what="object")
+        _RANGES.put(key, data)
         return data
 
     # -- what the file reader does through its mapping -----------------------------------------

@@ -68,10 +68,30 @@ def start_moto() -> tuple[subprocess.Popen, dict]:
                   "secret_key": "bench", "region": "us-east-1"}
 
 
+# Seconds the client spent in object-store requests (ObjectStore.put: uploads; .read: ranged
+# GETs) during the timed runs of the local pool over the object store (Dask's workers read in
+# their own processes: not counted here).
+SPENT = {"put": 0.0, "read": 0.0}
+
+
+def _timed(method: str) -> None:
+    from tensordb.storage.objects import ObjectStore
+    real = getattr(ObjectStore, method)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            SPENT[method] += time.perf_counter() - t0
+    setattr(ObjectStore, method, wrapper)
+
+
 def run_workload(w, cons: dict, repeat: int) -> dict:
     arrays = w.arrays(np.random.default_rng(0))
     graph = w.graph()
     row, times = {"name": w.name}, {label: [] for label in cons}
+    spent = {"put": 0.0, "read": 0.0}
     for con in cons.values():
         for name, a in arrays.items():
             con.load(name, a, tile=w.tile.get(name), replace=True)
@@ -79,9 +99,15 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
     labels = list(cons)
     for r in range(repeat):
         for label in labels if r % 2 == 0 else labels[::-1]:
+            before = dict(SPENT)
             t0 = time.perf_counter()
             cons[label].run(graph, replace=True)
             times[label].append(time.perf_counter() - t0)
+            if label == "object store":
+                for k in spent:
+                    spent[k] += SPENT[k] - before[k]
+    row["uploads s/run"] = spent["put"] / repeat
+    row["GETs s/run"] = spent["read"] / repeat
     want = cons["local dir"].tensor(w.output)
     for label in labels:
         row[label] = statistics.median(times[label])
@@ -99,7 +125,8 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
 
 def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    labels = [k for k in keys if k != "name" and " / " not in k and "diff" not in k]
+    labels = [k for k in keys if k != "name" and " / " not in k and "diff" not in k
+              and "s/run" not in k]
     ratios = [k for k in keys if " / " in k]
 
     def cell(r, k, scale=1.0, fmt=".2f"):
@@ -115,14 +142,16 @@ def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
              f"{meta['repeat']} runs after a warm-up, timed in alternation, in ms; ratios are "
              "medians of the paired ratios.", "",
              "| workload | " + " | ".join(f"{l} ms" for l in labels) + " | " +
-             " | ".join(ratios) + " |",
-             "|---|" + "---:|" * (len(labels) + len(ratios))]
+             " | ".join(ratios) + " | of the object store's ms: uploads | ranged GETs |",
+             "|---|" + "---:|" * (len(labels) + len(ratios) + 2)]
     for r in rows:
         lines.append(f"| {r['name']} | " + " | ".join(cell(r, l, 1e3, ".0f") for l in labels) +
-                     " | " + " | ".join(cell(r, k) for k in ratios) + " |")
+                     " | " + " | ".join(cell(r, k) for k in ratios) + " | " +
+                     cell(r, "uploads s/run", 1e3, ".0f") + " | " +
+                     cell(r, "GETs s/run", 1e3, ".0f") + " |")
     for name in missing:
         lines.append(f"| {name} | not measured: its run did not fit the benchmark's time "
-                     "limit with moto's throughput |" + " |" * (len(labels) + len(ratios) - 1))
+                     "limit with moto's throughput |" + " |" * (len(labels) + len(ratios) + 1))
     geo = {k: (float(np.exp(np.mean(np.log([r[k] for r in rows if k in r])))),
                sum(k in r for r in rows)) for k in ratios}
     lines += ["", "Geometric means: " + "; ".join(f"{k} **{v:.2f}** (over {n} workloads)"
@@ -154,6 +183,8 @@ def main(argv=None) -> None:
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout: the server goes too
     proc, options = start_moto()
+    _timed("put")
+    _timed("read")
     cluster = None
     try:
         with tempfile.TemporaryDirectory() as d:

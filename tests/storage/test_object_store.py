@@ -92,6 +92,12 @@ def test_a_tile_read_fetches_its_byte_range(tmp_path, s3_storage, monkeypatch):
         np.testing.assert_array_equal(reader.tile((2, 0)), a[32:48])
         assert asked == [(e.offset, e.nbytes)]
         assert e.nbytes == a.nbytes // 4 < objects_of(s3_storage)[reader.file]
+        # fetched once per process: the next read of it, by any reader, is the cached range
+        np.testing.assert_array_equal(con.store.open("A").tile((2, 0)), a[32:48])
+        assert asked == [(e.offset, e.nbytes)]
+        f = reader.entries[(3, 0)]
+        np.testing.assert_array_equal(con.store.open("A").read_box((48, 0), (64, 48)), a[48:])
+        assert asked == [(e.offset, e.nbytes), (f.offset, f.nbytes)]
 
 
 def test_orphans_removed_by_listing_and_nothing_else(tmp_path, s3_storage, s3):
