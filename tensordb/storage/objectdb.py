@@ -174,6 +174,7 @@ def identity_rows(store) -> list[tuple]:
     if found == store.database:
         return []
     said = "is missing" if found is None else f"holds {found}"
+    fate = "the next open for writing writes it" if found is None else \
+        "the prefix is another database's: the next open for writing refuses it"
     return [(None, None, "database.id", None, f"identity: {store.objects.url}/database.id "
-             f"{said}, the catalog's id is {store.database} (the next open for writing "
-             "rewrites it)")]
+             f"{said}, the catalog's id is {store.database} ({fate})")]
