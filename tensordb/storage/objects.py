@@ -117,7 +117,9 @@ class ObjectStore:
     def _make_fs(self):
         from pyarrow import fs
         o = self.options
-        kwargs = {"connect_timeout": float(o.get("connect_timeout", 5)),
+        # allow_delayed_open: an object written in one part goes up as one PutObject, not a
+        # multipart upload of three requests
+        kwargs = {"allow_delayed_open": True, "connect_timeout": float(o.get("connect_timeout", 5)),
                   "request_timeout": float(o.get("request_timeout", 60))}
         if o.get("anonymous"):
             kwargs["anonymous"] = True
