@@ -48,6 +48,8 @@ def test_load_query_replace_drop_round_trip(tmp_path, s3_storage):
         assert got == b.sum()
         np.testing.assert_array_equal(con.store.open("A").read_box((30, 20), (40, 30)),
                                       a[30:40, 20:30])
+        con.export("A", str(tmp_path / "a.npy"))
+        np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), a)
         assert set(objects_of(s3_storage)) == referenced(con)
         assert os.listdir(con.store.tiles_dir) == []  # staging files go after the upload
         old_c = con.store.open("C").file
