@@ -244,3 +244,29 @@ def test_kill9_from_outside_mid_load(tmp_path, s3_storage, s3):
     p.stdout.readline()
     kill9(p)
     assert _state_after_crash(path, s3_storage) in ("old", "new")
+
+
+def test_a_commit_that_fails_after_its_upload_deletes_the_object(tmp_path, s3_storage,
+                                                                 monkeypatch):
+    from tensordb.storage.store import Store
+    with connect(tmp_path / "db", s3_storage) as con:
+        con.load("A", np.ones((4, 4)))
+        before = set(objects_of(s3_storage))
+        uploaded = []
+        real_put = ObjectStore.put
+
+        def put(self, local_path, file, database):
+            uploaded.append(file)
+            return real_put(self, local_path, file, database)
+
+        def fail(self, name):
+            raise tensordb.OperationalError("injected: the commit fails after the upload")
+        monkeypatch.setattr(ObjectStore, "put", put)
+        monkeypatch.setattr(Store, "_forget", fail)
+        with pytest.raises(tensordb.OperationalError, match="injected"):
+            con.load("B", np.full((4, 4), 2.0))
+        monkeypatch.undo()
+        assert uploaded  # it was up before the COMMIT, which never ran
+        assert set(objects_of(s3_storage)) == before  # rolled back: its object deleted
+        assert not con.store.has("B") and os.listdir(con.store.tiles_dir) == []
+        np.testing.assert_array_equal(con.tensor("A"), np.ones((4, 4)))
