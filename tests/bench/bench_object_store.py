@@ -169,7 +169,8 @@ def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
               ". Largest relative difference from the local directory's result: " +
               f"{max(r[k] for r in rows for k in r if 'diff' in k):.1e}. 'uploads' and "
               "'ranged GETs' are the ms per run the client spent in those requests (the local "
-              "pool over the object store; a Dask worker's reads are its own); GETs near 0 "
+              "pool over the object store, summed over its threads, so GETs may exceed the "
+              "wall time; a Dask worker's reads are its own); GETs near 0 "
               "mean every input range came from the process's range cache (objreader.py), "
               "fetched in the warm-up, as the local directory's come from the page cache. "
               "'cold run' is one more run after emptying that cache: every input fetched from "
