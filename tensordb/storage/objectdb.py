@@ -44,7 +44,8 @@ def check_location(duck, root, objects: ObjectStore | None, read_only: bool) -> 
         declared = objects.url if objects is not None else None
         if recorded == declared:
             return
-        tensors = bool(duck.execute(f"SELECT count(*) FROM {catalog.SCHEMA}.tiles").fetchall()[0][0])
+        tensors = bool(duck.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM {catalog.SCHEMA}.tiles LIMIT 1)").fetchall()[0][0])
         if tensors:
             where = recorded or f"files in {root}/tiles"
             said = f"storage='{declared}'" if declared else "local storage (storage='local' " \
