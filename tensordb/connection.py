@@ -26,7 +26,7 @@ __all__ = ["Connection", "connect"]
 def connect(path: str | os.PathLike | None = None, read_only: bool = False, config=None, *,
             workers: int | None = None, memory_limit: int | str | None = None,
             executor: str = "local", database: str | os.PathLike | None = None,
-            storage: str = "local") -> "Connection":
+            storage: str = "local", storage_options: dict | None = None) -> "Connection":
     """Open a database: in memory when ``path`` is None (or ``':memory:'``), else a directory
     that persists. ``database`` is another name for ``path``, and ``config`` a dict of
     settings, as in ``duckdb.connect`` (duckapi.connect_arguments).
@@ -34,7 +34,10 @@ def connect(path: str | os.PathLike | None = None, read_only: bool = False, conf
     ``storage`` declares where its payload files are for executors with workers in other
     processes: ``'local'`` (the client's disk: workers shown to see the database at its path
     read the files, the others get their tiles from the client) or ``'shared'`` (mounted at the
-    same path on every worker, which reads the files itself); docs/distributed.md.
+    same path on every worker, which reads the files itself); docs/distributed.md. An object
+    store URL (``'s3://bucket/prefix'``, with ``storage_options={'endpoint': ...,
+    'access_key': ..., 'secret_key': ...}``) keeps the payloads there and the catalog in
+    ``path``; every worker reads the objects itself (docs/storage.md, "Object storage").
 
     ``memory_limit`` (bytes, or text such as ``'2GB'``) is shared by the workers; left out, it
     is 80% of the machine's memory (``config.default_memory_limit``); ``'none'``: no limit.
@@ -47,7 +50,8 @@ def connect(path: str | os.PathLike | None = None, read_only: bool = False, conf
     3.0
     """
     args = connect_arguments(path, database, config, workers=workers, memory_limit=memory_limit,
-                             executor=executor, read_only=read_only, storage=storage)
+                             executor=executor, read_only=read_only, storage=storage,
+                             storage_options=storage_options)
     return Connection(args.pop("path"), **args)
 
 
@@ -57,7 +61,7 @@ class Connection(TensorIO, DuckAPI):
     those of DuckDB's Python API (``register``, ``table``, ``fetchall``, ...) in duckapi.py."""
 
     def __init__(self, path=None, *, workers=None, memory_limit=None, executor="local",
-                 read_only=False, storage="local") -> None:
+                 read_only=False, storage="local", storage_options=None) -> None:
         self.settings = Settings()
         for key, value in (("workers", workers), ("memory_limit", memory_limit),
                            ("executor", executor)):
@@ -68,7 +72,8 @@ class Connection(TensorIO, DuckAPI):
             check_main_guard(self.settings.executor)
         # a second connection to a database open in this process shares its store, as DuckDB's
         # share a database instance, and with it the turns of its calls (calls.py)
-        self._store: Store | None = Store.shared(path, read_only=read_only, storage=storage)
+        self._store: Store | None = Store.shared(path, read_only=read_only, storage=storage,
+                                                 storage_options=storage_options)
         self._call_lock = self._store.call_lock
         self._release = weakref.finalize(self, self._store.release)  # at close, or collected
         self.session = Session()  # the dialect's state: LETs and the open BEGIN block

@@ -210,6 +210,8 @@ class Attempt:
             return everyone if mode == "never" else set()
         if store is None:  # a plan run without its database: the client reads every tile
             return set()
+        if store.objects is not None:  # an object store: every worker reads it, checking the
+            return everyone  # prefix's id before its first read (storage/objreader.py)
         shared = store.storage == "shared"
         if store.database is None:  # an older database opened read-only: no id to ask about
             return everyone if shared else set()
@@ -337,11 +339,10 @@ def _group(plan: TilePlan, task) -> str:
 def _sub_reader(reader, starts, stops):
     """A reader holding only the tiles that overlap the box, so each Load task ships little."""
     try:
-        from ..storage.reader import TensorReader
         from ..geometry import overlapping
         ranges = [overlapping(b, a, z) for b, a, z in zip(reader.meta.grid, starts, stops)]
         keep = [reader.entries[c] for c in itertools.product(*ranges) if c in reader.entries]
-        return TensorReader(reader.meta, reader.path, keep, reader.database)
+        return reader.with_entries(keep)
     except (AttributeError, TypeError):  # another reader type: ship it whole
         return reader
 

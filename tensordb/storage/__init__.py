@@ -56,8 +56,9 @@ the sweep of leftover payloads and of a killed load's inflated npz members), cat
 tables), writer/reader (payload files), boxes (slices and gathers), sparse (sparse tile payloads),
 integrity (the check), arrays (arrays cut into tiles; tensors of zeros), views (tensors shown to
 DuckDB as Arrow streams), budget (DuckDB's memory for loads and exports), info (listing), meta
-(names, grids). Tile geometry and dtypes are tensordb.geometry and tensordb.dtypes, shared with the
-other stages: storage imports no stage above it. The SQL front door (user SQL passed to DuckDB)
+(names, grids), objects/objreader/objectdb (payloads in an S3-compatible object store:
+``Store(path, storage="s3://bucket/prefix", storage_options={...})``). Tile geometry and dtypes
+are tensordb.geometry and tensordb.dtypes, shared with the other stages: storage imports no stage above it. The SQL front door (user SQL passed to DuckDB)
 is tensordb.sqlfront, the file formats (loads and exports) tensordb.formats; both sit on this
 package and use only its public names (``Store.lock``, ``check_open``, ``in_transaction``,
 ``find``, ``views_of``, ``register_view``; the error translation and quoting above).

@@ -21,7 +21,7 @@ import socket
 import threading
 import uuid
 
-from ..errors import NotSupportedError, OperationalError, ProgrammingError
+from ..errors import OperationalError, ProgrammingError
 
 __all__ = ["STORAGE", "check_storage", "ID_FILE", "TABLE", "ensure_id", "read_catalog_id", "read_id_file", "check_database",
            "sees_database", "set_process_label", "named", "process_label", "payload_name"]
@@ -36,21 +36,23 @@ _LABEL: str | None = None
 
 def check_storage(storage) -> str:
     """The declared storage location: ``local`` (payloads on the client's disk; executors whose
-    workers cannot be shown to see them get the tiles from the client) or ``shared`` (a file
+    workers cannot be shown to see them get the tiles from the client), ``shared`` (a file
     system mounted at the same path on every worker; a worker that does not see the database
-    there is an error). An object store URL is refused for now."""
+    there is an error), or an object store URL ``s3://bucket/prefix`` (objects.py; returned in
+    its normal spelling)."""
     if not isinstance(storage, str):
         raise ProgrammingError(f"storage must be a string, got {storage!r}",
-                               hint="storage='local' or storage='shared'")
+                               hint="storage='local', storage='shared' or "
+                                    "storage='s3://bucket/prefix'")
     kind = storage.strip().lower()
     if "://" in kind:
-        raise NotSupportedError(f"storage '{storage}': payloads in an object store are not "
-                                "supported yet", hint="storage='local' or storage='shared' (a "
-                                "file system mounted at the same path on every worker)")
+        from .objects import ObjectStore
+        return ObjectStore(storage).url
     if kind not in STORAGE:
         raise ProgrammingError(f"unknown storage '{storage}'",
-                               hint="storage='local' (the client's disk, the default) or "
-                                    "storage='shared' (mounted at the same path on every worker)")
+                               hint="storage='local' (the client's disk, the default), "
+                                    "storage='shared' (mounted at the same path on every "
+                                    "worker) or storage='s3://bucket/prefix' (an object store)")
     return kind
 
 

@@ -21,7 +21,7 @@ import stat
 import numpy as np
 
 from ..geometry import tile_box
-from . import catalog
+from . import catalog, objectdb
 from ._duck import translating
 from .checksum import crc32
 from .identity import ID_FILE, read_id_file
@@ -43,12 +43,14 @@ def check(store, name: str | None = None) -> list[tuple]:
     store._check_open()
     metas = [store.meta(name)] if name is not None else store.list()
     rows: list[tuple] = []
+    objects = getattr(store, "objects", None)  # payloads in an object store (objectdb.py)
     for meta in metas:
-        rows += _check_tensor(store, meta)
+        rows += _check_tensor(store, meta) if objects is None else objectdb.check_tensor(
+            store, meta, _catalog_problems, decode, validate, count_nonzero)
     if name is None:
         rows += _dangling_rows(store)
-        rows += _orphans(store)
-        rows += _identity_rows(store)
+        rows += _orphans(store) if objects is None else objectdb.orphans(store)
+        rows += _identity_rows(store) if objects is None else objectdb.identity_rows(store)
     if all(r[4].startswith("unverified") for r in rows):  # notes only: no problem
         rows.append((None, None, None, None, "ok"))
     return rows

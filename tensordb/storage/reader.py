@@ -186,6 +186,10 @@ class TensorReader:
         self._ident = None
         self._lock = threading.Lock()
 
+    def with_entries(self, entries: Sequence[TileEntry]) -> "TensorReader":
+        """A reader of the same version holding only ``entries`` (a Dask Load ships little)."""
+        return TensorReader(self.meta, self.path, entries, self.database)
+
     def __repr__(self) -> str:
         m = self.meta
         return (f"TensorReader({m.name!r}, shape={m.shape}, dtype={m.dtype.name}, "

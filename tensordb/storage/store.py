@@ -21,11 +21,13 @@ import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
 from ..geometry import BoxName, GatherName, IotaName, OneHotName
-from . import catalog, deferred, directory, identity, snapshots
+from . import catalog, deferred, directory, identity, objectdb, snapshots
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_leftover_members
 from .boxes import BoxReader, GatherReader, IotaReader, OneHotReader
 from .meta import TensorMeta, check_dims, check_fill, check_grid, check_name, supported_dtype
+from .objects import ObjectStore, is_object_url
+from .objreader import ObjectTensorReader
 from .reader import TensorReader
 from .spares import SparePayloads
 from .spilldir import remove_leftover_runs
@@ -45,6 +47,7 @@ class _Txn:
         self.retired: list[tuple[str, bool]] = []  # (path, may be kept as a spare)
         self.committed = False  # our COMMIT landed: what it references is the catalog's now
         self.replaced: list[str] = []  # tensors given new versions: their SQL views follow
+        self.uploaded: list[str] = []  # payload objects put (objects.py): gone on rollback
         self.stored: list[TensorMeta] = []  # versions written, and versions replaced or dropped:
         self.gone: list[TensorMeta] = []    # told to the commit listeners once COMMIT lands
         # In memory (deferred.py): whether BEGIN has run in DuckDB (it waits for the first use
@@ -65,12 +68,13 @@ class Store:
 
     @classmethod
     def shared(cls, path: str | os.PathLike | None, *, read_only: bool = False,
-               storage: str = "local") -> "Store":
+               storage: str = "local", storage_options: dict | None = None) -> "Store":
         """The store open at ``path`` in this process, shared (one more user), else a new one;
         ``release`` when done. A different ``read_only`` is refused, as DuckDB refuses a second
         connection of another configuration. In memory (None): a new store each time."""
         if path is None:
-            return cls(None, read_only=read_only, storage=storage)
+            return cls(None, read_only=read_only, storage=storage,
+                       storage_options=storage_options)
         key = str(Path(os.fspath(path)).expanduser().resolve())
         with _SHARED_LOCK:
             store = _SHARED.get(key)
@@ -80,14 +84,17 @@ class Store:
                         f"database {store.root} is already open "
                         f"{'read-only' if store.read_only else 'for writing'} in this process",
                         hint="a second connection shares it, opened the same way (read_only)")
-                if store.storage != identity.check_storage(storage):
+                if store.storage != identity.check_storage(storage) or (
+                        store.objects is not None and
+                        store.objects.options != dict(storage_options or {})):
                     raise OperationalError(
                         f"database {store.root} is already open in this process with "
                         f"storage={store.storage!r}",
                         hint="a second connection shares it, declared the same way (storage=)")
                 store.users += 1
                 return store
-            store = cls(path, read_only=read_only, storage=storage)
+            store = cls(path, read_only=read_only, storage=storage,
+                        storage_options=storage_options)
             _SHARED[key] = store
             return store
 
@@ -104,13 +111,22 @@ class Store:
             self.close()
 
     def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False,
-                 storage: str = "local") -> None:
+                 storage: str = "local", storage_options: dict | None = None) -> None:
         self.read_only = read_only
         # In memory: the rows of landed commits not written to the catalog yet (deferred.py)
         self._pending: dict[str, tuple] = {}
         # Where the payloads are, as declared (identity.check_storage): "local" (the client's
-        # disk) or "shared" (mounted at the same path on every worker).
+        # disk), "shared" (mounted at the same path on every worker) or an object store URL
+        # (then ``objects``: objects.py; ``tiles/`` holds the writers' staging files only).
         self.storage = identity.check_storage(storage)
+        self.objects = ObjectStore(self.storage, storage_options) \
+            if is_object_url(self.storage) else None
+        if self.objects is None and storage_options:
+            raise ProgrammingError("storage_options apply to an object store only",
+                                   hint="storage='s3://bucket/prefix'")
+        if self.objects is not None and path is None:
+            raise ProgrammingError(f"storage='{self.storage}' needs a database path: the catalog "
+                                   "is kept in that directory, the payloads in the object store")
         self.closed = True
         self.users = 1  # connections sharing it (shared/release)
         # The calls of every connection using this store take turns (calls.py): they share its
@@ -173,7 +189,8 @@ class Store:
                 directory.release(self)
                 raise
         # Power-loss safety for payloads costs one fsync per tensor; an in-memory db has no use.
-        self.fsync = self.persistent
+        # With an object store the upload is the payload's durability: no local fsync.
+        self.fsync = self.persistent and self.objects is None
         self.tiles_dir = str(self.root / TILES_DIR)
         try:
             # an in-memory database's directory is a temporary one of ours: not the user's word
@@ -213,6 +230,11 @@ class Store:
                     self.publisher.opened()
                     pinned = snapshots.pinned_files(str(self.root), self.duck)
             self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only, pinned)
+            objectdb.check_location(self.duck, self.root, self.objects, read_only)
+            if self.objects is not None:  # the prefix claimed, its orphans swept (objectdb.py)
+                self._next_version = objectdb.open_objects(
+                    self.duck, self.tiles_dir, self.objects, self.database, read_only,
+                    self._next_version)
         except BaseException:
             self.close()
             raise
@@ -385,6 +407,10 @@ class Store:
                     self._entries.clear()
                 self._entries.update(read)
             hits = {name: self._entries[m.version] for name, m in metas.items()}
+        if self.objects is not None:
+            return {name: ObjectTensorReader(metas[name], file, entries, self.database,
+                                             self.objects)
+                    for name, (file, entries) in hits.items()}
         return {name: TensorReader(metas[name], os.path.join(self.tiles_dir, file) if file else None,
                                    entries, self.database)
                 for name, (file, entries) in hits.items()}
@@ -509,6 +535,9 @@ class Store:
                 except OSError as exc:
                     raise OperationalError(f"cannot store tensor '{w.name}': syncing {w.path} "
                                            f"failed: {exc.strerror or exc}") from None
+                if self.objects is not None and w.has_file:  # uploaded whole, then COMMIT
+                    txn.uploaded.append(w.file)
+                    self.objects.put(w.path, w.file, self.database)
             for w, meta, entries in rows:
                 self._forget(w.name)
                 txn.replaced.append(w.name)
@@ -517,7 +546,7 @@ class Store:
                 if len(self._entries) > 1024:
                     self._entries.clear()
                 self._entries[meta.version] = (w.file if entries else None, entries)
-                if entries:
+                if entries and self.objects is None:
                     mark_written(w.path, entries)  # checksummed from these bytes (verify.py)
         return [meta for _, meta, _ in rows]
 
@@ -618,14 +647,19 @@ class Store:
                     txn.retired = []
             for path, spare in txn.retired:  # a replaced payload may be reused; a dropped one goes
                 try:
-                    if self.publisher is None:
+                    if self.objects is not None:
+                        self.objects.delete(os.path.basename(path))
+                    elif self.publisher is None:
                         self.spares.retire(path, keep=spare)
                     else:  # or waits while a reader of another process may still read it
                         self.publisher.retire(path, spare, self.spares)
-                except OSError:  # committed: what is left is reconciled at the next open
+                except (OSError, Error):  # committed: what is left is reconciled at the next open
                     pass
             if self.publisher is not None:
                 self.publisher.collect()  # what waited for readers that have moved on or gone
+            for file in txn.uploaded:  # the staging files of what is in the object store now
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.tiles_dir, file))
             self._refresh_views(txn.replaced)
             self._tell_listeners(txn.stored, txn.gone)
 
@@ -693,10 +727,14 @@ class Store:
         left to the sweep at the next open for writing."""
         try:
             unreferenced = directory.unreferenced(self.duck, txn.created)
+            objects = objectdb.unreferenced(self.duck, txn.uploaded) if txn.uploaded else []
         except duckdb.Error:
             return
         for path in unreferenced:
             _remove(path)
+        for file in objects:
+            with contextlib.suppress(Error):
+                self.objects.delete(file)
 
     # -- what the SQL front door and the file formats use (sqlfront/, formats/) ----------------
     @property

@@ -47,10 +47,12 @@ def verified(ident: tuple | None, entry) -> bool:
         ident is not None and (ident, entry.offset, entry.nbytes, entry.crc32) in _VERIFIED)
 
 
-def verify_tile(name: str, path: str, ident: tuple | None, entry, data) -> None:
+def verify_tile(name: str, path: str, ident: tuple | None, entry, data,
+                what: str = "payload file") -> None:
     """Check tile ``entry`` of tensor ``name`` (its bytes in ``data``: a buffer of exactly
     ``entry.nbytes`` bytes) against its recorded CRC-32, unless this process verified it
-    already; a mismatch is a DataError naming the tensor, the tile and the file."""
+    already; a mismatch is a DataError naming the tensor, the tile and the file (``what``: or
+    the object, objects.py)."""
     if entry.crc32 is None:
         return
     key = None if ident is None else (ident, entry.offset, entry.nbytes, entry.crc32)
@@ -58,7 +60,7 @@ def verify_tile(name: str, path: str, ident: tuple | None, entry, data) -> None:
         return
     got = crc32(data)
     if got != entry.crc32:
-        raise DataError(f"tensor '{name}': tile {entry.coords} in its payload file {path} (bytes "
+        raise DataError(f"tensor '{name}': tile {entry.coords} in its {what} {path} (bytes "
                         f"{entry.offset} to {entry.offset + entry.nbytes}) is damaged: its CRC-32 "
                         f"is {got:08x}, the catalog records {entry.crc32:08x}", hint=HINT)
     if key is not None:

@@ -419,8 +419,8 @@ def test_storage_is_declared(tmp_path):
         assert con.store.storage == "local"  # the default: the client's directory
     with tensordb.connect(tmp_path / "b.tdb", storage="shared") as con:
         assert con.store.storage == "shared"
-    with pytest.raises(tensordb.NotSupportedError, match="object store"):
-        tensordb.connect(tmp_path / "c.tdb", storage="s3://bucket/w.tdb")
+    with pytest.raises(tensordb.NotSupportedError, match="scheme 'gs' is not supported"):
+        tensordb.connect(tmp_path / "c.tdb", storage="gs://bucket/w.tdb")  # s3:// only
     with pytest.raises(tensordb.ProgrammingError, match="unknown storage 'nfs'"):
         tensordb.connect(tmp_path / "d.tdb", storage="nfs")
     assert not os.path.exists(tmp_path / "c.tdb") and not os.path.exists(tmp_path / "d.tdb")

@@ -1,0 +1,297 @@
+"""Payloads in an S3-compatible object store (``connect(path, storage="s3://bucket/prefix")``):
+the catalog stays in the client's directory, the payload of each tensor version is one immutable
+object.
+
+    s3://bucket/prefix/database.id                    the database's id (identity.py), one object
+    s3://bucket/prefix/tiles/<version>-<id16>.bin     a payload, named as a file would be
+
+- Written whole, once: a writer fills a local staging file in ``<root>/tiles/`` as for a local
+  database; its commit uploads it (``put``) before the catalog's COMMIT, and the staging file
+  goes after it. The COMMIT is the catalog transaction, as for files: a crash before it leaves
+  an orphan object, after it a stale one.
+- Read by byte range: a reader opens its object once (one HEAD: size and ETag) and fetches each
+  tile's bytes with a ranged GET (``read_at``), never the whole object; every tile's CRC-32 is
+  checked on its first read in a process, as for files (verify.py).
+- Orphans removed by listing: the next open for writing lists ``tiles/`` and deletes the objects
+  named as payloads of *this* database (its id's 16 hex digits) that the catalog proves
+  unreferenced; anything else under the prefix (another database's, a user's) is never touched.
+- Identity: a new database refuses a prefix whose ``database.id`` names another database, and a
+  reader in another process (a Dask worker) checks that object before its first read.
+
+The client library is ``pyarrow.fs.S3FileSystem`` (pyarrow is a dependency already; its ranged
+reads are C++; docs/storage.md, "Object storage"). ``storage_options``: ``endpoint`` (e.g.
+``http://127.0.0.1:9000`` for MinIO), ``access_key``, ``secret_key``, ``session_token``,
+``region``, ``anonymous``; absent keys come from the AWS environment, as the AWS SDK finds them.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from urllib.parse import urlparse
+
+from ..errors import DataError, NotSupportedError, OperationalError, ProgrammingError
+
+__all__ = ["ObjectStore", "is_object_url", "SCHEMES", "OPTIONS"]
+
+SCHEMES = ("s3",)
+OPTIONS = ("endpoint", "access_key", "secret_key", "session_token", "region", "anonymous",
+           "connect_timeout", "request_timeout")
+ID_OBJECT = "database.id"
+TILES = "tiles"
+_FILESYSTEMS: dict[tuple, object] = {}  # (url's options) -> S3FileSystem, one per process
+_LOCK = threading.Lock()
+_SEEN_IDS: dict[tuple, str] = {}  # (location, expected id) checked in this process
+# Opened payloads (a HEAD each), by URL: objects are immutable, so the next query's readers of
+# a version reuse its handle rather than ask again. Every byte fetched through one is checked
+# against its tile's CRC-32 all the same (objreader.py), so an object rewritten outside tensordb
+# is found at its next read.
+_HANDLES: dict[str, tuple] = {}
+_HANDLES_MAX = 512
+
+
+def is_object_url(storage) -> bool:
+    return isinstance(storage, str) and "://" in storage
+
+
+class ObjectStore:
+    """One database's payload location in an object store. Picklable: a Dask worker makes its
+    own client from the URL and the options."""
+
+    def __init__(self, url: str, options: dict | None = None) -> None:
+        parsed = urlparse(url.strip())
+        if parsed.scheme.lower() not in SCHEMES:
+            raise NotSupportedError(f"storage '{url}': the object store scheme "
+                                    f"'{parsed.scheme}' is not supported",
+                                    hint="storage='s3://bucket/prefix' (S3, MinIO, or any "
+                                         "S3-compatible store with storage_options={'endpoint': "
+                                         "...}), 'local' or 'shared'")
+        if not parsed.netloc or parsed.query or parsed.fragment:
+            raise ProgrammingError(f"storage '{url}' is not an object store URL of the form "
+                                   "s3://bucket/prefix")
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ProgrammingError(f"unknown storage option(s) {', '.join(map(repr, unknown))}",
+                                   hint=f"storage_options keys: {', '.join(OPTIONS)}")
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.url = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self.options = options
+        self._base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+
+    def __getstate__(self):
+        return {"url": self.url, "options": self.options}
+
+    def __setstate__(self, state) -> None:
+        self.__init__(state["url"], state["options"])
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self.url!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ObjectStore) and (self.url, self.options) == (other.url,
+                                                                              other.options)
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    # -- names ---------------------------------------------------------------------------------
+    def key(self, file: str) -> str:
+        """pyarrow's path of payload ``file`` (``bucket/prefix/tiles/file``)."""
+        return f"{self._base}/{TILES}/{file}"
+
+    def url_of(self, file: str) -> str:
+        """The URL of payload ``file``, as errors name it."""
+        return f"{self.url}/{TILES}/{file}"
+
+    # -- the client ----------------------------------------------------------------------------
+    @property
+    def fs(self):
+        key = tuple(sorted(self.options.items()))
+        with _LOCK:
+            found = _FILESYSTEMS.get(key)
+            if found is None:
+                found = _FILESYSTEMS[key] = self._make_fs()
+            return found
+
+    def _make_fs(self):
+        from pyarrow import fs
+        o = self.options
+        # allow_delayed_open: an object written in one part goes up as one PutObject, not a
+        # multipart upload of three requests
+        kwargs = {"allow_delayed_open": True, "connect_timeout": float(o.get("connect_timeout", 5)),
+                  "request_timeout": float(o.get("request_timeout", 60))}
+        if o.get("anonymous"):
+            kwargs["anonymous"] = True
+        for ours, theirs in (("access_key", "access_key"), ("secret_key", "secret_key"),
+                             ("session_token", "session_token"), ("region", "region")):
+            if o.get(ours) is not None:
+                kwargs[theirs] = str(o[ours])
+        endpoint = o.get("endpoint")
+        if endpoint:
+            parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+            kwargs["endpoint_override"] = parsed.netloc
+            kwargs["scheme"] = parsed.scheme or "https"
+            kwargs.setdefault("region", "us-east-1")
+        try:
+            return fs.S3FileSystem(**kwargs)
+        except (OSError, ValueError, TypeError) as exc:
+            raise OperationalError(f"cannot reach the object store {self.url}: {exc}") from None
+
+    def _error(self, what: str, exc: BaseException) -> OperationalError:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return OperationalError(f"{what}: {text}", hint=_HINT)
+
+    # -- objects -------------------------------------------------------------------------------
+    def put(self, local_path: str, file: str, database: str | None) -> None:
+        """Upload the local file ``local_path`` whole as payload ``file`` (with the database's
+        id in the object's metadata)."""
+        meta = {"tensordb-database": database} if database else None
+        try:
+            with open(local_path, "rb") as src, \
+                    self.fs.open_output_stream(self.key(file), metadata=meta) as out:
+                while True:
+                    chunk = src.read(_CHUNK)
+                    if not chunk:
+                        break
+                    out.write(chunk)
+        except OSError as exc:
+            raise self._error(f"cannot upload the payload {self.url_of(file)}", exc) from None
+
+    def open(self, file: str, tensor: str):
+        """(a random-access handle, its identity for verify.py) of payload ``file``: one HEAD."""
+        url = self.url_of(file)
+        with _LOCK:
+            hit = _HANDLES.get(url)
+        if hit is not None and hit[2] == self.options:
+            return hit[0], hit[1]
+        try:
+            handle = self.fs.open_input_file(self.key(file))
+            meta = handle.metadata()
+        except FileNotFoundError:
+            raise OperationalError(f"the payload object {url} of tensor '{tensor}' is missing",
+                                   hint="the tensor was replaced or dropped since it was "
+                                        "opened, or the object was deleted outside tensordb; "
+                                        "CHECK DATABASE lists every damaged tile") from None
+        except OSError as exc:
+            raise self._error(f"cannot open the payload object {url} of tensor '{tensor}'",
+                              exc) from None
+        etag = meta.get("ETag", meta.get("etag", b""))
+        ident = ("object", url, bytes(etag), handle.size())
+        with _LOCK:
+            if len(_HANDLES) >= _HANDLES_MAX:
+                _HANDLES.clear()
+            _HANDLES[url] = (handle, ident, self.options)
+        return handle, ident
+
+    def read(self, handle, file: str, tensor: str, offset: int, nbytes: int) -> bytes:
+        """``nbytes`` bytes at ``offset`` of an opened payload (one ranged GET)."""
+        try:
+            data = handle.read_at(nbytes, offset)
+        except OSError as exc:
+            raise self._error(f"cannot read the payload object {self.url_of(file)} of tensor "
+                              f"'{tensor}'", exc) from None
+        if len(data) != nbytes:
+            raise DataError(f"the payload object {self.url_of(file)} of tensor '{tensor}' ended "
+                            f"early: bytes {offset} to {offset + nbytes} asked, "
+                            f"{len(data)} read", hint=_CHECK_HINT)
+        return data
+
+    def delete(self, file: str) -> None:
+        """Delete payload ``file`` (missing already: nothing to do)."""
+        with _LOCK:
+            _HANDLES.pop(self.url_of(file), None)
+        try:
+            self.fs.delete_file(self.key(file))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._error(f"cannot delete the payload object {self.url_of(file)}", exc) \
+                from None
+
+    def list(self) -> list[tuple[str, int]]:
+        """(name, size) of every object under ``tiles/`` (not below a further '/')."""
+        from pyarrow import fs
+        try:
+            infos = self.fs.get_file_info(fs.FileSelector(f"{self._base}/{TILES}",
+                                                          allow_not_found=True))
+        except OSError as exc:
+            raise self._error(f"cannot list the payload objects under {self.url}/{TILES}",
+                              exc) from None
+        return [(i.base_name, i.size) for i in infos if i.type == fs.FileType.File]
+
+    # -- the database's identity ---------------------------------------------------------------
+    def read_id(self) -> str | None:
+        """The id in ``database.id`` under the prefix, or None when there is no such object."""
+        try:
+            with self.fs.open_input_stream(f"{self._base}/{ID_OBJECT}") as f:
+                found = f.read(256).decode("ascii", "replace").strip()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._error(f"cannot read {self.url}/{ID_OBJECT}", exc) from None
+        return found or None
+
+    def claim(self, database: str) -> None:
+        """Record ``database`` as the prefix's database; OperationalError when the prefix
+        belongs to another one (two databases never share payload objects)."""
+        found = self.read_id()
+        if found == database:
+            return
+        if found is not None:
+            raise OperationalError(
+                f"the object store prefix {self.url} holds another database's payloads (id "
+                f"{found}), not this catalog's (id {database})",
+                hint="give each database its own prefix (storage='s3://bucket/other-prefix')")
+        self.ensure_bucket()
+        try:
+            with self.fs.open_output_stream(f"{self._base}/{ID_OBJECT}") as out:
+                out.write((database + "\n").encode("ascii"))
+        except OSError as exc:
+            raise self._error(f"cannot write {self.url}/{ID_OBJECT}", exc) from None
+
+    def ensure_bucket(self) -> None:
+        from pyarrow import fs
+        try:
+            info = self.fs.get_file_info(self.bucket)
+        except OSError as exc:
+            raise self._error(f"cannot reach the object store {self.url}", exc) from None
+        if info.type == fs.FileType.NotFound:
+            raise OperationalError(f"the bucket '{self.bucket}' of {self.url} does not exist",
+                                   hint="create the bucket first (tensordb never creates "
+                                        "buckets)")
+
+    def problem(self, expected: str) -> str | None:
+        """None when the prefix is database ``expected``'s (read once per process), else why
+        not: what a worker probes and a reader checks before its first read."""
+        key = (self.url, expected)
+        if key in _SEEN_IDS:
+            return None
+        try:
+            found = self.read_id()
+        except OperationalError as exc:
+            return str(exc.args[0] if exc.args else exc)
+        if found == expected:
+            _SEEN_IDS[key] = found
+            return None
+        if found is None:
+            return f"there is no tensordb database at {self.url} (no {ID_OBJECT} object)"
+        return (f"the database at {self.url} is another database (id {found}), not the one "
+                f"this connection opened (id {expected})")
+
+
+def payload_versions(names, database: str) -> dict[str, int]:
+    """{object name: version} of the names that are payloads of ``database``."""
+    pattern = re.compile(r"^(\d+)-" + re.escape(database[:16]) + r"\.bin$")
+    out = {}
+    for name in names:
+        m = pattern.match(name)
+        if m:
+            out[name] = int(m.group(1))
+    return out
+
+
+_CHUNK = 8 << 20
+_HINT = ("check the object store's URL, endpoint and credentials (storage_options), and that it "
+         "is reachable from this process")
+_CHECK_HINT = "the object was changed outside tensordb; CHECK DATABASE lists every damaged tile"

@@ -1,0 +1,237 @@
+"""The workload suite with the payloads in an object store on loopback against the local
+directory, side by side (storage/objects.py). The S3 server is moto's (``moto_server``, a process
+of its own on 127.0.0.1), standing in for S3/MinIO: docs/storage.md says what differs. Run by
+hand, a few workloads at a time (each run under a minute); rows accumulate in a JSON file and
+the table goes to docs/benchmarks.md between the objectstore markers:
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_object_store.py --only "float64 matmul"
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_object_store.py --render
+
+Every configuration runs the same plans (workers=2) from stored tensors to a stored result: the
+local pool over a database directory ('local dir'), the local pool with the payloads in the
+object store ('object store'), and with --dask a LocalCluster of 2 worker processes, whose
+workers read the object store themselves. Times are medians of --repeat runs after a warm-up,
+timed in alternation; ratios are medians of the paired ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import tensordb  # noqa: E402
+from tests.bench.bench_suite import write_section  # noqa: E402
+from tests.bench.workloads import suite  # noqa: E402
+
+COMMAND = ("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
+           "tests/bench/bench_object_store.py")
+ROWS = Path(tempfile.gettempdir()) / "tensordb-bench-object-store.json"
+BUCKET = "bench"
+
+
+def start_moto() -> tuple[subprocess.Popen, dict]:
+    """moto_server on a free port of 127.0.0.1, and the storage_options that reach it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from pyarrow import fs
+    admin = fs.S3FileSystem(access_key="bench", secret_key="bench", region="us-east-1",
+                            endpoint_override=f"127.0.0.1:{port}", scheme="http",
+                            allow_bucket_creation=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.create_dir(BUCKET)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.2)
+    return proc, {"endpoint": f"http://127.0.0.1:{port}", "access_key": "bench",
+                  "secret_key": "bench", "region": "us-east-1"}
+
+
+# Seconds the client spent in object-store requests (ObjectStore.put: uploads; .read: ranged
+# GETs) during the timed runs of the local pool over the object store (Dask's workers read in
+# their own processes: not counted here).
+SPENT = {"put": 0.0, "read": 0.0}
+
+
+def _timed(method: str) -> None:
+    from tensordb.storage.objects import ObjectStore
+    real = getattr(ObjectStore, method)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            SPENT[method] += time.perf_counter() - t0
+    setattr(ObjectStore, method, wrapper)
+
+
+def run_workload(w, cons: dict, repeat: int) -> dict:
+    arrays = w.arrays(np.random.default_rng(0))
+    graph = w.graph()
+    row, times = {"name": w.name}, {label: [] for label in cons}
+    spent = {"put": 0.0, "read": 0.0}
+    for con in cons.values():
+        for name, a in arrays.items():
+            con.load(name, a, tile=w.tile.get(name), replace=True)
+        con.run(graph, replace=True)  # warm-up
+    labels = list(cons)
+    for r in range(repeat):
+        for label in labels if r % 2 == 0 else labels[::-1]:
+            before = dict(SPENT)
+            t0 = time.perf_counter()
+            cons[label].run(graph, replace=True)
+            times[label].append(time.perf_counter() - t0)
+            if label == "object store":
+                for k in spent:
+                    spent[k] += SPENT[k] - before[k]
+    # one more run of the local pool over the object store with this process's range cache
+    # emptied first: its inputs fetched from the store again, as a query's first run does
+    from tensordb.storage.objreader import _RANGES
+    _RANGES.clear()
+    before = dict(SPENT)
+    t0 = time.perf_counter()
+    cons["object store"].run(graph, replace=True)
+    row["cold s"] = time.perf_counter() - t0
+    row["cold GETs s"] = SPENT["read"] - before["read"]
+    row["uploads s/run"] = spent["put"] / repeat
+    row["GETs s/run"] = spent["read"] / repeat
+    want = cons["local dir"].tensor(w.output)
+    for label in labels:
+        row[label] = statistics.median(times[label])
+        if label != "local dir":
+            row[f"{label} / local dir"] = statistics.median(
+                o / l for o, l in zip(times[label], times["local dir"]))
+            got = cons[label].tensor(w.output)
+            row[f"{label} diff"] = float(np.abs(got - want).max()) / max(1.0, float(
+                np.abs(want).max()))
+    for con in cons.values():
+        for name in list(arrays) + [w.output]:
+            con.drop(name, if_exists=True)
+    return row
+
+
+def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    labels = [k for k in keys if k != "name" and " / " not in k and "diff" not in k
+              and "s/run" not in k and "cold" not in k]
+    ratios = [k for k in keys if " / " in k]
+
+    def cell(r, k, scale=1.0, fmt=".2f"):
+        return format(scale * r[k], fmt) if k in r else "-"
+    lines = [f"Commands: `{COMMAND} --repeat {meta['repeat']} --dask --only <workload>` for "
+             f"each workload, then `{COMMAND} --render`",
+             "",
+             f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python "
+             f"{platform.python_version()}; the S3 server is moto {meta['moto']} "
+             "(`moto_server`, a process of its own on 127.0.0.1, objects in its memory). Same "
+             "plans for 2 workers everywhere, from stored tensors to a stored result (each "
+             "output uploaded whole before its commit); medians of "
+             f"{meta['repeat']} runs after a warm-up, timed in alternation, in ms; ratios are "
+             "medians of the paired ratios.", "",
+             "| workload | " + " | ".join(f"{l} ms" for l in labels) + " | " +
+             " | ".join(ratios) + " | of the object store's ms: uploads | ranged GETs | cold run ms | its GETs ms |",
+             "|---|" + "---:|" * (len(labels) + len(ratios) + 4)]
+    for r in rows:
+        lines.append(f"| {r['name']} | " + " | ".join(cell(r, l, 1e3, ".0f") for l in labels) +
+                     " | " + " | ".join(cell(r, k) for k in ratios) + " | " +
+                     cell(r, "uploads s/run", 1e3, ".0f") + " | " +
+                     cell(r, "GETs s/run", 1e3, ".0f") + " | " + cell(r, "cold s", 1e3, ".0f") +
+                     " | " + cell(r, "cold GETs s", 1e3, ".0f") + " |")
+    for name in missing:
+        lines.append(f"| {name} | not measured: its run did not fit the benchmark's time "
+                     "limit with moto's throughput |" + " |" * (len(labels) + len(ratios) + 3))
+    geo = {k: (float(np.exp(np.mean(np.log([r[k] for r in rows if k in r])))),
+               sum(k in r for r in rows)) for k in ratios}
+    lines += ["", "Geometric means: " + "; ".join(f"{k} **{v:.2f}** (over {n} workloads)"
+                                                  for k, (v, n) in geo.items()) +
+              ". Largest relative difference from the local directory's result: " +
+              f"{max(r[k] for r in rows for k in r if 'diff' in k):.1e}. 'uploads' and "
+              "'ranged GETs' are the ms per run the client spent in those requests (the local "
+              "pool over the object store, summed over its threads, so GETs may exceed the "
+              "wall time; a Dask worker's reads are its own); GETs near 0 "
+              "mean every input range came from the process's range cache (objreader.py), "
+              "fetched in the warm-up, as the local directory's come from the page cache. "
+              "'cold run' is one more run after emptying that cache: every input fetched from "
+              "the store again, as a first query does."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", default="", help="run workloads whose name contains this text")
+    ap.add_argument("--dask", action="store_true", help="also: Dask workers over the store")
+    ap.add_argument("--render", action="store_true", help="write the table of the rows so far")
+    ap.add_argument("--fresh", action="store_true", help="forget the rows of earlier runs")
+    args = ap.parse_args(argv)
+    saved = json.loads(ROWS.read_text()) if ROWS.exists() and not args.fresh else \
+        {"rows": {}, "meta": {}}
+    if args.render:
+        order = [w.name for w in suite()]
+        rows = sorted(saved["rows"].values(), key=lambda r: order.index(r["name"]))
+        text = render(rows, saved["meta"], [n for n in order if n not in saved["rows"]])
+        print(text)
+        write_section("## Payloads in an object store against the local directory\n\n" + text,
+                      "objectstore")
+        return
+    import moto
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout: the server goes too
+    proc, options = start_moto()
+    _timed("put")
+    _timed("read")
+    cluster = None
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            cons = {"local dir": tensordb.connect(os.path.join(d, "local"), workers=2),
+                    "object store": tensordb.connect(
+                        os.path.join(d, "obj"), workers=2, storage=f"s3://{BUCKET}/pool",
+                        storage_options=options)}
+            if args.dask:
+                from tensordb.exec.dask import local_cluster
+                cluster = local_cluster(2)
+                cons["Dask, object store"] = tensordb.connect(
+                    os.path.join(d, "dobj"), workers=2, storage=f"s3://{BUCKET}/dask",
+                    storage_options=options, executor=f"dask://{cluster.scheduler_address}")
+            for w in suite():
+                if args.only and args.only not in w.name:
+                    continue
+                row = run_workload(w, cons, args.repeat)
+                saved["rows"][w.name] = row
+                print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()},
+                      flush=True)
+            for con in cons.values():
+                con.close()
+    finally:
+        if cluster is not None:
+            cluster.close()
+        proc.kill()
+        proc.wait()
+    saved["meta"] = {"repeat": args.repeat, "dask": args.dask, "moto": moto.__version__}
+    ROWS.write_text(json.dumps(saved))
+
+
+if __name__ == "__main__":
+    main()
