@@ -8,6 +8,11 @@ they are written hold at most a sixteenth (``staging``). Without a limit (None) 
 worker share, DuckDB keeps its default (except for a COO sort: ``SORT_MEMORY``) and batches are
 ``BATCH_BYTES``.
 
+Who asks: the projected memory (plan/memory.py), the executors' capabilities (the pool's,
+exec/contract.py; Dask's, and the limit of each worker process of a cluster it makes,
+exec/dask.py), the staging cap of a run's outputs (driver/sink.py), DuckDB's memory for loads
+and exports (storage/budget.py). A share of the limit computed anywhere else is a bug.
+
 >>> s = Shares(128 << 20, workers=2)
 >>> s.worker == 64 << 20, s.duck == 64 << 20, s.batch == 8 << 20, Shares(None, 4).worker
 (True, True, True, None)

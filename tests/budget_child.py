@@ -9,13 +9,12 @@ LIMIT is memory_limit in bytes (0: none). Protocol on stdout, one JSON object a 
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import numpy as np
 
 import tensordb
-from tests.harness import rss_anon
+from tests.harness import serve_sampled
 
 
 def main() -> None:
@@ -25,22 +24,7 @@ def main() -> None:
     con.load("WarmA", np.ones((64, 64), np.float32), replace=True)
     con.execute("WarmC[i,k] = SUM(WarmA[i,j] * WarmA[j,k]);")
     con.execute("WarmM[i,k] = MIN(WarmA[i,j] + WarmA[j,k]);")
-    idle = rss_anon()
-    if idle is None:
-        raise RuntimeError("no RssAnon in /proc/self/status")
-    print(json.dumps({"idle": idle}), flush=True)
-    go = sys.stdin.readline()  # the parent samples from now on
-    script = sys.stdin.read()
-    assert go.strip() == "go", go
-    try:
-        con.execute(script)
-    except tensordb.Error as exc:
-        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
-        return
-    r = con.last_run
-    print(json.dumps({"result": {"spilled_bytes": r.spilled_bytes, "peak_bytes": r.peak_bytes,
-                                 "over_budget": r.over_budget}}), flush=True)
-    con.close()
+    serve_sampled(con, errors=(tensordb.Error,))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ memory budget bounds; memory-mapped file pages are the page cache's), the figure
 a small protocol on its pipes: it warms up, prints ``{"idle": rss_anon()}`` on a line, waits for
 a ``go`` line on stdin (and reads whatever follows, to its end), does its work and prints its
 answer last; the parent samples the child every ~2 ms from the go on, and ``grew`` is the peak
-above the idle value.
+above the idle value. ``serve_sampled`` is the child's side of it.
 
 kill -9: a child script arms a crash with ``die_before`` / ``die_after`` (the process sends
 itself SIGKILL when a function of tensordb is called or has returned); the parent checks the
@@ -51,6 +51,29 @@ def rss_anon(pid: int | str = "self") -> int | None:
     except OSError:
         return None
     return None
+
+
+def serve_sampled(con, errors: tuple = ()) -> None:
+    """A ``SampledChild``'s side of the protocol, once it has warmed up ``con``: print the idle
+    RssAnon, wait for the parent's go, run the script that follows it on stdin, and print what
+    the run measured (``con.last_run``), then close ``con``. An error of a class in ``errors``
+    is printed as ``{"error": class name, "message": ...}`` instead (``con`` is left open)."""
+    idle = rss_anon()
+    if idle is None:
+        raise RuntimeError("no RssAnon in /proc/self/status")
+    print(json.dumps({"idle": idle}), flush=True)
+    go = sys.stdin.readline()  # the parent samples from now on
+    script = sys.stdin.read()
+    assert go.strip() == "go", go
+    try:
+        con.execute(script)
+    except errors as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+        return
+    r = con.last_run
+    print(json.dumps({"result": {"spilled_bytes": r.spilled_bytes, "peak_bytes": r.peak_bytes,
+                                 "over_budget": r.over_budget}}), flush=True)
+    con.close()
 
 
 class Sampler:

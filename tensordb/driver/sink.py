@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import physical
 from ..geometry import tile_box
+from ..shares import Shares
 
 __all__ = ["StoreSink", "ArraySink", "EARLY_CHECK_FLOPS"]
 
@@ -34,13 +35,13 @@ class StoreSink:
         self.store, self.limit, self.replace = store, memory_limit, replace
 
     def open(self, prepared) -> "_Stored":
-        plan, limit = prepared.plan, self.limit
+        plan, staging = prepared.plan, Shares(self.limit).staging  # a sixteenth (shares.py)
         # the staging buffers kept between statements: no more than one statement may stage
-        self.store.staging.cap(None if limit is None else limit // 16)
+        self.store.staging.cap(staging)
         writers = physical.OutputWriters(
             self.store, plan, replace=self.replace,
             check_tables=prepared.fresh and sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
-            stage_max=None if limit is None else limit // 16,
+            stage_max=staging,
             sparse_nnz=prepared.decomp.details.get("output_nnz"),
             fills=prepared.decomp.details.get("output_fill"))
         return _Stored(writers)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from ..shares import Shares
+
 __all__ = ["Capabilities", "Executor", "OutputSink", "CallbackSink", "as_sink",
            "pool_capabilities"]
 
@@ -53,7 +55,7 @@ def pool_capabilities(workers: int, memory_limit: int | None,
     aggregation task combines any number of partials (unless a subclass says ``max_fan_in``),
     each worker has an equal share of the limit."""
     workers = max(1, int(workers))
-    return Capabilities(workers, max_fan_in, memory_limit // workers if memory_limit else None)
+    return Capabilities(workers, max_fan_in, Shares(memory_limit or None, workers).worker)
 
 
 @runtime_checkable

@@ -35,6 +35,7 @@ from urllib.parse import parse_qsl
 
 from ..errors import Error, NotSupportedError, OperationalError
 from ..physical.plan import TilePlan
+from ..shares import Shares
 from .contract import Capabilities, as_sink
 from .dask_run import Attempt, WorkerLost
 from .dask_worker import gpu_count, probe_database
@@ -70,7 +71,7 @@ def static_capabilities(spec: str, workers: int, memory_limit=None) -> Capabilit
     to make (``workers`` processes, each with its share of ``memory_limit``); another one is
     known only when asked (``DaskExecutor.capabilities``): these are the settings' guesses."""
     n = max(1, int(workers))
-    return Capabilities(n, AGG_FAN_IN, memory_limit // n if memory_limit else None)
+    return Capabilities(n, AGG_FAN_IN, Shares(memory_limit or None, n).worker)
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -94,7 +95,7 @@ class DaskExecutor:
         self.memory_limit = memory_limit  # Dask workers enforce their own (--memory-limit)
         n = max(1, int(workers))
         # a cluster we make: each worker's limit is its share of the budget (docs/distributed.md)
-        cluster_opts = {"memory_limit": memory_limit // n + PROCESS_ALLOWANCE} \
+        cluster_opts = {"memory_limit": Shares(memory_limit, n).worker + PROCESS_ALLOWANCE} \
             if memory_limit else {}
         self.retries = int(opts.get("retries", 1))
         self.scatter = opts.get("scatter", "auto")
@@ -190,7 +191,7 @@ class DaskExecutor:
         limits = [int(w.get("memory_limit") or 0) for w in info.values()]
         per = min(limits) - PROCESS_ALLOWANCE if limits and min(limits) > 0 else None
         if self.memory_limit:
-            share = self.memory_limit // n
+            share = Shares(self.memory_limit, n).worker
             per = share if per is None else min(per, share)
         threads = min((int(w.get("nthreads") or 1) for w in info.values()), default=1)
         return Capabilities(n, AGG_FAN_IN, None if per is None or per <= 0 else per, threads,

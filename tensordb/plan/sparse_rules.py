@@ -104,12 +104,7 @@ def masked_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> t
     into a scalar, the operand a stored sparse matrix (the mask, here C), all three known to
     hold no NaN or inf (an absent C entry times the others is 0, and grouping the products
     does not matter); None otherwise. Float or integer, one dtype."""
-    if len(op.inputs) != 3 or op.agg != "sum" or op.out_labels or op.writes_diagonal:
-        return None
-    if not (isinstance(op.join, Call) and _product3(op.join)):
-        return None
-    if np.dtype(op.dtype).kind not in "iuf" or any(
-            np.dtype(d) != np.dtype(op.dtype) for d in (op.in_dtypes or ())):
+    if op.out_labels or not _sum_of_product3(op):
         return None
     labels = [o.labels for o in op.inputs]
     if any(len(l) != 2 or len(set(l)) != 2 for l in labels) or len(set(op.labels)) != 3:
@@ -124,6 +119,18 @@ def masked_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> t
     for k in sparse:
         return "masked", k
     return None
+
+
+def _sum_of_product3(op: EinOp) -> bool:
+    """Whether ``op`` is a SUM of ``x0 * x1 * x2`` (``_product3``) over its three inputs, all of
+    its own integer or float dtype, writing no diagonal: what the masked and the SDDMM kernels
+    both compute."""
+    if len(op.inputs) != 3 or op.agg != "sum" or op.writes_diagonal:
+        return False
+    if not (isinstance(op.join, Call) and _product3(op.join)):
+        return False
+    return np.dtype(op.dtype).kind in "iuf" and all(
+        np.dtype(d) == np.dtype(op.dtype) for d in (op.in_dtypes or ()))
 
 
 def _product3(expr) -> bool:
@@ -144,12 +151,7 @@ def sddmm_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> tu
     order), M a stored sparse matrix (the mask), all three known to hold no NaN or inf (an
     absent M entry times U and V is then 0, and ``M * sum(U * V)`` is ``sum(M * U * V)``);
     None otherwise."""
-    if len(op.inputs) != 3 or op.agg != "sum" or len(op.out_labels) != 2 or op.writes_diagonal:
-        return None
-    if not (isinstance(op.join, Call) and _product3(op.join)):
-        return None
-    if np.dtype(op.dtype).kind not in "iuf" or any(
-            np.dtype(d) != np.dtype(op.dtype) for d in (op.in_dtypes or ())):
+    if len(op.out_labels) != 2 or not _sum_of_product3(op):
         return None
     if len(op.agg_labels) != 1 or len(finite) != 3:
         return None

@@ -25,12 +25,11 @@ import numpy as np
 
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import Grid, grid_shape, tile_box
-from .writeback import start_writeback
 from .checksum import crc32 as checksum
 from .identity import payload_name
 from .meta import TensorMeta
-from .reader import TileEntry, track_mapping
-from .slots import TileFacts, TileSlot
+from .reader import TileEntry
+from .reserved import ReservedTiles
 from .sparse import encode, stored_entries
 from ..sparsity import choose_format
 from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
@@ -47,7 +46,7 @@ __all__ = ["TensorWriter", "ALIGN", "STAGE_MAX", "STREAM_TILE_MAX", "StagingBuff
 _ZEROS = bytes(ALIGN)
 
 
-class TensorWriter:
+class TensorWriter(ReservedTiles):
     """Writes one new version of tensor ``name``. Use as a context manager, or call
     :meth:`commit` / :meth:`abort`. ``write_tile`` may be called from several threads."""
 
@@ -94,77 +93,6 @@ class TensorWriter:
             self.commit()
 
     # -- writing -------------------------------------------------------------------------------
-    def reserve(self, tiles: Sequence[Sequence[int]], stage_max: int | None = None,
-                remote: bool = False) -> dict[tuple[int, ...], np.ndarray]:
-        """Writable buffers for ``tiles``, laid out as in the payload file, whose blocks are
-        allocated here (a full disk is an error now, not at commit): anonymous memory that
-        ``commit`` writes into the file with one pwrite (a file up to ``STAGE_MAX``), or, where
-        the commit does not fsync, the file itself, memory-mapped. ``stage_max`` (default
-        ``STAGE_MAX``): the largest file staged (anonymous memory is not the memory budget's
-        to spill or drop; under a small memory limit the caller passes less). Whoever computes
-        a tile can write it in place, and ``write_tile`` of that very buffer then costs no
-        copy. A larger file where the commit fsyncs gets no buffers (``streams``): each tile is
-        computed as any other and handed to ``write_tile`` once finished, which writes it into
-        its place in the file then. With ``remote``, no buffers either: workers in other
-        processes write each tile into its place themselves (``slot``, slots.py) and the
-        caller records what they report (``record_slot``). Call once, before any
-        ``write_tile``."""
-        with self._lock:
-            if self._state != "open" or self._fd is not None:
-                raise InterfaceError(f"writer for '{self.name}': reserve() comes before any write")
-            if self.fill != 0:
-                raise InternalError(f"writer for '{self.name}': a tensor with fill "
-                                    f"{self.fill} is written tile by tile, not reserved")
-            layout, pos = {}, 0
-            for coords in tiles:
-                coords = tuple(int(c) for c in coords)
-                starts, stops = tile_box(self.grid, coords)
-                shape = tuple(b - a for a, b in zip(starts, stops))
-                pos += -pos % ALIGN
-                layout[coords] = (pos, starts, shape)
-                pos += math.prod(shape) * self.dtype.itemsize
-            if not layout or pos == 0:
-                return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
-            try:
-                self._fd, recycled = open_payload(self.store, self.path, pos)
-                os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
-                # A recycled file's pages are in the page cache already: computing into its
-                # mapping (the faults taken by the workers, in parallel) costs less than staging
-                # and a pwrite at commit (16 MiB of an SGD update: 1.9 against 2.4 ms). Not
-                # where the commit fsyncs: writing back pages dirtied through a live mapping
-                # write-protects each one, a TLB shootdown (an IPI to every core running the
-                # process), and a block-sparse product's 1.8 MiB output took 7 ms to fsync
-                # that way against 1.2 ms for 8 MiB written by pwrite.
-                # For the same reason a file too large to stage is not mapped where the commit
-                # fsyncs, but streamed, if its tiles are small: 80 MiB computed into a mapping
-                # and then fsynced took 57-70 ms, computed in 8 MiB anonymous tiles each written
-                # by pwrite as it was finished (its write-back started then) 35-39 ms. A large
-                # tile is left mapped: the allocator maps each afresh (glibc above 32 MiB), and
-                # a 6144^2 product's two 72 MiB output tiles took their kernels 7% longer in
-                # new pages than in the file's cached ones, more than the fsync saved.
-                mapped = recycled and not self.store.fsync
-                large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
-                biggest = max(math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize
-                if remote or (large and self.store.fsync and biggest <= STREAM_TILE_MAX):
-                    self._slots = layout
-                elif mapped or large:
-                    self._map = mmap.mmap(self._fd, pos)
-                    track_mapping(self.path, self._map)  # its tiles outlive the writer
-            except OSError as exc:
-                self._fail()
-                raise OperationalError(f"cannot reserve {pos} bytes for '{self.name}' in "
-                                       f"{self.path}: {exc.strerror or exc}") from None
-            self._pos = pos
-            if self._slots:
-                return {}
-            if self._map is None:  # staged: computed in anonymous memory, written at commit
-                raw = self._raw = self.store.staging.take(pos + ALIGN)
-                self._staged = raw[-raw.ctypes.data % ALIGN:][:pos]
-            base = self._map if self._map is not None else self._staged
-            self._reserved = {c: (off, st, sh, np.ndarray(sh, self.dtype, base, off))
-                              for c, (off, st, sh) in layout.items()}
-            return {c: r[3] for c, r in self._reserved.items()}
-
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
                    nonfinite: bool | None = None, crc32: int | None = None) -> bool:
         """Store tile ``coords``; returns False (and stores nothing) when it is all zero, ``-0.0``
@@ -290,116 +218,6 @@ class TensorWriter:
                                              nonfinite, fmt)
         return True
 
-    def _write_slot(self, coords: tuple[int, ...], array) -> bool:
-        """A streamed tile, written into its place in the file now (by whichever thread
-        finished it; tiles of one writer may come from several threads at once), and the
-        write-back of its pages started. An all-zero tile is not written and gets no row,
-        unless a zero in it is -0.0 (as ``_fill_reserved``)."""
-        offset, starts, shape = self._slots[coords]
-        a = np.asarray(array)
-        if a.shape != shape:
-            raise DataError(f"tensor '{self.name}': tile {coords} should have shape {shape}, "
-                            f"got {a.shape}")
-        flat = np.ascontiguousarray(a, dtype=self.dtype).reshape(-1)
-        nnz, nonfinite, crc = tile_stats(flat)
-        if not nnz and not has_negative_zero(flat):
-            return False
-        with self._lock:
-            if self._state != "open" or self._fd is None:
-                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
-            if coords in self.entries:
-                raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
-            fd = self._fd
-        self._pwrite(fd, flat, offset)
-        start_writeback(fd, offset, flat.nbytes)
-        with self._lock:
-            self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes,
-                                             int(nnz), crc, bool(nonfinite))
-        return True
-
-    def slot(self, coords: Sequence[int]) -> TileSlot | None:
-        """Where a worker in another process writes tile ``coords`` itself (a file laid out by
-        ``reserve(..., remote=True)``), or None."""
-        place = self._slots.get(tuple(coords))
-        if place is None:
-            return None
-        return TileSlot(self.path, place[0], place[2], self.dtype.str, self.store.database,
-                        self.store.fsync, self.name)
-
-    def record_slot(self, coords: Sequence[int], facts: TileFacts) -> bool:
-        """A worker wrote tile ``coords`` into its ``slot`` and reported ``facts``: its row,
-        unless the tile is all zero (``facts.keep``, the rule of ``_write_slot``)."""
-        coords = tuple(int(c) for c in coords)
-        offset, starts, shape = self._slots[coords]
-        with self._lock:
-            if self._state != "open":
-                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
-            if coords in self.entries:
-                raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
-            if facts.keep:
-                self.entries[coords] = TileEntry(coords, starts, shape, offset, facts.nbytes,
-                                                 facts.nnz, facts.crc32, facts.nonfinite)
-        return facts.keep
-
-    @property
-    def streams(self) -> bool:
-        """Whether ``reserve`` gave no buffers: each tile is written as it is finished."""
-        return bool(self._slots)
-
-    def _fill_reserved(self, coords: tuple[int, ...], array, nnz: int | None,
-                       nonfinite: bool | None, crc: int | None = None) -> bool:
-        offset, starts, shape, buf = self._reserved[coords]
-        a = np.asarray(array)
-        if a.shape != shape:
-            raise DataError(f"tensor '{self.name}': tile {coords} should have shape {shape}, "
-                            f"got {a.shape}")
-        if a is not buf:
-            np.copyto(buf, a, casting="unsafe")
-            nnz = nonfinite = crc = None
-            with self._lock:
-                self._early.discard(coords)  # the commit writes these bytes, not the early ones
-        if nnz is None:
-            nnz, nonfinite, crc = tile_stats(buf)
-        nnz = int(nnz)
-        keep = bool(nnz) or has_negative_zero(buf)
-        # The tile is final now (computed in place, or copied just above): checksum its bytes.
-        crc = (checksum(buf) if crc is None else int(crc)) if keep else None
-        if keep and nonfinite is None:
-            nonfinite = has_nonfinite(buf)
-        with self._lock:
-            if coords in self.entries:
-                raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
-            # An all-zero reserved tile (a computed result) gets no catalog row, its bytes go
-            # unused, unless a zero in it is -0.0: numpy's answer keeps its sign.
-            if keep:
-                self.entries[coords] = TileEntry(coords, starts, shape, offset, buf.nbytes, nnz,
-                                                 crc, bool(nonfinite))
-        return keep
-
-    def write_early(self, coords: Sequence[int]) -> None:
-        """Reserved tile ``coords`` is final (computed in place, its statistics taken): hand it to
-        the file now, on the caller's thread (a worker, as each output tile is finished). A staged
-        tile is written by pwrite, so the commit writes only what is left, and where the commit
-        fsyncs the write-back of its pages starts at once (writeback.py): the disk works while
-        the run goes on. A mapped tile (where nothing is fsynced) is in the file already.
-        Called while the writer is open, before ``write_tile`` records the tile; tiles of one
-        writer may come from several threads at once (each writes its own bytes)."""
-        reserved = self._reserved.get(tuple(coords))
-        if reserved is None:  # a tensor with no bytes: reserve() gave plain zero-size arrays
-            return
-        coords, (offset, _, _, buf) = tuple(coords), reserved
-        with self._lock:
-            if self._state != "open" or self._fd is None:
-                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
-            fd, staged = self._fd, self._staged is not None
-        if not staged:
-            return
-        self._pwrite(fd, buf, offset)
-        with self._lock:
-            self._early.add(coords)
-        if self.store.fsync:
-            start_writeback(fd, offset, buf.nbytes)
-
     def _pwrite(self, fd: int, data, offset: int) -> None:
         """Write all of ``data`` (an array, or a slice of one) at ``offset`` of the file."""
         view = memoryview(data).cast("B")
@@ -444,30 +262,6 @@ class TensorWriter:
         if os.path.exists(self.path):
             os.unlink(self.path)
         return no_wait
-
-    def _write_staged(self) -> None:
-        """Write the reserved tiles computed in anonymous memory into the payload file (one
-        pwrite over blocks that reserve() allocated already)."""
-        staged, self._staged = self._staged, None
-        if staged is None:
-            return
-        # the whole buffer in one pwrite, or the ranges of the tiles write_early has not written
-        ranges = [(0, len(staged))] if not self._early else sorted(
-            (off, buf.nbytes) for c, (off, _, _, buf) in self._reserved.items()
-            if c not in self._early and c in self.entries)
-        try:
-            for start, size in ranges:
-                self._pwrite(self._fd, staged[start:start + size], start)
-        finally:
-            self._give_back_staging()
-
-    def _give_back_staging(self) -> None:
-        """Hand the staging allocation to the store's cache: the next writer reuses it once
-        nothing refers to its tiles any more (StagingBuffers)."""
-        raw, self._raw = self._raw, None
-        self._staged = None
-        if raw is not None:
-            self.store.staging.keep(raw)
 
     def abort(self) -> None:
         """Forget everything written; the catalog never saw it."""

@@ -81,10 +81,14 @@ class Terminal:
             self.send(".quit")
             return self.proc.wait(timeout=60)
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            os.close(self.master)
+            self.release()
+
+    def release(self) -> None:
+        """Kill the REPL if it still runs and close the terminal (a test's ``finally``)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
 
 
 @pytest.fixture

@@ -120,10 +120,7 @@ def test_terminal_words_commands_and_timer(db):
         term.send("quit")
         assert term.proc.wait(timeout=60) == 0
     finally:
-        if term.proc.poll() is None:
-            term.proc.kill()
-            term.proc.wait()
-        os.close(term.master)
+        term.release()
 
 
 def test_a_statement_over_several_lines_is_one_history_entry(db):
@@ -270,10 +267,7 @@ def test_a_second_ctrl_c_abandons_a_query_that_the_first_did_not_stop(db):
         assert term.proc.wait(timeout=30) == 130
         assert time.monotonic() - t0 < 5
     finally:
-        if term.proc.poll() is None:
-            term.proc.kill()
-            term.proc.wait()
-        os.close(term.master)
+        term.release()
     with tensordb.connect(db) as con:  # what ran before is stored; the abandoned table is not
         tables = {r[0] for r in con.sql("SELECT table_name FROM duckdb_tables()").fetchall()}
         assert "kept" in tables and "slow" not in tables

@@ -4,7 +4,6 @@ pseudo-terminal writes and then waits at its prompt, while other processes read 
 against what the REPL stored; a second writer is refused with the REPL's process id."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -42,7 +41,4 @@ def test_an_idle_repl_keeps_no_reader_out(tmp_path):
         term.send(".quit")
         assert term.proc.wait(timeout=60) == 0
     finally:
-        if term.proc.poll() is None:
-            term.proc.kill()
-            term.proc.wait()
-        os.close(term.master)
+        term.release()

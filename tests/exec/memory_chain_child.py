@@ -14,29 +14,17 @@ run of the same script peaks at the limit.
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import tensordb
-from tests.harness import rss_anon
+from tests.harness import serve_sampled
 
 
 def main() -> None:
     db, limit, workers, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     con = tensordb.connect(db, workers=workers, memory_limit=limit)
     con.execute(warmup)
-    idle = rss_anon()
-    if idle is None:
-        raise RuntimeError("no RssAnon in /proc/self/status")
-    print(json.dumps({"idle": idle}), flush=True)
-    go = sys.stdin.readline()  # the parent samples from now on
-    script = sys.stdin.read()
-    assert go.strip() == "go", go
-    con.execute(script)
-    r = con.last_run
-    print(json.dumps({"result": {"spilled_bytes": r.spilled_bytes, "peak_bytes": r.peak_bytes,
-                                 "over_budget": r.over_budget}}), flush=True)
-    con.close()
+    serve_sampled(con)
 
 
 if __name__ == "__main__":

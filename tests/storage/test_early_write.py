@@ -15,7 +15,7 @@ import pytest
 
 import tensordb
 from tensordb.storage.identity import payload_name
-from tensordb.storage import writeback, writer as writer_mod
+from tensordb.storage import reserved as reserved_mod, writeback, writer as writer_mod
 from tests.files import payload_files
 
 MATMUL = "C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 2, j 1, k 2)"
@@ -46,7 +46,7 @@ def test_each_output_tile_is_handed_to_its_file_before_the_commit(tmp_path, ab, 
     def counting(fd, offset, nbytes):
         started.append((offset, nbytes))
         return real(fd, offset, nbytes)
-    monkeypatch.setattr(writer_mod, "start_writeback", counting)
+    monkeypatch.setattr(reserved_mod, "start_writeback", counting)  # write_early's (reserved.py)
     early = []
     real_early = writer_mod.TensorWriter.write_early
 
@@ -160,7 +160,7 @@ def test_an_output_too_large_to_stage_is_streamed_and_not_held(tmp_path, monkeyp
     at a time, not the whole output. The answer is numpy's, block-sparse zeros included."""
     import sys
     lower = sys.modules["tensordb.physical.sink"]
-    monkeypatch.setattr(writer_mod, "STAGE_MAX", 1 << 20)
+    monkeypatch.setattr(reserved_mod, "STAGE_MAX", 1 << 20)  # reserve()'s (reserved.py)
     rng = np.random.default_rng(4)
     a = rng.standard_normal((2048, 256))  # 4 MiB of float64: 16 tiles of 256 KiB
     a[1024:1280] = 0  # two all-zero tiles of A: absent, so C's are never computed nor written

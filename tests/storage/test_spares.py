@@ -15,7 +15,7 @@ import pytest
 
 import tensordb
 from tensordb.storage.identity import payload_name
-from tensordb.storage import reader, spares
+from tensordb.storage import payloads, spares
 
 STEP = "W[i,j] = W[i,j] - 0.5 * G[i,j]"
 
@@ -83,11 +83,11 @@ def test_a_mapped_old_version_is_never_overwritten(tmp_path):
         held = view.copy()
         for _ in range(4):  # version 1 retires at the first step; later steps look for spares
             con.execute(STEP)
-        assert reader.payload_in_use(old_path)
+        assert payloads.payload_in_use(old_path)
         assert os.path.exists(old_path)  # still a spare, not renamed to a newer version
         np.testing.assert_array_equal(view, held)
         del view, snapshot  # the mapping goes with the last array made from it
-        assert not reader.payload_in_use(old_path)
+        assert not payloads.payload_in_use(old_path)
         con.execute(STEP)  # now it may be recycled
         expected = w
         for _ in range(5):
@@ -98,13 +98,13 @@ def test_a_mapped_old_version_is_never_overwritten(tmp_path):
 def test_a_read_under_way_blocks_the_rename(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * 64)
-    reader._READING[str(path)] += 1
+    payloads._READING[str(path)] += 1
     try:
-        assert not reader.rename_unused(str(path), str(tmp_path / "g.bin"))
+        assert not payloads.rename_unused(str(path), str(tmp_path / "g.bin"))
         assert path.exists() and not (tmp_path / "g.bin").exists()
     finally:
-        reader._done_reading(str(path))
-    assert reader.rename_unused(str(path), str(tmp_path / "g.bin"))
+        payloads._done_reading(str(path))
+    assert payloads.rename_unused(str(path), str(tmp_path / "g.bin"))
     assert not path.exists() and (tmp_path / "g.bin").read_bytes() == b"x" * 64
 
 
@@ -161,9 +161,9 @@ def test_a_file_recycled_between_open_and_lock_is_refused(tmp_path):
     path.write_bytes(b"x" * 64)
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert reader.rename_unused(str(path), str(tmp_path / "9.bin"))
+        assert payloads.rename_unused(str(path), str(tmp_path / "9.bin"))
         with pytest.raises(tensordb.OperationalError, match="reused for a newer version"):
-            reader._hold_shared(fd, str(path), "W")
+            payloads._hold_shared(fd, str(path), "W")
     finally:
         os.close(fd)
 
@@ -177,18 +177,18 @@ def test_a_shared_lock_blocks_the_rename(tmp_path):
     fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
-        assert not reader.rename_unused(str(path), str(tmp_path / "g.bin"))
+        assert not payloads.rename_unused(str(path), str(tmp_path / "g.bin"))
         assert path.exists() and not (tmp_path / "g.bin").exists()
     finally:
         os.close(fd)
-    assert reader.rename_unused(str(path), str(tmp_path / "g.bin"))
+    assert payloads.rename_unused(str(path), str(tmp_path / "g.bin"))
 
 
 def test_rename_never_replaces_an_existing_file(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"a")
     (tmp_path / "b.bin").write_bytes(b"b")
     with pytest.raises(FileExistsError):
-        reader.rename_unused(str(tmp_path / "a.bin"), str(tmp_path / "b.bin"))
+        payloads.rename_unused(str(tmp_path / "a.bin"), str(tmp_path / "b.bin"))
     assert (tmp_path / "a.bin").read_bytes() == b"a" and (tmp_path / "b.bin").read_bytes() == b"b"
 
 
@@ -212,19 +212,19 @@ def test_the_pool_is_bounded_and_sizes_must_fit(tmp_path, monkeypatch):
 def test_the_registry_forgets_paths_nobody_maps(tmp_path, monkeypatch):
     """A long run maps a new version every step: paths whose mappings are gone do not pile up."""
     import mmap
-    monkeypatch.setattr(reader, "_SWEEP_AT", 8)
-    monkeypatch.setattr(reader, "_MAPPINGS", {})
+    monkeypatch.setattr(payloads, "_SWEEP_AT", 8)
+    monkeypatch.setattr(payloads, "_MAPPINGS", {})
     f = tmp_path / "f.bin"
     f.write_bytes(b"x" * 4096)
     kept = None
     for i in range(40):
         with open(f, "rb") as fh:
             m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        reader.track_mapping(f"/v/{i}.bin", m)
+        payloads.track_mapping(f"/v/{i}.bin", m)
         if i == 3:
             kept = m  # still mapped: it stays tracked
-    assert len(reader._MAPPINGS) <= 9 and reader.payload_in_use("/v/3.bin")
-    assert not reader.payload_in_use("/v/38.bin") and kept is not None
+    assert len(payloads._MAPPINGS) <= 9 and payloads.payload_in_use("/v/3.bin")
+    assert not payloads.payload_in_use("/v/38.bin") and kept is not None
 
 
 @pytest.mark.parametrize("where", ["disk", "memory"])
@@ -351,8 +351,8 @@ def test_a_finished_run_leaves_its_staged_buffer_free(tmp_path, monkeypatch):
     the run's last item kept the whole run alive (its results and output buffers), so a
     staged output's buffer was never free for the next query where only one buffer is kept
     (a 64 MiB output): every query then staged into new pages."""
-    from tensordb.storage import writer
-    monkeypatch.setattr(writer, "STAGE_MAX", 2 << 20)  # one 1.5 MiB buffer kept, not two
+    from tensordb.storage import reserved
+    monkeypatch.setattr(reserved, "STAGE_MAX", 2 << 20)  # one 1.5 MiB buffer kept, not two
     rng = np.random.default_rng(2)
     w = rng.standard_normal((768, 512), dtype=np.float32)
     g = rng.standard_normal((768, 512), dtype=np.float32)

@@ -344,7 +344,7 @@ def test_reserved_tiles_mapped_staged_or_streamed_land_in_the_file(tmp_path, mon
     file. Either way the reopened database reads the computed bytes, with their checksums; an
     all-zero tile gets no row; an aborted writer leaves no file. Tiles over ``STREAM_TILE_MAX``
     are mapped on disk too."""
-    from tensordb.storage import writer as wr
+    from tensordb.storage import reserved as wr  # reserve() reads the caps (reserved.py)
     monkeypatch.setattr(wr, "STAGE_MAX", 1 << 30 if how == "staged" else 0)
     if how == "mapped, large tiles":
         monkeypatch.setattr(wr, "STREAM_TILE_MAX", 1024)  # a tile here is 2560 bytes

@@ -1,0 +1,206 @@
+"""The catalog reads of a ``Store`` (a mixin ``Store`` inherits): tensors' rows by name (cached,
+one scan of ``tensors`` filling the cache), readers of their current versions (the tile entries
+of several tensors read in one query, cached by version), SQL on the catalog connection, and the
+accessors the SQL front door and the file formats use (the lock, the transaction's state, the
+tensors shown to DuckDB as views).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import duckdb
+
+from ..errors import CatalogError, Error, InterfaceError, ProgrammingError
+from ..geometry import BoxName, GatherName, IotaName, OneHotName
+from . import catalog
+from ._duck import translating
+from .boxes import BoxReader, GatherReader, IotaReader, OneHotReader
+from .meta import TensorMeta
+from .objreader import ObjectTensorReader
+from .reader import TensorReader
+
+__all__ = ["StoreCatalog"]
+
+
+class StoreCatalog:
+    """Reading the catalog, and the SQL views of tensors (state set up by ``Store.__init__``)."""
+
+
+    # -- reading the catalog -------------------------------------------------------------------
+    def list(self) -> list[TensorMeta]:
+        self._check_open()
+        with self._lock, translating():
+            return catalog.all_metas(self.duck)
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is stored; a slice's, a gather's or positions' graph name (geometry)
+        exists while the tensors it reads do (the plan cache keeps plans that read them)."""
+        if isinstance(name, IotaName):
+            return True
+        if isinstance(name, BoxName):
+            return self.has(name.base)
+        if isinstance(name, GatherName):
+            return self.has(name.base) and self.has(name.index)
+        if isinstance(name, OneHotName):
+            return self.has(name.index)
+        return self._find(name) is not None
+
+    def meta(self, name: str) -> TensorMeta:
+        """The catalog entry of ``name`` (case-insensitive); CatalogError when there is none."""
+        meta = self._find(name)
+        if meta is None:
+            known = [m.name for m in self.list()]
+            raise CatalogError(f"tensor '{name}' does not exist",
+                               hint=f"stored tensors: {', '.join(known)}" if known else
+                               "the database holds no tensors yet")
+        return meta
+
+    def _find(self, name: str) -> TensorMeta | None:
+        self._check_open()
+        if not isinstance(name, str):
+            raise ProgrammingError(f"a tensor name must be a string, got {name!r}")
+        key = name.lower()
+        with self._lock:
+            if key not in self._cache:
+                if not self._cache_full:
+                    # One read of every tensor's row costs what one lookup costs (a scan): a
+                    # script naming many tensors then pays one scan, not one per name.
+                    with translating():
+                        for m in catalog.all_metas(self.duck):
+                            self._cache.setdefault(m.name.lower(), m)
+                    self._cache_full = True
+                    self._cache.setdefault(key, None)
+                elif key not in self._changed:  # absent when the whole catalog was read
+                    self._cache[key] = None
+                else:
+                    with translating():
+                        self._cache[key] = catalog.find(self.duck, name)
+            return self._cache[key]
+
+    def _clear_cache(self) -> None:
+        self.epoch += 1
+        self._cache.clear()
+        self._cache_full = False
+        self._changed.clear()
+
+    def _forget(self, name: str) -> None:
+        self.epoch += 1
+        self._cache.pop(name.lower(), None)
+        self._changed.add(name.lower())
+
+    def forget_cached(self) -> None:
+        """Drop cached catalog reads (after SQL that may have changed the catalog). The tile
+        entries, cached by version, stay: a version's tiles never change (the catalog schema
+        is tensordb's alone, guard.py) and no version number is used twice."""
+        with self._lock:
+            self._clear_cache()
+
+    def query(self, sql: str, params=None) -> list[tuple]:
+        """Run SQL (with ``params`` for its ``?``) on the catalog connection itself (so it sees
+        the writes of an open transaction block); the engine's tile joins go through here."""
+        self._check_open()
+        with self._lock, translating():
+            return self.duck.execute(sql, params).fetchall()
+
+    def open(self, name: str) -> TensorReader:
+        """A reader for the current version of ``name``."""
+        return self.open_many([name])[name]
+
+    def open_many(self, names) -> dict[str, TensorReader]:
+        """Readers for the current versions of ``names`` (the tile entries not cached yet are
+        read in one query)."""
+        if any(isinstance(name, (IotaName, OneHotName)) for name in names):  # computed (boxes.py)
+            rest = self.open_many(list(dict.fromkeys(
+                [n for n in names if not isinstance(n, (IotaName, OneHotName))]
+                + [n.index for n in names if isinstance(n, OneHotName)])))
+            return {name: IotaReader(name) if isinstance(name, IotaName) else
+                    OneHotReader(rest[name.index], name) if isinstance(name, OneHotName) else
+                    rest[name] for name in names}
+        boxes = {name: name for name in names if isinstance(name, (BoxName, GatherName))}
+        if boxes:  # slices and gathers: readers of the stored tensors they read (boxes.py)
+            bases = self.open_many(list(dict.fromkeys(
+                [b.base for b in boxes] + [b.index for b in boxes if isinstance(b, GatherName)]
+                + [n for n in names if n not in boxes])))
+            return {name: bases[name] if name not in boxes else
+                    BoxReader(bases[name.base], name.box, name) if isinstance(name, BoxName) else
+                    GatherReader(bases[name.base], bases[name.index], name) for name in names}
+        metas = {name: self.meta(name) for name in names}
+        with self._lock:
+            missing = [m for m in metas.values() if m.version not in self._entries]
+            if missing:
+                with translating():
+                    read = catalog.tile_entries_many(self.duck, missing, self._optional)
+                if len(self._entries) + len(read) > max(256, 2 * len(read)):
+                    self._entries.clear()
+                self._entries.update(read)
+            hits = {name: self._entries[m.version] for name, m in metas.items()}
+        if self.objects is not None:
+            return {name: ObjectTensorReader(metas[name], file, entries, self.database,
+                                             self.objects)
+                    for name, (file, entries) in hits.items()}
+        return {name: TensorReader(metas[name], os.path.join(self.tiles_dir, file) if file else None,
+                                   entries, self.database)
+                for name, (file, entries) in hits.items()}
+
+    def _refresh_views(self, names) -> None:
+        """The SQL views of tensors just given new versions read the new ones: a user's view
+        (CREATE VIEW v AS SELECT ... FROM A) and a relation not fetched yet read a tensor as it
+        is when they run, never a version replaced since."""
+        from .views import TensorStream
+        for name in names:
+            for view in [v for v in self._views if v.lower() == name.lower()]:
+                try:
+                    self._register_view(view, TensorStream(self.open(name)))
+                except Error:  # committed all the same: the next query names it again
+                    self._forget_view(view)
+
+    # -- what the SQL front door and the file formats use (sqlfront/, formats/) ----------------
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every use of ``duck`` holds (``with store.lock, translating(): store.duck...``):
+        the store's own catalog calls take it too."""
+        return self._lock
+
+    @property
+    def holds_rows(self) -> bool:
+        """In memory: whether commits' catalog rows are held back, to be written before the
+        catalog connection is next used (storage/deferred.py)."""
+        return bool(self._pending)
+
+    def check_open(self, writing: bool = False) -> None:
+        """InterfaceError when the store is closed; OperationalError when ``writing`` and it is
+        open read-only."""
+        self._check_open(writing)
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether tensordb's own catalog transaction (``transaction()``) is open."""
+        return self._txn is not None
+
+    def find(self, name: str) -> TensorMeta | None:
+        """The catalog entry of ``name`` (case-insensitive), or None where ``meta`` raises."""
+        return self._find(name)
+
+    def views_of(self, name: str) -> list[str]:
+        """The names under which ``name`` is registered with DuckDB as a view (views.py)."""
+        return [v for v in self._views if v.lower() == name.lower()]
+
+    def register_view(self, name: str, obj) -> None:
+        """Show ``obj`` (a tensor's ``views.TensorStream``) to DuckDB as ``name``; a commit of a
+        new version of the tensor registers it again."""
+        self._register_view(name, obj)
+
+    # -- SQL views of tensors (see relations.py) -----------------------------------------------
+    def _register_view(self, name: str, obj) -> None:
+        with self._lock, translating():
+            self._conn.register(name, obj)  # reads no catalog row: nothing to write first
+            self._views.add(name)
+
+    def _forget_view(self, name: str) -> None:
+        with self._lock:
+            for view in [v for v in self._views if v.lower() == name.lower()]:
+                self._views.discard(view)
+                with contextlib.suppress(duckdb.Error):
+                    self.duck.unregister(view)

@@ -1,0 +1,317 @@
+"""The writes of a ``Store`` (a mixin ``Store`` inherits): writers of new tensors and versions,
+the commit that swaps their catalog rows in (one transaction for several writers), drops, and the
+transaction itself (``_Txn``: the payload files to delete when it ends, new ones on rollback,
+replaced ones on commit, and what its commit listeners are told).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Callable, Iterator, Sequence
+
+import duckdb
+import numpy as np
+
+from ..errors import CatalogError, Error, OperationalError, ProgrammingError
+from . import catalog, deferred, directory, objectdb
+from ._duck import translate, translating
+from .directory import remove as _remove
+from .meta import TensorMeta, check_dims, check_fill, check_grid, check_name, supported_dtype
+from .verify import mark_written
+from .writer import TensorWriter
+
+__all__ = ["StoreCommits"]
+
+
+class _Txn:
+    """Files to delete when the surrounding transaction ends: new ones on rollback, replaced
+    ones on commit."""
+
+    def __init__(self, external: bool) -> None:
+        self.external = external  # joined a transaction the user began: we neither commit nor undo
+        self.created: list[str] = []
+        self.retired: list[tuple[str, bool]] = []  # (path, may be kept as a spare)
+        self.committed = False  # our COMMIT landed: what it references is the catalog's now
+        self.replaced: list[str] = []  # tensors given new versions: their SQL views follow
+        self.uploaded: list[str] = []  # payload objects put (objects.py): gone on rollback
+        self.stored: list[TensorMeta] = []  # versions written, and versions replaced or dropped:
+        self.gone: list[TensorMeta] = []    # told to the commit listeners once COMMIT lands
+        # In memory (deferred.py): whether BEGIN has run in DuckDB (it waits for the first use
+        # of the catalog connection), and the rows of the commits kept back until then.
+        self.begun = True
+        self.deferred: dict[str, tuple] = {}
+
+
+class StoreCommits:
+    """Writing, committing and dropping tensors (state set up by ``Store.__init__``)."""
+
+    # -- writing -------------------------------------------------------------------------------
+    def writer(self, name: str, shape: Sequence[int], dtype, grid, dims: Sequence[str] | None = None,
+               replace: bool = False, check_tables: bool = True,
+               fill: float = 0.0) -> TensorWriter:
+        """A writer for a new tensor (or a new version of ``name`` when ``replace``).
+        ``fill``: the value of its absent entries (``meta.check_fill``).
+
+        ``grid`` is one tuple of boundaries per dimension, or a tile shape (one int each). A
+        user table of that name is refused at once, and again, inside the transaction, at commit;
+        ``check_tables=False`` leaves only the commit's check (one catalog query fewer)."""
+        self._check_open(writing=True)
+        check_name(name)
+        shape = tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise ProgrammingError(f"tensor '{name}': negative extent in shape {shape}")
+        dtype = supported_dtype(dtype, f"tensor '{name}'")
+        dtype = np.dtype(dtype.name)  # native byte order
+        grid = check_grid(grid, shape, name)
+        dims = check_dims(dims, len(shape), name)
+        fill = check_fill(fill, dtype, name)
+        self.check_free(name, replace, tables=check_tables)
+        with self._lock:
+            version = self._next_version
+            self._next_version += 1
+        return TensorWriter(self, name, shape, dtype, grid, dims, replace, version, fill)
+
+    def check_free(self, name: str, replace: bool, tables: bool = True) -> None:
+        """CatalogError unless ``name`` may be created (or replaced, when ``replace``); with
+        ``tables=False`` only the tensors are looked at (cached), not the user's tables."""
+        with self._lock:
+            if not replace and self.has(name):
+                raise CatalogError(f"tensor '{self.meta(name).name}' already exists",
+                                   hint="pass replace=True to overwrite it")
+            if tables:
+                self.check_no_tables([name])
+
+    def check_no_tables(self, names) -> None:
+        """CatalogError if a user table or view is named like one of ``names``: one catalog
+        query for all of them (a commit of several writers asks once, inside its transaction,
+        and marks them ``tables_checked``). A name that is a tensor already is not looked for:
+        a new version of it leaves the shared namespace as it was (``sql.run`` refuses a table
+        named like a tensor), and the query is 1-1.5 ms of a training step's commit."""
+        with self._lock:
+            names = [n for n in names if self._find(n) is None]
+            if not names:
+                return
+            for name in names:
+                for known in self.registered:
+                    if known.lower() == name.lower():
+                        raise CatalogError(f"cannot create tensor '{name}': a Python object is "
+                                           f"registered as '{known}'",
+                                           hint=f"con.unregister('{known}') first; tensors, "
+                                                "tables and registered objects share one namespace")
+            with translating():
+                found = catalog.tables_named(self.duck, names)
+            for name in names:
+                table = found.get(name.lower())
+                if table is not None:
+                    raise CatalogError(f"cannot create tensor '{name}': a table named '{table}' "
+                                       "exists", hint="tensors and tables share one namespace")
+
+    def take_spare(self, size: int, path: str) -> int | None:
+        """Rename a retired payload file of about ``size`` bytes to ``path`` (a writer's new
+        file); its size, or None (spares.py)."""
+        return self.spares.take(size, path)
+
+    def _commit_writers(self, items: list[tuple[TensorWriter, Callable[[], None]]]
+                        ) -> list[TensorMeta]:
+        """Swap each writer's rows in, all in one transaction; each ``durable()`` waits until
+        that writer's payload is on disk (and raises OSError if it cannot be): they return
+        before the transaction commits. Writers of distinct names share batched catalog
+        statements (catalog.store); two of one name are swapped in one after the other."""
+        txns: list[_Txn] = []  # the transaction the swap ran in
+        try:
+            if len({w.name.lower() for w, _ in items}) < len(items):
+                with self.transaction() as txn:
+                    txns.append(txn)
+                    return [m for item in items for m in self._swap_rows([item], txns)]
+            metas = deferred.commit(self, items)  # in memory: the rows kept back
+            return self._swap_rows(items, txns) if metas is None else metas
+        except BaseException:
+            if txns and txns[0].committed:
+                # The COMMIT landed and something came after it (a Ctrl-C while the replaced
+                # files were retired): the payloads are the catalog's, never to be deleted.
+                for w, _ in items:
+                    w._state = "committed"
+            raise
+
+    def _swap_rows(self, items, txns: list) -> list[TensorMeta]:
+        rows = [(w, w.meta(), sorted(w.entries.values(), key=lambda e: e.offset))
+                for w, _ in items]
+        # The lock spans the whole swap: no other thread's commit can interleave with it.
+        with self._lock, self.transaction() as txn:
+            txns.append(txn)
+            for w, _, _ in rows:
+                if w.has_file:
+                    txn.created.append(w.path)
+            # inside the transaction: what it sees holds (the tables looked for already when
+            # the caller asked for several writers' names at once, in this transaction)
+            unchecked = [w.name for w, _, _ in rows if not w.tables_checked]
+            if unchecked:
+                self.check_no_tables(unchecked)
+            olds = []
+            for w, _, _ in rows:
+                self.check_free(w.name, w.replace, tables=False)
+                olds.append(self._find(w.name))
+            names = ", ".join(f"'{w.name}'" for w, _, _ in rows)
+            with translating(f"cannot store tensor{'s' if len(rows) > 1 else ''} {names}"):
+                for old in olds:
+                    if old is not None:
+                        self._retire_file(old, txn, spare=True)
+                        txn.gone.append(old)
+                catalog.store(self.duck, [(old, meta, w.file, entries)
+                                          for old, (w, meta, entries) in zip(olds, rows)])
+            for w, durable in items:
+                try:
+                    durable()  # the payload before the catalog: COMMIT comes after this
+                except OSError as exc:
+                    raise OperationalError(f"cannot store tensor '{w.name}': syncing {w.path} "
+                                           f"failed: {exc.strerror or exc}") from None
+                if self.objects is not None and w.has_file:  # uploaded whole, then COMMIT
+                    txn.uploaded.append(w.file)
+                    self.objects.put(w.path, w.file, self.database)
+            for w, meta, entries in rows:
+                self._forget(w.name)
+                txn.replaced.append(w.name)
+                self._cache[w.name.lower()] = meta  # exact: the rows just inserted
+                txn.stored.append(meta)
+                if len(self._entries) > 1024:
+                    self._entries.clear()
+                self._entries[meta.version] = (w.file if entries else None, entries)
+                if entries and self.objects is None:
+                    mark_written(w.path, entries)  # checksummed from these bytes (verify.py)
+        return [meta for _, meta, _ in rows]
+
+    def drop(self, name: str, if_exists: bool = False) -> None:
+        """Remove a tensor; CatalogError when it does not exist (unless ``if_exists``)."""
+        self._check_open(writing=True)
+        with self._lock, self.transaction() as txn:
+            old = self._find(name)
+            if old is None:
+                if if_exists:
+                    return
+                self.meta(name)  # raises with the list of known tensors
+            with translating(f"cannot drop tensor '{name}'"):
+                self._retire(old, txn)
+            self._forget(name)
+        self._forget_view(old.name)
+        self.spares.clear()  # a drop gives space back: the spares' too
+        self.staging.clear()  # and memory: the staging buffers
+
+    def _retire(self, old: TensorMeta, txn: _Txn) -> None:
+        self._retire_file(old, txn)
+        catalog.delete(self.duck, old)
+        txn.gone.append(old)
+
+    def _retire_file(self, old: TensorMeta, txn: _Txn, spare: bool = False) -> None:
+        """Have ``old``'s payload file deleted once the transaction that removes its rows
+        commits (its name from the cached tile entries when this session read or wrote it);
+        ``spare``: or kept for reuse by a later output of its size (a replace, not a drop)."""
+        hit = self._entries.get(old.version)
+        file = hit[0] if hit is not None else catalog.payload_file(self.duck, old)
+        if file:
+            txn.retired.append((os.path.join(self.tiles_dir, file), spare))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[_Txn]:
+        """Group writer commits and drops: all of them land, or none does. Nested blocks join
+        the outermost one. The store lock is not held across the block: worker threads may read
+        the catalog meanwhile (they see the block's uncommitted changes, as DuckDB does)."""
+        self._check_open(writing=True)
+        if self.user_transaction:
+            raise ProgrammingError(
+                "a transaction begun with SQL BEGIN is open: tensordb writes run in transactions "
+                "of their own", hint="COMMIT or ROLLBACK it first, or group tensordb statements "
+                "in the dialect's BEGIN ... COMMIT")
+        with self._lock:
+            joined = self._txn
+            if joined is None and not self.persistent:
+                txn = _Txn(external=False)  # begins in DuckDB at the first use (deferred.py)
+                txn.begun = False
+                self._txn = txn
+            elif joined is None:
+                try:
+                    self.duck.execute("BEGIN TRANSACTION")
+                    txn = _Txn(external=False)
+                except duckdb.TransactionException:
+                    txn = _Txn(external=True)  # the user began one: its COMMIT decides
+                except duckdb.Error as exc:
+                    raise translate(exc) from None
+                self._txn = txn
+        if joined is not None:
+            yield joined
+            return
+        try:
+            yield txn
+        except BaseException:
+            with self._lock:
+                self._txn = None
+                self._clear_cache()
+                if not txn.external:
+                    if txn.begun:
+                        with contextlib.suppress(duckdb.Error):
+                            self._conn.execute("ROLLBACK")
+                    self._remove_created(txn)
+            raise
+        with self._lock:
+            self._txn = None
+            if txn.external:
+                self._clear_cache()  # the user's own COMMIT or ROLLBACK decides what lands
+                if self.publisher is not None:
+                    self.publisher.committed()  # perhaps: the user's COMMIT decides
+                self._tell_listeners([], txn.gone)  # forgetting what may go costs nothing
+                return  # files are reconciled when the database is next opened
+            try:
+                if txn.begun:
+                    self._conn.execute("COMMIT")
+                else:
+                    deferred.land(self, txn)
+                txn.committed = True
+            except duckdb.Error as exc:
+                with contextlib.suppress(duckdb.Error):
+                    self._conn.execute("ROLLBACK")
+                self._remove_created(txn)
+                raise translate(exc, "commit failed") from None
+            if self.publisher is not None:
+                try:  # numbered before a retired file goes: a reader that comes now waits
+                    self.publisher.committed()  # for the snapshot without it
+                except OSError:  # committed: what was retired waits for the next open
+                    txn.retired = []
+            for path, spare in txn.retired:  # a replaced payload may be reused; a dropped one goes
+                try:
+                    if self.objects is not None:
+                        self.objects.delete(os.path.basename(path))
+                    elif self.publisher is None:
+                        self.spares.retire(path, keep=spare)
+                    else:  # or waits while a reader of another process may still read it
+                        self.publisher.retire(path, spare, self.spares)
+                except (OSError, Error):  # committed: what is left is reconciled at the next open
+                    pass
+            if self.publisher is not None:
+                self.publisher.collect()  # what waited for readers that have moved on or gone
+            for file in txn.uploaded:  # the staging files of what is in the object store now
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.tiles_dir, file))
+            self._refresh_views(txn.replaced)
+            self._tell_listeners(txn.stored, txn.gone)
+
+    def _tell_listeners(self, stored, gone) -> None:
+        for listener in list(self.commit_listeners):
+            try:
+                listener(stored, gone)
+            except Exception:  # noqa: BLE001 - committed all the same; a cache is no record
+                pass
+
+    def _remove_created(self, txn: _Txn) -> None:
+        """Delete the payload files of a transaction that did not commit, each only once the
+        catalog proves it unreferenced: should the catalog name one (its rows committed some
+        other way), it stays. A catalog that cannot be read proves nothing; the files are then
+        left to the sweep at the next open for writing."""
+        try:
+            unreferenced = directory.unreferenced(self.duck, txn.created)
+            objects = objectdb.unreferenced(self.duck, txn.uploaded) if txn.uploaded else []
+        except duckdb.Error:
+            return
+        for path in unreferenced:
+            _remove(path)
+        for file in objects:
+            with contextlib.suppress(Error):
+                self.objects.delete(file)
