@@ -17,6 +17,7 @@ import re
 import shutil
 import stat
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -110,9 +111,32 @@ def release(store) -> None:
             del _OPEN[key]
 
 
+# How long an open for writing waits while another process holds the catalog read-only: a
+# tensordb reader holds it only while it reads the catalog (readview.py), milliseconds.
+READER_GRACE = 5.0
+
+
 def connect(target: str, root: Path, read_only: bool):
     """A DuckDB connection to ``target``; a lock held by another process is an
-    OperationalError saying whether it reads or writes."""
+    OperationalError saying whether it reads or writes. An open for writing waits up to
+    ``READER_GRACE`` seconds for a reader's brief read of the catalog to end."""
+    deadline = time.monotonic() + READER_GRACE
+    while True:
+        try:
+            return _connect(target, root, read_only)
+        except OperationalError as exc:
+            if read_only or not getattr(exc, "reader", False) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)
+
+
+def writer_holds(path: str) -> bool:
+    """Whether the kernel's lock table shows a process holding ``path`` for writing (False
+    where it cannot tell: then an open tries)."""
+    return _holder_mode(path, None) == "open for writing"
+
+
+def _connect(target: str, root: Path, read_only: bool):
     try:
         return duckdb.connect(target, read_only=read_only)
     except duckdb.IOException as exc:
@@ -131,6 +155,7 @@ def connect(target: str, root: Path, read_only: bool):
             error = OperationalError(f"database {root} is locked: {who} has it {mode}",
                                      hint=hint)
             error.locked = True  # a read-only open then reads published snapshots (store.py)
+            error.reader = mode == "open read-only"
             raise error from None
         if "not a valid DuckDB database" in text:
             raise OperationalError(f"cannot open database {root}: {CATALOG_FILE} is not a "

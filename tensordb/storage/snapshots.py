@@ -97,7 +97,8 @@ def live_pins(root) -> list[int]:
     locks = {n[:-len(".lock")] for n in names if n.endswith(".lock")}
     for name in names:  # what a reader that closed or died left beside its lease
         base, _, suffix = name.partition(".")
-        if base not in locks and suffix in ("seq", "ack", "seq.new", "ack.new"):
+        if base not in locks and suffix in ("seq", "ack", "seq.new", "ack.new", "files.arrow",
+                                            "files.arrow.new"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(where, name))
     for name in names:
@@ -115,7 +116,7 @@ def live_pins(root) -> list[int]:
                 pins.append(_read_pin(lock[:-len(".lock")] + ".seq"))
                 continue
             base = lock[:-len(".lock")]
-            for path in (base + ".seq", base + ".ack", lock):  # its process is gone
+            for path in (base + ".seq", base + ".ack", base + ".files.arrow", lock):  # gone
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
         finally:
@@ -124,11 +125,18 @@ def live_pins(root) -> list[int]:
 
 
 def _read_pin(path: str) -> int:
+    return _read_pin_text(path)[0]
+
+
+def _read_pin_text(path: str) -> tuple[int, bool]:
+    """The pin (0: not named yet, or being renamed into place: pins all) and whether it names
+    the reader's own copy of the catalog (``<id>.files.arrow``) rather than a snapshot."""
     try:
         with open(path) as f:
-            return int(f.read())
-    except (OSError, ValueError):  # not named yet (or being renamed into place): pins all
-        return 0
+            words = f.read().split()
+        return int(words[0]), words[1:] == ["own"]
+    except (OSError, ValueError, IndexError):
+        return 0, False
 
 
 class Lease:
@@ -153,15 +161,25 @@ class Lease:
             return None
 
     def pin(self, seq: int) -> None:
-        tmp = self.base + ".seq.new"
-        with open(tmp, "w") as f:
-            f.write(str(seq))
-        os.replace(tmp, self.base + ".seq")
+        """Read published snapshot ``seq`` (its own copy's files, if any, go after)."""
+        _write_text(self.base + ".seq", str(seq))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.base + ".files.arrow")
+
+    def pin_own(self, seq: int, tiles) -> None:
+        """Read the catalog as read from ``catalog.duckdb`` itself (readview.py): the payload
+        files its ``tiles`` rows name are written beside the lease first, then the pin, so a
+        writer that reads the pin finds the files; ``seq`` (the newest snapshot then, or 1)
+        orders it before every commit of a writer that opens later."""
+        files = pa.table({"file": tiles.column("file").unique()})
+        _write(self.base + ".files.arrow.new", files)
+        os.replace(self.base + ".files.arrow.new", self.base + ".files.arrow")
+        _write_text(self.base + ".seq", f"{seq} own")
 
     def close(self) -> None:
         if self.fd is None:
             return
-        for suffix in (".seq", ".ack", ".lock"):
+        for suffix in (".seq", ".ack", ".files.arrow", ".lock"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.base + suffix)
         os.close(self.fd)
@@ -169,21 +187,23 @@ class Lease:
 
 
 def pinned_files(root, duck) -> set[str] | None:
-    """The payload files named by the snapshots live readers read; None when that cannot be
-    told (a reader has not named its snapshot yet, or names one no longer there): then every
-    file must be kept."""
-    pins = set(live_pins(root))
-    if not pins:
-        return set()
-    if 0 in pins:
-        return None
+    """The payload files named by what live readers read (a published snapshot, or their own
+    copy of the catalog); None when that cannot be told (a reader has not named its snapshot
+    yet, or names one no longer there): then every file must be kept."""
+    live_pins(root)  # dead readers' leases go first
     files: set[str] = set()
-    for seq in pins:
-        path = _path(root, seq, "tiles")
+    for base in _leases(root):
+        seq, own = _read_pin_text(base + ".seq")
+        if not seq:
+            if os.path.exists(base + ".lock"):
+                return None
+            continue  # closed meanwhile
+        path = base + ".files.arrow" if own else _path(root, seq, "tiles")
         try:
             files.update(_read(path).column("file").unique().to_pylist())
         except Exception:  # noqa: BLE001 - gone or unreadable: nothing proves a file unneeded
-            return None
+            if os.path.exists(base + ".lock"):
+                return None
     return files
 
 
@@ -192,7 +212,12 @@ def load(duck, root, seq: int, database: str | None) -> None:
     """Make ``duck`` (an in-memory DuckDB) hold snapshot ``seq``'s catalog tables;
     FileNotFoundError when the writer has removed it meanwhile (take the newest again)."""
     paths = {t: _path(root, seq, t) for t in _TABLES}
-    tables = {t: _read(p) for t, p in paths.items()}  # FileNotFoundError: superseded
+    load_tables(duck, {t: _read(p) for t, p in paths.items()}, database)  # FileNotFoundError
+
+
+def load_tables(duck, tables: dict, database: str | None) -> None:
+    """Make ``duck`` hold the catalog ``tables`` (Arrow tables by name: a published snapshot's,
+    or those a reader read from the catalog itself, readview.py) in one transaction."""
     duck.execute("BEGIN TRANSACTION")
     try:
         duck.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")

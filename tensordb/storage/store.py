@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CatalogError, Error, InterfaceError, OperationalError, ProgrammingError
 from ..geometry import BoxName, GatherName, IotaName, OneHotName
-from . import catalog, deferred, directory, identity, snapshots
+from . import catalog, deferred, directory, identity, readview, snapshots
 from ._duck import quote_str, translate, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove as _remove, remove_leftover_members
 from .boxes import BoxReader, GatherReader, IotaReader, OneHotReader
@@ -119,8 +119,7 @@ class Store:
         # Readers in other processes (snapshots.py): a writer's publisher of catalog
         # snapshots; a reader's lease and the snapshot it reads, when a writer holds the catalog
         self.publisher: snapshots.Publisher | None = None
-        self.lease: snapshots.Lease | None = None
-        self.snapshot_seq: int | None = None
+        self.view: readview.View | None = None
         self.database: str | None = None  # the database's id (identity.py)
         self._lock = threading.RLock()
         self._txn: _Txn | None = None
@@ -163,12 +162,11 @@ class Store:
             directory.check_root(self.root, read_only)
             directory.claim(self)
             try:
-                self.duck = directory.connect(str(self.root / CATALOG_FILE), self.root, read_only)
-            except OperationalError as exc:
-                if not (read_only and getattr(exc, "locked", False)):
-                    directory.release(self)
-                    raise
-                self.duck = self._open_snapshot(exc)  # another process writes: read its snapshots
+                if read_only:  # a copy of the catalog, never DuckDB's lock (readview.py)
+                    self.duck, self.view = readview.open_view(str(self.root))
+                    self.call_lock = snapshots.Turns(self.refresh_snapshot)
+                else:
+                    self.duck = directory.connect(str(self.root / CATALOG_FILE), self.root, False)
             except BaseException:
                 directory.release(self)
                 raise
@@ -239,8 +237,8 @@ class Store:
                 self._conn = None
             self._txn = None
             self.closed = True
-            if getattr(self, "lease", None) is not None:
-                self.lease.close()
+            if getattr(self, "view", None) is not None:
+                self.view.close()
             if self.persistent:
                 directory.release(self)
             elif self._cleanup is not None:
@@ -629,40 +627,17 @@ class Store:
             self._refresh_views(txn.replaced)
             self._tell_listeners(txn.stored, txn.gone)
 
-    # -- readers in other processes (snapshots.py) ---------------------------------------------
-    def _open_snapshot(self, locked: OperationalError):
-        """An in-memory DuckDB holding the newest published snapshot of the catalog, read under
-        a lease; the lock error ``locked`` when the writer publishes none (an older tensordb)."""
-        lease = snapshots.Lease(str(self.root))
-        duck = duckdb.connect(":memory:")
-        try:
-            seq = snapshots.open_reader(duck, str(self.root),
-                                        identity.read_id_file(str(self.root)), lease)
-        except BaseException:
-            duck.close()
-            lease.close()
-            raise
-        if seq is None:
-            duck.close()
-            lease.close()
-            raise locked
-        self.lease, self.snapshot_seq = lease, seq
-        self.call_lock = snapshots.Turns(self.refresh_snapshot)
-        return duck
-
+    # -- readers (readview.py, snapshots.py) ---------------------------------------------------
     def refresh_snapshot(self) -> None:
-        """A snapshot reader takes the newest published snapshot (each call does, on entry)."""
-        if self.closed or self.lease is None:
+        """A reader moves to the newest committed state (each call does, on entry; readview.py)."""
+        if self.closed or self.view is None:
             return
         with self._lock:
             if self._txn is not None or self.user_transaction:
                 return
             with translating(f"cannot read a snapshot of database {self.root}"):
-                seq = snapshots.load_newest(self.duck, str(self.root), self.database, self.lease,
-                                            after=self.snapshot_seq)
-            if seq is None:
-                return
-            self.snapshot_seq = seq
+                if not self.view.refresh(self.duck):
+                    return
             self._clear_cache()
             self._entries.clear()
             self._refresh_views(list(self._views))

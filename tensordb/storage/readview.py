@@ -1,0 +1,148 @@
+"""A read-only connection's view of a database: a copy of its catalog in memory, under a lease;
+never DuckDB's lock on ``catalog.duckdb`` beyond the moment the catalog is read.
+
+DuckDB locks its file per process, and a read-only connection's shared lock keeps every writer
+out. So a reader never keeps ``catalog.duckdb`` open. It reads the catalog into an in-memory
+DuckDB in the form a writer's published snapshots take (snapshots.py), so one code path serves
+both:
+
+- **No writer holds the file.** The reader opens ``catalog.duckdb`` read-only just long enough
+  to read the ``tiles`` and ``tensors`` rows into Arrow tables, and closes it (milliseconds; a
+  writer that arrives meanwhile retries for up to ``directory.READER_GRACE`` seconds, and is
+  never refused for a reader). It then loads them into its in-memory DuckDB and pins its own
+  copy: the payload files its rows name go to ``readers/<id>.files.arrow``, then the pin
+  ``<n> own`` to ``readers/<id>.seq``, ``<n>`` being the newest published snapshot's number
+  (or 1): no later writer's commit is numbered at or below it, so each file such a commit
+  retires waits for the reader (snapshots.Publisher.retire).
+- **A writer holds it.** The reader reads the writer's published snapshots (snapshots.py).
+
+The race (a writer opens between the reader's read and its pin) is closed by order: the lease
+comes first. It appears already locked and, until the reader names what it reads, pins every
+payload file: a writer that opens after it keeps all of them (``pinned_files`` is None), and
+defers every file its commits retire. By the time the reader names its own copy's files, that
+list covers everything the catalog it read references; a file outside it was unreferenced then
+and is read by nobody.
+
+Each call on a reader's connection (snapshots.Turns) moves it to the newest committed state: a
+snapshot newer than what it holds if one is published (a writer while readers live publishes
+every commit, and its last at close); otherwise, when the catalog file changed since the reader
+last looked and no writer holds it (the kernel's lock table says so, without trying an open),
+the catalog is read again in the same brief way (a writer killed before publishing leaves a
+committed catalog no snapshot holds).
+
+The user's own DuckDB tables and views are not copied: a reader sees the tensors (and their SQL
+relations), and a query naming a table says that readers cannot see the database's tables.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import duckdb
+
+from ..errors import OperationalError
+from . import catalog, directory, identity, snapshots
+from ._duck import translating
+from .catalog import SCHEMA
+
+__all__ = ["View", "open_view"]
+
+_TABLES = ("tiles", "tensors")
+
+
+def _stamp(root: str):
+    """What tells that the catalog file changed: its and its write-ahead log's identity, size
+    and modification time."""
+    out = []
+    for name in (directory.CATALOG_FILE, directory.CATALOG_FILE + ".wal"):
+        try:
+            st = os.stat(os.path.join(root, name))
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def read_catalog(root: str):
+    """``(tables, seq, database id)`` read from ``catalog.duckdb`` itself, open read-only only
+    while it is read; the lock error (``locked`` set) when a writer holds it."""
+    stamp = _stamp(root)
+    try:
+        duck = directory.connect(os.path.join(root, directory.CATALOG_FILE), Path(root), True)
+    except OperationalError as exc:
+        if getattr(exc, "locked", False):
+            return exc
+        raise
+    try:
+        with translating(f"cannot read database {root}"):
+            if not catalog.exists(duck):
+                raise OperationalError(f"{root} holds no tensordb catalog")
+            seq = snapshots.newest(root) or 1  # no writer can publish while this lock is held
+            tables = {t: duck.sql(f"SELECT * FROM {SCHEMA}.{t}").to_arrow_table()
+                      for t in _TABLES}
+            database = identity.read_catalog_id(duck) or identity.read_id_file(root)
+    finally:
+        duck.close()
+    return tables, seq, database, stamp
+
+
+class View:
+    """A reader's lease and what its in-memory DuckDB holds: published snapshot ``seq``, or
+    (``own``) its own copy of the catalog read at ``stamp``."""
+
+    def __init__(self, root: str, lease: snapshots.Lease) -> None:
+        self.root, self.lease = root, lease
+        self.seq: int | None = None
+        self.own = False
+        self.stamp = None
+        self.database: str | None = None
+
+    def _take(self, duck, got) -> None:
+        tables, seq, database, stamp = got
+        snapshots.load_tables(duck, tables, database)
+        self.lease.pin_own(seq, tables["tiles"])  # after the load: the files it now reads
+        self.seq, self.own, self.stamp, self.database = seq, True, stamp, database
+
+    def refresh(self, duck) -> bool:
+        """Move ``duck`` to the newest committed state; whether it changed."""
+        seq = snapshots.load_newest(duck, self.root, self.database, self.lease, after=self.seq)
+        if seq is not None:
+            self.seq, self.own = seq, False
+            self.stamp = None
+            return True
+        if directory.writer_holds(os.path.join(self.root, directory.CATALOG_FILE)):
+            return False  # it publishes what it commits
+        stamp = _stamp(self.root)
+        if stamp == self.stamp:
+            return False
+        got = read_catalog(self.root)
+        if isinstance(got, Exception):  # a writer came: its snapshots follow
+            return False
+        self._take(duck, got)
+        return True
+
+    def close(self) -> None:
+        self.lease.close()
+
+
+def open_view(root: str) -> tuple[duckdb.DuckDBPyConnection, View]:
+    """An in-memory DuckDB holding the database's newest committed catalog, and the view that
+    keeps it (its lease registered first; closed with the view)."""
+    lease = snapshots.Lease(root)
+    view = View(root, lease)
+    duck = duckdb.connect(":memory:")
+    try:
+        got = read_catalog(root)
+        if isinstance(got, Exception):  # a writer holds the file: read what it publishes
+            view.database = identity.read_id_file(root)
+            seq = snapshots.open_reader(duck, root, view.database, lease)
+            if seq is None:  # a tensordb from before snapshots writes it
+                raise got
+            view.seq = seq
+        else:
+            view._take(duck, got)
+    except BaseException:
+        duck.close()
+        lease.close()
+        raise
+    return duck, view
