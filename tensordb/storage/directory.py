@@ -145,17 +145,20 @@ def _connect(target: str, root: Path, read_only: bool):
             pid = re.search(r"PID (\d+)", text)
             who = f"process {pid.group(1)}" if pid else "another process"
             mode = _holder_mode(target, pid.group(1) if pid else None)
+            # a reader, or a lock already gone (or a kernel that cannot tell): worth a retry
+            reader = mode != "open for writing"
             if mode is None:  # only a writer keeps a reader out; a writer is kept out by any
                 mode = "open for writing" if read_only else "open"
             hint = "a database has one writer at a time; close the other connection " \
-                "(readers may share it with read_only=True when nobody writes)"
-            if mode == "open read-only":
-                hint = "a database has one writer at a time, and none while another " \
-                    "process reads it: close the reader, or open this one read_only=True too"
+                "(readers may open it read_only=True beside the writer)"
+            if mode == "open read-only":  # held past READER_GRACE: not a tensordb reader
+                hint = f"another program holds {CATALOG_FILE} read-only (DuckDB itself, or a " \
+                    "tensordb from before readers stopped locking it); close it, or open this " \
+                    "one read_only=True (tensordb's readers never keep a writer out)"
             error = OperationalError(f"database {root} is locked: {who} has it {mode}",
                                      hint=hint)
             error.locked = True  # a read-only open then reads published snapshots (store.py)
-            error.reader = mode == "open read-only"
+            error.reader = reader
             raise error from None
         if "not a valid DuckDB database" in text:
             raise OperationalError(f"cannot open database {root}: {CATALOG_FILE} is not a "
@@ -165,10 +168,11 @@ def _connect(target: str, root: Path, read_only: bool):
         raise translate(exc, f"cannot open database {root}") from None
 
 
-def sweep(duck, tiles_dir: str, read_only: bool, pinned: set[str] | None = frozenset()) -> int:
+def sweep(duck, tiles_dir: str, read_only: bool,
+          pinned: tuple[set[str], set[int]] | None = (frozenset(), frozenset())) -> int:
     """Delete unreferenced payload files (crash leftovers) and return the next version.
-    ``pinned``: files readers of published snapshots may read, kept too (None: keep all;
-    snapshots.py).
+    ``pinned``: the file names and versions that readers in other processes may read, kept
+    too (None: keep all; snapshots.pinned_files).
 
     A file goes only when the catalog, read without error, proves it unreferenced: no tile
     row names it and no tensor row has its version (so a damaged tiles table cannot make a
@@ -183,8 +187,8 @@ def sweep(duck, tiles_dir: str, read_only: bool, pinned: set[str] | None = froze
         m = _PAYLOAD.match(entry.name)
         if m:
             newest = max(newest, int(m.group(1)))
-        if read_only or pinned is None or entry.name in pinned \
-                or _referenced(entry.name, keep, live):
+        if read_only or pinned is None or _referenced(entry.name, keep, live) \
+                or _referenced(entry.name, *pinned):
             continue
         if entry.is_dir(follow_symlinks=False):
             continue

@@ -64,7 +64,7 @@ def _stamp(root: str):
 
 
 def read_catalog(root: str):
-    """``(tables, seq, database id)`` read from ``catalog.duckdb`` itself, open read-only only
+    """``(tables, seq, database id, stamp, user table names)`` read from ``catalog.duckdb`` itself, open read-only only
     while it is read; the lock error (``locked`` set) when a writer holds it."""
     stamp = _stamp(root)
     try:
@@ -81,9 +81,13 @@ def read_catalog(root: str):
             tables = {t: duck.sql(f"SELECT * FROM {SCHEMA}.{t}").to_arrow_table()
                       for t in _TABLES}
             database = identity.read_catalog_id(duck) or identity.read_id_file(root)
+            user = {r[0].lower() for r in duck.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE NOT internal AND schema_name <> "
+                f"'{SCHEMA}' UNION ALL SELECT view_name FROM duckdb_views() WHERE NOT internal"
+            ).fetchall()}
     finally:
         duck.close()
-    return tables, seq, database, stamp
+    return tables, seq, database, stamp, frozenset(user)
 
 
 class View:
@@ -96,12 +100,16 @@ class View:
         self.own = False
         self.stamp = None
         self.database: str | None = None
+        # the names of the database's own DuckDB tables and views (lower case), which a reader
+        # does not see; None when not known (read from a writer's snapshot)
+        self.user_tables: frozenset[str] | None = None
 
     def _take(self, duck, got) -> None:
-        tables, seq, database, stamp = got
+        tables, seq, database, stamp, user = got
         snapshots.load_tables(duck, tables, database)
-        self.lease.pin_own(seq, tables["tiles"])  # after the load: the files it now reads
+        self.lease.pin_own(seq, tables)  # after the load: the files it now reads
         self.seq, self.own, self.stamp, self.database = seq, True, stamp, database
+        self.user_tables = user
 
     def refresh(self, duck) -> bool:
         """Move ``duck`` to the newest committed state; whether it changed."""

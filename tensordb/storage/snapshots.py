@@ -166,13 +166,17 @@ class Lease:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.base + ".files.arrow")
 
-    def pin_own(self, seq: int, tiles) -> None:
+    def pin_own(self, seq: int, tables) -> None:
         """Read the catalog as read from ``catalog.duckdb`` itself (readview.py): the payload
-        files its ``tiles`` rows name are written beside the lease first, then the pin, so a
-        writer that reads the pin finds the files; ``seq`` (the newest snapshot then, or 1)
-        orders it before every commit of a writer that opens later."""
-        files = pa.table({"file": tiles.column("file").unique()})
-        _write(self.base + ".files.arrow.new", files)
+        files its rows name (``tiles.file``, and the dense payloads by ``tensors.version``)
+        are written beside the lease first, then the pin, so a writer that reads the pin finds
+        them; ``seq`` (the newest snapshot then, or 1) orders it before every commit of a
+        writer that opens later."""
+        files = tables["tiles"].column("file").unique().to_pylist()
+        versions = tables["tensors"].column("version").to_pylist()
+        named = pa.table({"file": pa.array(files + [None] * len(versions), pa.string()),
+                          "version": pa.array([None] * len(files) + versions, pa.int64())})
+        _write(self.base + ".files.arrow.new", named)
         os.replace(self.base + ".files.arrow.new", self.base + ".files.arrow")
         _write_text(self.base + ".seq", f"{seq} own")
 
@@ -186,25 +190,33 @@ class Lease:
         self.fd = None
 
 
-def pinned_files(root, duck) -> set[str] | None:
+def pinned_files(root, duck) -> tuple[set[str], set[int]] | None:
     """The payload files named by what live readers read (a published snapshot, or their own
-    copy of the catalog); None when that cannot be told (a reader has not named its snapshot
-    yet, or names one no longer there): then every file must be kept."""
+    copy of the catalog): the tiles' file names and the tensors' versions (a dense payload is
+    named by its version, directory.sweep); None when that cannot be told (a reader has not
+    named its snapshot yet, or names one no longer there): then every file must be kept."""
     live_pins(root)  # dead readers' leases go first
     files: set[str] = set()
+    versions: set[int] = set()
     for base in _leases(root):
         seq, own = _read_pin_text(base + ".seq")
         if not seq:
             if os.path.exists(base + ".lock"):
                 return None
             continue  # closed meanwhile
-        path = base + ".files.arrow" if own else _path(root, seq, "tiles")
         try:
-            files.update(_read(path).column("file").unique().to_pylist())
+            if own:
+                named = _read(base + ".files.arrow")
+                tiles, tensors = named, named
+            else:
+                tiles = _read(_path(root, seq, "tiles"))
+                tensors = _read(_path(root, seq, "tensors"))
+            files.update(f for f in tiles.column("file").unique().to_pylist() if f is not None)
+            versions.update(v for v in tensors.column("version").to_pylist() if v is not None)
         except Exception:  # noqa: BLE001 - gone or unreadable: nothing proves a file unneeded
             if os.path.exists(base + ".lock"):
                 return None
-    return files
+    return files, versions
 
 
 # -- the reader's side -------------------------------------------------------------------------

@@ -202,7 +202,7 @@ class Store:
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
                 remove_leftover_members(self.root)  # and a killed load's inflated npz member
             self.closed = False
-            pinned = set()
+            pinned = (set(), set())
             if self.persistent and not read_only:
                 # numbered before the sweep: a reader that comes now waits for the snapshot of
                 # what the catalog holds, and one that came before is seen by pinned_files
