@@ -133,10 +133,19 @@ class View:
         self.lease.close()
 
 
-def open_view(root: str) -> tuple[duckdb.DuckDBPyConnection, View]:
+def open_view(root: str) -> tuple[duckdb.DuckDBPyConnection, View | None]:
     """An in-memory DuckDB holding the database's newest committed catalog, and the view that
-    keeps it (its lease registered first; closed with the view)."""
-    lease = snapshots.Lease(root)
+    keeps it (its lease registered first; closed with the view). Where no lease can be written
+    (a read-only medium, no permission on the directory) nothing could protect a copy's files
+    from a writer: then ``catalog.duckdb`` itself, read-only, held open as DuckDB holds it
+    (keeping writers out while it is open), and no view."""
+    try:
+        lease = snapshots.Lease(root)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        return directory.connect(os.path.join(root, directory.CATALOG_FILE), Path(root),
+                                 True), None
     view = View(root, lease)
     duck = duckdb.connect(":memory:")
     try:

@@ -363,6 +363,7 @@ class Publisher:
     def __init__(self, root, duck, store_lock) -> None:
         self.root = root
         os.makedirs(os.path.join(root, SNAPSHOTS_DIR), exist_ok=True)
+        os.makedirs(os.path.join(root, READERS_DIR), exist_ok=True)  # a reader then adds none
         self.seq = newest(root) or 0  # the newest snapshot published
         self.counter = self.seq  # the newest commit's number
         self.dirty = False  # commits since the newest snapshot
