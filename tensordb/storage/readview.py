@@ -23,7 +23,7 @@ defers every file its commits retire. By the time the reader names its own copy'
 list covers everything the catalog it read references; a file outside it was unreferenced then
 and is read by nobody.
 
-Each call on a reader's connection (snapshots.Turns) moves it to the newest committed state: a
+Each call on a reader's connection (Turns) moves it to the newest committed state: a
 snapshot newer than what it holds if one is published (a writer while readers live publishes
 every commit, and its last at close); otherwise, when the catalog file changed since the reader
 last looked and no writer holds it (the kernel's lock table says so, without trying an open),
@@ -35,7 +35,10 @@ relations), and a query naming a table says that readers cannot see the database
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -45,7 +48,7 @@ from . import catalog, directory, identity, snapshots
 from ._duck import translating
 from .catalog import SCHEMA
 
-__all__ = ["View", "open_view"]
+__all__ = ["View", "open_view", "Turns", "load_tables", "load_newest", "open_reader"]
 
 _TABLES = ("tiles", "tensors")
 
@@ -64,8 +67,9 @@ def _stamp(root: str):
 
 
 def read_catalog(root: str):
-    """``(tables, seq, database id, stamp, user table names)`` read from ``catalog.duckdb`` itself, open read-only only
-    while it is read; the lock error (``locked`` set) when a writer holds it."""
+    """``(tables, seq, database id, stamp, user table names)`` read from ``catalog.duckdb``
+    itself, open read-only only while it is read; the lock error (``locked`` set) when a writer
+    holds it."""
     stamp = _stamp(root)
     try:
         duck = directory.connect(os.path.join(root, directory.CATALOG_FILE), Path(root), True)
@@ -90,6 +94,110 @@ def read_catalog(root: str):
     return tables, seq, database, stamp, frozenset(user)
 
 
+def load(duck, root, seq: int, database: str | None) -> None:
+    """Make ``duck`` (an in-memory DuckDB) hold snapshot ``seq``'s catalog tables;
+    FileNotFoundError when the writer has removed it meanwhile (take the newest again)."""
+    paths = {t: snapshots.snapshot_path(root, seq, t) for t in _TABLES}
+    tables = {t: snapshots.read_arrow(p) for t, p in paths.items()}  # FileNotFoundError
+    load_tables(duck, tables, database)
+
+
+def load_tables(duck, tables: dict, database: str | None) -> None:
+    """Make ``duck`` hold the catalog ``tables`` (Arrow tables by name: a published snapshot's,
+    or those a reader read from the catalog itself) in one transaction."""
+    duck.execute("BEGIN TRANSACTION")
+    try:
+        duck.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        for name, table in tables.items():
+            duck.register("_tensordb_snapshot", table)
+            try:
+                duck.execute(f"CREATE OR REPLACE TABLE {SCHEMA}.{name} AS "
+                             "SELECT * FROM _tensordb_snapshot")
+            finally:
+                duck.unregister("_tensordb_snapshot")
+        duck.execute(f"CREATE OR REPLACE TABLE {SCHEMA}.identity AS SELECT ?::VARCHAR AS id, "
+                     "current_localtimestamp() AS created", [database])
+        duck.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            duck.execute("ROLLBACK")
+        raise
+
+
+def load_newest(duck, root, database: str | None, lease: snapshots.Lease, after: int = 0
+                ) -> int | None:
+    """Load the newest snapshot newer than ``after`` into ``duck`` and pin it; its number, or
+    None when there is none newer."""
+    for _ in range(20):  # the writer may remove a superseded snapshot between list and read
+        seq = snapshots.newest(root)
+        if seq is None or seq <= after:
+            return None
+        try:
+            load(duck, root, seq, database)
+        except FileNotFoundError:
+            continue
+        lease.pin(seq)
+        return seq
+    return None
+
+
+def open_reader(duck, root, database: str | None, lease: snapshots.Lease, timeout: float = 10.0
+                ) -> int | None:
+    """Load, into ``duck``, a snapshot holding every commit made before ``lease`` appeared,
+    and pin it: the writer's thread acknowledges a new lease with the snapshot of its newest
+    commit (publishing it first when needed). None when there is no snapshot directory (a
+    writer from before snapshots)."""
+    if not os.path.isdir(os.path.join(root, snapshots.SNAPSHOTS_DIR)):
+        return None
+    deadline = time.monotonic() + timeout
+    while (floor := lease.acknowledged()) is None:
+        if time.monotonic() > deadline:
+            raise OperationalError(
+                f"database {root}: the process writing it did not answer a reader in "
+                f"{timeout:g} s", hint="it publishes from a thread of its own; is it stopped "
+                "(a debugger, SIGSTOP), its disk full, or is it a tensordb from before "
+                "readers could share a database with a writer?")
+        time.sleep(0.002)
+    for _ in range(100):
+        seq = load_newest(duck, root, database, lease, after=floor - 1)
+        if seq is not None:
+            return seq
+    return None
+
+
+class Turns:
+    """A connection's call lock (calls.py) that, on a call's first entry, runs ``refresh``:
+    a snapshot reader then sees the newest published commit at the start of each call."""
+
+    def __init__(self, refresh) -> None:
+        self._lock = threading.RLock()
+        self._depth = threading.local()
+        self.refresh = refresh
+
+    def __enter__(self):
+        self._lock.acquire()
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        if depth == 0 and self.refresh is not None:
+            try:
+                self.refresh()
+            except BaseException:
+                self._depth.n = 0
+                self._lock.release()
+                raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth.n -= 1
+        self._lock.release()
+
+    def acquire(self, *args, **kwargs):
+        return self._lock.acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self._lock.release()
+
+
 class View:
     """A reader's lease and what its in-memory DuckDB holds: published snapshot ``seq``, or
     (``own``) its own copy of the catalog read at ``stamp``."""
@@ -106,14 +214,14 @@ class View:
 
     def _take(self, duck, got) -> None:
         tables, seq, database, stamp, user = got
-        snapshots.load_tables(duck, tables, database)
+        load_tables(duck, tables, database)
         self.lease.pin_own(seq, tables)  # after the load: the files it now reads
         self.seq, self.own, self.stamp, self.database = seq, True, stamp, database
         self.user_tables = user
 
     def refresh(self, duck) -> bool:
         """Move ``duck`` to the newest committed state; whether it changed."""
-        seq = snapshots.load_newest(duck, self.root, self.database, self.lease, after=self.seq)
+        seq = load_newest(duck, self.root, self.database, self.lease, after=self.seq)
         if seq is not None:
             self.seq, self.own = seq, False
             self.stamp = None
@@ -152,7 +260,7 @@ def open_view(root: str) -> tuple[duckdb.DuckDBPyConnection, View | None]:
         got = read_catalog(root)
         if isinstance(got, Exception):  # a writer holds the file: read what it publishes
             view.database = identity.read_id_file(root)
-            seq = snapshots.open_reader(duck, root, view.database, lease)
+            seq = open_reader(duck, root, view.database, lease)
             if seq is None:  # a tensordb from before snapshots writes it
                 raise got
             view.seq = seq

@@ -17,16 +17,17 @@ Payload files are immutable, so a snapshot's rows are all a reader needs.
 The writer's thread (``Publisher``) publishes only while some reader lives. A new reader's
 lease appears already locked; the thread, having listed it, publishes the newest commit when
 snapshots lag and answers with that snapshot's number, which the reader waits for
-(``open_reader``). So a commit either came before the thread listed the lease (and is in the
-snapshot the reader gets) or after the lease appeared (and sees it). A file a commit retires is
-still named by the snapshots before that commit: it is deleted (never recycled as a spare) only
-once every live lease reads a later snapshot; until then it is deferred. A lease pins every
-snapshot until its reader names one; a lease whose lock can be taken belongs to a dead process
-and is removed. A writer that opens the database keeps, besides what its catalog references,
+(``readview.open_reader``). So a commit either came before the thread listed the lease (and is
+in the snapshot the reader gets) or after the lease appeared (and sees it). A file a commit
+retires is still named by the snapshots before that commit: it is deleted (never recycled as a
+spare) only once every live lease reads a later snapshot; until then it is deferred. A lease
+pins every snapshot until its reader names one; a lease whose lock can be taken belongs to a
+dead process and is removed. A writer that opens the database keeps, besides what its catalog references,
 every payload file a pinned snapshot names (``pinned_files``): no file a reader may still read
 is deleted.
 
-A reader picks up newer snapshots at the start of each call on its connection (``Turns``).
+The reader's side is readview.py: a reader picks up newer snapshots at the start of each call
+on its connection (``readview.Turns``), and with no writer open reads the catalog itself.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ import pyarrow.ipc as ipc
 from .catalog import SCHEMA
 from .directory import remove_payload
 
-__all__ = ["SNAPSHOTS_DIR", "READERS_DIR", "newest", "Publisher", "Lease", "load", "pinned_files",
-           "live_pins", "open_reader", "Turns"]
+__all__ = ["SNAPSHOTS_DIR", "READERS_DIR", "newest", "Publisher", "Lease", "pinned_files",
+           "live_pins", "snapshot_path", "read_arrow"]
 
 SNAPSHOTS_DIR = "snapshots"
 READERS_DIR = "readers"
@@ -68,6 +69,9 @@ def _write(path: str, table) -> None:
 def _read(path: str):
     with pa.memory_map(path) as f:
         return ipc.open_file(f).read_all()
+
+
+snapshot_path, read_arrow = _path, _read  # for the reader's side (readview.py)
 
 
 def published(root) -> list[int]:
@@ -219,110 +223,6 @@ def pinned_files(root, duck) -> tuple[set[str], set[int]] | None:
     return files, versions
 
 
-# -- the reader's side -------------------------------------------------------------------------
-def load(duck, root, seq: int, database: str | None) -> None:
-    """Make ``duck`` (an in-memory DuckDB) hold snapshot ``seq``'s catalog tables;
-    FileNotFoundError when the writer has removed it meanwhile (take the newest again)."""
-    paths = {t: _path(root, seq, t) for t in _TABLES}
-    load_tables(duck, {t: _read(p) for t, p in paths.items()}, database)  # FileNotFoundError
-
-
-def load_tables(duck, tables: dict, database: str | None) -> None:
-    """Make ``duck`` hold the catalog ``tables`` (Arrow tables by name: a published snapshot's,
-    or those a reader read from the catalog itself, readview.py) in one transaction."""
-    duck.execute("BEGIN TRANSACTION")
-    try:
-        duck.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-        for name, table in tables.items():
-            duck.register("_tensordb_snapshot", table)
-            try:
-                duck.execute(f"CREATE OR REPLACE TABLE {SCHEMA}.{name} AS "
-                             "SELECT * FROM _tensordb_snapshot")
-            finally:
-                duck.unregister("_tensordb_snapshot")
-        duck.execute(f"CREATE OR REPLACE TABLE {SCHEMA}.identity AS SELECT ?::VARCHAR AS id, "
-                     "current_localtimestamp() AS created", [database])
-        duck.execute("COMMIT")
-    except BaseException:
-        with contextlib.suppress(Exception):
-            duck.execute("ROLLBACK")
-        raise
-
-
-def load_newest(duck, root, database: str | None, lease: Lease, after: int = 0) -> int | None:
-    """Load the newest snapshot newer than ``after`` into ``duck`` and pin it; its number, or
-    None when there is none newer."""
-    for _ in range(20):  # the writer may remove a superseded snapshot between list and read
-        seq = newest(root)
-        if seq is None or seq <= after:
-            return None
-        try:
-            load(duck, root, seq, database)
-        except FileNotFoundError:
-            continue
-        lease.pin(seq)
-        return seq
-    return None
-
-
-def open_reader(duck, root, database: str | None, lease: Lease, timeout: float = 10.0
-                ) -> int | None:
-    """Load, into ``duck``, a snapshot holding every commit made before ``lease`` appeared,
-    and pin it: the writer's thread acknowledges a new lease with the snapshot of its newest
-    commit (publishing it first when needed). None when there is no snapshot directory (a
-    writer from before snapshots)."""
-    if not os.path.isdir(os.path.join(root, SNAPSHOTS_DIR)):
-        return None
-    deadline = time.monotonic() + timeout
-    while (floor := lease.acknowledged()) is None:
-        if time.monotonic() > deadline:
-            from ..errors import OperationalError
-            raise OperationalError(
-                f"database {root}: the process writing it did not answer a reader in "
-                f"{timeout:g} s", hint="it publishes from a thread of its own; is it stopped "
-                "(a debugger, SIGSTOP), its disk full, or is it a tensordb from before "
-                "readers could share a database with a writer?")
-        time.sleep(0.002)
-    for _ in range(100):
-        seq = load_newest(duck, root, database, lease, after=floor - 1)
-        if seq is not None:
-            return seq
-    return None
-
-
-class Turns:
-    """A connection's call lock (calls.py) that, on a call's first entry, runs ``refresh``:
-    a snapshot reader then sees the newest published commit at the start of each call."""
-
-    def __init__(self, refresh) -> None:
-        self._lock = threading.RLock()
-        self._depth = threading.local()
-        self.refresh = refresh
-
-    def __enter__(self):
-        self._lock.acquire()
-        depth = getattr(self._depth, "n", 0)
-        self._depth.n = depth + 1
-        if depth == 0 and self.refresh is not None:
-            try:
-                self.refresh()
-            except BaseException:
-                self._depth.n = 0
-                self._lock.release()
-                raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._depth.n -= 1
-        self._lock.release()
-
-    def acquire(self, *args, **kwargs):
-        return self._lock.acquire(*args, **kwargs)
-
-    def release(self) -> None:
-        self._lock.release()
-
-
 # -- the writer's side -------------------------------------------------------------------------
 POLL = 0.05  # how often the publisher looks for readers while commits wait unpublished
 MIN_INTERVAL = 0.02  # at most one snapshot per this many seconds under a stream of commits
@@ -357,8 +257,9 @@ class Publisher:
     reader lives, at most every ``MIN_INTERVAL`` (commits in between share one snapshot), and
     with none, never. It looks for new leases every ``POLL`` seconds and answers each with the
     snapshot of the newest commit, published first when needed (``<id>.ack``): a reader waits
-    for that answer (``open_reader``), so a file a commit retired before the reader came (and
-    recycled at once) is in no snapshot it reads; a commit after the lease appeared sees it."""
+    for that answer (``readview.open_reader``), so a file a commit retired before the reader
+    came (and recycled at once) is in no snapshot it reads; a commit after the lease appeared
+    sees it."""
 
     def __init__(self, root, duck, store_lock) -> None:
         self.root = root

@@ -165,7 +165,7 @@ class Store:
                 if read_only:  # a copy of the catalog, never DuckDB's lock (readview.py)
                     self.duck, self.view = readview.open_view(str(self.root))
                     if self.view is not None:
-                        self.call_lock = snapshots.Turns(self.refresh_snapshot)
+                        self.call_lock = readview.Turns(self.refresh_snapshot)
                 else:
                     self.duck = directory.connect(str(self.root / CATALOG_FILE), self.root, False)
             except BaseException:
