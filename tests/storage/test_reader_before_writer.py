@@ -187,3 +187,33 @@ def test_a_reader_says_the_databases_own_tables_are_not_visible(tmp_path):
         with pytest.raises(tensordb.ProgrammingError) as info:  # a name that is nowhere
             con.execute("SELECT * FROM nobody")
         assert "read-only" not in str(info.value) and "nobody" in str(info.value)
+
+
+# A writer killed before its thread published what it committed (the thread is kept from
+# running, so that the kill surely comes first): only the catalog file holds the commit.
+UNPUBLISHED = textwrap.dedent("""
+    import sys, numpy as np, tensordb
+    from tensordb.storage import snapshots
+    snapshots.Publisher._serve = lambda self: None
+    con = tensordb.connect(sys.argv[1])
+    con.load("A", np.full((64, 64), 5.0), tile=(16, 16), replace=True)
+    print("stored", flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_a_reader_rereads_the_catalog_a_killed_writer_left_unpublished(tmp_path):
+    root = str(tmp_path / "db")
+    _make(root)
+    with tensordb.connect(root, read_only=True) as con:
+        np.testing.assert_array_equal(con.tensor("A"), np.ones((N, N)))
+        writer = start_script(UNPUBLISHED, root, stdin=subprocess.PIPE)
+        assert writer.stdout.readline().strip() == b"stored"
+        np.testing.assert_array_equal(con.tensor("A"), np.ones((N, N)))  # nothing published
+        kill9(writer)
+        np.testing.assert_array_equal(con.tensor("A"), np.full((N, N), 5.0))  # the catalog's
+        assert con.store.view.own
+        np.testing.assert_array_equal(con.tensor("B"), np.full((N, N), 2.0))
+    with tensordb.connect(root) as con:
+        np.testing.assert_array_equal(con.tensor("A"), np.full((N, N), 5.0))
+        assert_payloads_referenced(con)
