@@ -150,7 +150,13 @@ def open_reader(duck, root, database: str | None, lease: snapshots.Lease, timeou
     if not os.path.isdir(os.path.join(root, snapshots.SNAPSHOTS_DIR)):
         return None
     deadline = time.monotonic() + timeout
+    catalog_file = os.path.join(root, directory.CATALOG_FILE)
+    looks = 0
     while (floor := lease.acknowledged()) is None:
+        looks += 1
+        if looks % 50 == 0 and not directory.writer_holds(catalog_file) \
+                and not lease.acknowledged():
+            raise _WriterGone  # it closed or died without answering: read the catalog itself
         if time.monotonic() > deadline:
             raise OperationalError(
                 f"database {root}: the process writing it did not answer a reader in "
@@ -163,6 +169,10 @@ def open_reader(duck, root, database: str | None, lease: snapshots.Lease, timeou
         if seq is not None:
             return seq
     return None
+
+
+class _WriterGone(Exception):
+    pass
 
 
 class Turns:
@@ -257,15 +267,23 @@ def open_view(root: str) -> tuple[duckdb.DuckDBPyConnection, View | None]:
     view = View(root, lease)
     duck = duckdb.connect(":memory:")
     try:
-        got = read_catalog(root)
-        if isinstance(got, Exception):  # a writer holds the file: read what it publishes
+        for _ in range(100):
+            got = read_catalog(root)
+            if not isinstance(got, Exception):
+                view._take(duck, got)
+                break
+            # a writer holds the file: read what it publishes
             view.database = identity.read_id_file(root)
-            seq = open_reader(duck, root, view.database, lease)
+            try:
+                seq = open_reader(duck, root, view.database, lease)
+            except _WriterGone:
+                continue
             if seq is None:  # a tensordb from before snapshots writes it
                 raise got
             view.seq = seq
+            break
         else:
-            view._take(duck, got)
+            raise got
     except BaseException:
         duck.close()
         lease.close()

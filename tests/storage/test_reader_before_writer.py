@@ -217,3 +217,31 @@ def test_a_reader_rereads_the_catalog_a_killed_writer_left_unpublished(tmp_path)
     with tensordb.connect(root) as con:
         np.testing.assert_array_equal(con.tensor("A"), np.full((N, N), 5.0))
         assert_payloads_referenced(con)
+
+
+READ_A = textwrap.dedent("""
+    import sys, tensordb
+    print("opening", flush=True)
+    with tensordb.connect(sys.argv[1], read_only=True) as con:
+        a = con.tensor("A")
+        print(a.min(), a.max(), con.store.view.own, flush=True)
+""")
+
+
+def test_a_reader_waiting_for_a_writer_that_dies_reads_the_catalog(tmp_path):
+    root = str(tmp_path / "db")
+    _make(root)
+    writer = start_script(UNPUBLISHED, root, stdin=subprocess.PIPE)  # never answers a reader
+    try:
+        assert writer.stdout.readline().strip() == b"stored"
+        reader = start_script(READ_A, root)
+        assert reader.stdout.readline().strip() == b"opening"
+        time.sleep(0.5)
+        assert reader.poll() is None  # waiting for the writer's answer
+        kill9(writer)
+        out, err = reader.communicate(timeout=60)
+        assert reader.returncode == 0, err
+        assert out.split() == [b"5.0", b"5.0", b"True"]  # the killed writer's commit, whole
+    finally:
+        if writer.poll() is None:
+            kill9(writer)
