@@ -51,6 +51,7 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
         stmts = guard.statements(query)
     except Error as exc:
         suggest.improve(exc, query, lambda: suggest.user_names(store))
+        suggest.reader_note(exc, store)
         raise
     if parameters is not None and len(stmts) != 1:
         raise ProgrammingError(f"? parameters need exactly one SQL statement, got {len(stmts)}")
@@ -71,6 +72,7 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
                         scan_more(*found)
     except Error as exc:
         suggest.improve(exc, query, lambda: suggest.user_names(store))
+        suggest.reader_note(exc, store)
         raise
     finally:
         # Any statement may have changed the catalog (DML on it, a ROLLBACK): reread it.

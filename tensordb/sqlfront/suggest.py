@@ -23,7 +23,7 @@ import duckdb
 
 from ..errors import Error, closest_keyword
 
-__all__ = ["improve", "user_names", "keywords"]
+__all__ = ["improve", "user_names", "keywords", "reader_note"]
 
 _DID_YOU_MEAN = re.compile(r'\n?Did you mean "([^"\n]+)"\?')
 _SYNTAX = re.compile(r'syntax error at or near "([^"\n]+)"')
@@ -133,6 +133,33 @@ def _keyword_hint(near: str, query: str, message: str) -> str | None:
         if close:
             return close
     return None
+
+
+def reader_note(exc: Error, store) -> Error:
+    """A read-only connection holds a copy of the tensors' catalog only (storage/readview.py):
+    a missing relation that is one of the database's own DuckDB tables or views (or may be,
+    where the reader does not know their names) says that readers do not see them."""
+    view = getattr(store, "view", None)
+    missing = _MISSING.search(exc.message) if view is not None else None
+    if missing is None:
+        return exc
+    name = missing.group(1).split(".")[-1]
+    known = view.user_tables
+    if known is not None and name.lower() not in known:
+        return exc  # missing from the database too
+    first, _, rest = exc.message.partition("\n")
+    if known is not None:
+        first = (f"Table with name {name} is not visible to a read-only connection: it is one "
+                 "of the database's own DuckDB tables or views, and a reader sees the "
+                 "database's tensors only")
+    else:
+        first = (f"{first.rstrip('!')}: a read-only connection sees the database's tensors "
+                 f"only, not its own DuckDB tables or views (if {name} is one of them)")
+    _set_message(exc, first + ("\n" + rest if rest else ""))
+    if exc.hint is None:
+        exc.hint = ("open the database for writing to query its tables (a reader never locks "
+                    "catalog.duckdb), or copy the table into a tensor")
+    return exc
 
 
 def _set_message(exc: Error, message: str) -> None:

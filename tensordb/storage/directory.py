@@ -17,6 +17,7 @@ import re
 import shutil
 import stat
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -110,9 +111,32 @@ def release(store) -> None:
             del _OPEN[key]
 
 
+# How long an open for writing waits while another process holds the catalog read-only: a
+# tensordb reader holds it only while it reads the catalog (readview.py), milliseconds.
+READER_GRACE = 5.0
+
+
 def connect(target: str, root: Path, read_only: bool):
     """A DuckDB connection to ``target``; a lock held by another process is an
-    OperationalError saying whether it reads or writes."""
+    OperationalError saying whether it reads or writes. An open for writing waits up to
+    ``READER_GRACE`` seconds for a reader's brief read of the catalog to end."""
+    deadline = time.monotonic() + READER_GRACE
+    while True:
+        try:
+            return _connect(target, root, read_only)
+        except OperationalError as exc:
+            if read_only or not getattr(exc, "reader", False) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)
+
+
+def writer_holds(path: str) -> bool:
+    """Whether the kernel's lock table shows a process holding ``path`` for writing (False
+    where it cannot tell: then an open tries)."""
+    return _holder_mode(path, None) == "open for writing"
+
+
+def _connect(target: str, root: Path, read_only: bool):
     try:
         return duckdb.connect(target, read_only=read_only)
     except duckdb.IOException as exc:
@@ -121,16 +145,20 @@ def connect(target: str, root: Path, read_only: bool):
             pid = re.search(r"PID (\d+)", text)
             who = f"process {pid.group(1)}" if pid else "another process"
             mode = _holder_mode(target, pid.group(1) if pid else None)
+            # a reader, or a lock already gone (or a kernel that cannot tell): worth a retry
+            reader = mode != "open for writing"
             if mode is None:  # only a writer keeps a reader out; a writer is kept out by any
                 mode = "open for writing" if read_only else "open"
             hint = "a database has one writer at a time; close the other connection " \
-                "(readers may share it with read_only=True when nobody writes)"
-            if mode == "open read-only":
-                hint = "a database has one writer at a time, and none while another " \
-                    "process reads it: close the reader, or open this one read_only=True too"
+                "(readers may open it read_only=True beside the writer)"
+            if mode == "open read-only":  # held past READER_GRACE: not a tensordb reader
+                hint = f"another program holds {CATALOG_FILE} read-only (DuckDB itself, or a " \
+                    "tensordb from before readers stopped locking it); close it, or open this " \
+                    "one read_only=True (tensordb's readers never keep a writer out)"
             error = OperationalError(f"database {root} is locked: {who} has it {mode}",
                                      hint=hint)
             error.locked = True  # a read-only open then reads published snapshots (store.py)
+            error.reader = reader
             raise error from None
         if "not a valid DuckDB database" in text:
             raise OperationalError(f"cannot open database {root}: {CATALOG_FILE} is not a "
@@ -140,10 +168,11 @@ def connect(target: str, root: Path, read_only: bool):
         raise translate(exc, f"cannot open database {root}") from None
 
 
-def sweep(duck, tiles_dir: str, read_only: bool, pinned: set[str] | None = frozenset()) -> int:
+def sweep(duck, tiles_dir: str, read_only: bool,
+          pinned: tuple[set[str], set[int]] | None = (frozenset(), frozenset())) -> int:
     """Delete unreferenced payload files (crash leftovers) and return the next version.
-    ``pinned``: files readers of published snapshots may read, kept too (None: keep all;
-    snapshots.py).
+    ``pinned``: the file names and versions that readers in other processes may read, kept
+    too (None: keep all; snapshots.pinned_files).
 
     A file goes only when the catalog, read without error, proves it unreferenced: no tile
     row names it and no tensor row has its version (so a damaged tiles table cannot make a
@@ -158,8 +187,8 @@ def sweep(duck, tiles_dir: str, read_only: bool, pinned: set[str] | None = froze
         m = _PAYLOAD.match(entry.name)
         if m:
             newest = max(newest, int(m.group(1)))
-        if read_only or pinned is None or entry.name in pinned \
-                or _referenced(entry.name, keep, live):
+        if read_only or pinned is None or _referenced(entry.name, keep, live) \
+                or _referenced(entry.name, *pinned):
             continue
         if entry.is_dir(follow_symlinks=False):
             continue

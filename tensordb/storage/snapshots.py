@@ -17,16 +17,17 @@ Payload files are immutable, so a snapshot's rows are all a reader needs.
 The writer's thread (``Publisher``) publishes only while some reader lives. A new reader's
 lease appears already locked; the thread, having listed it, publishes the newest commit when
 snapshots lag and answers with that snapshot's number, which the reader waits for
-(``open_reader``). So a commit either came before the thread listed the lease (and is in the
-snapshot the reader gets) or after the lease appeared (and sees it). A file a commit retires is
-still named by the snapshots before that commit: it is deleted (never recycled as a spare) only
-once every live lease reads a later snapshot; until then it is deferred. A lease pins every
-snapshot until its reader names one; a lease whose lock can be taken belongs to a dead process
-and is removed. A writer that opens the database keeps, besides what its catalog references,
+(``readview.open_reader``). So a commit either came before the thread listed the lease (and is
+in the snapshot the reader gets) or after the lease appeared (and sees it). A file a commit
+retires is still named by the snapshots before that commit: it is deleted (never recycled as a
+spare) only once every live lease reads a later snapshot; until then it is deferred. A lease
+pins every snapshot until its reader names one; a lease whose lock can be taken belongs to a
+dead process and is removed. A writer that opens the database keeps, besides what its catalog references,
 every payload file a pinned snapshot names (``pinned_files``): no file a reader may still read
 is deleted.
 
-A reader picks up newer snapshots at the start of each call on its connection (``Turns``).
+The reader's side is readview.py: a reader picks up newer snapshots at the start of each call
+on its connection (``readview.Turns``), and with no writer open reads the catalog itself.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ import pyarrow.ipc as ipc
 from .catalog import SCHEMA
 from .directory import remove_payload
 
-__all__ = ["SNAPSHOTS_DIR", "READERS_DIR", "newest", "Publisher", "Lease", "load", "pinned_files",
-           "live_pins", "open_reader", "Turns"]
+__all__ = ["SNAPSHOTS_DIR", "READERS_DIR", "newest", "Publisher", "Lease", "pinned_files",
+           "live_pins", "snapshot_path", "read_arrow"]
 
 SNAPSHOTS_DIR = "snapshots"
 READERS_DIR = "readers"
@@ -68,6 +69,9 @@ def _write(path: str, table) -> None:
 def _read(path: str):
     with pa.memory_map(path) as f:
         return ipc.open_file(f).read_all()
+
+
+snapshot_path, read_arrow = _path, _read  # for the reader's side (readview.py)
 
 
 def published(root) -> list[int]:
@@ -97,7 +101,8 @@ def live_pins(root) -> list[int]:
     locks = {n[:-len(".lock")] for n in names if n.endswith(".lock")}
     for name in names:  # what a reader that closed or died left beside its lease
         base, _, suffix = name.partition(".")
-        if base not in locks and suffix in ("seq", "ack", "seq.new", "ack.new"):
+        if base not in locks and suffix in ("seq", "ack", "seq.new", "ack.new", "files.arrow",
+                                            "files.arrow.new"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(where, name))
     for name in names:
@@ -115,7 +120,7 @@ def live_pins(root) -> list[int]:
                 pins.append(_read_pin(lock[:-len(".lock")] + ".seq"))
                 continue
             base = lock[:-len(".lock")]
-            for path in (base + ".seq", base + ".ack", lock):  # its process is gone
+            for path in (base + ".seq", base + ".ack", base + ".files.arrow", lock):  # gone
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
         finally:
@@ -124,11 +129,18 @@ def live_pins(root) -> list[int]:
 
 
 def _read_pin(path: str) -> int:
+    return _read_pin_text(path)[0]
+
+
+def _read_pin_text(path: str) -> tuple[int, bool]:
+    """The pin (0: not named yet, or being renamed into place: pins all) and whether it names
+    the reader's own copy of the catalog (``<id>.files.arrow``) rather than a snapshot."""
     try:
         with open(path) as f:
-            return int(f.read())
-    except (OSError, ValueError):  # not named yet (or being renamed into place): pins all
-        return 0
+            words = f.read().split()
+        return int(words[0]), words[1:] == ["own"]
+    except (OSError, ValueError, IndexError):
+        return 0, False
 
 
 class Lease:
@@ -153,137 +165,62 @@ class Lease:
             return None
 
     def pin(self, seq: int) -> None:
-        tmp = self.base + ".seq.new"
-        with open(tmp, "w") as f:
-            f.write(str(seq))
-        os.replace(tmp, self.base + ".seq")
+        """Read published snapshot ``seq`` (its own copy's files, if any, go after)."""
+        _write_text(self.base + ".seq", str(seq))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.base + ".files.arrow")
+
+    def pin_own(self, seq: int, tables) -> None:
+        """Read the catalog as read from ``catalog.duckdb`` itself (readview.py): the payload
+        files its rows name (``tiles.file``, and the dense payloads by ``tensors.version``)
+        are written beside the lease first, then the pin, so a writer that reads the pin finds
+        them; ``seq`` (the newest snapshot then, or 1) orders it before every commit of a
+        writer that opens later."""
+        files = tables["tiles"].column("file").unique().to_pylist()
+        versions = tables["tensors"].column("version").to_pylist()
+        named = pa.table({"file": pa.array(files + [None] * len(versions), pa.string()),
+                          "version": pa.array([None] * len(files) + versions, pa.int64())})
+        _write(self.base + ".files.arrow.new", named)
+        os.replace(self.base + ".files.arrow.new", self.base + ".files.arrow")
+        _write_text(self.base + ".seq", f"{seq} own")
 
     def close(self) -> None:
         if self.fd is None:
             return
-        for suffix in (".seq", ".ack", ".lock"):
+        for suffix in (".seq", ".ack", ".files.arrow", ".lock"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.base + suffix)
         os.close(self.fd)
         self.fd = None
 
 
-def pinned_files(root, duck) -> set[str] | None:
-    """The payload files named by the snapshots live readers read; None when that cannot be
-    told (a reader has not named its snapshot yet, or names one no longer there): then every
-    file must be kept."""
-    pins = set(live_pins(root))
-    if not pins:
-        return set()
-    if 0 in pins:
-        return None
+def pinned_files(root, duck) -> tuple[set[str], set[int]] | None:
+    """The payload files named by what live readers read (a published snapshot, or their own
+    copy of the catalog): the tiles' file names and the tensors' versions (a dense payload is
+    named by its version, directory.sweep); None when that cannot be told (a reader has not
+    named its snapshot yet, or names one no longer there): then every file must be kept."""
+    live_pins(root)  # dead readers' leases go first
     files: set[str] = set()
-    for seq in pins:
-        path = _path(root, seq, "tiles")
+    versions: set[int] = set()
+    for base in _leases(root):
+        seq, own = _read_pin_text(base + ".seq")
+        if not seq:
+            if os.path.exists(base + ".lock"):
+                return None
+            continue  # closed meanwhile
         try:
-            files.update(_read(path).column("file").unique().to_pylist())
+            if own:
+                named = _read(base + ".files.arrow")
+                tiles, tensors = named, named
+            else:
+                tiles = _read(_path(root, seq, "tiles"))
+                tensors = _read(_path(root, seq, "tensors"))
+            files.update(f for f in tiles.column("file").unique().to_pylist() if f is not None)
+            versions.update(v for v in tensors.column("version").to_pylist() if v is not None)
         except Exception:  # noqa: BLE001 - gone or unreadable: nothing proves a file unneeded
-            return None
-    return files
-
-
-# -- the reader's side -------------------------------------------------------------------------
-def load(duck, root, seq: int, database: str | None) -> None:
-    """Make ``duck`` (an in-memory DuckDB) hold snapshot ``seq``'s catalog tables;
-    FileNotFoundError when the writer has removed it meanwhile (take the newest again)."""
-    paths = {t: _path(root, seq, t) for t in _TABLES}
-    tables = {t: _read(p) for t, p in paths.items()}  # FileNotFoundError: superseded
-    duck.execute("BEGIN TRANSACTION")
-    try:
-        duck.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-        for name, table in tables.items():
-            duck.register("_tensordb_snapshot", table)
-            try:
-                duck.execute(f"CREATE OR REPLACE TABLE {SCHEMA}.{name} AS "
-                             "SELECT * FROM _tensordb_snapshot")
-            finally:
-                duck.unregister("_tensordb_snapshot")
-        duck.execute(f"CREATE OR REPLACE TABLE {SCHEMA}.identity AS SELECT ?::VARCHAR AS id, "
-                     "current_localtimestamp() AS created", [database])
-        duck.execute("COMMIT")
-    except BaseException:
-        with contextlib.suppress(Exception):
-            duck.execute("ROLLBACK")
-        raise
-
-
-def load_newest(duck, root, database: str | None, lease: Lease, after: int = 0) -> int | None:
-    """Load the newest snapshot newer than ``after`` into ``duck`` and pin it; its number, or
-    None when there is none newer."""
-    for _ in range(20):  # the writer may remove a superseded snapshot between list and read
-        seq = newest(root)
-        if seq is None or seq <= after:
-            return None
-        try:
-            load(duck, root, seq, database)
-        except FileNotFoundError:
-            continue
-        lease.pin(seq)
-        return seq
-    return None
-
-
-def open_reader(duck, root, database: str | None, lease: Lease, timeout: float = 10.0
-                ) -> int | None:
-    """Load, into ``duck``, a snapshot holding every commit made before ``lease`` appeared,
-    and pin it: the writer's thread acknowledges a new lease with the snapshot of its newest
-    commit (publishing it first when needed). None when there is no snapshot directory (a
-    writer from before snapshots)."""
-    if not os.path.isdir(os.path.join(root, SNAPSHOTS_DIR)):
-        return None
-    deadline = time.monotonic() + timeout
-    while (floor := lease.acknowledged()) is None:
-        if time.monotonic() > deadline:
-            from ..errors import OperationalError
-            raise OperationalError(
-                f"database {root}: the process writing it did not answer a reader in "
-                f"{timeout:g} s", hint="it publishes from a thread of its own; is it stopped "
-                "(a debugger, SIGSTOP), its disk full, or is it a tensordb from before "
-                "readers could share a database with a writer?")
-        time.sleep(0.002)
-    for _ in range(100):
-        seq = load_newest(duck, root, database, lease, after=floor - 1)
-        if seq is not None:
-            return seq
-    return None
-
-
-class Turns:
-    """A connection's call lock (calls.py) that, on a call's first entry, runs ``refresh``:
-    a snapshot reader then sees the newest published commit at the start of each call."""
-
-    def __init__(self, refresh) -> None:
-        self._lock = threading.RLock()
-        self._depth = threading.local()
-        self.refresh = refresh
-
-    def __enter__(self):
-        self._lock.acquire()
-        depth = getattr(self._depth, "n", 0)
-        self._depth.n = depth + 1
-        if depth == 0 and self.refresh is not None:
-            try:
-                self.refresh()
-            except BaseException:
-                self._depth.n = 0
-                self._lock.release()
-                raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._depth.n -= 1
-        self._lock.release()
-
-    def acquire(self, *args, **kwargs):
-        return self._lock.acquire(*args, **kwargs)
-
-    def release(self) -> None:
-        self._lock.release()
+            if os.path.exists(base + ".lock"):
+                return None
+    return files, versions
 
 
 # -- the writer's side -------------------------------------------------------------------------
@@ -320,12 +257,14 @@ class Publisher:
     reader lives, at most every ``MIN_INTERVAL`` (commits in between share one snapshot), and
     with none, never. It looks for new leases every ``POLL`` seconds and answers each with the
     snapshot of the newest commit, published first when needed (``<id>.ack``): a reader waits
-    for that answer (``open_reader``), so a file a commit retired before the reader came (and
-    recycled at once) is in no snapshot it reads; a commit after the lease appeared sees it."""
+    for that answer (``readview.open_reader``), so a file a commit retired before the reader
+    came (and recycled at once) is in no snapshot it reads; a commit after the lease appeared
+    sees it."""
 
     def __init__(self, root, duck, store_lock) -> None:
         self.root = root
         os.makedirs(os.path.join(root, SNAPSHOTS_DIR), exist_ok=True)
+        os.makedirs(os.path.join(root, READERS_DIR), exist_ok=True)  # a reader then adds none
         self.seq = newest(root) or 0  # the newest snapshot published
         self.counter = self.seq  # the newest commit's number
         self.dirty = False  # commits since the newest snapshot

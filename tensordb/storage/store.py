@@ -23,7 +23,7 @@ from typing import Callable
 import duckdb
 
 from ..errors import InterfaceError, OperationalError, ProgrammingError
-from . import catalog, deferred, directory, identity, objectdb, snapshots
+from . import catalog, deferred, directory, identity, objectdb, readview, snapshots
 from ._duck import quote_str, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove_leftover_members
 from .meta import TensorMeta
@@ -118,8 +118,7 @@ class Store(StoreCatalog, StoreCommits):
         # Readers in other processes (snapshots.py): a writer's publisher of catalog
         # snapshots; a reader's lease and the snapshot it reads, when a writer holds the catalog
         self.publisher: snapshots.Publisher | None = None
-        self.lease: snapshots.Lease | None = None
-        self.snapshot_seq: int | None = None
+        self.view: readview.View | None = None
         self.database: str | None = None  # the database's id (identity.py)
         self._lock = threading.RLock()
         self._txn: _Txn | None = None
@@ -162,12 +161,12 @@ class Store(StoreCatalog, StoreCommits):
             directory.check_root(self.root, read_only)
             directory.claim(self)
             try:
-                self.duck = directory.connect(str(self.root / CATALOG_FILE), self.root, read_only)
-            except OperationalError as exc:
-                if not (read_only and getattr(exc, "locked", False)):
-                    directory.release(self)
-                    raise
-                self.duck = self._open_snapshot(exc)  # another process writes: read its snapshots
+                if read_only:  # a copy of the catalog, never DuckDB's lock (readview.py)
+                    self.duck, self.view = readview.open_view(str(self.root))
+                    if self.view is not None:
+                        self.call_lock = readview.Turns(self.refresh_snapshot)
+                else:
+                    self.duck = directory.connect(str(self.root / CATALOG_FILE), self.root, False)
             except BaseException:
                 directory.release(self)
                 raise
@@ -204,7 +203,7 @@ class Store(StoreCatalog, StoreCommits):
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
                 remove_leftover_members(self.root)  # and a killed load's inflated npz member
             self.closed = False
-            pinned = set()
+            pinned = (set(), set())
             if self.persistent and not read_only:
                 # numbered before the sweep: a reader that comes now waits for the snapshot of
                 # what the catalog holds, and one that came before is seen by pinned_files
@@ -213,7 +212,8 @@ class Store(StoreCatalog, StoreCommits):
                     self.publisher.opened()
                     pinned = snapshots.pinned_files(str(self.root), self.duck)
             self._next_version = directory.sweep(self.duck, self.tiles_dir, read_only, pinned)
-            objectdb.check_location(self.duck, self.root, self.objects, read_only)
+            objectdb.check_location(self.duck, self.root, self.objects, read_only,
+                                    copy=self.view is not None)
             if self.objects is not None:  # the prefix claimed, its orphans swept (objectdb.py)
                 self._next_version = objectdb.open_objects(
                     self.duck, self.tiles_dir, self.objects, self.database, read_only,
@@ -244,8 +244,8 @@ class Store(StoreCatalog, StoreCommits):
                 self._conn = None
             self._txn = None
             self.closed = True
-            if getattr(self, "lease", None) is not None:
-                self.lease.close()
+            if getattr(self, "view", None) is not None:
+                self.view.close()
             if self.persistent:
                 directory.release(self)
             elif self._cleanup is not None:
@@ -282,40 +282,17 @@ class Store(StoreCatalog, StoreCommits):
         if writing and self.read_only:
             raise OperationalError(f"database {self.root} is open read-only")
 
-    # -- readers in other processes (snapshots.py) ---------------------------------------------
-    def _open_snapshot(self, locked: OperationalError):
-        """An in-memory DuckDB holding the newest published snapshot of the catalog, read under
-        a lease; the lock error ``locked`` when the writer publishes none (an older tensordb)."""
-        lease = snapshots.Lease(str(self.root))
-        duck = duckdb.connect(":memory:")
-        try:
-            seq = snapshots.open_reader(duck, str(self.root),
-                                        identity.read_id_file(str(self.root)), lease)
-        except BaseException:
-            duck.close()
-            lease.close()
-            raise
-        if seq is None:
-            duck.close()
-            lease.close()
-            raise locked
-        self.lease, self.snapshot_seq = lease, seq
-        self.call_lock = snapshots.Turns(self.refresh_snapshot)
-        return duck
-
+    # -- readers (readview.py, snapshots.py) ---------------------------------------------------
     def refresh_snapshot(self) -> None:
-        """A snapshot reader takes the newest published snapshot (each call does, on entry)."""
-        if self.closed or self.lease is None:
+        """A reader moves to the newest committed state (each call does, on entry; readview.py)."""
+        if self.closed or self.view is None:
             return
         with self._lock:
             if self._txn is not None or self.user_transaction:
                 return
             with translating(f"cannot read a snapshot of database {self.root}"):
-                seq = snapshots.load_newest(self.duck, str(self.root), self.database, self.lease,
-                                            after=self.snapshot_seq)
-            if seq is None:
-                return
-            self.snapshot_seq = seq
+                if not self.view.refresh(self.duck):
+                    return
             self._clear_cache()
             self._entries.clear()
             self._refresh_views(list(self._views))

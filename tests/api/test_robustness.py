@@ -26,6 +26,7 @@ import tensordb
 from tensordb.config import format_bytes, max_workers
 from tensordb.dialect.ast import CHAIN_LIMIT
 from tensordb.plan.scalar import MAX_EXPRESSION_DEPTH
+from tensordb.storage import directory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -407,26 +408,49 @@ def test_a_real_sigint_stops_a_python_script_and_stores_nothing(db_path):
 
 # -- item 13: smaller wrong messages ------------------------------------------------------------
 
-@pytest.mark.parametrize("holder_read_only", [True, False])
-def test_the_lock_holder_is_described_by_how_it_has_the_database_open(db_path, holder_read_only):
+@pytest.mark.parametrize("holder", ["duckdb read-only", "writer"])
+def test_the_lock_holder_is_described_by_how_it_has_the_database_open(db_path, holder,
+                                                                      monkeypatch):
     tensordb.connect(db_path).close()
-    script = (f"import tensordb, time; c = tensordb.connect({str(db_path)!r}, "
-              f"read_only={holder_read_only}); print('open', flush=True); time.sleep(60)")
+    if holder == "writer":
+        script = (f"import tensordb, time; c = tensordb.connect({str(db_path)!r}); "
+                  "print('open', flush=True); time.sleep(60)")
+    else:  # DuckDB itself holding the catalog read-only (a tensordb reader holds no lock)
+        script = (f"import duckdb, time; c = duckdb.connect({str(db_path / 'catalog.duckdb')!r}, "
+                  "read_only=True); print('open', flush=True); time.sleep(60)")
+    monkeypatch.setattr(directory, "READER_GRACE", 0.2)  # how long a writer waits for a reader
+    holder_proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                   text=True, env=_env())
+    try:
+        assert holder_proc.stdout.readline().strip() == "open"
+        with pytest.raises(tensordb.OperationalError) as info:
+            tensordb.connect(db_path)
+    finally:
+        holder_proc.kill()
+        holder_proc.wait()
+    msg = str(info.value)
+    assert f"process {holder_proc.pid}" in msg
+    if holder != "writer":
+        assert "has it open read-only" in msg and "for writing" not in msg
+    else:
+        assert "has it open for writing" in msg
+
+
+def test_a_tensordb_reader_holds_no_lock_a_writer_meets(db_path):
+    with tensordb.connect(db_path) as con:
+        con.load("A", np.arange(4.0))
+    script = (f"import tensordb, time; c = tensordb.connect({str(db_path)!r}, read_only=True); "
+              "c.tensor('A'); print('open', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                               env=_env())
     try:
         assert holder.stdout.readline().strip() == "open"
-        with pytest.raises(tensordb.OperationalError) as info:
-            tensordb.connect(db_path)
+        with tensordb.connect(db_path) as con:  # opens at once beside the reader
+            con.load("A", np.arange(4.0) * 2, replace=True)
+            np.testing.assert_array_equal(con.tensor("A"), np.arange(4.0) * 2)
     finally:
         holder.kill()
         holder.wait()
-    msg = str(info.value)
-    assert f"process {holder.pid}" in msg
-    if holder_read_only:
-        assert "has it open read-only" in msg and "for writing" not in msg
-    else:
-        assert "has it open for writing" in msg
 
 
 FROM_QUERIES = {

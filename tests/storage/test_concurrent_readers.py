@@ -51,7 +51,7 @@ def test_a_reader_sees_whole_committed_versions_while_another_process_writes(tmp
         assert writer.stdout.readline().strip() == b"ready"
         seen = []
         with tensordb.connect(root, read_only=True) as con:  # the writer holds the catalog
-            assert con.store.snapshot_seq is not None
+            assert not con.store.view.own  # a published snapshot
             start = time.monotonic()
             while len(set(seen)) < 8:  # eight versions, each read whole
                 assert time.monotonic() - start < 50, seen  # the writer stops at 60 s
@@ -107,11 +107,13 @@ def test_a_readers_snapshot_keeps_its_payload_files(tmp_path):
     try:
         assert writer.stdout.readline().strip() == b"ready"
         with tensordb.connect(root, read_only=True) as con:
+            while con.tensor("A")[0, 0] == 0:  # a call: the newest commit (A = 0 needs no
+                pass                               # payload file)
             # Store.open takes no new snapshot (a call does): the version this reader holds
             old = con.store.open("A")
             k = con.store.open("B").to_numpy()[0, 0] / 2
-            files = {os.path.join(con.store.tiles_dir, r[0]) for r in
-                     con.store.duck.execute("SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
+            files = reader_files(con)  # A's and B's payloads (dense: named by version)
+            assert len(files) == 2 and all(os.path.exists(f) for f in files)
             steps = int(writer.stdout.readline())  # the writer has committed more since
             assert steps > 3
             assert all(os.path.exists(f) for f in files)  # none deleted, none reused
@@ -148,3 +150,8 @@ def test_a_dead_readers_lease_pins_nothing(tmp_path):
         kept = {f for f in os.listdir(con.store.tiles_dir)
                 if os.path.join(con.store.tiles_dir, f) in con.store.spares}  # kept for reuse
         assert set(os.listdir(con.store.tiles_dir)) - kept == referenced
+
+
+def reader_files(con) -> set[str]:
+    from tests.storage.test_reader_before_writer import _files
+    return _files(con)

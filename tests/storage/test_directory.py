@@ -53,8 +53,8 @@ def test_missing_catalog_refused_and_nothing_deleted(tmp_path):
         assert "catalog.duckdb" in str(e.value) and "missing" in str(e.value)
         assert files_of(path) == before
         # no new catalog was created either (the database's id file stays, as it was, and
-        # the snapshots directory of the writer that had it open)
-        assert sorted(os.listdir(path)) == ["database.id", "snapshots", "tiles"]
+        # the snapshots and readers directories of the writer that had it open)
+        assert sorted(os.listdir(path)) == ["database.id", "readers", "snapshots", "tiles"]
 
 
 @pytest.mark.parametrize("damage", ["empty duckdb file", "zero bytes", "tables dropped",
