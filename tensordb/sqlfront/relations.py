@@ -17,6 +17,7 @@ running keeps the version it mapped.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 import duckdb
@@ -57,8 +58,9 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
         raise ProgrammingError(f"? parameters need exactly one SQL statement, got {len(stmts)}")
     rel = None
     scans = pyobjects.scans_for(store, query)
+    attach = _user_tables(store, stmts)
     try:
-        with store.lock, pyobjects.scanning(store, scans) as scan_more:
+        with store.lock, attach as attached, pyobjects.scanning(store, scans) as scan_more:
             for k, stmt in enumerate(stmts):
                 while True:
                     try:
@@ -70,6 +72,9 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
                         if found is None:
                             raise
                         scan_more(*found)
+            if attached and isinstance(rel, duckdb.DuckDBPyRelation):
+                with translating():  # its rows, before the attachment goes
+                    rel = store.duck.from_arrow(rel.to_arrow_table())
     except Error as exc:
         suggest.improve(exc, query, lambda: suggest.user_names(store))
         suggest.reader_note(exc, store)
@@ -80,6 +85,18 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
     if parameters is not None and not relation:
         return rel
     return None if rel is None else Relation(rel, store, scans)
+
+
+def _user_tables(store, stmts):
+    """A read-only connection's statements naming one of the database's own tables or views
+    run with ``catalog.duckdb`` attached for their duration (storage/readview.py): a context
+    yielding whether it is attached (False: a writer holds it, and suggest.reader_note says
+    so); else a context yielding None."""
+    view = getattr(store, "view", None)
+    known = view.user_tables if view is not None else None
+    if not known or not any(referenced_names(s.query) & known for s in stmts):
+        return contextlib.nullcontext()
+    return view.attach_user_tables(store.duck)
 
 
 def _run_one(store, stmt, text, parameters, last: bool, relation: bool = False):

@@ -136,9 +136,10 @@ def _keyword_hint(near: str, query: str, message: str) -> str | None:
 
 
 def reader_note(exc: Error, store) -> Error:
-    """A read-only connection holds a copy of the tensors' catalog only (storage/readview.py):
-    a missing relation that is one of the database's own DuckDB tables or views (or may be,
-    where the reader does not know their names) says that readers do not see them."""
+    """A read-only connection holds a copy of the tensors' catalog only (storage/readview.py)
+    and reads the database's own DuckDB tables and views from ``catalog.duckdb`` while no
+    writer holds it: a missing relation that is one of them (or may be, where the reader does
+    not know their names) says that readers do not see them while a writer has it open."""
     view = getattr(store, "view", None)
     missing = _MISSING.search(exc.message) if view is not None else None
     if missing is None:
@@ -149,16 +150,18 @@ def reader_note(exc: Error, store) -> Error:
         return exc  # missing from the database too
     first, _, rest = exc.message.partition("\n")
     if known is not None:
-        first = (f"Table with name {name} is not visible to a read-only connection: it is one "
-                 "of the database's own DuckDB tables or views, and a reader sees the "
-                 "database's tensors only")
+        first = (f"Table with name {name} is not visible to a read-only connection now: it is "
+                 "one of the database's own DuckDB tables or views, and while a writer has "
+                 "the database open a reader sees the database's tensors only")
     else:
-        first = (f"{first.rstrip('!')}: a read-only connection sees the database's tensors "
-                 f"only, not its own DuckDB tables or views (if {name} is one of them)")
+        first = (f"{first.rstrip('!')}: while a writer has the database open, a read-only "
+                 "connection sees the database's tensors only, not its own DuckDB tables or "
+                 f"views (if {name} is one of them)")
     _set_message(exc, first + ("\n" + rest if rest else ""))
     if exc.hint is None:
-        exc.hint = ("open the database for writing to query its tables (a reader never locks "
-                    "catalog.duckdb), or copy the table into a tensor")
+        exc.hint = ("query its tables once the writer closes (a reader reads them from "
+                    "catalog.duckdb while no writer holds it), through the writer's connection, "
+                    "or copy the table into a tensor")
     return exc
 
 

@@ -30,8 +30,10 @@ last looked and no writer holds it (the kernel's lock table says so, without try
 the catalog is read again in the same brief way (a writer killed before publishing leaves a
 committed catalog no snapshot holds).
 
-The user's own DuckDB tables and views are not copied: a reader sees the tensors (and their SQL
-relations), and a query naming a table says that readers cannot see the database's tables.
+The user's own DuckDB tables and views are not copied. A statement naming one of them
+(``user_tables``) runs with ``catalog.duckdb`` attached read-only for that statement only
+(``View.attach_user_tables``); while a writer holds the file the attach fails, and the query
+says that a writer has the database open.
 """
 from __future__ import annotations
 
@@ -45,12 +47,13 @@ import duckdb
 
 from ..errors import OperationalError
 from . import catalog, directory, identity, snapshots
-from ._duck import translating
+from ._duck import quote_ident, quote_str, translating
 from .catalog import SCHEMA
 
 __all__ = ["View", "open_view", "Turns", "load_tables", "load_newest", "open_reader"]
 
 _TABLES = ("tiles", "tensors")
+_ATTACHED = "tensordb_user_tables"  # the alias catalog.duckdb is attached by for a statement
 
 
 def _stamp(root: str):
@@ -254,6 +257,40 @@ class View:
 
     def close(self) -> None:
         self.lease.close()
+
+    @contextlib.contextmanager
+    def attach_user_tables(self, duck):
+        """``catalog.duckdb`` attached to ``duck`` read-only, its tables and views reachable by
+        their unqualified names (``search_path``), for one statement: detached (and the search
+        path restored) on the way out, so a writer arriving later can open the file. Yields
+        False without attaching when a writer holds the file (DuckDB's lock)."""
+        path = os.path.join(self.root, directory.CATALOG_FILE)
+        if directory.writer_holds(path):
+            yield False
+            return
+        alias = quote_ident(_ATTACHED)
+        with translating(f"cannot read database {self.root}"):
+            old = duck.execute("SELECT current_setting('search_path')").fetchone()[0]
+            here = duck.execute("SELECT current_database()").fetchone()[0]
+        try:
+            duck.execute(f"ATTACH {quote_str(path)} AS {alias} (READ_ONLY)")
+        except duckdb.Error as exc:
+            if "lock" not in str(exc).lower():
+                with translating(f"cannot read database {self.root}"):
+                    raise
+            yield False  # a writer opened it meanwhile
+            return
+        try:
+            first = old if old else f"{here}.main"  # names DuckDB gave, not the user's
+            with translating(f"cannot read database {self.root}"):
+                duck.execute(f"SET search_path = {quote_str(f'{first},{_ATTACHED}.main')}")
+            yield True
+        finally:
+            try:
+                duck.execute(f"SET search_path = {quote_str(old)}" if old
+                             else "RESET search_path")
+            finally:
+                duck.execute(f"DETACH DATABASE IF EXISTS {alias}")
 
 
 def open_view(root: str) -> tuple[duckdb.DuckDBPyConnection, View | None]:

@@ -171,7 +171,7 @@ def test_a_writer_waits_out_a_brief_read_of_the_catalog_and_no_longer(tmp_path, 
         kill9(held)
 
 
-def test_a_reader_says_the_databases_own_tables_are_not_visible(tmp_path):
+def test_a_reader_reads_the_databases_own_tables_while_no_writer_is_open(tmp_path):
     root = str(tmp_path / "db")
     _make(root)
     with tensordb.connect(root) as con:
@@ -179,11 +179,18 @@ def test_a_reader_says_the_databases_own_tables_are_not_visible(tmp_path):
         truth = con.execute("SELECT sum(value) FROM A").fetchall()
     with tensordb.connect(root, read_only=True) as con:
         assert con.execute("SELECT sum(value) FROM A").fetchall() == truth  # tensors: seen
-        with pytest.raises(tensordb.ProgrammingError) as info:
-            con.execute("SELECT * FROM people")
-        text = str(info.value)
-        assert "people is not visible to a read-only connection" in text
-        assert "own DuckDB tables" in text and "SELECT * FROM people" in text
+        assert con.execute("SELECT * FROM people").fetchall() == [(1,)]  # tables: attached
+        held = start_script(HOLD, root, "rw", stdin=subprocess.PIPE)  # a writer holds it
+        try:
+            assert held.stdout.readline().strip() == b"ready", held.stderr.read()
+            with pytest.raises(tensordb.ProgrammingError) as info:
+                con.execute("SELECT * FROM people")
+            text = str(info.value)
+            assert "people is not visible to a read-only connection" in text
+            assert "own DuckDB tables" in text and "SELECT * FROM people" in text
+            assert "writer has the database open" in text
+        finally:
+            kill9(held)
         with pytest.raises(tensordb.ProgrammingError) as info:  # a name that is nowhere
             con.execute("SELECT * FROM nobody")
         assert "read-only" not in str(info.value) and "nobody" in str(info.value)
