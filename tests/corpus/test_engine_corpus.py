@@ -119,6 +119,12 @@ def _strategies():
 @pytest.mark.parametrize("strategy", _strategies())
 @pytest.mark.parametrize("seed", range(N_CASES))
 def test_random_einsum_matches_oracle(con, seed, strategy):
+    run_case(con, seed, strategy)
+
+
+def run_case(con, seed: int, strategy: str) -> None:
+    """Case ``seed`` of the corpus, under tiling ``strategy``, on ``con``, against the oracle;
+    its tensors are dropped after."""
     operands, out, arrays, join, agg, pins, dtype = make_case(seed)
     con.set("tiling", strategy)
     names = []

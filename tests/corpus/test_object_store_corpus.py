@@ -8,7 +8,7 @@ import pytest
 
 import tensordb
 from tensordb.optimizer import STRATEGIES
-from tests.corpus.test_engine_corpus import assert_matches, make_case, oracle
+from tests.corpus.test_engine_corpus import run_case
 from tests.s3server import s3  # noqa: F401 - fixture
 
 N_CASES = 16
@@ -29,22 +29,7 @@ CASES = [(seed, "default") for seed in range(N_CASES)] + [
 
 @pytest.mark.parametrize("seed, strategy", CASES)
 def test_random_einsum_on_object_store(ocon, seed, strategy):
-    operands, out, arrays, join, agg, pins, dtype = make_case(seed)
-    ocon.set("tiling", strategy)
-    names = []
-    for k, (a, tile) in enumerate(arrays):
-        name = f"in{seed}_{k}"
-        ocon.load(name, a, tile=tile or None, replace=True)
-        names.append(name)
-    into = f"out{seed}"
-    g = tensordb.Graph().op(into, out, list(zip(names, operands)), join=join, agg=agg, pieces=pins)
-    try:
-        ocon.run(g, replace=True)
-        got = ocon.tensor(into)
-    finally:
-        for name in names + [into]:
-            ocon.drop(name, if_exists=True)
-    assert_matches(got, oracle(operands, out, arrays, join, agg))
+    run_case(ocon, seed, strategy)
 
 
 def test_corpus_left_only_referenced_objects(ocon):
