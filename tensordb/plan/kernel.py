@@ -316,7 +316,8 @@ class KernelChoice:
         elif self.scale != 1:
             out["scale"] = self.scale if isinstance(self.scale, (int, float)) else float(self.scale)
         if self.fallback is not None:
-            out["nonfinite"] = {"test": list(self.fallback_on), "text": self.fallback.describe()}
+            key = "dense" if self.fallback_on == ("device",) else "nonfinite"  # off the CPU
+            out[key] = {"test": list(self.fallback_on), "text": self.fallback.describe()}
         return out
 
 
