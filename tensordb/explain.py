@@ -152,6 +152,8 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
         total["memory"] = mem.as_dict()
     out: dict[str, Any] = {"workers": plan.workers, "strategy": decomp.strategy, "nodes": nodes,
                            "total": total}
+    if "target" in decomp.details:  # a cluster's own report: what the plan was made for
+        out["target"] = dict(decomp.details["target"])
     if "search_seconds" in decomp.details:
         out["search_seconds"] = decomp.details["search_seconds"]
     if resident is not None:
@@ -246,6 +248,8 @@ def header(data: Mapping) -> list[str]:
     lines = [f"EXPLAIN{' ANALYZE' if analyze else ''}: {len(data['nodes'])} operation(s) on "
              f"{data['workers']} worker(s), strategy {data['strategy']}"
              + (f" (search {_seconds(data['search_seconds'])})" if "search_seconds" in data else "")]
+    if "target" in data:
+        lines.append(target_line(data["target"]))
     lines.append(f"  total: {count(t['flops'])} flops, {t['kernel_calls']} kernel calls, "
                  f"{format_bytes(t['bytes_moved'])} moved between workers, "
                  f"cost {format_bytes(t['cost'])} (communication {format_bytes(t['comm_bytes'])}), "
@@ -292,6 +296,17 @@ def header(data: Mapping) -> list[str]:
         if m.get("op_copies"):
             lines.append(op_copies_line(m["op_copies"]))
     return lines
+
+
+def target_line(t: Mapping) -> str:
+    """``target: dask, 2 workers x 2 threads (4 plan workers), 1.5 GiB of tiles per worker``:
+    what a cluster's workers reported and the plan was made for (driver/engine.py)."""
+    per = t.get("memory_per_worker")
+    mem = f"{format_bytes(per)} of tiles per worker (the smallest worker's limit)" \
+        if per else "no memory limit per worker"
+    return (f"  target: {t['executor']}, {t['workers']} worker{'s' if t['workers'] != 1 else ''}"
+            f" x {t['threads']} thread{'s' if t['threads'] != 1 else ''} "
+            f"({t['plan_workers']} plan worker{'s' if t['plan_workers'] != 1 else ''}), {mem}")
 
 
 def resident_line(resident: Mapping) -> str:

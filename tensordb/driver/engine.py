@@ -88,21 +88,28 @@ class Engine:
 
     def target(self) -> Target:
         """What planning needs of the executor, from the settings and its class: the local
-        pool's workers, or the cluster's when the executor is a Dask cluster (the one case a
-        live executor is asked)."""
+        pool's workers, or what a Dask cluster's workers report of themselves (the one case a
+        live executor is asked): each worker's threads are workers of the plan (a worker of 2
+        threads runs 2 of its tasks at once), and each its share of the smallest worker's
+        memory (exec/dask.py ``capabilities``), so a 2 GB worker gets tiles that fit it."""
         from ..exec import max_fan_in
         s = self.settings
         fan_in = max_fan_in(s.executor, self.executor)
         local = s.executor == "local"
         workers = s.workers if local else self.executor().workers
+        memory_limit, cluster = s.memory_limit, ()
+        if s.executor.split("://", 1)[0] == "dask":
+            memory_limit, workers, cluster = cluster_target(self.executor().capabilities(),
+                                                            s.memory_limit)
         # The local pool's workers share this machine's cores: with SET blas_one_call = on, one
         # BLAS call may use them all (optimizer/threads.py); a Dask cluster's or a GPU's calls,
         # and by default the pool's, stay as the tiling makes them.
         threads = min(workers, _cores()) if local and s.blas_one_call else 1
         steering = tuple((f.name, getattr(s, f.name)) for f in dataclasses.fields(s)
                          if f.name != "progress")
-        return Target(workers, fan_in, s.memory_limit, threads, s.tiling, (steering, fan_in),
-                      fuse_sparse=s.executor != "gpu")
+        return Target(workers, fan_in, memory_limit, threads, s.tiling,
+                      (steering, fan_in, cluster), fuse_sparse=s.executor != "gpu",
+                      cluster=cluster)
 
     # -- the pipeline ------------------------------------------------------------------------------
     def prepare(self, source, pieces=None, lets=None) -> Prepared:
@@ -182,6 +189,23 @@ class Engine:
     def close(self) -> None:
         self.drop_executor()
         self._store = None
+
+
+def cluster_target(caps, memory_limit):
+    """(memory_limit, workers, report) planning uses for a cluster whose workers reported
+    ``caps`` (exec/contract.py Capabilities): a plan worker per worker thread, each with its
+    thread's share of the tile memory one worker may hold (the smallest worker's), so that the
+    optimizer's ``memory_limit / workers`` is exactly that share. Without a per-worker limit
+    the connection's ``memory_limit`` is shared as before."""
+    threads = max(1, int(caps.threads_per_worker))
+    workers = max(1, int(caps.workers)) * threads
+    per = caps.memory_per_worker
+    if per is not None:
+        memory_limit = max(1, int(per) // threads) * workers
+    report = (("executor", "dask"), ("workers", int(caps.workers)), ("threads", threads),
+              ("memory_per_worker", None if per is None else int(per)),
+              ("plan_workers", workers))
+    return memory_limit, workers, report
 
 
 def _cores() -> int:

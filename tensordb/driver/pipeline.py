@@ -43,7 +43,9 @@ class Target:
     """What planning needs of the executor that will run the plan, declared rather than asked
     of a live one: its ``workers``, the most partials one aggregation task combines
     (``fan_in``; None: any, physical/trees.py), the ``memory_limit`` they share, the BLAS
-    threads one call may use, the tiling strategy; ``key``: all that steers a plan."""
+    threads one call may use, the tiling strategy; ``key``: all that steers a plan.
+    ``cluster``: where the executor is a cluster that reports its own workers (Dask), what
+    they reported (``Engine.target``: their count, threads and memory), shown by EXPLAIN."""
 
     workers: int
     fan_in: int | None
@@ -52,6 +54,7 @@ class Target:
     tiling: str | None
     key: Hashable = ()
     fuse_sparse: bool = True  # the fused masked kernels are the CPU's (exec/semiring.py)
+    cluster: tuple = ()  # ((name, value), ...): the cluster's own report (EXPLAIN's "target")
 
 
 @dataclass
@@ -151,6 +154,8 @@ def plan_graph(graph: EinGraph, pieces, snapshot: Snapshot, target: Target,
     input_fills = {n: r.meta.fill for n, r in readers.items()}
     fills = plan_fills.graph_fills(graph, input_fills)
     decomp = optimize(graph, pieces, snapshot, names, target)
+    if target.cluster:  # EXPLAIN: the workers, threads and memory the plan was made for
+        decomp.details["target"] = dict(target.cluster)
     decomp.details["output_fill"] = {n: f for n, f in fills.items() if f}
     sparse = {n for n, r in readers.items() if getattr(r, "has_sparse", False)}
     if sparse:  # EXPLAIN: an operation whose output is dense where its input is absent
