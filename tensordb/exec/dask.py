@@ -232,22 +232,30 @@ class DaskExecutor:
         workers_write = sink is not None and self.storage_shared and self.scatter != "always"
         if sink is not None:
             sink.open(workers_write)
-        attempts, done = 0, {}
+        # Each worker lost mid-run uses one of ``retries``: first by moving its tasks to the
+        # workers left while the run goes on (Attempt._relocate); where that cannot be done,
+        # by a new attempt that keeps the outputs already finished.
+        attempts, done, losses = 0, {}, 0
         while True:
             attempts += 1
+            attempt = None
             try:
-                result = Attempt(self, plan, progress, store, sink, workers_write, done).go()
+                attempt = Attempt(self, plan, progress, store, sink, workers_write, done,
+                                  relocations=self.retries - losses)
+                result = attempt.go()
             except WorkerLost as lost:
+                losses += (len(attempt.relocated) if attempt is not None else 0) + 1
                 done = lost.done  # stored output tiles finished on the workers left: kept
-                if attempts > self.retries:
+                if losses > self.retries:
                     raise OperationalError(
                         f"a Dask worker left while the query ran ({lost}); the query was tried "
-                        f"{attempts} time(s) and nothing was stored",
+                        f"{attempts} time(s), {losses} worker(s) lost, and nothing was stored",
                         hint="check the workers' logs (memory limits, crashes) and run it again") \
                         from None
                 self._wait_for_any_worker()
                 continue
             self.last_run["attempts"] = attempts
+            self.last_run["workers_lost"] = losses + len(attempt.relocated)
             return result
 
     def _wait_for_any_worker(self) -> None:

@@ -47,8 +47,12 @@ class Attempt:
     key -> the TileSlot its worker writes it into (the sink's, when the workers write)."""
 
     def __init__(self, ex, plan: TilePlan, progress, store=None, sink=None,
-                 workers_write: bool = False, done: dict | None = None) -> None:
+                 workers_write: bool = False, done: dict | None = None,
+                 relocations: int = 0) -> None:
         self.ex, self.plan, self.progress, self.store = ex, plan, progress, store
+        self.relocations = relocations  # workers this attempt may lose and go on (relocate)
+        self.relocated: list[tuple[str, int]] = []  # (lost worker, tasks moved off it)
+        self.where: dict[str, str] = {}
         self.done = done if done is not None else {}  # outputs an earlier attempt finished
         self.sink, self.workers_write = sink, workers_write
         self.client = ex.client
@@ -91,6 +95,7 @@ class Attempt:
         # outputs an attempt before finished on the workers left are not computed again.
         outs = [k for k in every if k not in self.done]
         graph, where = self._graph(set(scattered))
+        self.where = where
         out_keys = [self._final_key(k) for k in outs]
         # Dask runs only what the keys asked for need: tasks no stored output reads (a result
         # the same group replaces) are asked for too, so that they run, and fail, as on the
@@ -253,7 +258,12 @@ class Attempt:
         while thread.join(POLL_SECONDS) or thread.is_alive():
             if self.progress is not None:  # a few long tasks: the CLI's bar appears anyway
                 self.progress(finished[0], len(futures))
-            gone = needed - set(self.ex.addresses())
+            alive = set(self.ex.addresses())
+            gone = needed - alive
+            if gone and len(self.relocated) < self.relocations and alive \
+                    and self._relocate(gone, sorted(alive)):
+                needed = set(self.where.values())
+                continue
             if gone:
                 done = self._finished(futures)  # before the cancel: kept by the next attempt
                 self.client.cancel(futures, force=True)  # ends the gather
@@ -264,6 +274,30 @@ class Attempt:
         if self.progress is not None:  # done callbacks may still be on their way
             self.progress(len(futures), len(futures))
         return box["values"]
+
+    def _relocate(self, gone: set[str], alive: list[str]) -> bool:
+        """Workers ``gone`` left mid-run: their tasks (those not finished, and those finished
+        whose tiles were only on them) are pinned to the workers left (plan worker ``w`` on
+        ``alive[w % n]``), and Dask goes on: what finished on the workers left stays, and Dask
+        recomputes, from their lineage, only the lost tiles that something still needs. False
+        (the run is then given up and tried again) if the scheduler could not be told."""
+        marker = f"-{self.run_id}-"
+        moves = {}
+        for dk, addr in self.where.items():
+            if addr in gone:
+                key = _plan_key(dk, marker)
+                moves[dk] = alive[self.plan.task(key).worker % len(alive)]
+        try:
+            self.client.run_on_scheduler(_repinner(), moves, f"tdb-relocate-{self.run_id}")
+        except Exception:  # noqa: BLE001 - the older way: cancel, keep outputs, run again
+            return False
+        for dk, addr in moves.items():
+            self.where[dk] = addr
+            key = _plan_key(dk, marker)
+            if self.addr.get(key) in gone:
+                self.addr[key] = addr
+        self.relocated.append((", ".join(sorted(gone)), len(moves)))
+        return True
 
     def _finished(self, futures) -> dict:
         """{position: value} of the futures finished on the workers still there (a value the
@@ -321,8 +355,38 @@ class Attempt:
                             "scattered_bytes": scattered_bytes,
                             "gathered_bytes": gathered,
                             "written_by_workers": len(self.slots), "write_seconds": writes,
-                            "kept_from_earlier_attempts": self.reused}
+                            "kept_from_earlier_attempts": self.reused,
+                            "relocated": list(self.relocated)}
         return ledger.result(tiles, seconds)
+
+
+def _plan_key(dkey: str, marker: str) -> int:
+    """The plan task a Dask key is for: ``tdb-kernel-C-<run>-12@1`` -> 12."""
+    tail = dkey.split(marker, 1)[1]
+    digits = itertools.takewhile(str.isdigit, tail)
+    return int("".join(digits))
+
+
+def _repinner():
+    """The function run on the scheduler to re-pin tasks, made here so that it is sent by value
+    (a nested function: cloudpickle sends its code), since a scheduler needs no tensordb."""
+    def repin(moves: dict, stimulus_id: str, dask_scheduler=None) -> int:
+        """Pin each task of ``moves`` (Dask key -> worker address) to its new worker, and
+        send those stranded in ``no-worker`` (pinned to a worker that left) there. A key
+        the scheduler forgot (finished and released) is left alone. How many were sent."""
+        s = dask_scheduler
+        ready = {}
+        for key, addr in moves.items():
+            ts = s.tasks.get(key)
+            if ts is None:
+                continue
+            ts.worker_restrictions = {addr}
+            if ts.state == "no-worker":
+                ready[key] = "processing"
+        if ready:
+            s.transitions(ready, stimulus_id=stimulus_id)
+        return len(ready)
+    return repin
 
 
 def _group(plan: TilePlan, task) -> str:
