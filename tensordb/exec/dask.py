@@ -22,10 +22,12 @@ its tiles into the new payload files itself and only their facts come back; else
 gathered here. Every other key is released when the run ends, so nothing outlives the query on
 a worker. One run is ``dask_run.Attempt``.
 
-A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices,
-keeps the stored output tiles already finished on the workers left (written, or gathered),
-cancels the rest and runs again, once, on the workers alive then, only what those tiles do not
-cover; a second loss raises ``OperationalError``. Spec options: ``?retries=N`` (default 1), ``?scatter=auto|always|never``,
+A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices
+and pins them to the workers left, on the scheduler, while the run goes on: Dask recomputes only
+what was lost (``dask_run.Attempt._relocate``). Where the scheduler cannot be told, it keeps the
+stored output tiles already finished on the workers left (written, or gathered), cancels the
+rest and runs again on the workers alive then only what those tiles do not cover. Each loss uses
+one of ``retries``; one more raises ``OperationalError``. Spec options: ``?retries=N`` (default 1), ``?scatter=auto|always|never``,
 ``?backend=numpy|cupy`` (CuPy tiles on dask-cuda workers), ``?timeout=S`` (seconds to wait for
 workers). ``dask://local-cuda`` starts dask-cuda's LocalCUDACluster (one worker per GPU).
 """
@@ -179,7 +181,8 @@ class DaskExecutor:
     def capabilities(self) -> Capabilities:
         """What planning reads of the cluster, as its workers report it: their count, the
         least memory one may fill with tiles (its own limit less what its process needs,
-        within this connection's share of ``memory_limit``) and the fewest threads."""
+        within this connection's share of ``memory_limit``) and the fewest threads. The
+        driver plans a worker per thread, each with its share (driver/engine.py)."""
         try:
             info = self.client.scheduler_info(n_workers=-1)["workers"]
         except TypeError:  # an older client: every worker is listed anyway
