@@ -96,11 +96,12 @@ class Engine:
         s = self.settings
         fan_in = max_fan_in(s.executor, self.executor)
         local = s.executor == "local"
-        workers = s.workers if local else self.executor().workers
         memory_limit, cluster = s.memory_limit, ()
-        if s.executor.split("://", 1)[0] == "dask":
+        if s.executor.split("://", 1)[0] == "dask":  # one call to the scheduler
             memory_limit, workers, cluster = cluster_target(self.executor().capabilities(),
                                                             s.memory_limit)
+        else:
+            workers = s.workers if local else self.executor().workers
         # The local pool's workers share this machine's cores: with SET blas_one_call = on, one
         # BLAS call may use them all (optimizer/threads.py); a Dask cluster's or a GPU's calls,
         # and by default the pool's, stay as the tiling makes them.
