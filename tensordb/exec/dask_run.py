@@ -53,6 +53,7 @@ class Attempt:
         self.relocations = relocations  # workers this attempt may lose and go on (relocate)
         self.relocated: list[tuple[str, int]] = []  # (lost worker, tasks moved off it)
         self.where: dict[str, str] = {}
+        self.scattered_to: set[str] = set()
         self.done = done if done is not None else {}  # outputs an earlier attempt finished
         self.sink, self.workers_write = sink, workers_write
         self.client = ex.client
@@ -114,9 +115,15 @@ class Attempt:
             self._release(futures, scattered, drop_records=True)
             raise
         except Exception as exc:  # noqa: BLE001 - translated below
+            # A worker lost with tiles the client sent it (no lineage): the scheduler forgets
+            # what needed them and cancels those keys before the watch above sees the loss.
+            gone = type(exc).__name__ in ("FutureCancelledError", "CancelledError") and \
+                self._gone()
             self._release(futures, scattered, drop_records=True)
-            if type(exc).__name__ == "KilledWorker":  # Dask gave up on a task's workers
-                raise WorkerLost(str(exc)) from None
+            if type(exc).__name__ == "KilledWorker" or gone:  # Dask gave up on the workers
+                raise WorkerLost(str(exc) if not gone else
+                                 f"worker {', '.join(sorted(gone))} is gone", self.done) \
+                    from None
             raise translate_cluster_error(exc) from exc
         tiles, gathered = {}, 0
         reused = len(self.done)
@@ -202,6 +209,7 @@ class Attempt:
                 keys[self.dkey(t.key)] = t.key
                 nbytes += tile.nbytes
         futures = {}
+        self.scattered_to = set(by_addr)  # tiles there have no lineage: lost, not recomputed
         for addr, data in by_addr.items():
             for dk, fut in self.client.scatter(data, workers=[addr], broadcast=False).items():
                 futures[keys[dk]] = fut
@@ -275,12 +283,21 @@ class Attempt:
             self.progress(len(futures), len(futures))
         return box["values"]
 
+    def _gone(self) -> set[str]:
+        """The workers of this run that left the cluster (none when it cannot be asked)."""
+        try:
+            return set(self.where.values()) - set(self.ex.addresses())
+        except Error:
+            return set()
+
     def _relocate(self, gone: set[str], alive: list[str]) -> bool:
         """Workers ``gone`` left mid-run: their tasks (those not finished, and those finished
         whose tiles were only on them) are pinned to the workers left (plan worker ``w`` on
         ``alive[w % n]``), and Dask goes on: what finished on the workers left stays, and Dask
         recomputes, from their lineage, only the lost tiles that something still needs. False
         (the run is then given up and tried again) if the scheduler could not be told."""
+        if gone & self.scattered_to:  # tiles the client sent it: a new attempt sends them
+            return False
         marker = f"-{self.run_id}-"
         moves = {}
         for dk, addr in self.where.items():

@@ -74,6 +74,22 @@ def test_killed_worker_query_is_retried(cluster):
         np.testing.assert_array_equal(con.tensor("P"), want)
 
 
+def test_a_killed_worker_the_client_sent_tiles_to_is_tried_again(cluster):
+    """With ``scatter=always`` the lost worker held tiles the client sent (no lineage: Dask
+    cannot recompute them): its tasks are not moved, the run is tried again (keeping the
+    outputs finished), and the answer is numpy's."""
+    spec = f"dask://{cluster.scheduler_address}?scatter=always"
+    with tensordb.connect(workers=2, executor=spec) as con:
+        d = _distances(con)
+        killed = _query_with_kill(con)
+        assert killed, "the query ended before a worker could be killed"
+        run = con._get_executor().last_run
+        assert run["attempts"] == 2 and run["workers_lost"] == 1 and run["relocated"] == []
+        assert run["scattered_bytes"] > 0
+        want = np.min(d[:, :, None] + d[None, :, :], axis=1)
+        np.testing.assert_array_equal(con.tensor("P"), want)
+
+
 def test_killed_worker_without_retry_fails_and_stores_nothing(cluster):
     spec = f"dask://{cluster.scheduler_address}?retries=0"
     with tensordb.connect(workers=2, executor=spec) as con:

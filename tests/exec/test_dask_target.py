@@ -23,12 +23,26 @@ Q = "C[i,k] = SUM(A[i,j] * B[j,k])"
 
 
 @contextmanager
-def cluster_db(tmp_path, name, **cluster):
+def cluster_db(tmp_path, name, cluster=None, **options):
+    """A connection to ``cluster``, or to a LocalCluster of 2 workers made with ``options``."""
     from tensordb.exec.dask import local_cluster
-    with local_cluster(2, local_directory=str(tmp_path / f"dask-{name}"), **cluster) as c, \
-            tensordb.connect(tmp_path / name, memory_limit="8GB",
-                             executor=f"dask://{c.scheduler_address}") as con:
-        yield con
+    if cluster is not None:
+        with tensordb.connect(tmp_path / name, memory_limit="8GB",
+                              executor=f"dask://{cluster.scheduler_address}") as con:
+            yield con
+        return
+    with local_cluster(2, local_directory=str(tmp_path / f"dask-{name}"), **options) as c:
+        with cluster_db(tmp_path, name, c) as con:
+            yield con
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory):
+    """2 workers of 1 thread whose limit leaves 3.5 GiB for tiles (shared by two tests)."""
+    from tensordb.exec.dask import local_cluster
+    with local_cluster(2, local_directory=str(tmp_path_factory.mktemp("dask-roomy")),
+                       memory_limit="4GiB") as c:
+        yield c
 
 
 def explain_json(con, q=Q) -> dict:
@@ -62,15 +76,16 @@ def test_the_target_is_what_the_workers_report():
     assert (workers, limit) == (2, 12345)
 
 
-def test_a_worker_with_little_memory_gets_smaller_tiles(tmp_path, arrays):
+def test_a_worker_with_little_memory_gets_smaller_tiles(tmp_path, arrays, roomy):
     """Two workers whose Dask memory limit leaves 512 KiB for tiles, against two that leave
     plenty: the tight cluster's plan has more kernel calls, each within its worker's share
     (EXPLAIN's target and memory projection say so), and both answers are numpy's."""
     from tensordb.exec.dask import PROCESS_ALLOWANCE
     a, b = arrays
     plans = {}
-    for name, limit in [("tight", PROCESS_ALLOWANCE + (512 << 10)), ("roomy", "4GiB")]:
-        with cluster_db(tmp_path, name, memory_limit=limit) as con:
+    for name, cluster in [("tight", None), ("roomy", roomy)]:
+        with cluster_db(tmp_path, name, cluster,
+                        memory_limit=PROCESS_ALLOWANCE + (512 << 10)) as con:
             load(con, arrays)
             data = explain_json(con)
             text = con.explain(Q)
@@ -93,14 +108,14 @@ def test_a_worker_with_little_memory_gets_smaller_tiles(tmp_path, arrays):
     assert len(tplan.outputs["C"].tiles) == calls(tight)
 
 
-def test_threads_per_worker_are_plan_workers(tmp_path, arrays):
+def test_threads_per_worker_are_plan_workers(tmp_path, arrays, roomy):
     """Workers of 2 threads run 2 tasks at once: the plan is made for 4 workers (EXPLAIN says
     so) and has at least 4 kernel calls, 2 on each worker; with 1 thread, for 2."""
     a, b = arrays
     seen = {}
     for threads in (1, 2):
-        with cluster_db(tmp_path, f"t{threads}", memory_limit="2GiB",
-                        threads_per_worker=threads) as con:
+        with cluster_db(tmp_path, f"t{threads}", roomy if threads == 1 else None,
+                        memory_limit="4GiB", threads_per_worker=threads) as con:
             load(con, arrays)
             data = explain_json(con)
             assert data["workers"] == 2 * threads
