@@ -41,7 +41,7 @@ def _killer(client, stop: threading.Event, killed: list):
 
 def _query_with_kill(con, replace=False):
     ex = con._get_executor()
-    ex.client.wait_for_workers(2, timeout=30)
+    ex.client.wait_for_workers(2, timeout=120)  # a killed one restarts (slow on a busy machine)
     stop, killed = threading.Event(), []
     th = threading.Thread(target=_killer, args=(ex.client, stop, killed), daemon=True)
     th.start()
@@ -130,7 +130,7 @@ def test_a_lost_worker_costs_only_what_it_held(cluster, tmp_path):
         d = np.random.default_rng(1).uniform(1, 10, (n, n))
         con.load("D", d, tile=(n // 3, n // 3))
         ex = con._get_executor()
-        ex.client.wait_for_workers(2, timeout=30)
+        ex.client.wait_for_workers(2, timeout=120)  # a killed one restarts (slow on a busy machine)
         stop, killed = threading.Event(), []
         th = threading.Thread(target=_kill_when_it_has_finished_work,
                               args=(ex.client, stop, killed), daemon=True)
