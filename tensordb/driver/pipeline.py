@@ -22,13 +22,14 @@ array). The ``Engine`` (engine.py) holds the state these need between calls.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
 from .. import optimizer, physical
 from ..bind import bind_graph, bind_statements
-from ..config import debug_level, stage
-from ..errors import ProgrammingError
+from ..config import debug_level, format_bytes, stage
+from ..errors import OutOfMemoryError, ProgrammingError
 from ..plan import fills as plan_fills, sparse_fuse
 from ..plan.builder import Graph
 from ..plan.ir import EinGraph
@@ -189,12 +190,32 @@ def optimize(graph: EinGraph, pieces, snapshot: Snapshot, names, target: Target)
     # Fixed pieces name statements: the operations computed under a statement's name (its
     # pairwise steps, temporaries, internal name) take them on; bad ones are errors here.
     pieces = optimizer.pieces_per_op(graph, pieces)
-    with stage("optimize"):
+    with stage("optimize"), _cluster_budget(target):
         return optimizer.decompose(
             graph, target.workers, strategy=target.tiling, memory_limit=target.memory_limit,
             pieces=pieces, input_grids={name: m.grid for name, m in metas.items()},
             input_tiles=sparse, input_facts={name: snapshot.facts(name) for name in names},
             blas_threads=target.blas_threads, input_stats=snapshot.stored_stats(names))
+
+
+@contextmanager
+def _cluster_budget(target: Target):
+    """On a cluster, a plan that fits no worker's share says whose limit that is: the
+    workers' own, not the connection's ``memory_limit``."""
+    try:
+        yield
+    except OutOfMemoryError as exc:
+        c = dict(target.cluster)
+        if not c or c.get("memory_per_worker") is None:
+            raise
+        exc.message = (f"{exc.message}; on this Dask cluster the budget is each worker "
+                       f"thread's share of the smallest worker's memory for tiles "
+                       f"({format_bytes(c['memory_per_worker'])}: its Dask memory limit less "
+                       f"what its process needs, {c['threads']} thread(s) a worker)")
+        exc.args = (exc.message,)
+        exc.hint = ("start the Dask workers with a larger --memory-limit or fewer --nthreads, "
+                    "or fix fewer pieces")
+        raise
 
 
 def fuse_sparse(graph: EinGraph, readers, snapshot: Snapshot) -> EinGraph:

@@ -93,6 +93,12 @@ def test_a_worker_with_little_memory_gets_smaller_tiles(tmp_path, arrays, roomy)
             np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-10, atol=1e-10)
             caps = con._get_executor().capabilities()
             plans[name] = data, text, caps, con.last_plan
+            if name == "tight":  # pieces fixed too few for a worker: refused, naming its limit
+                with pytest.raises(tensordb.OutOfMemoryError) as err:
+                    con.execute("D[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 1, k 1, j 1)")
+                assert "(512.0 KiB: its Dask memory limit less" in str(err.value)
+                assert "Dask cluster" in str(err.value) and "--memory-limit" in str(err.value)
+                assert not con.store.has("D")
     (tight, ttext, tcaps, tplan), (roomy, _, rcaps, _) = plans["tight"], plans["roomy"]
     assert tcaps.memory_per_worker == 512 << 10
     assert rcaps.memory_per_worker == 4 * 2**30 - PROCESS_ALLOWANCE
