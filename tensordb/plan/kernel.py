@@ -51,6 +51,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import InternalError
+from ..geometry import OneHotName
 from . import scalar, sparse_rules
 from .aggregates import ARG_AGGS
 from .ir import EinOp
@@ -206,14 +207,18 @@ def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> in
     """The operand a sparse kernel takes as its sparse matrix, or None: ``op`` is a SUM of the
     product of two operands (no constant, one dtype that is not bool), the sparse one a matrix
     with one label contracted with the other operand and one kept in the output, the other
-    operand known finite, with distinct labels, all kept but the contracted one."""
+    operand known finite, with distinct labels, all kept but the contracted one. The one-hot
+    rows of an index (``geometry.OneHotName``: GRAD's scatter-add of a gather) take any
+    partner: skipping their absent entries is the scatter-add itself (numpy's ``np.add.at``,
+    which adds a NaN or inf only to the rows the index names)."""
     prod = blas_product(op)
     if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
             np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
         return None
     for k in sparse:
         s, d = op.inputs[k].labels, op.inputs[1 - k].labels
-        if not finite[1 - k] or len(s) != 2 or len(set(s)) != 2 or len(set(d)) != len(d):
+        if not (finite[1 - k] or isinstance(op.inputs[k].tensor, OneHotName)) or len(s) != 2 \
+                or len(set(s)) != 2 or len(set(d)) != len(d):
             continue
         shared = [l for l in s if l in d]
         if len(shared) != 1 or shared[0] in op.out_labels:
