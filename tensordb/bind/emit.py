@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import Error, ProgrammingError
 from ..geometry import BoxName, GatherName, IotaName, OneHotName
 from ..plan import scalar
 from ..plan.builder import split_pairwise
+from ..plan.fills import describe, op_fill
 from ..plan.grad import backward
 from ..plan.ir import EinGraph, EinOp, Operand, TensorInfo
 from ..plan.names import TensorRef
@@ -59,6 +61,7 @@ class GradStep:
 
     loss: str
     wrt: tuple[tuple[str, str, bool], ...]        # (tensor, into, store)
+    sources: tuple = ()                           # per wrt, (statement, span) of its GRAD
 
 
 class Emitter:
@@ -146,7 +149,10 @@ class Emitter:
         shapes = {n: (i.shape, i.dtype) for n, i in self.inputs.items()}
         loss = self.alias.get(step.loss, step.loss)
         self.passes[loss] = self.passes.get(loss, 0) + 1  # a loss may have several passes
-        ops = backward(self.ops, shapes, loss, wrt, self.passes[loss])
+        fills = {n: self._fill(n) for n in shapes if self._fill(n)}
+        ops = backward(self.ops, shapes, loss, wrt, self.passes[loss], fills)
+        if fills:
+            check_fills(self.ops, ops, fills, step)
         for op in ops:
             for o in op.inputs:  # every stored tensor they read is an input of the graph
                 if o.tensor not in self.known:
@@ -208,6 +214,16 @@ class Emitter:
         self.ops.append(op)
         self.known[name] = dtype
 
+    def _fill(self, name: str) -> float:
+        """A stored tensor's fill value (plan/fills.py; 0 for a result, or without a catalog)."""
+        meta = getattr(self.catalog, "meta", None)
+        if meta is None or name not in self.stored:
+            return 0.0
+        try:
+            return float(getattr(meta(name), "fill", 0.0) or 0.0)
+        except Error:
+            return 0.0
+
     def _finite(self, name: str) -> bool:
         """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""
         opener = getattr(self.catalog, "open", None)
@@ -235,3 +251,34 @@ class Emitter:
                    tuple((l, sizes[l]) for l in sizes if l in used), j, agg, dtype, in_dtypes)
         self.ops.append(op)
         self.known[name] = dtype
+
+
+def check_fills(forward, ops, fills, step: GradStep) -> None:
+    """Refuse a GRAD whose backward pass reads a tensor of another fill than 0 where the
+    gradient keeps no fill (plan/fills.py): NaN wherever that tensor has no entry, as numpy and
+    autograd would compute on the densified tensor (``EXP(-D * D)``'s derivative ``-2 D EXP(-D *
+    D)`` is ``inf * 0`` at an absent entry of fill +inf). A ProgrammingError with a caret on the
+    GRAD, naming the tensor, its fill and the backward operation: never a silent NaN. A forward
+    operation that keeps no fill is left to the planner, which refuses it as before."""
+    out = dict(fills)
+    for op in forward:
+        f_in = [out.get(o.tensor, 0.0) for o in op.inputs]
+        try:
+            out[op.output] = op_fill(op, f_in) if any(f_in) else 0.0
+        except ProgrammingError:
+            return
+    for op in ops:
+        f_in = [out.get(o.tensor, 0.0) for o in op.inputs]
+        try:
+            out[op.output] = op_fill(op, f_in) if any(f_in) else 0.0
+        except ProgrammingError:
+            bad = next(t for t in dict.fromkeys(o.tensor for o in op.inputs) if out.get(t, 0.0))
+            statement, span = step.sources[0] if step.sources else (None, None)
+            names = ", ".join(f"GRAD({step.loss}, {t})" for t, _, _ in step.wrt)
+            raise ProgrammingError(
+                f"{names}: the gradient reads {bad}, of fill value {out[bad]}, and is NaN "
+                f"wherever {bad} has no entry (the backward operation {describe(op)} at the "
+                "fills is NaN): it has no value there", statement=statement, span=span,
+                hint=f"the absent entries of {bad} are {out[bad]}: write the loss so that its "
+                     "derivative there is finite (MIN and MAX of sums pass nothing to them), "
+                     "or store the tensor with fill 0") from None
