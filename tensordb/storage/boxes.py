@@ -145,10 +145,17 @@ class GatherReader:
                             f"{n} rows of {self.base.meta.name}")
         rows = np.where(rows < 0, rows + n, rows)
         rest_lo, rest_hi = list(starts[k:]), list(stops[k:])
-        out = np.zeros(shape, self.base.meta.dtype)
         flat = rows.reshape(-1)
-        dest = out.reshape((flat.size,) + shape[k:])
         grid0 = self.base.meta.grid[0]
+        if len(grid0) == 2:  # one row tile: one take (a tenth of the time of a fancy setitem)
+            block = self.base.read_box([0] + rest_lo, [n] + rest_hi)
+            if block is not None:
+                out = np.empty(shape, self.base.meta.dtype)
+                np.take(_resident(block, flat.size), flat, axis=0,
+                        out=out.reshape((flat.size,) + shape[k:]))
+                return out
+        out = np.zeros(shape, self.base.meta.dtype)
+        dest = out.reshape((flat.size,) + shape[k:])
         tile_of = np.searchsorted(np.asarray(grid0), flat, side="right") - 1
         for t in np.unique(tile_of):  # only the base's row tiles that the index names
             lo, hi = int(grid0[t]), int(grid0[t + 1])
@@ -156,12 +163,20 @@ class GatherReader:
             if block is None:
                 continue
             sel = np.nonzero(tile_of == t)[0]
-            dest[sel] = np.asarray(block)[flat[sel] - lo]
+            dest[sel] = _resident(block, sel.size)[flat[sel] - lo]
         return out
 
     def close(self) -> None:
         self.base.close()
         self.index.close()
+
+
+def _resident(block, lookups: int) -> np.ndarray:
+    """A stored tile to gather ``lookups`` rows from: copied first (one sequential read) when
+    the lookups are at least its rows, since random rows of a memory-mapped file fault its
+    pages in one at a time (ten times slower than the copy and a gather from memory)."""
+    block = np.asarray(block)
+    return np.array(block) if lookups >= len(block) else block
 
 
 class IotaReader:
