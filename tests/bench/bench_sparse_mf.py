@@ -74,9 +74,9 @@ class Peer:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--users", type=int, default=100_000)
-    ap.add_argument("--items", type=int, default=20_000)
-    ap.add_argument("--nnz", type=int, default=2_000_000)
+    ap.add_argument("--users", type=int, default=50_000)
+    ap.add_argument("--items", type=int, default=10_000)
+    ap.add_argument("--nnz", type=int, default=500_000)
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
