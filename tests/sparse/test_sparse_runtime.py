@@ -104,17 +104,17 @@ def test_ctrl_c_stops_a_query_over_a_sparse_tensor_and_stores_nothing(tmp_path):
 
 
 def test_an_spmm_intermediate_twice_the_limit_spills_and_equals_scipy(tmp_path):
-    """H = G @ X (64 MiB as float32, a LET) is needed by Y and again by Z, after Q is made:
-    under a 32 MiB limit it spills, and every answer is scipy's."""
+    """H = G @ X (16 MiB as float32, a LET) is needed by Y and again by Z, after Q is made:
+    under an 8 MiB limit it spills, and every answer is scipy's."""
     rng = np.random.default_rng(6)
-    n = 16384
-    G = _graph(n, 40_000, 7, np.float32)
+    n = 4096
+    G = _graph(n, 10_000, 7, np.float32)
     X = rng.standard_normal((n, 1024), dtype=np.float32)
     W2 = rng.standard_normal((1024, 64), dtype=np.float32)
     W3 = rng.standard_normal((n, 64), dtype=np.float32)
     sql = ("LET H[i,k] = SUM(G[i,j] * X[j,k]); Y[i,m] = SUM(H[i,k] * W2[k,m]); "
            "LET Q[i,m] = RELU(SUM(G[i,j] * W3[j,m])); Z[k,m] = SUM(H[i,k] * Q[i,m])")
-    with tensordb.connect(tmp_path / "s.tdb", workers=2, memory_limit=32 * MB) as con:
+    with tensordb.connect(tmp_path / "s.tdb", workers=2, memory_limit=8 * MB) as con:
         for name, a in (("G", G), ("X", X), ("W2", W2), ("W3", W3)):
             con.load(name, a)
         assert "spmm" in con.explain(sql)
