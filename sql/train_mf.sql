@@ -36,74 +36,74 @@ CREATE OR REPLACE TENSOR V FROM (
 
 -- The residual at the observed entries (an SDDMM), as a LET: computed with the factors of the
 -- moment it is used, never stored.
-LET Err[n] = SUM(U[obs_user[n], f] * V[obs_item[n], f]) - obs_rating[n];
+LET Resid[n] = SUM(U[obs_user[n], f] * V[obs_item[n], f]) - obs_rating[n];
 CREATE OR REPLACE TABLE loss_curve (step INTEGER, loss DOUBLE);
 
 -- step 1
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];
 INSERT INTO loss_curve SELECT 1, value FROM L;
 
 -- step 2
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];
 INSERT INTO loss_curve SELECT 2, value FROM L;
 
 -- step 3
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];
 INSERT INTO loss_curve SELECT 3, value FROM L;
 
 -- step 4
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];
 INSERT INTO loss_curve SELECT 4, value FROM L;
 
 -- step 5
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];
 INSERT INTO loss_curve SELECT 5, value FROM L;
 
 -- step 6
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];
 INSERT INTO loss_curve SELECT 6, value FROM L;
 
 -- step 7
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];
 INSERT INTO loss_curve SELECT 7, value FROM L;
 
 -- step 8
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];
 INSERT INTO loss_curve SELECT 8, value FROM L;
 
 -- step 9
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];
 INSERT INTO loss_curve SELECT 9, value FROM L;
 
 -- step 10
-L = SUM(Err[n] * Err[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
+L = SUM(Resid[n] * Resid[n]) + 0.1 * SUM(U[u,f] * U[u,f]) + 0.1 * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - 0.02 * dU[u,f];
 V[i,f] = V[i,f] - 0.02 * dV[i,f];

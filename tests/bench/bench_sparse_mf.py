@@ -35,8 +35,8 @@ COMMAND = ("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /work/main/.venv/bin/py
            "-m tests.bench.bench_sparse_mf")
 LAM, LR = 0.05, 0.001
 
-STEP = f"""LET Err[n] = SUM(U[obs_user[n], f] * V[obs_item[n], f]) - obs_rating[n];
-L = SUM(Err[n] * Err[n]) + {LAM} * SUM(U[u,f] * U[u,f]) + {LAM} * SUM(V[i,f] * V[i,f]);
+STEP = f"""LET Resid[n] = SUM(U[obs_user[n], f] * V[obs_item[n], f]) - obs_rating[n];
+L = SUM(Resid[n] * Resid[n]) + {LAM} * SUM(U[u,f] * U[u,f]) + {LAM} * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - {LR} * dU[u,f];
 V[i,f] = V[i,f] - {LR} * dV[i,f]"""

@@ -22,8 +22,8 @@ import tensordb
 ROOT = Path(__file__).resolve().parents[2]
 LAM, LR = 0.1, 0.02
 
-STEP = """LET Err[n] = SUM(U[obs_user[n], f] * V[obs_item[n], f]) - obs_rating[n];
-L = SUM(Err[n] * Err[n]) + {lam} * SUM(U[u,f] * U[u,f]) + {lam} * SUM(V[i,f] * V[i,f]);
+STEP = """LET Resid[n] = SUM(U[obs_user[n], f] * V[obs_item[n], f]) - obs_rating[n];
+L = SUM(Resid[n] * Resid[n]) + {lam} * SUM(U[u,f] * U[u,f]) + {lam} * SUM(V[i,f] * V[i,f]);
 LET dU = GRAD(L, U); LET dV = GRAD(L, V);
 U[u,f] = U[u,f] - {lr} * dU[u,f];
 V[i,f] = V[i,f] - {lr} * dV[i,f]"""
