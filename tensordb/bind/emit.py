@@ -33,7 +33,7 @@ from ..plan.fills import describe, op_fill
 from ..plan.grad import backward
 from ..plan.ir import EinGraph, EinOp, Operand, TensorInfo
 from ..plan.names import TensorRef
-from ..plan.select import box_scatter, gather_scatter
+from ..plan.select import Selection, box_scatter, gather_scatter
 
 __all__ = ["BoundStep", "GradStep", "Emitter"]
 
@@ -177,11 +177,12 @@ class Emitter:
                 continue
             box, grad = part
             if isinstance(box, BoxName):
-                sel = box_scatter(info.shape, box.box, dtype)
+                sel = box_scatter(info.shape, box.box, dtype).with_source(grad)
             else:
-                sel = gather_scatter(info.shape, box.index, box.index_shape)
+                sel = self._scaled_scatter(info, box, grad, dtype) or gather_scatter(
+                    info.shape, box.index, box.index_shape).with_source(grad)
             name = into if len(parts) == 1 else into.temporary(last + k)
-            self._select(name, sel.with_source(grad), dtype)
+            self._select(name, sel, dtype)
             names.append(name)
         if len(parts) > 1:
             labels = tuple(f"d{i}" for i in range(len(info.shape)))
@@ -193,6 +194,39 @@ class Emitter:
                        tuple(self.known[n] for n in names), backward=True)
             self.ops.append(op)
             self.known[into] = dtype
+
+    def _scaled_scatter(self, info: TensorInfo, box: GatherName, grad: str, dtype: str):
+        """The scatter-add of ``grad`` onto the rows a vector index names, fused with the
+        operation that made ``grad`` when that is a row-scaled copy of another tensor,
+        ``grad[n,f] = g[n] * X[n,f]`` (GRAD's gradient of one factor of a product of gathers,
+        ``SUM_f U[iu[n],f] * V[iv[n],f]``): one operation ``SUM_n X[n,f] * H[n,r] * g[n]``
+        with H the index's one-hot rows, an SpMM whose sparse entries are scaled by g
+        (plan/kernel.py), so the lookups x columns product is never stored. None where it
+        does not apply (the plain scatter-add of ``grad`` then)."""
+        if len(box.index_shape) != 1:
+            return None
+        op = next((o for o in self.ops if o.output == grad), None)
+        j = op.join if op is not None else None
+        if op is None or not op.backward or op.agg_labels or len(op.inputs) != 2 or \
+                op.writes_diagonal or grad in self.outputs or op.dtype != dtype or \
+                any(d != dtype for d in (op.in_dtypes or ())) or \
+                not (isinstance(j, scalar.Call) and j.fn == "*" and len(j.args) == 2 and
+                     all(isinstance(a, scalar.Input) for a in j.args) and
+                     {a.index for a in j.args} == {0, 1}) or \
+                any(o.tensor == grad for other in self.ops for o in other.inputs):
+            return None
+        n, lab = op.out_labels[0], op.out_labels
+        vec = [o for o in op.inputs if o.labels == (n,)]
+        full = [o for o in op.inputs if o.labels == lab]
+        if len(vec) != 1 or len(full) != 1 or len(lab) != len(info.shape):
+            return None
+        rest = tuple(f"a{k}" for k in range(1, len(info.shape)))
+        sizes = {"b0": box.index_shape[0], "r": info.shape[0]} | dict(zip(rest, info.shape[1:]))
+        self.ops.remove(op)
+        return Selection(("r",) + rest, ((full[0].tensor, ("b0",) + rest),
+                                        (OneHotName(box.index, box.index_shape, info.shape[0]),
+                                         ("b0", "r")), (vec[0].tensor, ("b0",))),
+                         scalar.product(3), sizes, "sum")
 
     def _select(self, name: TensorRef, sel, dtype: str, backward: bool = True) -> None:
         """One operation of plan/select.py (its positions made inputs of the graph)."""

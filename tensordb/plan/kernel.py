@@ -215,16 +215,24 @@ def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> in
     operand known finite, with distinct labels, all kept but the contracted one. The one-hot
     rows of an index (``geometry.OneHotName``: GRAD's scatter-add of a gather) take any
     partner: skipping their absent entries is the scatter-add itself (numpy's ``np.add.at``,
-    which adds a NaN or inf only to the rows the index names)."""
+    which adds a NaN or inf only to the rows the index names). GRAD's scatter-add of a row-scaled
+    gradient, ``SUM_n X[n,f] * H[n,r] * g[n]`` (X, the one-hot H, then g, in that order), is the
+    one three-operand form: H's entries are scaled by g, then multiplied by X."""
     prod = blas_product(op)
-    if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
-            np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
+    if prod is None or op.agg != "sum" or len(op.inputs) not in (2, 3) or prod[0] != 1 or \
+            np.dtype(op.dtype).kind not in "iuf" or len(finite) != len(op.inputs):
         return None
     for k in sparse:
+        if len(op.inputs) == 3 and (k != 1 or not isinstance(op.inputs[1].tensor, OneHotName)):
+            continue  # three operands: only GRAD's scaled scatter-add (plan/grad.py), in order
         s, d = op.inputs[k].labels, op.inputs[1 - k].labels
         if not (finite[1 - k] or isinstance(op.inputs[k].tensor, OneHotName)) or len(s) != 2 \
                 or len(set(s)) != 2 or len(set(d)) != len(d):
             continue
+        if len(op.inputs) == 3 and not (len(op.inputs[2].labels) == 1 and
+                                        op.inputs[2].labels[0] in s and
+                                        op.inputs[2].labels[0] in d):
+            continue  # the third operand: a vector on the contracted label (scales S's entries)
         shared = [l for l in s if l in d]
         if len(shared) != 1 or shared[0] in op.out_labels:
             continue

@@ -206,3 +206,36 @@ def test_grad_whose_backward_is_nan_at_the_fill_is_refused_and_changes_nothing(t
         D0 = np.where(np.isfinite(D), D, 0.0)
         np.testing.assert_allclose(con.tensor("gx"),
                                    (-D0 * np.exp(-D0 * (x + 1))).sum(0), rtol=1e-12)
+
+
+def test_the_fused_scaled_scatter_add_is_np_add_at_with_a_nan_rating():
+    """GRAD of a product of two gathers fuses the row scaling into the scatter-add (one SpMM
+    whose entries are scaled, EXPLAIN shows three operands); a NaN residual reaches only the
+    rows its rating names, as np.add.at; tiles split across the lookups too."""
+    rng = np.random.default_rng(8)
+    users, items, n, k = 40, 30, 200, 3
+    iu, ii = rng.integers(-users, users, n), rng.integers(0, items, n)
+    r = rng.standard_normal(n)
+    r[17] = np.nan
+    U, V = rng.standard_normal((users, k)), rng.standard_normal((items, k))
+    with tensordb.connect(workers=2) as con:
+        con.load("U", U, tile=(16, k))
+        con.load("V", V)
+        con.load("iu", iu, tile=(64,))
+        con.load("ii", ii, tile=(64,))
+        con.load("r", r, tile=(64,))
+        sql = ("LET E[n] = SUM(U[iu[n], f] * V[ii[n], f]) - r[n]; L = SUM(E[n] * E[n]); "
+               "dU = GRAD(L, U); dV = GRAD(L, V)")
+        text = con.explain(sql)
+        assert re.search(r"SUM\(V\[ii\]\[b0,a1\] \* onehot\(iu,40\)\[b0,r\] \* dL/dE[.\w]*\[b0\]\)",
+                         text), text
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tensordb.Warning)
+            con.execute(sql)
+        e = np.einsum("nf,nf->n", U[iu], V[ii]) - r
+        want_u, want_v = np.zeros_like(U), np.zeros_like(V)
+        np.add.at(want_u, iu, 2 * e[:, None] * V[ii])
+        np.add.at(want_v, ii, 2 * e[:, None] * U[iu])
+        for got, want in ((con.tensor("dU"), want_u), (con.tensor("dV"), want_v)):
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_allclose(got, want, rtol=1e-12)
