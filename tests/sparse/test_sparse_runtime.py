@@ -1,4 +1,4 @@
-"""Sparse tensors through the plan cache, Ctrl-C and the memory budget (spilling): a repeated
+"""Sparse tensors through the plan cache, Ctrl-C, the memory budget (spilling) and Dask: a repeated
 sparse step (PageRank, an MF step with GRAD) is planned once and follows a replaced matrix; a
 long query over a sparse tensor stops at Ctrl-C and stores nothing; an SpMM's intermediate twice
 the memory limit spills and the answers are scipy's."""
@@ -127,3 +127,30 @@ def test_an_spmm_intermediate_twice_the_limit_spills_and_equals_scipy(tmp_path):
         q = np.maximum(G.astype(np.float64) @ W3.astype(np.float64), 0)
         np.testing.assert_allclose(con.tensor("Y"), h @ W2, rtol=2e-3, atol=2e-3)
         np.testing.assert_allclose(con.tensor("Z"), h.T @ q, rtol=2e-3, atol=2e-2)
+
+
+def test_an_mf_step_with_grad_on_the_dask_executor_equals_scipy(tmp_path):
+    """The sparse one-hot scatter-adds (SpMM, their entries scaled) run on Dask workers too."""
+    pytest.importorskip("distributed")
+    from tensordb.exec.dask import local_cluster
+    rng = np.random.default_rng(9)
+    users, items, nnz = 120, 80, 600
+    flat = rng.choice(users * items, nnz, replace=False)
+    rows, cols, vals = flat // items, flat % items, rng.integers(1, 6, nnz).astype(float)
+    U, V = 0.5 + 0.1 * rng.standard_normal((users, 4)), 0.5 + 0.1 * rng.standard_normal((items, 4))
+    step = ("LET E[n] = SUM(U[ou[n], f] * V[oi[n], f]) - r[n]; L = SUM(E[n] * E[n]); "
+            "LET dU = GRAD(L, U); LET dV = GRAD(L, V); "
+            "U[u,f] = U[u,f] - 0.01 * dU[u,f]; V[i,f] = V[i,f] - 0.01 * dV[i,f]")
+    with local_cluster(2, local_directory=str(tmp_path / "dask")) as cluster, \
+            tensordb.connect(tmp_path / "db", workers=2, storage="shared",
+                             executor=f"dask://{cluster.scheduler_address}") as con:
+        for name, a in (("U", U), ("V", V), ("ou", rows), ("oi", cols), ("r", vals)):
+            con.load(name, a, tile=(64,) if a.ndim == 1 else (64, 4))
+        assert con.explain(step).count("spmm x1 sparse") == 2
+        for _ in range(2):
+            con.execute(step)
+            e = np.einsum("nf,nf->n", U[rows], V[cols]) - vals
+            E = sp.csr_array((2 * e, (rows, cols)), shape=(users, items))
+            U, V = U - 0.01 * (E @ V), V - 0.01 * (E.T @ U)
+        np.testing.assert_allclose(con.tensor("U"), U, rtol=1e-12)
+        np.testing.assert_allclose(con.tensor("V"), V, rtol=1e-12)
