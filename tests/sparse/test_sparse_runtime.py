@@ -1,7 +1,7 @@
 """Sparse tensors through the plan cache, Ctrl-C, the memory budget (spilling) and Dask: a repeated
 sparse step (PageRank, an MF step with GRAD) is planned once and follows a replaced matrix; a
 long query over a sparse tensor stops at Ctrl-C and stores nothing; an SpMM's intermediate twice
-the memory limit spills and the answers are scipy's."""
+the memory limit spills and the answers are scipy's; an MF step with GRAD on Dask workers too."""
 from __future__ import annotations
 
 import _thread
