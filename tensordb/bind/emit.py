@@ -25,13 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import Error, ProgrammingError
 from ..geometry import BoxName, GatherName, IotaName, OneHotName
 from ..plan import scalar
 from ..plan.builder import split_pairwise
+from ..plan.fills import describe, op_fill
 from ..plan.grad import backward
 from ..plan.ir import EinGraph, EinOp, Operand, TensorInfo
 from ..plan.names import TensorRef
-from ..plan.select import box_scatter, gather_scatter
+from ..plan.select import Selection, box_scatter, gather_scatter
 
 __all__ = ["BoundStep", "GradStep", "Emitter"]
 
@@ -59,6 +61,7 @@ class GradStep:
 
     loss: str
     wrt: tuple[tuple[str, str, bool], ...]        # (tensor, into, store)
+    sources: tuple = ()                           # per wrt, (statement, span) of its GRAD
 
 
 class Emitter:
@@ -146,7 +149,10 @@ class Emitter:
         shapes = {n: (i.shape, i.dtype) for n, i in self.inputs.items()}
         loss = self.alias.get(step.loss, step.loss)
         self.passes[loss] = self.passes.get(loss, 0) + 1  # a loss may have several passes
-        ops = backward(self.ops, shapes, loss, wrt, self.passes[loss])
+        fills = {n: self._fill(n) for n in shapes if self._fill(n)}
+        ops = backward(self.ops, shapes, loss, wrt, self.passes[loss], fills)
+        if fills:
+            check_fills(self.ops, ops, fills, step)
         for op in ops:
             for o in op.inputs:  # every stored tensor they read is an input of the graph
                 if o.tensor not in self.known:
@@ -171,11 +177,12 @@ class Emitter:
                 continue
             box, grad = part
             if isinstance(box, BoxName):
-                sel = box_scatter(info.shape, box.box, dtype)
+                sel = box_scatter(info.shape, box.box, dtype).with_source(grad)
             else:
-                sel = gather_scatter(info.shape, box.index, box.index_shape)
+                sel = self._scaled_scatter(info, box, grad, dtype) or gather_scatter(
+                    info.shape, box.index, box.index_shape).with_source(grad)
             name = into if len(parts) == 1 else into.temporary(last + k)
-            self._select(name, sel.with_source(grad), dtype)
+            self._select(name, sel, dtype)
             names.append(name)
         if len(parts) > 1:
             labels = tuple(f"d{i}" for i in range(len(info.shape)))
@@ -187,6 +194,39 @@ class Emitter:
                        tuple(self.known[n] for n in names), backward=True)
             self.ops.append(op)
             self.known[into] = dtype
+
+    def _scaled_scatter(self, info: TensorInfo, box: GatherName, grad: str, dtype: str):
+        """The scatter-add of ``grad`` onto the rows a vector index names, fused with the
+        operation that made ``grad`` when that is a row-scaled copy of another tensor,
+        ``grad[n,f] = g[n] * X[n,f]`` (GRAD's gradient of one factor of a product of gathers,
+        ``SUM_f U[iu[n],f] * V[iv[n],f]``): one operation ``SUM_n X[n,f] * H[n,r] * g[n]``
+        with H the index's one-hot rows, an SpMM whose sparse entries are scaled by g
+        (plan/kernel.py), so the lookups x columns product is never stored. None where it
+        does not apply (the plain scatter-add of ``grad`` then)."""
+        if len(box.index_shape) != 1:
+            return None
+        op = next((o for o in self.ops if o.output == grad), None)
+        j = op.join if op is not None else None
+        if op is None or not op.backward or op.agg_labels or len(op.inputs) != 2 or \
+                op.writes_diagonal or grad in self.outputs or op.dtype != dtype or \
+                any(d != dtype for d in (op.in_dtypes or ())) or \
+                not (isinstance(j, scalar.Call) and j.fn == "*" and len(j.args) == 2 and
+                     all(isinstance(a, scalar.Input) for a in j.args) and
+                     {a.index for a in j.args} == {0, 1}) or \
+                any(o.tensor == grad for other in self.ops for o in other.inputs):
+            return None
+        n, lab = op.out_labels[0], op.out_labels
+        vec = [o for o in op.inputs if o.labels == (n,)]
+        full = [o for o in op.inputs if o.labels == lab]
+        if len(vec) != 1 or len(full) != 1 or len(lab) != len(info.shape):
+            return None
+        rest = tuple(f"a{k}" for k in range(1, len(info.shape)))
+        sizes = {"b0": box.index_shape[0], "r": info.shape[0]} | dict(zip(rest, info.shape[1:]))
+        self.ops.remove(op)
+        return Selection(("r",) + rest, ((full[0].tensor, ("b0",) + rest),
+                                        (OneHotName(box.index, box.index_shape, info.shape[0]),
+                                         ("b0", "r")), (vec[0].tensor, ("b0",))),
+                         scalar.product(3), sizes, "sum")
 
     def _select(self, name: TensorRef, sel, dtype: str, backward: bool = True) -> None:
         """One operation of plan/select.py (its positions made inputs of the graph)."""
@@ -207,6 +247,16 @@ class Emitter:
                    backward=backward)
         self.ops.append(op)
         self.known[name] = dtype
+
+    def _fill(self, name: str) -> float:
+        """A stored tensor's fill value (plan/fills.py; 0 for a result, or without a catalog)."""
+        meta = getattr(self.catalog, "meta", None)
+        if meta is None or name not in self.stored:
+            return 0.0
+        try:
+            return float(getattr(meta(name), "fill", 0.0) or 0.0)
+        except Error:
+            return 0.0
 
     def _finite(self, name: str) -> bool:
         """No stored tile holds NaN or inf (a catalog without per-tile facts: assumed)."""
@@ -235,3 +285,34 @@ class Emitter:
                    tuple((l, sizes[l]) for l in sizes if l in used), j, agg, dtype, in_dtypes)
         self.ops.append(op)
         self.known[name] = dtype
+
+
+def check_fills(forward, ops, fills, step: GradStep) -> None:
+    """Refuse a GRAD whose backward pass reads a tensor of another fill than 0 where the
+    gradient keeps no fill (plan/fills.py): NaN wherever that tensor has no entry, as numpy and
+    autograd would compute on the densified tensor (``EXP(-D * D)``'s derivative ``-2 D EXP(-D *
+    D)`` is ``inf * 0`` at an absent entry of fill +inf). A ProgrammingError with a caret on the
+    GRAD, naming the tensor, its fill and the backward operation: never a silent NaN. A forward
+    operation that keeps no fill is left to the planner, which refuses it as before."""
+    out = dict(fills)
+    for op in forward:
+        f_in = [out.get(o.tensor, 0.0) for o in op.inputs]
+        try:
+            out[op.output] = op_fill(op, f_in) if any(f_in) else 0.0
+        except ProgrammingError:
+            return
+    for op in ops:
+        f_in = [out.get(o.tensor, 0.0) for o in op.inputs]
+        try:
+            out[op.output] = op_fill(op, f_in) if any(f_in) else 0.0
+        except ProgrammingError:
+            bad = next(t for t in dict.fromkeys(o.tensor for o in op.inputs) if out.get(t, 0.0))
+            statement, span = step.sources[0] if step.sources else (None, None)
+            names = ", ".join(f"GRAD({step.loss}, {t})" for t, _, _ in step.wrt)
+            raise ProgrammingError(
+                f"{names}: the gradient reads {bad}, of fill value {out[bad]}, and is NaN "
+                f"wherever {bad} has no entry (the backward operation {describe(op)} at the "
+                "fills is NaN): it has no value there", statement=statement, span=span,
+                hint=f"the absent entries of {bad} are {out[bad]}: write the loss so that its "
+                     "derivative there is finite (MIN and MAX of sums pass nothing to them), "
+                     "or store the tensor with fill 0") from None

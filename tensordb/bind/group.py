@@ -264,10 +264,11 @@ class GroupBinder:
         result_dtype = wdtype if np.dtype(wdtype).kind == "f" else "float64"
         for k, step in enumerate(self.steps):  # join an earlier GRAD of the same loss
             if isinstance(step, GradStep) and step.loss == loss and self._same_at(wrt, k):
-                self.steps[k] = GradStep(loss, step.wrt + ((wrt, gname, store),))
+                self.steps[k] = GradStep(loss, step.wrt + ((wrt, gname, store),),
+                                         step.sources + ((script, call.span),))
                 break
         else:
-            self.steps.append(GradStep(loss, ((wrt, gname, store),)))
+            self.steps.append(GradStep(loss, ((wrt, gname, store),), ((script, call.span),)))
         self.known[gname] = (wshape, result_dtype)
         self.current[t.name.lower()] = gname
         if store:

@@ -100,6 +100,10 @@ class Snapshot:
         gather's reader (storage/boxes.py) is read densified: it has none."""
         out = {}
         for name, r in self.readers(names).items():
+            own = getattr(r, "sparse_stats", None)
+            if own is not None and r.has_sparse:  # computed sparse: a one-hot's rows
+                out[name] = StoredStats(*own())
+                continue
             if not isinstance(r, TensorReader):
                 continue
             entries = r.entries.values()

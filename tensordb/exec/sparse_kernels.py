@@ -57,8 +57,14 @@ def spmm(op, choice, args: list, out_shape) -> np.ndarray:
     (j,) = [l for l in s_labels if l in d_labels]
     (i,) = [l for l in s_labels if l != j]
     S, D = args[k], args[1 - k]
-    if S is None or D is None:
+    if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
+    if len(args) == 3:  # GRAD's scaled scatter-add: S's entries times the vector g on j
+        g = np.asarray(densify(args[2]) if is_sparse(args[2]) else args[2]).astype(dtype)
+        if not is_sparse(S):
+            S = np.asarray(S, dtype) * (g[None, :] if s_labels.index(j) == 1 else g[:, None])
+        else:
+            S = _scaled(S, g, s_labels.index(j), dtype)
     rest = [l for l in d_labels if l != j]
     axis = d_labels.index(j)
     if not is_sparse(S):  # the box read was (partly) dense: plain BLAS on the dense tiles
@@ -81,6 +87,17 @@ def spmm(op, choice, args: list, out_shape) -> np.ndarray:
     D2 = np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape))
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _scaled(S, g: np.ndarray, axis: int, dtype):
+    """A CSR tile with each entry times ``g`` at its row (``axis`` 0) or column (1): one pass
+    over the entries (numpy's product, so a NaN or inf of g reaches only the entries it meets)."""
+    import scipy.sparse as sp
+    S = sp.csr_array(S)
+    with np.errstate(all="ignore"):
+        at = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr)) if axis == 0 else S.indices
+        data = np.asarray(S.data, dtype) * g[at]
+    return sp.csr_array((data, S.indices, S.indptr), shape=S.shape)
 
 
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:

@@ -81,14 +81,17 @@ class _Slots:
 
 
 def backward(ops: Sequence[EinOp], stored: Mapping[str, tuple[tuple[int, ...], str]], loss: str,
-             wrt: Sequence[tuple[str, str]], pass_no: int = 1) -> list[EinOp]:
+             wrt: Sequence[tuple[str, str]], pass_no: int = 1,
+             fills: Mapping[str, float] | None = None) -> list[EinOp]:
     """The backward operations of the forward operations ``ops`` (in order) for the scalar
     ``loss`` (an output of one of them): for every ``(tensor, into)`` of ``wrt``, operations
     ending in one named ``into``, of the tensor's shape and dtype, holding d loss / d tensor.
     ``stored`` gives the shape and dtype of the stored tensors the operations read.
     ``pass_no``: the how-manieth backward pass of ``loss`` in its graph (the names of a later
-    one's tensors are ``d<loss>(n)/d<t>``, apart from the first's ``d<loss>/d<t>``)."""
-    return _Backward(ops, stored, loss, pass_no).run(wrt)
+    one's tensors are ``d<loss>(n)/d<t>``, apart from the first's ``d<loss>/d<t>``).
+    ``fills``: the stored tensors whose fill value is not 0 (plan/fills.py), by name: the
+    gradient of such a tensor is taken on its stored entries only (``_on_entries``)."""
+    return _Backward(ops, stored, loss, pass_no, fills).run(wrt)
 
 
 class _Backward:
@@ -96,8 +99,10 @@ class _Backward:
     element, known without computing anything: the seed d loss / d loss = 1, and what constant
     factors and sums make of it), or None (0: nothing reached the tensor)."""
 
-    def __init__(self, ops: Sequence[EinOp], stored, loss: str, pass_no: int = 1) -> None:
+    def __init__(self, ops: Sequence[EinOp], stored, loss: str, pass_no: int = 1,
+                 fills: Mapping[str, float] | None = None) -> None:
         self.fwd = list(ops)
+        self.fills = {t: float(f) for t, f in (fills or {}).items() if f}
         self.producer = {op.output: op for op in self.fwd}
         self.stored = dict(stored)
         self.loss = loss
@@ -234,6 +239,7 @@ class _Backward:
         labels = tuple(f"d{i}" for i in range(len(self.shape(t))))
         slots = _Slots()
         join = mul(Const(value), Call("pow", (slots(t, labels), Const(0))))
+        join = self._on_entries(join, slots, t, labels)
         self.emit(TensorRef.of(into), labels, slots, join, dict(zip(labels, self.shape(t))),
                   dtype=self._float(t))
 
@@ -290,10 +296,23 @@ class _Backward:
                 return Const(value)
         if [l for l in lk if l not in slots.labels()] or not slots.items:
             expr = mul(expr, power(slots(t, lk), Const(0)))
+        expr = self._on_entries(expr, slots, t, lk)
         into = self.first_into.get(t)
         if into is not None and self.count.get(t) == 1:
             return self.emit(TensorRef.of(into), lk, slots, expr, size, dtype=self._float(t))
         return self.emit(self.name(t), lk, slots, expr, size)
+
+    def _on_entries(self, expr: Expr, slots: _Slots, t: str, labels) -> Expr:
+        """``expr``, a contribution to the gradient of ``t``, kept only at t's stored entries
+        when t is a stored tensor whose fill f is not 0 (``WHERE(t != f, expr, 0)``): its
+        absent entries are its structure (a graph's missing edges at +inf), not parameters, so
+        their gradient is 0, and the gradient is sparse on t's entries (fill 0). At a stored
+        entry it is the gradient numpy's rules give (MIN's: split between the entries equal to
+        the minimum). A stored entry never equals the fill (the writer leaves those out)."""
+        f = self.fills.get(t)
+        if not f:
+            return expr
+        return call("where", call("!=", slots(t, labels), Const(f)), expr, Const(0))
 
     def helper(self, op: EinOp, kind: str) -> str:
         """``count`` (MAX/MIN: the elements equal to the result), ``zeros`` and ``nonzero``

@@ -269,6 +269,9 @@ def read_sparse_box(reader, starts, stops):
     when it overlaps a dense tile or none at all (then read it as ``reader.read_box``)."""
     from ..geometry import overlapping, tile_box
     import scipy.sparse as sp
+    own = getattr(reader, "sparse_box", None)
+    if own is not None:  # computed sparse (a one-hot's rows, storage/boxes.py)
+        return own(starts, stops)
     meta = reader.meta
     if meta.ndim != 2 or not reader.has_sparse:
         return None

@@ -1,0 +1,123 @@
+"""A matrix-factorisation training step with GRAD on a sparse ratings matrix, against the same
+step written with scipy.sparse and numpy, in one process, alternating.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /work/main/.venv/bin/python -m tests.bench.bench_sparse_mf
+
+The step (sql/train_mf.sql's, `STEP` below): the residual at the observed ratings only (an
+SDDMM: U's and V's rows gathered at R's coordinates, their dot products), the loss (squared
+error plus L2 terms), `LET dU = GRAD(L, U); LET dV = GRAD(L, V)` (the scatter-adds of the
+residual times the other factor's rows: SpMM with the one-hot rows of the index, sparse), and
+the update of both factors, stored. tensordb runs it as one `execute` call (parse, bind, plan
+from the plan cache, run, commit) on an in-memory database. The peer is the same step by hand:
+`e = einsum(U[rows], V[cols]) - r`, then `E = csr(2e)`, `E @ V`, `E.T @ U` (scipy.sparse).
+Each figure is the median of --repeat rounds after one warm-up; the ratio is tensordb's over the
+peer's. The factors both end with are compared (they must agree to 1e-8).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import tensordb  # noqa: E402
+from tests.bench import bench_suite  # noqa: E402
+
+COMMAND = ("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /work/main/.venv/bin/python "
+           "-m tests.bench.bench_sparse_mf")
+LAM, LR = 0.05, 0.001
+
+STEP = f"""LET Resid[n] = SUM(U[obs_user[n], f] * V[obs_item[n], f]) - obs_rating[n];
+L = SUM(Resid[n] * Resid[n]) + {LAM} * SUM(U[u,f] * U[u,f]) + {LAM} * SUM(V[i,f] * V[i,f]);
+LET dU = GRAD(L, U); LET dV = GRAD(L, V);
+U[u,f] = U[u,f] - {LR} * dU[u,f];
+V[i,f] = V[i,f] - {LR} * dV[i,f]"""
+
+
+def ratings(users: int, items: int, nnz: int, seed: int = 0) -> sp.coo_array:
+    """``nnz`` distinct (user, item) pairs drawn uniformly, ratings 1..5, in row-major order."""
+    rng = np.random.default_rng(seed)
+    flat = np.unique(rng.integers(0, users * items, int(nnz * 1.02)))[:nnz]
+    rng.shuffle(flat)
+    flat = np.sort(flat[:nnz])
+    return sp.coo_array((rng.integers(1, 6, flat.size).astype(np.float64),
+                         (flat // items, flat % items)), shape=(users, items))
+
+
+class Peer:
+    """The step by hand: SDDMM by gathering rows of U and V at R's coordinates, SpMM for the
+    gradients (scipy.sparse), the same arithmetic as the SQL."""
+
+    def __init__(self, R: sp.coo_array, U, V) -> None:
+        self.rows, self.cols, self.vals = R.row, R.col, R.data
+        self.shape = R.shape
+        self.U, self.V = U.copy(), V.copy()
+        self.loss = None
+
+    def step(self) -> None:
+        U, V = self.U, self.V
+        e = np.einsum("nr,nr->n", U[self.rows], V[self.cols]) - self.vals
+        self.loss = float(e @ e + LAM * np.sum(U * U) + LAM * np.sum(V * V))
+        E = sp.csr_array((2 * e, (self.rows, self.cols)), shape=self.shape)
+        dU = E @ V + 2 * LAM * U
+        dV = E.T @ U + 2 * LAM * V
+        self.U, self.V = U - LR * dU, V - LR * dV
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=50_000)
+    ap.add_argument("--items", type=int, default=10_000)
+    ap.add_argument("--nnz", type=int, default=500_000)
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    R = ratings(args.users, args.items, args.nnz)
+    rng = np.random.default_rng(1)
+    U = 0.5 + 0.1 * rng.standard_normal((args.users, args.rank))
+    V = 0.5 + 0.1 * rng.standard_normal((args.items, args.rank))
+    peer = Peer(R, U, V)
+    with tensordb.connect(None, workers=args.workers) as con:
+        t0 = time.perf_counter()
+        con.load("U", U)
+        con.load("V", V)
+        con.load("obs_user", R.row.astype(np.int64))
+        con.load("obs_item", R.col.astype(np.int64))
+        con.load("obs_rating", R.data)
+        t_load = time.perf_counter() - t0
+        times = bench_suite.median_times({"tensordb": lambda: con.execute(STEP),
+                                          "scipy": peer.step}, args.repeat)
+        err = max(bench_suite.rel_error(con.tensor("U"), peer.U),
+                  bench_suite.rel_error(con.tensor("V"), peer.V))
+        plan = con.explain(STEP)
+    assert err < 1e-8, err
+    load1 = os.getloadavg()[0]
+    ratio = times["tensordb"] / times["scipy"]
+    print(plan.splitlines()[0])
+    print(f"MF step, {args.users:,} users x {args.items:,} items, {R.nnz:,} ratings "
+          f"({R.nnz / args.users / args.items:.2%}), rank {args.rank}, "
+          f"{args.workers} worker(s), median of {args.repeat}")
+    print(f"| | tensordb (GRAD, SQL) | scipy.sparse + numpy | ratio |")
+    print(f"|---|---:|---:|---:|")
+    print(f"| one step | {times['tensordb'] * 1e3:,.0f} ms | {times['scipy'] * 1e3:,.0f} ms "
+          f"| {ratio:.2f}x |")
+    print(f"loading the COO vectors and factors: {t_load * 1e3:,.0f} ms; the factors agree to "
+          f"{err:.1e}; load average {load0:.1f} -> {load1:.1f}; {platform.machine()}, "
+          f"{os.cpu_count()} cores; {bench_suite.blas_info()}; "
+          f"total {time.perf_counter() - t_start:.0f} s")
+    print(f"command: {COMMAND} " + " ".join(argv if argv is not None else sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
