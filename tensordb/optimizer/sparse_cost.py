@@ -38,11 +38,14 @@ class StoredStats:
 def read_sparse(op: EinOp, kern: tuple, st: dict) -> set[int]:
     """The operands a sparse kernel holds as their entries (its call's working set counts them
     at their payload's share of the dense bytes; any other operand is densified): the sparse
-    operand; for ``masked``, every sparse stored one (each arrives as CSR and stays so); for
+    operand; for ``spmm``, the other one too where it is a sparse stored matrix (SpGEMM);
+    for ``masked``, every sparse stored one (each arrives as CSR and stays so); for
     ``semiring``, every sparse stored one whose fill is the sparse operand's."""
     method, k = kern[0], kern[1]
     if method in ("masked", "spjoin"):
         return set(st)
+    if method == "spmm":  # SpGEMM: a sparse matrix partner arrives as CSR and stays so
+        return {k} | {n for n in st if len(op.inputs[n].labels) == 2}
     if method == "semiring":
         return {n for n in st if st[n].fill == st[k].fill}
     return {k}

@@ -62,7 +62,7 @@ class CatalogSink:
             for out in plan.outputs.values():
                 if not out.stored:
                     continue
-                op = next(o for o in plan.ops if o.output == out.name)
+                n_op, op = next((n, o) for n, o in enumerate(plan.ops) if o.output == out.name)
                 dims = [lbl if lbl.isidentifier() and not op.writes_diagonal else f"d{n}"
                         for n, lbl in enumerate(op.out_labels)]
                 fill = (fills or {}).get(out.name, 0.0)
@@ -70,11 +70,12 @@ class CatalogSink:
                                  dims=dims, replace=replace, check_tables=check_tables, fill=fill)
                 self.writers.append((out, w))
                 est = (sparse_nnz or {}).get(out.name)
-                # An output the estimate says is sparse, or whose fill is not 0 (plan/fills.py),
-                # gets no dense places: the commit stores each tile as the format rule says
-                # (writer.write_tile).
-                if fill != 0 or (est is not None and
-                                 is_sparse_overall(out.shape, int(est), out.dtype)):
+                # An output the estimate says is sparse (its kernel returns CSR tiles where
+                # the plan says so: plan.kernel.with_output), or whose fill is not 0
+                # (plan/fills.py), gets no dense places: the commit stores each tile as the
+                # format rule says (writer.write_tile, which takes a sparse tile as it is).
+                if fill != 0 or plan.kernels[n_op].out_format != "dense" or (
+                        est is not None and is_sparse_overall(out.shape, int(est), out.dtype)):
                     self._sparse.add(out.name)
                 for coords, key in out.tiles.items():
                     self._tile_of[key] = (w, coords)
