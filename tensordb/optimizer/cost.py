@@ -229,9 +229,11 @@ class OpModel:
                               k in st))
         flops, out_nnz = float(op.flops), None
         if kern is not None:
-            flops = float(sparse_flops(op, kern, st[kern[1]].nnz))
             other = (stats or {}).get(op.inputs[1 - kern[1]].tensor) if len(op.inputs) == 2 \
                 and op.inputs[1 - kern[1]].tensor not in produced else None
+            flops = float(sparse_flops(op, kern, st[kern[1]].nnz,
+                                       other.nnz if other is not None and other.sparse
+                                       else None))
             out_nnz = sparse_out_nnz(op, kern, st[kern[1]].nnz,
                                       None if other is None else other.nnz)
             # its output tiles sparse or dense, by the estimate (the lowering decides the same)

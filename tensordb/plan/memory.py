@@ -46,7 +46,8 @@ import numpy as np
 from ..shares import Shares
 from .aggregates import ARG_AGGS
 from .ir import EinOp
-from .kernel import KernelChoice, choose_kernel, chunk_label, element_bytes, output_tile_bytes
+from .kernel import (SPARSE_METHODS, KernelChoice, choose_kernel, chunk_label, element_bytes,
+                     output_tile_bytes)
 
 __all__ = ["CallMemory", "PlanMemory", "worker_budget", "kernel_temporaries", "call_memory",
            "project", "BLAS_FLOPS_PER_THREAD"]
@@ -101,9 +102,9 @@ def kernel_temporaries(op: EinOp, choice: KernelChoice, extents: Mapping[str, in
     ``choice.chunk_elements`` join-space elements (one slice of the chunk label at least),
     ``element_bytes`` each, plus the chunk's reduction; a matmul writes into its output and copies
     only the operands it casts, transposes or scales; opt_einsum's ``contract`` may copy every
-    operand and its result; a sparse kernel makes its result once more (dense, or its CSR entries). ``chunk``: the
-    label a broadcasting kernel chunks along on these tiles, when not ``choice.chunk`` (the
-    optimizer's tilings: ``plan.kernel.chunk_label``).
+    operand and its result; a sparse kernel (scipy, GraphBLAS) makes its result once more (dense,
+    or its CSR entries). ``chunk``: the label a broadcasting kernel chunks along on these tiles,
+    when not ``choice.chunk`` (the optimizer's tilings: ``plan.kernel.chunk_label``).
 
     >>> from tensordb.plan.kernel import choose_kernel
     >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 4, "j": 3, "k": 2})
@@ -116,7 +117,10 @@ def kernel_temporaries(op: EinOp, choice: KernelChoice, extents: Mapping[str, in
     # its result (a sparse kernel's at its estimated entries: plan.kernel.with_output)
     output = output_tile_bytes(op, choice, [extents[l] for l in op.out_labels])
     method = choice.method
-    if method in ("spmm", "spreduce"):
+    if method in SPARSE_METHODS:
+        # scipy's or GraphBLAS's result, made once more (a CSR one at its estimated entries);
+        # the dense variant of a tile whose values rule the sparse kernel out (a NaN) is not
+        # what the plan is sized for
         return output
     if method == "contract":  # opt_einsum may copy every operand, and its result
         return sum(elems) * out_item + output
