@@ -22,7 +22,8 @@ from ..plan.aggregates import AGGREGATES, ARG_AGGS
 from ..plan.kernel import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
 from ..storage.sparse import is_sparse
-from .sparse_kernels import SPARSE_METHODS, combine_sparse, dense_args, sparse_call
+from .sparse_kernels import SPARSE_METHODS, dense_args, sparse_call
+from .sparse_out import combine_sparse
 
 __all__ = ["KernelSpec", "BACKENDS", "get_backend", "combine", "CHUNK_ELEMENTS"]
 

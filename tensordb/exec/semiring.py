@@ -45,6 +45,7 @@ import numpy as np
 
 from ..plan.sparse_rules import SEMIRINGS, have_graphblas
 from ..storage.sparse import Filled, densify, is_sparse
+from .sparse_out import csr_output
 
 __all__ = ["semiring", "masked", "sddmm", "spjoin", "CHUNK"]
 
@@ -206,7 +207,6 @@ def _sparse_result(gb, C, A, B, plus, agg, J, s, d, dtype, fill, shape, labels, 
         part = np.asarray(cnt.data) < J
         csr.data[part] = agg(csr.data[part], dtype.type(0))
     import scipy.sparse as sp
-    from .sparse_kernels import csr_output
     return csr_output(sp.csr_array(csr), labels, out_labels, dtype, fill)
 
 
@@ -318,7 +318,6 @@ def sddmm(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         vals *= np.asarray(csr.data)
     if choice.out_format == "csr":  # M's structure: a CSR tile, never dense
         import scipy.sparse as sp
-        from .sparse_kernels import csr_output
         out = sp.csr_array((vals, np.asarray(csr.indices), np.asarray(csr.indptr)),
                            shape=csr.shape)
         return csr_output(out, [a, b], op.out_labels, dtype)
@@ -354,6 +353,5 @@ def _join_result(res, choice, dtype):
     """A sparse join's scipy result (in the output's orientation already) as the plan's output
     tile: CSR where ``choice.out_format`` says sparse, else dense."""
     if choice.out_format == "csr":
-        from .sparse_kernels import csr_output
         return csr_output(res, (0, 1), (0, 1), dtype)
     return np.ascontiguousarray(densify(res.tocsr()), dtype=dtype)

@@ -31,8 +31,8 @@ import math
 import numpy as np
 
 from ..physical.choice import SPARSE_METHODS
-from ..plan.aggregates import AGGREGATES
-from ..storage.sparse import CooTile, Filled, densify, entries, fill_of, is_sparse
+from ..storage.sparse import densify, is_sparse
+from .sparse_out import combine_sparse, csr_output
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
            "SPARSE_METHODS"]
@@ -44,67 +44,6 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         return (spmm if choice.method == "spmm" else spreduce)(op, choice, args, out_shape)
     from . import semiring
     return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
-
-
-def csr_output(csr, labels, out_labels, dtype, fill: float = 0.0):
-    """A sparse kernel's matrix result ``csr`` (scipy, labels ``labels``) as the output tile the
-    plan asked for (``KernelChoice.out_format`` 'csr'): transposed to ``out_labels``, in
-    ``dtype``, CSR with sorted indices; a ``Filled`` when its absent entries are ``fill``, not 0.
-    The writer stores it from its entries (``TensorWriter.write_tile``)."""
-    if tuple(labels) != tuple(out_labels):
-        csr = csr.T
-    csr = csr.tocsr()
-    if csr.dtype != dtype:
-        csr = csr.astype(dtype)
-    if not csr.has_canonical_format:
-        csr.sum_duplicates()
-    return Filled(csr, fill) if fill else csr
-
-
-def combine_sparse(agg: str, acc, part):
-    """``acc`` AGG ``part`` where either is a sparse tile (a sparse kernel's partial results of
-    one output tile, the contracted label split): returns the new accumulator. Two sparse tiles
-    of one fill are combined on their entries, never densified: the union of the entries, each
-    the AGG of both where both hold it and of it and the other's fill where one does (a sum of
-    fill 0 adds the partials; min-plus's partials, fill +inf, take their MIN). Otherwise both
-    are densified with their fills (``acc`` made a private array) and combined in place."""
-    ufunc = AGGREGATES[agg].ufunc
-    if not (is_sparse(acc) and is_sparse(part)) or isinstance(acc, CooTile) or \
-            isinstance(part, CooTile) or not _same(fill_of(acc), fill_of(part)):
-        acc = densify(acc) if is_sparse(acc) else acc
-        ufunc(acc, densify(part), out=acc)
-        return acc
-    fill = fill_of(acc)
-    a = acc.csr if isinstance(acc, Filled) else acc
-    b = part.csr if isinstance(part, Filled) else part
-    if agg == "sum" and fill == 0 and a.dtype.kind in "iuf":  # scipy's add, linear
-        return csr_output(a + b, (0, 1), (0, 1), a.dtype)
-    (la, va), (lb, vb) = entries(a), entries(b)
-    lin = np.concatenate([la, lb])
-    vals = np.concatenate([va, np.asarray(vb, va.dtype)])
-    order = np.argsort(lin, kind="stable")
-    lin, vals = lin[order], vals[order]
-    if lin.size:
-        starts = np.flatnonzero(np.r_[True, lin[1:] != lin[:-1]])
-        red = ufunc.reduceat(vals, starts)
-        single = np.diff(np.r_[starts, lin.size]) == 1
-        if single.any() and fill == fill:  # one side absent: its fill takes part
-            with np.errstate(all="ignore"):
-                red[single] = ufunc(red[single], np.asarray(fill).astype(red.dtype))
-        lin = lin[starts]
-    else:
-        red = vals
-    rows, cols = np.divmod(lin, a.shape[1])
-    indptr = np.zeros(a.shape[0] + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=a.shape[0]), out=indptr[1:])
-    import scipy.sparse as sp
-    csr = sp.csr_array((red.astype(a.dtype, copy=False), cols, indptr), shape=a.shape)
-    csr.has_sorted_indices = True
-    return Filled(csr, fill) if fill else csr
-
-
-def _same(x: float, y: float) -> bool:
-    return x == y or (x != x and y != y)
 
 
 def dense_args(args: list) -> list:
