@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
 
-__all__ = ["CooTile", "Filled", "encode", "encode_dense", "decode", "densify", "densify_part", "is_sparse",
+__all__ = ["CooTile", "Filled", "encode", "encode_csr", "encode_dense", "decode", "densify", "densify_part", "is_sparse",
            "scatter_into", "entries", "fill_of", "tile_nbytes",
            "stored_entries",
            "validate", "to_scipy", "read_sparse_box"]
@@ -218,6 +218,28 @@ def encode(shape, dtype, lin: np.ndarray, values: np.ndarray, fmt: str) -> np.nd
     else:
         raise ValueError(f"unknown sparse format {fmt!r}")
     for p in parts:
+        n = p.size * idx.itemsize
+        out[at:at + n].view(idx)[:] = p
+        at += n
+    return out
+
+
+def encode_csr(shape, dtype, indptr: np.ndarray, indices: np.ndarray,
+               values: np.ndarray) -> np.ndarray:
+    """The ``csr`` payload (uint8) of a matrix tile from its CSR arrays (column indices sorted
+    within each row, none repeated): ``encode``'s layout, with no linear indices made."""
+    shape = tuple(int(n) for n in shape)
+    dtype = np.dtype(dtype)
+    nse = int(values.size)
+    idx = index_dtype(shape, nse)
+    out = np.empty(sparse_nbytes(shape, nse, dtype, "csr"), np.uint8)
+    out[:HEADER_BYTES].view(np.int64)[0] = nse
+    vbytes = nse * dtype.itemsize
+    out[HEADER_BYTES:HEADER_BYTES + vbytes].view(dtype)[:] = values
+    at = HEADER_BYTES + vbytes
+    out[at:at + (-vbytes % 8)] = 0
+    at += -vbytes % 8
+    for p in (indptr, indices):
         n = p.size * idx.itemsize
         out[at:at + n].view(idx)[:] = p
         at += n

@@ -30,7 +30,8 @@ from .identity import payload_name
 from .meta import TensorMeta
 from .reader import TileEntry
 from .reserved import ReservedTiles
-from .sparse import densify, encode, entries, fill_of, is_sparse, stored_entries
+from .sparse import (Filled, densify, encode, encode_csr, entries, fill_of, is_sparse,
+                     stored_entries)
 from ..sparsity import choose_format
 from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
                       open_payload, sync_in_background, write_all)
@@ -154,6 +155,22 @@ class TensorWriter(ReservedTiles):
         if tuple(tile.shape) != shape:
             raise DataError(f"tensor '{self.name}': tile {coords} should have shape {shape}, "
                             f"got {tuple(tile.shape)}")
+        csr = tile.csr if isinstance(tile, Filled) else tile
+        if getattr(csr, "format", None) == "csr" and csr.has_canonical_format:
+            data = np.asarray(csr.data, self.dtype)
+            with np.errstate(invalid="ignore"):
+                keep = data != self.fill
+            if self.fill == 0 and data.dtype.kind == "f":
+                keep |= np.signbit(data)  # a -0.0 is stored (stored_entries)
+            if keep.all() and choose_format(shape, data.size, self.dtype) == "csr":
+                # every entry stays and the rule says CSR: its arrays are the payload's
+                payload = encode_csr(shape, self.dtype, csr.indptr, csr.indices, data)
+                nnz = data.size if self.fill != 0 else count_nonzero(data)
+                if nnz == 0 and self.fill == 0:
+                    return False
+                return self._append(coords, starts, shape, payload, int(nnz),
+                                    checksum(payload),
+                                    has_nonfinite(data) or not math.isfinite(self.fill), "csr")
         lin, values = entries(tile)
         return self.write_entries(coords, lin, values)
 
