@@ -325,3 +325,29 @@ def test_each_sparse_kernel_returns_the_format_its_choice_says(fmt):
         out = sparse_call(op, c, args, [(40, 40), (40, 40)], (40, 40))
         assert is_sparse(out) == (fmt == "csr")
         np.testing.assert_array_equal(densify(out), ref)
+
+
+@pytest.mark.distributed
+def test_a_dask_cluster_stores_the_same_csr_tiles_as_the_local_pool(tmp_path):
+    """On a Dask cluster (workers that see the database) the CSR output tiles come back to the
+    client and are stored from their entries: the same bytes, nnz and checksums as the local
+    pool's, for SpGEMM with j split (partials summed on a worker) and min-plus."""
+    pytest.importorskip("distributed")
+    from tensordb.exec.dask import local_cluster
+    a = _graph(90, 0.03, 19)
+    with local_cluster(2, local_directory=str(tmp_path / "dask")) as cluster, \
+            tensordb.connect(tmp_path / "d", workers=2, storage="shared",
+                             executor=f"dask://{cluster.scheduler_address}") as d, \
+            tensordb.connect(tmp_path / "l", workers=2) as local:
+        for con in (d, local):
+            con.load("G", a)
+            con.load("D", a, fill_value=INF)
+            con.execute("C[i,k] = SUM(G[i,j] * G[j,k]) WITH (PIECES i 2, j 3); "
+                        "P[i,k] = MIN(D[i,j] + D[j,k]) WITH (PIECES j 2)")
+        for name in ("C", "P"):
+            r, q = d.store.open(name), local.store.open(name)
+            assert {c: (e.nnz, e.crc32, e.format) for c, e in r.entries.items()} == \
+                {c: (e.nnz, e.crc32, e.format) for c, e in q.entries.items()}
+            assert all(e.format == "csr" for e in r.entries.values())
+            np.testing.assert_array_equal(d.tensor(name), local.tensor(name))
+        np.testing.assert_array_equal(d.tensor("C"), _dense(a) @ _dense(a))
