@@ -25,6 +25,7 @@ import numpy as np
 
 from ..geometry import tile_box
 from ..sparsity import is_sparse_overall
+from ..storage.sparse import is_sparse
 from ..storage.tilestats import tile_stats
 from ..storage.writer import commit_all
 from .plan import TilePlan
@@ -138,13 +139,17 @@ class CatalogSink:
         commit. ``facts`` = (nnz, nonfinite, crc32), where the executor took them from this
         very array. A tile computed in its buffer goes to the file (``write_early``); a tile
         made elsewhere is copied into its buffer first; a streamed output's tile (no buffer)
-        is written into its place, and True tells the executor it need not keep it."""
+        is written into its place, and so is a sparse tile of an output with no places (a
+        sparse kernel's CSR tile: encoded from its entries); True tells the executor it need
+        not keep it."""
         w, coords = self._tile_of[key]
-        if w.streams:
+        buf = (self._buffers or {}).get(key)
+        if w.streams or (buf is None and is_sparse(tile)):
+            # streamed, or a sparse kernel's CSR tile (an output with no places): encoded,
+            # checksummed and written now, on the worker that finished it, not at the commit
             w.write_tile(coords, tile)
             self._written.add(key)
             return True
-        buf = (self._buffers or {}).get(key)
         if buf is not None and tile is not buf:
             np.copyto(buf, tile, casting="unsafe")
             tile, facts = buf, tile_stats(buf)
