@@ -351,3 +351,24 @@ def test_a_dask_cluster_stores_the_same_csr_tiles_as_the_local_pool(tmp_path):
             assert all(e.format == "csr" for e in r.entries.values())
             np.testing.assert_array_equal(d.tensor(name), local.tensor(name))
         np.testing.assert_array_equal(d.tensor("C"), _dense(a) @ _dense(a))
+
+
+def test_a_piece_computed_densely_meets_csr_partials(tmp_path):
+    """A NaN in one piece of j makes that partial's kernel compute densely (numpy's answer):
+    it is combined with the other pieces' CSR partials (densified with their fill +inf) into
+    numpy's MIN, NaN where numpy has one."""
+    a = _graph(60, 0.05, 20)
+    d = _dense(a, INF)
+    r, c = a.nonzero()
+    bad = int(np.flatnonzero(c >= 30)[0])       # an entry in the second half of j
+    a = a.copy()
+    a.data[bad] = np.nan
+    d[r[bad], c[bad]] = np.nan
+    with np.errstate(invalid="ignore"):
+        ref = np.min(d[:, :, None] + d[None], axis=1)
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("D", a, fill_value=INF)
+        for pieces in ("", " WITH (PIECES j 2)", " WITH (PIECES i 2, j 2)"):
+            con.execute("P[i,k] = MIN(D[i,j] + D[j,k])" + pieces)
+            np.testing.assert_array_equal(con.tensor("P"), ref)
+            assert np.isnan(ref).any()
