@@ -231,19 +231,15 @@ class OpModel:
         if kern is not None:
             other = (stats or {}).get(op.inputs[1 - kern[1]].tensor) if len(op.inputs) == 2 \
                 and op.inputs[1 - kern[1]].tensor not in produced else None
-            flops = float(sparse_flops(op, kern, st[kern[1]].nnz,
-                                       other.nnz if other is not None and other.sparse
-                                       else None))
-            out_nnz = sparse_out_nnz(op, kern, st[kern[1]].nnz,
-                                      None if other is None else other.nnz)
-            # its output tiles sparse or dense, by the estimate (the lowering decides the same)
-            choice = with_output(choice, op, out_nnz)
+            flops = float(sparse_flops(op, kern, st[kern[1]].nnz, getattr(other, "nnz", None)
+                                       if getattr(other, "sparse", False) else None))
+            out_nnz = sparse_out_nnz(op, kern, st[kern[1]].nnz, getattr(other, "nnz", None))
+            choice = with_output(choice, op, out_nnz)  # sparse output tiles: as the lowering
         item = np.dtype(op.dtype).itemsize
         out_pos = tuple(labels.index(l) for l in op.out_labels) if op.writes_diagonal else ()
         return OpModel(op, labels, sizes, tuple(ins), len(op.free_labels),
                        output_tile_bytes(op, choice, op.out_shape), item, flops, max(1, workers),
-                       params,
-                       budget, choice, handoff, out_pos, _blas_output(op, choice, labels),
+                       params, budget, choice, handoff, out_pos, _blas_output(op, choice, labels),
                        sparse_kernel=kern, out_nnz=out_nnz)
 
     def clamp(self, pieces: Sequence[int]) -> tuple[int, ...]:
