@@ -116,7 +116,9 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
             node["densifies"] = dense
         est = decomp.details.get("output_nnz", {}).get(op.output)
         if est is not None:
-            node["output_nnz"] = {"estimated": int(round(est))}
+            # the plan's output format by that estimate (plan.kernel.with_output)
+            node["output_nnz"] = {"estimated": int(round(est)),
+                                  "format": plan.kernels[i].out_format}
             got = getattr(result, "output_nnz", {}).get(op.output)
             if got is not None:
                 node["output_nnz"]["measured"] = int(got)
@@ -276,6 +278,8 @@ def header(data: Mapping) -> list[str]:
         lines.append("  output nnz: " + ", ".join(
             f"{name} estimated {count(v['estimated'])}"
             + (f", measured {count(v['measured'])}" if "measured" in v else "")
+            + (f" ({v['format']} tiles from the kernel)" if v.get("format", "dense") != "dense"
+               else "")
             for name, v in nnz))
     if "blas" in data:
         lines.append(blas_line(data["blas"]))

@@ -13,6 +13,7 @@ import numpy as np
 from .. import physical
 from ..geometry import tile_box
 from ..shares import Shares
+from ..storage.sparse import densify
 
 __all__ = ["StoreSink", "ArraySink", "EARLY_CHECK_FLOPS"]
 
@@ -89,5 +90,5 @@ class ArraySink:
         arr = np.zeros(out.shape, out.dtype)
         for coords, key in out.tiles.items():
             lo, hi = tile_box(out.grid, coords)
-            arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = result.tiles.pop(key)
+            arr[tuple(slice(a, b) for a, b in zip(lo, hi))] = densify(result.tiles.pop(key))
         return arr[()] if arr.ndim == 0 else arr  # a numpy scalar, as numpy.einsum gives

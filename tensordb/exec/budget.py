@@ -32,6 +32,7 @@ import numpy as np
 
 from ..physical.plan import Aggregate, Kernel, Load
 from ..plan.memory import kernel_temporaries
+from ..storage.sparse import is_sparse
 from .runtime import planned_bytes
 
 __all__ = ["Budget", "working_bytes", "temporary_bytes", "may_cross", "upper_bytes",
@@ -217,7 +218,7 @@ class Budget:
         run = self.run
         with run.lock:
             value = run.results.get(key)
-        if value is None:
+        if value is None or is_sparse(value):  # a CSR output tile stays: its entries only
             return 0
         evict = getattr(run.tiles, "evict", None)  # device tiles go to host memory instead
         try:

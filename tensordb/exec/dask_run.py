@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import Error, OperationalError
 from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
+from ..storage.sparse import is_sparse, tile_nbytes
 from .dask_worker import Payload, collect, forget, run_task, to_host, write_output
 from .runtime import Ledger, RunResult, op_of, translate
 from .tasks import run_load
@@ -132,7 +133,7 @@ class Attempt:
                 self.sink.wrote(k, v)
                 continue
             tiles[k] = _host(v)
-            gathered += tiles[k].nbytes
+            gathered += tile_nbytes(tiles[k])
             if self.sink is not None:
                 self.sink.finished(k, tiles[k])
         self._release(futures, scattered, drop_records=False)
@@ -440,5 +441,6 @@ def translate_cluster_error(exc: BaseException) -> BaseException:
 
 
 def _host(value):
-    return value if isinstance(value, np.ndarray) else np.asarray(value)
+    """A gathered tile as a host array (a CuPy one copied back); a CSR output tile as it is."""
+    return value if isinstance(value, np.ndarray) or is_sparse(value) else np.asarray(value)
 

@@ -21,6 +21,7 @@ import numpy as np
 from ..physical.plan import Aggregate, Load
 from ..storage import identity
 from ..storage.slots import write_slot
+from ..storage.sparse import is_sparse, tile_nbytes
 from .runtime import TaskRunner
 
 __all__ = ["Payload", "run_task", "write_output", "to_host", "collect", "forget", "gpu_count",
@@ -101,7 +102,9 @@ def run_task(run: str, backend: str, payload: Payload, *inputs):
     if isinstance(task, Aggregate):
         # Dask keeps every input in the worker's store until it is released: never write into
         # one, so the accumulator starts from a copy.
-        inputs[0] = xp.array(inputs[0], dtype=task.dtype, copy=True)
+        # (A sparse partial, a CSR output tile, is never written into: combined into new ones.)
+        if not is_sparse(inputs[0]):
+            inputs[0] = xp.array(inputs[0], dtype=task.dtype, copy=True)
     if isinstance(task, Load) and xp is not np and payload.source is not None and \
             payload.source.path is not None:
         value = _cached_load(xp, runner, payload)
@@ -113,11 +116,10 @@ def run_task(run: str, backend: str, payload: Payload, *inputs):
     # Measured as the local pool measures it: each input this task read that another worker
     # made (it came here by a transfer); a tile the client scattered is not a worker's.
     ran = _RAN[run]
-    moved = sum(int(getattr(v, "nbytes", 0)) for k, v in zip(payload.inputs, inputs)
+    moved = sum(tile_nbytes(v) for k, v in zip(payload.inputs, inputs)
                 if k not in ran and k not in payload.given)
     ran.add(payload.key)
-    _LOG[run].append((task.key, time.perf_counter() - t0, int(getattr(value, "nbytes", 0)),
-                      moved))
+    _LOG[run].append((task.key, time.perf_counter() - t0, tile_nbytes(value), moved))
     _HELD[run] = max(_HELD[run], _worker_bytes())
     if payload.slot is not None:
         return write_output(run, payload.slot, value)

@@ -21,7 +21,9 @@ from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, ARG_AGGS
 from ..plan.kernel import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
+from ..storage.sparse import is_sparse
 from .sparse_kernels import SPARSE_METHODS, dense_args, sparse_call
+from .sparse_out import combine_sparse
 
 __all__ = ["KernelSpec", "BACKENDS", "get_backend", "combine", "CHUNK_ELEMENTS"]
 
@@ -412,7 +414,11 @@ def _slice(a, axis: int, lo: int, hi: int, xp):
 
 
 def combine(agg: str, acc, part, xp=np):
-    """Accumulate ``part`` into ``acc`` in place (acc must be writable and owned)."""
+    """Accumulate ``part`` into ``acc`` in place (acc must be writable and owned); returns the
+    accumulator, a new one where either is a sparse tile (``combine_sparse``)."""
+    if xp is np and not (isinstance(acc, np.ndarray) and isinstance(part, np.ndarray)) and \
+            (is_sparse(acc) or is_sparse(part)):
+        return combine_sparse(agg, acc, part)
     ufunc = AGGREGATES[agg].ufunc
     fn = ufunc if xp is np else getattr(xp, ufunc.__name__)
     fn(acc, part, out=acc)

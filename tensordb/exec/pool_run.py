@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..physical.order import ranks
+from ..storage.sparse import tile_nbytes
 from ..storage.writer import TileStats, tile_stats
 from .budget import Budget, may_cross, temporary_bytes
 from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, plan_specs,
@@ -248,7 +249,7 @@ class _Run:
             acc = self.acc[agg.key] = self.runner.start(agg, part, op, self.dest.get(agg.key))
             self.ledger.acquire(agg.key, held_bytes(agg, acc))  # the partial is released below
         else:
-            self.runner.fold(agg, acc, part, op)
+            acc = self.acc[agg.key] = self.runner.fold(agg, acc, part, op)
         self._release((part_key,))
         self.acc_left[agg.key] -= 1
         if self.acc_left[agg.key] == 0:
@@ -280,7 +281,7 @@ class _Run:
             and self.finished_tile(task.key, value)
         self.results[task.key] = value
         self.made_on[task.key] = w
-        self.ledger.produced(task, held_bytes(task, value), int(getattr(value, "nbytes", 0)))
+        self.ledger.produced(task, held_bytes(task, value), tile_nbytes(value))
         if dest is not None:  # an output file's pages now: the page cache's, not the budget's
             self.ledger.release(task.key)
         if written:  # in its file now: kept only while consumers (queued below) need it

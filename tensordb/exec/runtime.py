@@ -28,6 +28,8 @@ import numpy as np
 
 from ..errors import DataError, Error, InternalError, OperationalError, OutOfMemoryError
 from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
+from ..plan.kernel import output_tile_bytes
+from ..storage.sparse import tile_nbytes
 from .kernels import KernelSpec, combine
 from .tasks import (finish_aggregate, run_aggregate, run_assemble, run_kernel, run_load,
                     start_aggregate)
@@ -125,7 +127,7 @@ def held_bytes(task, value) -> int:
     """The memory a tile alive in the run stands for: all of it for a tile the run computed
     (written into an output file's mapping or not, its pages are this run's), only what it owns
     for a Load (a view of a stored tensor costs nothing until read; absent tiles are zeros)."""
-    return _owned_nbytes(value) if isinstance(task, Load) else int(getattr(value, "nbytes", 0))
+    return _owned_nbytes(value) if isinstance(task, Load) else tile_nbytes(value)
 
 
 def planned_bytes(plan: TilePlan, task) -> int:
@@ -133,8 +135,8 @@ def planned_bytes(plan: TilePlan, task) -> int:
     if isinstance(task, Load):
         shape = [b - a for a, b in zip(task.starts, task.stops)]
         dtype = plan.readers[task.tensor].meta.dtype
-    elif isinstance(task, Kernel):
-        shape, dtype = task.out_shape, plan.ops[task.op].dtype
+    elif isinstance(task, Kernel):  # a sparse output tile at its estimated entries
+        return output_tile_bytes(plan.ops[task.op], plan.kernels[task.op], task.out_shape)
     else:
         shape, dtype = task.shape, task.dtype
     return math.prod(shape) * np.dtype(dtype).itemsize
@@ -202,9 +204,10 @@ class TaskRunner:
         except BaseException as exc:
             _reraise(exc, op)
 
-    def fold(self, task: Aggregate, acc, part, op) -> None:
+    def fold(self, task: Aggregate, acc, part, op):
+        """``part`` folded into ``acc``: the accumulator (a new one where a tile is sparse)."""
         try:
-            combine(task.agg, acc, part, self.xp)
+            return combine(task.agg, acc, part, self.xp)
         except BaseException as exc:
             _reraise(exc, op)
 

@@ -16,8 +16,10 @@ numpy where it is one line), chosen when the plan is lowered (plan/sparse_rules.
 
 Each checks the values of its tile first: where they are not what its rule assumes (NaN, or an
 infinity that meets the fill), the tile is computed densely with numpy, as the dense kernel
-would, so the answer is numpy's on the densified inputs either way. The output tile is dense
-(the writer stores it sparse, with its fill, where the format rule says so).
+would, so the answer is numpy's on the densified inputs either way. The output tile is dense,
+or CSR (a ``Filled`` one where the semiring's fill is not 0) where the plan says the output is
+sparse (``KernelChoice.out_format``, from its estimated nonzeros: plan.kernel.with_output); the
+writer stores a CSR tile from its entries, never densified.
 
 >>> import numpy as np, scipy.sparse as sp
 >>> from tensordb.plan.ir import EinOp
@@ -43,6 +45,7 @@ import numpy as np
 
 from ..plan.sparse_rules import SEMIRINGS, have_graphblas
 from ..storage.sparse import Filled, densify, is_sparse
+from .sparse_out import csr_output
 
 __all__ = ["semiring", "masked", "sddmm", "spjoin", "CHUNK"]
 
@@ -170,6 +173,9 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         A, B = [_to_gb(x[0], x[2], fill if plus else None) for x in (s, d)]
         A, B = A.T if s[3] else A, B.T if d[3] else B
         C = A.mxm(B, getattr(gb.semiring, name)).new()
+        if choice.out_format == "csr" and len(rest) == 1:  # the plan says sparse: CSR output
+            return _sparse_result(gb, C, A, B, plus, agg, J, s, d, dtype, fill, (I, R),
+                                  [i] + rest, op.out_labels)
         if C.nvals * 8 > I * R:  # mostly present: GraphBLAS writes the dense array itself
             res = np.asarray(C.to_dense(fill_value=fill), dtype=dtype).reshape(I, R)
         else:
@@ -185,6 +191,23 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
             res[part] = agg(res[part], dtype.type(0))
     res = res.reshape((I,) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _sparse_result(gb, C, A, B, plus, agg, J, s, d, dtype, fill, shape, labels, out_labels):
+    """A semiring product ``C`` (GraphBLAS) as the CSR output tile the plan asked for
+    (``KernelChoice.out_format``), its absent entries the semiring's fill: min-plus's +inf
+    where no pair is; max-times' 0, an entry some of whose pairs are absent also taking that
+    0 into its MAX or MIN (the structural count ``plus_pair`` has C's very structure)."""
+    csr = gb.io.to_scipy_sparse(C, format="csr")
+    if csr.dtype != dtype:
+        csr = csr.astype(dtype)
+    if not plus and J and (s[0] is not None or d[0] is not None) and csr.nnz:
+        cnt = gb.io.to_scipy_sparse(A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64"),
+                                    format="csr")
+        part = np.asarray(cnt.data) < J
+        csr.data[part] = agg(csr.data[part], dtype.type(0))
+    import scipy.sparse as sp
+    return csr_output(sp.csr_array(csr), labels, out_labels, dtype, fill)
 
 
 def _dense_semiring(S: np.ndarray, D: np.ndarray, plus: bool, agg, dtype) -> np.ndarray:
@@ -293,6 +316,11 @@ def sddmm(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
             sl = slice(lo, lo + step)
             vals[sl] = np.einsum("nr,nr->n", U[rows[sl]], V[cols[sl]])
         vals *= np.asarray(csr.data)
+    if choice.out_format == "csr":  # M's structure: a CSR tile, never dense
+        import scipy.sparse as sp
+        out = sp.csr_array((vals, np.asarray(csr.indices), np.asarray(csr.indptr)),
+                           shape=csr.shape)
+        return csr_output(out, [a, b], op.out_labels, dtype)
     res = np.zeros(csr.shape, dtype)
     res[rows, cols] = vals
     return _to_output(res, [a, b], op.out_labels)
@@ -312,11 +340,18 @@ def spjoin(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         with np.errstate(all="ignore"):
             finite = all(np.isfinite(t[0].data).all() for t in (a, b) if dtype.kind == "f")
         if finite:
-            return np.ascontiguousarray(densify(a[0].multiply(b[0]).tocsr()), dtype=dtype)
+            return _join_result(a[0].multiply(b[0]), choice, dtype)
         x, y = _dense(*a), _dense(*b)
     else:
-        res = a[0] + b[0] if fn == "+" else a[0] - b[0]
-        return np.ascontiguousarray(densify(res.tocsr()), dtype=dtype)
+        return _join_result(a[0] + b[0] if fn == "+" else a[0] - b[0], choice, dtype)
     with np.errstate(all="ignore"):
         res = x * y if fn == "*" else x + y if fn == "+" else x - y
     return np.ascontiguousarray(res, dtype=dtype)
+
+
+def _join_result(res, choice, dtype):
+    """A sparse join's scipy result (in the output's orientation already) as the plan's output
+    tile: CSR where ``choice.out_format`` says sparse, else dense."""
+    if choice.out_format == "csr":
+        return csr_output(res, (0, 1), (0, 1), dtype)
+    return np.ascontiguousarray(densify(res.tocsr()), dtype=dtype)

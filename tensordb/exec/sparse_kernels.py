@@ -7,8 +7,11 @@ before. The ``spmm`` kernel (``physical.choice.KernelChoice`` method ``spmm``, c
 plan is lowered) is a SUM of the product of a sparse matrix ``S`` (labels ``i, j``, in either
 order) with an operand ``D`` that holds ``j`` and labels kept in the output: ``D`` is laid out
 ``(j, rest)`` and ``S @ D`` is one scipy call (SpMM; SpMV when ``rest`` is empty; SpGEMM when
-``D`` arrives sparse too), its result dense and reordered to the output's labels. The choice is
-made only where ``D`` is known to hold no NaN or inf, where skipping absent entries is exact.
+``D`` arrives sparse too), its result dense and reordered to the output's labels, or, for
+SpGEMM where the plan says its output is sparse (``KernelChoice.out_format``, from the estimated
+nonzeros), a CSR tile the writer stores as it is (``csr_output``). The choice is made only where
+``D`` is known to hold no NaN or inf, where skipping absent entries is exact. Partial results of
+one output tile (the contracted label split) are combined sparse (``combine_sparse``).
 
 >>> import numpy as np, scipy.sparse as sp
 >>> from tensordb.plan.ir import EinOp
@@ -29,8 +32,10 @@ import numpy as np
 
 from ..physical.choice import SPARSE_METHODS
 from ..storage.sparse import densify, is_sparse
+from .sparse_out import combine_sparse, csr_output
 
-__all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "SPARSE_METHODS"]
+__all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
+           "SPARSE_METHODS"]
 
 
 def sparse_call(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
@@ -75,11 +80,14 @@ def spmm(op, choice, args: list, out_shape) -> np.ndarray:
     if S.dtype != dtype:
         S = S.astype(dtype)
     S = S if s_labels == (i, j) else S.T
-    if is_sparse(D):  # both sparse (and both finite): SpGEMM, then dense
+    if is_sparse(D):  # both sparse (and both finite): SpGEMM
         D = D.astype(dtype) if D.dtype != dtype else D
-        res = (S @ (D if d_labels == (j, rest[0]) else D.T)).toarray() if rest else \
-            np.asarray((S @ densify(D))).reshape(-1)
-        return _to_output(res, [i] + rest, op.out_labels)
+        if not rest:
+            return _to_output(np.asarray((S @ densify(D))).reshape(-1), [i], op.out_labels)
+        res = S @ (D if d_labels == (j, rest[0]) else D.T)
+        if choice.out_format == "csr":  # the plan's estimate says sparse: CSR, never dense
+            return csr_output(res, [i] + rest, op.out_labels, dtype)
+        return _to_output(res.toarray(), [i] + rest, op.out_labels)
     D = np.asarray(D)
     if D.dtype != dtype:
         D = D.astype(dtype)

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..physical.plan import Aggregate, Assemble, Kernel, Load
 from ..plan.aggregates import AGGREGATES
-from ..storage.sparse import read_sparse_box
+from ..storage.sparse import densify, is_sparse, read_sparse_box
 from .kernels import KernelSpec, combine
 from .sparse_kernels import dense_args
 
@@ -50,8 +50,10 @@ def start_aggregate(task: Aggregate, first, xp=np, out=None):
     """The accumulator for an aggregation: a private, writable copy of the first partial (made in
     ``out`` when given: the output tile's final buffer)."""
     if out is not None:
-        xp.copyto(out, first, casting="unsafe")
+        xp.copyto(out, densify(first) if xp is np else first, casting="unsafe")
         return out
+    if xp is np and is_sparse(first):  # a sparse partial: combined into new ones, never changed
+        return first
     acc = first
     # CuPy's flags have no ``writeable`` (device arrays always are).
     if not (getattr(acc, "flags", None) is not None and acc.flags.owndata
@@ -63,7 +65,9 @@ def start_aggregate(task: Aggregate, first, xp=np, out=None):
 
 
 def finish_aggregate(task: Aggregate, acc, xp=np):
-    if task.fill_zero:  # skipped combinations are zeros and take part in a max, min or prod
+    if task.fill_zero:
+        if xp is np and is_sparse(acc):  # every element takes the zeros in: dense
+            acc = densify(acc)  # skipped combinations are zeros and take part in a max, min or prod
         zero = acc.dtype.type(0)  # a Python 0 would make a bool accumulator an int64 result
         ufunc = AGGREGATES[task.agg].ufunc
         ufunc(acc, zero, out=acc) if xp is np else getattr(xp, ufunc.__name__)(acc, zero, out=acc)
@@ -74,5 +78,5 @@ def run_aggregate(task: Aggregate, parts: list, xp=np):
     """All partials at once (executors that cannot stream them)."""
     acc = start_aggregate(task, parts[0], xp)
     for p in parts[1:]:
-        combine(task.agg, acc, p, xp)
+        acc = combine(task.agg, acc, p, xp)
     return finish_aggregate(task, acc, xp)

@@ -40,7 +40,7 @@ import numpy as np
 from ..geometry import Grid, even_bounds
 from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
-from ..plan.kernel import KernelChoice, choose_kernel, chunk_label
+from ..plan.kernel import KernelChoice, choose_kernel, chunk_label, output_tile_bytes, with_output
 from .retile import edge_retile, recut_bytes, stored_aligned, views
 from .sparse_cost import StoredStats, read_sparse, sparse_flops, sparse_out_nnz
 
@@ -229,16 +229,17 @@ class OpModel:
                               k in st))
         flops, out_nnz = float(op.flops), None
         if kern is not None:
-            flops = float(sparse_flops(op, kern, st[kern[1]].nnz))
             other = (stats or {}).get(op.inputs[1 - kern[1]].tensor) if len(op.inputs) == 2 \
                 and op.inputs[1 - kern[1]].tensor not in produced else None
-            out_nnz = sparse_out_nnz(op, kern, st[kern[1]].nnz,
-                                      None if other is None else other.nnz)
+            flops = float(sparse_flops(op, kern, st[kern[1]].nnz, getattr(other, "nnz", None)
+                                       if getattr(other, "sparse", False) else None))
+            out_nnz = sparse_out_nnz(op, kern, st[kern[1]].nnz, getattr(other, "nnz", None))
+            choice = with_output(choice, op, out_nnz)  # sparse output tiles: as the lowering
         item = np.dtype(op.dtype).itemsize
         out_pos = tuple(labels.index(l) for l in op.out_labels) if op.writes_diagonal else ()
         return OpModel(op, labels, sizes, tuple(ins), len(op.free_labels),
-                       math.prod(op.out_shape) * item, item, flops, max(1, workers), params,
-                       budget, choice, handoff, out_pos, _blas_output(op, choice, labels),
+                       output_tile_bytes(op, choice, op.out_shape), item, flops, max(1, workers),
+                       params, budget, choice, handoff, out_pos, _blas_output(op, choice, labels),
                        sparse_kernel=kern, out_nnz=out_nnz)
 
     def clamp(self, pieces: Sequence[int]) -> tuple[int, ...]:
@@ -258,7 +259,8 @@ class OpModel:
         """Bytes one kernel call holds: its largest input tiles plus its output tile."""
         tile = [-(-n // k) if n else 0 for n, k in zip(self.sizes, d)]
         out = [tile[p] for p in self.out_pos] if self.out_pos else tile[: self.n_out]
-        total = self.out_itemsize * math.prod(out)
+        total = output_tile_bytes(self.op, self.kernel, out) if self.kernel is not None and \
+            not self.out_pos else self.out_itemsize * math.prod(out)
         for i in self.inputs:
             total += int(i.itemsize * math.prod(tile[p] for p in i.pos) * i.held)
         return total

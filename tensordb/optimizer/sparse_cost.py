@@ -38,19 +38,24 @@ class StoredStats:
 def read_sparse(op: EinOp, kern: tuple, st: dict) -> set[int]:
     """The operands a sparse kernel holds as their entries (its call's working set counts them
     at their payload's share of the dense bytes; any other operand is densified): the sparse
-    operand; for ``masked``, every sparse stored one (each arrives as CSR and stays so); for
+    operand; for ``spmm``, the other one too where it is a sparse stored matrix (SpGEMM);
+    for ``masked``, every sparse stored one (each arrives as CSR and stays so); for
     ``semiring``, every sparse stored one whose fill is the sparse operand's."""
     method, k = kern[0], kern[1]
     if method in ("masked", "spjoin"):
         return set(st)
+    if method == "spmm":  # SpGEMM: a sparse matrix partner arrives as CSR and stays so
+        return {k} | {n for n in st if len(op.inputs[n].labels) == 2}
     if method == "semiring":
         return {n for n in st if st[n].fill == st[k].fill}
     return {k}
 
 
-def sparse_flops(op: EinOp, kern: tuple, nnz: int) -> int:
+def sparse_flops(op: EinOp, kern: tuple, nnz: int, other: int | None = None) -> int:
     """The flops of a sparse kernel on a sparse operand of ``nnz`` stored entries: a multiply
-    and an add per entry and column of the other operand (spmm, semiring), one add per entry
+    and an add per entry and column of the other operand (spmm, semiring), or, where the other
+    is a stored sparse matrix of ``other`` entries (SpGEMM), per entry and the entries of a row
+    of it, ``other / J`` spread evenly; one add per entry
     (spreduce); per entry of the mask, a dot product of the third label's extent (sddmm) or
     of the mask's density times it (masked: the entries of a row of A @ B that meet the mask).
 
@@ -68,7 +73,11 @@ def sparse_flops(op: EinOp, kern: tuple, nnz: int) -> int:
     if method not in ("spmm", "semiring"):
         return nnz
     s, d = op.inputs[k].labels, op.inputs[1 - k].labels
-    return 2 * nnz * math.prod(op.size[l] for l in d if l not in s)
+    cols = math.prod(op.size[l] for l in d if l not in s)
+    if other is not None and len(d) == 2:  # SpGEMM: an entry S[i,j] meets row j's entries
+        shared = math.prod(op.size[l] for l in s if l in d)
+        cols = min(cols, other / shared) if shared else 0
+    return int(2 * nnz * cols)
 
 
 def sparse_out_nnz(op: EinOp, kern: tuple, nnz: int, other: int | None) -> float:

@@ -13,8 +13,9 @@ read the choice and decide nothing.
 """
 from __future__ import annotations
 
-from ..plan.kernel import (CHUNK_ELEMENTS, METHODS, SPARSE_METHODS, KernelChoice, MatmulLayout,
-                           choose_kernel, sparse_reduction, spmm_operand)
+from ..plan.kernel import (CHUNK_ELEMENTS, METHODS, SPARSE_METHODS, SPARSE_OUTPUT_METHODS,
+                           KernelChoice, MatmulLayout, choose_kernel, sparse_reduction,
+                           spmm_operand, with_output)
 
-__all__ = ["CHUNK_ELEMENTS", "METHODS", "SPARSE_METHODS", "MatmulLayout", "KernelChoice", "choose_kernel",
-           "spmm_operand", "sparse_reduction"]
+__all__ = ["CHUNK_ELEMENTS", "METHODS", "SPARSE_METHODS", "SPARSE_OUTPUT_METHODS", "MatmulLayout",
+           "KernelChoice", "choose_kernel", "spmm_operand", "sparse_reduction", "with_output"]

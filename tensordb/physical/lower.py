@@ -20,7 +20,7 @@ from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinGraph, EinOp
 from ..storage.reader import TensorReader, box_view
 from .calls import LAYOUTS, Calls, Layout, grid_rows
-from .choice import choose_kernel
+from .choice import choose_kernel, with_output
 from . import tilejoin
 from .plan import Assemble, CallBlock, Columns, Load, OpStats, Once, OutputTiles, TilePlan
 
@@ -131,9 +131,13 @@ class _Lowering:
         # The kernel's method and chunking, for the largest tile of each label and chunks sized
         # from a worker's memory budget (the optimizer's projection: details["memory"]).
         budget = getattr(self.decomp.details.get("memory"), "budget", None)
-        self.kernels.append(choose_kernel(op, {l: b[1] - b[0] if len(b) > 1 else 0  # even: the
-                                               for l, b in bounds.items()},  # first is largest
-                                          budget, *self._sparsity(op)))
+        choice = choose_kernel(op, {l: b[1] - b[0] if len(b) > 1 else 0  # even: the first
+                                    for l, b in bounds.items()},              # is largest
+                               budget, *self._sparsity(op))
+        # its output tiles sparse or dense, by the optimizer's estimate of its nonzeros (the
+        # choice the optimizer priced: plan.kernel.with_output)
+        est = self.decomp.details.get("output_nnz", {}).get(op.output)
+        self.kernels.append(with_output(choice, op, est))
         rows, outer, shape = self._call_rows(op, pieces, bounds)
         lay = LAYOUTS.get(shape) if shape is not None else None
         if lay is None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..geometry import tile_box
 from ..sparsity import is_sparse_overall
+from ..storage.sparse import is_sparse
 from ..storage.tilestats import tile_stats
 from ..storage.writer import commit_all
 from .plan import TilePlan
@@ -62,7 +63,7 @@ class CatalogSink:
             for out in plan.outputs.values():
                 if not out.stored:
                     continue
-                op = next(o for o in plan.ops if o.output == out.name)
+                n_op, op = next((n, o) for n, o in enumerate(plan.ops) if o.output == out.name)
                 dims = [lbl if lbl.isidentifier() and not op.writes_diagonal else f"d{n}"
                         for n, lbl in enumerate(op.out_labels)]
                 fill = (fills or {}).get(out.name, 0.0)
@@ -70,11 +71,12 @@ class CatalogSink:
                                  dims=dims, replace=replace, check_tables=check_tables, fill=fill)
                 self.writers.append((out, w))
                 est = (sparse_nnz or {}).get(out.name)
-                # An output the estimate says is sparse, or whose fill is not 0 (plan/fills.py),
-                # gets no dense places: the commit stores each tile as the format rule says
-                # (writer.write_tile).
-                if fill != 0 or (est is not None and
-                                 is_sparse_overall(out.shape, int(est), out.dtype)):
+                # An output the estimate says is sparse (its kernel returns CSR tiles where
+                # the plan says so: plan.kernel.with_output), or whose fill is not 0
+                # (plan/fills.py), gets no dense places: the commit stores each tile as the
+                # format rule says (writer.write_tile, which takes a sparse tile as it is).
+                if fill != 0 or plan.kernels[n_op].out_format != "dense" or (
+                        est is not None and is_sparse_overall(out.shape, int(est), out.dtype)):
                     self._sparse.add(out.name)
                 for coords, key in out.tiles.items():
                     self._tile_of[key] = (w, coords)
@@ -137,13 +139,17 @@ class CatalogSink:
         commit. ``facts`` = (nnz, nonfinite, crc32), where the executor took them from this
         very array. A tile computed in its buffer goes to the file (``write_early``); a tile
         made elsewhere is copied into its buffer first; a streamed output's tile (no buffer)
-        is written into its place, and True tells the executor it need not keep it."""
+        is written into its place, and so is a sparse tile of an output with no places (a
+        sparse kernel's CSR tile: encoded from its entries); True tells the executor it need
+        not keep it."""
         w, coords = self._tile_of[key]
-        if w.streams:
+        buf = (self._buffers or {}).get(key)
+        if w.streams or (buf is None and is_sparse(tile)):
+            # streamed, or a sparse kernel's CSR tile (an output with no places): encoded,
+            # checksummed and written now, on the worker that finished it, not at the commit
             w.write_tile(coords, tile)
             self._written.add(key)
             return True
-        buf = (self._buffers or {}).get(key)
         if buf is not None and tile is not buf:
             np.copyto(buf, tile, casting="unsafe")
             tile, facts = buf, tile_stats(buf)

@@ -12,7 +12,9 @@ The methods:
 - ``contract``: another product-and-sum, by opt_einsum's contract (BLAS where it can);
 - ``spmm``: a two-operand product-and-sum whose operand ``sparse`` is a matrix stored with sparse
   tiles and whose other operand is known to hold no NaN or inf: scipy.sparse's product
-  (exec/sparse_kernels.py), the output dense;
+  (exec/sparse_kernels.py), the output dense, or CSR tiles where its estimated nonzeros make
+  it sparse (``with_output``, as for the semiring, sampled and join kernels of
+  plan/sparse_rules.py);
 - ``spreduce``: a SUM, MAX or MIN of a matrix stored with sparse tiles, over one or both of its
   labels, with no function applied (``sparse_reduction``): scipy.sparse's reduction over the
   stored entries, absent ones counting as the zeros they are;
@@ -45,25 +47,30 @@ that is not finite). The test is on the data; the variant and its chunks are the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..errors import InternalError
 from ..geometry import OneHotName
+from ..sparsity import choose_format, sparse_nbytes
 from . import scalar, sparse_rules
 from .aggregates import ARG_AGGS
 from .ir import EinOp
 
 __all__ = ["CHUNK_ELEMENTS", "TEMPORARY_SHARE", "METHODS", "MatmulLayout", "KernelChoice",
            "choose_kernel", "chunk_label", "chunk_elements", "element_bytes", "live_arrays", "blas_product",
-           "matmul_layout", "sparse_kernel", "spmm_operand", "sparse_reduction", "SPARSE_METHODS"]
+           "matmul_layout", "sparse_kernel", "spmm_operand", "sparse_reduction", "SPARSE_METHODS",
+           "SPARSE_OUTPUT_METHODS", "with_output", "output_tile_bytes"]
 
 CHUNK_ELEMENTS = 1 << 22  # the most join-space elements a broadcasting kernel materialises at once
 TEMPORARY_SHARE = 4       # a chunked kernel's temporaries stay within 1/4 of a worker's budget
 METHODS = ("matmul", "contract", "broadcast", "spmm", "spreduce") + sparse_rules.METHODS
 SPARSE_METHODS = ("spmm", "spreduce") + sparse_rules.METHODS  # exec/sparse_kernels.py
+# the sparse methods whose matrix output tiles may come back sparse (``with_output``)
+SPARSE_OUTPUT_METHODS = ("spmm", "semiring", "sddmm", "spjoin")
 
 
 # -- chunks: what a broadcasting kernel holds per element of its join space ---------------------
@@ -277,6 +284,8 @@ class KernelChoice:
     fallback: "KernelChoice | None" = None  # the variant next to a NaN or inf (not broadcast)
     fallback_on: tuple[str, ...] = ()   # when it is taken: 'inputs', 'result' (tests of the
     #                                     data), 'device' (a sparse method run dense, off the CPU)
+    out_format: str = "dense"           # a sparse method's output tiles: 'dense' or 'csr'
+    out_density: float = 1.0            # the estimated share of its output elements stored
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -293,6 +302,8 @@ class KernelChoice:
                 self.fallback is not None and (self.method == "broadcast"
                                                or self.fallback.method != "broadcast")):
             raise InternalError("a NaN/inf variant is a broadcast, of another method, with its test")
+        if self.out_format != "dense" and self.method not in SPARSE_OUTPUT_METHODS:
+            raise InternalError(f"kernel method '{self.method}' returns dense output tiles")
 
     def describe(self) -> str:
         """``matmul x0@x1`` (``x1@x0``: the operands swapped), ``contract``, ``broadcast by j``
@@ -333,6 +344,9 @@ class KernelChoice:
                 out["index"] = self.index
         elif self.scale != 1:
             out["scale"] = self.scale if isinstance(self.scale, (int, float)) else float(self.scale)
+        if self.out_format != "dense":
+            out["output_format"] = self.out_format
+            out["output_density"] = self.out_density
         if self.fallback is not None:
             key = "dense" if self.fallback_on == ("device",) else "nonfinite"  # off the CPU
             out[key] = {"test": list(self.fallback_on), "text": self.fallback.describe()}
@@ -421,3 +435,45 @@ def chunk_label(op: EinOp, extents: Mapping[str, int]) -> str:
     aggregated label (the first of equals), so one chunk stays near ``chunk_elements``; a join
     with nothing to aggregate is cut in slabs of its first axis (``rows``)."""
     return max(op.agg_labels, key=lambda l: extents[l]) if op.agg_labels else "rows"
+
+
+# -- the output format of a sparse kernel -------------------------------------------------------
+
+def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> KernelChoice:
+    """``choice`` with its output format decided: a sparse kernel whose output is a matrix
+    (``SPARSE_OUTPUT_METHODS``: SpGEMM, a semiring product, SDDMM, a sparse join) returns its
+    output tiles as CSR (exec/sparse_kernels.py, exec/semiring.py) when the output's estimated
+    nonzeros ``est_nnz`` (``optimizer.sparse_cost.sparse_out_nnz``, spread evenly over its
+    tiles) make it sparse by the rule that picks a stored tile's format
+    (``sparsity.choose_format``); otherwise, or with no estimate, dense. The optimizer prices
+    the choice this gives (its output bytes, ``output_tile_bytes``) and the lowering records
+    the same one, so the plan's memory and the run agree.
+
+    >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 1000, "j": 1000,
+    ...                        "k": 1000})
+    >>> c = KernelChoice("spmm", sparse=0)
+    >>> with_output(c, op, 5000).out_format, with_output(c, op, 900_000).out_format
+    ('csr', 'dense')
+    """
+    if est_nnz is None or choice.method not in SPARSE_OUTPUT_METHODS or \
+            len(op.out_labels) != 2 or op.writes_diagonal:
+        return choice
+    size = math.prod(op.out_shape)
+    fmt = choose_format(op.out_shape, int(math.ceil(est_nnz)), op.dtype) if size else "dense"
+    if fmt == choice.out_format:
+        return choice
+    density = min(1.0, float(est_nnz) / size) if size and fmt != "dense" else 1.0
+    return replace(choice, out_format=fmt, out_density=density)
+
+
+def output_tile_bytes(op: EinOp, choice: KernelChoice, out_shape: Sequence[int]) -> int:
+    """The bytes of one output tile of ``out_shape`` that ``choice`` returns: dense, or its
+    estimated entries in its sparse format (``sparsity.sparse_nbytes``) for a kernel whose output
+    is sparse (``with_output``). The memory projection (plan/memory.py) and the executor's
+    admission of a call (exec/runtime.py ``planned_bytes``) read it."""
+    shape = tuple(int(n) for n in out_shape)
+    dense = math.prod(shape) * np.dtype(op.dtype).itemsize
+    if choice.out_format == "dense" or len(shape) != 2:
+        return dense
+    nse = int(math.ceil(choice.out_density * math.prod(shape)))
+    return min(dense, sparse_nbytes(shape, nse, op.dtype, choice.out_format))

@@ -46,7 +46,8 @@ import numpy as np
 from ..shares import Shares
 from .aggregates import ARG_AGGS
 from .ir import EinOp
-from .kernel import KernelChoice, choose_kernel, chunk_label, element_bytes
+from .kernel import (SPARSE_METHODS, KernelChoice, choose_kernel, chunk_label, element_bytes,
+                     output_tile_bytes)
 
 __all__ = ["CallMemory", "PlanMemory", "worker_budget", "kernel_temporaries", "call_memory",
            "project", "BLAS_FLOPS_PER_THREAD"]
@@ -101,9 +102,9 @@ def kernel_temporaries(op: EinOp, choice: KernelChoice, extents: Mapping[str, in
     ``choice.chunk_elements`` join-space elements (one slice of the chunk label at least),
     ``element_bytes`` each, plus the chunk's reduction; a matmul writes into its output and copies
     only the operands it casts, transposes or scales; opt_einsum's ``contract`` may copy every
-    operand and its result; a sparse kernel makes its (dense) result once more. ``chunk``: the
-    label a broadcasting kernel chunks along on these tiles, when not ``choice.chunk`` (the
-    optimizer's tilings: ``plan.kernel.chunk_label``).
+    operand and its result; a sparse kernel (scipy, GraphBLAS) makes its result once more (dense,
+    or its CSR entries). ``chunk``: the label a broadcasting kernel chunks along on these tiles,
+    when not ``choice.chunk`` (the optimizer's tilings: ``plan.kernel.chunk_label``).
 
     >>> from tensordb.plan.kernel import choose_kernel
     >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 4, "j": 3, "k": 2})
@@ -113,9 +114,13 @@ def kernel_temporaries(op: EinOp, choice: KernelChoice, extents: Mapping[str, in
     ins = op.in_dtypes or (op.dtype,) * len(op.inputs)
     out_item = np.dtype(op.dtype).itemsize
     elems = [math.prod(extents[l] for l in o.labels) for o in op.inputs]
-    output = out_item * math.prod(extents[l] for l in op.out_labels)
+    # its result (a sparse kernel's at its estimated entries: plan.kernel.with_output)
+    output = output_tile_bytes(op, choice, [extents[l] for l in op.out_labels])
     method = choice.method
-    if method in ("spmm", "spreduce"):
+    if method in SPARSE_METHODS:
+        # scipy's or GraphBLAS's result, made once more (a CSR one at its estimated entries);
+        # the dense variant of a tile whose values rule the sparse kernel out (a NaN) is not
+        # what the plan is sized for
         return output
     if method == "contract":  # opt_einsum may copy every operand, and its result
         return sum(elems) * out_item + output
@@ -153,7 +158,8 @@ def call_memory(op: EinOp, extents: Mapping[str, int], fan_in: int, copied: Sequ
     held = held or (1.0,) * len(elems)
     inputs = int(sum(n * np.dtype(d).itemsize * h
                      for n, d, c, h in zip(elems, ins, copied, held) if c))
-    output = np.dtype(op.dtype).itemsize * math.prod(extents[l] for l in op.out_labels)
+    # a sparse kernel's output tile at its estimated entries (plan.kernel.with_output)
+    output = output_tile_bytes(op, choice, [extents[l] for l in op.out_labels])
     accumulator = output if fan_in > 1 else 0
     temps = kernel_temporaries(op, choice, extents, chunk)
     return CallMemory(inputs, output, accumulator, temps, output if handoff else 0)

@@ -23,8 +23,8 @@ import numpy as np
 from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
 
-__all__ = ["CooTile", "Filled", "encode", "encode_dense", "decode", "densify", "densify_part", "is_sparse",
-           "scatter_into",
+__all__ = ["CooTile", "Filled", "encode", "encode_csr", "encode_dense", "decode", "densify", "densify_part", "is_sparse",
+           "scatter_into", "entries", "fill_of", "tile_nbytes",
            "stored_entries",
            "validate", "to_scipy", "read_sparse_box"]
 
@@ -87,6 +87,44 @@ class Filled:
         """Its entries' bytes (values and indices): what it holds in memory."""
         c = self.csr
         return int(c.data.nbytes + c.indices.nbytes + c.indptr.nbytes)
+
+
+def fill_of(tile) -> float:
+    """The value of the entries a sparse tile does not store: a ``Filled`` box's fill, else 0."""
+    return tile.fill if isinstance(tile, Filled) else 0.0
+
+
+def tile_nbytes(tile) -> int:
+    """The bytes a tile holds in memory: a dense array's, or a sparse tile's entries (values and
+    indices), which scipy's arrays do not report as ``nbytes``."""
+    if isinstance(tile, Filled):
+        tile = tile.csr
+    if isinstance(tile, CooTile):
+        return int(tile.values.nbytes + tile.coords.nbytes)
+    if _is_scipy(tile):
+        return int(sum(getattr(tile, a).nbytes for a in ("data", "indices", "indptr", "row", "col",
+                                                         "coords") if hasattr(tile, a)
+                       and hasattr(getattr(tile, a), "nbytes")))
+    return int(getattr(tile, "nbytes", 0))
+
+
+def entries(tile) -> tuple[np.ndarray, np.ndarray]:
+    """A sparse tile's stored entries as (C-order linear indices, sorted and distinct; values):
+    what ``TensorWriter.write_entries`` stores, with no dense tile made (repeated coordinates
+    of a scipy array that is not canonical are summed, as scipy does)."""
+    if isinstance(tile, Filled):
+        tile = tile.csr
+    if isinstance(tile, CooTile):
+        lin = np.ravel_multi_index(tuple(np.asarray(c, np.int64) for c in tile.coords), tile.shape) \
+            if tile.values.size else np.zeros(0, np.int64)
+        order = np.argsort(lin, kind="stable")
+        return lin[order], np.asarray(tile.values)[order]
+    csr = tile.tocsr()
+    if not csr.has_canonical_format:
+        csr = csr.copy()
+        csr.sum_duplicates()  # sorted within rows, repeats summed
+    rows = np.repeat(np.arange(csr.shape[0], dtype=np.int64), np.diff(csr.indptr))
+    return rows * csr.shape[1] + np.asarray(csr.indices, np.int64), np.asarray(csr.data)
 
 
 def _full(shape, fill, dtype) -> np.ndarray:
@@ -180,6 +218,28 @@ def encode(shape, dtype, lin: np.ndarray, values: np.ndarray, fmt: str) -> np.nd
     else:
         raise ValueError(f"unknown sparse format {fmt!r}")
     for p in parts:
+        n = p.size * idx.itemsize
+        out[at:at + n].view(idx)[:] = p
+        at += n
+    return out
+
+
+def encode_csr(shape, dtype, indptr: np.ndarray, indices: np.ndarray,
+               values: np.ndarray) -> np.ndarray:
+    """The ``csr`` payload (uint8) of a matrix tile from its CSR arrays (column indices sorted
+    within each row, none repeated): ``encode``'s layout, with no linear indices made."""
+    shape = tuple(int(n) for n in shape)
+    dtype = np.dtype(dtype)
+    nse = int(values.size)
+    idx = index_dtype(shape, nse)
+    out = np.empty(sparse_nbytes(shape, nse, dtype, "csr"), np.uint8)
+    out[:HEADER_BYTES].view(np.int64)[0] = nse
+    vbytes = nse * dtype.itemsize
+    out[HEADER_BYTES:HEADER_BYTES + vbytes].view(dtype)[:] = values
+    at = HEADER_BYTES + vbytes
+    out[at:at + (-vbytes % 8)] = 0
+    at += -vbytes % 8
+    for p in (indptr, indices):
         n = p.size * idx.itemsize
         out[at:at + n].view(idx)[:] = p
         at += n

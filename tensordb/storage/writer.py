@@ -30,7 +30,8 @@ from .identity import payload_name
 from .meta import TensorMeta
 from .reader import TileEntry
 from .reserved import ReservedTiles
-from .sparse import encode, stored_entries
+from .sparse import (Filled, densify, encode, encode_csr, entries, fill_of, is_sparse,
+                     stored_entries)
 from ..sparsity import choose_format
 from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
                       open_payload, sync_in_background, write_all)
@@ -95,13 +96,18 @@ class TensorWriter(ReservedTiles):
     # -- writing -------------------------------------------------------------------------------
     def write_tile(self, coords: Sequence[int], array, nnz: int | None = None,
                    nonfinite: bool | None = None, crc32: int | None = None) -> bool:
-        """Store tile ``coords``; returns False (and stores nothing) when it is all zero, ``-0.0``
+        """Store tile ``coords`` (a dense array, or a sparse tile a sparse kernel returned,
+        stored from its entries: ``_write_sparse``); returns False (and stores nothing) when it is all zero, ``-0.0``
         included (so that an array masked by a product, ``x * 0`` being ``-0.0`` for a negative
         ``x``, loads block-sparse).
         ``nnz``, ``nonfinite`` (it holds NaN or inf) and ``crc32`` (of its bytes), when the
         caller already computed them for this very array (a reserved tile computed in place),
         save computing them again."""
         coords = tuple(int(c) for c in coords)
+        if is_sparse(array):  # a sparse kernel's output tile (scipy CSR, a Filled, a CooTile)
+            if coords not in self._reserved and coords not in self._slots:
+                return self._write_sparse(coords, array)
+            array = densify(array)  # a place laid out dense for it
         if coords in self._reserved:
             return self._fill_reserved(coords, array, nnz, nonfinite, crc32)
         if coords in self._slots:
@@ -136,6 +142,37 @@ class TensorWriter(ReservedTiles):
                 flat = encode(shape, self.dtype, lin, flat[lin], fmt)
                 crc = checksum(flat)
         return self._append(coords, starts, shape, flat, int(nnz), crc, bool(nonfinite), fmt)
+
+    def _write_sparse(self, coords: tuple, tile) -> bool:
+        """Store a sparse tile from its entries (``write_entries``: no dense tile is made unless
+        the format rule says dense). Its absent entries are its fill (``sparse.fill_of``); a
+        tile whose fill is not the tensor's is stored from its dense form."""
+        fill = fill_of(tile)
+        if not (fill == self.fill or (math.isnan(fill) and math.isnan(self.fill))):
+            return self.write_tile(coords, densify(tile))
+        starts, stops = tile_box(self.grid, coords)
+        shape = tuple(b - a for a, b in zip(starts, stops))
+        if tuple(tile.shape) != shape:
+            raise DataError(f"tensor '{self.name}': tile {coords} should have shape {shape}, "
+                            f"got {tuple(tile.shape)}")
+        csr = tile.csr if isinstance(tile, Filled) else tile
+        if getattr(csr, "format", None) == "csr" and csr.has_canonical_format:
+            data = np.asarray(csr.data, self.dtype)
+            with np.errstate(invalid="ignore"):
+                keep = data != self.fill
+            if self.fill == 0 and data.dtype.kind == "f":
+                keep |= np.signbit(data)  # a -0.0 is stored (stored_entries)
+            if keep.all() and choose_format(shape, data.size, self.dtype) == "csr":
+                # every entry stays and the rule says CSR: its arrays are the payload's
+                payload = encode_csr(shape, self.dtype, csr.indptr, csr.indices, data)
+                nnz = data.size if self.fill != 0 else count_nonzero(data)
+                if nnz == 0 and self.fill == 0:
+                    return False
+                return self._append(coords, starts, shape, payload, int(nnz),
+                                    checksum(payload),
+                                    has_nonfinite(data) or not math.isfinite(self.fill), "csr")
+        lin, values = entries(tile)
+        return self.write_entries(coords, lin, values)
 
     def write_entries(self, coords: Sequence[int], lin: np.ndarray, values: np.ndarray) -> bool:
         """Store tile ``coords`` from its entries: C-order linear indices ``lin`` in the tile

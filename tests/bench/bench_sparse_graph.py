@@ -20,9 +20,10 @@ converge, the answer checked against scipy.sparse.csgraph's Dijkstra), and the t
 ``SUM(A[i,j] * A[j,k] * A[k,i])`` of the undirected graph (a masked SpGEMM; checked against
 GraphBLAS and scipy) on an R-MAT graph of ``--triangle-scale`` (default 13: 8,192 nodes; a
 power-law graph's hubs make the count's work grow with the square of their degree, and scipy's
-unmasked A @ A with it). On a smaller R-MAT graph (``--small-scale``, default 11: 2,048 nodes),
-min-plus ``MIN(D[i,j] + D[j,k])`` and SpGEMM ``SUM(G[i,j] * G[j,k])`` of the whole graph, whose
-output tiles the kernels still compute dense in memory (so not at the large size).
+unmasked A @ A with it). Then min-plus ``MIN(D[i,j] + D[j,k])`` and SpGEMM ``SUM(G[i,j] *
+G[j,k])`` of whole R-MAT graphs (``--product-scales``, default 11 and 14: 2,048 and 16,384
+nodes), whose output tiles the kernels return as CSR (never dense), alternated with GraphBLAS
+and scipy; every entry checked against theirs, read from the stored tiles.
 """
 from __future__ import annotations
 
@@ -63,7 +64,10 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--rmat-scale", type=int, default=17)
-    ap.add_argument("--small-scale", type=int, default=11)
+    ap.add_argument("--product-scales", default="11,14",
+                    help="R-MAT scales of the whole-graph min-plus and SpGEMM, comma-separated "
+                         "(17, the 131,072-node graph: 184M output entries, 42 s in GraphBLAS "
+                         "on the shared machine)")
     ap.add_argument("--triangle-scale", type=int, default=13)
     ap.add_argument("--graph-only", action="store_true", help="only the R-MAT section")
     args = ap.parse_args(argv)
@@ -212,9 +216,45 @@ def graph_section(args) -> None:
             print(f"triangles ({int(got) // 6} of them; {kernel.strip()}): tensordb "
                   f"{1e3 * t_td:.0f} ms, GraphBLAS masked mxm {1e3 * t_gb:.0f} ms, scipy "
                   f"(A @ A) .* A {1e3 * t_sp:.0f} ms")
-    # the whole-graph products, on a graph whose dense output tiles fit
-    i, j = rmat(args.small_scale, 8, rng)
-    n = 1 << args.small_scale
+    # the whole-graph products: their output tiles come back from the kernels as CSR
+    for scale in [int(x) for x in str(args.product_scales).split(",") if x]:
+        whole_graph_products(scale, W, args.runs, rng, gb, sp)
+
+
+def alternate(fns: dict, runs: int) -> dict:
+    """The median seconds of each of ``fns``, called in turn ``runs`` times (so each sees the
+    machine's load of the same moments)."""
+    times = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def stored_csr(con, name: str, sp):
+    """A stored matrix as one scipy CSR array of its stored entries (its CSR tiles as they
+    are): the answer checked without a dense array."""
+    reader = con.store.open(name)
+    rows, cols, vals = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+    for e in reader.entries.values():
+        assert e.format == "csr", (name, e.coords, e.format)
+        t = reader.stored_tile(e.coords).tocoo()
+        rows.append(t.row.astype(np.int64) + e.starts[0])
+        cols.append(t.col.astype(np.int64) + e.starts[1])
+        vals.append(t.data)
+    return sp.csr_array(sp.coo_array((np.concatenate(vals), (np.concatenate(rows),
+                                                             np.concatenate(cols))),
+                                     shape=reader.meta.shape))
+
+
+def whole_graph_products(scale: int, W: int, runs: int, rng, gb, sp) -> None:
+    """min-plus ``MIN(D[i,j] + D[j,k])`` (D of fill +inf) and SpGEMM ``SUM(G[i,j] * G[j,k])``
+    of a whole R-MAT graph of 2**scale nodes, against GraphBLAS (``W`` threads) and scipy (one),
+    alternated; the answers (every entry, read from the stored CSR tiles) equal theirs."""
+    i, j = rmat(scale, 8, rng)
+    n = 1 << scale
     w = rng.integers(1, 11, i.size).astype(np.float64)
     S = sp.csr_array(sp.coo_array((w, (i, j)), shape=(n, n)))
     S.sum_duplicates()
@@ -224,23 +264,32 @@ def graph_section(args) -> None:
             con.load("G", S)
             G = gb.io.from_scipy_sparse(S)
             mp = "P[i,k] = MIN(D[i,j] + D[j,k])"
-            con.execute(mp)
-            want = G.mxm(G, gb.semiring.min_plus).new()
-            np.testing.assert_array_equal(con.tensor("P"), want.to_dense(fill_value=np.inf))
-            t_td = median_time(lambda: con.execute(mp), args.runs)
-            t_gb = median_time(lambda: G.mxm(G, gb.semiring.min_plus).new(), args.runs)
-            print(f"\nR-MAT scale {args.small_scale}: {n} nodes, {S.nnz} edges")
-            print(f"min-plus D (x) D ({want.nvals} entries): tensordb {1e3 * t_td:.1f} ms, "
-                  f"GraphBLAS {1e3 * t_gb:.1f} ms")
             sg = "C[i,k] = SUM(G[i,j] * G[j,k])"
+            con.execute(mp)
+            want = gb.io.to_scipy_sparse(G.mxm(G, gb.semiring.min_plus).new(), format="csr")
+            got = stored_csr(con, "P", sp)
+            assert (got.indptr == want.indptr).all() and (got.indices == want.indices).all() \
+                and (got.data == want.data).all()
             con.execute(sg)
-            np.testing.assert_array_equal(con.tensor("C"), (S @ S).toarray())
-            t_td = median_time(lambda: con.execute(sg), args.runs)
-            t_sp = median_time(lambda: S @ S, args.runs)
-            t_gb = median_time(lambda: G.mxm(G, gb.semiring.plus_times).new(), args.runs)
-            print(f"SpGEMM G @ G ({(S @ S).nnz} entries): tensordb {1e3 * t_td:.1f} ms, scipy "
-                  f"{1e3 * t_sp:.1f} ms, GraphBLAS {1e3 * t_gb:.1f} ms")
-
+            ref = S @ S
+            assert abs(stored_csr(con, "C", sp) - ref).max() == 0
+            print(f"\nR-MAT scale {scale}: {n} nodes, {S.nnz} edges; medians of {runs}, "
+                  f"alternated (load {os.getloadavg()[0]:.1f})")
+            kern = {q: [k for k in con.explain(q).splitlines() if q in k][0]
+                    .split("  ")[-1].strip() for q in (mp, sg)}
+            out = {q: next(line.strip() for line in con.explain(q).splitlines()
+                           if "output nnz" in line) for q in (mp, sg)}
+            t = alternate({"td": lambda: con.execute(mp),
+                           "gb": lambda: G.mxm(G, gb.semiring.min_plus).new()}, runs)
+            print(f"min-plus D (x) D ({want.nnz} entries, stored {con.store.meta('P').nbytes / MiB:.1f}"
+                  f" MiB; {kern[mp]}; {out[mp]}): tensordb {1e3 * t['td']:.1f} ms, GraphBLAS "
+                  f"{1e3 * t['gb']:.1f} ms ({t['td'] / t['gb']:.2f}x)")
+            t = alternate({"td": lambda: con.execute(sg), "sp": lambda: S @ S,
+                           "gb": lambda: G.mxm(G, gb.semiring.plus_times).new()}, runs)
+            print(f"SpGEMM G @ G ({ref.nnz} entries, stored {con.store.meta('C').nbytes / MiB:.1f}"
+                  f" MiB; {kern[sg]}; {out[sg]}): tensordb {1e3 * t['td']:.1f} ms, scipy "
+                  f"{1e3 * t['sp']:.1f} ms, GraphBLAS {1e3 * t['gb']:.1f} ms "
+                  f"({t['td'] / t['gb']:.2f}x GraphBLAS)")
 
 if __name__ == "__main__":
     main()
