@@ -16,7 +16,9 @@ baselines of baselines.py). ``Decomposition.details`` always holds ``"cost"`` (a
 from cost.py); ``eindecomp`` adds ``"choices"`` (a ``Choice`` per operation, with runner-ups),
 ``"dp_cost"``, ``"search_seconds"`` and ``"blas_threads"`` (threads.py: the BLAS threads of the
 one-call plan when it is chosen, else 0; with ``"split_cost"`` and, where a one-call plan was
-priced, ``"one_call_cost"`` and ``"one_call_threads"``). ``details["memory"]`` is the plan's projected memory
+priced, ``"one_call_cost"`` and ``"one_call_threads"``). Where a sparse matrix's row label is split
+and even cuts would be unbalanced, ``details["cuts"]`` says where its pieces are cut (row slabs
+of equal nonzeros, balance.py) and ``details["balance"]`` what that achieves. ``details["memory"]`` is the plan's projected memory
 (``PlanMemory``, plan/memory.py): per operation what its largest kernel call holds, the peak per
 worker against ``memory_limit / workers``, and the intermediates the executor may spill.
 """
@@ -29,6 +31,7 @@ from typing import Callable, Mapping
 from ..errors import ProgrammingError
 from ..plan.ir import EinGraph
 from ..plan.memory import PlanMemory, project, worker_budget
+from .balance import balance
 from .baselines import data_parallel_pieces, even_pieces
 from .candidates import pieces_per_op
 from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, StoredStats, evaluate, models_of
@@ -166,8 +169,22 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
               "blas_threads": blas_threads, "stats": input_stats} if fn is _eindecomp else {}
     decomp = fn(graph, workers, memory_limit=memory_limit, pieces=pieces, input_grids=input_grids,
                 **kwargs)
-    return price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,
-                 input_facts=input_facts, memory_limit=memory_limit, input_stats=input_stats)
+    decomp = price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,
+                   input_facts=input_facts, memory_limit=memory_limit, input_stats=input_stats)
+    return balanced(graph, decomp, input_stats)
+
+
+def balanced(graph: EinGraph, decomp: Decomposition,
+             input_stats: Mapping[str, StoredStats] | None) -> Decomposition:
+    """``decomp`` with its cuts of equal nonzeros (balance.py): ``details["cuts"]``, which the
+    lowering follows, and ``details["balance"]``, which EXPLAIN shows."""
+    sparse_ops = set(decomp.details.get("output_nnz", {}))
+    if not input_stats or not sparse_ops:
+        return decomp
+    cuts, shown = balance(graph, decomp.pieces_by_op, input_stats, sparse_ops)
+    if not cuts:
+        return decomp
+    return replace(decomp, details={**decomp.details, "cuts": cuts, "balance": shown})
 
 
 def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None = None,

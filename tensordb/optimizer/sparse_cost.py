@@ -6,7 +6,8 @@ and payload bytes of a stored input (``StoredStats``), the flops of a sparse ker
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 from ..plan.ir import EinOp
 
@@ -24,6 +25,10 @@ class StoredStats:
     nnz: int
     nbytes: int
     fill: float = 0.0  # the value of its absent entries (TensorMeta.fill)
+    # A matrix's nonzeros before each row (rows + 1 counts, the CSR row pointers of the whole
+    # matrix), made when first asked (optimizer/balance.py cuts row slabs of equal nonzeros by
+    # it); None where the snapshot offers none (not a matrix, or not sparse).
+    row_profile: Callable | None = field(default=None, compare=False, repr=False)
 
     @property
     def sparse(self) -> bool:
