@@ -33,10 +33,15 @@ from ..storage.sparse import densify, is_sparse
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "SPARSE_METHODS"]
 
 
-def sparse_call(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
-    """One call of the sparse kernel ``choice.method`` names (on the CPU; a GPU densifies)."""
-    if choice.method in ("spmm", "spreduce"):
-        return (spmm if choice.method == "spmm" else spreduce)(op, choice, args, out_shape)
+def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None) -> np.ndarray:
+    """One call of the sparse kernel ``choice.method`` names (on the CPU; a GPU densifies).
+    ``out``: the output tile's buffer (its file's pages), which ``spmm`` computes into in row
+    slabs, handing each finished slab to ``sink`` (``KernelSpec``); the others return a new
+    array, which the caller copies there."""
+    if choice.method == "spmm":
+        return spmm(op, choice, args, out_shape, out, sink)
+    if choice.method == "spreduce":
+        return spreduce(op, choice, args, out_shape)
     from . import semiring
     return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
 
@@ -48,9 +53,11 @@ def dense_args(args: list) -> list:
     return [densify(a) if a is not None and is_sparse(a) else a for a in args]
 
 
-def spmm(op, choice, args: list, out_shape) -> np.ndarray:
+def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     """One call of a ``spmm`` kernel (see the module docstring): ``args`` in operand order, an
-    absent tile None (the product is then 0)."""
+    absent tile None (the product is then 0). Given ``out`` (C-contiguous, the output's dtype,
+    its labels the sparse matrix's rows then the others in ``D``'s order), the product is
+    computed into it in slabs of rows (``_into``), each handed to ``sink`` when finished."""
     dtype = np.dtype(op.dtype)
     k = choice.sparse
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
@@ -79,8 +86,48 @@ def spmm(op, choice, args: list, out_shape) -> np.ndarray:
         D = D.astype(dtype)
     rest_shape = tuple(D.shape[d_labels.index(l)] for l in rest)
     D2 = np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape))
+    if out is not None and [i] + rest == list(op.out_labels) and out.dtype == dtype and \
+            out.flags.c_contiguous and out.shape == (S.shape[0],) + rest_shape and \
+            S.format == "csr":
+        return _into(S, D2, out, sink)
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
+
+
+SLAB_BYTES = 1 << 20  # the output rows one step of ``_into`` computes: they stay in the cache
+
+
+def _into(S, D2, out: np.ndarray, sink=None) -> np.ndarray:
+    """``S @ D2`` (S a CSR matrix, D2 dense and 2-D) written into ``out`` in slabs of rows of
+    about ``SLAB_BYTES``: each slab's product (scipy's) is copied in while it is in the cache
+    and handed to ``sink`` there, so the output tile is never made twice in memory nor swept
+    again for its statistics."""
+    rows = S.shape[0]
+    o2 = out.reshape(rows, -1)
+    row_bytes = max(1, o2.shape[1] * out.itemsize)
+    step = max(1, SLAB_BYTES // row_bytes)
+    ptr = S.indptr
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        lo, hi = int(ptr[r0]), int(ptr[r1])
+        slab = o2[r0:r1]
+        if hi == lo:
+            slab.fill(0)
+        else:
+            part = _csr_rows(S, r0, r1, lo, hi)
+            slab[...] = (part @ D2).reshape(slab.shape)
+        if sink is not None:
+            sink(slab)
+    return out
+
+
+def _csr_rows(S, r0: int, r1: int, lo: int, hi: int):
+    """Rows ``r0:r1`` of CSR ``S`` (whose entries there are ``lo:hi``): views of its entries."""
+    import scipy.sparse as sp
+    m = sp.csr_array((S.data[lo:hi], S.indices[lo:hi], S.indptr[r0:r1 + 1] - lo),
+                     shape=(r1 - r0, S.shape[1]), copy=False)
+    m.has_sorted_indices = True
+    return m
 
 
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:

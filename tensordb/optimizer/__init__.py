@@ -171,17 +171,17 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
                 **kwargs)
     decomp = price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,
                    input_facts=input_facts, memory_limit=memory_limit, input_stats=input_stats)
-    return balanced(graph, decomp, input_stats)
+    return balanced(graph, decomp, input_stats, input_grids)
 
 
 def balanced(graph: EinGraph, decomp: Decomposition,
-             input_stats: Mapping[str, StoredStats] | None) -> Decomposition:
+             input_stats: Mapping[str, StoredStats] | None, input_grids=None) -> Decomposition:
     """``decomp`` with its cuts of equal nonzeros (balance.py): ``details["cuts"]``, which the
     lowering follows, and ``details["balance"]``, which EXPLAIN shows."""
     sparse_ops = set(decomp.details.get("output_nnz", {}))
     if not input_stats or not sparse_ops:
         return decomp
-    cuts, shown = balance(graph, decomp.pieces_by_op, input_stats, sparse_ops)
+    cuts, shown = balance(graph, decomp.pieces_by_op, input_stats, sparse_ops, input_grids)
     if not cuts:
         return decomp
     return replace(decomp, details={**decomp.details, "cuts": cuts, "balance": shown})

@@ -11,7 +11,7 @@ cut by nonzeros in an operation that a sparse kernel computes (``details["output
 it) when a stored sparse matrix that it reads has that label as its rows and the snapshot
 offers the matrix's row profile (``StoredStats.row_profile``: its nonzeros before each row),
 and only where even cuts would be unbalanced (the largest piece more than ``TOLERANCE`` above
-the mean); a later operation that reads such a result with the same pieces of that label takes
+the mean) and do not fall on the matrix's stored row tiles (then its pieces are its tiles); a later operation that reads such a result with the same pieces of that label takes
 the same cuts (its tiles then need no re-cut).
 
 >>> import numpy as np
@@ -69,9 +69,12 @@ def _unbalanced(nnz: list[int]) -> bool:
 
 
 def balance(graph: EinGraph, pieces_by_op: Mapping[str, Mapping[str, int]],
-            stats: Mapping[str, StoredStats] | None, sparse_ops) -> tuple[dict, dict]:
+            stats: Mapping[str, StoredStats] | None, sparse_ops,
+            grids: Mapping | None = None) -> tuple[dict, dict]:
     """(cuts, balance) of the module docstring for ``graph`` at ``pieces_by_op``; ``sparse_ops``:
-    the outputs of the operations a sparse kernel computes."""
+    the outputs of the operations a sparse kernel computes; ``grids``: the stored inputs' grids
+    (even cuts on a matrix's stored row bounds are kept: its pieces are then its tiles, read as
+    they are stored, and a block-sparse matrix's absent tiles make no kernel call)."""
     cuts: dict[str, dict[str, tuple[int, ...]]] = {}
     shown: dict[str, dict] = {}
     produced = {op.output for op in graph.ops}
@@ -92,6 +95,9 @@ def balance(graph: EinGraph, pieces_by_op: Mapping[str, Mapping[str, int]],
                 if profile is None or len(profile) != op.size[row] + 1:
                     continue
                 even = even_bounds(op.size[row], d)
+                stored = (grids or {}).get(o.tensor)
+                if stored is not None and set(even) <= set(stored[0]):
+                    continue
                 got = nnz_cuts(profile, d)
                 if got == even or not _unbalanced(piece_nnz(profile, even)):
                     continue

@@ -278,6 +278,10 @@ def read_sparse_box(reader, starts, stops):
     if not present or any(not reader.entries[c].sparse for c in present):
         return None
     shape = (stops[0] - starts[0], stops[1] - starts[1])
+    if len(present) > 1 and len(ranges[1]) == 1 and \
+            (meta.grid[1][ranges[1][0]], meta.grid[1][ranges[1][0] + 1]) == (starts[1], stops[1]):
+        return _filled(_stack_rows(reader, ranges[0], ranges[1][0], starts[0], stops[0]),
+                       meta.fill)
     pieces = []
     for c in present:
         lo, hi = tile_box(meta.grid, c)
@@ -299,6 +303,39 @@ def read_sparse_box(reader, starts, stops):
     idx = np.int32 if max(shape + (data.size,)) < 2**31 else np.int64
     return _filled(sp.csr_array(sp.coo_array((data, (rows.astype(idx), cols.astype(idx))),
                                             shape=shape)), meta.fill)
+
+
+def _stack_rows(reader, row_tiles, col: int, r0: int, r1: int):
+    """Rows ``r0:r1`` of a matrix whose tiles there are whole-width CSR row slabs (tile
+    column ``col``): their entries concatenated, as they are stored (one copy of the entries,
+    no sort; an absent tile's rows are empty)."""
+    from ..geometry import tile_box
+    meta = reader.meta
+    slabs = []
+    for r in row_tiles:
+        (lo, _), (hi, _) = tile_box(meta.grid, (r, col))
+        a, b = max(r0, lo), min(r1, hi)
+        tile = reader.stored_tile((r, col))
+        slabs.append((b - a, None if tile is None else _row_slab(tile, a - lo, b - lo)))
+    nse = sum(int(t.nnz) for _, t in slabs if t is not None)
+    rows = r1 - r0
+    idx = index_dtype((rows, meta.shape[1]), nse)
+    data = np.empty(nse, meta.dtype)
+    indices = np.empty(nse, idx)
+    indptr = np.empty(rows + 1, idx)
+    indptr[0] = 0
+    at = row = 0
+    for n, t in slabs:
+        if t is None:
+            indptr[row + 1:row + n + 1] = at
+        else:
+            k = int(t.nnz)
+            data[at:at + k] = t.data
+            indices[at:at + k] = t.indices
+            indptr[row + 1:row + n + 1] = t.indptr[1:] + at
+            at += k
+        row += n
+    return _csr(data, indices, indptr, (rows, meta.shape[1]))
 
 
 def _filled(csr, fill: float):
