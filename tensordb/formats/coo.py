@@ -61,8 +61,10 @@ def write_tile_entries(w, key, coords: Sequence[np.ndarray], values: np.ndarray,
     shape = tuple(h - l for l, h in zip(lo, hi))
     local = tuple(np.asarray(c, np.int64) - l for c, l in zip(coords, lo))
     lin = np.ravel_multi_index(local, shape) if shape else np.zeros(len(values), np.int64)
-    order = np.argsort(lin, kind="stable")
-    lin, values = lin[order], np.asarray(values)[order]
+    values = np.asarray(values)
+    if lin.size > 1 and not bool((lin[1:] >= lin[:-1]).all()):  # a table's rows come sorted
+        order = np.argsort(lin, kind="stable")
+        lin, values = lin[order], values[order]
     if lin.size > 1:
         first = np.r_[True, lin[1:] != lin[:-1]]
         if not first.all():

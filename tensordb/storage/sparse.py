@@ -319,7 +319,8 @@ def _stack_rows(reader, row_tiles, col: int, r0: int, r1: int):
         slabs.append((b - a, None if tile is None else _row_slab(tile, a - lo, b - lo)))
     nse = sum(int(t.nnz) for _, t in slabs if t is not None)
     rows = r1 - r0
-    idx = index_dtype((rows, meta.shape[1]), nse)
+    cols = meta.grid[1][col + 1] - meta.grid[1][col]  # the tile column's width (the box's)
+    idx = index_dtype((rows, cols), nse)
     data = np.empty(nse, meta.dtype)
     indices = np.empty(nse, idx)
     indptr = np.empty(rows + 1, idx)
@@ -335,7 +336,7 @@ def _stack_rows(reader, row_tiles, col: int, r0: int, r1: int):
             indptr[row + 1:row + n + 1] = t.indptr[1:] + at
             at += k
         row += n
-    return _csr(data, indices, indptr, (rows, meta.shape[1]))
+    return _csr(data, indices, indptr, (rows, cols))
 
 
 def _filled(csr, fill: float):
