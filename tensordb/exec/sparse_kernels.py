@@ -89,7 +89,9 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     if out is not None and [i] + rest == list(op.out_labels) and out.dtype == dtype and \
             out.flags.c_contiguous and out.shape == (S.shape[0],) + rest_shape and \
             S.format == "csr":
-        return _into(S, D2, out, sink)
+        # scipy's product copies a D that is not C-contiguous (a column slab of a stored
+        # matrix): once here, not once per slab of rows
+        return _into(S, np.ascontiguousarray(D2), out, sink)
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
 

@@ -345,8 +345,16 @@ class OpModel:
         k = math.prod(d)
         f = self.present(d)
         join = 0.0
-        for i in self.inputs:
-            join += i.nbytes * (k / math.prod(d[p] for p in i.pos))
+        dense, rows = self._spmm_rows()
+        for n, i in enumerate(self.inputs):
+            rep = k / math.prod(d[p] for p in i.pos)
+            if n == dense:
+                # SpMM: every row slab of the sparse matrix gathers the rows of the same box of
+                # the dense operand (read as a view, not a copy per slab), so splitting the
+                # sparse rows re-reads the sparse slabs only; splitting the dense operand's
+                # columns re-reads the whole sparse matrix and copies a strided box
+                rep /= math.prod(d[p] for p in rows)
+            join += i.nbytes * rep
         fan_in = math.prod(d[self.n_out:])
         agg = float(self.out_bytes * (fan_in - 1))
         p = self.workers
@@ -373,6 +381,15 @@ class OpModel:
         return OpCost(join * f, agg * f, retile, prm.task_bytes * tasks, balance, k, fan_in, flops,
                       self.working_set(d), self.call_memory(d) if memory else _NO_MEMORY,
                       compute, self.out_nnz)
+
+    def _spmm_rows(self) -> tuple[int | None, tuple[int, ...]]:
+        """For an ``spmm`` kernel: its dense operand and the positions of the sparse matrix's
+        labels that the dense operand lacks (its rows, kept in the output); else (None, ())."""
+        if self.sparse_kernel is None or self.sparse_kernel[0] != "spmm":
+            return None, ()
+        s = self.sparse_kernel[1]
+        dense = 1 - s
+        return dense, tuple(p for p in self.inputs[s].pos if p not in self.inputs[dense].pos)
 
     @property
     def sparse(self) -> bool:

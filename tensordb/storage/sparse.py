@@ -165,17 +165,21 @@ def encode(shape, dtype, lin: np.ndarray, values: np.ndarray, fmt: str) -> np.nd
     dtype = np.dtype(dtype)
     nse = int(lin.size)
     idx = index_dtype(shape, nse)
-    out = np.zeros(sparse_nbytes(shape, nse, dtype, fmt), np.uint8)
+    out = np.empty(sparse_nbytes(shape, nse, dtype, fmt), np.uint8)  # every byte written below
     out[:HEADER_BYTES].view(np.int64)[0] = nse
     vbytes = nse * dtype.itemsize
     out[HEADER_BYTES:HEADER_BYTES + vbytes].view(dtype)[:] = values
     at = HEADER_BYTES + vbytes + (-vbytes % 8)
-    coords = np.unravel_index(lin, shape) if nse else tuple(np.zeros(0, np.int64) for _ in shape)
+    out[HEADER_BYTES + vbytes:at] = 0  # the values' padding
     if fmt == "csr":
-        indptr = np.zeros(shape[0] + 1, np.int64)
-        np.cumsum(np.bincount(coords[0], minlength=shape[0]), out=indptr[1:])
-        parts = [indptr, coords[1]]
+        # rows from the sorted linear indices: their pointers by binary search, no count
+        cols = max(shape[1], 1)
+        rows = lin // cols
+        indptr = np.searchsorted(rows, np.arange(shape[0] + 1), side="left")
+        parts = [indptr, lin - rows * cols]
     elif fmt == "coo":
+        coords = np.unravel_index(lin, shape) if nse else \
+            tuple(np.zeros(0, np.int64) for _ in shape)
         parts = list(coords)
     else:
         raise ValueError(f"unknown sparse format {fmt!r}")
