@@ -74,7 +74,7 @@ def test_pagerank_to_convergence_equals_networkx(workers, weighted):
         con.execute(text)
         after = con.plan_cache_stats
         assert after["misses"] == before["misses"] and after["hits"] > before["hits"]
-        assert "spmm" in con.explain(text.splitlines()[1].rstrip(";").replace("pr_rn[i] =",
+        assert "spmm" in con.explain(text.splitlines()[0].rstrip(";").replace("pr_rn[i] =",
                                                                              "x[i] ="))
     assert steps == ref_steps
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
