@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from ..physical.choice import SPARSE_METHODS
-from ..storage.sparse import densify, is_sparse
+from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "SPARSE_METHODS"]
 
@@ -40,6 +40,7 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=No
     array, which the caller copies there."""
     if choice.method == "spmm":
         return spmm(op, choice, args, out_shape, out, sink)
+    args = [stacked(a) for a in args]  # a box over several CSR row tiles, as one CSR array
     if choice.method == "spreduce":
         return spreduce(op, choice, args, out_shape)
     from . import semiring
@@ -66,6 +67,12 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     S, D = args[k], args[1 - k]
     if S is None or D is None:
         return np.zeros(out_shape, dtype)
+    D = stacked(D)
+    if isinstance(S, RowSlabs):  # several stored row tiles: slab by slab into ``out``
+        if out is None or s_labels != (i, j) or S.dtype != dtype or is_sparse(D):
+            S = S.tocsr()
+        else:
+            return _slabs_into(op, S, D, d_labels, i, j, out, sink)
     rest = [l for l in d_labels if l != j]
     axis = d_labels.index(j)
     if not is_sparse(S):  # the box read was (partly) dense: plain BLAS on the dense tiles
@@ -94,6 +101,43 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         return _into(S, np.ascontiguousarray(D2), out, sink)
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _slabs_into(op, S: RowSlabs, D, d_labels, i, j, out, sink) -> np.ndarray:
+    """``spmm`` of a ``RowSlabs`` box into ``out``: each stored tile's rows computed into its
+    rows of ``out`` (views of the tiles' entries: nothing stacked), rows no tile holds zeroed."""
+    dtype = np.dtype(op.dtype)
+    D = np.asarray(D)
+    D = D if D.dtype == dtype else D.astype(dtype)
+    axis = d_labels.index(j)
+    rest = [l for l in d_labels if l != j]
+    rest_shape = tuple(D.shape[d_labels.index(l)] for l in rest)
+    out_labels = [i] + rest
+    if out_labels != list(op.out_labels) or out.dtype != dtype or not out.flags.c_contiguous \
+            or out.shape != (S.shape[0],) + rest_shape:
+        return spmm_dense(S.tocsr(), D, axis, rest_shape, out_labels, op.out_labels)
+    D2 = np.ascontiguousarray(np.moveaxis(D, axis, 0).reshape(D.shape[axis],
+                                                              math.prod(rest_shape)))
+    o2 = out.reshape(S.shape[0], -1)
+    at = 0
+    for r0, part in S.parts:
+        if r0 > at:  # rows of an absent tile
+            o2[at:r0].fill(0)
+            if sink is not None:
+                sink(o2[at:r0])
+        _into(part, D2, o2[r0:r0 + part.shape[0]], sink)
+        at = r0 + part.shape[0]
+    if at < S.shape[0]:
+        o2[at:].fill(0)
+        if sink is not None:
+            sink(o2[at:])
+    return out
+
+
+def spmm_dense(S, D, axis, rest_shape, labels, out_labels) -> np.ndarray:
+    D2 = np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape))
+    res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
+    return _to_output(res, labels, out_labels)
 
 
 SLAB_BYTES = 1 << 20  # the output rows one step of ``_into`` computes: they stay in the cache
