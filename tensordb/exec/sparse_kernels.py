@@ -1,7 +1,9 @@
 """Kernels on sparse tiles (scipy.sparse), and the densifying of sparse tiles for every other kernel.
 
 A Load of a box of a stored matrix whose overlapping tiles are all sparse yields a scipy CSR array
-(``storage.sparse.read_sparse_box``), which only the ``spmm`` kernel reads as it is; any other
+(``storage.sparse.read_sparse_box``), or a ``RowSlabs`` of views where the box spans several
+whole-width row tiles (stacked into one CSR array by every kernel but ``spmm``, which computes
+tile by tile into the output's rows), which only the ``spmm`` kernel reads as it is; any other
 kernel, an Assemble or a GPU gets it densified (``dense_args``), so every other path computes as
 before. The ``spmm`` kernel (``physical.choice.KernelChoice`` method ``spmm``, chosen when the
 plan is lowered) is a SUM of the product of a sparse matrix ``S`` (labels ``i, j``, in either

@@ -42,7 +42,7 @@ from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
 from ..plan.kernel import KernelChoice, choose_kernel, chunk_label
 from .retile import edge_retile, recut_bytes, stored_aligned, views
-from .sparse_cost import StoredStats, read_sparse, sparse_flops, sparse_out_nnz
+from .sparse_cost import StoredStats, read_sparse, sparse_flops, sparse_out_nnz, spmm_rows
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "StoredStats", "blas_efficiency",
            "evaluate", "stored_aligned", "edge_retile", "recut_bytes"]
@@ -345,14 +345,10 @@ class OpModel:
         k = math.prod(d)
         f = self.present(d)
         join = 0.0
-        dense, rows = self._spmm_rows()
+        dense, rows = spmm_rows(self.sparse_kernel, [i.pos for i in self.inputs])
         for n, i in enumerate(self.inputs):
             rep = k / math.prod(d[p] for p in i.pos)
-            if n == dense:
-                # SpMM: every row slab of the sparse matrix gathers the rows of the same box of
-                # the dense operand (read as a view, not a copy per slab), so splitting the
-                # sparse rows re-reads the sparse slabs only; splitting the dense operand's
-                # columns re-reads the whole sparse matrix and copies a strided box
+            if n == dense:  # read once across the sparse matrix's row slabs (spmm_rows)
                 rep /= math.prod(d[p] for p in rows)
             join += i.nbytes * rep
         fan_in = math.prod(d[self.n_out:])
@@ -381,15 +377,6 @@ class OpModel:
         return OpCost(join * f, agg * f, retile, prm.task_bytes * tasks, balance, k, fan_in, flops,
                       self.working_set(d), self.call_memory(d) if memory else _NO_MEMORY,
                       compute, self.out_nnz)
-
-    def _spmm_rows(self) -> tuple[int | None, tuple[int, ...]]:
-        """For an ``spmm`` kernel: its dense operand and the positions of the sparse matrix's
-        labels that the dense operand lacks (its rows, kept in the output); else (None, ())."""
-        if self.sparse_kernel is None or self.sparse_kernel[0] != "spmm":
-            return None, ()
-        s = self.sparse_kernel[1]
-        dense = 1 - s
-        return dense, tuple(p for p in self.inputs[s].pos if p not in self.inputs[dense].pos)
 
     @property
     def sparse(self) -> bool:
