@@ -155,6 +155,8 @@ def _into(S, D2, out: np.ndarray, sink=None) -> np.ndarray:
     row_bytes = max(1, o2.shape[1] * out.itemsize)
     step = max(1, SLAB_BYTES // row_bytes)
     ptr = S.indptr
+    if D2.shape[1] == 1:  # SpMV: scipy's matrix-vector product, not its one-column SpMM
+        D2 = D2[:, 0]
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         lo, hi = int(ptr[r0]), int(ptr[r1])
