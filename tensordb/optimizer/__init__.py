@@ -182,6 +182,25 @@ def balanced(graph: EinGraph, decomp: Decomposition,
     if not input_stats or not sparse_ops:
         return decomp
     cuts, shown = balance(graph, decomp.pieces_by_op, input_stats, sparse_ops, input_grids)
+    # An uneven cut makes a piece wider than the projection's even one: where its working set,
+    # scaled by how much wider, would pass a worker's budget, the even cuts stay.
+    mem = decomp.details.get("memory")
+    budget = getattr(mem, "budget", None)
+    if budget is not None:
+        size = {op.output: op.size for op in graph.ops}
+        wide = set()
+        for name, by_label in cuts.items():
+            call = mem.ops.get(name)
+            for l, b in by_label.items():
+                even = -(-size[name][l] // (len(b) - 1))
+                widest = max(y - x for x, y in zip(b, b[1:]))
+                if call is not None and call.total * widest / max(even, 1) > budget:
+                    wide.add(tuple(b))
+        if wide:
+            cuts = {n: {l: b for l, b in c.items() if tuple(b) not in wide}
+                    for n, c in cuts.items()}
+            cuts = {n: c for n, c in cuts.items() if c}
+            shown = {n: v for n, v in shown.items() if tuple(v["bounds"]) not in wide}
     if not cuts:
         return decomp
     return replace(decomp, details={**decomp.details, "cuts": cuts, "balance": shown})

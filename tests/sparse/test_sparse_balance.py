@@ -148,3 +148,23 @@ def test_spmm_across_stored_row_tiles_into_the_output_buffer(tmp_path, workers):
         con.load("v", v)
         con.execute("w[i] = SUM(G[i,j] * v[j]) WITH (PIECES i 3)")
         np.testing.assert_allclose(con.tensor("w"), S @ v, rtol=1e-5, atol=1e-5)
+
+
+def test_cuts_that_would_pass_a_workers_budget_are_not_made():
+    S = skewed(3000, 40, 500, 4)
+    X = np.random.default_rng(9).standard_normal((3000, 5))
+    sql = "Y[i,k] = SUM(G[i,j] * X[j,k]) WITH (PIECES i 2)"
+    with tensordb.connect(workers=2) as con:
+        con.load("G", S)
+        con.load("X", X)
+        node = json.loads(con.explain(sql, format="json"))["nodes"][0]
+        assert "balance" in node
+        call = node["memory"]["total"]
+    # a budget the even call fits and the widest slab (about twice as wide) would not
+    with tensordb.connect(workers=2, memory_limit=int(2 * 1.3 * call)) as con:
+        con.load("G", S)
+        con.load("X", X)
+        node = json.loads(con.explain(sql, format="json"))["nodes"][0]
+        assert "balance" not in node and node["memory"]["total"] <= 1.3 * call
+        con.execute(sql)
+        np.testing.assert_allclose(con.tensor("Y"), S @ X, rtol=1e-12, atol=1e-12)
