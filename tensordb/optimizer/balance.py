@@ -11,7 +11,8 @@ cut by nonzeros in an operation that a sparse kernel computes (``details["output
 it) when a stored sparse matrix that it reads has that label as its rows and the snapshot
 offers the matrix's row profile (``StoredStats.row_profile``: its nonzeros before each row),
 and only where even cuts would be unbalanced (the largest piece more than ``TOLERANCE`` above
-the mean) and do not fall on the matrix's stored row tiles (then its pieces are its tiles); a later operation that reads such a result with the same pieces of that label takes
+the mean) and do not fall on the matrix's stored row tiles (then its pieces are its tiles;
+``optimizer.balanced`` also keeps even cuts where the widest slab would pass a worker's budget); a later operation that reads such a result with the same pieces of that label takes
 the same cuts (its tiles then need no re-cut).
 
 >>> import numpy as np
