@@ -137,6 +137,7 @@ def _slabs_into(op, S: RowSlabs, D, d_labels, i, j, out, sink) -> np.ndarray:
 
 
 def spmm_dense(S, D, axis, rest_shape, labels, out_labels) -> np.ndarray:
+    """``S @ D`` (D's label ``axis`` contracted) as a new array in ``out_labels`` order."""
     D2 = np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape))
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, labels, out_labels)
