@@ -79,6 +79,9 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
         pieces = decomp.pieces(op.output) if op.output in decomp.pieces_by_op else dict(stats.pieces)
         pieces = {l: int(pieces.get(l, 1)) for l in op.labels}
         tile = {l: -(-op.size[l] // pieces[l]) if op.size[l] else 0 for l in op.labels}
+        cuts = decomp.details.get("cuts", {}).get(op.output, {})  # optimizer/balance.py
+        tile.update({l: max(b[k + 1] - b[k] for k in range(len(b) - 1))
+                     for l, b in cuts.items() if l in tile and len(b) > 1})
         c = cost.ops.get(op.output)
         node: dict[str, Any] = {
             "output": op.output,
@@ -114,6 +117,9 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
         dense = decomp.details.get("densifies", {}).get(op.output)
         if dense is not None:  # dense where its sparse input is absent
             node["densifies"] = dense
+        bal = decomp.details.get("balance", {}).get(op.output)
+        if bal is not None:  # row slabs of equal nonzeros: each piece's nonzeros
+            node["balance"] = dict(bal)
         est = decomp.details.get("output_nnz", {}).get(op.output)
         if est is not None:
             # the plan's output format by that estimate (plan.kernel.with_output)
@@ -281,6 +287,12 @@ def header(data: Mapping) -> list[str]:
             + (f" ({v['format']} tiles from the kernel)" if v.get("format", "dense") != "dense"
                else "")
             for name, v in nnz))
+    bal = [(n["output"], n["balance"]) for n in data["nodes"] if "balance" in n]
+    if bal:
+        lines.append("  balance: " + "; ".join(
+            f"{name}: {b['label']} cut by {b['tensor']}'s nonzeros, pieces of "
+            + ", ".join(count(x) for x in b["nnz"]) + " (even cuts: "
+            + ", ".join(count(x) for x in b["even_nnz"]) + ")" for name, b in bal))
     if "blas" in data:
         lines.append(blas_line(data["blas"]))
     if "device_resident" in data:

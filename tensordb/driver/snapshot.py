@@ -18,13 +18,42 @@ read left, and runs only for grids the stored tiles do not give directly.
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterable
+
+import numpy as np
 
 from ..errors import Error
 from ..optimizer import StoredStats
 from ..storage.reader import TensorReader
 
-__all__ = ["Snapshot", "meta_key"]
+__all__ = ["Snapshot", "meta_key", "row_profile"]
+
+
+def row_profile(reader) -> np.ndarray:
+    """The nonzeros of a stored matrix before each of its rows (rows + 1 counts): the sum over
+    its column tiles of each row tile's CSR row pointers; a dense or COO tile counts its
+    ``nnz`` spread evenly over its rows.
+
+    >>> import numpy as np, scipy.sparse as sp, tensordb
+    >>> con = tensordb.connect()
+    >>> con.load("S", sp.csr_array(np.array([[1.0, 2, 0, 0], [0, 0, 0, 3]] + [[0.0] * 4] * 6)))
+    >>> row_profile(con.store.open_many(["S"])["S"]).tolist()
+    [0, 2, 3, 3, 3, 3, 3, 3, 3]
+    """
+    meta = reader.meta
+    rows_b, cols_b = meta.grid
+    counts = np.zeros(meta.shape[0], np.int64)
+    for (r, c), e in reader.entries.items():
+        lo, hi = rows_b[r], rows_b[r + 1]
+        if e.format == "csr":
+            counts[lo:hi] += np.diff(reader.stored_tile((r, c)).indptr)
+        elif hi > lo:
+            spread = np.diff(np.linspace(0, int(e.nnz), hi - lo + 1).round().astype(np.int64))
+            counts[lo:hi] += spread
+    out = np.zeros(meta.shape[0] + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
 
 
 def meta_key(m) -> tuple:
@@ -107,10 +136,22 @@ class Snapshot:
             if not isinstance(r, TensorReader):
                 continue
             entries = r.entries.values()
+            profile = None
+            if r.meta.ndim == 2 and r.has_sparse:
+                profile = functools.partial(self._row_profile, name, r)
             out[name] = StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
                                     sum(int(e.nnz) for e in entries),
-                                    sum(int(e.nbytes) for e in entries), r.meta.fill)
+                                    sum(int(e.nbytes) for e in entries), r.meta.fill, profile)
         return out
+
+    def _row_profile(self, name, reader):
+        """A stored matrix's nonzeros before each row (``StoredStats.row_profile``), made once:
+        its CSR tiles' row pointers (views of their payloads), a dense tile's nonzeros spread
+        evenly over its rows."""
+        key = ("rows", name)
+        if key not in self._facts:
+            self._facts[key] = row_profile(reader)
+        return self._facts[key]
 
     # -- checking what was read -------------------------------------------------------------------
     @property

@@ -98,7 +98,7 @@ class KernelSpec:
         check = check or _no_check
         check()
         if self.choice.method in SPARSE_METHODS and xp is np:  # exec/sparse_kernels.py
-            return sparse_call(self.op, self.choice, args, arg_shapes, out_shape)
+            return sparse_call(self.op, self.choice, args, arg_shapes, out_shape, out, sink)
         args = dense_args(args)  # a sparse tile (a Load's CSR box) for a dense kernel
         arrays = [xp.zeros(s, dtype=d) if a is None else a
                   for a, s, d in zip(args, arg_shapes, self.in_dtypes)]

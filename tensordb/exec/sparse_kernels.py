@@ -1,7 +1,9 @@
 """Kernels on sparse tiles (scipy.sparse), and the densifying of sparse tiles for every other kernel.
 
 A Load of a box of a stored matrix whose overlapping tiles are all sparse yields a scipy CSR array
-(``storage.sparse.read_sparse_box``), which only the ``spmm`` kernel reads as it is; any other
+(``storage.sparse.read_sparse_box``), or a ``RowSlabs`` of views where the box spans several
+whole-width row tiles (stacked into one CSR array by every kernel but ``spmm``, which computes
+tile by tile into the output's rows), which only the ``spmm`` kernel reads as it is; any other
 kernel, an Assemble or a GPU gets it densified (``dense_args``), so every other path computes as
 before. The ``spmm`` kernel (``physical.choice.KernelChoice`` method ``spmm``, chosen when the
 plan is lowered) is a SUM of the product of a sparse matrix ``S`` (labels ``i, j``, in either
@@ -31,17 +33,23 @@ import math
 import numpy as np
 
 from ..physical.choice import SPARSE_METHODS
-from ..storage.sparse import densify, is_sparse
+from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
 from .sparse_out import combine_sparse, csr_output
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
            "SPARSE_METHODS"]
 
 
-def sparse_call(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
-    """One call of the sparse kernel ``choice.method`` names (on the CPU; a GPU densifies)."""
-    if choice.method in ("spmm", "spreduce"):
-        return (spmm if choice.method == "spmm" else spreduce)(op, choice, args, out_shape)
+def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None) -> np.ndarray:
+    """One call of the sparse kernel ``choice.method`` names (on the CPU; a GPU densifies).
+    ``out``: the output tile's buffer (its file's pages), which ``spmm`` computes into in row
+    slabs, handing each finished slab to ``sink`` (``KernelSpec``); the others return a new
+    array, which the caller copies there."""
+    if choice.method == "spmm":
+        return spmm(op, choice, args, out_shape, out, sink)
+    args = [stacked(a) for a in args]  # a box over several CSR row tiles, as one CSR array
+    if choice.method == "spreduce":
+        return spreduce(op, choice, args, out_shape)
     from . import semiring
     return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
 
@@ -53,9 +61,11 @@ def dense_args(args: list) -> list:
     return [densify(a) if a is not None and is_sparse(a) else a for a in args]
 
 
-def spmm(op, choice, args: list, out_shape) -> np.ndarray:
+def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     """One call of a ``spmm`` kernel (see the module docstring): ``args`` in operand order, an
-    absent tile None (the product is then 0)."""
+    absent tile None (the product is then 0). Given ``out`` (C-contiguous, the output's dtype,
+    its labels the sparse matrix's rows then the others in ``D``'s order), the product is
+    computed into it in slabs of rows (``_into``), each handed to ``sink`` when finished."""
     dtype = np.dtype(op.dtype)
     k = choice.sparse
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
@@ -64,12 +74,20 @@ def spmm(op, choice, args: list, out_shape) -> np.ndarray:
     S, D = args[k], args[1 - k]
     if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
+    D = stacked(D)
     if len(args) == 3:  # GRAD's scaled scatter-add: S's entries times the vector g on j
-        g = np.asarray(densify(args[2]) if is_sparse(args[2]) else args[2]).astype(dtype)
+        S = stacked(S)
+        g = stacked(args[2])
+        g = np.asarray(densify(g) if is_sparse(g) else g).astype(dtype)
         if not is_sparse(S):
             S = np.asarray(S, dtype) * (g[None, :] if s_labels.index(j) == 1 else g[:, None])
         else:
             S = _scaled(S, g, s_labels.index(j), dtype)
+    if isinstance(S, RowSlabs):  # several stored row tiles: slab by slab into ``out``
+        if out is None or s_labels != (i, j) or S.dtype != dtype or is_sparse(D):
+            S = S.tocsr()
+        else:
+            return _slabs_into(op, S, D, d_labels, i, j, out, sink)
     rest = [l for l in d_labels if l != j]
     axis = d_labels.index(j)
     if not is_sparse(S):  # the box read was (partly) dense: plain BLAS on the dense tiles
@@ -93,6 +111,12 @@ def spmm(op, choice, args: list, out_shape) -> np.ndarray:
         D = D.astype(dtype)
     rest_shape = tuple(D.shape[d_labels.index(l)] for l in rest)
     D2 = np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape))
+    if out is not None and [i] + rest == list(op.out_labels) and out.dtype == dtype and \
+            out.flags.c_contiguous and out.shape == (S.shape[0],) + rest_shape and \
+            S.format == "csr":
+        # scipy's product copies a D that is not C-contiguous (a column slab of a stored
+        # matrix): once here, not once per slab of rows
+        return _into(S, np.ascontiguousarray(D2), out, sink)
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
 
@@ -106,6 +130,82 @@ def _scaled(S, g: np.ndarray, axis: int, dtype):
         at = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr)) if axis == 0 else S.indices
         data = np.asarray(S.data, dtype) * g[at]
     return sp.csr_array((data, S.indices, S.indptr), shape=S.shape)
+
+
+def _slabs_into(op, S: RowSlabs, D, d_labels, i, j, out, sink) -> np.ndarray:
+    """``spmm`` of a ``RowSlabs`` box into ``out``: each stored tile's rows computed into its
+    rows of ``out`` (views of the tiles' entries: nothing stacked), rows no tile holds zeroed."""
+    dtype = np.dtype(op.dtype)
+    D = np.asarray(D)
+    D = D if D.dtype == dtype else D.astype(dtype)
+    axis = d_labels.index(j)
+    rest = [l for l in d_labels if l != j]
+    rest_shape = tuple(D.shape[d_labels.index(l)] for l in rest)
+    out_labels = [i] + rest
+    if out_labels != list(op.out_labels) or out.dtype != dtype or not out.flags.c_contiguous \
+            or out.shape != (S.shape[0],) + rest_shape:
+        return spmm_dense(S.tocsr(), D, axis, rest_shape, out_labels, op.out_labels)
+    D2 = np.ascontiguousarray(np.moveaxis(D, axis, 0).reshape(D.shape[axis],
+                                                              math.prod(rest_shape)))
+    o2 = out.reshape(S.shape[0], -1)
+    at = 0
+    for r0, part in S.parts:
+        if r0 > at:  # rows of an absent tile
+            o2[at:r0].fill(0)
+            if sink is not None:
+                sink(o2[at:r0])
+        _into(part, D2, o2[r0:r0 + part.shape[0]], sink)
+        at = r0 + part.shape[0]
+    if at < S.shape[0]:
+        o2[at:].fill(0)
+        if sink is not None:
+            sink(o2[at:])
+    return out
+
+
+def spmm_dense(S, D, axis, rest_shape, labels, out_labels) -> np.ndarray:
+    """``S @ D`` (D's label ``axis`` contracted) as a new array in ``out_labels`` order."""
+    D2 = np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape))
+    res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
+    return _to_output(res, labels, out_labels)
+
+
+SLAB_BYTES = 1 << 20  # the output rows one step of ``_into`` computes: they stay in the cache
+
+
+def _into(S, D2, out: np.ndarray, sink=None) -> np.ndarray:
+    """``S @ D2`` (S a CSR matrix, D2 dense and 2-D) written into ``out`` in slabs of rows of
+    about ``SLAB_BYTES``: each slab's product (scipy's) is copied in while it is in the cache
+    and handed to ``sink`` there, so the output tile is never made twice in memory nor swept
+    again for its statistics."""
+    rows = S.shape[0]
+    o2 = out.reshape(rows, -1)
+    row_bytes = max(1, o2.shape[1] * out.itemsize)
+    step = max(1, SLAB_BYTES // row_bytes)
+    ptr = S.indptr
+    if D2.shape[1] == 1:  # SpMV: scipy's matrix-vector product, not its one-column SpMM
+        D2 = D2[:, 0]
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        lo, hi = int(ptr[r0]), int(ptr[r1])
+        slab = o2[r0:r1]
+        if hi == lo:
+            slab.fill(0)
+        else:
+            part = _csr_rows(S, r0, r1, lo, hi)
+            slab[...] = (part @ D2).reshape(slab.shape)
+        if sink is not None:
+            sink(slab)
+    return out
+
+
+def _csr_rows(S, r0: int, r1: int, lo: int, hi: int):
+    """Rows ``r0:r1`` of CSR ``S`` (whose entries there are ``lo:hi``): views of its entries."""
+    import scipy.sparse as sp
+    m = sp.csr_array((S.data[lo:hi], S.indices[lo:hi], S.indptr[r0:r1 + 1] - lo),
+                     shape=(r1 - r0, S.shape[1]), copy=False)
+    m.has_sorted_indices = True
+    return m
 
 
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:

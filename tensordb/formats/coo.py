@@ -61,8 +61,10 @@ def write_tile_entries(w, key, coords: Sequence[np.ndarray], values: np.ndarray,
     shape = tuple(h - l for l, h in zip(lo, hi))
     local = tuple(np.asarray(c, np.int64) - l for c, l in zip(coords, lo))
     lin = np.ravel_multi_index(local, shape) if shape else np.zeros(len(values), np.int64)
-    order = np.argsort(lin, kind="stable")
-    lin, values = lin[order], np.asarray(values)[order]
+    values = np.asarray(values)
+    if lin.size > 1 and not bool((lin[1:] >= lin[:-1]).all()):  # a table's rows come sorted
+        order = np.argsort(lin, kind="stable")
+        lin, values = lin[order], values[order]
     if lin.size > 1:
         first = np.r_[True, lin[1:] != lin[:-1]]
         if not first.all():
@@ -191,17 +193,22 @@ def load_coo(store, name: str, coords, values, shape, *, tile=None, replace=Fals
     _check_coords(coords, shape, names, where)
     tile_shape = (check_tile_shape(tile, shape, name) if tile is not None
                   else default_tile(shape, values.size, dtype))
-    keys = np.stack([c // max(t, 1) for c, t in zip(coords, tile_shape)], axis=1) \
-        if shape else np.zeros((values.size, 0), np.int64)
-    order = np.lexsort(keys.T[::-1]) if shape and values.size else np.arange(values.size)
-    keys = keys[order]
-    coords = [c[order] for c in coords]
-    values = values[order].astype(dtype, copy=False)
+    # each entry's tile as one number (C order of the grid); entries already in tile order
+    # (a CSR matrix in row slabs, a table sorted by tile) are not sorted again
+    grid = tuple(-(-n // max(t, 1)) for n, t in zip(shape, tile_shape))
+    tkey = np.ravel_multi_index(tuple(np.asarray(c // max(t, 1), np.int64)
+                                      for c, t in zip(coords, tile_shape)), grid) \
+        if shape and values.size else np.zeros(values.size, np.int64)
+    if tkey.size > 1 and not bool((tkey[1:] >= tkey[:-1]).all()):
+        order = np.argsort(tkey, kind="stable")
+        tkey, coords, values = tkey[order], [c[order] for c in coords], values[order]
+    values = values.astype(dtype, copy=False)
     with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace, fill=fill) as w:
         if values.size:
-            change = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
+            change = np.flatnonzero(tkey[1:] != tkey[:-1]) + 1
             for a, b in zip(np.r_[0, change], np.r_[change, values.size]):
-                write_tile_entries(w, tuple(int(k) for k in keys[a]), [c[a:b] for c in coords],
+                key = tuple(int(k) for k in np.unravel_index(int(tkey[a]), grid)) if shape else ()
+                write_tile_entries(w, key, [c[a:b] for c in coords],
                                    values[a:b], duplicates=duplicates, where=where, names=names)
     return w.meta()
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from ..errors import DataError, ProgrammingError
 from ..geometry import default_tile_shape
+from ..sparsity import is_sparse_overall
 from ..storage import first_row, quote_ident, quote_str, translate_message, translating
 from ..sqlfront import guard
 from . import filemeta
@@ -267,10 +268,18 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
                   else default_tile(shape, rows, dtype))  # sized by nonzeros when sparse
     keys = [f"{c} // {max(t, 1)}" for c, t in zip(q, tile_shape)]
     # Zero rows are kept: they cannot change a tile, but a duplicate among them is still a duplicate.
+    # A sparse tensor's rows in C order within each tile: its tiles' entries arrive sorted
+    # (coo.write_tile_entries sorts nothing); a dense one's are scattered. Tiles that are row
+    # slabs (one tile across every other dimension) are in that order when the rows are in C
+    # order: the coordinates alone are the sort's keys (two fewer for DuckDB to sort by).
+    order = [f"__t{d}" for d in range(len(keys))]
+    if is_sparse_overall(shape, rows, dtype):
+        slabs = all(t >= n for t, n in zip(tile_shape[1:], shape[1:]))
+        order = q if slabs else order + q
     select = (f"SELECT {', '.join(k + f' AS __t{d}' for d, k in enumerate(keys))}, "
               + ", ".join(f"CAST({c} AS BIGINT)" for c in q)
               + f", CAST({qv} AS {_SQL_TYPE[dtype.name]}) FROM {src} "
-              + f"ORDER BY {', '.join(f'__t{d}' for d in range(len(keys)))}")
+              + f"ORDER BY {', '.join(order)}")
     # the sort's share: a tile's rows (at most the table's), not its dense extent
     tile_bytes = min(int(np.prod(tile_shape, dtype=np.int64)) * dtype.itemsize,
                      max(rows, 1) * (16 * len(idx) + 8))

@@ -16,7 +16,9 @@ baselines of baselines.py). ``Decomposition.details`` always holds ``"cost"`` (a
 from cost.py); ``eindecomp`` adds ``"choices"`` (a ``Choice`` per operation, with runner-ups),
 ``"dp_cost"``, ``"search_seconds"`` and ``"blas_threads"`` (threads.py: the BLAS threads of the
 one-call plan when it is chosen, else 0; with ``"split_cost"`` and, where a one-call plan was
-priced, ``"one_call_cost"`` and ``"one_call_threads"``). ``details["memory"]`` is the plan's projected memory
+priced, ``"one_call_cost"`` and ``"one_call_threads"``). Where a sparse matrix's row label is split
+and even cuts would be unbalanced, ``details["cuts"]`` says where its pieces are cut (row slabs
+of equal nonzeros, balance.py) and ``details["balance"]`` what that achieves. ``details["memory"]`` is the plan's projected memory
 (``PlanMemory``, plan/memory.py): per operation what its largest kernel call holds, the peak per
 worker against ``memory_limit / workers``, and the intermediates the executor may spill.
 """
@@ -29,6 +31,7 @@ from typing import Callable, Mapping
 from ..errors import ProgrammingError
 from ..plan.ir import EinGraph
 from ..plan.memory import PlanMemory, project, worker_budget
+from .balance import balance
 from .baselines import data_parallel_pieces, even_pieces
 from .candidates import pieces_per_op
 from .cost import DEFAULT_PARAMS, CostParams, PlanCost, Presence, StoredStats, evaluate, models_of
@@ -166,8 +169,41 @@ def decompose(graph: EinGraph, workers: int, *, strategy: str | None = None, mem
               "blas_threads": blas_threads, "stats": input_stats} if fn is _eindecomp else {}
     decomp = fn(graph, workers, memory_limit=memory_limit, pieces=pieces, input_grids=input_grids,
                 **kwargs)
-    return price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,
-                 input_facts=input_facts, memory_limit=memory_limit, input_stats=input_stats)
+    decomp = price(graph, decomp, params=prm, input_grids=input_grids, input_tiles=input_tiles,
+                   input_facts=input_facts, memory_limit=memory_limit, input_stats=input_stats)
+    return balanced(graph, decomp, input_stats, input_grids)
+
+
+def balanced(graph: EinGraph, decomp: Decomposition,
+             input_stats: Mapping[str, StoredStats] | None, input_grids=None) -> Decomposition:
+    """``decomp`` with its cuts of equal nonzeros (balance.py): ``details["cuts"]``, which the
+    lowering follows, and ``details["balance"]``, which EXPLAIN shows."""
+    sparse_ops = set(decomp.details.get("output_nnz", {}))
+    if not input_stats or not sparse_ops:
+        return decomp
+    cuts, shown = balance(graph, decomp.pieces_by_op, input_stats, sparse_ops, input_grids)
+    # An uneven cut makes a piece wider than the projection's even one: where its working set,
+    # scaled by how much wider, would pass a worker's budget, the even cuts stay.
+    mem = decomp.details.get("memory")
+    budget = getattr(mem, "budget", None)
+    if budget is not None:
+        size = {op.output: op.size for op in graph.ops}
+        wide = set()
+        for name, by_label in cuts.items():
+            call = mem.ops.get(name)
+            for l, b in by_label.items():
+                even = -(-size[name][l] // (len(b) - 1))
+                widest = max(y - x for x, y in zip(b, b[1:]))
+                if call is not None and call.total * widest / max(even, 1) > budget:
+                    wide.add(tuple(b))
+        if wide:
+            cuts = {n: {l: b for l, b in c.items() if tuple(b) not in wide}
+                    for n, c in cuts.items()}
+            cuts = {n: c for n, c in cuts.items() if c}
+            shown = {n: v for n, v in shown.items() if tuple(v["bounds"]) not in wide}
+    if not cuts:
+        return decomp
+    return replace(decomp, details={**decomp.details, "cuts": cuts, "balance": shown})
 
 
 def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None = None,

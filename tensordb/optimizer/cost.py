@@ -42,7 +42,7 @@ from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
 from ..plan.kernel import KernelChoice, choose_kernel, chunk_label, output_tile_bytes, with_output
 from .retile import edge_retile, recut_bytes, stored_aligned, views
-from .sparse_cost import StoredStats, read_sparse, sparse_flops, sparse_out_nnz
+from .sparse_cost import StoredStats, read_sparse, sparse_flops, sparse_out_nnz, spmm_rows
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "StoredStats", "blas_efficiency",
            "evaluate", "stored_aligned", "edge_retile", "recut_bytes"]
@@ -347,8 +347,12 @@ class OpModel:
         k = math.prod(d)
         f = self.present(d)
         join = 0.0
-        for i in self.inputs:
-            join += i.nbytes * (k / math.prod(d[p] for p in i.pos))
+        dense, rows = spmm_rows(self.sparse_kernel, [i.pos for i in self.inputs])
+        for n, i in enumerate(self.inputs):
+            rep = k / math.prod(d[p] for p in i.pos)
+            if n == dense:  # read once across the sparse matrix's row slabs (spmm_rows)
+                rep /= math.prod(d[p] for p in rows)
+            join += i.nbytes * rep
         fan_in = math.prod(d[self.n_out:])
         agg = float(self.out_bytes * (fan_in - 1))
         p = self.workers

@@ -6,11 +6,12 @@ and payload bytes of a stored input (``StoredStats``), the flops of a sparse ker
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 from ..plan.ir import EinOp
 
-__all__ = ["StoredStats", "read_sparse", "sparse_flops", "sparse_out_nnz"]
+__all__ = ["StoredStats", "read_sparse", "sparse_flops", "sparse_out_nnz", "spmm_rows"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,10 @@ class StoredStats:
     nnz: int
     nbytes: int
     fill: float = 0.0  # the value of its absent entries (TensorMeta.fill)
+    # A matrix's nonzeros before each row (rows + 1 counts, the CSR row pointers of the whole
+    # matrix), made when first asked (optimizer/balance.py cuts row slabs of equal nonzeros by
+    # it); None where the snapshot offers none (not a matrix, or not sparse).
+    row_profile: Callable | None = field(default=None, compare=False, repr=False)
 
     @property
     def sparse(self) -> bool:
@@ -110,3 +115,21 @@ def sparse_out_nnz(op: EinOp, kern: tuple, nnz: int, other: int | None) -> float
     pd = 1.0 if other is None or not n_d else min(1.0, other / n_d)
     shared = math.prod(op.size[l] for l in s if l in d)
     return out * (1.0 - (1.0 - ps * pd) ** shared)
+
+
+def spmm_rows(kern: tuple | None, positions) -> tuple[int | None, tuple[int, ...]]:
+    """For an ``spmm`` kernel ``kern`` (method, sparse operand): its dense operand and the
+    label positions of the sparse matrix that the dense operand lacks (its rows), given each
+    operand's label ``positions``; else (None, ()). Every row slab of the sparse matrix gathers
+    from the same box of the dense operand (a view, not a copy per slab), so the cost model
+    counts that box once across the row pieces: splitting the rows re-reads only the sparse
+    slabs, while splitting the dense operand's columns re-reads the whole sparse matrix per
+    column piece (and copies a strided box).
+
+    >>> spmm_rows(("spmm", 0), [(0, 2), (2, 1)])
+    (1, (0,))
+    """
+    if kern is None or kern[0] != "spmm":
+        return None, ()
+    s, dense = kern[1], 1 - kern[1]
+    return dense, tuple(p for p in positions[s] if p not in positions[dense])

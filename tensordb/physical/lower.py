@@ -125,14 +125,17 @@ class _Lowering:
         pieces = self.decomp.pieces(op.output)
         size = op.size
         labels = op.labels
-        bounds = {l: even_bounds(size[l], pieces.get(l, 1)) for l in labels}
+        # even extents, or the optimizer's cuts of equal nonzeros (optimizer/balance.py)
+        cuts = self.decomp.details.get("cuts", {}).get(op.output, {})
+        bounds = {l: tuple(cuts[l]) if l in cuts else even_bounds(size[l], pieces.get(l, 1))
+                  for l in labels}
         pieces = {l: len(b) - 1 for l, b in bounds.items()}
         stats = OpStats(op, pieces)
         # The kernel's method and chunking, for the largest tile of each label and chunks sized
         # from a worker's memory budget (the optimizer's projection: details["memory"]).
         budget = getattr(self.decomp.details.get("memory"), "budget", None)
-        choice = choose_kernel(op, {l: b[1] - b[0] if len(b) > 1 else 0  # even: the first
-                                    for l, b in bounds.items()},              # is largest
+        choice = choose_kernel(op, {l: max(b[k + 1] - b[k] for k in range(len(b) - 1))
+                                    if len(b) > 1 else 0 for l, b in bounds.items()},
                                budget, *self._sparsity(op))
         # its output tiles sparse or dense, by the optimizer's estimate of its nonzeros (the
         # choice the optimizer priced: plan.kernel.with_output)
@@ -145,6 +148,9 @@ class _Lowering:
             if shape is not None and lay.n <= LAYOUTS.largest:
                 LAYOUTS.put(shape, lay)
         calls = Calls(self, index, op, bounds, lay, stats)
+        bal = self.decomp.details.get("balance", {}).get(op.output)
+        if bal is not None:  # a sparse kernel's calls weigh their slab's nonzeros, not extents
+            calls.block.flops = nnz_weighted(lay, labels.index(bal["label"]), bal)
         self.tile_keys[op.output] = calls.tile_keys
         self.blocks.append(calls.block)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
@@ -282,3 +288,13 @@ def describe(plan: TilePlan) -> str:
                      + (f" levels={s.agg_levels}" if s.agg_levels > 1 else "")
                      + f" retile={s.retile_bytes}B")
     return "\n".join(lines)
+
+
+def nnz_weighted(lay, d: int, bal: dict) -> np.ndarray:
+    """Per kernel call of ``lay``, its flops scaled by the share of the sparse matrix's
+    nonzeros in its piece of label ``d`` over that piece's share of the extent (placement
+    balances these; optimizer/balance.py cut the pieces)."""
+    nnz = np.asarray(bal["nnz"], dtype=np.float64)
+    ext = np.diff(np.asarray(bal["bounds"], dtype=np.float64))
+    share = (nnz / max(nnz.sum(), 1.0)) / np.maximum(ext / max(ext.sum(), 1.0), 1e-12)
+    return np.maximum(1, (lay.flops * share[lay.coords[:, d]]).astype(np.int64))

@@ -23,8 +23,9 @@ import numpy as np
 from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
 
-__all__ = ["CooTile", "Filled", "encode", "encode_csr", "encode_dense", "decode", "densify", "densify_part", "is_sparse",
-           "scatter_into", "entries", "fill_of", "tile_nbytes",
+__all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_csr", "encode_dense",
+           "decode", "densify", "densify_part", "is_sparse", "scatter_into", "entries", "fill_of",
+           "tile_nbytes",
            "stored_entries",
            "validate", "to_scipy", "read_sparse_box"]
 
@@ -59,7 +60,51 @@ class CooTile:
 
 def is_sparse(tile) -> bool:
     """Whether ``tile`` is a decoded sparse tile (not a dense array)."""
-    return isinstance(tile, (CooTile, Filled)) or _is_scipy(tile)
+    return isinstance(tile, (CooTile, Filled, RowSlabs)) or _is_scipy(tile)
+
+
+@dataclass(frozen=True)
+class RowSlabs:
+    """A box of a matrix that spans several stored CSR row tiles, whole width: each tile's rows
+    in it as a CSR view of its payload (``parts``: (first row in the box, the view)), nothing
+    copied. The ``spmm`` kernel computes slab by slab from it; any other reader takes
+    ``tocsr()``, the entries stacked into one CSR array (one copy of them)."""
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    parts: tuple
+
+    @property
+    def nnz(self) -> int:
+        return sum(int(p.nnz) for _, p in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(p.data.nbytes + p.indices.nbytes + p.indptr.nbytes) for _, p in self.parts)
+
+    def tocsr(self):
+        """The box as one CSR array (its entries copied once)."""
+        rows, cols = self.shape
+        nse = self.nnz
+        idx = index_dtype(self.shape, nse)
+        data = np.empty(nse, self.dtype)
+        indices = np.empty(nse, idx)
+        indptr = np.zeros(rows + 1, idx)
+        at = 0
+        ends = [r for r, _ in self.parts[1:]] + [rows]
+        for (r0, p), r1 in zip(self.parts, ends):
+            k = int(p.nnz)
+            data[at:at + k] = p.data
+            indices[at:at + k] = p.indices
+            indptr[r0 + 1:r0 + p.shape[0] + 1] = p.indptr[1:] + at
+            indptr[r0 + p.shape[0] + 1:r1 + 1] = at + k  # rows of an absent tile: empty
+            at += k
+        return _csr(data, indices, indptr, self.shape)
+
+
+def stacked(tile):
+    """``tile`` with a ``RowSlabs`` box made one CSR array (any other tile as it is)."""
+    return tile.tocsr() if isinstance(tile, RowSlabs) else tile
 
 
 def _is_scipy(tile) -> bool:
@@ -136,6 +181,7 @@ def densify(tile, fill: float = 0.0) -> np.ndarray:
     entries are ``fill`` (a ``Filled`` box carries its own)."""
     if isinstance(tile, Filled):
         tile, fill = tile.csr, tile.fill
+    tile = stacked(tile)
     if isinstance(tile, CooTile):
         return tile.toarray(fill)
     if _is_scipy(tile):
@@ -203,17 +249,21 @@ def encode(shape, dtype, lin: np.ndarray, values: np.ndarray, fmt: str) -> np.nd
     dtype = np.dtype(dtype)
     nse = int(lin.size)
     idx = index_dtype(shape, nse)
-    out = np.zeros(sparse_nbytes(shape, nse, dtype, fmt), np.uint8)
+    out = np.empty(sparse_nbytes(shape, nse, dtype, fmt), np.uint8)  # every byte written below
     out[:HEADER_BYTES].view(np.int64)[0] = nse
     vbytes = nse * dtype.itemsize
     out[HEADER_BYTES:HEADER_BYTES + vbytes].view(dtype)[:] = values
     at = HEADER_BYTES + vbytes + (-vbytes % 8)
-    coords = np.unravel_index(lin, shape) if nse else tuple(np.zeros(0, np.int64) for _ in shape)
+    out[HEADER_BYTES + vbytes:at] = 0  # the values' padding
     if fmt == "csr":
-        indptr = np.zeros(shape[0] + 1, np.int64)
-        np.cumsum(np.bincount(coords[0], minlength=shape[0]), out=indptr[1:])
-        parts = [indptr, coords[1]]
+        # rows from the sorted linear indices: their pointers by binary search, no count
+        cols = max(shape[1], 1)
+        rows = lin // cols
+        indptr = np.searchsorted(rows, np.arange(shape[0] + 1), side="left")
+        parts = [indptr, lin - rows * cols]
     elif fmt == "coo":
+        coords = np.unravel_index(lin, shape) if nse else \
+            tuple(np.zeros(0, np.int64) for _ in shape)
         parts = list(coords)
     else:
         raise ValueError(f"unknown sparse format {fmt!r}")
@@ -316,6 +366,7 @@ def validate(tile, name: str, coords) -> list[str]:
 def to_scipy(tile):
     """A 2-D tile (sparse or dense) as a scipy CSR array, for kernels and export."""
     import scipy.sparse as sp
+    tile = stacked(tile)
     if _is_scipy(tile):
         return tile
     if isinstance(tile, CooTile):
@@ -341,6 +392,10 @@ def read_sparse_box(reader, starts, stops):
     if not present or any(not reader.entries[c].sparse for c in present):
         return None
     shape = (stops[0] - starts[0], stops[1] - starts[1])
+    if len(present) > 1 and len(ranges[1]) == 1 and \
+            (meta.grid[1][ranges[1][0]], meta.grid[1][ranges[1][0] + 1]) == (starts[1], stops[1]):
+        slabs = _row_slabs(reader, ranges[0], ranges[1][0], starts[0], stops[0])
+        return slabs if meta.fill == 0 else Filled(slabs.tocsr(), meta.fill)
     pieces = []
     for c in present:
         lo, hi = tile_box(meta.grid, c)
@@ -362,6 +417,22 @@ def read_sparse_box(reader, starts, stops):
     idx = np.int32 if max(shape + (data.size,)) < 2**31 else np.int64
     return _filled(sp.csr_array(sp.coo_array((data, (rows.astype(idx), cols.astype(idx))),
                                             shape=shape)), meta.fill)
+
+
+def _row_slabs(reader, row_tiles, col: int, r0: int, r1: int) -> RowSlabs:
+    """Rows ``r0:r1`` of a matrix whose tiles there are whole-width CSR row slabs (tile column
+    ``col``): a ``RowSlabs`` of views of their entries (an absent tile's rows are empty)."""
+    from ..geometry import tile_box
+    meta = reader.meta
+    parts = []
+    for r in row_tiles:
+        (lo, _), (hi, _) = tile_box(meta.grid, (r, col))
+        a, b = max(r0, lo), min(r1, hi)
+        tile = reader.stored_tile((r, col))
+        if tile is not None and b > a:
+            parts.append((a - r0, _row_slab(tile, a - lo, b - lo)))
+    cols = meta.grid[1][col + 1] - meta.grid[1][col]  # the tile column's width (the box's)
+    return RowSlabs((r1 - r0, cols), np.dtype(meta.dtype), tuple(parts))
 
 
 def _filled(csr, fill: float):

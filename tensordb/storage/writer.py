@@ -188,7 +188,9 @@ class TensorWriter(ReservedTiles):
             return self._write_filled(coords, starts, shape, np.asarray(lin, np.int64)[keep],
                                       values[keep], None)
         keep = stored_entries(values)
-        lin, values = np.asarray(lin, np.int64)[keep], values[keep]
+        lin = np.asarray(lin, np.int64)
+        if keep.size != values.size:  # zeros left out (a graph's entries usually have none)
+            lin, values = lin[keep], values[keep]
         nnz = count_nonzero(values)
         if nnz == 0:
             return False
