@@ -30,12 +30,15 @@ import os
 import threading
 from contextlib import nullcontext
 
+import numpy as np
+
 from ..physical.plan import Kernel, TilePlan
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from .contract import Capabilities, as_sink, pool_capabilities
-from .budget import HEAP_SLACK, return_freed_memory
+from . import fastpath
+from .budget import HEAP_SLACK, may_cross, return_freed_memory
 from .ready import STOP, ReadyQueues
-from .runtime import RunResult
+from .runtime import RunControl, RunResult, plan_specs
 from .pool_run import _Run
 from .tiles import HostTiles
 
@@ -83,6 +86,8 @@ class LocalExecutor:
         self._lock = threading.Lock()  # one plan runs at a time
         self.last_blas_threads: int | None = None  # what the last run set (None: never set)
         self.pin_workers = True  # SET pin_workers: each worker thread on a core (see _pin)
+        # a tiny plan runs as a straight line of calls (fastpath.py); off: through _Run
+        self.fast_path = True
 
     def _start(self) -> None:
         if not self.threads:
@@ -148,6 +153,14 @@ class LocalExecutor:
             threads = min(plan.blas_threads, self.cores) or _blas_threads(plan, self.cores, inline)
             self.last_blas_threads = threads
             limits = _blas_limits(threads)
+        if inline and self.fast_path and type(tiles) is HostTiles and not (
+                self.memory_limit and may_cross(plan, self.memory_limit)):
+            with self._lock, limits:  # a straight line on this thread (fastpath.py)
+                control = RunControl(len(plan.tasks), progress) if progress else None
+                return fastpath.run_program(
+                    plan, fastpath.program(plan), dest, sink.finished if sink else None,
+                    plan_specs(plan, np), self.workers,
+                    control.check if control else None, control.task_done if control else None)
         with self._lock, limits:
             plan = tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
