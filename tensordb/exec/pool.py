@@ -53,6 +53,14 @@ INLINE_FLOPS = 1 << 24  # ...and this many flops (a few ms at most) runs on the 
 # for a core), while a mid-size elementwise map in many tiles keeps both cores.
 INLINE_MANY_TASKS = 64
 INLINE_MANY_FLOPS = 1 << 22
+# A plan run as a straight line of calls (fastpath.py: a few microseconds a task, not the
+# dataflow's tens) stays on the calling thread up to these: the digits MLP step (48 tasks, 28
+# MFLOP) took 9.6 ms at the fastest there against 27 on the workers (median 31 against 50,
+# CPU 7.9 against 10.8 ms; one process, alternating, load 15), five of them in one call (140
+# MFLOP) 6.7 against 22.9 ms a step (median 28.5 against 37.4); its BLAS calls still have
+# every core (_blas_threads: one busy worker).
+FAST_TASKS = 1024
+FAST_FLOPS = 1 << 28
 
 
 def _blas_limits(threads: int):
@@ -147,18 +155,19 @@ class LocalExecutor:
         sink = as_sink(sink, destinations, finished)
         buffers = sink.open(False) if sink is not None else {}
         dest = buffers if tiles.writes_destinations else {}
-        inline = tiles.inline and _tiny(plan)
+        fast = self.fast_path and type(tiles) is HostTiles and not (
+            self.memory_limit and may_cross(plan, self.memory_limit))
+        inline = tiles.inline and _tiny(plan, fast)
         limits = nullcontext()
         if tiles.limits_blas:
             threads = min(plan.blas_threads, self.cores) or _blas_threads(plan, self.cores, inline)
             self.last_blas_threads = threads
             limits = _blas_limits(threads)
-        if inline and self.fast_path and type(tiles) is HostTiles and not (
-                self.memory_limit and may_cross(plan, self.memory_limit)):
+        if inline and fast:
             with self._lock, limits:  # a straight line on this thread (fastpath.py)
                 control = RunControl(len(plan.tasks), progress) if progress else None
                 return fastpath.run_program(
-                    plan, fastpath.program(plan), dest, sink.finished if sink else None,
+                    plan, fastpath.program(plan, self.workers), dest, sink.finished if sink else None,
                     plan_specs(plan, np), self.workers,
                     control.check if control else None, control.task_done if control else None)
         with self._lock, limits:
@@ -211,10 +220,19 @@ def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:
     return max(1, min(cores // busy, largest // BLAS_FLOPS_PER_THREAD))
 
 
-def _tiny(plan: TilePlan) -> bool:
-    """Whether ``plan`` is small enough to run on the calling thread (see the module's doc)."""
+def _tiny(plan: TilePlan, fast: bool = False) -> bool:
+    """Whether ``plan`` is small enough to run on the calling thread (see the module's doc);
+    ``fast``: as a straight line of calls (fastpath.py), which costs far less a task than the
+    pool's dataflow, so more plans are worth it."""
     n = len(plan.tasks)
-    if n > INLINE_MANY_TASKS:
+    if n > (FAST_TASKS if fast else INLINE_MANY_TASKS):
         return False
-    flops = sum(t.flops for t in plan.tasks if isinstance(t, Kernel))
+    kept = plan.memo.get("kernel_flops")  # (tasks, flops): a copy with other tasks counts anew
+    if kept is not None and kept[0] is plan.tasks:
+        flops = kept[1]
+    else:
+        flops = sum(t.flops for t in plan.tasks if isinstance(t, Kernel))
+        plan.memo["kernel_flops"] = (plan.tasks, flops)
+    if fast:
+        return flops <= FAST_FLOPS
     return flops <= (INLINE_FLOPS if n <= INLINE_TASKS else INLINE_MANY_FLOPS)
