@@ -59,8 +59,11 @@ INLINE_MANY_FLOPS = 1 << 22
 # CPU 7.9 against 10.8 ms; one process, alternating, load 15), five of them in one call (140
 # MFLOP) 6.7 against 22.9 ms a step (median 28.5 against 37.4); its BLAS calls still have
 # every core (_blas_threads: one busy worker).
+# A plan with a call larger than FAST_CALL_FLOPS keeps the workers: its calls split for them
+# run side by side there.
 FAST_TASKS = 1024
 FAST_FLOPS = 1 << 28
+FAST_CALL_FLOPS = 1 << 25
 
 
 def _blas_limits(threads: int):
@@ -159,7 +162,7 @@ class LocalExecutor:
             self.memory_limit and may_cross(plan, self.memory_limit))
         inline = tiles.inline and _tiny(plan, fast)
         limits = nullcontext()
-        if tiles.limits_blas:
+        if tiles.limits_blas and (not inline or _calls_blas(plan)):
             threads = min(plan.blas_threads, self.cores) or _blas_threads(plan, self.cores, inline)
             self.last_blas_threads = threads
             limits = _blas_limits(threads)
@@ -220,6 +223,17 @@ def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:
     return max(1, min(cores // busy, largest // BLAS_FLOPS_PER_THREAD))
 
 
+def _calls_blas(plan: TilePlan) -> bool:
+    """Whether a kernel of ``plan`` may call BLAS (one computed by broadcasting NumPy does
+    not): a plan of elementwise maps and reductions on the calling thread sets no limits
+    (threadpoolctl's, 20-40 us a run)."""
+    kept = plan.memo.get("calls_blas")
+    if kept is None or kept[0] is not plan.kernels:
+        kept = plan.memo["calls_blas"] = (plan.kernels, any(
+            c.method != "broadcast" or c.fallback is not None for c in plan.kernels))
+    return kept[1]
+
+
 def _tiny(plan: TilePlan, fast: bool = False) -> bool:
     """Whether ``plan`` is small enough to run on the calling thread (see the module's doc);
     ``fast``: as a straight line of calls (fastpath.py), which costs far less a task than the
@@ -227,12 +241,11 @@ def _tiny(plan: TilePlan, fast: bool = False) -> bool:
     n = len(plan.tasks)
     if n > (FAST_TASKS if fast else INLINE_MANY_TASKS):
         return False
-    kept = plan.memo.get("kernel_flops")  # (tasks, flops): a copy with other tasks counts anew
-    if kept is not None and kept[0] is plan.tasks:
-        flops = kept[1]
-    else:
-        flops = sum(t.flops for t in plan.tasks if isinstance(t, Kernel))
-        plan.memo["kernel_flops"] = (plan.tasks, flops)
+    kept = plan.memo.get("kernel_flops")  # (tasks, ...): a copy with other tasks counts anew
+    if kept is None or kept[0] is not plan.tasks:
+        calls = [t.flops for t in plan.tasks if isinstance(t, Kernel)]
+        kept = plan.memo["kernel_flops"] = (plan.tasks, sum(calls), max(calls, default=0))
+    flops = kept[1]
     if fast:
-        return flops <= FAST_FLOPS
+        return flops <= FAST_FLOPS and kept[2] <= FAST_CALL_FLOPS
     return flops <= (INLINE_FLOPS if n <= INLINE_TASKS else INLINE_MANY_FLOPS)
