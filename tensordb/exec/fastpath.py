@@ -77,6 +77,7 @@ def _lower(plan: TilePlan, workers: int) -> list[Step]:
     left = {t.key: len(t.parts) for t in plan.tasks if isinstance(t, Aggregate)}
     agg_of = {p: t.key for t in plan.tasks if isinstance(t, Aggregate) for p in t.parts}
     consumers = plan.consumers()
+    outputs = {k for out in plan.outputs.values() for k in out.tiles.values()}
     heap: list = []
     seq = 0
 
@@ -110,7 +111,8 @@ def _lower(plan: TilePlan, workers: int) -> list[Step]:
         if kind == "run":
             if isinstance(task, Load):
                 box = (task.tensor, task.starts, task.stops)
-                first = same_box.setdefault(box, task.key)
+                # (a Load that is a stored output's tile is read into its buffer: its own step)
+                first = task.key if task.key in outputs else same_box.setdefault(box, task.key)
                 if first != task.key:
                     alias[task.key] = first
                 else:
@@ -160,9 +162,10 @@ def _lower(plan: TilePlan, workers: int) -> list[Step]:
 
 # A Load's tile read again at the next run when its tensor kept its version: a copy the read
 # made (a sparse tile densified, a box assembled from tiles) is kept with the plan, up to this
-# many bytes a plan (outside the memory budget: small on purpose). A digits step densifies
-# its one-hot labels (1347 x 10, stored sparse) every step otherwise: 0.2 ms of its 1.8.
-LOAD_CACHE_BYTES = 4 << 20
+# many bytes a plan (outside the memory budget: small on purpose; the prepared-statement cache
+# keeps 32 plans). A digits step densifies its one-hot labels (1347 x 10, stored sparse, 105
+# KiB) every step otherwise: 0.2 ms of its 1.8.
+LOAD_CACHE_BYTES = 1 << 20
 
 
 def _load(task, reader, loads: dict, dense: bool):
