@@ -59,11 +59,14 @@ INLINE_MANY_FLOPS = 1 << 22
 # CPU 7.9 against 10.8 ms; one process, alternating, load 15), five of them in one call (140
 # MFLOP) 6.7 against 22.9 ms a step (median 28.5 against 37.4); its BLAS calls still have
 # every core (_blas_threads: one busy worker).
-# A plan with a call larger than FAST_CALL_FLOPS keeps the workers: its calls split for them
-# run side by side there.
+# A plan with a call larger than FAST_CALL_FLOPS, or more than FAST_TASK_FLOPS a task on
+# average (a product split in tiles for the workers: 512^3 in 64 calls, 1.3 MFLOP a task),
+# keeps the workers: there its calls run side by side, and the per-task cost the straight
+# line saves is small beside them.
 FAST_TASKS = 1024
 FAST_FLOPS = 1 << 28
 FAST_CALL_FLOPS = 1 << 25
+FAST_TASK_FLOPS = 1 << 20
 
 
 def _blas_limits(threads: int):
@@ -246,6 +249,8 @@ def _tiny(plan: TilePlan, fast: bool = False) -> bool:
         calls = [t.flops for t in plan.tasks if isinstance(t, Kernel)]
         kept = plan.memo["kernel_flops"] = (plan.tasks, sum(calls), max(calls, default=0))
     flops = kept[1]
-    if fast:
-        return flops <= FAST_FLOPS and kept[2] <= FAST_CALL_FLOPS
-    return flops <= (INLINE_FLOPS if n <= INLINE_TASKS else INLINE_MANY_FLOPS)
+    if fast and flops <= FAST_FLOPS and kept[2] <= FAST_CALL_FLOPS and \
+            flops <= FAST_TASK_FLOPS * n:
+        return True
+    return n <= INLINE_MANY_TASKS and \
+        flops <= (INLINE_FLOPS if n <= INLINE_TASKS else INLINE_MANY_FLOPS)
