@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..physical.order import ranks
-from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
+from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..storage.writer import TileStats, tile_stats
 from .budget import temporary_bytes
 from .kernels import KernelSpec, combine
