@@ -19,7 +19,7 @@ from ..errors import BinderError, CatalogError, GradientWarning, Span, warning_t
 from ..geometry import BoxName, GatherName
 from ..plan.ir import EinGraph, TensorInfo
 from ..plan.names import TensorRef
-from ..plan.select import box_select
+from ..plan.select import box_select, gather_select
 from ..dialect import ast as A
 from .binder import Lowered, lower
 from .emit import BoundStep, Emitter, GradStep
@@ -91,8 +91,13 @@ class GroupBinder:
         """A slice: the box of a stored tensor, read as an input of its own (geometry.BoxName),
         or of a LET or an earlier result, selected by an operation (``_slice``); a gather: the
         rows of a stored tensor that a stored index tensor selects (GatherName)."""
-        if gather is None and (name.lower() in self.current or name.lower() in self.lets):
+        here = name.lower() in self.current or name.lower() in self.lets
+        if gather is None and here:
             return self._slice(*self.resolve(name, span, script), box)
+        if gather is not None and here and gather.lower() not in self.current and \
+                gather.lower() not in self.lets:
+            return self._gather(*self.resolve(name, span, script),
+                                *self.resolve(gather, span, script), span, script)
         for n in (name, gather) if gather is not None else ():
             key = n.lower()
             if key in self.current or key in self.lets:
@@ -124,6 +129,26 @@ class GroupBinder:
             self.steps.append(BoundStep(into, sel.out_labels, sel.inputs, sel.join, sel.agg,
                                         False, tuple(sel.sizes.items()), dtype))
             self.known[into] = (tuple(b - a for a, b in box), dtype)
+        return (into, *self.known[into])
+
+    def _gather(self, source: str, shape, dtype: str, index: str, ishape, idtype: str,
+                span: Span, script: str):
+        """``source[index]`` (``source`` a LET or an earlier result, ``index`` stored): a step
+        of its own, an equality join with the index's one-hot rows (plan/select.py)."""
+        if not shape or np.dtype(idtype).kind not in "iu":
+            what = "a scalar" if not shape else f"of dtype {idtype}"
+            raise BinderError(f"cannot gather from '{source}' by '{index}': "
+                              f"{'the tensor is' if not shape else 'the index is'} {what}",
+                              statement=script or None, span=span,
+                              hint="a gather reads rows of a tensor by an integer tensor")
+        into = TensorRef(f"{source}.gather[{index}]")
+        if into not in self.known:
+            sel = gather_select(shape, index, ishape, dtype).with_source(source)
+            for t, _ in sel.inputs[1:]:
+                self.stored[t] = TensorInfo(t, t.shape, "bool")
+            self.steps.append(BoundStep(into, sel.out_labels, sel.inputs, sel.join, sel.agg,
+                                        False, tuple(sel.sizes.items()), dtype))
+            self.known[into] = (tuple(ishape) + tuple(shape[1:]), dtype)
         return (into, *self.known[into])
 
     def _resolver(self, script: str):

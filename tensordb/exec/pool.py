@@ -30,12 +30,15 @@ import os
 import threading
 from contextlib import nullcontext
 
+import numpy as np
+
 from ..physical.plan import Kernel, TilePlan
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from .contract import Capabilities, as_sink, pool_capabilities
-from .budget import HEAP_SLACK, return_freed_memory
+from . import fastpath
+from .budget import HEAP_SLACK, may_cross, return_freed_memory
 from .ready import STOP, ReadyQueues
-from .runtime import RunResult
+from .runtime import RunControl, RunResult, plan_specs
 from .pool_run import _Run
 from .tiles import HostTiles
 
@@ -50,6 +53,20 @@ INLINE_FLOPS = 1 << 24  # ...and this many flops (a few ms at most) runs on the 
 # for a core), while a mid-size elementwise map in many tiles keeps both cores.
 INLINE_MANY_TASKS = 64
 INLINE_MANY_FLOPS = 1 << 22
+# A plan run as a straight line of calls (fastpath.py: a few microseconds a task, not the
+# dataflow's tens) stays on the calling thread up to these: the digits MLP step (48 tasks, 28
+# MFLOP) took 9.6 ms at the fastest there against 27 on the workers (median 31 against 50,
+# CPU 7.9 against 10.8 ms; one process, alternating, load 15), five of them in one call (140
+# MFLOP) 6.7 against 22.9 ms a step (median 28.5 against 37.4); its BLAS calls still have
+# every core (_blas_threads: one busy worker).
+# A plan with a call larger than FAST_CALL_FLOPS, or more than FAST_TASK_FLOPS a task on
+# average (a product split in tiles for the workers: 512^3 in 64 calls, 1.3 MFLOP a task),
+# keeps the workers: there its calls run side by side, and the per-task cost the straight
+# line saves is small beside them.
+FAST_TASKS = 1024
+FAST_FLOPS = 1 << 28
+FAST_CALL_FLOPS = 1 << 25
+FAST_TASK_FLOPS = 1 << 20
 
 
 def _blas_limits(threads: int):
@@ -83,6 +100,8 @@ class LocalExecutor:
         self._lock = threading.Lock()  # one plan runs at a time
         self.last_blas_threads: int | None = None  # what the last run set (None: never set)
         self.pin_workers = True  # SET pin_workers: each worker thread on a core (see _pin)
+        # a tiny plan runs as a straight line of calls (fastpath.py); off: through _Run
+        self.fast_path = True
 
     def _start(self) -> None:
         if not self.threads:
@@ -142,12 +161,21 @@ class LocalExecutor:
         sink = as_sink(sink, destinations, finished)
         buffers = sink.open(False) if sink is not None else {}
         dest = buffers if tiles.writes_destinations else {}
-        inline = tiles.inline and _tiny(plan)
+        fast = self.fast_path and type(tiles) is HostTiles and not (
+            self.memory_limit and may_cross(plan, self.memory_limit))
+        inline = tiles.inline and _tiny(plan, fast)
         limits = nullcontext()
-        if tiles.limits_blas:
+        if tiles.limits_blas and (not inline or _calls_blas(plan)):
             threads = min(plan.blas_threads, self.cores) or _blas_threads(plan, self.cores, inline)
             self.last_blas_threads = threads
             limits = _blas_limits(threads)
+        if inline and fast:
+            with self._lock, limits:  # a straight line on this thread (fastpath.py)
+                control = RunControl(len(plan.tasks), progress) if progress else None
+                return fastpath.run_program(
+                    plan, fastpath.program(plan, self.workers), dest, sink.finished if sink else None,
+                    plan_specs(plan, np), self.workers,
+                    control.check if control else None, control.task_done if control else None)
         with self._lock, limits:
             plan = tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
@@ -198,10 +226,31 @@ def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:
     return max(1, min(cores // busy, largest // BLAS_FLOPS_PER_THREAD))
 
 
-def _tiny(plan: TilePlan) -> bool:
-    """Whether ``plan`` is small enough to run on the calling thread (see the module's doc)."""
+def _calls_blas(plan: TilePlan) -> bool:
+    """Whether a kernel of ``plan`` may call BLAS (one computed by broadcasting NumPy does
+    not): a plan of elementwise maps and reductions on the calling thread sets no limits
+    (threadpoolctl's, 20-40 us a run)."""
+    kept = plan.memo.get("calls_blas")
+    if kept is None or kept[0] is not plan.kernels:
+        kept = plan.memo["calls_blas"] = (plan.kernels, any(
+            c.method != "broadcast" or c.fallback is not None for c in plan.kernels))
+    return kept[1]
+
+
+def _tiny(plan: TilePlan, fast: bool = False) -> bool:
+    """Whether ``plan`` is small enough to run on the calling thread (see the module's doc);
+    ``fast``: as a straight line of calls (fastpath.py), which costs far less a task than the
+    pool's dataflow, so more plans are worth it."""
     n = len(plan.tasks)
-    if n > INLINE_MANY_TASKS:
+    if n > (FAST_TASKS if fast else INLINE_MANY_TASKS):
         return False
-    flops = sum(t.flops for t in plan.tasks if isinstance(t, Kernel))
-    return flops <= (INLINE_FLOPS if n <= INLINE_TASKS else INLINE_MANY_FLOPS)
+    kept = plan.memo.get("kernel_flops")  # (tasks, ...): a copy with other tasks counts anew
+    if kept is None or kept[0] is not plan.tasks:
+        calls = [t.flops for t in plan.tasks if isinstance(t, Kernel)]
+        kept = plan.memo["kernel_flops"] = (plan.tasks, sum(calls), max(calls, default=0))
+    flops = kept[1]
+    if fast and flops <= FAST_FLOPS and kept[2] <= FAST_CALL_FLOPS and \
+            flops <= FAST_TASK_FLOPS * n:
+        return True
+    return n <= INLINE_MANY_TASKS and \
+        flops <= (INLINE_FLOPS if n <= INLINE_TASKS else INLINE_MANY_FLOPS)

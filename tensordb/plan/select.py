@@ -8,6 +8,7 @@ operation that compares positions: ``geometry.IotaName`` tensors hold ``arange``
     Z[j, c] for j in lo:hi       = SUM over i of  WHERE(I[i] == J[j], Z[i, c], 0)
     dX[i, c] (X[lo:hi] was read) = SUM over j of  WHERE(I[i] == J[j], dXbox[j, c], 0)
     dE[r, d] (E[tok[b], d] read) = SUM over b of  dG[b, d] * H[b, r]
+    Z[tok[b], c] (Z not stored)  = SUM over r of  WHERE(H[b, r], Z[r, c], 0)
 
 with ``I = arange(0, n)``, ``J = arange(lo, hi)``: an equality join on the positions, aggregated;
 ``H = onehot(tok)`` (``geometry.OneHotName``: ``H[b, r]`` is ``tok[b] == r``, numpy's negative
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from ..geometry import IotaName, OneHotName
 from .scalar import Call, Const, Expr, Input
 
-__all__ = ["Selection", "box_select", "box_scatter", "gather_scatter"]
+__all__ = ["Selection", "box_select", "box_scatter", "gather_select", "gather_scatter"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +99,18 @@ def gather_scatter(base_shape, index: str, index_shape) -> Selection:
     sizes = dict(zip(b, index_shape)) | {"r": n} | dict(zip(rest, base_shape[1:]))
     inputs = (("x", b + rest), (OneHotName(index, index_shape, n), b + ("r",)))
     return Selection(("r",) + rest, inputs, Call("*", (Input(0), Input(1))), sizes, "sum")
+
+
+def gather_select(base_shape, index: str, index_shape, dtype: str) -> Selection:
+    """``x[index]`` of a tensor ``x`` of ``base_shape`` that is not stored (a LET, an earlier
+    result), by the stored integer tensor ``index``: an equality join of x's rows with the
+    index's one-hot rows (``OneHotName``), the one matching row kept by WHERE (exact: the
+    other rows' values, NaN and inf too, never take part; an index out of range is a
+    DataError, as numpy's IndexError)."""
+    n = base_shape[0]
+    b = tuple(f"b{k}" for k in range(len(index_shape)))
+    rest = tuple(f"a{k}" for k in range(1, len(base_shape)))
+    sizes = dict(zip(b, index_shape)) | {"r": n} | dict(zip(rest, base_shape[1:]))
+    inputs = (("x", ("r",) + rest), (OneHotName(index, index_shape, n), b + ("r",)))
+    join = Call("where", (Input(1), Input(0), Const(False if dtype == "bool" else 0)))
+    return Selection(b + rest, inputs, join, sizes, "max" if dtype == "bool" else "sum")

@@ -266,6 +266,13 @@ class OneHotReader:
         shape = tuple(b - a for a, b in zip(starts[:k], stops[:k]))
         rows = np.zeros(shape, np.int64) if rows is None else np.asarray(rows).astype(np.int64)
         n = self.name.rows
+        bad = (rows < -n) | (rows >= n)  # a row no r matches: numpy's IndexError, named
+        if bad.any():
+            at = tuple(int(c) + int(s) for c, s in zip(np.argwhere(bad)[0], starts[:k]))
+            raise DataError(f"gather by {self.index.meta.name}: index "
+                            f"{self.index.meta.name}{list(at)} = "
+                            f"{int(rows[tuple(np.argwhere(bad)[0])])} is out of range for "
+                            f"{n} rows")
         rows = np.where(rows < 0, rows + n, rows)
         return rows[..., None] == np.arange(starts[k], stops[k], dtype=np.int64)
 

@@ -242,10 +242,12 @@ def own_processes(args) -> tuple[dict, dict, set]:
 
 
 def split(model: str, x, y, repeat: int, workers: int) -> dict:
-    """Where a one-step call's time goes, in memory: the stages wrapped and timed, the
-    fastest of ``repeat`` steps for each part (ms). Stages this version of the code lacks are
-    left out (the driver is being rewritten)."""
-    from tensordb import physical
+    """Where a one-step call's time goes, in memory: the driver's stages wrapped and timed,
+    the fastest of ``repeat`` steps for each part (ms). Stages this version of the code lacks
+    are left out."""
+    from tensordb import connection, driver
+    from tensordb.driver import pipeline, sink
+    from tensordb.exec import pool
     from tensordb.storage import catalog, deferred
     parts: dict[str, list] = {}
     saved = {}
@@ -274,11 +276,13 @@ def split(model: str, x, y, repeat: int, workers: int) -> dict:
             text, values = step_sql(model), {"lr": LR}
         for _ in range(5):
             con.execute(text, values)
-        for name, key in (("_parse", "parse"), ("_bind_statements", "bind (GRAD included)"),
-                          ("plan", "plan (cache hit)"), ("_run", "run (the pool and kernels)")):
-            wrap(con, name, key)
-        wrap(physical.OutputWriters, "__init__", "open the output files")
-        wrap(physical.OutputWriters, "store_tiles", "commit")
+        wrap(connection, "parse", "parse")
+        wrap(pipeline, "bind", "bind (GRAD included)")
+        wrap(pipeline, "plan_graph", "plan (cache hit)")
+        wrap(pool.LocalExecutor, "run", "run (the pool and kernels)")
+        wrap(sink.StoreSink, "open", "open the output files")
+        wrap(sink._Stored, "commit", "commit")
+        del driver
         wrap(catalog, "store", "catalog statements")
         wrap(deferred, "flush", "catalog statements")
         try:
