@@ -96,7 +96,8 @@ class CatalogSink:
             for out, w in self.writers:
                 if out.name in self._sparse:
                     continue
-                places = w.reserve(sorted(out.tiles), stage_max=left, remote=workers_write)
+                places = w.reserve(sorted(out.tiles), stage_max=left, remote=workers_write,
+                                   groups=self._groups(out))
                 for coords, buf in places.items():
                     self._buffers[out.tiles[coords]] = buf
                 if left is not None:
@@ -105,6 +106,31 @@ class CatalogSink:
             self.abort()
             raise
         return self._buffers
+
+    def _groups(self, out) -> dict:
+        """Tile coords -> the plan worker that computes it: an object store that takes parts
+        lays each worker's tiles out together, a part per run of them (storage/objparts.py)."""
+        worker = {t.key: t.worker for t in self.plan.tasks}
+        return {coords: worker.get(key, 0) for coords, key in out.tiles.items()}
+
+    def kept(self, done: Mapping) -> dict:
+        """Of the output tiles an attempt that lost a worker finished (key -> what came back),
+        those the next attempt need not compute again: all of them, but for an object written
+        in parts, only the tiles of parts whose upload came back (a part's other tiles were in
+        the memory of the worker that was to upload it)."""
+        parts: dict = {}
+        for key, facts in done.items():
+            part = getattr(facts, "part", None)
+            if part is not None:
+                w, _ = self._tile_of[key]
+                parts.setdefault(id(w), set()).add(part[0])
+        out = {}
+        for key, facts in done.items():
+            w, coords = self._tile_of[key]
+            part = w.part_of(coords)
+            if part is None or part in parts.get(id(w), ()):
+                out[key] = facts
+        return out
 
     @property
     def buffers(self) -> Mapping[int, np.ndarray]:
