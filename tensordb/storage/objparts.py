@@ -52,10 +52,12 @@ def cut_parts(layout, groups) -> list[tuple[int, int, list]] | None:
     """The parts of a layout (``[(coords, offset, nbytes)]`` in file order, every tile's group in
     ``groups``, each group's tiles back to back): ``[(start, stop, [coords])]`` covering the
     file, no part spanning two groups, every part but the last at least ``MIN_PART``; None
-    where there is no such cut."""
+    where there is no such cut, or where the file is under ``PART_TARGET``."""
     if not layout:
         return None
     total = layout[-1][1] + layout[-1][2]
+    if total < PART_TARGET:  # one PutObject of it costs less than the three requests of parts
+        return None
     runs: list[list] = []  # per group, its parts: [start, [coords]]
     last_group = object()
     for coords, offset, nbytes in layout:
