@@ -278,6 +278,22 @@ class ObjectStore:
         except OSError as exc:
             raise self._error(f"cannot upload the payload {self.url_of(file)}", exc) from None
 
+    def put_bytes(self, data: bytes, file: str, database: str | None) -> None:
+        """Upload ``data`` whole as payload ``file``: one PutObject (boto3), else pyarrow's
+        stream."""
+        meta = {"tensordb-database": database} if database else None
+        with _LOCK:
+            _HANDLES.pop(self.url_of(file), None)
+        if self.multipart and len(data) <= _PUT_MAX:
+            self._call(f"cannot upload the payload {self.url_of(file)}", self.s3.put_object,
+                       Key=self.object_key(file), Body=data, Metadata=meta or {})
+            return
+        try:
+            with self.fs.open_output_stream(self.key(file), metadata=meta) as out:
+                out.write(data)
+        except OSError as exc:
+            raise self._error(f"cannot upload the payload {self.url_of(file)}", exc) from None
+
     def open(self, file: str, tensor: str):
         """(a random-access handle, its identity for verify.py) of payload ``file``: one HEAD."""
         url = self.url_of(file)

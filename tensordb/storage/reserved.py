@@ -20,6 +20,13 @@ from .checksum import crc32 as checksum
 from .reader import TileEntry, track_mapping
 from .slots import TileFacts, TileSlot
 from .staging import ALIGN, STAGE_MAX, STREAM_TILE_MAX, open_payload
+
+# The local pool writes an output to an object store in parts while it computes (objparts.py)
+# from this size up; a smaller one goes up as one PutObject from memory at commit. On this
+# 2-core machine, moto's CPU taking multipart uploads (parts, then their concatenation) cost
+# more than the overlap saved: a 128 MiB output 6.4-6.9x the local directory in parts against
+# 5.1-5.2x put whole (docs/benchmarks.md). S3 takes parts in parallel at its full speed.
+POOL_PARTS_MIN = 256 << 20
 from .tilestats import has_negative_zero, has_nonfinite, tile_stats
 from .writeback import start_writeback
 
@@ -78,7 +85,7 @@ class ReservedTiles:
             if not layout or pos == 0:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
-            if groups is not None:
+            if groups is not None and (remote or pos >= POOL_PARTS_MIN):
                 from .objparts import PartUploads, cut_parts
                 parts = cut_parts([(c, off, math.prod(sh) * self.dtype.itemsize)
                                    for c, (off, _, sh) in layout.items()], groups)
@@ -92,8 +99,9 @@ class ReservedTiles:
             if self._uploads is None and objects is not None:
                 remote = False  # put whole at commit: the tiles come here
             try:
-                if self._uploads is not None and (remote or not large):
-                    recycled = False  # no local file: the parts go up from memory
+                if objects is not None and (self._uploads is not None and remote or not large):
+                    recycled = False  # no local file: the bytes go up from memory
+                    self._in_memory = True
                 else:
                     self._fd, recycled = open_payload(self.store, self.path, pos)
                     os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
@@ -253,6 +261,8 @@ class ReservedTiles:
         if self._uploads is not None:  # a part whose last tile this is goes up now
             self._uploads.tile_done(coords, self._upload_buffer())
             return
+        if self._in_memory:  # an object put whole from its staging buffer at commit
+            return
         with self._lock:
             if self._state != "open" or self._fd is None:
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
@@ -273,8 +283,15 @@ class ReservedTiles:
     def upload(self) -> None:
         """Into the object store, at commit: the parts not uploaded yet and the upload
         completed, or the local payload file put whole."""
-        if self._uploads is None:
+        if self._uploads is None and not self._in_memory:
             self.store.objects.put(self.path, self.file, self.store.database)
+            return
+        if self._uploads is None:  # one PutObject from the staging buffer
+            try:
+                self.store.objects.put_bytes(bytes(memoryview(self._staged).cast("B")),
+                                             self.file, self.store.database)
+            finally:
+                self._give_back_staging()
             return
         try:
             self._uploads.complete(self._upload_buffer())
@@ -293,7 +310,7 @@ class ReservedTiles:
     def _write_staged(self) -> None:
         """Write the reserved tiles computed in anonymous memory into the payload file (one
         pwrite over blocks that reserve() allocated already)."""
-        if self._uploads is not None:  # they go up from memory at commit (upload)
+        if self._in_memory or self._uploads is not None:  # they go up at commit (upload)
             return
         staged, self._staged = self._staged, None
         if staged is None:

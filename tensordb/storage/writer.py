@@ -80,6 +80,7 @@ class TensorWriter(ReservedTiles):
         # the file, written by write_tile as soon as the tile is finished
         self._slots: dict[tuple[int, ...], tuple] = {}
         self._uploads = None  # an object written in parts (objparts.PartUploads)
+        self._in_memory = False  # an object staged with no local file, uploaded at commit
 
     def __repr__(self) -> str:
         return f"TensorWriter({self.name!r}, shape={self.shape}, tiles={len(self.entries)}, {self._state})"

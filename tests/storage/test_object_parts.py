@@ -88,7 +88,7 @@ class Spy:
 
     def __init__(self, monkeypatch) -> None:
         self.calls: list[tuple[str, str]] = []
-        for name in ("upload_part", "complete_upload", "put", "abort_upload"):
+        for name in ("upload_part", "complete_upload", "put", "put_bytes", "abort_upload"):
             real = getattr(ObjectStore, name)
             monkeypatch.setattr(ObjectStore, name, self._wrap(name, real))
 
@@ -107,7 +107,14 @@ def _inputs(seed=4):
     return rng.standard_normal((1024, 48)), rng.standard_normal((48, 2048))
 
 
-def test_the_pool_uploads_its_output_in_parts(tmp_path, s3_storage, monkeypatch):
+@pytest.fixture
+def pool_parts(monkeypatch):
+    """The local pool writes outputs from 0 bytes in parts (its threshold is 256 MiB)."""
+    from tensordb.storage import reserved
+    monkeypatch.setattr(reserved, "POOL_PARTS_MIN", 0)
+
+
+def test_the_pool_uploads_its_output_in_parts(tmp_path, s3_storage, monkeypatch, pool_parts):
     a, b = _inputs()
     with connect(tmp_path / "db", s3_storage, workers=2) as con, \
             connect(tmp_path / "local", workers=2) as local:
@@ -121,7 +128,8 @@ def test_the_pool_uploads_its_output_in_parts(tmp_path, s3_storage, monkeypatch)
         np.testing.assert_allclose(con.tensor("C"), a @ b, atol=1e-12)
         # 16 MiB from 2 workers: parts went up from the pool's threads, the object completed
         assert spy.count("upload_part") >= 2 and spy.count("complete_upload") == 1
-        assert spy.count("put") == 0 and spy.count("abort_upload") == 0
+        assert spy.count("put") + spy.count("put_bytes") == 0
+        assert spy.count("abort_upload") == 0
         assert all(t != threading.main_thread().name for n, t in spy.calls if n == "upload_part")
         assert rows(con, "C") == rows(local, "C")  # the local directory's tiles, byte for byte
         assert set(objects_of(s3_storage)) == referenced(con)
@@ -130,7 +138,7 @@ def test_the_pool_uploads_its_output_in_parts(tmp_path, s3_storage, monkeypatch)
         assert con.execute("CHECK DATABASE").fetchall()[0][-1] == "ok"
 
 
-def test_a_small_output_is_put_whole(tmp_path, s3_storage, monkeypatch):
+def test_a_small_output_is_put_whole(tmp_path, s3_storage, monkeypatch, pool_parts):
     a, b = np.arange(12.0).reshape(3, 4), np.ones((4, 5))
     with connect(tmp_path / "db", s3_storage, workers=2) as con:
         con.load("A", a)
@@ -138,10 +146,34 @@ def test_a_small_output_is_put_whole(tmp_path, s3_storage, monkeypatch):
         spy = Spy(monkeypatch)
         con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
         np.testing.assert_allclose(con.tensor("C"), a @ b)
-        assert spy.count("put") == 1 and spy.count("upload_part") == 0
+        assert spy.count("put_bytes") == 1 and spy.count("upload_part") == 0
 
 
-def test_a_failed_commit_leaves_no_object_and_no_upload(tmp_path, s3_storage, monkeypatch):
+def test_under_the_pools_threshold_an_output_goes_up_whole_from_memory(tmp_path, s3_storage,
+                                                                       monkeypatch):
+    a, b = _inputs(7)
+    with connect(tmp_path / "db", s3_storage, workers=2) as con, \
+            connect(tmp_path / "local", workers=2) as local:
+        for c in (con, local):
+            c.load("A", a, tile=(256, 48))
+            c.load("B", b, tile=(48, 1024))
+        spy = Spy(monkeypatch)
+        made = []
+        real_open = os.open
+        monkeypatch.setattr(os, "open", lambda p, *a, **k: (made.append(str(p)),
+                                                             real_open(p, *a, **k))[1])
+        con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
+        monkeypatch.undo()
+        local.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
+        # 16 MiB: one PutObject of the staging buffer at commit, no parts, no local file
+        assert spy.count("put_bytes") == 1 and spy.count("upload_part") == 0
+        assert not [p for p in made if p.startswith(str(con.store.tiles_dir))]
+        assert rows(con, "C") == rows(local, "C")
+        assert set(objects_of(s3_storage)) == referenced(con)
+
+
+def test_a_failed_commit_leaves_no_object_and_no_upload(tmp_path, s3_storage, monkeypatch,
+                                                        pool_parts):
     a, b = _inputs(5)
     with connect(tmp_path / "db", s3_storage, workers=2) as con:
         con.load("A", a, tile=(256, 48))
@@ -164,9 +196,10 @@ CHILD = textwrap.dedent("""
     import sys
     import numpy as np
     import tensordb
-    from tensordb.storage import objects
+    from tensordb.storage import objects, reserved
     from tests.harness import die_before
 
+    reserved.POOL_PARTS_MIN = 0  # the pool writes its 16 MiB output in parts
     path, url, endpoint = sys.argv[1:4]
     die_before(objects.ObjectStore, "complete_upload")  # every part up, the object not made
     opts = {"endpoint": endpoint, "access_key": "testing", "secret_key": "testing"}
