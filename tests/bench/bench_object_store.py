@@ -69,8 +69,8 @@ def start_moto() -> tuple[subprocess.Popen, dict]:
                   "secret_key": "bench", "region": "us-east-1"}
 
 
-# Seconds the client spent in object-store requests (ObjectStore.put, .upload_part and
-# .complete_upload: uploads, summed over the threads that made them; .read: ranged GETs)
+# Seconds the client spent in object-store requests (ObjectStore.put, .put_bytes, .upload_part
+# and .complete_upload: uploads, summed over the threads that made them; .read: ranged GETs)
 # during the timed runs of the local pool over the object store (Dask's workers upload and
 # read in their own processes: not counted here).
 SPENT = {"put": 0.0, "read": 0.0}
@@ -178,8 +178,8 @@ def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
              "medians of the paired ratios.", "",
              "| workload | " + " | ".join(f"{l} ms" for l in labels) + " | " +
              " | ".join(ratios) + " | of the object store's ms: uploads | ranged GETs | cold run ms | its GETs ms |"
-             + (" output MiB | moto's floor: one PutObject of it ms | its GET ms | that PUT / local dir |"
-                if floor else ""),
+             + (" output MiB | moto's floor: one PutObject of it ms | its GET ms | "
+                "that PUT / local dir |" if floor else ""),
              "|---|" + "---:|" * (len(labels) + len(ratios) + 4 + 4 * len(floor))]
     for r in rows:
         lines.append(f"| {r['name']} | " + " | ".join(cell(r, l, 1e3, ".0f") for l in labels) +
@@ -232,7 +232,7 @@ def main(argv=None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout: the server goes too
     proc, options = start_moto()
     OPTIONS.update(options)
-    for method in ("put", "upload_part", "complete_upload"):
+    for method in ("put", "put_bytes", "upload_part", "complete_upload"):
         _timed(method, "put")
     _timed("read", "read")
     cluster = None
