@@ -159,6 +159,12 @@ class ObjectStore:
 
     def _make_client(self):
         boto3 = _boto3()
+        if boto3 is None:  # a Dask worker without it, where the client has it
+            from .identity import process_label
+            raise OperationalError(f"{process_label()} cannot write to the object store "
+                                   f"{self.url}: boto3 is not installed",
+                                   hint="pip install 'tensordb[s3]' wherever tensordb runs "
+                                        "(every Dask worker too)")
         from botocore.config import Config
         o = self.options
         config = {"connect_timeout": float(o.get("connect_timeout", 5)),
@@ -431,12 +437,17 @@ _CHUNK = 8 << 20
 _PUT_MAX = 1 << 30  # larger payloads go up through pyarrow's multipart stream
 
 
+_BOTO3: list = []  # [boto3 or None], once looked for
+
+
 def _boto3():
-    try:
-        import boto3
-    except ImportError:
-        return None
-    return boto3
+    if not _BOTO3:
+        try:
+            import boto3
+        except ImportError:
+            boto3 = None
+        _BOTO3.append(boto3)
+    return _BOTO3[0]
 _HINT = ("check the object store's URL, endpoint and credentials (storage_options), and that it "
          "is reachable from this process")
 _CHECK_HINT = "the object was changed outside tensordb; CHECK DATABASE lists every damaged tile"

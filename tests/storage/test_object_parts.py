@@ -226,3 +226,22 @@ def test_a_client_killed_before_the_completion_leaves_nothing(tmp_path, s3_stora
         assert not con.store.has("C")
         con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")  # and the next query's name is free
         np.testing.assert_allclose(con.tensor("C"), a @ b, atol=1e-12)
+
+
+def test_without_boto3_everything_goes_through_pyarrow(tmp_path, s3_storage, monkeypatch):
+    """An installation without boto3 (the s3 extra): no parts, every payload put whole by
+    pyarrow's client; a process that would need boto3 says which package to install."""
+    from tensordb.storage import objects
+    monkeypatch.setattr(objects, "_BOTO3", [None])
+    monkeypatch.setattr(objects, "_CLIENTS", {})
+    a, b = _inputs(9)
+    with connect(tmp_path / "db", s3_storage, workers=2) as con:
+        con.load("A", a, tile=(256, 48))
+        con.load("B", b, tile=(48, 1024))
+        con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
+        np.testing.assert_allclose(con.tensor("C"), a @ b, atol=1e-12)
+        assert set(objects_of(s3_storage)) == referenced(con)
+        assert ObjectStore(*s3_storage).uploads() == []
+        with pytest.raises(tensordb.OperationalError, match=r"boto3 is not installed") as err:
+            ObjectStore(*s3_storage).s3
+        assert "tensordb[s3]" in str(err.value.hint if hasattr(err.value, "hint") else err.value)
