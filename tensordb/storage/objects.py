@@ -159,10 +159,9 @@ class ObjectStore:
 
     def _make_client(self):
         boto3 = _boto3()
-        if boto3 is None:  # a Dask worker without it, where the client has it
-            from .identity import process_label
-            raise OperationalError(f"{process_label()} cannot write to the object store "
-                                   f"{self.url}: boto3 is not installed",
+        if boto3 is None:  # (a Dask worker's write says which worker: objparts.py)
+            raise OperationalError(f"cannot write to the object store {self.url}: "
+                                   "boto3 is not installed",
                                    hint="pip install 'tensordb[s3]' wherever tensordb runs "
                                         "(every Dask worker too)")
         from botocore.config import Config

@@ -230,6 +230,10 @@ def write_object_slot(run: str, slot: ObjectSlot, tile) -> PartFacts:
     flat = np.ascontiguousarray(a, dtype=np.dtype(slot.dtype)).reshape(-1)
     nnz, nonfinite, crc = tile_stats(flat)
     keep = bool(nnz) or has_negative_zero(flat)
+    if not slot.objects.multipart:
+        raise OperationalError(f"{process_label()} cannot write tensor '{slot.tensor}' to "
+                               f"{slot.objects.url_of(slot.file)}: boto3 is not installed "
+                               "here", hint="pip install 'tensordb[s3]' on every Dask worker")
     if slot.database is not None:
         problem = slot.objects.problem(slot.database)
         if problem is not None:
