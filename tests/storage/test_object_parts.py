@@ -197,30 +197,39 @@ CHILD = textwrap.dedent("""
     import numpy as np
     import tensordb
     from tensordb.storage import objects, reserved
-    from tests.harness import die_before
+    from tests.harness import die_after, die_before
 
     reserved.POOL_PARTS_MIN = 0  # the pool writes its 16 MiB output in parts
-    path, url, endpoint = sys.argv[1:4]
-    die_before(objects.ObjectStore, "complete_upload")  # every part up, the object not made
+    path, url, endpoint, point = sys.argv[1:5]
+    if point == "before_completion":  # every part up, the object not made
+        die_before(objects.ObjectStore, "complete_upload")
+    else:                             # the object made, the catalog's COMMIT not run
+        die_after(objects.ObjectStore, "complete_upload")
     opts = {"endpoint": endpoint, "access_key": "testing", "secret_key": "testing"}
     con = tensordb.connect(path, storage=url, storage_options=opts, workers=2)
     con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
 """)
 
 
-def test_a_client_killed_before_the_completion_leaves_nothing(tmp_path, s3_storage, s3):
+@pytest.mark.parametrize("point", ["before_completion", "after_completion"])
+def test_a_client_killed_around_the_completion_leaves_the_old_state(tmp_path, s3_storage, s3,
+                                                                    point):
     a, b = _inputs(6)
     path = tmp_path / "db"
     with connect(path, s3_storage) as con:
         con.load("A", a, tile=(256, 48))
         con.load("B", b, tile=(48, 1024))
         before = objects_of(s3_storage)
-    p = start_script(CHILD, path, s3_storage[0], s3.endpoint)
+    p = start_script(CHILD, path, s3_storage[0], s3.endpoint, point)
     _, err = p.communicate(timeout=180)
     assert_killed(p.returncode, err)
-    assert ObjectStore(*s3_storage).uploads()  # the dead client's upload, left open
-    assert objects_of(s3_storage) == before  # but no object
-    with connect(path, s3_storage) as con:  # the open for writing aborts it
+    if point == "before_completion":
+        assert ObjectStore(*s3_storage).uploads()  # the dead client's upload, left open
+        assert objects_of(s3_storage) == before  # but no object
+    else:
+        assert ObjectStore(*s3_storage).uploads() == []
+        assert len(objects_of(s3_storage)) == len(before) + 1  # an orphan: no row names it
+    with connect(path, s3_storage) as con:  # the open for writing aborts it, or deletes it
         assert ObjectStore(*s3_storage).uploads() == []
         assert set(objects_of(s3_storage)) == referenced(con)
         assert not con.store.has("C")
