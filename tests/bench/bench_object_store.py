@@ -172,8 +172,10 @@ def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
              f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python "
              f"{platform.python_version()}; the S3 server is moto {meta['moto']} "
              "(`moto_server`, a process of its own on 127.0.0.1, objects in its memory). Same "
-             "plans for 2 workers everywhere, from stored tensors to a stored result (each "
-             "output uploaded whole before its commit); medians of "
+             "plans for 2 workers everywhere, from stored tensors to a stored result (the "
+             "local pool puts each output whole from memory before its commit, one PutObject; "
+             "Dask's workers upload the parts of the outputs they computed, from 8 MiB: "
+             "storage/objparts.py); medians of "
              f"{meta['repeat']} runs after a warm-up, timed in alternation, in ms; ratios are "
              "medians of the paired ratios.", "",
              "| workload | " + " | ".join(f"{l} ms" for l in labels) + " | " +
@@ -205,7 +207,11 @@ def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
               "mean every input range came from the process's range cache (objreader.py), "
               "fetched in the warm-up, as the local directory's come from the page cache. "
               "'cold run' is one more run after emptying that cache: every input fetched from "
-              "the store again, as a first query does."]
+              "the store again, as a first query does. 'moto's floor': one PutObject and one "
+              "GET of as many bytes as the run stores, straight from boto3 (no tensordb), "
+              "and that PUT's time over the local directory's whole run: where it is over 1, "
+              "moto takes longer to receive the result than the local directory takes to "
+              "compute and write it."]
     return "\n".join(lines)
 
 
