@@ -88,7 +88,7 @@ class PartUploads:
     """One payload object's multipart upload, opened here: which tiles each part still waits
     for, the parts uploaded (their ETags) and those under way (on helper threads)."""
 
-    def __init__(self, objects, file: str, database: str | None, parts, offsets) -> None:
+    def __init__(self, objects, file: str, database: str | None, parts) -> None:
         self.objects, self.file = objects, file
         self.parts = parts  # [(start, stop, [coords])], part n + 1 is parts[n]
         self._part_of = {c: n for n, (_, _, cs) in enumerate(parts) for c in cs}

@@ -20,6 +20,8 @@ from .checksum import crc32 as checksum
 from .reader import TileEntry, track_mapping
 from .slots import TileFacts, TileSlot
 from .staging import ALIGN, STAGE_MAX, STREAM_TILE_MAX, open_payload
+from .tilestats import has_negative_zero, has_nonfinite, tile_stats
+from .writeback import start_writeback
 
 # The local pool writes an output to an object store in parts while it computes (objparts.py)
 # from this size up; a smaller one goes up as one PutObject from memory at commit. On this
@@ -27,8 +29,6 @@ from .staging import ALIGN, STAGE_MAX, STREAM_TILE_MAX, open_payload
 # more than the overlap saved: a 128 MiB output 6.4-6.9x the local directory in parts against
 # 5.1-5.2x put whole (docs/benchmarks.md). S3 takes parts in parallel at its full speed.
 POOL_PARTS_MIN = 256 << 20
-from .tilestats import has_negative_zero, has_nonfinite, tile_stats
-from .writeback import start_writeback
 
 __all__ = ["ReservedTiles"]
 
@@ -92,7 +92,7 @@ class ReservedTiles:
                 if parts is not None:
                     try:
                         self._uploads = PartUploads(objects, self.file, self.store.database,
-                                                    parts, None)
+                                                    parts)
                     except BaseException:
                         self._fail()
                         raise
