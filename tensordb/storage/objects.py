@@ -5,10 +5,11 @@ object.
     s3://bucket/prefix/database.id                    the database's id (identity.py), one object
     s3://bucket/prefix/tiles/<version>-<id16>.bin     a payload, named as a file would be
 
-- Written whole, once: a writer fills a local staging file in ``<root>/tiles/`` as for a local
-  database; its commit uploads it (``put``) before the catalog's COMMIT, and the staging file
-  goes after it. The COMMIT is the catalog transaction, as for files: a crash before it leaves
-  an orphan object, after it a stale one.
+- Written once, before the catalog's COMMIT: whole (``put`` of a local staging file, as a local
+  database's; ``put_bytes`` of an output staged in memory), or in parts uploaded by the Dask
+  workers or pool threads that computed them and completed at commit (objparts.py). The
+  COMMIT is the catalog transaction, as for files: a crash before it leaves an orphan object
+  (or an open upload, aborted by the next open), after it a stale one.
 - Read by byte range: a reader opens its object once (one HEAD: size and ETag) and fetches each
   tile's bytes with a ranged GET (``read_at``), never the whole object; every tile's CRC-32 is
   checked on its first read in a process, as for files (verify.py).
@@ -18,8 +19,11 @@ object.
 - Identity: a new database refuses a prefix whose ``database.id`` names another database, and a
   reader in another process (a Dask worker) checks that object before its first read.
 
-The client library is ``pyarrow.fs.S3FileSystem`` (pyarrow is a dependency already; its ranged
-reads are C++; docs/storage.md, "Object storage"). ``storage_options``: ``endpoint`` (e.g.
+The reads go through ``pyarrow.fs.S3FileSystem`` (pyarrow is a dependency already; its ranged
+reads are C++); the writes through boto3 where it is installed (the ``s3`` extra): one
+PutObject for a whole payload, and the calls of a multipart upload, whose parts the processes
+that computed them put (objparts.py); without boto3, pyarrow's upload stream (docs/storage.md,
+"Object storage"). ``storage_options``: ``endpoint`` (e.g.
 ``http://127.0.0.1:9000`` for MinIO), ``access_key``, ``secret_key``, ``session_token``,
 ``region``, ``anonymous``; absent keys come from the AWS environment, as the AWS SDK finds them.
 """
