@@ -232,7 +232,11 @@ class DaskExecutor:
             return RunResult({})
         sink = as_sink(sink, destinations, finished)
         self.storage_shared = store is not None and store.storage == "shared"
-        workers_write = sink is not None and self.storage_shared and self.scatter != "always"
+        # the workers write (and upload) their own outputs where the storage is theirs too:
+        # declared shared, or an object store that takes parts (storage/objparts.py)
+        objects = getattr(store, "objects", None)
+        workers_write = sink is not None and self.scatter != "always" and (
+            self.storage_shared or (objects is not None and objects.multipart))
         if sink is not None:
             sink.open(workers_write)
         # Each worker lost mid-run uses one of ``retries``: first by moving its tasks to the
@@ -248,7 +252,9 @@ class DaskExecutor:
                 result = attempt.go()
             except WorkerLost as lost:
                 losses += (len(attempt.relocated) if attempt is not None else 0) + 1
-                done = lost.done  # stored output tiles finished on the workers left: kept
+                # stored output tiles finished on the workers left: kept (sink.kept: those whose
+                # bytes are stored, for an object written in parts)
+                done = sink.kept(lost.done) if hasattr(sink, "kept") else lost.done
                 if losses > self.retries:
                     raise OperationalError(
                         f"a Dask worker left while the query ran ({lost}); the query was tried "

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..physical.plan import Aggregate, Load
 from ..storage import identity
+from ..storage.objparts import ObjectSlot, forget_spools, write_object_slot
 from ..storage.slots import write_slot
 from ..storage.sparse import is_sparse, tile_nbytes
 from .runtime import TaskRunner
@@ -133,7 +134,8 @@ def write_output(run: str, slot, tile):
     t0 = time.perf_counter()
     if not isinstance(tile, np.ndarray):
         tile = to_host(tile)  # a device tile: its bytes go to the file from host memory
-    facts = write_slot(slot, tile)
+    facts = write_object_slot(run, slot, tile) if isinstance(slot, ObjectSlot) else \
+        write_slot(slot, tile)
     _WRITES[run] = _WRITES.get(run, 0.0) + time.perf_counter() - t0
     return facts
 
@@ -190,6 +192,7 @@ def collect(run: str):
 
 
 def forget(run: str) -> None:
+    forget_spools(run)  # the parts of output objects this worker was filling
     _LOG.pop(run, None)
     _HELD.pop(run, None)
     _RUNNERS.pop(run, None)

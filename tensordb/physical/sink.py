@@ -59,6 +59,7 @@ class CatalogSink:
         self._tiles: dict[int, object] = {}  # tiles handed to ``finished``, for the commit
         self._facts: dict[int, tuple] = {}  # key -> (nnz, nonfinite, crc32) taken by the executor
         self.workers_write = False
+        self._workers: dict | None = None  # task key -> plan worker, for an object store
         try:
             for out in plan.outputs.values():
                 if not out.stored:
@@ -94,11 +95,13 @@ class CatalogSink:
             return self._buffers
         self._buffers, left = {}, self._stage_max
         self.workers_write = bool(workers_write)
+        objects = getattr(self.store, "objects", None) is not None
         try:
             for out, w in self.writers:
                 if out.name in self._sparse:
                     continue
-                places = w.reserve(sorted(out.tiles), stage_max=left, remote=workers_write)
+                places = w.reserve(sorted(out.tiles), stage_max=left, remote=workers_write,
+                                   groups=self._groups(out) if objects else None)
                 for coords, buf in places.items():
                     self._buffers[out.tiles[coords]] = buf
                 if left is not None:
@@ -107,6 +110,32 @@ class CatalogSink:
             self.abort()
             raise
         return self._buffers
+
+    def _groups(self, out) -> dict:
+        """Tile coords -> the plan worker that computes it: an object store that takes parts
+        lays each worker's tiles out together, a part per run of them (storage/objparts.py)."""
+        if self._workers is None:
+            self._workers = {t.key: t.worker for t in self.plan.tasks}
+        return {coords: self._workers.get(key, 0) for coords, key in out.tiles.items()}
+
+    def kept(self, done: Mapping) -> dict:
+        """Of the output tiles an attempt that lost a worker finished (key -> what came back),
+        those the next attempt need not compute again: all of them, but for an object written
+        in parts, only the tiles of parts whose upload came back (a part's other tiles were in
+        the memory of the worker that was to upload it)."""
+        parts: dict = {}
+        for key, facts in done.items():
+            part = getattr(facts, "part", None)
+            if part is not None:
+                w, _ = self._tile_of[key]
+                parts.setdefault(id(w), set()).add(part[0])
+        out = {}
+        for key, facts in done.items():
+            w, coords = self._tile_of[key]
+            part = w.part_of(coords)
+            if part is None or part in parts.get(id(w), ()):
+                out[key] = facts
+        return out
 
     @property
     def buffers(self) -> Mapping[int, np.ndarray]:

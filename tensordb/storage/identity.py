@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import uuid
 
@@ -137,7 +138,15 @@ def named() -> bool:
 
 
 def process_label() -> str:
-    return _LABEL or f"process {os.getpid()} on {socket.gethostname()}"
+    if _LABEL:
+        return _LABEL
+    if "distributed" in sys.modules:  # a Dask worker's thread that tensordb's task did not name
+        try:
+            from distributed import get_worker
+            return f"Dask worker {get_worker().address}"
+        except (ImportError, ValueError, AttributeError):
+            pass
+    return f"process {os.getpid()} on {socket.gethostname()}"
 
 
 def check_database(payload_path: str, expected: str | None, tensor: str | None = None) -> None:

@@ -69,7 +69,7 @@ def check_location(duck, root, objects: ObjectStore | None, read_only: bool,
 def open_objects(duck, tiles_dir: str, objects: ObjectStore, database: str | None,
                  read_only: bool, newest: int) -> int:
     """On opening: the prefix claimed for ``database`` (or, read-only, checked to be its), the
-    objects the catalog proves unreferenced deleted, the local staging files of a killed commit
+    objects the catalog proves unreferenced deleted (and the uploads in parts left open), the local staging files of a killed commit
     removed; returns the next version (past every payload name seen)."""
     if database is None:  # an older database opened read-only: it never had objects
         return newest
@@ -86,6 +86,13 @@ def open_objects(duck, tiles_dir: str, objects: ObjectStore, database: str | Non
         newest = max(newest, version + 1)
         if name not in keep and version not in live:
             objects.delete(name)
+    # an upload in parts a killed writer left open (objparts.py): no object yet, but its parts
+    # take space until aborted; this open is the database's only writer, so none is in use
+    for name, upload_id in objects.uploads():
+        version = payload_versions([name], database).get(name)
+        if version is not None:
+            newest = max(newest, version + 1)
+            objects.abort_upload(name, upload_id)
     # the local tiles/ of such a database holds only staging files: a commit killed after its
     # upload leaves one behind, referenced or not
     with contextlib.suppress(OSError):

@@ -5,10 +5,11 @@ object.
     s3://bucket/prefix/database.id                    the database's id (identity.py), one object
     s3://bucket/prefix/tiles/<version>-<id16>.bin     a payload, named as a file would be
 
-- Written whole, once: a writer fills a local staging file in ``<root>/tiles/`` as for a local
-  database; its commit uploads it (``put``) before the catalog's COMMIT, and the staging file
-  goes after it. The COMMIT is the catalog transaction, as for files: a crash before it leaves
-  an orphan object, after it a stale one.
+- Written once, before the catalog's COMMIT: whole (``put`` of a local staging file, as a local
+  database's; ``put_bytes`` of an output staged in memory), or in parts uploaded by the Dask
+  workers or pool threads that computed them and completed at commit (objparts.py). The
+  COMMIT is the catalog transaction, as for files: a crash before it leaves an orphan object
+  (or an open upload, aborted by the next open), after it a stale one.
 - Read by byte range: a reader opens its object once (one HEAD: size and ETag) and fetches each
   tile's bytes with a ranged GET (``read_at``), never the whole object; every tile's CRC-32 is
   checked on its first read in a process, as for files (verify.py).
@@ -18,13 +19,17 @@ object.
 - Identity: a new database refuses a prefix whose ``database.id`` names another database, and a
   reader in another process (a Dask worker) checks that object before its first read.
 
-The client library is ``pyarrow.fs.S3FileSystem`` (pyarrow is a dependency already; its ranged
-reads are C++; docs/storage.md, "Object storage"). ``storage_options``: ``endpoint`` (e.g.
+The reads go through ``pyarrow.fs.S3FileSystem`` (pyarrow is a dependency already; its ranged
+reads are C++); the writes through boto3 where it is installed (the ``s3`` extra): one
+PutObject for a whole payload, and the calls of a multipart upload, whose parts the processes
+that computed them put (objparts.py); without boto3, pyarrow's upload stream (docs/storage.md,
+"Object storage"). ``storage_options``: ``endpoint`` (e.g.
 ``http://127.0.0.1:9000`` for MinIO), ``access_key``, ``secret_key``, ``session_token``,
 ``region``, ``anonymous``; absent keys come from the AWS environment, as the AWS SDK finds them.
 """
 from __future__ import annotations
 
+import os
 import re
 import threading
 from urllib.parse import urlparse
@@ -39,6 +44,7 @@ OPTIONS = ("endpoint", "access_key", "secret_key", "session_token", "region", "a
 ID_OBJECT = "database.id"
 TILES = "tiles"
 _FILESYSTEMS: dict[tuple, object] = {}  # (url's options) -> S3FileSystem, one per process
+_CLIENTS: dict[tuple, object] = {}  # (url's options) -> boto3's S3 client, one per process
 _LOCK = threading.Lock()
 _SEEN_IDS: dict[tuple, str] = {}  # (location, expected id) checked in this process
 # Opened payloads (a HEAD each), by URL: objects are immutable, so the next query's readers of
@@ -138,6 +144,120 @@ class ObjectStore:
         except (OSError, ValueError, TypeError) as exc:
             raise OperationalError(f"cannot reach the object store {self.url}: {exc}") from None
 
+    @property
+    def multipart(self) -> bool:
+        """Whether payloads can be written in parts by the processes that compute them
+        (objparts.py): boto3 is installed (pyarrow's client has no part API)."""
+        return _boto3() is not None
+
+    @property
+    def s3(self):
+        """boto3's S3 client for these options (one per process; boto3 clients are
+        thread-safe once made)."""
+        key = tuple(sorted(self.options.items()))
+        with _LOCK:
+            found = _CLIENTS.get(key)
+            if found is None:
+                found = _CLIENTS[key] = self._make_client()
+            return found
+
+    def _make_client(self):
+        boto3 = _boto3()
+        if boto3 is None:  # (a Dask worker's write says which worker: objparts.py)
+            raise OperationalError(f"cannot write to the object store {self.url}: "
+                                   "boto3 is not installed",
+                                   hint="pip install 'tensordb[s3]' wherever tensordb runs "
+                                        "(every Dask worker too)")
+        from botocore.config import Config
+        o = self.options
+        config = {"connect_timeout": float(o.get("connect_timeout", 5)),
+                  "read_timeout": float(o.get("request_timeout", 60)),
+                  "retries": {"max_attempts": 3, "mode": "standard"},
+                  "max_pool_connections": 16}
+        if o.get("anonymous"):
+            from botocore import UNSIGNED
+            config["signature_version"] = UNSIGNED
+        try:  # each tile has its CRC-32 in the catalog: no second checksum per request
+            cfg = Config(request_checksum_calculation="when_required",
+                         response_checksum_validation="when_required", **config)
+        except TypeError:  # pragma: no cover - a botocore before 1.36
+            cfg = Config(**config)
+        kwargs = {"config": cfg}
+        for ours, theirs in (("access_key", "aws_access_key_id"),
+                             ("secret_key", "aws_secret_access_key"),
+                             ("session_token", "aws_session_token"), ("region", "region_name")):
+            if o.get(ours) is not None:
+                kwargs[theirs] = str(o[ours])
+        endpoint = o.get("endpoint")
+        if endpoint:
+            kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"https://{endpoint}"
+            kwargs.setdefault("region_name", "us-east-1")
+        try:
+            return boto3.session.Session().client("s3", **kwargs)
+        except Exception as exc:  # noqa: BLE001 - botocore's errors are many
+            raise OperationalError(f"cannot reach the object store {self.url}: {exc}") from None
+
+    def object_key(self, file: str) -> str:
+        """The S3 key of payload ``file`` (``prefix/tiles/file``)."""
+        return f"{self.prefix}/{TILES}/{file}" if self.prefix else f"{TILES}/{file}"
+
+    def _call(self, what: str, fn, **kwargs):
+        try:
+            return fn(Bucket=self.bucket, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - botocore's ClientError and connection errors
+            raise self._error(what, exc) from None
+
+    def create_upload(self, file: str, database: str | None) -> str:
+        """Open a multipart upload of payload ``file``; its id."""
+        meta = {"tensordb-database": database} if database else {}
+        return self._call(f"cannot start the upload of {self.url_of(file)}",
+                          self.s3.create_multipart_upload, Key=self.object_key(file),
+                          Metadata=meta)["UploadId"]
+
+    def upload_part(self, file: str, upload_id: str, number: int, data) -> str:
+        """Upload part ``number`` (1-based) of an open upload; its ETag."""
+        return self._call(f"cannot upload part {number} of {self.url_of(file)}",
+                          self.s3.upload_part, Key=self.object_key(file), UploadId=upload_id,
+                          PartNumber=number, Body=data)["ETag"]
+
+    def complete_upload(self, file: str, upload_id: str, parts) -> None:
+        """Complete an upload from its ``(number, etag)`` parts: the object exists from now."""
+        with _LOCK:
+            _HANDLES.pop(self.url_of(file), None)
+        self._call(f"cannot complete the upload of {self.url_of(file)}",
+                   self.s3.complete_multipart_upload, Key=self.object_key(file),
+                   UploadId=upload_id,
+                   MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in parts]})
+
+    def abort_upload(self, file: str, upload_id: str) -> None:
+        """Abort an upload (its parts are deleted; gone already: nothing to do)."""
+        try:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=self.object_key(file),
+                                           UploadId=upload_id)
+        except Exception as exc:  # noqa: BLE001
+            if "NoSuchUpload" not in str(exc):
+                raise self._error(f"cannot abort the upload of {self.url_of(file)}", exc) \
+                    from None
+
+    def uploads(self) -> list[tuple[str, str]]:
+        """(payload name, upload id) of every multipart upload open under ``tiles/`` (none
+        without boto3: then nothing opens one)."""
+        if not self.multipart:
+            return []
+        prefix, out = self.object_key(""), []
+        kwargs = {"Prefix": prefix}
+        while True:
+            page = self._call(f"cannot list the uploads under {self.url}/{TILES}",
+                              self.s3.list_multipart_uploads, **kwargs)
+            for u in page.get("Uploads", []):
+                name = u["Key"][len(prefix):]
+                if "/" not in name:
+                    out.append((name, u["UploadId"]))
+            if not page.get("IsTruncated"):
+                return out
+            kwargs.update(KeyMarker=page.get("NextKeyMarker", ""),
+                          UploadIdMarker=page.get("NextUploadIdMarker", ""))
+
     def _error(self, what: str, exc: BaseException) -> OperationalError:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return OperationalError(f"{what}: {text}", hint=_HINT)
@@ -147,6 +267,15 @@ class ObjectStore:
         """Upload the local file ``local_path`` whole as payload ``file`` (with the database's
         id in the object's metadata)."""
         meta = {"tensordb-database": database} if database else None
+        if self.multipart and os.path.getsize(local_path) <= _PUT_MAX:
+            # one PutObject: pyarrow's stream goes up as a multipart upload above 5 MiB, which
+            # took moto twice as long for 32 MiB (docs/benchmarks.md)
+            with _LOCK:
+                _HANDLES.pop(self.url_of(file), None)
+            with open(local_path, "rb") as src:
+                self._call(f"cannot upload the payload {self.url_of(file)}", self.s3.put_object,
+                           Key=self.object_key(file), Body=src, Metadata=meta or {})
+            return
         try:
             with open(local_path, "rb") as src, \
                     self.fs.open_output_stream(self.key(file), metadata=meta) as out:
@@ -155,6 +284,22 @@ class ObjectStore:
                     if not chunk:
                         break
                     out.write(chunk)
+        except OSError as exc:
+            raise self._error(f"cannot upload the payload {self.url_of(file)}", exc) from None
+
+    def put_bytes(self, data: bytes, file: str, database: str | None) -> None:
+        """Upload ``data`` whole as payload ``file``: one PutObject (boto3), else pyarrow's
+        stream."""
+        meta = {"tensordb-database": database} if database else None
+        with _LOCK:
+            _HANDLES.pop(self.url_of(file), None)
+        if self.multipart and len(data) <= _PUT_MAX:
+            self._call(f"cannot upload the payload {self.url_of(file)}", self.s3.put_object,
+                       Key=self.object_key(file), Body=data, Metadata=meta or {})
+            return
+        try:
+            with self.fs.open_output_stream(self.key(file), metadata=meta) as out:
+                out.write(data)
         except OSError as exc:
             raise self._error(f"cannot upload the payload {self.url_of(file)}", exc) from None
 
@@ -292,6 +437,20 @@ def payload_versions(names, database: str) -> dict[str, int]:
 
 
 _CHUNK = 8 << 20
+_PUT_MAX = 1 << 30  # larger payloads go up through pyarrow's multipart stream
+
+
+_BOTO3: list = []  # [boto3 or None], once looked for
+
+
+def _boto3():
+    if not _BOTO3:
+        try:
+            import boto3
+        except ImportError:
+            boto3 = None
+        _BOTO3.append(boto3)
+    return _BOTO3[0]
 _HINT = ("check the object store's URL, endpoint and credentials (storage_options), and that it "
          "is reachable from this process")
 _CHECK_HINT = "the object was changed outside tensordb; CHECK DATABASE lists every damaged tile"

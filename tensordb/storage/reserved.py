@@ -23,6 +23,13 @@ from .staging import ALIGN, STAGE_MAX, STREAM_TILE_MAX, open_payload
 from .tilestats import has_negative_zero, has_nonfinite, tile_stats
 from .writeback import start_writeback
 
+# The local pool writes an output to an object store in parts while it computes (objparts.py)
+# from this size up; a smaller one goes up as one PutObject from memory at commit. On this
+# 2-core machine, moto's CPU taking multipart uploads (parts, then their concatenation) cost
+# more than the overlap saved: a 128 MiB output 6.4-6.9x the local directory in parts against
+# 5.1-5.2x put whole (docs/benchmarks.md). S3 takes parts in parallel at its full speed.
+POOL_PARTS_MIN = 256 << 20
+
 __all__ = ["ReservedTiles"]
 
 
@@ -31,7 +38,7 @@ class ReservedTiles:
     up by ``TensorWriter.__init__``)."""
 
     def reserve(self, tiles: Sequence[Sequence[int]], stage_max: int | None = None,
-                remote: bool = False) -> dict[tuple[int, ...], np.ndarray]:
+                remote: bool = False, groups=None) -> dict[tuple[int, ...], np.ndarray]:
         """Writable buffers for ``tiles``, laid out as in the payload file, whose blocks are
         allocated here (a full disk is an error now, not at commit): anonymous memory that
         ``commit`` writes into the file with one pwrite (a file up to ``STAGE_MAX``), or, where
@@ -44,7 +51,23 @@ class ReservedTiles:
         its place in the file then. With ``remote``, no buffers either: workers in other
         processes write each tile into its place themselves (``slot``, slots.py) and the
         caller records what they report (``record_slot``). Call once, before any
-        ``write_tile``."""
+        ``write_tile``.
+
+        In an object store that takes parts (objparts.py), ``groups`` (tile -> the plan worker
+        that computes it) lays the tiles out grouped by worker and cuts them into parts, each
+        uploaded by whoever finishes its last tile: a worker in another process (``remote``:
+        its ``slot`` is an ObjectSlot) or this process (``write_early``); no local file is made
+        for a staged object. An output that cannot be cut so (objparts.cut_parts) is put whole
+        at commit, its ``remote`` tiles then computed here (``slot`` gives None)."""
+        objects = self.store.objects
+        if objects is not None and groups is not None and objects.multipart:
+            from .objparts import order_tiles
+            itemsize = self.dtype.itemsize
+            tiles = order_tiles([tuple(int(c) for c in t) for t in tiles], groups,
+                                lambda c: math.prod(b - a for a, b in zip(*tile_box(self.grid, c)))
+                                * itemsize)
+        else:
+            groups = None
         with self._lock:
             if self._state != "open" or self._fd is not None:
                 raise InterfaceError(f"writer for '{self.name}': reserve() comes before any write")
@@ -61,9 +84,27 @@ class ReservedTiles:
                 pos += math.prod(shape) * self.dtype.itemsize
             if not layout or pos == 0:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
+            large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
+            if groups is not None and (remote or pos >= POOL_PARTS_MIN):
+                from .objparts import PartUploads, cut_parts
+                parts = cut_parts([(c, off, math.prod(sh) * self.dtype.itemsize)
+                                   for c, (off, _, sh) in layout.items()], groups)
+                if parts is not None:
+                    try:
+                        self._uploads = PartUploads(objects, self.file, self.store.database,
+                                                    parts)
+                    except BaseException:
+                        self._fail()
+                        raise
+            if self._uploads is None and objects is not None:
+                remote = False  # put whole at commit: the tiles come here
             try:
-                self._fd, recycled = open_payload(self.store, self.path, pos)
-                os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
+                if objects is not None and (self._uploads is not None and remote or not large):
+                    recycled = False  # no local file: the bytes go up from memory
+                    self._in_memory = True
+                else:
+                    self._fd, recycled = open_payload(self.store, self.path, pos)
+                    os.lseek(self._fd, pos, os.SEEK_SET)  # later plain writes append after them
                 # A recycled file's pages are in the page cache already: computing into its
                 # mapping (the faults taken by the workers, in parallel) costs less than staging
                 # and a pwrite at commit (16 MiB of an SGD update: 1.9 against 2.4 ms). Not
@@ -79,7 +120,6 @@ class ReservedTiles:
                 # a 6144^2 product's two 72 MiB output tiles took their kernels 7% longer in
                 # new pages than in the file's cached ones, more than the fsync saved.
                 mapped = recycled and not self.store.fsync
-                large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
                 biggest = max(math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize
                 if remote or (large and self.store.fsync and biggest <= STREAM_TILE_MAX):
                     self._slots = layout
@@ -112,14 +152,31 @@ class ReservedTiles:
         place = self._slots.get(tuple(coords))
         if place is None:
             return None
+        if self._uploads is not None:
+            from .objparts import ObjectSlot
+            n = self._uploads.part_of(coords)
+            start, stop, cs = self._uploads.parts[n]
+            return ObjectSlot(self.store.objects, self.file, self._uploads.upload_id, n + 1,
+                              start, stop, tuple(self._slots[c][0] for c in cs), place[0],
+                              place[2], self.dtype.str, self.store.database, self.name)
         return TileSlot(self.path, place[0], place[2], self.dtype.str, self.store.database,
                         self.store.fsync, self.name)
+
+    def part_of(self, coords: Sequence[int]) -> int | None:
+        """The part (1-based) of an object written in parts by other processes that tile
+        ``coords`` lies in; None for any other tile."""
+        if self._uploads is None or tuple(coords) not in self._slots:
+            return None
+        return self._uploads.part_of(coords) + 1
 
     def record_slot(self, coords: Sequence[int], facts: TileFacts) -> bool:
         """A worker wrote tile ``coords`` into its ``slot`` and reported ``facts``: its row,
         unless the tile is all zero (``facts.keep``, the rule of ``_write_slot``)."""
         coords = tuple(int(c) for c in coords)
         offset, starts, shape = self._slots[coords]
+        part = getattr(facts, "part", None)
+        if part is not None and self._uploads is not None:  # its worker uploaded that part
+            self._uploads.took(part[0] - 1, part[1])
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
@@ -169,6 +226,8 @@ class ReservedTiles:
             nnz = nonfinite = crc = None
             with self._lock:
                 self._early.discard(coords)  # the commit writes these bytes, not the early ones
+            if self._uploads is not None:
+                self._uploads.changed(coords)  # its part goes up again at commit
         if nnz is None:
             nnz, nonfinite, crc = tile_stats(buf)
         nnz = int(nnz)
@@ -199,6 +258,11 @@ class ReservedTiles:
         if reserved is None:  # a tensor with no bytes: reserve() gave plain zero-size arrays
             return
         coords, (offset, _, _, buf) = tuple(coords), reserved
+        if self._uploads is not None:  # a part whose last tile this is goes up now
+            self._uploads.tile_done(coords, self._upload_buffer())
+            return
+        if self._in_memory:  # an object put whole from its staging buffer at commit
+            return
         with self._lock:
             if self._state != "open" or self._fd is None:
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
@@ -211,9 +275,43 @@ class ReservedTiles:
         if self.store.fsync:
             start_writeback(fd, offset, buf.nbytes)
 
+    def _upload_buffer(self):
+        """The bytes of an object written in parts: its staging buffer, or its mapping (None:
+        workers in other processes hold them)."""
+        return self._staged if self._staged is not None else self._map
+
+    def upload(self) -> None:
+        """Into the object store, at commit: the parts not uploaded yet and the upload
+        completed, or the local payload file put whole."""
+        if self._uploads is None and not self._in_memory:
+            self.store.objects.put(self.path, self.file, self.store.database)
+            return
+        if self._uploads is None:  # one PutObject from the staging buffer
+            try:
+                self.store.objects.put_bytes(bytes(memoryview(self._staged).cast("B")),
+                                             self.file, self.store.database)
+            finally:
+                self._give_back_staging()
+            return
+        try:
+            self._uploads.complete(self._upload_buffer())
+        finally:
+            self._give_back_staging()
+            self._map = None
+
+    def _abort_upload(self) -> None:
+        uploads, self._uploads = self._uploads, None
+        if uploads is not None:
+            try:
+                uploads.abort()
+            except Exception:  # noqa: BLE001 - the next open for writing aborts what is left
+                pass
+
     def _write_staged(self) -> None:
         """Write the reserved tiles computed in anonymous memory into the payload file (one
         pwrite over blocks that reserve() allocated already)."""
+        if self._in_memory or self._uploads is not None:  # they go up at commit (upload)
+            return
         staged, self._staged = self._staged, None
         if staged is None:
             return

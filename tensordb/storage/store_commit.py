@@ -167,7 +167,7 @@ class StoreCommits:
                                            f"failed: {exc.strerror or exc}") from None
                 if self.objects is not None and w.has_file:  # uploaded whole, then COMMIT
                     txn.uploaded.append(w.file)
-                    self.objects.put(w.path, w.file, self.database)
+                    w.upload()  # its parts completed (objparts.py), or its file put whole
             for w, meta, entries in rows:
                 self._forget(w.name)
                 txn.replaced.append(w.name)

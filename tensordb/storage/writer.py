@@ -80,6 +80,8 @@ class TensorWriter(ReservedTiles):
         # streamed (an output too large to stage, where the commit fsyncs): each tile's place in
         # the file, written by write_tile as soon as the tile is finished
         self._slots: dict[tuple[int, ...], tuple] = {}
+        self._uploads = None  # an object written in parts (objparts.PartUploads)
+        self._in_memory = False  # an object staged with no local file, uploaded at commit
 
     def __repr__(self) -> str:
         return f"TensorWriter({self.name!r}, shape={self.shape}, tiles={len(self.entries)}, {self._state})"
@@ -297,6 +299,7 @@ class TensorWriter(ReservedTiles):
             self._write_staged()
             return self._close_file(sync=self.store.fsync)
         self._close_file(sync=False)  # every reserved tile was zero: nothing to keep
+        self._abort_upload()
         self._give_back_staging()
         if os.path.exists(self.path):
             os.unlink(self.path)
@@ -311,7 +314,7 @@ class TensorWriter(ReservedTiles):
     def _close_file(self, sync: bool):
         """Close the payload file; with ``sync``, fsync it and its directory (so power loss
         cannot lose its name) on helper threads. Returns the wait for that (raising OSError)."""
-        if self._map is not None:
+        if self._map is not None and self._uploads is None:  # else upload() reads it first
             if sync and sys.platform != "linux":  # Linux's fsync writes mapped pages too
                 self._map.flush()
             # Tiles handed out by reserve() may still be in use (the run's results): the mapping
@@ -327,6 +330,7 @@ class TensorWriter(ReservedTiles):
 
     def _fail(self) -> None:
         self._state = "aborted"
+        self._abort_upload()
         self._give_back_staging()
         try:
             self._close_file(sync=False)

@@ -40,6 +40,7 @@ COMMAND = ("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
            "tests/bench/bench_object_store.py")
 ROWS = Path(tempfile.gettempdir()) / "tensordb-bench-object-store.json"
 BUCKET = "bench"
+OPTIONS: dict = {}  # the storage_options of the running server
 
 
 def start_moto() -> tuple[subprocess.Popen, dict]:
@@ -68,13 +69,14 @@ def start_moto() -> tuple[subprocess.Popen, dict]:
                   "secret_key": "bench", "region": "us-east-1"}
 
 
-# Seconds the client spent in object-store requests (ObjectStore.put: uploads; .read: ranged
-# GETs) during the timed runs of the local pool over the object store (Dask's workers read in
-# their own processes: not counted here).
+# Seconds the client spent in object-store requests (ObjectStore.put, .put_bytes, .upload_part
+# and .complete_upload: uploads, summed over the threads that made them; .read: ranged GETs)
+# during the timed runs of the local pool over the object store (Dask's workers upload and
+# read in their own processes: not counted here).
 SPENT = {"put": 0.0, "read": 0.0}
 
 
-def _timed(method: str) -> None:
+def _timed(method: str, bucket: str) -> None:
     from tensordb.storage.objects import ObjectStore
     real = getattr(ObjectStore, method)
 
@@ -83,8 +85,27 @@ def _timed(method: str) -> None:
         try:
             return real(*args, **kwargs)
         finally:
-            SPENT[method] += time.perf_counter() - t0
+            SPENT[bucket] += time.perf_counter() - t0
     setattr(ObjectStore, method, wrapper)
+
+
+def raw_transfer(options: dict, nbytes: int, repeat: int) -> tuple[float, float]:
+    """moto's floor for ``nbytes``: the median seconds of one PutObject of that many bytes
+    (boto3, one request: the fastest upload this client has) and of one GET of the object,
+    nothing of tensordb in between."""
+    from tensordb.storage.objects import ObjectStore
+    store = ObjectStore(f"s3://{BUCKET}/raw", options)
+    data = np.random.default_rng(1).integers(0, 255, nbytes, np.uint8).tobytes()
+    puts, gets = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        store.s3.put_object(Bucket=BUCKET, Key="raw/x", Body=data)
+        puts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        store.s3.get_object(Bucket=BUCKET, Key="raw/x")["Body"].read()
+        gets.append(time.perf_counter() - t0)
+    store.s3.delete_object(Bucket=BUCKET, Key="raw/x")
+    return statistics.median(puts), statistics.median(gets)
 
 
 def run_workload(w, cons: dict, repeat: int) -> dict:
@@ -118,6 +139,10 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
     row["uploads s/run"] = spent["put"] / repeat
     row["GETs s/run"] = spent["read"] / repeat
     want = cons["local dir"].tensor(w.output)
+    stored = sum(m.nbytes for m in cons["local dir"].store.list() if m.name not in arrays)
+    row["output MiB"] = stored / 2**20
+    row["raw PUT s"], row["raw GET s"] = raw_transfer(OPTIONS, max(stored, 1), repeat)
+    row["raw PUT / local dir"] = row["raw PUT s"] / statistics.median(times["local dir"])
     for label in labels:
         row[label] = statistics.median(times[label])
         if label != "local dir":
@@ -135,8 +160,9 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
 def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
     keys = list(dict.fromkeys(k for r in rows for k in r))
     labels = [k for k in keys if k != "name" and " / " not in k and "diff" not in k
-              and "s/run" not in k and "cold" not in k]
-    ratios = [k for k in keys if " / " in k]
+              and "s/run" not in k and "cold" not in k and "raw" not in k and "MiB" not in k]
+    ratios = [k for k in keys if " / " in k and "raw" not in k]
+    floor = [k for k in ("raw PUT / local dir",) if any(k in r for r in rows)]
 
     def cell(r, k, scale=1.0, fmt=".2f"):
         return format(scale * r[k], fmt) if k in r else "-"
@@ -146,24 +172,31 @@ def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
              f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python "
              f"{platform.python_version()}; the S3 server is moto {meta['moto']} "
              "(`moto_server`, a process of its own on 127.0.0.1, objects in its memory). Same "
-             "plans for 2 workers everywhere, from stored tensors to a stored result (each "
-             "output uploaded whole before its commit); medians of "
+             "plans for 2 workers everywhere, from stored tensors to a stored result (the "
+             "local pool puts each output whole from memory before its commit, one PutObject; "
+             "Dask's workers upload the parts of the outputs they computed, from 8 MiB: "
+             "storage/objparts.py); medians of "
              f"{meta['repeat']} runs after a warm-up, timed in alternation, in ms; ratios are "
              "medians of the paired ratios.", "",
              "| workload | " + " | ".join(f"{l} ms" for l in labels) + " | " +
-             " | ".join(ratios) + " | of the object store's ms: uploads | ranged GETs | cold run ms | its GETs ms |",
-             "|---|" + "---:|" * (len(labels) + len(ratios) + 4)]
+             " | ".join(ratios) + " | of the object store's ms: uploads | ranged GETs | cold run ms | its GETs ms |"
+             + (" output MiB | moto's floor: one PutObject of it ms | its GET ms | "
+                "that PUT / local dir |" if floor else ""),
+             "|---|" + "---:|" * (len(labels) + len(ratios) + 4 + 4 * len(floor))]
     for r in rows:
         lines.append(f"| {r['name']} | " + " | ".join(cell(r, l, 1e3, ".0f") for l in labels) +
                      " | " + " | ".join(cell(r, k) for k in ratios) + " | " +
                      cell(r, "uploads s/run", 1e3, ".0f") + " | " +
                      cell(r, "GETs s/run", 1e3, ".0f") + " | " + cell(r, "cold s", 1e3, ".0f") +
-                     " | " + cell(r, "cold GETs s", 1e3, ".0f") + " |")
+                     " | " + cell(r, "cold GETs s", 1e3, ".0f") + " |" +
+                     (f" {cell(r, 'output MiB', 1, '.0f')} | {cell(r, 'raw PUT s', 1e3, '.0f')} | "
+                      f"{cell(r, 'raw GET s', 1e3, '.0f')} | {cell(r, 'raw PUT / local dir')} |"
+                      if floor else ""))
     for name in missing:
         lines.append(f"| {name} | not measured: its run did not fit the benchmark's time "
                      "limit with moto's throughput |" + " |" * (len(labels) + len(ratios) + 3))
     geo = {k: (float(np.exp(np.mean(np.log([r[k] for r in rows if k in r])))),
-               sum(k in r for r in rows)) for k in ratios}
+               sum(k in r for r in rows)) for k in ratios + floor}
     lines += ["", "Geometric means: " + "; ".join(f"{k} **{v:.2f}** (over {n} workloads)"
                                                   for k, (v, n) in geo.items()) +
               ". Largest relative difference from the local directory's result: " +
@@ -174,7 +207,11 @@ def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
               "mean every input range came from the process's range cache (objreader.py), "
               "fetched in the warm-up, as the local directory's come from the page cache. "
               "'cold run' is one more run after emptying that cache: every input fetched from "
-              "the store again, as a first query does."]
+              "the store again, as a first query does. 'moto's floor': one PutObject and one "
+              "GET of as many bytes as the run stores, straight from boto3 (no tensordb), "
+              "and that PUT's time over the local directory's whole run: where it is over 1, "
+              "moto takes longer to receive the result than the local directory takes to "
+              "compute and write it."]
     return "\n".join(lines)
 
 
@@ -200,8 +237,10 @@ def main(argv=None) -> None:
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout: the server goes too
     proc, options = start_moto()
-    _timed("put")
-    _timed("read")
+    OPTIONS.update(options)
+    for method in ("put", "put_bytes", "upload_part", "complete_upload"):
+        _timed(method, "put")
+    _timed("read", "read")
     cluster = None
     try:
         with tempfile.TemporaryDirectory() as d:

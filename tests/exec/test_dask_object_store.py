@@ -64,3 +64,147 @@ def test_a_worker_refuses_another_database_at_the_prefix(dask_cluster, tmp_path,
         with pytest.raises(tensordb.OperationalError, match="Dask worker .*another database"):
             con.execute("B[i,j] = A[i,j] * 2")
         assert not con.store.has("B")
+
+
+# -- the workers write their own outputs (storage/objparts.py) ---------------------------------
+def _objects(storage):
+    from tensordb.storage.objects import ObjectStore
+    return ObjectStore(*storage)
+
+
+def _object_bytes(storage, con, name):
+    store = _objects(storage)
+    reader = con.store.open(name)
+    with store.fs.open_input_stream(store.key(reader.file)) as f:
+        return f.read()
+
+
+def _rows(con, name):
+    r = con.store.open(name)
+    return {c: (e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite, e.format)
+            for c, e in r.entries.items()}
+
+
+def test_workers_upload_their_outputs_as_the_local_pool_does(dask_cluster, tmp_path, s3):
+    pytest.importorskip("boto3")
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((1024, 48)), rng.standard_normal((48, 2048))
+    ds, ls = (s3.prefix(), dict(s3.options)), (s3.prefix(), dict(s3.options))
+    sql = "C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 4, k 2)"
+    with tensordb.connect(tmp_path / "d", workers=2, storage=ds[0], storage_options=ds[1],
+                          executor=f"dask://{dask_cluster.scheduler_address}") as d, \
+            tensordb.connect(tmp_path / "l", workers=2, storage=ls[0],
+                             storage_options=ls[1]) as local:
+        for con in (d, local):
+            con.load("A", a, tile=(256, 48))
+            con.load("B", b, tile=(48, 1024))
+            con.execute(sql)
+        run = d._get_executor().last_run
+        assert run["written_by_workers"] == 8 and run["gathered_bytes"] == 0
+        assert len(set(run["ran_on"].values())) == 2  # both workers computed and uploaded
+        np.testing.assert_allclose(d.tensor("C"), a @ b, atol=1e-12)
+        # the same plan laid out the same way: the objects are equal byte for byte
+        assert _rows(d, "C") == _rows(local, "C")
+        assert _object_bytes(ds, d, "C") == _object_bytes(ls, local, "C")
+        assert _objects(ds).uploads() == []
+        assert {n for n, _ in _objects(ds).list()} == \
+            {d.store.open(m.name).file for m in d.store.list()}
+        assert d.execute("CHECK DATABASE").fetchall()[0][-1] == "ok"
+
+
+def test_a_worker_refuses_to_write_to_another_databases_prefix(dask_cluster, s3):
+    """The worker's side of a write (storage/objparts.write_object_slot): the prefix's
+    database.id is checked before the tile goes anywhere; the error names the worker and the
+    object's URL."""
+    pytest.importorskip("boto3")
+    from distributed import Client
+    from tensordb.storage.objects import ObjectStore
+    from tensordb.storage.objparts import ObjectSlot, write_object_slot
+    store = ObjectStore(s3.prefix(), dict(s3.options))
+    store.claim("f" * 32)  # the prefix is another database's
+    file = f"5-{'a' * 16}.bin"
+    upload = store.create_upload(file, "a" * 32)
+    try:
+        slot = ObjectSlot(store, file, upload, 1, 0, 64, (0,), 0, (8,), "<f8", "a" * 32, "T")
+        with Client(dask_cluster.scheduler_address, timeout=30) as client:
+            fut = client.submit(write_object_slot, "run-x", slot, np.ones(8), pure=False)
+            with pytest.raises(tensordb.OperationalError) as err:
+                fut.result(timeout=60)
+        message = str(err.value)
+        assert "Dask worker tcp://127.0.0.1:" in message and store.url_of(file) in message
+        assert "another database" in message
+    finally:
+        store.abort_upload(file, upload)
+    assert store.uploads() == [] and store.list() == []
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_query_leaves_no_object_behind(tmp_path, s3):
+    """``dask worker`` processes started by hand (tests/exec/dask_deploy.py) uploading the
+    parts of a 24 MiB output; one SIGKILLed mid-query: with retries=0 the old state and no
+    object or open upload left; with retries=1 the new state, run again on the others."""
+    pytest.importorskip("boto3")
+    import threading
+    import time
+    from tests.exec.dask_deploy import Deployment
+    storage = (s3.prefix(), dict(s3.options))
+    store = _objects(storage)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((1536, 512)), rng.standard_normal((512, 2048))
+    old = np.full((1536, 2048), 7.0)
+    sql = "C[i,k] = SUM(EXP(A[i,j] * 0.001) * B[j,k]) WITH (PIECES i 8, j 8, k 8)"
+
+    def kill_mid_query(dep, con, victim):
+        box = {}
+
+        def go():
+            try:
+                con.execute(sql)
+            except BaseException as exc:  # noqa: BLE001 - looked at below
+                box["error"] = exc
+        th = threading.Thread(target=go)
+        th.start()
+        deadline = time.time() + 60
+        while not store.uploads() and th.is_alive() and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        assert th.is_alive(), "the query ended before the worker could be killed"
+        dep.kill(victim)
+        th.join(180)
+        assert not th.is_alive()
+        return box
+
+    def nothing_orphaned(con):
+        assert store.uploads() == []
+        assert {n for n, _ in store.list()} == {con.store.open(m.name).file
+                                               for m in con.store.list()}
+
+    with Deployment(tmp_path / "cluster") as dep:
+        for name in ("k1", "k2", "k3"):
+            dep.worker(name)
+        dep.wait(3)
+        db = tmp_path / "db"
+        with tensordb.connect(db, executor=f"dask://{dep.address}?retries=0",
+                              storage=storage[0], storage_options=storage[1]) as con:
+            con.load("A", a, tile=(192, 64))
+            con.load("B", b, tile=(64, 256))
+            con.load("C", old, tile=(768, 1024))
+            con.execute("W[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 8, k 8)")  # warm-up
+            assert con._get_executor().last_run["gathered_bytes"] == 0  # uploaded by workers
+            box = kill_mid_query(dep, con, "k3")
+            assert isinstance(box.get("error"), tensordb.OperationalError), box
+            assert "nothing was stored" in str(box["error"])
+            np.testing.assert_array_equal(con.tensor("C"), old)  # the old state
+            nothing_orphaned(con)  # the upload aborted already
+        with tensordb.connect(db, executor=f"dask://{dep.address}?retries=1",
+                              storage=storage[0], storage_options=storage[1]) as con:
+            nothing_orphaned(con)
+            box = kill_mid_query(dep, con, "k2")
+            assert "error" not in box, box.get("error")
+            run = con._get_executor().last_run
+            assert run["attempts"] == 2 and run["gathered_bytes"] == 0
+        with tensordb.connect(db, storage=storage[0], storage_options=storage[1]) as con:
+            want = np.exp(a * 0.001) @ b
+            np.testing.assert_allclose(con.tensor("C"), want, rtol=1e-9, atol=1e-9)
+            nothing_orphaned(con)
+            assert con.execute("CHECK DATABASE").fetchall()[0][-1] == "ok"
