@@ -149,7 +149,7 @@ class Emitter:
         shapes = {n: (i.shape, i.dtype) for n, i in self.inputs.items()}
         loss = self.alias.get(step.loss, step.loss)
         self.passes[loss] = self.passes.get(loss, 0) + 1  # a loss may have several passes
-        fills = {n: self._fill(n) for n in shapes if self._fill(n)}
+        fills = {n: f for n in shapes if (f := self._fill(n))}
         ops = backward(self.ops, shapes, loss, wrt, self.passes[loss], fills)
         if fills:
             check_fills(self.ops, ops, fills, step)
@@ -251,8 +251,8 @@ class Emitter:
     def _fill(self, name: str) -> float:
         """A stored tensor's fill value (plan/fills.py; 0 for a result, or without a catalog)."""
         meta = getattr(self.catalog, "meta", None)
-        if meta is None or name not in self.stored:
-            return 0.0
+        if meta is None or name not in self.stored or type(name) is not str:
+            return 0.0  # a box, gather, one-hot or iota read: derived, no catalog row of its own
         try:
             return float(getattr(meta(name), "fill", 0.0) or 0.0)
         except Error:
