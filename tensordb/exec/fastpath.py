@@ -57,6 +57,7 @@ class Step:
     moved: tuple = ()
     temps: int = 0
     dense: bool = False
+    unread: bool = False  # no later step reads its tile
 
 
 def program(plan: TilePlan, workers: int) -> list[Step]:
@@ -156,7 +157,8 @@ def _lower(plan: TilePlan, workers: int) -> list[Step]:
                   and all(c[0] == KERNEL for c in raw if r[3] in c[2])}
     return [Step(kind, task, inputs, key, task.op if isinstance(task, Kernel) else
                  owner.get(task.key, 0), tuple(frees.get(i, ())), mv,
-                 temporary_bytes(plan, task) if kind == KERNEL else 0, key in dense_only)
+                 temporary_bytes(plan, task) if kind == KERNEL else 0, key in dense_only,
+                 key not in last)
             for i, (kind, task, inputs, key, mv) in enumerate(raw)]
 
 
@@ -272,7 +274,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                             finished_tile(key, out, facts)
                     elif finished_tile is not None and key in keep and \
                             finished_tile(key, value):
-                        written.add(key)  # in its file: not the commit's to write
+                        written.add(key)  # in its file: not the commit's to write, nor kept
                     results[key] = value
                     nbytes = int(getattr(value, "nbytes", 0))
                     h = held_bytes(task, value)
@@ -287,8 +289,10 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         held[key] = h
                     else:  # an output file's pages: the page cache's, not the run's
                         live -= h
-                for k in step.free:
-                    if k not in keep:
+                # a tile read for the last time, or a stored output tile already in its file
+                # that nothing reads (the pool streams such an output: a few tiles held)
+                for k in step.free + ((key,) if step.unread and key in written else ()):
+                    if k not in keep or k in written:
                         results.pop(k, None)
                         live -= held.pop(k, 0)
                 m.seconds += time.perf_counter() - t0
