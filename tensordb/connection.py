@@ -11,7 +11,7 @@ import weakref
 from typing import Any, Mapping, Sequence
 
 from .calls import one_at_a_time
-from .config import Settings
+from .config import Settings, gc_paused
 from .driver import Engine, parse
 from .duckapi import DuckAPI, connect_arguments
 from .errors import InterfaceError, ParserError, ProgrammingError
@@ -213,7 +213,10 @@ class Connection(TensorIO, DuckAPI):
                                    "WITH (PIECES label n, ...) after the statement")
         from .session import explain_format, explain_script
         fmt = explain_format(format)
-        return explain_script(self, query, parse(query), fmt, analyze)
+        if analyze:  # it runs: the collector waits only while each stage builds (pipeline.py)
+            return explain_script(self, query, parse(query), fmt, analyze)
+        with gc_paused():  # parse to text, nothing run: the collector waits for it all
+            return explain_script(self, query, parse(query), fmt, analyze)
 
     @one_at_a_time
     def sql(self, query: str, *, alias: str = "", params=None):

@@ -222,8 +222,10 @@ class PreparedCache:
         for k in stale:
             del self._plans[k]
 
-    def clear(self) -> None:
-        self._bound.clear()
+    def clear(self, bound: bool = True) -> None:
+        """Forget the plans, and with ``bound`` the bound groups too."""
+        if bound:
+            self._bound.clear()
         self._plans.clear()
 
     def stats(self) -> dict[str, int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..config import Settings, stage
+from ..config import Settings, gc_paused, stage
 from ..errors import CatalogError, InterfaceError
 from .cache import PreparedCache
 from .pipeline import Prepared, Target, prepare
@@ -175,8 +175,9 @@ class Engine:
         # executor not started yet holds nothing, and EXPLAIN starts none
         resident = getattr(self._executor, "resident", lambda plan: None)(prepared.plan)
         result = self.run(prepared, self.store_sink()) if analyze else None
-        return render(prepared.decomp, prepared.plan, format=format, result=result,
-                      resident=resident)
+        with gc_paused():
+            return render(prepared.decomp, prepared.plan, format=format, result=result,
+                          resident=resident)
 
     def load(self, name: str, source, **options) -> list:
         """Store a tensor (storage/load.py); the catalog entries of what it stored: one tensor,

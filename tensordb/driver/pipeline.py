@@ -28,7 +28,7 @@ from typing import Any, Hashable
 
 from .. import optimizer, physical
 from ..bind import bind_graph, bind_statements
-from ..config import debug_level, format_bytes, stage
+from ..config import debug_level, format_bytes, gc_paused, stage
 from ..errors import OutOfMemoryError, ProgrammingError
 from ..plan import fills as plan_fills, sparse_fuse
 from ..plan.builder import Graph
@@ -94,18 +94,20 @@ def parse(sql: str) -> list:
     from ..dialect import parse as parse_text
     if not isinstance(sql, str):
         raise ProgrammingError(f"a statement must be a string, got {type(sql).__name__}")
-    with stage("parse"):
+    with gc_paused(), stage("parse"):
         return parse_text(sql)
 
 
 def prepare(source, snapshot: Snapshot, target: Target, cache: PreparedCache, *,
             lets: dict | None = None, pieces=None) -> Prepared:
     """bind, optimize, lower, place: ``source`` (a list of (script, AssignStmt) with the
-    session's ``lets``, a Graph, or a bound EinGraph) -> Prepared; nothing runs."""
-    graph, pieces = bind(source, snapshot, cache, lets, pieces)
-    if graph is None:
-        return Prepared(snapshot)
-    decomp, plan, fresh = plan_graph(graph, pieces, snapshot, target, cache)
+    session's ``lets``, a Graph, or a bound EinGraph) -> Prepared; nothing runs. The objects
+    it builds live on: the cyclic garbage collector waits (``config.gc_paused``)."""
+    with gc_paused():
+        graph, pieces = bind(source, snapshot, cache, lets, pieces)
+        if graph is None:
+            return Prepared(snapshot)
+        decomp, plan, fresh = plan_graph(graph, pieces, snapshot, target, cache)
     return Prepared(snapshot, graph, pieces, decomp, plan, fresh)
 
 

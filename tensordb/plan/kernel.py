@@ -108,7 +108,7 @@ def element_bytes(op: EinOp) -> int:
     return max(sum(ins), live_arrays(op.join) * widest) or widest
 
 
-def chunk_elements(budget: int | None, op: EinOp) -> int:
+def chunk_elements(budget: int | None, op: EinOp, per_element: int | None = None) -> int:
     """The join-space elements one chunk of ``op``'s broadcasting kernel materialises: at most
     ``CHUNK_ELEMENTS`` (larger chunks gain nothing), and few enough that the chunk's temporaries
     stay within ``1 / TEMPORARY_SHARE`` of the worker's ``budget``.
@@ -116,10 +116,13 @@ def chunk_elements(budget: int | None, op: EinOp) -> int:
     >>> op = EinOp.contraction("P", "ik", [("A", "ij"), ("B", "jk")], {"i": 8, "j": 8, "k": 8})
     >>> chunk_elements(None, op) == CHUNK_ELEMENTS, chunk_elements(64 << 10, op)   # 16 B/element
     (True, 1024)
+
+    ``per_element``: ``element_bytes(op)`` where the caller has it.
     """
     if budget is None:
         return CHUNK_ELEMENTS
-    return max(1, min(CHUNK_ELEMENTS, int(budget) // TEMPORARY_SHARE // element_bytes(op)))
+    per_element = per_element or element_bytes(op)
+    return max(1, min(CHUNK_ELEMENTS, int(budget) // TEMPORARY_SHARE // per_element))
 
 
 # -- BLAS and sparse kernels: when they give NumPy's answer ---------------------------------------
@@ -366,23 +369,55 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
     NumPy's answer only where the partner holds no NaN or inf (0 * inf is NaN). ``fills``: per
     operand, its fill value (0 when left out): a semiring, masked or sampled kernel
     (plan/sparse_rules.py, exec/semiring.py) where one fits."""
+    op, made, tests, per_element = _decide(op, tuple(sparse), tuple(finite), tuple(fills))
+    ext = extents or op.size
+    if made is None:
+        return _broadcast(op, ext, budget, per_element)
+    if not tests:
+        return made
+    return KernelChoice(**{**made.__dict__, "fallback": _broadcast(op, ext, budget, per_element),
+                           "fallback_on": tests})
+
+
+# The part of each choice that the tile extents and the budget do not steer, kept per operation
+# (by identity: the optimizer prices and the lowering lowers the very same EinOp objects, and a
+# statement group bound from the cache brings them again): op id -> (op, its key, decision).
+_DECIDED: dict[int, tuple] = {}
+_DECIDED_MAX = 8192
+
+
+def _decide(op: EinOp, sparse: tuple, finite: tuple, fills: tuple):
+    """(the operation without its diagonal, the choice without its NaN/inf variant or None for
+    a broadcast, the variant's tests, a broadcast's ``element_bytes``): ``choose_kernel`` less
+    what the extents and the budget steer (a broadcast's chunking)."""
+    key = (sparse, finite, fills)
+    kept = _DECIDED.get(id(op))
+    if kept is not None and kept[0] is op and kept[1] == key:
+        return kept[2]
+    plain, made, tests = _decide_anew(op, sparse, finite, fills)
+    decision = (plain, made, tests, element_bytes(plain) if made is None or tests else None)
+    if len(_DECIDED) >= _DECIDED_MAX:
+        _DECIDED.clear()
+    _DECIDED[id(op)] = (op, key, decision)
+    return decision
+
+
+def _decide_anew(op: EinOp, sparse: tuple, finite: tuple, fills: tuple):
     # -- sparse kernels (scipy.sparse, GraphBLAS): exec/sparse_kernels.py, exec/semiring.py --
     special = sparse_rules.choose(op, sparse, finite, fills)
     found = special or sparse_kernel(op, tuple(k for k in sparse if not fills or fills[k] == 0),
                                      finite)
     op = op.without_diagonal()
-    ext = extents or op.size
     if found is not None:
         # Where it runs dense (a GPU): spmm as BLAS, tested as 'contract' is; the others as
         # their variant, a chunked broadcast ('device').
         tests = (("inputs",) if np.dtype(op.dtype).kind == "f" else ()) \
             if found[0] == "spmm" else ("device",)
-        return KernelChoice(found[0], sparse=found[1],
-                            semiring=found[2] if len(found) > 2 else None, fallback_on=tests,
-                            fallback=_broadcast(op, ext, budget) if tests else None)
+        return op, KernelChoice(found[0], sparse=found[1],
+                                semiring=found[2] if len(found) > 2 else None), tests
     prod = blas_product(op)
     if prod is None:
-        return _broadcast(op, ext, budget)
+        return op, None, ()
     scale = prod[0]
     # NumPy applies a leading literal (c * x0 * x1) to x0 before any product, and the kernel
     # does the same, so overflow to inf and the NaN of 0 * inf happen where NumPy's happen. A
@@ -397,17 +432,16 @@ def choose_kernel(op: EinOp, extents: Mapping[str, int] | None = None,
         tests.append("inputs")
     if scale != 1 and first is None and op.agg_labels and float_kind in "fc":
         tests.append("result")
-    fallback = _broadcast(op, ext, budget) if tests else None
+    tests = tuple(tests)
     if layout is None:
-        return KernelChoice("contract", scale, first, fallback=fallback, fallback_on=tuple(tests))
+        return op, KernelChoice("contract", scale, first, fallback_on=()), tests
     ins = op.in_dtypes or (op.dtype,) * len(op.inputs)
     lay = layout
     groups = {lay.first: (lay.perm_first, (len(lay.batch), len(lay.free_first))),
               lay.second: (lay.perm_second, (len(lay.batch), len(lay.contracted)))}
     copies = tuple(np.dtype(d) != np.dtype(op.dtype) or k == first or not _merges(*groups[k])
                    for k, d in enumerate(ins))
-    return KernelChoice("matmul", scale, first, layout, copies=copies, fallback=fallback,
-                        fallback_on=tuple(tests))
+    return op, KernelChoice("matmul", scale, first, layout, copies=copies), tests
 
 
 def _merges(perm: tuple[int, ...], cuts: tuple[int, int]) -> bool:
@@ -423,11 +457,12 @@ def _merges(perm: tuple[int, ...], cuts: tuple[int, int]) -> bool:
                for g in (perm[:a], perm[a:a + b], perm[a + b:]) if g)
 
 
-def _broadcast(op: EinOp, ext: Mapping[str, int], budget: int | None) -> KernelChoice:
+def _broadcast(op: EinOp, ext: Mapping[str, int], budget: int | None,
+               per_element: int | None = None) -> KernelChoice:
     if op.agg in ARG_AGGS:  # evaluated whole: the index needs every element of the label
         return KernelChoice("broadcast", chunk=op.agg_labels[0], index=op.agg)
     return KernelChoice("broadcast", chunk=chunk_label(op, ext),
-                        chunk_elements=chunk_elements(budget, op))
+                        chunk_elements=chunk_elements(budget, op, per_element))
 
 
 def chunk_label(op: EinOp, extents: Mapping[str, int]) -> str:

@@ -9,6 +9,8 @@ slows both alike. Every figure the benchmark prints is collected per round: benc
 (tensordb's seconds per workload), and the rows of markdown tables whose cells read ``N ms``
 (bench_planning: ``ops/workers`` -> total and CPU; a labelled row -> its median and CPU). Per
 figure, the median over the rounds of each checkout and their ratio (this / base).
+``--this-script`` runs this checkout's copy of the module on both (by its path, the checkout
+measured on PYTHONPATH): an option the base's copy lacks (bench_planning's ``--rebind``).
 """
 from __future__ import annotations
 
@@ -43,10 +45,11 @@ def figures(out: str) -> dict[str, float]:
     return found
 
 
-def run(tree: Path, module: str, args: list[str]) -> dict[str, float]:
+def run(tree: Path, module: str, args: list[str], this_script: bool = False) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENBLAS_")}
     env["PYTHONPATH"] = str(tree)
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tree, env=env,
+    target = [str(HERE / (module.replace(".", "/") + ".py"))] if this_script else ["-m", module]
+    done = subprocess.run([sys.executable, *target, *args], cwd=tree, env=env,
                           capture_output=True, text=True, check=True)
     return figures(done.stdout)
 
@@ -55,6 +58,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, type=Path)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--this-script", action="store_true",
+                    help="run this checkout's copy of the module on both checkouts")
     ap.add_argument("module")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
@@ -63,7 +68,7 @@ def main(argv=None) -> None:
     for r in range(a.rounds):
         order = ("base", "this") if r % 2 == 0 else ("this", "base")
         for which in order:
-            for k, v in run(trees[which], a.module, a.args).items():
+            for k, v in run(trees[which], a.module, a.args, a.this_script).items():
                 got[which].setdefault(k, []).append(v)
         print(f"round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
     print(f"| {a.module} | base (ms) | this (ms) | this / base |")
