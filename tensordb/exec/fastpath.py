@@ -184,7 +184,8 @@ def _load(task, reader, loads: dict, dense: bool):
     value = run_load(task, reader, np)
     if dense and not isinstance(value, np.ndarray):
         value = dense_args([value])[0]  # a CSR box, read by dense kernels only
-    if kept is not None and kept[0] == ident and _owned_nbytes(value) and \
+    if kept is not None and kept[0] == ident and isinstance(value, np.ndarray) and \
+            _owned_nbytes(value) and \
             value.nbytes <= LOAD_CACHE_BYTES - sum(
                 0 if v[1] is None else v[1].nbytes for v in loads.values()):
         value.flags.writeable = False  # shared by the runs of this plan
@@ -257,7 +258,8 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         m.peak_bytes = live
                     value = None
                 elif kind == FOLD:
-                    combine(task.agg, acc[key], results[step.inputs[0]], np)
+                    # a new accumulator where a partial is a sparse tile (kernels.combine)
+                    acc[key] = combine(task.agg, acc[key], results[step.inputs[0]], np)
                     value = None
                 else:  # FINISH
                     value = finish_aggregate(task, acc.pop(key), np)
