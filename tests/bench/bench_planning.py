@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import os
 import re
@@ -108,7 +109,13 @@ def measure(path: str, layers: int, workers: int, runs: int,
     with tensordb.connect(path) as con:
         con.set("workers", workers)
         con.explain(mlp_script(1))  # the grammar and the first connection's warm-up
-        samples = [timed_explain(con, sql, rebind) for _ in range(runs)]
+        samples = []
+        for _ in range(runs):
+            # each EXPLAIN starts from a collected heap: where the cyclic collector's full
+            # collections fall (one every few EXPLAINs, 30-160 ms each) is otherwise a matter
+            # of what ran before, not of the code measured
+            gc.collect()
+            samples.append(timed_explain(con, sql, rebind))
     out = {"total": statistics.median(t for t, _ in samples),
            "cpu": statistics.median(st["cpu"] for _, st in samples)}
     for s in STAGES:
