@@ -22,12 +22,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import OperationalError
 from .identity import process_label
-from .slots import TileFacts
-from .tilestats import has_negative_zero, tile_stats
+from .slots import TileFacts, flat_tile
 
 __all__ = ["MIN_PART", "PART_TARGET", "order_tiles", "cut_parts", "PartUploads", "ObjectSlot",
            "write_object_slot", "forget_spools"]
@@ -222,14 +219,7 @@ _SPOOL_LOCK = threading.Lock()
 def write_object_slot(run: str, slot: ObjectSlot, tile) -> PartFacts:
     """Put ``tile`` into its part (in this process's memory); the task that puts a part's last
     tile uploads the part and returns its ETag with the tile's facts."""
-    a = np.asarray(tile)
-    if a.shape != tuple(slot.shape):
-        from ..errors import DataError
-        raise DataError(f"tensor '{slot.tensor}': a tile of shape {a.shape} for a place of "
-                        f"shape {tuple(slot.shape)} in {slot.objects.url_of(slot.file)}")
-    flat = np.ascontiguousarray(a, dtype=np.dtype(slot.dtype)).reshape(-1)
-    nnz, nonfinite, crc = tile_stats(flat)
-    keep = bool(nnz) or has_negative_zero(flat)
+    flat, nnz, nonfinite, crc, keep = flat_tile(slot, tile, slot.objects.url_of(slot.file))
     if not slot.objects.multipart:
         raise OperationalError(f"{process_label()} cannot write tensor '{slot.tensor}' to "
                                f"{slot.objects.url_of(slot.file)}: boto3 is not installed "

@@ -59,15 +59,22 @@ class TileFacts:
     keep: bool
 
 
-def write_slot(slot: TileSlot, tile) -> TileFacts:
-    """Write ``tile`` into ``slot`` (on the worker that computed it) and return its facts."""
+def flat_tile(slot, tile, where: str) -> tuple:
+    """``tile`` checked against its place ``slot`` (a DataError naming the tensor, the shapes and
+    ``where`` the place is) and flattened to the place's dtype: (the bytes, nnz, NaN/inf flag,
+    CRC-32, whether it is stored at all: an all-zero tile without a -0.0 is absent)."""
     a = np.asarray(tile)
     if a.shape != tuple(slot.shape):
         raise DataError(f"tensor '{slot.tensor}': a tile of shape {a.shape} for a place of "
-                        f"shape {tuple(slot.shape)} in {slot.path}")
+                        f"shape {tuple(slot.shape)} in {where}")
     flat = np.ascontiguousarray(a, dtype=np.dtype(slot.dtype)).reshape(-1)
     nnz, nonfinite, crc = tile_stats(flat)
-    keep = bool(nnz) or has_negative_zero(flat)
+    return flat, nnz, nonfinite, crc, bool(nnz) or has_negative_zero(flat)
+
+
+def write_slot(slot: TileSlot, tile) -> TileFacts:
+    """Write ``tile`` into ``slot`` (on the worker that computed it) and return its facts."""
+    flat, nnz, nonfinite, crc, keep = flat_tile(slot, tile, slot.path)
     facts = TileFacts(int(flat.nbytes), int(nnz), bool(nonfinite), int(crc), keep)
     if not keep:  # no row: its place stays as allocated (zeros), as the local pool leaves it
         return facts

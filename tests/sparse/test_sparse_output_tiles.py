@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 import tensordb
 from tensordb.sparsity import sparse_nbytes
+from tests.bench.bench_sparse_graph import stored_csr
 
 INF = np.inf
 PIECES = ["", " WITH (PIECES j 3)", " WITH (PIECES i 2, j 2, k 2)"]
@@ -42,17 +43,7 @@ def _node(con, sql):
 def _stored_csr(con, name):
     """A stored matrix as one scipy CSR array of its stored entries, from its CSR tiles read as
     they are (each must be CSR): never dense."""
-    reader = con.store.open(name)
-    rows, cols, vals = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
-    for e in reader.entries.values():
-        assert e.format == "csr", (name, e.coords, e.format)
-        t = reader.stored_tile(e.coords).tocoo()
-        rows.append(t.row.astype(np.int64) + e.starts[0])
-        cols.append(t.col.astype(np.int64) + e.starts[1])
-        vals.append(t.data)
-    return sp.csr_array(sp.coo_array((np.concatenate(vals), (np.concatenate(rows),
-                                                             np.concatenate(cols))),
-                                     shape=reader.meta.shape))
+    return stored_csr(con, name, sp)
 
 
 def _assert_sparse_tiles(con, name, dtype, fill=0.0):
