@@ -15,7 +15,6 @@ as the local pool counts it (exec/contract.py).
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -94,7 +93,8 @@ class Attempt:
                 where = fused.where  # the annotation is shipped: it must not hold the plan
                 with dask.annotate(workers=lambda k: [where[k]],
                                    allow_other_workers=False):
-                    futures = self.client.get(fused.graph, fused.gather, sync=False)
+                    futures = self.client.get(_expression(fused.graph, self.run_id),
+                                              fused.gather, sync=False)
             got = _merge(self._wait(futures))
         except WorkerLost as lost:
             lost.done = {**self.done, **lost.done}
@@ -174,16 +174,13 @@ class Attempt:
 
     # -- waiting, with an eye on the workers ----------------------------------------------------
     def _wait(self, futures) -> list:
-        """Gather the outputs (in a helper thread) while watching that the plan's workers stay."""
+        """Gather the outputs while watching that the plan's workers stay: the gather runs on
+        the client's event loop (no thread of our own to start: that cost milliseconds a query
+        on a busy machine), this thread looks at the workers every POLL_SECONDS."""
         if not futures:
             return []
-        box: dict = {}
-
-        def gather():
-            try:
-                box["values"] = self.client.gather(futures)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = exc
+        import asyncio
+        import concurrent.futures
 
         finished = [0]  # outputs gathered so far, for the progress reported while waiting
         if self.progress is not None:  # per-tile callbacks cost a loop wake-up each: CLI only
@@ -193,23 +190,26 @@ class Attempt:
                 finished[0] = next(count)
             for f in futures:
                 f.add_done_callback(done)
-        thread = threading.Thread(target=gather, name="tensordb-dask-gather", daemon=True)
-        thread.start()
+        pending = asyncio.run_coroutine_threadsafe(self.client._gather(futures),
+                                                   self.client.loop.asyncio_loop)
         needed = set(self.addr.values())  # only workers that have tasks of this plan
-        while thread.join(POLL_SECONDS) or thread.is_alive():
+        while True:
+            try:
+                values = pending.result(POLL_SECONDS)
+                break
+            except concurrent.futures.TimeoutError:
+                pass
             if self.progress is not None:  # a few long tasks: the CLI's bar appears anyway
                 self.progress(finished[0], len(futures))
-            gone = needed - set(self.ex.addresses())
+            gone = needed - set(self.ex.addresses(fresh=True))
             if gone:
                 done = self._finished(futures)  # before the cancel: kept by the next attempt
                 self.client.cancel(futures, force=True)  # ends the gather
-                thread.join()
+                concurrent.futures.wait([pending])
                 raise WorkerLost(f"worker {', '.join(sorted(gone))} is gone", done)
-        if "error" in box:
-            raise box["error"]
         if self.progress is not None:  # done callbacks may still be on their way
             self.progress(len(futures), len(futures))
-        return box["values"]
+        return values
 
     def _finished(self, futures) -> dict:
         """{plan key: value} of the stored output tiles in the futures finished on the workers
@@ -268,6 +268,16 @@ class Attempt:
                             "dask_tasks": len(self.fused.graph),
                             "groups": len(self.fused.groups)}
         return ledger.result(tiles, seconds)
+
+
+def _expression(graph: dict, run: str):
+    """The graph as Dask's expression, named by the run: Dask would otherwise tokenize every
+    task of it (milliseconds a query) to name a graph whose keys are unique already."""
+    try:
+        from dask._expr import LLGExpr
+        return LLGExpr(graph, _determ_token=f"tdb-{run}")
+    except (ImportError, TypeError):  # an older Dask: it names the dict itself
+        return graph
 
 
 def _merge(values) -> GroupOut:
