@@ -57,6 +57,7 @@ class Fusion:
         self.where: dict = {}      # Dask key -> the worker it is pinned to
         self.gather: list = []     # the Dask keys the client gathers
         self.groups: list = []     # the groups' Dask keys, in stage order
+        self.priority: dict = {}   # Dask key -> 1 for what another worker waits for, else 0
         self._build(set(dead))
 
     # -- the nodes: (plan key, worker) and their stages -------------------------------------------
@@ -89,7 +90,12 @@ class Fusion:
                 stage[m] = min(stage[u] for u in users[m])  # in the stage of its first reader
         members: dict[tuple, list] = defaultdict(list)
         for node in stage:
-            members[(stage[node], self.addresses.index(node[1]))].append(node)
+            members[(stage[node], 0, self.addresses.index(node[1]))].append(node)
+        for (s, _, w), nodes in list(members.items()):
+            first = _first(nodes, inputs, users)
+            if len(first) < len(nodes):
+                members[(s, 0, w)] = [m for m in nodes if m in first]
+                members[(s, 1, w)] = [m for m in nodes if m not in first]
         self._groups(task, members, stage, inputs, users)
 
     def _groups(self, task, members, stage, inputs, users) -> None:
@@ -98,8 +104,8 @@ class Fusion:
         rank = plan.rank
         gkey: dict[tuple, str] = {}  # node -> its group's Dask key
         made = []
-        for n, (_, where) in enumerate(sorted(members)):
-            nodes = _in_order(members[(_, where)], inputs, rank)
+        for n, (s, sub, where) in enumerate(sorted(members)):
+            nodes = _in_order(members[(s, sub, where)], inputs, rank)
             main = next((m for m in reversed(nodes) if not isinstance(task[m[0]], Load)),
                         nodes[-1])
             dk = f"tdb-{group_name(plan, task[main[0]])}-{run}-{n}"
@@ -168,6 +174,7 @@ class Fusion:
             self.graph[dk] = Task(dk, run_group, self.run, self.backend, Group(dk, steps),
                                   *[TaskRef(d) for d in deps])
             self.groups.append(dk)
+            self.priority[dk] = int(any(at != a for at in exports[dk]))
         for dk, a, nodes in made:
             if client_tiles[dk] and exports[dk]:  # only its own tiles to the client
                 pk = f"{dk}-out"
@@ -176,6 +183,23 @@ class Fusion:
                 self.gather.append(pk)
             elif client_tiles[dk] or not exports[dk]:  # read by no other group: gathered
                 self.gather.append(dk)
+
+
+def _first(nodes: list, inputs: dict, users: dict) -> set:
+    """The nodes of a worker's stage that another worker waits for, and what they need: run as
+    a group of their own, so that the other worker starts as soon as they are done, not once
+    all of the stage is (the rest of the stage is a second group on the same worker)."""
+    inside = set(nodes)
+    stack = [m for m in nodes if any(u[1] != m[1] for u in users.get(m, ()))]
+    if not stack:
+        return inside
+    first: set = set()
+    while stack:
+        m = stack.pop()
+        if m not in first:
+            first.add(m)
+            stack.extend(i for i in inputs[m] if i in inside)
+    return first
 
 
 def _topological(task: dict, roots: set, scattered: set) -> list[int]:

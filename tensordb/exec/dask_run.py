@@ -90,9 +90,10 @@ class Attempt:
         futures: list = []
         try:
             if fused.gather:
-                where = fused.where  # the annotation is shipped: it must not hold the plan
-                with dask.annotate(workers=lambda k: [where[k]],
-                                   allow_other_workers=False):
+                # the annotations are shipped to the scheduler: they must not hold the plan
+                where, first = fused.where, fused.priority
+                with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=False,
+                                   priority=lambda k: first.get(k, 1)):
                     futures = self.client.get(_expression(fused.graph, self.run_id),
                                               fused.gather, sync=False)
             got = _merge(self._wait(futures))
