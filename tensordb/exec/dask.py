@@ -4,9 +4,11 @@
     con = tensordb.connect(workers=2, executor="dask://local")  # a LocalCluster owned by us
 
 Each Dask worker is one tensordb worker: plan worker ``w`` runs on ``addresses[w % n]`` (the
-sorted worker addresses), pinned with ``allow_other_workers=False``. Dask does the scheduling and
-moves tiles between workers; each task runs on the shared runtime (``runtime.py``: the task
-interpreter, its error translation and the run's byte accounting), so results are the same.
+sorted worker addresses), pinned with ``allow_other_workers=False``. Each worker's tile tasks of
+one stage are one Dask task (``dask_fuse.py``: a few Dask tasks a query, not one per tile);
+Dask moves tiles between workers; each tile task runs on the shared runtime (``runtime.py``: the
+task interpreter, its error translation and the run's byte accounting), so results are the
+same.
 A Dask task combines all its inputs at once, so the executor asks the plan for aggregation
 trees of at most ``max_fan_in`` partials per task (``physical/trees.py``, made when planning).
 Stored input tiles are read on their worker from the memory-mapped payload where the worker is

@@ -25,7 +25,7 @@ import numpy as np
 from ..physical.plan import Aggregate, Load
 from ..storage import identity
 from ..storage.slots import write_slot
-from .runtime import TaskRunner
+from .runtime import Cancelled, TaskRunner
 
 __all__ = ["Step", "Group", "GroupOut", "run_group", "pick", "to_host", "gpu_count",
            "cache_figures", "probe_database"]
@@ -149,7 +149,7 @@ def run_group(run: str, backend: str, group: Group, *deps):
     rows, writes = [], 0.0
     for step in group.steps:
         if worker is not None and not _wanted(worker, group.key):
-            return out  # cancelled: the client no longer waits for it
+            raise Cancelled(f"{group.key} was cancelled")  # nobody waits for it any more
         task = step.task
         inputs = [local[k] if i < 0 else deps[i] if k is None else deps[i].values[k]
                   for i, k in step.args]
