@@ -64,13 +64,14 @@ class Fusion:
     def _build(self, dead: set) -> None:
         plan = self.plan
         task = {t.key: t for t in plan.tasks}
-        order = _topological(task, self.outs | dead, set(self.scattered))
+        roots = self.outs | dead
+        order = _topological(task, roots, set(self.scattered))
         stage: dict[tuple, int] = {}
         inputs: dict[tuple, list] = {}  # node -> its input nodes (None: a scattered tile)
         users: dict[tuple, list] = defaultdict(list)
         for key in order:
             t = task[key]
-            if isinstance(t, Load) and key in self.copies and key not in self.outs | dead:
+            if isinstance(t, Load) and key in self.copies and key not in roots:
                 continue  # read where its readers are (below, when they ask for it)
             a = self.addr[key]
             node, ins, s = (key, a), [], 0
@@ -96,9 +97,9 @@ class Fusion:
             if len(first) < len(nodes):
                 members[(s, 0, w)] = [m for m in nodes if m in first]
                 members[(s, 1, w)] = [m for m in nodes if m not in first]
-        self._groups(task, members, stage, inputs, users)
+        self._groups(task, members, inputs, users)
 
-    def _groups(self, task, members, stage, inputs, users) -> None:
+    def _groups(self, task, members, inputs, users) -> None:
         from dask.task_spec import Task, TaskRef
         plan, run, slots = self.plan, self.run, self.slots
         rank = plan.rank
@@ -111,6 +112,7 @@ class Fusion:
             dk = f"tdb-{group_name(plan, task[main[0]])}-{run}-{n}"
             for m in nodes:
                 gkey[m] = dk
+            self.where[dk] = self.addresses[where]
             made.append((dk, self.addresses[where], nodes))
         # What each group returns: tiles read by other groups, by the worker that reads them
         exports: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
@@ -140,7 +142,6 @@ class Fusion:
             return picks[(producer, at)]
 
         for dk, a, nodes in made:
-            self.where[dk] = a
             deps: list[str] = []
             steps = []
             for m in nodes:

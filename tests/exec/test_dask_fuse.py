@@ -170,3 +170,28 @@ def test_a_dead_result_runs_and_outputs_already_finished_are_not_asked_for(con):
                    [k for k in tiles.values() if k != first], {}, [])
     steps = {s.task.key for dk in again.groups for s in again.graph[dk].args[2].steps}
     assert first not in steps and steps
+
+
+def test_a_stored_result_read_again_reaches_the_client_and_the_other_worker(con):
+    """C is stored and read by the next statement on both workers: the client gets C's tiles
+    by a pick of its own (not the tiles the other worker reads), the other worker only the C
+    tiles it reads; both results are numpy's."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((64, 48)), rng.standard_normal((48, 64))
+    con.load("A", a)
+    con.load("B", b)
+    g = (tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C", pieces={"i": 2})
+         .einsum("ik,lk->il", "C", "C", into="G", pieces={"i": 2}))
+    plan = _plan(con, g)
+    fused, addr, scattered = _fuse(plan)
+    _check_rules(fused, plan, addr)
+    outs = [k for k in fused.gather if k.endswith("-out")]
+    tos = [k for k in fused.graph if "-to" in k]
+    assert outs and tos
+    for k in outs + tos:  # a pick runs where the group it picks from ran
+        (producer,) = fused.graph[k].dependencies
+        assert fused.where[k] == fused.where[producer]
+    got = _execute(fused, plan, scattered)
+    c = a @ b
+    np.testing.assert_allclose(_whole(plan, got, "C"), c, atol=1e-12)
+    np.testing.assert_allclose(_whole(plan, got, "G"), c @ c.T, atol=1e-10)
