@@ -26,7 +26,8 @@ a worker. One run is ``dask_run.Attempt``.
 
 A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices
 and pins them to the workers left, on the scheduler, while the run goes on: Dask recomputes only
-what was lost (``dask_run.Attempt._relocate``). Where the scheduler cannot be told, it keeps the
+what was lost (``dask_run.Attempt._relocate``). Where the scheduler cannot be told (or the lost
+worker held tiles the client sent, or parts of output objects not uploaded yet), it keeps the
 stored output tiles already finished on the workers left (written, or gathered), cancels the
 rest and runs again on the workers alive then only what those tiles do not cover. Each loss uses
 one of ``retries``; one more raises ``OperationalError``. Spec options: ``?retries=N`` (default 1), ``?scatter=auto|always|never``,

@@ -133,7 +133,7 @@ class Attempt:
             if self.sink is not None:
                 self.sink.finished(k, tiles[k])
         self._release(futures, scattered, drop_records=False)
-        if any(isinstance(s, ObjectSlot) for s in self.slots.values()):
+        if self._object_parts():
             self._forget()  # each part went up with its last tile: nothing should be left
         del futures, values
         seconds = time.perf_counter() - t0
@@ -253,6 +253,12 @@ class Attempt:
         and tried again) if the scheduler could not be told."""
         if gone & self.scattered_to:  # tiles the client sent it: a new attempt sends them
             return False
+        if self._object_parts():
+            # The lost worker held, in memory, the parts of output objects it was filling; a
+            # group whose results (the tiles' facts) survive on another worker is not run
+            # again, so its tiles would never reach a part again: a new attempt keeps only the
+            # tiles of the parts uploaded (sink.kept) and makes the rest.
+            return False
         index = {a: i for i, a in enumerate(self.addresses)}
         to = {a: alive[index.get(a, 0) % len(alive)] for a in gone}
         moves = {dk: to[addr] for dk, addr in self.where.items() if addr in gone}
@@ -291,8 +297,12 @@ class Attempt:
                 self.client.cancel(list(futures) + list(scattered.values()), force=True)
         except Exception:  # noqa: BLE001 - best effort: the keys die with their futures anyway
             pass
-        if drop_records and any(isinstance(s, ObjectSlot) for s in self.slots.values()):
+        if drop_records and self._object_parts():
             self._forget()  # the parts of output objects the workers were filling
+
+    def _object_parts(self) -> bool:
+        """Whether the workers write output objects in parts (storage/objparts.py)."""
+        return any(isinstance(s, ObjectSlot) for s in self.slots.values())
 
     def _forget(self) -> None:
         """Drop, on every worker, what is left of this run: the parts of output objects it was
