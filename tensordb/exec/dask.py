@@ -4,9 +4,11 @@
     con = tensordb.connect(workers=2, executor="dask://local")  # a LocalCluster owned by us
 
 Each Dask worker is one tensordb worker: plan worker ``w`` runs on ``addresses[w % n]`` (the
-sorted worker addresses), pinned with ``allow_other_workers=False``. Dask does the scheduling and
-moves tiles between workers; each task runs on the shared runtime (``runtime.py``: the task
-interpreter, its error translation and the run's byte accounting), so results are the same.
+sorted worker addresses), pinned with ``allow_other_workers=False``. Each worker's tile tasks of
+one stage are one Dask task (``dask_fuse.py``: a few Dask tasks a query, not one per tile);
+Dask moves tiles between workers; each tile task runs on the shared runtime (``runtime.py``: the
+task interpreter, its error translation and the run's byte accounting), so results are the
+same.
 A Dask task combines all its inputs at once, so the executor asks the plan for aggregation
 trees of at most ``max_fan_in`` partials per task (``physical/trees.py``, made when planning).
 Stored input tiles are read on their worker from the memory-mapped payload where the worker is
@@ -24,7 +26,8 @@ a worker. One run is ``dask_run.Attempt``.
 
 A worker that leaves mid-query (killed, lost) strands the tasks pinned to it. The executor notices
 and pins them to the workers left, on the scheduler, while the run goes on: Dask recomputes only
-what was lost (``dask_run.Attempt._relocate``). Where the scheduler cannot be told, it keeps the
+what was lost (``dask_run.Attempt._relocate``). Where the scheduler cannot be told (or the lost
+worker held tiles the client sent, or parts of output objects not uploaded yet), it keeps the
 stored output tiles already finished on the workers left (written, or gathered), cancels the
 rest and runs again on the workers alive then only what those tiles do not cover. Each loss uses
 one of ``retries``; one more raises ``OperationalError``. Spec options: ``?retries=N`` (default 1), ``?scatter=auto|always|never``,
@@ -33,6 +36,7 @@ workers). ``dask://local-cuda`` starts dask-cuda's LocalCUDACluster (one worker 
 """
 from __future__ import annotations
 
+import time
 from urllib.parse import parse_qsl
 
 from ..errors import Error, NotSupportedError, OperationalError
@@ -45,6 +49,7 @@ from .runtime import RunResult
 
 __all__ = ["DaskExecutor", "local_cluster", "static_capabilities"]
 
+ADDRESSES_SECONDS = 1.0  # how long the scheduler's list of workers is taken as it is
 AGG_FAN_IN = 8  # partials one aggregation task combines; more become a tree on the same worker
 # A Dask worker's memory limit bounds its whole process, tensordb's memory_limit only tiles: a
 # local cluster's worker gets its share of the budget plus this much for the process itself.
@@ -108,6 +113,7 @@ class DaskExecutor:
                                     hint="scatter=auto, always or never")
         self._cluster = None
         self._sees: dict[tuple, set] = {}  # (root, database id) -> workers that see it
+        self._addresses = None  # (when, the workers' addresses) as the scheduler last said
         try:
             if target in ("", "local"):
                 self._cluster = local_cluster(n, **cluster_opts)
@@ -133,18 +139,26 @@ class DaskExecutor:
         self.storage_shared = False  # the last run's store declared storage='shared'
 
     # -- the cluster ---------------------------------------------------------------------------
-    def addresses(self) -> list[str]:
-        """The workers' addresses, sorted: plan worker w runs on addresses()[w % n]. A
-        scheduler that cannot be asked is an OperationalError naming it (and the client is
-        given up, so that the connection makes a new one for its next statement)."""
+    def addresses(self, fresh: bool = False) -> list[str]:
+        """The workers' addresses, sorted: plan worker w runs on addresses()[w % n]. The
+        scheduler is asked at most once per ``ADDRESSES_SECONDS`` (a query asks when it plans
+        and again when it runs), unless ``fresh``; a query that notices a worker gone asks
+        afresh. A scheduler that cannot be asked is an OperationalError naming it (and the
+        client is given up, so that the connection makes a new one for its next statement)."""
+        now = time.monotonic()
+        if not fresh and self._addresses is not None and \
+                now - self._addresses[0] < ADDRESSES_SECONDS:
+            return list(self._addresses[1])
         try:
-            return sorted(self.client.ncores())  # a light call: the scheduler's address -> threads
+            found = sorted(self.client.ncores())  # a light call: the address -> threads
         except Exception as exc:  # noqa: BLE001 - connection failures come in many types
             self.close()
             raise OperationalError(f"lost the Dask scheduler of '{self.spec}': "
                                    f"{type(exc).__name__}: {exc}",
                                    hint="restart the scheduler (the next statement connects "
                                         "again), or SET executor = 'local'") from None
+        self._addresses = (now, found)
+        return list(found)
 
     def probe(self, root: str, database: str, addresses: list[str]) -> dict[str, str | None]:
         """{address: None where that worker sees database ``database`` at ``root``, else why
@@ -176,7 +190,7 @@ class DaskExecutor:
 
     @property
     def workers(self) -> int:
-        return max(1, len(self.addresses()))
+        return max(1, len(self.addresses(fresh=True)))  # planning asks; the run reuses it
 
     def capabilities(self) -> Capabilities:
         """What planning reads of the cluster, as its workers report it: their count, the
@@ -251,6 +265,7 @@ class DaskExecutor:
                                   relocations=self.retries - losses)
                 result = attempt.go()
             except WorkerLost as lost:
+                self._addresses = None  # the next attempt asks the scheduler
                 losses += (len(attempt.relocated) if attempt is not None else 0) + 1
                 # stored output tiles finished on the workers left: kept (sink.kept: those whose
                 # bytes are stored, for an object written in parts)

@@ -1,19 +1,21 @@
 """One run of a TilePlan on a Dask cluster (``dask.py`` holds the executor and its cluster).
 
-The plan becomes one Dask graph, a task per plan task, pinned to its worker and named by its
-operation (``tdb-kernel-C-<run>-<key>``: Dask's dashboard groups tasks by that prefix). Where the
-workers read the payload files themselves, a stored input tile is read from the storage by every
-worker that needs it (a Load per worker, never a transfer); otherwise it is read here and
-scattered. Stored output tiles go to the run's sink (exec/contract.py): with ``storage='shared'``
-each worker writes the tiles it computed into their places in the new payload files
-(storage/slots.py) and only their facts come back; else the tiles are gathered here and handed
-to the sink. ``bytes_moved`` is measured on the workers: each input a task read that another
-worker made, as the local pool counts it (exec/contract.py).
+The plan becomes one Dask graph, submitted at once: each worker's tasks of one stage fused into
+one Dask task (``dask_fuse.py``), pinned to its worker and named by its operation
+(``tdb-kernel-C-<run>-<n>``: Dask's dashboard groups tasks by that prefix). Where the workers
+read the payload files themselves, a stored input tile is read from the storage by every worker
+that needs it (a Load per worker, never a transfer); otherwise it is read here and scattered.
+Stored output tiles go to the run's sink (exec/contract.py): with ``storage='shared'`` each
+worker writes the tiles it computed into their places in the new payload files
+(storage/slots.py), or, in an object store that takes parts, into the parts it uploads
+(storage/objparts.py), and only their facts come back; else the tiles are gathered here and handed
+to the sink. The records of what ran where come back with the results (no round trip to the
+workers after the run). ``bytes_moved`` counts each input a task read that another worker made,
+as the local pool counts it (exec/contract.py).
 """
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -21,10 +23,12 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import Error, OperationalError
-from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
+from ..physical.plan import Load, TilePlan
+from ..storage.objparts import ObjectSlot
 from ..storage.sparse import is_sparse, tile_nbytes
-from .dask_worker import Payload, collect, forget, run_task, to_host, write_output
-from .runtime import Ledger, RunResult, op_of, translate
+from .dask_fuse import Fusion
+from .dask_worker import GroupOut, forget
+from .runtime import Ledger, RunResult, translate
 from .tasks import run_load
 
 __all__ = ["Attempt", "WorkerLost", "translate_cluster_error"]
@@ -34,8 +38,8 @@ POLL_SECONDS = 0.25  # how often a running query checks that its workers are sti
 
 class WorkerLost(Exception):
     """A worker the run needed left while it ran (the executor may try again). ``done``: the
-    stored output tiles already finished on the workers left (key -> value: its facts, or
-    the tile), which the next attempt keeps rather than computes again."""
+    stored output tiles already finished on the workers left (plan key -> value: its facts,
+    or the tile), which the next attempt keeps rather than computes again."""
 
     def __init__(self, message: str, done: dict | None = None) -> None:
         super().__init__(message)
@@ -52,8 +56,8 @@ class Attempt:
                  relocations: int = 0) -> None:
         self.ex, self.plan, self.progress, self.store = ex, plan, progress, store
         self.relocations = relocations  # workers this attempt may lose and go on (relocate)
-        self.relocated: list[tuple[str, int]] = []  # (lost worker, tasks moved off it)
-        self.where: dict[str, str] = {}
+        self.relocated: list[tuple[str, int]] = []  # (lost worker, Dask tasks moved off it)
+        self.where: dict[str, str] = {}  # Dask key -> the worker it is pinned to now
         self.scattered_to: set[str] = set()
         self.done = done if done is not None else {}  # outputs an earlier attempt finished
         self.sink, self.workers_write = sink, workers_write
@@ -64,7 +68,6 @@ class Attempt:
             raise WorkerLost("no workers")
         n = len(self.addresses)  # plan worker w runs on the w % n-th address (as the pool's queues)
         self.addr = {t.key: self.addresses[t.worker % n] for t in plan.tasks}
-        self.group = {t.key: _group(plan, t) for t in plan.tasks}
         self.consumers: dict[int, list[int]] = defaultdict(list)
         for t in plan.tasks:
             for k in t.inputs:
@@ -72,18 +75,6 @@ class Attempt:
         self.readers: set[str] = set()
         self.local_loads: set[int] = set()
         self.slots: dict = {}
-
-    def dkey(self, key: int, part: str = "") -> str:
-        """A task's Dask key: its operation's group (what the dashboard shows), the run, the
-        plan task's key."""
-        return f"tdb-{self.group[key]}-{self.run_id}-{key}{part}"
-
-    def ref(self, key: int, addr: str) -> str:
-        """The key a task on worker ``addr`` reads input ``key`` under: a stored tile is read by
-        each worker that can read the files (a copy of the Load on it, ``@i``)."""
-        if key in self.local_loads and addr in self.readers and addr != self.addr[key]:
-            return self.dkey(key, f"@{self.addresses.index(addr)}")
-        return self.dkey(key)
 
     # -- the graph -----------------------------------------------------------------------------
     def go(self) -> RunResult:
@@ -93,26 +84,30 @@ class Attempt:
         every = [k for out in self.plan.outputs.values() if out.stored for k in out.tiles.values()]
         if self.workers_write:
             self.slots = {k: s for k in every if (s := self.sink.slot(k)) is not None}
-        # Only what is not finished yet: Dask computes just what the asked-for keys need, so the
-        # outputs an attempt before finished on the workers left are not computed again.
+        # Only what is not finished yet: the outputs an attempt before finished on the workers
+        # left are not computed again.
         outs = [k for k in every if k not in self.done]
-        graph, where = self._graph(set(scattered))
-        self.where = where
-        out_keys = [self._final_key(k) for k in outs]
-        # Dask runs only what the keys asked for need: tasks no stored output reads (a result
-        # the same group replaces) are asked for too, so that they run, and fail, as on the
-        # local pool. Their values come back and are dropped.
+        # Tasks no stored output reads (a result the same group replaces) run too, and fail, as
+        # on the local pool.
         consumed = set(self.consumers) | set(every)
-        dead = [self.dkey(t.key) for t in self.plan.tasks
-                if t.key not in consumed and self.dkey(t.key) in graph]
+        dead = [t.key for t in self.plan.tasks if t.key not in consumed]
+        fused = Fusion(self.plan, self.run_id, self.ex.backend, self.addr, self.addresses,
+                       self.readers, self.local_loads, {k: f.key for k, f in scattered.items()},
+                       outs, self.slots, dead)
+        self.fused = fused
+        self.where = dict(fused.where)  # what _relocate changes (the annotations keep theirs)
         futures: list = []
         try:
-            with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=False):
-                futures = self.client.get(graph, out_keys + dead, sync=False)
-            values = self._wait(futures)[:len(out_keys)]
+            if fused.gather:
+                # the annotations are shipped to the scheduler: they must not hold the plan
+                where, first = fused.where, fused.priority
+                with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=False,
+                                   priority=lambda k: first.get(k, 1)):
+                    futures = self.client.get(_expression(fused.graph, self.run_id),
+                                              fused.gather, sync=False)
+            got = _merge(self._wait(futures))
         except WorkerLost as lost:
-            lost.done = {**self.done, **{outs[i]: v for i, v in lost.done.items()
-                                         if i < len(outs)}}
+            lost.done = {**self.done, **lost.done}
             self._release(futures, scattered, drop_records=True)
             raise
         except Exception as exc:  # noqa: BLE001 - translated below
@@ -128,7 +123,8 @@ class Attempt:
             raise translate_cluster_error(exc) from exc
         tiles, gathered = {}, 0
         reused = len(self.done)
-        for k, v in [*self.done.items(), *zip(outs, values)]:
+        values = {k: got.facts[k] if k in self.slots else got.client[k] for k in outs}
+        for k, v in [*self.done.items(), *values.items()]:
             if k in self.slots:  # the worker wrote it; its facts came back
                 self.sink.wrote(k, v)
                 continue
@@ -137,60 +133,12 @@ class Attempt:
             if self.sink is not None:
                 self.sink.finished(k, tiles[k])
         self._release(futures, scattered, drop_records=False)
+        if self._object_parts():
+            self._forget()  # each part went up with its last tile: nothing should be left
         del futures, values
         seconds = time.perf_counter() - t0
         self.reused = reused
-        return self._result(tiles, seconds, scattered_bytes, gathered)
-
-    def _final_key(self, key: int) -> str:
-        if key in self.slots and self.consumers.get(key):
-            return self.dkey(key, "-write")
-        if key in self.slots:  # written by its own task
-            return self.dkey(key)
-        return self.dkey(key, "-host") if self.ex.backend == "cupy" else self.dkey(key)
-
-    def _graph(self, scattered: set[int]):
-        """One Dask task per plan task, on its worker; a Load also on each other worker that
-        reads its tile and can read the files; a write task after each output tile a worker
-        writes itself."""
-        from dask.task_spec import Task, TaskRef
-        plan, run, backend = self.plan, self.run_id, self.ex.backend
-        graph, where = {}, {}
-        for t in plan.tasks:
-            if isinstance(t, Load) and t.key in scattered:
-                continue
-            source = _sub_reader(plan.readers[t.tensor], t.starts, t.stops) \
-                if isinstance(t, Load) else None
-            choice = plan.kernels[t.op] if isinstance(t, Kernel) else None
-            at = [self.addr[t.key]]
-            if t.key in self.local_loads:
-                at += sorted({self.addr[c] for c in self.consumers[t.key]} - {at[0]},
-                             key=self.addresses.index)
-            names = [self.ref(k, self.addr[t.key]) for k in t.inputs]
-            given = [self.dkey(k) for k in t.inputs if k in scattered]
-            # a stored output tile no task reads is written by the task that makes it
-            slot = None if self.consumers.get(t.key) else self.slots.get(t.key)
-            for addr in at:
-                dk = self.ref(t.key, addr)
-                graph[dk] = Task(dk, run_task, run, backend,
-                                 Payload(dk, t, op_of(plan, t), source, choice, names, given,
-                                         slot), *[TaskRef(n) for n in names])
-                where[dk] = addr
-        for out in plan.outputs.values():
-            if not out.stored:
-                continue
-            for k in out.tiles.values():
-                if k in self.slots and not self.consumers.get(k):
-                    continue  # its own task writes it
-                if k in self.slots:  # read by other tasks too: a task of its own writes it
-                    wk = self.dkey(k, "-write")
-                    graph[wk] = Task(wk, write_output, run, self.slots[k], TaskRef(self.dkey(k)))
-                    where[wk] = self.addr[k]
-                elif backend == "cupy":  # stored outputs come back to the client as NumPy
-                    hk = self.dkey(k, "-host")
-                    graph[hk] = Task(hk, to_host, TaskRef(self.dkey(k)))
-                    where[hk] = self.addr[k]
-        return graph, where
+        return self._result(tiles, seconds, scattered_bytes, gathered, got.records)
 
     def _scatter_loads(self) -> tuple[dict[int, object], int]:
         """Read here and scatter the Load tiles of workers that cannot read the payload files."""
@@ -206,8 +154,9 @@ class Attempt:
         for t in self.plan.tasks:
             if isinstance(t, Load) and self.addr[t.key] not in local:
                 tile = np.array(run_load(t, self.plan.readers[t.tensor]), order="C")  # 0-d stays 0-d
-                by_addr[self.addr[t.key]][self.dkey(t.key)] = tile
-                keys[self.dkey(t.key)] = t.key
+                dk = f"tdb-load-{self.run_id}-{t.key}"
+                by_addr[self.addr[t.key]][dk] = tile
+                keys[dk] = t.key
                 nbytes += tile.nbytes
         futures = {}
         self.scattered_to = set(by_addr)  # tiles there have no lineage: lost, not recomputed
@@ -244,14 +193,13 @@ class Attempt:
 
     # -- waiting, with an eye on the workers ----------------------------------------------------
     def _wait(self, futures) -> list:
-        """Gather the outputs (in a helper thread) while watching that the plan's workers stay."""
-        box: dict = {}
-
-        def gather():
-            try:
-                box["values"] = self.client.gather(futures)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = exc
+        """Gather the outputs while watching that the plan's workers stay: the gather runs on
+        the client's event loop (no thread of our own to start: that cost milliseconds a query
+        on a busy machine), this thread looks at the workers every POLL_SECONDS."""
+        if not futures:
+            return []
+        import asyncio
+        import concurrent.futures
 
         finished = [0]  # outputs gathered so far, for the progress reported while waiting
         if self.progress is not None:  # per-tile callbacks cost a loop wake-up each: CLI only
@@ -261,13 +209,18 @@ class Attempt:
                 finished[0] = next(count)
             for f in futures:
                 f.add_done_callback(done)
-        thread = threading.Thread(target=gather, name="tensordb-dask-gather", daemon=True)
-        thread.start()
+        pending = asyncio.run_coroutine_threadsafe(self.client._gather(futures),
+                                                   self.client.loop.asyncio_loop)
         needed = set(self.addr.values())  # only workers that have tasks of this plan
-        while thread.join(POLL_SECONDS) or thread.is_alive():
+        while True:
+            try:
+                values = pending.result(POLL_SECONDS)
+                break
+            except concurrent.futures.TimeoutError:
+                pass
             if self.progress is not None:  # a few long tasks: the CLI's bar appears anyway
                 self.progress(finished[0], len(futures))
-            alive = set(self.ex.addresses())
+            alive = set(self.ex.addresses(fresh=True))
             gone = needed - alive
             if gone and len(self.relocated) < self.relocations and alive \
                     and self._relocate(gone, sorted(alive)):
@@ -276,87 +229,100 @@ class Attempt:
             if gone:
                 done = self._finished(futures)  # before the cancel: kept by the next attempt
                 self.client.cancel(futures, force=True)  # ends the gather
-                thread.join()
+                concurrent.futures.wait([pending])
                 raise WorkerLost(f"worker {', '.join(sorted(gone))} is gone", done)
-        if "error" in box:
-            raise box["error"]
         if self.progress is not None:  # done callbacks may still be on their way
             self.progress(len(futures), len(futures))
-        return box["values"]
+        return values
 
     def _gone(self) -> set[str]:
         """The workers of this run that left the cluster (none when it cannot be asked)."""
         try:
-            return set(self.where.values()) - set(self.ex.addresses())
+            return set(self.where.values()) - set(self.ex.addresses(fresh=True))
         except Error:
             return set()
 
     def _relocate(self, gone: set[str], alive: list[str]) -> bool:
-        """Workers ``gone`` left mid-run: their tasks (those not finished, and those finished
-        whose tiles were only on them) are pinned to the workers left (plan worker ``w`` on
-        ``alive[w % n]``), and Dask goes on: what finished on the workers left stays, and Dask
-        recomputes, from their lineage, only the lost tiles that something still needs. False
-        (the run is then given up and tried again) if the scheduler could not be told."""
+        """Workers ``gone`` left mid-run: their Dask tasks (fused groups and picks: those not
+        finished, and those finished whose results were only on them) are pinned to the
+        workers left, and Dask goes on: what finished on the workers left stays, and Dask
+        recomputes, from their lineage, only the lost results that something still needs.
+        Every task of a lost worker goes to the same one (``alive[i % n]`` for the ``i``-th
+        address of the run), so that the tiles of an output object's part, laid out by plan
+        worker, are still spooled and uploaded by one worker. False (the run is then given up
+        and tried again) if the scheduler could not be told."""
         if gone & self.scattered_to:  # tiles the client sent it: a new attempt sends them
             return False
-        marker = f"-{self.run_id}-"
-        moves = {}
-        for dk, addr in self.where.items():
-            if addr in gone:
-                key = _plan_key(dk, marker)
-                moves[dk] = alive[self.plan.task(key).worker % len(alive)]
+        if self._object_parts():
+            # The lost worker held, in memory, the parts of output objects it was filling; a
+            # group whose results (the tiles' facts) survive on another worker is not run
+            # again, so its tiles would never reach a part again: a new attempt keeps only the
+            # tiles of the parts uploaded (sink.kept) and makes the rest.
+            return False
+        index = {a: i for i, a in enumerate(self.addresses)}
+        to = {a: alive[index.get(a, 0) % len(alive)] for a in gone}
+        moves = {dk: to[addr] for dk, addr in self.where.items() if addr in gone}
         try:
             self.client.run_on_scheduler(_repinner(), moves, f"tdb-relocate-{self.run_id}")
         except Exception:  # noqa: BLE001 - the older way: cancel, keep outputs, run again
             return False
-        for dk, addr in moves.items():
-            self.where[dk] = addr
-            key = _plan_key(dk, marker)
-            if self.addr.get(key) in gone:
-                self.addr[key] = addr
+        self.where.update(moves)
+        for key, addr in self.addr.items():
+            if addr in gone:
+                self.addr[key] = to[addr]
         self.relocated.append((", ".join(sorted(gone)), len(moves)))
         return True
 
     def _finished(self, futures) -> dict:
-        """{position: value} of the futures finished on the workers still there (a value the
-        lost worker held is not finished any more, or cannot be gathered: it is not kept)."""
-        ready = {i: f for i, f in enumerate(futures) if f.status == "finished"}
+        """{plan key: value} of the stored output tiles in the futures finished on the workers
+        still there (a value the lost worker held is not finished any more, or cannot be
+        gathered: it is not kept)."""
+        ready = [f for f in futures if f.status == "finished"]
         if not ready:
             return {}
         try:
-            values = self.client.gather(list(ready.values()), errors="raise")
+            got = _merge(self.client.gather(ready, errors="raise"))
         except Exception:  # noqa: BLE001 - nothing kept: the next attempt computes them
             return {}
-        return dict(zip(ready, values))
+        return {**{k: v for k, v in got.client.items()},
+                **{k: v for k, v in got.facts.items() if k in self.slots}}
 
     def _release(self, futures, scattered, *, drop_records: bool) -> None:
-        """Drop every key of this run from the cluster (and the workers' records on failure).
+        """Drop every key of this run from the cluster (cancelled, on failure).
         After a run that succeeded the futures are only let go (the scheduler forgets keys
         nobody holds): cancelling finished keys, scattered ones among them, tripped an
         assertion in the scheduler, which then dropped the client."""
         try:
             if drop_records and (futures or scattered):
                 self.client.cancel(list(futures) + list(scattered.values()), force=True)
-            if drop_records:
-                self.client.run(forget, self.run_id)
         except Exception:  # noqa: BLE001 - best effort: the keys die with their futures anyway
+            pass
+        if drop_records and self._object_parts():
+            self._forget()  # the parts of output objects the workers were filling
+
+    def _object_parts(self) -> bool:
+        """Whether the workers write output objects in parts (storage/objparts.py)."""
+        return any(isinstance(s, ObjectSlot) for s in self.slots.values())
+
+    def _forget(self) -> None:
+        """Drop, on every worker, what is left of this run: the parts of output objects it was
+        filling (nothing else of a run stays on a worker: dask_worker.py)."""
+        try:
+            self.client.run(forget, self.run_id)
+        except Exception:  # noqa: BLE001 - a worker gone took its parts with it
             pass
 
     # -- what happened --------------------------------------------------------------------------
-    def _result(self, tiles, seconds, scattered_bytes, gathered) -> RunResult:
+    def _result(self, tiles, seconds, scattered_bytes, gathered, records) -> RunResult:
         plan = self.plan
-        try:
-            logs = self.client.run(collect, self.run_id)
-        except Exception:  # noqa: BLE001 - a worker gone after the run costs measurements only
-            logs = {}
         index = {a: i for i, a in enumerate(self.addresses)}
         ledger = Ledger(plan, len(self.addresses))
         ran_on, loads_on = {}, defaultdict(set)
-        writes = 0.0
-        for addr, (records, held, wrote) in logs.items():
-            ledger.peak += held  # Dask's own count of the bytes each worker held, at its most
+        writes, held = 0.0, defaultdict(int)
+        for addr, rows, most, wrote in records.values():
+            held[addr] = max(held[addr], most)  # Dask's count of the bytes the worker held
             writes += wrote
-            for key, dt, nb, moved in records:
+            for key, dt, nb, moved in rows:
                 task = plan.task(key)
                 ledger.ran(task, index.get(addr, 0), dt)
                 ledger.produced(task, 0, nb)  # Dask counts what its workers hold (above)
@@ -366,6 +332,7 @@ class Attempt:
                     loads_on[key].add(addr)
                 else:
                     ran_on[key] = addr
+        ledger.peak += sum(held.values())
         self.ex.last_run = {"addresses": self.addresses,
                             "planned_on": dict(self.addr),
                             "ran_on": ran_on, "loads_on": {k: sorted(v) for k, v in
@@ -374,15 +341,21 @@ class Attempt:
                             "gathered_bytes": gathered,
                             "written_by_workers": len(self.slots), "write_seconds": writes,
                             "kept_from_earlier_attempts": self.reused,
-                            "relocated": list(self.relocated)}
+                            "relocated": list(self.relocated),
+                            "dask_tasks": len(self.fused.graph),
+                            "groups": len(self.fused.groups),
+                            "group_sizes": dict(self.fused.sizes)}
         return ledger.result(tiles, seconds)
 
 
-def _plan_key(dkey: str, marker: str) -> int:
-    """The plan task a Dask key is for: ``tdb-kernel-C-<run>-12@1`` -> 12."""
-    tail = dkey.split(marker, 1)[1]
-    digits = itertools.takewhile(str.isdigit, tail)
-    return int("".join(digits))
+def _expression(graph: dict, run: str):
+    """The graph as Dask's expression, named by the run: Dask would otherwise tokenize every
+    task of it (milliseconds a query) to name a graph whose keys are unique already."""
+    try:
+        from dask._expr import LLGExpr
+        return LLGExpr(graph, _determ_token=f"tdb-{run}")
+    except (ImportError, TypeError):  # an older Dask: it names the dict itself
+        return graph
 
 
 def _repinner():
@@ -407,26 +380,13 @@ def _repinner():
     return repin
 
 
-def _group(plan: TilePlan, task) -> str:
-    """The dashboard's name for a task's group: what it does and the tensor it is for (Dask
-    groups keys by their words up to the first that is not all letters)."""
-    kind = {Load: "load", Kernel: "kernel", Aggregate: "aggregate", Assemble: "retile"}.get(
-        type(task), "task")
-    name = plan.readers[task.tensor].meta.name if isinstance(task, Load) else \
-        op_of(plan, task).output
-    letters = "".join(c for c in str(name) if c.isalpha())
-    return f"{kind}-{letters}" if letters else kind
-
-
-def _sub_reader(reader, starts, stops):
-    """A reader holding only the tiles that overlap the box, so each Load task ships little."""
-    try:
-        from ..geometry import overlapping
-        ranges = [overlapping(b, a, z) for b, a, z in zip(reader.meta.grid, starts, stops)]
-        keep = [reader.entries[c] for c in itertools.product(*ranges) if c in reader.entries]
-        return reader.with_entries(keep)
-    except (AttributeError, TypeError):  # another reader type: ship it whole
-        return reader
+def _merge(values) -> GroupOut:
+    """The gathered groups' results as one: tiles for the client, facts, records."""
+    got = GroupOut()
+    for v in values:
+        got.client.update(v.client)
+        got.take(v)
+    return got
 
 
 def translate_cluster_error(exc: BaseException) -> BaseException:

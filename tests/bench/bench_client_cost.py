@@ -43,16 +43,17 @@ def main() -> None:
 
     seen: dict = {}
 
-    def graph_of(self, scattered):
-        graph, where = real_graph(self, scattered)
+    def graph_of(*args, **kwargs):  # the fused graph of one attempt (exec/dask_fuse.py)
+        fused = real_fusion(*args, **kwargs)
+        graph = fused.graph
         seen["graph_bytes"] = len(cloudpickle.dumps(graph, protocol=pickle.HIGHEST_PROTOCOL))
         seen["graph_tasks"] = len(graph)
-        return graph, where
+        return fused
 
     def wait(self, futures):
         values = real_wait(self, futures)
         seen["received_bytes"] = sum(len(pickle.dumps(v)) for v in values)
-        seen["received_values"] = len(values)
+        seen["received_values"] = len(values)  # the fused tasks gathered (GroupOut)
         return values
 
     def commit(self, result):
@@ -62,9 +63,9 @@ def main() -> None:
         finally:
             seen["commit_s"] = time.perf_counter() - t0
 
-    real_graph, real_wait = dask_run.Attempt._graph, dask_run.Attempt._wait
+    real_fusion, real_wait = dask_run.Fusion, dask_run.Attempt._wait
     real_commit = sink_mod._Stored.commit
-    dask_run.Attempt._graph, dask_run.Attempt._wait = graph_of, wait
+    dask_run.Fusion, dask_run.Attempt._wait = graph_of, wait
     sink_mod._Stored.commit = commit
     p, n = args.pieces, args.n
     q = f"C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i {p}, j {p}, k {p})"
@@ -94,8 +95,8 @@ def main() -> None:
           f"Dask task), wall {wall * 1e3:.0f} ms")
     print(f"graph sent: {s['graph_bytes'] / 1024:.0f} KiB "
           f"({s['graph_bytes'] / s['graph_tasks']:.0f} B a task); received: "
-          f"{s['received_bytes']} B for {s['received_values']} output tiles "
-          f"({s['received_bytes'] / max(1, s['received_values']):.0f} B a tile)")
+          f"{s['received_bytes']} B in {s['received_values']} gathered Dask tasks for {outs} "
+          f"output tiles ({s['received_bytes'] / max(1, outs):.0f} B a tile)")
     print(f"catalog commit of {outs} tiles: {commit * 1e3:.1f} ms")
 
 

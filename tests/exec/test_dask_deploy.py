@@ -83,7 +83,9 @@ def _kill_mid_query(dep, con, sql, victim):
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_query_leaves_the_old_or_the_new_state(tmp_path):
-    n = 512
+    # long enough that the kill lands mid-query: fused into a few Dask tasks, n = 512 ran in
+    # under half a second once its output file existed
+    n = 1024
     sql = "C[i,k] = SUM(EXP(A[i,j] * 0.001) * B[j,k]) WITH (PIECES i 8, j 8, k 8)"
     with Deployment(tmp_path / "cluster") as dep:
         for name in ("k1", "k2", "k3"):

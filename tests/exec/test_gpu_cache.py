@@ -314,10 +314,10 @@ def test_a_dask_worker_on_a_device_backend_keeps_loaded_tiles(monkeypatch):
             def load(run):
                 reader = con.store.open("A")
                 task = Load(0, "A", (0, 0), (64, 24))
-                payload = dask_worker.Payload(f"{run}-0", task, None, reader)
-                out = dask_worker.run_task(run, "standin", payload)
-                dask_worker.forget(run)
-                return out
+                # a Load whose tile another group reads: it stays on the device
+                step = dask_worker.Step(task, None, reader, None, (), (), None, True, False, 0)
+                out = dask_worker.run_group(run, "standin", dask_worker.Group(f"{run}-0", [step]))
+                return out.values[0]
 
             first = load("r1")
             assert xp.h2d == [A[:, :24].nbytes]
