@@ -62,3 +62,25 @@ def s3():
 @pytest.fixture
 def s3_storage(s3):
     return s3.prefix(), dict(s3.options)
+
+
+def connect(path, storage=None, **kw):
+    """A connection whose payloads live in ``storage`` ((url, options), as ``s3_storage``
+    gives), or in the database's own directory when it is None."""
+    import tensordb
+    if storage is None:
+        return tensordb.connect(path, **kw)
+    url, options = storage
+    return tensordb.connect(path, storage=url, storage_options=options, **kw)
+
+
+def objects_of(storage) -> dict[str, int]:
+    """The objects under ``storage``'s prefix: key -> size."""
+    from tensordb.storage.objects import ObjectStore
+    return dict(ObjectStore(*storage).list())
+
+
+def referenced(con) -> set[str]:
+    """The payload files (objects) the catalog's tile rows name."""
+    return {r[0] for r in con.store.duck.execute("SELECT DISTINCT file FROM tensordb.tiles")
+            .fetchall()}

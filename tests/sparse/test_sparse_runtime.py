@@ -25,6 +25,20 @@ def _graph(n, nnz, seed, dtype=np.float64):
     return sp.csr_array((rng.random(nnz).astype(dtype), (rows, cols)), shape=(n, n))
 
 
+# One SGD step of matrix factorisation over the observed ratings r at (ou[n], oi[n]).
+MF_STEP = ("LET E[n] = SUM(U[ou[n], f] * V[oi[n], f]) - r[n]; L = SUM(E[n] * E[n]); "
+           "LET dU = GRAD(L, U); LET dV = GRAD(L, V); "
+           "U[u,f] = U[u,f] - 0.01 * dU[u,f]; V[i,f] = V[i,f] - 0.01 * dV[i,f]")
+
+
+def _ratings(rng, users: int, items: int, nnz: int):
+    """``nnz`` distinct (user, item) ratings of 1-5 and factors U, V of rank 4 near 0.5."""
+    flat = rng.choice(users * items, nnz, replace=False)
+    rows, cols, vals = flat // items, flat % items, rng.integers(1, 6, nnz).astype(float)
+    U, V = 0.5 + 0.1 * rng.standard_normal((users, 4)), 0.5 + 0.1 * rng.standard_normal((items, 4))
+    return rows, cols, vals, U, V
+
+
 def test_a_repeated_sparse_step_is_planned_once_and_follows_a_replaced_matrix():
     n = 2000
     G = _graph(n, 20_000, 1)
@@ -52,12 +66,8 @@ def test_a_repeated_sparse_step_is_planned_once_and_follows_a_replaced_matrix():
 def test_an_mf_step_with_grad_is_planned_once_from_step_to_step():
     rng = np.random.default_rng(3)
     users, items, nnz = 300, 200, 1500
-    flat = rng.choice(users * items, nnz, replace=False)
-    rows, cols, vals = flat // items, flat % items, rng.integers(1, 6, nnz).astype(float)
-    U, V = 0.5 + 0.1 * rng.standard_normal((users, 4)), 0.5 + 0.1 * rng.standard_normal((items, 4))
-    step = ("LET E[n] = SUM(U[ou[n], f] * V[oi[n], f]) - r[n]; L = SUM(E[n] * E[n]); "
-            "LET dU = GRAD(L, U); LET dV = GRAD(L, V); "
-            "U[u,f] = U[u,f] - 0.01 * dU[u,f]; V[i,f] = V[i,f] - 0.01 * dV[i,f]")
+    rows, cols, vals, U, V = _ratings(rng, users, items, nnz)
+    step = MF_STEP
     with tensordb.connect(workers=2) as con:
         for name, a in (("U", U), ("V", V), ("ou", rows), ("oi", cols), ("r", vals)):
             con.load(name, a)
@@ -135,12 +145,8 @@ def test_an_mf_step_with_grad_on_the_dask_executor_equals_scipy(tmp_path):
     from tensordb.exec.dask import local_cluster
     rng = np.random.default_rng(9)
     users, items, nnz = 120, 80, 600
-    flat = rng.choice(users * items, nnz, replace=False)
-    rows, cols, vals = flat // items, flat % items, rng.integers(1, 6, nnz).astype(float)
-    U, V = 0.5 + 0.1 * rng.standard_normal((users, 4)), 0.5 + 0.1 * rng.standard_normal((items, 4))
-    step = ("LET E[n] = SUM(U[ou[n], f] * V[oi[n], f]) - r[n]; L = SUM(E[n] * E[n]); "
-            "LET dU = GRAD(L, U); LET dV = GRAD(L, V); "
-            "U[u,f] = U[u,f] - 0.01 * dU[u,f]; V[i,f] = V[i,f] - 0.01 * dV[i,f]")
+    rows, cols, vals, U, V = _ratings(rng, users, items, nnz)
+    step = MF_STEP
     with local_cluster(2, local_directory=str(tmp_path / "dask")) as cluster, \
             tensordb.connect(tmp_path / "db", workers=2, storage="shared",
                              executor=f"dask://{cluster.scheduler_address}") as con:

@@ -16,26 +16,12 @@ import tensordb
 from tensordb.storage.objects import ObjectStore
 from tensordb.storage.objparts import MIN_PART, PART_TARGET, cut_parts, order_tiles
 from tests.harness import assert_killed, start_script
-from tests.s3server import s3, s3_storage  # noqa: F401 - fixtures
+from tests.s3server import s3, s3_storage, connect, objects_of, referenced  # noqa: F401 - fixtures
 
 pytest.importorskip("boto3")
 MiB = 1 << 20
 
 
-def connect(path, storage=None, **kw):
-    if storage is None:
-        return tensordb.connect(path, **kw)
-    url, options = storage
-    return tensordb.connect(path, storage=url, storage_options=options, **kw)
-
-
-def objects_of(storage) -> dict[str, int]:
-    return dict(ObjectStore(*storage).list())
-
-
-def referenced(con) -> set[str]:
-    return {r[0] for r in con.store.duck.execute("SELECT DISTINCT file FROM tensordb.tiles")
-            .fetchall()}
 
 
 def rows(con, name):

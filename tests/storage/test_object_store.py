@@ -14,23 +14,9 @@ import pytest
 import tensordb
 from tensordb.storage.objects import ObjectStore
 from tests.harness import assert_killed, kill9, start_script
-from tests.s3server import s3, s3_storage  # noqa: F401 - fixtures
+from tests.s3server import s3, s3_storage, connect, objects_of, referenced  # noqa: F401 - fixtures
 
 RNG = np.random.default_rng(27)
-
-
-def connect(path, storage, **kw):
-    url, options = storage
-    return tensordb.connect(path, storage=url, storage_options=options, **kw)
-
-
-def objects_of(storage) -> dict[str, int]:
-    return dict(ObjectStore(*storage).list())
-
-
-def referenced(con) -> set[str]:
-    return {r[0] for r in con.store.duck.execute("SELECT DISTINCT file FROM tensordb.tiles")
-            .fetchall()}
 
 
 def test_load_query_replace_drop_round_trip(tmp_path, s3_storage):
