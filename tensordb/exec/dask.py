@@ -43,6 +43,7 @@ from ..errors import Error, NotSupportedError, OperationalError
 from ..physical.plan import TilePlan
 from ..shares import Shares
 from .contract import Capabilities, as_sink
+from .dask_collect import install
 from .dask_run import Attempt, WorkerLost
 from .dask_worker import gpu_count, probe_database
 from .runtime import RunResult
@@ -50,6 +51,7 @@ from .runtime import RunResult
 __all__ = ["DaskExecutor", "local_cluster", "static_capabilities"]
 
 ADDRESSES_SECONDS = 1.0  # how long the scheduler's list of workers is taken as it is
+STREAM_INTERVAL = 0.001  # the client's stream to the scheduler batches this long (Dask: 10 ms)
 AGG_FAN_IN = 8  # partials one aggregation task combines; more become a tree on the same worker
 # A Dask worker's memory limit bounds its whole process, tensordb's memory_limit only tiles: a
 # local cluster's worker gets its share of the budget plus this much for the process itself.
@@ -114,6 +116,10 @@ class DaskExecutor:
         self._cluster = None
         self._sees: dict[tuple, set] = {}  # (root, database id) -> workers that see it
         self._addresses = None  # (when, the workers' addresses) as the scheduler last said
+        self._info = None  # (when, the workers' facts) as the scheduler last gave them
+        self._epoch = 0  # workers joined or left since the client connected, as it was told
+        self.listening = False  # told when a worker joins or leaves (the caches stand till then)
+        self._collectors: set[str] = set()  # workers that answer tdb_collect (dask_collect.py)
         try:
             if target in ("", "local"):
                 self._cluster = local_cluster(n, **cluster_opts)
@@ -125,6 +131,7 @@ class DaskExecutor:
             self.client = Client(target if "://" in target else f"tcp://{target}",
                                  set_as_default=False, timeout=self.timeout)
             self.client.wait_for_workers(1, timeout=self.timeout)
+            self._prepare_client()
             if self.backend == "cupy":
                 _check_gpu_workers(self.client)
         except Error:
@@ -139,16 +146,47 @@ class DaskExecutor:
         self.storage_shared = False  # the last run's store declared storage='shared'
 
     # -- the cluster ---------------------------------------------------------------------------
+    def _prepare_client(self) -> None:
+        """What saves a query its round trips to the scheduler: the client listens for workers
+        joining and leaving (the scheduler's "all" events), so that the worker set and facts
+        are asked for only when they changed; and the client's stream to the scheduler
+        sends at once rather than batching for 10 ms (a query sends a few messages, and the
+        graph of the next one would otherwise wait behind the releases of the last)."""
+        client = self.client
+        try:
+            client.subscribe_topic("all", self._cluster_event)
+            self.listening = True
+        except Exception:  # noqa: BLE001 - an older scheduler: the caches expire by the clock
+            self.listening = False
+        comm = getattr(client, "scheduler_comm", None)
+        if comm is not None and hasattr(comm, "interval"):
+            comm.interval = STREAM_INTERVAL
+
+    def _cluster_event(self, event) -> None:
+        """On the client's event loop: a worker joined or left, so the caches are dropped."""
+        msg = event[1] if isinstance(event, tuple) and len(event) == 2 else event
+        if isinstance(msg, dict) and msg.get("action") in ("add-worker", "remove-worker"):
+            self._epoch += 1  # an answer asked for before this is not kept (below)
+            self._addresses = self._info = None
+            self._collectors.discard(msg.get("worker"))  # one back at that address: a new one
+
+    def _fresh(self, cached) -> bool:
+        """Whether a cache ``(when, value)`` stands: till a worker joins or leaves where the
+        client listens, else for ``ADDRESSES_SECONDS``."""
+        return cached is not None and (
+            self.listening or time.monotonic() - cached[0] < ADDRESSES_SECONDS)
+
     def addresses(self, fresh: bool = False) -> list[str]:
         """The workers' addresses, sorted: plan worker w runs on addresses()[w % n]. The
-        scheduler is asked at most once per ``ADDRESSES_SECONDS`` (a query asks when it plans
-        and again when it runs), unless ``fresh``; a query that notices a worker gone asks
-        afresh. A scheduler that cannot be asked is an OperationalError naming it (and the
-        client is given up, so that the connection makes a new one for its next statement)."""
-        now = time.monotonic()
-        if not fresh and self._addresses is not None and \
-                now - self._addresses[0] < ADDRESSES_SECONDS:
-            return list(self._addresses[1])
+        scheduler is asked once and again only after a worker joined or left (the client
+        listens: ``_cluster_event``; else at most once per ``ADDRESSES_SECONDS``), unless
+        ``fresh``; a query that notices a worker gone asks afresh. A scheduler that cannot
+        be asked is an OperationalError naming it (and the client is given up, so that the
+        connection makes a new one for its next statement)."""
+        now, epoch = time.monotonic(), self._epoch
+        cached = self._addresses
+        if not fresh and self._fresh(cached):
+            return list(cached[1])
         try:
             found = sorted(self.client.ncores())  # a light call: the address -> threads
         except Exception as exc:  # noqa: BLE001 - connection failures come in many types
@@ -157,8 +195,22 @@ class DaskExecutor:
                                    f"{type(exc).__name__}: {exc}",
                                    hint="restart the scheduler (the next statement connects "
                                         "again), or SET executor = 'local'") from None
-        self._addresses = (now, found)
+        if epoch == self._epoch:  # else a worker joined or left meanwhile: ask again next time
+            self._addresses = (now, found)
         return list(found)
+
+    def collectors(self, addresses: list[str]) -> set[str]:
+        """Those of ``addresses`` that hand a run's results straight to the client
+        (dask_collect.py): the handler is installed on a worker the first time a run uses it,
+        one round trip for the workers new to this client, none for the others."""
+        new = [a for a in addresses if a not in self._collectors]
+        if new:
+            try:
+                answers = self.client.run(install, workers=new, on_error="return")
+            except Exception:  # noqa: BLE001 - their results come through the scheduler
+                answers = {}
+            self._collectors.update(a for a, ok in answers.items() if ok is True)
+        return self._collectors.intersection(addresses)
 
     def probe(self, root: str, database: str, addresses: list[str]) -> dict[str, str | None]:
         """{address: None where that worker sees database ``database`` at ``root``, else why
@@ -197,13 +249,22 @@ class DaskExecutor:
         least memory one may fill with tiles (its own limit less what its process needs,
         within this connection's share of ``memory_limit``) and the fewest threads. The
         driver plans a worker per thread, each with its share (driver/engine.py)."""
-        try:
-            info = self.client.scheduler_info(n_workers=-1)["workers"]
-        except TypeError:  # an older client: every worker is listed anyway
-            info = self.client.scheduler_info()["workers"]
-        except Exception:  # noqa: BLE001 - the scheduler gone: addresses() says so clearly
-            self.addresses()
-            raise
+        cached = self._info
+        if self._fresh(cached):
+            info = cached[1]
+        else:
+            now, epoch = time.monotonic(), self._epoch
+            try:
+                info = self.client.scheduler_info(n_workers=-1)["workers"]
+            except TypeError:  # an older client: every worker is listed anyway
+                info = self.client.scheduler_info()["workers"]
+            except Exception:  # noqa: BLE001 - the scheduler gone: addresses() says so clearly
+                self.addresses(fresh=True)
+                raise
+            info = {a: {"memory_limit": w.get("memory_limit"), "nthreads": w.get("nthreads")}
+                    for a, w in info.items()}
+            if epoch == self._epoch:
+                self._info = (now, info)
         n = max(1, len(info))
         limits = [int(w.get("memory_limit") or 0) for w in info.values()]
         per = min(limits) - PROCESS_ALLOWANCE if limits and min(limits) > 0 else None
@@ -231,6 +292,11 @@ class DaskExecutor:
         client, cluster = getattr(self, "client", None), self._cluster
         self.client, self._cluster = None, None
         if client is not None:
+            if self.listening:  # else the scheduler sends this client's own leaving to it, closed
+                try:
+                    client.unsubscribe_topic("all")
+                except Exception:  # noqa: BLE001 - a client already closed hears nothing
+                    pass
             client.close()
         if cluster is not None:
             cluster.close()
@@ -265,7 +331,7 @@ class DaskExecutor:
                                   relocations=self.retries - losses)
                 result = attempt.go()
             except WorkerLost as lost:
-                self._addresses = None  # the next attempt asks the scheduler
+                self._addresses = self._info = None  # the next attempt asks the scheduler
                 losses += (len(attempt.relocated) if attempt is not None else 0) + 1
                 # stored output tiles finished on the workers left: kept (sink.kept: those whose
                 # bytes are stored, for an object written in parts)

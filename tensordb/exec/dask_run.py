@@ -26,6 +26,7 @@ from ..errors import Error, OperationalError
 from ..physical.plan import Load, TilePlan
 from ..storage.objparts import ObjectSlot
 from ..storage.sparse import is_sparse, tile_nbytes
+from .dask_collect import collect
 from .dask_fuse import Fusion
 from .dask_worker import GroupOut, forget
 from .runtime import Ledger, RunResult, translate
@@ -209,8 +210,13 @@ class Attempt:
                 finished[0] = next(count)
             for f in futures:
                 f.add_done_callback(done)
-        pending = asyncio.run_coroutine_threadsafe(self.client._gather(futures),
-                                                   self.client.loop.asyncio_loop)
+        # results straight from the workers that made them (dask_collect.py), else gathered
+        # through the scheduler
+        direct = self.ex.collectors(self.addresses)
+        fetch = collect(self.client, futures,
+                        {k: a for k, a in self.where.items() if a in direct}) if direct else \
+            self.client._gather(futures)
+        pending = asyncio.run_coroutine_threadsafe(fetch, self.client.loop.asyncio_loop)
         needed = set(self.addr.values())  # only workers that have tasks of this plan
         while True:
             try:
@@ -229,6 +235,7 @@ class Attempt:
             if gone:
                 done = self._finished(futures)  # before the cancel: kept by the next attempt
                 self.client.cancel(futures, force=True)  # ends the gather
+                pending.cancel()  # and the requests to the workers
                 concurrent.futures.wait([pending])
                 raise WorkerLost(f"worker {', '.join(sorted(gone))} is gone", done)
         if self.progress is not None:  # done callbacks may still be on their way
