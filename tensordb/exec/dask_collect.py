@@ -102,16 +102,16 @@ def install(dask_worker=None) -> bool:
     return "tdb_collect" in worker.handlers
 
 
-async def collect(client, futures: list, where: dict, on_result=None) -> list:
+async def collect(client, futures: list, where: dict, values: dict | None = None) -> list:
     """The values of ``futures`` (in their order), each asked of the worker ``where[key]``
     directly where that worker has the handler (``where`` holds only those); what a worker
     does not hand over comes through the scheduler (``client._gather``:
-    an error or a cancellation raised as Dask raises it). ``on_result(n)``: called with the
-    count of values in hand as they arrive."""
+    an error or a cancellation raised as Dask raises it). ``values``: filled, key -> value, as
+    they arrive (what a run given up midway keeps)."""
     by_addr: dict[str, list] = defaultdict(list)
     for f in futures:
         by_addr[where.get(f.key)].append(f)
-    values: dict = {}
+    values = {} if values is None else values
 
     async def from_worker(addr, futs) -> None:
         want = [f.key for f in futs]
@@ -125,8 +125,6 @@ async def collect(client, futures: list, where: dict, on_result=None) -> list:
             if not isinstance(answer, dict) or answer.get("status") != "OK":
                 break
             values.update(answer.get("data") or {})
-            if on_result is not None:
-                on_result(len(values))
             pending = set(answer.get("pending") or ())
             if not pending:
                 break

@@ -76,6 +76,7 @@ class Attempt:
         self.readers: set[str] = set()
         self.local_loads: set[int] = set()
         self.slots: dict = {}
+        self.collected: dict = {}  # Dask key -> the value its worker handed over (_wait)
 
     # -- the graph -----------------------------------------------------------------------------
     def go(self) -> RunResult:
@@ -213,8 +214,8 @@ class Attempt:
         # results straight from the workers that made them (dask_collect.py), else gathered
         # through the scheduler
         direct = self.ex.collectors(self.addresses)
-        fetch = collect(self.client, futures,
-                        {k: a for k, a in self.where.items() if a in direct}) if direct else \
+        fetch = collect(self.client, futures, {k: a for k, a in self.where.items()
+                                               if a in direct}, self.collected) if direct else \
             self.client._gather(futures)
         pending = asyncio.run_coroutine_threadsafe(fetch, self.client.loop.asyncio_loop)
         needed = set(self.addr.values())  # only workers that have tasks of this plan
@@ -281,14 +282,17 @@ class Attempt:
         return True
 
     def _finished(self, futures) -> dict:
-        """{plan key: value} of the stored output tiles in the futures finished on the workers
-        still there (a value the lost worker held is not finished any more, or cannot be
-        gathered: it is not kept)."""
-        ready = [f for f in futures if f.status == "finished"]
-        if not ready:
+        """{plan key: value} of the stored output tiles in hand: those their workers handed
+        over already (``collected``) and those in the futures finished on the workers still
+        there (a value the lost worker held is not finished any more, or cannot be gathered:
+        it is not kept)."""
+        have = dict(self.collected)  # handed over by their workers already (dask_collect.py)
+        ready = [f for f in futures if f.status == "finished" and f.key not in have]
+        if not ready and not have:
             return {}
         try:
-            got = _merge(self.client.gather(ready, errors="raise"))
+            got = _merge([*have.values(), *(self.client.gather(ready, errors="raise")
+                                            if ready else ())])
         except Exception:  # noqa: BLE001 - nothing kept: the next attempt computes them
             return {}
         return {**{k: v for k, v in got.client.items()},
