@@ -306,6 +306,10 @@ class Attempt:
         try:
             if drop_records and (futures or scattered):
                 self.client.cancel(list(futures) + list(scattered.values()), force=True)
+            elif not drop_records:
+                _let_go(self.client, [*futures, *scattered.values()])
+                futures.clear()  # this thread holds none of them now: no release from here
+                scattered.clear()
         except Exception:  # noqa: BLE001 - best effort: the keys die with their futures anyway
             pass
         if drop_records and self._object_parts():
@@ -357,6 +361,20 @@ class Attempt:
                             "groups": len(self.fused.groups),
                             "group_sizes": dict(self.fused.sizes)}
         return ledger.result(tiles, seconds)
+
+
+def _let_go(client, futures: list) -> None:
+    """Release a run's futures in one hop to the client's event loop (each one let go here
+    would be a hop of its own: a wake-up of the loop, and the GIL passed back and forth)."""
+    if futures:
+        client.loop.add_callback(_release_all, futures)
+
+
+def _release_all(futures: list) -> None:
+    """On the client's event loop: release each future, then drop them."""
+    for f in futures:
+        f.release()
+    futures.clear()
 
 
 def _expression(graph: dict, run: str):

@@ -70,6 +70,16 @@ def test_results_come_from_the_workers_not_through_the_scheduler(con, monkeypatc
     # dask_run.POLL_SECONDS asks for the worker list, to notice one gone)
     assert "scheduler_info" not in calls and "gather" not in calls and "who_has" not in calls
     assert "run" not in calls, calls  # the handlers are there already
+    monkeypatch.undo()
+    # the futures were let go (in one hop to the client's loop): the scheduler forgets the keys
+    deadline = time.monotonic() + 10
+    while ex.client.run_on_scheduler(_tdb_keys) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ex.client.run_on_scheduler(_tdb_keys) == []
+
+
+def _tdb_keys(dask_scheduler=None) -> list:
+    return [k for k in dask_scheduler.tasks if str(k).startswith("tdb-")]
 
 
 def test_a_worker_without_the_handler_hands_its_results_through_the_scheduler(con):
