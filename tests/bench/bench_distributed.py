@@ -241,8 +241,9 @@ def render(rows, args, local_blas: str, worker_blas: str) -> str:
               "(storage='shared'); 'gathered' is what came back to the client; 'max diff' "
               "compares the two results, relative to the largest value. 'tasks' are the plan's "
               "tile tasks, 'Dask tasks' what the scheduler ran: each worker's tasks of one stage "
-              "are one Dask task (exec/dask_fuse.py). Where Dask's time goes now: a few "
-              "scheduler round trips a query (submit, finish, gather) and one per stage, the "
+              "are one Dask task (exec/dask_fuse.py). Where Dask's time goes now: the graph "
+              "to the scheduler, the scheduler to the workers and one scheduler round trip per "
+              "stage (the results come straight from the workers: exec/dask_collect.py), the "
               "transfers between worker processes, and on 2 cores the scheduler, the client and "
               "both workers share the CPUs."]
     return "\n".join(lines)
