@@ -22,12 +22,13 @@ import functools
 from typing import Iterable
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..errors import Error
 from ..optimizer import StoredStats
 from ..storage.reader import TensorReader
 
-__all__ = ["Snapshot", "meta_key", "row_profile"]
+__all__ = ["Snapshot", "meta_key", "row_profile", "row_reach"]
 
 
 def row_profile(reader) -> np.ndarray:
@@ -53,6 +54,35 @@ def row_profile(reader) -> np.ndarray:
             counts[lo:hi] += spread
     out = np.zeros(meta.shape[0] + 1, np.int64)
     np.cumsum(counts, out=out[1:])
+    return out
+
+
+def row_reach(reader, counts: np.ndarray) -> np.ndarray:
+    """For each row of a stored matrix, the sum of ``counts`` (one per column) over the columns
+    where the row has a stored entry: with ``counts`` another matrix's entries per row, the
+    products each row of this matrix times that one forms (its CSR tiles' pattern times the
+    counts; a dense or COO tile by its nonzero elements).
+
+    >>> import numpy as np, scipy.sparse as sp, tensordb
+    >>> con = tensordb.connect()
+    >>> con.load("S", sp.csr_array(np.array([[1.0, 2, 0, 0], [0, 0, 0, 3]] + [[0.0] * 4] * 6)))
+    >>> row_reach(con.store.open_many(["S"])["S"], np.array([1, 2, 3, 4]))[:3].tolist()
+    [3.0, 4.0, 0.0]
+    """
+    meta = reader.meta
+    rows_b, cols_b = meta.grid
+    counts = np.asarray(counts, np.float64)
+    out = np.zeros(meta.shape[0], np.float64)
+    for (r, c), e in reader.entries.items():
+        tile = reader.stored_tile((r, c))
+        part = counts[cols_b[c]:cols_b[c + 1]]
+        if e.format == "csr":
+            pattern = sp.csr_array((np.ones(tile.indices.size), tile.indices, tile.indptr),
+                                   shape=tile.shape)
+            out[rows_b[r]:rows_b[r + 1]] += pattern @ part
+        else:
+            dense = np.asarray(tile.todense() if hasattr(tile, "todense") else tile)
+            out[rows_b[r]:rows_b[r + 1]] += (dense != 0) @ part
     return out
 
 
@@ -136,12 +166,14 @@ class Snapshot:
             if not isinstance(r, TensorReader):
                 continue
             entries = r.entries.values()
-            profile = None
+            profile = reach = None
             if r.meta.ndim == 2 and r.has_sparse:
                 profile = functools.partial(self._row_profile, name, r)
+                reach = functools.partial(row_reach, r)
             out[name] = StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
                                     sum(int(e.nnz) for e in entries),
-                                    sum(int(e.nbytes) for e in entries), r.meta.fill, profile)
+                                    sum(int(e.nbytes) for e in entries), r.meta.fill, profile,
+                                    reach)
         return out
 
     def _row_profile(self, name, reader):
