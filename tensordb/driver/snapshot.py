@@ -22,7 +22,6 @@ import functools
 from typing import Iterable
 
 import numpy as np
-import scipy.sparse as sp
 
 from ..errors import Error
 from ..optimizer import StoredStats
@@ -57,11 +56,12 @@ def row_profile(reader) -> np.ndarray:
     return out
 
 
-def row_reach(reader, counts: np.ndarray) -> np.ndarray:
+def row_reach(reader, counts: np.ndarray, chunk: int = 1 << 20) -> np.ndarray | None:
     """For each row of a stored matrix, the sum of ``counts`` (one per column) over the columns
     where the row has a stored entry: with ``counts`` another matrix's entries per row, the
-    products each row of this matrix times that one forms (its CSR tiles' pattern times the
-    counts; a dense or COO tile by its nonzero elements).
+    products each row of this matrix times that one forms. Its CSR tiles' column indices are
+    read ``chunk`` entries at a time (planning holds no copy of a tile's entries), a dense
+    tile's nonzero elements counted; None where a tile is stored otherwise.
 
     >>> import numpy as np, scipy.sparse as sp, tensordb
     >>> con = tensordb.connect()
@@ -74,15 +74,21 @@ def row_reach(reader, counts: np.ndarray) -> np.ndarray:
     counts = np.asarray(counts, np.float64)
     out = np.zeros(meta.shape[0], np.float64)
     for (r, c), e in reader.entries.items():
-        tile = reader.stored_tile((r, c))
         part = counts[cols_b[c]:cols_b[c + 1]]
-        if e.format == "csr":
-            pattern = sp.csr_array((np.ones(tile.indices.size), tile.indices, tile.indptr),
-                                   shape=tile.shape)
-            out[rows_b[r]:rows_b[r + 1]] += pattern @ part
-        else:
-            dense = np.asarray(tile.todense() if hasattr(tile, "todense") else tile)
-            out[rows_b[r]:rows_b[r + 1]] += (dense != 0) @ part
+        lo = rows_b[r]
+        if e.format == "dense":
+            out[lo:rows_b[r + 1]] += (reader.stored_tile((r, c)) != 0) @ part
+            continue
+        if e.format != "csr":
+            return None
+        tile = reader.stored_tile((r, c))
+        ptr, ind = tile.indptr, tile.indices
+        cuts = np.unique(np.r_[0, np.searchsorted(ptr, np.arange(chunk, int(ptr[-1]), chunk)),
+                              len(ptr) - 1])
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            rows = np.repeat(np.arange(b - a), np.diff(ptr[a:b + 1]))
+            out[lo + a:lo + b] += np.bincount(rows, weights=part[ind[ptr[a]:ptr[b]]],
+                                              minlength=b - a)
     return out
 
 

@@ -110,7 +110,8 @@ def product_reach(op: EinOp, kern: tuple, stats: dict):
     counts = np.diff(stats[1].row_profile())
     if len(counts) != op.size[a.labels[1]]:
         return None
-    return stats[0].row_reach(counts), op.size[b.labels[1]]
+    reach = stats[0].row_reach(counts)
+    return None if reach is None else (reach, op.size[b.labels[1]])
 
 
 def reach_nnz(reach: np.ndarray, width: int) -> float:

@@ -194,3 +194,23 @@ def test_densified_sparse_tiles_under_a_small_limit_against_numpy(con):
     D = G.toarray()
     np.testing.assert_array_equal(con.tensor("H"), D * 2)
     np.testing.assert_allclose(con.tensor("r"), (D * 2).sum(axis=1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("tile", [None, (7, 9), (13, 40)])
+def test_row_reach_is_the_pattern_times_the_counts_on_every_tiling(con, tile):
+    """What the SpGEMM estimate reads of the catalog (driver/snapshot.py ``row_reach``): per
+    row, the counts summed over its stored entries, read a few entries at a time, over CSR and
+    dense tiles alike; against scipy's product of the pattern."""
+    from tensordb.driver.snapshot import row_reach
+    rng = np.random.default_rng(11)
+    S = _graph(60, 0.08, 12)
+    S = sp.csr_array(S + sp.csr_array(np.diag(np.r_[np.ones(10), np.zeros(50)])))  # dense corner
+    counts = rng.integers(0, 9, 60).astype(np.float64)
+    con.load("S", S, **({"tile": tile} if tile else {}))
+    formats = {f for (f,) in con.execute(
+        "SELECT DISTINCT format FROM tensordb.tiles WHERE tensor = 'S'").fetchall()}
+    want = (S != 0).astype(np.float64) @ counts
+    for chunk in (1, 5, 1 << 20):
+        got = row_reach(con.store.open_many(["S"])["S"], counts, chunk=chunk)
+        np.testing.assert_array_equal(got, want)
+    assert "csr" in formats
