@@ -290,6 +290,7 @@ class StoreCommits:
             for file in txn.uploaded:  # the staging files of what is in the object store now
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.tiles_dir, file))
+            self._let_readers_go(txn.gone)
             self._refresh_views(txn.replaced)
             self._tell_listeners(txn.stored, txn.gone)
 
