@@ -169,6 +169,9 @@ class StoreCatalog:
         reads those very readers (kept ones: ``_reader``)."""
         base = bases[name.base]
         index = bases[name.index] if isinstance(name, GatherName) else None
+        if self.objects is not None:  # an object store's readers are made each time
+            return BoxReader(base, name.box, name) if index is None else \
+                GatherReader(base, index, name)
         key = (type(name), name)
         kept = self._kept_boxes.get(key)
         if kept is not None and kept.base is base and getattr(kept, "index", None) is index:
