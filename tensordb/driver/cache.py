@@ -46,6 +46,7 @@ class Bound:
     pieces: dict
     defined: tuple = ()
     dropped: tuple = ()
+    seen: tuple = ()  # Snapshot.seen: the entries read, checked by identity first
 
 
 def statements_key(items, lets) -> Hashable:
@@ -161,7 +162,7 @@ class PreparedCache:
         """The group kept under ``key`` if what it read holds in ``snapshot`` (the LETs it
         defined are defined again in ``lets``), else None."""
         kept = self._bound.get(key)
-        if kept is None or not (kept.epoch == snapshot.epoch or snapshot.holds(kept.answers)):
+        if kept is None or not (kept.epoch == snapshot.epoch or snapshot.holds(kept.answers, kept.seen)):
             return None
         kept.epoch = snapshot.epoch
         if lets is not None:
@@ -190,7 +191,7 @@ class PreparedCache:
         dropped = tuple(n for n in (lets_before or {}) if n not in (lets or {}))
         try:
             self._bound[key] = Bound(snapshot.answers, snapshot.epoch, graph, dict(pieces),
-                                     tuple(defined), dropped)
+                                     tuple(defined), dropped, snapshot.seen)
         except TypeError:  # an unhashable part: never kept
             return
         while len(self._bound) > self.size:

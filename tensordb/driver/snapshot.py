@@ -111,20 +111,30 @@ class Snapshot:
         self._readers: dict = {}
         self._facts: dict = {}
         self._answers: dict[tuple[str, object], object] = {}
+        self._seen: dict[str, object] = {}  # a plain name -> its catalog entry (or None) then
 
     # -- what the binder asks (bind.GroupBinder's catalog) --------------------------------------
     def has(self, name: str) -> bool:
-        out = self.store.has(name)
+        if type(name) is str:
+            m = self.store.find(name)
+            self._seen.setdefault(name, m)
+            out = m is not None
+        else:
+            out = self.store.has(name)
         self._note("has", name, out)
         return out
 
     def meta(self, name: str):
         m = self.store.meta(name)
+        if type(name) is str:
+            self._seen.setdefault(name, m)
         self._note("meta", name, meta_key(m))
         return m
 
     def open(self, name: str) -> TensorReader:
         reader = self.readers([name])[name]
+        if type(name) is str:
+            self._seen.setdefault(name, reader.meta)
         self._note("open", name, self.facts(name))
         return reader
 
@@ -197,10 +207,20 @@ class Snapshot:
         """Every answer written down, as (question, name, answer)."""
         return tuple((q, name, a) for (q, name), a in self._answers.items())
 
-    def holds(self, answers) -> bool:
-        """Whether this snapshot gives every one of ``answers`` (another snapshot's) again."""
+    @property
+    def seen(self) -> tuple:
+        """(name, catalog entry or None) of each plain name asked about, as it was then: every
+        answer about a name whose entry is the very same object again holds again (an entry is
+        one version's row: its shape, dtype, grid, facts and layout are that version's)."""
+        return tuple(self._seen.items())
+
+    def holds(self, answers, seen=()) -> bool:
+        """Whether this snapshot gives every one of ``answers`` (another snapshot's) again;
+        ``seen`` (that snapshot's): the names whose entries are unchanged are not asked again
+        (a training step's data; the weights it replaces each call are)."""
         try:
-            return all(self._ask(q, name) == a for q, name, a in answers)
+            same = {name for name, m in seen if self.store.find(name) is m}
+            return all(name in same or self._ask(q, name) == a for q, name, a in answers)
         except Error:  # a tensor gone meanwhile: the caller binds again, and the binder says so
             return False
 

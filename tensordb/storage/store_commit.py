@@ -42,6 +42,24 @@ class _Txn:
         self.deferred: dict[str, tuple] = {}
 
 
+def _check_writer(name, shape, dtype, grid, dims, fill) -> tuple:
+    """A writer's arguments checked and made canonical: (shape, dtype, grid, dims, fill)."""
+    check_name(name)
+    shape = tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise ProgrammingError(f"tensor '{name}': negative extent in shape {shape}")
+    dtype = supported_dtype(dtype, f"tensor '{name}'")
+    dtype = np.dtype(dtype.name)  # native byte order
+    grid = check_grid(grid, shape, name)
+    dims = check_dims(dims, len(shape), name)
+    return shape, dtype, grid, dims, check_fill(fill, dtype, name)
+
+
+# (name, shape, dtype, grid, dims, fill as written) -> what _check_writer made of them: the
+# checks depend on nothing else
+_CHECKED: dict[tuple, tuple] = {}
+
+
 class StoreCommits:
     """Writing, committing and dropping tensors (state set up by ``Store.__init__``)."""
 
@@ -56,15 +74,19 @@ class StoreCommits:
         user table of that name is refused at once, and again, inside the transaction, at commit;
         ``check_tables=False`` leaves only the commit's check (one catalog query fewer)."""
         self._check_open(writing=True)
-        check_name(name)
-        shape = tuple(int(n) for n in shape)
-        if any(n < 0 for n in shape):
-            raise ProgrammingError(f"tensor '{name}': negative extent in shape {shape}")
-        dtype = supported_dtype(dtype, f"tensor '{name}'")
-        dtype = np.dtype(dtype.name)  # native byte order
-        grid = check_grid(grid, shape, name)
-        dims = check_dims(dims, len(shape), name)
-        fill = check_fill(fill, dtype, name)
+        shape, dims = tuple(shape), None if dims is None else tuple(dims)
+        try:  # the arguments of a repeated output (a training step's weights) checked once
+            key = (name, shape, dtype, grid, dims, repr(fill))
+            checked = _CHECKED.get(key)
+        except TypeError:  # unhashable: checked each time
+            key = checked = None
+        if checked is None:
+            checked = _check_writer(name, shape, dtype, grid, dims, fill)
+            if key is not None:
+                if len(_CHECKED) >= 256:
+                    _CHECKED.clear()
+                _CHECKED[key] = checked
+        shape, dtype, grid, dims, fill = checked
         self.check_free(name, replace, tables=check_tables)
         with self._lock:
             version = self._next_version
@@ -290,6 +312,7 @@ class StoreCommits:
             for file in txn.uploaded:  # the staging files of what is in the object store now
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.tiles_dir, file))
+            self._let_readers_go(txn.gone)
             self._refresh_views(txn.replaced)
             self._tell_listeners(txn.stored, txn.gone)
 
