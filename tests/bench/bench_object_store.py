@@ -69,24 +69,24 @@ def start_moto() -> tuple[subprocess.Popen, dict]:
                   "secret_key": "bench", "region": "us-east-1"}
 
 
-# Seconds the client spent in object-store requests (ObjectStore.put, .put_bytes, .upload_part
-# and .complete_upload: uploads, summed over the threads that made them; .read: ranged GETs)
-# during the timed runs of the local pool over the object store (Dask's workers upload and
-# read in their own processes: not counted here).
-SPENT = {"put": 0.0, "read": 0.0}
+# Seconds spent in object-store requests (tests/bench/objstore_timers.py), by kind: PutObject
+# of a whole payload or of a part object ('put'), a part of a multipart upload ('part'), its
+# completion ('complete'), ranged GETs ('read'); in this process (the client) and, read from
+# each of them after a run, in the Dask workers.
+from tests.bench import objstore_timers  # noqa: E402
+
+CLUSTER: list = []  # [distributed.Client of the LocalCluster], with --dask
 
 
-def _timed(method: str, bucket: str) -> None:
-    from tensordb.storage.objects import ObjectStore
-    real = getattr(ObjectStore, method)
-
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            SPENT[bucket] += time.perf_counter() - t0
-    setattr(ObjectStore, method, wrapper)
+def _take_all() -> tuple[dict, dict]:
+    """(client's, workers' summed) seconds per kind since the last take."""
+    mine = objstore_timers.take()
+    theirs = {k: 0.0 for k in objstore_timers.KINDS}
+    if CLUSTER:
+        for spent in CLUSTER[0].run(objstore_timers.take).values():
+            for k, v in spent.items():
+                theirs[k] += v
+    return mine, theirs
 
 
 def raw_transfer(options: dict, nbytes: int, repeat: int) -> tuple[float, float]:
@@ -113,6 +113,8 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
     graph = w.graph()
     row, times = {"name": w.name}, {label: [] for label in cons}
     spent = {"put": 0.0, "read": 0.0}
+    dask = {"worker PUTs": 0.0, "worker parts": 0.0, "completes": 0.0, "client PUTs": 0.0,
+            "worker GETs": 0.0}
     for con in cons.values():
         for name, a in arrays.items():
             con.load(name, a, tile=w.tile.get(name), replace=True)
@@ -120,22 +122,32 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
     labels = list(cons)
     for r in range(repeat):
         for label in labels if r % 2 == 0 else labels[::-1]:
-            before = dict(SPENT)
+            _take_all()
             t0 = time.perf_counter()
             cons[label].run(graph, replace=True)
             times[label].append(time.perf_counter() - t0)
+            mine, theirs = _take_all()
             if label == "object store":
-                for k in spent:
-                    spent[k] += SPENT[k] - before[k]
+                spent["put"] += mine["put"] + mine["part"] + mine["complete"]
+                spent["read"] += mine["read"]
+            elif label == "Dask, object store":
+                dask["worker PUTs"] += theirs["put"]
+                dask["worker parts"] += theirs["part"]
+                dask["completes"] += mine["complete"] + mine["part"]
+                dask["client PUTs"] += mine["put"]
+                dask["worker GETs"] += theirs["read"]
     # one more run of the local pool over the object store with this process's range cache
     # emptied first: its inputs fetched from the store again, as a query's first run does
     from tensordb.storage.objreader import _RANGES
     _RANGES.clear()
-    before = dict(SPENT)
+    _take_all()
     t0 = time.perf_counter()
     cons["object store"].run(graph, replace=True)
     row["cold s"] = time.perf_counter() - t0
-    row["cold GETs s"] = SPENT["read"] - before["read"]
+    row["cold GETs s"] = _take_all()[0]["read"]
+    for k, v in dask.items():
+        if "Dask, object store" in cons:
+            row[f"Dask {k} s/run"] = v / repeat
     row["uploads s/run"] = spent["put"] / repeat
     row["GETs s/run"] = spent["read"] / repeat
     want = cons["local dir"].tensor(w.output)
@@ -148,6 +160,9 @@ def run_workload(w, cons: dict, repeat: int) -> dict:
         if label != "local dir":
             row[f"{label} / local dir"] = statistics.median(
                 o / l for o, l in zip(times[label], times["local dir"]))
+    if "Dask, object store" in times:  # Dask against the local pool, both over the store
+        row["Dask, object store / object store"] = statistics.median(
+            d / o for d, o in zip(times["Dask, object store"], times["object store"]))
             got = cons[label].tensor(w.output)
             row[f"{label} diff"] = float(np.abs(got - want).max()) / max(1.0, float(
                 np.abs(want).max()))
@@ -163,6 +178,8 @@ def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
               and "s/run" not in k and "cold" not in k and "raw" not in k and "MiB" not in k]
     ratios = [k for k in keys if " / " in k and "raw" not in k]
     floor = [k for k in ("raw PUT / local dir",) if any(k in r for r in rows)]
+    dask = [k for k in ("worker PUTs", "worker parts", "completes", "client PUTs", "worker GETs")
+            if any(f"Dask {k} s/run" in r for r in rows)]
 
     def cell(r, k, scale=1.0, fmt=".2f"):
         return format(scale * r[k], fmt) if k in r else "-"
@@ -180,21 +197,24 @@ def render(rows: list[dict], meta: dict, missing: list[str]) -> str:
              "medians of the paired ratios.", "",
              "| workload | " + " | ".join(f"{l} ms" for l in labels) + " | " +
              " | ".join(ratios) + " | of the object store's ms: uploads | ranged GETs | cold run ms | its GETs ms |"
+             + "".join(f" Dask's {k} ms |" for k in dask)
              + (" output MiB | moto's floor: one PutObject of it ms | its GET ms | "
                 "that PUT / local dir |" if floor else ""),
-             "|---|" + "---:|" * (len(labels) + len(ratios) + 4 + 4 * len(floor))]
+             "|---|" + "---:|" * (len(labels) + len(ratios) + 4 + len(dask) + 4 * len(floor))]
     for r in rows:
         lines.append(f"| {r['name']} | " + " | ".join(cell(r, l, 1e3, ".0f") for l in labels) +
                      " | " + " | ".join(cell(r, k) for k in ratios) + " | " +
                      cell(r, "uploads s/run", 1e3, ".0f") + " | " +
                      cell(r, "GETs s/run", 1e3, ".0f") + " | " + cell(r, "cold s", 1e3, ".0f") +
                      " | " + cell(r, "cold GETs s", 1e3, ".0f") + " |" +
+                     "".join(f" {cell(r, f'Dask {k} s/run', 1e3, '.0f')} |" for k in dask) +
                      (f" {cell(r, 'output MiB', 1, '.0f')} | {cell(r, 'raw PUT s', 1e3, '.0f')} | "
                       f"{cell(r, 'raw GET s', 1e3, '.0f')} | {cell(r, 'raw PUT / local dir')} |"
                       if floor else ""))
     for name in missing:
         lines.append(f"| {name} | not measured: its run did not fit the benchmark's time "
-                     "limit with moto's throughput |" + " |" * (len(labels) + len(ratios) + 3))
+                     "limit with moto's throughput |" + " |" * (len(labels) + len(ratios) + 3
+                                                              + len(dask) + 4 * len(floor)))
     geo = {k: (float(np.exp(np.mean(np.log([r[k] for r in rows if k in r])))),
                sum(k in r for r in rows)) for k in ratios + floor}
     lines += ["", "Geometric means: " + "; ".join(f"{k} **{v:.2f}** (over {n} workloads)"
@@ -238,9 +258,7 @@ def main(argv=None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout: the server goes too
     proc, options = start_moto()
     OPTIONS.update(options)
-    for method in ("put", "put_bytes", "upload_part", "complete_upload"):
-        _timed(method, "put")
-    _timed("read", "read")
+    objstore_timers.install()
     cluster = None
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -251,6 +269,13 @@ def main(argv=None) -> None:
             if args.dask:
                 from tensordb.exec.dask import local_cluster
                 cluster = local_cluster(2)
+                from distributed import Client
+                CLUSTER.append(Client(cluster))
+                CLUSTER[0].run(objstore_timers.install)
+                # the Dask executor's own cost: the same cluster over a local directory
+                cons["Dask, local dir"] = tensordb.connect(
+                    os.path.join(d, "dlocal"), workers=2,
+                    executor=f"dask://{cluster.scheduler_address}")
                 cons["Dask, object store"] = tensordb.connect(
                     os.path.join(d, "dobj"), workers=2, storage=f"s3://{BUCKET}/dask",
                     storage_options=options, executor=f"dask://{cluster.scheduler_address}")
@@ -264,6 +289,8 @@ def main(argv=None) -> None:
             for con in cons.values():
                 con.close()
     finally:
+        if CLUSTER:
+            CLUSTER.pop().close()
         if cluster is not None:
             cluster.close()
         proc.kill()
