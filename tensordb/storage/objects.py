@@ -459,13 +459,13 @@ def part_start(name: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-_PART = re.compile(r"^\d+-[0-9a-f]+\.(\d+)-[0-9a-f]+\.bin$")
+_PART = re.compile(r"^\d+-[0-9a-f]+\.(\d+)-\w+\.bin$")
 
 
 def payload_versions(names, database: str) -> dict[str, int]:
     """{object name: version} of the names that are payloads of ``database`` (whole, or the
     objects of a version written in parts, ``part_name``)."""
-    pattern = re.compile(r"^(\d+)-" + re.escape(database[:16]) + r"(?:\.\d+-[0-9a-f]+)?\.bin$")
+    pattern = re.compile(r"^(\d+)-" + re.escape(database[:16]) + r"(?:\.\d+-\w+)?\.bin$")
     out = {}
     for name in names:
         m = pattern.match(name)
