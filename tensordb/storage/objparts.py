@@ -49,6 +49,10 @@ __all__ = ["MIN_PART", "PART_TARGET", "order_tiles", "cut_parts", "PartUploads",
 MIN_PART = 5 << 20  # S3's smallest part, but the last
 PART_TARGET = 8 << 20  # a part is cut once it holds this much: uploads start early, fewer calls
 MAX_PARTS = 10_000
+# Dask workers put each part as an object of its own (PartObjects); False: as parts of one
+# multipart upload the client opens and completes (PartUploads), the way before, kept so that
+# bench_object_store.py --ab can time the two side by side
+WORKER_PART_OBJECTS = True
 
 
 def order_tiles(tiles, groups, nbytes) -> list:

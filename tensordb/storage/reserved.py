@@ -87,13 +87,16 @@ class ReservedTiles:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
             if groups is not None and (remote or pos >= POOL_PARTS_MIN):
-                from .objparts import PartObjects, PartUploads, cut_parts
-                parts = cut_parts([(c, off, math.prod(sh) * self.dtype.itemsize)
-                                   for c, (off, _, sh) in layout.items()], groups)
+                from . import objparts
+                parts = objparts.cut_parts([(c, off, math.prod(sh) * self.dtype.itemsize)
+                                            for c, (off, _, sh) in layout.items()], groups)
                 if parts is not None:
-                    try:  # workers in other processes put objects of their own; the pool's
-                        self._uploads = (PartObjects if remote else PartUploads)(  # threads
-                            objects, self.file, self.store.database, parts)  # upload parts
+                    # workers in other processes put objects of their own; the pool's threads
+                    # upload the parts of one multipart upload
+                    kind = objparts.PartObjects if remote and objparts.WORKER_PART_OBJECTS \
+                        else objparts.PartUploads
+                    try:
+                        self._uploads = kind(objects, self.file, self.store.database, parts)
                     except BaseException:
                         self._fail()
                         raise
