@@ -4,12 +4,15 @@ object.
 
     s3://bucket/prefix/database.id                    the database's id (identity.py), one object
     s3://bucket/prefix/tiles/<version>-<id16>.bin     a payload, named as a file would be
+    s3://bucket/prefix/tiles/<version>-<id16>.<start>-<run>.bin   one part of a payload that
+                                                      Dask workers wrote, an object each
 
 - Written once, before the catalog's COMMIT: whole (``put`` of a local staging file, as a local
-  database's; ``put_bytes`` of an output staged in memory), or in parts uploaded by the Dask
-  workers or pool threads that computed them and completed at commit (objparts.py). The
-  COMMIT is the catalog transaction, as for files: a crash before it leaves an orphan object
-  (or an open upload, aborted by the next open), after it a stale one.
+  database's; ``put_bytes`` of an output staged in memory), in part objects the Dask workers
+  that computed them put (their tiles' rows name them), or in parts of a multipart upload the
+  pool's threads upload and the commit completes (objparts.py). The COMMIT is the catalog
+  transaction, as for files: a crash before it leaves orphan objects (or an open upload,
+  aborted by the next open), after it stale ones.
 - Read by byte range: a reader opens its object once (one HEAD: size and ETag) and fetches each
   tile's bytes with a ranged GET (``read_at``), never the whole object; every tile's CRC-32 is
   checked on its first read in a process, as for files (verify.py).
