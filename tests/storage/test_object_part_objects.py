@@ -91,8 +91,7 @@ def test_a_damaged_part_is_a_data_error_and_check_names_the_part(tmp_path, s3_st
         from tensordb.storage.objreader import _RANGES
         _RANGES.clear()
         bad = [r for r in con.execute("CHECK DATABASE").fetchall() if r[-1] != "ok"]
-        assert [(r[1], r[2]) for r in bad] == [([3, 0], second)] or \
-            [(tuple(r[1]), r[2]) for r in bad] == [((3, 0), second)], bad
+        assert [(tuple(r[1]), r[2]) for r in bad] == [((3, 0), second)], bad
         with pytest.raises(tensordb.DataError, match=second.replace(".", r"\.")):
             con.tensor("T")
 
