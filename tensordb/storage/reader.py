@@ -73,6 +73,9 @@ class TileEntry:
     crc32: int | None = None  # zlib.crc32 of the tile's bytes; None: written before checksums
     nonfinite: bool | None = None  # holds NaN or inf; None: not known (written by an old version)
     format: str = "dense"  # 'dense', or a sparse layout ('csr', 'coo': storage/sparse.py)
+    # the object holding the tile where its version's tiles lie in several (objects.part_name:
+    # the parts Dask workers put); None: the version's one payload file or object
+    file: str | None = None
 
     @property
     def sparse(self) -> bool:

@@ -188,7 +188,7 @@ class StoreCommits:
                     raise OperationalError(f"cannot store tensor '{w.name}': syncing {w.path} "
                                            f"failed: {exc.strerror or exc}") from None
                 if self.objects is not None and w.has_file:  # uploaded whole, then COMMIT
-                    txn.uploaded.append(w.file)
+                    txn.uploaded.extend(w.payload_objects())
                     w.upload()  # its parts completed (objparts.py), or its file put whole
             for w, meta, entries in rows:
                 self._forget(w.name)
@@ -228,8 +228,13 @@ class StoreCommits:
         commits (its name from the cached tile entries when this session read or wrote it);
         ``spare``: or kept for reuse by a later output of its size (a replace, not a drop)."""
         hit = self._entries.get(old.version)
-        file = hit[0] if hit is not None else catalog.payload_file(self.duck, old)
-        if file:
+        if self.objects is not None:  # a version Dask workers wrote in parts: every part
+            files = sorted({e.file or hit[0] for e in hit[1]}) if hit is not None and \
+                hit[0] else catalog.payload_files(self.duck, old)
+        else:
+            file = hit[0] if hit is not None else catalog.payload_file(self.duck, old)
+            files = [file] if file else []
+        for file in files:
             txn.retired.append((os.path.join(self.tiles_dir, file), spare))
 
     @contextlib.contextmanager
