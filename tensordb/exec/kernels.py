@@ -22,6 +22,7 @@ from ..plan.aggregates import AGGREGATES, ARG_AGGS
 from ..plan.kernel import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
 from ..storage.sparse import is_sparse
+from .fused import compile_join
 from .sparse_kernels import SPARSE_METHODS, dense_args, sparse_call
 from .sparse_out import combine_sparse
 
@@ -41,6 +42,8 @@ class KernelSpec:
     xp: object = np
     choice: KernelChoice | None = None
     _exprs: dict = field(default_factory=dict)
+    _fused: dict = field(default_factory=dict)    # (reduced, dtypes) -> compiled join or None
+    _layouts: dict = field(default_factory=dict)  # operand shapes -> the join space's views
 
     def __post_init__(self) -> None:
         op = self.op
@@ -204,16 +207,7 @@ class KernelSpec:
         xp = self.xp
         choice = choice or self.choice
         op = self.op
-        views, ext = [], {}
-        for a, (uniq, diag), (order, present) in zip(arrays, self.unique, self.placed):
-            if diag is not None:
-                a = xp.einsum(diag, a)
-            for l, n in zip(uniq, a.shape):
-                ext[l] = n
-            a = a.transpose(order)
-            shape = [ext[l] if l in present else 1 for l in self.space]
-            views.append(a.reshape(shape))
-        full = [ext[l] for l in self.space]
+        views, full = self._views(arrays)
         agg_axes = tuple(range(len(self.space) - self.n_out))
         agg = AGGREGATES[op.agg] if agg_axes else None
         if 0 in full:
@@ -234,11 +228,11 @@ class KernelSpec:
                     return self._elementwise_chunked(views, full, out, check or _no_check, slab,
                                                      sink)
                 if out is not None and tuple(out.shape) == tuple(full) and out.dtype == self.dtype:
-                    res = scalar.evaluate(op.join, views, xp, out=out)
+                    res = self._join(views, out)
                     if res is out:  # written in place into the output's final buffer
                         return out
                 else:
-                    res = scalar.evaluate(op.join, views, xp)
+                    res = self._join(views)
                 res = xp.asarray(res, dtype=self.dtype)
                 if res.shape != tuple(full):  # the join ignores some label: repeat it
                     res = xp.broadcast_to(res, full).copy()
@@ -274,6 +268,51 @@ class KernelSpec:
                 result[lo:hi] = part
             return xp.asarray(result, dtype=self.dtype)
 
+    def _views(self, arrays):
+        """The operands as views in the join space (aggregated labels first, each operand's
+        absent labels of extent 1), and the space's extents. Where each operand's axes go is
+        worked out once per operand shapes (a training step's tiles keep their shapes)."""
+        xp = self.xp
+        key = tuple(a.shape for a in arrays)
+        lay = self._layouts.get(key)
+        if lay is None:
+            ext, steps = {}, []
+            for a, (uniq, diag) in zip(arrays, self.unique):
+                shape = a.shape if diag is None else xp.einsum(diag, a).shape
+                for l, n in zip(uniq, shape):
+                    ext[l] = n
+            for (uniq, diag), (order, present) in zip(self.unique, self.placed):
+                shape = tuple(ext[l] if l in present else 1 for l in self.space)
+                steps.append((diag, None if order == tuple(range(len(order))) else order, shape))
+            lay = (steps, [ext[l] for l in self.space])
+            if len(self._layouts) < 64:
+                self._layouts[key] = lay
+        views = []
+        for a, (diag, order, shape) in zip(arrays, lay[0]):
+            if diag is not None:
+                a = xp.einsum(diag, a)
+            if order is not None:
+                a = a.transpose(order)
+            views.append(a if a.shape == shape else a.reshape(shape))
+        return views, lay[1]
+
+    def _join(self, views, out=None, reduced: bool = False):
+        """The join on ``views`` (``scalar.evaluate``'s answer): on the CPU by the function
+        compiled from it once per operand dtypes (exec/fused.py); ``reduced``: the value is
+        only reduced, so it may be an operand itself."""
+        if self.xp is not np:
+            return scalar.evaluate(self.op.join, views, self.xp, out=out)
+        key = (reduced,) + tuple(v.dtype for v in views)
+        fn = self._fused.get(key, _UNSET)
+        if fn is _UNSET:
+            fn = compile_join(self.op.join, key[1:], reduced=reduced) \
+                if all(isinstance(v, np.ndarray) for v in views) else None
+            if len(self._fused) < 16:
+                self._fused[key] = fn
+        if fn is None:
+            return scalar.evaluate(self.op.join, views, np, out=out)
+        return fn(views, out)
+
     def _cache_blocks(self, views, full, axis, oax, chunk_elements):
         """(block, step): blocks of output axis ``oax`` and chunks of ``step`` along ``axis``
         whose join stays within CACHE_BYTES, when the join combines operands (a reduction of one
@@ -299,7 +338,7 @@ class KernelSpec:
         xp = self.xp
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            val = xp.asarray(scalar.evaluate(self.op.join, views, xp))
+            val = xp.asarray(self._join(views, reduced=True))
         val = xp.broadcast_to(val, full)
         return getattr(xp, self.op.agg)(val, axis=0).astype(self.dtype, copy=False)
 
@@ -324,7 +363,7 @@ class KernelSpec:
             shape = list(full)
             shape[axis] = hi - lo
             into = None if buf is None else buf[tuple(slice(0, n) for n in shape)]
-            res = xp.asarray(scalar.evaluate(op.join, sl, xp, out=into))
+            res = xp.asarray(self._join(sl, into, reduced=True))
             if buf is None and xp is np and _fresh(res, shape, arrays):
                 buf = scratch["buf"] = res  # same inputs' dtypes, same ufunc loop: the same values
             val = xp.broadcast_to(res, shape)
@@ -379,12 +418,15 @@ class KernelSpec:
             # The join's outermost function writes the slab in place where it can (a ufunc),
             # broadcasting a label the join ignores; otherwise its result is copied in.
             into = res[lo:hi]
-            val = scalar.evaluate(self.op.join, sl, xp, out=into if xp is np else None)
+            val = self._join(sl, into if xp is np else None)
             if val is not into:
                 into[...] = val
             if sink is not None:
                 sink(into)
         return res
+
+
+_UNSET = object()
 
 
 def _fresh(res, shape, arrays) -> bool:
