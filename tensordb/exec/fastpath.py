@@ -287,8 +287,10 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         written.add(key)  # in its file: not the commit's to write, nor kept
                     results[key] = value
                     nbytes = int(getattr(value, "nbytes", 0))
-                    h = held_bytes(task, value) if kind != LOAD or load_held is None \
-                        else load_held
+                    if kind == LOAD:
+                        h = held_bytes(task, value) if load_held is None else load_held
+                    else:  # a dense tile the run computed: all its bytes (held_bytes)
+                        h = nbytes if type(value) is np.ndarray else held_bytes(task, value)
                     live += h
                     if live > peak:
                         peak = live
