@@ -159,3 +159,4 @@ def test_a_scaled_one_operand_contract_is_the_product():
     got = spec([y], [y.shape], y.shape)
     want = -0.0007423904974016332 * y
     assert got.tobytes() == want.tobytes() and got is not y
+
