@@ -368,14 +368,17 @@ class KernelSpec:
             if check is not None:
                 check(lo / max(full[axis], 1))
             hi = min(lo + step, full[axis])
-            sl = [v if v.shape[axis] == 1 else _slice(v, axis, lo, hi, xp) for v in views]
-            shape = list(full)
-            shape[axis] = hi - lo
+            if hi - lo == full[axis]:  # one chunk: the views whole
+                sl, shape = views, full
+            else:
+                sl = [v if v.shape[axis] == 1 else _slice(v, axis, lo, hi, xp) for v in views]
+                shape = list(full)
+                shape[axis] = hi - lo
             into = None if buf is None else buf[tuple(slice(0, n) for n in shape)]
             res = xp.asarray(self._join(sl, into, reduced=True))
             if buf is None and xp is np and _fresh(res, shape, arrays):
                 buf = scratch["buf"] = res  # same inputs' dtypes, same ufunc loop: the same values
-            val = xp.broadcast_to(res, shape)
+            val = res if res.shape == tuple(shape) else xp.broadcast_to(res, shape)
             if xp is np and ufunc in _ORDERLESS and type(res) is np.ndarray and \
                     res.shape == val.shape and not res.flags.c_contiguous and \
                     res.nbytes <= CACHE_BYTES:
