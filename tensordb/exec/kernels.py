@@ -286,11 +286,9 @@ class KernelSpec:
         lay = self._layouts.get(key)
         if lay is None:
             ext, steps = {}, []
-            for a, (uniq, diag) in zip(arrays, self.unique):
-                shape = a.shape if diag is None else xp.einsum(diag, a).shape
-                for l, n in zip(uniq, shape):
+            for a, (uniq, diag), (order, present) in zip(arrays, self.unique, self.placed):
+                for l, n in zip(uniq, a.shape if diag is None else xp.einsum(diag, a).shape):
                     ext[l] = n
-            for (uniq, diag), (order, present) in zip(self.unique, self.placed):
                 shape = tuple(ext[l] if l in present else 1 for l in self.space)
                 steps.append((diag, None if order == tuple(range(len(order))) else order, shape))
             lay = (steps, [ext[l] for l in self.space])
@@ -303,7 +301,7 @@ class KernelSpec:
             if order is not None:
                 a = a.transpose(order)
             views.append(a if a.shape == shape else a.reshape(shape))
-        return views, lay[1]
+        return views, list(lay[1])
 
     def _join(self, views, out=None, reduced: bool = False):
         """The join on ``views`` (``scalar.evaluate``'s answer): on the CPU by the function
