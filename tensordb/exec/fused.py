@@ -35,9 +35,58 @@ import numpy as np
 
 from ..plan import scalar
 
-__all__ = ["compile_join"]
+__all__ = ["compile_join", "views", "join"]
 
 _KEEP_DTYPE_UNDER_ONE = "iufc"  # kinds for which x * 1 is x in value and dtype (weak int 1)
+
+
+_UNSET = object()
+
+
+def views(spec, arrays):
+    """The operands ``arrays`` of kernel ``spec`` (exec/kernels.py ``KernelSpec``) as views in
+    its join space (aggregated labels first, each operand's absent labels of extent 1), and
+    the space's extents. Where each operand's axes go is worked out once per operand shapes
+    and kept in the spec (a training step's tiles keep their shapes)."""
+    xp = spec.xp
+    key = tuple(a.shape for a in arrays)
+    lay = spec._layouts.get(key)
+    if lay is None:
+        ext, steps = {}, []
+        for a, (uniq, diag), (order, present) in zip(arrays, spec.unique, spec.placed):
+            for l, n in zip(uniq, a.shape if diag is None else xp.einsum(diag, a).shape):
+                ext[l] = n
+            shape = tuple(ext[l] if l in present else 1 for l in spec.space)
+            steps.append((diag, None if order == tuple(range(len(order))) else order, shape))
+        lay = (steps, [ext[l] for l in spec.space])
+        if len(spec._layouts) < 64:
+            spec._layouts[key] = lay
+    out = []
+    for a, (diag, order, shape) in zip(arrays, lay[0]):
+        if diag is not None:
+            a = xp.einsum(diag, a)
+        if order is not None:
+            a = a.transpose(order)
+        out.append(a if a.shape == shape else a.reshape(shape))
+    return out, list(lay[1])
+
+
+def join(spec, values, out=None, reduced: bool = False):
+    """Kernel ``spec``'s join on ``values`` (``scalar.evaluate``'s answer): on the CPU by the
+    function compiled from it once per operand dtypes and kept in the spec; ``reduced``: the
+    value is only reduced, so it may be an operand itself."""
+    if spec.xp is not np:
+        return scalar.evaluate(spec.op.join, values, spec.xp, out=out)
+    key = (reduced,) + tuple(v.dtype for v in values)
+    fn = spec._fused.get(key, _UNSET)
+    if fn is _UNSET:
+        fn = compile_join(spec.op.join, key[1:], reduced=reduced) \
+            if all(isinstance(v, np.ndarray) for v in values) else None
+        if len(spec._fused) < 16:
+            spec._fused[key] = fn
+    if fn is None:
+        return scalar.evaluate(spec.op.join, values, np, out=out)
+    return fn(values, out)
 
 
 def compile_join(expr, dtypes, *, reduced: bool = False):

@@ -22,7 +22,7 @@ from ..plan.aggregates import AGGREGATES, ARG_AGGS
 from ..plan.kernel import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
 from ..storage.sparse import is_sparse
-from .fused import compile_join
+from . import fused
 from .sparse_kernels import SPARSE_METHODS, dense_args, sparse_call
 from .sparse_out import combine_sparse
 
@@ -278,47 +278,12 @@ class KernelSpec:
             return xp.asarray(result, dtype=self.dtype)
 
     def _views(self, arrays):
-        """The operands as views in the join space (aggregated labels first, each operand's
-        absent labels of extent 1), and the space's extents. Where each operand's axes go is
-        worked out once per operand shapes (a training step's tiles keep their shapes)."""
-        xp = self.xp
-        key = tuple(a.shape for a in arrays)
-        lay = self._layouts.get(key)
-        if lay is None:
-            ext, steps = {}, []
-            for a, (uniq, diag), (order, present) in zip(arrays, self.unique, self.placed):
-                for l, n in zip(uniq, a.shape if diag is None else xp.einsum(diag, a).shape):
-                    ext[l] = n
-                shape = tuple(ext[l] if l in present else 1 for l in self.space)
-                steps.append((diag, None if order == tuple(range(len(order))) else order, shape))
-            lay = (steps, [ext[l] for l in self.space])
-            if len(self._layouts) < 64:
-                self._layouts[key] = lay
-        views = []
-        for a, (diag, order, shape) in zip(arrays, lay[0]):
-            if diag is not None:
-                a = xp.einsum(diag, a)
-            if order is not None:
-                a = a.transpose(order)
-            views.append(a if a.shape == shape else a.reshape(shape))
-        return views, list(lay[1])
+        """The operands as views in the join space, and its extents (``fused.views``)."""
+        return fused.views(self, arrays)
 
     def _join(self, views, out=None, reduced: bool = False):
-        """The join on ``views`` (``scalar.evaluate``'s answer): on the CPU by the function
-        compiled from it once per operand dtypes (exec/fused.py); ``reduced``: the value is
-        only reduced, so it may be an operand itself."""
-        if self.xp is not np:
-            return scalar.evaluate(self.op.join, views, self.xp, out=out)
-        key = (reduced,) + tuple(v.dtype for v in views)
-        fn = self._fused.get(key, _UNSET)
-        if fn is _UNSET:
-            fn = compile_join(self.op.join, key[1:], reduced=reduced) \
-                if all(isinstance(v, np.ndarray) for v in views) else None
-            if len(self._fused) < 16:
-                self._fused[key] = fn
-        if fn is None:
-            return scalar.evaluate(self.op.join, views, np, out=out)
-        return fn(views, out)
+        """The join on ``views``: ``scalar.evaluate``'s answer (``fused.join``)."""
+        return fused.join(self, views, out, reduced)
 
     def _cache_blocks(self, views, full, axis, oax, chunk_elements):
         """(block, step): blocks of output axis ``oax`` and chunks of ``step`` along ``axis``
@@ -446,7 +411,6 @@ class KernelSpec:
         return res
 
 
-_UNSET = object()
 _ORDERLESS = (np.maximum, np.minimum)  # reductions whose answer no order of the fold changes
 
 
