@@ -103,17 +103,20 @@ def _passes(duck, src, qi, tile_rows: int, rows: int, per_entry: int, budget: in
     return out
 
 
-def load_passes(w, duck, src, idx, val, *, tile_shape, rows, limit, duplicates, where, stream) -> None:
+def load_passes(w, duck, src, idx, val, *, tile_shape, rows, limit, duplicates, where, stream,
+                budget: int | None = None) -> None:
     """Store the tiles of writer ``w`` (a matrix, ``applies``) from the COO table ``src`` with
     index columns ``idx`` and value column ``val``, whose ``rows`` rows were checked (no NULLs,
-    inside the shape): pass by pass (see the module)."""
+    inside the shape): pass by pass (see the module), each holding at most ``budget`` bytes
+    (default: DuckDB's share of ``limit``)."""
     (nrows, ncols), dtype = w.shape, np.dtype(w.dtype)
     rows_t, cols_t = (max(int(t), 1) for t in tile_shape)
     row_bounds, col_bounds = w.grid
     col_tiles = len(col_bounds) - 1
     qi, qj = (quote_ident(c) for c in idx)
     per_entry = _COPIES * (8 + dtype.itemsize) + 8
-    budget = duck_bytes(limit) if limit is not None else SORT_MEMORY
+    if budget is None:
+        budget = duck_bytes(limit) if limit is not None else SORT_MEMORY
     for first, end, held in _passes(duck, src, qi, rows_t, rows, per_entry, budget):
         if not held:
             continue
