@@ -34,7 +34,7 @@ import numpy as np
 
 from ..physical.choice import SPARSE_METHODS
 from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
-from .sparse_out import combine_sparse, csr_output
+from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
            "SPARSE_METHODS"]
@@ -102,10 +102,10 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         D = D.astype(dtype) if D.dtype != dtype else D
         if not rest:
             return _to_output(np.asarray((S @ densify(D))).reshape(-1), [i], op.out_labels)
-        res = S @ (D if d_labels == (j, rest[0]) else D.T)
+        B = D if d_labels == (j, rest[0]) else D.T
         if choice.out_format == "csr":  # the plan's estimate says sparse: CSR, never dense
-            return csr_output(res, [i] + rest, op.out_labels, dtype)
-        return _to_output(res.toarray(), [i] + rest, op.out_labels)
+            return csr_output(sorted_product(S, B), [i] + rest, op.out_labels, dtype)
+        return _to_output((S @ B).toarray(), [i] + rest, op.out_labels)
     D = np.asarray(D)
     if D.dtype != dtype:
         D = D.astype(dtype)
