@@ -183,6 +183,7 @@ def _into(S, D2, out: np.ndarray, sink=None) -> np.ndarray:
     row_bytes = max(1, o2.shape[1] * out.itemsize)
     step = max(1, SLAB_BYTES // row_bytes)
     ptr = S.indptr
+    direct = _direct(S, D2, o2)
     if D2.shape[1] == 1:  # SpMV: scipy's matrix-vector product, not its one-column SpMM
         D2 = D2[:, 0]
     for r0 in range(0, rows, step):
@@ -191,12 +192,41 @@ def _into(S, D2, out: np.ndarray, sink=None) -> np.ndarray:
         slab = o2[r0:r1]
         if hi == lo:
             slab.fill(0)
+        elif direct is not None:
+            slab.fill(0)  # scipy's kernels add into their output, as its own product's zeros
+            direct(S, r0, r1, D2, slab)
         else:
             part = _csr_rows(S, r0, r1, lo, hi)
             slab[...] = (part @ D2).reshape(slab.shape)
         if sink is not None:
             sink(slab)
     return out
+
+
+def _direct(S, D2: np.ndarray, o2: np.ndarray):
+    """scipy's own product kernel (``csr_matvec``, ``csr_matvecs``: what ``S @ D2`` calls)
+    writing into rows of ``o2`` straight from ``S``'s arrays, where every dtype already agrees
+    (else None: ``S @ D2`` converts them): no CSR object made for a slab of rows, no result
+    made and copied in. The slab's rows read ``S``'s entries through its row pointers, which
+    index the whole entry arrays, so nothing is sliced."""
+    if not (S.data.dtype == D2.dtype == o2.dtype and S.indptr.dtype == S.indices.dtype and
+            D2.flags.c_contiguous and o2.flags.c_contiguous and D2.dtype.kind in "fc"):
+        return None
+    try:
+        from scipy.sparse import _sparsetools as st
+    except ImportError:  # a scipy without it: its public product
+        return None
+    n_col = S.shape[1]
+    if D2.shape[1] == 1:
+        def matvec(S, r0, r1, x, slab):
+            st.csr_matvec(r1 - r0, n_col, S.indptr[r0:r1 + 1], S.indices, S.data, x,
+                          slab.reshape(-1))
+        return matvec
+
+    def matvecs(S, r0, r1, X, slab):
+        st.csr_matvecs(r1 - r0, n_col, X.shape[1], S.indptr[r0:r1 + 1], S.indices, S.data,
+                       X.reshape(-1), slab.reshape(-1))
+    return matvecs
 
 
 def _csr_rows(S, r0: int, r1: int, lo: int, hi: int):

@@ -1,0 +1,95 @@
+"""SpMV, SpMM and SpGEMM on stored sparse tiles give scipy's bytes: the SpMV/SpMM kernel calls
+scipy's own product kernels straight into the output's rows (exec/sparse_kernels._direct) where
+the dtypes agree, and scipy's product where they do not; SpGEMM's CSR output comes from the
+product of the transposes turned to CSC (exec/sparse_out.sorted_product), not from sorting.
+
+Oracles: scipy's ``G @ x``, ``G @ X`` and ``G @ G`` (its rows sorted), compared byte for byte:
+random float values, so a sum taken in another order would differ in its last bits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tensordb
+from tensordb.exec.sparse_out import sorted_product
+
+
+def _graph(rng, n, per_row, dtype, empty_rows=True):
+    m = n * per_row
+    i = rng.integers(0, n, m)
+    if empty_rows:
+        i = i[i % 7 != 3]  # rows with no entry
+    j = rng.integers(0, n, i.size)
+    v = rng.standard_normal(i.size).astype(dtype)
+    g = sp.csr_array(sp.coo_array((v, (i, j)), shape=(n, n)))
+    g.sum_duplicates()
+    return g
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_spmv_and_spmm_equal_scipys_bytes(workers, dtype):
+    rng = np.random.default_rng(31)
+    n = 3000
+    G = _graph(rng, n, 6, dtype)
+    x = rng.standard_normal(n).astype(dtype)
+    X = rng.standard_normal((n, 5)).astype(dtype)
+    with tensordb.connect(workers=workers) as con:
+        con.load("G", G, tile=(700, n))  # several CSR row tiles
+        con.load("x", x)
+        con.load("M", X)
+        con.execute("w[i] = SUM(G[i,j] * x[j])")
+        con.execute("Y[i,k] = SUM(G[i,j] * M[j,k])")
+        assert "spmm" in con.explain("w[i] = SUM(G[i,j] * x[j])")
+        assert con.tensor("w").tobytes() == (G @ x).tobytes()
+        assert con.tensor("Y").tobytes() == (G @ X).tobytes()
+
+
+def test_spmv_of_other_dtypes_still_equals_scipy():
+    """A float32 graph times a float64 vector: the product is float64 (scipy converts the
+    graph), so the kernel takes scipy's product, not its own direct call."""
+    rng = np.random.default_rng(32)
+    n = 2000
+    G = _graph(rng, n, 5, np.float32)
+    x = rng.standard_normal(n)
+    with tensordb.connect() as con:
+        con.load("G", G)
+        con.load("x", x)
+        con.execute("w[i] = SUM(G[i,j] * x[j])")
+        got = con.tensor("w")
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, G @ x)
+
+
+def test_sorted_product_is_scipys_product_sorted_bit_for_bit():
+    rng = np.random.default_rng(33)
+    A = _graph(rng, 500, 8, np.float64)
+    B = _graph(rng, 500, 8, np.float64)
+    for a, b in ((A, B), (A, B.T), (A.T, B)):
+        want = sp.csr_array(a @ b)
+        want.sort_indices()
+        got = sorted_product(a, b)
+        assert got.has_sorted_indices
+        assert np.array_equal(got.indptr, want.indptr)
+        assert np.array_equal(got.indices, want.indices)
+        assert got.data.tobytes() == want.data.tobytes()
+
+
+def test_spgemm_stored_csr_equals_scipys_bytes(tmp_path):
+    rng = np.random.default_rng(34)
+    n = 600
+    G = _graph(rng, n, 6, np.float64)
+    want = sp.csr_array(G @ G)
+    want.sort_indices()
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("G", G)
+        con.execute("C[i,k] = SUM(G[i,j] * G[j,k])")
+        r = con.store.open("C")
+        assert {e.format for e in r.entries.values()} == {"csr"}
+        got = con.sparse("C")
+        got.sort_indices()
+        assert np.array_equal(got.indptr, want.indptr)
+        assert np.array_equal(got.indices, want.indices)
+        assert got.data.tobytes() == want.data.tobytes()
+        con.execute("CHECK TENSOR C")
