@@ -93,3 +93,25 @@ def test_spgemm_stored_csr_equals_scipys_bytes(tmp_path):
         assert np.array_equal(got.indices, want.indices)
         assert got.data.tobytes() == want.data.tobytes()
         con.execute("CHECK TENSOR C")
+
+
+@pytest.mark.parametrize("iso", [True, False], ids=["one-weight", "weights"])
+def test_min_plus_csr_output_equals_numpy_on_the_dense_graph(tmp_path, iso):
+    """The min-plus kernel's output moved out of GraphBLAS (semiring._unpack_csr), one value
+    for every entry (GraphBLAS's iso matrix) or many: numpy's MIN over j of the dense sums."""
+    rng = np.random.default_rng(35)
+    n = 500
+    G = _graph(rng, n, 5, np.float64)
+    G.data[:] = 1.0 if iso else rng.integers(1, 10, G.nnz)
+    D = np.full((n, n), np.inf)
+    D[G.nonzero()] = G.data
+    want = np.full((n, n), np.inf)
+    for j in range(n):
+        np.minimum(want, D[:, j, None] + D[None, j, :], out=want)
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("D", G, fill_value=np.inf)
+        con.execute("P[i,k] = MIN(D[i,j] + D[j,k])")
+        r = con.store.open("P")
+        assert {e.format for e in r.entries.values()} == {"csr"}
+        np.testing.assert_array_equal(con.tensor("P"), want)
+        con.execute("CHECK TENSOR P")
