@@ -1,6 +1,8 @@
 """Tables (Parquet, CSV, any DuckDB query) as tensors, streamed through DuckDB tile by tile.
 
-COO (``index=[...]``): each row is one element; DuckDB computes every row's tile coordinates and
+COO (``index=[...]``): each row is one element. A matrix sparse as a whole (fill 0, numeric
+values) is read with no sort, a pass of tile rows at a time, and bucketed into CSR in scipy
+(coo_scan.py). Any other: DuckDB computes every row's tile coordinates and
 sorts by them, so the loader collects one tile's rows at a time and never holds the table nor
 makes the dense tensor: each tile is stored sparse or dense by the format rule (coo.py,
 ``sparsity.choose_format``), and a table sparse as a whole gets tiles sized by its rows
