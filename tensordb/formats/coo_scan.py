@@ -35,14 +35,19 @@ _DTYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64":
 _COPIES = 3  # a pass's entries as read, bucketed by column and by row
 
 
-def applies(shape, tile_shape, dtype, fill) -> bool:
-    """Whether a COO table of a matrix with these tiles loads by scan (see the module)."""
+def _budget(limit) -> int:
+    return duck_bytes(limit) if limit is not None else SORT_MEMORY
+
+
+def applies(shape, tile_shape, dtype, fill, limit=None) -> bool:
+    """Whether a COO table of a matrix with these tiles loads by scan (see the module): not
+    where the column pointers of the first counting sort (one per column of a tile) or a tile
+    row's row pointers would take half the budget by themselves (a very wide matrix)."""
     if len(shape) != 2 or fill or np.dtype(dtype).name not in _DTYPES:
         return False
     rows_t, cols_t = (max(int(t), 1) for t in tile_shape)
     col_tiles = -(-max(int(shape[1]), 1) // cols_t)
-    # one CSR row per (row, column tile) of a tile row: few column tiles, or rows enough
-    return col_tiles * rows_t <= max(1 << 24, 4 * rows_t)
+    return 8 * (cols_t + 1 + rows_t * col_tiles + 1) <= _budget(limit) // 2
 
 
 def bucket(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, nrows: int, ncols: int):
@@ -83,16 +88,19 @@ def _first_repeat(p, c) -> tuple[int, int] | None:
     return int(np.searchsorted(p, k, side="right") - 1), int(c[k])
 
 
-def _passes(duck, src, qi, tile_rows: int, rows: int, per_entry: int, budget: int):
-    """[(first tile row, end tile row, entries)]: consecutive tile rows whose entries fit
-    ``budget`` together (a tile row alone may not: it is the least a pass holds)."""
-    if rows * per_entry <= budget:
+def _passes(duck, src, qi, tile_rows: int, rows: int, per_entry: int, budget: int,
+            per_tile_row: int = 0, tile_rows_total: int = 1):
+    """[(first tile row, end tile row, entries)]: consecutive tile rows whose entries (and
+    ``per_tile_row`` bytes of row pointers each) fit ``budget`` together (a tile row alone may
+    not: it is the least a pass holds)."""
+    if rows * per_entry + tile_rows_total * per_tile_row <= budget:
         return [(0, None, rows)]
     counts = duck.sql(f"SELECT {qi} // {tile_rows} AS k, count(*) FROM {src} GROUP BY k "
                       "ORDER BY k").fetchall()
     out, at, held, first = [], None, 0, None
     for k, n in counts:
-        if first is not None and (held + n) * per_entry > budget:
+        span = 0 if first is None else k + 1 - first
+        if first is not None and (held + n) * per_entry + span * per_tile_row > budget:
             out.append((first, at + 1, held))
             first, held = None, 0
         if first is None:
@@ -116,8 +124,13 @@ def load_passes(w, duck, src, idx, val, *, tile_shape, rows, limit, duplicates, 
     qi, qj = (quote_ident(c) for c in idx)
     per_entry = _COPIES * (8 + dtype.itemsize) + 8
     if budget is None:
-        budget = duck_bytes(limit) if limit is not None else SORT_MEMORY
-    for first, end, held in _passes(duck, src, qi, rows_t, rows, per_entry, budget):
+        budget = _budget(limit)
+    # the first counting sort's column pointers are held by every pass; each tile row adds
+    # its rows' pointers (one per row and column tile)
+    budget -= 8 * (cols_t + 1)
+    passes = _passes(duck, src, qi, rows_t, rows, per_entry, budget, 8 * rows_t * col_tiles,
+                     len(row_bounds) - 1)
+    for first, end, held in passes:
         if not held:
             continue
         lo = first * rows_t

@@ -270,7 +270,7 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
                   else default_tile(shape, rows, dtype))  # sized by nonzeros when sparse
     duplicates = check_duplicates(duplicates, name)
     if rows and is_sparse_overall(shape, rows, dtype) and \
-            coo_scan.applies(shape, tile_shape, dtype, fill):
+            coo_scan.applies(shape, tile_shape, dtype, fill, limit):
         # a sparse matrix: read as it comes, bucketed by counting sorts (no ORDER BY)
         with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace,
                           fill=0.0) as w:
