@@ -117,7 +117,7 @@ def load_passes(w, duck, src, idx, val, *, tile_shape, rows, limit, duplicates, 
     index columns ``idx`` and value column ``val``, whose ``rows`` rows were checked (no NULLs,
     inside the shape): pass by pass (see the module), each holding at most ``budget`` bytes
     (default: DuckDB's share of ``limit``)."""
-    (nrows, ncols), dtype = w.shape, np.dtype(w.dtype)
+    nrows, dtype = w.shape[0], np.dtype(w.dtype)
     rows_t, cols_t = (max(int(t), 1) for t in tile_shape)
     row_bounds, col_bounds = w.grid
     col_tiles = len(col_bounds) - 1
