@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 from ..physical.choice import SPARSE_METHODS
+from ..plan.sparse_rules import have_graphblas
 from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
@@ -104,7 +105,7 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
             return _to_output(np.asarray((S @ densify(D))).reshape(-1), [i], op.out_labels)
         B = D if d_labels == (j, rest[0]) else D.T
         if choice.out_format == "csr":  # the plan's estimate says sparse: CSR, never dense
-            return csr_output(sorted_product(S, B), [i] + rest, op.out_labels, dtype)
+            return csr_output(_spgemm(S, B, dtype), [i] + rest, op.out_labels, dtype)
         return _to_output((S @ B).toarray(), [i] + rest, op.out_labels)
     D = np.asarray(D)
     if D.dtype != dtype:
@@ -119,6 +120,15 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         return _into(S, np.ascontiguousarray(D2), out, sink)
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _spgemm(S, B, dtype):
+    """The CSR product of two sparse tiles, rows sorted: GraphBLAS's (its threads) where it is
+    installed and the dtype is numeric, else scipy's without a sort (``sorted_product``)."""
+    if dtype.kind in "iuf" and have_graphblas():
+        from .semiring import plus_times_csr
+        return plus_times_csr(S, B)
+    return sorted_product(S, B)
 
 
 def _scaled(S, g: np.ndarray, axis: int, dtype):

@@ -1,10 +1,13 @@
-"""SpMV, SpMM and SpGEMM on stored sparse tiles give scipy's bytes: the SpMV/SpMM kernel calls
+"""SpMV, SpMM and SpGEMM on stored sparse tiles against scipy: the SpMV/SpMM kernel calls
 scipy's own product kernels straight into the output's rows (exec/sparse_kernels._direct) where
-the dtypes agree, and scipy's product where they do not; SpGEMM's CSR output comes from the
-product of the transposes turned to CSC (exec/sparse_out.sorted_product), not from sorting.
+the dtypes agree, and scipy's product where they do not: scipy's bytes. SpGEMM's CSR output is
+GraphBLAS's product (semiring.plus_times_csr), or without GraphBLAS the product of the
+transposes turned to CSC (exec/sparse_out.sorted_product, scipy's bytes): scipy's structure,
+its values to rounding (exact for integer weights).
 
-Oracles: scipy's ``G @ x``, ``G @ X`` and ``G @ G`` (its rows sorted), compared byte for byte:
-random float values, so a sum taken in another order would differ in its last bits."""
+Oracles: scipy's ``G @ x``, ``G @ X`` and ``G @ G`` (its rows sorted), compared byte for byte
+where the same C function computes them: random float values, so a sum taken in another order
+would differ in its last bits."""
 from __future__ import annotations
 
 import numpy as np
@@ -76,11 +79,16 @@ def test_sorted_product_is_scipys_product_sorted_bit_for_bit():
         assert got.data.tobytes() == want.data.tobytes()
 
 
-def test_spgemm_stored_csr_equals_scipys_bytes(tmp_path):
+@pytest.mark.parametrize("weights", ["float", "integer", "cancelling"])
+def test_spgemm_stored_csr_equals_scipys(tmp_path, weights):
     rng = np.random.default_rng(34)
     n = 600
     G = _graph(rng, n, 6, np.float64)
-    want = sp.csr_array(G @ G)
+    if weights != "float":
+        G.data[:] = rng.integers(-3, 4, G.nnz) if weights == "cancelling" else \
+            rng.integers(1, 10, G.nnz)
+        G.data[G.data == 0] = 1.0
+    want = sp.csr_array(G @ G)  # scipy leaves out a sum of 0
     want.sort_indices()
     with tensordb.connect(tmp_path / "db", workers=2) as con:
         con.load("G", G)
@@ -91,7 +99,10 @@ def test_spgemm_stored_csr_equals_scipys_bytes(tmp_path):
         got.sort_indices()
         assert np.array_equal(got.indptr, want.indptr)
         assert np.array_equal(got.indices, want.indices)
-        assert got.data.tobytes() == want.data.tobytes()
+        if weights == "float":
+            np.testing.assert_allclose(got.data, want.data, rtol=1e-12, atol=1e-12)
+        else:  # exact sums, in any order
+            assert got.data.tobytes() == want.data.tobytes()
         con.execute("CHECK TENSOR C")
 
 
