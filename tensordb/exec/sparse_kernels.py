@@ -11,7 +11,10 @@ order) with an operand ``D`` that holds ``j`` and labels kept in the output: ``D
 ``(j, rest)`` and ``S @ D`` is one scipy call (SpMM; SpMV when ``rest`` is empty; SpGEMM when
 ``D`` arrives sparse too), its result dense and reordered to the output's labels, or, for
 SpGEMM where the plan says its output is sparse (``KernelChoice.out_format``, from the estimated
-nonzeros), a CSR tile the writer stores as it is (``csr_output``). The choice is made only where
+nonzeros), a CSR tile the writer stores as it is (``csr_output``): GraphBLAS's ``plus_times``
+product where it is installed (``semiring.plus_times_csr``), else scipy's, its rows sorted by a
+counting pass (``sparse_out.sorted_product``). SpMV and SpMM call scipy's ``csr_matvec(s)``
+straight into the output's rows (``_direct``). The choice is made only where
 ``D`` is known to hold no NaN or inf, where skipping absent entries is exact. Partial results of
 one output tile (the contracted label split) are combined sparse (``combine_sparse``).
 
