@@ -2,7 +2,7 @@
 
 Run by hand (the default size writes about 37 GB: check ``df -h`` first):
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /work/main/.venv/bin/python -m tests.bench.bench_sparse_bigger
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m tests.bench.bench_sparse_bigger
     ... --log2-nodes 20 --per-row 64     # a small run: about a minute
 
 G: a uniform random graph of 2^--log2-nodes nodes, --per-row column draws a row (repeats in a
@@ -72,7 +72,7 @@ def x_matrix(n: int, k: int) -> np.ndarray:
 
 
 LOAD_CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 import tensordb
 from tests.harness import rss_anon as anon
 from tests.bench.bench_sparse_bigger import slabs
@@ -80,16 +80,17 @@ db, limit, n, rows, per_row, tile_rows = sys.argv[1], sys.argv[2], *map(int, sys
 con = tensordb.connect(db, memory_limit=limit)
 con.execute('SELECT 1')
 idle = anon()
-t0 = time.perf_counter()
+c0, t0 = os.times(), time.perf_counter()
 con.load('G', slabs(2026, n, rows, per_row), shape=(n, n), tile=(tile_rows, n), dims=['i', 'j'])
-seconds = time.perf_counter() - t0
+seconds, c1 = time.perf_counter() - t0, os.times()
 d = con.describe('G')
 print(json.dumps({'idle': idle, 'seconds': seconds, 'nnz': d['nnz'], 'bytes': d['bytes'],
+                  'cpu': c1.user + c1.system - c0.user - c0.system,
                   'tiles': d['tile_count']}))
 """
 
 SPMM_CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 import tensordb
 from tests.harness import rss_anon as anon
 db, limit, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -97,10 +98,11 @@ con = tensordb.connect(db, memory_limit=limit, workers=workers)
 con.execute('SELECT 1')
 print(con.explain('Y[i,k] = SUM(G[i,j] * X[j,k]);'), flush=True)
 idle = anon()
-t0 = time.perf_counter()
+c0, t0 = os.times(), time.perf_counter()
 con.execute('Y[i,k] = SUM(G[i,j] * X[j,k]);')
-seconds = time.perf_counter() - t0
-print(json.dumps({'idle': idle, 'seconds': seconds}))
+seconds, c1 = time.perf_counter() - t0, os.times()
+cpu = c1.user + c1.system - c0.user - c0.system
+print(json.dumps({'idle': idle, 'seconds': seconds, 'cpu': cpu}))
 """
 
 
@@ -156,13 +158,19 @@ def main(argv=None) -> None:
     ap.add_argument("--log2-nodes", type=int, default=24)
     ap.add_argument("--per-row", type=int, default=276, help="column draws a row")
     ap.add_argument("--tile-rows", type=int, default=65536)
-    ap.add_argument("--slab-rows", type=int, default=65536, help="rows the generator yields at once")
+    ap.add_argument("--slab-rows", type=int, default=65536,
+                    help="rows the generator yields at once")
     ap.add_argument("--cols", type=int, default=4, help="X's columns (k)")
     ap.add_argument("--limit", default="2GB")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--check-slabs", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp", help="where the database goes")
     ap.add_argument("--keep-free", type=float, default=12.0, help="GiB of disk left to others")
+    ap.add_argument("--x-tile", choices=("one", "default"), default="one",
+                    help="X stored as one tile (n x k), or in the dense default tiles")
+    ap.add_argument("--warm", action="store_true", help="run the SpMM a second time, not evicted")
+    ap.add_argument("--db", help="keep the database here (loaded only if it is not there yet; "
+                    "not deleted): for repeated SpMM runs")
     args = ap.parse_args(argv)
     n = 2 ** args.log2_nodes
     if n % args.slab_rows:
@@ -172,6 +180,9 @@ def main(argv=None) -> None:
     if free - need < args.keep_free * GiB:
         print(f"bench_sparse_bigger: skipped: {free / GiB:.0f} GiB free in {args.dir}, about "
               f"{need / GiB:.0f} GiB needed and {args.keep_free:.0f} GiB to leave free")
+        return
+    if args.db:
+        run(Path(args.db), args, n)
         return
     root = Path(tempfile.mkdtemp(prefix="tensordb-sparse-bigger-", dir=args.dir))
     try:
@@ -184,10 +195,20 @@ def main(argv=None) -> None:
 def run(db: Path, args, n: int) -> None:
     import tensordb
     print(f"uptime: {os.popen('uptime').read().strip()}", flush=True)
+    loaded = db.with_suffix(".load.json")
     with tensordb.connect(db) as con:  # X first, so that G's load is measured alone
-        con.load("X", x_matrix(n, args.cols), dims=["j", "k"])
-    load, lpeak = under_peak_mem(LOAD_CHILD, db, args.limit, n, args.slab_rows, args.per_row,
-                                 args.tile_rows)
+        # one tile: every SpMM call gathers from all of X, a view of the mapping (in the
+        # default tiles, the plan follows X's tiles and cuts G's columns as well: docs)
+        con.load("X", x_matrix(n, args.cols), dims=["j", "k"], replace=True,
+                 tile=(n, args.cols) if args.x_tile == "one" else None)
+        con.drop("Y", if_exists=True)
+        have = con.store.has("G")
+    if have and loaded.exists():
+        load, lpeak = json.loads(loaded.read_text())
+    else:
+        load, lpeak = under_peak_mem(LOAD_CHILD, db, args.limit, n, args.slab_rows,
+                                     args.per_row, args.tile_rows)
+        loaded.write_text(json.dumps([load, lpeak]))
     print(f"load: {load} {lpeak}", flush=True)
     files = payload_files(db, "G")
     evict(files)
@@ -196,6 +217,9 @@ def run(db: Path, args, n: int) -> None:
     evict(files)
     spmm, speak = under_peak_mem(SPMM_CHILD, db, args.limit, args.workers, out=True)
     print(f"spmm: {spmm} {speak}", flush=True)
+    if args.warm:  # again, G's pages left in the page cache (as many as it holds)
+        warm, wpeak = under_peak_mem(SPMM_CHILD, db, args.limit, args.workers)
+        print(f"spmm, warm: {warm} {wpeak}", flush=True)
     err = check(db, args, n)
     print(f"uptime: {os.popen('uptime').read().strip()}", flush=True)
     csr_bytes = load["nnz"] * 8 + (n + 1) * 4
