@@ -50,7 +50,8 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
 
     ``source``: a numpy array (or anything ``np.asarray`` takes), a scipy.sparse matrix or array
     or a pydata ``sparse`` array (stored from its entries: coo.py), a pandas or polars DataFrame
-    or an Arrow table with ``index=`` (a COO table, read by DuckDB), a path to .npy/.npz/.parquet/
+    or an Arrow table with ``index=`` (a COO table, read by DuckDB), an iterator of scipy.sparse
+    row slabs with ``shape=`` (a matrix streamed one band of tiles at a time: slabs.py), a path to .npy/.npz/.parquet/
     .csv, a SQL string with ``format="sql"``, or None with ``query=``. ``duplicates``: 'sum'
     (the default, as scipy) or 'error', for coordinates given twice (COO tables, sparse arrays). Table options: ``index``
     (coordinate columns) with ``value`` (the value column, default ``value``) and ``shape``;
