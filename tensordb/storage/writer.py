@@ -164,9 +164,15 @@ class TensorWriter(ReservedTiles):
                 keep = data != self.fill
             if self.fill == 0 and data.dtype.kind == "f":
                 keep |= np.signbit(data)  # a -0.0 is stored (stored_entries)
-            if keep.all() and choose_format(shape, data.size, self.dtype) == "csr":
-                # every entry stays and the rule says CSR: its arrays are the payload's
-                parts = csr_parts(shape, self.dtype, csr.indptr, csr.indices, data)
+            indptr, indices = csr.indptr, csr.indices
+            if not keep.all():  # zeros (or fills) left out: the CSR arrays without them, not
+                # int64 linear indices of every entry (a streamed slab's few zeros: slabs.py)
+                drop = np.flatnonzero(~keep)
+                indptr = indptr - np.searchsorted(drop, indptr, side="left").astype(indptr.dtype)
+                indices, data = np.delete(indices, drop), np.delete(data, drop)
+            if choose_format(shape, data.size, self.dtype) == "csr":
+                # the rule says CSR: its arrays are the payload's
+                parts = csr_parts(shape, self.dtype, indptr, indices, data)
                 nnz = data.size if self.fill != 0 else count_nonzero(data)
                 if nnz == 0 and self.fill == 0:
                     return False
