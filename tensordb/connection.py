@@ -173,8 +173,9 @@ class Connection(TensorIO, DuckAPI):
         """Run one or more statements of the dialect; returns the result of the last one (an
         empty status result when there is none)."""
         from .result import Result
-        if parameters is not None and (isinstance(parameters, (str, bytes)) or
-                                       not isinstance(parameters, (Sequence, Mapping))):
+        if parameters is not None and type(parameters) not in (dict, list, tuple) and (
+                isinstance(parameters, (str, bytes))
+                or not isinstance(parameters, (Sequence, Mapping))):  # (typing's ABCs: slow)
             raise ProgrammingError(f"parameters must be a list or tuple of values (one per ?), "
                                    f"got {type(parameters).__name__}")
         results = self.execute_script(sql, parameters)

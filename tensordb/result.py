@@ -25,6 +25,8 @@ __all__ = ["Result"]
 _MAX_SHOWN_ROWS = 40
 
 
+_DTYPE_NAMES: dict = {}  # numpy dtype -> its name (Result.for_tensor)
+
 class Result:
     """The result of one statement. Rows are fetched like a DB-API cursor."""
 
@@ -73,10 +75,13 @@ class Result:
     @classmethod
     def for_tensor(cls, con, name: str, statement: str = "") -> "Result":
         meta = con.store.meta(name)
+        dtype = _DTYPE_NAMES.get(meta.dtype)
+        if dtype is None:  # ``dtype.name`` is Python code: named once per dtype
+            dtype = _DTYPE_NAMES[meta.dtype] = np.dtype(meta.dtype).name
         r = cls("tensor", name=meta.name, con=con, statement=statement,
-                shape=tuple(meta.shape), dtype=np.dtype(meta.dtype).name,
+                shape=tuple(meta.shape), dtype=dtype,
                 columns=list(meta.dims) + ["value"],
-                types=["BIGINT"] * len(meta.dims) + [_SQL_TYPES[np.dtype(meta.dtype).name]])
+                types=["BIGINT"] * len(meta.dims) + [_SQL_TYPES[dtype]])
         r.version = meta.version  # the tensor this statement stored; its rows are read later
         return r
 

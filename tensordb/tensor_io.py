@@ -54,6 +54,10 @@ class TensorIO:
         of the entries a coordinate table or sparse array leaves out, recorded in the catalog:
         ``float("inf")`` for a graph's distances; docs/sql.md, "Fill values"), ``dims`` (dimension
         names), ``format`` (when the suffix does not say), ``query`` (SQL).
+
+        A matrix larger than memory: ``source`` an iterator (a generator) of scipy.sparse row
+        slabs, top to bottom, with ``shape=(rows, cols)``; stored one band of tile rows at a
+        time, committed once (docs/storage.md, "Streamed loads").
         """
         self._load(name, source, tile=tile, replace=replace, **options)
 

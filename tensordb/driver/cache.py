@@ -10,7 +10,12 @@ the catalog changed: every answer holds), else by asking the snapshot the same q
 bound graph, the pieces fixed, each input's *layout* (grid, present tiles, per tile its NaN/inf
 flag and whether every element is nonzero: ``TensorReader.layout``), the settings that steer
 planning and the executor's capabilities; not on the inputs' versions: a training step that
-writes new weights of the same layout plans once. Plans are kept without their readers (no
+writes new weights of the same layout plans once. The one thing a plan takes from its inputs'
+values is where it cuts a sparse matrix's rows into slabs of equal nonzeros (the matrix's row
+profile: optimizer/balance.py), so a plan with such cuts notes the matrices' versions, and a
+lookup over other versions of them works the cuts out again: the plan holds where they come out
+the same, else it is made again (the cuts set the tasks' boxes, the tiles written and the cuts
+of later operations, so re-cutting is lowering again). Plans are kept without their readers (no
 replaced payload file stays mapped); ``rebind`` gives one the readers of the current versions.
 
     >>> cache = PreparedCache(size=2)
@@ -22,7 +27,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterable
 
 from ..bind import LetDef
 from ..plan import scalar
@@ -41,6 +46,7 @@ class Bound:
     pieces: dict
     defined: tuple = ()
     dropped: tuple = ()
+    seen: tuple = ()  # Snapshot.seen: the entries read, checked by identity first
 
 
 def statements_key(items, lets) -> Hashable:
@@ -156,7 +162,7 @@ class PreparedCache:
         """The group kept under ``key`` if what it read holds in ``snapshot`` (the LETs it
         defined are defined again in ``lets``), else None."""
         kept = self._bound.get(key)
-        if kept is None or not (kept.epoch == snapshot.epoch or snapshot.holds(kept.answers)):
+        if kept is None or not (kept.epoch == snapshot.epoch or snapshot.holds(kept.answers, kept.seen)):
             return None
         kept.epoch = snapshot.epoch
         if lets is not None:
@@ -185,30 +191,46 @@ class PreparedCache:
         dropped = tuple(n for n in (lets_before or {}) if n not in (lets or {}))
         try:
             self._bound[key] = Bound(snapshot.answers, snapshot.epoch, graph, dict(pieces),
-                                     tuple(defined), dropped)
+                                     tuple(defined), dropped, snapshot.seen)
         except TypeError:  # an unhashable part: never kept
             return
         while len(self._bound) > self.size:
             self._bound.popitem(last=False)
 
     # -- planning ---------------------------------------------------------------------------------
-    def plan(self, key: Hashable):
-        """The kept (Decomposition, TilePlan) of ``key`` (its readers empty: ``rebind`` it)."""
+    def plan(self, key: Hashable, versions: Callable[[Iterable[str]], dict] | None = None,
+             recut: Callable[[Any], bool] | None = None):
+        """The kept (Decomposition, TilePlan) of ``key`` (its readers empty: ``rebind`` it).
+        A plan whose cuts of equal nonzeros rest on stored matrices' row profiles
+        (``keep_plan``'s ``profiled``) holds for other versions of them only where
+        ``recut(decomp)`` says the current ones are cut the same; ``versions(names)`` gives
+        their current versions. Else it is dropped and made again (a miss)."""
         try:
             entry = self._plans[key]
         except (KeyError, TypeError):  # TypeError: an unhashable part (never kept)
             self.misses += 1
             return None
+        profiled = entry[3]
+        if profiled and versions is not None:
+            now = versions(profiled)
+            if now != profiled:
+                if recut is None or not recut(entry[0]):
+                    del self._plans[key]
+                    self.misses += 1
+                    return None
+                self._plans[key] = entry[:3] + (now,)
         self._plans.move_to_end(key)
         self.hits += 1
         return entry[:2]
 
-    def keep_plan(self, key: Hashable, decomp, plan, inputs) -> None:
-        """Keep ``plan`` (a copy without its readers); ``inputs``: the names it reads."""
+    def keep_plan(self, key: Hashable, decomp, plan, inputs, profiled: dict | None = None) -> None:
+        """Keep ``plan`` (a copy without its readers); ``inputs``: the names it reads;
+        ``profiled``: name -> version of the sparse matrices whose row profiles its cuts rest
+        on (``plan`` checks them)."""
         if self.size <= 0:
             return
         try:
-            self._plans[key] = (decomp, rebind(plan, {}), frozenset(inputs))
+            self._plans[key] = (decomp, rebind(plan, {}), frozenset(inputs), dict(profiled or {}))
         except TypeError:
             return
         self._plans.move_to_end(key)
@@ -217,7 +239,7 @@ class PreparedCache:
 
     def prune(self, exists: Callable[[str], bool]) -> None:
         """Drop the plans that read a tensor that no longer exists (``exists(name)`` False)."""
-        stale = [k for k, (_, _, inputs) in self._plans.items()
+        stale = [k for k, (_, _, inputs, _) in self._plans.items()
                  if not all(exists(name) for name in inputs)]
         for k in stale:
             del self._plans[k]

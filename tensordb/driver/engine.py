@@ -40,6 +40,7 @@ class Engine:
         self.progress_callback = None
         self.last_plan = self.last_run = None
         self._executor = None
+        self._target = None  # (the settings' values, the Target they give): ``target``
 
     @property
     def store(self):
@@ -91,7 +92,22 @@ class Engine:
         pool's workers, or what a Dask cluster's workers report of themselves (the one case a
         live executor is asked): each worker's threads are workers of the plan (a worker of 2
         threads runs 2 of its tasks at once), and each its share of the smallest worker's
-        memory (exec/dask.py ``capabilities``), so a 2 GB worker gets tiles that fit it."""
+        memory (exec/dask.py ``capabilities``), so a 2 GB worker gets tiles that fit it. For
+        the local pool and the GPU, whose target the settings alone give, it is made once per
+        settings (a repeated statement asks each call)."""
+        s = self.settings
+        fixed = s.executor in ("local", "gpu")
+        if fixed:
+            key = tuple(vars(s).values()) + ((_cores(),) if s.blas_one_call else ())
+            kept = self._target
+            if kept is not None and kept[0] == key:
+                return kept[1]
+        target = self._make_target()
+        if fixed:
+            self._target = (key, target)
+        return target
+
+    def _make_target(self) -> Target:
         from ..exec import max_fan_in
         s = self.settings
         fan_in = max_fan_in(s.executor, self.executor)

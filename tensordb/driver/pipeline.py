@@ -146,7 +146,8 @@ def plan_graph(graph: EinGraph, pieces, snapshot: Snapshot, target: Target,
     if target.fuse_sparse:
         graph = fuse_sparse(graph, readers, snapshot)
     key = plan_key(graph, pieces, snapshot.layouts(names), target.key)
-    cached = cache.plan(key)
+    cached = cache.plan(key, lambda kept: {n: readers[n].meta.version for n in kept},
+                        lambda decomp: _cuts_hold(graph, decomp, snapshot, names))
     if cached is not None:
         if debug_level() >= 1:
             print(f"[tensordb] plan cache hit ({cache.hits} hits)", file=sys.stderr)
@@ -171,13 +172,32 @@ def plan_graph(graph: EinGraph, pieces, snapshot: Snapshot, target: Target,
         plan = physical.aggregation_trees(plan, target.fan_in)  # on the workers placement chose
         plan = physical.order(plan)  # the memory-aware order the pool runs tasks in
     cache.prune(snapshot.store.has)
-    cache.keep_plan(key, decomp, plan, readers)
+    cache.keep_plan(key, decomp, plan, readers, _profiled(decomp, snapshot, names))
     if debug_level() >= 2:
         from ..explain import render
         print(render(decomp, plan), physical.describe(plan), sep="\n", file=sys.stderr)
     if debug_level() >= 3:
         print(physical.describe_tasks(plan), file=sys.stderr)
     return decomp, plan, True
+
+
+def _profiled(decomp, snapshot: Snapshot, names) -> dict:
+    """name -> version of the stored sparse matrices whose row profiles ``decomp``'s cuts of
+    equal nonzeros rest on, or may rest on in another version (optimizer/balance.py): the
+    inputs that offer a profile, where a sparse kernel computes some operation."""
+    if not decomp.details.get("output_nnz"):
+        return {}
+    readers = snapshot.readers(names)
+    return {n: readers[n].meta.version for n, st in snapshot.stored_stats(names).items()
+            if st.row_profile is not None}
+
+
+def _cuts_hold(graph: EinGraph, decomp, snapshot: Snapshot, names) -> bool:
+    """Whether the current versions of the inputs cut ``decomp``'s rows as it does (a cached
+    plan over a replaced matrix: driver/cache.py)."""
+    grids = {n: r.meta.grid for n, r in snapshot.readers(names).items()}
+    cuts, _ = optimizer.balance_cuts(graph, decomp, snapshot.stored_stats(names), grids)
+    return cuts == decomp.details.get("cuts", {})
 
 
 def optimize(graph: EinGraph, pieces, snapshot: Snapshot, names, target: Target):

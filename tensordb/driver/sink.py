@@ -43,7 +43,6 @@ class StoreSink:
             self.store, plan, replace=self.replace,
             check_tables=prepared.fresh and sum(s.flops for s in plan.stats) > EARLY_CHECK_FLOPS,
             stage_max=staging,
-            sparse_nnz=prepared.decomp.details.get("output_nnz"),
             fills=prepared.decomp.details.get("output_fill"))
         return _Stored(writers)
 

@@ -27,7 +27,7 @@ from ..errors import Error
 from ..optimizer import StoredStats
 from ..storage.reader import TensorReader
 
-__all__ = ["Snapshot", "meta_key", "row_profile"]
+__all__ = ["Snapshot", "meta_key", "row_profile", "row_reach"]
 
 
 def row_profile(reader) -> np.ndarray:
@@ -56,6 +56,42 @@ def row_profile(reader) -> np.ndarray:
     return out
 
 
+def row_reach(reader, counts: np.ndarray, chunk: int = 1 << 20) -> np.ndarray | None:
+    """For each row of a stored matrix, the sum of ``counts`` (one per column) over the columns
+    where the row has a stored entry: with ``counts`` another matrix's entries per row, the
+    products each row of this matrix times that one forms. Its CSR tiles' column indices are
+    read ``chunk`` entries at a time (planning holds no copy of a tile's entries), a dense
+    tile's nonzero elements counted; None where a tile is stored otherwise.
+
+    >>> import numpy as np, scipy.sparse as sp, tensordb
+    >>> con = tensordb.connect()
+    >>> con.load("S", sp.csr_array(np.array([[1.0, 2, 0, 0], [0, 0, 0, 3]] + [[0.0] * 4] * 6)))
+    >>> row_reach(con.store.open_many(["S"])["S"], np.array([1, 2, 3, 4]))[:3].tolist()
+    [3.0, 4.0, 0.0]
+    """
+    meta = reader.meta
+    rows_b, cols_b = meta.grid
+    counts = np.asarray(counts, np.float64)
+    out = np.zeros(meta.shape[0], np.float64)
+    for (r, c), e in reader.entries.items():
+        part = counts[cols_b[c]:cols_b[c + 1]]
+        lo = rows_b[r]
+        if e.format == "dense":
+            out[lo:rows_b[r + 1]] += (reader.stored_tile((r, c)) != 0) @ part
+            continue
+        if e.format != "csr":
+            return None
+        tile = reader.stored_tile((r, c))
+        ptr, ind = tile.indptr, tile.indices
+        cuts = np.unique(np.r_[0, np.searchsorted(ptr, np.arange(chunk, int(ptr[-1]), chunk)),
+                              len(ptr) - 1])
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            rows = np.repeat(np.arange(b - a), np.diff(ptr[a:b + 1]))
+            out[lo + a:lo + b] += np.bincount(rows, weights=part[ind[ptr[a]:ptr[b]]],
+                                              minlength=b - a)
+    return out
+
+
 def meta_key(m) -> tuple:
     """What the binder reads of a tensor's catalog entry (not its version). The dtype by its
     code (``'<f4'``): ``str`` of a NumPy dtype is Python code, and a repeated statement
@@ -75,20 +111,30 @@ class Snapshot:
         self._readers: dict = {}
         self._facts: dict = {}
         self._answers: dict[tuple[str, object], object] = {}
+        self._seen: dict[str, object] = {}  # a plain name -> its catalog entry (or None) then
 
     # -- what the binder asks (bind.GroupBinder's catalog) --------------------------------------
     def has(self, name: str) -> bool:
-        out = self.store.has(name)
+        if type(name) is str:
+            m = self.store.find(name)
+            self._seen.setdefault(name, m)
+            out = m is not None
+        else:
+            out = self.store.has(name)
         self._note("has", name, out)
         return out
 
     def meta(self, name: str):
         m = self.store.meta(name)
+        if type(name) is str:
+            self._seen.setdefault(name, m)
         self._note("meta", name, meta_key(m))
         return m
 
     def open(self, name: str) -> TensorReader:
         reader = self.readers([name])[name]
+        if type(name) is str:
+            self._seen.setdefault(name, reader.meta)
         self._note("open", name, self.facts(name))
         return reader
 
@@ -136,12 +182,14 @@ class Snapshot:
             if not isinstance(r, TensorReader):
                 continue
             entries = r.entries.values()
-            profile = None
+            profile = reach = None
             if r.meta.ndim == 2 and r.has_sparse:
                 profile = functools.partial(self._row_profile, name, r)
+                reach = functools.partial(row_reach, r)
             out[name] = StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),
                                     sum(int(e.nnz) for e in entries),
-                                    sum(int(e.nbytes) for e in entries), r.meta.fill, profile)
+                                    sum(int(e.nbytes) for e in entries), r.meta.fill, profile,
+                                    reach)
         return out
 
     def _row_profile(self, name, reader):
@@ -159,10 +207,20 @@ class Snapshot:
         """Every answer written down, as (question, name, answer)."""
         return tuple((q, name, a) for (q, name), a in self._answers.items())
 
-    def holds(self, answers) -> bool:
-        """Whether this snapshot gives every one of ``answers`` (another snapshot's) again."""
+    @property
+    def seen(self) -> tuple:
+        """(name, catalog entry or None) of each plain name asked about, as it was then: every
+        answer about a name whose entry is the very same object again holds again (an entry is
+        one version's row: its shape, dtype, grid, facts and layout are that version's)."""
+        return tuple(self._seen.items())
+
+    def holds(self, answers, seen=()) -> bool:
+        """Whether this snapshot gives every one of ``answers`` (another snapshot's) again;
+        ``seen`` (that snapshot's): the names whose entries are unchanged are not asked again
+        (a training step's data; the weights it replaces each call are)."""
         try:
-            return all(self._ask(q, name) == a for q, name, a in answers)
+            same = {name for name, m in seen if self.store.find(name) is m}
+            return all(name in same or self._ask(q, name) == a for q, name, a in answers)
         except Error:  # a tensor gone meanwhile: the caller binds again, and the binder says so
             return False
 

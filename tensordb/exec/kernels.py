@@ -22,6 +22,7 @@ from ..plan.aggregates import AGGREGATES, ARG_AGGS
 from ..plan.kernel import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
 from ..storage.sparse import is_sparse
+from . import fused
 from .sparse_kernels import SPARSE_METHODS, dense_args, sparse_call
 from .sparse_out import combine_sparse
 
@@ -41,6 +42,8 @@ class KernelSpec:
     xp: object = np
     choice: KernelChoice | None = None
     _exprs: dict = field(default_factory=dict)
+    _fused: dict = field(default_factory=dict)    # (reduced, dtypes) -> compiled join or None
+    _layouts: dict = field(default_factory=dict)  # operand shapes -> the join space's views
 
     def __post_init__(self) -> None:
         op = self.op
@@ -72,6 +75,8 @@ class KernelSpec:
             "".join(sym[l] for l in op.out_labels)
         self.dtype = np.dtype(op.dtype)
         self.matmul = c.layout
+        ins, outs = self.eq.split("->")
+        self.copy_only = ins == outs  # one operand, its labels in the output's order
         # For the broadcasting path: per operand, its labels made unique (diagonal taken first),
         # the order of its axes in the join space and the labels it has there.
         self.unique, self.placed = [], []
@@ -147,19 +152,26 @@ class KernelSpec:
     def _contract(self, arrays, out=None):
         if self.matmul is not None:
             return self._matmul(arrays, out)
-        shapes = tuple(a.shape for a in arrays)
-        expr = self._exprs.get(shapes)
-        if expr is None:
-            expr = self._exprs[shapes] = oe.contract_expression(self.eq, *shapes, optimize="auto")
-        if self.xp is np:
-            out = expr(*arrays)
+        if self.copy_only and (self.scale_first is not None or self.scale != 1):
+            # one operand in its own order, scaled: nothing to contract (opt_einsum's set-up
+            # alone is 20 us; a GRAD's ``-c * Y``)
+            out = arrays[0]
         else:
-            out = expr(*arrays, backend="cupy")
+            out = self._contract_expression(arrays)
         if self.scale != 1 and self.scale_first is None:
             out = out * _scalar(self.scale, self.dtype)
         # Tiles are stored and accumulated C-ordered: pay the transpose here, on the worker.
         out = self.xp.asarray(out, dtype=self.dtype)
         return out if out.flags.c_contiguous else out.copy()
+
+    def _contract_expression(self, arrays):
+        shapes = tuple(a.shape for a in arrays)
+        expr = self._exprs.get(shapes)
+        if expr is None:
+            expr = self._exprs[shapes] = oe.contract_expression(self.eq, *shapes, optimize="auto")
+        if self.xp is np:
+            return expr(*arrays)
+        return expr(*arrays, backend="cupy")
 
     def _matmul(self, arrays, out=None):
         """One (batched) matrix product, written into ``out`` when its dtype matches.
@@ -204,16 +216,7 @@ class KernelSpec:
         xp = self.xp
         choice = choice or self.choice
         op = self.op
-        views, ext = [], {}
-        for a, (uniq, diag), (order, present) in zip(arrays, self.unique, self.placed):
-            if diag is not None:
-                a = xp.einsum(diag, a)
-            for l, n in zip(uniq, a.shape):
-                ext[l] = n
-            a = a.transpose(order)
-            shape = [ext[l] if l in present else 1 for l in self.space]
-            views.append(a.reshape(shape))
-        full = [ext[l] for l in self.space]
+        views, full = self._views(arrays)
         agg_axes = tuple(range(len(self.space) - self.n_out))
         agg = AGGREGATES[op.agg] if agg_axes else None
         if 0 in full:
@@ -234,11 +237,11 @@ class KernelSpec:
                     return self._elementwise_chunked(views, full, out, check or _no_check, slab,
                                                      sink)
                 if out is not None and tuple(out.shape) == tuple(full) and out.dtype == self.dtype:
-                    res = scalar.evaluate(op.join, views, xp, out=out)
+                    res = self._join(views, out)
                     if res is out:  # written in place into the output's final buffer
                         return out
                 else:
-                    res = scalar.evaluate(op.join, views, xp)
+                    res = self._join(views)
                 res = xp.asarray(res, dtype=self.dtype)
                 if res.shape != tuple(full):  # the join ignores some label: repeat it
                     res = xp.broadcast_to(res, full).copy()
@@ -274,6 +277,14 @@ class KernelSpec:
                 result[lo:hi] = part
             return xp.asarray(result, dtype=self.dtype)
 
+    def _views(self, arrays):
+        """The operands as views in the join space, and its extents (``fused.views``)."""
+        return fused.views(self, arrays)
+
+    def _join(self, views, out=None, reduced: bool = False):
+        """The join on ``views``: ``scalar.evaluate``'s answer (``fused.join``)."""
+        return fused.join(self, views, out, reduced)
+
     def _cache_blocks(self, views, full, axis, oax, chunk_elements):
         """(block, step): blocks of output axis ``oax`` and chunks of ``step`` along ``axis``
         whose join stays within CACHE_BYTES, when the join combines operands (a reduction of one
@@ -299,7 +310,7 @@ class KernelSpec:
         xp = self.xp
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            val = xp.asarray(scalar.evaluate(self.op.join, views, xp))
+            val = xp.asarray(self._join(views, reduced=True))
         val = xp.broadcast_to(val, full)
         return getattr(xp, self.op.agg)(val, axis=0).astype(self.dtype, copy=False)
 
@@ -320,14 +331,27 @@ class KernelSpec:
             if check is not None:
                 check(lo / max(full[axis], 1))
             hi = min(lo + step, full[axis])
-            sl = [v if v.shape[axis] == 1 else _slice(v, axis, lo, hi, xp) for v in views]
-            shape = list(full)
-            shape[axis] = hi - lo
+            if hi - lo == full[axis]:  # one chunk: the views whole
+                sl, shape = views, full
+            else:
+                sl = [v if v.shape[axis] == 1 else _slice(v, axis, lo, hi, xp) for v in views]
+                shape = list(full)
+                shape[axis] = hi - lo
             into = None if buf is None else buf[tuple(slice(0, n) for n in shape)]
-            res = xp.asarray(scalar.evaluate(op.join, sl, xp, out=into))
+            res = xp.asarray(self._join(sl, into, reduced=True))
             if buf is None and xp is np and _fresh(res, shape, arrays):
                 buf = scratch["buf"] = res  # same inputs' dtypes, same ufunc loop: the same values
-            val = xp.broadcast_to(res, shape)
+            val = res if res.shape == tuple(shape) else xp.broadcast_to(res, shape)
+            if xp is np and ufunc in _ORDERLESS and type(res) is np.ndarray and \
+                    res.shape == val.shape and not res.flags.c_contiguous and \
+                    res.nbytes <= CACHE_BYTES:
+                # MAX / MIN over rows laid across memory (the join space puts the aggregated
+                # label first): one copy into its order, then whole rows folded at memory
+                # speed. The maximum is the same value in any order (of 0.0 and -0.0, which
+                # compare equal, either may be kept, as in NumPy's own SIMD loops); NumPy's
+                # reduction of short strided rows is about 5x slower (a digits step's row MAX
+                # over 1347 x 10)
+                val = np.ascontiguousarray(res)
             if xp is not np:
                 part = getattr(xp, agg.xp_reduce)(val, axis=agg_axes)
             elif acc is None:
@@ -379,12 +403,15 @@ class KernelSpec:
             # The join's outermost function writes the slab in place where it can (a ufunc),
             # broadcasting a label the join ignores; otherwise its result is copied in.
             into = res[lo:hi]
-            val = scalar.evaluate(self.op.join, sl, xp, out=into if xp is np else None)
+            val = self._join(sl, into if xp is np else None)
             if val is not into:
                 into[...] = val
             if sink is not None:
                 sink(into)
         return res
+
+
+_ORDERLESS = (np.maximum, np.minimum)  # reductions whose answer no order of the fold changes
 
 
 def _fresh(res, shape, arrays) -> bool:

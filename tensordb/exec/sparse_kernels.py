@@ -11,7 +11,10 @@ order) with an operand ``D`` that holds ``j`` and labels kept in the output: ``D
 ``(j, rest)`` and ``S @ D`` is one scipy call (SpMM; SpMV when ``rest`` is empty; SpGEMM when
 ``D`` arrives sparse too), its result dense and reordered to the output's labels, or, for
 SpGEMM where the plan says its output is sparse (``KernelChoice.out_format``, from the estimated
-nonzeros), a CSR tile the writer stores as it is (``csr_output``). The choice is made only where
+nonzeros), a CSR tile the writer stores as it is (``csr_output``): GraphBLAS's ``plus_times``
+product where it is installed (``semiring.plus_times_csr``), else scipy's, its rows sorted by a
+counting pass (``sparse_out.sorted_product``). SpMV and SpMM call scipy's ``csr_matvec(s)``
+straight into the output's rows (``_direct``). The choice is made only where
 ``D`` is known to hold no NaN or inf, where skipping absent entries is exact. Partial results of
 one output tile (the contracted label split) are combined sparse (``combine_sparse``).
 
@@ -33,8 +36,9 @@ import math
 import numpy as np
 
 from ..physical.choice import SPARSE_METHODS
+from ..plan.sparse_rules import have_graphblas
 from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
-from .sparse_out import combine_sparse, csr_output
+from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
            "SPARSE_METHODS"]
@@ -102,10 +106,10 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         D = D.astype(dtype) if D.dtype != dtype else D
         if not rest:
             return _to_output(np.asarray((S @ densify(D))).reshape(-1), [i], op.out_labels)
-        res = S @ (D if d_labels == (j, rest[0]) else D.T)
+        B = D if d_labels == (j, rest[0]) else D.T
         if choice.out_format == "csr":  # the plan's estimate says sparse: CSR, never dense
-            return csr_output(res, [i] + rest, op.out_labels, dtype)
-        return _to_output(res.toarray(), [i] + rest, op.out_labels)
+            return csr_output(_spgemm(S, B, dtype), [i] + rest, op.out_labels, dtype)
+        return _to_output((S @ B).toarray(), [i] + rest, op.out_labels)
     D = np.asarray(D)
     if D.dtype != dtype:
         D = D.astype(dtype)
@@ -119,6 +123,15 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         return _into(S, np.ascontiguousarray(D2), out, sink)
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _spgemm(S, B, dtype):
+    """The CSR product of two sparse tiles, rows sorted: GraphBLAS's (its threads) where it is
+    installed and the dtype is numeric, else scipy's without a sort (``sorted_product``)."""
+    if dtype.kind in "iuf" and have_graphblas():
+        from .semiring import plus_times_csr
+        return plus_times_csr(S, B)
+    return sorted_product(S, B)
 
 
 def _scaled(S, g: np.ndarray, axis: int, dtype):
@@ -183,6 +196,7 @@ def _into(S, D2, out: np.ndarray, sink=None) -> np.ndarray:
     row_bytes = max(1, o2.shape[1] * out.itemsize)
     step = max(1, SLAB_BYTES // row_bytes)
     ptr = S.indptr
+    direct = _direct(S, D2, o2)
     if D2.shape[1] == 1:  # SpMV: scipy's matrix-vector product, not its one-column SpMM
         D2 = D2[:, 0]
     for r0 in range(0, rows, step):
@@ -191,12 +205,41 @@ def _into(S, D2, out: np.ndarray, sink=None) -> np.ndarray:
         slab = o2[r0:r1]
         if hi == lo:
             slab.fill(0)
+        elif direct is not None:
+            slab.fill(0)  # scipy's kernels add into their output, as its own product's zeros
+            direct(S, r0, r1, D2, slab)
         else:
             part = _csr_rows(S, r0, r1, lo, hi)
             slab[...] = (part @ D2).reshape(slab.shape)
         if sink is not None:
             sink(slab)
     return out
+
+
+def _direct(S, D2: np.ndarray, o2: np.ndarray):
+    """scipy's own product kernel (``csr_matvec``, ``csr_matvecs``: what ``S @ D2`` calls)
+    writing into rows of ``o2`` straight from ``S``'s arrays, where every dtype already agrees
+    (else None: ``S @ D2`` converts them): no CSR object made for a slab of rows, no result
+    made and copied in. The slab's rows read ``S``'s entries through its row pointers, which
+    index the whole entry arrays, so nothing is sliced."""
+    if not (S.data.dtype == D2.dtype == o2.dtype and S.indptr.dtype == S.indices.dtype and
+            D2.flags.c_contiguous and o2.flags.c_contiguous and D2.dtype.kind in "fc"):
+        return None
+    try:
+        from scipy.sparse import _sparsetools as st
+    except ImportError:  # a scipy without it: its public product
+        return None
+    n_col = S.shape[1]
+    if D2.shape[1] == 1:
+        def matvec(S, r0, r1, x, slab):
+            st.csr_matvec(r1 - r0, n_col, S.indptr[r0:r1 + 1], S.indices, S.data, x,
+                          slab.reshape(-1))
+        return matvec
+
+    def matvecs(S, r0, r1, X, slab):
+        st.csr_matvecs(r1 - r0, n_col, X.shape[1], S.indptr[r0:r1 + 1], S.indices, S.data,
+                       X.reshape(-1), slab.reshape(-1))
+    return matvecs
 
 
 def _csr_rows(S, r0: int, r1: int, lo: int, hi: int):

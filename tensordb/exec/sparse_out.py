@@ -19,7 +19,7 @@ import numpy as np
 from ..plan.aggregates import AGGREGATES
 from ..storage.sparse import CooTile, Filled, densify, entries, fill_of, is_sparse
 
-__all__ = ["csr_output", "combine_sparse"]
+__all__ = ["csr_output", "combine_sparse", "sorted_product"]
 
 
 def csr_output(csr, labels, out_labels, dtype, fill: float = 0.0):
@@ -35,6 +35,27 @@ def csr_output(csr, labels, out_labels, dtype, fill: float = 0.0):
     if not csr.has_canonical_format:
         csr.sum_duplicates()
     return Filled(csr, fill) if fill else csr
+
+
+def sorted_product(A, B):
+    """``A @ B`` of two sparse matrices as a CSR array whose rows' columns are sorted, without
+    sorting them: scipy's product leaves each row's columns in the order it met them, and sorting
+    them (``sort_indices``) cost 60% of the product on an R-MAT graph's G @ G. The product of
+    the transposes (``B.T @ A.T``, its rows as unsorted) turned to CSC by one counting pass
+    (``tocsc``, which scatters the rows in order: every column's rows sorted) is ``A @ B``'s
+    CSR, sorted; each entry's sum runs over the same terms in the same order as in ``A @ B``.
+
+    >>> import numpy as np, scipy.sparse as sp
+    >>> A = sp.csr_array(np.array([[0.0, 2.0], [1.0, 3.0]]))
+    >>> C = sorted_product(A, A)
+    >>> C.toarray().tolist(), C.has_canonical_format
+    ([[2.0, 6.0], [3.0, 11.0]], True)
+    """
+    import scipy.sparse as sp
+    t = (B.T.tocsr() @ A.T.tocsr()).tocsc()  # (A @ B).T's CSC is A @ B's CSR
+    csr = sp.csr_array((t.data, t.indices, t.indptr), shape=(A.shape[0], B.shape[1]))
+    csr.has_canonical_format = True  # sorted (tocsc), and a product has no repeats
+    return csr
 
 
 def combine_sparse(agg: str, acc, part):

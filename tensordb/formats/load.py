@@ -30,6 +30,7 @@ from .coo import check_duplicates, from_object, is_sparse_object, load_coo
 from ..storage.meta import TensorMeta, check_name
 from .npyfile import NpyFile, open_input, read_header
 from .npzfile import member_info, open_member
+from .slabs import is_slab_stream, load_slabs
 
 __all__ = ["load_tensor", "load_array", "FORMATS"]
 
@@ -49,7 +50,8 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
 
     ``source``: a numpy array (or anything ``np.asarray`` takes), a scipy.sparse matrix or array
     or a pydata ``sparse`` array (stored from its entries: coo.py), a pandas or polars DataFrame
-    or an Arrow table with ``index=`` (a COO table, read by DuckDB), a path to .npy/.npz/.parquet/
+    or an Arrow table with ``index=`` (a COO table, read by DuckDB), an iterator of scipy.sparse
+    row slabs with ``shape=`` (a matrix streamed one band of tiles at a time: slabs.py), a path to .npy/.npz/.parquet/
     .csv, a SQL string with ``format="sql"``, or None with ``query=``. ``duplicates``: 'sum'
     (the default, as scipy) or 'error', for coordinates given twice (COO tables, sparse arrays). Table options: ``index``
     (coordinate columns) with ``value`` (the value column, default ``value``) and ``shape``;
@@ -61,9 +63,19 @@ def load_tensor(store, name: str, source, *, tile: Sequence[int] | None = None,
     """
     store.check_open(writing=True)
     check_name(name)
-    if fill_value is not None and not is_sparse_object(source) and index is None:
+    if fill_value is not None and not is_sparse_object(source) and index is None and \
+            not is_slab_stream(source):
         raise ProgrammingError(f"load '{name}': fill_value= applies to COO tables (index=) and "
                                "sparse arrays, whose absent entries it gives")
+    if is_slab_stream(source):  # row slabs of a matrix, one band of tiles at a time: slabs.py
+        if format is not None or query is not None or any(
+                v is not None for v in (index, value, array)):
+            raise ProgrammingError(f"load '{name}': a stream of row slabs takes shape=, tile=, "
+                                   "dims=, duplicates= and fill_value= only")
+        store.check_free(name, replace)
+        return load_slabs(store, name, source, shape=shape, tile=tile, replace=replace,
+                          dims=dims, duplicates=duplicates, fill=fill_value,
+                          memory_limit=memory_limit)
     if is_sparse_object(source):  # scipy.sparse, pydata sparse: entries, never densified
         if format is not None or query is not None or any(
                 v is not None for v in (index, value, shape, array)):

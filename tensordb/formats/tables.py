@@ -1,6 +1,8 @@
 """Tables (Parquet, CSV, any DuckDB query) as tensors, streamed through DuckDB tile by tile.
 
-COO (``index=[...]``): each row is one element; DuckDB computes every row's tile coordinates and
+COO (``index=[...]``): each row is one element. A matrix sparse as a whole (fill 0, numeric
+values) is read with no sort, a pass of tile rows at a time, and bucketed into CSR in scipy
+(coo_scan.py). Any other: DuckDB computes every row's tile coordinates and
 sorts by them, so the loader collects one tile's rows at a time and never holds the table nor
 makes the dense tensor: each tile is stored sparse or dense by the format rule (coo.py,
 ``sparsity.choose_format``), and a table sparse as a whole gets tiles sized by its rows
@@ -24,7 +26,7 @@ from ..geometry import default_tile_shape
 from ..sparsity import is_sparse_overall
 from ..storage import first_row, quote_ident, quote_str, translate_message, translating
 from ..sqlfront import guard
-from . import filemeta
+from . import coo_scan, filemeta
 from ..storage.budget import SORT_MEMORY, batch_bytes, duck_bytes, duck_memory
 from ..storage.arrays import load_array
 from .coo import TileEntries, check_duplicates, default_tile
@@ -266,6 +268,16 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
             raise DataError(f"{where}: coordinate {_fmt(idx, bad)} is outside shape {shape}")
     tile_shape = (check_tile_shape(tile, shape, name) if tile is not None
                   else default_tile(shape, rows, dtype))  # sized by nonzeros when sparse
+    duplicates = check_duplicates(duplicates, name)
+    if rows and is_sparse_overall(shape, rows, dtype) and \
+            coo_scan.applies(shape, tile_shape, dtype, fill, limit):
+        # a sparse matrix: read as it comes, bucketed by counting sorts (no ORDER BY)
+        with store.writer(name, shape, dtype, tile_shape, dims=dims, replace=replace,
+                          fill=0.0) as w:
+            coo_scan.load_passes(w, duck, src, idx, val, tile_shape=tile_shape, rows=rows,
+                                 limit=limit, duplicates=duplicates, where=where,
+                                 stream=_stream)
+        return w.meta()
     keys = [f"{c} // {max(t, 1)}" for c, t in zip(q, tile_shape)]
     # Zero rows are kept: they cannot change a tile, but a duplicate among them is still a duplicate.
     # A sparse tensor's rows in C order within each tile: its tiles' entries arrive sorted
@@ -294,7 +306,7 @@ def _load_coo(store, name, src, columns, where, *, tile, replace, dims, index, v
                           min(SORT_MEMORY, _SORT_ROW_BYTES * rows)))
         with duck_memory(store, sort_bytes), \
                 _stream(duck, select, 16 * len(idx) + 8, limit) as reader:
-            _fill_coo(w, reader, idx, where, check_duplicates(duplicates, name))
+            _fill_coo(w, reader, idx, where, duplicates)
     return w.meta()
 
 

@@ -40,7 +40,7 @@ from .threads import one_call_plan, one_call_threads
 
 __all__ = ["Decomposition", "decompose", "price", "STRATEGIES", "register_strategy",
            "DEFAULT_STRATEGY", "CostParams", "PlanCost", "PlanMemory", "Choice", "evaluate",
-           "pieces_per_op", "StoredStats"]
+           "pieces_per_op", "StoredStats", "balance_cuts"]
 
 
 @dataclass(frozen=True)
@@ -178,9 +178,19 @@ def balanced(graph: EinGraph, decomp: Decomposition,
              input_stats: Mapping[str, StoredStats] | None, input_grids=None) -> Decomposition:
     """``decomp`` with its cuts of equal nonzeros (balance.py): ``details["cuts"]``, which the
     lowering follows, and ``details["balance"]``, which EXPLAIN shows."""
+    cuts, shown = balance_cuts(graph, decomp, input_stats, input_grids)
+    if not cuts:
+        return decomp
+    return replace(decomp, details={**decomp.details, "cuts": cuts, "balance": shown})
+
+
+def balance_cuts(graph: EinGraph, decomp: Decomposition,
+                 input_stats: Mapping[str, StoredStats] | None, input_grids=None):
+    """(cuts, balance) that ``balanced`` adds to ``decomp`` for inputs of ``input_stats``: the
+    plan cache asks again when a matrix they were cut by is replaced (driver/cache.py)."""
     sparse_ops = set(decomp.details.get("output_nnz", {}))
     if not input_stats or not sparse_ops:
-        return decomp
+        return {}, {}
     cuts, shown = balance(graph, decomp.pieces_by_op, input_stats, sparse_ops, input_grids)
     # An uneven cut makes a piece wider than the projection's even one: where its working set,
     # scaled by how much wider, would pass a worker's budget, the even cuts stay.
@@ -201,9 +211,7 @@ def balanced(graph: EinGraph, decomp: Decomposition,
                     for n, c in cuts.items()}
             cuts = {n: c for n, c in cuts.items() if c}
             shown = {n: v for n, v in shown.items() if tuple(v["bounds"]) not in wide}
-    if not cuts:
-        return decomp
-    return replace(decomp, details={**decomp.details, "cuts": cuts, "balance": shown})
+    return cuts, shown
 
 
 def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None = None,

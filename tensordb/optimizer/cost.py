@@ -42,7 +42,8 @@ from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
 from ..plan.kernel import KernelChoice, choose_kernel, chunk_label, output_tile_bytes, with_output
 from .retile import edge_retile, recut_bytes, stored_aligned, views
-from .sparse_cost import StoredStats, read_sparse, sparse_flops, sparse_out_nnz, spmm_rows
+from .sparse_cost import (StoredStats, product_reach, read_sparse, sparse_flops, sparse_out_nnz,
+                          spmm_rows)
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "StoredStats", "blas_efficiency",
            "evaluate", "stored_aligned", "edge_retile", "recut_bytes"]
@@ -233,7 +234,10 @@ class OpModel:
                 and op.inputs[1 - kern[1]].tensor not in produced else None
             flops = float(sparse_flops(op, kern, st[kern[1]].nnz, getattr(other, "nnz", None)
                                        if getattr(other, "sparse", False) else None))
-            out_nnz = sparse_out_nnz(op, kern, st[kern[1]].nnz, getattr(other, "nnz", None))
+            reach = product_reach(op, kern, st)
+            if reach is not None:  # SpGEMM: its products counted row by row, not spread evenly
+                flops = 2.0 * float(reach[0].sum())
+            out_nnz = sparse_out_nnz(op, kern, st[kern[1]].nnz, getattr(other, "nnz", None), reach)
             choice = with_output(choice, op, out_nnz)  # sparse output tiles: as the lowering
         item = np.dtype(op.dtype).itemsize
         out_pos = tuple(labels.index(l) for l in op.out_labels) if op.writes_diagonal else ()

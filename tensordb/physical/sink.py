@@ -24,7 +24,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..geometry import tile_box
-from ..sparsity import is_sparse_overall
 from ..storage.sparse import is_sparse
 from ..storage.tilestats import tile_stats
 from ..storage.writer import commit_all
@@ -47,12 +46,11 @@ class CatalogSink:
 
     def __init__(self, store, plan: TilePlan, *, replace: bool = False,
                  check_tables: bool = True, stage_max: int | None = None,
-                 sparse_nnz: Mapping[str, float] | None = None,
                  fills: Mapping[str, float] | None = None) -> None:
         self.store, self.plan = store, plan
         self.writers = []
         self._stage_max = stage_max
-        self._sparse: set[str] = set()  # outputs the estimate says are sparse: no places
+        self._sparse: set[str] = set()  # outputs the plan says are sparse: no places
         self._buffers: dict[int, np.ndarray] | None = None  # None until ``open``
         self._tile_of: dict[int, tuple] = {}  # task key -> (writer, tile coords)
         self._written: set[int] = set()  # tiles in their files already (streamed, or by workers)
@@ -71,13 +69,11 @@ class CatalogSink:
                 w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
                                  dims=dims, replace=replace, check_tables=check_tables, fill=fill)
                 self.writers.append((out, w))
-                est = (sparse_nnz or {}).get(out.name)
-                # An output the estimate says is sparse (its kernel returns CSR tiles where
-                # the plan says so: plan.kernel.with_output), or whose fill is not 0
-                # (plan/fills.py), gets no dense places: the commit stores each tile as the
-                # format rule says (writer.write_tile, which takes a sparse tile as it is).
-                if fill != 0 or plan.kernels[n_op].out_format != "dense" or (
-                        est is not None and is_sparse_overall(out.shape, int(est), out.dtype)):
+                # An output the plan says is sparse (``KernelChoice.out_places``, decided
+                # once from the estimated nonzeros: plan.kernel.with_output), or whose fill is
+                # not 0 (plan/fills.py), gets no dense places: the commit stores each tile as
+                # the format rule says (writer.write_tile, which takes a sparse tile as it is).
+                if fill != 0 or not plan.kernels[n_op].out_places:
                     self._sparse.add(out.name)
                 for coords, key in out.tiles.items():
                     self._tile_of[key] = (w, coords)

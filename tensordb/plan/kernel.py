@@ -289,6 +289,7 @@ class KernelChoice:
     #                                     data), 'device' (a sparse method run dense, off the CPU)
     out_format: str = "dense"           # a sparse method's output tiles: 'dense' or 'csr'
     out_density: float = 1.0            # the estimated share of its output elements stored
+    out_places: bool = True             # the output sink gives its tiles dense places (with_output)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -307,6 +308,8 @@ class KernelChoice:
             raise InternalError("a NaN/inf variant is a broadcast, of another method, with its test")
         if self.out_format != "dense" and self.method not in SPARSE_OUTPUT_METHODS:
             raise InternalError(f"kernel method '{self.method}' returns dense output tiles")
+        if self.out_format != "dense" and self.out_places:
+            raise InternalError("a kernel returning sparse output tiles gets no dense places")
 
     def describe(self) -> str:
         """``matmul x0@x1`` (``x1@x0``: the operands swapped), ``contract``, ``broadcast by j``
@@ -475,30 +478,44 @@ def chunk_label(op: EinOp, extents: Mapping[str, int]) -> str:
 # -- the output format of a sparse kernel -------------------------------------------------------
 
 def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> KernelChoice:
-    """``choice`` with its output format decided: a sparse kernel whose output is a matrix
-    (``SPARSE_OUTPUT_METHODS``: SpGEMM, a semiring product, SDDMM, a sparse join) returns its
-    output tiles as CSR (exec/sparse_kernels.py, exec/semiring.py) when the output's estimated
-    nonzeros ``est_nnz`` (``optimizer.sparse_cost.sparse_out_nnz``, spread evenly over its
-    tiles) make it sparse by the rule that picks a stored tile's format
-    (``sparsity.choose_format``); otherwise, or with no estimate, dense. The optimizer prices
-    the choice this gives (its output bytes, ``output_tile_bytes``) and the lowering records
-    the same one, so the plan's memory and the run agree.
+    """``choice`` with its output decided from the output's estimated nonzeros ``est_nnz``
+    (``optimizer.sparse_cost.sparse_out_nnz``, spread evenly over its tiles), once for the
+    optimizer, the lowering and the output sink, by the rule that picks a stored tile's format
+    (``sparsity.choose_format`` of the whole output):
+
+    - ``out_format``: a sparse kernel whose output is a matrix (``SPARSE_OUTPUT_METHODS``:
+      SpGEMM, a semiring product, SDDMM, a sparse join) returns its output tiles as CSR
+      (exec/sparse_kernels.py, exec/semiring.py) where the output is sparse; else dense;
+    - ``out_places``: whether the output sink (physical/sink.py) gives the output's tiles dense
+      places to be computed in (buffers in its payload file). Not where the output is sparse,
+      whatever the kernel returns: a kernel returning dense tiles of a sparse output (a row
+      sum of a sparse matrix) hands them to the commit, which stores each by the format rule.
+
+    With no estimate (not a sparse kernel) the output is dense, computed in its places. The
+    optimizer prices what this gives (its output bytes, ``output_tile_bytes``) and the lowering
+    records the same choice, so the plan's memory and the run agree.
 
     >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 1000, "j": 1000,
     ...                        "k": 1000})
     >>> c = KernelChoice("spmm", sparse=0)
     >>> with_output(c, op, 5000).out_format, with_output(c, op, 900_000).out_format
     ('csr', 'dense')
+    >>> r = EinOp.contraction("r", "i", [("A", "ij")], {"i": 1000, "j": 1000})
+    >>> c = with_output(KernelChoice("spreduce", sparse=0), r, 20)
+    >>> c.out_format, c.out_places
+    ('dense', False)
     """
-    if est_nnz is None or choice.method not in SPARSE_OUTPUT_METHODS or \
-            len(op.out_labels) != 2 or op.writes_diagonal:
+    if est_nnz is None:
         return choice
     size = math.prod(op.out_shape)
     fmt = choose_format(op.out_shape, int(math.ceil(est_nnz)), op.dtype) if size else "dense"
-    if fmt == choice.out_format:
+    returns = fmt if fmt != "dense" and choice.method in SPARSE_OUTPUT_METHODS and \
+        len(op.out_labels) == 2 and not op.writes_diagonal else "dense"
+    density = min(1.0, float(est_nnz) / size) if size and returns != "dense" else 1.0
+    places = fmt == "dense"
+    if (returns, density, places) == (choice.out_format, choice.out_density, choice.out_places):
         return choice
-    density = min(1.0, float(est_nnz) / size) if size and fmt != "dense" else 1.0
-    return replace(choice, out_format=fmt, out_density=density)
+    return replace(choice, out_format=returns, out_density=density, out_places=places)
 
 
 def output_tile_bytes(op: EinOp, choice: KernelChoice, out_shape: Sequence[int]) -> int:

@@ -140,7 +140,9 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool =
     # settings are then the user's transaction's to keep or not: a failed statement may have
     # aborted it, and nothing can be read in it until the user's ROLLBACK.
     reads = store.user_transaction and all(isinstance(st, _IN_USER_TRANSACTION) for _, st in items)
-    state = UnitState(con, duck=not reads)
+    # einsum statements alone change no setting: the unit keeps none to put back
+    state = UnitState(con, duck=not reads,
+                      settings=not all(isinstance(st, A.AssignStmt) for _, st in items))
     txn = contextlib.nullcontext() if store.read_only or reads else store.transaction()
     try:
         with txn:
@@ -327,36 +329,39 @@ _IN_USER_TRANSACTION = (A.SqlStmt, A.ShowTensorsStmt, A.ShowSettingStmt, A.Descr
 def bind_parameters(script: str, stmts: list, parameters) -> list:
     """Einsum statements with the values of their parameters (``AssignStmt.params``): a list
     for ``?`` (numbered across the statements, in order) and ``$1``, ``$2`` ...; a dict for
-    ``$name``. Each value is a Python or NumPy int or float, used as a literal would be."""
-    by_name = isinstance(parameters, Mapping)
-    values: dict[int, list] = {id(s): [] for s in stmts}
-    used, asked = set(), 0
-    for stmt in stmts:
-        for node in sorted((n for n in A.walk(stmt.expr) if isinstance(n, A.Param)),
-                           key=lambda n: n.span.start):  # ? counts in the order written
-            text = node.text
-            key = asked if text == "?" else int(text[1:]) - 1 if text[1:].isdigit() else text[1:]
-            asked += text == "?"
-            if by_name != isinstance(key, str):
-                raise ProgrammingError(f"parameter {text} takes its value from a "
-                                       f"{'list' if isinstance(key, int) else 'dict'}, but a "
-                                       f"{'dict' if by_name else 'list'} was given",
-                                       statement=script, span=node.span)
-            try:
-                value = parameters[key]
-            except (KeyError, IndexError):
-                raise ProgrammingError(f"no value for parameter {text}: "
-                                       f"{len(parameters)} given", statement=script,
-                                       span=node.span) from None
-            if isinstance(value, np.generic) and value.dtype.kind in "iuf":
-                value = value.item()
-            if type(value) not in (int, float):
-                raise ProgrammingError(f"parameter {text} is {type(value).__name__}: einsum "
-                                       "parameters are ints or floats", statement=script,
-                                       span=node.span)
-            name = key if isinstance(key, str) else str(key + 1)
-            values[id(stmt)].append((node.span.start, name, value))
-            used.add(key)
+    ``$name``. Each value is a Python or NumPy int or float, used as a literal would be.
+
+    Where each parameter sits is found once per parsed text (``_sites``); the same values as
+    the last call's give the very statements bound then (a training step's learning rate), so
+    that a repeated call is recognised by the prepared-statement cache at once."""
+    by_name = type(parameters) is dict or (type(parameters) not in (list, tuple)
+                                           and isinstance(parameters, Mapping))
+    sites = _sites(script, stmts)
+    values: list[list] = [[] for _ in stmts]
+    used, got = set(), []
+    for k, node, key in sites:
+        text = node.text
+        if by_name != isinstance(key, str):
+            raise ProgrammingError(f"parameter {text} takes its value from a "
+                                   f"{'list' if isinstance(key, int) else 'dict'}, but a "
+                                   f"{'dict' if by_name else 'list'} was given",
+                                   statement=script, span=node.span)
+        try:
+            value = parameters[key]
+        except (KeyError, IndexError):
+            raise ProgrammingError(f"no value for parameter {text}: "
+                                   f"{len(parameters)} given", statement=script,
+                                   span=node.span) from None
+        if isinstance(value, np.generic) and value.dtype.kind in "iuf":
+            value = value.item()
+        if type(value) not in (int, float):
+            raise ProgrammingError(f"parameter {text} is {type(value).__name__}: einsum "
+                                   "parameters are ints or floats", statement=script,
+                                   span=node.span)
+        name = key if isinstance(key, str) else str(key + 1)
+        values[k].append((node.span.start, name, value))
+        got.append((type(value), value, repr(value)))  # 0.0 and -0.0 give other results
+        used.add(key)
     if not used:
         raise ProgrammingError("parameters were given, but the statements have none",
                                statement=script, span=stmts[0].span,
@@ -364,7 +369,41 @@ def bind_parameters(script: str, stmts: list, parameters) -> list:
     if not by_name and len(used) != len(parameters):
         raise ProgrammingError(f"{len(parameters)} parameter values given for {len(used)} "
                                "parameter(s)", statement=script, span=stmts[0].span)
-    return [dataclasses.replace(s, params=tuple(values[id(s)])) for s in stmts]
+    last = _BOUND.get(script)
+    got = tuple(got)
+    if last is not None and last[0] == got and len(last[1]) == len(stmts) and all(
+            a is b for a, b in zip(last[1], stmts)):
+        return list(last[2])
+    out = [dataclasses.replace(s, params=tuple(v)) for s, v in zip(stmts, values)]
+    if len(_BOUND) >= 64:
+        _BOUND.clear()
+    _BOUND[script] = (got, tuple(stmts), tuple(out))
+    return out
+
+
+# script -> (parsed statements, [(statement index, Param node, key)]): where the parameters
+# are, in the order ``?`` counts them; and script -> (values, statements, bound statements)
+_SITES: dict[str, tuple] = {}
+_BOUND: dict[str, tuple] = {}
+
+
+def _sites(script: str, stmts: list) -> list:
+    kept = _SITES.get(script)
+    if kept is not None and len(kept[0]) == len(stmts) and all(
+            a is b for a, b in zip(kept[0], stmts)):
+        return kept[1]
+    sites, asked = [], 0
+    for k, stmt in enumerate(stmts):
+        for node in sorted((n for n in A.walk(stmt.expr) if isinstance(n, A.Param)),
+                           key=lambda n: n.span.start):  # ? counts in the order written
+            text = node.text
+            key = asked if text == "?" else int(text[1:]) - 1 if text[1:].isdigit() else text[1:]
+            asked += text == "?"
+            sites.append((k, node, key))
+    if len(_SITES) >= 64:
+        _SITES.clear()
+    _SITES[script] = (tuple(stmts), sites)
+    return sites
 
 
 def _check_parameterized(script: str, stmts: list) -> None:

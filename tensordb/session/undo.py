@@ -33,10 +33,11 @@ _SETTERS = {"SET", "RESET", "USE", "PRAGMA", "CALL", "EXPLAIN"}
 class UnitState:
     """The state a unit starts from; ``restore`` returns to it after the unit failed."""
 
-    def __init__(self, con, duck: bool = True) -> None:
+    def __init__(self, con, duck: bool = True, settings: bool = True) -> None:
         self.con = con
         self.lets = dict(con.session.lets)
-        self.settings = dataclasses.replace(con.settings)
+        # None: the unit cannot change a setting (einsum statements alone)
+        self.settings = dataclasses.replace(con.settings) if settings else None
         self.watch_duck = duck  # False: DuckDB's settings are left as they are (see run_unit)
         self.duck: dict[str, str] | None = None  # DuckDB's settings, once a statement may change one
 
@@ -51,7 +52,8 @@ class UnitState:
         lets = self.con.session.lets
         lets.clear()
         lets.update(self.lets)
-        self.con.engine.restore_settings(self.settings)
+        if self.settings is not None:
+            self.con.engine.restore_settings(self.settings)
         if self.duck is not None:
             _restore_duck(self.con, self.duck)
 

@@ -74,8 +74,13 @@ class BoxReader:
         return all(e.nonfinite is False for e in self._overlapped()), False
 
     def layout(self) -> bytes:
-        """The plan cache's digest: the stored layout, and the box."""
-        return hashlib.sha256(self.base.layout() + repr(self.box).encode()).digest()
+        """The plan cache's digest: the stored layout, and the box (computed once: the store
+        keeps the reader while its base's version is current)."""
+        found = self.__dict__.get("_layout")
+        if found is None:
+            found = self.__dict__["_layout"] = hashlib.sha256(
+                self.base.layout() + repr(self.box).encode()).digest()
+        return found
 
     def read_box(self, starts: Sequence[int], stops: Sequence[int]):
         """The elements in ``[starts, stops)`` of the box (None where no stored tile overlaps)."""

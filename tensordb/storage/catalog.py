@@ -20,6 +20,8 @@ written before sparse tiles) reads as 'dense'.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import duckdb
 import numpy as np
 import pyarrow as pa
@@ -29,7 +31,7 @@ from .meta import TensorMeta
 from .reader import TileEntry
 
 __all__ = ["SCHEMA", "create", "exists", "has_column", "find", "all_metas", "tile_entries",
-           "tile_entries_many", "payload_file",
+           "tile_entries_many", "payload_file", "payload_files",
            "insert", "replace", "store", "delete", "referenced_files", "versions", "max_version", "table_named", "tables_named"]
 
 SCHEMA = "tensordb"
@@ -128,14 +130,29 @@ def tile_entries(duck, meta: TensorMeta, optional: frozenset = frozenset(("crc32
         f'SELECT coords, starts, shape, file, "offset", nbytes, nnz, {crc}, {nonfinite}, {fmt} '
         f'FROM {SCHEMA}.tiles WHERE tensor = ? AND version = ? ORDER BY "offset"',
         [meta.name, meta.version]).fetchall()
-    files = {r[3] for r in rows}
-    if len(files) > 1:  # pragma: no cover - the writer never does this
-        raise AssertionError(f"tensor {meta.name} spans several payload files: {files}")
     entries = [TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz),
                          None if cs is None else int(cs), None if nf is None else bool(nf),
                          fm or "dense")
                for c, s, sh, _, o, nb, nz, cs, nf, fm in rows]
-    return (files.pop() if files else None), entries
+    return _one_or_parts([r[3] for r in rows], entries)
+
+
+def _one_or_parts(files: list, entries: list) -> tuple[str | None, list]:
+    """(file, entries) of a version whose tiles (``entries``, in offset order) lie in
+    ``files``: one file; or, for a version written in parts by Dask workers (objparts.py),
+    the first part's, with each entry naming its own (``TileEntry.file``)."""
+    if not files:
+        return None, entries
+    if len(set(files)) == 1:
+        return files[0], entries
+    return files[0], [dataclasses.replace(e, file=f) for e, f in zip(entries, files)]
+
+
+def payload_files(duck, meta: TensorMeta) -> list[str]:
+    """Every payload file or object of one tensor version (several: written in parts)."""
+    return [r[0] for r in duck.execute(f"SELECT DISTINCT file FROM {SCHEMA}.tiles WHERE "
+                                       "tensor = ? AND version = ?",
+                                       [meta.name, meta.version]).fetchall()]
 
 
 def payload_file(duck, meta: TensorMeta) -> str | None:
@@ -158,19 +175,14 @@ def tile_entries_many(duck, metas, optional: frozenset = frozenset(("crc32", "no
         f'FROM {SCHEMA}.tiles WHERE (tensor, version) IN (SELECT (unnest(?), unnest(?))) '
         f'ORDER BY version, "offset"',
         [[m.name for m in metas], [m.version for m in metas]]).fetchall()
-    out: dict[int, tuple[set, list]] = {m.version: (set(), []) for m in metas}
+    out: dict[int, tuple[list, list]] = {m.version: ([], []) for m in metas}
     for v, c, s, sh, f, o, nb, nz, cs, nf, fm in rows:
         files, entries = out[v]
-        files.add(f)
+        files.append(f)
         entries.append(TileEntry(tuple(c), tuple(s), tuple(sh), int(o), int(nb), int(nz),
                                  None if cs is None else int(cs), None if nf is None else bool(nf),
                                  fm or "dense"))
-    result = {}
-    for v, (files, entries) in out.items():
-        if len(files) > 1:  # pragma: no cover - the writer never does this
-            raise AssertionError(f"tensor version {v} spans several payload files: {files}")
-        result[v] = (files.pop() if files else None, entries)
-    return result
+    return {v: _one_or_parts(files, entries) for v, (files, entries) in out.items()}
 
 
 def insert(duck, meta: TensorMeta, file: str, entries) -> None:
@@ -248,8 +260,8 @@ def replace(duck, old: TensorMeta, meta: TensorMeta, file: str, entries) -> None
         e = entries[0]
         sets = 'tensor = ?, version = ?, file = ?, "offset" = ?, nbytes = ?, nnz = ?, crc32 = ?, ' \
             'nonfinite = ?, format = ?'
-        params = [meta.name, meta.version, file, e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite,
-                  e.format]
+        params = [meta.name, meta.version, e.file or file, e.offset, e.nbytes, e.nnz, e.crc32,
+                  e.nonfinite, e.format]
         if not (layout and meta.total_tiles == 1):  # else the lone tile is the whole tensor
             sets += ", coords = ?, starts = ?, shape = ?"
             params += [list(e.coords), list(e.starts), list(e.shape)]
@@ -279,7 +291,7 @@ def _insert_tiles(duck, meta: TensorMeta, file: str, entries) -> None:
     if len(entries) <= _FEW:  # list parameters: no Arrow table to build and register
         lists = [[meta.name] * len(entries), [meta.version] * len(entries),
                  [list(e.coords) for e in entries], [list(e.starts) for e in entries],
-                 [list(e.shape) for e in entries], [file] * len(entries),
+                 [list(e.shape) for e in entries], [e.file or file for e in entries],
                  [e.offset for e in entries], [e.nbytes for e in entries],
                  [e.nnz for e in entries], [e.crc32 for e in entries],
                  [e.nonfinite for e in entries], [e.format for e in entries]]
@@ -289,7 +301,7 @@ def _insert_tiles(duck, meta: TensorMeta, file: str, entries) -> None:
     rows = pa.Table.from_pydict({
         "tensor": [meta.name] * len(entries), "version": [meta.version] * len(entries),
         "coords": [list(e.coords) for e in entries], "starts": [list(e.starts) for e in entries],
-        "shape": [list(e.shape) for e in entries], "file": [file] * len(entries),
+        "shape": [list(e.shape) for e in entries], "file": [e.file or file for e in entries],
         "offset": [e.offset for e in entries], "nbytes": [e.nbytes for e in entries],
         "nnz": [e.nnz for e in entries], "crc32": [e.crc32 for e in entries],
         "nonfinite": [e.nonfinite for e in entries], "format": [e.format for e in entries]},
@@ -306,7 +318,7 @@ def _insert_rows(duck, rows) -> None:
     """Tile rows ``(meta, file, entry)``, of one tensor or several, as one VALUES list."""
     marks = "(" + ", ".join("?" * len(_TILES_SCHEMA)) + ")"
     params = [x for meta, file, e in rows for x in (
-        meta.name, meta.version, list(e.coords), list(e.starts), list(e.shape), file,
+        meta.name, meta.version, list(e.coords), list(e.starts), list(e.shape), e.file or file,
         e.offset, e.nbytes, e.nnz, e.crc32, e.nonfinite, e.format)]
     duck.execute(f"INSERT INTO {SCHEMA}.tiles ({_TILE_COLUMNS}) VALUES "
                  + ", ".join([marks] * len(rows)), params)

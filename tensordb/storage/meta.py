@@ -177,6 +177,8 @@ def check_fill(fill, dtype, name: str) -> float:
     if math.isnan(f):
         raise ProgrammingError(f"tensor '{name}': fill value NaN (an absent entry must be a "
                                "value that a stored one can differ from)")
+    if f == 0:  # every dtype holds 0 (the usual fill: no conversion to try)
+        return f
     dtype = np.dtype(dtype)
     with np.errstate(all="ignore"):
         exact = np.array(f).astype(dtype).astype(np.float64) == f if dtype.kind != "c" else True

@@ -18,7 +18,7 @@ from ..errors import DataError, Error, OperationalError
 from . import catalog
 from ._duck import translating
 from .checksum import crc32
-from .objects import ObjectStore, payload_versions
+from .objects import ObjectStore, part_start, payload_versions
 
 __all__ = ["check_location", "open_objects", "check_tensor", "orphans", "identity_rows",
            "unreferenced"]
@@ -121,23 +121,28 @@ def check_tensor(store, meta, catalog_problems, decode, validate, count_nonzero)
     range, its CRC-32 and nonzero count compared with its row."""
     reader = store.open(meta.name)
     entries = sorted(reader.entries.values(), key=lambda e: e.offset)
-    file = reader.file
-    rows = [(meta.name, None, file, None, p) for p in catalog_problems(meta, entries)]
-    if not entries:
-        return rows
-    try:
-        handle, _ = store.objects.open(file, meta.name)
-    except Error as exc:
-        return rows + [(meta.name, e.coords, file, e.offset, f"cannot open the object: "
-                        f"{exc.message}") for e in entries]
-    size = handle.size()
+    rows = [(meta.name, None, reader.file, None, p) for p in catalog_problems(meta, entries)]
+    handles: dict = {}  # object -> (handle, size), or the error opening it
     for e in entries:
-        if e.offset + e.nbytes > size:
+        file = e.file or reader.file  # a version Dask workers wrote in parts: its part object
+        if file not in handles:
+            try:
+                handle, _ = store.objects.open(file, meta.name)
+                handles[file] = (handle, handle.size())
+            except Error as exc:
+                handles[file] = exc
+        if isinstance(handles[file], Error):
+            rows.append((meta.name, e.coords, file, e.offset, f"cannot open the object: "
+                         f"{handles[file].message}"))
+            continue
+        handle, size = handles[file]
+        at = e.offset - part_start(file)
+        if at + e.nbytes > size:
             rows.append((meta.name, e.coords, file, e.offset, f"short object: {size} bytes, the "
-                         f"tile needs bytes {e.offset} to {e.offset + e.nbytes}"))
+                         f"tile needs bytes {at} to {at + e.nbytes}"))
             continue
         try:
-            data = store.objects.read(handle, file, meta.name, e.offset, e.nbytes)
+            data = store.objects.read(handle, file, meta.name, at, e.nbytes)
         except Error as exc:
             rows.append((meta.name, e.coords, file, e.offset, f"cannot read the tile: "
                          f"{exc.message}"))

@@ -4,12 +4,15 @@ object.
 
     s3://bucket/prefix/database.id                    the database's id (identity.py), one object
     s3://bucket/prefix/tiles/<version>-<id16>.bin     a payload, named as a file would be
+    s3://bucket/prefix/tiles/<version>-<id16>.<start>-<run>.bin   one part of a payload that
+                                                      Dask workers wrote, an object each
 
 - Written once, before the catalog's COMMIT: whole (``put`` of a local staging file, as a local
-  database's; ``put_bytes`` of an output staged in memory), or in parts uploaded by the Dask
-  workers or pool threads that computed them and completed at commit (objparts.py). The
-  COMMIT is the catalog transaction, as for files: a crash before it leaves an orphan object
-  (or an open upload, aborted by the next open), after it a stale one.
+  database's; ``put_bytes`` of an output staged in memory), in part objects the Dask workers
+  that computed them put (their tiles' rows name them), or in parts of a multipart upload the
+  pool's threads upload and the commit completes (objparts.py). The COMMIT is the catalog
+  transaction, as for files: a crash before it leaves orphan objects (or an open upload,
+  aborted by the next open), after it stale ones.
 - Read by byte range: a reader opens its object once (one HEAD: size and ETag) and fetches each
   tile's bytes with a ranged GET (``read_at``), never the whole object; every tile's CRC-32 is
   checked on its first read in a process, as for files (verify.py).
@@ -36,7 +39,8 @@ from urllib.parse import urlparse
 
 from ..errors import DataError, NotSupportedError, OperationalError, ProgrammingError
 
-__all__ = ["ObjectStore", "is_object_url", "SCHEMES", "OPTIONS"]
+__all__ = ["ObjectStore", "is_object_url", "SCHEMES", "OPTIONS", "part_name", "parts_prefix",
+           "part_start"]
 
 SCHEMES = ("s3",)
 OPTIONS = ("endpoint", "access_key", "secret_key", "session_token", "region", "anonymous",
@@ -365,6 +369,19 @@ class ObjectStore:
                               exc) from None
         return [(i.base_name, i.size) for i in infos if i.type == fs.FileType.File]
 
+    def names_starting(self, prefix: str) -> list[str]:
+        """The payload names under ``tiles/`` that begin with ``prefix`` (boto3's listing, by
+        key prefix: the part objects of one version)."""
+        base, out = self.object_key(""), []
+        kwargs = {"Prefix": base + prefix}
+        while True:
+            page = self._call(f"cannot list {self.url_of(prefix)}*", self.s3.list_objects_v2,
+                              **kwargs)
+            out += [o["Key"][len(base):] for o in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return [n for n in out if "/" not in n]
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
     # -- the database's identity ---------------------------------------------------------------
     def read_id(self) -> str | None:
         """The id in ``database.id`` under the prefix, or None when there is no such object."""
@@ -425,9 +442,33 @@ class ObjectStore:
                 f"this connection opened (id {expected})")
 
 
+def part_name(file: str, start: int, run: str) -> str:
+    """The object of the bytes from ``start`` of payload ``file``'s layout, put by a Dask worker
+    in run (attempt) ``run`` as an object of its own (objparts.py):
+    ``<version>-<id16>.<start>-<run>.bin``. The run keeps an attempt given up from ever
+    deleting what the next attempt put."""
+    return f"{parts_prefix(file)}{int(start)}-{run}.bin"
+
+
+def parts_prefix(file: str) -> str:
+    """What the names of payload ``file``'s part objects begin with."""
+    return f"{file[:-4] if file.endswith('.bin') else file}."
+
+
+def part_start(name: str) -> int:
+    """Where the bytes of object ``name`` start in its tensor version's layout (the catalog's
+    offsets): 0 for a whole payload, ``start`` for a ``part_name``."""
+    m = _PART.match(name)
+    return int(m.group(1)) if m else 0
+
+
+_PART = re.compile(r"^\d+-[0-9a-f]+\.(\d+)-\w+\.bin$")
+
+
 def payload_versions(names, database: str) -> dict[str, int]:
-    """{object name: version} of the names that are payloads of ``database``."""
-    pattern = re.compile(r"^(\d+)-" + re.escape(database[:16]) + r"\.bin$")
+    """{object name: version} of the names that are payloads of ``database`` (whole, or the
+    objects of a version written in parts, ``part_name``)."""
+    pattern = re.compile(r"^(\d+)-" + re.escape(database[:16]) + r"(?:\.\d+-\w+)?\.bin$")
     out = {}
     for name in names:
         m = pattern.match(name)

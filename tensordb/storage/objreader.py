@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import OperationalError
 from .identity import process_label
-from .objects import ObjectStore
+from .objects import ObjectStore, part_start
 from .reader import TensorReader, TileEntry
 from .verify import verify_tile
 
@@ -77,9 +77,9 @@ class ObjectTensorReader(TensorReader):
     def __init__(self, meta, file: str | None, entries: Sequence[TileEntry],
                  database: str | None, objects: ObjectStore) -> None:
         super().__init__(meta, objects.url_of(file) if file else None, entries, database)
-        self.file = file
-        self.objects = objects
-        self._handle = None
+        self.file = file  # the payload object; a version Dask workers wrote in parts has
+        self.objects = objects  # several, named by its entries (TileEntry.file)
+        self._handles: dict = {}
 
     def __getstate__(self):
         return {"meta": self.meta, "path": self.path, "entries": self.entries,
@@ -87,7 +87,7 @@ class ObjectTensorReader(TensorReader):
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
-        self._handle = None
+        self._handles = {}
 
     def with_entries(self, entries) -> "ObjectTensorReader":
         return ObjectTensorReader(self.meta, self.file, entries, self.database, self.objects)
@@ -95,14 +95,20 @@ class ObjectTensorReader(TensorReader):
     # -- the object ----------------------------------------------------------------------------
     def mapping(self):
         """The opened object (a random-access handle; there is no mapping)."""
-        if self._handle is None:
-            with self._lock:
-                if self._handle is None:
-                    self._handle = self._open()
-        return self._handle
+        return self._handle(self.file)
 
-    def _open(self):
-        if self.file is None:
+    def _handle(self, file):
+        handle = self._handles.get(file)
+        if handle is None:
+            with self._lock:
+                handle = self._handles.get(file)
+                if handle is None:
+                    handle = self._handles[file] = self._open(file)
+        return handle
+
+    def _open(self, file=None):
+        file = self.file if file is None else file
+        if file is None:
             raise OperationalError(f"tensor '{self.meta.name}' has tiles but no payload object "
                                    "in the catalog")
         if self.shipped and self.database is not None:
@@ -110,28 +116,41 @@ class ObjectTensorReader(TensorReader):
             if problem is not None:
                 raise OperationalError(f"{process_label()} cannot read tensor "
                                        f"'{self.meta.name}' from {self.path}: {problem}")
-        handle, self._ident = self.objects.open(self.file, self.meta.name)
-        short = min((e for e in self.entries.values() if e.offset + e.nbytes > handle.size()),
+        handle, ident = self.objects.open(file, self.meta.name)
+        if file == self.file:
+            self._ident = ident
+        start, size = part_start(file), handle.size()
+        short = min((e for e in self.entries.values() if (e.file or self.file) == file
+                     and e.offset - start + e.nbytes > size),
                     key=lambda e: e.offset, default=None)
         if short is not None:
             from ..errors import DataError
-            raise DataError(f"the payload object {self.path} of tensor '{self.meta.name}' is "
-                            f"truncated: it has {handle.size()} bytes, tile {short.coords} needs "
-                            f"bytes {short.offset} to {short.offset + short.nbytes}")
+            raise DataError(f"the payload object {self.objects.url_of(file)} of tensor "
+                            f"'{self.meta.name}' is truncated: it has {size} bytes, tile "
+                            f"{short.coords} needs bytes {short.offset - start} to "
+                            f"{short.offset - start + short.nbytes}")
         return handle
 
     def _fetch(self, offset: int, nbytes: int, tiles: Sequence[TileEntry]) -> bytes:
         """The bytes ``[offset, offset + nbytes)``, ``tiles`` (which lie in them) verified: from
-        this process's cache of fetched ranges, else one ranged GET."""
-        handle = self.mapping()  # first: a shipped reader checks the prefix's database id
+        this process's cache of fetched ranges, else one ranged GET (one per object, for a run
+        of tiles over the parts of a version written in parts)."""
         key = (self.path, offset, nbytes)
         data = _RANGES.get(key)
         if data is not None:
+            self._handle(tiles[0].file or self.file if tiles else self.file)  # the id checked
             return data
-        data = self.objects.read(handle, self.file, self.meta.name, offset, nbytes)
+        pieces = _by_object(offset, nbytes, tiles, self.file)
+        chunks = []
+        for file, a, b in pieces:
+            handle = self._handle(file)  # first: a shipped reader checks the prefix's id
+            start = part_start(file)
+            chunks.append(self.objects.read(handle, file, self.meta.name, a - start, b - a))
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         view = memoryview(data)
         for e in tiles:  # every fetch: its bytes are new (no ident: never skipped)
-            verify_tile(self.meta.name, self.path, None, e,
+            verify_tile(self.meta.name, self.path if e.file is None else
+                        self.objects.url_of(e.file), None, e,
                         view[e.offset - offset:e.offset - offset + e.nbytes], what="object")
         _RANGES.put(key, data)
         return data
@@ -166,5 +185,22 @@ class ObjectTensorReader(TensorReader):
         return out
 
     def close(self) -> None:
-        self._handle = None
+        self._handles = {}
+
+
+def _by_object(offset: int, nbytes: int, tiles, file) -> list[tuple[str, int, int]]:
+    """``(object, start, stop)`` of the bytes ``[offset, offset + nbytes)``: one object, or,
+    where ``tiles`` (back to back, covering the range) lie in several (``TileEntry.file``),
+    the run of each."""
+    if not tiles or all(e.file is None or e.file == tiles[0].file for e in tiles):
+        return [((tiles[0].file if tiles else None) or file, offset, offset + nbytes)]
+    out: list = []
+    for e in sorted(tiles, key=lambda e: e.offset):
+        f = e.file or file
+        if out and out[-1][0] == f:
+            out[-1][2] = e.offset + e.nbytes
+        else:
+            out.append([f, e.offset, e.offset + e.nbytes])
+    out[0][1], out[-1][2] = offset, offset + nbytes
+    return [tuple(p) for p in out]
 

@@ -73,6 +73,9 @@ class TileEntry:
     crc32: int | None = None  # zlib.crc32 of the tile's bytes; None: written before checksums
     nonfinite: bool | None = None  # holds NaN or inf; None: not known (written by an old version)
     format: str = "dense"  # 'dense', or a sparse layout ('csr', 'coo': storage/sparse.py)
+    # the object holding the tile where its version's tiles lie in several (objects.part_name:
+    # the parts Dask workers put); None: the version's one payload file or object
+    file: str | None = None
 
     @property
     def sparse(self) -> bool:
@@ -171,12 +174,18 @@ class TensorReader:
         """A digest of what planning reads of this version besides its shape and dtype: the
         grid, which tiles are present, and per tile its NaN/inf flag and whether nnz == size.
         Two versions with the same layout get the same plan (the plan cache's key): the
-        values differ, the tile join, kernel calls and skipped products do not."""
+        values differ, the tile join, kernel calls and skipped products do not. Computed once
+        per reader (a version's tiles never change; the store keeps a current version's reader
+        between calls)."""
+        found = self.__dict__.get("_layout")
+        if found is not None:
+            return found
         h = hashlib.blake2b(repr((self.meta.grid, self.meta.fill)).encode(), digest_size=16)
         for c in sorted(self.entries):
             e = self.entries[c]
             h.update(repr((c, e.nonfinite, e.nnz == math.prod(e.shape), e.format)).encode())
-        return h.digest()
+        found = self.__dict__["_layout"] = h.digest()
+        return found
 
     def tiles(self) -> Iterator[tuple[TileEntry, np.ndarray]]:
         """Every stored tile with its entry, in file order (sequential reads)."""

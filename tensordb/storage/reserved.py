@@ -7,6 +7,7 @@ in other processes is laid out in slots they fill themselves (``slot``, ``record
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import mmap
 import os
@@ -86,13 +87,16 @@ class ReservedTiles:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
             if groups is not None and (remote or pos >= POOL_PARTS_MIN):
-                from .objparts import PartUploads, cut_parts
-                parts = cut_parts([(c, off, math.prod(sh) * self.dtype.itemsize)
-                                   for c, (off, _, sh) in layout.items()], groups)
+                from . import objparts
+                parts = objparts.cut_parts([(c, off, math.prod(sh) * self.dtype.itemsize)
+                                            for c, (off, _, sh) in layout.items()], groups)
                 if parts is not None:
+                    # workers in other processes put objects of their own; the pool's threads
+                    # upload the parts of one multipart upload
+                    kind = objparts.PartObjects if remote and objparts.WORKER_PART_OBJECTS \
+                        else objparts.PartUploads
                     try:
-                        self._uploads = PartUploads(objects, self.file, self.store.database,
-                                                    parts)
+                        self._uploads = kind(objects, self.file, self.store.database, parts)
                     except BaseException:
                         self._fail()
                         raise
@@ -175,8 +179,11 @@ class ReservedTiles:
         coords = tuple(int(c) for c in coords)
         offset, starts, shape = self._slots[coords]
         part = getattr(facts, "part", None)
-        if part is not None and self._uploads is not None:  # its worker uploaded that part
-            self._uploads.took(part[0] - 1, part[1])
+        uploads = self._uploads
+        if part is not None and uploads is not None:  # its worker uploaded that part
+            uploads.took(part[0] - 1, part[1])
+        # a part put as an object of its own (objparts.PartObjects): its tiles' rows name it
+        named = getattr(uploads, "name_of", None)
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
@@ -184,8 +191,20 @@ class ReservedTiles:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
             if facts.keep:
                 self.entries[coords] = TileEntry(coords, starts, shape, offset, facts.nbytes,
-                                                 facts.nnz, facts.crc32, facts.nonfinite)
+                                                 facts.nnz, facts.crc32, facts.nonfinite,
+                                                 file=named(coords) if named else None)
+            if named and part is not None and part[1] is not None:  # those recorded before
+                for c in uploads.parts[part[0] - 1][2]:
+                    e = self.entries.get(c)
+                    if e is not None and e.file != part[1]:
+                        self.entries[c] = dataclasses.replace(e, file=part[1])
         return facts.keep
+
+    def payload_objects(self) -> list[str]:
+        """The objects this writer's payload is (the commit's to delete if it rolls back):
+        its file, or the part objects Dask workers put."""
+        put = getattr(self._uploads, "put", None)
+        return put() if put is not None else [self.file]
 
     def _write_slot(self, coords: tuple[int, ...], array) -> bool:
         """A streamed tile, written into its place in the file now (by whichever thread

@@ -23,7 +23,8 @@ import numpy as np
 from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
 
-__all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_csr", "encode_dense",
+__all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_csr", "csr_parts",
+           "encode_dense",
            "decode", "densify", "densify_part", "is_sparse", "scatter_into", "entries", "fill_of",
            "tile_nbytes",
            "stored_entries",
@@ -294,6 +295,28 @@ def encode_csr(shape, dtype, indptr: np.ndarray, indices: np.ndarray,
         out[at:at + n].view(idx)[:] = p
         at += n
     return out
+
+
+def csr_parts(shape, dtype, indptr: np.ndarray, indices: np.ndarray,
+              values: np.ndarray) -> list[np.ndarray]:
+    """``encode_csr``'s payload as the arrays it is made of, in order (the entry count, the
+    values, their padding, the row pointers, the column indices): the very arrays where their
+    dtype is already the payload's, so a writer writes them one after the other and no payload
+    is assembled (a copy of every byte: a tenth of an SpGEMM statement's CPU).
+
+    >>> import numpy as np
+    >>> p, i, v = np.array([0, 1, 2]), np.array([1, 0]), np.array([1.0, 2.0], np.float32)
+    >>> parts = csr_parts((2, 2), np.float32, p, i, v)
+    >>> b"".join(a.tobytes() for a in parts) == encode_csr((2, 2), np.float32, p, i, v).tobytes()
+    True
+    """
+    shape = tuple(int(n) for n in shape)
+    dtype = np.dtype(dtype)
+    nse = int(values.size)
+    idx = index_dtype(shape, nse)
+    vals = np.ascontiguousarray(values, dtype)
+    return [np.array([nse], np.int64), vals, np.zeros(-vals.nbytes % 8, np.uint8),
+            np.ascontiguousarray(indptr, idx), np.ascontiguousarray(indices, idx)]
 
 
 def decode(buf, offset: int, nbytes: int, shape, dtype, fmt: str, name: str = "?"):

@@ -134,6 +134,8 @@ class Store(StoreCatalog, StoreCommits):
         self.epoch = 0
         self.user_transaction = False  # a transaction begun with SQL (con.sql("BEGIN")) is open
         self._entries: dict[int, tuple] = {}
+        self._kept_readers: dict[int, object] = {}  # version -> its TensorReader (store_catalog)
+        self._kept_boxes: dict[tuple, object] = {}  # (type, slice or gather name) -> its reader
         self._views: set[str] = set()
         # Python objects shown to SQL (pyobjects.py): registered by name (con.register), and
         # those a running statement scans by the name the user's code gives them
@@ -234,6 +236,7 @@ class Store(StoreCatalog, StoreCommits):
             if getattr(self, "staging", None) is not None:
                 self.staging.clear()
             self._pending = {}  # in memory: the catalog goes with the database
+            self._kept_readers, self._kept_boxes = {}, {}  # their mappings go with them
             if self._conn is not None:
                 try:
                     if self._txn is not None and not self._txn.external and self._txn.begun:

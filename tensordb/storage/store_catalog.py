@@ -21,7 +21,9 @@ from .meta import TensorMeta
 from .objreader import ObjectTensorReader
 from .reader import TensorReader
 
-__all__ = ["StoreCatalog"]
+__all__ = ["StoreCatalog", "KEPT_READERS"]
+
+KEPT_READERS = 64  # readers of current versions kept between calls (``_reader``), at most
 
 
 class StoreCatalog:
@@ -81,6 +83,7 @@ class StoreCatalog:
 
     def _clear_cache(self) -> None:
         self.epoch += 1
+        self._let_readers_go()
         self._cache.clear()
         self._cache_full = False
         self._changed.clear()
@@ -123,9 +126,9 @@ class StoreCatalog:
             bases = self.open_many(list(dict.fromkeys(
                 [b.base for b in boxes] + [b.index for b in boxes if isinstance(b, GatherName)]
                 + [n for n in names if n not in boxes])))
-            return {name: bases[name] if name not in boxes else
-                    BoxReader(bases[name.base], name.box, name) if isinstance(name, BoxName) else
-                    GatherReader(bases[name.base], bases[name.index], name) for name in names}
+            with self._lock:
+                return {name: bases[name] if name not in boxes else self._box_reader(name, bases)
+                        for name in names}
         metas = {name: self.meta(name) for name in names}
         with self._lock:
             missing = [m for m in metas.values() if m.version not in self._entries]
@@ -140,9 +143,60 @@ class StoreCatalog:
             return {name: ObjectTensorReader(metas[name], file, entries, self.database,
                                              self.objects)
                     for name, (file, entries) in hits.items()}
-        return {name: TensorReader(metas[name], os.path.join(self.tiles_dir, file) if file else None,
-                                   entries, self.database)
-                for name, (file, entries) in hits.items()}
+        with self._lock:
+            return {name: self._reader(metas[name], file, entries)
+                    for name, (file, entries) in hits.items()}
+
+    def _reader(self, meta: TensorMeta, file, entries) -> TensorReader:
+        """The reader of ``meta``'s version, kept between calls while that version is current
+        (a training step reads its data and weights again each call): its payload's mapping,
+        checksum checks and layout are made once. A commit that replaces or drops the version
+        lets it go (``_let_readers_go``), and so does anything that clears the cached rows (a
+        rollback, SQL that may have changed the catalog): no replaced payload stays mapped by
+        it, so the spare-file reuse and the deletion of a dropped tensor's file are as before."""
+        kept = self._kept_readers.get(meta.version)
+        if kept is not None and (kept.meta is meta or kept.meta == meta):
+            return kept
+        reader = TensorReader(meta, os.path.join(self.tiles_dir, file) if file else None,
+                              entries, self.database)
+        if len(self._kept_readers) >= KEPT_READERS:
+            self._kept_readers.clear()
+        self._kept_readers[meta.version] = reader
+        return reader
+
+    def _box_reader(self, name, bases: dict):
+        """The reader of a slice or a gather over the readers ``bases`` (by name), kept while it
+        reads those very readers (kept ones: ``_reader``)."""
+        base = bases[name.base]
+        index = bases[name.index] if isinstance(name, GatherName) else None
+        if self.objects is not None:  # an object store's readers are made each time
+            return BoxReader(base, name.box, name) if index is None else \
+                GatherReader(base, index, name)
+        key = (type(name), name)
+        kept = self._kept_boxes.get(key)
+        if kept is not None and kept.base is base and getattr(kept, "index", None) is index:
+            return kept
+        reader = BoxReader(base, name.box, name) if index is None else \
+            GatherReader(base, index, name)
+        if len(self._kept_boxes) >= KEPT_READERS:
+            self._kept_boxes.clear()
+        self._kept_boxes[key] = reader
+        return reader
+
+    def _let_readers_go(self, gone=None) -> None:
+        """Forget the kept readers of the versions ``gone`` (TensorMetas), and the slices and
+        gathers that read them; or all of them."""
+        if gone is None:
+            self._kept_readers.clear()
+            self._kept_boxes.clear()
+            return
+        versions = {meta.version for meta in gone}
+        for v in versions:
+            self._kept_readers.pop(v, None)
+        for key, r in list(self._kept_boxes.items()):
+            if r.base.meta.version in versions or (
+                    getattr(r, "index", None) is not None and r.index.meta.version in versions):
+                del self._kept_boxes[key]
 
     def _refresh_views(self, names) -> None:
         """The SQL views of tensors just given new versions read the new ones: a user's view

@@ -42,6 +42,24 @@ class _Txn:
         self.deferred: dict[str, tuple] = {}
 
 
+def _check_writer(name, shape, dtype, grid, dims, fill) -> tuple:
+    """A writer's arguments checked and made canonical: (shape, dtype, grid, dims, fill)."""
+    check_name(name)
+    shape = tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise ProgrammingError(f"tensor '{name}': negative extent in shape {shape}")
+    dtype = supported_dtype(dtype, f"tensor '{name}'")
+    dtype = np.dtype(dtype.name)  # native byte order
+    grid = check_grid(grid, shape, name)
+    dims = check_dims(dims, len(shape), name)
+    return shape, dtype, grid, dims, check_fill(fill, dtype, name)
+
+
+# (name, shape, dtype, grid, dims, fill as written) -> what _check_writer made of them: the
+# checks depend on nothing else
+_CHECKED: dict[tuple, tuple] = {}
+
+
 class StoreCommits:
     """Writing, committing and dropping tensors (state set up by ``Store.__init__``)."""
 
@@ -56,15 +74,19 @@ class StoreCommits:
         user table of that name is refused at once, and again, inside the transaction, at commit;
         ``check_tables=False`` leaves only the commit's check (one catalog query fewer)."""
         self._check_open(writing=True)
-        check_name(name)
-        shape = tuple(int(n) for n in shape)
-        if any(n < 0 for n in shape):
-            raise ProgrammingError(f"tensor '{name}': negative extent in shape {shape}")
-        dtype = supported_dtype(dtype, f"tensor '{name}'")
-        dtype = np.dtype(dtype.name)  # native byte order
-        grid = check_grid(grid, shape, name)
-        dims = check_dims(dims, len(shape), name)
-        fill = check_fill(fill, dtype, name)
+        shape, dims = tuple(shape), None if dims is None else tuple(dims)
+        try:  # the arguments of a repeated output (a training step's weights) checked once
+            key = (name, shape, dtype, grid, dims, repr(fill))
+            checked = _CHECKED.get(key)
+        except TypeError:  # unhashable: checked each time
+            key = checked = None
+        if checked is None:
+            checked = _check_writer(name, shape, dtype, grid, dims, fill)
+            if key is not None:
+                if len(_CHECKED) >= 256:
+                    _CHECKED.clear()
+                _CHECKED[key] = checked
+        shape, dtype, grid, dims, fill = checked
         self.check_free(name, replace, tables=check_tables)
         with self._lock:
             version = self._next_version
@@ -166,7 +188,7 @@ class StoreCommits:
                     raise OperationalError(f"cannot store tensor '{w.name}': syncing {w.path} "
                                            f"failed: {exc.strerror or exc}") from None
                 if self.objects is not None and w.has_file:  # uploaded whole, then COMMIT
-                    txn.uploaded.append(w.file)
+                    txn.uploaded.extend(w.payload_objects())
                     w.upload()  # its parts completed (objparts.py), or its file put whole
             for w, meta, entries in rows:
                 self._forget(w.name)
@@ -206,8 +228,13 @@ class StoreCommits:
         commits (its name from the cached tile entries when this session read or wrote it);
         ``spare``: or kept for reuse by a later output of its size (a replace, not a drop)."""
         hit = self._entries.get(old.version)
-        file = hit[0] if hit is not None else catalog.payload_file(self.duck, old)
-        if file:
+        if self.objects is not None:  # a version Dask workers wrote in parts: every part
+            files = sorted({e.file or hit[0] for e in hit[1]}) if hit is not None and \
+                hit[0] else catalog.payload_files(self.duck, old)
+        else:
+            file = hit[0] if hit is not None else catalog.payload_file(self.duck, old)
+            files = [file] if file else []
+        for file in files:
             txn.retired.append((os.path.join(self.tiles_dir, file), spare))
 
     @contextlib.contextmanager
@@ -290,6 +317,7 @@ class StoreCommits:
             for file in txn.uploaded:  # the staging files of what is in the object store now
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.tiles_dir, file))
+            self._let_readers_go(txn.gone)
             self._refresh_views(txn.replaced)
             self._tell_listeners(txn.stored, txn.gone)
 

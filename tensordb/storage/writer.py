@@ -30,7 +30,7 @@ from .identity import payload_name
 from .meta import TensorMeta
 from .reader import TileEntry
 from .reserved import ReservedTiles
-from .sparse import (Filled, densify, encode, encode_csr, entries, fill_of, is_sparse,
+from .sparse import (Filled, csr_parts, densify, encode, entries, fill_of, is_sparse,
                      stored_entries)
 from ..sparsity import choose_format
 from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
@@ -164,14 +164,22 @@ class TensorWriter(ReservedTiles):
                 keep = data != self.fill
             if self.fill == 0 and data.dtype.kind == "f":
                 keep |= np.signbit(data)  # a -0.0 is stored (stored_entries)
-            if keep.all() and choose_format(shape, data.size, self.dtype) == "csr":
-                # every entry stays and the rule says CSR: its arrays are the payload's
-                payload = encode_csr(shape, self.dtype, csr.indptr, csr.indices, data)
+            indptr, indices = csr.indptr, csr.indices
+            if not keep.all():  # zeros (or fills) left out: the CSR arrays without them, not
+                # int64 linear indices of every entry (a streamed slab's few zeros: slabs.py)
+                drop = np.flatnonzero(~keep)
+                indptr = indptr - np.searchsorted(drop, indptr, side="left").astype(indptr.dtype)
+                indices, data = np.delete(indices, drop), np.delete(data, drop)
+            if choose_format(shape, data.size, self.dtype) == "csr":
+                # the rule says CSR: its arrays are the payload's
+                parts = csr_parts(shape, self.dtype, indptr, indices, data)
                 nnz = data.size if self.fill != 0 else count_nonzero(data)
                 if nnz == 0 and self.fill == 0:
                     return False
-                return self._append(coords, starts, shape, payload, int(nnz),
-                                    checksum(payload),
+                crc = 0
+                for part in parts:
+                    crc = checksum(part, crc)
+                return self._append(coords, starts, shape, parts, int(nnz), crc,
                                     has_nonfinite(data) or not math.isfinite(self.fill), "csr")
         lin, values = entries(tile)
         return self.write_entries(coords, lin, values)
@@ -234,9 +242,12 @@ class TensorWriter(ReservedTiles):
                 self._write_filled(coords, starts, shape, np.zeros(0, np.int64),
                                    np.zeros(0, self.dtype), None)
 
-    def _append(self, coords, starts, shape, flat: np.ndarray, nnz: int, crc: int,
+    def _append(self, coords, starts, shape, flat, nnz: int, crc: int,
                 nonfinite: bool, fmt: str) -> bool:
-        """Append one tile's payload bytes (``flat``) to the file and record its entry."""
+        """Append one tile's payload bytes (``flat``: an array, or the list of arrays it is made
+        of, ``sparse.csr_parts``) to the file and record its entry."""
+        parts = flat if isinstance(flat, list) else [flat]
+        nbytes = sum(p.nbytes for p in parts)
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
@@ -249,13 +260,15 @@ class TensorWriter(ReservedTiles):
                 if pad:
                     write_all(self._fd, _ZEROS[:pad])
                 offset = self._pos + pad
-                write_all(self._fd, memoryview(flat).cast("B"))
+                for part in parts:
+                    if part.nbytes:
+                        write_all(self._fd, memoryview(part).cast("B"))
             except OSError as exc:
                 self._fail()
                 raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
                                        f"{exc.strerror or exc}") from None
-            self._pos = offset + flat.nbytes
-            self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes, nnz, crc,
+            self._pos = offset + nbytes
+            self.entries[coords] = TileEntry(coords, starts, shape, offset, nbytes, nnz, crc,
                                              nonfinite, fmt)
         return True
 

@@ -308,6 +308,44 @@ def split(model: str, x, y, repeat: int, workers: int) -> dict:
     return out
 
 
+def back_to_back(n: int, settle: float, workers: int) -> None:
+    """``n`` one-step calls of each model (and the one-element assignment) in one process, in
+    memory, numpy's step by hand after each (from its own weights): ms, fastest and median, and
+    tensordb's CPU median (the process's, all threads)."""
+    x, y, _ = data()
+    for model in ("log", "mlp", "assign"):
+        with tensordb.connect(None, workers=workers) as con:
+            if model == "assign":
+                con.execute("CREATE TENSOR a (i 1) FLOAT64;")
+                text, values = "a[i] = a[i] + 1;", None
+            else:
+                load(con, x, y)
+                text, values = step_sql(model), {"lr": LR}
+            w = weights()
+            for _ in range(10):
+                con.execute(text, values)
+            t, c, tn = [], [], []
+            for _ in range(n):
+                time.sleep(settle)
+                c0, t0 = time.process_time(), time.perf_counter()
+                con.execute(text, values)
+                t.append(time.perf_counter() - t0)
+                c.append(time.process_time() - c0)
+                if model != "assign":
+                    time.sleep(settle)
+                    t0 = time.perf_counter()
+                    numpy_step(model, x, y, w)
+                    tn.append(time.perf_counter() - t0)
+        line = (f"{model}: tensordb {1e3 * min(t):.3f} fastest, {1e3 * statistics.median(t):.3f} "
+                f"median, CPU {1e3 * statistics.median(c):.3f}")
+        if tn:
+            line += (f"; numpy {1e3 * min(tn):.3f} fastest, {1e3 * statistics.median(tn):.3f} "
+                     f"median; ratio {min(t) / min(tn):.2f}x fastest, "
+                     f"{statistics.median(t) / statistics.median(tn):.2f}x median")
+        print(line)
+    print(f"load average {os.getloadavg()[0]:.1f}")
+
+
 SPLIT_ROWS = ("parse", "bind (GRAD included)", "plan (cache hit)", "open the output files",
               "run (the pool and kernels)", "commit", "catalog statements",
               "rest (Python between the stages)", "step")
@@ -325,9 +363,16 @@ def main(argv=None) -> None:
     ap.add_argument("--split", type=int, default=30, help="steps timed for the breakdown")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--one", choices=KINDS, help=argparse.SUPPRESS)
+    ap.add_argument("--back-to-back", type=int, default=0, metavar="N",
+                    help="only: N one-step calls of each model in this process, in memory, "
+                         "each followed by numpy's step (after --settle seconds each); "
+                         "fastest, median and CPU")
     args = ap.parse_args(argv)
     if args.one:
         one_process(args.one, args)
+        return
+    if args.back_to_back:
+        back_to_back(args.back_to_back, args.settle, args.workers)
         return
     x, y, source = data()
     checked = check(x, y, args.check, args.workers)

@@ -72,11 +72,23 @@ def _objects(storage):
     return ObjectStore(*storage)
 
 
+def _files(con, name) -> set:
+    """The objects tensor ``name``'s tiles lie in: its payload, or the part objects Dask's
+    workers put (storage/objparts.py)."""
+    r = con.store.open(name)
+    return {e.file or r.file for e in r.entries.values()}
+
+
 def _object_bytes(storage, con, name):
+    """The payload's bytes, put together from its part objects where workers wrote parts."""
+    from tensordb.storage.objects import part_start
     store = _objects(storage)
-    reader = con.store.open(name)
-    with store.fs.open_input_stream(store.key(reader.file)) as f:
-        return f.read()
+    out = bytearray()
+    for file in sorted(_files(con, name), key=part_start):
+        assert part_start(file) == len(out)  # the parts cover the layout, back to back
+        with store.fs.open_input_stream(store.key(file)) as f:
+            out += f.read()
+    return bytes(out)
 
 
 def _rows(con, name):
@@ -106,9 +118,11 @@ def test_workers_upload_their_outputs_as_the_local_pool_does(dask_cluster, tmp_p
         # the same plan laid out the same way: the objects are equal byte for byte
         assert _rows(d, "C") == _rows(local, "C")
         assert _object_bytes(ds, d, "C") == _object_bytes(ls, local, "C")
-        assert _objects(ds).uploads() == []
+        # each worker put its part as an object of its own: no multipart upload, no object
+        # that no row names
+        assert len(_files(d, "C")) == 2 and _objects(ds).uploads() == []
         assert {n for n, _ in _objects(ds).list()} == \
-            {d.store.open(m.name).file for m in d.store.list()}
+            {f for m in d.store.list() for f in _files(d, m.name)}
         assert d.execute("CHECK DATABASE").fetchall()[0][-1] == "ok"
 
 
@@ -162,12 +176,17 @@ def test_a_worker_killed_mid_query_leaves_no_object_behind(tmp_path, s3):
                 con.execute(sql)
             except BaseException as exc:  # noqa: BLE001 - looked at below
                 box["error"] = exc
-        th = threading.Thread(target=go)
-        th.start()
-        deadline = time.time() + 60
-        while not store.uploads() and th.is_alive() and time.time() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.5)
+        from distributed import Client
+        with Client(dep.address, timeout=30) as watch:
+            th = threading.Thread(target=go)
+            th.start()
+            deadline = time.time() + 60
+            # until the workers run the query's tasks (each part object goes up with its
+            # last tile: there is no upload to see opened before)
+            while not any(watch.processing().values()) and th.is_alive() and \
+                    time.time() < deadline:
+                time.sleep(0.01)
+        time.sleep(0.3)
         assert th.is_alive(), "the query ended before the worker could be killed"
         dep.kill(victim)
         th.join(180)
@@ -176,8 +195,8 @@ def test_a_worker_killed_mid_query_leaves_no_object_behind(tmp_path, s3):
 
     def nothing_orphaned(con):
         assert store.uploads() == []
-        assert {n for n, _ in store.list()} == {con.store.open(m.name).file
-                                               for m in con.store.list()}
+        assert {n for n, _ in store.list()} == {f for m in con.store.list()
+                                               for f in _files(con, m.name)}
 
     with Deployment(tmp_path / "cluster") as dep:
         for name in ("k1", "k2", "k3"):
@@ -195,7 +214,7 @@ def test_a_worker_killed_mid_query_leaves_no_object_behind(tmp_path, s3):
             assert isinstance(box.get("error"), tensordb.OperationalError), box
             assert "nothing was stored" in str(box["error"])
             np.testing.assert_array_equal(con.tensor("C"), old)  # the old state
-            nothing_orphaned(con)  # the upload aborted already
+            nothing_orphaned(con)  # the parts put deleted already
         with tensordb.connect(db, executor=f"dask://{dep.address}?retries=1",
                               storage=storage[0], storage_options=storage[1]) as con:
             nothing_orphaned(con)

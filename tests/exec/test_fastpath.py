@@ -152,6 +152,37 @@ def test_a_load_kept_between_runs_is_read_again_when_its_tensor_changes():
             assert con.tensor("W").tobytes() == ref.tensor("W").tobytes()
 
 
+def test_a_kept_view_of_a_payload_file_is_a_copy_read_again_when_its_tensor_changes(
+        monkeypatch):
+    text = "LET Z[b,c] = SUM(X[b 0:30, d] * W0[d,c]); S = SUM(Z[b,c] * Z[b,c]);"
+    with _connect(True) as unkept:  # the fast path keeping nothing: its peak with the views
+        monkeypatch.setattr(fastpath, "LOAD_CACHE_BYTES", 0)
+        for _ in range(3):
+            unkept.execute(text)
+        peak = unkept.engine.last_run.peak_bytes
+        monkeypatch.undo()
+    with _connect(True) as con, _connect(False) as ref:
+        for _ in range(3):
+            con.execute(text)
+            ref.execute(text)
+        kept = con.engine.last_plan.memo["fastpath_loads"]
+        # X's slice and W0 are views of their payload files when read: kept as copies that
+        # own their memory (the files are not kept mapped), counted as the views the pool reads
+        views = [v[1] for v in kept.values() if v[1] is not None and v[2] == 0]
+        assert sorted(a.shape for a in views) == [(6, 10), (30, 6)]
+        assert all(a.base is None and not a.flags.writeable for a in views)
+        assert con.engine.last_run.peak_bytes == peak
+        assert con.tensor("S").tobytes() == ref.tensor("S").tobytes()
+        x2 = X[::-1].copy()
+        con.load("X", x2, replace=True)
+        ref.load("X", x2, replace=True)
+        con.execute(text)
+        ref.execute(text)
+        assert con.tensor("S").tobytes() == ref.tensor("S").tobytes()
+        z = x2[:30] @ W0
+        np.testing.assert_allclose(float(con.tensor("S")), np.sum(z * z), rtol=1e-13)
+
+
 def test_a_failing_kernel_is_named_and_stores_nothing(snapshot):
     with _connect(True) as con:
         con.load("ex", np.array([1, 2, -1, 0, 3]))

@@ -295,3 +295,21 @@ def test_npz_truncated_compressed_member_is_a_data_error(tmp_path):
         with pytest.raises(tensordb.DataError, match="bad.npz"):
             con.load("A", str(bad), tile=(16, 256))
         assert not con.store.has("A")
+
+
+def test_sparse_coo_load_streams_in_passes(tmp_path):
+    """CREATE TENSOR of a sparse matrix from a SQL generator: no sort, read in passes of tile
+    rows (formats/coo_scan.py), each holding at most DuckDB's share of the limit."""
+    rows, n = SIZE // 4, 4096  # a tall matrix, one entry a row
+    db = tmp_path / "db.tdb"
+    sql = (f"CREATE TENSOR T FROM (SELECT i, (i * 7919) % {n} AS j, CAST(i % 5 + 1 AS FLOAT) "
+           f"AS v FROM range({rows}) r(i)) INDEX (i, j) VALUE v SHAPE ({rows}, {n})")
+    growth = run_child(db, {"do": "sql", "sql": sql})
+    assert growth < duck_bound(), \
+        f"CREATE TENSOR of a sparse matrix grew anonymous memory by {growth / MiB:.1f} MiB"
+    with tensordb.connect(db) as con:
+        got = con.sparse("T")
+    i = np.arange(rows)
+    assert got.nnz == rows
+    np.testing.assert_array_equal(got.indices, (i * 7919) % n)  # one entry a row
+    np.testing.assert_array_equal(got.data, (i % 5 + 1).astype(np.float32))

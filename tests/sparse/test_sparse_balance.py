@@ -168,3 +168,40 @@ def test_cuts_that_would_pass_a_workers_budget_are_not_made():
         assert "balance" not in node and node["memory"]["total"] <= 1.3 * call
         con.execute(sql)
         np.testing.assert_allclose(con.tensor("Y"), S @ X, rtol=1e-12, atol=1e-12)
+
+
+def test_a_cached_plan_is_recut_when_the_matrix_is_replaced_by_another_row_profile():
+    """The plan cache keys a plan by its inputs' layouts (grid, formats, present tiles), which
+    a replaced matrix of another row profile keeps: the cached plan's cuts of equal nonzeros
+    are checked against the new version's profile, and the plan is made again where they
+    differ (driver/cache.py); a new version of the same profile still hits."""
+    n = 3000
+    S = skewed(n, 40, 500, 4)
+    flipped = sp.csr_array(S[::-1])            # the hubs now the last rows
+    X = np.random.default_rng(10).standard_normal((n, 5))
+    sql = "Y[i,k] = SUM(G[i,j] * X[j,k]) WITH (PIECES i 2)"
+
+    def slab_nnz(M, boxes):
+        return [int(M.indptr[b] - M.indptr[a]) for a, b in boxes]
+
+    with tensordb.connect(workers=2) as con:
+        con.load("G", S)
+        con.load("X", X)
+        con.execute(sql)
+        first = load_boxes(con, "G")
+        assert max(slab_nnz(S, first)) <= 1.1 * S.nnz / 2
+        con.load("G", flipped, replace=True)
+        con.execute(sql)
+        np.testing.assert_allclose(con.tensor("Y"), flipped @ X, rtol=1e-12, atol=1e-12)
+        second = load_boxes(con, "G")
+        assert second != first
+        assert max(slab_nnz(flipped, second)) <= 1.1 * flipped.nnz / 2
+        assert json.loads(con.explain(sql, format="json"))["nodes"][0]["balance"]["bounds"] \
+            == [a for a, _ in second] + [n]
+        # the same profile again (new values): the plan is taken from the cache
+        hits = con.plan_cache_stats["hits"]
+        con.load("G", flipped * 2.0, replace=True)
+        con.execute(sql)
+        assert con.plan_cache_stats["hits"] == hits + 1
+        assert load_boxes(con, "G") == second
+        np.testing.assert_allclose(con.tensor("Y"), 2.0 * (flipped @ X), rtol=1e-12, atol=1e-12)

@@ -1,5 +1,5 @@
-"""The fast sparse load path: DuckDB sorts a sparse table's rows by tile and coordinates, so the
-loader encodes each tile's entries without sorting them (the CSR row pointers by binary search).
+"""The fast sparse load path: a sparse matrix's rows bucketed into CSR with no sort in DuckDB
+(formats/coo_scan.py; tests/sparse/test_sparse_load_scan.py tests it further).
 Shuffled rows with repeats, from Parquet, over several tiles: the stored tensor is scipy's sum of
 the entries, every stored tile a valid CSR (sorted, checked by storage.sparse.validate), zeros
 left out; DUPLICATES ERROR still finds a repeat; con.load of a scipy matrix with

@@ -312,7 +312,7 @@ def test_each_sparse_kernel_returns_the_format_its_choice_says(fmt):
         c = choose_kernel(op, sparse=(0, 1), finite=(True, True), fills=fills)
         assert c.method in ("spmm", "semiring", "spjoin")
         if fmt != "dense":
-            c = replace(c, out_format=fmt, out_density=0.1)
+            c = replace(c, out_format=fmt, out_density=0.1, out_places=False)
         out = sparse_call(op, c, args, [(40, 40), (40, 40)], (40, 40))
         assert is_sparse(out) == (fmt == "csr")
         np.testing.assert_array_equal(densify(out), ref)
@@ -363,3 +363,46 @@ def test_a_piece_computed_densely_meets_csr_partials(tmp_path):
             con.execute("P[i,k] = MIN(D[i,j] + D[j,k])" + pieces)
             np.testing.assert_array_equal(con.tensor("P"), ref)
             assert np.isnan(ref).any()
+
+
+@pytest.mark.parametrize("sql,density,sparse", [
+    ("r[i] = SUM(G[i,j])", 2e-4, True),                 # spreduce: dense tiles of a sparse r
+    ("C[i,k] = SUM(G[i,j] * G[j,k])", 2e-4, True),      # SpGEMM: CSR tiles
+    ("C[i,k] = SUM(G[i,j] * G[j,k])", 0.05, False),     # SpGEMM of a dense result
+    ("Y[i,k] = SUM(G[i,j] * X[j,k])", 0.05, False)])    # SpMM: dense
+def test_the_plan_decides_once_whether_an_output_gets_dense_places(tmp_path, sql, density,
+                                                                   sparse):
+    """One decision (``KernelChoice.out_places``, plan.kernel.with_output, from the estimated
+    nonzeros) that the output sink reads: a sink opened on the plan alone (as an executor's
+    test opens one) gives a sparse output no dense places, whether its kernel returns CSR
+    tiles (SpGEMM) or dense ones (a row sum of a very sparse matrix); a dense output its
+    places. The stored result, against numpy, is stored as the format rule says."""
+    from tensordb.physical import CatalogSink
+    from tensordb.sparsity import is_sparse_overall
+    a = _graph(400, density, 31)
+    X = np.arange(4000.0).reshape(400, 10) / 7
+    want = {"r": lambda d: d.sum(axis=1), "C": lambda d: d @ d, "Y": lambda d: d @ X}
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("G", a)
+        con.load("X", X)
+        con.execute(sql)
+        name = sql.split("[")[0]
+        got = con.tensor(name)
+        np.testing.assert_allclose(got, want[name](_dense(a)), rtol=1e-12, atol=1e-12)
+        plan = con.last_plan
+        (n_op,) = [n for n, op in enumerate(plan.ops) if op.output == name]
+        choice = plan.kernels[n_op]
+        est = _node(con, sql)[0].get("output_nnz", {}).get("estimated")
+        assert sparse is (est is not None and is_sparse_overall(got.shape, int(np.ceil(est)),
+                                                                  got.dtype))
+        assert choice.out_places is (not sparse)
+        sink = CatalogSink(con.store, plan, replace=True)
+        try:
+            places = sink.open()
+            keys = set(plan.outputs[name].tiles.values())
+            assert bool(keys & set(places)) is choice.out_places
+        finally:
+            sink.abort()
+        formats = {f for (f,) in con.execute(
+            "SELECT DISTINCT format FROM tensordb.tiles WHERE tensor = ?", [name]).fetchall()}
+        assert formats and formats <= ({"csr", "coo"} if sparse else {"dense"})

@@ -266,8 +266,9 @@ def test_explain_shows_fills_kept_and_where_an_operation_densifies(tmp_path):
         assert "fill values: D +inf, P +inf (kept)" in text
         node = _explain_json(con, "P[i,k] = MIN(D[i,j] + D[j,k])")["nodes"][0]
         assert node["fill"] == INF and node["inputs"][0]["fill"] == INF
-        # priced by nnz, as SpGEMM: each entry meets a row of the other's nnz / 30 entries
-        assert node["flops"] == int(2 * a.nnz * (a.nnz / 30))
+        # priced by nnz, as SpGEMM: each entry D[i,j] meets row j's entries (the catalog's
+        # row profile), counted row by row
+        assert node["flops"] == 2 * int(np.diff(a.indptr) @ np.bincount(a.indices, minlength=30))
         text = con.explain("E[i,j] = EXP(X[i,j])")
         assert "densifies: E (its value where the input is absent is 1)" in text
         assert "densifies" not in con.explain("F[i,j] = X[i,j] * 3")   # 0 * 3 is 0
