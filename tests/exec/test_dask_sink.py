@@ -196,3 +196,52 @@ def test_the_older_arguments_reach_the_same_sink(pair):
     sink.commit(result)
     assert ex.last_run["written_by_workers"] == 4 and ex.last_run["gathered_bytes"] == 0
     np.testing.assert_allclose(d.tensor("C"), a @ a, atol=1e-12)
+
+
+def test_a_kernel_computing_into_its_mapped_place_writes_what_write_slot_writes(pair):
+    """``SlotMap`` (a worker's kernel computes a dense output tile straight into its place in
+    the payload file) leaves the bytes and reports the facts ``write_slot`` does, for a tile
+    computed in the place (statistics taken slab by slab), one copied in, an all-zero tile (no
+    row, its place left as allocated) and a -0.0 tile; it refuses a file of another database,
+    writing nothing, and never creates a file."""
+    from tensordb.storage.slots import SlotMap, TileSlot, write_slot
+    from tensordb.storage.tilestats import TileStats
+    d, _ = pair
+    d.load("A", np.ones((8, 8)), tile=(4, 4))
+    rng = np.random.default_rng(5)
+    tiles = [rng.standard_normal((64, 32)), np.zeros((64, 32)), np.full((64, 32), -0.0),
+             np.full((64, 32), np.nan)]
+    files = []
+    for name in ("m", "w"):
+        path = os.path.join(d.store.tiles_dir, f"99{len(files)}-{d.store.database[:16]}.bin")
+        with open(path, "wb") as f:
+            f.truncate(70000 + 16384 * len(tiles))
+        files.append(path)
+    slots = [[TileSlot(p, 70000 + 16384 * i, (64, 32), "<f8", d.store.database, True, "X")
+              for i in range(len(tiles))] for p in files]
+    maps = SlotMap()
+    try:
+        for i, (t, slot) in enumerate(zip(tiles, slots[0])):
+            place = maps.place(slot)
+            if i == 0:  # computed in its place, its statistics taken slab by slab
+                stats = TileStats()
+                np.multiply(t, 1.0, out=place)
+                for lo in range(0, 64, 16):
+                    stats.add(place[lo:lo + 16])
+                got = maps.finish(slot, place, place, stats)
+            else:
+                got = maps.finish(slot, place, t)
+            assert got == write_slot(slots[1][i], t)
+    finally:
+        maps.close()
+    with open(files[0], "rb") as f0, open(files[1], "rb") as f1:
+        assert f0.read() == f1.read()
+    other = TileSlot(files[0], 0, (4, 4), "<f8", "f" * 32, False, "X")
+    with pytest.raises(tensordb.OperationalError, match="another database"):
+        SlotMap().place(other)
+    gone = TileSlot(files[0] + ".gone", 0, (4, 4), "<f8", d.store.database, False, "X")
+    with pytest.raises(tensordb.OperationalError, match="given up"):
+        SlotMap().place(gone)
+    assert not os.path.exists(gone.path)
+    for p in files:
+        os.unlink(p)
