@@ -3,9 +3,8 @@
 The client (``dask_run.py``) fuses each worker's tasks of one stage into one Dask task
 (``dask_fuse.py``); ``run_group`` runs them in order on this worker, each on the shared runtime
 (``TaskRunner``: kernel specs built once per group), frees each intermediate tile after its last
-reader, writes the stored output tiles it has a slot for (a kernel's dense tile computed straight
-into its place in the payload file, mapped once per group: ``SlotMap``; the group's Loads of one
-file share one mapping), and returns a ``GroupOut``: the tiles other groups read, the tiles the client gathers, and, travelling down the graph to the groups
+reader, writes the stored output tiles it has a slot for, and returns a ``GroupOut``: the tiles
+other groups read, the tiles the client gathers, and, travelling down the graph to the groups
 the client gathers, the facts of the tiles written here and the records of every task run (its
 seconds, tile bytes and bytes moved; the most bytes the worker held). Nothing of a run stays on
 the worker but the parts of an output object it is still filling (storage/objparts.py: a part
