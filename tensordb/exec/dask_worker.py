@@ -151,70 +151,67 @@ def run_group(run: str, backend: str, group: Group, *deps):
     left: dict = {}      # plan key -> how many of them still will
     live = peak = 0      # bytes of those tiles, and their most
     rows, writes = [], 0.0
-    mapped: dict = {}    # payload path -> the group's first reader of it: its mapping is shared
-    files = SlotMap()    # the payload files this group writes tiles into, mapped once
-    try:
-        for step in group.steps:
-            if worker is not None and not _wanted(worker, group.key):
-                raise Cancelled(f"{group.key} was cancelled")  # nobody waits for it any more
-            task = step.task
-            inputs = [local[k] if i < 0 else deps[i] if k is None else deps[i].values[k]
-                      for i, k in step.args]
-            t0 = time.perf_counter()
-            if isinstance(task, Aggregate):
-                # an input may be read by other tasks or held in Dask's store: never write into
-                # one, so the accumulator starts from a copy (a sparse partial, a CSR output tile,
-                # is never written into: it is combined into new ones)
-                if not is_sparse(inputs[0]):
-                    inputs[0] = xp.array(inputs[0], dtype=task.dtype, copy=True)
-            place = stats = None
-            if isinstance(task, Load) and xp is not np and step.source is not None and \
-                    step.source.path is not None:
-                value = _cached_load(xp, runner, step)
-            elif isinstance(task, Kernel) and xp is np and type(step.slot) is TileSlot:
-                # computed straight into its place in the payload file, as the local pool's
-                # kernels into their buffers (storage/slots.py SlotMap): timed as the write
-                t1 = time.perf_counter()
-                place, stats = files.place(step.slot), TileStats()
-                writes += time.perf_counter() - t1
-                value = runner.run(task, inputs, step.op, choice=step.choice, out=place,
+    for step in group.steps:
+        if worker is not None and not _wanted(worker, group.key):
+            raise Cancelled(f"{group.key} was cancelled")  # nobody waits for it any more
+        task = step.task
+        inputs = [local[k] if i < 0 else deps[i] if k is None else deps[i].values[k]
+                  for i, k in step.args]
+        t0 = time.perf_counter()
+        if isinstance(task, Aggregate):
+            # an input may be read by other tasks or held in Dask's store: never write into
+            # one, so the accumulator starts from a copy (a sparse partial, a CSR output tile,
+            # is never written into: it is combined into new ones)
+            if not is_sparse(inputs[0]):
+                inputs[0] = xp.array(inputs[0], dtype=task.dtype, copy=True)
+        place = stats = None
+        if isinstance(task, Load) and xp is not np and step.source is not None and \
+                step.source.path is not None:
+            value = _cached_load(xp, runner, step)
+        elif isinstance(task, Kernel) and xp is np and type(step.slot) is TileSlot:
+            # computed straight into its place in the payload file, as the local pool's
+            # kernels into their buffers (storage/slots.py SlotMap): timed as the write
+            t1 = time.perf_counter()
+            place, stats = SlotMap(step.slot), TileStats()
+            writes += time.perf_counter() - t1
+            try:
+                value = runner.run(task, inputs, step.op, choice=step.choice, out=place.array,
                                    sink=stats.add)
-            else:
-                reader = step.source if isinstance(task, Load) else None
-                if reader is not None and getattr(reader, "path", None) is not None:
-                    first = mapped.setdefault(reader.path, reader)
-                    if first is not reader and hasattr(reader, "share_mapping"):
-                        reader.share_mapping(first)  # the file mapped once per group, not per Load
-                value = runner.run(task, inputs, step.op, choice=step.choice, source=step.source)
-            if xp is not np:
-                xp.cuda.get_current_stream().synchronize()  # time the kernel, not its launch
-            nbytes = tile_nbytes(value)
-            moved = sum(tile_nbytes(v) for v, m in zip(inputs, step.moved) if m)
-            rows.append((task.key, time.perf_counter() - t0, nbytes, moved))
-            del inputs
-            for i, k in step.args:
-                if i < 0:
-                    left[k] -= 1
-                    if not left[k]:
-                        live -= tile_nbytes(local.pop(k))
-            if place is not None:
-                t1 = time.perf_counter()
-                out.facts[task.key] = files.finish(step.slot, place, value, stats)
-                writes += time.perf_counter() - t1
-            elif step.slot is not None:
-                t1 = time.perf_counter()
-                out.facts[task.key] = write_output(run, step.slot, value)
-                writes += time.perf_counter() - t1
-            if step.client:
-                out.client[task.key] = value if xp is np else to_host(value)
-            if step.export:
-                out.values[task.key] = value
-            if step.uses:
-                local[task.key], left[task.key] = value, step.uses
-                live += nbytes
-                peak = max(peak, live)
-    finally:
-        files.close()
+            except BaseException:
+                place.close()
+                raise
+        else:
+            value = runner.run(task, inputs, step.op, choice=step.choice, source=step.source)
+        if xp is not np:
+            xp.cuda.get_current_stream().synchronize()  # time the kernel, not its launch
+        nbytes = tile_nbytes(value)
+        moved = sum(tile_nbytes(v) for v, m in zip(inputs, step.moved) if m)
+        rows.append((task.key, time.perf_counter() - t0, nbytes, moved))
+        del inputs
+        for i, k in step.args:
+            if i < 0:
+                left[k] -= 1
+                if not left[k]:
+                    live -= tile_nbytes(local.pop(k))
+        if place is not None:
+            t1 = time.perf_counter()
+            try:
+                out.facts[task.key] = place.finish(value, stats)
+            finally:
+                place.close()  # unmapped here, or once the tasks that read the tile let it go
+            writes += time.perf_counter() - t1
+        elif step.slot is not None:
+            t1 = time.perf_counter()
+            out.facts[task.key] = write_output(run, step.slot, value)
+            writes += time.perf_counter() - t1
+        if step.client:
+            out.client[task.key] = value if xp is np else to_host(value)
+        if step.export:
+            out.values[task.key] = value
+        if step.uses:
+            local[task.key], left[task.key] = value, step.uses
+            live += nbytes
+            peak = max(peak, live)
     address = worker.address if worker is not None else ""
     out.records[group.key] = (address, rows, _worker_bytes(worker) + peak, writes)
     return out

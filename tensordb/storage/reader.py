@@ -112,21 +112,6 @@ class TensorReader:
         """A reader of the same version holding only ``entries`` (a Dask Load ships little)."""
         return TensorReader(self.meta, self.path, entries, self.database)
 
-    def share_mapping(self, other: "TensorReader") -> None:
-        """Read through ``other``'s mapping of the same payload file (another reader of this
-        version, such as another Load's in one Dask task), so the file is opened, its database
-        checked, locked and mapped once, not once per reader; every tile read is still checked
-        against its checksum on its first read in the process (verify.py)."""
-        if other is self or other.path != self.path or other.database != self.database or \
-                other.meta.version != self.meta.version or self._map is not None:
-            return
-        with other._lock:
-            mapping, ident = other._map, other._ident
-        if mapping is not None:
-            with self._lock:
-                if self._map is None:
-                    self._map, self._ident = mapping, ident
-
     def __repr__(self) -> str:
         m = self.meta
         return (f"TensorReader({m.name!r}, shape={m.shape}, dtype={m.dtype.name}, "

@@ -27,7 +27,6 @@ import numpy as np
 
 from ..errors import DataError, OperationalError
 from .identity import check_database
-from .sparse import densify, is_sparse
 from .tilestats import has_negative_zero, tile_stats
 from .writeback import start_writeback
 
@@ -103,79 +102,75 @@ def write_slot(slot: TileSlot, tile) -> TileFacts:
 
 
 
-
 class SlotMap:
-    """The payload files of the dense output tiles one Dask task writes, mapped writable, so
-    that the worker's kernels compute each tile straight into its place in the file's pages, as
-    the local pool's do into their buffers (``out=``, the statistics taken slab by slab while
-    they are in the cache): no private array of the tile's size to fault in, no copy into the
-    file, no sweep of the finished tile. Each file is checked (the database's id) and opened
-    (never created, as in ``write_slot``) and mapped once per task, not per tile. ``place``
-    gives a slot's array, ``finish`` the tile's facts (and starts the write-back, as
-    ``write_slot``); ``close`` unmaps (the pages stay the file's: the client's fsync at commit
-    writes them; a mapping still viewed by a tile other tasks read goes when they let it go).
-    A tile that is all zero leaves its place as allocated (zeros)."""
+    """A dense output tile's place in the payload file, mapped writable, so that the worker's
+    kernel computes the tile straight into the file's pages, as the local pool's does into its
+    buffers (``out=``, the statistics taken slab by slab while they are in the cache): no
+    private array of the tile's size to fault in, no copy into the file, no sweep of the
+    finished tile. ``array`` is the place (``slot.shape``, ``slot.dtype``); ``finish`` returns
+    the tile's facts (and starts the write-back, as ``write_slot``); ``close`` unmaps (the
+    pages stay the file's: the client's fsync at commit writes them). The database's id is
+    checked before the file is opened, and it is opened without creating it, as in
+    ``write_slot``; a tile that is all zero leaves its place as allocated (zeros)."""
 
-    def __init__(self) -> None:
-        self._files: dict[str, tuple[int, mmap.mmap | None]] = {}
-
-    def _file(self, slot: TileSlot) -> tuple:
-        got = self._files.get(slot.path)
-        if got is not None:
-            return got
+    def __init__(self, slot: TileSlot) -> None:
+        self.slot, self._map, self._fd = slot, None, -1
+        dtype = np.dtype(slot.dtype)
+        count = int(np.prod(slot.shape, dtype=np.int64))
+        nbytes = count * dtype.itemsize
         check_database(slot.path, slot.database, slot.tensor)
         try:
-            fd = os.open(slot.path, os.O_RDWR)  # never O_CREAT, as write_slot
+            self._fd = os.open(slot.path, os.O_RDWR)  # never O_CREAT, as write_slot
         except OSError as exc:
             raise OperationalError(f"cannot write a tile of '{slot.tensor}' to {slot.path}: "
                                    f"{exc.strerror or exc} (the query was given up, or the "
                                    f"storage is not where it was declared)") from None
         try:
-            size = os.fstat(fd).st_size
-            got = fd, (mmap.mmap(fd, size) if size else None)
+            if os.fstat(self._fd).st_size < slot.offset + nbytes:  # else a SIGBUS, not an error
+                raise OperationalError(f"cannot write a tile of '{slot.tensor}' to {slot.path}: "
+                                       f"the file is shorter than its layout (changed outside "
+                                       f"the query)")
+            start = slot.offset - slot.offset % mmap.ALLOCATIONGRANULARITY
+            self._skip = slot.offset - start
+            if nbytes:
+                self._map = mmap.mmap(self._fd, self._skip + nbytes, offset=start)
         except OSError as exc:
-            os.close(fd)
-            raise OperationalError(f"cannot map {slot.path} to write a tile of '{slot.tensor}': "
+            self.close()
+            raise OperationalError(f"cannot map a tile of '{slot.tensor}' in {slot.path}: "
                                    f"{exc.strerror or exc}") from None
-        self._files[slot.path] = got
-        return got
+        except BaseException:
+            self.close()
+            raise
+        self.array = np.frombuffer(self._map, dtype, count, self._skip).reshape(slot.shape) \
+            if self._map is not None else np.zeros(slot.shape, dtype)
 
-    def place(self, slot: TileSlot) -> np.ndarray:
-        """The place of ``slot`` in its mapped file, a writable array."""
-        dtype = np.dtype(slot.dtype)
-        count = int(np.prod(slot.shape, dtype=np.int64))
-        _, mapping = self._file(slot)
-        if not count:
-            return np.zeros(slot.shape, dtype)
-        if mapping is None or len(mapping) < slot.offset + count * dtype.itemsize:
-            raise OperationalError(f"cannot write a tile of '{slot.tensor}' to {slot.path}: the "
-                                   f"file is shorter than its layout (changed outside the query)")
-        return np.frombuffer(mapping, dtype, count, slot.offset).reshape(slot.shape)
-
-    def finish(self, slot: TileSlot, place: np.ndarray, value, stats=None) -> TileFacts:
-        """The facts of the tile now in ``place``: ``value`` (the kernel's result) is copied in
+    def finish(self, value, stats=None) -> TileFacts:
+        """The facts of the tile now in the place: ``value`` (the kernel's result) is copied in
         where the kernel did not land it there; ``stats`` (a ``TileStats``) where the kernel
         took them from every slab of the place."""
-        if value is not place:
-            v = densify(value) if is_sparse(value) else np.asarray(value)
-            if v.shape != place.shape:
-                raise DataError(f"tensor '{slot.tensor}': a tile of shape {v.shape} for a place "
-                                f"of shape {place.shape} in {slot.path}")
-            np.copyto(place, v, casting="unsafe")
+        a = self.array
+        if value is not a:
+            v = np.asarray(value)
+            if v.shape != a.shape:
+                raise DataError(f"tensor '{self.slot.tensor}': a tile of shape {v.shape} for a "
+                                f"place of shape {a.shape} in {self.slot.path}")
+            np.copyto(a, v, casting="unsafe")
             stats = None
         nnz, nonfinite, crc = stats.result() if stats is not None and \
-            stats.nbytes == place.nbytes else tile_stats(place)
-        keep = bool(nnz) or has_negative_zero(place)
-        if keep and slot.fsync:
-            start_writeback(self._file(slot)[0], slot.offset, place.nbytes)
-        return TileFacts(int(place.nbytes), int(nnz), bool(nonfinite), int(crc), keep)
+            stats.nbytes == a.nbytes else tile_stats(a)
+        keep = bool(nnz) or has_negative_zero(a)
+        if keep and self.slot.fsync and self._fd >= 0:
+            start_writeback(self._fd, self.slot.offset, a.nbytes)
+        return TileFacts(int(a.nbytes), int(nnz), bool(nonfinite), int(crc), keep)
 
     def close(self) -> None:
-        files, self._files = self._files, {}
-        for fd, mapping in files.values():
-            if mapping is not None:
-                try:
-                    mapping.close()
-                except BufferError:  # a tile of it is still read: unmapped when it goes
-                    pass
-            os.close(fd)
+        self.array = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view of it is still held: unmapped when that goes
+                pass
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -195,31 +195,3 @@ def test_a_stored_result_read_again_reaches_the_client_and_the_other_worker(con)
     c = a @ b
     np.testing.assert_allclose(_whole(plan, got, "C"), c, atol=1e-12)
     np.testing.assert_allclose(_whole(plan, got, "G"), c @ c.T, atol=1e-10)
-
-
-def test_a_groups_loads_of_one_file_map_it_once_and_still_verify(con):
-    """The Loads a group runs (each ships a reader of only its tiles) read one payload file
-    through one mapping, made by the first of them: the file is opened, checked and mapped once
-    per Dask task, not once per tile, and each tile is still checked against its checksum."""
-    from tensordb.storage.verify import forget_verified, verified_count
-    rng = np.random.default_rng(3)
-    a, b = rng.standard_normal((128, 96)), rng.standard_normal((96, 64))
-    con.load("A", a, tile=(32, 32))
-    con.load("B", b, tile=(32, 32))
-    g = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C",
-                                pieces={"i": 4, "j": 3, "k": 2})
-    plan = _plan(con, g)
-    fused, _, scattered = _fuse(plan)
-    forget_verified()
-    got = _execute(fused, plan, scattered)
-    np.testing.assert_allclose(_whole(plan, got, "C"), a @ b, atol=1e-12)
-    assert verified_count() == 12 + 6  # every stored tile of A and B checked on its first read
-    shared = 0
-    for dk in fused.groups:
-        maps: dict = {}
-        for step in fused.graph[dk].args[2].steps:
-            if isinstance(step.task, Load):
-                maps.setdefault(step.source.path, set()).add(id(step.source.mapping()))
-                shared += 1
-        assert all(len(m) == 1 for m in maps.values()), maps
-    assert shared > len(fused.groups) * 2  # groups that read several tiles of a file
