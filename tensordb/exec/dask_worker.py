@@ -23,12 +23,11 @@ import time
 
 import numpy as np
 
-from ..physical.plan import Aggregate, Kernel, Load
+from ..physical.plan import Aggregate, Load
 from ..storage import identity
 from ..storage.objparts import ObjectSlot, forget_spools, write_object_slot
-from ..storage.slots import SlotMap, TileSlot, write_slot
+from ..storage.slots import write_slot
 from ..storage.sparse import is_sparse, tile_nbytes
-from ..storage.tilestats import TileStats
 from .runtime import Cancelled, TaskRunner
 
 __all__ = ["Step", "Group", "GroupOut", "run_group", "pick", "forget", "to_host", "gpu_count",
@@ -164,22 +163,9 @@ def run_group(run: str, backend: str, group: Group, *deps):
             # is never written into: it is combined into new ones)
             if not is_sparse(inputs[0]):
                 inputs[0] = xp.array(inputs[0], dtype=task.dtype, copy=True)
-        place = stats = None
         if isinstance(task, Load) and xp is not np and step.source is not None and \
                 step.source.path is not None:
             value = _cached_load(xp, runner, step)
-        elif isinstance(task, Kernel) and xp is np and type(step.slot) is TileSlot:
-            # computed straight into its place in the payload file, as the local pool's
-            # kernels into their buffers (storage/slots.py SlotMap): timed as the write
-            t1 = time.perf_counter()
-            place, stats = SlotMap(step.slot), TileStats()
-            writes += time.perf_counter() - t1
-            try:
-                value = runner.run(task, inputs, step.op, choice=step.choice, out=place.array,
-                                   sink=stats.add)
-            except BaseException:
-                place.close()
-                raise
         else:
             value = runner.run(task, inputs, step.op, choice=step.choice, source=step.source)
         if xp is not np:
@@ -193,14 +179,7 @@ def run_group(run: str, backend: str, group: Group, *deps):
                 left[k] -= 1
                 if not left[k]:
                     live -= tile_nbytes(local.pop(k))
-        if place is not None:
-            t1 = time.perf_counter()
-            try:
-                out.facts[task.key] = place.finish(value, stats)
-            finally:
-                place.close()  # unmapped here, or once the tasks that read the tile let it go
-            writes += time.perf_counter() - t1
-        elif step.slot is not None:
+        if step.slot is not None:
             t1 = time.perf_counter()
             out.facts[task.key] = write_output(run, step.slot, value)
             writes += time.perf_counter() - t1

@@ -19,7 +19,6 @@ write all of the file's. An fdatasync per tile here cost 5 ms a tile (256 KiB, t
 """
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ from .identity import check_database
 from .tilestats import has_negative_zero, tile_stats
 from .writeback import start_writeback
 
-__all__ = ["TileSlot", "TileFacts", "write_slot", "SlotMap"]
+__all__ = ["TileSlot", "TileFacts", "write_slot"]
 
 
 @dataclass(frozen=True)
@@ -99,78 +98,3 @@ def write_slot(slot: TileSlot, tile) -> TileFacts:
     finally:
         os.close(fd)
     return facts
-
-
-
-class SlotMap:
-    """A dense output tile's place in the payload file, mapped writable, so that the worker's
-    kernel computes the tile straight into the file's pages, as the local pool's does into its
-    buffers (``out=``, the statistics taken slab by slab while they are in the cache): no
-    private array of the tile's size to fault in, no copy into the file, no sweep of the
-    finished tile. ``array`` is the place (``slot.shape``, ``slot.dtype``); ``finish`` returns
-    the tile's facts (and starts the write-back, as ``write_slot``); ``close`` unmaps (the
-    pages stay the file's: the client's fsync at commit writes them). The database's id is
-    checked before the file is opened, and it is opened without creating it, as in
-    ``write_slot``; a tile that is all zero leaves its place as allocated (zeros)."""
-
-    def __init__(self, slot: TileSlot) -> None:
-        self.slot, self._map, self._fd = slot, None, -1
-        dtype = np.dtype(slot.dtype)
-        count = int(np.prod(slot.shape, dtype=np.int64))
-        nbytes = count * dtype.itemsize
-        check_database(slot.path, slot.database, slot.tensor)
-        try:
-            self._fd = os.open(slot.path, os.O_RDWR)  # never O_CREAT, as write_slot
-        except OSError as exc:
-            raise OperationalError(f"cannot write a tile of '{slot.tensor}' to {slot.path}: "
-                                   f"{exc.strerror or exc} (the query was given up, or the "
-                                   f"storage is not where it was declared)") from None
-        try:
-            if os.fstat(self._fd).st_size < slot.offset + nbytes:  # else a SIGBUS, not an error
-                raise OperationalError(f"cannot write a tile of '{slot.tensor}' to {slot.path}: "
-                                       f"the file is shorter than its layout (changed outside "
-                                       f"the query)")
-            start = slot.offset - slot.offset % mmap.ALLOCATIONGRANULARITY
-            self._skip = slot.offset - start
-            if nbytes:
-                self._map = mmap.mmap(self._fd, self._skip + nbytes, offset=start)
-        except OSError as exc:
-            self.close()
-            raise OperationalError(f"cannot map a tile of '{slot.tensor}' in {slot.path}: "
-                                   f"{exc.strerror or exc}") from None
-        except BaseException:
-            self.close()
-            raise
-        self.array = np.frombuffer(self._map, dtype, count, self._skip).reshape(slot.shape) \
-            if self._map is not None else np.zeros(slot.shape, dtype)
-
-    def finish(self, value, stats=None) -> TileFacts:
-        """The facts of the tile now in the place: ``value`` (the kernel's result) is copied in
-        where the kernel did not land it there; ``stats`` (a ``TileStats``) where the kernel
-        took them from every slab of the place."""
-        a = self.array
-        if value is not a:
-            v = np.asarray(value)
-            if v.shape != a.shape:
-                raise DataError(f"tensor '{self.slot.tensor}': a tile of shape {v.shape} for a "
-                                f"place of shape {a.shape} in {self.slot.path}")
-            np.copyto(a, v, casting="unsafe")
-            stats = None
-        nnz, nonfinite, crc = stats.result() if stats is not None and \
-            stats.nbytes == a.nbytes else tile_stats(a)
-        keep = bool(nnz) or has_negative_zero(a)
-        if keep and self.slot.fsync and self._fd >= 0:
-            start_writeback(self._fd, self.slot.offset, a.nbytes)
-        return TileFacts(int(a.nbytes), int(nnz), bool(nonfinite), int(crc), keep)
-
-    def close(self) -> None:
-        self.array = None
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view of it is still held: unmapped when that goes
-                pass
-            self._map = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
