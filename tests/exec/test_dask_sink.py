@@ -196,3 +196,25 @@ def test_the_older_arguments_reach_the_same_sink(pair):
     sink.commit(result)
     assert ex.last_run["written_by_workers"] == 4 and ex.last_run["gathered_bytes"] == 0
     np.testing.assert_allclose(d.tensor("C"), a @ a, atol=1e-12)
+
+
+def test_workers_verify_a_tile_once_per_process_not_once_per_query(pair):
+    """The checksum of a stored tile is checked on its first read in each worker process
+    (storage/verify.py remembers it per process, by the file's identity), not again by each
+    query: the second run of a query verifies nothing new on any worker."""
+    from tensordb.storage.verify import verified_count
+    d, _ = pair
+    client = d._get_executor().client
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 64))
+    d.load("A", a, tile=(32, 32))
+    d.load("B", b, tile=(32, 32))
+    counts = [client.run(verified_count)]
+    for _ in range(2):
+        d.execute("C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 2, k 2)")
+        np.testing.assert_allclose(d.tensor("C"), a @ b, atol=1e-12)
+        counts.append(client.run(verified_count))
+    first = sum(counts[1][w] - counts[0][w] for w in counts[0])
+    second = sum(counts[2][w] - counts[1][w] for w in counts[0])
+    assert 8 <= first <= 16  # each of the 8 stored tiles checked by each worker that read it
+    assert second == 0
