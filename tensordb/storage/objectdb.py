@@ -18,7 +18,7 @@ from ..errors import DataError, Error, OperationalError
 from . import catalog
 from ._duck import translating
 from .checksum import crc32
-from .objects import ObjectStore, part_start, payload_versions
+from .objects import ObjectStore, is_part, part_start, payload_versions
 
 __all__ = ["check_location", "open_objects", "check_tensor", "orphans", "identity_rows",
            "unreferenced"]
@@ -84,7 +84,9 @@ def open_objects(duck, tiles_dir: str, objects: ObjectStore, database: str | Non
     found = payload_versions([name for name, _ in objects.list()], database)
     for name, version in found.items():
         newest = max(newest, version + 1)
-        if name not in keep and version not in live:
+        # a part object is referenced by its tile rows alone: one of a live version that no row
+        # names was put by an attempt given up (a worker killed after its put, the run retried)
+        if name not in keep and (version not in live or is_part(name)):
             objects.delete(name)
     # an upload in parts a killed writer left open (objparts.py): no object yet, but its parts
     # take space until aborted; this open is the database's only writer, so none is in use

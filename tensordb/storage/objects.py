@@ -465,6 +465,12 @@ def part_start(name: str) -> int:
 _PART = re.compile(r"^\d+-[0-9a-f]+\.(\d+)-\w+\.bin$")
 
 
+def is_part(name: str) -> bool:
+    """Whether object ``name`` is a ``part_name``: referenced by tile rows only, never as a
+    version's whole payload."""
+    return _PART.match(name) is not None
+
+
 def payload_versions(names, database: str) -> dict[str, int]:
     """{object name: version} of the names that are payloads of ``database`` (whole, or the
     objects of a version written in parts, ``part_name``)."""

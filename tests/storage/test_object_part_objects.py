@@ -141,3 +141,26 @@ def test_the_next_open_deletes_the_parts_of_a_version_never_committed(tmp_path, 
         assert set(payload_versions(objects_of(s3_storage), con.store.database)) == kept
         np.testing.assert_array_equal(con.tensor("T"), want)
         assert not con.store.has("U")
+
+
+def test_the_next_open_deletes_a_given_up_attempts_part_of_a_committed_version(
+        tmp_path, s3_storage):
+    """A worker killed after its put, the run retried and committed: the dead attempt's part
+    object carries the committed version's number but no tile row names it. The next open
+    deletes it (and only it); CHECK names it until then."""
+    want = _want(6)
+    with connect(tmp_path / "db", s3_storage) as con:
+        w = _writer(con)
+        _put(w, "run7", want, TILES)
+        w.commit()
+        kept = referenced(con)
+        part = sorted(n for n in kept if n.endswith("-run7.bin"))[0]
+        stray = part.replace("-run7.bin", "-dead7.bin")  # the given-up attempt's name
+        con.store.objects.put_bytes(b"\0" * 64, stray, con.store.database)
+        assert stray in objects_of(s3_storage)
+        assert any(stray in str(row) for row in con.execute("CHECK DATABASE").fetchall())
+    with connect(tmp_path / "db", s3_storage) as con:
+        left = set(payload_versions(objects_of(s3_storage), con.store.database))
+        assert left == kept  # the stray part gone, every referenced part kept
+        np.testing.assert_array_equal(con.tensor("T"), want)
+        assert con.execute("CHECK DATABASE").fetchall()[0][-1] == "ok"
