@@ -37,6 +37,7 @@ from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from .contract import Capabilities, as_sink, pool_capabilities
 from . import fastpath
 from .budget import HEAP_SLACK, may_cross, return_freed_memory
+from .graphcache import GRAPHS
 from .ready import STOP, ReadyQueues
 from .runtime import RunControl, RunResult, plan_specs
 from .pool_run import _Run
@@ -158,6 +159,8 @@ class LocalExecutor:
         if not plan.tasks:
             return RunResult({}, ops=[])
         tiles = self.tiles
+        if store is not None:  # its commits retire the GraphBLAS matrices of stored graphs
+            GRAPHS.listen(store)
         sink = as_sink(sink, destinations, finished)
         buffers = sink.open(False) if sink is not None else {}
         dest = buffers if tiles.writes_destinations else {}

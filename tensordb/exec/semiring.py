@@ -45,6 +45,7 @@ import numpy as np
 
 from ..plan.sparse_rules import SEMIRINGS, have_graphblas
 from ..storage.sparse import Filled, densify, is_sparse
+from .graphcache import Sourced, remember
 from .sparse_out import csr_output
 
 __all__ = ["semiring", "masked", "sddmm", "spjoin", "plus_times_csr", "CHUNK"]
@@ -102,16 +103,27 @@ def _dense(csr, fill, dense) -> np.ndarray:
     return dense if csr is None else densify(Filled(csr, fill) if fill else csr)
 
 
-def _to_gb(csr, dense, missing=None):
+def _to_gb(csr, dense, missing=None, box=None):
     """A GraphBLAS matrix of a tile: its entries, or every element of a dense one but those
-    equal to ``missing`` (an absorbing value, +inf in min-plus, that can never win)."""
+    equal to ``missing`` (an absorbing value, +inf in min-plus, that can never win). ``box``:
+    the stored box ``csr`` was made from, whose matrix the graph cache keeps (graphcache.py:
+    a stored graph is copied into GraphBLAS once, not once a statement)."""
     gb = _gb()
     if csr is not None:
+        if box is not None and csr.dtype == box.dtype and box.csr.format == "csr":
+            return remember(box, ("gb", csr.dtype.str), lambda: gb.io.from_scipy_sparse(csr),
+                            csr.nnz * (csr.dtype.itemsize + 8) + 8 * (csr.shape[0] + 1))
         return gb.io.from_scipy_sparse(csr)
     if missing is None:
         return gb.Matrix.from_dense(dense)
-    r, c = np.nonzero(dense != missing)
-    return gb.Matrix.from_coo(r, c, dense[r, c], nrows=dense.shape[0], ncols=dense.shape[1])
+    return gb.Matrix.from_dense(dense, missing_value=missing)
+
+
+def _bad_values(v: np.ndarray, plus: bool, fill) -> bool:
+    """Whether values ``v`` rule GraphBLAS out (see ``semiring``)."""
+    if v.dtype.kind != "f":
+        return False
+    return bool(np.isnan(v).any() or (v == -fill).any()) if plus else not np.isfinite(v).all()
 
 
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:
@@ -159,10 +171,13 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     R = math.prod(rest_shape)
     plus = name.endswith("plus")
     agg = np.minimum if name.startswith("min") else np.maximum
+    # a stored box's matrix and the test of its values are made once (graphcache.py)
+    boxes = [b if x[0] is not None and isinstance(b, Sourced) and x[0].dtype == b.dtype else None
+             for b, x in zip((S, D), (s, d))]
     with np.errstate(all="ignore"):
-        vals = [_values(x[0], x[2]) for x in (s, d)]
-        bad = any(np.isnan(v).any() or (v == -fill).any() if plus else not np.isfinite(v).all()
-                  for v in vals if v.dtype.kind == "f")
+        bad = any(remember(b, ("bad", plus, fill), lambda x=x: _bad_values(
+                      _values(x[0], x[2]), plus, fill), 0) if b is not None else
+                  _bad_values(_values(x[0], x[2]), plus, fill) for b, x in zip(boxes, (s, d)))
     if bad:
         dense = [_dense(*x[:3]) for x in (s, d)]
         res = _dense_semiring(*[a.T if x[3] else a for a, x in zip(dense, (s, d))],
@@ -170,7 +185,7 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     else:
         gb = _gb()
         # in min-plus (max-plus) a dense element at the fill is as absent: it never wins
-        A, B = [_to_gb(x[0], x[2], fill if plus else None) for x in (s, d)]
+        A, B = [_to_gb(x[0], x[2], fill if plus else None, b) for x, b in zip((s, d), boxes)]
         A, B = A.T if s[3] else A, B.T if d[3] else B
         C = A.mxm(B, getattr(gb.semiring, name)).new()
         if choice.out_format == "csr" and len(rest) == 1:  # the plan says sparse: CSR output
