@@ -24,7 +24,7 @@ its version is retired); a box that is a copy (a column slab cut from a CSR tile
 >>> import numpy as np, scipy.sparse as sp
 >>> from tensordb.storage.sparse import Filled
 >>> box = Sourced(sp.csr_array(np.eye(2)), np.inf, ("d", 1, (0, 0), (2, 2)), "db")
->>> isinstance(box, Filled), remember(box, "n", lambda: 7, 8), remember(box, "n", lambda: 9, 8)
+>>> isinstance(box, Filled), remember(box, "n", lambda: 7), remember(box, "n", lambda: 9)
 (True, 7, 7)
 """
 from __future__ import annotations
@@ -59,9 +59,9 @@ class Sourced(Filled):
 _SLOT_LOCK = threading.Lock()
 
 
-def remember(box, key, make, nbytes: int):
-    """``box.slot[key]``, made by ``make()`` the first time (``nbytes``: what it holds, added to
-    its cache entry's); for a box that is not ``Sourced``, ``make()``."""
+def remember(box, key, make, size=None):
+    """``box.slot[key]``, made by ``make()`` the first time (``size(value)``: the bytes it
+    holds, added to its cache entry's); for a box that is not ``Sourced``, ``make()``."""
     slot = getattr(box, "slot", None)
     if slot is None:
         return make()
@@ -73,7 +73,8 @@ def remember(box, key, make, nbytes: int):
         if key in slot:  # another worker made it meanwhile
             return slot[key]
         slot[key] = value
-    GRAPHS.grew(box, int(nbytes))
+    if size is not None:
+        GRAPHS.grew(box, int(size(value)))
     return value
 
 
