@@ -44,6 +44,7 @@ import threading
 import numpy as np
 
 from ..plan.sparse_rules import SEMIRINGS, have_graphblas
+from ..sparsity import index_dtype
 from ..storage.sparse import Filled, densify, is_sparse
 from .graphcache import Sourced, remember
 from .sparse_out import csr_output
@@ -251,15 +252,20 @@ def _dense_result(C, fill, dtype):
 def _unpack_csr(C):
     """GraphBLAS matrix ``C`` (a kernel's own result, emptied here) as a scipy CSR array of
     sorted rows, its arrays moved out of GraphBLAS (``unpack``), not copied as an export is: a
-    copy was 15% of a min-plus statement on an R-MAT graph."""
+    copy was 15% of a min-plus statement on an R-MAT graph. GraphBLAS's uint64 indices are
+    turned into the payload's index dtype (``sparsity.index_dtype``: int32 where they fit) in
+    one pass, which scipy and the writer then take as they are: scipy's own conversion (to
+    int64) and the writer's (to int32) were two copies of every index."""
     import scipy.sparse as sp
     d = C.ss.unpack("csr", sort=True)
     values = d["values"]
     nnz = int(d["indptr"][-1])
     if d["is_iso"]:  # one value for every entry
         values = np.full(nnz, values[0] if values.size else 0, values.dtype)
-    csr = sp.csr_array((values[:nnz], d["col_indices"][:nnz], d["indptr"]),
-                       shape=(d["nrows"], d["ncols"]))
+    shape = (int(d["nrows"]), int(d["ncols"]))
+    idx = index_dtype(shape, nnz)
+    csr = sp.csr_array((values[:nnz], d["col_indices"][:nnz].astype(idx),
+                        d["indptr"].astype(idx)), shape=shape, copy=False)
     csr.has_canonical_format = True  # sorted (sort=True); GraphBLAS holds no repeats
     return csr
 
