@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -49,7 +50,7 @@ from ..storage.sparse import Filled, densify, is_sparse
 from .graphcache import Sourced, remember
 from .sparse_out import csr_output
 
-__all__ = ["semiring", "masked", "sddmm", "spjoin", "plus_times_csr", "CHUNK"]
+__all__ = ["semiring", "masked", "sddmm", "spjoin", "plus_times_csr", "threads", "CHUNK"]
 
 CHUNK = 1 << 22  # elements of a dense fallback's temporary (a tile whose values rule GraphBLAS out)
 _FILLS = {name: fill for name, fill in SEMIRINGS.values()}
@@ -57,6 +58,26 @@ _FILLS = {name: fill for name, fill in SEMIRINGS.values()}
 
 _IMPORT = threading.Lock()
 _GB = None
+# GraphBLAS threads per kernel call (0: its own setting, every core): the run's BLAS threads,
+# set by the pool around a run (``threads``), so that two workers' calls do not run four
+# OpenMP threads on two cores (their spin-waits took the cores from each other)
+_THREADS = 0
+
+
+@contextmanager
+def threads(n: int):
+    """Kernel calls made inside use ``n`` GraphBLAS threads each (as BLAS threads are capped
+    per run: exec/pool.py)."""
+    global _THREADS
+    old, _THREADS = _THREADS, max(0, int(n))
+    try:
+        yield
+    finally:
+        _THREADS = old
+
+
+def _opts() -> dict:
+    return {"nthreads": _THREADS} if _THREADS else {}
 
 
 def _gb():
@@ -194,7 +215,7 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         # in min-plus (max-plus) a dense element at the fill is as absent: it never wins
         A, B = [_to_gb(x[0], x[2], fill if plus else None, b) for x, b in zip((s, d), boxes)]
         A, B = A.T if s[3] else A, B.T if d[3] else B
-        C = A.mxm(B, getattr(gb.semiring, name)).new()
+        C = A.mxm(B, getattr(gb.semiring, name)).new(**_opts())
         if choice.out_format == "csr" and len(rest) == 1:  # the plan says sparse: CSR output
             return _sparse_result(gb, C, A, B, plus, agg, J, s, d, dtype, fill, (I, R),
                                   [i] + rest, op.out_labels)
@@ -206,7 +227,7 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         if not plus and J and (s[0] is not None or d[0] is not None):
             # an output with some pair absent also aggregates that pair's product, 0
             cnt = np.zeros((I, R), np.int64)
-            r, c, v = A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64").to_coo()
+            r, c, v = A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64", **_opts()).to_coo()
             cnt[r, c] = v
             part = cnt < J
             res[part] = agg(res[part], dtype.type(0))
@@ -223,7 +244,7 @@ def _sparse_result(gb, C, A, B, plus, agg, J, s, d, dtype, fill, shape, labels, 
     if csr.dtype != dtype:
         csr = csr.astype(dtype)
     if not plus and J and (s[0] is not None or d[0] is not None) and csr.nnz:
-        cnt = _unpack_csr(A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64"))
+        cnt = _unpack_csr(A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64", **_opts()))
         part = np.asarray(cnt.data) < J
         csr.data[part] = agg(csr.data[part], dtype.type(0))
     import scipy.sparse as sp
@@ -291,7 +312,7 @@ def plus_times_csr(A, B):
     gb = _gb()
     a, b = (gb.io.from_scipy_sparse(x if x.format in ("csr", "csc") else x.tocsr())
             for x in (A, B))
-    csr = _unpack_csr(a.mxm(b, gb.semiring.plus_times).new())
+    csr = _unpack_csr(a.mxm(b, gb.semiring.plus_times).new(**_opts()))
     keep = csr.data != 0
     if not keep.all():  # a sum of exactly 0: absent in scipy's product
         import scipy.sparse as sp
@@ -378,7 +399,8 @@ def masked(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         return np.asarray(value, dtype).reshape(out_shape)
     gb = _gb()
     M = _to_gb(m[0], None)
-    P = _to_gb(X[0], X[2]).mxm(_to_gb(Y[0], Y[2]), gb.semiring.plus_times).new(mask=M.S)
+    P = _to_gb(X[0], X[2]).mxm(_to_gb(Y[0], Y[2]), gb.semiring.plus_times)
+    P = P.new(mask=M.S, **_opts())
     total = P.ewise_mult(M, gb.binary.times).new().reduce_scalar(gb.monoid.plus).new()
     value = total.value if total.nvals else 0
     return np.asarray(value if value is not None else 0, dtype).reshape(out_shape)
