@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import os
 import threading
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
 from ..physical.plan import Kernel, TilePlan
 from ..plan.memory import BLAS_FLOPS_PER_THREAD
 from .contract import Capabilities, as_sink, pool_capabilities
-from . import fastpath
+from . import fastpath, semiring
 from .budget import HEAP_SLACK, may_cross, return_freed_memory
+from .graphcache import GRAPHS
 from .ready import STOP, ReadyQueues
 from .runtime import RunControl, RunResult, plan_specs
 from .pool_run import _Run
@@ -158,6 +159,8 @@ class LocalExecutor:
         if not plan.tasks:
             return RunResult({}, ops=[])
         tiles = self.tiles
+        if store is not None:  # its commits retire the GraphBLAS matrices of stored graphs
+            GRAPHS.listen(store)
         sink = as_sink(sink, destinations, finished)
         buffers = sink.open(False) if sink is not None else {}
         dest = buffers if tiles.writes_destinations else {}
@@ -168,7 +171,7 @@ class LocalExecutor:
         if tiles.limits_blas and (not inline or _calls_blas(plan)):
             threads = min(plan.blas_threads, self.cores) or _blas_threads(plan, self.cores, inline)
             self.last_blas_threads = threads
-            limits = _blas_limits(threads)
+            limits = _limits(threads)
         if inline and fast:
             with self._lock, limits:  # a straight line on this thread (fastpath.py)
                 control = RunControl(len(plan.tasks), progress) if progress else None
@@ -214,6 +217,13 @@ def _pin(w: int, workers: int) -> None:
         os.sched_setaffinity(0, {cpus[w]})  # 0: this thread
     except OSError:
         pass
+
+
+@contextmanager
+def _limits(threads: int):
+    """BLAS capped at ``threads`` for the run, and GraphBLAS's kernel calls too (semiring.py)."""
+    with _blas_limits(threads), semiring.threads(threads):
+        yield
 
 
 def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:

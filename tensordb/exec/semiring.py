@@ -40,14 +40,17 @@ from __future__ import annotations
 
 import math
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 
 from ..plan.sparse_rules import SEMIRINGS, have_graphblas
+from ..sparsity import index_dtype
 from ..storage.sparse import Filled, densify, is_sparse
+from .graphcache import Sourced, remember
 from .sparse_out import csr_output
 
-__all__ = ["semiring", "masked", "sddmm", "spjoin", "plus_times_csr", "CHUNK"]
+__all__ = ["semiring", "masked", "sddmm", "spjoin", "plus_times_csr", "threads", "CHUNK"]
 
 CHUNK = 1 << 22  # elements of a dense fallback's temporary (a tile whose values rule GraphBLAS out)
 _FILLS = {name: fill for name, fill in SEMIRINGS.values()}
@@ -55,6 +58,26 @@ _FILLS = {name: fill for name, fill in SEMIRINGS.values()}
 
 _IMPORT = threading.Lock()
 _GB = None
+# GraphBLAS threads per kernel call (0: its own setting, every core): the run's BLAS threads,
+# set by the pool around a run (``threads``), so that two workers' calls do not run four
+# OpenMP threads on two cores (their spin-waits took the cores from each other)
+_THREADS = 0
+
+
+@contextmanager
+def threads(n: int):
+    """Kernel calls made inside use ``n`` GraphBLAS threads each (as BLAS threads are capped
+    per run: exec/pool.py)."""
+    global _THREADS
+    old, _THREADS = _THREADS, max(0, int(n))
+    try:
+        yield
+    finally:
+        _THREADS = old
+
+
+def _opts() -> dict:
+    return {"nthreads": _THREADS} if _THREADS else {}
 
 
 def _gb():
@@ -102,16 +125,33 @@ def _dense(csr, fill, dense) -> np.ndarray:
     return dense if csr is None else densify(Filled(csr, fill) if fill else csr)
 
 
-def _to_gb(csr, dense, missing=None):
+def _to_gb(csr, dense, missing=None, box=None):
     """A GraphBLAS matrix of a tile: its entries, or every element of a dense one but those
-    equal to ``missing`` (an absorbing value, +inf in min-plus, that can never win)."""
+    equal to ``missing`` (an absorbing value, +inf in min-plus, that can never win). ``box``:
+    the stored box ``csr`` was made from, whose matrix the graph cache keeps (graphcache.py:
+    a stored graph is copied into GraphBLAS once, not once a statement)."""
     gb = _gb()
     if csr is not None:
+        if box is not None and csr.dtype == box.dtype and box.csr.format == "csr":
+            return remember(box, ("gb", csr.dtype.str), lambda: gb.io.from_scipy_sparse(csr),
+                            lambda m: m.ss.nbytes)
         return gb.io.from_scipy_sparse(csr)
     if missing is None:
         return gb.Matrix.from_dense(dense)
-    r, c = np.nonzero(dense != missing)
-    return gb.Matrix.from_coo(r, c, dense[r, c], nrows=dense.shape[0], ncols=dense.shape[1])
+    # as a bitmap (a copy of the values and the mask): a quarter of the time of gathering the
+    # entries for ``from_coo`` (a shortest-path step's 131,072 distances), and not
+    # ``from_dense(missing_value=)``, which with float32 kept the infinities and left out 0
+    dense = np.ascontiguousarray(dense)
+    return gb.Matrix.ss.import_bitmapr(bitmap=(dense != missing).view(np.int8), values=dense,
+                                       nrows=dense.shape[0], ncols=dense.shape[1],
+                                       take_ownership=False)
+
+
+def _bad_values(v: np.ndarray, plus: bool, fill) -> bool:
+    """Whether values ``v`` rule GraphBLAS out (see ``semiring``)."""
+    if v.dtype.kind != "f":
+        return False
+    return bool(np.isnan(v).any() or (v == -fill).any()) if plus else not np.isfinite(v).all()
 
 
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:
@@ -159,10 +199,13 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     R = math.prod(rest_shape)
     plus = name.endswith("plus")
     agg = np.minimum if name.startswith("min") else np.maximum
+    # a stored box's matrix and the test of its values are made once (graphcache.py)
+    boxes = [b if x[0] is not None and isinstance(b, Sourced) and x[0].dtype == b.dtype else None
+             for b, x in zip((S, D), (s, d))]
     with np.errstate(all="ignore"):
-        vals = [_values(x[0], x[2]) for x in (s, d)]
-        bad = any(np.isnan(v).any() or (v == -fill).any() if plus else not np.isfinite(v).all()
-                  for v in vals if v.dtype.kind == "f")
+        bad = any(remember(b, ("bad", plus, fill), lambda x=x: _bad_values(
+                      _values(x[0], x[2]), plus, fill)) if b is not None else
+                  _bad_values(_values(x[0], x[2]), plus, fill) for b, x in zip(boxes, (s, d)))
     if bad:
         dense = [_dense(*x[:3]) for x in (s, d)]
         res = _dense_semiring(*[a.T if x[3] else a for a, x in zip(dense, (s, d))],
@@ -170,22 +213,21 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     else:
         gb = _gb()
         # in min-plus (max-plus) a dense element at the fill is as absent: it never wins
-        A, B = [_to_gb(x[0], x[2], fill if plus else None) for x in (s, d)]
+        A, B = [_to_gb(x[0], x[2], fill if plus else None, b) for x, b in zip((s, d), boxes)]
         A, B = A.T if s[3] else A, B.T if d[3] else B
-        C = A.mxm(B, getattr(gb.semiring, name)).new()
+        C = A.mxm(B, getattr(gb.semiring, name)).new(**_opts())
         if choice.out_format == "csr" and len(rest) == 1:  # the plan says sparse: CSR output
             return _sparse_result(gb, C, A, B, plus, agg, J, s, d, dtype, fill, (I, R),
                                   [i] + rest, op.out_labels)
-        if C.nvals * 8 > I * R:  # mostly present: GraphBLAS writes the dense array itself
-            res = np.asarray(C.to_dense(fill_value=fill), dtype=dtype).reshape(I, R)
-        else:
+        res = _dense_result(C, fill, dtype)  # a bitmap or full result: moved out of it
+        if res is None:
             res = np.full((I, R), fill, dtype) if fill else np.zeros((I, R), dtype)
             r, c, v = C.to_coo()
             res[r, c] = v
         if not plus and J and (s[0] is not None or d[0] is not None):
             # an output with some pair absent also aggregates that pair's product, 0
             cnt = np.zeros((I, R), np.int64)
-            r, c, v = A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64").to_coo()
+            r, c, v = A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64", **_opts()).to_coo()
             cnt[r, c] = v
             part = cnt < J
             res[part] = agg(res[part], dtype.type(0))
@@ -202,25 +244,53 @@ def _sparse_result(gb, C, A, B, plus, agg, J, s, d, dtype, fill, shape, labels, 
     if csr.dtype != dtype:
         csr = csr.astype(dtype)
     if not plus and J and (s[0] is not None or d[0] is not None) and csr.nnz:
-        cnt = _unpack_csr(A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64"))
+        cnt = _unpack_csr(A.mxm(B, gb.semiring.plus_pair).new(dtype="INT64", **_opts()))
         part = np.asarray(cnt.data) < J
         csr.data[part] = agg(csr.data[part], dtype.type(0))
     import scipy.sparse as sp
     return csr_output(sp.csr_array(csr), labels, out_labels, dtype, fill)
 
 
+def _dense_result(C, fill, dtype):
+    """GraphBLAS matrix ``C`` (a kernel's own result, emptied here) as a dense array in
+    ``dtype``, its absent entries ``fill``, where GraphBLAS holds it as a bitmap or full (a
+    shortest-path step's distances): its arrays moved out (``unpack``) and the present ones
+    copied over the fill. ``to_dense`` assigns it into a new full matrix first (4 ms for the
+    131,072 distances of an R-MAT graph, against 0.5 ms so). None for another format (sparse:
+    the caller scatters its entries)."""
+    fmt = C.ss.format
+    if fmt not in ("bitmapr", "bitmapc", "fullr", "fullc"):
+        return None
+    shape = (C.nrows, C.ncols)
+    d = C.ss.unpack(fmt)
+    values = d["values"]
+    if d.get("is_iso"):  # one value for every entry
+        values = np.broadcast_to(values.reshape(-1)[:1], shape)
+    if fmt.startswith("full"):
+        return np.array(values.reshape(shape), dtype, order="C")
+    out = np.full(shape, fill, dtype) if fill else np.zeros(shape, dtype)
+    np.copyto(out, values.reshape(shape), where=d["bitmap"].reshape(shape).view(bool),
+              casting="unsafe")
+    return out
+
+
 def _unpack_csr(C):
     """GraphBLAS matrix ``C`` (a kernel's own result, emptied here) as a scipy CSR array of
     sorted rows, its arrays moved out of GraphBLAS (``unpack``), not copied as an export is: a
-    copy was 15% of a min-plus statement on an R-MAT graph."""
+    copy was 15% of a min-plus statement on an R-MAT graph. GraphBLAS's uint64 indices are
+    turned into the payload's index dtype (``sparsity.index_dtype``: int32 where they fit) in
+    one pass, which scipy and the writer then take as they are: scipy's own conversion (to
+    int64) and the writer's (to int32) were two copies of every index."""
     import scipy.sparse as sp
     d = C.ss.unpack("csr", sort=True)
     values = d["values"]
     nnz = int(d["indptr"][-1])
     if d["is_iso"]:  # one value for every entry
         values = np.full(nnz, values[0] if values.size else 0, values.dtype)
-    csr = sp.csr_array((values[:nnz], d["col_indices"][:nnz], d["indptr"]),
-                       shape=(d["nrows"], d["ncols"]))
+    shape = (int(d["nrows"]), int(d["ncols"]))
+    idx = index_dtype(shape, nnz)
+    csr = sp.csr_array((values[:nnz], d["col_indices"][:nnz].astype(idx),
+                        d["indptr"].astype(idx)), shape=shape, copy=False)
     csr.has_canonical_format = True  # sorted (sort=True); GraphBLAS holds no repeats
     return csr
 
@@ -242,7 +312,7 @@ def plus_times_csr(A, B):
     gb = _gb()
     a, b = (gb.io.from_scipy_sparse(x if x.format in ("csr", "csc") else x.tocsr())
             for x in (A, B))
-    csr = _unpack_csr(a.mxm(b, gb.semiring.plus_times).new())
+    csr = _unpack_csr(a.mxm(b, gb.semiring.plus_times).new(**_opts()))
     keep = csr.data != 0
     if not keep.all():  # a sum of exactly 0: absent in scipy's product
         import scipy.sparse as sp
@@ -329,7 +399,8 @@ def masked(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         return np.asarray(value, dtype).reshape(out_shape)
     gb = _gb()
     M = _to_gb(m[0], None)
-    P = _to_gb(X[0], X[2]).mxm(_to_gb(Y[0], Y[2]), gb.semiring.plus_times).new(mask=M.S)
+    P = _to_gb(X[0], X[2]).mxm(_to_gb(Y[0], Y[2]), gb.semiring.plus_times)
+    P = P.new(mask=M.S, **_opts())
     total = P.ewise_mult(M, gb.binary.times).new().reduce_scalar(gb.monoid.plus).new()
     value = total.value if total.nvals else 0
     return np.asarray(value if value is not None else 0, dtype).reshape(out_shape)

@@ -12,7 +12,8 @@ order) with an operand ``D`` that holds ``j`` and labels kept in the output: ``D
 ``D`` arrives sparse too), its result dense and reordered to the output's labels, or, for
 SpGEMM where the plan says its output is sparse (``KernelChoice.out_format``, from the estimated
 nonzeros), a CSR tile the writer stores as it is (``csr_output``): GraphBLAS's ``plus_times``
-product where it is installed (``semiring.plus_times_csr``), else scipy's, its rows sorted by a
+product where the plan chose it (``plan.kernel.spgemm_graphblas``: EXPLAIN's ``spmm x0 sparse
+(GraphBLAS plus_times)``; ``semiring.plus_times_csr``), else scipy's, its rows sorted by a
 counting pass (``sparse_out.sorted_product``). SpMV and SpMM call scipy's ``csr_matvec(s)``
 straight into the output's rows (``_direct``). The choice is made only where
 ``D`` is known to hold no NaN or inf, where skipping absent entries is exact. Partial results of
@@ -108,7 +109,8 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
             return _to_output(np.asarray((S @ densify(D))).reshape(-1), [i], op.out_labels)
         B = D if d_labels == (j, rest[0]) else D.T
         if choice.out_format == "csr":  # the plan's estimate says sparse: CSR, never dense
-            return csr_output(_spgemm(S, B, dtype), [i] + rest, op.out_labels, dtype)
+            return csr_output(_spgemm(S, B, dtype, choice.semiring == "plus_times"),
+                              [i] + rest, op.out_labels, dtype)
         return _to_output((S @ B).toarray(), [i] + rest, op.out_labels)
     D = np.asarray(D)
     if D.dtype != dtype:
@@ -125,10 +127,11 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     return _to_output(res, [i] + rest, op.out_labels)
 
 
-def _spgemm(S, B, dtype):
-    """The CSR product of two sparse tiles, rows sorted: GraphBLAS's (its threads) where it is
-    installed and the dtype is numeric, else scipy's without a sort (``sorted_product``)."""
-    if dtype.kind in "iuf" and have_graphblas():
+def _spgemm(S, B, dtype, graphblas: bool):
+    """The CSR product of two sparse tiles, rows sorted: GraphBLAS's (its threads) where the
+    plan chose it (``plan.kernel.spgemm_graphblas``: EXPLAIN's ``spmm x0 sparse (GraphBLAS
+    plus_times)``), else scipy's without a sort (``sorted_product``)."""
+    if graphblas and dtype.kind in "iuf" and have_graphblas():
         from .semiring import plus_times_csr
         return plus_times_csr(S, B)
     return sorted_product(S, B)

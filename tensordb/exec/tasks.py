@@ -6,6 +6,7 @@ import numpy as np
 from ..physical.plan import Aggregate, Assemble, Kernel, Load
 from ..plan.aggregates import AGGREGATES
 from ..storage.sparse import densify, is_sparse, read_sparse_box
+from .graphcache import GRAPHS
 from .kernels import KernelSpec, combine
 from .sparse_kernels import dense_args
 
@@ -15,9 +16,14 @@ __all__ = ["run_load", "run_assemble", "run_kernel", "start_aggregate", "finish_
 def run_load(task: Load, reader, xp=np):
     """A box of a stored tensor: a memory-mapped view when possible, zeros where absent; a
     scipy CSR array when the box lies in a matrix's sparse tiles (on the CPU: only the spmm
-    kernel reads it as it is, every other consumer densifies it, sparse_kernels.py)."""
+    kernel reads it as it is, every other consumer densifies it, sparse_kernels.py); a box of
+    a matrix whose absent entries are not 0 comes from the graph cache (graphcache.py)."""
     if xp is np and reader.has_sparse:
-        out = read_sparse_box(reader, task.starts, task.stops)
+        if reader.meta.fill != 0 and reader.meta.ndim == 2:  # the semiring kernels' boxes
+            out = GRAPHS.box(reader, task.starts, task.stops,
+                             lambda: read_sparse_box(reader, task.starts, task.stops))
+        else:
+            out = read_sparse_box(reader, task.starts, task.stops)
         if out is not None:
             return out
     out = reader.read_box(task.starts, task.stops)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+from .graphcache import GRAPHS
 from .kernels import get_backend
 
 __all__ = ["HostTiles"]
@@ -27,6 +28,9 @@ class HostTiles:
 
     def __init__(self, xp=None) -> None:
         self.xp = xp if xp is not None else get_backend("numpy")
+        # GraphBLAS matrices of stored graphs kept between runs (graphcache.py): the budget
+        # counts them and drops them first when a run needs room (budget.py)
+        self.cache = GRAPHS
 
     def worker(self, w: int):
         """The context a worker thread runs its tasks in (a device and stream on a GPU)."""

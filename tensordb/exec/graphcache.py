@@ -1,0 +1,183 @@
+"""GraphBLAS matrices of stored sparse boxes kept from one statement to the next (the graph cache).
+
+A shortest-path step (``dist[k] = MIN(dist[j] + D[j,k])``, D of fill +inf) reads the same
+stored graph every statement, and its kernel (exec/semiring.py) hands it to GraphBLAS, which
+copies it in: 1.1M entries of an R-MAT graph were a 6 ms copy a step beside GraphBLAS's 6 ms
+``vxm``, and the check of its values for a NaN or an infinity that meets the fill 1 ms more.
+So a Load of a box of a stored matrix whose absent entries are not 0 (``storage.sparse.Filled``:
+only the semiring kernels read such a box as it is) gives a ``Sourced`` box: the same ``Filled``,
+named by what names its contents, ``(tensor, version, starts, stops)`` of one database's payload
+file, with a ``slot`` where the kernel keeps what it made of it (the GraphBLAS matrix in each
+dtype, the values' check). Versions are never reused while a database is open and payloads are
+immutable once committed, so the name names the bytes.
+
+The cache is ``devcache.DeviceCache``'s (the GPU executor's tiles kept between runs, by the same
+key), its "device" the database's payload file: least recently used first, every entry idle (a
+kernel holds what it reads by reference), the versions a commit replaced or dropped leave when the
+store reports it (``listen``; a Load also drops the other versions of what it reads), and the
+pool's admission drops entries first when a run needs room under its ``memory_limit``
+(``HostTiles.cache``, exec/budget.py). It holds at most ``CAPACITY_SHARE`` of the default
+memory limit, least recently used entries leaving first. A box that is a view of its payload's
+mapping is read again at each hit (a view costs nothing, and a payload file may be reused once
+its version is retired); a box that is a copy (a column slab cut from a CSR tile) is kept.
+
+>>> import numpy as np, scipy.sparse as sp
+>>> from tensordb.storage.sparse import Filled
+>>> box = Sourced(sp.csr_array(np.eye(2)), np.inf, ("d", 1, (0, 0), (2, 2)), "db")
+>>> isinstance(box, Filled), remember(box, "n", lambda: 7), remember(box, "n", lambda: 9)
+(True, 7, 7)
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..storage.sparse import Filled, tile_nbytes
+from .devcache import DeviceCache, _Entry
+
+__all__ = ["Sourced", "GraphCache", "GRAPHS", "remember", "CAPACITY_SHARE"]
+
+CAPACITY_SHARE = 8  # the cache holds at most 1/8 of the default memory limit
+
+
+@dataclass(frozen=True, eq=False)
+class Sourced(Filled):
+    """A ``Filled`` box of a stored matrix named by ``origin`` (tensor, version, starts, stops)
+    of the payload ``where``; ``slot``: what kernels made of it, kept with it in the cache."""
+
+    origin: tuple = ()
+    where: object = None
+    slot: dict = field(default_factory=dict, repr=False)
+
+    def __reduce__(self):  # shipped to another process: a plain box (the slot stays here)
+        return (Filled, (self.csr, self.fill))
+
+
+_SLOT_LOCK = threading.Lock()
+
+
+def remember(box, key, make, size=None):
+    """``box.slot[key]``, made by ``make()`` the first time (``size(value)``: the bytes it
+    holds, added to its cache entry's); for a box that is not ``Sourced``, ``make()``."""
+    slot = getattr(box, "slot", None)
+    if slot is None:
+        return make()
+    found = slot.get(key)
+    if found is not None:
+        return found
+    value = make()
+    with _SLOT_LOCK:
+        if key in slot:  # another worker made it meanwhile
+            return slot[key]
+        slot[key] = value
+    if size is not None:
+        GRAPHS.grew(box, int(size(value)))
+    return value
+
+
+def _owned(csr) -> bool:
+    """Whether a CSR box owns its arrays (a copy), rather than viewing a payload's mapping."""
+    base = csr.data
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return isinstance(base, np.ndarray)
+
+
+class GraphCache(DeviceCache):
+    """Sourced boxes by ``(name, version, starts, stops)`` on "device" ``(database, payload)``
+    (see the module's doc)."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.hits = self.misses = 0
+        self._stores: list = []  # weak references to the stores that report commits here
+
+    def _cap(self) -> int:
+        if self.capacity is None:
+            from ..config import default_memory_limit
+            self.capacity = int(default_memory_limit()) // CAPACITY_SHARE
+        return self.capacity
+
+    def box(self, reader, starts, stops, read):
+        """The box ``[starts, stops)`` of ``reader``'s tensor, a ``Filled`` that ``read()``
+        gives: from the cache (a view read again, its slot kept), else read and kept."""
+        m = reader.meta
+        name = m.name.lower()
+        key = (name, m.version, tuple(int(x) for x in starts), tuple(int(x) for x in stops))
+        where = (getattr(reader, "database", None), getattr(reader, "path", None))
+        with self.lock:
+            for w in [w for w in self.names.get(name, ()) if w[1] == where and w[0][1] != m.version]:
+                self._drop(w)  # another version of it, in this database: stale
+            e = self.entries.get((key, where))
+            if e is not None:
+                self.entries.move_to_end((key, where))
+                self.hits += 1
+        if e is not None:
+            kept = e.array
+            if _owned(kept.csr):
+                return kept
+            fresh = read()
+            if isinstance(fresh, Filled):
+                return Sourced(fresh.csr, fresh.fill, kept.origin, kept.where, kept.slot)
+            return fresh
+        out = read()
+        if not isinstance(out, Filled):
+            return out
+        self.misses += 1
+        csr = out.csr
+        owned = _owned(csr)
+        if owned:  # shared by later runs: nobody writes into it
+            for a in (csr.data, csr.indices, csr.indptr):
+                a.flags.writeable = False
+        box = Sourced(csr, out.fill, key, where)
+        with self.lock:
+            if (key, where) not in self.entries:
+                self._add((key, where), _entry(box, tile_nbytes(csr) if owned else 0))
+        self._trim()
+        return box
+
+    def grew(self, box, nbytes: int) -> None:
+        """``box``'s entry holds ``nbytes`` more (a kernel kept a GraphBLAS matrix in its slot)."""
+        with self.lock:
+            e = self.entries.get((box.origin, box.where))
+            if e is None or e.array.slot is not box.slot:
+                return
+            e.nbytes += nbytes
+            self.bytes += nbytes
+            self.idle_bytes += nbytes
+        self._trim()
+
+    def _trim(self) -> None:
+        over = self.bytes - self._cap()
+        if over > 0:
+            self.make_room(over)
+
+    def listen(self, store) -> None:
+        """Have ``store`` tell the cache its commits: replaced and dropped versions leave."""
+        with self.lock:
+            self._stores = [r for r in self._stores if r() is not None]
+            if any(r() is store for r in self._stores):
+                return
+            self._stores.append(weakref.ref(store))
+        listeners = getattr(store, "commit_listeners", None)
+        if listeners is None:
+            return
+        ref = weakref.ref(self)
+
+        def committed(stored, retired, ref=ref):
+            cache = ref()
+            if cache is not None:
+                cache.committed(stored, retired)
+
+        listeners.append(committed)
+
+
+def _entry(box, nbytes: int) -> _Entry:
+    return _Entry(box, nbytes, 0)
+
+
+GRAPHS = GraphCache()
