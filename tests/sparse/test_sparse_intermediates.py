@@ -187,3 +187,21 @@ def test_dask_hands_csr_intermediates_between_operations(tmp_path):
                                    rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(con.tensor("dV"), autograd.grad(_mf_loss, 1)(U, V, Rd, Md),
                                    rtol=1e-10, atol=1e-12)
+
+
+def test_a_re_cut_sparse_intermediate_stays_csr():
+    """An Assemble of CSR pieces (a sparse intermediate re-tiled for its consumer) is CSR, equal
+    to the dense assembly of the same pieces."""
+    from tensordb.exec.tasks import run_assemble
+    from tensordb.physical.plan import Assemble
+    from tensordb.storage.sparse import is_sparse
+    a = sp.random(6, 8, density=0.4, format="csr", random_state=1, dtype=np.float32)
+    b = sp.random(6, 8, density=0.4, format="csr", random_state=2, dtype=np.float32)
+    # rows 3..6 of tile a at the top, rows 0..2 of tile b below, columns 2..7 of each
+    task = Assemble(0, (5, 5), "float32", ((1, ((3, 6), (2, 7)), ((0, 3), (0, 5))),
+                                           (2, ((0, 2), (2, 7)), ((3, 5), (0, 5)))))
+    got = run_assemble(task, [a, b])
+    assert is_sparse(got) and got.format == "csr" and got.has_canonical_format
+    want = run_assemble(task, [a.toarray(), b.toarray()])
+    np.testing.assert_array_equal(got.toarray(), want)
+    assert got.dtype == want.dtype
