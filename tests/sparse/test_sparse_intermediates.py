@@ -205,3 +205,31 @@ def test_a_re_cut_sparse_intermediate_stays_csr():
     want = run_assemble(task, [a.toarray(), b.toarray()])
     np.testing.assert_array_equal(got.toarray(), want)
     assert got.dtype == want.dtype
+
+
+def test_min_plus_steps_read_an_earlier_min_plus_result_sparse_with_its_fill():
+    """A min-plus product's CSR output (fill +inf) is a sparse operand of fill +inf for the
+    min-plus products after it: the semiring kernel, numpy's answer on the dense arrays."""
+    pytest.importorskip("graphblas")
+    import pandas as pd
+    n = 120
+    G = sp.random(n, n, density=0.03, format="csr", random_state=1)
+    D = np.full((n, n), np.inf)
+    D[G.nonzero()] = 1 + 4 * G.data
+    np.fill_diagonal(D, 0)
+    r, c = np.nonzero(np.isfinite(D))
+    edges = pd.DataFrame({"i": r, "j": c, "w": D[r, c]})
+    sql = ("LET D2[i,j] = MIN(D[i,k] + D[k,j]); D4[i,j] = MIN(D2[i,k] + D2[k,j]); "
+           "D3[i,j] = MIN(D2[i,k] + D[k,j])")
+    with tensordb.connect(workers=2) as con:
+        con.execute("CREATE TABLE e AS SELECT * FROM edges")
+        con.execute(f"CREATE TENSOR D FROM (SELECT i, j, w FROM e) INDEX (i, j) VALUE w "
+                    f"SHAPE ({n}, {n}) FILL +inf")
+        nodes = _nodes(con, sql)
+        con.execute(sql)
+        d2 = np.min(D[:, :, None] + D[None, :, :], axis=1)
+        np.testing.assert_array_equal(con.tensor("D4"), np.min(d2[:, :, None] + d2[None], axis=1))
+        np.testing.assert_array_equal(con.tensor("D3"), np.min(d2[:, :, None] + D[None], axis=1))
+    assert nodes["D2"]["output_nnz"]["format"] == "csr"
+    for name in ("D3", "D4"):
+        assert nodes[name]["kernel"]["method"] == "semiring", nodes[name]["kernel"]
