@@ -233,3 +233,22 @@ def test_min_plus_steps_read_an_earlier_min_plus_result_sparse_with_its_fill():
     assert nodes["D2"]["output_nnz"]["format"] == "csr"
     for name in ("D3", "D4"):
         assert nodes[name]["kernel"]["method"] == "semiring", nodes[name]["kernel"]
+
+
+def test_pool_and_fast_path_store_the_same_bytes_for_sparse_intermediates():
+    R, M = _ratings(50, 30, 0.06, 13, "float32")
+    stored = []
+    for fast in (True, False):
+        with tensordb.connect(workers=2) as con:
+            con.engine.executor().fast_path = fast
+            U, V = _load_mf(con, R, M, 4, 14, "float32")
+            assert _nodes(con, MF)["E"]["output_nnz"]["format"] == "csr"  # float32 too
+            con.execute(MF)
+            assert ("fastpath" in con.engine.last_plan.memo) == fast
+            stored.append({n: con.tensor(n).tobytes() for n in ("L", "dU", "dV")})
+            assert con.tensor("dU").dtype == np.float32
+            Rd, Md = R.toarray(), M.toarray()
+            E = Md * (U @ V.T) - Rd
+            np.testing.assert_allclose(con.tensor("dU"), 2 * E @ V + np.float32(0.02) * U,
+                                       rtol=2e-5, atol=1e-5)
+    assert stored[0] == stored[1]
