@@ -450,19 +450,11 @@ def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS
                        op.output in read and op.output not in graph.outputs, stats)
         out[op.output] = m
         if m.out_nnz is not None and op.output in read:
-            made = made_stats(op, m.kernel, m.out_nnz, _made_fill(m, stats))
+            made = made_stats(op, m.kernel, m.out_nnz, stats)
             if made is not None:
                 stats[op.output] = made
     return out
 
-
-def _made_fill(m: OpModel, stats: Mapping[str, StoredStats]) -> float:
-    """The value of the absent entries of a sparse kernel's CSR output: a semiring product's
-    keeps its sparse operand's fill (min-plus: +inf), every other one's is 0."""
-    if m.kernel.method != "semiring":
-        return 0.0
-    st = stats.get(m.op.inputs[m.kernel.sparse].tensor)
-    return st.fill if st is not None else 0.0
 
 
 @dataclass(frozen=True)

@@ -200,11 +200,13 @@ def spmm_rows(kern: tuple | None, positions) -> tuple[int | None, tuple[int, ...
     return dense, tuple(p for p in positions[s] if p not in positions[dense])
 
 
-def made_stats(op: EinOp, choice, out_nnz: float, fill: float = 0.0) -> StoredStats | None:
+def made_stats(op: EinOp, choice, out_nnz: float, stats=None) -> StoredStats | None:
     """What the later operations of a statement group know of ``op``'s output where its kernel
     returns it as CSR tiles (``choice.out_format``, plan.kernel.with_output, from its estimated
     nonzeros ``out_nnz``): a sparse input, priced by those nonzeros and their CSR bytes, as a
     stored sparse matrix is (docs/explain.md, "Sparse intermediates"); None where it is dense.
+    Its fill: a semiring product keeps its sparse operand's (min-plus: +inf; ``stats``: what
+    is known of the operands), every other kernel's output is 0 where absent.
 
     >>> from tensordb.plan.kernel import KernelChoice, with_output
     >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 1000, "j": 1000,
@@ -217,6 +219,10 @@ def made_stats(op: EinOp, choice, out_nnz: float, fill: float = 0.0) -> StoredSt
     if choice is None or choice.out_format == "dense" or len(op.out_labels) != 2:
         return None
     nnz = int(math.ceil(out_nnz))
+    fill = 0.0
+    if choice.method == "semiring":
+        src = (stats or {}).get(op.inputs[choice.sparse].tensor)
+        fill = src.fill if src is not None else 0.0
     return StoredStats((choice.out_format,), nnz,
                        sparse_nbytes(op.out_shape, nnz, op.dtype, choice.out_format), fill,
                        made=True)

@@ -97,7 +97,7 @@ class _Lowering:
 
     def _made_fill(self, op: EinOp, choice) -> float:
         """The fill of a sparse kernel's CSR output: a semiring product keeps its sparse
-        operand's (min-plus: +inf), the others' is 0 (optimizer/cost.py ``_made_fill``)."""
+        operand's (min-plus: +inf), the others' is 0 (as ``optimizer.sparse_cost.made_stats``)."""
         if choice.method != "semiring":
             return 0.0
         src = op.inputs[choice.sparse].tensor
