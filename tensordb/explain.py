@@ -126,6 +126,9 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
             node["output_nnz"] = {"estimated": int(round(est)),
                                   "format": plan.kernels[i].out_format}
             got = getattr(result, "output_nnz", {}).get(op.output)
+            ran = getattr(result, "ops", None) or ()
+            if got is None and i < len(ran):  # an intermediate: its CSR tiles' entries
+                got = getattr(ran[i], "out_nnz", None)
             if got is not None:
                 node["output_nnz"]["measured"] = int(got)
         if c is not None:

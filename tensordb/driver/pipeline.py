@@ -30,7 +30,7 @@ from .. import optimizer, physical
 from ..bind import bind_graph, bind_statements
 from ..config import debug_level, format_bytes, gc_paused, stage
 from ..errors import OutOfMemoryError, ProgrammingError
-from ..plan import fills as plan_fills, sparse_fuse
+from ..plan import fills as plan_fills, sparse_fuse, sparse_split
 from ..plan.builder import Graph
 from ..plan.ir import EinGraph
 from .cache import PreparedCache, graph_key, plan_key, rebind, statements_key
@@ -248,4 +248,5 @@ def fuse_sparse(graph: EinGraph, readers, snapshot: Snapshot) -> EinGraph:
               and r.meta.ndim == 2 and r.meta.fill == 0}
     if not sparse:
         return graph
+    graph = sparse_split.split(graph, sparse)  # a sparse part of a join: its own operation
     return sparse_fuse.fuse(graph, sparse, {n: snapshot.facts(n)[0] for n in readers})

@@ -30,7 +30,8 @@ from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..storage.writer import TileStats, tile_stats
 from .budget import temporary_bytes
 from .kernels import KernelSpec, combine
-from .runtime import Cancelled, OpMeasure, RunResult, _owned_nbytes, held_bytes, translate
+from .runtime import (Cancelled, OpMeasure, RunResult, _owned_nbytes, final_keys, held_bytes,
+                      translate)
 from .sparse_kernels import SPARSE_METHODS, dense_args
 from .tasks import finish_aggregate, run_assemble, run_load, start_aggregate
 
@@ -214,6 +215,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     ops, kernels, readers = plan.ops, plan.kernels, plan.readers
     loads = plan.memo.setdefault("fastpath_loads", {})
     measures = [OpMeasure() for _ in ops]
+    final = final_keys(plan)
     keep = {k for out in plan.outputs.values() if out.stored for k in out.tiles.values()}
     results: dict = {}
     nnz: dict = {}
@@ -298,6 +300,8 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         m.peak_bytes = live
                     if nbytes > m.peak_tile_bytes:
                         m.peak_tile_bytes = nbytes
+                    if type(value) is not np.ndarray and key in final:
+                        m.count_sparse(value)  # a sparse intermediate's entries (ANALYZE)
                     if out is None:
                         held[key] = h
                     else:  # an output file's pages: the page cache's, not the run's

@@ -281,7 +281,7 @@ class _Run:
             and self.finished_tile(task.key, value)
         self.results[task.key] = value
         self.made_on[task.key] = w
-        self.ledger.produced(task, held_bytes(task, value), tile_nbytes(value))
+        self.ledger.produced(task, held_bytes(task, value), tile_nbytes(value), value)
         if dest is not None:  # an output file's pages now: the page cache's, not the budget's
             self.ledger.release(task.key)
         if written:  # in its file now: kept only while consumers (queued below) need it

@@ -49,12 +49,42 @@ class OpMeasure:
     peak_bytes: int = 0         # the run's tile bytes alive when one of its tiles was made
     spilled_bytes: int = 0      # bytes of its tiles written to spill files
     spill_seconds: float = 0.0  # time spent writing them
+    out_nnz: int | None = None  # the entries of its finished output tiles returned sparse
 
     def as_dict(self) -> dict:
         return {"seconds": self.seconds, "kernel_calls": self.kernel_calls,
                 "bytes_moved": self.bytes_moved, "peak_tile_bytes": self.peak_tile_bytes,
                 "peak_bytes": self.peak_bytes, "spilled_bytes": self.spilled_bytes,
-                "spill_seconds": self.spill_seconds}
+                "spill_seconds": self.spill_seconds,
+                **({"out_nnz": self.out_nnz} if self.out_nnz is not None else {})}
+
+    def count_sparse(self, value) -> None:
+        """Add a finished output tile's entries where it is a sparse tile (a sparse
+        intermediate's CSR tile: EXPLAIN ANALYZE's measured nnz beside the estimate)."""
+        n = sparse_entries(value)
+        if n is not None:
+            self.out_nnz = (self.out_nnz or 0) + n
+
+
+def sparse_entries(value) -> int | None:
+    """The entries a sparse tile stores (a scipy array, a ``Filled`` one); None for a dense one."""
+    if isinstance(value, np.ndarray) or value is None:
+        return None
+    csr = getattr(value, "csr", value)
+    n = getattr(csr, "nnz", None)
+    return int(n) if n is not None and not isinstance(csr, np.ndarray) else None
+
+
+def final_keys(plan) -> frozenset:
+    """The task keys that make an output tile of some operation (its kernel call, or the
+    aggregation of its partials), kept with the plan (a cached plan runs again)."""
+    memo = getattr(plan, "memo", None)
+    keys = memo.get("final_keys") if memo is not None else None
+    if keys is None:
+        keys = frozenset(k for out in plan.outputs.values() for k in out.tiles.values())
+        if memo is not None:
+            memo["final_keys"] = keys
+    return keys
 
 
 @dataclass
@@ -235,6 +265,7 @@ class Ledger:
         self.working = 0      # running kernel calls' temporaries (``hold``), beside ``live``
         self.busy = [0.0] * workers
         self.ops = [OpMeasure() for _ in plan.ops]
+        self.final = final_keys(plan)
 
     def _op(self, task) -> OpMeasure:
         return self.ops[self.owner.get(task.key, 0)]
@@ -294,13 +325,16 @@ class Ledger:
             self.moved_bytes += nbytes
             self._op(task).bytes_moved += nbytes
 
-    def produced(self, task, held: int, nbytes: int) -> None:
+    def produced(self, task, held: int, nbytes: int, value=None) -> None:
         """``task``'s tile of ``nbytes`` exists: ``acquire(task.key, held)`` and the largest tile
-        of its operation, under one lock (this runs once per task)."""
+        of its operation, under one lock (this runs once per task); ``value``: the tile, whose
+        entries count where it is a sparse output tile (``OpMeasure.count_sparse``)."""
         with self.lock:
             self._acquire(task.key, held)
             m = self._op(task)
             m.peak_tile_bytes = max(m.peak_tile_bytes, nbytes)
+            if value is not None and task.key in self.final:
+                m.count_sparse(value)
 
     def ran(self, task, worker: int, seconds: float) -> None:
         with self.lock:

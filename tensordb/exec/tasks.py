@@ -35,13 +35,33 @@ def run_load(task: Load, reader, xp=np):
 def run_assemble(task: Assemble, sources: list, xp=np):
     """Cut pieces out of producer tiles and place them into a new tile (a re-tiling). A tile
     that one piece fills whole (a split of one producer tile) is not zeroed first: one pass over
-    its memory, not two."""
+    its memory, not two. A matrix made of CSR tiles only (a sparse intermediate re-cut for a
+    consumer) stays CSR: its pieces' entries, placed."""
+    if xp is np and len(task.shape) == 2 and sources and all(
+            is_sparse(s) and getattr(s, "format", None) == "csr" for s in sources):
+        return _assemble_csr(task, sources)
     sources = dense_args(sources)
     whole = len(task.pieces) == 1 and all(
         (a, b) == (0, n) for (a, b), n in zip(task.pieces[0][2], task.shape))
     out = (xp.empty if whole else xp.zeros)(task.shape, dtype=task.dtype)
     for (_, src_sl, dst_sl), src in zip(task.pieces, sources):
         out[tuple(slice(a, b) for a, b in dst_sl)] = src[tuple(slice(a, b) for a, b in src_sl)]
+    return out
+
+
+def _assemble_csr(task: Assemble, sources: list):
+    """``run_assemble`` of CSR pieces (fill 0): the entries of each piece's box, shifted to
+    its place, as one CSR array of the task's shape."""
+    import scipy.sparse as sp
+    rows, cols, vals = [], [], []
+    for (_, src_sl, dst_sl), src in zip(task.pieces, sources):
+        box = src[src_sl[0][0]:src_sl[0][1], src_sl[1][0]:src_sl[1][1]].tocoo()
+        rows.append(box.row.astype(np.int64) + dst_sl[0][0])
+        cols.append(box.col.astype(np.int64) + dst_sl[1][0])
+        vals.append(box.data)
+    out = sp.coo_array((np.concatenate(vals).astype(task.dtype, copy=False),
+                        (np.concatenate(rows), np.concatenate(cols))), shape=task.shape).tocsr()
+    out.sum_duplicates()  # the pieces are disjoint: this sorts each row's columns
     return out
 
 

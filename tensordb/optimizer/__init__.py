@@ -239,7 +239,8 @@ def price(graph: EinGraph, decomp: Decomposition, *, params: CostParams | None =
         input_grids=input_grids, presence=_presence(input_grids, input_tiles), facts=input_facts,
         memory_limit=memory_limit, stats=input_stats)
     mem = project(graph, {name: c.memory for name, c in cost.ops.items()}, memory_limit,
-                  decomp.workers)
+                  decomp.workers, {name: c.out_nnz for name, c in cost.ops.items()
+                                   if c.out_nnz is not None})
     inputs = {name: {"format": st.format, "nnz": int(st.nnz), "bytes": int(st.nbytes),
                      **({"fill": st.fill} if st.fill else {})}
               for name, st in (input_stats or {}).items()}

@@ -42,8 +42,8 @@ from ..plan import memory
 from ..plan.ir import EinGraph, EinOp
 from ..plan.kernel import KernelChoice, choose_kernel, chunk_label, output_tile_bytes, with_output
 from .retile import edge_retile, recut_bytes, stored_aligned, views
-from .sparse_cost import (StoredStats, product_reach, read_sparse, sparse_flops, sparse_out_nnz,
-                          spmm_rows)
+from .sparse_cost import (StoredStats, made_stats, product_reach, read_sparse, sparse_flops,
+                          sparse_out_nnz, spmm_rows)
 
 __all__ = ["CostParams", "OpModel", "OpCost", "PlanCost", "Presence", "StoredStats", "blas_efficiency",
            "evaluate", "stored_aligned", "edge_retile", "recut_bytes"]
@@ -203,9 +203,10 @@ class OpModel:
                  for o in op.inputs]
         finite = {k for k, f in enumerate(known) if f[0]}
         nonzero = {k for k, f in enumerate(known) if f[1]}
-        st = {k: (stats or {}).get(o.tensor) for k, o in enumerate(op.inputs)
-              if o.tensor not in produced}
-        st = {k: v for k, v in st.items() if v is not None and v.sparse}
+        # stored sparse inputs, and earlier results their kernels return as CSR (made_stats)
+        st = {k: (stats or {}).get(o.tensor) for k, o in enumerate(op.inputs)}
+        st = {k: v for k, v in st.items() if v is not None and v.sparse
+              and (v.made or op.inputs[k].tensor not in produced)}
         # The kernel the lowering will choose (plan/kernel.py): the same function, the same
         # facts (the sparse operands, what is known finite, the fill values).
         fills = tuple(st[k].fill if k in st else 0.0 for k in range(len(op.inputs)))
@@ -230,8 +231,9 @@ class OpModel:
                               k in st))
         flops, out_nnz = float(op.flops), None
         if kern is not None:
-            other = (stats or {}).get(op.inputs[1 - kern[1]].tensor) if len(op.inputs) == 2 \
-                and op.inputs[1 - kern[1]].tensor not in produced else None
+            partner = op.inputs[1 - kern[1]].tensor if len(op.inputs) == 2 else None
+            other = st.get(1 - kern[1]) or (None if partner is None or partner in produced
+                                            else (stats or {}).get(partner))
             flops = float(sparse_flops(op, kern, st[kern[1]].nnz, getattr(other, "nnz", None)
                                        if getattr(other, "sparse", False) else None))
             reach = product_reach(op, kern, st)
@@ -439,9 +441,20 @@ def models_of(graph: EinGraph, workers: int, params: CostParams = DEFAULT_PARAMS
     dt = dtypes_of(graph)
     produced = frozenset(op.output for op in graph.ops)
     read = {o.tensor for op in graph.ops for o in op.inputs}
-    return {op.output: OpModel.of(op, dt, workers, params, presence, facts, grids, budget, produced,
-                                  op.output in read and op.output not in graph.outputs, stats)
-            for op in graph.ops}
+    # An output that its kernel returns as CSR tiles is a sparse input of the operations that
+    # read it, priced by its estimated nonzeros (sparse_cost.made_stats), in graph order.
+    stats = dict(stats or {})
+    out = {}
+    for op in graph.ops:
+        m = OpModel.of(op, dt, workers, params, presence, facts, grids, budget, produced,
+                       op.output in read and op.output not in graph.outputs, stats)
+        out[op.output] = m
+        if m.out_nnz is not None and op.output in read:
+            made = made_stats(op, m.kernel, m.out_nnz, stats)
+            if made is not None:
+                stats[op.output] = made
+    return out
+
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 from ..plan.ir import EinOp
 
 __all__ = ["StoredStats", "read_sparse", "sparse_flops", "sparse_out_nnz", "spmm_rows",
-           "product_reach", "reach_nnz"]
+           "product_reach", "reach_nnz", "made_stats"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class StoredStats:
     # ``row_reach``): with another matrix's entries per row, the products each row forms in a
     # product with it (``product_reach``); None where the snapshot offers none.
     row_reach: Callable | None = field(default=None, compare=False, repr=False)
+    # An earlier operation's output that its kernel returns as CSR tiles (``made_stats``):
+    # ``nnz`` and ``nbytes`` are the optimizer's estimate, not the catalog's.
+    made: bool = False
 
     @property
     def sparse(self) -> bool:
@@ -161,6 +164,12 @@ def sparse_out_nnz(op: EinOp, kern: tuple, nnz: int, other: int | None,
         return 1.0
     if method == "sddmm":  # at most the mask's entries
         return float(nnz)
+    if method == "spjoin" and other is not None:
+        a, b = op.inputs
+        if a.tensor == b.tensor and a.labels == b.labels:  # E * E, E + E: E's own entries
+            return float(min(out, nnz))
+        # a product keeps the intersection (at most the smaller), a sum the union (at most both)
+        return float(min(nnz, other) if op.join.fn == "*" else min(out, nnz + other))
     if method not in ("spmm", "semiring"):
         along = math.prod(op.size[l] for l in s if l not in op.out_labels)
         return out * (1.0 - (1.0 - ps) ** along)
@@ -189,3 +198,31 @@ def spmm_rows(kern: tuple | None, positions) -> tuple[int | None, tuple[int, ...
         return None, ()
     s, dense = kern[1], 1 - kern[1]
     return dense, tuple(p for p in positions[s] if p not in positions[dense])
+
+
+def made_stats(op: EinOp, choice, out_nnz: float, stats=None) -> StoredStats | None:
+    """What the later operations of a statement group know of ``op``'s output where its kernel
+    returns it as CSR tiles (``choice.out_format``, plan.kernel.with_output, from its estimated
+    nonzeros ``out_nnz``): a sparse input, priced by those nonzeros and their CSR bytes, as a
+    stored sparse matrix is (docs/explain.md, "Sparse intermediates"); None where it is dense.
+    Its fill: a semiring product keeps its sparse operand's (min-plus: +inf; ``stats``: what
+    is known of the operands), every other kernel's output is 0 where absent.
+
+    >>> from tensordb.plan.kernel import KernelChoice, with_output
+    >>> op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": 1000, "j": 1000,
+    ...                        "k": 1000})
+    >>> st = made_stats(op, with_output(KernelChoice("spmm", sparse=0), op, 5000), 5000)
+    >>> st.formats, st.nnz, st.made
+    (('csr',), 5000, True)
+    """
+    from ..sparsity import sparse_nbytes
+    if choice is None or choice.out_format == "dense" or len(op.out_labels) != 2:
+        return None
+    nnz = int(math.ceil(out_nnz))
+    fill = 0.0
+    if choice.method == "semiring":
+        src = (stats or {}).get(op.inputs[choice.sparse].tensor)
+        fill = src.fill if src is not None else 0.0
+    return StoredStats((choice.out_format,), nnz,
+                       sparse_nbytes(op.out_shape, nnz, op.dtype, choice.out_format), fill,
+                       made=True)

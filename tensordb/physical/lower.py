@@ -44,6 +44,9 @@ class _Lowering:
         self._tables: set[str] = set()
         self._assembled: dict[tuple, int] = {}
         self._known: dict[str, tuple[bool, bool]] = dict(facts or {})  # of each input, read once
+        # earlier outputs whose kernels return CSR tiles -> their fill: sparse inputs of the
+        # operations that read them, as the optimizer priced them (optimizer.sparse_cost.made_stats)
+        self._made: dict[str, float] = {}
 
     def _add(self, task, op_index: int) -> int:
         self.others.append(task)
@@ -83,14 +86,22 @@ class _Lowering:
         operand's fill value): what the kernel choice needs to pick a sparse kernel
         (choice.spmm_operand, plan/sparse_rules.py), and to leave out a BLAS kernel's test of
         its inputs for NaN or inf."""
-        sparse = tuple(k for k, o in enumerate(op.inputs) if o.tensor in self.readers
-                       and self.readers[o.tensor].meta.ndim == 2
-                       and self.readers[o.tensor].has_sparse)
+        sparse = tuple(k for k, o in enumerate(op.inputs) if (
+            o.tensor in self.readers and self.readers[o.tensor].meta.ndim == 2
+            and self.readers[o.tensor].has_sparse) or o.tensor in self._made)
         # every input's finite fact also lets a BLAS kernel on inputs known finite skip its
         # NaN/inf test (plan/kernel.py)
         return (sparse, tuple(self._facts(o.tensor)[0] for o in op.inputs),
-                tuple(self.readers[o.tensor].meta.fill if o.tensor in self.readers else 0.0
-                      for o in op.inputs) if sparse else ())
+                tuple(self.readers[o.tensor].meta.fill if o.tensor in self.readers else
+                      self._made.get(o.tensor, 0.0) for o in op.inputs) if sparse else ())
+
+    def _made_fill(self, op: EinOp, choice) -> float:
+        """The fill of a sparse kernel's CSR output: a semiring product keeps its sparse
+        operand's (min-plus: +inf), the others' is 0 (as ``optimizer.sparse_cost.made_stats``)."""
+        if choice.method != "semiring":
+            return 0.0
+        src = op.inputs[choice.sparse].tensor
+        return self.readers[src].meta.fill if src in self.readers else self._made.get(src, 0.0)
 
     # -- the tile join -------------------------------------------------------------------------
     def _complete(self, tensor: str) -> bool:
@@ -140,7 +151,10 @@ class _Lowering:
         # its output tiles sparse or dense, by the optimizer's estimate of its nonzeros (the
         # choice the optimizer priced: plan.kernel.with_output)
         est = self.decomp.details.get("output_nnz", {}).get(op.output)
-        self.kernels.append(with_output(choice, op, est))
+        choice = with_output(choice, op, est)
+        self.kernels.append(choice)
+        if choice.out_format != "dense":  # CSR tiles handed to the operations that read it
+            self._made[op.output] = self._made_fill(op, choice)
         rows, outer, shape = self._call_rows(op, pieces, bounds)
         lay = LAYOUTS.get(shape) if shape is not None else None
         if lay is None:

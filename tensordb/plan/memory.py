@@ -44,6 +44,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..shares import Shares
+from ..sparsity import choose_format, sparse_nbytes
 from .aggregates import ARG_AGGS
 from .ir import EinOp
 from .kernel import (SPARSE_METHODS, KernelChoice, choose_kernel, chunk_label, element_bytes,
@@ -198,15 +199,17 @@ class PlanMemory:
 
 
 def project(graph, ops: Mapping[str, CallMemory], memory_limit: int | None,
-            workers: int) -> PlanMemory:
+            workers: int, out_nnz: Mapping[str, float] | None = None) -> PlanMemory:
     """The ``PlanMemory`` of ``graph`` (an ``EinGraph``) whose operations' largest calls hold
     ``ops``: intermediates are alive from the operation that computes them to their last reader,
-    in the graph's order (a stored result is written into its payload file, not kept)."""
+    in the graph's order (a stored result is written into its payload file, not kept). An
+    intermediate matrix that a sparse kernel returns as CSR tiles (``out_nnz``: its estimated
+    nonzeros, sparse by the format rule) counts at the CSR bytes of those entries."""
     last: dict[str, int] = {}
     for at, op in enumerate(graph.ops):
         for o in op.inputs:
             last[o.tensor] = at
-    sizes = {op.output: math.prod(op.out_shape) * np.dtype(op.dtype).itemsize
+    sizes = {op.output: _result_bytes(op, (out_nnz or {}).get(op.output))
              for op in graph.ops if op.output not in graph.outputs}
     alive: dict[str, int] = {}
     top = 0
@@ -217,3 +220,15 @@ def project(graph, ops: Mapping[str, CallMemory], memory_limit: int | None,
         for name in [n for n in alive if last.get(n, at) <= at]:
             del alive[name]
     return PlanMemory(memory_limit, max(1, int(workers)), dict(ops), sizes, top)
+
+
+def _result_bytes(op: EinOp, nnz: float | None) -> int:
+    """An unstored result's bytes: dense, or a matrix's CSR bytes where a sparse kernel's
+    estimated nonzeros ``nnz`` make it sparse (``plan.kernel.with_output``'s rule)."""
+    dense = math.prod(op.out_shape) * np.dtype(op.dtype).itemsize
+    if nnz is None or len(op.out_labels) != 2 or op.writes_diagonal:
+        return dense
+    nse = int(math.ceil(nnz))
+    if choose_format(op.out_shape, nse, op.dtype) == "dense":
+        return dense
+    return min(dense, sparse_nbytes(op.out_shape, nse, op.dtype, "csr"))

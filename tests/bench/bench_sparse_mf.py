@@ -42,6 +42,17 @@ U[u,f] = U[u,f] - {LR} * dU[u,f];
 V[i,f] = V[i,f] - {LR} * dV[i,f]"""
 
 
+# The matrix form (--matrix-form): the residual as a users x items matrix masked by R's pattern
+# M, the loss and its GRADs over it. Planned with sparse intermediates (docs/explain.md, "Sparse
+# intermediates"): E is an SDDMM then a sparse join, SUM(E*E) a sparse join and reduction, the
+# gradients an SpMM of 2E with the other factor; nothing of users x items is dense.
+MATRIX_STEP = f"""LET E[u,i] = M[u,i] * SUM(U[u,f] * V[i,f]) - R[u,i];
+L = SUM(E[u,i] * E[u,i]) + {LAM} * (SUM(U[u,f] * U[u,f]) + SUM(V[i,f] * V[i,f]));
+LET dU = GRAD(L, U); LET dV = GRAD(L, V);
+U[u,f] = U[u,f] - {LR} * dU[u,f];
+V[i,f] = V[i,f] - {LR} * dV[i,f]"""
+
+
 def ratings(users: int, items: int, nnz: int, seed: int = 0) -> sp.coo_array:
     """``nnz`` distinct (user, item) pairs drawn uniformly, ratings 1..5, in row-major order."""
     rng = np.random.default_rng(seed)
@@ -80,6 +91,11 @@ def main(argv=None) -> None:
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--matrix-form", action="store_true",
+                    help="the residual as a users x items matrix masked by R's pattern "
+                         "(MATRIX_STEP), R and M stored sparse, not the gathered vectors")
+    ap.add_argument("--no-peer", action="store_true",
+                    help="run tensordb's steps only (its peak memory alone, under peak-mem)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     load0 = os.getloadavg()[0]
@@ -92,20 +108,34 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         con.load("U", U)
         con.load("V", V)
-        con.load("obs_user", R.row.astype(np.int64))
-        con.load("obs_item", R.col.astype(np.int64))
-        con.load("obs_rating", R.data)
+        if args.matrix_form:
+            csr = R.tocsr()
+            con.load("R", csr)
+            con.load("M", sp.csr_array((np.ones_like(csr.data), csr.indices, csr.indptr),
+                                       shape=csr.shape))
+        else:
+            con.load("obs_user", R.row.astype(np.int64))
+            con.load("obs_item", R.col.astype(np.int64))
+            con.load("obs_rating", R.data)
         t_load = time.perf_counter() - t0
-        times = bench_suite.median_times({"tensordb": lambda: con.execute(STEP),
-                                          "scipy": peer.step}, args.repeat)
+        step = MATRIX_STEP if args.matrix_form else STEP
+        runs = {"tensordb": lambda: con.execute(step)}
+        if not args.no_peer:
+            runs["scipy"] = peer.step
+        times = bench_suite.median_times(runs, args.repeat)
+        if args.no_peer:  # the same number of steps by the peer, after, for the answer
+            for _ in range(args.repeat + 1):
+                peer.step()
         err = max(bench_suite.rel_error(con.tensor("U"), peer.U),
                   bench_suite.rel_error(con.tensor("V"), peer.V))
-        plan = con.explain(STEP)
+        plan = con.explain(step)
     assert err < 1e-8, err
     load1 = os.getloadavg()[0]
+    times.setdefault("scipy", float("nan"))
     ratio = times["tensordb"] / times["scipy"]
-    print(plan.splitlines()[0])
-    print(f"MF step, {args.users:,} users x {args.items:,} items, {R.nnz:,} ratings "
+    print(plan)
+    print(f"MF step{' (matrix form)' if args.matrix_form else ''}, {args.users:,} users x "
+          f"{args.items:,} items, {R.nnz:,} ratings "
           f"({R.nnz / args.users / args.items:.2%}), rank {args.rank}, "
           f"{args.workers} worker(s), median of {args.repeat}")
     print(f"| | tensordb (GRAD, SQL) | scipy.sparse + numpy | ratio |")
