@@ -15,9 +15,17 @@ __all__ = ["run_load", "run_assemble", "run_kernel", "start_aggregate", "finish_
 def run_load(task: Load, reader, xp=np):
     """A box of a stored tensor: a memory-mapped view when possible, zeros where absent; a
     scipy CSR array when the box lies in a matrix's sparse tiles (on the CPU: only the spmm
-    kernel reads it as it is, every other consumer densifies it, sparse_kernels.py)."""
+    kernel reads it as it is, every other consumer densifies it, sparse_kernels.py); a
+    ``RowGather`` for a gather by a vector (on the CPU: taken whole by a kernel that cannot
+    read it as it is, ``dense_args``)."""
     if xp is np and reader.has_sparse:
         out = read_sparse_box(reader, task.starts, task.stops)
+        if out is not None:
+            return out
+    if xp is np and hasattr(reader, "read_rows"):
+        # a gather by a vector: its rows named, taken by the kernels that read it (a
+        # ``RowGather``: a batch of row products in slabs, an SpMM through its matrix)
+        out = reader.read_rows(task.starts, task.stops)
         if out is not None:
             return out
     out = reader.read_box(task.starts, task.stops)
