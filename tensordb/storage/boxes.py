@@ -233,8 +233,12 @@ class RowGather:
 
     @property
     def nbytes(self) -> int:
-        """The bytes it holds: its row numbers and, where it is one, its copy of the base."""
-        own = self.base.nbytes if self.base.base is None and self.base.flags.owndata else 0
+        """The bytes it holds: its row numbers and, where it is one, its copy of the base (a
+        view of a memory-mapped payload is the page cache's)."""
+        root = self.base
+        while isinstance(root, np.ndarray) and root.base is not None:
+            root = root.base
+        own = self.base.nbytes if isinstance(root, np.ndarray) else 0
         return int(self.rows.nbytes + own)
 
     def take(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
