@@ -117,6 +117,11 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         if choice.out_format == "csr":  # the plan's estimate says sparse: CSR, never dense
             return csr_output(_spgemm(S, B, dtype), [i] + rest, op.out_labels, dtype)
         return _to_output((S @ B).toarray(), [i] + rest, op.out_labels)
+    if isinstance(D, RowGather) and S.format == "csc":  # GRAD's scatter-add: slabs of j
+        res = _gathered_slabs(S, D, dtype)
+        if res is not None:
+            return _to_output(res.reshape((S.shape[0],) + D.shape[1:]), [i] + rest,
+                              op.out_labels)
     if isinstance(D, RowGather):  # S @ base[rows] as (S's columns renumbered) @ base
         S, D2 = _through_rows(S, D, dtype)
         rest_shape = D.shape[1:]
@@ -134,6 +139,37 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         return _into(S, np.ascontiguousarray(D2), out, sink)
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _gathered_slabs(S, D: RowGather, dtype):
+    """``S @ D`` for a CSC ``S`` (the transpose of a CSR matrix whose rows are j: GRAD's
+    scatter-add of a gather) and a gather ``D = base[rows]``: scipy's own ``csc_matvecs`` (what
+    ``S @ D`` calls) over column slabs of S in order, each slab's gathered rows taken while it
+    runs (``SLAB_BYTES`` of them: in the cache), every slab adding into the same output. The
+    products are added in the same order as one call over the whole gathered copy: the same
+    bits, and the copy never made. None where the dtypes are not one scipy kernel's (the caller
+    then renumbers S's columns, ``_through_rows``)."""
+    base = D.base.reshape(D.base.shape[0], -1)
+    data = S.data
+    if not (S.indptr.dtype == S.indices.dtype and data.dtype == dtype and dtype.kind in "fc"):
+        return None
+    try:
+        from scipy.sparse import _sparsetools as st
+    except ImportError:  # a scipy without it: the renumbered product
+        return None
+    n_i, n_j = S.shape
+    width = base.shape[1]
+    out = np.zeros((n_i, width), dtype)
+    step = max(1, SLAB_BYTES // max(1, width * dtype.itemsize))
+    for lo in range(0, n_j, step):
+        hi = min(n_j, lo + step)
+        if S.indptr[hi] == S.indptr[lo]:
+            continue
+        X = np.take(base, D.rows[lo:hi], axis=0)
+        X = X if X.dtype == dtype else X.astype(dtype)
+        st.csc_matvecs(n_i, hi - lo, width, S.indptr[lo:hi + 1], S.indices, data, X.reshape(-1),
+                       out.reshape(-1))
+    return out
 
 
 def _through_rows(S, D: RowGather, dtype):
