@@ -175,3 +175,27 @@ def test_an_index_out_of_range_is_still_a_data_error_and_changes_nothing():
         with pytest.raises(tensordb.DataError, match=r"iu\[2\] = 5 is out of range"):
             con.execute("CREATE TENSOR d[n] AS SUM(U[iu[n], f] * V[iv[n], f])")
         assert "d" not in {r[0] for r in con.execute("SHOW TENSORS").fetchall()}
+
+
+@pytest.mark.parametrize("tile", [None, (40, 60)])
+def test_a_stored_sparse_matrix_times_a_gather_is_the_bits_of_the_rows_taken(eager, tile):
+    """``SUM(G[i,j] * E[ids[j], f])``: the spmm reads E through G's columns renumbered by ids
+    (one CSR tile), or the rows taken whole (a box over several row tiles)."""
+    rng = np.random.default_rng(4)
+    G = sp.random_array((90, 60), density=0.1, format="csr", rng=rng)
+    E = rng.standard_normal((25, 5))
+    ids = rng.integers(-25, 25, 60)
+
+    def run():
+        with tensordb.connect(None) as con:
+            con.load("G", G, **({} if tile is None else {"tile": tile}))
+            con.load("E", E)
+            con.load("ids", ids)
+            con.execute("CREATE TENSOR Y[i,f] AS SUM(G[i,j] * E[ids[j], f])")
+            kernels = json.loads(con.explain("Z[i,f] = SUM(G[i,j] * E[ids[j], f])",
+                                             format="json"))["nodes"][0]["kernel"]["method"]
+            return con.tensor("Y"), kernels
+    got, kernel = run()
+    assert kernel == "spmm"
+    np.testing.assert_array_equal(got, eager(run)[0])
+    np.testing.assert_allclose(got, G @ E[ids], rtol=1e-12, atol=1e-14)
