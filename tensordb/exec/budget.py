@@ -32,6 +32,7 @@ import numpy as np
 
 from ..physical.plan import Aggregate, Kernel, Load
 from ..plan.memory import kernel_temporaries
+from ..storage.boxes import RowGather
 from ..storage.sparse import is_sparse
 from .runtime import planned_bytes
 
@@ -218,8 +219,8 @@ class Budget:
         run = self.run
         with run.lock:
             value = run.results.get(key)
-        if value is None or is_sparse(value):  # a CSR output tile stays: its entries only
-            return 0
+        if value is None or is_sparse(value) or isinstance(value, RowGather):
+            return 0  # a CSR output tile stays (its entries only), a gather (its row numbers)
         evict = getattr(run.tiles, "evict", None)  # device tiles go to host memory instead
         try:
             mapped, nbytes, seconds = evict(value) if evict else self.spill.write(key, value)

@@ -21,8 +21,9 @@ from ..plan import scalar
 from ..plan.aggregates import AGGREGATES, ARG_AGGS
 from ..plan.kernel import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
+from ..storage.boxes import RowGather
 from ..storage.sparse import is_sparse
-from . import fused
+from . import fused, gathered
 from .sparse_kernels import SPARSE_METHODS, dense_args, sparse_call
 from .sparse_out import combine_sparse
 
@@ -104,6 +105,12 @@ class KernelSpec:
         check()
         if self.choice.method in SPARSE_METHODS and xp is np:  # exec/sparse_kernels.py
             return sparse_call(self.op, self.choice, args, arg_shapes, out_shape, out, sink)
+        if xp is np and self.blas and any(isinstance(a, RowGather) for a in args):
+            # a batch of row products over gathers: a slab of rows at a time (exec/gathered.py)
+            res = gathered.by_rows(self, self._matmul, None if self.scale_first is None else
+                                   _scalar(self.scale, self.dtype), args, out_shape, out, check)
+            if res is not None:
+                return res
         args = dense_args(args)  # a sparse tile (a Load's CSR box) for a dense kernel
         arrays = [xp.zeros(s, dtype=d) if a is None else a
                   for a, s, d in zip(args, arg_shapes, self.in_dtypes)]

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..physical.choice import SPARSE_METHODS
 from ..plan.sparse_rules import have_graphblas
+from ..storage.boxes import RowGather
 from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
@@ -52,7 +53,8 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=No
     array, which the caller copies there."""
     if choice.method == "spmm":
         return spmm(op, choice, args, out_shape, out, sink)
-    args = [stacked(a) for a in args]  # a box over several CSR row tiles, as one CSR array
+    # a box over several CSR row tiles as one CSR array; a gather's rows taken
+    args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]
     if choice.method == "spreduce":
         return spreduce(op, choice, args, out_shape)
     from . import semiring
@@ -60,10 +62,12 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=No
 
 
 def dense_args(args: list) -> list:
-    """``args`` with any sparse tile densified (a kernel that reads only dense arrays)."""
+    """``args`` with any sparse tile densified and any gather's rows taken (a kernel that reads
+    only dense arrays)."""
     if all(a is None or isinstance(a, np.ndarray) for a in args):
         return args
-    return [densify(a) if a is not None and is_sparse(a) else a for a in args]
+    return [densify(a) if a is not None and is_sparse(a) else
+            a.take() if isinstance(a, RowGather) else a for a in args]
 
 
 def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
@@ -79,10 +83,13 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     S, D = args[k], args[1 - k]
     if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
+    S = S.take() if isinstance(S, RowGather) else S
+    if isinstance(D, RowGather) and d_labels.index(j) != 0:  # read through S's columns: j first
+        D = D.take()
     D = stacked(D)
     if len(args) == 3:  # GRAD's scaled scatter-add: S's entries times the vector g on j
         S = stacked(S)
-        g = stacked(args[2])
+        g = args[2].take() if isinstance(args[2], RowGather) else stacked(args[2])
         g = np.asarray(densify(g) if is_sparse(g) else g).astype(dtype)
         if not is_sparse(S):
             S = np.asarray(S, dtype) * (g[None, :] if s_labels.index(j) == 1 else g[:, None])
@@ -112,11 +119,20 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
             return csr_output(_spgemm(S, B, dtype, choice.semiring == "plus_times"),
                               [i] + rest, op.out_labels, dtype)
         return _to_output((S @ B).toarray(), [i] + rest, op.out_labels)
-    D = np.asarray(D)
-    if D.dtype != dtype:
-        D = D.astype(dtype)
-    rest_shape = tuple(D.shape[d_labels.index(l)] for l in rest)
-    D2 = np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape))
+    if isinstance(D, RowGather) and S.format == "csc":  # GRAD's scatter-add: slabs of j
+        res = _gathered_slabs(S, D, dtype)
+        if res is not None:
+            return _to_output(res.reshape((S.shape[0],) + D.shape[1:]), [i] + rest,
+                              op.out_labels)
+    if isinstance(D, RowGather):  # S @ base[rows] as (S's columns renumbered) @ base
+        S, D2 = _through_rows(S, D, dtype)
+        rest_shape = D.shape[1:]
+    else:
+        D = np.asarray(D)
+        if D.dtype != dtype:
+            D = D.astype(dtype)
+        rest_shape = tuple(D.shape[d_labels.index(l)] for l in rest)
+        D2 = np.moveaxis(D, axis, 0).reshape(D.shape[axis], math.prod(rest_shape))
     if out is not None and [i] + rest == list(op.out_labels) and out.dtype == dtype and \
             out.flags.c_contiguous and out.shape == (S.shape[0],) + rest_shape and \
             S.format == "csr":
@@ -125,6 +141,56 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         return _into(S, np.ascontiguousarray(D2), out, sink)
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _gathered_slabs(S, D: RowGather, dtype):
+    """``S @ D`` for a CSC ``S`` (the transpose of a CSR matrix whose rows are j: GRAD's
+    scatter-add of a gather) and a gather ``D = base[rows]``: scipy's own ``csc_matvecs`` (what
+    ``S @ D`` calls) over column slabs of S in order, each slab's gathered rows taken while it
+    runs (``SLAB_BYTES`` of them: in the cache), every slab adding into the same output. The
+    products are added in the same order as one call over the whole gathered copy: the same
+    bits, and the copy never made. None where the dtypes are not one scipy kernel's (the caller
+    then renumbers S's columns, ``_through_rows``)."""
+    base = D.base.reshape(D.base.shape[0], -1)
+    data = S.data
+    if not (S.indptr.dtype == S.indices.dtype and data.dtype == dtype and dtype.kind in "fc"):
+        return None
+    try:
+        from scipy.sparse import _sparsetools as st
+    except ImportError:  # a scipy without it: the renumbered product
+        return None
+    n_i, n_j = S.shape
+    width = base.shape[1]
+    out = np.zeros((n_i, width), dtype)
+    step = max(1, SLAB_BYTES // max(1, width * dtype.itemsize))
+    for lo in range(0, n_j, step):
+        hi = min(n_j, lo + step)
+        if S.indptr[hi] == S.indptr[lo]:
+            continue
+        X = np.take(base, D.rows[lo:hi], axis=0)
+        X = X if X.dtype == dtype else X.astype(dtype)
+        st.csc_matvecs(n_i, hi - lo, width, S.indptr[lo:hi + 1], S.indices, data, X.reshape(-1),
+                       out.reshape(-1))
+    return out
+
+
+def _through_rows(S, D: RowGather, dtype):
+    """``S @ D`` for a gather ``D = base[rows]`` (its label j first) as ``E @ base``: E is S
+    with column j renumbered ``rows[j]`` (the product of S with the one-hot rows of
+    ``rows``), so the gathered rows are never made. E is CSR with each row's entries in S's
+    order of j (a CSC S is made CSR by scipy's stable conversion: its rows' entries in
+    ascending j), so each output row adds the same products in the same order as S's own
+    product with the gathered rows (csr_matvecs and csc_matvecs alike add into the output row
+    in that order): the same bits. Returns (E, base as a matrix of the output's dtype)."""
+    import scipy.sparse as sp
+    S = S.tocsr() if S.format != "csr" else S
+    base = D.base.reshape(D.base.shape[0], -1)
+    base = base if base.dtype == dtype else base.astype(dtype)
+    itype = S.indptr.dtype if base.shape[0] <= np.iinfo(S.indptr.dtype).max else np.int64
+    E = sp.csr_array((S.data, D.rows[S.indices].astype(itype, copy=False),
+                      S.indptr.astype(itype, copy=False)), shape=(S.shape[0], base.shape[0]),
+                     copy=False)
+    return E, base
 
 
 def _spgemm(S, B, dtype, graphblas: bool):

@@ -28,7 +28,7 @@ from ..errors import DataError, OperationalError
 from ..geometry import overlapping
 from .meta import TensorMeta
 
-__all__ = ["BoxReader", "GatherReader", "IotaReader", "OneHotReader", "box_meta"]
+__all__ = ["BoxReader", "GatherReader", "IotaReader", "OneHotReader", "RowGather", "box_meta"]
 
 
 def box_meta(meta: TensorMeta, box) -> TensorMeta:
@@ -134,12 +134,14 @@ class GatherReader:
     def layout(self) -> bytes:
         return hashlib.sha256(b"gather" + self.base.layout() + self.index.layout()).digest()
 
-    def read_box(self, starts: Sequence[int], stops: Sequence[int]):
+    def _rows(self, starts: Sequence[int], stops: Sequence[int]) -> np.ndarray:
+        """The base's rows the box names, checked and made non-negative (int64, the index's
+        box's shape)."""
         k = self.index.meta.ndim
         rows = self.index.read_box(starts[:k], stops[:k])
-        shape = tuple(b - a for a, b in zip(starts, stops))
         if rows is None:  # absent index tiles hold 0: row 0
-            rows = np.zeros(shape[:k], self.index.meta.dtype)
+            rows = np.zeros(tuple(b - a for a, b in zip(starts[:k], stops[:k])),
+                            self.index.meta.dtype)
         n = self.base.meta.shape[0]
         rows = np.asarray(rows).astype(np.int64, copy=False)
         bad = (rows < -n) | (rows >= n)  # numpy's: a negative row counts from the end
@@ -148,14 +150,32 @@ class GatherReader:
             raise DataError(f"gather {self.name}: index {self.index.meta.name}{list(at)} = "
                             f"{int(rows[tuple(np.argwhere(bad)[0])])} is out of range for the "
                             f"{n} rows of {self.base.meta.name}")
-        rows = np.where(rows < 0, rows + n, rows)
+        return np.where(rows < 0, rows + n, rows)
+
+    def read_rows(self, starts: Sequence[int], stops: Sequence[int]):
+        """The box as a ``RowGather`` (its rows named, not yet taken), where the index is a
+        vector and the base is one row tile; else None (``read_box`` then)."""
+        if self.index.meta.ndim != 1 or len(self.base.meta.grid[0]) != 2:
+            return None
+        rows = self._rows(starts, stops)
+        n = self.base.meta.shape[0]
+        block = self.base.read_box([0] + list(starts[1:]), [n] + list(stops[1:]))
+        if block is None:  # an absent base tile: zeros, made by read_box
+            return None
+        return RowGather(_resident(block, rows.size), rows)
+
+    def read_box(self, starts: Sequence[int], stops: Sequence[int]):
+        k = self.index.meta.ndim
+        shape = tuple(b - a for a, b in zip(starts, stops))
+        rows = self._rows(starts, stops)
+        n = self.base.meta.shape[0]
         rest_lo, rest_hi = list(starts[k:]), list(stops[k:])
         flat = rows.reshape(-1)
         grid0 = self.base.meta.grid[0]
         if len(grid0) == 2:  # one row tile: one indexing (a few times faster than a setitem)
             block = self.base.read_box([0] + rest_lo, [n] + rest_hi)
             if block is not None:
-                return _resident(block, flat.size)[flat].reshape(shape)
+                return np.take(_resident(block, flat.size), flat, axis=0).reshape(shape)
         out = np.zeros(shape, self.base.meta.dtype)
         dest = out.reshape((flat.size,) + shape[k:])
         tile_of = np.searchsorted(np.asarray(grid0), flat, side="right") - 1
@@ -179,6 +199,59 @@ def _resident(block, lookups: int) -> np.ndarray:
     pages in one at a time (ten times slower than the copy and a gather from memory)."""
     block = np.asarray(block)
     return np.array(block) if lookups >= len(block) else block
+
+
+class RowGather:
+    """A gather's box whose rows are named but not yet taken: ``base[rows]``, ``base`` the rows
+    of the base's one row tile (the box's columns), ``rows`` a vector of non-negative row
+    numbers. A Load of a gather hands it out so that a kernel that can reads the rows where it
+    needs them: a batch of row products takes them a slab at a time, in the cache
+    (exec/gathered.py), and an SpMM reads the base through the sparse matrix's columns
+    renumbered (exec/sparse_kernels.py): the gathered copy, as large as the index times the
+    row, is never made. Every other reader takes them whole (``take``, ``numpy.asarray``):
+    the same array the gather's ``read_box`` makes.
+
+    >>> import numpy as np
+    >>> g = RowGather(np.arange(6.0).reshape(3, 2), np.array([2, 0, 2]))
+    >>> g.shape, g.take(1, 3).tolist(), np.asarray(g).tolist()
+    ((3, 2), [[0.0, 1.0], [4.0, 5.0]], [[4.0, 5.0], [0.0, 1.0], [4.0, 5.0]])
+    """
+
+    __slots__ = ("base", "rows", "shape", "dtype")
+
+    def __init__(self, base: np.ndarray, rows: np.ndarray) -> None:
+        self.base, self.rows = base, rows
+        self.shape = (int(rows.shape[0]),) + tuple(base.shape[1:])
+        self.dtype = base.dtype
+
+    def __repr__(self) -> str:
+        return f"RowGather(shape={self.shape}, base rows={self.base.shape[0]})"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes it holds: its row numbers and, where it is one, its copy of the base (a
+        view of a memory-mapped payload is the page cache's)."""
+        root = self.base
+        while isinstance(root, np.ndarray) and root.base is not None:
+            root = root.base
+        own = self.base.nbytes if isinstance(root, np.ndarray) else 0
+        return int(self.rows.nbytes + own)
+
+    def take(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Rows ``lo:hi`` of the gather, as a new array (numpy's ``take``: the same rows as
+        ``base[rows]``, copied a row at a time rather than an element at a time)."""
+        return np.take(self.base, self.rows[lo:hi], axis=0)
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.take()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def __reduce__(self):
+        return RowGather, (np.asarray(self.base), self.rows)
 
 
 class IotaReader:

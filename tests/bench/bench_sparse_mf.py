@@ -11,7 +11,10 @@ the update of both factors, stored. tensordb runs it as one `execute` call (pars
 from the plan cache, run, commit) on an in-memory database. The peer is the same step by hand:
 `e = einsum(U[rows], V[cols]) - r`, then `E = csr(2e)`, `E @ V`, `E.T @ U` (scipy.sparse).
 Each figure is the median of --repeat rounds after one warm-up; the ratio is tensordb's over the
-peer's. The factors both end with are compared (they must agree to 1e-8).
+peer's. The factors both end with are compared (they must agree to 1e-8). ``--eager`` also times
+the step with every gather's rows taken at its Load (``GatherReader.read_rows`` answering None:
+the code before ``RowGather``, storage/boxes.py) on a second database, in the same rounds, and
+checks that both databases end with the same bits.
 """
 from __future__ import annotations
 
@@ -96,6 +99,8 @@ def main(argv=None) -> None:
                          "(MATRIX_STEP), R and M stored sparse, not the gathered vectors")
     ap.add_argument("--no-peer", action="store_true",
                     help="run tensordb's steps only (its peak memory alone, under peak-mem)")
+    ap.add_argument("--eager", action="store_true",
+                    help="also time the step with the gathers' rows taken at their Loads")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     load0 = os.getloadavg()[0]
@@ -104,8 +109,7 @@ def main(argv=None) -> None:
     U = 0.5 + 0.1 * rng.standard_normal((args.users, args.rank))
     V = 0.5 + 0.1 * rng.standard_normal((args.items, args.rank))
     peer = Peer(R, U, V)
-    with tensordb.connect(None, workers=args.workers) as con:
-        t0 = time.perf_counter()
+    def load(con) -> None:
         con.load("U", U)
         con.load("V", V)
         if args.matrix_form:
@@ -117,17 +121,39 @@ def main(argv=None) -> None:
             con.load("obs_user", R.row.astype(np.int64))
             con.load("obs_item", R.col.astype(np.int64))
             con.load("obs_rating", R.data)
+
+    if args.eager and args.matrix_form:
+        ap.error("--eager times the gathers' rows taken at their Loads: the gather form only")
+    step = MATRIX_STEP if args.matrix_form else STEP
+    with tensordb.connect(None, workers=args.workers) as con, \
+            tensordb.connect(None, workers=args.workers) as con2:
+        t0 = time.perf_counter()
+        load(con)
         t_load = time.perf_counter() - t0
-        step = MATRIX_STEP if args.matrix_form else STEP
-        runs = {"tensordb": lambda: con.execute(step)}
+        fns = {"tensordb": lambda: con.execute(step)}
         if not args.no_peer:
-            runs["scipy"] = peer.step
-        times = bench_suite.median_times(runs, args.repeat)
+            fns["scipy"] = peer.step
+        if args.eager:
+            from tensordb.storage import boxes
+            lazy = boxes.GatherReader.read_rows
+            load(con2)
+
+            def eager() -> None:
+                boxes.GatherReader.read_rows = lambda self, starts, stops: None
+                try:
+                    con2.execute(step)
+                finally:
+                    boxes.GatherReader.read_rows = lazy
+            fns["eager"] = eager
+        times = bench_suite.median_times(fns, args.repeat)
         if args.no_peer:  # the same number of steps by the peer, after, for the answer
             for _ in range(args.repeat + 1):
                 peer.step()
         err = max(bench_suite.rel_error(con.tensor("U"), peer.U),
                   bench_suite.rel_error(con.tensor("V"), peer.V))
+        if args.eager:
+            assert np.array_equal(con.tensor("U"), con2.tensor("U")) and \
+                np.array_equal(con.tensor("V"), con2.tensor("V")), "not the same bits"
         plan = con.explain(step)
     assert err < 1e-8, err
     load1 = os.getloadavg()[0]
@@ -142,6 +168,9 @@ def main(argv=None) -> None:
     print(f"|---|---:|---:|---:|")
     print(f"| one step | {times['tensordb'] * 1e3:,.0f} ms | {times['scipy'] * 1e3:,.0f} ms "
           f"| {ratio:.2f}x |")
+    if args.eager:
+        print(f"| the rows taken at the Loads (--eager; same bits) | {times['eager'] * 1e3:,.0f} ms "
+              f"| {times['scipy'] * 1e3:,.0f} ms | {times['eager'] / times['scipy']:.2f}x |")
     print(f"loading the COO vectors and factors: {t_load * 1e3:,.0f} ms; the factors agree to "
           f"{err:.1e}; load average {load0:.1f} -> {load1:.1f}; {platform.machine()}, "
           f"{os.cpu_count()} cores; {bench_suite.blas_info()}; "

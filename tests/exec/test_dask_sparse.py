@@ -102,3 +102,21 @@ def test_triangle_count(con):
     want = (a @ a).multiply(a).sum()
     assert float(con.tensor("T")) == want > 0
     read_on_workers(con, "A")
+
+
+def test_an_mf_step_with_gathers_on_the_cluster_is_numpys(con, tmp_path):
+    """The gathers' Loads are RowGathers on the Dask workers too (storage/boxes.py), read by
+    the sparse scatter-add and the row products there: the local pool's step and numpy's, to
+    rounding (partials may arrive in another order)."""
+    from tests.sparse.test_gather_rows import STEP, _load, _peer_step, _problem
+    problem = _problem(users=200, items=90, nnz=1500, rank=4, seed=2)
+    _load(con, *problem)
+    con.execute(STEP)
+    with tensordb.connect(tmp_path / "local", workers=2) as local:
+        _load(local, *problem)
+        local.execute(STEP)
+        np.testing.assert_allclose(con.tensor("U"), local.tensor("U"), rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(con.tensor("V"), local.tensor("V"), rtol=1e-13, atol=1e-15)
+    U, V = _peer_step(*problem)
+    np.testing.assert_allclose(con.tensor("U"), U, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(con.tensor("V"), V, rtol=1e-13, atol=1e-15)
