@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..geometry import tile_box
 from ..physical.order import ranks
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..storage.writer import TileStats, tile_stats
+from .bound import bind, signature
 from .budget import temporary_bytes
 from .kernels import KernelSpec, combine
 from .runtime import Cancelled, OpMeasure, RunResult, _owned_nbytes, held_bytes, translate
@@ -171,7 +173,7 @@ def _lower(plan: TilePlan, workers: int) -> list[Step]:
 LOAD_CACHE_BYTES = 1 << 20
 
 
-def _load(task, reader, loads: dict, dense: bool):
+def _load(task, reader, loads: dict, dense: bool, wrote=None):
     """The tile of Load ``task``: the copy kept from the last run when its reader reads the
     same version (a payload is immutable once committed, and a version number names one
     tensor's contents: storage/store_catalog.py keys tile entries by it), else read now.
@@ -184,6 +186,10 @@ def _load(task, reader, loads: dict, dense: bool):
     kept = loads.get(task.key)
     if kept is not None and kept[0] == ident and kept[1] is not None:
         return kept[1], kept[2]
+    if wrote is not None:
+        mine = _written(task, reader, wrote)
+        if mine is not None:  # the tile the last run wrote as this version: read as a view
+            return mine, 0
     value = run_load(task, reader, np)
     if dense and not isinstance(value, np.ndarray):
         value = dense_args([value])[0]  # a CSR box, read by dense kernels only
@@ -203,18 +209,87 @@ def _load(task, reader, loads: dict, dense: bool):
     return value, held
 
 
+def _written(task, reader, wrote: dict):
+    """The tile the last run of this plan stored as the box ``task`` reads, when ``reader``
+    reads the version it was stored as (a version number names one tensor's contents, and is
+    given once) and the catalog's row of that tile is the dense tile with the checksum and
+    nonzero count the run took of it; else None."""
+    meta = reader.meta
+    hit = wrote.get((meta.name.lower(), meta.version, task.starts, task.stops))
+    if hit is None or task.tensor != meta.name:
+        return None
+    coords, value, crc, nnz = hit
+    e = getattr(reader, "entries", {}).get(coords)
+    if e is None or e.sparse or e.crc32 != crc or e.nnz != nnz or e.starts != task.starts or \
+            e.shape != value.shape or meta.dtype != value.dtype:
+        return None
+    return value
+
+
+def _keep_outputs(plan: TilePlan, dest: dict, crc32: dict, nnz: dict, versions: dict,
+                  loads: dict) -> None:
+    """Keep copies of the stored output tiles of this run that a Load of this plan reads at
+    the next run (a training step's new weights: otherwise read from their new payload file,
+    opened, mapped and verified afresh, 0.07 ms a step), by name, the version the commit gives
+    them, and box; within what the plan's kept Loads leave of ``LOAD_CACHE_BYTES``. A run
+    whose commit fails leaves them unread: the next run reads the old version."""
+    memo = plan.memo
+    boxes = _output_boxes(plan)
+    if not boxes:
+        return
+    room = LOAD_CACHE_BYTES - sum(0 if v[1] is None else v[1].nbytes for v in loads.values())
+    wrote = {}
+    for key, name, coords, starts, stops in boxes:
+        out = dest.get(key)
+        version = versions.get(name)
+        if out is None or version is None or key not in crc32 or out.nbytes > room:
+            continue
+        room -= out.nbytes
+        copy = out.copy()
+        copy.flags.writeable = False
+        wrote[(name, version, starts, stops)] = (coords, copy, crc32[key], nnz[key])
+    if wrote:
+        memo["fastpath_outputs"] = wrote
+    else:
+        memo.pop("fastpath_outputs", None)
+
+
+def _output_boxes(plan: TilePlan) -> tuple:
+    """(key, lower-cased name, coords, starts, stops) of each tile of a stored output that a
+    Load of the plan reads (a tensor the plan replaces), once per plan outputs."""
+    kept = plan.memo.get("fastpath_boxes")
+    if kept is not None and kept[0] is plan.outputs:
+        return kept[1]
+    read = {t.tensor.lower() for t in plan.tasks if isinstance(t, Load)}
+    boxes = []
+    for out in plan.outputs.values():
+        name = (out.store_name or out.name)
+        if not out.stored or out.grid is None or name.lower() not in read:
+            continue
+        for coords, key in out.tiles.items():
+            starts, stops = tile_box(out.grid, coords)
+            boxes.append((key, name.lower(), tuple(coords), tuple(starts), tuple(stops)))
+    plan.memo["fastpath_boxes"] = (plan.outputs, tuple(boxes))
+    return tuple(boxes)
+
+
 def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, specs: dict,
-                workers: int, check=None, progress=None) -> RunResult:
+                workers: int, check=None, progress=None, versions=None) -> RunResult:
     """Run ``steps`` of ``plan``: stored output tiles computed into ``dest`` (task key ->
     buffer) where given, each final one handed to ``finished_tile(key, tile[, facts])`` as
     the pool hands it (``finished_tile``: None, no sink); ``specs`` the plan's KernelSpecs
     (``runtime.plan_specs``); ``check()`` raises to cancel between calls; ``progress()`` is
-    called after each task (``RunControl.task_done``)."""
+    called after each task (``RunControl.task_done``); ``versions``: the version each stored
+    output will have once committed, by lower-cased name (the sink's), so that the next run's
+    Load of that version reads the tile this run wrote (``_keep_outputs``)."""
     t_run = time.perf_counter()
-    ops, kernels, readers = plan.ops, plan.kernels, plan.readers
-    loads = plan.memo.setdefault("fastpath_loads", {})
+    clock = time.perf_counter
+    ops, kernels, readers, memo = plan.ops, plan.kernels, plan.readers, plan.memo
+    loads = memo.setdefault("fastpath_loads", {})
+    calls = _calls(memo, steps, specs)
+    wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
     measures = [OpMeasure() for _ in ops]
-    keep = {k for out in plan.outputs.values() if out.stored for k in out.tiles.values()}
+    keep = _kept_keys(memo, plan)
     results: dict = {}
     nnz: dict = {}
     nonfinite: dict = {}
@@ -224,15 +299,16 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     live = peak = moved = 0
     held: dict = {}
     step = None
+    ndarray = np.ndarray
     try:
         with np.errstate(all="ignore"):
-            for step in steps:
+            for i, step in enumerate(steps):
                 if check is not None:
                     check()
-                t0 = time.perf_counter()
+                t0 = clock()
                 kind, task = step.kind, step.task
                 key = step.key
-                out = dest.get(key)
+                out = dest.get(key) if dest else None
                 stats = None
                 m = measures[step.op]
                 for k in step.moved:
@@ -243,17 +319,32 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                     peak = live + step.temps
                     m.peak_bytes = max(m.peak_bytes, peak)
                 if kind == KERNEL:
-                    spec = specs.get(task.op)
-                    if spec is None:
-                        spec = specs[task.op] = KernelSpec(ops[task.op], np, kernels[task.op])
-                    it = iter([results[k] for k in step.inputs])
-                    args = [None if a is None else next(it) for a in task.args]
-                    if out is not None:
-                        stats = TileStats()
-                    value = spec(args, task.arg_shapes, task.out_shape, out, check,
-                                 None if stats is None else stats.add)
+                    call = calls[i]
+                    if call is not None:  # every operand present: bound once to them
+                        args = [results[k] for k in step.inputs]
+                        sig = signature(args)
+                        if call[0] != sig or call[1] != (out is None):
+                            call = calls[i] = (sig, out is None, None if sig is None else bind(
+                                _spec(specs, task.op, ops, kernels), args, task.out_shape, out))
+                        if call[2] is not None:
+                            value = call[2](args, out)
+                        else:
+                            if out is not None:
+                                stats = TileStats()
+                            value = _spec(specs, task.op, ops, kernels)(
+                                args, task.arg_shapes, task.out_shape, out, check,
+                                None if stats is None else stats.add)
+                    else:
+                        it = iter([results[k] for k in step.inputs])
+                        args = [None if a is None else next(it) for a in task.args]
+                        if out is not None:
+                            stats = TileStats()
+                        value = _spec(specs, task.op, ops, kernels)(
+                            args, task.arg_shapes, task.out_shape, out, check,
+                            None if stats is None else stats.add)
                 elif kind == LOAD:
-                    value, load_held = _load(task, readers[task.tensor], loads, step.dense)
+                    value, load_held = _load(task, readers[task.tensor], loads, step.dense,
+                                             wrote)
                 elif kind == ASSEMBLE:
                     value = run_assemble(task, [results[k] for k in step.inputs], np)
                 elif kind == START:
@@ -286,11 +377,16 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                             finished_tile(key, value):
                         written.add(key)  # in its file: not the commit's to write, nor kept
                     results[key] = value
-                    nbytes = int(getattr(value, "nbytes", 0))
-                    if kind == LOAD:
-                        h = held_bytes(task, value) if load_held is None else load_held
-                    else:  # a dense tile the run computed: all its bytes (held_bytes)
-                        h = nbytes if type(value) is np.ndarray else held_bytes(task, value)
+                    if type(value) is ndarray:
+                        nbytes = value.nbytes
+                        if kind == LOAD:
+                            h = _owned_nbytes(value) if load_held is None else load_held
+                        else:  # a dense tile the run computed: all its bytes (held_bytes)
+                            h = nbytes
+                    else:
+                        nbytes = int(getattr(value, "nbytes", 0))
+                        h = held_bytes(task, value) if kind != LOAD or load_held is None \
+                            else load_held
                     live += h
                     if live > peak:
                         peak = live
@@ -304,11 +400,14 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         live -= h
                 # a tile read for the last time, or a stored output tile already in its file
                 # that nothing reads (the pool streams such an output: a few tiles held)
-                for k in step.free + ((key,) if step.unread and key in written else ()):
+                for k in step.free:
                     if k not in keep or k in written:
                         results.pop(k, None)
                         live -= held.pop(k, 0)
-                m.seconds += time.perf_counter() - t0
+                if step.unread and key in written:
+                    results.pop(key, None)
+                    live -= held.pop(key, 0)
+                m.seconds += clock() - t0
                 if kind == KERNEL:
                     m.kernel_calls += 1
                 if progress is not None and kind != START and kind != FOLD:
@@ -321,8 +420,41 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
         if err is exc:
             raise
         raise err from exc
+    if versions:
+        _keep_outputs(plan, dest, crc32, nnz, versions, loads)
+    elif wrote is not None:
+        del memo["fastpath_outputs"]
     seconds = time.perf_counter() - t_run
     return RunResult({k: results[k] for k in keep if k not in written}, seconds, moved, peak,
                      sum(m.kernel_calls for m in measures),
                      [seconds] + [0.0] * (workers - 1), nnz=nnz, nonfinite=nonfinite,
                      crc32=crc32, ops=measures, over_budget=0)
+
+
+def _spec(specs: dict, n: int, ops, kernels) -> KernelSpec:
+    spec = specs.get(n)
+    if spec is None:
+        spec = specs[n] = KernelSpec(ops[n], np, kernels[n])
+    return spec
+
+
+def _calls(memo: dict, steps: list, specs: dict) -> list:
+    """Per step, its kernel call bound to its operands (exec/bound.py) as (signature, whether
+    ``out`` was None, the function or None: not bound); None for a step that is no kernel or
+    has an absent operand (its spec is called). Kept in the plan's memo for these steps and
+    KernelSpecs; an entry is replaced whole, never changed (a bound function keeps no state)."""
+    kept = memo.get("fastpath_calls")
+    if kept is None or kept[0] is not steps or kept[1] is not specs:
+        kept = memo["fastpath_calls"] = (steps, specs, [
+            ((), None, None) if s.kind == KERNEL and None not in s.task.args else None
+            for s in steps])
+    return kept[2]
+
+
+def _kept_keys(memo: dict, plan: TilePlan) -> frozenset:
+    """The keys of the stored outputs' tiles (the run keeps them), once per plan outputs."""
+    kept = memo.get("fastpath_keep")
+    if kept is None or kept[0] is not plan.outputs:
+        kept = memo["fastpath_keep"] = (plan.outputs, frozenset(
+            k for out in plan.outputs.values() if out.stored for k in out.tiles.values()))
+    return kept[1]

@@ -175,7 +175,8 @@ class LocalExecutor:
                 return fastpath.run_program(
                     plan, fastpath.program(plan, self.workers), dest, sink.finished if sink else None,
                     plan_specs(plan, np), self.workers,
-                    control.check if control else None, control.task_done if control else None)
+                    control.check if control else None, control.task_done if control else None,
+                    getattr(sink, "versions", None) if dest else None)
         with self._lock, limits:
             plan = tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
