@@ -72,10 +72,35 @@ FAST_TASK_FLOPS = 1 << 20
 def _blas_limits(threads: int):
     """A context manager capping BLAS threads for the whole process."""
     global _controller
-    from threadpoolctl import ThreadpoolController
     if _controller is None:
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=threads, user_api="blas")
+        from threadpoolctl import ThreadpoolController
+        _controller = ThreadpoolController().select(user_api="blas").lib_controllers
+    return _BlasLimit(_controller, threads)
+
+
+class _BlasLimit:
+    """threadpoolctl's ``limit(limits=threads, user_api="blas")`` for the BLAS libraries it
+    found once: each library's thread count read on entering, set where it differs, and put
+    back on leaving. threadpoolctl's own limiter reads every library's full description each
+    time (10 us against 4 a run: a small step runs one a call)."""
+
+    __slots__ = ("libs", "threads", "saved")
+
+    def __init__(self, libs, threads: int) -> None:
+        self.libs, self.threads, self.saved = libs, threads, ()
+
+    def __enter__(self):
+        threads = self.threads
+        saved = self.saved = [(lib, lib.get_num_threads()) for lib in self.libs]
+        for lib, n in saved:
+            if n != threads:
+                lib.set_num_threads(threads)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for lib, n in self.saved:
+            if n != self.threads:
+                lib.set_num_threads(n)
 
 
 class LocalExecutor:
