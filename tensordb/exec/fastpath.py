@@ -286,10 +286,11 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     clock = time.perf_counter
     ops, kernels, readers, memo = plan.ops, plan.kernels, plan.readers, plan.memo
     loads = memo.setdefault("fastpath_loads", {})
+    rows, calls_per_op = _rows(memo, plan, steps)
     calls = _calls(memo, steps, specs)
     wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
-    measures = [OpMeasure() for _ in ops]
-    keep = _kept_keys(memo, plan)
+    n_ops = len(ops)
+    secs, peaks, tiles, moves = [0.0] * n_ops, [0] * n_ops, [0] * n_ops, [0] * n_ops
     results: dict = {}
     nnz: dict = {}
     nonfinite: dict = {}
@@ -298,30 +299,29 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     written: set = set()
     live = peak = moved = 0
     held: dict = {}
-    step = None
+    i = -1
     ndarray = np.ndarray
+    dest = dest or {}
     try:
         with np.errstate(all="ignore"):
-            for i, step in enumerate(steps):
+            for i, kind, task, key, o, inputs, free, kept_free, mv, temps, dense, stored in rows:
                 if check is not None:
                     check()
                 t0 = clock()
-                kind, task = step.kind, step.task
-                key = step.key
-                out = dest.get(key) if dest else None
+                out = dest.get(key)
                 stats = None
-                m = measures[step.op]
-                for k in step.moved:
+                for k in mv:
                     n = int(getattr(results[k], "nbytes", 0))
                     moved += n
-                    m.bytes_moved += n
-                if step.temps and live + step.temps > peak:  # as the pool's Ledger.hold
-                    peak = live + step.temps
-                    m.peak_bytes = max(m.peak_bytes, peak)
+                    moves[o] += n
+                if temps and live + temps > peak:  # as the pool's Ledger.hold
+                    peak = live + temps
+                    if peak > peaks[o]:
+                        peaks[o] = peak
                 if kind == KERNEL:
                     call = calls[i]
                     if call is not None:  # every operand present: bound once to them
-                        args = [results[k] for k in step.inputs]
+                        args = [results[k] for k in inputs]
                         sig = signature(args)
                         if call[0] != sig or call[1] != (out is None):
                             call = calls[i] = (sig, out is None, None if sig is None else bind(
@@ -335,7 +335,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                                 args, task.arg_shapes, task.out_shape, out, check,
                                 None if stats is None else stats.add)
                     else:
-                        it = iter([results[k] for k in step.inputs])
+                        it = iter([results[k] for k in inputs])
                         args = [None if a is None else next(it) for a in task.args]
                         if out is not None:
                             stats = TileStats()
@@ -343,22 +343,21 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                             args, task.arg_shapes, task.out_shape, out, check,
                             None if stats is None else stats.add)
                 elif kind == LOAD:
-                    value, load_held = _load(task, readers[task.tensor], loads, step.dense,
-                                             wrote)
+                    value, load_held = _load(task, readers[task.tensor], loads, dense, wrote)
                 elif kind == ASSEMBLE:
-                    value = run_assemble(task, [results[k] for k in step.inputs], np)
+                    value = run_assemble(task, [results[k] for k in inputs], np)
                 elif kind == START:
-                    a = acc[key] = start_aggregate(task, results[step.inputs[0]], np, out)
+                    a = acc[key] = start_aggregate(task, results[inputs[0]], np, out)
                     h = held[key] = int(getattr(a, "nbytes", 0))  # the partial is still held
                     live += h
                     if live > peak:
                         peak = live
-                    if live > m.peak_bytes:
-                        m.peak_bytes = live
+                    if live > peaks[o]:
+                        peaks[o] = live
                     value = None
                 elif kind == FOLD:
                     # a new accumulator where a partial is a sparse tile (kernels.combine)
-                    acc[key] = combine(task.agg, acc[key], results[step.inputs[0]], np)
+                    acc[key] = combine(task.agg, acc[key], results[inputs[0]], np)
                     value = None
                 else:  # FINISH
                     value = finish_aggregate(task, acc.pop(key), np)
@@ -373,7 +372,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         nnz[key], nonfinite[key], crc32[key] = facts
                         if finished_tile is not None:
                             finished_tile(key, out, facts)
-                    elif finished_tile is not None and key in keep and \
+                    elif finished_tile is not None and stored and \
                             finished_tile(key, value):
                         written.add(key)  # in its file: not the commit's to write, nor kept
                     results[key] = value
@@ -390,32 +389,31 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                     live += h
                     if live > peak:
                         peak = live
-                    if live > m.peak_bytes:
-                        m.peak_bytes = live
-                    if nbytes > m.peak_tile_bytes:
-                        m.peak_tile_bytes = nbytes
+                    if live > peaks[o]:
+                        peaks[o] = live
+                    if nbytes > tiles[o]:
+                        tiles[o] = nbytes
                     if out is None:
                         held[key] = h
                     else:  # an output file's pages: the page cache's, not the run's
                         live -= h
                 # a tile read for the last time, or a stored output tile already in its file
                 # that nothing reads (the pool streams such an output: a few tiles held)
-                for k in step.free:
-                    if k not in keep or k in written:
-                        results.pop(k, None)
-                        live -= held.pop(k, 0)
-                if step.unread and key in written:
-                    results.pop(key, None)
-                    live -= held.pop(key, 0)
-                m.seconds += clock() - t0
-                if kind == KERNEL:
-                    m.kernel_calls += 1
+                for k in free:
+                    results.pop(k, None)
+                    live -= held.pop(k, 0)
+                if kept_free:
+                    for k in kept_free:
+                        if k in written:
+                            results.pop(k, None)
+                            live -= held.pop(k, 0)
+                secs[o] += clock() - t0
                 if progress is not None and kind != START and kind != FOLD:
                     progress()
     except BaseException as exc:  # noqa: BLE001 - named for its operation, as the pool names it
         if isinstance(exc, Cancelled):
             raise
-        op = ops[step.op] if step is not None else None
+        op = ops[rows[i][4]] if i >= 0 else None
         err = translate(exc, op)
         if err is exc:
             raise
@@ -424,11 +422,38 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
         _keep_outputs(plan, dest, crc32, nnz, versions, loads)
     elif wrote is not None:
         del memo["fastpath_outputs"]
+    keep = _kept_keys(memo, plan)
+    measures = [OpMeasure(secs[n], calls_per_op[n], moves[n], tiles[n], peaks[n])
+                for n in range(n_ops)]
     seconds = time.perf_counter() - t_run
     return RunResult({k: results[k] for k in keep if k not in written}, seconds, moved, peak,
-                     sum(m.kernel_calls for m in measures),
+                     sum(calls_per_op),
                      [seconds] + [0.0] * (workers - 1), nnz=nnz, nonfinite=nonfinite,
                      crc32=crc32, ops=measures, over_budget=0)
+
+
+def _rows(memo: dict, plan: TilePlan, steps: list) -> tuple:
+    """The steps as the run reads them, once per steps list: per step (index, kind, task, key,
+    op, inputs, keys freed after it, stored output keys freed after it once in their file,
+    moved, temps, dense, and for a tile of a stored output the reading that decides whether it
+    may leave once written: None for a tile that is no stored output's); and the kernel calls
+    per operation (EXPLAIN ANALYZE's count)."""
+    kept = memo.get("fastpath_rows")
+    if kept is not None and kept[0] is steps and kept[1] is plan.outputs:
+        return kept[2], kept[3]
+    keep = _kept_keys(memo, plan)
+    rows = []
+    per_op = [0] * len(plan.ops)
+    for i, s in enumerate(steps):
+        free = tuple(k for k in s.free if k not in keep)
+        kept_free = tuple(k for k in s.free if k in keep) + \
+            ((s.key,) if s.unread and s.key in keep else ())
+        rows.append((i, s.kind, s.task, s.key, s.op, s.inputs, free, kept_free, s.moved,
+                     s.temps, s.dense, s.key in keep))
+        if s.kind == KERNEL:
+            per_op[s.op] += 1
+    memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op)
+    return rows, per_op
 
 
 def _spec(specs: dict, n: int, ops, kernels) -> KernelSpec:
