@@ -8,14 +8,16 @@ to keep, host tiles) has its order fixed before it starts: the ready-heap of ``_
 order is worked out once per plan (``program``, kept in the plan's memo, which a cached plan's
 rebound copies share), with the point after which each tile is no longer needed; a run then
 walks it: each Load read once however many workers the plan placed a copy on, each kernel
-called through the same ``KernelSpec`` as the pool's (same arguments, same output buffers, so
-the answers are bit-identical), intermediates kept as NumPy arrays (never a file), each stored
+call bound once to its operands (exec/bound.py: the NumPy calls the pool's ``KernelSpec``
+makes, with the same arguments and output buffers, so the answers are bit-identical; a call
+that is not bound calls the spec), intermediates kept as NumPy arrays (never a file), each stored
 output's statistics taken as the pool takes them and handed to the sink. Cancellation is
 checked between calls, errors name their operation (``runtime.translate``), and the per
 operation seconds and kernel calls EXPLAIN ANALYZE shows are counted.
 
 Two tasks of the pool's run that read the same stored box on two workers (a Load per worker)
-are one read here: on one thread there is nothing to move.
+are one read here: on one thread there is nothing to move. A stored output tile that a Load of
+the plan reads is kept, as the version its commit gives it, for the next run (``_written``).
 """
 from __future__ import annotations
 
