@@ -27,6 +27,7 @@ the run the same way (the rest of the plan is skipped, nothing is stored).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from contextlib import nullcontext
 
@@ -70,12 +71,16 @@ FAST_TASK_FLOPS = 1 << 20
 
 
 def _blas_limits(threads: int):
-    """A context manager capping BLAS threads for the whole process."""
+    """A context manager capping BLAS threads for the whole process. The BLAS libraries are
+    looked for again (3 ms) when a module was imported since the last look: a library loaded
+    after it (scipy's OpenBLAS, loaded by the first sparse or linalg import) was left
+    uncapped, its threads on every core beside the workers'."""
     global _controller
-    if _controller is None:
+    if _controller is None or _controller[0] != len(sys.modules):
         from threadpoolctl import ThreadpoolController
-        _controller = ThreadpoolController().select(user_api="blas").lib_controllers
-    return _BlasLimit(_controller, threads)
+        libs = ThreadpoolController().select(user_api="blas").lib_controllers
+        _controller = (len(sys.modules), libs)
+    return _BlasLimit(_controller[1], threads)
 
 
 class _BlasLimit:
