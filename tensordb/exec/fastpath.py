@@ -8,14 +8,16 @@ to keep, host tiles) has its order fixed before it starts: the ready-heap of ``_
 order is worked out once per plan (``program``, kept in the plan's memo, which a cached plan's
 rebound copies share), with the point after which each tile is no longer needed; a run then
 walks it: each Load read once however many workers the plan placed a copy on, each kernel
-called through the same ``KernelSpec`` as the pool's (same arguments, same output buffers, so
-the answers are bit-identical), intermediates kept as NumPy arrays (never a file), each stored
+call bound once to its operands (exec/bound.py: the NumPy calls the pool's ``KernelSpec``
+makes, with the same arguments and output buffers, so the answers are bit-identical; a call
+that is not bound calls the spec), intermediates kept as NumPy arrays (never a file), each stored
 output's statistics taken as the pool takes them and handed to the sink. Cancellation is
 checked between calls, errors name their operation (``runtime.translate``), and the per
 operation seconds and kernel calls EXPLAIN ANALYZE shows are counted.
 
 Two tasks of the pool's run that read the same stored box on two workers (a Load per worker)
-are one read here: on one thread there is nothing to move.
+are one read here: on one thread there is nothing to move. A stored output tile that a Load of
+the plan reads is kept, as the version its commit gives it, for the next run (``_written``).
 """
 from __future__ import annotations
 
@@ -25,13 +27,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..geometry import tile_box
 from ..physical.order import ranks
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..storage.writer import TileStats, tile_stats
+from .bound import bind, signature
 from .budget import temporary_bytes
 from .kernels import KernelSpec, combine
 from .runtime import (Cancelled, OpMeasure, RunResult, _owned_nbytes, final_keys, held_bytes,
-                      translate)
+                      sparse_entries, translate)
 from .sparse_kernels import SPARSE_METHODS, dense_args
 from .tasks import finish_aggregate, run_assemble, run_load, start_aggregate
 
@@ -172,7 +176,7 @@ def _lower(plan: TilePlan, workers: int) -> list[Step]:
 LOAD_CACHE_BYTES = 1 << 20
 
 
-def _load(task, reader, loads: dict, dense: bool):
+def _load(task, reader, loads: dict, dense: bool, wrote=None):
     """The tile of Load ``task``: the copy kept from the last run when its reader reads the
     same version (a payload is immutable once committed, and a version number names one
     tensor's contents: storage/store_catalog.py keys tile entries by it), else read now.
@@ -185,6 +189,10 @@ def _load(task, reader, loads: dict, dense: bool):
     kept = loads.get(task.key)
     if kept is not None and kept[0] == ident and kept[1] is not None:
         return kept[1], kept[2]
+    if wrote is not None:
+        mine = _written(task, reader, wrote)
+        if mine is not None:  # the tile the last run wrote as this version: read as a view
+            return mine, 0
     value = run_load(task, reader, np)
     if dense and not isinstance(value, np.ndarray):
         value = dense_args([value])[0]  # a CSR box, read by dense kernels only
@@ -204,19 +212,89 @@ def _load(task, reader, loads: dict, dense: bool):
     return value, held
 
 
+def _written(task, reader, wrote: dict):
+    """The tile the last run of this plan stored as the box ``task`` reads, when ``reader``
+    reads the version it was stored as (a version number names one tensor's contents, and is
+    given once) and the catalog's row of that tile is the dense tile with the checksum and
+    nonzero count the run took of it; else None."""
+    meta = reader.meta
+    hit = wrote.get((meta.name.lower(), meta.version, task.starts, task.stops))
+    if hit is None or task.tensor != meta.name:
+        return None
+    coords, value, crc, nnz = hit
+    e = getattr(reader, "entries", {}).get(coords)
+    if e is None or e.sparse or e.crc32 != crc or e.nnz != nnz or e.starts != task.starts or \
+            e.shape != value.shape or meta.dtype != value.dtype:
+        return None
+    return value
+
+
+def _keep_outputs(plan: TilePlan, dest: dict, crc32: dict, nnz: dict, versions: dict,
+                  loads: dict) -> None:
+    """Keep copies of the stored output tiles of this run that a Load of this plan reads at
+    the next run (a training step's new weights: otherwise read from their new payload file,
+    opened, mapped and verified afresh, 0.07 ms a step), by name, the version the commit gives
+    them, and box; within what the plan's kept Loads leave of ``LOAD_CACHE_BYTES``. A run
+    whose commit fails leaves them unread: the next run reads the old version."""
+    memo = plan.memo
+    boxes = _output_boxes(plan)
+    if not boxes:
+        return
+    room = LOAD_CACHE_BYTES - sum(0 if v[1] is None else v[1].nbytes for v in loads.values())
+    wrote = {}
+    for key, name, coords, starts, stops in boxes:
+        out = dest.get(key)
+        version = versions.get(name)
+        if out is None or version is None or key not in crc32 or out.nbytes > room:
+            continue
+        room -= out.nbytes
+        copy = out.copy()
+        copy.flags.writeable = False
+        wrote[(name, version, starts, stops)] = (coords, copy, crc32[key], nnz[key])
+    if wrote:
+        memo["fastpath_outputs"] = wrote
+    else:
+        memo.pop("fastpath_outputs", None)
+
+
+def _output_boxes(plan: TilePlan) -> tuple:
+    """(key, lower-cased name, coords, starts, stops) of each tile of a stored output that a
+    Load of the plan reads (a tensor the plan replaces), once per plan outputs."""
+    kept = plan.memo.get("fastpath_boxes")
+    if kept is not None and kept[0] is plan.outputs:
+        return kept[1]
+    read = {t.tensor.lower() for t in plan.tasks if isinstance(t, Load)}
+    boxes = []
+    for out in plan.outputs.values():
+        name = (out.store_name or out.name)
+        if not out.stored or out.grid is None or name.lower() not in read:
+            continue
+        for coords, key in out.tiles.items():
+            starts, stops = tile_box(out.grid, coords)
+            boxes.append((key, name.lower(), tuple(coords), tuple(starts), tuple(stops)))
+    plan.memo["fastpath_boxes"] = (plan.outputs, tuple(boxes))
+    return tuple(boxes)
+
+
 def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, specs: dict,
-                workers: int, check=None, progress=None) -> RunResult:
+                workers: int, check=None, progress=None, versions=None) -> RunResult:
     """Run ``steps`` of ``plan``: stored output tiles computed into ``dest`` (task key ->
     buffer) where given, each final one handed to ``finished_tile(key, tile[, facts])`` as
     the pool hands it (``finished_tile``: None, no sink); ``specs`` the plan's KernelSpecs
     (``runtime.plan_specs``); ``check()`` raises to cancel between calls; ``progress()`` is
-    called after each task (``RunControl.task_done``)."""
+    called after each task (``RunControl.task_done``); ``versions``: the version each stored
+    output will have once committed, by lower-cased name (the sink's), so that the next run's
+    Load of that version reads the tile this run wrote (``_keep_outputs``)."""
     t_run = time.perf_counter()
-    ops, kernels, readers = plan.ops, plan.kernels, plan.readers
-    loads = plan.memo.setdefault("fastpath_loads", {})
-    measures = [OpMeasure() for _ in ops]
-    final = final_keys(plan)
-    keep = {k for out in plan.outputs.values() if out.stored for k in out.tiles.values()}
+    clock = time.perf_counter
+    ops, kernels, readers, memo = plan.ops, plan.kernels, plan.readers, plan.memo
+    loads = memo.setdefault("fastpath_loads", {})
+    rows, calls_per_op = _rows(memo, plan, steps)
+    calls = _calls(memo, steps, specs)
+    wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
+    n_ops = len(ops)
+    secs, peaks, tiles, moves = [0.0] * n_ops, [0] * n_ops, [0] * n_ops, [0] * n_ops
+    final, sparse_out = final_keys(plan), {}  # a sparse intermediate's entries (ANALYZE)
     results: dict = {}
     nnz: dict = {}
     nonfinite: dict = {}
@@ -225,51 +303,65 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     written: set = set()
     live = peak = moved = 0
     held: dict = {}
-    step = None
+    i = -1
+    ndarray = np.ndarray
+    dest = dest or {}
     try:
         with np.errstate(all="ignore"):
-            for step in steps:
+            for i, kind, task, key, o, inputs, free, kept_free, mv, temps, dense, stored in rows:
                 if check is not None:
                     check()
-                t0 = time.perf_counter()
-                kind, task = step.kind, step.task
-                key = step.key
+                t0 = clock()
                 out = dest.get(key)
                 stats = None
-                m = measures[step.op]
-                for k in step.moved:
+                for k in mv:
                     n = int(getattr(results[k], "nbytes", 0))
                     moved += n
-                    m.bytes_moved += n
-                if step.temps and live + step.temps > peak:  # as the pool's Ledger.hold
-                    peak = live + step.temps
-                    m.peak_bytes = max(m.peak_bytes, peak)
+                    moves[o] += n
+                if temps and live + temps > peak:  # as the pool's Ledger.hold
+                    peak = live + temps
+                    if peak > peaks[o]:
+                        peaks[o] = peak
                 if kind == KERNEL:
-                    spec = specs.get(task.op)
-                    if spec is None:
-                        spec = specs[task.op] = KernelSpec(ops[task.op], np, kernels[task.op])
-                    it = iter([results[k] for k in step.inputs])
-                    args = [None if a is None else next(it) for a in task.args]
-                    if out is not None:
-                        stats = TileStats()
-                    value = spec(args, task.arg_shapes, task.out_shape, out, check,
-                                 None if stats is None else stats.add)
+                    call = calls[i]
+                    if call is not None:  # every operand present: bound once to them
+                        args = [results[k] for k in inputs]
+                        sig = signature(args)
+                        if call[0] != sig or call[1] != (out is None):
+                            call = calls[i] = (sig, out is None, None if sig is None else bind(
+                                _spec(specs, task.op, ops, kernels), args, task.out_shape, out))
+                        if call[2] is not None:
+                            value = call[2](args, out)
+                        else:
+                            if out is not None:
+                                stats = TileStats()
+                            value = _spec(specs, task.op, ops, kernels)(
+                                args, task.arg_shapes, task.out_shape, out, check,
+                                None if stats is None else stats.add)
+                    else:
+                        it = iter([results[k] for k in inputs])
+                        args = [None if a is None else next(it) for a in task.args]
+                        if out is not None:
+                            stats = TileStats()
+                        value = _spec(specs, task.op, ops, kernels)(
+                            args, task.arg_shapes, task.out_shape, out, check,
+                            None if stats is None else stats.add)
                 elif kind == LOAD:
-                    value, load_held = _load(task, readers[task.tensor], loads, step.dense)
+                    value, load_held = _load(task, readers[task.tensor], loads, dense, wrote)
                 elif kind == ASSEMBLE:
-                    value = run_assemble(task, [results[k] for k in step.inputs], np)
+                    value = run_assemble(task, [results[k] for k in inputs], np)
                 elif kind == START:
-                    a = acc[key] = start_aggregate(task, results[step.inputs[0]], np, out)
+                    a = acc[key] = start_aggregate(task, results[inputs[0]], np, out)
                     h = held[key] = int(getattr(a, "nbytes", 0))  # the partial is still held
                     live += h
                     if live > peak:
                         peak = live
-                    if live > m.peak_bytes:
-                        m.peak_bytes = live
+                    if live > peaks[o]:
+                        peaks[o] = live
                     value = None
                 elif kind == FOLD:
                     # a new accumulator where a partial is a sparse tile (kernels.combine)
-                    acc[key] = combine(task.agg, acc[key], results[step.inputs[0]], np)
+                    acc[key] = combine(task.agg, acc[key], results[inputs[0]], np)
                     value = None
                 else:  # FINISH
                     value = finish_aggregate(task, acc.pop(key), np)
@@ -284,49 +376,120 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         nnz[key], nonfinite[key], crc32[key] = facts
                         if finished_tile is not None:
                             finished_tile(key, out, facts)
-                    elif finished_tile is not None and key in keep and \
+                    elif finished_tile is not None and stored and \
                             finished_tile(key, value):
                         written.add(key)  # in its file: not the commit's to write, nor kept
                     results[key] = value
-                    nbytes = int(getattr(value, "nbytes", 0))
-                    if kind == LOAD:
-                        h = held_bytes(task, value) if load_held is None else load_held
-                    else:  # a dense tile the run computed: all its bytes (held_bytes)
-                        h = nbytes if type(value) is np.ndarray else held_bytes(task, value)
+                    if type(value) is ndarray:
+                        nbytes = value.nbytes
+                        if kind == LOAD:
+                            h = _owned_nbytes(value) if load_held is None else load_held
+                        else:  # a dense tile the run computed: all its bytes (held_bytes)
+                            h = nbytes
+                    else:
+                        nbytes = int(getattr(value, "nbytes", 0))
+                        h = held_bytes(task, value) if kind != LOAD or load_held is None \
+                            else load_held
                     live += h
                     if live > peak:
                         peak = live
-                    if live > m.peak_bytes:
-                        m.peak_bytes = live
-                    if nbytes > m.peak_tile_bytes:
-                        m.peak_tile_bytes = nbytes
+                    if live > peaks[o]:
+                        peaks[o] = live
+                    if nbytes > tiles[o]:
+                        tiles[o] = nbytes
                     if type(value) is not np.ndarray and key in final:
-                        m.count_sparse(value)  # a sparse intermediate's entries (ANALYZE)
+                        n = sparse_entries(value)
+                        if n is not None:
+                            sparse_out[o] = sparse_out.get(o, 0) + n
                     if out is None:
                         held[key] = h
                     else:  # an output file's pages: the page cache's, not the run's
                         live -= h
                 # a tile read for the last time, or a stored output tile already in its file
                 # that nothing reads (the pool streams such an output: a few tiles held)
-                for k in step.free + ((key,) if step.unread and key in written else ()):
-                    if k not in keep or k in written:
-                        results.pop(k, None)
-                        live -= held.pop(k, 0)
-                m.seconds += time.perf_counter() - t0
-                if kind == KERNEL:
-                    m.kernel_calls += 1
+                for k in free:
+                    results.pop(k, None)
+                    live -= held.pop(k, 0)
+                if kept_free:
+                    for k in kept_free:
+                        if k in written:
+                            results.pop(k, None)
+                            live -= held.pop(k, 0)
+                secs[o] += clock() - t0
                 if progress is not None and kind != START and kind != FOLD:
                     progress()
     except BaseException as exc:  # noqa: BLE001 - named for its operation, as the pool names it
         if isinstance(exc, Cancelled):
             raise
-        op = ops[step.op] if step is not None else None
+        op = ops[rows[i][4]] if i >= 0 else None
         err = translate(exc, op)
         if err is exc:
             raise
         raise err from exc
+    if versions:
+        _keep_outputs(plan, dest, crc32, nnz, versions, loads)
+    elif wrote is not None:
+        del memo["fastpath_outputs"]
+    keep = _kept_keys(memo, plan)
+    measures = [OpMeasure(secs[n], calls_per_op[n], moves[n], tiles[n], peaks[n])
+                for n in range(n_ops)]
+    for o, n in sparse_out.items():
+        measures[o].out_nnz = n
     seconds = time.perf_counter() - t_run
     return RunResult({k: results[k] for k in keep if k not in written}, seconds, moved, peak,
-                     sum(m.kernel_calls for m in measures),
+                     sum(calls_per_op),
                      [seconds] + [0.0] * (workers - 1), nnz=nnz, nonfinite=nonfinite,
                      crc32=crc32, ops=measures, over_budget=0)
+
+
+def _rows(memo: dict, plan: TilePlan, steps: list) -> tuple:
+    """The steps as the run reads them, once per steps list: per step (index, kind, task, key,
+    op, inputs, keys freed after it, stored output keys freed after it once in their file,
+    moved, temps, dense, and for a tile of a stored output the reading that decides whether it
+    may leave once written: None for a tile that is no stored output's); and the kernel calls
+    per operation (EXPLAIN ANALYZE's count)."""
+    kept = memo.get("fastpath_rows")
+    if kept is not None and kept[0] is steps and kept[1] is plan.outputs:
+        return kept[2], kept[3]
+    keep = _kept_keys(memo, plan)
+    rows = []
+    per_op = [0] * len(plan.ops)
+    for i, s in enumerate(steps):
+        free = tuple(k for k in s.free if k not in keep)
+        kept_free = tuple(k for k in s.free if k in keep) + \
+            ((s.key,) if s.unread and s.key in keep else ())
+        rows.append((i, s.kind, s.task, s.key, s.op, s.inputs, free, kept_free, s.moved,
+                     s.temps, s.dense, s.key in keep))
+        if s.kind == KERNEL:
+            per_op[s.op] += 1
+    memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op)
+    return rows, per_op
+
+
+def _spec(specs: dict, n: int, ops, kernels) -> KernelSpec:
+    spec = specs.get(n)
+    if spec is None:
+        spec = specs[n] = KernelSpec(ops[n], np, kernels[n])
+    return spec
+
+
+def _calls(memo: dict, steps: list, specs: dict) -> list:
+    """Per step, its kernel call bound to its operands (exec/bound.py) as (signature, whether
+    ``out`` was None, the function or None: not bound); None for a step that is no kernel or
+    has an absent operand (its spec is called). Kept in the plan's memo for these steps and
+    KernelSpecs; an entry is replaced whole, never changed (a bound function keeps no state)."""
+    kept = memo.get("fastpath_calls")
+    if kept is None or kept[0] is not steps or kept[1] is not specs:
+        kept = memo["fastpath_calls"] = (steps, specs, [
+            ((), None, None) if s.kind == KERNEL and None not in s.task.args else None
+            for s in steps])
+    return kept[2]
+
+
+def _kept_keys(memo: dict, plan: TilePlan) -> frozenset:
+    """The keys of the stored outputs' tiles (the run keeps them), once per plan outputs."""
+    kept = memo.get("fastpath_keep")
+    if kept is None or kept[0] is not plan.outputs:
+        kept = memo["fastpath_keep"] = (plan.outputs, frozenset(
+            k for out in plan.outputs.values() if out.stored for k in out.tiles.values()))
+    return kept[1]

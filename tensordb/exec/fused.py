@@ -21,7 +21,8 @@ cannot change a value or a dtype:
   an elementwise kernel's result must be an array of its own, never its input. A digits step's
   LOGSUMEXP is ``MAX(x0 * 1)`` and ``SUM(EXP(x0 * 1 - m))``: 37 us a pass over 1347 x 10;
 - a unary ufunc of an array NumPy just made in the result's dtype is computed in place
-  (``exp(t, out=t)``): no new buffer.
+  (``exp(t, out=t)``): no new buffer; the outermost one too where the result is only reduced
+  and no ``out`` is given.
 
 A literal subexpression (no operand) is computed once, when compiled, as ``evaluate`` would
 (under ``np.errstate(all="ignore")`` as the kernels run it); one that raises is not compiled
@@ -163,6 +164,12 @@ class _Gen:
         f = self.name(fn, "f")
         call = f"{f}({', '.join(args)}"
         if top:
+            if self.reduced and self._in_place(fn, expr):
+                # only reduced: a new array of the result's dtype may take its own result (the
+                # EXP of a LOGSUMEXP's SUM: no second 1347 x 10 buffer a step)
+                a = args[0]
+                return (f"({call}, out={a}) if type({a}) is ndarray else {call})) if out is None "
+                        f"else {call}, out=out, casting='unsafe')")
             if isinstance(fn, np.ufunc):
                 return (f"{call}) if out is None else {call}, out=out, casting='unsafe')")
             if fn is scalar._relu:
@@ -170,12 +177,17 @@ class _Gen:
                 return (f"{call}) if out is None or not isinstance({args[0]}, ndarray) "
                         f"else {mx}({args[0]}, 0, out=out, casting='unsafe')")
             return call + ")"
-        if isinstance(fn, np.ufunc) and fn.nin == 1 and isinstance(expr.args[0], scalar.Call) \
-                and self._fresh(expr.args[0]) and \
-                self.dtype(expr.args[0]) == self.dtype(expr):
+        if self._in_place(fn, expr):
             a = args[0]  # a new array of the result's dtype, read by this call only
             return self.temp(f"{call}, out={a}) if type({a}) is ndarray else {call})")
         return self.temp(call + ")")
+
+    def _in_place(self, fn, expr) -> bool:
+        """May unary ufunc ``fn`` of call ``expr`` write its result over its argument: a new
+        array of the result's dtype, read by this call only?"""
+        return isinstance(fn, np.ufunc) and fn.nin == 1 and \
+            isinstance(expr.args[0], scalar.Call) and self._fresh(expr.args[0]) and \
+            self.dtype(expr.args[0]) == self.dtype(expr)
 
     def _fresh(self, expr) -> bool:
         """Does ``expr`` (a call) evaluate to an array made for it (no operand, no literal)?"""

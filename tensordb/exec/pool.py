@@ -27,6 +27,7 @@ the run the same way (the rest of the plan is skipped, nothing is stored).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from contextlib import contextmanager, nullcontext
 
@@ -71,12 +72,41 @@ FAST_TASK_FLOPS = 1 << 20
 
 
 def _blas_limits(threads: int):
-    """A context manager capping BLAS threads for the whole process."""
+    """A context manager capping BLAS threads for the whole process. The BLAS libraries are
+    looked for again (3 ms) when a module was imported since the last look: a library loaded
+    after it (scipy's OpenBLAS, loaded by the first sparse or linalg import) was left
+    uncapped, its threads on every core beside the workers'."""
     global _controller
-    from threadpoolctl import ThreadpoolController
-    if _controller is None:
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=threads, user_api="blas")
+    if _controller is None or _controller[0] != len(sys.modules):
+        from threadpoolctl import ThreadpoolController
+        libs = ThreadpoolController().select(user_api="blas").lib_controllers
+        _controller = (len(sys.modules), libs)
+    return _BlasLimit(_controller[1], threads)
+
+
+class _BlasLimit:
+    """threadpoolctl's ``limit(limits=threads, user_api="blas")`` for the BLAS libraries it
+    found once: each library's thread count read on entering, set where it differs, and put
+    back on leaving. threadpoolctl's own limiter reads every library's full description each
+    time (10 us against 4 a run: a small step runs one a call)."""
+
+    __slots__ = ("libs", "threads", "saved")
+
+    def __init__(self, libs, threads: int) -> None:
+        self.libs, self.threads, self.saved = libs, threads, ()
+
+    def __enter__(self):
+        threads = self.threads
+        saved = self.saved = [(lib, lib.get_num_threads()) for lib in self.libs]
+        for lib, n in saved:
+            if n != threads:
+                lib.set_num_threads(threads)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for lib, n in self.saved:
+            if n != self.threads:
+                lib.set_num_threads(n)
 
 
 class LocalExecutor:
@@ -178,7 +208,8 @@ class LocalExecutor:
                 return fastpath.run_program(
                     plan, fastpath.program(plan, self.workers), dest, sink.finished if sink else None,
                     plan_specs(plan, np), self.workers,
-                    control.check if control else None, control.task_done if control else None)
+                    control.check if control else None, control.task_done if control else None,
+                    getattr(sink, "versions", None) if dest else None)
         with self._lock, limits:
             plan = tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)

@@ -242,3 +242,74 @@ def test_the_program_reads_each_stored_box_once():
         from tensordb.physical.plan import Load
         assert len({(t.tensor, t.starts, t.stops) for t in plan.tasks if isinstance(t, Load)}) \
             == len(boxes)
+
+
+def test_a_replaced_tensor_is_read_from_the_tile_the_last_run_wrote(monkeypatch):
+    """A training step's new weights: the next step's Load of that version takes the copy of
+    the tile this plan wrote (no read of the new payload file), while a version another
+    statement stored (a replace between steps) is read from its file; the bytes are the
+    pool's either way."""
+    reads = []
+    real = fastpath.run_load
+
+    def counted(task, reader, xp=np):
+        reads.append(reader.meta.name)
+        return real(task, reader, xp)
+    monkeypatch.setattr(fastpath, "run_load", counted)
+    with _connect(True) as con, _connect(False) as ref:
+        for c in (con, ref):
+            c.execute("W[d,c] = 0 * W0[d,c];")
+        for _ in range(3):
+            for c in (con, ref):
+                c.execute(LOGISTIC, {"lr": 0.5})
+            assert con.tensor("W").tobytes() == ref.tensor("W").tobytes()
+        reads.clear()
+        con.execute(LOGISTIC, {"lr": 0.5})
+        ref.execute(LOGISTIC, {"lr": 0.5})
+        assert "W" not in reads  # the tile the last step wrote, kept as that version's
+        kept = con.engine.last_plan.memo["fastpath_outputs"]
+        (name, version, _, _), = kept
+        assert name == "w" and version == con.store.open("W").meta.version
+        assert con.tensor("W").tobytes() == ref.tensor("W").tobytes()
+        w2 = RNG.normal(0, 0.3, (6, 10))
+        for c in (con, ref):  # another version, stored by another statement
+            c.load("W", w2, replace=True)
+        reads.clear()
+        con.execute(LOGISTIC, {"lr": 0.5})
+        ref.execute(LOGISTIC, {"lr": 0.5})
+        assert "W" in reads
+        assert con.tensor("W").tobytes() == ref.tensor("W").tobytes()
+        assert con.tensor("L").tobytes() == ref.tensor("L").tobytes()
+
+
+def test_a_kept_output_tile_is_taken_only_for_the_catalogs_tile_of_its_version():
+    """``_written``: the version, the box and the catalog row (dense, its checksum and nonzero
+    count) must all be the kept tile's."""
+    with _connect(True) as con:
+        con.execute("W[d,c] = 0 * W0[d,c];")
+        con.execute(LOGISTIC, {"lr": 0.5})
+        reader = con.store.open("W")
+        (coords, entry), = reader.entries.items()
+        value = con.tensor("W")
+        from tensordb.physical.plan import Load
+        task = Load(0, "W", entry.starts, tuple(a + n for a, n in zip(entry.starts, entry.shape)))
+        box = ("w", reader.meta.version, task.starts, task.stops)
+        good = {box: (coords, value, entry.crc32, entry.nnz)}
+        assert fastpath._written(task, reader, good) is value
+        other = ("w", reader.meta.version + 1, task.starts, task.stops)
+        assert fastpath._written(task, reader, {other: good[box]}) is None
+        assert fastpath._written(task, reader, {box: (coords, value, entry.crc32 ^ 1,
+                                                      entry.nnz)}) is None
+        assert fastpath._written(task, reader, {box: (coords, value, entry.crc32,
+                                                      entry.nnz + 1)}) is None
+        assert fastpath._written(task, reader, {box: (coords, value.astype(np.float32),
+                                                      entry.crc32, entry.nnz)}) is None
+
+
+def test_kept_output_tiles_stay_within_the_plans_bound(monkeypatch):
+    monkeypatch.setattr(fastpath, "LOAD_CACHE_BYTES", 0)
+    with _connect(True) as con:
+        con.execute("W[d,c] = 0 * W0[d,c];")
+        for _ in range(3):
+            con.execute(LOGISTIC, {"lr": 0.5})
+        assert "fastpath_outputs" not in con.engine.last_plan.memo

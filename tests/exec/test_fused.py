@@ -160,3 +160,20 @@ def test_a_scaled_one_operand_contract_is_the_product():
     want = -0.0007423904974016332 * y
     assert got.tobytes() == want.tobytes() and got is not y
 
+
+def test_a_reduced_joins_outer_unary_function_reuses_its_new_argument():
+    """Only reduced (a LOGSUMEXP's SUM of EXP): the outermost EXP writes over the new array
+    it reads when no ``out`` is given, into ``out`` when one is, with the interpreter's bytes
+    either way; a kept tile (not reduced) never takes its argument's buffer."""
+    expr = scalar.parse_join("exp(x0 - x1)")
+    fn = compile_join(expr, ["float64"] * 2, reduced=True)
+    kept = compile_join(expr, ["float64"] * 2)
+    assert "out=t0" in fn.source and "out=t0" not in kept.source
+    x, y = RNG.standard_normal((4, 3)), RNG.standard_normal((1, 3))
+    x[0, 0], x[1, 1] = np.inf, np.nan
+    want = scalar.evaluate(expr, [x, y], np)
+    with np.errstate(all="ignore"):
+        assert fn([x, y]).tobytes() == want.tobytes()
+        into = np.empty((4, 3))
+        assert fn([x, y], into) is into and into.tobytes() == want.tobytes()
+    assert x[0, 0] == np.inf and np.isnan(x[1, 1])  # the operands are left as they were

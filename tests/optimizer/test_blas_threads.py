@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,3 +165,24 @@ def test_one_call_plans_are_off_by_default_and_the_setting_is_checked(tmp_path):
         con.run(graph, replace=True)
         assert con.last_plan.blas_threads == THREADS
         np.testing.assert_allclose(con.tensor("OUT"), a @ b, rtol=1e-10, atol=1e-9)
+
+
+def test_a_blas_library_loaded_after_the_first_run_is_capped_too():
+    """The pool's limit covers a BLAS library loaded after its first run (scipy's OpenBLAS,
+    loaded by the first sparse or linalg import): in a fresh process, every BLAS library
+    threadpoolctl sees has the limit's thread count inside it."""
+    code = (
+        "import json\n"
+        "from threadpoolctl import threadpool_info\n"
+        "from tensordb.exec import pool\n"
+        "with pool._blas_limits(1):\n"
+        "    pass\n"
+        "import scipy.linalg  # noqa: F401 - loads scipy's own BLAS\n"
+        "with pool._blas_limits(1):\n"
+        "    inside = [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']\n"
+        "print(json.dumps(inside))\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    inside = json.loads(out.strip().splitlines()[-1])
+    assert inside and all(n == 1 for n in inside)
