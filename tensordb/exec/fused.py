@@ -24,12 +24,19 @@ cannot change a value or a dtype:
   (``exp(t, out=t)``): no new buffer; the outermost one too where the result is only reduced
   and no ``out`` is given.
 
+Each intermediate array is deleted after its last use (``del t3, t5``), as ``evaluate`` drops
+a call's arguments once it is applied: the arrays alive at once are ``plan.kernel.live_arrays``,
+the figure the memory budget reserves for a chunk. Kept until the function returned, a long
+join held all of them (7 chunks instead of 3 for the 13 calls of
+tests/exec/test_memory_chains.py's LONG: twice what the budget counted).
+
 A literal subexpression (no operand) is computed once, when compiled, as ``evaluate`` would
 (under ``np.errstate(all="ignore")`` as the kernels run it); one that raises is not compiled
 (the kernel interprets the expression, and raises as before).
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -42,6 +49,7 @@ _KEEP_DTYPE_UNDER_ONE = "iufc"  # kinds for which x * 1 is x in value and dtype 
 
 
 _UNSET = object()
+_TEMP = re.compile(r"\bt\d+\b")  # the generated names of intermediate arrays (``_Gen.temp``)
 
 
 def views(spec, arrays):
@@ -99,7 +107,7 @@ def compile_join(expr, dtypes, *, reduced: bool = False):
         body = gen.node(expr, top=True)
     except _NotCompiled:
         return None
-    lines = ["def f(v, out=None):"] + ["    " + line for line in gen.lines]
+    lines = ["def f(v, out=None):"] + ["    " + line for line in _freeing(gen.lines, body)]
     lines.append(f"    return {body}")
     space = dict(gen.names)
     space["ndarray"] = np.ndarray
@@ -107,6 +115,24 @@ def compile_join(expr, dtypes, *, reduced: bool = False):
     fn = space["f"]
     fn.source = "\n".join(lines)
     return fn
+
+
+def _freeing(lines, body: str) -> list[str]:
+    """``lines`` (``tN = ...``) with each intermediate deleted after the line that reads it
+    last (those the returned ``body`` reads are freed by the return)."""
+    last = {}
+    for n, line in enumerate(lines):
+        for name in _TEMP.findall(line.split(" = ", 1)[1]):
+            last[name] = n
+    returned = set(_TEMP.findall(body))
+    out = []
+    for n, line in enumerate(lines):
+        out.append(line)
+        done = sorted((t for t, at in last.items() if at == n and t not in returned),
+                      key=lambda t: int(t[1:]))
+        if done:
+            out.append("del " + ", ".join(done))
+    return out
 
 
 class _NotCompiled(Exception):

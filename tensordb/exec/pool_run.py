@@ -238,6 +238,10 @@ class _Run:
                 self.ledger.drop(temps)
             if isinstance(task, Kernel):
                 self.control.call_ended()
+        # The inputs whose last consumer this was leave the ledger now: their memory must go
+        # with them, not when this call returns (after the output is published and other
+        # workers admitted against the room they left).
+        del inputs
         self._release(task.inputs)
         self._publish(w, task, value, stats)
 

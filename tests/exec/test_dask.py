@@ -17,16 +17,9 @@ distributed = pytest.importorskip("distributed")
 N_SEEDS = 40
 
 
-@pytest.fixture(scope="session")
-def dask_cluster(tmp_path_factory):
-    from tensordb.exec.dask import local_cluster
-    with local_cluster(2, local_directory=str(tmp_path_factory.mktemp("dask"))) as cluster:
-        yield cluster
-
-
 @pytest.fixture(scope="module")
-def dcon(dask_cluster):
-    with tensordb.connect(workers=2, executor=f"dask://{dask_cluster.scheduler_address}") as c:
+def dcon(cluster):
+    with tensordb.connect(workers=2, executor=f"dask://{cluster.scheduler_address}") as c:
         yield c
 
 
@@ -114,14 +107,14 @@ def test_every_task_ran_on_its_planned_worker(dcon):
     assert measured.kernel_calls == dcon.last_plan.kernel_calls and measured.seconds > 0
 
 
-def test_plan_for_more_workers_than_the_cluster_has(dask_cluster, lcon):
+def test_plan_for_more_workers_than_the_cluster_has(cluster, lcon):
     from tensordb.exec.dask import DaskExecutor
     from tensordb.bind import bind_graph as bind
     with tensordb.connect(workers=3) as con:  # a plan for 3 workers, run on a 2-worker cluster
         want, _ = _matmul(con, pieces={"i": 3, "j": 1, "k": 1})
         g = tensordb.Graph().einsum("ij,jk->ik", "A", "B", into="C2", pieces={"i": 3, "j": 1, "k": 1})
         _, plan = con.plan(bind(g, con.store), g.pieces)
-        ex = DaskExecutor(f"dask://{dask_cluster.scheduler_address}")
+        ex = DaskExecutor(f"dask://{cluster.scheduler_address}")
         try:
             result = ex.run(plan, con.store)
         finally:
@@ -135,8 +128,8 @@ def test_plan_for_more_workers_than_the_cluster_has(dask_cluster, lcon):
         np.testing.assert_allclose(got, want, atol=1e-9)
 
 
-def test_connection_plans_for_the_cluster_workers(dask_cluster):
-    with tensordb.connect(workers=5, executor=f"dask://{dask_cluster.scheduler_address}") as con:
+def test_connection_plans_for_the_cluster_workers(cluster):
+    with tensordb.connect(workers=5, executor=f"dask://{cluster.scheduler_address}") as con:
         _matmul(con, pieces={})
         assert con.last_plan.workers == 2
 
@@ -174,8 +167,8 @@ def test_nothing_stays_on_the_workers(dcon):
     assert not any(held.values())
 
 
-def test_scatter_from_the_client(dask_cluster, lcon):
-    spec = f"dask://{dask_cluster.scheduler_address}?scatter=always"
+def test_scatter_from_the_client(cluster, lcon):
+    spec = f"dask://{cluster.scheduler_address}?scatter=always"
     with tensordb.connect(workers=2, executor=spec) as con:
         want, _ = _matmul(con)
         np.testing.assert_allclose(con.tensor("C"), want, atol=1e-9)
@@ -186,8 +179,8 @@ def test_scatter_from_the_client(dask_cluster, lcon):
 
 
 @pytest.mark.parametrize("seed", range(0, 40, 8))
-def test_corpus_with_scattered_inputs(dask_cluster, lcon, seed):
-    spec = f"dask://{dask_cluster.scheduler_address}?scatter=always"
+def test_corpus_with_scattered_inputs(cluster, lcon, seed):
+    spec = f"dask://{cluster.scheduler_address}?scatter=always"
     with tensordb.connect(workers=2, executor=spec) as con:
         (got, err), (want, local_err) = _outcome(con, seed), _outcome(lcon, seed)
     assert (err is None) == (local_err is None), (err, local_err)
@@ -227,8 +220,8 @@ def test_unreachable_scheduler_is_an_operational_error():
         assert not con.store.has("B")
 
 
-def test_cupy_backend_on_workers_without_gpus_says_so(dask_cluster):
-    spec = f"dask://{dask_cluster.scheduler_address}?backend=cupy"
+def test_cupy_backend_on_workers_without_gpus_says_so(cluster):
+    spec = f"dask://{cluster.scheduler_address}?backend=cupy"
     with tensordb.connect(executor=spec) as con:
         con.load("A", np.eye(2))
         with pytest.raises(tensordb.NotSupportedError, match="GPU on every Dask worker"):
@@ -242,11 +235,11 @@ def _golden_files():
 
 
 @pytest.mark.parametrize("path", _golden_files(), ids=lambda p: p.stem)
-def test_golden_queries_on_dask(dask_cluster, path, tmp_path, monkeypatch):
+def test_golden_queries_on_dask(cluster, path, tmp_path, monkeypatch):
     """The dialect's golden files (tests/sql/*.test) with every connection on the cluster."""
     from tests.dialect import test_golden
     monkeypatch.chdir(tmp_path)
-    spec = f"dask://{dask_cluster.scheduler_address}"
+    spec = f"dask://{cluster.scheduler_address}"
     real = tensordb.connect
     monkeypatch.setattr(tensordb, "connect",
                         lambda *a, **kw: real(*a, **{"workers": 2, "executor": spec, **kw}))
@@ -261,11 +254,11 @@ def test_golden_queries_on_dask(dask_cluster, path, tmp_path, monkeypatch):
         raise
 
 
-def test_set_executor_and_explain_analyze_in_sql(dask_cluster):
+def test_set_executor_and_explain_analyze_in_sql(cluster):
     with tensordb.connect(workers=2) as con:
         con.load("A", np.arange(12.0).reshape(4, 3))
         con.load("B", np.arange(6.0).reshape(3, 2))
-        con.execute(f"SET executor = 'dask://{dask_cluster.scheduler_address}'")
+        con.execute(f"SET executor = 'dask://{cluster.scheduler_address}'")
         text = con.explain("C[i,k] = SUM(A[i,j] * B[j,k])", analyze=True)
         assert "measured:" in text
         assert con._get_executor().name == "dask" and con._get_executor().last_run["ran_on"]

@@ -16,13 +16,6 @@ pytestmark = pytest.mark.distributed
 distributed = pytest.importorskip("distributed")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from tensordb.exec.dask import local_cluster
-    with local_cluster(2, local_directory=str(tmp_path_factory.mktemp("dask"))) as c:
-        yield c
-
-
 @pytest.fixture
 def con(cluster, tmp_path):
     with tensordb.connect(tmp_path / "db", workers=2, storage="shared",

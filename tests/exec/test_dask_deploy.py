@@ -65,26 +65,40 @@ def _run_in_thread(con, sql):
     return th, box
 
 
-def _kill_mid_query(dep, con, sql, victim):
-    """Run ``sql`` and SIGKILL worker ``victim`` once the run has started (its output file
-    exists) and some of its tasks ran."""
-    before = on_disk(con)
-    th, box = _run_in_thread(con, sql)
-    deadline = time.time() + 60
-    while on_disk(con) == before and th.is_alive() and time.time() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.5)
-    assert th.is_alive(), "the query ended before the worker could be killed"
-    dep.kill(victim)
-    th.join(120)
+def _kill_mid_query(dep, con, sql, alive: set[str]) -> dict:
+    """Run ``sql``, SIGKILL one of the workers ``alive`` (names) while it runs one of the
+    query's tasks, and wait for the query: {"error": exc} or {}; the killed name leaves
+    ``alive``. A worker whose tasks are all done holds nothing the query still needs (the
+    results came straight to the client), so the victim is picked among the busy ones, seen
+    in the scheduler's list of what each worker is processing (the output file is no sign:
+    it may appear only as the tasks end)."""
+    from distributed import Client
+    with Client(dep.address, timeout=30) as watch:
+        th, box = _run_in_thread(con, sql)
+        deadline = time.time() + 120
+
+        def busy() -> set[str]:
+            names = {a: w.get("name") for a, w in
+                     watch.scheduler_info(n_workers=-1)["workers"].items()}
+            return {names.get(a) for a, keys in watch.processing().items()
+                    if any(str(k).startswith("tdb-") for k in keys)}
+        while not busy() and th.is_alive() and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # some of its tasks ran
+        victim = next((n for n in sorted(alive) if n in busy()), None)
+        assert th.is_alive() and victim is not None, \
+            "the query ended before a worker could be killed"
+        dep.kill(victim)
+    alive.discard(victim)
+    th.join(180)
     assert not th.is_alive()
     return box
 
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_query_leaves_the_old_or_the_new_state(tmp_path):
-    # long enough that the kill lands mid-query: fused into a few Dask tasks, n = 512 ran in
-    # under half a second once its output file existed
+    # 1.5 s to 8 s of the workers' kernels (fused into a Dask task or two per worker), so that
+    # the kill lands while they run
     n = 1024
     sql = "C[i,k] = SUM(EXP(A[i,j] * 0.001) * B[j,k]) WITH (PIECES i 8, j 8, k 8)"
     with Deployment(tmp_path / "cluster") as dep:
@@ -95,31 +109,39 @@ def test_a_worker_killed_mid_query_leaves_the_old_or_the_new_state(tmp_path):
         a = rng.standard_normal((n, n)).astype(np.float32)
         b = rng.standard_normal((n, n)).astype(np.float32)
         old = np.full((n, n), 7.0, np.float32)
+        new = np.exp(a.astype(np.float64) * 0.001) @ b
         db = tmp_path / "db"
+        alive = {"k1", "k2", "k3"}
         with tensordb.connect(db, executor=f"dask://{dep.address}?retries=0",
                               storage="shared") as con:
             con.load("A", a, tile=(16, 16))
             con.load("B", b, tile=(16, 16))
             con.execute("W[i,k] = SUM(A[i,j] * B[j,k])")  # the workers import tensordb
             con.load("C", old, tile=(64, 64))
-            box = _kill_mid_query(dep, con, sql, "k3")
-            assert isinstance(box.get("error"), tensordb.OperationalError), box
-            assert "nothing was stored" in str(box["error"])
-            np.testing.assert_array_equal(con.tensor("C"), old)  # the old state
+            box = _kill_mid_query(dep, con, sql, alive)
+            if "error" in box:  # the victim's task was lost: the old state, no file left
+                assert isinstance(box["error"], tensordb.OperationalError), box
+                assert "nothing was stored" in str(box["error"])
+                np.testing.assert_array_equal(con.tensor("C"), old)
+            else:  # its last task ended between the look and the kill: the new state
+                np.testing.assert_allclose(con.tensor("C"), new, rtol=1e-3, atol=1e-3)
             assert on_disk(con) == catalog_files(con)  # the query's file is gone already
-        # retries=1: the lost worker's tasks move to the workers left (the scheduler is a
-        # `dask scheduler` process: re-pinned there), the new state lands
+            print("retries=0:", repr(box.get("error", "the new state")))
+        # retries=1: the lost worker's tasks move to the worker left (the scheduler is a
+        # `dask scheduler` process: re-pinned there), or a second attempt runs there; the new
+        # state lands
         with tensordb.connect(db, executor=f"dask://{dep.address}?retries=1",
                               storage="shared") as con:
             assert on_disk(con) == catalog_files(con)  # nothing orphaned after the open
-            box = _kill_mid_query(dep, con, sql, "k2")
+            box = _kill_mid_query(dep, con, sql, alive)
             assert "error" not in box, box.get("error")
             run = con._get_executor().last_run
-            assert run["workers_lost"] == 1 and run["attempts"] == 1
-            assert run["relocated"] and run["relocated"][0][1] > 0
+            print("retries=1:", {k: run[k] for k in ("attempts", "workers_lost", "relocated")})
+            assert run["attempts"] in (1, 2) and run["workers_lost"] <= 1, run
+            if run["attempts"] == 1 and run["workers_lost"] == 1:  # moved, not run again
+                assert run["relocated"] and run["relocated"][0][1] > 0, run
         with tensordb.connect(db) as con:
-            want = np.exp(a.astype(np.float64) * 0.001) @ b
-            np.testing.assert_allclose(con.tensor("C"), want, rtol=1e-3, atol=1e-3)
+            np.testing.assert_allclose(con.tensor("C"), new, rtol=1e-3, atol=1e-3)
             assert on_disk(con) == catalog_files(con)
             assert con.execute("CHECK DATABASE").fetchall()[0][-1] == "ok"
 

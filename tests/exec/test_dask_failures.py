@@ -18,13 +18,6 @@ pytest.importorskip("distributed")
 N = 512  # min-plus on N^3: about a second of kernels, so the kill lands mid-query
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from tensordb.exec.dask import local_cluster
-    with local_cluster(2, local_directory=str(tmp_path_factory.mktemp("dask-kill"))) as c:
-        yield c
-
-
 def _killer(client, stop: threading.Event, killed: list):
     """Kill (SIGKILL) the worker that is busy with a tile task of ours, as soon as there is one."""
     pids = client.run(os.getpid)

@@ -15,19 +15,12 @@ pytestmark = pytest.mark.distributed
 distributed = pytest.importorskip("distributed")
 
 
-@pytest.fixture(scope="module")
-def dask_cluster(tmp_path_factory):
-    from tensordb.exec.dask import local_cluster
-    with local_cluster(2, local_directory=str(tmp_path_factory.mktemp("dask"))) as cluster:
-        yield cluster
-
-
-def test_workers_read_the_object_store(dask_cluster, tmp_path, s3_storage):
+def test_workers_read_the_object_store(cluster, tmp_path, s3_storage):
     url, options = s3_storage
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((96, 64)), rng.standard_normal((64, 80))
     with tensordb.connect(tmp_path / "db", workers=2, storage=url, storage_options=options,
-                          executor=f"dask://{dask_cluster.scheduler_address}") as con:
+                          executor=f"dask://{cluster.scheduler_address}") as con:
         con.load("A", a, tile=(48, 32))
         con.load("B", b, tile=(32, 40))
         con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
@@ -52,10 +45,10 @@ def test_workers_read_the_object_store(dask_cluster, tmp_path, s3_storage):
             assert_matches(con.tensor(f"o{seed}"), oracle(operands, out, arrays, join, agg))
 
 
-def test_a_worker_refuses_another_database_at_the_prefix(dask_cluster, tmp_path, s3_storage):
+def test_a_worker_refuses_another_database_at_the_prefix(cluster, tmp_path, s3_storage):
     url, options = s3_storage
     with tensordb.connect(tmp_path / "db", workers=2, storage=url, storage_options=options,
-                          executor=f"dask://{dask_cluster.scheduler_address}") as con:
+                          executor=f"dask://{cluster.scheduler_address}") as con:
         con.load("A", np.ones((8, 8)), tile=(4, 8))
         from tensordb.storage.objects import ObjectStore
         store = ObjectStore(url, options)
@@ -97,14 +90,14 @@ def _rows(con, name):
             for c, e in r.entries.items()}
 
 
-def test_workers_upload_their_outputs_as_the_local_pool_does(dask_cluster, tmp_path, s3):
+def test_workers_upload_their_outputs_as_the_local_pool_does(cluster, tmp_path, s3):
     pytest.importorskip("boto3")
     rng = np.random.default_rng(8)
     a, b = rng.standard_normal((1024, 48)), rng.standard_normal((48, 2048))
     ds, ls = (s3.prefix(), dict(s3.options)), (s3.prefix(), dict(s3.options))
     sql = "C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 4, k 2)"
     with tensordb.connect(tmp_path / "d", workers=2, storage=ds[0], storage_options=ds[1],
-                          executor=f"dask://{dask_cluster.scheduler_address}") as d, \
+                          executor=f"dask://{cluster.scheduler_address}") as d, \
             tensordb.connect(tmp_path / "l", workers=2, storage=ls[0],
                              storage_options=ls[1]) as local:
         for con in (d, local):
@@ -126,7 +119,7 @@ def test_workers_upload_their_outputs_as_the_local_pool_does(dask_cluster, tmp_p
         assert d.execute("CHECK DATABASE").fetchall()[0][-1] == "ok"
 
 
-def test_a_worker_refuses_to_write_to_another_databases_prefix(dask_cluster, s3):
+def test_a_worker_refuses_to_write_to_another_databases_prefix(cluster, s3):
     """The worker's side of a write (storage/objparts.write_object_slot): the prefix's
     database.id is checked before the tile goes anywhere; the error names the worker and the
     object's URL."""
@@ -140,7 +133,7 @@ def test_a_worker_refuses_to_write_to_another_databases_prefix(dask_cluster, s3)
     upload = store.create_upload(file, "a" * 32)
     try:
         slot = ObjectSlot(store, file, upload, 1, 0, 64, (0,), 0, (8,), "<f8", "a" * 32, "T")
-        with Client(dask_cluster.scheduler_address, timeout=30) as client:
+        with Client(cluster.scheduler_address, timeout=30) as client:
             fut = client.submit(write_object_slot, "run-x", slot, np.ones(8), pure=False)
             with pytest.raises(tensordb.OperationalError) as err:
                 fut.result(timeout=60)

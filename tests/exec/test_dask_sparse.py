@@ -19,13 +19,6 @@ distributed = pytest.importorskip("distributed")
 N = 240  # nodes; tiles of 80: a 3 x 3 grid of sparse tiles, spread over both workers
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from tensordb.exec.dask import local_cluster
-    with local_cluster(2, local_directory=str(tmp_path_factory.mktemp("dask-sparse"))) as c:
-        yield c
-
-
 @pytest.fixture
 def con(cluster, tmp_path):
     with tensordb.connect(tmp_path / "db", workers=2, storage="shared",
