@@ -83,10 +83,16 @@ def inside(store, path) -> bool:
     resolved = _resolve(store, os.fspath(path))
     if resolved is None:
         return False
-    root = _root(store)
-    if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
-        return True
-    return _hard_link_inside(resolved, root)
+    roots = [_root(store)]
+    tiles = getattr(store, "tiles_dir", None)  # an in-memory database's may be on a tmpfs
+    if tiles is not None:
+        tiles = os.path.realpath(tiles)
+        if not tiles.startswith(roots[0].rstrip(os.sep) + os.sep):
+            roots.append(tiles)
+    for root in roots:
+        if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+            return True
+    return any(_hard_link_inside(resolved, root) for root in roots)
 
 
 def _hard_link_inside(path: str, root: str) -> bool:
