@@ -86,8 +86,8 @@ def inside(store, path) -> bool:
     roots = [_root(store)]
     tiles = getattr(store, "tiles_dir", None)  # an in-memory database's may be on a tmpfs
     if tiles is not None:
-        tiles = os.path.realpath(tiles)
-        if not tiles.startswith(roots[0].rstrip(os.sep) + os.sep):
+        tiles = os.path.dirname(os.path.realpath(tiles))  # its tiles/ and id file
+        if tiles != roots[0]:
             roots.append(tiles)
     for root in roots:
         if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):

@@ -52,15 +52,16 @@ MEMORY_PAYLOADS = ("/dev/shm",)
 
 
 def memory_payload_dir() -> str | None:
-    """A new directory for an in-memory database's payload files on a tmpfs, or None (the
-    database keeps them in its temporary directory, as on any system without one)."""
+    """A new directory on a tmpfs for an in-memory database's payload files (in its
+    ``tiles/``, beside the database's id file, as in any database's directory), or None
+    (they go in its temporary directory, as on any system without a tmpfs)."""
     for base in MEMORY_PAYLOADS:
         try:
             if not (os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK)):
                 continue
             if os.statvfs(base).f_bavail <= 0:
                 continue
-            return tempfile.mkdtemp(prefix="tensordb-tiles-", dir=base)
+            return tempfile.mkdtemp(prefix="tensordb-", dir=base)
         except OSError:
             continue
     return None
@@ -206,7 +207,7 @@ class Store(StoreCatalog, StoreCommits):
         # Power-loss safety for payloads costs one fsync per tensor; an in-memory db has no use.
         # With an object store the upload is the payload's durability: no local fsync.
         self.fsync = self.persistent and self.objects is None
-        self.tiles_dir = self._memory_tiles or str(self.root / TILES_DIR)
+        self.tiles_dir = str(Path(self._memory_tiles or self.root) / TILES_DIR)
         try:
             # an in-memory database's directory is a temporary one of ours: not the user's word
             where = f"database {self.root}" if self.persistent else "an in-memory database"
@@ -231,6 +232,8 @@ class Store(StoreCatalog, StoreCommits):
                 # The database's identity (identity.py): made on the first open for writing.
                 self.database = identity.read_catalog_id(self.duck) if read_only else \
                     identity.ensure_id(self.duck, str(self.root))
+                if self._memory_tiles is not None:  # readers of its payloads check it there
+                    identity.ensure_id(self.duck, self._memory_tiles)
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
@@ -286,7 +289,7 @@ class Store(StoreCatalog, StoreCommits):
                 self._cleanup()
 
     _conn = None  # the catalog's DuckDB connection
-    _memory_tiles = None  # an in-memory database's payload directory on a tmpfs (or None)
+    _memory_tiles = None  # an in-memory database's directory on a tmpfs (or None)
 
     @property
     def duck(self):
