@@ -34,6 +34,36 @@ POOL_PARTS_MIN = 256 << 20
 __all__ = ["ReservedTiles"]
 
 
+# (grid, tiles, itemsize) -> the layout of a payload file: a repeated output (a training
+# step's weights) is laid out once
+_LAYOUTS: dict[tuple, tuple] = {}
+
+
+def _layout(grid, tiles, itemsize: int) -> tuple[dict, int]:
+    """Tile coords -> (offset, starts, shape) of ``tiles`` in that order, each at an
+    ``ALIGN``ed offset, and the file's size (a copy of the dict: the caller may keep it)."""
+    tiles = tuple(tuple(int(c) for c in t) for t in tiles)
+    key = (grid, tiles, itemsize)
+    try:
+        kept = _LAYOUTS.get(key)
+    except TypeError:  # an unhashable grid: laid out each time
+        key = kept = None
+    if kept is None:
+        layout, pos = {}, 0
+        for coords in tiles:
+            starts, stops = tile_box(grid, coords)
+            shape = tuple(b - a for a, b in zip(starts, stops))
+            pos += -pos % ALIGN
+            layout[coords] = (pos, starts, shape)
+            pos += math.prod(shape) * itemsize
+        kept = (layout, pos)
+        if key is not None:
+            if len(_LAYOUTS) >= 256:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = kept
+    return dict(kept[0]), kept[1]
+
+
 class ReservedTiles:
     """The reserved, staged, streamed and remote tiles of a ``TensorWriter`` (its state is set
     up by ``TensorWriter.__init__``)."""
@@ -75,14 +105,7 @@ class ReservedTiles:
             if self.fill != 0:
                 raise InternalError(f"writer for '{self.name}': a tensor with fill "
                                     f"{self.fill} is written tile by tile, not reserved")
-            layout, pos = {}, 0
-            for coords in tiles:
-                coords = tuple(int(c) for c in coords)
-                starts, stops = tile_box(self.grid, coords)
-                shape = tuple(b - a for a, b in zip(starts, stops))
-                pos += -pos % ALIGN
-                layout[coords] = (pos, starts, shape)
-                pos += math.prod(shape) * self.dtype.itemsize
+            layout, pos = _layout(self.grid, tiles, self.dtype.itemsize)
             if not layout or pos == 0:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
