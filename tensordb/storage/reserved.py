@@ -68,6 +68,8 @@ class ReservedTiles:
     """The reserved, staged, streamed and remote tiles of a ``TensorWriter`` (its state is set
     up by ``TensorWriter.__init__``)."""
 
+    kept_bytes = None  # a small staged file's bytes, its version's reader's (_write_staged)
+
     def reserve(self, tiles: Sequence[Sequence[int]], stage_max: int | None = None,
                 remote: bool = False, groups=None) -> dict[tuple[int, ...], np.ndarray]:
         """Writable buffers for ``tiles``, laid out as in the payload file, whose blocks are
@@ -146,7 +148,12 @@ class ReservedTiles:
                 # tile is left mapped: the allocator maps each afresh (glibc above 32 MiB), and
                 # a 6144^2 product's two 72 MiB output tiles took their kernels 7% longer in
                 # new pages than in the file's cached ones, more than the fsync saved.
-                mapped = recycled and not self.store.fsync
+                # A small file is staged all the same (where nothing is fsynced): its mapping
+                # would cost more than its pwrite (mmap, a fault per page, and munmap when its
+                # tiles go: a TLB shootdown across the process's threads), and the staged
+                # bytes become its reader's (``kept_bytes``).
+                mapped = recycled and not self.store.fsync and \
+                    pos + ALIGN >= self.store.staging.min_bytes
                 biggest = max(math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize
                 if remote or (large and self.store.fsync and biggest <= STREAM_TILE_MAX):
                     self._slots = layout
@@ -357,6 +364,13 @@ class ReservedTiles:
         staged, self._staged = self._staged, None
         if staged is None:
             return
+        if not self.store.persistent and self._raw is not None and \
+                self._raw.nbytes < self.store.staging.min_bytes:
+            # an in-memory database's small output: the committed version is read from these
+            # bytes (store_catalog.py ``_keep_written``); the staging cache keeps none so small
+            kept = staged.view()
+            kept.flags.writeable = False
+            self.kept_bytes = kept
         # the whole buffer in one pwrite, or the ranges of the tiles write_early has not written
         ranges = [(0, len(staged))] if not self._early else sorted(
             (off, buf.nbytes) for c, (off, _, _, buf) in self._reserved.items()

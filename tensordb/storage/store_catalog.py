@@ -164,6 +164,20 @@ class StoreCatalog:
         self._kept_readers[meta.version] = reader
         return reader
 
+    def _keep_written(self, w, meta: TensorMeta, entries, ident) -> None:
+        """A version just committed by writer ``w`` whose payload bytes it still holds in
+        anonymous memory (``w.kept_bytes``: a small output of an in-memory database, staged):
+        its reader is kept reading them (``TensorReader.preload``), so the next call does not
+        open and map the new file. ``ident``: the file's identity (``verify.mark_written``)."""
+        data = getattr(w, "kept_bytes", None)
+        if data is None or ident is None or not entries or any(
+                e.offset + e.nbytes > len(data) for e in entries):  # a tile written after them
+            return
+        reader = TensorReader(meta, w.path, entries, self.database).preload(data, ident)
+        if len(self._kept_readers) >= KEPT_READERS:
+            self._kept_readers.clear()
+        self._kept_readers[meta.version] = reader
+
     def _box_reader(self, name, bases: dict):
         """The reader of a slice or a gather over the readers ``bases`` (by name), kept while it
         reads those very readers (kept ones: ``_reader``)."""

@@ -221,7 +221,8 @@ class StoreCommits:
                     self._entries.clear()
                 self._entries[meta.version] = (w.file if entries else None, entries)
                 if entries and self.objects is None:
-                    mark_written(w.path, entries)  # checksummed from these bytes (verify.py)
+                    # checksummed from these bytes (verify.py)
+                    self._keep_written(w, meta, entries, mark_written(w.path, entries))
         return [meta for _, meta, _ in rows]
 
     def drop(self, name: str, if_exists: bool = False) -> None:
