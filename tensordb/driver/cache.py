@@ -124,6 +124,9 @@ def rebind(plan, readers: dict, ops=None):
     # a shallow copy (copy.copy's protocol cost 10 times this: 2.6 us a call)
     bound = object.__new__(type(plan))
     bound.__dict__.update(plan.__dict__)
+    built = plan.memo.get("built") if "tasks" not in plan.__dict__ else None
+    if built is not None and built[0] is plan.__dict__.get("_build"):
+        bound.__dict__.update(built[1])  # the tasks an earlier copy made (TilePlan.deferred)
     bound.readers = dict(readers)
     if ops is not None and _params_in(ops):
         bound.ops = tuple(ops)
