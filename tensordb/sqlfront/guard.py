@@ -85,7 +85,7 @@ def inside(store, path) -> bool:
         return False
     roots = [_root(store)]
     tiles = getattr(store, "tiles_dir", None)  # an in-memory database's may be on a tmpfs
-    if tiles is not None:
+    if tiles is not None and not getattr(store, "persistent", True):
         tiles = os.path.dirname(os.path.realpath(tiles))  # its tiles/ and id file
         if tiles != roots[0]:
             roots.append(tiles)
