@@ -27,6 +27,7 @@ the run the same way (the rest of the plan is skipped, nothing is stored).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from contextlib import nullcontext
 
@@ -70,13 +71,16 @@ FAST_TASK_FLOPS = 1 << 20
 
 
 def _blas_limits(threads: int) -> "_BlasLimit":
-    """A context manager capping BLAS threads for the whole process."""
+    """A context manager capping BLAS threads for the whole process. The BLAS libraries
+    loaded are found again (1-2 ms) when the process has imported modules since the last
+    look: a library loaded later (scipy's OpenBLAS beside numpy's) is limited too."""
     global _controller
-    if _controller is None:
+    modules = len(sys.modules)
+    if _controller is None or _controller[0] != modules:
         from threadpoolctl import ThreadpoolController
-        _controller = [lib for lib in ThreadpoolController().lib_controllers
-                       if lib.user_api == "blas"]
-    return _BlasLimit(_controller, threads)
+        _controller = (len(sys.modules), [lib for lib in ThreadpoolController().lib_controllers
+                                          if lib.user_api == "blas"])
+    return _BlasLimit(_controller[1], threads)
 
 
 class _BlasLimit:

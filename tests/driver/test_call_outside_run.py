@@ -171,3 +171,29 @@ def test_the_debug_variable_is_read_at_each_call(monkeypatch, capsys):
     assert "[tensordb]" not in capsys.readouterr().err
     np.testing.assert_array_equal(con.tensor("A"), np.full(3, 4.0))
     con.close()
+
+
+def test_blas_limits_reach_a_library_loaded_after_the_first_run(monkeypatch):
+    """The BLAS libraries are looked for again once the process has imported modules since
+    the last look (scipy's OpenBLAS loaded beside numpy's after a first run): each is limited
+    during the run and put back after it."""
+    from threadpoolctl import threadpool_info
+    from tensordb.exec import pool
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((300, 300)), rng.standard_normal((300, 300))
+    con = tensordb.connect(None, workers=2)
+    con.load("A", a)
+    con.load("B", b)
+    before = sorted((p["filepath"], p["num_threads"]) for p in threadpool_info()
+                    if p["user_api"] == "blas")
+    monkeypatch.setattr(pool, "_controller", (0, []))  # as if found before any was loaded
+    seen = []
+    con.engine.progress_callback = lambda done, total: seen.append(
+        {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+    con.execute("C[i,k] = SUM(A[i,j] * B[j,k]);")
+    set_to = con.engine.executor().last_blas_threads
+    assert set_to is not None and seen and all(s == {set_to} for s in seen), (set_to, seen)
+    assert sorted((p["filepath"], p["num_threads"]) for p in threadpool_info()
+                  if p["user_api"] == "blas") == before  # put back
+    np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-12)
+    con.close()
