@@ -1,7 +1,6 @@
 """Connection settings (``SET name = value``) and the TENSORDB_DEBUG stage timer."""
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import re
@@ -188,22 +187,46 @@ class Settings:
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
 
+# os.environ's own mapping (bytes keys on POSIX), read directly: ``os.environ.get`` encodes
+# the key and decodes the value (2 us), and a call asks at each of its stages
+_ENV = getattr(os.environ, "_data", None)
+_DEBUG_KEY = os.environ.encodekey("TENSORDB_DEBUG") if hasattr(os.environ, "encodekey") \
+    else None
+_LEVELS: dict = {}  # the raw value -> its level
+
+
 def debug_level() -> int:
-    try:
-        return int(os.environ.get("TENSORDB_DEBUG", "0") or 0)
-    except ValueError:
+    raw = _ENV.get(_DEBUG_KEY) if _DEBUG_KEY is not None and _ENV is not None else \
+        os.environ.get("TENSORDB_DEBUG")
+    if not raw:
         return 0
+    level = _LEVELS.get(raw)
+    if level is None:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        try:
+            level = int(text or 0)
+        except ValueError:
+            level = 0
+        _LEVELS[raw] = level
+    return level
 
 
-@contextlib.contextmanager
-def stage(name: str):
-    """Time a pipeline stage; printed to stderr when TENSORDB_DEBUG >= 1."""
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
+class stage:
+    """Time a pipeline stage; printed to stderr when TENSORDB_DEBUG >= 1 (a class, not a
+    generator: a call passes through several stages)."""
+
+    __slots__ = ("name", "t0")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
         if debug_level() >= 1:
-            print(f"[tensordb] {name:<10} {1e3 * (time.perf_counter() - t0):9.2f} ms", file=sys.stderr)
+            print(f"[tensordb] {self.name:<10} {1e3 * (time.perf_counter() - self.t0):9.2f} ms",
+                  file=sys.stderr)
 
 
 _gc_lock = threading.Lock()
@@ -211,8 +234,7 @@ _gc_depth = 0          # gc_paused blocks open, in any thread
 _gc_resume = False     # whether the outermost one found the collector enabled
 
 
-@contextlib.contextmanager
-def gc_paused():
+class gc_paused:
     """Python's cyclic garbage collector held off for a burst of allocations that stay alive:
     parsing, binding, planning and rendering a statement group. Its collections would scan the
     objects being built again and again (each generation-2 one all of them): a quarter of the
@@ -220,15 +242,18 @@ def gc_paused():
     is freed as usual; garbage in cycles waits for the next collection after the block. Blocks
     nest, in any thread; the collector is enabled again when the last one ends, and only if
     the first found it enabled."""
-    global _gc_depth, _gc_resume
-    with _gc_lock:
-        if _gc_depth == 0:
-            _gc_resume = gc.isenabled()
-            gc.disable()
-        _gc_depth += 1
-    try:
-        yield
-    finally:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        global _gc_depth, _gc_resume
+        with _gc_lock:
+            if _gc_depth == 0:
+                _gc_resume = gc.isenabled()
+                gc.disable()
+            _gc_depth += 1
+
+    def __exit__(self, *exc) -> None:
+        global _gc_depth
         with _gc_lock:
             _gc_depth -= 1
             if _gc_depth == 0 and _gc_resume:

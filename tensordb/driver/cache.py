@@ -24,7 +24,6 @@ replaced payload file stays mapped); ``rebind`` gives one the readers of the cur
 """
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable
@@ -122,7 +121,12 @@ def rebind(plan, readers: dict, ops=None):
     Everything else in a TilePlan names tensors, never versions: its tasks, outputs and stats
     are shared with the cached plan. ``ops``: the operations of the graph it runs now, equal to
     the plan's but for the values of their parameters (``scalar.Param``), which they bring."""
-    bound = copy.copy(plan)
+    # a shallow copy (copy.copy's protocol cost 10 times this: 2.6 us a call)
+    bound = object.__new__(type(plan))
+    bound.__dict__.update(plan.__dict__)
+    built = plan.memo.get("built") if "tasks" not in plan.__dict__ else None
+    if built is not None and built[0] is plan.__dict__.get("_build"):
+        bound.__dict__.update(built[1])  # the tasks an earlier copy made (TilePlan.deferred)
     bound.readers = dict(readers)
     if ops is not None and _params_in(ops):
         bound.ops = tuple(ops)

@@ -161,12 +161,15 @@ class Snapshot:
     def layouts(self, names) -> dict:
         """name -> ``TensorReader.layout()`` (the plan's key), each computed once and written
         down as an answer: a prepared plan holds while its inputs keep their layouts."""
-        out = {}
+        out, answers, readers = {}, self._answers, None
         for name in names:
             key = ("layout", name)
-            if key not in self._answers:
-                self._answers[key] = self.readers([name])[name].layout()
-            out[name] = self._answers[key]
+            found = answers.get(key)
+            if found is None:
+                if readers is None:
+                    readers = self.readers(names)
+                found = answers[key] = readers[name].layout()
+            out[name] = found
         return out
 
     def stored_stats(self, names) -> dict:

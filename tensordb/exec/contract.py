@@ -136,6 +136,15 @@ def as_sink(sink, destinations=None, finished=None):
     if destinations is None and finished is None:
         return None
     owner = getattr(finished, "__self__", None)
-    if isinstance(owner, OutputSink) and not isinstance(owner, CallbackSink):
+    kind = type(owner)
+    is_sink = _SINK_TYPES.get(kind)
+    if is_sink is None:  # a Protocol's isinstance walks its members: once per type
+        is_sink = isinstance(owner, OutputSink) and not isinstance(owner, CallbackSink)
+        if len(_SINK_TYPES) < 64:
+            _SINK_TYPES[kind] = is_sink
+    if is_sink:
         return owner
     return CallbackSink(destinations, finished)
+
+
+_SINK_TYPES: dict[type, bool] = {}  # type -> whether its instances are OutputSinks (as_sink)

@@ -71,42 +71,44 @@ FAST_CALL_FLOPS = 1 << 25
 FAST_TASK_FLOPS = 1 << 20
 
 
-def _blas_limits(threads: int):
-    """A context manager capping BLAS threads for the whole process. The BLAS libraries are
-    looked for again (3 ms) when a module was imported since the last look: a library loaded
-    after it (scipy's OpenBLAS, loaded by the first sparse or linalg import) was left
-    uncapped, its threads on every core beside the workers'."""
+def _blas_limits(threads: int) -> "_BlasLimit":
+    """A context manager capping BLAS threads for the whole process. The BLAS libraries
+    loaded are found again (1-2 ms) when the process has imported modules since the last
+    look: a library loaded later (scipy's OpenBLAS beside numpy's) is limited too."""
     global _controller
-    if _controller is None or _controller[0] != len(sys.modules):
+    modules = len(sys.modules)
+    if _controller is None or _controller[0] != modules:
         from threadpoolctl import ThreadpoolController
-        libs = ThreadpoolController().select(user_api="blas").lib_controllers
-        _controller = (len(sys.modules), libs)
+        _controller = (len(sys.modules), [lib for lib in ThreadpoolController().lib_controllers
+                                          if lib.user_api == "blas"])
     return _BlasLimit(_controller[1], threads)
 
 
 class _BlasLimit:
-    """threadpoolctl's ``limit(limits=threads, user_api="blas")`` for the BLAS libraries it
-    found once: each library's thread count read on entering, set where it differs, and put
-    back on leaving. threadpoolctl's own limiter reads every library's full description each
-    time (10 us against 4 a run: a small step runs one a call)."""
+    """threadpoolctl's ``limit(limits=threads, user_api="blas")`` without its bookkeeping
+    (an info dict per library, a limiter object: 20-40 us a run, a tenth of a small training
+    step's fixed cost): each BLAS library found once is set through its own threadpoolctl
+    controller (which keeps threadpoolctl's rule of one thread controlling OpenBLAS) only where
+    its count differs, and put back as it was on exit."""
 
     __slots__ = ("libs", "threads", "saved")
 
     def __init__(self, libs, threads: int) -> None:
         self.libs, self.threads, self.saved = libs, threads, ()
 
-    def __enter__(self):
-        threads = self.threads
-        saved = self.saved = [(lib, lib.get_num_threads()) for lib in self.libs]
-        for lib, n in saved:
-            if n != threads:
-                lib.set_num_threads(threads)
+    def __enter__(self) -> "_BlasLimit":
+        saved = []
+        for lib in self.libs:
+            n = lib.num_threads
+            if n is not None and n != self.threads:
+                lib.set_num_threads(self.threads)
+                saved.append((lib, n))
+        self.saved = saved
         return self
 
     def __exit__(self, *exc) -> None:
         for lib, n in self.saved:
-            if n != self.threads:
-                lib.set_num_threads(n)
+            lib.set_num_threads(n)
 
 
 class LocalExecutor:
@@ -261,10 +263,13 @@ def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:
     """BLAS threads per kernel call for the run of ``plan``: the cores shared by the workers
     that run kernels (all of them for a plan run on the calling thread), at most one thread per
     ``BLAS_FLOPS_PER_THREAD`` of its largest call."""
-    kernels = [t for t in plan.tasks if isinstance(t, Kernel)]
-    busy = 1 if inline else max(1, len({t.worker for t in kernels}))
-    largest = max((t.flops for t in kernels), default=0)
-    return max(1, min(cores // busy, largest // BLAS_FLOPS_PER_THREAD))
+    kept = plan.memo.get("blas_busy")  # (tasks, busy workers, largest call): once a plan
+    if kept is None or kept[0] is not plan.tasks:
+        kernels = [t for t in plan.tasks if isinstance(t, Kernel)]
+        kept = plan.memo["blas_busy"] = (plan.tasks, max(1, len({t.worker for t in kernels})),
+                                         max((t.flops for t in kernels), default=0))
+    busy = 1 if inline else kept[1]
+    return max(1, min(cores // busy, kept[2] // BLAS_FLOPS_PER_THREAD))
 
 
 def _calls_blas(plan: TilePlan) -> bool:

@@ -267,6 +267,10 @@ class TilePlan:
                     self.__dict__.setdefault(k, made.get(k, {}))
                 if "_pos" not in self.__dict__:
                     self.reindex()
+                # for the copies a cached plan is rebound as (driver/cache.py ``rebind``):
+                # each call's copy then starts with them, as made here
+                self.memo["built"] = (build, {k: self.__dict__[k]
+                                              for k in ("tasks", "owner", "rank", "_pos")})
                 return self.__dict__[name]
         raise AttributeError(name)
 

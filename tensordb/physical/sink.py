@@ -59,21 +59,11 @@ class CatalogSink:
         self.workers_write = False
         self._workers: dict | None = None  # task key -> plan worker, for an object store
         try:
-            for out in plan.outputs.values():
-                if not out.stored:
-                    continue
-                n_op, op = next((n, o) for n, o in enumerate(plan.ops) if o.output == out.name)
-                dims = [lbl if lbl.isidentifier() and not op.writes_diagonal else f"d{n}"
-                        for n, lbl in enumerate(op.out_labels)]
-                fill = (fills or {}).get(out.name, 0.0)
+            for out, dims, fill, sparse in _stored_outputs(plan, fills):
                 w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
                                  dims=dims, replace=replace, check_tables=check_tables, fill=fill)
                 self.writers.append((out, w))
-                # An output the plan says is sparse (``KernelChoice.out_places``, decided
-                # once from the estimated nonzeros: plan.kernel.with_output), or whose fill is
-                # not 0 (plan/fills.py), gets no dense places: the commit stores each tile as
-                # the format rule says (writer.write_tile, which takes a sparse tile as it is).
-                if fill != 0 or not plan.kernels[n_op].out_places:
+                if sparse:
                     self._sparse.add(out.name)
                 for coords, key in out.tiles.items():
                     self._tile_of[key] = (w, coords)
@@ -239,6 +229,30 @@ class CatalogSink:
         """The outputs (plan names) a stored tile of which holds NaN or inf."""
         return [out.name for out, w in self.writers
                 if any(e.nonfinite is True for e in w.entries.values())]
+
+
+def _stored_outputs(plan: TilePlan, fills) -> list:
+    """(output, dims, fill, sparse) of each stored output of ``plan``, worked out once per
+    plan and fills (kept in its memo, which a cached plan's rebound copies share: a training
+    step opens its writers each call). ``sparse``: the output gets no dense places, because
+    the plan says it is sparse (``KernelChoice.out_places``, decided once from the estimated
+    nonzeros: plan.kernel.with_output) or its fill is not 0 (plan/fills.py); the commit then
+    stores each tile as the format rule says (writer.write_tile takes a sparse tile as it is)."""
+    kept = plan.memo.get("stored_outputs")
+    if kept is not None and kept[0] is plan.outputs and kept[1] is plan.ops and \
+            kept[2] is plan.kernels and kept[3] == (fills or {}):
+        return kept[4]
+    found = []
+    for out in plan.outputs.values():
+        if not out.stored:
+            continue
+        n_op, op = next((n, o) for n, o in enumerate(plan.ops) if o.output == out.name)
+        dims = [lbl if lbl.isidentifier() and not op.writes_diagonal else f"d{n}"
+                for n, lbl in enumerate(op.out_labels)]
+        fill = (fills or {}).get(out.name, 0.0)
+        found.append((out, tuple(dims), fill, fill != 0 or not plan.kernels[n_op].out_places))
+    plan.memo["stored_outputs"] = (plan.outputs, plan.ops, plan.kernels, dict(fills or {}), found)
+    return found
 
 
 def _store_zeros(w) -> None:

@@ -83,10 +83,16 @@ def inside(store, path) -> bool:
     resolved = _resolve(store, os.fspath(path))
     if resolved is None:
         return False
-    root = _root(store)
-    if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
-        return True
-    return _hard_link_inside(resolved, root)
+    roots = [_root(store)]
+    tiles = getattr(store, "tiles_dir", None)  # an in-memory database's may be on a tmpfs
+    if tiles is not None and not getattr(store, "persistent", True):
+        tiles = os.path.dirname(os.path.realpath(tiles))  # its tiles/ and id file
+        if tiles != roots[0]:
+            roots.append(tiles)
+    for root in roots:
+        if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+            return True
+    return any(_hard_link_inside(resolved, root) for root in roots)
 
 
 def _hard_link_inside(path: str, root: str) -> bool:

@@ -136,5 +136,5 @@ def commit(store, items) -> list[TensorMeta] | None:
                     store._entries.clear()
                 store._entries[meta.version] = (w.file if entries else None, entries)
                 if entries:
-                    mark_written(w.path, entries)
+                    store._keep_written(w, meta, entries, mark_written(w.path, entries))
         return [meta for _, meta, _ in rows]

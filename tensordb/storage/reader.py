@@ -108,6 +108,15 @@ class TensorReader:
         self._ident = None
         self._lock = threading.Lock()
 
+    def preload(self, data: np.ndarray, ident: tuple) -> "TensorReader":
+        """Read this version from ``data`` (its payload file's bytes, read-only, as the writer
+        that committed them still holds them in memory; ``ident``: the file's identity, under
+        which they count as verified), not from a mapping of the file: an in-memory
+        database's small output (a training step's weights) is read back at the next step
+        without opening and mapping its new file (store_catalog.py ``_keep_written``)."""
+        self._map, self._ident = data, ident
+        return self
+
     def with_entries(self, entries: Sequence[TileEntry]) -> "TensorReader":
         """A reader of the same version holding only ``entries`` (a Dask Load ships little)."""
         return TensorReader(self.meta, self.path, entries, self.database)

@@ -34,9 +34,41 @@ POOL_PARTS_MIN = 256 << 20
 __all__ = ["ReservedTiles"]
 
 
+# (grid, tiles, itemsize) -> the layout of a payload file: a repeated output (a training
+# step's weights) is laid out once
+_LAYOUTS: dict[tuple, tuple] = {}
+
+
+def _layout(grid, tiles, itemsize: int) -> tuple[dict, int]:
+    """Tile coords -> (offset, starts, shape) of ``tiles`` in that order, each at an
+    ``ALIGN``ed offset, and the file's size (a copy of the dict: the caller may keep it)."""
+    tiles = tuple(tuple(int(c) for c in t) for t in tiles)
+    key = (grid, tiles, itemsize)
+    try:
+        kept = _LAYOUTS.get(key)
+    except TypeError:  # an unhashable grid: laid out each time
+        key = kept = None
+    if kept is None:
+        layout, pos = {}, 0
+        for coords in tiles:
+            starts, stops = tile_box(grid, coords)
+            shape = tuple(b - a for a, b in zip(starts, stops))
+            pos += -pos % ALIGN
+            layout[coords] = (pos, starts, shape)
+            pos += math.prod(shape) * itemsize
+        kept = (layout, pos)
+        if key is not None:
+            if len(_LAYOUTS) >= 256:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = kept
+    return dict(kept[0]), kept[1]
+
+
 class ReservedTiles:
     """The reserved, staged, streamed and remote tiles of a ``TensorWriter`` (its state is set
     up by ``TensorWriter.__init__``)."""
+
+    kept_bytes = None  # a small staged file's bytes, its version's reader's (_write_staged)
 
     def reserve(self, tiles: Sequence[Sequence[int]], stage_max: int | None = None,
                 remote: bool = False, groups=None) -> dict[tuple[int, ...], np.ndarray]:
@@ -75,14 +107,7 @@ class ReservedTiles:
             if self.fill != 0:
                 raise InternalError(f"writer for '{self.name}': a tensor with fill "
                                     f"{self.fill} is written tile by tile, not reserved")
-            layout, pos = {}, 0
-            for coords in tiles:
-                coords = tuple(int(c) for c in coords)
-                starts, stops = tile_box(self.grid, coords)
-                shape = tuple(b - a for a, b in zip(starts, stops))
-                pos += -pos % ALIGN
-                layout[coords] = (pos, starts, shape)
-                pos += math.prod(shape) * self.dtype.itemsize
+            layout, pos = _layout(self.grid, tiles, self.dtype.itemsize)
             if not layout or pos == 0:
                 return {c: np.zeros(sh, self.dtype) for c, (_, _, sh) in layout.items()}
             large = pos > (STAGE_MAX if stage_max is None else min(stage_max, STAGE_MAX))
@@ -123,7 +148,12 @@ class ReservedTiles:
                 # tile is left mapped: the allocator maps each afresh (glibc above 32 MiB), and
                 # a 6144^2 product's two 72 MiB output tiles took their kernels 7% longer in
                 # new pages than in the file's cached ones, more than the fsync saved.
-                mapped = recycled and not self.store.fsync
+                # A small file is staged all the same (where nothing is fsynced): its mapping
+                # would cost more than its pwrite (mmap, a fault per page, and munmap when its
+                # tiles go: a TLB shootdown across the process's threads), and the staged
+                # bytes become its reader's (``kept_bytes``).
+                mapped = recycled and not self.store.fsync and \
+                    pos + ALIGN >= self.store.staging.min_bytes
                 biggest = max(math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize
                 if remote or (large and self.store.fsync and biggest <= STREAM_TILE_MAX):
                     self._slots = layout
@@ -334,6 +364,13 @@ class ReservedTiles:
         staged, self._staged = self._staged, None
         if staged is None:
             return
+        if not self.store.persistent and self._raw is not None and \
+                self._raw.nbytes < self.store.staging.min_bytes:
+            # an in-memory database's small output: the committed version is read from these
+            # bytes (store_catalog.py ``_keep_written``); the staging cache keeps none so small
+            kept = staged.view()
+            kept.flags.writeable = False
+            self.kept_bytes = kept
         # the whole buffer in one pwrite, or the ranges of the tiles write_early has not written
         ranges = [(0, len(staged))] if not self._early else sorted(
             (off, buf.nbytes) for c, (off, _, _, buf) in self._reserved.items()

@@ -45,6 +45,34 @@ _SHARED: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary
 _SHARED_LOCK = threading.Lock()
 
 
+# Where an in-memory database keeps its payload files: a directory of its own in the first of
+# these that is a writable tmpfs (shared memory: no journal, no write-back), else in its
+# temporary directory (MEMORY_PAYLOADS = () turns it off). docs/storage.md, "In memory".
+MEMORY_PAYLOADS = ("/dev/shm",)
+
+
+def memory_payload_dir() -> str | None:
+    """A new directory on a tmpfs for an in-memory database's payload files (in its
+    ``tiles/``, beside the database's id file, as in any database's directory), or None
+    (they go in its temporary directory, as on any system without a tmpfs)."""
+    for base in MEMORY_PAYLOADS:
+        try:
+            if not (os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK)):
+                continue
+            if os.statvfs(base).f_bavail <= 0:
+                continue
+            return tempfile.mkdtemp(prefix="tensordb-", dir=base)
+        except OSError:
+            continue
+    return None
+
+
+def _remove_trees(paths) -> None:
+    for path in paths:
+        if path:
+            shutil.rmtree(path, True)
+
+
 class Store(StoreCatalog, StoreCommits):
     """A tensordb database. ``Store()`` is in memory (payloads in a temporary directory).
     Its catalog reads are in store_catalog.py, its writes and transactions in store_commit.py."""
@@ -151,7 +179,11 @@ class Store(StoreCatalog, StoreCommits):
             if read_only:
                 raise ProgrammingError("an in-memory database cannot be opened read-only")
             self.root = Path(tempfile.mkdtemp(prefix="tensordb-"))
-            self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True)
+            # payload files in memory (tmpfs) where there is one: a replace renames a spare
+            # file per output, which on a disk's file system waits for its journal
+            self._memory_tiles = memory_payload_dir()
+            self._cleanup = weakref.finalize(self, _remove_trees,
+                                             [str(self.root), self._memory_tiles])
             self.persistent = False
             self.duck = directory.connect(":memory:", self.root, read_only)
             # DuckDB spills big sorts (COO loads) to ./.tmp by default; keep them in our directory.
@@ -175,7 +207,7 @@ class Store(StoreCatalog, StoreCommits):
         # Power-loss safety for payloads costs one fsync per tensor; an in-memory db has no use.
         # With an object store the upload is the payload's durability: no local fsync.
         self.fsync = self.persistent and self.objects is None
-        self.tiles_dir = str(self.root / TILES_DIR)
+        self.tiles_dir = str(Path(self._memory_tiles or self.root) / TILES_DIR)
         try:
             # an in-memory database's directory is a temporary one of ours: not the user's word
             where = f"database {self.root}" if self.persistent else "an in-memory database"
@@ -200,6 +232,8 @@ class Store(StoreCatalog, StoreCommits):
                 # The database's identity (identity.py): made on the first open for writing.
                 self.database = identity.read_catalog_id(self.duck) if read_only else \
                     identity.ensure_id(self.duck, str(self.root))
+                if self._memory_tiles is not None:  # readers of its payloads check it there
+                    identity.ensure_id(self.duck, self._memory_tiles)
             if not read_only:
                 os.makedirs(self.tiles_dir, exist_ok=True)
                 remove_leftover_runs(self.root)  # spill files of a killed run (spilldir.py)
@@ -255,6 +289,7 @@ class Store(StoreCatalog, StoreCommits):
                 self._cleanup()
 
     _conn = None  # the catalog's DuckDB connection
+    _memory_tiles = None  # an in-memory database's directory on a tmpfs (or None)
 
     @property
     def duck(self):

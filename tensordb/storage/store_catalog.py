@@ -114,6 +114,9 @@ class StoreCatalog:
     def open_many(self, names) -> dict[str, TensorReader]:
         """Readers for the current versions of ``names`` (the tile entries not cached yet are
         read in one query)."""
+        kept = self._open_kept(names)
+        if kept is not None:
+            return kept
         if any(isinstance(name, (IotaName, OneHotName)) for name in names):  # computed (boxes.py)
             rest = self.open_many(list(dict.fromkeys(
                 [n for n in names if not isinstance(n, (IotaName, OneHotName))]
@@ -147,6 +150,34 @@ class StoreCatalog:
             return {name: self._reader(metas[name], file, entries)
                     for name, (file, entries) in hits.items()}
 
+    def _open_kept(self, names) -> dict | None:
+        """``open_many`` of plain names and slices whose readers are all kept for their
+        current versions (a training step's data and its last weights), found under one lock
+        without the general path's passes; None where any is not (the general path)."""
+        self._check_open()
+        if self.objects is not None:
+            return None
+        out = {}
+        cache, readers, boxes = self._cache, self._kept_readers, self._kept_boxes
+        with self._lock:
+            for name in names:
+                kind = type(name)
+                if kind is str or kind is BoxName:
+                    meta = cache.get((name if kind is str else name.base).lower())
+                    if meta is None:
+                        return None
+                    reader = readers.get(meta.version)
+                    if reader is None or reader.meta is not meta:
+                        return None
+                    if kind is BoxName:
+                        reader = boxes.get((kind, name))
+                        if reader is None or reader.base is not readers[meta.version]:
+                            return None
+                    out[name] = reader
+                else:
+                    return None
+        return out
+
     def _reader(self, meta: TensorMeta, file, entries) -> TensorReader:
         """The reader of ``meta``'s version, kept between calls while that version is current
         (a training step reads its data and weights again each call): its payload's mapping,
@@ -163,6 +194,20 @@ class StoreCatalog:
             self._kept_readers.clear()
         self._kept_readers[meta.version] = reader
         return reader
+
+    def _keep_written(self, w, meta: TensorMeta, entries, ident) -> None:
+        """A version just committed by writer ``w`` whose payload bytes it still holds in
+        anonymous memory (``w.kept_bytes``: a small output of an in-memory database, staged):
+        its reader is kept reading them (``TensorReader.preload``), so the next call does not
+        open and map the new file. ``ident``: the file's identity (``verify.mark_written``)."""
+        data = getattr(w, "kept_bytes", None)
+        if data is None or ident is None or not entries or any(
+                e.offset + e.nbytes > len(data) for e in entries):  # a tile written after them
+            return
+        reader = TensorReader(meta, w.path, entries, self.database).preload(data, ident)
+        if len(self._kept_readers) >= KEPT_READERS:
+            self._kept_readers.clear()
+        self._kept_readers[meta.version] = reader
 
     def _box_reader(self, name, bases: dict):
         """The reader of a slice or a gather over the readers ``bases`` (by name), kept while it

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import duckdb
 import numpy as np
@@ -21,6 +21,28 @@ from .verify import mark_written
 from .writer import TensorWriter
 
 __all__ = ["StoreCommits"]
+
+
+class _Block:
+    """``Store.transaction()``: entering begins the store's transaction or joins the one open;
+    leaving the outermost block commits it (or, on an exception, rolls it back)."""
+
+    __slots__ = ("store", "txn", "joined")
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def __enter__(self) -> "_Txn":
+        self.txn, self.joined = self.store._begin()
+        return self.txn
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if not self.joined:
+            if kind is not None:
+                self.store._abort(self.txn)
+            else:
+                self.store._end(self.txn)
+        return False
 
 
 class _Txn:
@@ -199,7 +221,8 @@ class StoreCommits:
                     self._entries.clear()
                 self._entries[meta.version] = (w.file if entries else None, entries)
                 if entries and self.objects is None:
-                    mark_written(w.path, entries)  # checksummed from these bytes (verify.py)
+                    # checksummed from these bytes (verify.py)
+                    self._keep_written(w, meta, entries, mark_written(w.path, entries))
         return [meta for _, meta, _ in rows]
 
     def drop(self, name: str, if_exists: bool = False) -> None:
@@ -237,11 +260,15 @@ class StoreCommits:
         for file in files:
             txn.retired.append((os.path.join(self.tiles_dir, file), spare))
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[_Txn]:
+    def transaction(self) -> "_Block":
         """Group writer commits and drops: all of them land, or none does. Nested blocks join
         the outermost one. The store lock is not held across the block: worker threads may read
-        the catalog meanwhile (they see the block's uncommitted changes, as DuckDB does)."""
+        the catalog meanwhile (they see the block's uncommitted changes, as DuckDB does). (A
+        context manager class, not a generator: a call enters several nested blocks.)"""
+        return _Block(self)
+
+    def _begin(self) -> tuple[_Txn, bool]:
+        """The transaction a block enters, and whether it joined one open already."""
         self._check_open(writing=True)
         if self.user_transaction:
             raise ProgrammingError(
@@ -250,11 +277,12 @@ class StoreCommits:
                 "in the dialect's BEGIN ... COMMIT")
         with self._lock:
             joined = self._txn
-            if joined is None and not self.persistent:
+            if joined is not None:
+                return joined, True
+            if not self.persistent:
                 txn = _Txn(external=False)  # begins in DuckDB at the first use (deferred.py)
                 txn.begun = False
-                self._txn = txn
-            elif joined is None:
+            else:
                 try:
                     self.duck.execute("BEGIN TRANSACTION")
                     txn = _Txn(external=False)
@@ -262,22 +290,22 @@ class StoreCommits:
                     txn = _Txn(external=True)  # the user began one: its COMMIT decides
                 except duckdb.Error as exc:
                     raise translate(exc) from None
-                self._txn = txn
-        if joined is not None:
-            yield joined
-            return
-        try:
-            yield txn
-        except BaseException:
-            with self._lock:
-                self._txn = None
-                self._clear_cache()
-                if not txn.external:
-                    if txn.begun:
-                        with contextlib.suppress(duckdb.Error):
-                            self._conn.execute("ROLLBACK")
-                    self._remove_created(txn)
-            raise
+            self._txn = txn
+        return txn, False
+
+    def _abort(self, txn: _Txn) -> None:
+        """The outermost block of ``txn`` ended by an exception: nothing of it lands."""
+        with self._lock:
+            self._txn = None
+            self._clear_cache()
+            if not txn.external:
+                if txn.begun:
+                    with contextlib.suppress(duckdb.Error):
+                        self._conn.execute("ROLLBACK")
+                self._remove_created(txn)
+
+    def _end(self, txn: _Txn) -> None:
+        """The outermost block of ``txn`` ended: commit it, then retire the replaced files."""
         with self._lock:
             self._txn = None
             if txn.external:

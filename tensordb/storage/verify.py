@@ -70,20 +70,22 @@ def verify_tile(name: str, path: str, ident: tuple | None, entry, data,
             _VERIFIED.add(key)
 
 
-def mark_written(path: str, entries) -> None:
+def mark_written(path: str, entries) -> tuple | None:
     """Tiles this process has just written into ``path`` and committed: their checksums were
     taken from the very bytes written, so they count as verified here (a training step then
     does not checksum the weights it wrote on its next read); another process verifies them on
-    its first read, and a later change of the file changes its identity."""
+    its first read, and a later change of the file changes its identity. Returns that
+    identity (None: the file could not be looked at)."""
     try:
         ident = file_identity(path, os.stat(path))
     except OSError:
-        return
+        return None
     with _LOCK:
         if len(_VERIFIED) >= _LIMIT:
             _VERIFIED.clear()
         _VERIFIED.update((ident, e.offset, e.nbytes, e.crc32) for e in entries
                          if e.crc32 is not None)
+    return ident
 
 
 def verified_count() -> int:

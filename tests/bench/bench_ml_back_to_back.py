@@ -2,7 +2,9 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_ml_back_to_back.py log 1
 
-Arguments: the model (``log`` or ``mlp``, as in bench_ml_steps.py) and the steps a call. In
+Arguments: the model (``log`` or ``mlp``, as in bench_ml_steps.py; or ``assign``, the
+one-element assignment ``a[i] = a[i] + 1`` of a 4-element tensor: no numpy step, its result
+checked) and the steps a call. In
 memory, 2 workers: 20 warm-up calls, then 10 blocks of 30 tensordb calls back to back, each
 block followed by 30 of numpy's steps by hand (the same formulas, bench_ml_steps.numpy_step).
 Prints one line of JSON, ms a step: the call's fastest and median, numpy's, and the fast path's
@@ -33,8 +35,12 @@ def main(argv=None) -> None:
     k = int(argv[1]) if len(argv) > 1 else 1
     x, y, _ = B.data()
     con = tensordb.connect(None, workers=2)
-    B.load(con, x, y)
-    text, values = B.step_sql(model) * k, {"lr": B.LR}
+    if model == "assign":
+        con.load("a", np.zeros(4))
+        text, values = "a[i] = a[i] + 1;" * k, None
+    else:
+        B.load(con, x, y)
+        text, values = B.step_sql(model) * k, {"lr": B.LR}
     runs: list[float] = []
     run_program = fastpath.run_program
 
@@ -56,16 +62,19 @@ def main(argv=None) -> None:
                 t0 = time.perf_counter()
                 con.execute(text, values)
                 calls.append((time.perf_counter() - t0) / k)
-            for _ in range(30):
+            for _ in range(30 if model != "assign" else 0):
                 t0 = time.perf_counter()
                 B.numpy_step(model, x, y, w)
                 steps.append(time.perf_counter() - t0)
+        if model == "assign":  # checked against what 20 + 300 calls of k steps must give
+            assert (con.tensor("a") == 320 * k).all(), con.tensor("a")
     finally:
         fastpath.run_program = run_program
         con.close()
     out = {"model": model, "steps_per_call": k,
-           "call_fastest": 1e3 * min(calls), "call_median": 1e3 * float(np.median(calls)),
-           "numpy_fastest": 1e3 * min(steps), "numpy_median": 1e3 * float(np.median(steps))}
+           "call_fastest": 1e3 * min(calls), "call_median": 1e3 * float(np.median(calls))}
+    if steps:
+        out.update(numpy_fastest=1e3 * min(steps), numpy_median=1e3 * float(np.median(steps)))
     if runs:  # the plan took the fast path
         out["run_fastest"] = 1e3 * min(runs) / k
         out["run_median"] = 1e3 * float(np.median(runs)) / k
