@@ -47,8 +47,12 @@ _SHARED_LOCK = threading.Lock()
 
 # Where an in-memory database keeps its payload files: a directory of its own in the first of
 # these that is a writable tmpfs (shared memory: no journal, no write-back), else in its
-# temporary directory (MEMORY_PAYLOADS = () turns it off). docs/storage.md, "In memory".
-MEMORY_PAYLOADS = ("/dev/shm",)
+# temporary directory. Empty by default (opt-in: ``("/dev/shm",)``): a large output written on
+# a tmpfs took 1.4-1.6x the time it takes in the page cache of /tmp (a 512 MB SpMM result,
+# bench_sparse_scale), its pages cannot be written back under memory pressure, and a small
+# step gained about 1% (its outputs are read back from the bytes written, on either).
+# docs/storage.md, "In memory".
+MEMORY_PAYLOADS: tuple = ()
 
 
 def memory_payload_dir() -> str | None:
