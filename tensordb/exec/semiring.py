@@ -125,6 +125,24 @@ def _dense(csr, fill, dense) -> np.ndarray:
     return dense if csr is None else densify(Filled(csr, fill) if fill else csr)
 
 
+def may_overflow(dtype, inner: int, *values) -> bool:
+    """Whether a sum of ``inner`` products of one element of each of ``values`` can overflow
+    ``dtype`` (a float): then a product computed only at a mask's entries is not NumPy's, whose
+    dense product is inf (and its 0 * inf NaN) where the mask is 0. Finite inputs whose dot
+    products overflow (values near 1e200) are the case: their bound, the product of the largest
+    magnitudes times ``inner``, is over the dtype's largest value."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "fc":
+        return False
+    bound = float(inner)
+    with np.errstate(all="ignore"):
+        for v in values:
+            if v.size == 0:
+                return False
+            bound *= float(np.max(np.abs(v)))
+    return not bound <= float(np.finfo(dtype).max)
+
+
 def _to_gb(csr, dense, missing=None, box=None):
     """A GraphBLAS matrix of a tile: its entries, or every element of a dense one but those
     equal to ``missing`` (an absorbing value, +inf in min-plus, that can never win). ``box``:
@@ -389,7 +407,9 @@ def masked(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     with np.errstate(all="ignore"):
         finite = all(np.isfinite(_values(t[0], t[2])).all() for t in (m, X, Y)
                      if _values(t[0], t[2]).dtype.kind == "f")
-    if m[0] is None or not finite:
+    if m[0] is None or not finite or may_overflow(
+            dtype, (X[0] if X[0] is not None else X[2]).shape[1],
+            _values(X[0], X[2]), _values(Y[0], Y[2])):  # X @ Y inf where M is 0: NaN there
         return _dense_product_sum(op, args, dtype, out_shape)
     if not have_graphblas():  # scipy's SpGEMM, unmasked, then the mask's entries of it
         import scipy.sparse as sp
@@ -419,7 +439,8 @@ def sddmm(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     with np.errstate(all="ignore"):
         finite = all(np.isfinite(x).all() for x in (_values(m[0], m[2]), U, V)
                      if x.dtype.kind == "f")
-    if m[0] is None or not finite:
+    if m[0] is None or not finite or may_overflow(dtype, U.shape[1], U, V):
+        # finite rows whose dot products overflow: NumPy's M * (U @ V.T) is NaN where M is 0
         return _dense_product_sum(op, args, dtype, out_shape)
     with np.errstate(all="ignore"):
         csr = m[0]

@@ -110,7 +110,13 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     if S.dtype != dtype:
         S = S.astype(dtype)
     S = S if s_labels == (i, j) else S.T
-    if is_sparse(D):  # both sparse (and both finite): SpGEMM
+    if is_sparse(D) and not _finite_data(dtype, S, D):
+        # a sparse intermediate holding inf or NaN (an overflowed product: stored inputs are
+        # known finite when planned): NumPy's dense product, whose 0 * inf is NaN
+        res = np.tensordot(densify(S).astype(dtype, copy=False),
+                           np.asarray(densify(D), dtype), axes=(1, axis))
+        return _to_output(res, [i] + rest, op.out_labels)
+    if is_sparse(D):  # both sparse and both finite: SpGEMM
         D = D.astype(dtype) if D.dtype != dtype else D
         if not rest:
             return _to_output(np.asarray((S @ densify(D))).reshape(-1), [i], op.out_labels)
@@ -141,6 +147,14 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         return _into(S, np.ascontiguousarray(D2), out, sink)
     res = np.asarray(S @ D2).reshape((S.shape[0],) + rest_shape)
     return _to_output(res, [i] + rest, op.out_labels)
+
+
+def _finite_data(dtype, *tiles) -> bool:
+    """Whether every stored value of these sparse tiles is finite (always, for integers)."""
+    if np.dtype(dtype).kind not in "fc":
+        return True
+    with np.errstate(all="ignore"):
+        return all(bool(np.isfinite(t.data).all()) for t in tiles)
 
 
 def _gathered_slabs(S, D: RowGather, dtype):

@@ -321,6 +321,7 @@ class StoreCommits:
                     deferred.land(self, txn)
                 txn.committed = True
             except duckdb.Error as exc:
+                self._clear_cache()  # as _abort: no reader of what did not land is kept
                 with contextlib.suppress(duckdb.Error):
                     self._conn.execute("ROLLBACK")
                 self._remove_created(txn)

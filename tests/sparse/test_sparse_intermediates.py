@@ -252,3 +252,23 @@ def test_pool_and_fast_path_store_the_same_bytes_for_sparse_intermediates():
             np.testing.assert_allclose(con.tensor("dU"), 2 * E @ V + np.float32(0.02) * U,
                                        rtol=2e-5, atol=1e-5)
     assert stored[0] == stored[1]
+
+
+def test_an_overflowed_sparse_intermediate_meets_zeros_as_numpy_does():
+    """A sparse intermediate is not known finite when planned: finite stored entries whose
+    products overflow (1e200 squared) give it inf, and a sparse x sparse product of it then
+    takes NumPy's dense product, whose 0 * inf is NaN (SpGEMM would skip those zeros)."""
+    n = 60
+    G = sp.random(n, n, density=0.05, format="csr", random_state=1)
+    G.data[:] = 1e200
+    S = sp.random(n, n, density=0.05, format="csr", random_state=2)
+    with np.errstate(all="ignore"):
+        want = S.toarray() @ (G.toarray() @ G.toarray())
+    assert np.isnan(want).any()
+    with tensordb.connect(workers=2) as con:
+        con.load("G", G)
+        con.load("S", S)
+        con.execute("LET C[i,k] = SUM(G[i,j] * G[j,k]); Y[i,k] = SUM(S[i,j] * C[j,k]);")
+        got = con.tensor("Y")
+        got = got.toarray() if sp.issparse(got) else np.asarray(got)
+    np.testing.assert_array_equal(got, want)
