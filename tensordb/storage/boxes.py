@@ -329,6 +329,7 @@ class OneHotReader:
         m = stops[0] - starts[0]
         rows = np.zeros(m, np.int64) if rows is None else np.asarray(rows).astype(np.int64)
         n = self.name.rows
+        self._check(rows, starts[:1])  # out of range in any box: numpy's IndexError, named
         cols = np.where(rows < 0, rows + n, rows) - starts[1]
         keep = (cols >= 0) & (cols < stops[1] - starts[1])
         indptr = np.concatenate(([0], np.cumsum(keep)))
@@ -344,15 +345,20 @@ class OneHotReader:
         shape = tuple(b - a for a, b in zip(starts[:k], stops[:k]))
         rows = np.zeros(shape, np.int64) if rows is None else np.asarray(rows).astype(np.int64)
         n = self.name.rows
-        bad = (rows < -n) | (rows >= n)  # a row no r matches: numpy's IndexError, named
-        if bad.any():
-            at = tuple(int(c) + int(s) for c, s in zip(np.argwhere(bad)[0], starts[:k]))
-            raise DataError(f"gather by {self.index.meta.name}: index "
-                            f"{self.index.meta.name}{list(at)} = "
-                            f"{int(rows[tuple(np.argwhere(bad)[0])])} is out of range for "
-                            f"{n} rows")
+        self._check(rows, starts[:k])
         rows = np.where(rows < 0, rows + n, rows)
         return rows[..., None] == np.arange(starts[k], stops[k], dtype=np.int64)
+
+    def _check(self, rows: np.ndarray, starts) -> None:
+        """A DataError naming the first index value no row matches (numpy's IndexError)."""
+        n = self.name.rows
+        bad = (rows < -n) | (rows >= n)
+        if bad.any():
+            first = tuple(np.argwhere(bad)[0])
+            at = tuple(int(c) + int(s) for c, s in zip(first, starts))
+            raise DataError(f"gather by {self.index.meta.name}: index "
+                            f"{self.index.meta.name}{list(at)} = {int(rows[first])} is out of "
+                            f"range for {n} rows")
 
     def to_numpy(self):
         return self.read_box([0] * len(self.meta.shape), list(self.meta.shape))

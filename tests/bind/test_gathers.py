@@ -87,6 +87,24 @@ def test_out_of_range_index_is_a_data_error_and_changes_nothing(con):
     assert [(t["name"], t["version"]) for t in con.tensors()] == before
 
 
+@pytest.mark.parametrize("text", [
+    "LET D2[k,d] = E[k,d] + 1; CREATE OR REPLACE TENSOR Y[n,d] AS D2[idx[n], d];",
+    "BEGIN; CREATE OR REPLACE TENSOR E[k,d] AS E[k,d] + 1; "
+    "CREATE OR REPLACE TENSOR Y[n,d] AS E[idx[n], d]; COMMIT;",
+])
+def test_a_gather_of_a_computed_tensor_out_of_range_is_a_data_error_and_changes_nothing(con, text):
+    """A gather of a LET or of an earlier result in the same unit (an equality join with the
+    index's one-hot rows, read sparse): an index out of range is numpy's IndexError, not a
+    row of zeros."""
+    con.load("E", E)
+    con.load("idx", np.array([3, 10**6, -2]))
+    before = [(t["name"], t["version"]) for t in con.tensors()]
+    with pytest.raises(tensordb.DataError, match=r"index idx\[1\] = 1000000 is out of range"):
+        con.execute(text)
+    assert [(t["name"], t["version"]) for t in con.tensors()] == before
+    np.testing.assert_array_equal(con.tensor("E"), E)
+
+
 @pytest.mark.parametrize("text, cls, match, caret", [
     ("Y[b,d] = E[W[b,d], d]", tensordb.BinderError, "the index tensor W of a gather is float64",
      "W[b,d]"),
