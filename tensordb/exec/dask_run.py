@@ -359,7 +359,8 @@ class Attempt:
                             "relocated": list(self.relocated),
                             "dask_tasks": len(self.fused.graph),
                             "groups": len(self.fused.groups),
-                            "group_sizes": dict(self.fused.sizes)}
+                            "group_sizes": dict(self.fused.sizes),
+                            "collected": sorted(map(str, self.collected))}
         return ledger.result(tiles, seconds)
 
 

@@ -149,7 +149,11 @@ def test_a_lost_worker_costs_only_what_it_held(cluster, tmp_path):
         sizes = run["group_sizes"]
         planned = sum(sizes.values())
         assert planned >= 27 + 9  # 27 kernels, their aggregations, the loads
-        assert set(sizes) <= keys  # every group ran
+        # every group ran: in Dask's stream, or handed to the client by its worker as soon as
+        # it was in its memory (exec/dask_collect.py), its key released before the scheduler
+        # heard it finish (a worker killed at that moment)
+        unseen = set(sizes) - keys
+        assert all(any(c.startswith(g) for c in run["collected"]) for g in unseen), unseen
         assert len(ours) < 2 * len(keys) and len(twice) < len(keys)
         # only what the lost worker held or ran is run again, and that is not the whole plan
         assert twice <= on_victim and on_victim < keys
