@@ -20,30 +20,15 @@ import pytest
 import tensordb
 from tensordb.storage import store as store_module
 from tensordb.storage.reader import TensorReader
+from tests.driver.test_call_fixed_cost import STEP, _numpy_step
+from tests.driver.test_call_fixed_cost import _data as _fixed_cost_data
 
 SHM = "/dev/shm"
 HAS_SHM = os.path.isdir(SHM) and os.access(SHM, os.W_OK | os.X_OK)
 
-STEP = ("LET Z[b,c] = SUM(X[b 0:40, d] * W[d,c]); "
-        "L = MEAN(LOGSUMEXP(Z[b,c]) - SUM(Y[b 0:40, c] * Z[b,c])); "
-        "LET dW = GRAD(L, W); W[d,c] = W[d,c] - $lr * dW[d,c];")
-
 
 def _data():
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((50, 6))
-    y = np.eye(4)[rng.integers(0, 4, 50)]
-    return x, y, rng.standard_normal((6, 4)) * 0.1
-
-
-def _numpy_step(x, y, w, lr):
-    x, y = x[:40], y[:40]
-    z = x @ w
-    m = z.max(1, keepdims=True)
-    e = np.exp(z - m)
-    s = e.sum(1, keepdims=True)
-    loss = np.mean(np.log(s[:, 0]) + m[:, 0] - np.sum(y * z, 1))
-    return loss, w - lr * (x.T @ ((e / s - y) / len(z)))
+    return _fixed_cost_data(seed=5)
 
 
 def _file_values(reader) -> np.ndarray:

@@ -16,13 +16,7 @@ import tensordb
 from tensordb.exec import gathered
 from tensordb.storage import boxes
 from tensordb.storage.boxes import RowGather
-
-LAM, LR = 0.05, 0.001
-STEP = f"""LET Resid[n] = SUM(U[obs_user[n], f] * V[obs_item[n], f]) - obs_rating[n];
-L = SUM(Resid[n] * Resid[n]) + {LAM} * SUM(U[u,f] * U[u,f]) + {LAM} * SUM(V[i,f] * V[i,f]);
-LET dU = GRAD(L, U); LET dV = GRAD(L, V);
-U[u,f] = U[u,f] - {LR} * dU[u,f];
-V[i,f] = V[i,f] - {LR} * dV[i,f]"""
+from tests.bench.bench_sparse_mf import LAM, LR, STEP  # sql/train_mf.sql's step
 
 
 def _problem(users=300, items=120, nnz=2500, rank=8, seed=0, sort=True, duplicates=False):
