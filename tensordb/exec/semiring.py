@@ -47,6 +47,7 @@ import numpy as np
 from ..plan.sparse_rules import SEMIRINGS, have_graphblas
 from ..sparsity import index_dtype
 from ..storage.sparse import Filled, densify, is_sparse
+from ..storage.tilestats import count_nonzero
 from .graphcache import Sourced, remember
 from .sparse_out import csr_output
 
@@ -78,6 +79,36 @@ def threads(n: int):
 
 def _opts() -> dict:
     return {"nthreads": _THREADS} if _THREADS else {}
+
+
+_LOCAL = threading.local()
+
+
+@contextmanager
+def _context():
+    """GraphBLAS work with no descriptor (``unpack``'s sort of a product's jumbled rows) done
+    with the run's threads per kernel call, as ``_opts`` does a call's: a Context of this
+    thread (SuiteSparse:GraphBLAS 8+), made once per thread. Without it the sort took every
+    core's OpenMP threads while the other worker's product ran on one."""
+    if not _THREADS:
+        yield
+        return
+    ctx = getattr(_LOCAL, "ctx", None)
+    if ctx is None or ctx["nthreads"] != _THREADS:
+        try:
+            from graphblas.core.ss.context import Context
+            ctx = Context(engage=False, stack=False, nthreads=_THREADS)
+        except (ImportError, AttributeError):  # an older GraphBLAS: its global setting
+            ctx = False
+        _LOCAL.ctx = ctx
+    if ctx is False:
+        yield
+        return
+    ctx.engage()
+    try:
+        yield
+    finally:
+        ctx.disengage()
 
 
 def _gb():
@@ -300,7 +331,8 @@ def _unpack_csr(C):
     one pass, which scipy and the writer then take as they are: scipy's own conversion (to
     int64) and the writer's (to int32) were two copies of every index."""
     import scipy.sparse as sp
-    d = C.ss.unpack("csr", sort=True)
+    with _context():
+        d = C.ss.unpack("csr", sort=True)
     values = d["values"]
     nnz = int(d["indptr"][-1])
     if d["is_iso"]:  # one value for every entry
@@ -331,9 +363,9 @@ def plus_times_csr(A, B):
     a, b = (gb.io.from_scipy_sparse(x if x.format in ("csr", "csc") else x.tocsr())
             for x in (A, B))
     csr = _unpack_csr(a.mxm(b, gb.semiring.plus_times).new(**_opts()))
-    keep = csr.data != 0
-    if not keep.all():  # a sum of exactly 0: absent in scipy's product
+    if count_nonzero(csr.data) != csr.nnz:  # a sum of exactly 0: absent in scipy's product
         import scipy.sparse as sp
+        keep = csr.data != 0
         rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))[keep]
         indptr = np.zeros(csr.shape[0] + 1, csr.indptr.dtype)
         np.cumsum(np.bincount(rows, minlength=csr.shape[0]), out=indptr[1:])

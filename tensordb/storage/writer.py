@@ -34,7 +34,8 @@ from .sparse import (Filled, csr_parts, densify, encode, entries, fill_of, is_sp
                      stored_entries)
 from ..sparsity import choose_format
 from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
-                      open_payload, sync_in_background, write_all)
+                      open_payload, sync_in_background)
+from .writeback import start_writeback
 from .tilestats import (_NNZ_BLOCK, _STATS_BLOCK, TileStats, count_nonzero, has_negative_zero,  # noqa: F401
                         has_nonfinite, tile_stats)
 
@@ -43,8 +44,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["TensorWriter", "ALIGN", "STAGE_MAX", "STREAM_TILE_MAX", "StagingBuffers", "commit_all",
            "count_nonzero", "has_nonfinite", "has_negative_zero", "tile_stats", "TileStats"]
-
-_ZEROS = bytes(ALIGN)
 
 
 class TensorWriter(ReservedTiles):
@@ -80,6 +79,7 @@ class TensorWriter(ReservedTiles):
         # streamed (an output too large to stage, where the commit fsyncs): each tile's place in
         # the file, written by write_tile as soon as the tile is finished
         self._slots: dict[tuple[int, ...], tuple] = {}
+        self._appending: set[tuple[int, ...]] = set()  # tiles whose bytes _append is writing
         self._uploads = None  # an object written in parts (objparts.PartUploads)
         self._in_memory = False  # an object staged with no local file, uploaded at commit
 
@@ -160,18 +160,27 @@ class TensorWriter(ReservedTiles):
         csr = tile.csr if isinstance(tile, Filled) else tile
         if getattr(csr, "format", None) == "csr" and csr.has_canonical_format:
             data = np.asarray(csr.data, self.dtype)
+            indptr, indices = csr.indptr, csr.indices
+            if choose_format(shape, data.size, self.dtype) == "csr":
+                # the rule says CSR: its arrays are the payload's, checksummed and counted in
+                # one sweep of the values (``_csr_stats``) where none is to be left out
+                parts = csr_parts(shape, self.dtype, indptr, indices, data)
+                stats = self._csr_stats(parts)
+                if stats is not None:
+                    nnz, nonfinite, crc = stats
+                    if nnz == 0 and self.fill == 0:
+                        return False
+                    return self._append(coords, starts, shape, parts, nnz, crc, nonfinite, "csr")
             with np.errstate(invalid="ignore"):
                 keep = data != self.fill
             if self.fill == 0 and data.dtype.kind == "f":
                 keep |= np.signbit(data)  # a -0.0 is stored (stored_entries)
-            indptr, indices = csr.indptr, csr.indices
             if not keep.all():  # zeros (or fills) left out: the CSR arrays without them, not
                 # int64 linear indices of every entry (a streamed slab's few zeros: slabs.py)
                 drop = np.flatnonzero(~keep)
                 indptr = indptr - np.searchsorted(drop, indptr, side="left").astype(indptr.dtype)
                 indices, data = np.delete(indices, drop), np.delete(data, drop)
             if choose_format(shape, data.size, self.dtype) == "csr":
-                # the rule says CSR: its arrays are the payload's
                 parts = csr_parts(shape, self.dtype, indptr, indices, data)
                 nnz = data.size if self.fill != 0 else count_nonzero(data)
                 if nnz == 0 and self.fill == 0:
@@ -183,6 +192,38 @@ class TensorWriter(ReservedTiles):
                                     has_nonfinite(data) or not math.isfinite(self.fill), "csr")
         lin, values = entries(tile)
         return self.write_entries(coords, lin, values)
+
+    def _csr_stats(self, parts: list) -> tuple[int, bool, int] | None:
+        """(nnz, nonfinite, crc32) of a CSR payload (``csr_parts``: the entry count, values,
+        padding, row pointers, column indices) whose values are all to be stored: none is 0
+        or -0.0 where the fill is 0 (a stored entry's value counts as a nonzero), none equals
+        the fill otherwise. The values are swept once, block by block (``tilestats``), each
+        block checksummed in its place in the payload, counted and summed while it is in the
+        cache; a GraphBLAS product's 51 MB half took four sweeps from memory (the test of the
+        fill, the sign bits, the count, the finite test) before its checksum. None when some
+        value is to be left out (the caller drops them and takes the statistics again)."""
+        head, vals, rest = parts[0], parts[1], parts[2:]
+        crc = checksum(head)
+        fill = self.fill
+        nonfinite = not math.isfinite(fill)
+        step = max(1, _STATS_BLOCK // max(vals.itemsize, 1))
+        kept = 0
+        with np.errstate(invalid="ignore"):
+            for lo in range(0, vals.size, step):
+                block = vals[lo:lo + step]
+                crc = checksum(block, crc)
+                if fill == 0:
+                    kept += count_nonzero(block)
+                    nonfinite = nonfinite or has_nonfinite(block)
+                else:
+                    kept += int(np.count_nonzero(block != fill))
+                    if not nonfinite:
+                        nonfinite = has_nonfinite(block)
+                if kept != min(lo + step, vals.size):
+                    return None  # a 0 (or -0.0), or the fill: left out by the caller
+        for part in rest:
+            crc = checksum(part, crc)
+        return kept, bool(nonfinite), crc
 
     def write_entries(self, coords: Sequence[int], lin: np.ndarray, values: np.ndarray) -> bool:
         """Store tile ``coords`` from its entries: C-order linear indices ``lin`` in the tile
@@ -245,29 +286,49 @@ class TensorWriter(ReservedTiles):
     def _append(self, coords, starts, shape, flat, nnz: int, crc: int,
                 nonfinite: bool, fmt: str) -> bool:
         """Append one tile's payload bytes (``flat``: an array, or the list of arrays it is made
-        of, ``sparse.csr_parts``) to the file and record its entry."""
+        of, ``sparse.csr_parts``) to the file and record its entry. Its place is taken under the
+        lock and its bytes written outside it (``pwrite`` at that place, through a duplicate of
+        the file's descriptor, which an abort on another thread cannot close under it), so two
+        workers that finish large tiles at once write them at once: a whole-graph SpGEMM's two
+        halves (51 MB each) were written one after the other. Where the commit fsyncs, the
+        write-back of the bytes starts at once (writeback.py), as an early-written tile's."""
         parts = flat if isinstance(flat, list) else [flat]
         nbytes = sum(p.nbytes for p in parts)
         with self._lock:
             if self._state != "open":
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
-            if coords in self.entries:
+            if coords in self.entries or coords in self._appending:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
             try:
                 if self._fd is None:
                     self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                pad = -self._pos % ALIGN
-                if pad:
-                    write_all(self._fd, _ZEROS[:pad])
-                offset = self._pos + pad
-                for part in parts:
-                    if part.nbytes:
-                        write_all(self._fd, memoryview(part).cast("B"))
+                fd = os.dup(self._fd)
             except OSError as exc:
                 self._fail()
                 raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
                                        f"{exc.strerror or exc}") from None
+            offset = self._pos + (-self._pos % ALIGN)  # the gap before it: a hole, read as 0
             self._pos = offset + nbytes
+            self._appending.add(coords)
+        try:
+            at = offset
+            for part in parts:
+                if part.nbytes:
+                    self._pwrite(fd, part, at)
+                    at += part.nbytes
+            if self.store.fsync:
+                start_writeback(fd, offset, nbytes)
+        except BaseException:
+            with self._lock:
+                self._appending.discard(coords)
+            self._fail()
+            raise
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._appending.discard(coords)
+            if self._state != "open":  # aborted while its bytes were written: the file is gone
+                raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
             self.entries[coords] = TileEntry(coords, starts, shape, offset, nbytes, nnz, crc,
                                              nonfinite, fmt)
         return True
