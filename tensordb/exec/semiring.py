@@ -81,36 +81,6 @@ def _opts() -> dict:
     return {"nthreads": _THREADS} if _THREADS else {}
 
 
-_LOCAL = threading.local()
-
-
-@contextmanager
-def _context():
-    """GraphBLAS work with no descriptor (``unpack``'s sort of a product's jumbled rows) done
-    with the run's threads per kernel call, as ``_opts`` does a call's: a Context of this
-    thread (SuiteSparse:GraphBLAS 8+), made once per thread. Without it the sort took every
-    core's OpenMP threads while the other worker's product ran on one."""
-    if not _THREADS:
-        yield
-        return
-    ctx = getattr(_LOCAL, "ctx", None)
-    if ctx is None or ctx["nthreads"] != _THREADS:
-        try:
-            from graphblas.core.ss.context import Context
-            ctx = Context(engage=False, stack=False, nthreads=_THREADS)
-        except (ImportError, AttributeError):  # an older GraphBLAS: its global setting
-            ctx = False
-        _LOCAL.ctx = ctx
-    if ctx is False:
-        yield
-        return
-    ctx.engage()
-    try:
-        yield
-    finally:
-        ctx.disengage()
-
-
 def _gb():
     """python-graphblas, imported when a semiring kernel first runs (about 1 s), once: its
     submodules load lazily, and two workers importing them at once see a half-made module."""
@@ -331,8 +301,7 @@ def _unpack_csr(C):
     one pass, which scipy and the writer then take as they are: scipy's own conversion (to
     int64) and the writer's (to int32) were two copies of every index."""
     import scipy.sparse as sp
-    with _context():
-        d = C.ss.unpack("csr", sort=True)
+    d = C.ss.unpack("csr", sort=True)
     values = d["values"]
     nnz = int(d["indptr"][-1])
     if d["is_iso"]:  # one value for every entry
