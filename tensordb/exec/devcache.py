@@ -27,12 +27,16 @@ idle tiles are dropped (least recently used first, those the plan does not read 
 it does) until the cache and the plan's tiles fit the limit; during a run, the pool's admission
 drops idle tiles first when a task needs room (``make_room``), before it moves any tile of the
 run to host memory. The cache is thread-safe: worker threads of several devices use it at once.
+A sparse tile is kept as it is on the device (a cupyx CSR matrix, gpu_sparse.py), counted by
+the bytes of its three arrays, not by its dense extent.
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from .gpu_sparse import tile_bytes
 
 __all__ = ["DeviceCache"]
 
@@ -125,7 +129,7 @@ class DeviceCache:
     def put(self, key: tuple, device: int, array, held: bool = True):
         """Cache ``array`` as ``key`` on ``device`` (held by the run unless ``held`` is False);
         the array to use (the one cached already, when another thread put it first)."""
-        nbytes = int(getattr(array, "nbytes", 0))
+        nbytes = tile_bytes(array)  # a CSR tile's three arrays (gpu_sparse.py)
         with self.lock:
             e = self.entries.get((key, device))
             if e is not None:

@@ -47,9 +47,12 @@ import numpy as np
 from ..errors import InternalError, NotSupportedError
 from ..geometry import tile_box
 from ..physical.plan import Load
+from ..storage.sparse import is_sparse, tile_nbytes
 from .budget import upper_bytes
 from .devcache import DeviceCache
 from .devlets import cut_held, held_tiles, identities
+from .gpu_sparse import dense, download, is_device_sparse, sparse_module, tile_bytes, upload
+from .gpu_sparse import load as load_sparse
 from .kernels import get_backend
 from .pool import HostTiles, LocalExecutor
 
@@ -96,14 +99,16 @@ class OnHost:
 
     @property
     def nbytes(self) -> int:
-        return int(self.array.nbytes)
+        return tile_nbytes(self.array)  # a CSR tile's three arrays (scipy's, on the host)
 
 
 class DeviceTiles(HostTiles):
     """Tiles resident on GPUs: worker ``w`` runs on ``devices[w]`` with its own non-blocking
     stream; a tile read on another device is copied there; only stored outputs come back to
     host memory, never into the host ``destinations``. No BLAS limits: the host threads only
-    launch kernels and copy tiles. ``xp`` is CuPy (a test may pass another array module)."""
+    launch kernels and copy tiles. ``xp`` is CuPy (a test may pass another array module), ``xsparse`` its sparse module
+    (``cupyx.scipy.sparse``; gpu_sparse.py): a Load of a box whose stored tiles are CSR copies
+    those tiles' arrays and keeps them CSR on the device (None: densified, as before)."""
 
     name = "gpu"
     limits_blas = False
@@ -117,6 +122,7 @@ class DeviceTiles(HostTiles):
 
     def __init__(self, devices: list[int], xp=None, cache: bool = True) -> None:
         super().__init__(xp if xp is not None else get_backend("cupy"))
+        self.xsparse = sparse_module(self.xp)
         self.devices = list(devices)
         # stored tiles kept on the devices between runs (devcache.py); None: every Load copies
         self.cache = DeviceCache() if cache else None
@@ -167,18 +173,24 @@ class DeviceTiles(HostTiles):
             landed = self._landed.pop(id(value), None)
         if landed is not None and landed[0] is value:  # its host copy exists: no second copy
             return OnHost(landed[1]), int(landed[1].nbytes), time.perf_counter() - t0
-        host = self.xp.asnumpy(value)
-        self._count(device_to_host=int(host.nbytes))
-        return OnHost(host), int(host.nbytes), time.perf_counter() - t0
+        host = self._host(value)
+        self._count(device_to_host=tile_nbytes(host))
+        return OnHost(host), tile_nbytes(host), time.perf_counter() - t0
+
+    def _host(self, value):
+        """A device tile copied to the host: a NumPy array, or a scipy CSR array."""
+        return download(value) if is_device_sparse(value) else self.xp.asnumpy(value)
 
     def fetch(self, value, src: int, dst: int):
         if isinstance(value, OnHost):  # evicted by the budget: back onto this worker's device
             self._count(host_to_device=value.nbytes)
+            if is_sparse(value.array):
+                return upload(value.array, self.xp, self.xsparse)
             return self.xp.asarray(value.array)
         if self._device(src) != self._device(dst):
             value = value.copy()  # cupy copies an array of another device onto the current one
             self.xp.cuda.get_current_stream().synchronize()  # the source may be freed next
-            self._count(peer=int(value.nbytes))
+            self._count(peer=tile_bytes(value))
         return value
 
     def publish(self, value) -> None:
@@ -187,8 +199,9 @@ class DeviceTiles(HostTiles):
     def to_host(self, value, key=None):
         if isinstance(value, OnHost):
             return value.array
-        self._count(self._out_ops.get(key), device_to_host=int(value.nbytes))
-        return self._land(value, self.xp.asnumpy(value))
+        host = self._host(value)  # a sparse output tile: scipy CSR, stored as the CPU's
+        self._count(self._out_ops.get(key), device_to_host=tile_nbytes(host))
+        return self._land(value, host)
 
     def _land(self, value, host):
         """``host`` is the copy of device tile ``value``: during a run, ``evict`` copies it no
@@ -202,6 +215,7 @@ class DeviceTiles(HostTiles):
         """A finished output tile into its writer's buffer (host memory), on its worker:
         straight into the buffer where CuPy can (``ndarray.get(out=)``), else through a host
         copy."""
+        value = dense(value, self.xp)  # (a CSR tile has no dense place: never, in a plan)
         self._count(self._out_ops.get(key), device_to_host=int(value.nbytes))
         get = getattr(value, "get", None)
         if get is not None and buffer.dtype == value.dtype and buffer.shape == value.shape \
@@ -223,9 +237,7 @@ class DeviceTiles(HostTiles):
         LET tile (devlets.py) is only ever found: ``start_run`` pinned it."""
         cache = self.cache
         if cache is None:
-            value = runner.run(task, (), op, source=reader)
-            self._count(op.output, host_to_device=int(value.nbytes), misses=1)
-            return value
+            return self._read(task, reader, runner, op)
         key, dev = self._key(task, reader), self._device(w)
         held = getattr(reader, "held", False)
         try:
@@ -237,21 +249,31 @@ class DeviceTiles(HostTiles):
             if src is not None:
                 value = src[1].copy()  # onto this worker's device, from the one that holds it
                 self.xp.cuda.get_current_stream().synchronize()
-                self._count(op.output, peer=int(value.nbytes), peer_hits=1,
+                self._count(op.output, peer=tile_bytes(value), peer_hits=1,
                             **({"let_hits": 1} if held else {}))
             elif held and task.key in self._pieces:
                 value = self._assemble(task, reader.meta.dtype, self._pieces[task.key], dev, op)
             elif held:
                 raise InternalError(f"the LET tile {key} left the device cache during the run")
             else:
-                value = runner.run(task, (), op, source=reader)
-                self._count(op.output, host_to_device=int(value.nbytes), misses=1)
+                value = self._read(task, reader, runner, op)
             return cache.put(key, dev, value)
         finally:
             if held:  # read: held as this Load's tile now, as any cached tile
                 for pinned in [self._pinned[task.key]] if task.key in self._pinned else \
                         self._pieces.get(task.key, ()):
                     cache.unpin(*pinned)
+
+    def _read(self, task, reader, runner, op):
+        """A Load's box copied host -> device: kept CSR where its stored tiles are
+        (gpu_sparse.load: their three arrays copied, counted ``csr_loads``), else dense."""
+        value = load_sparse(task, reader, self.xp, self.xsparse)
+        if value is None:
+            value = runner.run(task, (), op, source=reader)
+            self._count(op.output, host_to_device=int(value.nbytes), misses=1)
+        else:
+            self._count(op.output, host_to_device=tile_bytes(value), misses=1, csr_loads=1)
+        return value
 
     def _assemble(self, task, dtype, pieces, dev, op):
         """The box of Load ``task`` built on device ``dev`` from the cached tiles ``pieces``
@@ -266,7 +288,7 @@ class DeviceTiles(HostTiles):
                         for a, b, p, q in zip(task.starts, task.stops, key[2], key[3]))
             dst = tuple(slice(max(a, p) - a, min(b, q) - a)
                         for a, b, p, q in zip(task.starts, task.stops, key[2], key[3]))
-            part = part[src]
+            part = dense(part, xp)[src]
             if d != dev:  # onto this worker's device (as a peer copy)
                 part = part.copy()
                 self.xp.cuda.get_current_stream().synchronize()

@@ -146,7 +146,7 @@ def _owned_nbytes(a) -> int:
     output buffers), which the page cache holds. A device array (CuPy's: no NumPy array) is a
     copy on the device: all of it."""
     if not isinstance(a, np.ndarray):
-        return int(getattr(a, "nbytes", 0))
+        return tile_nbytes(a)  # a device array's nbytes, a device CSR tile's three arrays
     base = a
     while isinstance(base, np.ndarray) and base.base is not None:
         base = base.base
