@@ -30,9 +30,13 @@ later plan computing the same value is cut to Loads of them (``start_run``, devl
 EXPLAIN shows which inputs (and LETs) are resident (``resident``), ``RunResult.copies`` what
 a run copied each way, ``RunResult.op_copies`` the same per operation.
 
-Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache and the tile-by-tile
-copies out: the gpu tests and the random corpora equal NumPy. Those two have run only on NumPy
-stand-ins for CuPy (tests/exec/test_gpu_cache.py); several GPUs have not run (docs/distributed.md).
+Sparse tiles stay CSR on the devices (``xsparse``, gpu_sparse.py): a Load of CSR tiles copies
+their three arrays, cupyx's kernels run on them where the plan's sparse method has a cupyx form.
+
+Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache, the tile-by-tile
+copies out and the sparse tiles: the gpu tests and the random corpora equal NumPy. Those three
+have run only on NumPy stand-ins for CuPy (tests/exec/test_gpu_cache.py, test_gpu_sparse.py);
+several GPUs have not run (docs/distributed.md).
 """
 from __future__ import annotations
 
