@@ -53,7 +53,7 @@ from ..geometry import tile_box
 from ..physical.plan import Load
 from ..storage.sparse import is_sparse, tile_nbytes
 from .budget import upper_bytes
-from .devcache import DeviceCache
+from .devcache import DeviceCache, load_key
 from .devlets import cut_held, held_tiles, identities
 from .gpu_sparse import dense, download, is_device_sparse, sparse_module, tile_bytes, upload
 from .gpu_sparse import load as load_sparse
@@ -110,9 +110,9 @@ class DeviceTiles(HostTiles):
     """Tiles resident on GPUs: worker ``w`` runs on ``devices[w]`` with its own non-blocking
     stream; a tile read on another device is copied there; only stored outputs come back to
     host memory, never into the host ``destinations``. No BLAS limits: the host threads only
-    launch kernels and copy tiles. ``xp`` is CuPy (a test may pass another array module), ``xsparse`` its sparse module
-    (``cupyx.scipy.sparse``; gpu_sparse.py): a Load of a box whose stored tiles are CSR copies
-    those tiles' arrays and keeps them CSR on the device (None: densified, as before)."""
+    launch kernels and copy tiles. ``xp`` is CuPy (a test may pass another array module),
+    ``xsparse`` its sparse module (``cupyx.scipy.sparse``; gpu_sparse.py): a Load of CSR tiles
+    copies their arrays and keeps them CSR on the device (None: densified, as before)."""
 
     name = "gpu"
     limits_blas = False
@@ -181,8 +181,7 @@ class DeviceTiles(HostTiles):
         self._count(device_to_host=tile_nbytes(host))
         return OnHost(host), tile_nbytes(host), time.perf_counter() - t0
 
-    def _host(self, value):
-        """A device tile copied to the host: a NumPy array, or a scipy CSR array."""
+    def _host(self, value):  # a NumPy array, or a scipy CSR array (a device CSR tile's)
         return download(value) if is_device_sparse(value) else self.xp.asnumpy(value)
 
     def fetch(self, value, src: int, dst: int):
@@ -232,8 +231,7 @@ class DeviceTiles(HostTiles):
 
     # -- the device cache (devcache.py) --------------------------------------------------------
     def _key(self, task, reader) -> tuple:
-        m = reader.meta
-        return (m.name.lower(), m.version, tuple(task.starts), tuple(task.stops))
+        return load_key(task, reader)
 
     def load(self, w: int, task, reader, runner, op):
         """A Load on worker ``w``: the cached tile on its device (no copy), else a copy of the
@@ -449,40 +447,10 @@ class DeviceTiles(HostTiles):
             self.cache.hold_outputs(name, version, tiles)
 
     def resident(self, plan):
-        """Per stored input: its Loads, how many find their tile cached on their device, how
-        many on another device only (a peer copy), and the bytes already in place."""
-        if self.cache is None:
-            return None
-        out: dict[str, dict] = {}
-        for t in plan.tasks:
-            if not isinstance(t, Load):
-                continue
-            reader = plan.readers[t.tensor]
-            on = self.cache.where(self._key(t, reader), self.devices)
-            r = out.setdefault(reader.meta.name, {"loads": 0, "resident": 0, "peer": 0,
-                                                  "bytes": 0})
-            r["loads"] += 1
-            if self._device(t.worker) in on:
-                r["resident"] += 1
-                r["bytes"] += reader.meta.dtype.itemsize * \
-                    _volume(t.starts, t.stops)
-            elif on:
-                r["peer"] += 1
-        # the LET values the plan computes that are held already (cut out of the run)
-        idents = identities(plan)
-        workers = {t.key: t.worker for t in plan.tasks} if idents else {}
-        for key, (ckey, dtype, _) in held_tiles(plan, idents).items():
-            name = next(n for n, (i, _) in idents.items() if "=" + i == ckey[0])
-            on = self.cache.where(ckey, self.devices)
-            r = out.setdefault(f"{name} (LET)", {"loads": 0, "resident": 0, "peer": 0,
-                                                 "bytes": 0})
-            r["loads"] += 1
-            if self._device(workers.get(key, 0)) in on:
-                r["resident"] += 1
-                r["bytes"] += np.dtype(dtype).itemsize * _volume(ckey[2], ckey[3])
-            elif on:
-                r["peer"] += 1
-        return out
+        """Per stored input (and LET): its Loads, how many find their tile cached on their
+        device, how many on another device only, the bytes in place (``DeviceCache.resident``)."""
+        return None if self.cache is None else \
+            self.cache.resident(plan, self.devices, self._device)
 
     def close(self) -> None:
         self._unlisten()

@@ -127,6 +127,9 @@ def test_the_copies_are_the_csr_arrays_and_a_repeated_query_copies_nothing():
         assert tiles.cache.bytes == _csr_bytes(S) + D.nbytes + (s @ D).nbytes
         cached = [e.array for e in tiles.cache.entries.values()]
         assert any(gpu_sparse.is_device_sparse(a) and isinstance(a.data, Dev) for a in cached)
+        # EXPLAIN's resident bytes are the cached tiles' (S's CSR arrays, not its dense box)
+        resident = json.loads(con.explain(sql, format="json"))["device_resident"]
+        assert resident["S"]["bytes"] == _csr_bytes(S) and resident["D"]["bytes"] == D.nbytes
         xp.clear()
         con.execute(sql)
         assert xp.h2d == [] and con.last_run.copies["hits"] == 2
@@ -194,19 +197,36 @@ def test_integer_sparse_tiles_are_densified_on_the_gpu():
         assert sum(xp.h2d) == _dense(a).nbytes
 
 
-def test_csr_tiles_over_the_device_budget_go_to_the_host_and_come_back():
+def test_csr_tiles_over_the_device_budget_go_to_the_host_and_come_back(monkeypatch):
     """A budget smaller than the run's tiles: CSR tiles are moved to host memory as scipy CSR
     (their arrays copied) and copied back as CSR; the answer is numpy's."""
     a = _graph(200, 0.05, 8)
     d = RNG.standard_normal((200, 40))
     xp = DeviceXp()
+    moved, back = [], []
+    evict, fetch = DeviceTiles.evict, DeviceTiles.fetch
+
+    def evict_spy(self, value):
+        out = evict(self, value)
+        moved.append(sp.issparse(out[0].array))
+        return out
+
+    def fetch_spy(self, value, src, dst):
+        out = fetch(self, value, src, dst)
+        back.append(gpu_sparse.is_device_sparse(out))
+        return out
+    monkeypatch.setattr(DeviceTiles, "evict", evict_spy)
+    monkeypatch.setattr(DeviceTiles, "fetch", fetch_spy)
     with tensordb.connect() as con:
         con.load("A", a, tile=(50, 50))
         con.load("B", d, tile=(50, 40))
         _gpu(con, xp, (0, 1), memory_limit=64 << 10, cache=False)
         con.execute("C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES i 4, j 4, k 1)")
         np.testing.assert_allclose(con.tensor("C"), _dense(a) @ d, rtol=1e-12, atol=1e-12)
-        assert con.last_run.copies["csr_loads"] >= 1
+        run = con.last_run
+        assert run.copies["csr_loads"] >= 1 and run.spilled_bytes > 0, (run.copies,
+                                                                         run.spilled_bytes)
+        assert any(moved) and any(back), (moved, back)  # CSR tiles went out and came back
 
 
 def test_the_stand_in_refuses_a_host_device_mix_up():
