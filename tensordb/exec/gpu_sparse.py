@@ -37,7 +37,8 @@ from ..plan.aggregates import AGGREGATES
 from ..plan.kernel import DEVICE_SPARSE_DTYPES, device_method
 from ..storage.sparse import Filled, RowSlabs, is_sparse, read_sparse_box, tile_nbytes
 
-__all__ = ["sparse_module", "is_device_sparse", "tile_bytes", "load", "upload", "download",
+__all__ = ["sparse_module", "is_device_sparse", "tile_bytes", "load", "load_bytes", "upload",
+           "download",
            "dense", "call", "combine"]
 
 CHUNK = 1 << 22  # elements of one SDDMM step's gathered rows
@@ -78,6 +79,28 @@ def tile_bytes(x) -> int:
     if is_device_sparse(x):
         return tile_nbytes(x)
     return int(getattr(x, "nbytes", 0))
+
+
+def load_bytes(plan, task) -> int | None:
+    """What Load ``task`` will copy to a device when its box stays CSR there (``load``'s
+    conditions, a sparse module aside): at most the payloads of the stored tiles it overlaps
+    and a row pointer per row, or its dense box if that is less; None where the box is read
+    dense (the admission then reserves the dense box, ``budget.working_bytes``)."""
+    from ..geometry import overlapping
+    reader = plan.readers[task.tensor]
+    meta = reader.meta
+    if not getattr(reader, "has_sparse", False) or meta.ndim != 2 or meta.fill != 0 or \
+            np.dtype(meta.dtype).name not in DEVICE_SPARSE_DTYPES or \
+            getattr(reader, "sparse_box", None) is not None:
+        return None
+    ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, task.starts, task.stops)]
+    present = [reader.entries[(r, c)] for r in ranges[0] for c in ranges[1]
+               if (r, c) in reader.entries]
+    if not present or not all(e.sparse for e in present):
+        return None
+    rows = task.stops[0] - task.starts[0]
+    box = rows * (task.stops[1] - task.starts[1]) * np.dtype(meta.dtype).itemsize
+    return min(box, sum(int(e.nbytes) for e in present) + (rows + 1) * 8)
 
 
 def upload(box, xp, xsparse):

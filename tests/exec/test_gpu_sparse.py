@@ -272,3 +272,32 @@ def test_on_the_gpu_executor_in_a_process_whose_cupy_is_the_stand_in(what):
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and " passed" in done.stdout and "skipped" not in done.stdout, \
         done.stdout[-3000:]
+
+
+def test_the_budget_reserves_a_csr_loads_arrays_not_its_dense_box(monkeypatch):
+    """A graph whose dense box is 8x the memory_limit and whose CSR is a small part of it: the
+    admission reserves the CSR tiles' bytes (``gpu_sparse.load_bytes``), so the run neither
+    crosses the limit nor moves a tile off the device."""
+    from tensordb.exec import budget
+    n = 1024
+    a = _graph(n, 0.002, 9)
+    v = RNG.standard_normal(n)
+    reserved = []
+    working = budget.working_bytes
+
+    def spy(plan, task, loads_copy=False):
+        out = working(plan, task, loads_copy)
+        if loads_copy and type(task).__name__ == "Load" and task.tensor == "A":
+            reserved.append(out)
+        return out
+    monkeypatch.setattr(budget, "working_bytes", spy)
+    with tensordb.connect() as con:
+        con.load("A", a)
+        con.load("v", v)
+        _gpu(con, DeviceXp(), memory_limit=1 << 20, cache=False)
+        con.execute("w[i] = SUM(A[i,j] * v[j])")
+        np.testing.assert_allclose(con.tensor("w"), _dense(a) @ v, rtol=1e-12, atol=1e-12)
+        run = con.last_run
+        assert run.copies["csr_loads"] == 1 and run.over_budget == 0 and run.spilled_bytes == 0
+    assert reserved and all(r < 2 * _csr_bytes(a) + 4096 for r in reserved), reserved
+    assert n * n * 8 >= 8 * (1 << 20)
