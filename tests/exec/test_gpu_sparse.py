@@ -301,3 +301,34 @@ def test_the_budget_reserves_a_csr_loads_arrays_not_its_dense_box(monkeypatch):
         assert run.copies["csr_loads"] == 1 and run.over_budget == 0 and run.spilled_bytes == 0
     assert reserved and all(r < 2 * _csr_bytes(a) + 4096 for r in reserved), reserved
     assert n * n * 8 >= 8 * (1 << 20)
+
+
+def test_a_sparse_intermediate_stays_csr_on_the_device_and_a_let_of_it_is_kept(monkeypatch):
+    """SpGEMM's CSR output read by the next product as a device CSR matrix (two cupyx kernels,
+    nothing densified); as a LET, its CSR tile stays in the device cache and the next
+    statement reads it from there."""
+    a, b = _graph(80, 0.03, 1), _graph(80, 0.03, 2)
+    d = RNG.standard_normal((80, 5))
+    calls = _spied(monkeypatch)
+    densified = []
+    dense = gpu_sparse.dense
+    monkeypatch.setattr(gpu_sparse, "dense", lambda x, xp: (
+        densified.append(1) if gpu_sparse.is_device_sparse(x) else None) or dense(x, xp))
+    xp = DeviceXp()
+    with tensordb.connect() as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.load("D", d)
+        tiles = _gpu(con, xp, (0, 1))
+        sql = "LET P[i,k] = SUM(A[i,j] * B[j,k]); C[i,l] = SUM(P[i,k] * D[k,l])"
+        texts = [n["kernel"]["text"] for n in json.loads(con.explain(sql, format="json"))["nodes"]]
+        assert texts == ["spmm x0 sparse (cupyx)"] * 2
+        con.execute(sql)
+        want = _dense(a) @ _dense(b) @ d
+        np.testing.assert_allclose(con.tensor("C"), want, rtol=1e-12, atol=1e-12)
+        assert calls["spmm"] == 2 and not densified and con.last_run.copies["let_tiles_kept"] == 1
+        kept = [e.array for k, e in tiles.cache.entries.items() if k[0][0].startswith("=")]
+        assert kept and all(gpu_sparse.is_device_sparse(t) for t in kept)
+        con.execute("C2[i,l] = SUM(P[i,k] * D[k,l]) * 2")
+        np.testing.assert_allclose(con.tensor("C2"), 2 * want, rtol=1e-12, atol=1e-12)
+        assert con.last_run.copies["let_hits"] >= 1 and not densified
