@@ -59,10 +59,14 @@ def check_format(format: str) -> None:
                                hint=f"valid formats: {', '.join(FORMATS)}")
 
 
-def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
+def plan_summary(decomp, plan, result=None, resident=None, device: bool = False
+                 ) -> dict[str, Any]:
     """Everything EXPLAIN shows, as plain data (this is the JSON form). ``resident``: on a GPU,
     per stored input what its Loads find on the devices before the run (the executor's
-    ``resident(plan)``)."""
+    ``resident(plan)``). ``device``: the executor is a GPU: a sparse kernel's ``text`` is what
+    it runs there (``plan.kernel.device_describe``: cupyx, or densified), its CPU form
+    ``cpu_text``."""
+    from .plan.kernel import SPARSE_METHODS, device_describe
     from .physical.placement import transfers, worker_flops
     cost = decomp.details.get("cost")
     if cost is None:
@@ -111,6 +115,9 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
         }
         if c is not None and plan.kernels[i].sparse is not None:
             node["flops"] = int(c.flops)  # the sparse kernel's, from the catalog's nnz
+        if device and plan.kernels[i].method in SPARSE_METHODS:
+            node["kernel"]["cpu_text"] = node["kernel"]["text"]
+            node["kernel"]["text"] = device_describe(op, plan.kernels[i])
         fill = decomp.details.get("output_fill", {}).get(op.output)
         if fill:  # its absent entries (plan/fills.py)
             node["fill"] = fill
@@ -190,10 +197,12 @@ def plan_summary(decomp, plan, result=None, resident=None) -> dict[str, Any]:
     return out
 
 
-def render(decomp, plan, format: str = "text", result=None, resident=None) -> str:
-    """Render a planned (and, with ``result``, executed) TilePlan."""
+def render(decomp, plan, format: str = "text", result=None, resident=None,
+           device: bool = False) -> str:
+    """Render a planned (and, with ``result``, executed) TilePlan; ``device``: for a GPU
+    executor (``plan_summary``)."""
     check_format(format)
-    data = plan_summary(decomp, plan, result, resident)
+    data = plan_summary(decomp, plan, result, resident, device)
     if format == "json":
         return json.dumps(data, indent=2, default=float)
     if format == "dot":

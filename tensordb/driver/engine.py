@@ -125,8 +125,7 @@ class Engine:
         steering = tuple((f.name, getattr(s, f.name)) for f in dataclasses.fields(s)
                          if f.name != "progress")
         return Target(workers, fan_in, memory_limit, threads, s.tiling,
-                      (steering, fan_in, cluster), fuse_sparse=s.executor != "gpu",
-                      cluster=cluster)
+                      (steering, fan_in, cluster), cluster=cluster)
 
     # -- the pipeline ------------------------------------------------------------------------------
     def prepare(self, source, pieces=None, lets=None) -> Prepared:
@@ -193,7 +192,8 @@ class Engine:
         result = self.run(prepared, self.store_sink()) if analyze else None
         with gc_paused():
             return render(prepared.decomp, prepared.plan, format=format, result=result,
-                          resident=resident)
+                          resident=resident,
+                          device=getattr(self._executor, "name", None) == "gpu")
 
     def load(self, name: str, source, **options) -> list:
         """Store a tensor (storage/load.py); the catalog entries of what it stored: one tensor,

@@ -54,7 +54,8 @@ class Target:
     blas_threads: int
     tiling: str | None
     key: Hashable = ()
-    fuse_sparse: bool = True  # the fused masked kernels are the CPU's (exec/semiring.py)
+    fuse_sparse: bool = True  # the fused masked and sampled kernels (exec/semiring.py; on a
+    #                           GPU, exec/gpu_sparse.py)
     cluster: tuple = ()  # ((name, value), ...): the cluster's own report (EXPLAIN's "target")
 
 

@@ -34,6 +34,7 @@ from ..physical.plan import Aggregate, Kernel, Load
 from ..plan.memory import kernel_temporaries
 from ..storage.boxes import RowGather
 from ..storage.sparse import is_sparse
+from .gpu_sparse import load_bytes
 from .runtime import planned_bytes
 
 __all__ = ["Budget", "working_bytes", "temporary_bytes", "may_cross", "upper_bytes",
@@ -70,9 +71,13 @@ def working_bytes(plan, task, loads_copy: bool = False) -> int:
     """The bytes ``task`` holds while it runs, from the plan alone: its output tile, plus for a
     kernel call the zeros of absent inputs and its kernel's temporaries (``temporary_bytes``).
     A Load reserves nothing (a view of a stored tile; a copy counts once made), unless
-    ``loads_copy``: on a GPU every Load is a copy of its box in device memory."""
+    ``loads_copy``: on a GPU every Load is a copy of its box in device memory (a box of CSR
+    tiles: their arrays, ``gpu_sparse.load_bytes``)."""
     if isinstance(task, Load):
-        return planned_bytes(plan, task) if loads_copy else 0
+        if not loads_copy:
+            return 0
+        csr = load_bytes(plan, task)
+        return planned_bytes(plan, task) if csr is None else csr
     out = planned_bytes(plan, task)
     if not isinstance(task, Kernel):
         return out

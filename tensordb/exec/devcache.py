@@ -27,6 +27,8 @@ idle tiles are dropped (least recently used first, those the plan does not read 
 it does) until the cache and the plan's tiles fit the limit; during a run, the pool's admission
 drops idle tiles first when a task needs room (``make_room``), before it moves any tile of the
 run to host memory. The cache is thread-safe: worker threads of several devices use it at once.
+A sparse tile is kept as it is on the device (a cupyx CSR matrix, gpu_sparse.py), counted by
+the bytes of its three arrays, not by its dense extent.
 """
 from __future__ import annotations
 
@@ -34,7 +36,17 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["DeviceCache"]
+from ..physical.plan import Load
+from .devlets import held_tiles, identities
+from .gpu_sparse import tile_bytes
+
+__all__ = ["DeviceCache", "load_key"]
+
+
+def load_key(task, reader) -> tuple:
+    """The cache key of Load ``task``'s box: (tensor, version, starts, stops)."""
+    m = reader.meta
+    return (m.name.lower(), m.version, tuple(task.starts), tuple(task.stops))
 
 
 @dataclass
@@ -125,7 +137,7 @@ class DeviceCache:
     def put(self, key: tuple, device: int, array, held: bool = True):
         """Cache ``array`` as ``key`` on ``device`` (held by the run unless ``held`` is False);
         the array to use (the one cached already, when another thread put it first)."""
-        nbytes = int(getattr(array, "nbytes", 0))
+        nbytes = tile_bytes(array)  # a CSR tile's three arrays (gpu_sparse.py)
         with self.lock:
             e = self.entries.get((key, device))
             if e is not None:
@@ -283,6 +295,39 @@ class DeviceCache:
                             self._add(new, _Entry(e.array, e.nbytes, 0))
 
     # -- what EXPLAIN shows ----------------------------------------------------------------
+    def nbytes(self, key: tuple, device: int) -> int:
+        """The bytes of ``key``'s tile cached on ``device`` (a CSR tile's arrays); 0 if none."""
+        with self.lock:
+            e = self.entries.get((key, device))
+            return e.nbytes if e is not None else 0
+
+    def resident(self, plan, devices, device_of) -> dict:
+        """Per stored input of ``plan``: its Loads, how many find their tile cached on their
+        device (``device_of(worker)``), how many on another of ``devices`` only (a peer copy),
+        and the bytes already in place (a CSR tile's arrays); the same for the LET values the
+        plan computes that are held already (``"name (LET)"``; cut out of the run)."""
+        out: dict[str, dict] = {}
+
+        def count(name, key, worker):
+            on = self.where(key, devices)
+            r = out.setdefault(name, {"loads": 0, "resident": 0, "peer": 0, "bytes": 0})
+            r["loads"] += 1
+            if device_of(worker) in on:
+                r["resident"] += 1
+                r["bytes"] += self.nbytes(key, device_of(worker))
+            elif on:
+                r["peer"] += 1
+        for t in plan.tasks:
+            if isinstance(t, Load):
+                reader = plan.readers[t.tensor]
+                count(reader.meta.name, load_key(t, reader), t.worker)
+        idents = identities(plan)
+        workers = {t.key: t.worker for t in plan.tasks} if idents else {}
+        for key, (ckey, _, _) in held_tiles(plan, idents).items():
+            name = next(n for n, (i, _) in idents.items() if "=" + i == ckey[0])
+            count(f"{name} (LET)", ckey, workers.get(key, 0))
+        return out
+
     def where(self, key: tuple, devices) -> list[int]:
         """Which of ``devices`` ``key`` is cached on."""
         with self.lock:

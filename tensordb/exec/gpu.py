@@ -30,9 +30,13 @@ later plan computing the same value is cut to Loads of them (``start_run``, devl
 EXPLAIN shows which inputs (and LETs) are resident (``resident``), ``RunResult.copies`` what
 a run copied each way, ``RunResult.op_copies`` the same per operation.
 
-Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache and the tile-by-tile
-copies out: the gpu tests and the random corpora equal NumPy. Those two have run only on NumPy
-stand-ins for CuPy (tests/exec/test_gpu_cache.py); several GPUs have not run (docs/distributed.md).
+Sparse tiles stay CSR on the devices (``xsparse``, gpu_sparse.py): a Load of CSR tiles copies
+their three arrays, cupyx's kernels run on them where the plan's sparse method has a cupyx form.
+
+Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache, the tile-by-tile
+copies out and the sparse tiles: the gpu tests and the random corpora equal NumPy. Those three
+have run only on NumPy stand-ins for CuPy (tests/exec/test_gpu_cache.py, test_gpu_sparse.py);
+several GPUs have not run (docs/distributed.md).
 """
 from __future__ import annotations
 
@@ -47,9 +51,12 @@ import numpy as np
 from ..errors import InternalError, NotSupportedError
 from ..geometry import tile_box
 from ..physical.plan import Load
+from ..storage.sparse import is_sparse, tile_nbytes
 from .budget import upper_bytes
-from .devcache import DeviceCache
+from .devcache import DeviceCache, load_key
 from .devlets import cut_held, held_tiles, identities
+from .gpu_sparse import dense, download, is_device_sparse, sparse_module, tile_bytes, upload
+from .gpu_sparse import load as load_sparse
 from .kernels import get_backend
 from .pool import HostTiles, LocalExecutor
 
@@ -96,14 +103,16 @@ class OnHost:
 
     @property
     def nbytes(self) -> int:
-        return int(self.array.nbytes)
+        return tile_nbytes(self.array)  # a CSR tile's three arrays (scipy's, on the host)
 
 
 class DeviceTiles(HostTiles):
     """Tiles resident on GPUs: worker ``w`` runs on ``devices[w]`` with its own non-blocking
     stream; a tile read on another device is copied there; only stored outputs come back to
     host memory, never into the host ``destinations``. No BLAS limits: the host threads only
-    launch kernels and copy tiles. ``xp`` is CuPy (a test may pass another array module)."""
+    launch kernels and copy tiles. ``xp`` is CuPy (a test may pass another array module),
+    ``xsparse`` its sparse module (``cupyx.scipy.sparse``; gpu_sparse.py): a Load of CSR tiles
+    copies their arrays and keeps them CSR on the device (None: densified, as before)."""
 
     name = "gpu"
     limits_blas = False
@@ -117,6 +126,7 @@ class DeviceTiles(HostTiles):
 
     def __init__(self, devices: list[int], xp=None, cache: bool = True) -> None:
         super().__init__(xp if xp is not None else get_backend("cupy"))
+        self.xsparse = sparse_module(self.xp)
         self.devices = list(devices)
         # stored tiles kept on the devices between runs (devcache.py); None: every Load copies
         self.cache = DeviceCache() if cache else None
@@ -167,18 +177,23 @@ class DeviceTiles(HostTiles):
             landed = self._landed.pop(id(value), None)
         if landed is not None and landed[0] is value:  # its host copy exists: no second copy
             return OnHost(landed[1]), int(landed[1].nbytes), time.perf_counter() - t0
-        host = self.xp.asnumpy(value)
-        self._count(device_to_host=int(host.nbytes))
-        return OnHost(host), int(host.nbytes), time.perf_counter() - t0
+        host = self._host(value)
+        self._count(device_to_host=tile_nbytes(host))
+        return OnHost(host), tile_nbytes(host), time.perf_counter() - t0
+
+    def _host(self, value):  # a NumPy array, or a scipy CSR array (a device CSR tile's)
+        return download(value) if is_device_sparse(value) else self.xp.asnumpy(value)
 
     def fetch(self, value, src: int, dst: int):
         if isinstance(value, OnHost):  # evicted by the budget: back onto this worker's device
             self._count(host_to_device=value.nbytes)
+            if is_sparse(value.array):
+                return upload(value.array, self.xp, self.xsparse)
             return self.xp.asarray(value.array)
         if self._device(src) != self._device(dst):
             value = value.copy()  # cupy copies an array of another device onto the current one
             self.xp.cuda.get_current_stream().synchronize()  # the source may be freed next
-            self._count(peer=int(value.nbytes))
+            self._count(peer=tile_bytes(value))
         return value
 
     def publish(self, value) -> None:
@@ -187,8 +202,9 @@ class DeviceTiles(HostTiles):
     def to_host(self, value, key=None):
         if isinstance(value, OnHost):
             return value.array
-        self._count(self._out_ops.get(key), device_to_host=int(value.nbytes))
-        return self._land(value, self.xp.asnumpy(value))
+        host = self._host(value)  # a sparse output tile: scipy CSR, stored as the CPU's
+        self._count(self._out_ops.get(key), device_to_host=tile_nbytes(host))
+        return self._land(value, host)
 
     def _land(self, value, host):
         """``host`` is the copy of device tile ``value``: during a run, ``evict`` copies it no
@@ -202,6 +218,7 @@ class DeviceTiles(HostTiles):
         """A finished output tile into its writer's buffer (host memory), on its worker:
         straight into the buffer where CuPy can (``ndarray.get(out=)``), else through a host
         copy."""
+        value = dense(value, self.xp)  # (a CSR tile has no dense place: never, in a plan)
         self._count(self._out_ops.get(key), device_to_host=int(value.nbytes))
         get = getattr(value, "get", None)
         if get is not None and buffer.dtype == value.dtype and buffer.shape == value.shape \
@@ -214,8 +231,7 @@ class DeviceTiles(HostTiles):
 
     # -- the device cache (devcache.py) --------------------------------------------------------
     def _key(self, task, reader) -> tuple:
-        m = reader.meta
-        return (m.name.lower(), m.version, tuple(task.starts), tuple(task.stops))
+        return load_key(task, reader)
 
     def load(self, w: int, task, reader, runner, op):
         """A Load on worker ``w``: the cached tile on its device (no copy), else a copy of the
@@ -223,9 +239,7 @@ class DeviceTiles(HostTiles):
         LET tile (devlets.py) is only ever found: ``start_run`` pinned it."""
         cache = self.cache
         if cache is None:
-            value = runner.run(task, (), op, source=reader)
-            self._count(op.output, host_to_device=int(value.nbytes), misses=1)
-            return value
+            return self._read(task, reader, runner, op)
         key, dev = self._key(task, reader), self._device(w)
         held = getattr(reader, "held", False)
         try:
@@ -237,21 +251,31 @@ class DeviceTiles(HostTiles):
             if src is not None:
                 value = src[1].copy()  # onto this worker's device, from the one that holds it
                 self.xp.cuda.get_current_stream().synchronize()
-                self._count(op.output, peer=int(value.nbytes), peer_hits=1,
+                self._count(op.output, peer=tile_bytes(value), peer_hits=1,
                             **({"let_hits": 1} if held else {}))
             elif held and task.key in self._pieces:
                 value = self._assemble(task, reader.meta.dtype, self._pieces[task.key], dev, op)
             elif held:
                 raise InternalError(f"the LET tile {key} left the device cache during the run")
             else:
-                value = runner.run(task, (), op, source=reader)
-                self._count(op.output, host_to_device=int(value.nbytes), misses=1)
+                value = self._read(task, reader, runner, op)
             return cache.put(key, dev, value)
         finally:
             if held:  # read: held as this Load's tile now, as any cached tile
                 for pinned in [self._pinned[task.key]] if task.key in self._pinned else \
                         self._pieces.get(task.key, ()):
                     cache.unpin(*pinned)
+
+    def _read(self, task, reader, runner, op):
+        """A Load's box copied host -> device: kept CSR where its stored tiles are
+        (gpu_sparse.load: their three arrays copied, counted ``csr_loads``), else dense."""
+        value = load_sparse(task, reader, self.xp, self.xsparse)
+        if value is None:
+            value = runner.run(task, (), op, source=reader)
+            self._count(op.output, host_to_device=int(value.nbytes), misses=1)
+        else:
+            self._count(op.output, host_to_device=tile_bytes(value), misses=1, csr_loads=1)
+        return value
 
     def _assemble(self, task, dtype, pieces, dev, op):
         """The box of Load ``task`` built on device ``dev`` from the cached tiles ``pieces``
@@ -266,7 +290,7 @@ class DeviceTiles(HostTiles):
                         for a, b, p, q in zip(task.starts, task.stops, key[2], key[3]))
             dst = tuple(slice(max(a, p) - a, min(b, q) - a)
                         for a, b, p, q in zip(task.starts, task.stops, key[2], key[3]))
-            part = part[src]
+            part = dense(part, xp)[src]
             if d != dev:  # onto this worker's device (as a peer copy)
                 part = part.copy()
                 self.xp.cuda.get_current_stream().synchronize()
@@ -423,40 +447,10 @@ class DeviceTiles(HostTiles):
             self.cache.hold_outputs(name, version, tiles)
 
     def resident(self, plan):
-        """Per stored input: its Loads, how many find their tile cached on their device, how
-        many on another device only (a peer copy), and the bytes already in place."""
-        if self.cache is None:
-            return None
-        out: dict[str, dict] = {}
-        for t in plan.tasks:
-            if not isinstance(t, Load):
-                continue
-            reader = plan.readers[t.tensor]
-            on = self.cache.where(self._key(t, reader), self.devices)
-            r = out.setdefault(reader.meta.name, {"loads": 0, "resident": 0, "peer": 0,
-                                                  "bytes": 0})
-            r["loads"] += 1
-            if self._device(t.worker) in on:
-                r["resident"] += 1
-                r["bytes"] += reader.meta.dtype.itemsize * \
-                    _volume(t.starts, t.stops)
-            elif on:
-                r["peer"] += 1
-        # the LET values the plan computes that are held already (cut out of the run)
-        idents = identities(plan)
-        workers = {t.key: t.worker for t in plan.tasks} if idents else {}
-        for key, (ckey, dtype, _) in held_tiles(plan, idents).items():
-            name = next(n for n, (i, _) in idents.items() if "=" + i == ckey[0])
-            on = self.cache.where(ckey, self.devices)
-            r = out.setdefault(f"{name} (LET)", {"loads": 0, "resident": 0, "peer": 0,
-                                                 "bytes": 0})
-            r["loads"] += 1
-            if self._device(workers.get(key, 0)) in on:
-                r["resident"] += 1
-                r["bytes"] += np.dtype(dtype).itemsize * _volume(ckey[2], ckey[3])
-            elif on:
-                r["peer"] += 1
-        return out
+        """Per stored input (and LET): its Loads, how many find their tile cached on their
+        device, how many on another device only, the bytes in place (``DeviceCache.resident``)."""
+        return None if self.cache is None else \
+            self.cache.resident(plan, self.devices, self._device)
 
     def close(self) -> None:
         self._unlisten()

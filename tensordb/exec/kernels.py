@@ -23,7 +23,7 @@ from ..plan.kernel import CHUNK_ELEMENTS, KernelChoice, choose_kernel
 from ..plan.ir import EinOp
 from ..storage.boxes import RowGather
 from ..storage.sparse import is_sparse
-from . import fused, gathered
+from . import fused, gathered, gpu_sparse
 from .sparse_kernels import SPARSE_METHODS, dense_args, sparse_call
 from .sparse_out import combine_sparse
 
@@ -109,6 +109,10 @@ class KernelSpec:
             # a batch of row products over gathers: a slab of rows at a time (exec/gathered.py)
             res = gathered.by_rows(self, self._matmul, None if self.scale_first is None else
                                    _scalar(self.scale, self.dtype), args, out_shape, out, check)
+            if res is not None:
+                return res
+        if xp is not np:  # a device CSR tile: cupyx's kernel, else densified (gpu_sparse.py)
+            res, args = gpu_sparse.call(self, args, out_shape)
             if res is not None:
                 return res
         args = dense_args(args)  # a sparse tile (a Load's CSR box) for a dense kernel
@@ -453,6 +457,8 @@ def combine(agg: str, acc, part, xp=np):
     if xp is np and not (isinstance(acc, np.ndarray) and isinstance(part, np.ndarray)) and \
             (is_sparse(acc) or is_sparse(part)):
         return combine_sparse(agg, acc, part)
+    if xp is not np and (gpu_sparse.is_device_sparse(acc) or gpu_sparse.is_device_sparse(part)):
+        return gpu_sparse.combine(agg, acc, part, xp)
     ufunc = AGGREGATES[agg].ufunc
     fn = ufunc if xp is np else getattr(xp, ufunc.__name__)
     fn(acc, part, out=acc)

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import DataError, Error, InternalError, OperationalError, OutOfMemoryError
 from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
 from ..plan.kernel import output_tile_bytes
-from ..storage.sparse import tile_nbytes
+from ..storage.sparse import is_sparse, tile_nbytes
 from .kernels import KernelSpec, combine
 from .tasks import (finish_aggregate, run_aggregate, run_assemble, run_kernel, run_load,
                     start_aggregate)
@@ -146,7 +146,9 @@ def _owned_nbytes(a) -> int:
     output buffers), which the page cache holds. A device array (CuPy's: no NumPy array) is a
     copy on the device: all of it."""
     if not isinstance(a, np.ndarray):
-        return int(getattr(a, "nbytes", 0))
+        if hasattr(a, "nbytes") or is_sparse(a):
+            return int(getattr(a, "nbytes", 0))
+        return tile_nbytes(a)  # a device CSR tile (cupyx's have no nbytes): its three arrays
     base = a
     while isinstance(base, np.ndarray) and base.base is not None:
         base = base.base

@@ -6,6 +6,7 @@ import numpy as np
 from ..physical.plan import Aggregate, Assemble, Kernel, Load
 from ..plan.aggregates import AGGREGATES
 from ..storage.sparse import densify, is_sparse, read_sparse_box
+from .gpu_sparse import dense, is_device_sparse
 from .graphcache import GRAPHS
 from .kernels import KernelSpec, combine
 from .sparse_kernels import dense_args
@@ -48,7 +49,7 @@ def run_assemble(task: Assemble, sources: list, xp=np):
     if xp is np and len(task.shape) == 2 and sources and all(
             is_sparse(s) and getattr(s, "format", None) == "csr" for s in sources):
         return _assemble_csr(task, sources)
-    sources = dense_args(sources)
+    sources = dense_args(sources) if xp is np else [dense(s, xp) for s in sources]  # device CSR
     whole = len(task.pieces) == 1 and all(
         (a, b) == (0, n) for (a, b), n in zip(task.pieces[0][2], task.shape))
     out = (xp.empty if whole else xp.zeros)(task.shape, dtype=task.dtype)
@@ -83,6 +84,10 @@ def run_kernel(task: Kernel, spec: KernelSpec, args: list, out=None, check=None,
 def start_aggregate(task: Aggregate, first, xp=np, out=None):
     """The accumulator for an aggregation: a private, writable copy of the first partial (made in
     ``out`` when given: the output tile's final buffer)."""
+    if xp is not np and is_device_sparse(first):  # a device CSR partial (gpu_sparse.combine)
+        if out is None:
+            return first if first.dtype == np.dtype(task.dtype) else first.astype(task.dtype)
+        first = dense(first, xp)
     if out is not None:
         xp.copyto(out, densify(first) if xp is np else first, casting="unsafe")
         return out
@@ -102,6 +107,8 @@ def finish_aggregate(task: Aggregate, acc, xp=np):
     if task.fill_zero:
         if xp is np and is_sparse(acc):  # every element takes the zeros in: dense
             acc = densify(acc)  # skipped combinations are zeros and take part in a max, min or prod
+        elif xp is not np:
+            acc = dense(acc, xp)
         zero = acc.dtype.type(0)  # a Python 0 would make a bool accumulator an int64 result
         ufunc = AGGREGATES[task.agg].ufunc
         ufunc(acc, zero, out=acc) if xp is np else getattr(xp, ufunc.__name__)(acc, zero, out=acc)

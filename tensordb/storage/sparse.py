@@ -147,7 +147,8 @@ def tile_nbytes(tile) -> int:
         tile = tile.csr
     if isinstance(tile, CooTile):
         return int(tile.values.nbytes + tile.coords.nbytes)
-    if _is_scipy(tile):
+    if _is_scipy(tile) or getattr(tile, "format", None) in ("csr", "csc", "coo"):
+        # scipy's, or a GPU's (cupyx.scipy.sparse: its arrays on the device)
         return int(sum(getattr(tile, a).nbytes for a in ("data", "indices", "indptr", "row", "col",
                                                          "coords") if hasattr(tile, a)
                        and hasattr(getattr(tile, a), "nbytes")))

@@ -2,7 +2,10 @@
 # The checks that need a GPU, in one unattended run on a lent GPU machine (docs/distributed.md,
 # "GPUs"): the gpu-marked tests (and the device cache's, tests/exec/test_gpu_cache.py, tests/exec/test_gpu_lets.py), the
 # benchmark (its device-resident section first: repeated queries with and without the device
-# cache beside CuPy, medians of 5), then the random corpora on executor="gpu".
+# cache beside CuPy, medians of 5), then the random corpora on executor="gpu". The gpu-marked
+# tests include the sparse tiles' (CSR on the device, cupyx.scipy.sparse: exec/gpu_sparse.py),
+# and part "sparse" runs three seeds of the sparse corpus (tests/sparse/test_sparse_fuzz.py)
+# on executor="gpu": neither has run on a GPU yet.
 #
 #   bash tests/bench/gpu_device.sh                  # on the GPU machine; results under $OUT
 #   GPU_DRY_RUN=1 OUT=/tmp/gpu-out bash tests/bench/gpu_device.sh   # here, on the CPU
@@ -11,7 +14,7 @@
 # wheels (Python 3.12, x86_64) are installed from $GPU_WHEELS (default: ../whl beside the source
 # tree) into /tmp/site. Each part runs under `timeout`, within the script's budget
 # ($GPU_BUDGET_S seconds, default 450), and one part's failure does not stop the next.
-# GPU_PARTS picks parts (default: "env tests bench fuzz corpus"), BENCH_ARGS adds arguments to
+# GPU_PARTS picks parts (default: "env tests sparse bench fuzz corpus"), BENCH_ARGS adds arguments to
 # bench_gpu.py (e.g. "--only min-plus --budget"), BENCH_LIMIT_S is its time limit, XDIST_N the
 # pytest-xdist processes of the corpora (default 4). In a dry run the corpora run on the local executor (a few fuzz seeds) and
 # the benchmark with --dry-run.
@@ -20,7 +23,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/gpu-out}
 WHL=${GPU_WHEELS:-$SRC/../whl}
 BUDGET=${GPU_BUDGET_S:-450}
-PARTS=${GPU_PARTS:-env tests bench fuzz corpus}
+PARTS=${GPU_PARTS:-env tests sparse bench fuzz corpus}
 DRY=${GPU_DRY_RUN:-}
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -74,6 +77,12 @@ part env 60 bash -c "nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,dri
     $PY -c 'import tensordb; print(\"tensordb\", tensordb.__version__, tensordb.__file__)'"
 
 part tests 90 "${PYTEST[@]}" tests/exec/test_gpu.py tests/exec/test_gpu_cache.py tests/exec/test_gpu_lets.py
+SPARSE_SEEDS="test_sparse_fuzz_einsums and (seed0 or seed1 or seed2)"
+if [ -n "$DRY" ]; then
+    part sparse 90 "${PYTEST[@]}" tests/sparse/test_sparse_fuzz.py -k "$SPARSE_SEEDS"
+else
+    part sparse 90 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" tests/sparse/test_sparse_fuzz.py -k "$SPARSE_SEEDS"
+fi
 
 if [ -n "$DRY" ]; then
     part bench 60 "$PY" -m tests.bench.bench_gpu --dry-run --repeat 2 --json "$OUT/bench.json" --md "$OUT/bench.md" ${BENCH_ARGS:-}

@@ -4,6 +4,7 @@ random corpora on ``executor="gpu"`` (TENSORDB_TEST_EXECUTOR)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import types
 
 import numpy as np
@@ -235,3 +236,55 @@ def test_device_tiles_over_the_budget_go_to_host_memory_and_come_back():
     # An aggregation's fold is always admitted (it frees a partial): the first one holds its
     # accumulator next to the partial for a moment, one tile over the limit at most.
     assert run.over_budget == 0 and 0 < run.peak_bytes <= limit + 64 * 64 * 8
+
+
+# -- sparse tiles (exec/gpu_sparse.py): CSR on the device, cupyx's kernels -----------------------
+# These have run on the stand-in for CuPy only (tests/exec/test_gpu_sparse.py runs them in a
+# process whose cupy is tests/fakecupy), never on a GPU.
+
+def _sparse_cases():
+    from tests.exec.test_gpu_sparse import CASES
+    return CASES
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _sparse_cases(), ids=lambda c: c[0])
+def test_sparse_einsums_on_the_gpu_match_numpy(case):
+    from tests.exec.test_gpu_sparse import _load
+    sql, want, _ = case
+    with tensordb.connect(executor="gpu") as con:
+        _load(con)
+        texts = [n["kernel"]["text"] for n in json.loads(con.explain(sql, format="json"))["nodes"]]
+        assert any("(cupyx" in t for t in texts), texts
+        con.execute(sql)
+        got = con.tensor("C")
+        assert got.dtype == want.dtype
+        _close(got, want)
+        assert con.last_run.copies["csr_loads"] >= 1
+
+
+@pytest.mark.gpu
+def test_sparse_mf_training_step_with_grad_on_the_gpu():
+    """tests/sparse/test_sparse_grad.py's MF step over a sparse ratings matrix, two steps on
+    the GPU: numpy's factors."""
+    from tests.sparse.test_sparse_grad import LAM, LR, STEP, _load_mf, _numpy_steps, _ratings
+    R = _ratings(40, 30, 0.1, 3)
+    with tensordb.connect(executor="gpu") as con:
+        U0, V0 = _load_mf(con, R, 4, 1)
+        for _ in range(2):
+            con.execute(STEP.format(lam=LAM, lr=LR))
+        _, U2, V2 = _numpy_steps(U0, V0, R, 2)
+        np.testing.assert_allclose(con.tensor("U"), U2, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(con.tensor("V"), V2, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_sparse_spgemm_output_is_stored_as_csr_tiles_from_the_gpu(tmp_path):
+    from tests.sparse.test_sparse_output_tiles import _assert_sparse_tiles, _dense, _graph
+    a, b = _graph(90, 0.03, 1), _graph(90, 0.03, 2)
+    with tensordb.connect(tmp_path / "db", executor="gpu") as con:
+        con.load("A", a)
+        con.load("B", b)
+        con.execute("C[i,k] = SUM(A[i,j] * B[j,k]) WITH (PIECES j 3)")
+        np.testing.assert_array_equal(con.tensor("C"), _dense(a) @ _dense(b))
+        _assert_sparse_tiles(con, "C", "float64")

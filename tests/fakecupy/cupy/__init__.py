@@ -1,6 +1,9 @@
 """A fake CuPy: NumPy under CuPy's name, with device arrays of a type of their own (tagged with
 the device current when they were made), two 'devices', the part of ``cupy.cuda`` the GPU
-executor uses, and every copy recorded (its bytes), host -> device and device -> host.
+executor uses, and every copy recorded (its bytes), host -> device and device -> host. Each
+stand-in has its own ``cupyx.scipy.sparse`` (``cupyx_sparse``, _sparse.py: scipy.sparse's
+matrices holding its device arrays), which ``import cupyx.scipy.sparse`` is in a subprocess
+(tests/fakecupy/cupyx).
 
 Two uses, one stand-in:
 - ``DeviceXp()`` objects, imported as ``tests.fakecupy.cupy`` by tests/exec/test_gpu_cache.py and
@@ -17,6 +20,8 @@ import threading
 import types
 
 import numpy as np
+
+from ._sparse import SparseXp
 
 __version__ = "fake"
 
@@ -50,6 +55,7 @@ class DeviceXp(types.ModuleType):
             get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 2,
                                           memGetInfo=lambda: (1 << 34, 1 << 34)))
+        self.cupyx_sparse = SparseXp(self, Dev)
 
     @contextlib.contextmanager
     def _device(self, d: int = 0):

@@ -1,0 +1,1 @@
+"""A fake ``cupyx.scipy``: only its ``sparse`` (tests/fakecupy/cupy/_sparse.py)."""
