@@ -34,6 +34,7 @@ from ..storage.writer import TileStats, tile_stats
 from .bound import bind, signature
 from .budget import temporary_bytes
 from .kernels import KernelSpec, combine
+from .reuse import shares
 from .runtime import (Cancelled, OpMeasure, RunResult, _owned_nbytes, final_keys, held_bytes,
                       sparse_entries, translate)
 from .sparse_kernels import SPARSE_METHODS, dense_args
@@ -291,6 +292,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     loads = memo.setdefault("fastpath_loads", {})
     rows, calls_per_op = _rows(memo, plan, steps)
     calls = _calls(memo, steps, specs)
+    shared = _calls(memo, steps, None, "fastpath_shared")
     wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
     n_ops = len(ops)
     secs, peaks, tiles, moves = [0.0] * n_ops, [0] * n_ops, [0] * n_ops, [0] * n_ops
@@ -308,7 +310,8 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     dest = dest or {}
     try:
         with np.errstate(all="ignore"):
-            for i, kind, task, key, o, inputs, free, kept_free, mv, temps, dense, stored in rows:
+            for i, kind, task, key, o, inputs, free, kept_free, mv, temps, dense, stored, \
+                    share in rows:
                 if check is not None:
                     check()
                 t0 = clock()
@@ -324,14 +327,39 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         peaks[o] = peak
                 if kind == KERNEL:
                     call = calls[i]
-                    if call is not None:  # every operand present: bound once to them
+                    value = None
+                    if share is not None and share[1] is not None and share[0] in results:
+                        # the join reads a reduction's kept value (exec/reuse.py), bound so
+                        args = [results[k] for k in inputs]
+                        args.append(results[share[0]])
+                        sig, alt = signature(args), shared[i]
+                        if alt is None or alt[0] != sig or alt[1] != (out is None):
+                            alt = shared[i] = (sig, out is None, None if sig is None else
+                                               bind(share[1], args, task.out_shape, out))
+                        if alt[2] is not None:
+                            value = alt[2](args, out)
+                    if value is not None:
+                        pass
+                    elif call is not None:  # every operand present: bound once to them
                         args = [results[k] for k in inputs]
                         sig = signature(args)
+                        keep = share is not None and share[1] is None
                         if call[0] != sig or call[1] != (out is None):
                             call = calls[i] = (sig, out is None, None if sig is None else bind(
-                                _spec(specs, task.op, ops, kernels), args, task.out_shape, out))
+                                _spec(specs, task.op, ops, kernels), args, task.out_shape, out,
+                                keep=keep))
                         if call[2] is not None:
                             value = call[2](args, out)
+                            if keep:  # a reduction whose join's value a later call reads
+                                value, kept = value
+                                if kept is not None:
+                                    results[share[0]] = kept
+                                    h = held[share[0]] = kept.nbytes
+                                    live += h
+                                    if live > peak:
+                                        peak = live
+                                    if live > peaks[o]:
+                                        peaks[o] = live
                         else:
                             if out is not None:
                                 stats = TileStats()
@@ -452,14 +480,20 @@ def _rows(memo: dict, plan: TilePlan, steps: list) -> tuple:
     if kept is not None and kept[0] is steps and kept[1] is plan.outputs:
         return kept[2], kept[3]
     keep = _kept_keys(memo, plan)
+    kept_joins, uses = shares(plan, steps, KERNEL)
+    last = {u.key: e for e, u in uses.items()}  # the kept value freed after its last reader
     rows = []
     per_op = [0] * len(plan.ops)
     for i, s in enumerate(steps):
-        free = tuple(k for k in s.free if k not in keep)
+        free = tuple(k for k in s.free if k not in keep) + \
+            tuple(k for k, e in last.items() if e == i)
         kept_free = tuple(k for k in s.free if k in keep) + \
             ((s.key,) if s.unread and s.key in keep else ())
+        share = (kept_joins[i], None) if i in kept_joins else \
+            (uses[i].key, KernelSpec(uses[i].op, np, plan.kernels[s.task.op])) if i in uses \
+            else None
         rows.append((i, s.kind, s.task, s.key, s.op, s.inputs, free, kept_free, s.moved,
-                     s.temps, s.dense, s.key in keep))
+                     s.temps, s.dense, s.key in keep, share))
         if s.kind == KERNEL:
             per_op[s.op] += 1
     memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op)
@@ -473,14 +507,17 @@ def _spec(specs: dict, n: int, ops, kernels) -> KernelSpec:
     return spec
 
 
-def _calls(memo: dict, steps: list, specs: dict) -> list:
+def _calls(memo: dict, steps: list, specs: dict | None, name: str = "fastpath_calls") -> list:
     """Per step, its kernel call bound to its operands (exec/bound.py) as (signature, whether
     ``out`` was None, the function or None: not bound); None for a step that is no kernel or
     has an absent operand (its spec is called). Kept in the plan's memo for these steps and
-    KernelSpecs; an entry is replaced whole, never changed (a bound function keeps no state)."""
-    kept = memo.get("fastpath_calls")
+    KernelSpecs; an entry is replaced whole, never changed (a bound function keeps no state).
+    ``specs`` None: the calls of the rewritten operations that read a kept join value
+    (``_rows``' shares), None until bound."""
+    kept = memo.get(name)
     if kept is None or kept[0] is not steps or kept[1] is not specs:
-        kept = memo["fastpath_calls"] = (steps, specs, [
+        kept = memo[name] = (steps, specs, [
+            None if specs is None else
             ((), None, None) if s.kind == KERNEL and None not in s.task.args else None
             for s in steps])
     return kept[2]
