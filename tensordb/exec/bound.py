@@ -37,10 +37,12 @@ __all__ = ["bind", "signature"]
 def signature(args) -> tuple | None:
     """What a bound call depends on in its operands: per operand its shape, dtype and whether
     it is C-contiguous; None where one is not a dense NumPy array (absent, sparse)."""
+    sig = []
     for a in args:
         if type(a) is not np.ndarray:
             return None
-    return tuple([(a.shape, a.dtype, a.flags.c_contiguous) for a in args])
+        sig.append((a.shape, a.dtype, a.flags.c_contiguous))
+    return tuple(sig)
 
 
 def bind(spec, args: list, out_shape, out=None, keep: bool = False):
