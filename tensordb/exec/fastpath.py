@@ -30,12 +30,12 @@ import numpy as np
 from ..geometry import tile_box
 from ..physical.order import ranks
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
-from ..storage.checksum import crc32
-from ..storage.writer import TileStats, tile_stats
+from ..storage.writer import TileStats
 from .bound import bind, signature
 from .budget import temporary_bytes
-from .kernels import KernelSpec, combine
-from .reuse import shares
+from .kernels import combine
+from .fastrows import calls as _calls, facts as _facts, kept_keys as _kept_keys, \
+    rows as _rows, spec as _spec
 from .runtime import (Cancelled, OpMeasure, RunResult, _owned_nbytes, final_keys, held_bytes,
                       sparse_entries, translate)
 from .sparse_kernels import SPARSE_METHODS, dense_args
@@ -291,9 +291,9 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     clock = time.perf_counter
     ops, kernels, readers, memo = plan.ops, plan.kernels, plan.readers, plan.memo
     loads = memo.setdefault("fastpath_loads", {})
-    rows, calls_per_op = _rows(memo, plan, steps)
-    calls = _calls(memo, steps, specs)
-    shared = _calls(memo, steps, None, "fastpath_shared")
+    rows, calls_per_op = _rows(memo, plan, steps, KERNEL)
+    calls = _calls(memo, steps, specs, KERNEL)
+    shared = _calls(memo, steps, None, KERNEL, "fastpath_shared")
     wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
     n_ops = len(ops)
     secs, peaks, tiles, moves = [0.0] * n_ops, [0] * n_ops, [0] * n_ops, [0] * n_ops
@@ -469,79 +469,3 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                      sum(calls_per_op),
                      [seconds] + [0.0] * (workers - 1), nnz=nnz, nonfinite=nonfinite,
                      crc32=crc32, ops=measures, over_budget=0)
-
-
-def _facts(a) -> tuple:
-    """``tile_stats(a)`` (nonzeros, NaN or inf, CRC-32: the catalog row's facts), for a small
-    C-contiguous floating tile the same three answers taken under the run's ``np.errstate``
-    (``tile_stats`` enters one of its own: 2 us of a stored weight's or loss's 9)."""
-    if a.dtype.kind != "f" or a.size > _SMALL_TILE or not a.flags.c_contiguous:
-        return tile_stats(a)
-    add, isfinite = np.add.reduce, np.isfinite
-    nonfinite = a.size > 0 and not isfinite(add(a, axis=None)) and not bool(isfinite(a).all())
-    return int(np.count_nonzero(a != 0)), nonfinite, crc32(a)
-
-
-_SMALL_TILE = 1 << 15  # elements: within storage/tilestats.py's one block
-
-
-def _rows(memo: dict, plan: TilePlan, steps: list) -> tuple:
-    """The steps as the run reads them, once per steps list: per step (index, kind, task, key,
-    op, inputs, keys freed after it, stored output keys freed after it once in their file,
-    moved, temps, dense, and for a tile of a stored output the reading that decides whether it
-    may leave once written: None for a tile that is no stored output's); and the kernel calls
-    per operation (EXPLAIN ANALYZE's count)."""
-    kept = memo.get("fastpath_rows")
-    if kept is not None and kept[0] is steps and kept[1] is plan.outputs:
-        return kept[2], kept[3]
-    keep = _kept_keys(memo, plan)
-    kept_joins, uses = shares(plan, steps, KERNEL)
-    last = {u.key: e for e, u in uses.items()}  # the kept value freed after its last reader
-    rows = []
-    per_op = [0] * len(plan.ops)
-    for i, s in enumerate(steps):
-        free = tuple(k for k in s.free if k not in keep) + \
-            tuple(k for k, e in last.items() if e == i)
-        kept_free = tuple(k for k in s.free if k in keep) + \
-            ((s.key,) if s.unread and s.key in keep else ())
-        share = (kept_joins[i], None) if i in kept_joins else \
-            (uses[i].key, KernelSpec(uses[i].op, np, plan.kernels[s.task.op])) if i in uses \
-            else None
-        rows.append((i, s.kind, s.task, s.key, s.op, s.inputs, free, kept_free, s.moved,
-                     s.temps, s.dense, s.key in keep, share))
-        if s.kind == KERNEL:
-            per_op[s.op] += 1
-    memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op)
-    return rows, per_op
-
-
-def _spec(specs: dict, n: int, ops, kernels) -> KernelSpec:
-    spec = specs.get(n)
-    if spec is None:
-        spec = specs[n] = KernelSpec(ops[n], np, kernels[n])
-    return spec
-
-
-def _calls(memo: dict, steps: list, specs: dict | None, name: str = "fastpath_calls") -> list:
-    """Per step, its kernel call bound to its operands (exec/bound.py) as (signature, whether
-    ``out`` was None, the function or None: not bound); None for a step that is no kernel or
-    has an absent operand (its spec is called). Kept in the plan's memo for these steps and
-    KernelSpecs; an entry is replaced whole, never changed (a bound function keeps no state).
-    ``specs`` None: the calls of the rewritten operations that read a kept join value
-    (``_rows``' shares), None until bound."""
-    kept = memo.get(name)
-    if kept is None or kept[0] is not steps or kept[1] is not specs:
-        kept = memo[name] = (steps, specs, [
-            None if specs is None else
-            ((), None, None) if s.kind == KERNEL and None not in s.task.args else None
-            for s in steps])
-    return kept[2]
-
-
-def _kept_keys(memo: dict, plan: TilePlan) -> frozenset:
-    """The keys of the stored outputs' tiles (the run keeps them), once per plan outputs."""
-    kept = memo.get("fastpath_keep")
-    if kept is None or kept[0] is not plan.outputs:
-        kept = memo["fastpath_keep"] = (plan.outputs, frozenset(
-            k for out in plan.outputs.values() if out.stored for k in out.tiles.values()))
-    return kept[1]

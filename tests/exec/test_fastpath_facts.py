@@ -1,11 +1,11 @@
-"""The straight-line run's statistics of a small stored tile (``fastpath._facts``) against
+"""The straight-line run's statistics of a small stored tile (``fastrows.facts``) against
 storage's ``tile_stats``: the same nonzero count, NaN/inf flag and CRC-32."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tensordb.exec import fastpath
+from tensordb.exec import fastrows
 from tensordb.storage.tilestats import tile_stats
 
 RNG = np.random.default_rng(7)
@@ -33,7 +33,7 @@ def _cases():
 @pytest.mark.parametrize("name,a", list(_cases()), ids=[n for n, _ in _cases()])
 def test_small_tile_facts_are_tile_stats(name, a):
     with np.errstate(all="ignore"):  # as the run calls it
-        got = fastpath._facts(a)
+        got = fastrows.facts(a)
     want = tile_stats(a)
     assert got == want
     assert [type(v) for v in got] == [type(v) for v in want]
