@@ -259,6 +259,25 @@ def _keep_outputs(plan: TilePlan, dest: dict, crc32: dict, nnz: dict, versions: 
         memo.pop("fastpath_outputs", None)
 
 
+# Bytes of intermediates' buffers a plan keeps between its runs (and recycles within one): an
+# intermediate of 128 KiB or more is a fresh mmap, faulted in page by page, at every run; the
+# digits MLP step's 1347 x 128 products and their RELU took 640 page faults a step (numpy's own
+# step 730).
+POOL_BYTES = 8 << 20
+
+
+def _aliased(buf, results: dict, acc: dict) -> bool:
+    """Is ``buf`` (a tile read for the last time) still part of a tile the run holds: one of
+    them, or a view of it (a join whose value is its operand)?"""
+    for v in results.values():
+        if v is buf or getattr(v, "base", None) is buf:
+            return True
+    for v in acc.values():
+        if v is buf or getattr(v, "base", None) is buf:
+            return True
+    return False
+
+
 def _output_boxes(plan: TilePlan) -> tuple:
     """(key, lower-cased name, coords, starts, stops) of each tile of a stored output that a
     Load of the plan reads (a tensor the plan replaces), once per plan outputs."""
@@ -294,6 +313,12 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     rows, calls_per_op = _rows(memo, plan, steps, KERNEL)
     calls = _calls(memo, steps, specs, KERNEL)
     shared = _calls(memo, steps, None, KERNEL, "fastpath_shared")
+    # buffers of intermediates kept from the last run, taken by this one (another run of the
+    # plan at the same time finds none); given back once this run succeeded
+    pool = memo.pop("fastpath_pool", None) or {}
+    pool_bytes = sum(b.nbytes for bufs in pool.values() for b in bufs)
+    made: set = set()  # keys whose tile is a buffer of the pool's kind (written by its call)
+    empty = np.empty
     wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
     n_ops = len(ops)
     secs, peaks, tiles, moves = [0.0] * n_ops, [0] * n_ops, [0] * n_ops, [0] * n_ops
@@ -312,7 +337,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     try:
         with np.errstate(all="ignore"):
             for i, kind, task, key, o, inputs, free, kept_free, mv, temps, dense, stored, \
-                    share in rows:
+                    share, pooled in rows:
                 if check is not None:
                     check()
                 t0 = clock()
@@ -345,12 +370,26 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         args = [results[k] for k in inputs]
                         sig = signature(args)
                         keep = share is not None and share[1] is None
-                        if call[0] != sig or call[1] != (out is None):
-                            call = calls[i] = (sig, out is None, None if sig is None else bind(
-                                _spec(specs, task.op, ops, kernels), args, task.out_shape, out,
-                                keep=keep))
+                        target = out
+                        if pooled is not None:  # an intermediate written into a kept buffer
+                            free_bufs = pool.get(pooled)
+                            if free_bufs:
+                                target = free_bufs.pop()
+                                pool_bytes -= target.nbytes
+                            else:
+                                target = empty(*pooled)
+                        if call[0] != sig or call[1] != (target is None):
+                            call = calls[i] = (sig, target is None, None if sig is None else
+                                               bind(_spec(specs, task.op, ops, kernels), args,
+                                                    task.out_shape, target, keep=keep))
                         if call[2] is not None:
-                            value = call[2](args, out)
+                            value = call[2](args, target)
+                            if pooled is not None:
+                                if value is target:
+                                    made.add(key)
+                                elif pool_bytes + target.nbytes <= POOL_BYTES:
+                                    pool_bytes += target.nbytes  # not written into (scaled
+                                    pool.setdefault(pooled, []).append(target)  # after it)
                             if keep:  # a reduction whose join's value a later call reads
                                 value, kept = value
                                 if kept is not None:
@@ -437,8 +476,13 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                 # a tile read for the last time, or a stored output tile already in its file
                 # that nothing reads (the pool streams such an output: a few tiles held)
                 for k in free:
-                    results.pop(k, None)
+                    v = results.pop(k, None)
                     live -= held.pop(k, 0)
+                    if k in made:  # its buffer, for a later call of this run or the next
+                        made.discard(k)
+                        if pool_bytes + v.nbytes <= POOL_BYTES and not _aliased(v, results, acc):
+                            pool_bytes += v.nbytes
+                            pool.setdefault((v.shape, v.dtype), []).append(v)
                 if kept_free:
                     for k in kept_free:
                         if k in written:
@@ -455,6 +499,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
         if err is exc:
             raise
         raise err from exc
+    memo["fastpath_pool"] = pool
     if versions:
         _keep_outputs(plan, dest, crc32, nnz, versions, loads)
     elif wrote is not None:

@@ -3,6 +3,8 @@ of its bound kernel calls, the stored outputs' keys it keeps, and a small stored
 statistics; each kept in the plan's memo, made once per program."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..storage.checksum import crc32
@@ -40,6 +42,7 @@ def rows(memo: dict, plan, steps: list, kernel_kind: int) -> tuple:
     keep = kept_keys(memo, plan)
     kept_joins, uses = shares(plan, steps, kernel_kind)
     last = {u.key: e for e, u in uses.items()}  # the kept value freed after its last reader
+    pooled = _pooled(plan, steps, kernel_kind, keep)
     rows = []
     per_op = [0] * len(plan.ops)
     for i, s in enumerate(steps):
@@ -51,11 +54,43 @@ def rows(memo: dict, plan, steps: list, kernel_kind: int) -> tuple:
             (uses[i].key, KernelSpec(uses[i].op, np, plan.kernels[s.task.op])) if i in uses \
             else None
         rows.append((i, s.kind, s.task, s.key, s.op, s.inputs, free, kept_free, s.moved,
-                     s.temps, s.dense, s.key in keep, share))
+                     s.temps, s.dense, s.key in keep, share,
+                     None if share is not None else pooled.get(i)))
         if s.kind == kernel_kind:
             per_op[s.op] += 1
     memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op)
     return rows, per_op
+
+
+# An intermediate at least this large is written into a buffer the plan keeps (fastpath's pool)
+POOL_MIN_BYTES = 128 << 10
+
+
+def _pooled(plan, steps: list, kernel_kind: int, keep) -> dict:
+    """{step index: (shape, dtype)} for the kernel calls whose tile may be written into a
+    buffer of the plan's pool: an intermediate (no stored output's tile) of POOL_MIN_BYTES or
+    more, computed by a product (BLAS) or an elementwise join, whose every reader is such a
+    dense kernel call (no aggregate's accumulator or assembled box keeps it)."""
+    readers: dict = {}
+    for s in steps:
+        for k in s.inputs:
+            readers.setdefault(k, []).append(s)
+    out = {}
+    for i, s in enumerate(steps):
+        if s.kind != kernel_kind or s.key in keep or None in s.task.args:
+            continue
+        op, method = plan.ops[s.task.op], plan.kernels[s.task.op].method
+        if op.writes_diagonal or not (method == "matmul" or
+                                      (method == "broadcast" and not op.agg_labels)):
+            continue
+        dtype = np.dtype(op.dtype)
+        shape = tuple(s.task.out_shape)
+        if dtype.itemsize * math.prod(shape) < POOL_MIN_BYTES:
+            continue
+        if all(r.kind == kernel_kind and plan.kernels[r.task.op].method in ("matmul", "broadcast")
+               for r in readers.get(s.key, ())):
+            out[i] = (shape, dtype)
+    return out
 
 
 def spec(specs: dict, n: int, ops, kernels) -> KernelSpec:
