@@ -371,7 +371,8 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         sig = signature(args)
                         keep = share is not None and share[1] is None
                         target = out
-                        if pooled is not None:  # an intermediate written into a kept buffer
+                        if pooled is not None and sig is not None:  # an intermediate
+                            # written into a kept buffer (an unbound call's spec takes none)
                             free_bufs = pool.get(pooled)
                             if free_bufs:
                                 target = free_bufs.pop()
@@ -384,7 +385,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                                                     task.out_shape, target, keep=keep))
                         if call[2] is not None:
                             value = call[2](args, target)
-                            if pooled is not None:
+                            if target is not out:  # a buffer of the pool, given
                                 if value is target:
                                     made.add(key)
                                 elif pool_bytes + target.nbytes <= POOL_BYTES:
