@@ -37,22 +37,27 @@ __all__ = ["bind", "signature"]
 def signature(args) -> tuple | None:
     """What a bound call depends on in its operands: per operand its shape, dtype and whether
     it is C-contiguous; None where one is not a dense NumPy array (absent, sparse)."""
+    sig = []
     for a in args:
         if type(a) is not np.ndarray:
             return None
-    return tuple([(a.shape, a.dtype, a.flags.c_contiguous) for a in args])
+        sig.append((a.shape, a.dtype, a.flags.c_contiguous))
+    return tuple(sig)
 
 
-def bind(spec, args: list, out_shape, out=None):
+def bind(spec, args: list, out_shape, out=None, keep: bool = False):
     """``f(args, out)``: ``spec(args, arg_shapes, out_shape, out)`` for operands of ``args``'s
     signature (and an ``out`` of the same shape and dtype, or None as ``out``), without the
-    decisions; None where the call is not bound (see the module's doc)."""
+    decisions; None where the call is not bound (see the module's doc). ``keep``: a reduction
+    in one chunk returns ``(result, value)``, ``value`` the join's value over the whole join
+    space where the join made it as a fresh array of its own (else None), for a later call
+    to read (exec/reuse.py); None where the call is no such reduction."""
     if spec.diagonal is not None or spec.choice.method in SPARSE_METHODS or \
             signature(args) is None or spec.xp is not np:
         return None
     if spec.blas:
-        return _bind_blas(spec, args, out)
-    return _bind_broadcast(spec, args, out_shape, out)
+        return None if keep else _bind_blas(spec, args, out)
+    return _bind_broadcast(spec, args, out_shape, out, keep)
 
 
 def _bind_blas(spec, args, out):
@@ -121,7 +126,7 @@ def _bind_matmul(spec, args, out, first):
     return call
 
 
-def _bind_broadcast(spec, args, out_shape, out):
+def _bind_broadcast(spec, args, out_shape, out, keep=False):
     """KernelSpec._broadcast for these operands: an elementwise join in one piece, or a
     reduction in one chunk."""
     op, c, dtype = spec.op, spec.choice, spec.dtype
@@ -144,6 +149,8 @@ def _bind_broadcast(spec, args, out_shape, out):
                 for a, (diag, order, shape, same) in zip(args, lay)]
 
     if not agg_axes:
+        if keep:
+            return None
         if spec._slab_rows(full, c.chunk_elements) is not None:
             return None  # in slabs (cancellable): the spec's
         fn = _compiled(spec, views, False)
@@ -186,6 +193,23 @@ def _bind_broadcast(spec, args, out_shape, out):
         part = reduce(val, axis=agg_axes)
         acc = array(part) if not isinstance(part, ndarray) else part
         return asarray(acc, dtype=dtype)
+
+    if keep:
+        def kept(args, out):
+            # the reduction, and its join's value where it is an array made for it (not an
+            # operand's view, not broadcast): laid out in the join space as NumPy made it
+            vs = views_of(args)
+            res = asarray(fn(vs, None))
+            fresh = type(res) is ndarray and res.shape == full_t and res.base is None and \
+                not any(res is v for v in vs)
+            val = res if res.shape == full_t else broadcast_to(res, full_t)
+            if orderless and type(res) is ndarray and res.shape == val.shape and \
+                    not res.flags.c_contiguous and res.nbytes <= CACHE_BYTES:
+                val = np.ascontiguousarray(res)
+            part = reduce(val, axis=agg_axes)
+            acc = array(part) if not isinstance(part, ndarray) else part
+            return asarray(acc, dtype=dtype), (res if fresh else None)
+        return kept if plain else _quiet(kept)
     return reduction if plain else _quiet(reduction)
 
 

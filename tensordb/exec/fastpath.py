@@ -30,10 +30,12 @@ import numpy as np
 from ..geometry import tile_box
 from ..physical.order import ranks
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
-from ..storage.writer import TileStats, tile_stats
+from ..storage.writer import TileStats
 from .bound import bind, signature
 from .budget import temporary_bytes
-from .kernels import KernelSpec, combine
+from .kernels import combine
+from .fastrows import calls as _calls, facts as _facts, kept_keys as _kept_keys, \
+    rows as _rows, spec as _spec
 from .runtime import (Cancelled, OpMeasure, RunResult, _owned_nbytes, final_keys, held_bytes,
                       sparse_entries, translate)
 from .sparse_kernels import SPARSE_METHODS, dense_args
@@ -257,6 +259,25 @@ def _keep_outputs(plan: TilePlan, dest: dict, crc32: dict, nnz: dict, versions: 
         memo.pop("fastpath_outputs", None)
 
 
+# Bytes of intermediates' buffers a plan keeps between its runs (and recycles within one): an
+# intermediate of 128 KiB or more is a fresh mmap, faulted in page by page, at every run; the
+# digits MLP step's 1347 x 128 products and their RELU took 640 page faults a step (numpy's own
+# step 730).
+POOL_BYTES = 8 << 20
+
+
+def _aliased(buf, results: dict, acc: dict) -> bool:
+    """Is ``buf`` (a tile read for the last time) still part of a tile the run holds: one of
+    them, or a view of it (a join whose value is its operand)?"""
+    for v in results.values():
+        if v is buf or getattr(v, "base", None) is buf:
+            return True
+    for v in acc.values():
+        if v is buf or getattr(v, "base", None) is buf:
+            return True
+    return False
+
+
 def _output_boxes(plan: TilePlan) -> tuple:
     """(key, lower-cased name, coords, starts, stops) of each tile of a stored output that a
     Load of the plan reads (a tensor the plan replaces), once per plan outputs."""
@@ -289,8 +310,15 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     clock = time.perf_counter
     ops, kernels, readers, memo = plan.ops, plan.kernels, plan.readers, plan.memo
     loads = memo.setdefault("fastpath_loads", {})
-    rows, calls_per_op = _rows(memo, plan, steps)
-    calls = _calls(memo, steps, specs)
+    rows, calls_per_op = _rows(memo, plan, steps, KERNEL)
+    calls = _calls(memo, steps, specs, KERNEL)
+    shared = _calls(memo, steps, None, KERNEL, "fastpath_shared")
+    # buffers of intermediates kept from the last run, taken by this one (another run of the
+    # plan at the same time finds none); given back once this run succeeded
+    pool = memo.pop("fastpath_pool", None) or {}
+    pool_bytes = sum(b.nbytes for bufs in pool.values() for b in bufs)
+    made: set = set()  # keys whose tile is a buffer of the pool's kind (written by its call)
+    empty = np.empty
     wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
     n_ops = len(ops)
     secs, peaks, tiles, moves = [0.0] * n_ops, [0] * n_ops, [0] * n_ops, [0] * n_ops
@@ -308,7 +336,8 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     dest = dest or {}
     try:
         with np.errstate(all="ignore"):
-            for i, kind, task, key, o, inputs, free, kept_free, mv, temps, dense, stored in rows:
+            for i, kind, task, key, o, inputs, free, kept_free, mv, temps, dense, stored, \
+                    share, pooled in rows:
                 if check is not None:
                     check()
                 t0 = clock()
@@ -324,14 +353,54 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                         peaks[o] = peak
                 if kind == KERNEL:
                     call = calls[i]
-                    if call is not None:  # every operand present: bound once to them
+                    value = None
+                    if share is not None and share[1] is not None and share[0] in results:
+                        # the join reads a reduction's kept value (exec/reuse.py), bound so
+                        args = [results[k] for k in inputs]
+                        args.append(results[share[0]])
+                        sig, alt = signature(args), shared[i]
+                        if alt is None or alt[0] != sig or alt[1] != (out is None):
+                            alt = shared[i] = (sig, out is None, None if sig is None else
+                                               bind(share[1], args, task.out_shape, out))
+                        if alt[2] is not None:
+                            value = alt[2](args, out)
+                    if value is not None:
+                        pass
+                    elif call is not None:  # every operand present: bound once to them
                         args = [results[k] for k in inputs]
                         sig = signature(args)
-                        if call[0] != sig or call[1] != (out is None):
-                            call = calls[i] = (sig, out is None, None if sig is None else bind(
-                                _spec(specs, task.op, ops, kernels), args, task.out_shape, out))
+                        keep = share is not None and share[1] is None
+                        target = out
+                        if pooled is not None and sig is not None:  # an intermediate
+                            # written into a kept buffer (an unbound call's spec takes none)
+                            free_bufs = pool.get(pooled)
+                            if free_bufs:
+                                target = free_bufs.pop()
+                                pool_bytes -= target.nbytes
+                            else:
+                                target = empty(*pooled)
+                        if call[0] != sig or call[1] != (target is None):
+                            call = calls[i] = (sig, target is None, None if sig is None else
+                                               bind(_spec(specs, task.op, ops, kernels), args,
+                                                    task.out_shape, target, keep=keep))
                         if call[2] is not None:
-                            value = call[2](args, out)
+                            value = call[2](args, target)
+                            if target is not out:  # a buffer of the pool, given
+                                if value is target:
+                                    made.add(key)
+                                elif pool_bytes + target.nbytes <= POOL_BYTES:
+                                    pool_bytes += target.nbytes  # not written into (scaled
+                                    pool.setdefault(pooled, []).append(target)  # after it)
+                            if keep:  # a reduction whose join's value a later call reads
+                                value, kept = value
+                                if kept is not None:
+                                    results[share[0]] = kept
+                                    h = held[share[0]] = kept.nbytes
+                                    live += h
+                                    if live > peak:
+                                        peak = live
+                                    if live > peaks[o]:
+                                        peaks[o] = live
                         else:
                             if out is not None:
                                 stats = TileStats()
@@ -372,7 +441,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                             np.copyto(out, value, casting="unsafe")
                             value, stats = out, None
                         facts = stats.result() if stats is not None and \
-                            stats.nbytes == out.nbytes else tile_stats(out)
+                            stats.nbytes == out.nbytes else _facts(out)
                         nnz[key], nonfinite[key], crc32[key] = facts
                         if finished_tile is not None:
                             finished_tile(key, out, facts)
@@ -408,8 +477,13 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                 # a tile read for the last time, or a stored output tile already in its file
                 # that nothing reads (the pool streams such an output: a few tiles held)
                 for k in free:
-                    results.pop(k, None)
+                    v = results.pop(k, None)
                     live -= held.pop(k, 0)
+                    if k in made:  # its buffer, for a later call of this run or the next
+                        made.discard(k)
+                        if pool_bytes + v.nbytes <= POOL_BYTES and not _aliased(v, results, acc):
+                            pool_bytes += v.nbytes
+                            pool.setdefault((v.shape, v.dtype), []).append(v)
                 if kept_free:
                     for k in kept_free:
                         if k in written:
@@ -426,6 +500,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
         if err is exc:
             raise
         raise err from exc
+    memo["fastpath_pool"] = pool
     if versions:
         _keep_outputs(plan, dest, crc32, nnz, versions, loads)
     elif wrote is not None:
@@ -440,56 +515,3 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                      sum(calls_per_op),
                      [seconds] + [0.0] * (workers - 1), nnz=nnz, nonfinite=nonfinite,
                      crc32=crc32, ops=measures, over_budget=0)
-
-
-def _rows(memo: dict, plan: TilePlan, steps: list) -> tuple:
-    """The steps as the run reads them, once per steps list: per step (index, kind, task, key,
-    op, inputs, keys freed after it, stored output keys freed after it once in their file,
-    moved, temps, dense, and for a tile of a stored output the reading that decides whether it
-    may leave once written: None for a tile that is no stored output's); and the kernel calls
-    per operation (EXPLAIN ANALYZE's count)."""
-    kept = memo.get("fastpath_rows")
-    if kept is not None and kept[0] is steps and kept[1] is plan.outputs:
-        return kept[2], kept[3]
-    keep = _kept_keys(memo, plan)
-    rows = []
-    per_op = [0] * len(plan.ops)
-    for i, s in enumerate(steps):
-        free = tuple(k for k in s.free if k not in keep)
-        kept_free = tuple(k for k in s.free if k in keep) + \
-            ((s.key,) if s.unread and s.key in keep else ())
-        rows.append((i, s.kind, s.task, s.key, s.op, s.inputs, free, kept_free, s.moved,
-                     s.temps, s.dense, s.key in keep))
-        if s.kind == KERNEL:
-            per_op[s.op] += 1
-    memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op)
-    return rows, per_op
-
-
-def _spec(specs: dict, n: int, ops, kernels) -> KernelSpec:
-    spec = specs.get(n)
-    if spec is None:
-        spec = specs[n] = KernelSpec(ops[n], np, kernels[n])
-    return spec
-
-
-def _calls(memo: dict, steps: list, specs: dict) -> list:
-    """Per step, its kernel call bound to its operands (exec/bound.py) as (signature, whether
-    ``out`` was None, the function or None: not bound); None for a step that is no kernel or
-    has an absent operand (its spec is called). Kept in the plan's memo for these steps and
-    KernelSpecs; an entry is replaced whole, never changed (a bound function keeps no state)."""
-    kept = memo.get("fastpath_calls")
-    if kept is None or kept[0] is not steps or kept[1] is not specs:
-        kept = memo["fastpath_calls"] = (steps, specs, [
-            ((), None, None) if s.kind == KERNEL and None not in s.task.args else None
-            for s in steps])
-    return kept[2]
-
-
-def _kept_keys(memo: dict, plan: TilePlan) -> frozenset:
-    """The keys of the stored outputs' tiles (the run keeps them), once per plan outputs."""
-    kept = memo.get("fastpath_keep")
-    if kept is None or kept[0] is not plan.outputs:
-        kept = memo["fastpath_keep"] = (plan.outputs, frozenset(
-            k for out in plan.outputs.values() if out.stored for k in out.tiles.values()))
-    return kept[1]

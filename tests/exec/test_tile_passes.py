@@ -169,7 +169,7 @@ def test_a_slabbed_stored_output_records_the_sinks_statistics(tmp_path, monkeypa
     numpy's result, taken from the slabs as the kernel wrote them. The pool's sweep over the
     finished tile is not made for it (a wrapper records each sweep of a tile over 1 MiB), and
     CHECK DATABASE agrees."""
-    from tensordb.exec import fastpath, pool_run
+    from tensordb.exec import fastrows, pool_run
     with _stored(tmp_path / "db", 6, (1024, 768), "WD") as (con, (w, d)):
         swept = []
         real = pool_run.tile_stats
@@ -178,7 +178,7 @@ def test_a_slabbed_stored_output_records_the_sinks_statistics(tmp_path, monkeypa
                 swept.append(a.shape)
             return real(a)
         monkeypatch.setattr(pool_run, "tile_stats", sweep)
-        monkeypatch.setattr(fastpath, "tile_stats", sweep)  # a small plan's straight line
+        monkeypatch.setattr(fastrows, "tile_stats", sweep)  # a small plan's straight line
         con.execute("W2[f,h] = W[f,h] - 0.01 * D[f,h] WITH (PIECES f 2)")
         with np.errstate(all="ignore"):
             ref = w - np.float32(0.01) * d
