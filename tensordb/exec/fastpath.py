@@ -22,6 +22,7 @@ the plan reads is kept, as the version its commit gives it, for the next run (``
 from __future__ import annotations
 
 import heapq
+import threading
 import time
 from dataclasses import dataclass
 
@@ -264,6 +265,48 @@ def _keep_outputs(plan: TilePlan, dest: dict, crc32: dict, nnz: dict, versions: 
 # digits MLP step's 1347 x 128 products and their RELU took 640 page faults a step (numpy's own
 # step 730).
 POOL_BYTES = 8 << 20
+# ...and all plans' kept buffers together: idle bytes the process holds between statements,
+# outside any statement's memory budget, so bounded for the whole process (a plan cache of 32
+# plans would otherwise keep up to 32 x POOL_BYTES). A run that finds no room keeps none.
+POOL_TOTAL_BYTES = 32 << 20
+_kept = [0]  # bytes of every plan's kept buffers (_Buffers.nbytes summed)
+_kept_lock = threading.Lock()
+
+
+def _count_kept(n: int) -> None:
+    with _kept_lock:
+        _kept[0] += n
+
+
+class _Buffers(dict):
+    """A plan's kept buffers by (shape, dtype); ``nbytes`` of them count in the process's
+    total while the plan's memo holds them (a run takes them out: 0), and leave it when the
+    memo drops them (the plan left the cache)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nbytes = 0
+
+    def take(self) -> int:
+        """Out of the memo, into a run: its bytes no longer count as kept."""
+        n, self.nbytes = self.nbytes, 0
+        _count_kept(-n)
+        return n
+
+    def keep(self, n: int) -> bool:
+        """Back into the memo with ``n`` bytes, if the process's total has room."""
+        with _kept_lock:
+            if _kept[0] + n > POOL_TOTAL_BYTES:
+                return False
+            _kept[0] += n
+        self.nbytes = n
+        return True
+
+    def __del__(self) -> None:
+        if self.nbytes:
+            _count_kept(-self.nbytes)
 
 
 def _aliased(buf, results: dict, acc: dict) -> bool:
@@ -315,8 +358,11 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     shared = _calls(memo, steps, None, KERNEL, "fastpath_shared")
     # buffers of intermediates kept from the last run, taken by this one (another run of the
     # plan at the same time finds none); given back once this run succeeded
-    pool = memo.pop("fastpath_pool", None) or {}
-    pool_bytes = sum(b.nbytes for bufs in pool.values() for b in bufs)
+    pool = memo.pop("fastpath_pool", None)
+    if pool is None:
+        pool, pool_bytes = _Buffers(), 0
+    else:
+        pool_bytes = pool.take()
     made: set = set()  # keys whose tile is a buffer of the pool's kind (written by its call)
     empty = np.empty
     wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
@@ -500,7 +546,8 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
         if err is exc:
             raise
         raise err from exc
-    memo["fastpath_pool"] = pool
+    if pool and pool.keep(pool_bytes):
+        memo["fastpath_pool"] = pool
     if versions:
         _keep_outputs(plan, dest, crc32, nnz, versions, loads)
     elif wrote is not None:

@@ -76,7 +76,7 @@ def test_several_steps_a_call_recycle_within_the_run(monkeypatch):
         assert sum(b.nbytes for bufs in kept.values() for b in bufs) <= fastpath.POOL_BYTES
         monkeypatch.setattr(fastpath, "POOL_BYTES", 0)
         assert _steps(unpooled, 2, text) == got
-        assert not unpooled.engine.last_plan.memo["fastpath_pool"]
+        assert not unpooled.engine.last_plan.memo.get("fastpath_pool")
         monkeypatch.undo()
         assert _steps(pool, 2, text) == got
 
@@ -89,3 +89,22 @@ def test_a_buffer_still_read_is_not_recycled():
     assert fastpath._aliased(buf, {1: view}, {})
     assert fastpath._aliased(buf, {}, {2: buf})
     assert not fastpath._aliased(buf, {1: np.empty((3, 4))}, {})
+
+
+def test_all_plans_kept_buffers_are_bounded_for_the_process(monkeypatch):
+    """The buffers plans keep between runs are idle memory outside any statement's budget:
+    past POOL_TOTAL_BYTES for the whole process, a run keeps none; a plan dropped from the
+    cache gives its bytes back to the total."""
+    with _connect(True) as fast:
+        _steps(fast, 1)
+        kept = fast.engine.last_plan.memo["fastpath_pool"]
+        assert kept.nbytes == sum(b.nbytes for bufs in kept.values() for b in bufs) > 0
+        assert fastpath._kept[0] >= kept.nbytes
+        before = fastpath._kept[0]
+        monkeypatch.setattr(fastpath, "POOL_TOTAL_BYTES", before - 1)
+        got = _steps(fast, 1)  # takes the plan's buffers, finds no room to keep them again
+        assert "fastpath_pool" not in fast.engine.last_plan.memo
+        assert fastpath._kept[0] <= before - kept.nbytes  # (other plans may leave meanwhile)
+        monkeypatch.undo()
+    with _connect(False) as pool:
+        assert _steps(pool, 2)[-1] == got[0]
