@@ -200,9 +200,13 @@ def _label_operands(spec: str, parsed: list[str], shapes: Sequence[tuple[int, ..
     # (never within one operand: a repeated label there is a diagonal).
     letter_sizes: dict[str, tuple[int, int, int]] = {}  # label -> (size, operand, axis)
     for pos, (term, shape) in enumerate(zip(parsed, shapes)):
+        here: dict[str, int] = {}  # this operand's sizes: a repeated label's must be equal
         for axis, (c, n) in enumerate(zip(term, shape)):
             if c in slots:
                 continue
+            if here.setdefault(c, n) != n:
+                raise BinderError(f"einsum '{spec}': label '{c}' has size {here[c]} in "
+                                  f"one place but {n} in operand {pos} axis {axis}")
             seen = letter_sizes.get(c)
             if seen is not None and seen[0] != n and (seen[1] == pos or 1 not in (seen[0], n)):
                 raise BinderError(f"einsum '{spec}': label '{c}' has size {seen[0]} in "
