@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..config import Settings, gc_paused, stage
+from ..config import Settings, debug_level, gc_paused, stage
 from ..errors import CatalogError, InterfaceError
 from .cache import PreparedCache
 from .pipeline import Prepared, Target, prepare
+from .replay import lets_key
 from .sink import ArraySink, StoreSink
 from .snapshot import Snapshot
 
@@ -149,10 +150,22 @@ class Engine:
     def run_statements(self, items):
         """A group of einsum statements with the session's LETs: prepare, run, commit. The
         run's result, or None when they only define LETs."""
-        prepared = self.prepare(items, lets=self.session.lets)
+        lets, store, replay = self.session.lets, self.store, self.cache.replay
+        target = self.target()
+        prepared = replay.prepare(items, lets, target, store, self.cache) \
+            if not debug_level() else None  # (TENSORDB_DEBUG: every stage, timed)
+        replayed = prepared is not None
+        replay.forget()  # kept again once this call has committed
+        if not replayed:
+            before = lets_key(lets)
+            prepared = prepare(items, Snapshot(store), target, self.cache, lets=lets)
         if prepared.graph is None:
             return None
         result = self.run(prepared, self.store_sink())
+        if replayed:
+            replay.remember_again(store)
+        else:
+            replay.remember(items, before, lets, prepared, self.cache.last_bound, target, store)
         if result.output_nonfinite:  # an EXP that overflowed: a warning naming it
             from ..bind.overflow import warn_nonfinite
             readers = prepared.plan.readers
