@@ -62,16 +62,25 @@ class Replay:
         if graph is None or bound is None or bound.graph is not graph or \
                 decomp.details.get("output_nnz") or lets_key(lets) != lets_before:
             return  # nothing kept to check it by, cuts on row profiles, or LETs that changed
-        snapshot = prepared.snapshot
         names = [t.name for t in graph.inputs]
         written = {(o.store_name or o.name).lower() for o in plan.outputs.values() if o.stored}
         replaced = [n for n in names if type(n) is str and n.lower() in written]
         if len(replaced) != sum(1 for n in names if _reads(n, written)):
             return  # a slice or gather of a tensor it replaces: the ordinary path checks it
-        readers = snapshot.readers(names)
-        facts = {n: _facts(readers[n]) for n in replaced}
+        read = prepared.snapshot.readers(replaced)  # the versions the plan was made for
+        facts = {n: _facts(read[n]) for n in replaced}
+        # What binding read must hold after this commit too (the outputs it replaced were
+        # perhaps made by another statement, another grid); a replayed call's commit then
+        # writes the same entries but for the values (the same plan), so only the replaced
+        # inputs' value facts are checked again at each replay.
+        now = Snapshot(store)
+        if not now.holds(bound.answers, bound.seen):
+            return
+        current = now.readers(replaced)
+        if any(_facts(current[n]) != facts[n] for n in replaced):
+            return
         self._last = (tuple(items), dict(lets), target, store, store.epoch, graph,
-                      prepared.pieces, decomp, _bare(plan), names, facts, bound)
+                      prepared.pieces, decomp, _bare(plan), names, facts)
 
     def prepare(self, items, lets: dict, target, store, cache):
         """The last group's Prepared against a new snapshot, when this call repeats it and
@@ -79,8 +88,7 @@ class Replay:
         last = self._last
         if last is None or not self.enabled:
             return None
-        (items0, lets0, target0, store0, epoch, graph, pieces, decomp, plan, names, facts,
-         bound) = last
+        items0, lets0, target0, store0, epoch, graph, pieces, decomp, plan, names, facts = last
         if store is not store0 or store.epoch != epoch or target is not target0 or \
                 len(items) != len(items0) or len(lets) != len(lets0):
             return None
@@ -91,8 +99,6 @@ class Replay:
             if lets0.get(name) is not d:
                 return None
         snapshot = Snapshot(store)
-        if not snapshot.holds(bound.answers, bound.seen):
-            return None
         readers = snapshot.readers(names)
         for name, was in facts.items():
             if _facts(readers[name]) != was:
@@ -117,9 +123,20 @@ def _reads(name, written: set) -> bool:
 
 
 def _facts(reader) -> tuple:
-    """What of a replaced input the plan's key and the sparse fusion rest on."""
-    return (reader.layout(), reader.facts(), getattr(reader, "has_sparse", False),
-            reader.meta.fill, reader.meta.ndim)
+    """What of a replaced input's version binding, the plan's key and the sparse fusion rest on
+    besides its catalog entry's shape, dtype, dims and grid: its fill and, per stored tile,
+    its NaN/inf flag, whether every element is nonzero and its format (``TensorReader.layout``
+    digests these, ``facts`` and ``has_sparse`` follow from them)."""
+    entries = reader.entries
+    return (reader.meta.fill, reader.meta.grid, tuple(sorted(
+        (c, e.nonfinite, e.nnz == _size(e.shape), e.format) for c, e in entries.items())))
+
+
+def _size(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def _bare(plan):
