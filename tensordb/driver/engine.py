@@ -18,7 +18,7 @@ import os
 
 from ..config import Settings, debug_level, gc_paused, stage
 from ..errors import CatalogError, InterfaceError
-from .cache import PreparedCache
+from .cache import PreparedCache, rebind
 from .pipeline import Prepared, Target, prepare
 from .replay import lets_key
 from .sink import ArraySink, StoreSink
@@ -152,20 +152,25 @@ class Engine:
         run's result, or None when they only define LETs."""
         lets, store, replay = self.session.lets, self.store, self.cache.replay
         target = self.target()
-        prepared = replay.prepare(items, lets, target, store, self.cache) \
+        snapshot = Snapshot(store)
+        again = replay.prepare(items, lets, target, snapshot, self.cache) \
             if not debug_level() else None  # (TENSORDB_DEBUG: every stage, timed)
-        replayed = prepared is not None
+        replayed = again is not None
+        if replayed:
+            graph, pieces, decomp, plan, readers = again
+            prepared = Prepared(snapshot, graph, pieces, decomp, rebind(plan, readers, graph.ops))
         replay.forget()  # kept again once this call has committed
         if not replayed:
             before = lets_key(lets)
-            prepared = prepare(items, Snapshot(store), target, self.cache, lets=lets)
+            prepared = prepare(items, snapshot, target, self.cache, lets=lets)
         if prepared.graph is None:
             return None
         result = self.run(prepared, self.store_sink())
         if replayed:
             replay.remember_again(store)
         else:
-            replay.remember(items, before, lets, prepared, self.cache.last_bound, target, store)
+            replay.remember(items, before, lets, prepared, self.cache.last_bound, target, store,
+                            lambda: rebind(prepared.plan, {}))
         if result.output_nonfinite:  # an EXP that overflowed: a warning naming it
             from ..bind.overflow import warn_nonfinite
             readers = prepared.plan.readers

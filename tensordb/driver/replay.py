@@ -11,13 +11,15 @@ the store's epoch just after its commit, and the bound graph with its decomposit
 (without readers). A call replays (``Replay.prepare``) only when all of these are the same
 again: another connection or process writing the catalog, plain SQL, DDL, a rollback, a
 changed setting or a new parameter value (other statement objects) each take the ordinary path.
-What the last call's commit itself changed is checked as the cache would check it: every
-answer binding read (``Snapshot.holds``: the names whose catalog entries are the same objects
-are not asked again, the outputs it replaced are), and for each replaced tensor the plan reads,
-its layout, its NaN/inf and zero facts and whether it is stored sparse (the plan's key and the
-sparse fusion rest on these). A plan whose cuts rest on a sparse matrix's row profile is not
-replayed. The run and the commit are the ordinary ones (``Prepared.run``): atomic, checked,
-counted as a hit of the cache.
+What the last call's commit itself changed is checked as the cache would check it: for each
+replaced tensor the plan reads, its fill, grid and per tile its NaN/inf flag, whether every
+element is nonzero and its format (what the plan's layout key and the sparse fusion read),
+against the version the plan was made for; and once, at the first call after the remembered
+one, every answer binding read (``Snapshot.holds``). A replayed call's commit writes the same
+catalog entries again but for the values, so only the value facts are checked at each replay.
+A group that reads a slice or gather of a tensor it replaces, or whose plan is cut on a sparse
+matrix's row profile, is not replayed. The run and the commit are the ordinary ones
+(``Prepared.run``): atomic, checked, counted as a hit of the cache.
 """
 from __future__ import annotations
 
@@ -53,10 +55,11 @@ class Replay:
             self._last = last[:4] + (store.epoch,) + last[5:]
 
     def remember(self, items, lets_before: tuple, lets: dict, prepared, bound, target,
-                 store) -> None:
+                 store, bare) -> None:
         """After a group's commit: keep what its next call needs to replay it. ``lets_before``:
         ``lets_key`` of the LETs it started from; ``bound``: the cache's entry its graph came
-        from (``PreparedCache.last_bound``)."""
+        from (``PreparedCache.last_bound``); ``bare()``: its plan without readers (no replaced
+        payload stays mapped by a kept plan)."""
         self._last = self._replaying = None
         graph, decomp, plan = prepared.graph, prepared.decomp, prepared.plan
         if graph is None or bound is None or bound.graph is not graph or \
@@ -69,26 +72,20 @@ class Replay:
             return  # a slice or gather of a tensor it replaces: the ordinary path checks it
         read = prepared.snapshot.readers(replaced)  # the versions the plan was made for
         facts = {n: _facts(read[n]) for n in replaced}
-        # What binding read must hold after this commit too (the outputs it replaced were
-        # perhaps made by another statement, another grid); a replayed call's commit then
-        # writes the same entries but for the values (the same plan), so only the replaced
-        # inputs' value facts are checked again at each replay.
-        now = Snapshot(store)
-        if not now.holds(bound.answers, bound.seen):
-            return
-        current = now.readers(replaced)
-        if any(_facts(current[n]) != facts[n] for n in replaced):
-            return
         self._last = (tuple(items), dict(lets), target, store, store.epoch, graph,
-                      prepared.pieces, decomp, _bare(plan), names, facts)
+                      prepared.pieces, decomp, bare(), names, facts, bound)
 
-    def prepare(self, items, lets: dict, target, store, cache):
-        """The last group's Prepared against a new snapshot, when this call repeats it and
-        nothing else changed (module docstring); else None."""
+    def prepare(self, items, lets: dict, target, snapshot: Snapshot, cache):
+        """(graph, pieces, decomp, plan without readers, the readers of the current versions)
+        of the last group, when this call repeats it and nothing else changed (module
+        docstring); else None. ``snapshot``: this call's, which the ordinary path goes on
+        with when this gives None. The caller rebinds the plan (cache.rebind)."""
         last = self._last
         if last is None or not self.enabled:
             return None
-        items0, lets0, target0, store0, epoch, graph, pieces, decomp, plan, names, facts = last
+        (items0, lets0, target0, store0, epoch, graph, pieces, decomp, plan, names, facts,
+         bound) = last
+        store = snapshot.store
         if store is not store0 or store.epoch != epoch or target is not target0 or \
                 len(items) != len(items0) or len(lets) != len(lets0):
             return None
@@ -98,19 +95,25 @@ class Replay:
         for name, d in lets.items():
             if lets0.get(name) is not d:
                 return None
-        snapshot = Snapshot(store)
-        readers = snapshot.readers(names)
+        readers = snapshot.readers(names)  # first: binding's questions below find them
         for name, was in facts.items():
             if _facts(readers[name]) != was:
                 return None
-        from .cache import rebind
-        from .pipeline import Prepared
+        if bound is not None:
+            # Once, at the first call after the remembered one: what binding read holds after
+            # that call's own commit too (the outputs it replaced were perhaps made by another
+            # statement, on another grid). A replayed call's commit writes the same entries
+            # again, but for the values (the same plan): only the replaced inputs' value
+            # facts are checked at each replay.
+            if not snapshot.holds(bound.answers, bound.seen):
+                self._last = None
+                return None
+            last = self._last = last[:-1] + (None,)
         self._replaying = last
         self.replays += 1
         cache.hits += 1
         cache.bound_hits += 1
-        return Prepared(snapshot, graph, dict(pieces), decomp, rebind(plan, readers, graph.ops),
-                        False)
+        return graph, dict(pieces), decomp, plan, readers
 
 
 def _reads(name, written: set) -> bool:
@@ -137,9 +140,3 @@ def _size(shape) -> int:
     for s in shape:
         n *= s
     return n
-
-
-def _bare(plan):
-    """``plan`` without its readers (no replaced payload stays mapped by a kept plan)."""
-    from .cache import rebind
-    return rebind(plan, {})
