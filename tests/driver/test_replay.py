@@ -7,6 +7,11 @@ Every value is checked against numpy.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -210,4 +215,48 @@ def test_explain_analyze_between_steps_and_lets_kept(tmp_path):
     assert con.engine.cache.replay.replays == n  # the EXPLAIN ANALYZE committed meanwhile
     con.execute(STEP, {"lr": 0.5})
     assert con.engine.cache.replay.replays == n + 1
+    con.close()
+
+
+def test_another_process_cannot_write_under_a_replaying_connection(tmp_path):
+    """An on-disk database has one writer process: another process's write is refused while
+    a connection replays its step (so the store's epoch sees every write there can be), and
+    after it closes a connection opened again starts with nothing to replay."""
+    x, y, w = _data()
+    path = tmp_path / "t.tdb"
+    con = _connect("disk", tmp_path)
+    _load(con, x, y, w)
+    for _ in range(3):
+        con.execute(STEP, {"lr": 0.5})
+        _, w = _numpy_step(x, y, w, 0.5)
+    assert con.engine.cache.replay.replays == 1
+    code = ("import sys, numpy as np, tensordb\n"
+            "try:\n"
+            f"    c = tensordb.connect({str(path)!r})\n"
+            "    c.load('W', np.zeros((6, 4)), replace=True)\n"
+            "except tensordb.Error as e:\n"
+            "    print('refused', type(e).__name__); sys.exit(0)\n"
+            "print('wrote')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.stdout.startswith("refused"), (out.stdout, out.stderr)
+    con.execute(STEP, {"lr": 0.5})
+    loss, w = _numpy_step(x, y, w, 0.5)
+    assert float(con.tensor("L")) == pytest.approx(loss, rel=1e-12)
+    np.testing.assert_allclose(con.tensor("W"), w, rtol=1e-12)
+    assert con.engine.cache.replay.replays == 2
+    con.close()
+    code = ("import numpy as np, tensordb\n"
+            f"c = tensordb.connect({str(path)!r})\n"
+            "c.load('W', np.full((6, 4), 0.01), replace=True)\n"
+            "c.close()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+    w = np.full((6, 4), 0.01)
+    con = _connect("disk", tmp_path)
+    con.execute(STEP, {"lr": 0.5})
+    loss, w = _numpy_step(x, y, w, 0.5)
+    assert float(con.tensor("L")) == pytest.approx(loss, rel=1e-12)
+    np.testing.assert_allclose(con.tensor("W"), w, rtol=1e-12)
+    assert con.engine.cache.replay.replays == 0
     con.close()
