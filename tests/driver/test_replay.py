@@ -260,3 +260,57 @@ def test_another_process_cannot_write_under_a_replaying_connection(tmp_path):
     np.testing.assert_allclose(con.tensor("W"), w, rtol=1e-12)
     assert con.engine.cache.replay.replays == 0
     con.close()
+
+
+_LOOP = """
+import sys, numpy as np, tensordb
+from tests.driver.test_call_fixed_cost import STEP, _data
+x, y, w = _data()
+con = tensordb.connect(sys.argv[1], workers=2)
+con.load("X", x); con.load("Y", y); con.load("W", w)
+print("loaded", flush=True)
+k = 0
+while True:
+    con.execute(STEP, {"lr": 0.5})
+    k += 1
+    print(k, con.engine.cache.replay.replays, flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.003, 0.011])
+def test_kill_9_during_replayed_steps_leaves_one_step_s_state(tmp_path, delay):
+    """A process replaying its step on disk killed (SIGKILL) between or inside calls: the
+    database opens again with W as numpy's weights after the last step reported or the one
+    after it, CHECK DATABASE clean."""
+    import time
+    path = tmp_path / "k.tdb"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    p = subprocess.Popen([sys.executable, "-c", _LOOP, str(path)], stdout=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "loaded"
+        for _ in range(6):
+            done, replays = map(int, p.stdout.readline().split())
+        assert replays >= 3
+        time.sleep(delay)
+        p.kill()
+        p.wait(60)
+        for line in p.stdout.read().splitlines():  # steps it finished before the kill landed
+            parts = line.split()
+            if len(parts) == 2:
+                done = int(parts[0])
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(60)
+    x, y, w = _data()
+    states = []
+    for _ in range(done + 1):
+        _, w = _numpy_step(x, y, w, 0.5)
+        states.append(w)
+    con = tensordb.connect(path)
+    got = con.tensor("W")
+    assert any(np.allclose(got, s, rtol=1e-12, atol=1e-15) for s in states[done - 1:done + 1]), \
+        (done, got)
+    _check_clean(con)
+    con.close()
