@@ -237,6 +237,13 @@ class Connection(TensorIO, DuckAPI):
         rel = sql(self.store, query, params, relation=True)
         return rel.set_alias(alias) if alias and rel is not None else rel
 
+    @one_at_a_time
+    def _read_sql(self, query: str):
+        """``sql`` of a query of tensordb's own that only reads tensors (a result's rows):
+        the catalog's cached answers stay (relations.sql ``reads``)."""
+        from .sqlfront.relations import sql
+        return sql(self.store, query, None, relation=True, reads=True)
+
     # -- einsum --------------------------------------------------------------------------------
     @one_at_a_time
     def einsum(self, spec: str, *operands, into: str | None = None, join: str | None = None,

@@ -252,7 +252,7 @@ class Result:
         if self.kind != "tensor":
             raise ProgrammingError(f"this {self.kind} result holds no tensor")
         from .storage import quote_ident
-        return self._con.sql(f"SELECT * FROM {quote_ident(self.name)}")
+        return self._con._read_sql(f"SELECT * FROM {quote_ident(self.name)}")
 
     def preview(self, max_elements: int = 1_000_000) -> str:
         """The tensor printed like numpy. It is read whole when it has at most ``max_elements``

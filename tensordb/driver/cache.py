@@ -30,6 +30,7 @@ from typing import Any, Callable, Hashable, Iterable
 
 from ..bind import LetDef
 from ..plan import scalar
+from .replay import Replay
 
 __all__ = ["PreparedCache", "Bound", "rebind", "statements_key", "graph_key"]
 
@@ -158,15 +159,18 @@ class PreparedCache:
     def __init__(self, size: int = 32) -> None:
         self.size = size
         self.hits = self.misses = self.bound_hits = 0
+        self.last_bound: Bound | None = None  # the entry the last ``bound``/``keep_bound`` gave
         self._bound: OrderedDict[Hashable, Bound] = OrderedDict()
         self._plans: OrderedDict[Hashable, tuple] = OrderedDict()
+        self.replay = Replay()  # the last group run, to be run again (replay.py)
 
     # -- binding ----------------------------------------------------------------------------------
     def bound(self, key: Hashable, snapshot, lets: dict | None, items=()) -> Bound | None:
         """The group kept under ``key`` if what it read holds in ``snapshot`` (the LETs it
         defined are defined again in ``lets``), else None."""
-        kept = self._bound.get(key)
+        kept = self.last_bound = self._bound.get(key)
         if kept is None or not (kept.epoch == snapshot.epoch or snapshot.holds(kept.answers, kept.seen)):
+            self.last_bound = None
             return None
         kept.epoch = snapshot.epoch
         if lets is not None:
@@ -181,6 +185,7 @@ class PreparedCache:
     def keep_bound(self, key: Hashable, snapshot, graph, pieces, lets_before: dict | None,
                    lets: dict | None, items=()) -> None:
         """Keep a group just bound against ``snapshot`` (``lets`` as binding left them)."""
+        self.last_bound = None
         defined = []
         if lets is not None:
             where = {id(stmt): k for k, (_, stmt) in enumerate(items)}
@@ -194,8 +199,9 @@ class PreparedCache:
             return
         dropped = tuple(n for n in (lets_before or {}) if n not in (lets or {}))
         try:
-            self._bound[key] = Bound(snapshot.answers, snapshot.epoch, graph, dict(pieces),
-                                     tuple(defined), dropped, snapshot.seen)
+            self._bound[key] = self.last_bound = Bound(
+                snapshot.answers, snapshot.epoch, graph, dict(pieces), tuple(defined), dropped,
+                snapshot.seen)
         except TypeError:  # an unhashable part: never kept
             return
         while len(self._bound) > self.size:
@@ -253,6 +259,8 @@ class PreparedCache:
         if bound:
             self._bound.clear()
         self._plans.clear()
+        self.last_bound = None
+        self.replay.forget()
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "size": len(self._plans)}

@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..config import Settings, gc_paused, stage
+from ..config import Settings, debug_level, gc_paused, stage
 from ..errors import CatalogError, InterfaceError
-from .cache import PreparedCache
+from .cache import PreparedCache, rebind
 from .pipeline import Prepared, Target, prepare
+from .replay import lets_key
 from .sink import ArraySink, StoreSink
 from .snapshot import Snapshot
 
@@ -148,10 +149,27 @@ class Engine:
     def run_statements(self, items):
         """A group of einsum statements with the session's LETs: prepare, run, commit. The
         run's result, or None when they only define LETs."""
-        prepared = self.prepare(items, lets=self.session.lets)
+        lets, store, replay = self.session.lets, self.store, self.cache.replay
+        target = self.target()
+        snapshot = Snapshot(store)
+        again = replay.prepare(items, lets, target, snapshot, self.cache) \
+            if not debug_level() else None  # (TENSORDB_DEBUG: every stage, timed)
+        replayed = again is not None
+        if replayed:
+            graph, pieces, decomp, plan, readers = again
+            prepared = Prepared(snapshot, graph, pieces, decomp, rebind(plan, readers, graph.ops))
+        replay.forget()  # kept again once this call has committed
+        if not replayed:
+            before = lets_key(lets)
+            prepared = prepare(items, snapshot, target, self.cache, lets=lets)
         if prepared.graph is None:
             return None
         result = self.run(prepared, self.store_sink())
+        if replayed:
+            replay.remember_again(store)
+        else:
+            replay.remember(items, before, lets, prepared, self.cache.last_bound, target, store,
+                            lambda: rebind(prepared.plan, {}))
         if result.output_nonfinite:  # an EXP that overflowed: a warning naming it
             from ..bind.overflow import warn_nonfinite
             readers = prepared.plan.readers

@@ -34,7 +34,7 @@ __all__ = ["sql", "expose_tensors", "referenced_names", "TensorStream", "Relatio
 _TRANSACTION = duckdb.StatementType.TRANSACTION
 
 
-def sql(store, query: str, parameters=None, *, relation: bool = False):
+def sql(store, query: str, parameters=None, *, relation: bool = False, reads: bool = False):
     """Run plain SQL over tables and tensors: a :class:`Relation` for a query; for a statement
     with ``parameters`` (``?`` placeholders), a (columns, rows, type names) triple, or with
     ``relation`` a Relation (DuckDB's ``sql(query, params=...)``).
@@ -42,7 +42,10 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
     Statements run one at a time, each checked first (guard.py): none may write inside the
     database directory. A script of several statements returns the last one's relation. A
     DataFrame or Arrow table the caller's code holds is scanned by the name the query gives it
-    (pyobjects.py), for this call and for each later call of the relation it returns."""
+    (pyobjects.py), for this call and for each later call of the relation it returns.
+    ``reads``: the query is tensordb's own read of a tensor (``Result.relation``), which
+    cannot change the catalog: the store's cached catalog answers (and with them its kept
+    readers and the driver's replay of a training step) stay."""
     store.check_open()
     if parameters is not None and (isinstance(parameters, (str, bytes)) or
                                    not isinstance(parameters, (Sequence, Mapping))):
@@ -81,7 +84,8 @@ def sql(store, query: str, parameters=None, *, relation: bool = False):
         raise
     finally:
         # Any statement may have changed the catalog (DML on it, a ROLLBACK): reread it.
-        store.forget_cached()
+        if not reads:
+            store.forget_cached()
     if parameters is not None and not relation:
         return rel
     return None if rel is None else Relation(rel, store, scans)

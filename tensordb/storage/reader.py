@@ -27,13 +27,13 @@ from ..errors import DataError, OperationalError
 from ..geometry import overlapping, tile_box
 from .meta import TensorMeta
 from .payloads import (_CHECK_HINT, _READING, _USERS_LOCK, _done_reading, _hold_shared,  # noqa: F401
-                       _reason, file_kind, open_payload, payload_in_use, rename_unused,
-                       track_mapping)
+                       _reason, file_kind, open_payload, payload_in_use, rename_private,
+                       rename_unused, track_mapping)
 from .identity import check_database
 from .verify import file_identity, verified, verify_tile
 
 __all__ = ["TensorReader", "TileEntry", "box_view", "open_payload", "file_kind", "track_mapping",
-           "payload_in_use", "rename_unused"]
+           "payload_in_use", "rename_unused", "rename_private"]
 
 def box_view(grid, cuts, dense: bool = True) -> bool:
     """Whether the reader hands out as a view of its mapping (``read_box``) every box whose

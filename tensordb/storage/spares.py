@@ -26,7 +26,7 @@ import stat
 import threading
 
 from .directory import remove_payload
-from .reader import rename_unused
+from .reader import rename_private, rename_unused
 
 __all__ = ["SparePayloads"]
 
@@ -40,6 +40,9 @@ class SparePayloads:
 
     def __init__(self) -> None:
         self.enabled = True
+        # no other process can map these files (an in-memory database's own directory):
+        # a spare is renamed without the flock, link and unlink (payloads.rename_private)
+        self.private = False
         self._files: dict[str, int] = {}  # path -> size, oldest first
         self._lock = threading.Lock()
 
@@ -79,7 +82,7 @@ class SparePayloads:
                           if size <= n <= size + max(SLACK, size // 8))
             for n, path in fits:
                 try:
-                    if rename_unused(path, new_path):
+                    if (rename_private if self.private else rename_unused)(path, new_path):
                         del self._files[path]
                         return n
                     # still mapped (by the run that retired it, a view): perhaps later

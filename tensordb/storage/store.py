@@ -189,6 +189,7 @@ class Store(StoreCatalog, StoreCommits):
             self._cleanup = weakref.finalize(self, _remove_trees,
                                              [str(self.root), self._memory_tiles])
             self.persistent = False
+            self.spares.private = True  # its directory is this process's own (spares.py)
             self.duck = directory.connect(":memory:", self.root, read_only)
             # DuckDB spills big sorts (COO loads) to ./.tmp by default; keep them in our directory.
             self.duck.execute(f"SET temp_directory = {quote_str(str(self.root / 'spill'))}")

@@ -72,9 +72,13 @@ def test_a_repeated_replace_writes_into_retired_files(tmp_path, where):
             np.testing.assert_array_equal(again.tensor("W"), expected)
 
 
-def test_a_mapped_old_version_is_never_overwritten(tmp_path):
+@pytest.mark.parametrize("where", ["disk", "memory"])
+def test_a_mapped_old_version_is_never_overwritten(tmp_path, where):
+    """(In memory a spare is renamed without the flock, link and unlink: the in-process
+    check is the same.)"""
     w, g = _values()
-    with tensordb.connect(tmp_path / "db", workers=2) as con:
+    with tensordb.connect(tmp_path / "db" if where == "disk" else None, workers=2) as con:
+        assert con.store.spares.private == (where == "memory")
         con.load("W", w)
         con.load("G", g)
         snapshot = con.store.open("W")  # maps version 1 on its first tile
@@ -95,16 +99,17 @@ def test_a_mapped_old_version_is_never_overwritten(tmp_path):
         np.testing.assert_array_equal(con.tensor("W"), expected)
 
 
-def test_a_read_under_way_blocks_the_rename(tmp_path):
+@pytest.mark.parametrize("rename", [payloads.rename_unused, payloads.rename_private])
+def test_a_read_under_way_blocks_the_rename(tmp_path, rename):
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * 64)
     payloads._READING[str(path)] += 1
     try:
-        assert not payloads.rename_unused(str(path), str(tmp_path / "g.bin"))
+        assert not rename(str(path), str(tmp_path / "g.bin"))
         assert path.exists() and not (tmp_path / "g.bin").exists()
     finally:
         payloads._done_reading(str(path))
-    assert payloads.rename_unused(str(path), str(tmp_path / "g.bin"))
+    assert rename(str(path), str(tmp_path / "g.bin"))
     assert not path.exists() and (tmp_path / "g.bin").read_bytes() == b"x" * 64
 
 
@@ -184,11 +189,12 @@ def test_a_shared_lock_blocks_the_rename(tmp_path):
     assert payloads.rename_unused(str(path), str(tmp_path / "g.bin"))
 
 
-def test_rename_never_replaces_an_existing_file(tmp_path):
+@pytest.mark.parametrize("rename", [payloads.rename_unused, payloads.rename_private])
+def test_rename_never_replaces_an_existing_file(tmp_path, rename):
     (tmp_path / "a.bin").write_bytes(b"a")
     (tmp_path / "b.bin").write_bytes(b"b")
     with pytest.raises(FileExistsError):
-        payloads.rename_unused(str(tmp_path / "a.bin"), str(tmp_path / "b.bin"))
+        rename(str(tmp_path / "a.bin"), str(tmp_path / "b.bin"))
     assert (tmp_path / "a.bin").read_bytes() == b"a" and (tmp_path / "b.bin").read_bytes() == b"b"
 
 
