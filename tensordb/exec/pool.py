@@ -34,7 +34,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 
 from ..physical.plan import Kernel, TilePlan
-from ..plan.memory import BLAS_FLOPS_PER_THREAD
+from ..plan.memory import BLAS_FLOPS_PER_THREAD, SPARSE_FLOPS_PER_THREAD
 from .contract import Capabilities, as_sink, pool_capabilities
 from . import fastpath, semiring
 from .budget import HEAP_SLACK, may_cross, return_freed_memory
@@ -197,7 +197,7 @@ class LocalExecutor:
         buffers = sink.open(False) if sink is not None else {}
         dest = buffers if tiles.writes_destinations else {}
         fast = self.fast_path and type(tiles) is HostTiles and not (
-            self.memory_limit and may_cross(plan, self.memory_limit))
+            self.memory_limit and may_cross(plan, tiles.room(plan, self.memory_limit)))
         inline = tiles.inline and _tiny(plan, fast)
         limits = nullcontext()
         if tiles.limits_blas and (not inline or _calls_blas(plan)):
@@ -266,10 +266,15 @@ def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:
     kept = plan.memo.get("blas_busy")  # (tasks, busy workers, largest call): once a plan
     if kept is None or kept[0] is not plan.tasks:
         kernels = [t for t in plan.tasks if isinstance(t, Kernel)]
-        kept = plan.memo["blas_busy"] = (plan.tasks, max(1, len({t.worker for t in kernels})),
-                                         max((t.flops for t in kernels), default=0))
+        sparse = [t.flops for t in kernels if plan.kernels[t.op].sparse is not None]
+        kept = plan.memo["blas_busy"] = (
+            plan.tasks, max(1, len({t.worker for t in kernels})),
+            max((t.flops for t in kernels if plan.kernels[t.op].sparse is None), default=0),
+            max(sparse, default=0))
     busy = 1 if inline else kept[1]
-    return max(1, min(cores // busy, kept[2] // BLAS_FLOPS_PER_THREAD))
+    # a sparse call's flops are its stored entries' (physical/lower.py), each costing far more
+    return max(1, min(cores // busy, max(kept[2] // BLAS_FLOPS_PER_THREAD,
+                                         kept[3] // SPARSE_FLOPS_PER_THREAD)))
 
 
 def _calls_blas(plan: TilePlan) -> bool:
