@@ -51,7 +51,8 @@ from .kernel import (SPARSE_METHODS, KernelChoice, choose_kernel, chunk_label, e
                      output_tile_bytes)
 
 __all__ = ["CallMemory", "PlanMemory", "worker_budget", "kernel_temporaries", "call_memory",
-           "project", "BLAS_FLOPS_PER_THREAD", "SPARSE_FLOPS_PER_THREAD"]
+           "project", "BLAS_FLOPS_PER_THREAD", "SPARSE_FLOPS_PER_THREAD",
+           "SPARSE_FLOP_WEIGHT"]
 
 # A BLAS thread per this many flops of a call (about 1 ms of one core): a call of a few MFLOP
 # split over threads waits for each of them to get a core, which on a busy machine took a 256^3
@@ -63,6 +64,7 @@ BLAS_FLOPS_PER_THREAD = 1 << 26
 # BLAS flop's (an entry read through its index): GraphBLAS's min-plus vxm over 1.1M entries took
 # 13 ms of CPU. About 1 ms of one core, as above.
 SPARSE_FLOPS_PER_THREAD = 1 << 18
+SPARSE_FLOP_WEIGHT = BLAS_FLOPS_PER_THREAD // SPARSE_FLOPS_PER_THREAD  # a sparse flop, in BLAS's
 
 
 
