@@ -101,28 +101,32 @@ def temporary_bytes(plan, task) -> int:
     return found
 
 
-def may_cross(plan, limit: int) -> bool:
+def may_cross(plan, limit: int, sparse: bool = False) -> bool:
     """Could a run of ``plan`` hold more than ``limit`` bytes? Not when every task's working
     bytes and every accumulator together fit: then no admission is needed, and the run goes as
     one without a limit (the default limit, most of the machine's memory, is far from most
-    plans). Computed once per plan (a cached plan keeps it)."""
-    return upper_bytes(plan) > limit
+    plans). Computed once per plan (a cached plan keeps it). ``sparse``: the run's Loads read
+    sparse boxes as they are (host tiles; see ``upper_bytes``)."""
+    return upper_bytes(plan, sparse) > limit
 
 
-def upper_bytes(plan) -> int:
+def upper_bytes(plan, sparse: bool = False) -> int:
     """The most bytes a run of ``plan`` could hold: every task's working bytes, accumulators,
-    and Loads at their full size (kept in the plan's memo)."""
+    and Loads at their full size (kept in the plan's memo). ``sparse``: a box of sparse tiles
+    that only sparse kernels read counts its stored entries (``load_bytes``), as the host pool
+    reads it; else (a GPU's tiles: a box read dense onto the device) its dense bytes."""
     memo = getattr(plan, "memo", {})
-    bound = memo.get("upper_bytes")
+    key = "upper_bytes_sparse" if sparse else "upper_bytes"
+    bound = memo.get(key)
     if bound is None:
         bound = sum(working_bytes(plan, t) for t in plan.tasks)
         # accumulators, and Loads at their full size: a box off the stored tiles is a copy (a
         # box of sparse tiles that only sparse kernels read: its stored entries, load_bytes)
-        read_sparse = _read_sparse(plan)
+        read_sparse = _read_sparse(plan) if sparse else set()
         bound += sum(load_bytes(plan, t, t.key in read_sparse) if isinstance(t, Load)
                      else planned_bytes(plan, t)
                      for t in plan.tasks if isinstance(t, (Aggregate, Load)))
-        memo["upper_bytes"] = bound
+        memo[key] = bound
     return bound
 
 

@@ -16,8 +16,10 @@ the plan records (``TilePlan.blas_threads``: the optimizer chose to run each BLA
 one call with that many threads, optimizer/threads.py), else the executor's rule: with W busy
 workers each gets cores // W BLAS threads, and no more than one per ``BLAS_FLOPS_PER_THREAD`` of
 the plan's largest kernel call: a call of a few MFLOP split over threads waits for each of them
-to get a core, which on a busy machine took a 256^3 product from 0.3 ms to 48 ms. The count set
-for the last run is ``LocalExecutor.last_blas_threads``.
+to get a core, which on a busy machine took a 256^3 product from 0.3 ms to 48 ms. A sparse
+kernel's call (scipy, GraphBLAS) counts the flops of its stored entries, weighed
+``SPARSE_FLOP_WEIGHT`` times a BLAS flop (``_work``), here and where a plan is found tiny. The
+count set for the last run is ``LocalExecutor.last_blas_threads``.
 
 A tiny plan (8 tasks and 16 MFLOP, or 64 tasks and 4 MFLOP; no memory budget to keep, host
 tiles) runs on the calling thread, in the same order and through the same task code: handing
@@ -196,8 +198,8 @@ class LocalExecutor:
         sink = as_sink(sink, destinations, finished)
         buffers = sink.open(False) if sink is not None else {}
         dest = buffers if tiles.writes_destinations else {}
-        fast = self.fast_path and type(tiles) is HostTiles and not (
-            self.memory_limit and may_cross(plan, tiles.room(plan, self.memory_limit)))
+        fast = self.fast_path and type(tiles) is HostTiles and not (self.memory_limit and may_cross(
+            plan, tiles.room(plan, self.memory_limit), sparse=True))
         inline = tiles.inline and _tiny(plan, fast)
         limits = nullcontext()
         if tiles.limits_blas and (not inline or _calls_blas(plan)):

@@ -148,7 +148,7 @@ def test_the_budget_still_holds_where_a_dense_kernel_reads_a_sparse_box(tmp_path
         sparse_read = _read_sparse(plan)
         assert loads and all(t.key not in sparse_read for t in loads)
         assert all(load_bytes(plan, t, False) == planned_bytes(plan, t) for t in loads)
-        assert may_cross(plan, limit) and "fastpath" not in plan.memo
+        assert may_cross(plan, limit, sparse=True) and "fastpath" not in plan.memo
         assert run.peak_bytes <= limit
         # the same matrix read by a sparse kernel (SpMV): its entries only, no admission
         x = rng.standard_normal(n)
@@ -159,7 +159,8 @@ def test_the_budget_still_holds_where_a_dense_kernel_reads_a_sparse_box(tmp_path
         gl = [t for t in plan.tasks if isinstance(t, Load) and t.tensor == "G"]
         assert gl and all(t.key in _read_sparse(plan) for t in gl)
         assert sum(load_bytes(plan, t) for t in gl) < G.data.nbytes * 4 + 8 * (n + 1) * len(gl)
-        assert upper_bytes(plan) < limit and not may_cross(plan, limit)
+        assert upper_bytes(plan, sparse=True) < limit and not may_cross(plan, limit, sparse=True)
+        assert upper_bytes(plan) > upper_bytes(plan, sparse=True)  # (a GPU's: read dense)
 
 
 def test_the_graph_caches_bytes_come_off_the_room_a_run_may_fill(tmp_path):
@@ -174,9 +175,10 @@ def test_the_graph_caches_bytes_come_off_the_room_a_run_may_fill(tmp_path):
         assert GRAPHS.bytes > 0
         ex = con.engine.executor()
         plan = con.engine.last_plan
-        limit = upper_bytes(plan) + GRAPHS.bytes // 2
+        limit = upper_bytes(plan, sparse=True) + GRAPHS.bytes // 2
         assert ex.tiles.room(plan, limit) == limit - GRAPHS.bytes
-        assert may_cross(plan, ex.tiles.room(plan, limit)) and not may_cross(plan, limit)
+        assert may_cross(plan, ex.tiles.room(plan, limit), sparse=True) and \
+            not may_cross(plan, limit, sparse=True)
         assert ex.tiles.room(plan, None) is None
         con.set("memory_limit", limit)
         want = np.zeros(400)
