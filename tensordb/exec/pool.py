@@ -16,8 +16,10 @@ the plan records (``TilePlan.blas_threads``: the optimizer chose to run each BLA
 one call with that many threads, optimizer/threads.py), else the executor's rule: with W busy
 workers each gets cores // W BLAS threads, and no more than one per ``BLAS_FLOPS_PER_THREAD`` of
 the plan's largest kernel call: a call of a few MFLOP split over threads waits for each of them
-to get a core, which on a busy machine took a 256^3 product from 0.3 ms to 48 ms. The count set
-for the last run is ``LocalExecutor.last_blas_threads``.
+to get a core, which on a busy machine took a 256^3 product from 0.3 ms to 48 ms. A sparse
+kernel's call (scipy, GraphBLAS) counts the flops of its stored entries, weighed
+``SPARSE_FLOP_WEIGHT`` times a BLAS flop (``_work``), here and where a plan is found tiny. The
+count set for the last run is ``LocalExecutor.last_blas_threads``.
 
 A tiny plan (8 tasks and 16 MFLOP, or 64 tasks and 4 MFLOP; no memory budget to keep, host
 tiles) runs on the calling thread, in the same order and through the same task code: handing
@@ -34,7 +36,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 
 from ..physical.plan import Kernel, TilePlan
-from ..plan.memory import BLAS_FLOPS_PER_THREAD
+from ..plan.memory import BLAS_FLOPS_PER_THREAD, SPARSE_FLOP_WEIGHT
 from .contract import Capabilities, as_sink, pool_capabilities
 from . import fastpath, semiring
 from .budget import HEAP_SLACK, may_cross, return_freed_memory
@@ -196,8 +198,8 @@ class LocalExecutor:
         sink = as_sink(sink, destinations, finished)
         buffers = sink.open(False) if sink is not None else {}
         dest = buffers if tiles.writes_destinations else {}
-        fast = self.fast_path and type(tiles) is HostTiles and not (
-            self.memory_limit and may_cross(plan, self.memory_limit))
+        fast = self.fast_path and type(tiles) is HostTiles and not (self.memory_limit and may_cross(
+            plan, tiles.room(plan, self.memory_limit), sparse=True))
         inline = tiles.inline and _tiny(plan, fast)
         limits = nullcontext()
         if tiles.limits_blas and (not inline or _calls_blas(plan)):
@@ -262,14 +264,26 @@ def _limits(threads: int):
 def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:
     """BLAS threads per kernel call for the run of ``plan``: the cores shared by the workers
     that run kernels (all of them for a plan run on the calling thread), at most one thread per
-    ``BLAS_FLOPS_PER_THREAD`` of its largest call."""
-    kept = plan.memo.get("blas_busy")  # (tasks, busy workers, largest call): once a plan
+    ``BLAS_FLOPS_PER_THREAD`` of its largest call (a sparse call's flops weighed, ``_work``)."""
+    kept = plan.memo.get("blas_busy")  # (tasks, busy workers): once a plan
     if kept is None or kept[0] is not plan.tasks:
-        kernels = [t for t in plan.tasks if isinstance(t, Kernel)]
-        kept = plan.memo["blas_busy"] = (plan.tasks, max(1, len({t.worker for t in kernels})),
-                                         max((t.flops for t in kernels), default=0))
+        kept = plan.memo["blas_busy"] = (plan.tasks, max(1, len(
+            {t.worker for t in plan.tasks if isinstance(t, Kernel)})))
     busy = 1 if inline else kept[1]
-    return max(1, min(cores // busy, kept[2] // BLAS_FLOPS_PER_THREAD))
+    return max(1, min(cores // busy, _work(plan)[1] // BLAS_FLOPS_PER_THREAD))
+
+
+def _work(plan: TilePlan) -> tuple[int, int]:
+    """The flops of ``plan``'s kernel calls, all together and the largest call's, a sparse
+    kernel's (scipy, GraphBLAS: its flops counted from the stored entries, physical/lower.py)
+    weighed by ``SPARSE_FLOP_WEIGHT``, what a flop of it costs against a BLAS flop: an SSSP step's
+    call of 1.1M flops takes a core about as long as a dense product of 290M (once a plan)."""
+    kept = plan.memo.get("kernel_flops")  # (tasks, ...): a copy with other tasks counts anew
+    if kept is None or kept[0] is not plan.tasks:
+        calls = [t.flops * (SPARSE_FLOP_WEIGHT if plan.kernels[t.op].sparse is not None else 1)
+                 for t in plan.tasks if isinstance(t, Kernel)]
+        kept = plan.memo["kernel_flops"] = (plan.tasks, sum(calls), max(calls, default=0))
+    return kept[1], kept[2]
 
 
 def _calls_blas(plan: TilePlan) -> bool:
@@ -290,12 +304,8 @@ def _tiny(plan: TilePlan, fast: bool = False) -> bool:
     n = len(plan.tasks)
     if n > (FAST_TASKS if fast else INLINE_MANY_TASKS):
         return False
-    kept = plan.memo.get("kernel_flops")  # (tasks, ...): a copy with other tasks counts anew
-    if kept is None or kept[0] is not plan.tasks:
-        calls = [t.flops for t in plan.tasks if isinstance(t, Kernel)]
-        kept = plan.memo["kernel_flops"] = (plan.tasks, sum(calls), max(calls, default=0))
-    flops = kept[1]
-    if fast and flops <= FAST_FLOPS and kept[2] <= FAST_CALL_FLOPS and \
+    flops, largest = _work(plan)
+    if fast and flops <= FAST_FLOPS and largest <= FAST_CALL_FLOPS and \
             flops <= FAST_TASK_FLOPS * n:
         return True
     return n <= INLINE_MANY_TASKS and \

@@ -82,7 +82,10 @@ class _Run:
         limit = ex.memory_limit
         room = self.tiles.room(plan, limit)  # on a GPU, less what its cache keeps there
         # admission only where the run could cross the limit (see budget.may_cross)
-        self.budget = Budget(self, limit, self.spill) if limit and may_cross(plan, room) else None
+        # (host tiles read a sparse box as its entries: a device's loads it dense, a copy)
+        sparse = not getattr(self.tiles, "loads_copy", False)
+        self.budget = Budget(self, limit, self.spill) if limit and may_cross(
+            plan, room, sparse) else None
 
     def admit(self, item) -> bool:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""

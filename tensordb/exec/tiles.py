@@ -63,8 +63,12 @@ class HostTiles:
         """Task ``key``'s tile ``value`` is final, on worker ``w``."""
 
     def room(self, plan, limit):
-        """The part of ``limit`` (bytes, or None) a run of ``plan`` may fill with its tiles."""
-        return limit
+        """The part of ``limit`` (bytes, or None) a run of ``plan`` may fill with its tiles:
+        what the graph cache holds is not (a run that could cross the rest is admitted task
+        by task, and its admission drops the cache's entries first: budget.py)."""
+        if not limit or self.cache is None:
+            return limit
+        return limit - self.cache.bytes
 
     def load(self, w: int, task, reader, runner, op):
         """The tile of Load ``task`` on worker ``w``."""

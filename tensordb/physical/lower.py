@@ -165,6 +165,8 @@ class _Lowering:
         bal = self.decomp.details.get("balance", {}).get(op.output)
         if bal is not None:  # a sparse kernel's calls weigh their slab's nonzeros, not extents
             calls.block.flops = nnz_weighted(lay, labels.index(bal["label"]), bal)
+        if choice.sparse is not None:  # its work by the stored entries, not the extents
+            calls.block.flops = sparse_scaled(calls.block.flops, self.decomp, op)
         self.tile_keys[op.output] = calls.tile_keys
         self.blocks.append(calls.block)
         grid: Grid = tuple(bounds[l] for l in op.out_labels)
@@ -302,6 +304,21 @@ def describe(plan: TilePlan) -> str:
                      + (f" levels={s.agg_levels}" if s.agg_levels > 1 else "")
                      + f" retile={s.retile_bytes}B")
     return "\n".join(lines)
+
+
+def sparse_scaled(flops: np.ndarray, decomp, op: EinOp) -> np.ndarray:
+    """The flops of a sparse kernel's calls (``flops``: each call's share of the operation's
+    join space, ``EinOp.flops``) scaled to what the cost model counts for the whole operation
+    from the catalog's nonzeros (``optimizer/sparse_cost.sparse_flops``, EXPLAIN's figure):
+    an SSSP step's two calls over a 131,072-node graph are 1.1M flops each, not 8.6G. The pool
+    reads them to choose the calling thread and the BLAS/GraphBLAS threads (exec/pool.py),
+    placement to balance the workers. Unchanged where the cost model has no figure."""
+    cost = decomp.details.get("cost")
+    c = cost.ops.get(op.output) if cost is not None else None
+    total = float(np.sum(flops))
+    if c is None or total <= 0 or not c.flops or c.flops >= total:
+        return flops
+    return np.maximum(1, np.ceil(flops * (float(c.flops) / total))).astype(np.int64)
 
 
 def nnz_weighted(lay, d: int, bal: dict) -> np.ndarray:

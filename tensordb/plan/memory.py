@@ -51,13 +51,20 @@ from .kernel import (SPARSE_METHODS, KernelChoice, choose_kernel, chunk_label, e
                      output_tile_bytes)
 
 __all__ = ["CallMemory", "PlanMemory", "worker_budget", "kernel_temporaries", "call_memory",
-           "project", "BLAS_FLOPS_PER_THREAD"]
+           "project", "BLAS_FLOPS_PER_THREAD", "SPARSE_FLOPS_PER_THREAD",
+           "SPARSE_FLOP_WEIGHT"]
 
 # A BLAS thread per this many flops of a call (about 1 ms of one core): a call of a few MFLOP
 # split over threads waits for each of them to get a core, which on a busy machine took a 256^3
 # product from 0.3 ms to 48 ms. The optimizer (optimizer/threads.py) and the local executor's
 # own rule (exec/pool.py) both keep to it.
 BLAS_FLOPS_PER_THREAD = 1 << 26
+# The same for a sparse kernel's call (scipy, GraphBLAS: its flops counted from the stored
+# entries, physical/lower.py ``sparse_scaled``), whose flop costs a core some hundred times a
+# BLAS flop's (an entry read through its index): GraphBLAS's min-plus vxm over 1.1M entries took
+# 13 ms of CPU. About 1 ms of one core, as above.
+SPARSE_FLOPS_PER_THREAD = 1 << 18
+SPARSE_FLOP_WEIGHT = BLAS_FLOPS_PER_THREAD // SPARSE_FLOPS_PER_THREAD  # a sparse flop, in BLAS's
 
 
 
