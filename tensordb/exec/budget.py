@@ -34,8 +34,8 @@ from ..physical.plan import Aggregate, Kernel, Load
 from ..plan.memory import kernel_temporaries
 from ..storage.boxes import RowGather
 from ..storage.sparse import is_sparse
-from .gpu_sparse import load_bytes
-from .runtime import planned_bytes
+from . import gpu_sparse
+from .sizes import planned_bytes, sparse_box_bytes
 
 __all__ = ["Budget", "working_bytes", "temporary_bytes", "may_cross", "upper_bytes", "load_bytes",
            "return_freed_memory", "HEAP_SLACK"]
@@ -76,7 +76,7 @@ def working_bytes(plan, task, loads_copy: bool = False) -> int:
     if isinstance(task, Load):
         if not loads_copy:
             return 0
-        csr = load_bytes(plan, task)
+        csr = gpu_sparse.load_bytes(plan, task)
         return planned_bytes(plan, task) if csr is None else csr
     out = planned_bytes(plan, task)
     if not isinstance(task, Kernel):
@@ -136,28 +136,12 @@ def upper_bytes(plan, sparse: bool = False) -> int:
 
 
 def load_bytes(plan, task: Load, sparse_read: bool = True) -> int:
-    """The most bytes Load ``task``'s tile holds: a box of a matrix's sparse tiles is read as
-    their entries (``storage.sparse.read_sparse_box``: a CSR slice, at most the stored bytes
-    of the tiles it overlaps and a row pointer of its own), which a sparse kernel reads as it
-    is; anything else (a dense tile, a box some consumer densifies: ``sparse_read`` False) at
-    its dense bytes (``runtime.planned_bytes``). An SSSP step's graph of 131,072 nodes is 13
-    MiB of CSR, not the 137 GB of its extents."""
-    dense = planned_bytes(plan, task)
-    if not sparse_read:
-        return dense
-    reader = plan.readers.get(task.tensor)
-    meta = getattr(reader, "meta", None)
-    entries = getattr(reader, "entries", None)
-    if meta is None or meta.ndim != 2 or not getattr(reader, "has_sparse", False) or \
-            not isinstance(entries, dict) or getattr(reader, "sparse_box", None) is not None:
-        return dense
-    from ..geometry import overlapping
-    ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, task.starts, task.stops)]
-    present = [entries[(r, c)] for r in ranges[0] for c in ranges[1] if (r, c) in entries]
-    if not present or not all(e.sparse for e in present):
-        return dense  # read dense (read_box)
-    rows = task.stops[0] - task.starts[0]
-    return min(dense, sum(int(e.nbytes) for e in present) + 8 * (rows + 1))
+    """The most bytes Load ``task``'s tile holds on the host: a box of a matrix's sparse tiles is
+    read as their entries (``runtime.sparse_box_bytes``), which a sparse kernel reads as it is;
+    anything else (a dense tile, a box some consumer densifies: ``sparse_read`` False) at its
+    dense bytes (``runtime.planned_bytes``)."""
+    csr = sparse_box_bytes(plan, task) if sparse_read else None
+    return planned_bytes(plan, task) if csr is None else csr
 
 
 def _read_sparse(plan) -> set:

@@ -36,6 +36,7 @@ import numpy as np
 from ..plan.aggregates import AGGREGATES
 from ..plan.kernel import DEVICE_SPARSE_DTYPES, device_method
 from ..storage.sparse import Filled, RowSlabs, is_sparse, read_sparse_box, tile_nbytes
+from .sizes import sparse_box_bytes
 
 __all__ = ["sparse_module", "is_device_sparse", "tile_bytes", "load", "load_bytes", "upload",
            "download",
@@ -83,24 +84,13 @@ def tile_bytes(x) -> int:
 
 def load_bytes(plan, task) -> int | None:
     """What Load ``task`` will copy to a device when its box stays CSR there (``load``'s
-    conditions, a sparse module aside): at most the payloads of the stored tiles it overlaps
-    and a row pointer per row, or its dense box if that is less; None where the box is read
-    dense (the admission then reserves the dense box, ``budget.working_bytes``)."""
-    from ..geometry import overlapping
-    reader = plan.readers[task.tensor]
-    meta = reader.meta
-    if not getattr(reader, "has_sparse", False) or meta.ndim != 2 or meta.fill != 0 or \
-            np.dtype(meta.dtype).name not in DEVICE_SPARSE_DTYPES or \
-            getattr(reader, "sparse_box", None) is not None:
+    conditions, a sparse module aside): its CSR bytes (``runtime.sparse_box_bytes``); None where
+    the box is read dense (the admission then reserves the dense box, ``budget.working_bytes``)."""
+    csr = sparse_box_bytes(plan, task)  # None: not a box of sparse tiles (a LET's, a dense one)
+    meta = plan.readers[task.tensor].meta
+    if csr is None or meta.fill != 0 or np.dtype(meta.dtype).name not in DEVICE_SPARSE_DTYPES:
         return None
-    ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, task.starts, task.stops)]
-    present = [reader.entries[(r, c)] for r in ranges[0] for c in ranges[1]
-               if (r, c) in reader.entries]
-    if not present or not all(e.sparse for e in present):
-        return None
-    rows = task.stops[0] - task.starts[0]
-    box = rows * (task.stops[1] - task.starts[1]) * np.dtype(meta.dtype).itemsize
-    return min(box, sum(int(e.nbytes) for e in present) + (rows + 1) * 8)
+    return csr
 
 
 def upload(box, xp, xsparse):

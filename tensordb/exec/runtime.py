@@ -20,7 +20,6 @@ A run returns a ``RunResult``: the output tiles and the run's statistics, per op
 """
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 
@@ -28,9 +27,9 @@ import numpy as np
 
 from ..errors import DataError, Error, InternalError, OperationalError, OutOfMemoryError
 from ..physical.plan import Aggregate, Assemble, Kernel, Load, TilePlan
-from ..plan.kernel import output_tile_bytes
 from ..storage.sparse import is_sparse, tile_nbytes
 from .kernels import KernelSpec, combine
+from .sizes import planned_bytes  # noqa: F401 - callers import it from the runtime
 from .tasks import (finish_aggregate, run_aggregate, run_assemble, run_kernel, run_load,
                     start_aggregate)
 
@@ -160,18 +159,6 @@ def held_bytes(task, value) -> int:
     (written into an output file's mapping or not, its pages are this run's), only what it owns
     for a Load (a view of a stored tensor costs nothing until read; absent tiles are zeros)."""
     return _owned_nbytes(value) if isinstance(task, Load) else tile_nbytes(value)
-
-
-def planned_bytes(plan: TilePlan, task) -> int:
-    """The bytes of the tile ``task`` produces, from the plan alone (before it runs)."""
-    if isinstance(task, Load):
-        shape = [b - a for a, b in zip(task.starts, task.stops)]
-        dtype = plan.readers[task.tensor].meta.dtype
-    elif isinstance(task, Kernel):  # a sparse output tile at its estimated entries
-        return output_tile_bytes(plan.ops[task.op], plan.kernels[task.op], task.out_shape)
-    else:
-        shape, dtype = task.shape, task.dtype
-    return math.prod(shape) * np.dtype(dtype).itemsize
 
 
 # -- the task interpreter ----------------------------------------------------------------------
