@@ -57,6 +57,29 @@ def child(args) -> None:
         print(json.dumps({"name": w.name, **t}), flush=True)
 
 
+def table(args, got, np_got, loads, t_start, rounds=None) -> None:
+    """The markdown table of the rounds so far (each workload's medians over them)."""
+    med = statistics.median
+    print(f"{rounds or args.rounds} rounds, old {args.old} and new {args.new} alternating (medians of "
+          f"{args.repeat} a process), {args.workers} workers; load average {min(loads):.1f}-"
+          f"{max(loads):.1f} at the processes' starts; {time.perf_counter() - t_start:.0f} s")
+    print("| workload | old | new | new / old | per-round new / old | numpy new-process / "
+          "old-process |")
+    print("|---|---:|---:|---:|---:|---:|")
+    ratios = []
+    for name, old in got["old"].items():
+        new = got["new"][name]
+        rr = [n / o for n, o in zip(new, old)]
+        ratio = med(new) / med(old)
+        ratios.append(ratio)
+        npr = med(np_got["new"][name]) / med(np_got["old"][name])
+        print(f"| {name} | {1e3 * med(old):,.1f} ms | {1e3 * med(new):,.1f} ms | {ratio:.3f} | "
+              f"{min(rr):.2f}-{max(rr):.2f} | {npr:.3f} |")
+    geo = float(statistics.geometric_mean(ratios))
+    print(f"geometric mean new / old: {geo:.3f}; workloads over 1.05: "
+          + (", ".join(n for n, x in zip(got["old"], ratios) if x > 1.05) or "none"))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", default="/tmp/old26", help="folder holding the old tensordb/")
@@ -95,26 +118,11 @@ def main(argv=None) -> None:
                 np_got[side].setdefault(row["name"], []).append(row["numpy"])
             print(f"round {r + 1} {side}: done at load {os.getloadavg()[0]:.1f} "
                   f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
-    med = statistics.median
-    print(f"{args.rounds} rounds, old {args.old} and new {args.new} alternating (medians of "
-          f"{args.repeat} a process), {args.workers} workers; load average {min(loads):.1f}-"
-          f"{max(loads):.1f} at the processes' starts; {time.perf_counter() - t_start:.0f} s")
-    print("| workload | old | new | new / old | per-round new / old | numpy new-process / "
-          "old-process |")
-    print("|---|---:|---:|---:|---:|---:|")
-    ratios = []
-    for name, old in got["old"].items():
-        new = got["new"][name]
-        rr = [n / o for n, o in zip(new, old)]
-        ratio = med(new) / med(old)
-        ratios.append(ratio)
-        npr = med(np_got["new"][name]) / med(np_got["old"][name])
-        print(f"| {name} | {1e3 * med(old):,.1f} ms | {1e3 * med(new):,.1f} ms | {ratio:.3f} | "
-              f"{min(rr):.2f}-{max(rr):.2f} | {npr:.3f} |")
-    geo = float(statistics.geometric_mean(ratios))
-    print(f"geometric mean new / old: {geo:.3f}; workloads over 1.05: "
-          + (", ".join(n for n, x in zip(got["old"], ratios) if x > 1.05) or "none"))
-
+        if r + 1 < args.rounds:  # the rounds so far, in case the run is cut short
+            print(f"after round {r + 1}:", file=sys.stderr)
+            table(args, got, np_got, loads, t_start, r + 1)
+            print(flush=True)
+    table(args, got, np_got, loads, t_start)
 
 if __name__ == "__main__":
     main()
