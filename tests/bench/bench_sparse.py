@@ -15,7 +15,8 @@ against numpy once per density.
 directly in numpy) is a numpy loop over exactly A's present tiles, each a contiguous 256 x 256
 array as stored, ``C[rows of i] += A_ij @ B[rows of j]`` into a zeroed C (in memory, nothing
 written; the faster median of numpy's BLAS threads and of one BLAS thread): timed in turn with tensordb in each run, its ratios to tensordb planned and plan
-cached in the last columns. ``--memory`` gives the in-memory database, the default one on disk:
+cached in the next columns, then the same in process CPU seconds against the one-thread loop's
+(which a loaded machine disturbs less). ``--memory`` gives the in-memory database, the default one on disk:
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_sparse.py --densities 0.01 --runs 15 --memory
 """
@@ -104,8 +105,9 @@ def main(argv=None) -> None:
           + ("in memory" if args.memory else "on disk"))
     print("| tile density | tiles | tensordb | plan cached | kernels | lower | run | commit | "
           "numpy A @ B | speed-up | CPU: tensordb | CPU: numpy | CPU speed-up | tile loop | "
-          "tensordb / tile loop | plan cached / tile loop |")
-    print("|---:|" * 1 + "---:|" * 15)
+          "tensordb / tile loop | plan cached / tile loop | CPU: plan cached | "
+          "CPU: tile loop, 1 thread | CPU: tensordb / loop | CPU: plan cached / loop |")
+    print("|---:|" * 1 + "---:|" * 19)
     with tempfile.TemporaryDirectory(prefix="tensordb-bench-sparse-") as root:
         for density in args.densities:
             a = block_sparse(rng, args.n, density)
@@ -124,16 +126,20 @@ def main(argv=None) -> None:
                 present = present_tiles(a)
                 np.testing.assert_allclose(tile_loop(present, b), ref, rtol=1e-3, atol=1e-3)
                 samples, kernels, cached, loop, loop1 = [], [], [], [], []
+                cached_cpu, loop1_cpu = [], []
                 for _ in range(args.runs):
                     samples.append(timed(con, sql, cached=False))
                     kernels.append(sum(m.seconds for m in con.last_run.ops))
-                    cached.append(timed(con, sql, cached=True)[0])
+                    w, st_ = timed(con, sql, cached=True)
+                    cached.append(w)
+                    cached_cpu.append(st_["cpu"])
                     t0 = time.perf_counter()
                     tile_loop(present, b)
                     loop.append(time.perf_counter() - t0)
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     tile_loop_1(present, b)
                     loop1.append(time.perf_counter() - t0)
+                    loop1_cpu.append(time.process_time() - c0)
                 np.testing.assert_allclose(con.tensor("C"), ref, rtol=1e-3, atol=1e-3)
                 tiles = con.store.meta("A").tile_count
             total = statistics.median(t for t, _ in samples)
@@ -143,12 +149,14 @@ def main(argv=None) -> None:
             npt, npc, cpu = statistics.median(np_times), statistics.median(np_cpu), st("cpu")
             lp = min(statistics.median(loop), statistics.median(loop1))
             cc = statistics.median(cached)
+            ccpu, lcpu = statistics.median(cached_cpu), statistics.median(loop1_cpu)
             print(f"| {100 * density:g}% | {tiles} | {1e3 * total:.1f} ms | "
                   f"{1e3 * statistics.median(cached):.1f} ms | "
                   f"{1e3 * statistics.median(kernels):.1f} ms | {1e3 * st('lower'):.1f} ms | "
                   f"{1e3 * st('run'):.1f} ms | {1e3 * st('commit'):.1f} ms | {1e3 * npt:.0f} ms | "
                   f"{npt / total:.0f}x | {1e3 * cpu:.1f} ms | {1e3 * npc:.0f} ms | {npc / cpu:.0f}x | "
-                  f"{1e3 * lp:.2f} ms | {total / lp:.1f}x | {cc / lp:.1f}x |",
+                  f"{1e3 * lp:.2f} ms | {total / lp:.1f}x | {cc / lp:.1f}x | {1e3 * ccpu:.1f} ms | "
+                  f"{1e3 * lcpu:.2f} ms | {cpu / lcpu:.1f}x | {ccpu / lcpu:.1f}x |",
                   flush=True)
 
 
