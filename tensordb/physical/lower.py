@@ -4,7 +4,8 @@ For every operation, DuckDB computes the tile join: the present tiles of each in
 operation's grid (an interval join against the tile catalog), joined on shared labels. Inputs whose
 absence makes the join zero (for a product, every input) are inner-joined, so absent tiles produce
 no kernel call; the others are left-joined and read as zeros. Each joined row is one kernel call;
-rows are grouped by output tile into aggregations.
+rows are grouped by output tile into aggregations. A join that is one stored input's tiles as
+stored (a block-sparse A times a dense B) is made from its reader's entries, with no query.
 """
 from __future__ import annotations
 
