@@ -12,8 +12,12 @@ warm up, then timed ``--repeat`` times from stored tensors to a stored result
 (``con.run(graph, replace=True)``, as bench_suite does), alternating with the workload's NumPy
 reference form, with bench_suite's pause before each call; the process reports the medians. The
 table gives per workload the median over the rounds of each version's medians, the ratio
-new/old, the range of the per-round ratios, and NumPy's ratio between the two versions'
-processes (the same code: how much the machine moved), with the load average at each round.
+new/old, the range of the per-round ratios, NumPy's ratio between the two versions' processes
+(the same code: how much the machine moved), and new/old of tensordb's time over NumPy's in its
+own process (what a load that moves between processes disturbs less), with the load average.
+How long it takes: 2 x rounds processes; at a load average of 10-15 (five engineers' tests) one
+process took 6 to 14 minutes (2026-11-27); on a quiet machine it is not measured (a fraction of
+that: the processes got a fifth of a core).
 Every tensordb result is checked against NumPy in every process.
 """
 from __future__ import annotations
@@ -64,8 +68,8 @@ def table(args, got, np_got, loads, t_start, rounds=None) -> None:
           f"{args.repeat} a process), {args.workers} workers; load average {min(loads):.1f}-"
           f"{max(loads):.1f} at the processes' starts; {time.perf_counter() - t_start:.0f} s")
     print("| workload | old | new | new / old | per-round new / old | numpy new-process / "
-          "old-process |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "old-process | new / old, each over its process's numpy |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     ratios = []
     for name, old in got["old"].items():
         new = got["new"][name]
@@ -73,8 +77,12 @@ def table(args, got, np_got, loads, t_start, rounds=None) -> None:
         ratio = med(new) / med(old)
         ratios.append(ratio)
         npr = med(np_got["new"][name]) / med(np_got["old"][name])
+        # tensordb's time over NumPy's in the same process, new against old: what a machine
+        # whose load moves between the processes disturbs less
+        rel = med(n / m for n, m in zip(new, np_got["new"][name])) / \
+            med(o / m for o, m in zip(old, np_got["old"][name]))
         print(f"| {name} | {1e3 * med(old):,.1f} ms | {1e3 * med(new):,.1f} ms | {ratio:.3f} | "
-              f"{min(rr):.2f}-{max(rr):.2f} | {npr:.3f} |")
+              f"{min(rr):.2f}-{max(rr):.2f} | {npr:.3f} | {rel:.3f} |")
     geo = float(statistics.geometric_mean(ratios))
     print(f"geometric mean new / old: {geo:.3f}; workloads over 1.05: "
           + (", ".join(n for n, x in zip(got["old"], ratios) if x > 1.05) or "none"))
