@@ -4,7 +4,8 @@ For every operation, DuckDB computes the tile join: the present tiles of each in
 operation's grid (an interval join against the tile catalog), joined on shared labels. Inputs whose
 absence makes the join zero (for a product, every input) are inner-joined, so absent tiles produce
 no kernel call; the others are left-joined and read as zeros. Each joined row is one kernel call;
-rows are grouped by output tile into aggregations.
+rows are grouped by output tile into aggregations. A join that is one stored input's tiles as
+stored (a block-sparse A times a dense B) is made from its reader's entries, with no query.
 """
 from __future__ import annotations
 
@@ -122,6 +123,9 @@ class _Lowering:
         # matter): a block-sparse A times a dense B joins only A's tiles.
         whole = {k for k in inner if op.inputs[k].tensor in self.readers
                  and self._complete(op.inputs[k].tensor) and self._facts(op.inputs[k].tensor)[0]}
+        rows = self._join_one(op, pieces, bounds, inner, outer, whole)
+        if rows is not None:
+            return rows
         sql, params = tilejoin.join(
             op, pieces, inner, outer, whole,
             lambda k: self._presence_sql(op.inputs[k].tensor, op.inputs[k].labels, bounds))
@@ -130,6 +134,41 @@ class _Lowering:
         except Exception as exc:  # a bug in the generated SQL, never the user's fault
             raise InternalError(f"tile join for {op.describe()} failed: {exc}\n{sql}") from exc
         return np.array(rows, dtype=np.int64).reshape(len(rows), len(op.labels) + len(outer))
+
+    def _join_one(self, op: EinOp, pieces: dict, bounds: dict, inner: list, outer: list,
+                  whole: set) -> np.ndarray | None:
+        """The tile join without DuckDB where it is one stored input's tiles (a block-sparse A
+        times a dense B): every input but one is ``whole`` and needs no test, nothing is
+        left-joined, and that input's tiles are the operation's pieces on each of its labels
+        (no interval join, no diagonal). Its catalog entries, which its reader holds, are the
+        rows ``tilejoin.join`` would return, crossed with every piece of the other labels and
+        sorted. None where the SQL is needed."""
+        rest = [k for k in inner if k not in whole]
+        if outer or len(rest) != 1:
+            return None
+        k0 = rest[0]
+        reader = self.readers.get(op.inputs[k0].tensor)
+        labels = op.inputs[k0].labels
+        if not labels or not isinstance(reader, TensorReader) or len(set(labels)) != len(labels) \
+                or any(tuple(bounds[l]) != tuple(g) for l, g in zip(labels, reader.meta.grid)):
+            return None
+        # the rows' test must need no catalog facts (as tilejoin.join would find it)
+        test = tilejoin.nonzero_test(op.join, lambda k: "TRUE",
+                                     lambda k: "TRUE" if k in whole else f"in{k}.f",
+                                     lambda k: f"in{k}.n")
+        if test != "TRUE":
+            return None
+        coords = np.array(sorted(reader.entries), dtype=np.int64).reshape(-1, len(labels))
+        cols = {l: coords[:, d] for d, l in enumerate(labels)}
+        free = [l for l in op.labels if l not in cols]
+        rest_rows = grid_rows([pieces[l] for l in free], 0, True) if free else \
+            np.zeros((1, 0), np.int64)
+        n, m = len(coords), len(rest_rows)
+        out = np.empty((n * m, len(op.labels)), dtype=np.int64)
+        for i, l in enumerate(op.labels):
+            out[:, i] = np.repeat(cols[l], m) if l in cols else \
+                np.tile(rest_rows[:, free.index(l)], n)
+        return out[np.lexsort(out.T[::-1])] if len(out) else out
 
     # -- one operation -------------------------------------------------------------------------
     def lower_op(self, index: int, op: EinOp) -> None:
