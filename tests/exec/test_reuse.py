@@ -121,3 +121,31 @@ def test_only_the_same_tiles_and_a_whole_join_are_shared():
                                    rtol=1e-14)
         np.testing.assert_allclose(con.tensor("B"), np.exp(z - m[None, :]) * s[None, :],
                                    rtol=1e-14)
+
+
+def test_a_parameter_outside_the_shared_subexpression_takes_each_call_s_value():
+    """The rewritten call's operation holds the parameters of the rest of its join: a cached
+    plan run with a new value (cache.rebind's operations) rewrites it again, as its
+    KernelSpecs are made again; the value of the first run was kept (R = EXP(Z) * 1 where
+    $u was 2). Against numpy and the pool's run at each value."""
+    z = RNG.standard_normal((8, 5))
+    text = "s[i] = SUM(EXP(Z[i,j])); R[i,j] = EXP(Z[i,j]) * $u + $v;"
+    cons = []
+    for fast in (True, False):
+        con = tensordb.connect(workers=1)  # one Load of Z: the reduction's and R's tile
+        con.engine.executor().fast_path = fast
+        con.load("Z", z)
+        cons.append(con)
+    try:
+        for u, v in ((1.0, 0.0), (2.0, 0.5), (-3.0, 0.25), (2.0, 0.5)):
+            got = []
+            for con in cons:
+                con.execute(text, {"u": u, "v": v})
+                got.append(con.tensor("R").tobytes())
+            np.testing.assert_array_equal(cons[0].tensor("R"), np.exp(z) * u + v)
+            np.testing.assert_array_equal(cons[0].tensor("s"), np.exp(z).sum(1))
+            assert got[0] == got[1]
+            assert _read_kept(cons[0].engine.last_plan.memo) == 1  # the kept value was read
+    finally:
+        for con in cons:
+            con.close()
