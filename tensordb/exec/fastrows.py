@@ -37,10 +37,11 @@ def rows(memo: dict, plan, steps: list, kernel_kind: int) -> tuple:
     KernelSpec)`` for a later call that reads it, by that spec's rewritten operation
     (exec/reuse.py), else None); and the kernel calls per operation (EXPLAIN ANALYZE's count)."""
     kept = memo.get("fastpath_rows")
-    # made again for other operations (new parameter values: cache.rebind), as the plan's
-    # KernelSpecs are (runtime.plan_specs): a rewritten operation holds its parameters' values
+    # made again for other operations (new parameter values: cache.rebind) or kernel choices,
+    # as the plan's KernelSpecs are (runtime.plan_specs): a rewritten operation holds its
+    # parameters' values
     if kept is not None and kept[0] is steps and kept[1] is plan.outputs and \
-            kept[4] is plan.ops:
+            kept[4] is plan.ops and kept[5] is plan.kernels:
         return kept[2], kept[3]
     keep = kept_keys(memo, plan)
     kept_joins, uses = shares(plan, steps, kernel_kind)
@@ -61,7 +62,7 @@ def rows(memo: dict, plan, steps: list, kernel_kind: int) -> tuple:
                      None if share is not None else pooled.get(i)))
         if s.kind == kernel_kind:
             per_op[s.op] += 1
-    memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op, plan.ops)
+    memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op, plan.ops, plan.kernels)
     return rows, per_op
 
 
