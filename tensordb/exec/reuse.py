@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..plan.aggregates import ARG_AGGS
 from ..plan.ir import EinOp, Operand
 from ..plan.scalar import Call, Const, Input, dtype_of
@@ -152,9 +154,11 @@ def _same(a, b, m: dict) -> bool:
     if isinstance(a, Call):
         return isinstance(b, Call) and a.fn == b.fn and len(a.args) == len(b.args) and \
             all(_same(x, y, m) for x, y in zip(a.args, b.args))
-    # a literal: the same type and value (a weak 1 and 1.0 differ in what they give)
+    # a literal: the same type and value (a weak 1 and 1.0 differ in what they give), and
+    # the same sign of a zero (0.0 == -0.0, but Z + 0.0 and Z + -0.0 differ where Z is -0.0)
     return type(a) is type(b) and type(getattr(a, "value", None)) is \
-        type(getattr(b, "value", None)) and a == b
+        type(getattr(b, "value", None)) and a == b and \
+        bool(np.signbit(getattr(a, "value", 0))) == bool(np.signbit(getattr(b, "value", 0)))
 
 
 def _replace(expr, sub, new):

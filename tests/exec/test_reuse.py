@@ -149,3 +149,28 @@ def test_a_parameter_outside_the_shared_subexpression_takes_each_call_s_value():
     finally:
         for con in cons:
             con.close()
+
+
+def test_a_literal_zero_of_the_other_sign_is_not_the_same_subexpression():
+    """0.0 == -0.0 (the literals compare equal), but Z + 0.0 and Z + -0.0 differ where Z
+    holds -0.0 (1 / that is +inf or -inf): the reduction's value is not read for the other
+    literal. Bytes against numpy and the pool's run."""
+    z = np.array([[-0.0, 1.0, 2.0, -0.0], [0.5, -0.0, 4.0, -3.0]])
+    text = "s[i] = SUM(1 / (Z[i,j] + 0.0)); R[i,j] = 2 * (1 / (Z[i,j] + -0.0));"
+    same = "s[i] = SUM(1 / (Z[i,j] + -0.0)); R[i,j] = 2 * (1 / (Z[i,j] + -0.0));"
+    with np.errstate(divide="ignore"):
+        want = {text: (np.sum(1 / (z + 0.0), 1), 2 * (1 / (z + -0.0))),
+                same: (np.sum(1 / (z + -0.0), 1), 2 * (1 / (z + -0.0)))}
+    for t, kept in ((text, 0), (same, 1)):
+        got = []
+        for fast in (True, False):
+            with tensordb.connect(workers=1) as con:  # one Load of Z: both calls' tile
+                con.engine.executor().fast_path = fast
+                con.load("Z", z)
+                con.execute(t)
+                con.execute(t)
+                got.append((con.tensor("s").tobytes(), con.tensor("R").tobytes()))
+                if fast:
+                    assert _read_kept(con.engine.last_plan.memo) == kept
+        assert got[0] == got[1]
+        assert got[0] == tuple(a.tobytes() for a in want[t])
