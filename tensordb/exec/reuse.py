@@ -20,6 +20,7 @@ written. The pool is not changed: a tile there may be computed on another worker
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,7 +159,12 @@ def _same(a, b, m: dict) -> bool:
     # the same sign of a zero (0.0 == -0.0, but Z + 0.0 and Z + -0.0 differ where Z is -0.0)
     return type(a) is type(b) and type(getattr(a, "value", None)) is \
         type(getattr(b, "value", None)) and a == b and \
-        bool(np.signbit(getattr(a, "value", 0))) == bool(np.signbit(getattr(b, "value", 0)))
+        _negative_zero(getattr(a, "value", None)) == _negative_zero(getattr(b, "value", None))
+
+
+def _negative_zero(value) -> bool:
+    return isinstance(value, (float, np.floating)) and value == 0 and \
+        math.copysign(1.0, float(value)) < 0
 
 
 def _replace(expr, sub, new):
