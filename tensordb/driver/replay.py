@@ -17,8 +17,9 @@ element is nonzero and its format (what the plan's layout key and the sparse fus
 against the version the plan was made for; and once, at the first call after the remembered
 one, every answer binding read (``Snapshot.holds``). A replayed call's commit writes the same
 catalog entries again but for the values, so only the value facts are checked at each replay.
-A group that reads a slice or gather of a tensor it replaces, or whose plan is cut on a sparse
-matrix's row profile, is not replayed. The run and the commit are the ordinary ones
+A group that reads a slice or gather of a tensor it replaces, or in whose plan a sparse kernel
+computes an operation (``output_nnz``: its cuts may rest on a sparse matrix's row profile), is
+not replayed. The run and the commit are the ordinary ones
 (``Prepared.run``): atomic, checked, counted as a hit of the cache.
 """
 from __future__ import annotations

@@ -355,7 +355,7 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     loads = memo.setdefault("fastpath_loads", {})
     rows, calls_per_op = _rows(memo, plan, steps, KERNEL)
     calls = _calls(memo, steps, specs, KERNEL)
-    shared = _calls(memo, steps, None, KERNEL, "fastpath_shared")
+    shared = _calls(memo, steps, rows, KERNEL, "fastpath_shared")  # bound anew with new rows
     # buffers of intermediates kept from the last run, taken by this one (another run of the
     # plan at the same time finds none); given back once this run succeeded
     pool = memo.pop("fastpath_pool", None)

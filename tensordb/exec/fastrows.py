@@ -37,7 +37,11 @@ def rows(memo: dict, plan, steps: list, kernel_kind: int) -> tuple:
     KernelSpec)`` for a later call that reads it, by that spec's rewritten operation
     (exec/reuse.py), else None); and the kernel calls per operation (EXPLAIN ANALYZE's count)."""
     kept = memo.get("fastpath_rows")
-    if kept is not None and kept[0] is steps and kept[1] is plan.outputs:
+    # made again for other operations (new parameter values: cache.rebind) or kernel choices,
+    # as the plan's KernelSpecs are (runtime.plan_specs): a rewritten operation holds its
+    # parameters' values
+    if kept is not None and kept[0] is steps and kept[1] is plan.outputs and \
+            kept[4] is plan.ops and kept[5] is plan.kernels:
         return kept[2], kept[3]
     keep = kept_keys(memo, plan)
     kept_joins, uses = shares(plan, steps, kernel_kind)
@@ -58,7 +62,7 @@ def rows(memo: dict, plan, steps: list, kernel_kind: int) -> tuple:
                      None if share is not None else pooled.get(i)))
         if s.kind == kernel_kind:
             per_op[s.op] += 1
-    memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op)
+    memo["fastpath_rows"] = (steps, plan.outputs, rows, per_op, plan.ops, plan.kernels)
     return rows, per_op
 
 
@@ -107,11 +111,12 @@ def calls(memo: dict, steps: list, specs: dict | None, kernel_kind: int,
     has an absent operand (its spec is called). Kept in the plan's memo for these steps and
     KernelSpecs; an entry is replaced whole, never changed (a bound function keeps no state).
     ``specs`` None: the calls of the rewritten operations that read a kept join value
-    (``_rows``' shares), None until bound."""
+    (``_rows``' shares), None until bound; a list (the rows those operations are in): the
+    same, bound again for new rows (another parameter value's operations)."""
     kept = memo.get(name)
     if kept is None or kept[0] is not steps or kept[1] is not specs:
         kept = memo[name] = (steps, specs, [
-            None if specs is None else
+            None if specs is None or type(specs) is list else
             ((), None, None) if s.kind == kernel_kind and None not in s.task.args else None
             for s in steps])
     return kept[2]

@@ -20,7 +20,10 @@ written. The pool is not changed: a tile there may be computed on another worker
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..plan.aggregates import ARG_AGGS
 from ..plan.ir import EinOp, Operand
@@ -152,9 +155,16 @@ def _same(a, b, m: dict) -> bool:
     if isinstance(a, Call):
         return isinstance(b, Call) and a.fn == b.fn and len(a.args) == len(b.args) and \
             all(_same(x, y, m) for x, y in zip(a.args, b.args))
-    # a literal: the same type and value (a weak 1 and 1.0 differ in what they give)
+    # a literal: the same type and value (a weak 1 and 1.0 differ in what they give), and
+    # the same sign of a zero (0.0 == -0.0, but Z + 0.0 and Z + -0.0 differ where Z is -0.0)
     return type(a) is type(b) and type(getattr(a, "value", None)) is \
-        type(getattr(b, "value", None)) and a == b
+        type(getattr(b, "value", None)) and a == b and \
+        _negative_zero(getattr(a, "value", None)) == _negative_zero(getattr(b, "value", None))
+
+
+def _negative_zero(value) -> bool:
+    return isinstance(value, (float, np.floating)) and value == 0 and \
+        math.copysign(1.0, float(value)) < 0
 
 
 def _replace(expr, sub, new):

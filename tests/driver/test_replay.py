@@ -314,3 +314,24 @@ def test_kill_9_during_replayed_steps_leaves_one_step_s_state(tmp_path, delay):
         (done, got)
     _check_clean(con)
     con.close()
+
+
+def test_a_plan_with_a_sparse_kernel_is_not_replayed():
+    """A sparse kernel's operation (its output's nonzeros estimated: output_nnz) is planned
+    by the ordinary path at each call, as replay.py and architecture.md say; against scipy."""
+    import scipy.sparse as sp
+    con = _connect("memory", None)
+    s = sp.random(40, 30, density=0.05, random_state=7, format="csr")
+    rng = np.random.default_rng(7)
+    u, v = rng.standard_normal((40, 4)), rng.standard_normal((30, 4))
+    con.load("S", s)
+    con.load("U", u)
+    con.load("V", v)
+    for k in range(3):
+        con.execute("C[i,j] = S[i,j] * SUM(U[i,r] * V[j,r]);")
+        got = con.tensor("C")
+        got = got.toarray() if hasattr(got, "toarray") else np.asarray(got)
+        np.testing.assert_allclose(got, s.toarray() * (u @ v.T), rtol=1e-12, atol=1e-15)
+    assert con.engine.last_plan is not None
+    assert con.engine.cache.replay.replays == 0
+    con.close()

@@ -121,3 +121,56 @@ def test_only_the_same_tiles_and_a_whole_join_are_shared():
                                    rtol=1e-14)
         np.testing.assert_allclose(con.tensor("B"), np.exp(z - m[None, :]) * s[None, :],
                                    rtol=1e-14)
+
+
+def test_a_parameter_outside_the_shared_subexpression_takes_each_call_s_value():
+    """The rewritten call's operation holds the parameters of the rest of its join: a cached
+    plan run with a new value (cache.rebind's operations) rewrites it again, as its
+    KernelSpecs are made again; the value of the first run was kept (R = EXP(Z) * 1 where
+    $u was 2). Against numpy and the pool's run at each value."""
+    z = RNG.standard_normal((8, 5))
+    text = "s[i] = SUM(EXP(Z[i,j])); R[i,j] = EXP(Z[i,j]) * $u + $v;"
+    cons = []
+    for fast in (True, False):
+        con = tensordb.connect(workers=1)  # one Load of Z: the reduction's and R's tile
+        con.engine.executor().fast_path = fast
+        con.load("Z", z)
+        cons.append(con)
+    try:
+        for u, v in ((1.0, 0.0), (2.0, 0.5), (-3.0, 0.25), (2.0, 0.5)):
+            got = []
+            for con in cons:
+                con.execute(text, {"u": u, "v": v})
+                got.append(con.tensor("R").tobytes())
+            np.testing.assert_array_equal(cons[0].tensor("R"), np.exp(z) * u + v)
+            np.testing.assert_array_equal(cons[0].tensor("s"), np.exp(z).sum(1))
+            assert got[0] == got[1]
+            assert _read_kept(cons[0].engine.last_plan.memo) == 1  # the kept value was read
+    finally:
+        for con in cons:
+            con.close()
+
+
+def test_a_literal_zero_of_the_other_sign_is_not_the_same_subexpression():
+    """0.0 == -0.0 (the literals compare equal), but Z + 0.0 and Z + -0.0 differ where Z
+    holds -0.0 (1 / that is +inf or -inf): the reduction's value is not read for the other
+    literal. Bytes against numpy and the pool's run."""
+    z = np.array([[-0.0, 1.0, 2.0, -0.0], [0.5, -0.0, 4.0, -3.0]])
+    text = "s[i] = SUM(1 / (Z[i,j] + 0.0)); R[i,j] = 2 * (1 / (Z[i,j] + -0.0));"
+    same = "s[i] = SUM(1 / (Z[i,j] + -0.0)); R[i,j] = 2 * (1 / (Z[i,j] + -0.0));"
+    with np.errstate(divide="ignore"):
+        want = {text: (np.sum(1 / (z + 0.0), 1), 2 * (1 / (z + -0.0))),
+                same: (np.sum(1 / (z + -0.0), 1), 2 * (1 / (z + -0.0)))}
+    for t, kept in ((text, 0), (same, 1)):
+        got = []
+        for fast in (True, False):
+            with tensordb.connect(workers=1) as con:  # one Load of Z: both calls' tile
+                con.engine.executor().fast_path = fast
+                con.load("Z", z)
+                con.execute(t)
+                con.execute(t)
+                got.append((con.tensor("s").tobytes(), con.tensor("R").tobytes()))
+                if fast:
+                    assert _read_kept(con.engine.last_plan.memo) == kept
+        assert got[0] == got[1]
+        assert got[0] == tuple(a.tobytes() for a in want[t])
