@@ -140,7 +140,7 @@ def load_bytes(plan, task: Load, sparse_read: bool = True) -> int:
     read as their entries (``runtime.sparse_box_bytes``), which a sparse kernel reads as it is;
     anything else (a dense tile, a box some consumer densifies: ``sparse_read`` False) at its
     dense bytes (``runtime.planned_bytes``)."""
-    csr = sparse_box_bytes(plan, task) if sparse_read else None
+    csr = sparse_box_bytes(plan, task, building=True) if sparse_read else None
     return planned_bytes(plan, task) if csr is None else csr
 
 
