@@ -35,7 +35,7 @@ from ..plan.memory import kernel_temporaries
 from ..storage.boxes import RowGather
 from ..storage.sparse import is_sparse
 from . import gpu_sparse
-from .sizes import planned_bytes, sparse_box_bytes
+from .sizes import graphblas_bytes, planned_bytes, sparse_box_bytes
 
 __all__ = ["Budget", "working_bytes", "temporary_bytes", "may_cross", "upper_bytes", "load_bytes",
            "return_freed_memory", "HEAP_SLACK"]
@@ -131,6 +131,11 @@ def upper_bytes(plan, sparse: bool = False) -> int:
         bound += sum(load_bytes(plan, t, t.key in read_sparse) if isinstance(t, Load)
                      else planned_bytes(plan, t)
                      for t in plan.tasks if isinstance(t, (Aggregate, Load)))
+        # and a GraphBLAS kernel's copy of such a box, made while the box is held (the graph
+        # cache keeps it after the run): a shortest-path step's is larger than the box
+        copied = _read_sparse(plan, graphblas=True) & read_sparse
+        bound += sum(graphblas_bytes(plan, t) or 0 for t in plan.tasks
+                     if isinstance(t, Load) and t.key in copied)
         memo[key] = bound
     return bound
 
@@ -144,15 +149,21 @@ def load_bytes(plan, task: Load, sparse_read: bool = True) -> int:
     return planned_bytes(plan, task) if csr is None else csr
 
 
-def _read_sparse(plan) -> set:
+def _read_sparse(plan, graphblas: bool = False) -> set:
     """The keys of the Loads whose every consumer is a sparse kernel reading that operand as
     it is: the semiring kernels and GraphBLAS's SpGEMM (``KernelChoice.semiring``) any
     operand, the other sparse methods the one they name sparse (``KernelChoice.sparse``).
-    A Load read by any other task (a dense kernel, an assembly) is densified there."""
+    A Load read by any other task (a dense kernel, an assembly) is densified there.
+    ``graphblas``: the keys of the Loads some GraphBLAS kernel (a semiring kernel, GraphBLAS's
+    SpGEMM) reads, which copies them in."""
     loads = {t.key for t in plan.tasks if isinstance(t, Load)}
     if not loads:
         return set()
     from ..plan.kernel import SPARSE_METHODS
+    if graphblas:
+        return {k for t in plan.tasks if isinstance(t, Kernel) and (
+            plan.kernels[t.op].semiring is not None or plan.kernels[t.op].method == "semiring")
+            for k in t.args if k in loads}
     ok = dict.fromkeys(loads, True)
     for t in plan.tasks:
         for pos, k in enumerate(getattr(t, "args", None) or getattr(t, "inputs", ()) or ()):

@@ -11,7 +11,7 @@ from ..geometry import overlapping
 from ..physical.plan import Kernel, Load, TilePlan
 from ..plan.kernel import output_tile_bytes
 
-__all__ = ["planned_bytes", "sparse_box_bytes"]
+__all__ = ["planned_bytes", "sparse_box_bytes", "graphblas_bytes"]
 
 
 def planned_bytes(plan: TilePlan, task) -> int:
@@ -35,6 +35,39 @@ def sparse_box_bytes(plan: TilePlan, task: Load, building: bool = False) -> int 
     most the host holds while it reads the box, where the box is not views of one tile or of
     whole-width row slabs: the slices cut from the tiles and the box made of them, twice its
     entries and their row pointers (a GPU's device holds the box only)."""
+    found = _sparse_tiles(plan, task)
+    if found is None:
+        return None
+    meta, entries, ranges, present = found
+    rows = task.stops[0] - task.starts[0]
+    item = np.dtype(meta.dtype).itemsize
+    held = min(sum(int(entries[rc].nbytes) for rc in present),
+               math.prod(b - a for a, b in zip(task.starts, task.stops)) * (8 + item))
+    if building and not _views(meta, ranges, present, task):
+        # and row pointers: each tile column's slice's, a band's, the box's, scipy's counts
+        return 2 * held + 8 * (rows + 1) * (len(ranges[1]) + 3)
+    return held + 8 * (rows + 1)
+
+
+def graphblas_bytes(plan: TilePlan, task: Load) -> int | None:
+    """The most bytes GraphBLAS's copy of Load ``task``'s CSR box takes (exec/semiring.py
+    ``_to_gb``, ``plus_times_csr``: int64 row pointers and column indices, and the values),
+    made while a GraphBLAS kernel runs beside the box (and kept by the graph cache); None where
+    the box is not read as CSR. Its entries at most those the stored payloads can hold (4-byte
+    indices at least) or every element of the box."""
+    found = _sparse_tiles(plan, task)
+    if found is None:
+        return None
+    meta, entries, _, present = found
+    item = np.dtype(meta.dtype).itemsize
+    nse = min(sum(int(entries[rc].nbytes) // (4 + item) for rc in present),
+              math.prod(b - a for a, b in zip(task.starts, task.stops)))
+    return nse * (8 + item) + 8 * (task.stops[0] - task.starts[0] + 1)
+
+
+def _sparse_tiles(plan: TilePlan, task: Load):
+    """(meta, entries, tile ranges, present tiles) of Load ``task``'s box where it is read as
+    CSR (a matrix's box whose stored tiles are all sparse), else None."""
     reader = plan.readers.get(task.tensor)
     meta = getattr(reader, "meta", None)
     entries = getattr(reader, "entries", None)
@@ -45,14 +78,7 @@ def sparse_box_bytes(plan: TilePlan, task: Load, building: bool = False) -> int 
     present = [(r, c) for r in ranges[0] for c in ranges[1] if (r, c) in entries]
     if not present or not all(entries[rc].sparse for rc in present):
         return None
-    rows = task.stops[0] - task.starts[0]
-    item = np.dtype(meta.dtype).itemsize
-    held = min(sum(int(entries[rc].nbytes) for rc in present),
-               math.prod(b - a for a, b in zip(task.starts, task.stops)) * (8 + item))
-    if building and not _views(meta, ranges, present, task):
-        # and row pointers: each tile column's slice's, a band's, the box's, scipy's counts
-        return 2 * held + 8 * (rows + 1) * (len(ranges[1]) + 3)
-    return held + 8 * (rows + 1)
+    return meta, entries, ranges, present
 
 
 def _views(meta, ranges, present, task) -> bool:

@@ -65,3 +65,39 @@ def test_a_sparse_box_holds_no_more_than_counted(tmp_path, dtype, holes, fill):
             want = stored[starts[0]:stops[0], starts[1]:stops[1]]
             np.testing.assert_array_equal(densify(box), want)
             assert peak <= counted, (starts, stops, peak, counted)
+
+
+@pytest.mark.parametrize("n, m, tile", [(400, 3000, None), (600, 6000, (200, 200))])
+def test_a_graphblas_kernels_copy_of_a_box_is_counted(tmp_path, n, m, tile):
+    """A shortest-path step's kernel copies the stored graph's box into GraphBLAS while the box
+    is held (the graph cache keeps the copy after the run): the run's upper bound, which
+    decides whether it runs unbudgeted (the straight line), counts both. The cache is empty
+    before the step: the GraphBLAS matrices it holds after are what the run made."""
+    pytest.importorskip("graphblas")
+    from tensordb.exec.budget import _read_sparse, upper_bytes
+    from tensordb.exec.graphcache import GRAPHS
+    from tests.sparse.test_sparse_fixed_cost import STEP, _graph
+    D, loops = _graph(n, m, 7)
+    with tensordb.connect(tmp_path / "g.tdb", workers=2) as con:
+        if tile is None:
+            con.load("D", loops, fill_value=np.inf)
+        else:
+            con.load("D", loops, fill_value=np.inf, tile=tile)
+        con.load("dist", np.zeros(n))
+        GRAPHS.clear()
+        try:
+            con.execute(STEP)
+            want = np.full(n, np.inf)
+            c = loops.tocoo()
+            np.minimum.at(want, c.col, c.data)  # dist is 0 everywhere: the cheapest in-edge
+            np.testing.assert_array_equal(con.tensor("dist"), want)
+            plan = con.engine.last_plan
+            read = _read_sparse(plan)
+            boxes = sum(load_bytes(plan, t, t.key in read) for t in plan.tasks
+                        if isinstance(t, Load) and t.tensor == "D")
+            made = sum(v.ss.nbytes for e in GRAPHS.entries.values()
+                       for k, v in e.array.slot.items() if k[0] == "gb")
+            assert made > 0
+            assert upper_bytes(plan, sparse=True) >= boxes + made
+        finally:
+            GRAPHS.clear()
