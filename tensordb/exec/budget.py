@@ -76,7 +76,7 @@ def working_bytes(plan, task, loads_copy: bool = False) -> int:
     if isinstance(task, Load):
         if not loads_copy:
             return 0
-        csr = gpu_sparse.load_bytes(plan, task)
+        csr = gpu_sparse.load_bytes(plan, task) if task.key in _device_sparse(plan) else None
         return planned_bytes(plan, task) if csr is None else csr
     out = planned_bytes(plan, task)
     if not isinstance(task, Kernel):
@@ -176,6 +176,35 @@ def _read_sparse(plan, graphblas: bool = False) -> set:
             ok[k] = c.method in SPARSE_METHODS and (
                 c.semiring is not None or c.method == "semiring" or pos == c.sparse)
     return {k for k, v in ok.items() if v}
+
+
+def _device_sparse(plan) -> set:
+    """The keys of the Loads whose every consumer keeps that operand CSR on a GPU (a cupyx
+    method, ``plan.kernel.device_method``: the sparse operand of each, both of a SpGEMM or an
+    elementwise join, the mask and a CSR factor of a masked product). One any other task reads
+    (a dense kernel, a semiring, MAX or MIN, an SDDMM's factor) is densified on the device
+    (``gpu_sparse.dense``): its admission counts the dense box. Once a plan."""
+    memo = getattr(plan, "memo", {})
+    kept = memo.get("device_sparse")
+    if kept is not None and kept[0] is plan.tasks:
+        return kept[1]
+    from ..plan.kernel import device_method
+    ok = {t.key: True for t in plan.tasks if isinstance(t, Load)}
+    for t in plan.tasks:
+        keys = t.args if isinstance(t, Kernel) else getattr(t, "parts", None) or \
+            tuple(p[0] for p in getattr(t, "pieces", ()))
+        for pos, k in enumerate(keys):
+            if k not in ok or not ok[k]:
+                continue
+            method = None
+            if isinstance(t, Kernel):
+                c = plan.kernels[t.op]
+                method = device_method(plan.ops[t.op], c)
+            ok[k] = method in ("spmm", "spjoin", "masked") or (
+                method in ("spreduce", "sddmm") and pos == c.sparse)
+    found = {k for k, v in ok.items() if v}
+    memo["device_sparse"] = (plan.tasks, found)
+    return found
 
 
 class Budget:
