@@ -374,3 +374,22 @@ def test_a_csr_load_the_device_densifies_is_counted_dense(monkeypatch, sql, orac
     assert peak > n * n * 8  # the dense box was made (on the stand-in's device)
     assert reserved and sum(reserved) >= n * n * 8, reserved
     assert run.over_budget > 0
+
+
+@pytest.mark.xfail(strict=True, reason="review of issue 26: a sparse elementwise '-' (scipy's "
+                   "on the CPU, cupyx's on the GPU alike) drops a result of -0.0 - 0 as a "
+                   "zero, where numpy keeps -0.0; the sign of a zero, not its value")
+@pytest.mark.parametrize("where", ["cpu", "gpu"])
+def test_a_sparse_difference_keeps_the_sign_of_a_negative_zero(where):
+    s = S.copy()
+    s.data[::7] = -0.0
+    with tensordb.connect() as con:
+        con.load("S", s)
+        con.load("T", T)
+        if where == "gpu":
+            _gpu(con, DeviceXp())
+        con.execute("C[i,j] = S[i,j] - T[i,j]")
+        got = con.tensor("C")
+    want = _dense(s) - _dense(T)
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
