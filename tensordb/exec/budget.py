@@ -35,7 +35,7 @@ from ..plan.memory import kernel_temporaries
 from ..storage.boxes import RowGather
 from ..storage.sparse import is_sparse
 from . import gpu_sparse
-from .sizes import planned_bytes, sparse_box_bytes
+from .sizes import graphblas_bytes, planned_bytes, sparse_box_bytes
 
 __all__ = ["Budget", "working_bytes", "temporary_bytes", "may_cross", "upper_bytes", "load_bytes",
            "return_freed_memory", "HEAP_SLACK"]
@@ -76,7 +76,7 @@ def working_bytes(plan, task, loads_copy: bool = False) -> int:
     if isinstance(task, Load):
         if not loads_copy:
             return 0
-        csr = gpu_sparse.load_bytes(plan, task)
+        csr = gpu_sparse.load_bytes(plan, task) if task.key in _device_sparse(plan) else None
         return planned_bytes(plan, task) if csr is None else csr
     out = planned_bytes(plan, task)
     if not isinstance(task, Kernel):
@@ -131,6 +131,11 @@ def upper_bytes(plan, sparse: bool = False) -> int:
         bound += sum(load_bytes(plan, t, t.key in read_sparse) if isinstance(t, Load)
                      else planned_bytes(plan, t)
                      for t in plan.tasks if isinstance(t, (Aggregate, Load)))
+        # and a GraphBLAS kernel's copy of such a box, made while the box is held (the graph
+        # cache keeps it after the run): a shortest-path step's is larger than the box
+        copied = _read_sparse(plan, graphblas=True) & read_sparse
+        bound += sum(graphblas_bytes(plan, t) or 0 for t in plan.tasks
+                     if isinstance(t, Load) and t.key in copied)
         memo[key] = bound
     return bound
 
@@ -140,19 +145,25 @@ def load_bytes(plan, task: Load, sparse_read: bool = True) -> int:
     read as their entries (``runtime.sparse_box_bytes``), which a sparse kernel reads as it is;
     anything else (a dense tile, a box some consumer densifies: ``sparse_read`` False) at its
     dense bytes (``runtime.planned_bytes``)."""
-    csr = sparse_box_bytes(plan, task) if sparse_read else None
+    csr = sparse_box_bytes(plan, task, building=True) if sparse_read else None
     return planned_bytes(plan, task) if csr is None else csr
 
 
-def _read_sparse(plan) -> set:
+def _read_sparse(plan, graphblas: bool = False) -> set:
     """The keys of the Loads whose every consumer is a sparse kernel reading that operand as
     it is: the semiring kernels and GraphBLAS's SpGEMM (``KernelChoice.semiring``) any
     operand, the other sparse methods the one they name sparse (``KernelChoice.sparse``).
-    A Load read by any other task (a dense kernel, an assembly) is densified there."""
+    A Load read by any other task (a dense kernel, an assembly) is densified there.
+    ``graphblas``: the keys of the Loads some GraphBLAS kernel (a semiring kernel, GraphBLAS's
+    SpGEMM) reads, which copies them in."""
     loads = {t.key for t in plan.tasks if isinstance(t, Load)}
     if not loads:
         return set()
     from ..plan.kernel import SPARSE_METHODS
+    if graphblas:
+        return {k for t in plan.tasks if isinstance(t, Kernel) and (
+            plan.kernels[t.op].semiring is not None or plan.kernels[t.op].method == "semiring")
+            for k in t.args if k in loads}
     ok = dict.fromkeys(loads, True)
     for t in plan.tasks:
         for pos, k in enumerate(getattr(t, "args", None) or getattr(t, "inputs", ()) or ()):
@@ -165,6 +176,35 @@ def _read_sparse(plan) -> set:
             ok[k] = c.method in SPARSE_METHODS and (
                 c.semiring is not None or c.method == "semiring" or pos == c.sparse)
     return {k for k, v in ok.items() if v}
+
+
+def _device_sparse(plan) -> set:
+    """The keys of the Loads whose every consumer keeps that operand CSR on a GPU (a cupyx
+    method, ``plan.kernel.device_method``: the sparse operand of each, both of a SpGEMM or an
+    elementwise join, the mask and a CSR factor of a masked product). One any other task reads
+    (a dense kernel, a semiring, MAX or MIN, an SDDMM's factor) is densified on the device
+    (``gpu_sparse.dense``): its admission counts the dense box. Once a plan."""
+    memo = getattr(plan, "memo", {})
+    kept = memo.get("device_sparse")
+    if kept is not None and kept[0] is plan.tasks:
+        return kept[1]
+    from ..plan.kernel import device_method
+    ok = {t.key: True for t in plan.tasks if isinstance(t, Load)}
+    for t in plan.tasks:
+        keys = t.args if isinstance(t, Kernel) else getattr(t, "parts", None) or \
+            tuple(p[0] for p in getattr(t, "pieces", ()))
+        for pos, k in enumerate(keys):
+            if k not in ok or not ok[k]:
+                continue
+            method = None
+            if isinstance(t, Kernel):
+                c = plan.kernels[t.op]
+                method = device_method(plan.ops[t.op], c)
+            ok[k] = method in ("spmm", "spjoin", "masked") or (
+                method in ("spreduce", "sddmm") and pos == c.sparse)
+    found = {k for k, v in ok.items() if v}
+    memo["device_sparse"] = (plan.tasks, found)
+    return found
 
 
 class Budget:

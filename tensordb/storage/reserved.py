@@ -255,9 +255,12 @@ class ReservedTiles:
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
             if coords in self.entries:
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
-            fd = self._fd
-        self._pwrite(fd, flat, offset)
-        start_writeback(fd, offset, flat.nbytes)
+            fd = self._dup()  # an abort on another thread cannot close it under us
+        try:
+            self._pwrite(fd, flat, offset)
+            start_writeback(fd, offset, flat.nbytes)
+        finally:
+            os.close(fd)
         with self._lock:
             self.entries[coords] = TileEntry(coords, starts, shape, offset, flat.nbytes,
                                              int(nnz), crc, bool(nonfinite))
@@ -315,14 +318,27 @@ class ReservedTiles:
         with self._lock:
             if self._state != "open" or self._fd is None:
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
-            fd, staged = self._fd, self._staged is not None
-        if not staged:
-            return
-        self._pwrite(fd, buf, offset)
-        with self._lock:
-            self._early.add(coords)
-        if self.store.fsync:
-            start_writeback(fd, offset, buf.nbytes)
+            if self._staged is None:
+                return
+            # a duplicate: an abort on another thread (an error, Ctrl-C) closes the writer's
+            # descriptor, whose number a file opened meanwhile would take (``_append`` alike)
+            fd = self._dup()
+        try:
+            self._pwrite(fd, buf, offset)
+            with self._lock:
+                self._early.add(coords)
+            if self.store.fsync:
+                start_writeback(fd, offset, buf.nbytes)
+        finally:
+            os.close(fd)
+
+    def _dup(self) -> int:
+        """A duplicate of the payload file's descriptor (called under the lock)."""
+        try:
+            return os.dup(self._fd)
+        except OSError as exc:
+            raise OperationalError(f"cannot write tiles of '{self.name}' to {self.path}: "
+                                   f"{exc.strerror or exc}") from None
 
     def _upload_buffer(self):
         """The bytes of an object written in parts: its staging buffer, or its mapping (None:

@@ -415,32 +415,47 @@ def read_sparse_box(reader, starts, stops):
     present = [(r, c) for r in ranges[0] for c in ranges[1] if (r, c) in reader.entries]
     if not present or any(not reader.entries[c].sparse for c in present):
         return None
-    shape = (stops[0] - starts[0], stops[1] - starts[1])
     if len(present) > 1 and len(ranges[1]) == 1 and \
             (meta.grid[1][ranges[1][0]], meta.grid[1][ranges[1][0] + 1]) == (starts[1], stops[1]):
         slabs = _row_slabs(reader, ranges[0], ranges[1][0], starts[0], stops[0])
         return slabs if meta.fill == 0 else Filled(slabs.tocsr(), meta.fill)
-    pieces = []
-    for c in present:
-        lo, hi = tile_box(meta.grid, c)
-        tile = reader.stored_tile(c)
+    if len(present) == 1:
+        lo, hi = tile_box(meta.grid, present[0])
         a = [max(s, l) for s, l in zip(starts, lo)]
         b = [min(z, h) for z, h in zip(stops, hi)]
-        if len(present) == 1 and (tuple(a), tuple(b)) == (starts, stops) and \
-                (a[1], b[1]) == (lo[1], hi[1]):
-            return _filled(_row_slab(tile, a[0] - lo[0], b[0] - lo[0]), meta.fill)  # views
-        if len(present) == 1 and (tuple(a), tuple(b)) == (starts, stops):
+        if (tuple(a), tuple(b)) == (starts, stops):
+            tile = reader.stored_tile(present[0])
+            if (a[1], b[1]) == (lo[1], hi[1]):
+                return _filled(_row_slab(tile, a[0] - lo[0], b[0] - lo[0]), meta.fill)  # views
             # a box inside one tile: scipy's slice of its rows and columns (a copy of the part,
             # ten times faster than through COO for a column slab of a large tile)
             return _filled(sp.csr_array(
                 _row_slab(tile, a[0] - lo[0], b[0] - lo[0])[:, a[1] - lo[1]:b[1] - lo[1]]),
                 meta.fill)
-        part = tile[a[0] - lo[0]:b[0] - lo[0], a[1] - lo[1]:b[1] - lo[1]].tocoo()
-        pieces.append((part.row + (a[0] - starts[0]), part.col + (a[1] - starts[1]), part.data))
-    rows, cols, data = (np.concatenate(x) for x in zip(*pieces))
-    idx = np.int32 if max(shape + (data.size,)) < 2**31 else np.int64
-    return _filled(sp.csr_array(sp.coo_array((data, (rows.astype(idx), cols.astype(idx))),
-                                            shape=shape)), meta.fill)
+    # Several tiles cut, or one and absent ones: band by band of tile rows, each band's slices
+    # (copies of their entries) side by side and let go once joined, then the bands stacked.
+    # At most the slices and the box at once, twice its entries (what the memory budget counts,
+    # exec/sizes.sparse_box_bytes); through COO, the slices, their coordinates and the
+    # concatenated copies were four times them.
+    dtype = np.dtype(meta.dtype)
+    bands = []
+    for r in ranges[0]:
+        lo0, hi0 = meta.grid[0][r], meta.grid[0][r + 1]
+        a0, b0 = max(starts[0], lo0), min(stops[0], hi0)
+        row = []
+        for c in ranges[1]:
+            lo1, hi1 = meta.grid[1][c], meta.grid[1][c + 1]
+            a1, b1 = max(starts[1], lo1), min(stops[1], hi1)
+            if (r, c) not in reader.entries:
+                row.append(sp.csr_array((b0 - a0, b1 - a1), dtype=dtype))
+                continue
+            slab = _row_slab(reader.stored_tile((r, c)), a0 - lo0, b0 - lo0)
+            row.append(slab if (a1, b1) == (lo1, hi1) else
+                       sp.csr_array(slab[:, a1 - lo1:b1 - lo1]))
+        bands.append(row[0] if len(row) == 1 else sp.hstack(row, format="csr"))
+        del row
+    box = bands[0] if len(bands) == 1 else sp.vstack(bands, format="csr")
+    return _filled(box, meta.fill)
 
 
 def _row_slabs(reader, row_tiles, col: int, r0: int, r1: int) -> RowSlabs:

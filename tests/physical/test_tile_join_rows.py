@@ -78,3 +78,62 @@ def test_no_tiles_present(tmp_path, checked):
         con.load("B", np.ones((64, 8), np.float32), tile=(T, 8))
         con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
         np.testing.assert_array_equal(con.tensor("C"), np.zeros((64, 8), np.float32))
+
+
+@pytest.mark.parametrize("case", ["negzero", "csr", "three", "vector", "nan_b", "let", "min_plus",
+                                  "scaled", "transposed_out"])
+def test_more_shapes_of_input_equal_duckdbs_join_and_numpy(tmp_path, checked, case):
+    """Review of issue 26 (peers26): inputs the first tests leave out. A tile of -0.0 (stored,
+    nnz 0), CSR tiles, three operands, a vector, a dense operand holding NaN (not whole: the
+    SQL), a LET input (no reader), a min-plus of fill +inf, a scalar factor, a transposed
+    output. Every row set the fast join gives is DuckDB's (the fixture), every result numpy's."""
+    rng = np.random.default_rng(11)
+    a = block_sparse(rng, 96, 96, 0.15)
+    b = rng.standard_normal((96, 32)).astype(np.float32)
+    e = rng.standard_normal((32, 16)).astype(np.float32)
+    with tensordb.connect(str(tmp_path / "db"), workers=1) as con:
+        if case == "negzero":
+            a[T:2 * T, 2 * T:3 * T] = -0.0
+        if case == "csr":
+            import scipy.sparse as sp
+            a = np.zeros((96, 96), np.float32)
+            a[rng.random((96, 96)) < 0.02] = 1.5
+            a[0, 0] = 2.0
+            con.load("A", sp.csr_array(a), tile=(T, T))
+        elif case == "min_plus":
+            import scipy.sparse as sp
+            d = np.where(a != 0, np.abs(a), np.inf).astype(np.float32)
+            con.load("A", sp.csr_array(np.abs(a)), tile=(T, T), fill_value=np.inf)
+        else:
+            con.load("A", a, tile=(T, T))
+        if case == "nan_b":
+            b[3, 4] = np.nan
+        con.load("B", b, tile=(T, 32))
+        con.load("E", e, tile=(32, 16))
+        con.load("v", b[:, 0].copy(), tile=(T,))
+        if case in ("negzero", "csr", "nan_b"):
+            con.execute("C[i,k] = SUM(A[i,j] * B[j,k])")
+            want = a.astype(np.float64) @ b.astype(np.float64)
+        elif case == "three":
+            con.execute("C[i,l] = SUM(A[i,j] * B[j,k] * E[k,l])")
+            want = a.astype(np.float64) @ b.astype(np.float64) @ e.astype(np.float64)
+        elif case == "vector":
+            con.execute("C[i] = SUM(A[i,j] * v[j])")
+            want = a.astype(np.float64) @ b[:, 0].astype(np.float64)
+        elif case == "let":
+            con.execute("LET X[i,j] = A[i,j] * A[i,j]; C[i,k] = SUM(X[i,j] * B[j,k])")
+            want = (a.astype(np.float64) ** 2) @ b.astype(np.float64)
+        elif case == "min_plus":
+            con.load("w", np.abs(b[:, 0]).astype(np.float32), tile=(T,))
+            con.execute("C[k] = MIN(w[j] + A[j,k])")
+            want = (np.abs(b[:, 0])[:, None].astype(np.float64) + d).min(axis=0)
+        elif case == "scaled":
+            con.execute("C[i,k] = SUM(2.5 * A[i,j] * B[j,k])")
+            want = 2.5 * (a.astype(np.float64) @ b.astype(np.float64))
+        else:
+            con.execute("C[k,i] = SUM(A[i,j] * B[j,k])")
+            want = (a.astype(np.float64) @ b.astype(np.float64)).T
+        got = con.tensor("C")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    if case in ("negzero", "transposed_out"):  # A's tiles are the pieces: the fast join ran
+        assert checked
