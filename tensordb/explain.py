@@ -66,7 +66,8 @@ def plan_summary(decomp, plan, result=None, resident=None, device: bool = False
     ``resident(plan)``). ``device``: the executor is a GPU: a sparse kernel's ``text`` is what
     it runs there (``plan.kernel.device_describe``: cupyx, or densified), its CPU form
     ``cpu_text``."""
-    from .plan.kernel import SPARSE_METHODS, device_describe
+    from .plan.device_kernel import device_describe
+    from .plan.kernel import SPARSE_METHODS
     from .physical.placement import transfers, worker_flops
     cost = decomp.details.get("cost")
     if cost is None:

@@ -188,7 +188,7 @@ def _device_sparse(plan) -> set:
     kept = memo.get("device_sparse")
     if kept is not None and kept[0] is plan.tasks:
         return kept[1]
-    from ..plan.kernel import device_method
+    from ..plan.device_kernel import device_method
     ok = {t.key: True for t in plan.tasks if isinstance(t, Load)}
     for t in plan.tasks:
         keys = t.args if isinstance(t, Kernel) else getattr(t, "parts", None) or \

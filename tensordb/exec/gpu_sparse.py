@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from ..plan.aggregates import AGGREGATES
-from ..plan.kernel import DEVICE_SPARSE_DTYPES, device_method
+from ..plan.device_kernel import DEVICE_SPARSE_DTYPES, device_method
 from ..storage.sparse import Filled, RowSlabs, is_sparse, read_sparse_box, tile_nbytes
 from .sizes import sparse_box_bytes
 
