@@ -183,9 +183,8 @@ def _bind_broadcast(spec, args, out_shape, out, keep=False):
     array, asarray, broadcast_to, ndarray = np.array, np.asarray, np.broadcast_to, np.ndarray
     reduce = ufunc.reduce
 
-    def reduction(args, out):
-        # KernelSpec._reduce in one chunk
-        res = asarray(fn(views_of(args), None))
+    def finish(res):
+        # KernelSpec._reduce in one chunk, of the join's value ``res``
         val = res if res.shape == full_t else broadcast_to(res, full_t)
         if orderless and type(res) is ndarray and res.shape == val.shape and \
                 not res.flags.c_contiguous and res.nbytes <= CACHE_BYTES:
@@ -193,6 +192,9 @@ def _bind_broadcast(spec, args, out_shape, out, keep=False):
         part = reduce(val, axis=agg_axes)
         acc = array(part) if not isinstance(part, ndarray) else part
         return asarray(acc, dtype=dtype)
+
+    def reduction(args, out):
+        return finish(asarray(fn(views_of(args), None)))
 
     if keep:
         def kept(args, out):
@@ -202,13 +204,7 @@ def _bind_broadcast(spec, args, out_shape, out, keep=False):
             res = asarray(fn(vs, None))
             fresh = type(res) is ndarray and res.shape == full_t and res.base is None and \
                 not any(res is v for v in vs)
-            val = res if res.shape == full_t else broadcast_to(res, full_t)
-            if orderless and type(res) is ndarray and res.shape == val.shape and \
-                    not res.flags.c_contiguous and res.nbytes <= CACHE_BYTES:
-                val = np.ascontiguousarray(res)
-            part = reduce(val, axis=agg_axes)
-            acc = array(part) if not isinstance(part, ndarray) else part
-            return asarray(acc, dtype=dtype), (res if fresh else None)
+            return finish(res), (res if fresh else None)
         return kept if plain else _quiet(kept)
     return reduction if plain else _quiet(reduction)
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..plan.aggregates import AGGREGATES
 from ..plan.device_kernel import DEVICE_SPARSE_DTYPES, device_method
+from ..plan.sparse_rules import mask_orientation
 from ..storage.sparse import Filled, RowSlabs, is_sparse, read_sparse_box, tile_nbytes
 from .sizes import sparse_box_bytes
 
@@ -243,22 +244,12 @@ def _spreduce(op, choice, args, out_shape, xp):
     return xp.asarray(res).astype(dtype, copy=False).reshape(out_shape)
 
 
-def _orient(op, k_mask: int):
-    """The mask's labels (a, b), the contracted label c, and the operands holding a and b."""
-    a, b = op.inputs[k_mask].labels
-    rest = [n for n in range(3) if n != k_mask]
-    x = next(n for n in rest if a in op.inputs[n].labels)
-    y = next(n for n in rest if n != x)
-    (c,) = [l for l in op.inputs[x].labels if l != a]
-    return a, b, c, x, y
-
-
 def _sddmm(op, choice, args, out_shape, xp):
     """``SUM_r(M[a,b] * U[a,r] * V[b,r])``: the dot products of U's and V's rows at M's stored
     coordinates (in steps of ``CHUNK`` gathered elements) times M's values."""
     dtype = np.dtype(op.dtype)
     k = choice.sparse
-    a, b, r, x, y = _orient(op, k)
+    a, b, r, x, y = mask_orientation(op, k)
     M, U, V = args[k], args[x], args[y]
     if not is_device_sparse(M) or U is None or V is None:
         return None
@@ -321,7 +312,7 @@ def _masked(op, choice, args, out_shape, xp):
     SpGEMM unmasked, then M's entries of it: the CPU's form without GraphBLAS)."""
     dtype = np.dtype(op.dtype)
     k = choice.sparse
-    a, b, c, x, y = _orient(op, k)
+    a, b, c, x, y = mask_orientation(op, k)
     M, X, Y = args[k], args[x], args[y]
     xsparse = sparse_module(xp)
     if not is_device_sparse(M) or X is None or Y is None or xsparse is None:

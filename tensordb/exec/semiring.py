@@ -44,7 +44,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..plan.sparse_rules import SEMIRINGS, have_graphblas
+from ..plan.sparse_rules import SEMIRINGS, have_graphblas, mask_orientation
 from ..sparsity import index_dtype
 from ..storage.sparse import Filled, densify, is_sparse
 from ..storage.tilestats import count_nonzero
@@ -384,24 +384,13 @@ def _dense_product_sum(op, args, dtype, out_shape) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(res, dtype).reshape(out_shape))
 
 
-def _orient(op, k_mask: int):
-    """For ``masked`` and ``sddmm``: the mask's labels (a, b), and the operands holding a and
-    b (each with the third label ``c``), as (operand, its labels)."""
-    a, b = op.inputs[k_mask].labels
-    rest = [n for n in range(3) if n != k_mask]
-    x = next(n for n in rest if a in op.inputs[n].labels)
-    y = next(n for n in rest if n != x)
-    (c,) = [l for l in op.inputs[x].labels if l != a]
-    return a, b, c, x, y
-
-
 def masked(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     """One call of a ``masked`` kernel: ``SUM(M[a,b] * X[a,c] * Y[c,b])`` = the sum over M's
     entries of M times ``(X @ Y)`` there, ``X @ Y`` computed only at M's entries."""
     dtype = np.dtype(op.dtype)
     k = choice.sparse
     args = _materialize(args, arg_shapes, op)
-    a, b, c, x, y = _orient(op, k)
+    a, b, c, x, y = mask_orientation(op, k)
     m = _matrix(args[k], False, dtype)
     X = _matrix(args[x], op.inputs[x].labels != (a, c), dtype)
     Y = _matrix(args[y], op.inputs[y].labels != (c, b), dtype)
@@ -433,7 +422,7 @@ def sddmm(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     dtype = np.dtype(op.dtype)
     k = choice.sparse
     args = _materialize(args, arg_shapes, op)
-    a, b, r, x, y = _orient(op, k)
+    a, b, r, x, y = mask_orientation(op, k)
     m = _matrix(args[k], False, dtype)
     U = _dense(*_matrix(args[x], op.inputs[x].labels != (a, r), dtype))
     V = _dense(*_matrix(args[y], op.inputs[y].labels != (b, r), dtype))

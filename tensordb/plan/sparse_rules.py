@@ -41,7 +41,7 @@ from .ir import EinOp
 from .scalar import Call, Input
 
 __all__ = ["choose", "have_graphblas", "semiring_kernel", "matrix_operand", "SEMIRINGS", "masked_kernel",
-           "sddmm_kernel", "spjoin_kernel", "METHODS"]
+           "sddmm_kernel", "spjoin_kernel", "METHODS", "mask_orientation"]
 
 METHODS = ("semiring", "masked", "sddmm", "spjoin")  # the kernels of exec/semiring.py
 
@@ -197,3 +197,14 @@ def choose(op: EinOp, sparse: Sequence[int], finite: Sequence[bool],
     plain = tuple(k for k in sparse if fills[k] == 0)
     return (semiring_kernel(op, sparse, fills) or masked_kernel(op, plain, finite)
             or sddmm_kernel(op, plain, finite) or spjoin_kernel(op, sparse, fills))
+
+
+def mask_orientation(op, k_mask: int) -> tuple:
+    """For ``masked`` and ``sddmm`` (on the CPU and a GPU): the mask's labels (a, b), the third
+    label c, and the operands holding a and b (x with a and c, y with b): (a, b, c, x, y)."""
+    a, b = op.inputs[k_mask].labels
+    rest = [n for n in range(3) if n != k_mask]
+    x = next(n for n in rest if a in op.inputs[n].labels)
+    y = next(n for n in rest if n != x)
+    (c,) = [l for l in op.inputs[x].labels if l != a]
+    return a, b, c, x, y

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -47,27 +46,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import tensordb  # noqa: E402
-from tests.bench.bench_sparse_graph import rmat  # noqa: E402
-
-CPU: dict = {}
-
+from tests.bench.bench_sparse_graph import CPU, rmat  # noqa: E402
+from tests.bench.bench_sparse_graph import alternate as graph_alternate  # noqa: E402
 
 def alternate(fns: dict, runs: int) -> dict:
-    """Median wall seconds of each function, run in turn ``runs`` times after one warm-up each;
-    their median process CPU seconds (every thread's) in ``CPU``."""
+    """bench_sparse_graph's ``alternate`` (medians of wall seconds; CPU seconds in ``CPU``)
+    after one warm-up call of each function."""
     for fn in fns.values():
         fn()
-    times = {k: [] for k in fns}
-    cpu = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
-    CPU.clear()
-    CPU.update({k: statistics.median(v) for k, v in cpu.items()})
-    return {k: statistics.median(v) for k, v in times.items()}
+    return graph_alternate(fns, runs)
 
 
 def fmt(s: float) -> str:

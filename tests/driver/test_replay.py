@@ -43,6 +43,18 @@ def _check_clean(con) -> None:
     assert con.execute("CHECK DATABASE").fetchall() == [(None, None, None, None, "ok")]
 
 
+def _three_steps(where: str, tmp_path):
+    """A connection that loaded the data and ran STEP three times (the third replayed), the
+    data, and numpy's weights after the same three steps."""
+    x, y, w = _data()
+    con = _connect(where, tmp_path)
+    _load(con, x, y, w)
+    for _ in range(3):
+        con.execute(STEP, {"lr": 0.5})
+        _, w = _numpy_step(x, y, w, 0.5)
+    return con, x, y, w
+
+
 @pytest.mark.parametrize("where", ["memory", "disk"])
 def test_a_replayed_step_stores_what_the_ordinary_path_stores(tmp_path, where):
     x, y, w = _data()
@@ -71,12 +83,7 @@ def test_a_replayed_step_stores_what_the_ordinary_path_stores(tmp_path, where):
 
 
 def test_another_connection_s_write_is_read_by_the_next_call(tmp_path):
-    x, y, w = _data()
-    con = _connect("disk", tmp_path)
-    _load(con, x, y, w)
-    for _ in range(3):
-        con.execute(STEP, {"lr": 0.5})
-        _, w = _numpy_step(x, y, w, 0.5)
+    con, x, y, w = _three_steps("disk", tmp_path)
     assert con.engine.cache.replay.replays == 1
     other = tensordb.connect(tmp_path / "t.tdb")  # shares the store, as DuckDB's connections do
     w = np.full_like(w, 0.01)
@@ -198,12 +205,7 @@ def test_a_failing_replay_changes_nothing():
 
 
 def test_explain_analyze_between_steps_and_lets_kept(tmp_path):
-    x, y, w = _data()
-    con = _connect("memory", None)
-    _load(con, x, y, w)
-    for _ in range(3):
-        con.execute(STEP, {"lr": 0.5})
-        _, w = _numpy_step(x, y, w, 0.5)
+    con, x, y, w = _three_steps("memory", None)
     assert {"z", "dw"} <= set(con.session.lets)
     text = con.explain("W2[d,c] = W[d,c] * 2", analyze=True)
     assert "W2" in text
@@ -222,13 +224,8 @@ def test_another_process_cannot_write_under_a_replaying_connection(tmp_path):
     """An on-disk database has one writer process: another process's write is refused while
     a connection replays its step (so the store's epoch sees every write there can be), and
     after it closes a connection opened again starts with nothing to replay."""
-    x, y, w = _data()
     path = tmp_path / "t.tdb"
-    con = _connect("disk", tmp_path)
-    _load(con, x, y, w)
-    for _ in range(3):
-        con.execute(STEP, {"lr": 0.5})
-        _, w = _numpy_step(x, y, w, 0.5)
+    con, x, y, w = _three_steps("disk", tmp_path)
     assert con.engine.cache.replay.replays == 1
     code = ("import sys, numpy as np, tensordb\n"
             "try:\n"

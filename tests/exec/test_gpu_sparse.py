@@ -274,14 +274,9 @@ def test_on_the_gpu_executor_in_a_process_whose_cupy_is_the_stand_in(what):
         done.stdout[-3000:]
 
 
-def test_the_budget_reserves_a_csr_loads_arrays_not_its_dense_box(monkeypatch):
-    """A graph whose dense box is 8x the memory_limit and whose CSR is a small part of it: the
-    admission reserves the CSR tiles' bytes (``gpu_sparse.load_bytes``), so the run neither
-    crosses the limit nor moves a tile off the device."""
-    from tensordb.exec import budget
-    n = 1024
-    a = _graph(n, 0.002, 9)
-    v = RNG.standard_normal(n)
+def _reserved_for_a(monkeypatch, budget) -> list:
+    """What the admission reserves for each Load of A on the device (``budget.working_bytes``
+    with ``loads_copy``), appended to the list returned as the run goes."""
     reserved = []
     working = budget.working_bytes
 
@@ -291,6 +286,18 @@ def test_the_budget_reserves_a_csr_loads_arrays_not_its_dense_box(monkeypatch):
             reserved.append(out)
         return out
     monkeypatch.setattr(budget, "working_bytes", spy)
+    return reserved
+
+
+def test_the_budget_reserves_a_csr_loads_arrays_not_its_dense_box(monkeypatch):
+    """A graph whose dense box is 8x the memory_limit and whose CSR is a small part of it: the
+    admission reserves the CSR tiles' bytes (``gpu_sparse.load_bytes``), so the run neither
+    crosses the limit nor moves a tile off the device."""
+    from tensordb.exec import budget
+    n = 1024
+    a = _graph(n, 0.002, 9)
+    v = RNG.standard_normal(n)
+    reserved = _reserved_for_a(monkeypatch, budget)
     with tensordb.connect() as con:
         con.load("A", a)
         con.load("v", v)
@@ -349,15 +356,7 @@ def test_a_csr_load_the_device_densifies_is_counted_dense(monkeypatch, sql, orac
     n = 1024
     a = _graph(n, 0.002, 11)
     v = RNG.standard_normal(n)
-    reserved = []
-    working = budget.working_bytes
-
-    def spy(plan, task, loads_copy=False):
-        out = working(plan, task, loads_copy)
-        if loads_copy and type(task).__name__ == "Load" and task.tensor == "A":
-            reserved.append(out)
-        return out
-    monkeypatch.setattr(budget, "working_bytes", spy)
+    reserved = _reserved_for_a(monkeypatch, budget)
     limit = 1 << 20
     with tensordb.connect() as con:
         con.load("A", a)
