@@ -38,6 +38,7 @@ from . import gpu_sparse
 from .sizes import graphblas_bytes, planned_bytes, sparse_box_bytes
 
 __all__ = ["Budget", "working_bytes", "temporary_bytes", "may_cross", "upper_bytes", "load_bytes",
+           "device_upper_bytes",
            "return_freed_memory", "HEAP_SLACK"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -137,6 +138,20 @@ def upper_bytes(plan, sparse: bool = False) -> int:
         bound += sum(graphblas_bytes(plan, t) or 0 for t in plan.tasks
                      if isinstance(t, Load) and t.key in copied)
         memo[key] = bound
+    return bound
+
+
+def device_upper_bytes(plan) -> int:
+    """``upper_bytes`` as a GPU holds the run: every Load a copy of its box on the device, a box
+    of CSR tiles that stays CSR there at its arrays' bytes (``working_bytes(loads_copy=True)``),
+    not its dense extent (a million-node graph's box would count terabytes and empty the device
+    cache before every run). Kept in the plan's memo."""
+    memo = getattr(plan, "memo", {})
+    bound = memo.get("upper_bytes_device")
+    if bound is None:
+        bound = sum(working_bytes(plan, t, loads_copy=True) for t in plan.tasks)
+        bound += sum(planned_bytes(plan, t) for t in plan.tasks if isinstance(t, Aggregate))
+        memo["upper_bytes_device"] = bound
     return bound
 
 

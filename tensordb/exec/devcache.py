@@ -196,6 +196,15 @@ class DeviceCache:
                 self._drop(where)
 
     # -- room ----------------------------------------------------------------------------------
+    def resident_bytes(self, keys) -> int:
+        """The bytes of ``keys``' cached arrays, each key counted once (on any one device)."""
+        with self.lock:
+            seen = {}
+            for (key, _), e in self.entries.items():
+                if key in keys:
+                    seen[key] = e.nbytes
+            return sum(seen.values())
+
     def make_room(self, nbytes: int, keep=frozenset()) -> int:
         """Drop idle entries, least recently used first (pending outputs first of all, then
         those whose key is not in ``keep``, then the rest), until ``nbytes`` are freed or none

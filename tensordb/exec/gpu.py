@@ -52,7 +52,7 @@ from ..errors import InternalError, NotSupportedError
 from ..geometry import tile_box
 from ..physical.plan import Load
 from ..storage.sparse import is_sparse, tile_nbytes
-from .budget import upper_bytes
+from .budget import device_upper_bytes
 from .devcache import DeviceCache, load_key
 from .devlets import cut_held, held_tiles, identities
 from .gpu_sparse import dense, download, is_device_sparse, sparse_module, tile_bytes, upload
@@ -396,10 +396,14 @@ class DeviceTiles(HostTiles):
             return limit
         caps = [c for c in (limit, self.capacity()) if c]
         if caps:
-            over = cache.bytes + upper_bytes(plan) + lets - min(caps)
+            # the plan's Loads as the devices hold them (a CSR box at its arrays' bytes), less
+            # the boxes already cached: a Load that finds its box copies nothing
+            keep = {self._key(t, plan.readers[t.tensor]) for t in plan.tasks
+                    if isinstance(t, Load)}
+            over = cache.bytes + device_upper_bytes(plan) - cache.resident_bytes(keep) \
+                + lets - min(caps)
             if over > 0:
-                over -= cache.make_room(over, keep={self._key(t, plan.readers[t.tensor])
-                                                    for t in plan.tasks if isinstance(t, Load)})
+                over -= cache.make_room(over, keep=keep)
             # Past the limit the pool's admission runs, and drops idle cached tiles (a LET's
             # among them, once its readers ran) before anything else; past the devices' own
             # memory, or with no limit, nothing would: no LET tile is kept then.

@@ -5,7 +5,8 @@
 # cache beside CuPy, medians of 5), then the random corpora on executor="gpu". The gpu-marked
 # tests include the sparse tiles' (CSR on the device, cupyx.scipy.sparse: exec/gpu_sparse.py),
 # and part "sparse" runs three seeds of the sparse corpus (tests/sparse/test_sparse_fuzz.py)
-# on executor="gpu": neither has run on a GPU yet.
+# on executor="gpu"; part "spbench" times element-sparse SpMM, SpMV and SpGEMM on the GPU
+# executor against cupyx and scipy (tests/bench/bench_gpu_sparse.py).
 #
 #   bash tests/bench/gpu_device.sh                  # on the GPU machine; results under $OUT
 #   GPU_DRY_RUN=1 OUT=/tmp/gpu-out bash tests/bench/gpu_device.sh   # here, on the CPU
@@ -14,7 +15,7 @@
 # wheels (Python 3.12, x86_64) are installed from $GPU_WHEELS (default: ../whl beside the source
 # tree) into /tmp/site. Each part runs under `timeout`, within the script's budget
 # ($GPU_BUDGET_S seconds, default 450), and one part's failure does not stop the next.
-# GPU_PARTS picks parts (default: "env tests sparse bench fuzz corpus"), BENCH_ARGS adds arguments to
+# GPU_PARTS picks parts (default: "env tests sparse spbench bench fuzz corpus"), BENCH_ARGS adds arguments to
 # bench_gpu.py (e.g. "--only min-plus --budget"), BENCH_LIMIT_S is its time limit, XDIST_N the
 # pytest-xdist processes of the corpora (default 4). In a dry run the corpora run on the local executor (a few fuzz seeds) and
 # the benchmark with --dry-run.
@@ -23,7 +24,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/gpu-out}
 WHL=${GPU_WHEELS:-$SRC/../whl}
 BUDGET=${GPU_BUDGET_S:-450}
-PARTS=${GPU_PARTS:-env tests sparse bench fuzz corpus}
+PARTS=${GPU_PARTS:-env tests sparse spbench bench fuzz corpus}
 DRY=${GPU_DRY_RUN:-}
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -76,12 +77,18 @@ part env 60 bash -c "nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,dri
     $PY -c 'import cupy; print(\"cupy\", cupy.__version__); cupy.show_config()' | head -30;
     $PY -c 'import tensordb; print(\"tensordb\", tensordb.__version__, tensordb.__file__)'"
 
-part tests 90 "${PYTEST[@]}" tests/exec/test_gpu.py tests/exec/test_gpu_cache.py tests/exec/test_gpu_lets.py
-SPARSE_SEEDS="test_sparse_fuzz_einsums and (seed0 or seed1 or seed2)"
+part tests ${TESTS_LIMIT_S:-150} "${PYTEST[@]}" tests/exec/test_gpu.py tests/exec/test_gpu_cache.py tests/exec/test_gpu_lets.py
+SPARSE_SEEDS=${SPARSE_K:-"test_sparse_fuzz_einsums and (seed0 or seed1 or seed2)"}
 if [ -n "$DRY" ]; then
     part sparse 90 "${PYTEST[@]}" tests/sparse/test_sparse_fuzz.py -k "$SPARSE_SEEDS"
 else
-    part sparse 90 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" tests/sparse/test_sparse_fuzz.py -k "$SPARSE_SEEDS"
+    part sparse 120 env TENSORDB_TEST_EXECUTOR=gpu "${PYTEST[@]}" "${XDIST[@]}" tests/sparse/test_sparse_fuzz.py -k "$SPARSE_SEEDS"
+fi
+
+if [ -n "$DRY" ]; then
+    part spbench 60 "$PY" -m tests.bench.bench_gpu_sparse --dry-run --json "$OUT/spbench.json"
+else
+    part spbench "${SPBENCH_LIMIT_S:-150}" "$PY" -m tests.bench.bench_gpu_sparse --json "$OUT/spbench.json"
 fi
 
 if [ -n "$DRY" ]; then

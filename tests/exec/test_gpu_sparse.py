@@ -136,6 +136,31 @@ def test_the_copies_are_the_csr_arrays_and_a_repeated_query_copies_nothing():
         np.testing.assert_allclose(con.tensor("C"), s @ D, rtol=1e-12)
 
 
+def test_a_graph_whose_dense_box_exceeds_the_budget_stays_cached_between_runs():
+    """A CSR graph whose dense extent is far over memory_limit (2**17 nodes: 64 GiB dense) but
+    whose arrays are small: the room made before each run counts its arrays, not its dense box,
+    so a repeated SpMV finds it on the device and copies nothing (it emptied the cache before
+    every run, as the first run on a GPU showed)."""
+    n = 1 << 17
+    rng = np.random.default_rng(7)
+    i, j = rng.integers(0, n, 4000), rng.integers(0, n, 4000)
+    G = sp.csr_array(sp.coo_array((np.ones(i.size), (i, j)), shape=(n, n)))
+    v = rng.standard_normal(n)
+    xp = DeviceXp()
+    with tensordb.connect(memory_limit="256MB") as con:
+        con.load("G", G)
+        con.load("v", v)
+        tiles = _gpu(con, xp, memory_limit=256 << 20)
+        sql = "w[i] = SUM(G[i,j] * v[j])"
+        con.execute(sql)
+        assert con.last_run.copies["csr_loads"] >= 1
+        xp.clear()
+        con.execute(sql)
+        assert xp.h2d == [] and "host_to_device" not in con.last_run.copies
+        assert con.last_run.copies["hits"] >= 2 and tiles.cache.evicted == 0
+        np.testing.assert_allclose(con.tensor("w"), G @ v, rtol=1e-12)
+
+
 def test_a_sparse_output_comes_back_as_csr_and_is_stored_as_sparse_tiles(tmp_path):
     a, b = _graph(90, 0.03, 1), _graph(90, 0.03, 2)
     xp = DeviceXp()
