@@ -206,15 +206,10 @@ class KernelSpec:
             xp.matmul(a3, b3, out=out.reshape(nb, m, n))
             return out
         shape = tuple(ext[l] for l in self.op.out_labels)
-        if xp is np:
-            # Computed into a buffer of the final shape (of the operands' result type): res owns
-            # its memory (an accumulator need not copy it). NumPy 2.5 deprecates setting
-            # ``.shape``, which CuPy keeps.
-            res = np.empty(shape, dtype=np.result_type(a3, b3))
-            np.matmul(a3, b3, out=res.reshape(nb, m, n))
-        else:
-            res = xp.matmul(a3, b3)
-            res.shape = shape  # in place: res keeps its memory
+        # Computed into a buffer of the final shape (of the operands' result type): res owns its
+        # memory (an accumulator need not copy it). NumPy 2.5 deprecates setting ``.shape``.
+        res = xp.empty(shape, dtype=xp.result_type(a3, b3))
+        xp.matmul(a3, b3, out=res.reshape(nb, m, n))
         if res.dtype != self.dtype:
             res = res.astype(self.dtype)
         if scale_after:
