@@ -33,10 +33,10 @@ a run copied each way, ``RunResult.op_copies`` the same per operation.
 Sparse tiles stay CSR on the devices (``xsparse``, gpu_sparse.py): a Load of CSR tiles copies
 their three arrays, cupyx's kernels run on them where the plan's sparse method has a cupyx form.
 
-Ran on an NVIDIA H200 with CuPy 14 (2026-11-26), before the device cache, the tile-by-tile
-copies out and the sparse tiles: the gpu tests and the random corpora equal NumPy. Those three
-have run only on NumPy stand-ins for CuPy (tests/exec/test_gpu_cache.py, test_gpu_sparse.py);
-several GPUs have not run (docs/distributed.md).
+Ran on an NVIDIA H200 with CuPy 14 (2026-11-26, and again 2026-11-27 with the device cache,
+the tile-by-tile copies out and the sparse tiles): the gpu tests, the random corpora and the
+sparse corpus equal NumPy (docs/benchmarks.md, "Sparse tiles on a GPU"). Several GPUs have not
+run (docs/distributed.md).
 """
 from __future__ import annotations
 

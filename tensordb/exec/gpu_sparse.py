@@ -24,8 +24,10 @@ its answer is the one it had before. Where the values are not what the sparse fo
 returns None and the tile is computed the dense way, as the CPU's kernels do. Sparse output
 tiles come back to the host as scipy CSR (``download``) and the writer stores them as the CPU's.
 
-This module has run only on the stand-in for CuPy (tests/fakecupy: scipy.sparse under
-cupyx's names, holding the stand-in's device arrays), never on a GPU.
+Tested without a GPU on the stand-in for CuPy (tests/fakecupy: scipy.sparse under cupyx's
+names, holding the stand-in's device arrays); run on an NVIDIA H200 with CuPy 14.2 on
+2026-11-27 (the gpu tests and the sparse corpus on executor="gpu": docs/benchmarks.md, "Sparse
+tiles on a GPU").
 """
 from __future__ import annotations
 

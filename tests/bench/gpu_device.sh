@@ -11,13 +11,16 @@
 #   bash tests/bench/gpu_device.sh                  # on the GPU machine; results under $OUT
 #   GPU_DRY_RUN=1 OUT=/tmp/gpu-out bash tests/bench/gpu_device.sh   # here, on the CPU
 #
-# The device has CuPy, NumPy, pyarrow, opt_einsum, pytest... but not DuckDB or lark: their
-# wheels (Python 3.12, x86_64) are installed from $GPU_WHEELS (default: ../whl beside the source
-# tree) into /tmp/site. Each part runs under `timeout`, within the script's budget
+# The device has CuPy, NumPy, SciPy, pyarrow, opt_einsum, pytest, numba... but not duckdb, lark,
+# isal, python-graphblas (with suitesparse-graphblas, cffi, pycparser, donfig), autograd or
+# pydata sparse: their wheels (Python 3.12, x86_64; `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux_2_28_x86_64 ...` of the versions in .venv) are
+# installed from $GPU_WHEELS (default: ../whl beside the source tree; the 2026-11-27 run carried
+# them as .whl, ignored by .git/info/exclude, with GPU_WHEELS=$PWD/.whl) into /tmp/site. Each part runs under `timeout`, within the script's budget
 # ($GPU_BUDGET_S seconds, default 450), and one part's failure does not stop the next.
 # GPU_PARTS picks parts (default: "env tests sparse spbench bench fuzz corpus"), BENCH_ARGS adds arguments to
 # bench_gpu.py (e.g. "--only min-plus --budget"), BENCH_LIMIT_S is its time limit, XDIST_N the
-# pytest-xdist processes of the corpora (default 4). In a dry run the corpora run on the local executor (a few fuzz seeds) and
+# pytest-xdist processes of the corpora (default 4), SPARSE_K the sparse corpus's -k (default three seeds; "not slow": all). In a dry run the corpora run on the local executor (a few fuzz seeds) and
 # the benchmark with --dry-run.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)

@@ -239,8 +239,8 @@ def test_device_tiles_over_the_budget_go_to_host_memory_and_come_back():
 
 
 # -- sparse tiles (exec/gpu_sparse.py): CSR on the device, cupyx's kernels -----------------------
-# These have run on the stand-in for CuPy only (tests/exec/test_gpu_sparse.py runs them in a
-# process whose cupy is tests/fakecupy), never on a GPU.
+# Run on an H200 with CuPy 14.2 (2026-11-27); without a GPU, tests/exec/test_gpu_sparse.py runs
+# them in a process whose cupy is tests/fakecupy.
 
 def _sparse_cases():
     from tests.exec.test_gpu_sparse import CASES
