@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import Counter
 from contextlib import contextmanager
 
 import numpy as np
@@ -59,26 +60,37 @@ _FILLS = {name: fill for name, fill in SEMIRINGS.values()}
 
 _IMPORT = threading.Lock()
 _GB = None
-# GraphBLAS threads per kernel call (0: its own setting, every core): the run's BLAS threads,
-# set by the pool around a run (``threads``), so that two workers' calls do not run four
-# OpenMP threads on two cores (their spin-waits took the cores from each other)
-_THREADS = 0
+# GraphBLAS threads per kernel call: the run's BLAS threads, set by the pool around a run
+# (``threads``), so that two workers' calls do not run four OpenMP threads on two cores (their
+# spin-waits took the cores from each other). Runs on several connections overlap and end in
+# any order: each holds its count here until it ends, the calls use the fewest held (none held:
+# GraphBLAS's own setting, every core).
+_HELD: Counter = Counter()
+_HELD_LOCK = threading.Lock()
 
 
 @contextmanager
 def threads(n: int):
-    """Kernel calls made inside use ``n`` GraphBLAS threads each (as BLAS threads are capped
-    per run: exec/pool.py)."""
-    global _THREADS
-    old, _THREADS = _THREADS, max(0, int(n))
+    """Kernel calls made inside use at most ``n`` GraphBLAS threads each (as BLAS threads are
+    capped per run: exec/pool.py); ``n`` 0 holds nothing."""
+    n = max(0, int(n))
+    if n:
+        with _HELD_LOCK:
+            _HELD[n] += 1
     try:
         yield
     finally:
-        _THREADS = old
+        if n:
+            with _HELD_LOCK:
+                _HELD[n] -= 1
+                if not _HELD[n]:
+                    del _HELD[n]
 
 
 def _opts() -> dict:
-    return {"nthreads": _THREADS} if _THREADS else {}
+    with _HELD_LOCK:
+        n = min(_HELD) if _HELD else 0
+    return {"nthreads": n} if n else {}
 
 
 def _gb():

@@ -354,3 +354,21 @@ def test_reductions_of_rows_with_no_stored_entry_are_numpys(tmp_path):
                     sql = f"R[{out}] = {agg}({name}[i,j])"
                     con.execute(sql)
                     np.testing.assert_array_equal(con.tensor("R"), fn(ref, axis=axis), sql)
+
+
+def test_graphblas_threads_held_by_overlapping_runs_end_in_any_order():
+    """Two runs on two connections overlap and end in the order they did not start: the calls
+    use the fewest threads any running run holds, and once both ended GraphBLAS's own setting
+    again (a global set and restored by each run left the first run's count behind)."""
+    from tensordb.exec import semiring
+    assert semiring._opts() == {}
+    first, second = semiring.threads(1), semiring.threads(2)
+    first.__enter__()
+    second.__enter__()
+    assert semiring._opts() == {"nthreads": 1}
+    first.__exit__(None, None, None)
+    assert semiring._opts() == {"nthreads": 2}
+    second.__exit__(None, None, None)
+    assert semiring._opts() == {}
+    with semiring.threads(0):
+        assert semiring._opts() == {}
