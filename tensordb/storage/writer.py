@@ -34,7 +34,7 @@ from .sparse import (Filled, csr_parts, densify, encode, entries, fill_of, is_sp
                      stored_entries)
 from ..sparsity import choose_format
 from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
-                      open_payload, sync_in_background)
+                      one_directory_sync, open_payload, sync_in_background)
 from .writeback import start_writeback
 from .tilestats import (_NNZ_BLOCK, _STATS_BLOCK, TileStats, count_nonzero, has_negative_zero,  # noqa: F401
                         has_nonfinite, tile_stats)
@@ -427,17 +427,19 @@ class TensorWriter(ReservedTiles):
 
 
 def commit_all(writers: Sequence[TensorWriter]) -> list[TensorMeta]:
-    """Commit several writers of one store at once: every payload closed and its fsync
-    started, then one catalog transaction that swaps all their rows in (a statement for all
-    their ``tensors`` rows where it can, one for their tile rows) and commits after the
-    fsyncs. All land or none does: on any error every writer is aborted."""
+    """Commit several writers of one store at once: every payload closed and its sync
+    started (each file's fdatasync, one fsync of the directory for all), then one catalog
+    transaction that swaps all their rows in (a statement for all their ``tensors`` rows
+    where it can, one for their tile rows) and commits after the syncs. All land or none
+    does: on any error every writer is aborted."""
     durables = []
     try:
         for w in writers:
             w._fill_absent()
-        for w in writers:
-            durables.append(no_wait)  # until _finish has started a sync to wait for
-            durables[-1] = w._finish()
+        with one_directory_sync():  # every payload file exists now: one fsync of tiles/
+            for w in writers:
+                durables.append(no_wait)  # until _finish has started a sync to wait for
+                durables[-1] = w._finish()
         metas = writers[0].store._commit_writers(list(zip(writers, durables))) if writers else []
     except BaseException:
         for durable in durables:

@@ -5,8 +5,11 @@ into its new payload file at commit (one pwrite), so its bytes reach the file la
 mapped output's. A child process replaces W with ``W - 0.5 * G`` and V with ``V + 0.25 * G`` in
 one statement group (the SGD update of a training step, its plan reused; both outputs' catalog
 rows swapped by the same batched statements) and is killed with SIGKILL before that write, after
-it (payload complete, catalog untouched), inside the catalog transaction before COMMIT, and after
-COMMIT before the old payload is deleted (or kept as a spare to recycle), each both with new
+it (payload complete, catalog untouched), while the payloads' syncs run (the directory's one
+fsync for both outputs just started), inside the catalog transaction before COMMIT (the rows
+swapped; and later, every sync finished: the last step before COMMIT, docs/storage.md "The
+durable steps of a commit"), and after COMMIT before the old payload is deleted (or kept as
+a spare to recycle), each both with new
 payload files and with recycled ones (staged too: the database fsyncs its commits). The
 parent reopens the database: every payload file is referenced, and W and V are both exactly
 the old values or both exactly the new ones (numpy's), never a mix or zeros.
@@ -27,7 +30,7 @@ SHAPE = (1024, 512)  # 2 MiB of float32: staged (not mapped), one tile or severa
 CHILD = textwrap.dedent("""
     import sys
     import tensordb
-    from tensordb.storage import catalog, spares, writer as wr
+    from tensordb.storage import catalog, spares, staging, store_commit, writer as wr
     from tests.harness import die_after, die_before
 
     path, point, before = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -49,8 +52,12 @@ CHILD = textwrap.dedent("""
         die_before(wr.TensorWriter, "_write_staged")
     elif point == "after_write":            # payload written, catalog untouched
         die_after(wr.TensorWriter, "_write_staged")
+    elif point == "syncing":                # the directory's fsync for both outputs started,
+        die_after(staging, "_sync_dir")     # the second output's payload not yet synced
     elif point == "before_commit":          # rows swapped inside the transaction, no COMMIT
         die_after(catalog, "store")
+    elif point == "synced":                 # every sync finished, the rows swapped: no COMMIT
+        die_before(store_commit.StoreCommits, "_end")
     elif point == "after_commit":           # COMMIT done, the old payload not yet deleted
         die_before(spares.SparePayloads, "retire")
     con.execute(step)
@@ -66,8 +73,8 @@ def _values():
 
 @pytest.mark.parametrize("recycled", [False, True], ids=["new-file", "recycled-file"])
 @pytest.mark.parametrize("point, outcome", [
-    ("before_write", "old"), ("after_write", "old"), ("before_commit", "old"),
-    ("after_commit", "new")])
+    ("before_write", "old"), ("after_write", "old"), ("syncing", "old"), ("before_commit", "old"),
+    ("synced", "old"), ("after_commit", "new")])
 def test_kill_around_a_staged_output_commit(tmp_path, point, outcome, recycled):
     """``recycled``: two steps ran first, so the killed step writes into a retired payload file
     renamed to its version's name (storage/spares.py), not into a new one."""
