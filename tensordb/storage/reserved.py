@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import tile_box
+from . import memfiles
 from .checksum import crc32 as checksum
 from .reader import TileEntry, track_mapping
 from .slots import TileFacts, TileSlot
@@ -69,6 +70,8 @@ class ReservedTiles:
     up by ``TensorWriter.__init__``)."""
 
     kept_bytes = None  # a small staged file's bytes, its version's reader's (_write_staged)
+    kept_ident = None  # their identity where they are the payload, kept with no file (memfiles)
+    _memory = False  # the payload is kept in this process, not in a file (memfiles.py)
 
     def reserve(self, tiles: Sequence[Sequence[int]], stage_max: int | None = None,
                 remote: bool = False, groups=None) -> dict[tuple[int, ...], np.ndarray]:
@@ -127,8 +130,18 @@ class ReservedTiles:
                         raise
             if self._uploads is None and objects is not None:
                 remote = False  # put whole at commit: the tiles come here
+            store = self.store
+            # An in-memory database's small output gets no file: its staged bytes are its
+            # payload, kept in this process under the file's name (memfiles.py). Not where
+            # workers of other processes read payload files (Dask: no spares either).
+            in_process = objects is None and not remote and not store.persistent and \
+                store.spares.enabled and pos + ALIGN < store.staging.min_bytes and \
+                memfiles.room(store.tiles_dir, pos)
             try:
-                if objects is not None and (self._uploads is not None and remote or not large):
+                if in_process:
+                    recycled = False
+                    self._memory = True
+                elif objects is not None and (self._uploads is not None and remote or not large):
                     recycled = False  # no local file: the bytes go up from memory
                     self._in_memory = True
                 else:
@@ -313,7 +326,7 @@ class ReservedTiles:
         if self._uploads is not None:  # a part whose last tile this is goes up now
             self._uploads.tile_done(coords, self._upload_buffer())
             return
-        if self._in_memory:  # an object put whole from its staging buffer at commit
+        if self._in_memory or self._memory:  # put whole at commit, or kept as it is
             return
         with self._lock:
             if self._state != "open" or self._fd is None:
@@ -379,6 +392,13 @@ class ReservedTiles:
             return
         staged, self._staged = self._staged, None
         if staged is None:
+            return
+        if self._memory:  # no file: these bytes are the payload (memfiles.py)
+            kept = staged.view()
+            kept.flags.writeable = False
+            self.kept_bytes = kept
+            self.kept_ident = memfiles.keep(self.path, kept)
+            self._raw = None  # under the staging cache's floor: nothing to give back
             return
         if not self.store.persistent and self._raw is not None and \
                 self._raw.nbytes < self.store.staging.min_bytes:

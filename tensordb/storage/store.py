@@ -23,7 +23,7 @@ from typing import Callable
 import duckdb
 
 from ..errors import InterfaceError, OperationalError, ProgrammingError
-from . import catalog, deferred, directory, identity, objectdb, readview, snapshots
+from . import catalog, deferred, directory, identity, memfiles, objectdb, readview, snapshots
 from ._duck import quote_str, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove_leftover_members
 from .meta import TensorMeta
@@ -290,8 +290,11 @@ class Store(StoreCatalog, StoreCommits):
                 self.view.close()
             if self.persistent:
                 directory.release(self)
-            elif self._cleanup is not None:
-                self._cleanup()
+            else:
+                if getattr(self, "tiles_dir", None) is not None:
+                    memfiles.forget_under(self.tiles_dir)  # its payloads kept in memory
+                if self._cleanup is not None:
+                    self._cleanup()
 
     _conn = None  # the catalog's DuckDB connection
     _memory_tiles = None  # an in-memory database's directory on a tmpfs (or None)
