@@ -133,9 +133,11 @@ class ReservedTiles:
             store = self.store
             # An in-memory database's small output gets no file: its staged bytes are its
             # payload, kept in this process under the file's name (memfiles.py). Not where
-            # workers of other processes read payload files (Dask: no spares either).
-            in_process = objects is None and not remote and not store.persistent and \
-                store.spares.enabled and pos + ALIGN < store.staging.min_bytes and \
+            # workers of other processes read payload files (Dask: no spares either), nor
+            # where the caller stages less (``stage_max``: under a small memory limit).
+            in_process = objects is None and not remote and not large and \
+                not store.persistent and store.spares.enabled and \
+                pos + ALIGN < store.staging.min_bytes and \
                 memfiles.room(store.tiles_dir, pos)
             try:
                 if in_process:
