@@ -169,8 +169,8 @@ class ReservedTiles:
                 # bytes become its reader's (``kept_bytes``).
                 mapped = recycled and not self.store.fsync and \
                     pos + ALIGN >= self.store.staging.min_bytes
-                biggest = max(math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize
-                if remote or (large and self.store.fsync and biggest <= STREAM_TILE_MAX):
+                if remote or (large and self.store.fsync and STREAM_TILE_MAX >= max(
+                        math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize):
                     self._slots = layout
                 elif mapped or large:
                     self._map = mmap.mmap(self._fd, pos)

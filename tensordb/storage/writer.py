@@ -352,10 +352,12 @@ class TensorWriter(ReservedTiles):
     def meta(self) -> TensorMeta:
         """The catalog entry this writer will commit."""
         size = math.prod(self.shape)
-        nnz = sum(e.nnz for e in self.entries.values())
+        nnz = nbytes = 0
+        for e in self.entries.values():  # one pass (a training step's commit asks each call)
+            nnz += e.nnz
+            nbytes += e.nbytes
         return TensorMeta(self.name, self.version, self.dtype, self.shape, self.dims, self.grid,
-                          sum(e.nbytes for e in self.entries.values()), len(self.entries), nnz,
-                          nnz / size if size else 0.0, self.fill)
+                          nbytes, len(self.entries), nnz, nnz / size if size else 0.0, self.fill)
 
     def commit(self) -> TensorMeta:
         """Make the tensor visible: flush the payload, then swap catalog rows atomically.
