@@ -21,7 +21,8 @@ import threading
 
 import numpy as np
 
-__all__ = ["keep", "get", "forget", "forget_under", "held_bytes", "MAX_BYTES"]
+__all__ = ["keep", "get", "forget", "forget_under", "held_bytes", "paths_under", "room",
+           "MAX_BYTES"]
 
 # The most bytes one database (its tiles directory) keeps here; beyond it an output goes to a
 # file as before. Payload files of an in-memory database were never the memory budget's, and a

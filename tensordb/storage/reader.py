@@ -9,7 +9,9 @@ missing, replaced or truncated file is a tensordb error naming the tensor and th
 path that reads tiles (con.tensor, export, SQL relations, the executors' loads). Every tile handed
 out is checked against its recorded CRC-32 the first time this process reads it (verify.py), and
 a reader shipped to another process (a Dask worker) first checks that the database it finds at
-the payload's path is the one it was opened on (identity.py).
+the payload's path is the one it was opened on (identity.py). A payload an in-memory database
+keeps as bytes, with no file (memfiles.py: a small computed output), is read from those bytes
+(checked against the same checksums), and a reader pickled to another process carries them.
 """
 from __future__ import annotations
 
