@@ -166,3 +166,45 @@ def test_close_lets_every_kept_payload_go():
     assert len(memfiles.paths_under(tiles)) == 2
     c.close()
     assert memfiles.paths_under(tiles) == [] and memfiles.held_bytes(tiles) == 0
+
+
+def test_ctrl_c_in_the_commit_leaves_nothing(con, monkeypatch):
+    """A KeyboardInterrupt after the first output's bytes were kept and before the second's
+    commit: neither version lands and no bytes are left kept."""
+    from tensordb.storage import writer
+    x = np.arange(12.0).reshape(3, 4)
+    con.load("X", x)
+    con.execute("W[i,j] = X[i,j] * 2; L = SUM(X[i,j]);")
+    kept, rows = _kept(con), con.sql("SELECT name, version FROM tensordb.tensors").fetchall()
+    real, calls = writer.TensorWriter._finish, []
+
+    def interrupted(self):
+        calls.append(self.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self)
+    monkeypatch.setattr(writer.TensorWriter, "_finish", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        con.execute("W[i,j] = X[i,j] * 3; L = SUM(X[i,j] * 3);")
+    monkeypatch.undo()
+    assert len(calls) == 2
+    assert _kept(con) == kept
+    assert con.sql("SELECT name, version FROM tensordb.tensors").fetchall() == rows
+    np.testing.assert_array_equal(con.tensor("W"), x * 2)
+    assert float(con.tensor("L")) == x.sum()
+    con.execute("W[i,j] = X[i,j] * 3;")  # and the next statement stores as ever
+    np.testing.assert_array_equal(con.tensor("W"), x * 3)
+
+
+def test_explain_analyze_and_grad_read_kept_payloads(con):
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((8, 3)), rng.standard_normal((3, 2))
+    con.load("X", x)
+    con.load("W0", w)
+    con.execute("W[d,c] = W0[d,c] * 1")  # a small output: kept as bytes
+    assert _kept(con) and memfiles.get(_path(con, "W")) is not None
+    got = con.execute("EXPLAIN ANALYZE Z[b,c] = SUM(X[b,d] * W[d,c])").fetchall()
+    assert "W" in "\n".join(" ".join(str(v) for v in r) for r in got)
+    np.testing.assert_allclose(con.tensor("Z"), x @ w, rtol=1e-13)
+    con.execute("L = SUM(X[b,d] * W[d,c] * X[b,d] * W[d,c]); dW = GRAD(L, W)")
+    np.testing.assert_allclose(con.tensor("dW"), 2 * w * (x ** 2).sum(0)[:, None], rtol=1e-12)
