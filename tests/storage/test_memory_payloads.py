@@ -208,3 +208,32 @@ def test_explain_analyze_and_grad_read_kept_payloads(con):
     np.testing.assert_allclose(con.tensor("Z"), x @ w, rtol=1e-13)
     con.execute("L = SUM(X[b,d] * W[d,c] * X[b,d] * W[d,c]); dW = GRAD(L, W)")
     np.testing.assert_allclose(con.tensor("dW"), 2 * w * (x ** 2).sum(0)[:, None], rtol=1e-12)
+
+
+def test_a_tile_reserve_did_not_lay_out_sends_the_output_to_a_file(con):
+    """A writer whose reserved tiles were to be kept in memory, then given a tile it did not
+    reserve (appended after them), writes a file after all: both tiles land, nothing kept."""
+    st = con.store
+    w = st.writer("T", (8,), np.dtype(np.float64), ((0, 4, 8),), dims=("i",))
+    bufs = w.reserve([(0,)])
+    bufs[(0,)][...] = [1.0, 2.0, 3.0, 4.0]
+    w.write_tile((0,), bufs[(0,)])
+    w.write_tile((1,), np.array([5.0, 6.0, 7.0, 8.0]))
+    w.commit()
+    np.testing.assert_array_equal(con.tensor("T"), np.arange(1.0, 9.0))
+    path = _path(con, "T")
+    assert os.path.exists(path) and memfiles.get(path) is None
+    assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+def test_a_small_output_of_a_writer_used_directly_is_kept(con):
+    st = con.store
+    w = st.writer("T", (8,), np.dtype(np.float64), ((0, 4, 8),), dims=("i",))
+    bufs = w.reserve([(0,), (1,)])
+    for c, buf in bufs.items():
+        buf[...] = np.arange(4.0) + 4 * c[0]
+        w.write_tile(c, buf)
+    w.commit()
+    path = _path(con, "T")
+    assert not os.path.exists(path) and memfiles.get(path) is not None
+    np.testing.assert_array_equal(con.tensor("T"), np.arange(8.0))
