@@ -182,7 +182,11 @@ class ReservedTiles:
             self._pos = pos
             if self._slots:
                 return {}
-            if self._map is None:  # staged: computed in anonymous memory, written at commit
+            if self._memory:  # its own allocation, kept as the payload: numpy's alignment
+                # (16 bytes) does for a tile under 1 MiB, and finding the pointer to align it
+                # to 64 and slicing cost 3 us an output
+                self._staged = self._raw = np.empty(pos, np.uint8)
+            elif self._map is None:  # staged: computed in anonymous memory, written at commit
                 raw = self._raw = self.store.staging.take(pos + ALIGN)
                 self._staged = raw[-raw.ctypes.data % ALIGN:][:pos]
             base = self._map if self._map is not None else self._staged
