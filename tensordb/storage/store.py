@@ -74,6 +74,7 @@ def memory_payload_dir() -> str | None:
 def _remove_trees(paths) -> None:
     for path in paths:
         if path:
+            memfiles.forget_under(str(Path(path) / TILES_DIR))  # its payloads kept in memory
             shutil.rmtree(path, True)
 
 

@@ -237,3 +237,21 @@ def test_a_small_output_of_a_writer_used_directly_is_kept(con):
     path = _path(con, "T")
     assert not os.path.exists(path) and memfiles.get(path) is not None
     np.testing.assert_array_equal(con.tensor("T"), np.arange(8.0))
+
+
+def test_a_database_never_closed_lets_its_kept_payloads_go_when_collected():
+    """A store dropped without close (no connection around it): its kept payloads go with its
+    temporary directory, when it is collected."""
+    import gc
+    from tensordb.storage import Store
+    st = Store(None)
+    w = st.writer("T", (4,), np.dtype(np.float64), ((0, 4),), dims=("i",))
+    (buf,) = w.reserve([(0,)]).values()
+    buf[...] = 1.0
+    w.write_tile((0,), buf)
+    w.commit()
+    tiles = st.tiles_dir
+    assert memfiles.paths_under(tiles)
+    del st, w, buf
+    gc.collect()
+    assert memfiles.paths_under(tiles) == [] and memfiles.held_bytes(tiles) == 0
