@@ -39,6 +39,15 @@ def snapshot():
             "FROM tensordb.tensors ORDER BY name").fetchall()
         tiles = store.duck.execute(
             'SELECT * FROM tensordb.tiles ORDER BY tensor, file, "offset"').fetchall()
-        files = sorted((e.name, e.stat().st_size) for e in os.scandir(store.tiles_dir))
+        files = sorted([(e.name, e.stat().st_size) for e in os.scandir(store.tiles_dir)]
+                       + _kept_payloads(store))
         return tensors, tiles, files
     return take
+
+
+def _kept_payloads(store) -> list[tuple[str, int]]:
+    """The payloads an in-memory database keeps as bytes, not files (storage/memfiles.py), as
+    (name, size): part of what a statement that changed nothing left as it was."""
+    from tensordb.storage import memfiles
+    return [(os.path.basename(p), len(memfiles.get(p)[0]))
+            for p in memfiles.paths_under(store.tiles_dir) if memfiles.get(p) is not None]

@@ -24,7 +24,7 @@ from pathlib import Path
 import duckdb
 
 from ..errors import OperationalError
-from . import background, catalog
+from . import background, catalog, memfiles
 from ._duck import translate, translating
 
 __all__ = ["CATALOG_FILE", "TILES_DIR", "check_root", "check_catalog", "claim", "release",
@@ -237,6 +237,8 @@ def remove_payload(path: str) -> None:
     longer shows it), its blocks are freed on a helper thread. Freeing a large file's extents
     takes the file system milliseconds (32 ms for 64 MiB here), which happens at the last
     close: the file is held open across the unlink and closed there."""
+    if memfiles.forget(path):  # kept in this process, never a file (memfiles.py)
+        return
     try:  # O_NONBLOCK: a FIFO put in the file's place must not hang the open
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -265,6 +267,8 @@ def _unlink(path: str) -> None:
 
 
 def remove(path: str) -> None:
+    if memfiles.forget(path):  # a payload kept in this process (memfiles.py)
+        return
     try:
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)

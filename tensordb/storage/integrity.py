@@ -21,7 +21,7 @@ import stat
 import numpy as np
 
 from ..geometry import tile_box
-from . import catalog, objectdb
+from . import catalog, memfiles, objectdb
 from ._duck import translating
 from .checksum import crc32
 from .identity import ID_FILE, read_id_file
@@ -67,6 +67,9 @@ def _check_tensor(store, meta: TensorMeta) -> list[tuple]:
     def bad(e: TileEntry, problem: str) -> None:
         rows.append((meta.name, e.coords, file, e.offset, problem))
 
+    kept = memfiles.get(reader.path)
+    if kept is not None:  # an in-memory database's small payload: bytes, no file
+        return rows + _check_kept(meta, entries, kept[0], file)
     try:
         fd = os.open(reader.path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -120,6 +123,36 @@ def _check_tensor(store, meta: TensorMeta) -> list[tuple]:
                          "nonzero counts were checked"))
     finally:
         os.close(fd)
+    return rows
+
+
+def _check_kept(meta: TensorMeta, entries, data: np.ndarray, file) -> list[tuple]:
+    """The problems of a payload kept in memory (memfiles.py; dense tiles, as a computed output
+    is): each tile's size, bounds, checksum and nonzero count, read from its bytes."""
+    rows = []
+    raw = memoryview(data).cast("B")
+    for e in entries:
+        def bad(problem: str) -> None:
+            rows.append((meta.name, e.coords, file, e.offset, problem))
+        need = math.prod(e.shape) * meta.dtype.itemsize
+        if e.sparse:
+            bad(f"a {e.format} tile in a payload kept in memory")
+        elif e.nbytes != need:
+            bad(f"catalog row says {e.nbytes} bytes, its shape {e.shape} needs {need}")
+        elif e.offset + e.nbytes > len(raw):
+            bad(f"short payload: {len(raw)} bytes in memory, the tile needs bytes {e.offset} "
+                f"to {e.offset + e.nbytes}")
+        else:
+            part = raw[e.offset:e.offset + e.nbytes]
+            crc = crc32(part)
+            if e.crc32 is not None and crc != e.crc32:
+                bad(f"checksum mismatch: recorded crc32 {e.crc32:08x}, read {crc:08x}")
+                continue
+            values = np.frombuffer(part, meta.dtype)
+            nnz = count_nonzero(values) if not meta.fill else int(np.count_nonzero(
+                values != meta.fill))
+            if nnz != e.nnz:
+                bad(f"nonzero count mismatch: the catalog records {e.nnz}, the tile has {nnz}")
     return rows
 
 

@@ -9,7 +9,9 @@ missing, replaced or truncated file is a tensordb error naming the tensor and th
 path that reads tiles (con.tensor, export, SQL relations, the executors' loads). Every tile handed
 out is checked against its recorded CRC-32 the first time this process reads it (verify.py), and
 a reader shipped to another process (a Dask worker) first checks that the database it finds at
-the payload's path is the one it was opened on (identity.py).
+the payload's path is the one it was opened on (identity.py). A payload an in-memory database
+keeps as bytes, with no file (memfiles.py: a small computed output), is read from those bytes
+(checked against the same checksums), and a reader pickled to another process carries them.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from ..errors import DataError, OperationalError
 from ..geometry import overlapping, tile_box
+from . import memfiles
 from .meta import TensorMeta
 from .payloads import (_CHECK_HINT, _READING, _USERS_LOCK, _done_reading, _hold_shared,  # noqa: F401
                        _reason, file_kind, open_payload, payload_in_use, rename_private,
@@ -95,18 +98,30 @@ class TensorReader:
         self._map: mmap.mmap | None = None
         self._ident: tuple | None = None  # the mapped file's identity (verify.py)
         self._lock = threading.Lock()
+        kept = memfiles.get(path)
+        if kept is not None:  # a payload kept in this process, not a file: read from its bytes
+            self._map, self._ident = kept
 
-    # Pickling ships metadata and the file name; the other process maps the file itself.
+    # Pickling ships metadata and the file name; the other process maps the file itself. A
+    # payload kept in this process (memfiles.py: small, no file) ships its bytes.
     def __getstate__(self):
-        return {"meta": self.meta, "path": self.path, "entries": self.entries,
-                "database": self.database}
+        state = {"meta": self.meta, "path": self.path, "entries": self.entries,
+                 "database": self.database}
+        kept = memfiles.get(self.path)
+        if kept is not None or (isinstance(self._map, np.ndarray) and self._ident is not None
+                                and self._ident[1:2] == ("memory",)):
+            state["data"] = bytes(memoryview(kept[0] if kept is not None else self._map))
+        return state
 
     def __setstate__(self, state) -> None:
+        data = state.pop("data", None)
         self.__dict__.update(state)
         self.shipped = True
         self._map = None
         self._ident = None
         self._lock = threading.Lock()
+        if data is not None:  # checked against its checksums on first read (no identity)
+            self._map = np.frombuffer(data, np.uint8)
 
     def preload(self, data: np.ndarray, ident: tuple) -> "TensorReader":
         """Read this version from ``data`` (its payload file's bytes, read-only, as the writer
@@ -211,6 +226,10 @@ class TensorReader:
         return self._map
 
     def _open(self) -> mmap.mmap:
+        kept = memfiles.get(self.path)
+        if kept is not None:  # kept in this process (memfiles.py): its bytes, no file
+            self._ident = kept[1]
+            return kept[0]
         with _USERS_LOCK:  # counted from before the open: see rename_unused
             _READING[self.path] += 1
         try:
@@ -323,6 +342,17 @@ class TensorReader:
         meta = self.meta
         out = np.zeros(meta.shape, meta.dtype)
         if not self.entries:
+            return out
+        if self._map is None and memfiles.get(self.path) is not None:
+            self.mapping()
+        if isinstance(self._map, np.ndarray):  # read from bytes held in memory: copied
+            for c in self.coords():
+                e = self.entries[c]
+                if meta.shape:
+                    out[tuple(slice(s, s + n) for s, n in zip(e.starts, e.shape))] = \
+                        self._array(e)
+                else:
+                    out[...] = self._array(e)
             return out
         with _USERS_LOCK:
             _READING[self.path] += 1

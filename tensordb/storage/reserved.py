@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import tile_box
+from . import memfiles
 from .checksum import crc32 as checksum
 from .reader import TileEntry, track_mapping
 from .slots import TileFacts, TileSlot
@@ -69,6 +70,8 @@ class ReservedTiles:
     up by ``TensorWriter.__init__``)."""
 
     kept_bytes = None  # a small staged file's bytes, its version's reader's (_write_staged)
+    kept_ident = None  # their identity where they are the payload, kept with no file (memfiles)
+    _memory = False  # the payload is kept in this process, not in a file (memfiles.py)
 
     def reserve(self, tiles: Sequence[Sequence[int]], stage_max: int | None = None,
                 remote: bool = False, groups=None) -> dict[tuple[int, ...], np.ndarray]:
@@ -127,8 +130,20 @@ class ReservedTiles:
                         raise
             if self._uploads is None and objects is not None:
                 remote = False  # put whole at commit: the tiles come here
+            store = self.store
+            # An in-memory database's small output gets no file: its staged bytes are its
+            # payload, kept in this process under the file's name (memfiles.py). Not where
+            # workers of other processes read payload files (Dask: no spares either), nor
+            # where the caller stages less (``stage_max``: under a small memory limit).
+            in_process = objects is None and not remote and not large and \
+                not store.persistent and store.spares.enabled and \
+                pos + ALIGN < store.staging.min_bytes and \
+                memfiles.room(store.tiles_dir, pos)
             try:
-                if objects is not None and (self._uploads is not None and remote or not large):
+                if in_process:
+                    recycled = False
+                    self._memory = True
+                elif objects is not None and (self._uploads is not None and remote or not large):
                     recycled = False  # no local file: the bytes go up from memory
                     self._in_memory = True
                 else:
@@ -154,8 +169,8 @@ class ReservedTiles:
                 # bytes become its reader's (``kept_bytes``).
                 mapped = recycled and not self.store.fsync and \
                     pos + ALIGN >= self.store.staging.min_bytes
-                biggest = max(math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize
-                if remote or (large and self.store.fsync and biggest <= STREAM_TILE_MAX):
+                if remote or (large and self.store.fsync and STREAM_TILE_MAX >= max(
+                        math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize):
                     self._slots = layout
                 elif mapped or large:
                     self._map = mmap.mmap(self._fd, pos)
@@ -167,7 +182,11 @@ class ReservedTiles:
             self._pos = pos
             if self._slots:
                 return {}
-            if self._map is None:  # staged: computed in anonymous memory, written at commit
+            if self._memory:  # its own allocation, kept as the payload: numpy's alignment
+                # (16 bytes) does for a tile under 1 MiB, and finding the pointer to align it
+                # to 64 and slicing cost 3 us an output
+                self._staged = self._raw = np.empty(pos, np.uint8)
+            elif self._map is None:  # staged: computed in anonymous memory, written at commit
                 raw = self._raw = self.store.staging.take(pos + ALIGN)
                 self._staged = raw[-raw.ctypes.data % ALIGN:][:pos]
             base = self._map if self._map is not None else self._staged
@@ -313,7 +332,7 @@ class ReservedTiles:
         if self._uploads is not None:  # a part whose last tile this is goes up now
             self._uploads.tile_done(coords, self._upload_buffer())
             return
-        if self._in_memory:  # an object put whole from its staging buffer at commit
+        if self._in_memory or self._memory:  # put whole at commit, or kept as it is
             return
         with self._lock:
             if self._state != "open" or self._fd is None:
@@ -379,6 +398,13 @@ class ReservedTiles:
             return
         staged, self._staged = self._staged, None
         if staged is None:
+            return
+        if self._memory:  # no file: these bytes are the payload (memfiles.py)
+            kept = staged.view()
+            kept.flags.writeable = False
+            self.kept_bytes = kept
+            self.kept_ident = memfiles.keep(self.path, kept)
+            self._raw = None  # under the staging cache's floor: nothing to give back
             return
         if not self.store.persistent and self._raw is not None and \
                 self._raw.nbytes < self.store.staging.min_bytes:

@@ -25,6 +25,7 @@ import os
 import stat
 import threading
 
+from . import memfiles
 from .directory import remove_payload
 from .reader import rename_private, rename_unused
 
@@ -52,7 +53,10 @@ class SparePayloads:
 
     def retire(self, path: str, keep: bool = True) -> None:
         """``path`` is no longer referenced by the catalog: keep it as a spare (a replaced
-        version's file, ``keep``), or delete it (a dropped tensor's: its space is given back)."""
+        version's file, ``keep``), or delete it (a dropped tensor's: its space is given back).
+        A payload kept in memory (memfiles.py) is no file: its bytes are let go."""
+        if memfiles.forget(path):
+            return
         if self.enabled and keep:
             try:
                 st = os.lstat(path)

@@ -23,7 +23,7 @@ from typing import Callable
 import duckdb
 
 from ..errors import InterfaceError, OperationalError, ProgrammingError
-from . import catalog, deferred, directory, identity, objectdb, readview, snapshots
+from . import catalog, deferred, directory, identity, memfiles, objectdb, readview, snapshots
 from ._duck import quote_str, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove_leftover_members
 from .meta import TensorMeta
@@ -74,6 +74,7 @@ def memory_payload_dir() -> str | None:
 def _remove_trees(paths) -> None:
     for path in paths:
         if path:
+            memfiles.forget_under(str(Path(path) / TILES_DIR))  # its payloads kept in memory
             shutil.rmtree(path, True)
 
 
@@ -290,8 +291,11 @@ class Store(StoreCatalog, StoreCommits):
                 self.view.close()
             if self.persistent:
                 directory.release(self)
-            elif self._cleanup is not None:
-                self._cleanup()
+            else:
+                if getattr(self, "tiles_dir", None) is not None:
+                    memfiles.forget_under(self.tiles_dir)  # its payloads kept in memory
+                if self._cleanup is not None:
+                    self._cleanup()
 
     _conn = None  # the catalog's DuckDB connection
     _memory_tiles = None  # an in-memory database's directory on a tmpfs (or None)

@@ -247,6 +247,8 @@ class StoreCatalog:
         """The SQL views of tensors just given new versions read the new ones: a user's view
         (CREATE VIEW v AS SELECT ... FROM A) and a relation not fetched yet read a tensor as it
         is when they run, never a version replaced since."""
+        if not self._views:  # none registered (a training loop's commits: 4 us a call)
+            return
         from .views import TensorStream
         for name in names:
             for view in [v for v in self._views if v.lower() == name.lower()]:

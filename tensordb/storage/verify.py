@@ -21,6 +21,7 @@ import os
 import threading
 
 from ..errors import DataError
+from . import memfiles
 from .checksum import crc32
 
 __all__ = ["file_identity", "verified", "verify_tile", "mark_written", "verified_count",
@@ -76,10 +77,14 @@ def mark_written(path: str, entries) -> tuple | None:
     does not checksum the weights it wrote on its next read); another process verifies them on
     its first read, and a later change of the file changes its identity. Returns that
     identity (None: the file could not be looked at)."""
-    try:
-        ident = file_identity(path, os.stat(path))
-    except OSError:
-        return None
+    kept = memfiles.get(path)
+    if kept is not None:  # bytes kept in this process as the payload, no file (memfiles.py)
+        ident = kept[1]
+    else:
+        try:
+            ident = file_identity(path, os.stat(path))
+        except OSError:
+            return None
     with _LOCK:
         if len(_VERIFIED) >= _LIMIT:
             _VERIFIED.clear()

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import DataError, InterfaceError, InternalError, OperationalError
 from ..geometry import Grid, grid_shape, tile_box
+from . import memfiles
 from .checksum import crc32 as checksum
 from .identity import payload_name
 from .meta import TensorMeta
@@ -302,6 +303,7 @@ class TensorWriter(ReservedTiles):
             try:
                 if self._fd is None:
                     self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    self._memory = False  # a tile reserve() did not lay out: a file after all
                 fd = os.dup(self._fd)
             except OSError as exc:
                 self._fail()
@@ -350,10 +352,12 @@ class TensorWriter(ReservedTiles):
     def meta(self) -> TensorMeta:
         """The catalog entry this writer will commit."""
         size = math.prod(self.shape)
-        nnz = sum(e.nnz for e in self.entries.values())
+        nnz = nbytes = 0
+        for e in self.entries.values():  # one pass (a training step's commit asks each call)
+            nnz += e.nnz
+            nbytes += e.nbytes
         return TensorMeta(self.name, self.version, self.dtype, self.shape, self.dims, self.grid,
-                          sum(e.nbytes for e in self.entries.values()), len(self.entries), nnz,
-                          nnz / size if size else 0.0, self.fill)
+                          nbytes, len(self.entries), nnz, nnz / size if size else 0.0, self.fill)
 
     def commit(self) -> TensorMeta:
         """Make the tensor visible: flush the payload, then swap catalog rows atomically.
@@ -410,6 +414,7 @@ class TensorWriter(ReservedTiles):
             self._close_file(sync=False)
         except OSError:  # pragma: no cover - the file is going away anyway
             pass
+        memfiles.forget(self.path)  # bytes kept as the payload (memfiles.py), if any
         if self.entries or os.path.exists(self.path):
             try:
                 os.unlink(self.path)

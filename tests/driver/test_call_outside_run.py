@@ -108,10 +108,13 @@ def test_a_small_output_is_read_back_from_the_bytes_its_writer_staged(monkeypatc
     assert "W" not in opened  # each new version read from the bytes its writer staged
     reader = con.store.open_many(["W"])["W"]
     assert isinstance(reader.mapping(), np.ndarray) and not reader.mapping().flags.writeable
-    # the file holds the very bytes the reader reads
-    np.testing.assert_array_equal(_file_values(reader), reader.to_numpy())
-    np.testing.assert_allclose(_file_values(reader), w, rtol=1e-12, atol=1e-15)
+    # no file: the payload kept in memory (storage/memfiles.py) is the very bytes it reads
+    from tensordb.storage import memfiles
+    assert not os.path.exists(reader.path)
+    assert memfiles.get(reader.path)[0] is reader.mapping()
+    np.testing.assert_allclose(reader.to_numpy(), w, rtol=1e-12, atol=1e-15)
     con.close()
+    assert memfiles.get(reader.path) is None  # closing let them go
 
 
 def test_a_rolled_back_unit_forgets_the_reader_of_its_staged_output():

@@ -15,7 +15,7 @@ import pytest
 
 import tensordb
 from tensordb.storage.identity import payload_name
-from tensordb.storage import payloads, spares
+from tensordb.storage import memfiles, payloads, spares
 
 STEP = "W[i,j] = W[i,j] - 0.5 * G[i,j]"
 
@@ -37,7 +37,8 @@ def _referenced(con) -> set[str]:
 
 @pytest.mark.parametrize("where", ["disk", "memory"])
 def test_a_repeated_replace_writes_into_retired_files(tmp_path, where):
-    w, g = _values()
+    # in memory an output under 1 MiB has no file (memfiles.py): this one is 1 MiB
+    w, g = _values((256, 128) if where == "disk" else (512, 512))
     con = tensordb.connect(tmp_path / "db" if where == "disk" else None, workers=2)
     con.load("W", w)
     con.load("G", g)
@@ -238,7 +239,8 @@ def test_the_registry_forgets_paths_nobody_maps(tmp_path, monkeypatch):
 def test_a_recycled_file_is_mapped_only_where_commits_do_not_fsync(tmp_path, where, shape,
                                                                    monkeypatch):
     """In memory a recycled file of 1 MiB or more is computed in place through its mapping
-    (its pages are cached); a smaller one is staged (its bytes then become its reader's), and
+    (its pages are cached); a smaller one has no file (its staged bytes are kept as its
+    payload, storage/memfiles.py), and
     on disk every one is staged and written at commit like a new one (an fsync of pages
     dirtied through a mapping costs a TLB shootdown per page). All give numpy's values."""
     from tensordb.storage import writer
@@ -262,6 +264,14 @@ def test_a_recycled_file_is_mapped_only_where_commits_do_not_fsync(tmp_path, whe
         expected = expected - np.float32(0.5) * g
     np.testing.assert_array_equal(con.tensor("W"), expected)
     recycled = [mapped for took, mapped in seen if took]
+    if where == "memory" and not large:  # no file at all: its bytes are kept (memfiles.py)
+        assert seen == [(False, False)] * 5, seen
+        path = os.path.join(con.store.tiles_dir,
+                            payload_name(con.store.meta("W").version, con.store.database))
+        assert not os.path.exists(path) and memfiles.get(path) is not None
+        assert [r["problem"] for r in con.check()] == ["ok"]
+        con.close()
+        return
     assert len(recycled) >= 2, seen
     assert all(recycled) if where == "memory" and large else not any(recycled), seen
     assert not any(mapped for took, mapped in seen if not took), seen  # new files: staged

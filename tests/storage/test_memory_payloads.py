@@ -1,0 +1,257 @@
+"""A small output of an in-memory database has no payload file: its staged bytes are kept in the
+process under the file's name (storage/memfiles.py). Everything that reads a payload (readers,
+``to_numpy``, SQL, export, CHECK, a pickled reader) reads them; a version's bytes go only when the
+catalog no longer references it (a replace or drop committed, a failed statement rolled back, the
+database closed); a reader that holds them keeps its version. Checked against numpy and zlib."""
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import zlib
+
+import numpy as np
+import pytest
+
+import tensordb
+from tensordb.storage import memfiles
+
+
+def _path(con, name: str) -> str:
+    (file,) = {r[0] for r in con.sql(
+        f"SELECT DISTINCT file FROM tensordb.tiles WHERE tensor = '{name}'").fetchall()}
+    return os.path.join(con.store.tiles_dir, file)
+
+
+def _kept(con) -> set[str]:
+    return {os.path.basename(p) for p in memfiles.paths_under(con.store.tiles_dir)}
+
+
+def _referenced(con) -> set[str]:
+    return {r[0] for r in con.sql("SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
+
+
+@pytest.fixture
+def con():
+    c = tensordb.connect(None, workers=2)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_a_small_output_round_trips_without_a_file(con, dtype, tmp_path):
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((40, 24)) * 10).astype(dtype)
+    b = (rng.standard_normal((40, 24)) * 10).astype(dtype)
+    con.load("A", a)
+    con.load("B", b)
+    con.execute("C[i,k] = A[i,k] * B[i,k] - A[i,k]")  # elementwise: numpy's very bytes
+    want = a * b - a
+    got = con.tensor("C")
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    path = _path(con, "C")
+    assert not os.path.exists(path)  # no file for it: the catalog names it all the same
+    data, _ = memfiles.get(path)
+    # the catalog's row of the tile: its checksum and nonzeros are those of the kept bytes
+    ((offset, nbytes, crc, nnz),) = con.sql(
+        "SELECT \"offset\", nbytes, crc32, nnz FROM tensordb.tiles WHERE tensor = 'C'").fetchall()
+    assert crc == zlib.crc32(memoryview(data)[offset:offset + nbytes])
+    assert nnz == np.count_nonzero(want)
+    assert con.sql("SELECT nnz FROM tensordb.tensors WHERE name = 'C'").fetchall() == [(nnz,)]
+    # SQL reads it, export writes it, CHECK verifies it
+    rows = con.sql("SELECT i, k, value FROM C ORDER BY i, k").fetchall()  # its nonzeros
+    assert rows == [(int(i), int(k), want[i, k].item()) for i, k in zip(*np.nonzero(want))]
+    con.export("C", tmp_path / "c.npy")
+    exported = np.load(tmp_path / "c.npy")
+    assert exported.dtype == want.dtype and exported.tobytes() == want.tobytes()
+    assert [r["problem"] for r in con.check()] == ["ok"]
+    # a reader shipped to another process (as to a Dask worker) carries the bytes
+    reader = pickle.loads(pickle.dumps(con.store.open("C")))
+    assert reader.to_numpy().tobytes() == want.tobytes()
+
+
+def test_an_output_of_1_mib_or_more_and_an_on_disk_output_are_files(tmp_path):
+    a = np.ones((512, 512), np.float32)  # 1 MiB: at the staging cache's floor
+    with tensordb.connect(None) as mem:
+        mem.load("A", a)
+        mem.execute("B[i,j] = A[i,j] * 2")
+        assert os.path.exists(_path(mem, "B")) and _kept(mem) == set()
+    with tensordb.connect(tmp_path / "db") as disk:
+        disk.load("A", a[:4, :4])
+        disk.execute("B[i,j] = A[i,j] * 2")
+        assert os.path.exists(_path(disk, "B"))
+        assert memfiles.paths_under(disk.store.tiles_dir) == []
+
+
+def test_old_versions_go_only_when_unreferenced(con):
+    w = np.linspace(-1, 1, 32).reshape(4, 8)
+    con.load("W", w)
+    con.execute("W[i,j] = W[i,j] * 0.5")
+    first = _path(con, "W")
+    before = con.store.open("W")  # a reader of this version, taken before the next replace
+    for step in range(20):
+        con.execute("W[i,j] = W[i,j] * 0.5")
+        assert _kept(con) <= _referenced(con)  # nothing kept that the catalog does not name
+    assert memfiles.get(first) is None  # replaced, committed: its bytes were let go
+    np.testing.assert_array_equal(before.to_numpy(), w * 0.5)  # the reader kept its version
+    np.testing.assert_array_equal(con.tensor("W"), w * 0.5 ** 21)
+    assert memfiles.held_bytes(con.store.tiles_dir) == w.nbytes  # one version held, not 21
+    con.execute("DROP TENSOR W")
+    assert _kept(con) == set()
+    np.testing.assert_array_equal(before.to_numpy(), w * 0.5)
+
+
+def test_a_reader_in_another_thread_keeps_its_snapshot(con):
+    w = np.arange(12.0).reshape(3, 4)
+    con.load("W", w)
+    con.execute("W[i,j] = W[i,j] + 1")
+    opened, replaced, seen = threading.Event(), threading.Event(), []
+
+    def read():
+        reader = con.store.open_many(["W"])["W"]  # its snapshot of W: version 1 step in
+        opened.set()
+        replaced.wait(30)
+        seen.append(reader.to_numpy())
+        seen.append(reader.read_box((0, 0), (3, 4)).copy())
+    t = threading.Thread(target=read)
+    t.start()
+    assert opened.wait(30)
+    for _ in range(3):
+        con.execute("W[i,j] = W[i,j] + 1")
+    replaced.set()
+    t.join(30)
+    for got in seen:
+        np.testing.assert_array_equal(got, w + 1)
+    np.testing.assert_array_equal(con.tensor("W"), w + 4)
+
+
+def test_a_failed_statement_leaves_nothing(con):
+    a = np.arange(6.0).reshape(2, 3)
+    con.load("A", a)
+    con.execute("A[i,j] = A[i,j] + 1")
+    kept, rows = _kept(con), con.sql("SELECT name, version FROM tensordb.tensors").fetchall()
+    with pytest.raises(tensordb.Error):  # the first commits into the unit's transaction
+        con.execute("A[i,j] = A[i,j] * 10; B[i] = SUM(A[i,j] * Nope[i,j]);")
+    with pytest.raises(tensordb.Error):
+        con.execute("BEGIN; A[i,j] = A[i,j] * 10; C[i,j] = A[i,j] * 3; "
+                    "D[i] = SUM(A[i,j] * Nope[i,j]); COMMIT;")
+    assert _kept(con) == kept
+    assert con.sql("SELECT name, version FROM tensordb.tensors").fetchall() == rows
+    np.testing.assert_array_equal(con.tensor("A"), a + 1)
+    assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+def test_check_finds_damaged_kept_bytes(con):
+    con.load("A", np.arange(8.0))
+    con.execute("B[i] = A[i] * 3")
+    path = _path(con, "B")
+    data, _ = memfiles.get(path)
+    damaged = data.copy()
+    damaged[3] ^= 0xFF
+    damaged.flags.writeable = False
+    memfiles.keep(path, damaged)  # as a stray write into the bytes would leave them
+    problems = [r["problem"] for r in con.check() if r["tensor"] == "B"]
+    assert len(problems) == 1 and problems[0].startswith("checksum mismatch")
+    con.store._kept_readers.clear()  # a reader opened now reads the damaged bytes
+    with pytest.raises(tensordb.DataError, match="damaged"):
+        con.store.open("B").to_numpy()
+
+
+def test_close_lets_every_kept_payload_go():
+    c = tensordb.connect(None)
+    c.load("A", np.ones(4))
+    c.execute("B[i] = A[i] + 1")
+    c.execute("C[i] = B[i] * 2")
+    tiles = c.store.tiles_dir
+    assert len(memfiles.paths_under(tiles)) == 2
+    c.close()
+    assert memfiles.paths_under(tiles) == [] and memfiles.held_bytes(tiles) == 0
+
+
+def test_ctrl_c_in_the_commit_leaves_nothing(con, monkeypatch):
+    """A KeyboardInterrupt after the first output's bytes were kept and before the second's
+    commit: neither version lands and no bytes are left kept."""
+    from tensordb.storage import writer
+    x = np.arange(12.0).reshape(3, 4)
+    con.load("X", x)
+    con.execute("W[i,j] = X[i,j] * 2; L = SUM(X[i,j]);")
+    kept, rows = _kept(con), con.sql("SELECT name, version FROM tensordb.tensors").fetchall()
+    real, calls = writer.TensorWriter._finish, []
+
+    def interrupted(self):
+        calls.append(self.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self)
+    monkeypatch.setattr(writer.TensorWriter, "_finish", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        con.execute("W[i,j] = X[i,j] * 3; L = SUM(X[i,j] * 3);")
+    monkeypatch.undo()
+    assert len(calls) == 2
+    assert _kept(con) == kept
+    assert con.sql("SELECT name, version FROM tensordb.tensors").fetchall() == rows
+    np.testing.assert_array_equal(con.tensor("W"), x * 2)
+    assert float(con.tensor("L")) == x.sum()
+    con.execute("W[i,j] = X[i,j] * 3;")  # and the next statement stores as ever
+    np.testing.assert_array_equal(con.tensor("W"), x * 3)
+
+
+def test_explain_analyze_and_grad_read_kept_payloads(con):
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((8, 3)), rng.standard_normal((3, 2))
+    con.load("X", x)
+    con.load("W0", w)
+    con.execute("W[d,c] = W0[d,c] * 1")  # a small output: kept as bytes
+    assert _kept(con) and memfiles.get(_path(con, "W")) is not None
+    got = con.execute("EXPLAIN ANALYZE Z[b,c] = SUM(X[b,d] * W[d,c])").fetchall()
+    assert "W" in "\n".join(" ".join(str(v) for v in r) for r in got)
+    np.testing.assert_allclose(con.tensor("Z"), x @ w, rtol=1e-13)
+    con.execute("L = SUM(X[b,d] * W[d,c] * X[b,d] * W[d,c]); dW = GRAD(L, W)")
+    np.testing.assert_allclose(con.tensor("dW"), 2 * w * (x ** 2).sum(0)[:, None], rtol=1e-12)
+
+
+def test_a_tile_reserve_did_not_lay_out_sends_the_output_to_a_file(con):
+    """A writer whose reserved tiles were to be kept in memory, then given a tile it did not
+    reserve (appended after them), writes a file after all: both tiles land, nothing kept."""
+    st = con.store
+    w = st.writer("T", (8,), np.dtype(np.float64), ((0, 4, 8),), dims=("i",))
+    bufs = w.reserve([(0,)])
+    bufs[(0,)][...] = [1.0, 2.0, 3.0, 4.0]
+    w.write_tile((0,), bufs[(0,)])
+    w.write_tile((1,), np.array([5.0, 6.0, 7.0, 8.0]))
+    w.commit()
+    np.testing.assert_array_equal(con.tensor("T"), np.arange(1.0, 9.0))
+    path = _path(con, "T")
+    assert os.path.exists(path) and memfiles.get(path) is None
+    assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+def test_a_small_output_of_a_writer_used_directly_is_kept(con):
+    st = con.store
+    w = st.writer("T", (8,), np.dtype(np.float64), ((0, 4, 8),), dims=("i",))
+    bufs = w.reserve([(0,), (1,)])
+    for c, buf in bufs.items():
+        buf[...] = np.arange(4.0) + 4 * c[0]
+        w.write_tile(c, buf)
+    w.commit()
+    path = _path(con, "T")
+    assert not os.path.exists(path) and memfiles.get(path) is not None
+    np.testing.assert_array_equal(con.tensor("T"), np.arange(8.0))
+
+
+def test_a_database_never_closed_lets_its_kept_payloads_go_when_collected():
+    """A store dropped without close (no connection around it): its kept payloads go with its
+    temporary directory, when it is collected."""
+    import gc
+    from tensordb.storage import Store
+    st = Store(None)
+    w = st.writer("T", (4,), np.dtype(np.float64), ((0, 4),), dims=("i",))
+    (buf,) = w.reserve([(0,)]).values()
+    buf[...] = 1.0
+    w.write_tile((0,), buf)
+    w.commit()
+    tiles = st.tiles_dir
+    assert memfiles.paths_under(tiles)
+    del st, w, buf
+    gc.collect()
+    assert memfiles.paths_under(tiles) == [] and memfiles.held_bytes(tiles) == 0
