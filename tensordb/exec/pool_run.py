@@ -1,7 +1,9 @@
 """One plan's run on the local pool (``pool.LocalExecutor.run`` makes a ``_Run`` for each plan):
 the dataflow of its tasks (what is ready, which worker runs it, when a tile is freed), run on the
 workers' queues or, for a tiny plan, on the calling thread (``go_inline``); aggregations fold
-each partial as it arrives; a stored output's tile is handed to the sink once final. What a task
+each partial as it arrives; a stored output's tile is handed to the sink once final. A Load
+that only tasks on its own worker read is run by the first of them (``_Shape.lazy``), not
+queued. What a task
 does and what it costs is the shared runtime's (``runtime.py``), where its tiles live the pool's
 ``tiles`` (``tiles.py``, ``gpu.py``).
 """
