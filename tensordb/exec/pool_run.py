@@ -1,7 +1,9 @@
 """One plan's run on the local pool (``pool.LocalExecutor.run`` makes a ``_Run`` for each plan):
 the dataflow of its tasks (what is ready, which worker runs it, when a tile is freed), run on the
 workers' queues or, for a tiny plan, on the calling thread (``go_inline``); aggregations fold
-each partial as it arrives; a stored output's tile is handed to the sink once final. What a task
+each partial as it arrives; a stored output's tile is handed to the sink once final. A Load
+that only tasks on its own worker read is run by the first of them (``_Shape.lazy``), not
+queued. What a task
 does and what it costs is the shared runtime's (``runtime.py``), where its tiles live the pool's
 ``tiles`` (``tiles.py``, ``gpu.py``).
 """
@@ -53,18 +55,13 @@ class _Run:
         self.results: dict[int, object] = {}
         self.made_on: dict[int, int] = {}
         self.sent: set[tuple[int, int]] = set()  # (tile, worker) read there from another
-        consumers = plan.consumers()
-        self.consumers = consumers
-        self.refs = {k: len(v) for k, v in consumers.items()}
-        self.waiting = {t.key: len(t.inputs) for t in plan.tasks if not isinstance(t, Aggregate)}
+        shape = _Shape.of(plan)  # what every run of the plan starts from (kept in its memo)
+        self.shape = shape
+        self.consumers, self.agg_of = shape.consumers, shape.agg_of  # read only
+        self.refs = dict(shape.refs)
         self.acc: dict[int, object] = {}
-        self.acc_left = {t.key: len(t.parts) for t in plan.tasks if isinstance(t, Aggregate)}
-        self.agg_of: dict[int, int] = {}
-        for t in plan.tasks:
-            if isinstance(t, Aggregate):
-                for p in t.parts:
-                    self.agg_of[p] = t.key
-        self.keep = {k for out in plan.outputs.values() if out.stored for k in out.tiles.values()}
+        self.acc_left = dict(shape.acc_left)
+        self.keep = set(shape.keep)
         self.finished = threading.Event()
         self.drained = threading.Event()
         self.draining = False
@@ -86,6 +83,11 @@ class _Run:
         sparse = not getattr(self.tiles, "loads_copy", False)
         self.budget = Budget(self, limit, self.spill) if limit and may_cross(
             plan, room, sparse) else None
+        # Loads run by their consumer, on its worker, as it starts (``_Shape.lazy``): where
+        # every task is admitted as it comes (a budget), or a Load copies its box to a
+        # device, each stays a task of its own.
+        self.lazy = shape.lazy if self.budget is None and sparse else frozenset()
+        self.waiting = dict(shape.waiting_lazy if self.lazy else shape.waiting)
 
     def admit(self, item) -> bool:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
@@ -104,12 +106,11 @@ class _Run:
         t0 = time.perf_counter()
         control = self.control
         self.pending = 0  # items queued and not yet handled: the run ends when it drops to 0
-        # The tasks without inputs, listed before any is queued: once workers run, `waiting`
-        # changes under our feet, and a task counted down to 0 is queued by the worker.
-        first = [t for t in self.plan.tasks if not isinstance(t, Aggregate) and not t.inputs]
         try:
-            for t in first:
-                self._queue(t.worker, ("run", t))
+            # The tasks ready at the start, queued at once: the first put wakes a worker,
+            # whose Python then competes with this thread's for the interpreter while the
+            # rest are put, and the other worker started 0.2 ms after it.
+            self._queue_first()
             # Timed waits: a SIGINT that the OS hands to a worker thread does not wake a blocked
             # wait, but Python runs its handler (KeyboardInterrupt) here within a tick.
             while not self.finished.wait(_TICK):
@@ -148,9 +149,7 @@ class _Run:
         self._inline = []
         self._seq = itertools.count()
         try:
-            for t in self.plan.tasks:
-                if not isinstance(t, Aggregate) and not t.inputs:
-                    self._queue(t.worker, ("run", t))
+            self._queue_first()
             while self._inline and self.control.error is None:
                 _, _, w, item = heapq.heappop(self._inline)
                 self.handle(w % self.ex.workers, item)  # records an error (Ctrl-C too)
@@ -162,6 +161,22 @@ class _Run:
                                   time.perf_counter() - t0, nnz=self.nnz,
                                   nonfinite=self.nonfinite, crc32=self.crc32, over_budget=0,
                                   memory_limit=self.ex.memory_limit or None)
+
+    def _queue_first(self) -> None:
+        """Queue the tasks ready before any ran (no inputs but Loads their consumer runs):
+        listed first, as once workers run ``waiting`` changes under our feet."""
+        waiting, lazy = self.waiting, self.lazy
+        first = [t for t in self.plan.tasks
+                 if t.key in waiting and waiting[t.key] == 0 and t.key not in lazy]
+        if self._inline is not None:
+            for t in first:
+                self._queue(t.worker, ("run", t))
+            return
+        with self.lock:
+            self.pending += len(first)
+        rank, n = self.rank, len(self.queues)
+        self.queues.put_many([(t.worker % n, (1, rank.get(t.key, 0)), (self, "run", t))
+                              for t in first])
 
     def _queue(self, worker: int, item) -> None:
         with self.lock:
@@ -217,6 +232,10 @@ class _Run:
     def _run_task(self, w: int, task) -> None:
         if isinstance(task, Aggregate):  # pragma: no cover - aggregations are driven by _accumulate
             raise InternalError(f"unexpected task {task!r}")
+        if self.lazy:
+            for k in task.inputs:  # its consumers run on this worker: no other runs it now
+                if k in self.lazy and k not in self.results:
+                    self._run_task(w, self.plan.task(k))
         inputs = [self._fetch(w, task, k) for k in task.inputs]
         source = self.plan.readers[task.tensor] if isinstance(task, Load) else None
         dest = self.dest.get(task.key)
@@ -299,6 +318,10 @@ class _Run:
                     self.results.pop(task.key, None)
             if unused:
                 self.ledger.release(task.key)
+        if task.key in self.lazy:  # its consumer is running it: counted down at the start
+            if self.control.task_done() == self.control.total:  # pragma: no cover - never last
+                self.finished.set()
+            return
         ready = []
         with self.lock:
             for c in self.consumers[task.key]:
@@ -339,3 +362,47 @@ class _Run:
                 self.ledger.release(k)
                 self.spill.drop(k)
                 self.tiles.released(value)
+
+
+class _Shape:
+    """What every run of a plan starts from, worked out once a plan (kept in its ``memo``,
+    which a cached plan's rebound copies share): each task's consumers and the aggregation
+    each partial goes to (read only), and the counts a run copies and counts down.
+
+    ``lazy``: the Loads with no inputs whose consumers (kernels, re-tilings: no aggregation,
+    no stored output) all run on the Load's own worker. Such a Load is not a queued task: the
+    first of its consumers to start runs it, on that worker, just before its kernel (a
+    block-sparse product's 18 Loads were 18 items through the workers' queues, each one's
+    hand-off costing more than the view it makes). ``waiting_lazy`` counts a task's inputs
+    without them."""
+
+    __slots__ = ("tasks", "outputs", "consumers", "refs", "waiting", "waiting_lazy",
+                 "acc_left", "agg_of", "keep", "lazy")
+
+    @classmethod
+    def of(cls, plan: TilePlan) -> "_Shape":
+        kept = plan.memo.get("pool_shape")
+        if kept is None or kept.tasks is not plan.tasks or kept.outputs is not plan.outputs:
+            kept = plan.memo["pool_shape"] = cls(plan)
+        return kept
+
+    def __init__(self, plan: TilePlan) -> None:
+        self.tasks, self.outputs = plan.tasks, plan.outputs
+        consumers = self.consumers = plan.consumers()
+        self.refs = {k: len(v) for k, v in consumers.items()}
+        self.waiting = {t.key: len(t.inputs) for t in plan.tasks if not isinstance(t, Aggregate)}
+        self.acc_left = {t.key: len(t.parts) for t in plan.tasks if isinstance(t, Aggregate)}
+        self.agg_of = {p: t.key for t in plan.tasks if isinstance(t, Aggregate) for p in t.parts}
+        self.keep = frozenset(k for out in plan.outputs.values() if out.stored
+                              for k in out.tiles.values())
+        worker = {t.key: t.worker for t in plan.tasks}
+        self.lazy = frozenset(
+            t.key for t in plan.tasks
+            if isinstance(t, Load) and not t.inputs and consumers[t.key]
+            and t.key not in self.keep and t.key not in self.agg_of
+            and all(c in self.waiting and worker[c] == t.worker for c in consumers[t.key]))
+        waiting = dict(self.waiting)
+        for k in self.lazy:
+            for c in consumers[k]:
+                waiting[c] -= 1
+        self.waiting_lazy = waiting

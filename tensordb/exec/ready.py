@@ -41,6 +41,19 @@ class ReadyQueues:
             self.sleeping.discard(w)
         self.tokens[w].put(None)
 
+    def put_many(self, items) -> None:
+        """``put`` of each ``(w, priority, item)`` under one hold of the lock, the sleeping
+        workers woken after the last."""
+        with self.lock:
+            heaps, seq, wake = self.heaps, self._seq, set()
+            for w, priority, item in items:
+                heapq.heappush(heaps[w], (priority, next(seq), item))
+                wake.add(w)
+            wake &= self.sleeping
+            self.sleeping -= wake
+        for w in wake:
+            self.tokens[w].put(None)
+
     def get(self, w: int):
         """Worker ``w``'s best item, once its run admits it (``item[0].admit(item)``, called
         under the lock); None ends the worker."""

@@ -18,6 +18,15 @@ written; the faster median of numpy's BLAS threads and of one BLAS thread): time
 cached in the next columns, then the same in process CPU seconds against the one-thread loop's
 (which a loaded machine disturbs less). ``--memory`` gives the in-memory database, the default one on disk:
 
+Those columns take each plan cached run right after a planned one and within a few ms of
+numpy's two-thread loop, whose idle OpenBLAS thread keeps spinning for about 0.1 s after it: a
+core taken from tensordb's two workers (a cached run measured 1.7x its CPU and 2-3x its wall
+time right after such a loop). The "back to back" columns time each side as a repeated
+statement or loop runs, in blocks of ``BLOCK`` calls alternated (the loop on one BLAS
+thread, on two, then ``SPIN`` seconds and tensordb plan cached), medians of the blocks' medians: tensordb on two
+workers of one BLAS thread each against numpy's loop on two BLAS threads is like with like
+(two cores each); the one-thread loop is there for a machine whose second core is busy.
+
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tests/bench/bench_sparse.py --densities 0.01 --runs 15 --memory
 """
 from __future__ import annotations
@@ -38,6 +47,8 @@ import tensordb  # noqa: E402
 from tests.bench.bench_planning import staged  # noqa: E402
 
 TILE = 256
+BLOCK = 10  # calls a block of the back-to-back columns
+SPIN = 0.3  # seconds OpenBLAS's idle threads may spin after numpy's two-thread loop
 
 
 def block_sparse(rng, n: int, density: float) -> np.ndarray:
@@ -89,6 +100,17 @@ def timed(con, sql: str, cached: bool) -> tuple[float, dict[str, float]]:
     return total, {**stages, "cpu": cpu}
 
 
+def _block(fn) -> tuple[float, float]:
+    """(median wall seconds, median process CPU seconds) of ``BLOCK`` calls of ``fn`` in a row."""
+    wall, cpu = [], []
+    for _ in range(BLOCK):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=8192)
@@ -106,8 +128,10 @@ def main(argv=None) -> None:
     print("| tile density | tiles | tensordb | plan cached | kernels | lower | run | commit | "
           "numpy A @ B | speed-up | CPU: tensordb | CPU: numpy | CPU speed-up | tile loop | "
           "tensordb / tile loop | plan cached / tile loop | CPU: plan cached | "
-          "CPU: tile loop, 1 thread | CPU: tensordb / loop | CPU: plan cached / loop |")
-    print("|---:|" * 1 + "---:|" * 19)
+          "CPU: tile loop, 1 thread | CPU: tensordb / loop | CPU: plan cached / loop | "
+          "back to back: plan cached | loop, 2 threads | loop, 1 thread | "
+          "cached / 2-thread loop | CPU: cached / 1-thread loop |")
+    print("|---:|" * 1 + "---:|" * 24)
     with tempfile.TemporaryDirectory(prefix="tensordb-bench-sparse-") as root:
         for density in args.densities:
             a = block_sparse(rng, args.n, density)
@@ -140,12 +164,21 @@ def main(argv=None) -> None:
                     tile_loop_1(present, b)
                     loop1.append(time.perf_counter() - t0)
                     loop1_cpu.append(time.process_time() - c0)
+                back = {"td": [], "l2": [], "l1": []}
+                for _ in range(max(3, args.runs // 3)):
+                    back["l1"].append(_block(lambda: tile_loop_1(present, b)))
+                    back["l2"].append(_block(lambda: tile_loop(present, b)))
+                    time.sleep(SPIN)  # numpy's idle BLAS thread stops spinning
+                    con.execute(sql)  # the workers awake again
+                    back["td"].append(_block(lambda: con.execute(sql)))
                 np.testing.assert_allclose(con.tensor("C"), ref, rtol=1e-3, atol=1e-3)
                 tiles = con.store.meta("A").tile_count
             total = statistics.median(t for t, _ in samples)
 
             def st(name):
                 return statistics.median(s.get(name, 0.0) for _, s in samples)
+            bk = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+                  for k, v in back.items()}
             npt, npc, cpu = statistics.median(np_times), statistics.median(np_cpu), st("cpu")
             lp = min(statistics.median(loop), statistics.median(loop1))
             cc = statistics.median(cached)
@@ -156,8 +189,10 @@ def main(argv=None) -> None:
                   f"{1e3 * st('run'):.1f} ms | {1e3 * st('commit'):.1f} ms | {1e3 * npt:.0f} ms | "
                   f"{npt / total:.0f}x | {1e3 * cpu:.1f} ms | {1e3 * npc:.0f} ms | {npc / cpu:.0f}x | "
                   f"{1e3 * lp:.2f} ms | {total / lp:.1f}x | {cc / lp:.1f}x | {1e3 * ccpu:.1f} ms | "
-                  f"{1e3 * lcpu:.2f} ms | {cpu / lcpu:.1f}x | {ccpu / lcpu:.1f}x |",
-                  flush=True)
+                  f"{1e3 * lcpu:.2f} ms | {cpu / lcpu:.1f}x | {ccpu / lcpu:.1f}x | "
+                  f"{1e3 * bk['td'][0]:.2f} ms | {1e3 * bk['l2'][0]:.2f} ms | "
+                  f"{1e3 * bk['l1'][0]:.2f} ms | {bk['td'][0] / bk['l2'][0]:.2f}x | "
+                  f"{bk['td'][1] / bk['l1'][1]:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
