@@ -88,7 +88,7 @@ def replay(trace: Trace, ops, dest: dict, finished_tile, check, progress, read, 
     ndarray = np.ndarray
     n_ops = len(ops)
     secs = [0.0] * n_ops
-    ok = len(dest) == len(trace.stored) and all(k in trace.stored for k in dest)
+    ok = dest.keys() == trace.stored
     if check is not None:
         check()
     for key, o, task, dense, sig, held in trace.loads:
@@ -156,8 +156,8 @@ def replay(trace: Trace, ops, dest: dict, finished_tile, check, progress, read, 
         if err is exc:
             raise
         raise err from exc
-    measures = [OpMeasure(secs[n], calls_per_op[n], trace.moves[n], trace.tiles[n],
-                          trace.peaks[n]) for n in range(n_ops)]
+    measures = [OpMeasure(s, c, m, t, p) for s, c, m, t, p in
+                zip(secs, calls_per_op, trace.moves, trace.tiles, trace.peaks)]
     seconds = clock() - t_run
     return RunResult(results, seconds, trace.moved, trace.peak, sum(calls_per_op),
                      [seconds] + [0.0] * (workers - 1),
