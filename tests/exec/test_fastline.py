@@ -147,7 +147,8 @@ def test_a_failing_kernel_in_a_replay_is_named_and_stores_nothing(replays, snaps
         con.load("ex", np.array([1, 2, -1, 0, 3]), replace=True)
         before = snapshot(con)
         ran, called = replays["ran"], replays["called"]
-        with pytest.raises(tensordb.DataError, match=r"of q\[i,t\] = POW.*failed on the data: Integers to negative"):
+        with pytest.raises(tensordb.DataError,
+                           match=r"of q\[i,t\] = POW.*failed on the data: Integers to negative"):
             con.execute("q[i,t] = POW(tok[i,t], ex[i]);")
         assert replays["called"] == called + 1 and replays["ran"] == ran  # raised in it
         # (the catalog's rows; the spare payload files of replaced versions are taken by a
