@@ -184,3 +184,79 @@ def test_ctrl_c_stops_a_replay_and_stores_nothing(replays, snapshot):
         con.execute(LOGISTIC, {"lr": 0.5})
         _, w = _numpy_logistic(w, 0.5)
         np.testing.assert_allclose(con.tensor("W"), w, rtol=1e-12, atol=1e-15)
+
+
+class _Op:
+    def __init__(self, name):
+        self.name = name
+
+    def describe(self):
+        return f"{self.name}[i] = ..."
+
+
+def _trace(fns, spec_call=None):
+    """A trace by hand: a Load (key 0, a 2 x 3 array), a product (key 1), a reduction that
+    keeps no join value (key 2, kept under 10), a call that would read it (key 3, stored)."""
+    a = np.arange(6.0).reshape(2, 3)
+    loads = [(0, 0, "task0", False, (a.shape, a.dtype, True), 0)]
+    rows = [(fastline.PLAIN, 0, fns[0], (0,), 1, False, (), None, "task1"),
+            (fastline.KEEP, 1, fns[1], (1,), 2, False, (), 10, "task2"),
+            (fastline.SHARED, 2, fns[2], (1, 2), 3, True, (0, 1, 2, 10), 10, "task3")]
+    return a, fastline.record(loads, rows, {3: None}, 5, 48, (0, 0, 0), (48, 24, 24),
+                              (48, 96, 120))
+
+
+def test_a_replay_by_hand_calls_its_spec_where_a_kept_value_is_missing():
+    """The generated function: each row's call, a stored tile's facts handed to the sink, the
+    recorded accounts; a SHARED row whose reduction kept nothing calls its spec instead."""
+    shared_calls, spec_calls, finished = [], [], []
+    fns = [lambda args, out: args[0] * 2,
+           lambda args, out: (args[0].sum(0), None),
+           lambda args, out: shared_calls.append(args)]
+    a, trace = _trace(fns)
+    assert "del v0, v1, v2, v10" in trace.run.source
+
+    def spec_call(row, args, out):
+        spec_calls.append(row[8])
+        return args[0] + args[1]
+    dest = {3: np.empty((2, 3))}
+    ops = [_Op("p"), _Op("r"), _Op("s")]
+    got = fastline.replay(trace, ops, dest, lambda k, t, f: finished.append((k, f)), None, None,
+                          lambda task, dense: (a, 0), lambda t: (6, False, 7), [1, 1, 1],
+                          spec_call, 2)
+    assert type(got) is not dict
+    np.testing.assert_array_equal(dest[3], a * 2 + (a * 2).sum(0))
+    assert shared_calls == [] and spec_calls == ["task3"]
+    assert finished == [(3, (6, False, 7))]
+    assert got.tiles == {3: dest[3]} and got.tiles[3] is dest[3]
+    assert (got.crc32, got.nnz, got.nonfinite) == ({3: 7}, {3: 6}, {3: False})
+    assert (got.bytes_moved, got.peak_bytes, got.kernel_calls) == (5, 48, 3)
+    assert [(m.kernel_calls, m.peak_tile_bytes, m.peak_bytes) for m in got.ops] == \
+        [(1, 48, 48), (1, 24, 96), (1, 24, 120)]
+    assert got.worker_busy[1:] == [0.0]
+
+
+def test_a_replay_by_hand_leaves_a_changed_load_to_the_loop_and_names_a_failed_call():
+    boom = ValueError("bad value")
+
+    def fail(args, out):
+        raise boom
+    a, trace = _trace([fail, None, None])
+    ops = [_Op("p"), _Op("r"), _Op("s")]
+    read = []
+    for other in (a.astype(np.float32), np.arange(12.0).reshape(2, 6)[:, ::2],  # strided
+                  a[:, :2]):
+        got = fastline.replay(trace, ops, {3: np.empty((2, 3))}, None, None, None,
+                              lambda task, dense: (read.append(task), (other, 0))[1], None,
+                              [1, 1, 1], None, 2)
+        assert type(got) is dict and got[0][0] is other  # read once: the loop takes it
+    assert read == ["task0"] * 3
+    got = fastline.replay(trace, ops, {3: np.empty((2, 3))}, None, None, None,
+                          lambda task, dense: (a.copy(), None), None, [1, 1, 1], None, 2)
+    assert type(got) is dict  # held for other bytes (its own 48, not the recorded 0)
+    got = fastline.replay(trace, ops, {}, None, None, None, lambda task, dense: (a, 0), None,
+                          [1, 1, 1], None, 2)
+    assert type(got) is dict  # not the output buffers recorded
+    with pytest.raises(tensordb.DataError, match=r"of p\[i\] = \.\.\. failed on the data: bad"):
+        fastline.replay(trace, ops, {3: np.empty((2, 3))}, None, None, None,
+                        lambda task, dense: (a, 0), None, [1, 1, 1], None, 2)
