@@ -20,6 +20,9 @@ cannot change a value or a dtype:
   whole expression (``x0 * 1``) only where the result is reduced, which makes the new array:
   an elementwise kernel's result must be an array of its own, never its input. A digits step's
   LOGSUMEXP is ``MAX(x0 * 1)`` and ``SUM(EXP(x0 * 1 - m))``: 37 us a pass over 1347 x 10;
+- ``x - x == 0`` of an integer, float or complex operand ``x`` (a LOGSUMEXP's guard of its
+  row maximum, ``where(m - m == 0, m, 0)``) is ``isfinite(x)``, element for element and
+  dtype for dtype, in one call (without the ignored floating-point error of ``inf - inf``);
 - a unary ufunc of an array NumPy just made in the result's dtype is computed in place
   (``exp(t, out=t)``): no new buffer; the outermost one too where the result is only reduced
   and no ``out`` is given.
