@@ -255,3 +255,41 @@ def test_a_database_never_closed_lets_its_kept_payloads_go_when_collected():
     del st, w, buf
     gc.collect()
     assert memfiles.paths_under(tiles) == [] and memfiles.held_bytes(tiles) == 0
+
+
+@pytest.mark.parametrize("how", ["kept", "load"])
+def test_ctrl_c_after_an_in_memory_commit_landed_keeps_the_new_version(con, monkeypatch, how):
+    """A replace committed on its own (a store writer's commit, a load: the in-memory catalog's
+    rows kept back, deferred.py) and interrupted after it landed, while the replaced payload is
+    retired: the new version is the catalog's, so its bytes (kept, or its file) must stay. They
+    were deleted as a failed writer's, leaving the catalog naming a payload that was gone."""
+    from tensordb.storage import spares
+    old, new = np.arange(8.0), np.arange(8.0) + 100
+
+    def put(values):
+        if how == "load":
+            con.load("T", values, tile=(4,), replace=True)
+            return
+        w = con.store.writer("T", (8,), np.dtype(np.float64), ((0, 4, 8),), dims=("i",),
+                             replace=True)
+        for c, buf in w.reserve([(0,), (1,)]).items():
+            buf[...] = values[4 * c[0]:4 * c[0] + 4]
+            w.write_tile(c, buf)
+        w.commit()
+    put(old)
+    path = _path(con, "T")
+
+    def interrupted(self, path, keep=True):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(spares.SparePayloads, "retire", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        put(new)
+    monkeypatch.undo()
+    assert _path(con, "T") != path  # the commit landed: the catalog names the new version
+    np.testing.assert_array_equal(con.tensor("T"), new)
+    # nothing damaged or missing; the replaced file whose retiring was interrupted is left
+    # (an orphan until the database closes, as the docs say of a retired file after a crash)
+    assert {r["problem"] for r in con.check()} - {"ok"} <= {
+        "orphan file: no catalog row references it (the next open for writing deletes it)"}
+    con.execute("T[i] = T[i] * 2")  # and the next statement stores as ever
+    np.testing.assert_array_equal(con.tensor("T"), new * 2)
