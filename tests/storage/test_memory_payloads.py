@@ -293,3 +293,44 @@ def test_ctrl_c_after_an_in_memory_commit_landed_keeps_the_new_version(con, monk
         "orphan file: no catalog row references it (the next open for writing deletes it)"}
     con.execute("T[i] = T[i] * 2")  # and the next statement stores as ever
     np.testing.assert_array_equal(con.tensor("T"), new * 2)
+
+
+def test_a_reader_opened_while_another_thread_replaces_reads_a_whole_version(con, monkeypatch):
+    """``open_many`` in one thread looks a version up; another thread's commit replaces it
+    before the reader is made (the store's general path: the kept reader let go, as a rollback
+    or the kept readers' cap leaves it). The reader must read the version it looked up (its
+    bytes were still the catalog's) or the new one, never fail for bytes let go meanwhile:
+    the lookup and the reader are made under the store's lock, where a commit retires."""
+    w = np.arange(12.0).reshape(3, 4)
+    con.load("W", w)
+    con.execute("W[i,j] = W[i,j] + 1")
+    store = con.store
+    real_meta, replaced, errors = store.meta, threading.Event(), []
+
+    def replace():
+        try:
+            con.execute("W[i,j] = W[i,j] + 1")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        replaced.set()
+
+    def meta_then_replace(name):
+        meta = real_meta(name)
+        if not threads and threading.current_thread() is main:  # once, from this thread
+            t = threading.Thread(target=replace)
+            t.start()
+            threads.append(t)
+            replaced.wait(2.0)  # done at once unless the lookup holds the store's lock
+        return meta
+    threads: list[threading.Thread] = []
+    main = threading.current_thread()
+    store._kept_readers.clear()  # the general path of open_many
+    monkeypatch.setattr(store, "meta", meta_then_replace)
+    reader = store.open_many(["W"])["W"]
+    got = reader.to_numpy()
+    monkeypatch.undo()
+    for t in threads:
+        t.join(30)
+    assert not errors and replaced.is_set()
+    assert any(np.array_equal(got, w + k) for k in (1, 2)), got
+    np.testing.assert_array_equal(con.tensor("W"), w + 2)
