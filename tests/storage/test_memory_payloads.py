@@ -9,6 +9,7 @@ import os
 import pickle
 import threading
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -334,3 +335,34 @@ def test_a_reader_opened_while_another_thread_replaces_reads_a_whole_version(con
     assert not errors and replaced.is_set()
     assert any(np.array_equal(got, w + k) for k in (1, 2)), got
     np.testing.assert_array_equal(con.tensor("W"), w + 2)
+
+
+def test_a_reader_shipped_on_again_carries_the_bytes(con):
+    """A reader of a kept payload unpickled in another process (a Dask worker), then pickled
+    there once more, or narrowed there to some tiles (``with_entries``) and pickled: the bytes
+    go with it each time, since no process but this one has them under that path."""
+    import subprocess
+    import sys
+    a = np.arange(24.0).reshape(4, 6)
+    con.load("A", a, tile=(2, 6))
+    con.execute("B[i,j] = A[i,j] * 3")
+    assert memfiles.get(_path(con, "B")) is not None
+    child = (
+        "import pickle, sys\n"
+        "r = pickle.loads(sys.stdin.buffer.read())\n"
+        "again = pickle.loads(pickle.dumps(r))\n"
+        "first = sorted(r.entries.values(), key=lambda e: e.offset)[:1]\n"
+        "part = pickle.loads(pickle.dumps(r.with_entries(first)))\n"
+        "box = (first[0].starts, first[0].shape)\n"
+        "sys.stdout.buffer.write(pickle.dumps((again.to_numpy(), part.to_numpy(), box)))\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-c", child], input=pickle.dumps(con.store.open("B")),
+                          capture_output=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    again, part, (starts, shape) = pickle.loads(done.stdout)
+    want = a * 3
+    np.testing.assert_array_equal(again, want)
+    one = np.zeros_like(want)  # its one tile; the others absent: zeros
+    box = tuple(slice(s, s + n) for s, n in zip(starts, shape))
+    one[box] = want[box]
+    np.testing.assert_array_equal(part, one)
