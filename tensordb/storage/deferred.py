@@ -85,12 +85,14 @@ def land(store, txn) -> None:
     txn.deferred = {}
 
 
-def commit(store, items) -> list[TensorMeta] | None:
+def commit(store, items, txns: list | None = None) -> list[TensorMeta] | None:
     """Commit writers ``(writer, durable)`` of distinct names that all give existing tensors
     new versions, in an in-memory database, in a transaction that has not begun in DuckDB (the
     open one, or one of their own): their rows are kept in it; the caches, the payload files
     and the transaction's lists are as ``Store._swap_rows`` leaves them. None when it cannot
-    (the caller writes the rows)."""
+    (the caller writes the rows). The transaction the rows went into is appended to ``txns``
+    (as ``_swap_rows`` does): should anything after its landing raise (a Ctrl-C while the
+    replaced payloads are retired), the caller then knows the payloads are the catalog's."""
     if store.persistent or not all(w.replace for w, _ in items):
         return None
     with store._lock:
@@ -121,6 +123,8 @@ def commit(store, items) -> list[TensorMeta] | None:
                 except OSError as exc:
                     raise OperationalError(f"cannot store tensor '{w.name}': syncing {w.path} "
                                            f"failed: {exc.strerror or exc}") from None
+            if txns is not None:
+                txns.append(txn)  # its rows are in it from here: they land if it commits
             _merge(txn.deferred, [(old, meta, w.file, entries)
                                   for old, (w, meta, entries) in zip(olds, rows)])
             for old, file in zip(olds, files):

@@ -107,11 +107,22 @@ class TensorReader:
     def __getstate__(self):
         state = {"meta": self.meta, "path": self.path, "entries": self.entries,
                  "database": self.database}
-        kept = memfiles.get(self.path)
-        if kept is not None or (isinstance(self._map, np.ndarray) and self._ident is not None
-                                and self._ident[1:2] == ("memory",)):
-            state["data"] = bytes(memoryview(kept[0] if kept is not None else self._map))
+        data = self._kept_bytes()
+        if data is not None:
+            state["data"] = bytes(memoryview(data))
         return state
+
+    def _kept_bytes(self) -> np.ndarray | None:
+        """The payload's bytes where they are no file here (memfiles.py): kept in this process,
+        held by this reader after they were let go, or shipped with it from another process
+        (then shipped on again: a reader unpickled in a worker that pickles it once more)."""
+        kept = memfiles.get(self.path)
+        if kept is not None:
+            return kept[0]
+        if isinstance(self._map, np.ndarray) and (
+                self.shipped or self._ident is not None and self._ident[1:2] == ("memory",)):
+            return self._map
+        return None
 
     def __setstate__(self, state) -> None:
         data = state.pop("data", None)
@@ -134,7 +145,11 @@ class TensorReader:
 
     def with_entries(self, entries: Sequence[TileEntry]) -> "TensorReader":
         """A reader of the same version holding only ``entries`` (a Dask Load ships little)."""
-        return TensorReader(self.meta, self.path, entries, self.database)
+        reader = TensorReader(self.meta, self.path, entries, self.database)
+        if reader._map is None and self._kept_bytes() is not None:  # bytes, no file: theirs
+            reader._map, reader._ident = self.mapping(), self._ident
+            reader.shipped = self.shipped
+        return reader
 
     def __repr__(self) -> str:
         m = self.meta

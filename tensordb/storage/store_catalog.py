@@ -132,8 +132,11 @@ class StoreCatalog:
             with self._lock:
                 return {name: bases[name] if name not in boxes else self._box_reader(name, bases)
                         for name in names}
-        metas = {name: self.meta(name) for name in names}
+        # The versions looked up and their readers made under one hold of the lock, where a
+        # commit retires what it replaced: a payload kept in memory (memfiles.py) is taken by
+        # its reader when it is made, and must not be let go between the lookup and that.
         with self._lock:
+            metas = {name: self.meta(name) for name in names}
             missing = [m for m in metas.values() if m.version not in self._entries]
             if missing:
                 with translating():
@@ -142,11 +145,10 @@ class StoreCatalog:
                     self._entries.clear()
                 self._entries.update(read)
             hits = {name: self._entries[m.version] for name, m in metas.items()}
-        if self.objects is not None:
-            return {name: ObjectTensorReader(metas[name], file, entries, self.database,
-                                             self.objects)
-                    for name, (file, entries) in hits.items()}
-        with self._lock:
+            if self.objects is not None:
+                return {name: ObjectTensorReader(metas[name], file, entries, self.database,
+                                                 self.objects)
+                        for name, (file, entries) in hits.items()}
             return {name: self._reader(metas[name], file, entries)
                     for name, (file, entries) in hits.items()}
 

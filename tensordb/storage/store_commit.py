@@ -167,7 +167,7 @@ class StoreCommits:
                 with self.transaction() as txn:
                     txns.append(txn)
                     return [m for item in items for m in self._swap_rows([item], txns)]
-            metas = deferred.commit(self, items)  # in memory: the rows kept back
+            metas = deferred.commit(self, items, txns)  # in memory: the rows kept back
             return self._swap_rows(items, txns) if metas is None else metas
         except BaseException:
             if txns and txns[0].committed:
