@@ -61,18 +61,6 @@ def _graph(scale: int, edge_factor: int, dtype, rng):
     return G
 
 
-def _median(fn, sync, repeat: int) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _alternate(fns: dict, sync, repeat: int) -> dict:
     """Median seconds of each function, one warm-up each, then run in turn ``repeat`` times."""
     for fn in fns.values():
