@@ -60,3 +60,45 @@ def test_a_box_cached_on_another_device_is_not_counted_as_room():
         finally:
             ex.close()
     np.testing.assert_allclose(second.tiles[6], A @ B, rtol=1e-12)
+
+
+def _let_run(con, xp):
+    """T (caching X's and W's boxes on the device and T's tiles as its new version), then a
+    LET H of X and W read by Y: the run that makes H's tiles, which it keeps on the device."""
+    from tests.exec.test_gpu_cache import _gpu
+    from tests.exec.test_gpu_lets import LET, X, W, _h, _loaded as _loaded_xw
+    _loaded_xw(con)
+    tiles = _gpu(con, xp)
+    con.execute("T[b,f] = SUM(X[b,h] * W[h,f])")
+    np.testing.assert_allclose(con.tensor("T"), X @ W, rtol=1e-12)
+    return tiles, LET, X, W, _h
+
+
+def test_a_let_is_not_kept_where_dropping_the_plans_own_boxes_made_the_room(monkeypatch):
+    """No memory_limit, the devices' capacity less than the run and the LET tiles it would keep:
+    ``room`` drops the idle cache (T's tiles, then X's and W's boxes the run reads) and, as the
+    run copies those boxes back, still finds no room for the LET's tiles; none is kept (the
+    bytes dropped of the plan's own boxes are no room: before, they were counted as freed)."""
+    from tests.exec.test_gpu_cache import as_opt_einsum_cupy
+    xp = as_opt_einsum_cupy(monkeypatch, DeviceXp())
+    with tensordb.connect() as con:  # the run's bound, measured on a roomy device
+        tiles, let, x, w, h = _let_run(con, xp)
+        con.execute(let)
+        con.execute("Y[b] = SUM(H[b,f])")
+        upper = device_upper_bytes(con.last_plan)
+        assert con.last_run.copies["let_tiles_kept"] > 0
+    lets = h().nbytes
+    resident = x.nbytes + w.nbytes
+    cap = upper + lets - resident // 2  # the run and its LET tiles do not fit; the run does
+    assert upper < cap < upper + lets
+    xp = as_opt_einsum_cupy(monkeypatch, DeviceXp())
+    per = -(-cap * 4 // 3)
+    xp.cuda.runtime.getDeviceCount = lambda: 1
+    xp.cuda.runtime.memGetInfo = lambda: (per, per)
+    with tensordb.connect() as con:
+        tiles, let, x, w, h = _let_run(con, xp)
+        assert tiles.capacity() in (cap, cap + 1)
+        con.execute(let)
+        con.execute("Y[b] = SUM(H[b,f])")
+        np.testing.assert_allclose(con.tensor("Y"), h().sum(1), rtol=1e-12)
+        assert con.last_run.copies.get("let_tiles_kept", 0) == 0
