@@ -143,10 +143,15 @@ def _bind_broadcast(spec, args, out_shape, out, keep=False):
     plain = _plain(op.join, dtype, [a.dtype for a in args])
     lay = [(diag, order, shape, a.shape == shape and order is None and diag is None)
            for a, (diag, order, shape) in zip(args, steps)]
+    ndarray = np.ndarray
 
-    def views_of(args):
-        return [a if same else _view(a, diag, order, shape)
-                for a, (diag, order, shape, same) in zip(args, lay)]
+    if all(same for _, _, _, same in lay):  # every operand is its own view: itself
+        def views_of(args):
+            return args
+    else:
+        def views_of(args):
+            return [a if same else _view(a, diag, order, shape)
+                    for a, (diag, order, shape, same) in zip(args, lay)]
 
     if not agg_axes:
         if keep:
@@ -164,7 +169,8 @@ def _bind_broadcast(spec, args, out_shape, out, keep=False):
                     return out
             else:
                 res = fn(vs, None)
-            res = np.asarray(res, dtype=dtype)
+            if type(res) is not ndarray or res.dtype != dtype:  # (asarray: itself then)
+                res = np.asarray(res, dtype=dtype)
             if res.shape != full_t:
                 res = np.broadcast_to(res, full_t).copy()
             return res
@@ -180,7 +186,7 @@ def _bind_broadcast(spec, args, out_shape, out, keep=False):
     fn = _compiled(spec, views, True)
     ufunc = AGGREGATES[op.agg].ufunc
     orderless = ufunc in _ORDERLESS
-    array, asarray, broadcast_to, ndarray = np.array, np.asarray, np.broadcast_to, np.ndarray
+    array, asarray, broadcast_to = np.array, np.asarray, np.broadcast_to
     reduce = ufunc.reduce
 
     def finish(res):
@@ -190,6 +196,8 @@ def _bind_broadcast(spec, args, out_shape, out, keep=False):
                 not res.flags.c_contiguous and res.nbytes <= CACHE_BYTES:
             val = np.ascontiguousarray(res)
         part = reduce(val, axis=agg_axes)
+        if type(part) is ndarray:
+            return part if part.dtype == dtype else asarray(part, dtype=dtype)
         acc = array(part) if not isinstance(part, ndarray) else part
         return asarray(acc, dtype=dtype)
 

@@ -22,7 +22,6 @@ the plan reads is kept, as the version its commit gives it, for the next run (``
 from __future__ import annotations
 
 import heapq
-import threading
 import time
 from dataclasses import dataclass
 
@@ -32,6 +31,8 @@ from ..geometry import tile_box
 from ..physical.order import ranks
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..storage.writer import TileStats
+from . import fastline
+from .fastpool import POOL_BYTES, _aliased, _Buffers, _kept  # noqa: F401 - _kept: tests read it
 from .bound import bind, signature
 from .budget import temporary_bytes
 from .kernels import combine
@@ -260,67 +261,6 @@ def _keep_outputs(plan: TilePlan, dest: dict, crc32: dict, nnz: dict, versions: 
         memo.pop("fastpath_outputs", None)
 
 
-# Bytes of intermediates' buffers a plan keeps between its runs (and recycles within one): an
-# intermediate of 128 KiB or more is a fresh mmap, faulted in page by page, at every run; the
-# digits MLP step's 1347 x 128 products and their RELU took 640 page faults a step (numpy's own
-# step 730).
-POOL_BYTES = 8 << 20
-# ...and all plans' kept buffers together: idle bytes the process holds between statements,
-# outside any statement's memory budget, so bounded for the whole process (a plan cache of 32
-# plans would otherwise keep up to 32 x POOL_BYTES). A run that finds no room keeps none.
-POOL_TOTAL_BYTES = 32 << 20
-_kept = [0]  # bytes of every plan's kept buffers (_Buffers.nbytes summed)
-_kept_lock = threading.Lock()
-
-
-def _count_kept(n: int) -> None:
-    with _kept_lock:
-        _kept[0] += n
-
-
-class _Buffers(dict):
-    """A plan's kept buffers by (shape, dtype); ``nbytes`` of them count in the process's
-    total while the plan's memo holds them (a run takes them out: 0), and leave it when the
-    memo drops them (the plan left the cache)."""
-
-    __slots__ = ("nbytes",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.nbytes = 0
-
-    def take(self) -> int:
-        """Out of the memo, into a run: its bytes no longer count as kept."""
-        n, self.nbytes = self.nbytes, 0
-        _count_kept(-n)
-        return n
-
-    def keep(self, n: int) -> bool:
-        """Back into the memo with ``n`` bytes, if the process's total has room."""
-        with _kept_lock:
-            if _kept[0] + n > POOL_TOTAL_BYTES:
-                return False
-            _kept[0] += n
-        self.nbytes = n
-        return True
-
-    def __del__(self) -> None:
-        if self.nbytes:
-            _count_kept(-self.nbytes)
-
-
-def _aliased(buf, results: dict, acc: dict) -> bool:
-    """Is ``buf`` (a tile read for the last time) still part of a tile the run holds: one of
-    them, or a view of it (a join whose value is its operand)?"""
-    for v in results.values():
-        if v is buf or getattr(v, "base", None) is buf:
-            return True
-    for v in acc.values():
-        if v is buf or getattr(v, "base", None) is buf:
-            return True
-    return False
-
-
 def _output_boxes(plan: TilePlan) -> tuple:
     """(key, lower-cased name, coords, starts, stops) of each tile of a stored output that a
     Load of the plan reads (a tensor the plan replaces), once per plan outputs."""
@@ -340,6 +280,11 @@ def _output_boxes(plan: TilePlan) -> tuple:
     return tuple(boxes)
 
 
+# Runs of the same rows that took a path the replay does not take before they are no longer
+# recorded (fastline.py): a first run reads its Loads otherwise than the next (not yet kept)
+TRACE_TRIES = 3
+
+
 def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, specs: dict,
                 workers: int, check=None, progress=None, versions=None) -> RunResult:
     """Run ``steps`` of ``plan``: stored output tiles computed into ``dest`` (task key ->
@@ -356,6 +301,31 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     rows, calls_per_op = _rows(memo, plan, steps, KERNEL)
     calls = _calls(memo, steps, specs, KERNEL)
     shared = _calls(memo, steps, rows, KERNEL, "fastpath_shared")  # bound anew with new rows
+    dest = dest or {}
+    wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
+    # the last run of these rows replayed where it took no other path (exec/fastline.py)
+    traced = memo.get("fastpath_trace")
+    pre = None  # Loads a replay read before it found them changed: {key: (tile, held)}
+    if traced is not None and traced[0] is rows and traced[1] is specs and \
+            traced[2] is not None:
+        done = fastline.replay(
+            traced[2], ops, dest, finished_tile, check, progress,
+            lambda task, dense: _load(task, readers[task.tensor], loads, dense, wrote), _facts,
+            calls_per_op, lambda row, args, out: _spec(specs, row[8].op, ops, kernels)(
+                args, row[8].arg_shapes, row[8].out_shape, out, check, None), workers)
+        if type(done) is RunResult:
+            if versions:
+                _keep_outputs(plan, dest, done.crc32, done.nnz, versions, loads)
+            elif wrote is not None:
+                memo.pop("fastpath_outputs", None)
+            tiles = done.tiles
+            done.tiles = {k: tiles[k] for k in _kept_keys(memo, plan)}
+            return done
+        pre = done
+    # recorded for a replay while every row takes the paths it can replay
+    rec = None if traced is not None and traced[0] is rows and traced[1] is specs and \
+        traced[3] >= TRACE_TRIES else []
+    rec_loads: list = []
     # buffers of intermediates kept from the last run, taken by this one (another run of the
     # plan at the same time finds none); given back once this run succeeded
     pool = memo.pop("fastpath_pool", None)
@@ -365,7 +335,6 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
         pool_bytes = pool.take()
     made: set = set()  # keys whose tile is a buffer of the pool's kind (written by its call)
     empty = np.empty
-    wrote = memo.get("fastpath_outputs")  # the last run's stored outputs, by name and version
     n_ops = len(ops)
     secs, peaks, tiles, moves = [0.0] * n_ops, [0] * n_ops, [0] * n_ops, [0] * n_ops
     final, sparse_out = final_keys(plan), {}  # a sparse intermediate's entries (ANALYZE)
@@ -379,7 +348,6 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
     held: dict = {}
     i = -1
     ndarray = np.ndarray
-    dest = dest or {}
     try:
         with np.errstate(all="ignore"):
             for i, kind, task, key, o, inputs, free, kept_free, mv, temps, dense, stored, \
@@ -410,6 +378,9 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                                                bind(share[1], args, task.out_shape, out))
                         if alt[2] is not None:
                             value = alt[2](args, out)
+                            if rec is not None:
+                                rec.append((fastline.SHARED, o, alt[2], inputs, key,
+                                            out is not None, free, share[0], task))
                     if value is not None:
                         pass
                     elif call is not None:  # every operand present: bound once to them
@@ -431,6 +402,13 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                                                     task.out_shape, target, keep=keep))
                         if call[2] is not None:
                             value = call[2](args, target)
+                            if rec is not None:
+                                if target is not out:
+                                    rec = None
+                                else:
+                                    rec.append((fastline.KEEP if keep else fastline.PLAIN, o,
+                                                call[2], inputs, key, out is not None, free,
+                                                share[0] if keep else None, task))
                             if target is not out:  # a buffer of the pool, given
                                 if value is target:
                                     made.add(key)
@@ -448,12 +426,14 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                                     if live > peaks[o]:
                                         peaks[o] = live
                         else:
+                            rec = None
                             if out is not None:
                                 stats = TileStats()
                             value = _spec(specs, task.op, ops, kernels)(
                                 args, task.arg_shapes, task.out_shape, out, check,
                                 None if stats is None else stats.add)
                     else:
+                        rec = None
                         it = iter([results[k] for k in inputs])
                         args = [None if a is None else next(it) for a in task.args]
                         if out is not None:
@@ -462,7 +442,17 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                             args, task.arg_shapes, task.out_shape, out, check,
                             None if stats is None else stats.add)
                 elif kind == LOAD:
-                    value, load_held = _load(task, readers[task.tensor], loads, dense, wrote)
+                    if pre is not None and key in pre:
+                        value, load_held = pre.pop(key)
+                    else:
+                        value, load_held = _load(task, readers[task.tensor], loads, dense, wrote)
+                    if rec is not None:
+                        if out is not None or free or type(value) is not ndarray:
+                            rec = None
+                        else:
+                            rec_loads.append((key, o, task, dense, (
+                                value.shape, value.dtype, value.flags.c_contiguous),
+                                _owned_nbytes(value) if load_held is None else load_held))
                 elif kind == ASSEMBLE:
                     value = run_assemble(task, [results[k] for k in inputs], np)
                 elif kind == START:
@@ -481,6 +471,8 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                 else:  # FINISH
                     value = finish_aggregate(task, acc.pop(key), np)
                     live -= held.pop(key, 0)  # acquired again below, as a finished tile
+                if kind > KERNEL:  # an assembled box, an aggregation: not replayed
+                    rec = None
                 if value is not None:
                     if out is not None:
                         if value is not out:
@@ -494,6 +486,9 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
                     elif finished_tile is not None and stored and \
                             finished_tile(key, value):
                         written.add(key)  # in its file: not the commit's to write, nor kept
+                        rec = None
+                    if rec is not None and type(value) is not ndarray:
+                        rec = None
                     results[key] = value
                     if type(value) is ndarray:
                         nbytes = value.nbytes
@@ -546,6 +541,13 @@ def run_program(plan: TilePlan, steps: list[Step], dest: dict, finished_tile, sp
         if err is exc:
             raise
         raise err from exc
+    if rec is not None:
+        memo["fastpath_trace"] = (rows, specs, fastline.record(
+            rec_loads, rec, dest, moved, peak, moves, tiles, peaks), 0)
+    elif traced is None or traced[0] is not rows or traced[1] is not specs:
+        memo["fastpath_trace"] = (rows, specs, None, 1)
+    elif traced[3] < TRACE_TRIES:
+        memo["fastpath_trace"] = (rows, specs, None, traced[3] + 1)
     if pool and pool.keep(pool_bytes):
         memo["fastpath_pool"] = pool
     if versions:

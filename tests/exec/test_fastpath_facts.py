@@ -17,6 +17,16 @@ def _cases():
     yield "scalar", np.array(0.25)
     yield "zero scalar", np.array(0.0)
     yield "-0.0", np.array([0.0, -0.0, 1.0])
+    for v in (np.nan, np.inf, -np.inf, -0.0):
+        yield f"{v} scalar", np.array(v)
+        yield f"{v} float32 scalar", np.array(v, dtype=np.float32)
+    yield "float16 scalar", np.array(65504, dtype=np.float16)
+    b = RNG.standard_normal(4096)
+    b[::7] = 0.0
+    b[1::7] = -0.0
+    b[2] = np.nan
+    yield "zeros, -0.0 and NaN", b
+    yield "past count_nonzero's bound", np.concatenate([b, [0.0, np.nan]])
     yield "empty", np.zeros((0, 3))
     for special in (np.nan, np.inf, -np.inf):
         b = a.copy()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import tensordb
-from tensordb.exec import fastpath
+from tensordb.exec import fastpath, fastpool
 
 RNG = np.random.default_rng(4129)
 X = RNG.standard_normal((300, 64)) / 8  # 300 x 128 float64 intermediates: 300 KiB each
@@ -101,7 +101,7 @@ def test_all_plans_kept_buffers_are_bounded_for_the_process(monkeypatch):
         assert kept.nbytes == sum(b.nbytes for bufs in kept.values() for b in bufs) > 0
         assert fastpath._kept[0] >= kept.nbytes
         before = fastpath._kept[0]
-        monkeypatch.setattr(fastpath, "POOL_TOTAL_BYTES", before - 1)
+        monkeypatch.setattr(fastpool, "POOL_TOTAL_BYTES", before - 1)
         got = _steps(fast, 1)  # takes the plan's buffers, finds no room to keep them again
         assert "fastpath_pool" not in fast.engine.last_plan.memo
         assert fastpath._kept[0] <= before - kept.nbytes  # (other plans may leave meanwhile)
