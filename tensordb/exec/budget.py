@@ -111,19 +111,22 @@ def may_cross(plan, limit: int, sparse: bool = False) -> bool:
     """Could a run of ``plan`` hold more than ``limit`` bytes? Not when every task's working
     bytes and every accumulator together fit: then no admission is needed, and the run goes as
     one without a limit (the default limit, most of the machine's memory, is far from most
-    plans). Computed once per plan (a cached plan keeps it). ``sparse``: the run's Loads read
-    sparse boxes as they are (host tiles; see ``upper_bytes``)."""
+    plans). Computed once per plan and versions read (``upper_bytes``). ``sparse``: the run's
+    Loads read sparse boxes as they are (host tiles; see ``upper_bytes``)."""
     return upper_bytes(plan, sparse) > limit
 
 
 def upper_bytes(plan, sparse: bool = False) -> int:
     """The most bytes a run of ``plan`` could hold: every task's working bytes, accumulators,
-    and Loads at their full size (kept in the plan's memo). ``sparse``: a box of sparse tiles
-    that only sparse kernels read counts its stored entries (``load_bytes``), as the host pool
-    reads it; else (a GPU's tiles: a box read dense onto the device) its dense bytes."""
+    and Loads at their full size (kept in the plan's memo for the versions it reads).
+    ``sparse``: a box of sparse tiles that only sparse kernels read counts its stored entries
+    (``load_bytes``), as the host pool reads it; else (a GPU's tiles: a box read dense onto
+    the device) its dense bytes."""
     memo = getattr(plan, "memo", {})
     key = "upper_bytes_sparse" if sparse else "upper_bytes"
-    bound = memo.get(key)
+    token = _versions(plan)
+    kept = memo.get(key)
+    bound = kept[1] if kept is not None and kept[0] == token else None
     if bound is None:
         bound = sum(working_bytes(plan, t) for t in plan.tasks)
         # accumulators, and Loads at their full size: a box off the stored tiles is a copy (a
@@ -137,21 +140,31 @@ def upper_bytes(plan, sparse: bool = False) -> int:
         copied = _read_sparse(plan, graphblas=True) & read_sparse
         bound += sum(graphblas_bytes(plan, t) or 0 for t in plan.tasks
                      if isinstance(t, Load) and t.key in copied)
-        memo[key] = bound
+        memo[key] = (token, bound)
     return bound
+
+
+def _versions(plan) -> tuple:
+    """The versions ``plan`` reads (and their bytes): a box of sparse tiles counts its stored
+    entries, which the plan cache's key (the inputs' layout) does not hold, and a cached plan's
+    memo is shared by its copies bound to later versions (driver/cache.py ``rebind``)."""
+    return tuple((getattr(m, "version", None), getattr(m, "nbytes", None))
+                 for m in (getattr(r, "meta", None) for r in plan.readers.values()))
 
 
 def device_upper_bytes(plan) -> int:
     """``upper_bytes`` as a GPU holds the run: every Load a copy of its box on the device, a box
     of CSR tiles that stays CSR there at its arrays' bytes (``working_bytes(loads_copy=True)``),
     not its dense extent (a million-node graph's box would count terabytes and empty the device
-    cache before every run). Kept in the plan's memo."""
+    cache before every run). Kept in the plan's memo for the versions it reads."""
     memo = getattr(plan, "memo", {})
-    bound = memo.get("upper_bytes_device")
+    token = _versions(plan)
+    kept = memo.get("upper_bytes_device")
+    bound = kept[1] if kept is not None and kept[0] == token else None
     if bound is None:
         bound = sum(working_bytes(plan, t, loads_copy=True) for t in plan.tasks)
         bound += sum(planned_bytes(plan, t) for t in plan.tasks if isinstance(t, Aggregate))
-        memo["upper_bytes_device"] = bound
+        memo["upper_bytes_device"] = (token, bound)
     return bound
 
 

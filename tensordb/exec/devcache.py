@@ -196,14 +196,11 @@ class DeviceCache:
                 self._drop(where)
 
     # -- room ----------------------------------------------------------------------------------
-    def resident_bytes(self, keys) -> int:
-        """The bytes of ``keys``' cached arrays, each key counted once (on any one device)."""
+    def resident_bytes(self, where) -> int:
+        """The bytes of the cached arrays at ``where``, a set of ``(key, device)``: a box
+        counts on the device that holds it, not for a Load on another (which copies it)."""
         with self.lock:
-            seen = {}
-            for (key, _), e in self.entries.items():
-                if key in keys:
-                    seen[key] = e.nbytes
-            return sum(seen.values())
+            return sum(self.entries[w].nbytes for w in where if w in self.entries)
 
     def make_room(self, nbytes: int, keep=frozenset()) -> int:
         """Drop idle entries, least recently used first (pending outputs first of all, then

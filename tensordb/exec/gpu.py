@@ -397,13 +397,22 @@ class DeviceTiles(HostTiles):
         caps = [c for c in (limit, self.capacity()) if c]
         if caps:
             # the plan's Loads as the devices hold them (a CSR box at its arrays' bytes), less
-            # the boxes already cached: a Load that finds its box copies nothing
-            keep = {self._key(t, plan.readers[t.tensor]) for t in plan.tasks
-                    if isinstance(t, Load)}
-            over = cache.bytes + device_upper_bytes(plan) - cache.resident_bytes(keep) \
-                + lets - min(caps)
+            # the boxes already cached on the device that loads them: a Load that finds its box
+            # there copies nothing; one cached on another device only is copied (``peer``).
+            # (A GPU pool has a worker per device: a task's worker names its device.)
+            where = {(self._key(t, plan.readers[t.tensor]), self._device(t.worker))
+                     for t in plan.tasks if isinstance(t, Load)}
+            upper = device_upper_bytes(plan)
+
+            def over_now() -> int:
+                return cache.bytes + upper - cache.resident_bytes(where) + lets - min(caps)
+
+            over = over_now()
             if over > 0:
-                over -= cache.make_room(over, keep=keep)
+                cache.make_room(over, keep={key for key, _ in where})
+                # worked out again, not less the bytes freed: a box of the plan dropped (the
+                # last resort) is copied again, and so is no room
+                over = over_now()
             # Past the limit the pool's admission runs, and drops idle cached tiles (a LET's
             # among them, once its readers ran) before anything else; past the devices' own
             # memory, or with no limit, nothing would: no LET tile is kept then.
