@@ -145,11 +145,15 @@ def upper_bytes(plan, sparse: bool = False) -> int:
 
 
 def _versions(plan) -> tuple:
-    """The versions ``plan`` reads (and their bytes): a box of sparse tiles counts its stored
-    entries, which the plan cache's key (the inputs' layout) does not hold, and a cached plan's
-    memo is shared by its copies bound to later versions (driver/cache.py ``rebind``)."""
-    return tuple((getattr(m, "version", None), getattr(m, "nbytes", None))
-                 for m in (getattr(r, "meta", None) for r in plan.readers.values()))
+    """What the bound of ``plan`` depends on beyond the plan cache's key (the inputs' layout):
+    the bytes of each input read, and the version of each one with sparse tiles (a box of
+    sparse tiles counts its stored entries, tile by tile); a cached plan's memo is shared by its
+    copies bound to later versions (driver/cache.py ``rebind``). A dense input's new version of
+    the same layout (a training step's weights) keeps the bound: worked out again each call,
+    it cost a logistic step 80 us."""
+    return tuple((getattr(m, "version", None) if getattr(r, "has_sparse", True) else None,
+                  getattr(m, "nbytes", None))
+                 for r, m in ((r, getattr(r, "meta", None)) for r in plan.readers.values()))
 
 
 def device_upper_bytes(plan) -> int:

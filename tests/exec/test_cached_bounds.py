@@ -49,3 +49,34 @@ def test_a_cached_plan_bounds_the_new_versions_entries(tmp_path, monkeypatch):
         assert may_cross(plan, LIMIT, sparse=True)
         # and so the run was admitted task by task (not the straight line, no budget)
         assert made and made[-1].plan.tasks is plan.tasks and made[-1].budget is not None
+
+
+def test_a_dense_inputs_new_version_keeps_the_cached_bound(monkeypatch):
+    """A training step replaces its dense weights each call: same layout, same bytes. The
+    cached plan's bound stays (worked out again each call it cost a logistic step 80 us),
+    while the answer follows the new version."""
+    from tensordb.exec import budget
+    calls = []
+    real = budget.working_bytes
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(budget, "working_bytes", counted)
+    rng = np.random.default_rng(3)
+    with tensordb.connect(workers=2) as con:
+        con.load("X", rng.standard_normal((64, 8)))
+        con.load("W", rng.standard_normal((8, 4)))
+        q = "Z[b,c] = SUM(X[b,f] * W[f,c])"
+        con.execute(q)
+        bound = upper_bytes(con.engine.last_plan)
+        calls.clear()
+        for _ in range(3):
+            w = rng.standard_normal((8, 4))
+            con.load("W", w, replace=True)
+            con.execute(q)
+            plan = con.engine.last_plan
+            assert upper_bytes(plan) == bound
+            np.testing.assert_allclose(con.tensor("Z"), con.tensor("X") @ w, rtol=1e-12)
+        assert calls == []
