@@ -201,13 +201,49 @@ def test_a_tile_given_again_after_its_early_write_is_written_again(tmp_path):
         assert [r["problem"] for r in con.check()] == ["ok"]
 
 
+def _abort_while_writing(tmp_path, con, w, write) -> None:
+    """Run ``write()`` (a tile's bytes going to ``w``'s file) on another thread, abort ``w``
+    while its ``_pwrite`` is held, open another file (which may take a closed descriptor's
+    number), then let the write go on: nothing lands in the other file, the payload is gone,
+    the writer's refusal (if any) is a tensordb error and the database checks clean."""
+    import threading
+    started, go = threading.Event(), threading.Event()
+    original = w._pwrite
+
+    def slow(fd, data, offset):
+        started.set()
+        go.wait(10)
+        return original(fd, data, offset)
+    w._pwrite = slow
+    errors = []
+
+    def run():
+        try:
+            write()
+        except Exception as exc:  # noqa: BLE001 - an aborted writer may refuse it
+            errors.append(exc)
+    th = threading.Thread(target=run)
+    th.start()
+    assert started.wait(10)
+    w.abort()
+    other = os.open(str(tmp_path / "other.bin"), os.O_RDWR | os.O_CREAT)
+    try:
+        go.set()
+        th.join()
+        assert os.fstat(other).st_size == 0  # nothing written through a reused number
+    finally:
+        os.close(other)
+    assert not os.path.exists(w.path)
+    assert all(isinstance(e, tensordb.Error) for e in errors), errors
+    assert [r["problem"] for r in con.check()] == ["ok"]
+
+
 def test_an_abort_while_a_tile_is_written_early_writes_into_no_other_file(tmp_path):
     """Review of issue 26 (the same race prod26 closed in ``_append``): a worker's early write
     took the writer's descriptor under the lock and wrote outside it; an abort on another
     thread (an error, Ctrl-C) closes that descriptor, and a file opened meanwhile takes its
     number, so the tile's bytes went into that file. Through a duplicate of the descriptor
     they land in the unlinked payload instead, and the other file is untouched."""
-    import threading
     with tensordb.connect(tmp_path / "db") as con:
         w = con.store.writer("T", (4, 6), np.dtype(np.float64), ((0, 2, 4), (0, 3, 6)),
                              dims=("i", "j"), replace=False)
@@ -215,74 +251,17 @@ def test_an_abort_while_a_tile_is_written_early_writes_into_no_other_file(tmp_pa
         assert w.staged_bytes > 0
         for buf in bufs.values():
             buf[...] = 7.0
-        started, go = threading.Event(), threading.Event()
-        original = w._pwrite
-
-        def slow(fd, data, offset):
-            started.set()
-            go.wait(10)
-            return original(fd, data, offset)
-        w._pwrite = slow
-        errors = []
-
-        def early():
-            try:
-                w.write_early((0, 1))
-            except Exception as exc:  # noqa: BLE001 - an aborted writer may refuse it
-                errors.append(exc)
-        th = threading.Thread(target=early)
-        th.start()
-        assert started.wait(10)
-        w.abort()
-        other_path = str(tmp_path / "other.bin")
-        other = os.open(other_path, os.O_RDWR | os.O_CREAT)
-        try:
-            go.set()
-            th.join()
-            assert os.fstat(other).st_size == 0  # nothing written through a reused number
-        finally:
-            os.close(other)
-        assert not os.path.exists(w.path)
-        assert all(isinstance(e, tensordb.Error) for e in errors), errors
-        assert [r["problem"] for r in con.check()] == ["ok"]
+        _abort_while_writing(tmp_path, con, w, lambda: w.write_early((0, 1)))
 
 
 def test_an_abort_while_a_streamed_tile_is_written_writes_into_no_other_file(tmp_path):
     """The same race for a streamed output's tile (``_write_slot``: an output too large to
     stage where the commit fsyncs, each tile written into its place when finished)."""
-    import threading
     with tensordb.connect(tmp_path / "db") as con:
         assert con.store.fsync
         w = con.store.writer("T", (4, 6), np.dtype(np.float64), ((0, 2, 4), (0, 3, 6)),
                              dims=("i", "j"), replace=False)
         assert w.reserve([(0, 0), (0, 1), (1, 0), (1, 1)], stage_max=1) == {}
         assert w._slots  # streamed
-        started, go = threading.Event(), threading.Event()
-        original = w._pwrite
-
-        def slow(fd, data, offset):
-            started.set()
-            go.wait(10)
-            return original(fd, data, offset)
-        w._pwrite = slow
-        errors = []
-
-        def put():
-            try:
-                w.write_tile((0, 1), np.full((2, 3), 7.0))
-            except Exception as exc:  # noqa: BLE001 - an aborted writer may refuse it
-                errors.append(exc)
-        th = threading.Thread(target=put)
-        th.start()
-        assert started.wait(10)
-        w.abort()
-        other = os.open(str(tmp_path / "other.bin"), os.O_RDWR | os.O_CREAT)
-        try:
-            go.set()
-            th.join()
-            assert os.fstat(other).st_size == 0
-        finally:
-            os.close(other)
-        assert not os.path.exists(w.path)
-        assert all(isinstance(e, tensordb.Error) for e in errors), errors
-        assert [r["problem"] for r in con.check()] == ["ok"]
+        _abort_while_writing(tmp_path, con, w,
+                             lambda: w.write_tile((0, 1), np.full((2, 3), 7.0)))
