@@ -178,7 +178,13 @@ class Connection(TensorIO, DuckAPI):
                 or not isinstance(parameters, (Sequence, Mapping))):  # (typing's ABCs: slow)
             raise ProgrammingError(f"parameters must be a list or tuple of values (one per ?), "
                                    f"got {type(parameters).__name__}")
-        results = self.execute_script(sql, parameters)
+        from .session import run_script
+        try:
+            stmts = parse(sql)
+        except ParserError:  # as execute_script: an open block can only be rolled back now
+            self.session.abort_block()
+            raise
+        results = run_script(self, sql, stmts, parameters, last=True)  # the last result only
         # the connection's fetches read it (DuckDB's con.execute(...); con.fetchall())
         self._last_result = results[-1] if results else Result.status("OK", sql)
         return self._last_result

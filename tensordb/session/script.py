@@ -51,16 +51,22 @@ class Session:
 
 
 def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
-               on_result: Emit | None = None) -> list[Result]:
+               on_result: Emit | None = None, last: bool = False) -> list[Result]:
     """Run the statements ``stmts`` parsed from ``script``; ``on_result`` sees each result as
-    soon as it exists."""
+    soon as it exists. ``last``: only the last statement's result is wanted (``execute``), so
+    the results of a group of einsum statements but its last are not made (``_run_group``);
+    every other statement's result is made as before (the last one may be any of them)."""
     sess = con.session
     results: list[Result] = []
 
-    def emit(r: Result) -> None:
-        results.append(r)
-        if on_result is not None:
+    if on_result is None:
+        emit = results.append
+    else:
+        def emit(r: Result) -> None:
+            results.append(r)
             on_result(r)
+    if last and on_result is None:
+        emit = _LastOnly(results)
 
     try:
         if parameters and stmts and all(isinstance(s, A.AssignStmt) for s in stmts):
@@ -192,6 +198,20 @@ def _timed(fn, script: str, span: Span) -> Result:
     return result
 
 
+class _LastOnly:
+    """``emit`` of a call that wants only its last result (``run_script(last=True)``): a
+    group of einsum statements makes the result of its last statement only (the others
+    would be replaced at once: a training step's LETs and outputs, 4 results a call)."""
+
+    __slots__ = ("append",)
+
+    def __init__(self, results: list) -> None:
+        self.append = results.append
+
+    def __call__(self, r: Result) -> None:
+        self.append(r)
+
+
 def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
     if not group:
         return
@@ -206,7 +226,7 @@ def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
     except Exception as exc:
         raise _internal_or_interrupt(exc, script, span) from exc
     elapsed = time.perf_counter() - t0
-    for script, stmt in group:
+    for script, stmt in (group[-1:] if type(emit) is _LastOnly else group):
         text = _text(script, stmt)
         if stmt.mode == "let":
             let = con.session.lets[stmt.target.name.lower()]
