@@ -81,8 +81,8 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
             return _run_with_parameters(con, script, stmts, parameters, emit) or results
         unit: list[tuple[str, A.Statement]] = []
         for stmt in stmts:
-            text = _text(script, stmt)
             if sess.block is not None:
+                text = _text(script, stmt)
                 if isinstance(stmt, A.CommitStmt):
                     block, failed = sess.block, sess.block_failed
                     sess.block, sess.block_failed = None, False
@@ -105,7 +105,7 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
                 run_unit(con, unit, emit, each=on_result is not None)
                 unit = []
                 sess.block = []
-                emit(_committed("BEGIN", text))
+                emit(_committed("BEGIN", _text(script, stmt)))
             elif isinstance(stmt, (A.CommitStmt, A.RollbackStmt)):
                 raise ProgrammingError("no transaction is open", statement=script, span=stmt.span,
                                        hint="BEGIN starts one")
