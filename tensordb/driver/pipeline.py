@@ -109,9 +109,12 @@ def parse(sql: str) -> list:
 _LAST_PARSED: tuple = (None, ())  # the text parse() was last given, and its statements
 
 
+_PARSED_MAX = 1 << 16  # characters: a longer text is not kept (the parser keeps none either)
+
+
 def _remember_parsed(sql: str, stmts: list) -> None:
     global _LAST_PARSED
-    _LAST_PARSED = (sql, tuple(stmts))
+    _LAST_PARSED = (sql, tuple(stmts)) if len(sql) <= _PARSED_MAX else (None, ())
 
 
 def prepare(source, snapshot: Snapshot, target: Target, cache: PreparedCache, *,

@@ -126,10 +126,11 @@ def _openblas_calls(lib):
     if kept is not None and kept[0] is lib:
         return kept[1]
     calls = None
-    if getattr(lib, "internal_api", None) == "openblas" and \
-            getattr(lib, "threading_layer", None) != "openmp":
-        get = lib._get_symbol("openblas_get_num_threads")
-        put = lib._get_symbol("openblas_set_num_threads")
+    symbol = getattr(lib, "_get_symbol", None)  # (threadpoolctl 3.2's; else its calls)
+    if symbol is not None and getattr(lib, "internal_api", None) == "openblas" and \
+            getattr(lib, "threading_layer", None) not in (None, "openmp"):
+        get = symbol("openblas_get_num_threads")
+        put = symbol("openblas_set_num_threads")
         shared = getattr(type(lib), "_SHARED_STATE", None)
         if get is not None and put is not None and shared is not None:
             calls = (get, put, shared)
