@@ -147,8 +147,10 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool =
     # aborted it, and nothing can be read in it until the user's ROLLBACK.
     reads = store.user_transaction and all(isinstance(st, _IN_USER_TRANSACTION) for _, st in items)
     # einsum statements alone change no setting: the unit keeps none to put back
+    assign = A.AssignStmt
     state = UnitState(con, duck=not reads,
-                      settings=not all(isinstance(st, A.AssignStmt) for _, st in items))
+                      settings=not all(type(st) is assign or isinstance(st, assign)
+                                       for _, st in items))
     txn = contextlib.nullcontext() if store.read_only or reads else store.transaction()
     try:
         with txn:
@@ -216,15 +218,12 @@ def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
     if not group:
         return
     t0 = time.perf_counter()
-    script, first = group[0]
-    span = first.span if len(group) == 1 or group[-1][0] is not script else \
-        Span(first.span.start, group[-1][1].span.end)
     try:
         con.engine.run_statements(group)
     except Error as exc:
-        raise exc.with_source(script, span)
+        raise exc.with_source(*_group_source(group))
     except Exception as exc:
-        raise _internal_or_interrupt(exc, script, span) from exc
+        raise _internal_or_interrupt(exc, *_group_source(group)) from exc
     elapsed = time.perf_counter() - t0
     for script, stmt in (group[-1:] if type(emit) is _LastOnly else group):
         text = _text(script, stmt)
@@ -235,6 +234,14 @@ def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
             r = Result.for_tensor(con, stmt.target.name, text)
         r.elapsed = elapsed
         emit(r)
+
+
+def _group_source(group: list[tuple[str, A.AssignStmt]]) -> tuple[str, Span]:
+    """The script of a failed group and the span its error points into: its statements'."""
+    script, first = group[0]
+    span = first.span if len(group) == 1 or group[-1][0] is not script else \
+        Span(first.span.start, group[-1][1].span.end)
+    return script, span
 
 
 def _run_one(con, script: str, stmt) -> Result:
