@@ -17,7 +17,7 @@ from .duckapi import DuckAPI, connect_arguments
 from .errors import InterfaceError, ParserError, ProgrammingError
 from .plan.builder import Graph
 from .plan.ir import EinGraph
-from .session import Session
+from .session import Session, run_script
 from .storage import Store
 from .tensor_io import TensorIO
 
@@ -172,15 +172,23 @@ class Connection(TensorIO, DuckAPI):
     def execute(self, sql: str, parameters: Sequence[Any] | None = None):
         """Run one or more statements of the dialect; returns the result of the last one (an
         empty status result when there is none)."""
-        from .result import Result
         if parameters is not None and type(parameters) not in (dict, list, tuple) and (
                 isinstance(parameters, (str, bytes))
                 or not isinstance(parameters, (Sequence, Mapping))):  # (typing's ABCs: slow)
             raise ProgrammingError(f"parameters must be a list or tuple of values (one per ?), "
                                    f"got {type(parameters).__name__}")
-        results = self.execute_script(sql, parameters)
+        try:
+            stmts = parse(sql)
+        except ParserError:  # as execute_script: an open block can only be rolled back now
+            self.session.abort_block()
+            raise
+        results = run_script(self, sql, stmts, parameters, last=True)  # the last result only
         # the connection's fetches read it (DuckDB's con.execute(...); con.fetchall())
-        self._last_result = results[-1] if results else Result.status("OK", sql)
+        if results:
+            self._last_result = results[-1]
+        else:
+            from .result import Result
+            self._last_result = Result.status("OK", sql)
         return self._last_result
 
     @one_at_a_time

@@ -280,6 +280,10 @@ class DeviceCache:
         tiles held for one of them become its tiles), ``retired`` the versions replaced or
         dropped (their tiles go). Every other pending tile goes too: its run's outputs were
         not committed, or were replaced again in the same transaction."""
+        if not self.entries and not self.deps:  # nothing held (a CPU run's graph cache,
+            with self.lock:                      # mostly): nothing to drop or promote
+                if not self.entries and not self.deps:
+                    return
         final = {m.name.lower(): m for m in stored}  # a name stored twice: its last version
         gone = {(m.name.lower(), m.version) for m in retired}
         with self.lock:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import operator
 import time
+from itertools import starmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -248,8 +249,8 @@ def replay(trace: Trace, ops, dest: dict, finished_tile, check, progress, read, 
 
 
 def _result(trace, results, secs, calls_per_op, nnz, nonfinite, crc32, workers, t_run):
-    measures = [OpMeasure(s, c, m, t, p) for s, c, m, t, p in
-                zip(secs, calls_per_op, trace.moves, trace.tiles, trace.peaks)]
+    measures = list(starmap(OpMeasure, zip(secs, calls_per_op, trace.moves, trace.tiles,
+                                           trace.peaks)))
     seconds = time.perf_counter() - t_run
     return RunResult(results, seconds, trace.moved, trace.peak, sum(calls_per_op),
                      [seconds] + [0.0] * (workers - 1),

@@ -24,14 +24,17 @@ def facts(a) -> tuple:
     if a.ndim == 0:  # a loss: its one value as a Python float (exact for every float dtype)
         v = a.item()
         return int(v != 0), not math.isfinite(v), crc32(a)
-    add, isfinite = np.add.reduce, np.isfinite
-    nonfinite = a.size > 0 and not isfinite(add(a, axis=None)) and not bool(isfinite(a).all())
+    # NaN or inf in the sum (a 1-d reduce of the C-ordered tile, a view: no ``axis=None``
+    # set-up), or a sum that overflowed: then each element is looked at
+    nonfinite = a.size > 0 and not math.isfinite(_add(a.reshape(-1))) and \
+        not bool(np.isfinite(a).all())
     # count_nonzero of the tile itself (a float's truth is ``!= 0``: NaN counts, -0.0 not)
     # where it is small: no boolean array (1.3 -> 0.6 us a 64 x 10 tile)
     return int(np.count_nonzero(a) if a.size <= SMALL_COUNT else np.count_nonzero(a != 0)), \
         nonfinite, crc32(a)
 
 
+_add = np.add.reduce
 SMALL_TILE = 1 << 15  # elements: within storage/tilestats.py's one block
 # elements up to which NumPy's count_nonzero of a float array beats counting ``a != 0``
 SMALL_COUNT = 4096

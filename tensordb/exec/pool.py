@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -101,16 +101,51 @@ class _BlasLimit:
     def __enter__(self) -> "_BlasLimit":
         saved = []
         for lib in self.libs:
-            n = lib.num_threads
+            calls = _openblas_calls(lib)
+            n = lib.num_threads if calls is None else calls[0]()
             if n is not None and n != self.threads:
-                lib.set_num_threads(self.threads)
-                saved.append((lib, n))
+                _set_threads(lib, calls, self.threads)
+                saved.append((lib, calls, n))
         self.saved = saved
         return self
 
     def __exit__(self, *exc) -> None:
-        for lib, n in self.saved:
-            lib.set_num_threads(n)
+        for lib, calls, n in self.saved:
+            _set_threads(lib, calls, n)
+
+
+# An OpenBLAS controller of threadpoolctl (its pthreads layer) -> its library's own
+# (get, set) functions, found once: threadpoolctl's properties find them again at each call
+# (the symbol's name formatted, the controlling thread looked up), 8-9 us of a small step's
+# run each way (call29e). None for another library or threading layer: threadpoolctl's calls.
+_OPENBLAS_CALLS: dict[int, tuple] = {}
+
+
+def _openblas_calls(lib):
+    kept = _OPENBLAS_CALLS.get(id(lib))
+    if kept is not None and kept[0] is lib:
+        return kept[1]
+    calls = None
+    symbol = getattr(lib, "_get_symbol", None)  # (threadpoolctl 3.2's; else its calls)
+    if symbol is not None and getattr(lib, "internal_api", None) == "openblas" and \
+            getattr(lib, "threading_layer", None) not in (None, "openmp"):
+        get = symbol("openblas_get_num_threads")
+        put = symbol("openblas_set_num_threads")
+        shared = getattr(type(lib), "_SHARED_STATE", None)
+        if get is not None and put is not None and shared is not None:
+            calls = (get, put, shared)
+    _OPENBLAS_CALLS[id(lib)] = (lib, calls)
+    return calls
+
+
+def _set_threads(lib, calls, n: int) -> None:
+    """``lib.set_num_threads(n)``; where this thread controls OpenBLAS already (threadpoolctl's
+    rule: one thread sets a process-wide pool's size, the others do nothing), the library's
+    own call, as threadpoolctl would make it."""
+    if calls is not None and calls[2].controlling_thread is threading.current_thread():
+        calls[1](n)
+    else:
+        lib.set_num_threads(n)
 
 
 class LocalExecutor:
@@ -254,11 +289,28 @@ def _pin(w: int, workers: int) -> None:
         pass
 
 
-@contextmanager
-def _limits(threads: int):
-    """BLAS capped at ``threads`` for the run, and GraphBLAS's kernel calls too (semiring.py)."""
-    with _blas_limits(threads), semiring.threads(threads):
-        yield
+class _limits:
+    """BLAS capped at ``threads`` for the run, and GraphBLAS's kernel calls too (semiring.py).
+    (A class, not a generator: entered once a run.)"""
+
+    __slots__ = ("blas", "graphblas")
+
+    def __init__(self, threads: int) -> None:
+        self.blas, self.graphblas = _blas_limits(threads), semiring.threads(threads)
+
+    def __enter__(self) -> None:
+        self.blas.__enter__()
+        try:
+            self.graphblas.__enter__()
+        except BaseException:
+            self.blas.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.graphblas.__exit__(*exc)
+        finally:
+            self.blas.__exit__(*exc)
 
 
 def _blas_threads(plan: TilePlan, cores: int, inline: bool) -> int:

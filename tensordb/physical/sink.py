@@ -59,10 +59,12 @@ class CatalogSink:
         self.workers_write = False
         self._workers: dict | None = None  # task key -> plan worker, for an object store
         try:
-            for out, dims, fill, sparse in _stored_outputs(plan, fills):
+            self._order = order = []  # (output, writer, its tiles' coords in order)
+            for out, dims, fill, sparse, coords_order in _stored_outputs(plan, fills):
                 w = store.writer(out.store_name or out.name, out.shape, out.dtype, out.grid,
                                  dims=dims, replace=replace, check_tables=check_tables, fill=fill)
                 self.writers.append((out, w))
+                order.append((out, w, coords_order))
                 if sparse:
                     self._sparse.add(out.name)
                 for coords, key in out.tiles.items():
@@ -83,10 +85,10 @@ class CatalogSink:
         self.workers_write = bool(workers_write)
         objects = getattr(self.store, "objects", None) is not None
         try:
-            for out, w in self.writers:
+            for out, w, coords_order in self._order:
                 if out.name in self._sparse:
                     continue
-                places = w.reserve(sorted(out.tiles), stage_max=left, remote=workers_write,
+                places = w.reserve(coords_order, stage_max=left, remote=workers_write,
                                    groups=self._groups(out) if objects else None)
                 for coords, buf in places.items():
                     self._buffers[out.tiles[coords]] = buf
@@ -186,25 +188,26 @@ class CatalogSink:
                     crc32: dict[int, int] | None = None) -> None:
         """Record the run's output tiles (with their nonzero counts, NaN/inf flags and
         checksums, if the run made them) and commit every output atomically."""
-        nnz, nonfinite, crc32 = dict(nnz or {}), dict(nonfinite or {}), dict(crc32 or {})
-        for key, (n, nf, crc) in self._facts.items():
-            nnz.setdefault(key, n)
-            nonfinite.setdefault(key, nf)
-            crc32.setdefault(key, crc)
-        tiles = {**self._tiles, **(tiles or {})}
+        # the run's own facts first, else those the executor gave ``finished`` with the tile
+        nnz, nonfinite, crc32 = nnz or {}, nonfinite or {}, crc32 or {}
+        facts, kept, written = self._facts, self._tiles, self._written
+        tiles = tiles or {}
         try:
             with self.store.transaction():
                 # one catalog query for every output's name, not one per commit below
                 self.store.check_no_tables([w.name for _, w in self.writers])
                 for _, w in self.writers:
                     w.tables_checked = True
-                for out, w in self.writers:
-                    for coords in sorted(out.tiles):
-                        key = out.tiles[coords]
-                        if key in self._written:  # in its file already (streamed, or a worker's)
+                for out, w, coords_order in self._order:
+                    out_tiles = out.tiles
+                    for coords in coords_order:
+                        key = out_tiles[coords]
+                        if key in written:  # in its file already (streamed, or a worker's)
                             continue
-                        w.write_tile(coords, tiles[key], nnz.get(key), nonfinite.get(key),
-                                     crc32.get(key))
+                        f = facts.get(key, _NO_FACTS)
+                        w.write_tile(coords, tiles[key] if key in tiles else kept[key],
+                                     nnz.get(key, f[0]), nonfinite.get(key, f[1]),
+                                     crc32.get(key, f[2]))
                     if w.fill:  # a tile no kernel computed is zeros, not the fill: stored
                         _store_zeros(w)
                 commit_all([w for _, w in self.writers])  # the rows of all in a few statements
@@ -232,7 +235,8 @@ class CatalogSink:
 
 
 def _stored_outputs(plan: TilePlan, fills) -> list:
-    """(output, dims, fill, sparse) of each stored output of ``plan``, worked out once per
+    """(output, dims, fill, sparse, its tiles' coords in order) of each stored output of
+    ``plan``, worked out once per
     plan and fills (kept in its memo, which a cached plan's rebound copies share: a training
     step opens its writers each call). ``sparse``: the output gets no dense places, because
     the plan says it is sparse (``KernelChoice.out_places``, decided once from the estimated
@@ -250,7 +254,8 @@ def _stored_outputs(plan: TilePlan, fills) -> list:
         dims = [lbl if lbl.isidentifier() and not op.writes_diagonal else f"d{n}"
                 for n, lbl in enumerate(op.out_labels)]
         fill = (fills or {}).get(out.name, 0.0)
-        found.append((out, tuple(dims), fill, fill != 0 or not plan.kernels[n_op].out_places))
+        found.append((out, tuple(dims), fill, fill != 0 or not plan.kernels[n_op].out_places,
+                      tuple(sorted(tuple(int(c) for c in t) for t in out.tiles))))
     plan.memo["stored_outputs"] = (plan.outputs, plan.ops, plan.kernels, dict(fills or {}), found)
     return found
 
@@ -262,6 +267,9 @@ def _store_zeros(w) -> None:
         if coords not in w.entries:
             lo, hi = tile_box(w.grid, coords)
             w.write_tile(coords, np.zeros(tuple(b - a for a, b in zip(lo, hi)), w.dtype))
+
+
+_NO_FACTS = (None, None, None)  # a tile whose statistics the writer takes itself
 
 
 class _LazyBuffers(Mapping):

@@ -51,16 +51,22 @@ class Session:
 
 
 def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
-               on_result: Emit | None = None) -> list[Result]:
+               on_result: Emit | None = None, last: bool = False) -> list[Result]:
     """Run the statements ``stmts`` parsed from ``script``; ``on_result`` sees each result as
-    soon as it exists."""
+    soon as it exists. ``last``: only the last statement's result is wanted (``execute``), so
+    the results of a group of einsum statements but its last are not made (``_run_group``);
+    every other statement's result is made as before (the last one may be any of them)."""
     sess = con.session
     results: list[Result] = []
 
-    def emit(r: Result) -> None:
-        results.append(r)
-        if on_result is not None:
+    if on_result is None:
+        emit = results.append
+    else:
+        def emit(r: Result) -> None:
+            results.append(r)
             on_result(r)
+    if last and on_result is None:
+        emit = _LastOnly(results)
 
     try:
         if parameters and stmts and all(isinstance(s, A.AssignStmt) for s in stmts):
@@ -75,8 +81,8 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
             return _run_with_parameters(con, script, stmts, parameters, emit) or results
         unit: list[tuple[str, A.Statement]] = []
         for stmt in stmts:
-            text = _text(script, stmt)
             if sess.block is not None:
+                text = _text(script, stmt)
                 if isinstance(stmt, A.CommitStmt):
                     block, failed = sess.block, sess.block_failed
                     sess.block, sess.block_failed = None, False
@@ -99,7 +105,7 @@ def run_script(con, script: str, stmts: list[A.Statement], parameters=None,
                 run_unit(con, unit, emit, each=on_result is not None)
                 unit = []
                 sess.block = []
-                emit(_committed("BEGIN", text))
+                emit(_committed("BEGIN", _text(script, stmt)))
             elif isinstance(stmt, (A.CommitStmt, A.RollbackStmt)):
                 raise ProgrammingError("no transaction is open", statement=script, span=stmt.span,
                                        hint="BEGIN starts one")
@@ -141,8 +147,10 @@ def run_unit(con, items: list[tuple[str, A.Statement]], emit: Emit, each: bool =
     # aborted it, and nothing can be read in it until the user's ROLLBACK.
     reads = store.user_transaction and all(isinstance(st, _IN_USER_TRANSACTION) for _, st in items)
     # einsum statements alone change no setting: the unit keeps none to put back
+    assign = A.AssignStmt
     state = UnitState(con, duck=not reads,
-                      settings=not all(isinstance(st, A.AssignStmt) for _, st in items))
+                      settings=not all(type(st) is assign or isinstance(st, assign)
+                                       for _, st in items))
     txn = contextlib.nullcontext() if store.read_only or reads else store.transaction()
     try:
         with txn:
@@ -192,21 +200,32 @@ def _timed(fn, script: str, span: Span) -> Result:
     return result
 
 
+class _LastOnly:
+    """``emit`` of a call that wants only its last result (``run_script(last=True)``): a
+    group of einsum statements makes the result of its last statement only (the others
+    would be replaced at once: a training step's LETs and outputs, 4 results a call)."""
+
+    __slots__ = ("append",)
+
+    def __init__(self, results: list) -> None:
+        self.append = results.append
+
+    def __call__(self, r: Result) -> None:
+        self.append(r)
+
+
 def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
     if not group:
         return
     t0 = time.perf_counter()
-    script, first = group[0]
-    span = first.span if len(group) == 1 or group[-1][0] is not script else \
-        Span(first.span.start, group[-1][1].span.end)
     try:
         con.engine.run_statements(group)
     except Error as exc:
-        raise exc.with_source(script, span)
+        raise exc.with_source(*_group_source(group))
     except Exception as exc:
-        raise _internal_or_interrupt(exc, script, span) from exc
+        raise _internal_or_interrupt(exc, *_group_source(group)) from exc
     elapsed = time.perf_counter() - t0
-    for script, stmt in group:
+    for script, stmt in (group[-1:] if type(emit) is _LastOnly else group):
         text = _text(script, stmt)
         if stmt.mode == "let":
             let = con.session.lets[stmt.target.name.lower()]
@@ -215,6 +234,14 @@ def _run_group(con, group: list[tuple[str, A.AssignStmt]], emit: Emit) -> None:
             r = Result.for_tensor(con, stmt.target.name, text)
         r.elapsed = elapsed
         emit(r)
+
+
+def _group_source(group: list[tuple[str, A.AssignStmt]]) -> tuple[str, Span]:
+    """The script of a failed group and the span its error points into: its statements'."""
+    script, first = group[0]
+    span = first.span if len(group) == 1 or group[-1][0] is not script else \
+        Span(first.span.start, group[-1][1].span.end)
+    return script, span
 
 
 def _run_one(con, script: str, stmt) -> Result:

@@ -42,8 +42,11 @@ _LAYOUTS: dict[tuple, tuple] = {}
 
 def _layout(grid, tiles, itemsize: int) -> tuple[dict, int]:
     """Tile coords -> (offset, starts, shape) of ``tiles`` in that order, each at an
-    ``ALIGN``ed offset, and the file's size (a copy of the dict: the caller may keep it)."""
-    tiles = tuple(tuple(int(c) for c in t) for t in tiles)
+    ``ALIGN``ed offset, and the file's size. The dict is the one kept for the next call: the
+    caller copies it to keep or change it. ``tiles``: a tuple of tuples of ints is taken as
+    it is (the sink's, made once per plan: physical/sink.py), anything else made one."""
+    if type(tiles) is not tuple or not all(type(t) is tuple for t in tiles):
+        tiles = tuple(tuple(int(c) for c in t) for t in tiles)
     key = (grid, tiles, itemsize)
     try:
         kept = _LAYOUTS.get(key)
@@ -62,7 +65,7 @@ def _layout(grid, tiles, itemsize: int) -> tuple[dict, int]:
             if len(_LAYOUTS) >= 256:
                 _LAYOUTS.clear()
             _LAYOUTS[key] = kept
-    return dict(kept[0]), kept[1]
+    return kept
 
 
 class ReservedTiles:
@@ -171,7 +174,7 @@ class ReservedTiles:
                     pos + ALIGN >= self.store.staging.min_bytes
                 if remote or (large and self.store.fsync and STREAM_TILE_MAX >= max(
                         math.prod(sh) for _, _, sh in layout.values()) * self.dtype.itemsize):
-                    self._slots = layout
+                    self._slots = dict(layout)  # (the kept layout is _LAYOUTS')
                 elif mapped or large:
                     self._map = mmap.mmap(self._fd, pos)
                     track_mapping(self.path, self._map)  # its tiles outlive the writer

@@ -14,6 +14,7 @@ one, whose pages are cached already, where the commit does not fsync.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -106,7 +107,7 @@ class TensorWriter(ReservedTiles):
         ``nnz``, ``nonfinite`` (it holds NaN or inf) and ``crc32`` (of its bytes), when the
         caller already computed them for this very array (a reserved tile computed in place),
         save computing them again."""
-        coords = tuple(int(c) for c in coords)
+        coords = tuple(map(int, coords))
         if is_sparse(array):  # a sparse kernel's output tile (scipy CSR, a Filled, a CooTile)
             if coords not in self._reserved and coords not in self._slots:
                 return self._write_sparse(coords, array)
@@ -431,6 +432,9 @@ class TensorWriter(ReservedTiles):
         return bool(self.entries)
 
 
+_NO_SYNCS = contextlib.nullcontext()  # commit_all's batch of directory syncs, where none is
+
+
 def commit_all(writers: Sequence[TensorWriter]) -> list[TensorMeta]:
     """Commit several writers of one store at once: every payload closed and its sync
     started (each file's fdatasync, one fsync of the directory for all), then one catalog
@@ -441,7 +445,8 @@ def commit_all(writers: Sequence[TensorWriter]) -> list[TensorMeta]:
     try:
         for w in writers:
             w._fill_absent()
-        with one_directory_sync():  # every payload file exists now: one fsync of tiles/
+        # every payload file exists now: one fsync of tiles/ (none where nothing is synced)
+        with one_directory_sync() if any(w.store.fsync for w in writers) else _NO_SYNCS:
             for w in writers:
                 durables.append(no_wait)  # until _finish has started a sync to wait for
                 durables[-1] = w._finish()
