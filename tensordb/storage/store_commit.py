@@ -27,13 +27,13 @@ class _Block:
     """``Store.transaction()``: entering begins the store's transaction or joins the one open;
     leaving the outermost block commits it (or, on an exception, rolls it back)."""
 
-    __slots__ = ("store", "txn", "joined")
+    __slots__ = ("store", "txn", "joined", "lazy")
 
-    def __init__(self, store) -> None:
-        self.store = store
+    def __init__(self, store, lazy: bool = False) -> None:
+        self.store, self.lazy = store, lazy
 
     def __enter__(self) -> "_Txn":
-        self.txn, self.joined = self.store._begin()
+        self.txn, self.joined = self.store._begin(self.lazy)
         return self.txn
 
     def __exit__(self, kind, exc, tb) -> bool:
@@ -260,14 +260,16 @@ class StoreCommits:
         for file in files:
             txn.retired.append((os.path.join(self.tiles_dir, file), spare))
 
-    def transaction(self) -> "_Block":
+    def transaction(self, lazy: bool = False) -> "_Block":
         """Group writer commits and drops: all of them land, or none does. Nested blocks join
         the outermost one. The store lock is not held across the block: worker threads may read
         the catalog meanwhile (they see the block's uncommitted changes, as DuckDB does). (A
-        context manager class, not a generator: a call enters several nested blocks.)"""
-        return _Block(self)
+        context manager class, not a generator: a call enters several nested blocks.)
+        ``lazy``: on disk too, BEGIN waits for the first use of ``duck`` (deferred.commit: a
+        commit whose rows go to the redo log never begins in DuckDB)."""
+        return _Block(self, lazy)
 
-    def _begin(self) -> tuple[_Txn, bool]:
+    def _begin(self, lazy: bool = False) -> tuple[_Txn, bool]:
         """The transaction a block enters, and whether it joined one open already."""
         self._check_open(writing=True)
         if self.user_transaction:
@@ -279,7 +281,7 @@ class StoreCommits:
             joined = self._txn
             if joined is not None:
                 return joined, True
-            if not self.persistent:
+            if not self.persistent or lazy:
                 txn = _Txn(external=False)  # begins in DuckDB at the first use (deferred.py)
                 txn.begun = False
             else:
@@ -326,6 +328,11 @@ class StoreCommits:
                     self._conn.execute("ROLLBACK")
                 self._remove_created(txn)
                 raise translate(exc, "commit failed") from None
+            except OperationalError as exc:  # the redo log's record could not be written
+                self._clear_cache()
+                if getattr(exc, "undone", False):  # else a record may name them: kept
+                    self._remove_created(txn)  # (the next open's sweep knows)
+                raise
             if self.publisher is not None:
                 try:  # numbered before a retired file goes: a reader that comes now waits
                     self.publisher.committed()  # for the snapshot without it
@@ -365,7 +372,7 @@ class StoreCommits:
         try:
             unreferenced = directory.unreferenced(self.duck, txn.created)
             objects = objectdb.unreferenced(self.duck, txn.uploaded) if txn.uploaded else []
-        except duckdb.Error:
+        except (duckdb.Error, OperationalError):
             return
         for path in unreferenced:
             _remove(path)
