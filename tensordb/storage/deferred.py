@@ -19,8 +19,7 @@ transaction's rows to the database's redo log as one record and fdatasyncs it (a
 payloads' syncs, before any replaced payload is retired); ``flush`` writes the pending rows to
 DuckDB and then empties the log, at the next use of ``Store.duck``, before a snapshot is
 published for readers of other processes, at ``close``, and when the log passes its bound.
-Only a commit that runs in a transaction of its own is kept back on disk (not one inside a
-dialect ``BEGIN ... COMMIT``, whose rows must not be durable before its COMMIT).
+A transaction of several commits lands (and logs its rows) once, when its outermost block ends.
 """
 from __future__ import annotations
 
@@ -117,9 +116,8 @@ def land(store, txn) -> None:
 
 def commit(store, items, txns: list | None = None) -> list[TensorMeta] | None:
     """Commit writers ``(writer, durable)`` of distinct names that all give existing tensors
-    new versions, in a transaction that has not begun in DuckDB (in memory the open one, or one
-    of their own; on disk one of their own, its rows logged when it lands): their rows are
-    kept in it; the caches, the payload files
+    new versions, in a transaction that has not begun in DuckDB (the open one, or one of their
+    own; on disk its rows are logged when it lands): their rows are kept in it; the caches, the payload files
     and the transaction's lists are as ``Store._swap_rows`` leaves them. None when it cannot
     (the caller writes the rows). The transaction the rows went into is appended to ``txns``
     (as ``_swap_rows`` does): should anything after its landing raise (a Ctrl-C while the
@@ -130,8 +128,7 @@ def commit(store, items, txns: list | None = None) -> list[TensorMeta] | None:
         return None  # an object store's payloads are uploaded at commit: today's path
     with store._lock:
         txn = store._txn
-        if store.user_transaction or (txn is not None and (
-                store.persistent or txn.begun or txn.external)):
+        if store.user_transaction or (txn is not None and (txn.begun or txn.external)):
             return None
         olds = [store._find(w.name) for w, _ in items]
         if any(old is None for old in olds):
@@ -143,7 +140,7 @@ def commit(store, items, txns: list | None = None) -> list[TensorMeta] | None:
             if hit is None:
                 return None  # its file is known to the catalog only: write the rows
             files.append(hit[0])
-        with store.transaction(lazy=True) as txn:
+        with store.transaction() as txn:
             if txn.begun:  # the catalog was read meanwhile
                 return None
             rows = [(w, w.meta(), sorted(w.entries.values(), key=lambda e: e.offset))

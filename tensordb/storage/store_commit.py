@@ -27,13 +27,13 @@ class _Block:
     """``Store.transaction()``: entering begins the store's transaction or joins the one open;
     leaving the outermost block commits it (or, on an exception, rolls it back)."""
 
-    __slots__ = ("store", "txn", "joined", "lazy")
+    __slots__ = ("store", "txn", "joined")
 
-    def __init__(self, store, lazy: bool = False) -> None:
-        self.store, self.lazy = store, lazy
+    def __init__(self, store) -> None:
+        self.store = store
 
     def __enter__(self) -> "_Txn":
-        self.txn, self.joined = self.store._begin(self.lazy)
+        self.txn, self.joined = self.store._begin()
         return self.txn
 
     def __exit__(self, kind, exc, tb) -> bool:
@@ -260,16 +260,17 @@ class StoreCommits:
         for file in files:
             txn.retired.append((os.path.join(self.tiles_dir, file), spare))
 
-    def transaction(self, lazy: bool = False) -> "_Block":
+    def transaction(self) -> "_Block":
         """Group writer commits and drops: all of them land, or none does. Nested blocks join
         the outermost one. The store lock is not held across the block: worker threads may read
         the catalog meanwhile (they see the block's uncommitted changes, as DuckDB does). (A
         context manager class, not a generator: a call enters several nested blocks.)
-        ``lazy``: on disk too, BEGIN waits for the first use of ``duck`` (deferred.commit: a
-        commit whose rows go to the redo log never begins in DuckDB)."""
-        return _Block(self, lazy)
+        BEGIN waits for the first use of ``duck`` in memory, and on disk where commits are
+        logged (deferred.py: a transaction whose rows all go to the redo log never begins in
+        DuckDB)."""
+        return _Block(self)
 
-    def _begin(self, lazy: bool = False) -> tuple[_Txn, bool]:
+    def _begin(self) -> tuple[_Txn, bool]:
         """The transaction a block enters, and whether it joined one open already."""
         self._check_open(writing=True)
         if self.user_transaction:
@@ -281,7 +282,7 @@ class StoreCommits:
             joined = self._txn
             if joined is not None:
                 return joined, True
-            if not self.persistent or lazy:
+            if not self.persistent or self.redo is not None:
                 txn = _Txn(external=False)  # begins in DuckDB at the first use (deferred.py)
                 txn.begun = False
             else:
