@@ -120,6 +120,13 @@ def test_kill_around_the_redo_record(tmp_path, point, done):
         assert size > valid  # the torn tail is there, and ignored
     if point in ("before_record", "torn_record", "after_record", "after_steps"):
         assert len(records) >= 2  # the steps before were logged, not written to DuckDB
+    a, b = expected(3 + done)
+    with tensordb.connect(path, read_only=True) as r:  # a reader applies the log to its copy
+        np.testing.assert_array_equal(r.tensor("A"), a)
+        np.testing.assert_array_equal(r.tensor("B"), b)
+        assert r.sql("SELECT version FROM tensordb.tensors WHERE name = 'A'").fetchall() == \
+            [(r.store.meta("A").version,)]
+    assert os.path.getsize(log) == size  # and leaves the log to the writer
     check_state(path, 3 + done)
 
 
