@@ -31,11 +31,13 @@ from . import catalog
 from .meta import TensorMeta
 from .reader import TileEntry
 
-__all__ = ["LOG_FILE", "RedoLog", "read", "apply", "replay", "MAX_RECORDS", "MAX_BYTES"]
+__all__ = ["LOG_FILE", "ENABLED", "RedoLog", "read", "apply", "replay", "MAX_RECORDS",
+           "MAX_BYTES"]
 
 LOG_FILE = "catalog.redo"
 MAGIC = b"TDR1"
 _HEAD = struct.Struct("<4sII")
+ENABLED = True  # read at each open for writing: False keeps every commit's rows in DuckDB
 MAX_RECORDS = 256  # a log this long (or this large) is written to DuckDB at the next commit
 MAX_BYTES = 4 << 20
 

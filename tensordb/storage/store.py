@@ -285,7 +285,7 @@ class Store(StoreCatalog, StoreCommits):
         (not for an object store's database: its commits write DuckDB as before)."""
         try:
             redolog.replay(self.duck, str(self.root))
-            if self.objects is None:
+            if self.objects is None and redolog.ENABLED:
                 self.redo = redolog.RedoLog(str(self.root))
         except OSError as exc:
             raise OperationalError(f"cannot open database {self.root}: its redo log "
