@@ -69,7 +69,7 @@ def flush_pending(store) -> None:
                         repr(m.name) for _, m, _, _ in pending.values())
                     + f", stored earlier: {exc}") from None
         redo = store.redo
-        if redo is not None and (redo.size or redo.broken):
+        if redo is not None and redo.dirty:
             try:
                 redo.clear()  # a crash before this: replay finds DuckDB holding the rows
             except OSError as exc:
@@ -124,8 +124,10 @@ def commit(store, items, txns: list | None = None) -> list[TensorMeta] | None:
     replaced payloads are retired), the caller then knows the payloads are the catalog's."""
     if not all(w.replace for w, _ in items):
         return None
-    if store.persistent and (store.redo is None or store.objects is not None):
-        return None  # an object store's payloads are uploaded at commit: today's path
+    if store.persistent and (store.redo is None or store.redo.broken or
+                             store.objects is not None):
+        return None  # an object store's payloads are uploaded at commit: today's path (and
+        # after a failed append, until the log is emptied: DuckDB's, which flushes it first)
     with store._lock:
         txn = store._txn
         if store.user_transaction or (txn is not None and (txn.begun or txn.external)):

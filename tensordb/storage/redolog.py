@@ -192,6 +192,11 @@ class RedoLog:
                 os.close(dfd)
 
     @property
+    def dirty(self) -> bool:
+        """Whether the log holds anything to write to DuckDB or to empty."""
+        return bool(self.size) or self.broken
+
+    @property
     def full(self) -> bool:
         return self.records >= MAX_RECORDS or self.size >= MAX_BYTES
 

@@ -84,7 +84,7 @@ def _flusher(ref):
     rows written first (weakly held: the publisher's thread must not keep the store alive)."""
     def flush() -> None:
         store = ref()
-        if store is not None and (store._pending or (store.redo is not None and store.redo.size)):
+        if store is not None and (store._pending or (store.redo is not None and store.redo.dirty)):
             deferred.flush_pending(store)
     return flush
 
@@ -303,7 +303,7 @@ class Store(StoreCatalog, StoreCommits):
             if getattr(self, "staging", None) is not None:
                 self.staging.clear()
             if self._conn is not None and self.persistent and (
-                    self._pending or (self.redo is not None and self.redo.size)):
+                    self._pending or (self.redo is not None and self.redo.dirty)):
                 try:  # the logged rows into DuckDB (else the next open replays them)
                     deferred.flush_pending(self)
                 except Exception:  # noqa: BLE001 - durable in the log all the same
@@ -341,7 +341,7 @@ class Store(StoreCatalog, StoreCommits):
         written first and an open transaction begins in DuckDB (deferred.py): whoever uses
         it, SQL or this package's code, sees every commit."""
         if self._pending or (self._txn is not None and not self._txn.begun) or (
-                self.redo is not None and self.redo.size):
+                self.redo is not None and self.redo.dirty):
             deferred.flush(self)
         return self._conn
 
