@@ -117,8 +117,8 @@ def land(store, txn) -> None:
 def commit(store, items, txns: list | None = None) -> list[TensorMeta] | None:
     """Commit writers ``(writer, durable)`` of distinct names that all give existing tensors
     new versions, in a transaction that has not begun in DuckDB (the open one, or one of their
-    own; on disk its rows are logged when it lands): their rows are kept in it; the caches, the payload files
-    and the transaction's lists are as ``Store._swap_rows`` leaves them. None when it cannot
+    own; on disk its rows are logged when it lands): their rows are kept in it; the caches,
+    the payload files and the transaction's lists are as ``Store._swap_rows`` leaves them. None when it cannot
     (the caller writes the rows). The transaction the rows went into is appended to ``txns``
     (as ``_swap_rows`` does): should anything after its landing raise (a Ctrl-C while the
     replaced payloads are retired), the caller then knows the payloads are the catalog's."""

@@ -84,7 +84,8 @@ def _flusher(ref):
     rows written first (weakly held: the publisher's thread must not keep the store alive)."""
     def flush() -> None:
         store = ref()
-        if store is not None and (store._pending or (store.redo is not None and store.redo.dirty)):
+        if store is not None and (store._pending or (
+                store.redo is not None and store.redo.dirty)):
             deferred.flush_pending(store)
     return flush
 
