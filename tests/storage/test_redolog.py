@@ -151,3 +151,32 @@ def test_replay_applies_only_what_the_catalog_lacks(tmp_path):
         assert [t["name"] for t in con.tensors()] == ["A", "B"]
         assert [r["problem"] for r in con.check()] == ["ok"]
         assert_payloads_referenced(con)
+
+
+def test_sql_check_and_export_see_the_logged_version(tmp_path):
+    """SQL over the tensor and the catalog, CHECK and an export, each while the newest
+    version's rows are only in the log: each sees that version (numpy's values). (A step
+    after SQL plans again, reading the catalog: its rows go to DuckDB; the next is logged.)"""
+    con = _db(tmp_path / "db")
+    want = A0 * 2 + 1
+
+    def steps():
+        nonlocal want
+        for _ in range(2):
+            con.execute(STEP)
+            want = want * 2 + 1
+        assert con.store._pending
+    try:
+        steps()
+        assert con.sql("SELECT sum(value) FROM A").fetchall() == [(float(want.sum()),)]
+        steps()
+        assert con.sql("SELECT version FROM tensordb.tensors").fetchall() == \
+            [(con.store.meta("A").version,)]
+        steps()
+        assert [r["problem"] for r in con.check("A")] == ["ok"]
+        steps()
+        out = tmp_path / "a.npy"
+        con.export("A", str(out))
+        np.testing.assert_array_equal(np.load(out), want)
+    finally:
+        con.close()
