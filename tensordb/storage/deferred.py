@@ -14,7 +14,12 @@ row swap, from the version DuckDB holds to the newest. A transaction that began 
 writes its kept rows into it then (so what it reads holds them) and commits or rolls back as
 before; one that fails before that drops them with the caches (``Store._clear_cache``).
 
-On disk none of this happens: a commit is durable when it returns.
+On disk (redolog.py) the same commit is durable when it returns: ``land`` first appends the
+transaction's rows to the database's redo log as one record and fdatasyncs it (after the
+payloads' syncs, before any replaced payload is retired); ``flush`` writes the pending rows to
+DuckDB and then empties the log, at the next use of ``Store.duck``, before a snapshot is
+published for readers of other processes, at ``close``, and when the log passes its bound.
+A transaction of several commits lands (and logs its rows) once, when its outermost block ends.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from ._duck import translating
 from .meta import TensorMeta
 from .verify import mark_written
 
-__all__ = ["commit", "flush", "land"]
+__all__ = ["commit", "flush", "flush_pending", "land"]
 
 
 def _merge(into: dict, rows) -> None:
@@ -41,11 +46,10 @@ def _merge(into: dict, rows) -> None:
         into[key] = (base, meta, file, entries)
 
 
-def flush(store) -> None:
-    """Write the rows ``land`` kept back (in a transaction of their own), then begin the
-    store's open transaction in DuckDB if it has not begun, with the rows it kept (so what
-    runs in it sees them). On an error writing the landed rows they stay pending and
-    OperationalError says so."""
+def flush_pending(store) -> None:
+    """Write the rows ``land`` kept back (in a transaction of their own) and, on disk, empty
+    the redo log that held them. On an error writing them they stay pending and
+    OperationalError says so; on one emptying the log (its rows are DuckDB's now) too."""
     with store._lock:
         conn = store._conn
         if conn is None:
@@ -64,6 +68,24 @@ def flush(store) -> None:
                     "cannot write the catalog rows of tensor(s) " + ", ".join(
                         repr(m.name) for _, m, _, _ in pending.values())
                     + f", stored earlier: {exc}") from None
+        redo = store.redo
+        if redo is not None and redo.dirty:
+            try:
+                redo.clear()  # a crash before this: replay finds DuckDB holding the rows
+            except OSError as exc:
+                raise OperationalError(f"cannot empty the redo log {redo.path} (its rows are "
+                                       f"in the catalog): {exc.strerror or exc}") from None
+
+
+def flush(store) -> None:
+    """Write the rows ``land`` kept back (``flush_pending``), then begin the store's open
+    transaction in DuckDB if it has not begun, with the rows it kept (so what runs in it sees
+    them)."""
+    with store._lock:
+        conn = store._conn
+        if conn is None:
+            return
+        flush_pending(store)
         txn = store._txn
         if txn is not None and not txn.begun:
             txn.begun = True
@@ -80,21 +102,32 @@ def flush(store) -> None:
 
 def land(store, txn) -> None:
     """A transaction that never began in DuckDB commits: its kept rows join the pending
-    ones (written by the next ``flush``)."""
+    ones (written by the next ``flush``). On disk they are first one record of the redo log,
+    durable when this returns (OperationalError, with ``undone``, when it cannot be: the
+    commit did not land); a log past its bound is written to DuckDB at once."""
+    if store.persistent and txn.deferred and store.redo is not None:
+        store.redo.append(list(txn.deferred.values()))
     _merge(store._pending, txn.deferred.values())
     txn.deferred = {}
+    if store.persistent and store.redo is not None and store.redo.full:
+        with contextlib.suppress(OperationalError):  # durable all the same: flushed later
+            flush_pending(store)
 
 
 def commit(store, items, txns: list | None = None) -> list[TensorMeta] | None:
     """Commit writers ``(writer, durable)`` of distinct names that all give existing tensors
-    new versions, in an in-memory database, in a transaction that has not begun in DuckDB (the
-    open one, or one of their own): their rows are kept in it; the caches, the payload files
-    and the transaction's lists are as ``Store._swap_rows`` leaves them. None when it cannot
+    new versions, in a transaction that has not begun in DuckDB (the open one, or one of their
+    own; on disk its rows are logged when it lands): their rows are kept in it; the caches,
+    the payload files and the transaction's lists are as ``Store._swap_rows`` leaves them. None when it cannot
     (the caller writes the rows). The transaction the rows went into is appended to ``txns``
     (as ``_swap_rows`` does): should anything after its landing raise (a Ctrl-C while the
     replaced payloads are retired), the caller then knows the payloads are the catalog's."""
-    if store.persistent or not all(w.replace for w, _ in items):
+    if not all(w.replace for w, _ in items):
         return None
+    if store.persistent and (store.redo is None or store.redo.broken or
+                             store.objects is not None):
+        return None  # an object store's payloads are uploaded at commit: today's path (and
+        # after a failed append, until the log is emptied: DuckDB's, which flushes it first)
     with store._lock:
         txn = store._txn
         if store.user_transaction or (txn is not None and (txn.begun or txn.external)):

@@ -46,7 +46,7 @@ from pathlib import Path
 import duckdb
 
 from ..errors import OperationalError
-from . import catalog, directory, identity, snapshots
+from . import catalog, directory, identity, redolog, snapshots
 from ._duck import quote_ident, quote_str, translating
 from .catalog import SCHEMA
 
@@ -60,7 +60,7 @@ def _stamp(root: str):
     """What tells that the catalog file changed: its and its write-ahead log's identity, size
     and modification time."""
     out = []
-    for name in (directory.CATALOG_FILE, directory.CATALOG_FILE + ".wal"):
+    for name in (directory.CATALOG_FILE, directory.CATALOG_FILE + ".wal", redolog.LOG_FILE):
         try:
             st = os.stat(os.path.join(root, name))
             out.append((st.st_ino, st.st_size, st.st_mtime_ns))
@@ -97,9 +97,30 @@ def read_catalog(root: str):
                 "SELECT table_name FROM duckdb_tables() WHERE NOT internal AND schema_name <> "
                 f"'{SCHEMA}' UNION ALL SELECT view_name FROM duckdb_views() WHERE NOT internal"
             ).fetchall()}
+            # commits a writer logged and did not write to DuckDB (it died): read under the
+            # same lock (no writer appends meanwhile), landed in the copy as its open would
+            records = redolog.read(os.path.join(root, redolog.LOG_FILE))[0]
     finally:
         duck.close()
+    if records:
+        tables = _with_records(tables, records)
     return tables, seq, database, stamp, frozenset(user)
+
+
+def _with_records(tables: dict, records) -> dict:
+    """The catalog ``tables`` (Arrow) with the redo log's ``records`` applied (redolog.apply)."""
+    scratch = duckdb.connect(":memory:")
+    try:
+        load_tables(scratch, {t: tables[t] for t in _TABLES}, None)
+        scratch.execute("BEGIN TRANSACTION")
+        redolog.apply(scratch, records)
+        scratch.execute("COMMIT")
+        out = dict(tables)
+        for t in _TABLES:
+            out[t] = scratch.sql(f"SELECT * FROM {SCHEMA}.{t}").to_arrow_table()
+        return out
+    finally:
+        scratch.close()
 
 
 def load(duck, root, seq: int, database: str | None) -> None:

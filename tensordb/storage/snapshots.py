@@ -275,6 +275,9 @@ class Publisher:
         self._stop = False
         self._cursor = None
         self._thread: threading.Thread | None = None
+        # called under the store's lock before the catalog is read: a writer's rows kept back
+        # in its redo log go to DuckDB first (deferred.flush_pending)
+        self.before_publish = None
 
     def opened(self) -> None:
         """At the writer's open: a catalog its newest snapshot does not hold (a writer that
@@ -350,6 +353,8 @@ class Publisher:
             self._cursor = self._duck.cursor()
         cur = self._cursor
         with self._store_lock:  # the number and the rows of one commit
+            if self.before_publish is not None:
+                self.before_publish()
             seq = self.counter
             cur.execute("BEGIN TRANSACTION")
             cur.execute(f"SELECT count(*) FROM {SCHEMA}.tensors").fetchall()

@@ -23,7 +23,8 @@ from typing import Callable
 import duckdb
 
 from ..errors import InterfaceError, OperationalError, ProgrammingError
-from . import catalog, deferred, directory, identity, memfiles, objectdb, readview, snapshots
+from . import (catalog, deferred, directory, identity, memfiles, objectdb, readview, redolog,
+               snapshots)
 from ._duck import quote_str, translating
 from .directory import CATALOG_FILE, TILES_DIR, remove_leftover_members
 from .meta import TensorMeta
@@ -78,6 +79,17 @@ def _remove_trees(paths) -> None:
             shutil.rmtree(path, True)
 
 
+def _flusher(ref):
+    """What a publisher calls before it reads the catalog (snapshots.py): the store's logged
+    rows written first (weakly held: the publisher's thread must not keep the store alive)."""
+    def flush() -> None:
+        store = ref()
+        if store is not None and (store._pending or (
+                store.redo is not None and store.redo.dirty)):
+            deferred.flush_pending(store)
+    return flush
+
+
 class Store(StoreCatalog, StoreCommits):
     """A tensordb database. ``Store()`` is in memory (payloads in a temporary directory).
     Its catalog reads are in store_catalog.py, its writes and transactions in store_commit.py."""
@@ -129,8 +141,10 @@ class Store(StoreCatalog, StoreCommits):
     def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False,
                  storage: str = "local", storage_options: dict | None = None) -> None:
         self.read_only = read_only
-        # In memory: the rows of landed commits not written to the catalog yet (deferred.py)
+        # The rows of landed commits not written to the catalog yet (deferred.py); on disk
+        # each is in the redo log (redolog.py), which ``redo`` appends to (None: not used)
         self._pending: dict[str, tuple] = {}
+        self.redo: redolog.RedoLog | None = None
         # Where the payloads are, as declared (identity.check_storage): "local" (the client's
         # disk), "shared" (mounted at the same path on every worker) or an object store URL
         # (then ``objects``: objects.py; ``tiles/`` holds the writers' staging files only).
@@ -227,6 +241,8 @@ class Store(StoreCatalog, StoreCommits):
                 if not read_only:
                     directory.check_catalog(self.duck, self.root, self.tiles_dir)
                     catalog.create(self.duck)  # also adds columns an older catalog lacks
+                    if self.persistent:  # commits logged but not in DuckDB (before the sweep)
+                        self._open_redo()
                 elif not catalog.exists(self.duck):
                     raise OperationalError(f"{self.root} holds no tensordb catalog")
                 # Columns added after the first release that this catalog has: a read-only open
@@ -250,6 +266,7 @@ class Store(StoreCatalog, StoreCommits):
                 # numbered before the sweep: a reader that comes now waits for the snapshot of
                 # what the catalog holds, and one that came before is seen by pinned_files
                 self.publisher = snapshots.Publisher(str(self.root), self.duck, self._lock)
+                self.publisher.before_publish = _flusher(weakref.ref(self))
                 with translating(f"cannot open database {self.root} for readers"):
                     self.publisher.opened()
                     pinned = snapshots.pinned_files(str(self.root), self.duck)
@@ -264,6 +281,17 @@ class Store(StoreCatalog, StoreCommits):
             self.close()
             raise
 
+    def _open_redo(self) -> None:
+        """Replay the redo log into the catalog (redolog.replay), then open it for appends
+        (not for an object store's database: its commits write DuckDB as before)."""
+        try:
+            redolog.replay(self.duck, str(self.root))
+            if self.objects is None and redolog.ENABLED:
+                self.redo = redolog.RedoLog(str(self.root))
+        except OSError as exc:
+            raise OperationalError(f"cannot open database {self.root}: its redo log "
+                                   f"{redolog.LOG_FILE}: {exc.strerror or exc}") from None
+
     # -- closing -------------------------------------------------------------------------------
     def close(self) -> None:
         """Close the catalog; an in-memory database's payload files are deleted."""
@@ -275,7 +303,15 @@ class Store(StoreCatalog, StoreCommits):
                 self.spares.clear()
             if getattr(self, "staging", None) is not None:
                 self.staging.clear()
+            if self._conn is not None and self.persistent and (
+                    self._pending or (self.redo is not None and self.redo.dirty)):
+                try:  # the logged rows into DuckDB (else the next open replays them)
+                    deferred.flush_pending(self)
+                except Exception:  # noqa: BLE001 - durable in the log all the same
+                    pass
             self._pending = {}  # in memory: the catalog goes with the database
+            if getattr(self, "redo", None) is not None:
+                self.redo.close()
             self._kept_readers, self._kept_boxes = {}, {}  # their mappings go with them
             if self._conn is not None:
                 try:
@@ -305,7 +341,8 @@ class Store(StoreCatalog, StoreCommits):
         """The catalog's DuckDB connection. In memory, the rows of commits kept back are
         written first and an open transaction begins in DuckDB (deferred.py): whoever uses
         it, SQL or this package's code, sees every commit."""
-        if self._pending or (self._txn is not None and not self._txn.begun):
+        if self._pending or (self._txn is not None and not self._txn.begun) or (
+                self.redo is not None and self.redo.dirty):
             deferred.flush(self)
         return self._conn
 

@@ -268,8 +268,8 @@ class StoreCatalog:
 
     @property
     def holds_rows(self) -> bool:
-        """In memory: whether commits' catalog rows are held back, to be written before the
-        catalog connection is next used (storage/deferred.py)."""
+        """Whether commits' catalog rows are held back (in memory; on disk, in the redo log), to
+        be written before the catalog connection is next used (storage/deferred.py)."""
         return bool(self._pending)
 
     def check_open(self, writing: bool = False) -> None:

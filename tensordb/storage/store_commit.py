@@ -264,7 +264,10 @@ class StoreCommits:
         """Group writer commits and drops: all of them land, or none does. Nested blocks join
         the outermost one. The store lock is not held across the block: worker threads may read
         the catalog meanwhile (they see the block's uncommitted changes, as DuckDB does). (A
-        context manager class, not a generator: a call enters several nested blocks.)"""
+        context manager class, not a generator: a call enters several nested blocks.)
+        BEGIN waits for the first use of ``duck`` in memory, and on disk where commits are
+        logged (deferred.py: a transaction whose rows all go to the redo log never begins in
+        DuckDB)."""
         return _Block(self)
 
     def _begin(self) -> tuple[_Txn, bool]:
@@ -279,7 +282,7 @@ class StoreCommits:
             joined = self._txn
             if joined is not None:
                 return joined, True
-            if not self.persistent:
+            if not self.persistent or self.redo is not None:
                 txn = _Txn(external=False)  # begins in DuckDB at the first use (deferred.py)
                 txn.begun = False
             else:
@@ -326,6 +329,11 @@ class StoreCommits:
                     self._conn.execute("ROLLBACK")
                 self._remove_created(txn)
                 raise translate(exc, "commit failed") from None
+            except OperationalError as exc:  # the redo log's record could not be written
+                self._clear_cache()
+                if getattr(exc, "undone", False):  # else a record may name them: kept
+                    self._remove_created(txn)  # (the next open's sweep knows)
+                raise
             if self.publisher is not None:
                 try:  # numbered before a retired file goes: a reader that comes now waits
                     self.publisher.committed()  # for the snapshot without it
@@ -365,7 +373,7 @@ class StoreCommits:
         try:
             unreferenced = directory.unreferenced(self.duck, txn.created)
             objects = objectdb.unreferenced(self.duck, txn.uploaded) if txn.uploaded else []
-        except duckdb.Error:
+        except (duckdb.Error, OperationalError):
             return
         for path in unreferenced:
             _remove(path)

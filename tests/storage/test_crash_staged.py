@@ -30,7 +30,7 @@ SHAPE = (1024, 512)  # 2 MiB of float32: staged (not mapped), one tile or severa
 CHILD = textwrap.dedent("""
     import sys
     import tensordb
-    from tensordb.storage import catalog, spares, staging, store_commit, writer as wr
+    from tensordb.storage import catalog, redolog, spares, staging, store_commit, writer as wr
     from tests.harness import die_after, die_before
 
     path, point, before = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -55,7 +55,8 @@ CHILD = textwrap.dedent("""
     elif point == "syncing":                # the directory's fsync for both outputs started,
         die_after(staging, "_sync_dir")     # the second output's payload not yet synced
     elif point == "before_commit":          # rows swapped inside the transaction, no COMMIT
-        die_after(catalog, "store")
+        die_after(catalog, "store")         # (a replace this process wrote before: its rows
+        die_before(redolog.RedoLog, "append")  # kept back, not yet the redo log's record)
     elif point == "synced":                 # every sync finished, the rows swapped: no COMMIT
         die_before(store_commit.StoreCommits, "_end")
     elif point == "after_commit":           # COMMIT done, the old payload not yet deleted

@@ -113,14 +113,29 @@ def test_drop_and_create_after_kept_rows(con):
     assert con.sql("SELECT sum(value) FROM C").fetchall() == [(40.0,)]
 
 
-def test_on_disk_nothing_waits(db_path):
+def test_on_disk_rows_wait_in_the_redo_log(db_path):
+    """On disk a replace's rows wait too, each commit durable as one record of the redo log
+    (storage/redolog.py); the next use of the catalog writes them and empties the log."""
+    from tensordb.storage import redolog
+    log = os.path.join(db_path, redolog.LOG_FILE)
     with tensordb.connect(db_path) as con:
         con.load("A", np.arange(4.0))
         con.execute("A[i] = A[i] * 3")
-        assert con.store._pending == {}
+        con.execute("A[i] = A[i] * 3")
         assert con.store._txn is None
+        assert list(con.store._pending) == ["a"]
+        records = redolog.read(log)[0]
+        assert records and [len(r) for r in records] == [1] * len(records)
+        assert records[-1][0][1] == con.store.meta("A")  # the newest version, as committed
+        if len(records) == 2:  # each record replaces the version of the one before
+            assert records[1][0][0].version == records[0][0][1].version
+        assert con.sql("SELECT version FROM tensordb.tensors").fetchall() == \
+            [(con.store.meta("A").version,)]
+        assert con.store._pending == {} and os.path.getsize(log) == 0
+        con.execute("A[i] = A[i] + 1")
+    assert not os.path.exists(log)  # written to DuckDB at close, the empty log removed
     with tensordb.connect(db_path) as con:
-        np.testing.assert_array_equal(con.tensor("A"), np.arange(4.0) * 3)
+        np.testing.assert_array_equal(con.tensor("A"), np.arange(4.0) * 9 + 1)
 
 
 def test_digits_steps_match_numpy_and_write_no_row():

@@ -161,3 +161,44 @@ def test_a_shared_directory_fsync_is_one_started_inside_the_block(tmp_path):
     assert fsyncs.count(str(tmp_path)) == 3
     for name in ("f0", "f1", "f2", "inner"):
         assert (tmp_path / name).read_bytes() == b"x" * 4096
+
+
+def test_a_logged_replace_syncs_the_payload_then_its_record(tmp_path, monkeypatch):
+    """A replace of a version this process wrote goes to the redo log (storage/redolog.py):
+    its payload and the directory synced once each, then the log's record written and
+    fdatasynced once, and only then the replaced payload retired; DuckDB is not written
+    (no COMMIT: the transaction never began there)."""
+    from tensordb.storage import redolog, spares
+    a = RNG.standard_normal((64, 16)).astype(np.float32)
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("A", a, tile=(32, 16))
+        commit_all([_writer(con.store, "A", 2 * a, (32, 16))])  # its entries now known here
+        spy = SyncSpy(monkeypatch)
+        real_sync, real_retire = redolog._sync, spares.SparePayloads.retire
+        retired = []
+
+        def log_sync(fd):
+            real_sync(fd)
+            spy.calls.append(("log", os.readlink(f"/proc/self/fd/{fd}"), time.perf_counter()))
+
+        def retire(self, path, keep=True):
+            retired.append(time.perf_counter())
+            return real_retire(self, path, keep=keep)
+        monkeypatch.setattr(redolog, "_sync", log_sync)
+        monkeypatch.setattr(spares.SparePayloads, "retire", retire)
+        w = _writer(con.store, "A", 3 * a, (32, 16))
+        duck_before = con.store._conn
+        commit_all([w])
+        log = os.fspath(tmp_path / "db" / redolog.LOG_FILE)
+        assert spy.on(w.path) == ["fdatasync"] and spy.on(con.store.tiles_dir) == ["fsync"]
+        assert spy.on(log) == ["log"], spy.calls
+        t_log = next(t for kind, _, t in spy.calls if kind == "log")
+        assert max(t for kind, p, t in spy.calls if kind != "log" and
+                   p.startswith(os.fspath(tmp_path))) < t_log  # the payload before its record
+        assert retired and min(retired) > t_log  # the old payload retired after the record
+        assert con.store._pending and con.store._conn is duck_before
+        assert redolog.read(log)[0][-1][0][1] == con.store.meta("A")
+        np.testing.assert_array_equal(con.tensor("A"), 3 * a)
+    with tensordb.connect(tmp_path / "db") as con:
+        np.testing.assert_array_equal(con.tensor("A"), 3 * a)
+        assert [r["problem"] for r in con.check()] == ["ok"]
