@@ -3,8 +3,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import pytest
+
+
+# PYTHONDONTWRITEBYTECODE, where it is set (CI's environment sets it), kept any bytecode from
+# being written: each pytest process rewrote every test module's asserts from source, and each of
+# the suite's hundreds of child processes (kill -9 tests, the command line, memory-sampled
+# children, Dask workers) compiled tensordb again on import. The tests write it (into the
+# __pycache__ folders .gitignore leaves out); the children read what was written.
+sys.dont_write_bytecode = False
 
 
 def pytest_addoption(parser):

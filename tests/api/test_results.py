@@ -106,29 +106,31 @@ sys.meta_path.insert(0, NotInstalled())
 import numpy as np, tensordb
 con = tensordb.connect()
 con.load("A", np.eye(2))
-for what, call in [("rows", lambda: con.execute("SELECT 1 AS x").{method}()),
-                   ("tensor", lambda: con.execute("B[i,j] = A[i,j] * 2").{method}()),
-                   ("cursor", lambda: con.cursor().execute("SELECT 1").{method}())]:
-    try:
-        call()
-    except tensordb.InterfaceError as exc:
-        print(what, "|", str(exc).replace("\\n", " / "))
-    else:
-        print(what, "| no error")
+for method in {methods!r}:
+    for what, call in [("rows", lambda: getattr(con.execute("SELECT 1 AS x"), method)()),
+                       ("tensor", lambda: getattr(con.execute("B[i,j] = A[i,j] * 2"), method)()),
+                       ("cursor", lambda: getattr(con.cursor().execute("SELECT 1"), method)())]:
+        try:
+            call()
+        except tensordb.InterfaceError as exc:
+            print(method, what, "|", str(exc).replace("\\n", " / "))
+        else:
+            print(method, what, "| no error")
 """
 
 
-@pytest.mark.parametrize("module,method,extra", [("pandas", "df", "pandas"),
-                                                 ("pandas", "fetchdf", "pandas"),
-                                                 ("polars", "pl", "polars")])
-def test_a_missing_extra_names_what_to_install(module, method, extra):
-    code = textwrap.dedent(_MISSING.format(module=module, method=method))
+@pytest.mark.parametrize("module,methods,extra", [("pandas", ("df", "fetchdf"), "pandas"),
+                                                  ("polars", ("pl",), "polars")])
+def test_a_missing_extra_names_what_to_install(module, methods, extra):
+    """Each method of a module in one child (a child per method cost ~1 s more each)."""
+    code = textwrap.dedent(_MISSING.format(module=module, methods=methods))
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(tensordb.__file__)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert [line.split(" | ")[0] for line in lines] == ["rows", "tensor", "cursor"]
+    assert [line.split(" | ")[0] for line in lines] == \
+        [f"{method} {what}" for method in methods for what in ("rows", "tensor", "cursor")]
     for line in lines:
         assert f"needs {module}" in line and f"pip install tensordb[{extra}]" in line, line
     assert "Traceback" not in out.stderr and "ModuleNotFoundError" not in out.stdout

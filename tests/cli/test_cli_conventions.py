@@ -5,6 +5,7 @@ suggestions name only the user's tables and tensors, no error says its kind twic
 says what is missing, and progress shows within long kernel calls."""
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pty
@@ -29,11 +30,22 @@ ENV = {**os.environ, "TENSORDB_DEBUG": "", "PYTHONUNBUFFERED": "1",
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
 
 
-def cli_run(*args, cwd=None):
+def cli_subprocess(*args, cwd=None):
     """``python -m tensordb ARGS``: (exit status, stdout, stderr)."""
     p = subprocess.run([sys.executable, "-m", "tensordb", *map(str, args)], capture_output=True,
                        text=True, env=ENV, cwd=cwd, timeout=300)
     return p.returncode, p.stdout, p.stderr
+
+
+def cli_run(*args):
+    """``tensordb ARGS`` through the entry point ``python -m tensordb`` calls (``cli.main``), in
+    this process: (exit status, stdout, stderr). A fresh interpreter per call cost ~1 s of the
+    suite's time each; the subprocess path itself is checked once
+    (test_bare_tensor_name_prints_the_tensor) and in tests/test_examples.py."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
 
 
 class Terminal:
@@ -91,6 +103,12 @@ class Terminal:
         os.close(self.master)
 
 
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch):
+    """As in ENV: no tracebacks under errors, whatever the shell running the tests set."""
+    monkeypatch.delenv("TENSORDB_DEBUG", raising=False)
+
+
 @pytest.fixture
 def db(tmp_path):
     path = tmp_path / "db.tdb"
@@ -104,7 +122,7 @@ def db(tmp_path):
 
 def test_bare_tensor_name_prints_the_tensor(db):
     expect = np.arange(6, dtype=np.float64).reshape(3, 2) / 4
-    rc, out, err = cli_run(db, "-c", "P;", "-c", "prices")
+    rc, out, err = cli_subprocess(db, "-c", "P;", "-c", "prices")
     assert rc == 0 and err == ""
     assert f"P: float64 (3, 2)\n{expect}" in out
     assert f"Prices: int64 (4,)\n{np.arange(4)}" in out  # names are case-insensitive, as in SQL

@@ -4,6 +4,7 @@ through a pipe (no banner nor prompts; errors at their line), and the messages o
 TENSOR IF EXISTS from the command line."""
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -24,9 +25,31 @@ from tests.cli.test_cli_conventions import ENV, Terminal
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def piped(db, text: str, *args) -> subprocess.CompletedProcess:
+def piped_subprocess(db, text: str, *args) -> subprocess.CompletedProcess:
+    """``python -m tensordb DB ARGS`` with ``text`` on a real pipe."""
     return subprocess.run([sys.executable, "-m", "tensordb", str(db), *args], input=text,
                           capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def piped(db, text: str, *args) -> subprocess.CompletedProcess:
+    """The same through ``cli.main`` in this process, ``text`` as a stdin that is not a
+    terminal (a fresh interpreter per call cost ~1 s of the suite's time; the real pipe is
+    tried by test_piped_input_prints_no_banner_nor_prompts_and_errors_name_their_line)."""
+    argv = [str(db), *map(str, args)]
+    out, err = io.StringIO(), io.StringIO()
+    stdin, sys.stdin = sys.stdin, io.StringIO(text)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli.main(argv)
+    finally:
+        sys.stdin = stdin
+    return subprocess.CompletedProcess(argv, rc, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch):
+    """As in ENV: no tracebacks under errors, whatever the shell running the tests set."""
+    monkeypatch.delenv("TENSORDB_DEBUG", raising=False)
 
 
 @pytest.fixture
@@ -48,7 +71,7 @@ def test_piped_input_prints_no_banner_nor_prompts_and_errors_name_their_line(db)
               "-- a comment\n"            # 6
               "SELECT 2 AS\n"             # 7
               "  b +;\n")                 # 8: a syntax error at the end
-    done = piped(db, script)
+    done = piped_subprocess(db, script)
     assert done.returncode == 1
     assert "tensordb>" not in done.stdout and "...>" not in done.stdout
     assert "tensordb " + tensordb.__version__ not in done.stdout  # no banner

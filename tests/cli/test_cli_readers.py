@@ -1,7 +1,9 @@
 """An idle REPL that holds a database for writing keeps no reader out: the shell on a
 pseudo-terminal writes and then waits at its prompt, while other processes read the database
 (the CLI with --read-only or DuckDB's -readonly, and Python), each read checked with NumPy
-against what the REPL stored; a second writer is refused with the REPL's process id."""
+against what the REPL stored; a second writer is refused with the REPL's process id. The
+command lines beside the REPL run ``cli.main`` in the test's own process (another process than
+the REPL's, without an interpreter started for each)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 import tensordb
-from tests.cli.test_cli_conventions import ENV, Terminal
+from tests.cli.test_cli_conventions import ENV, Terminal, cli_run
 
 
 def test_an_idle_repl_keeps_no_reader_out(tmp_path):
@@ -27,21 +29,18 @@ def test_an_idle_repl_keeps_no_reader_out(tmp_path):
         term.send("Q[i,j] = P[i,j] * 10;")
         term.until(Terminal.PROMPT)  # stored; the REPL now sits idle, holding the database
         for flag in ("--read-only", "-readonly"):
-            out = subprocess.run([sys.executable, "-m", "tensordb", str(db), flag, "-c",
-                                  "SELECT sum(value) FROM Q"], capture_output=True, text=True,
-                                 env=ENV, timeout=300)
-            assert out.returncode == 0, out.stderr
-            assert str(int(np.arange(6.0).sum() * 10)) in out.stdout
+            rc, stdout, stderr = cli_run(db, flag, "-c", "SELECT sum(value) FROM Q")
+            assert rc == 0, stderr
+            assert str(int(np.arange(6.0).sum() * 10)) in stdout
         with tensordb.connect(db, read_only=True) as con:
             np.testing.assert_array_equal(con.tensor("Q"), np.arange(6.0).reshape(3, 2) * 10)
         term.send("Q[i,j] = P[i,j] * 100;")  # a new version: the next reader sees it
         term.until(Terminal.PROMPT)
         with tensordb.connect(db, read_only=True) as con:
             np.testing.assert_array_equal(con.tensor("Q"), np.arange(6.0).reshape(3, 2) * 100)
-        out = subprocess.run([sys.executable, "-m", "tensordb", str(db), "-c", "SELECT 1"],
-                             capture_output=True, text=True, env=ENV, timeout=300)
-        assert out.returncode != 0
-        assert f"locked: process {term.proc.pid} has it open for writing" in out.stderr
+        rc, _, stderr = cli_run(db, "-c", "SELECT 1")
+        assert rc != 0
+        assert f"locked: process {term.proc.pid} has it open for writing" in stderr
         term.send(".quit")
         assert term.proc.wait(timeout=60) == 0
     finally:
@@ -74,10 +73,8 @@ def test_a_read_only_repl_opened_first_keeps_no_writer_out(tmp_path):
         term.send("SELECT sum(value) AS s FROM P;")
         assert str(int(p.sum())) in term.until(Terminal.PROMPT)  # the REPL has read, now idle
         for k in (10, 100):  # writers started after it: each opens, stores, closes
-            out = subprocess.run([sys.executable, "-m", "tensordb", str(db), "-c",
-                                  f"Q[i,j] = P[i,j] * {k};"], capture_output=True, text=True,
-                                 env=ENV, timeout=300)
-            assert out.returncode == 0, out.stderr
+            rc, _, stderr = cli_run(db, "-c", f"Q[i,j] = P[i,j] * {k};")
+            assert rc == 0, stderr
             term.send("SELECT sum(value) AS s FROM Q;")  # the reader's next call: the newest
             assert str(int(p.sum() * k)) in term.until(Terminal.PROMPT)
         with tensordb.connect(db) as con:  # a writer beside the idle reader, left open

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -279,23 +280,27 @@ def test_the_stand_in_refuses_a_host_device_mix_up():
     assert sum(xp.d2h) == gpu_sparse.tile_bytes(dev)
 
 
-@pytest.mark.parametrize("what", ["corpus", "gpu tests"])
-def test_on_the_gpu_executor_in_a_process_whose_cupy_is_the_stand_in(what):
+def test_on_the_gpu_executor_in_a_process_whose_cupy_is_the_stand_in():
     """In a process whose ``cupy`` and ``cupyx.scipy.sparse`` are tests/fakecupy's (so
     executor="gpu" is the stand-in, and opt_einsum's CuPy backend too): two seeds of the sparse
     random corpus (tests/sparse/test_sparse_fuzz.py: stored tensors mostly zeros, so CSR tiles),
     and the real-GPU checks of sparse tensors in tests/exec/test_gpu.py (the sparse einsums,
-    the MF training step with GRAD), each against numpy."""
+    the MF training step with GRAD), each against numpy. One child runs both (a child each cost
+    a second interpreter and pytest start)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = [root, os.path.join(root, "tests", "fakecupy"), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, TENSORDB_TEST_EXECUTOR="gpu",
                PYTHONPATH=os.pathsep.join(p for p in path if p))
-    args = ["tests/sparse/test_sparse_fuzz.py", "-k",
-            "test_sparse_fuzz_einsums and (seed0 or seed1)"] if what == "corpus" else \
-        ["tests/exec/test_gpu.py", "-m", "gpu", "-k", "sparse"]
+    args = ["tests/sparse/test_sparse_fuzz.py", "tests/exec/test_gpu.py", "-rA", "-k",
+            "(test_sparse_fuzz_einsums and (seed0 or seed1)) or (test_gpu.py and sparse)"]
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and " passed" in done.stdout and "skipped" not in done.stdout, \
+        done.stdout[-3000:]
+    passed = set(re.findall(r"^PASSED (\S+?)(?:\[|$)", done.stdout, re.M))
+    assert passed >= {"tests/sparse/test_sparse_fuzz.py::test_sparse_fuzz_einsums",
+                      "tests/exec/test_gpu.py::test_sparse_einsums_on_the_gpu_match_numpy",
+                      "tests/exec/test_gpu.py::test_sparse_mf_training_step_with_grad_on_the_gpu"}, \
         done.stdout[-3000:]
 
 

@@ -559,15 +559,20 @@ def test_literals_overflow_where_numpy_overflows(query, oracle, tile):
 
 @pytest.mark.parametrize("agg,fn", [("MAX", np.max), ("MIN", np.min), ("SUM", np.sum),
                                     ("PROD", np.prod)])
-def test_an_aggregate_over_every_label_in_many_chunks_is_numpys(agg, fn):
-    # every label aggregated: each chunk reduces to a scalar, which the accumulator folds
+def test_an_aggregate_over_every_label_in_many_chunks_is_numpys(agg, fn, monkeypatch):
+    # every label aggregated: each chunk reduces to a scalar, which the accumulator folds, and
+    # the two calls' partials (pieces along j) are folded again. The plan's chunks of 4,096
+    # elements give each call ~41 chunks, as 600x700x800 did at the default CHUNK_ELEMENTS
+    # (the numpy oracle's 2.7 GB join space then took most of the time).
+    from tensordb.plan import kernel as plan_kernel
+    monkeypatch.setattr(plan_kernel, "CHUNK_ELEMENTS", 4096)  # the plan chooses chunks
     rng = np.random.default_rng(5)
-    a = rng.uniform(0.999, 1.001, (600, 700))
-    b = rng.uniform(0.999, 1.001, (700, 800)) if agg != "PROD" else rng.uniform(0.9999, 1.0001, (700, 800))
+    a = rng.uniform(0.999, 1.001, (60, 70))
+    b = rng.uniform(0.999, 1.001, (70, 80)) if agg != "PROD" else rng.uniform(0.9999, 1.0001, (70, 80))
     with tensordb.connect(workers=2) as con:
         con.load("A", a)
         con.load("B", b)
-        con.execute(f"C[] = {agg}(A[i,j] * B[j,k]);")
+        con.execute(f"C[] = {agg}(A[i,j] * B[j,k]) WITH (PIECES j 2);")
         np.testing.assert_allclose(float(con.tensor("C")), fn(a[:, :, None] * b[None, :, :]),
                                    rtol=1e-9)
 

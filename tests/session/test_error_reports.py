@@ -5,6 +5,8 @@ database on disk, the command line as a subprocess where the command line is the
 checks the exit status, the message and that nothing changed that should not have."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from tensordb import cli as tensordb_cli
 from tensordb.errors import Span, render_caret
 from tensordb.result import Result
 
@@ -23,7 +26,15 @@ ENV = {**os.environ, "TENSORDB_DEBUG": "", "PYTHONUNBUFFERED": "1",
 
 
 def cli(*args, stdin=None, cwd=None):
-    """``python -m tensordb ARGS`` (stdin piped, not a terminal): (exit status, stdout, stderr)."""
+    """``tensordb ARGS``: (exit status, stdout, stderr). With piped ``stdin`` or a ``cwd``,
+    ``python -m tensordb`` in a child (stdin's decoding and the working directory are the
+    child's own); otherwise the same entry point, ``cli.main``, in this process (a fresh
+    interpreter per call cost ~1 s of the suite's time)."""
+    if stdin is None and cwd is None:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = tensordb_cli.main([str(a) for a in args])
+        return rc, out.getvalue(), err.getvalue()
     p = subprocess.run([sys.executable, "-m", "tensordb", *map(str, args)], input=stdin,
                        capture_output=True, text=True, env=ENV, cwd=cwd, timeout=300)
     return p.returncode, p.stdout, p.stderr
@@ -32,6 +43,12 @@ def cli(*args, stdin=None, cwd=None):
 def names(db) -> list[str]:
     with tensordb.connect(db) as con:
         return sorted(m.name for m in con.store.list())
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch):
+    """As in ENV: no tracebacks under errors, whatever the shell running the tests set."""
+    monkeypatch.delenv("TENSORDB_DEBUG", raising=False)
 
 
 @pytest.fixture
