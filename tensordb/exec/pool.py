@@ -137,6 +137,9 @@ class LocalExecutor:
         self.pin_workers = True  # SET pin_workers: each worker thread on a core (see _pin)
         # a tiny plan runs as a straight line of calls (fastpath.py); off: through _Run
         self.fast_path = True
+        # the run's last matrix-product call cut by rows among idle workers (tail.py)
+        self.tail_cut = True
+        self.last_tail_cuts = 0  # calls the last run cut
 
     def _start(self) -> None:
         if not self.threads:
@@ -228,6 +231,7 @@ class LocalExecutor:
                     self._start()
                     result = run.go()
             finally:
+                self.last_tail_cuts = run.cuts
                 tiles.end_run(plan, run, result, sink)
                 # The run object lives on in reference cycles until a garbage collection: the
                 # output tiles it holds would stay with it after the caller lets them go.
