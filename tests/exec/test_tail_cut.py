@@ -9,6 +9,8 @@ taken back; a failure in the other worker's block fails the statement and leaves
 to run the next; the plan cache's rerun cut again."""
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import pytest
 
@@ -179,7 +181,6 @@ def test_a_block_not_taken_is_taken_back(monkeypatch):
         if items and items[0][2][1] == "part":
             with self.lock:  # the blocks go into the heap while the worker is kept away
                 for w, priority, item in items:
-                    import heapq
                     heapq.heappush(self.heaps[w], (priority, next(self._seq), item))
             return None
         return real(self, items)
