@@ -56,9 +56,10 @@ class ReadyQueues:
 
     def idle(self, w: int) -> list[int]:
         """The workers other than ``w`` with nothing queued (running their last item, or
-        asleep): those a run's tail call may be cut for (``tail.py``)."""
+        asleep: those first): those a run's tail call may be cut for (``tail.py``)."""
         with self.lock:
-            return [v for v, heap in enumerate(self.heaps) if v != w and not heap]
+            free = [v for v, heap in enumerate(self.heaps) if v != w and not heap]
+            return sorted(free, key=lambda v: v not in self.sleeping)
 
     def take_back(self, w: int, item) -> bool:
         """Remove ``item`` (the very object put) from worker ``w``'s heap if it is still
