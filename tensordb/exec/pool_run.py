@@ -308,7 +308,8 @@ class _Run:
         split = row_split(spec, args, task.arg_shapes, task.out_shape, dest, 1 + len(helpers))
         if split is None:
             return None
-        given = [(v, (self, "part", task, split, i)) for i, v in enumerate(helpers[:len(split) - 1], 1)]
+        given = [(v, (self, "part", task, split, i))
+                 for i, v in enumerate(helpers[:len(split) - 1], 1)]
         with self.lock:
             self.pending += len(given)
         split.given(len(given))

@@ -6,7 +6,7 @@ small, integers, a NaN/inf test, a scale, an absent operand); a block-sparse pro
 workers whose last call is cut, its result the bytes of the same run uncut and equal to
 numpy's tile loop, EXPLAIN ANALYZE's counts unchanged; a block never taken by the other worker
 taken back; a failure in the other worker's block fails the statement and leaves the pool able
-to run the next; the plan cache's rerun cut again."""
+to run the next; the plan cache's rerun cut again, also after new values of A."""
 from __future__ import annotations
 
 import heapq
@@ -166,7 +166,8 @@ def test_the_last_product_of_a_run_is_cut_and_its_answer_kept(tmp_path, on_disk)
         assert _runs(con, 2) == 0
         r = con.last_run
         assert counts == (r.kernel_calls, r.bytes_moved, sorted(r.nnz.values()),
-                          sorted(r.crc32.values()), [(m.kernel_calls, m.bytes_moved) for m in r.ops])
+                          sorted(r.crc32.values()),
+                          [(m.kernel_calls, m.bytes_moved) for m in r.ops])
 
 
 def test_a_block_not_taken_is_taken_back(monkeypatch):
@@ -233,11 +234,11 @@ def test_a_failed_block_fails_the_statement_and_the_pool_runs_on(monkeypatch):
             assert con.tensor("C").tobytes() == _tile_products(a2, B).tobytes()
 
 
-def test_a_cached_plan_is_cut_again_and_a_new_layout_too():
+def test_a_cached_plan_is_cut_again_and_after_new_values():
     with _connect() as con:
         assert _runs(con, 8) >= 4
         a2 = _block_sparse()
-        con.load("A", a2, tile=(T, T), replace=True)  # new values: the cached plan's shape may be reused
+        con.load("A", a2, tile=(T, T), replace=True)  # new values, the same layout
         ex, cuts = con.engine.executor(), 0
         for _ in range(8):
             con.execute(PRODUCT)
