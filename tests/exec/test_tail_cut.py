@@ -2,7 +2,7 @@
 product cut by rows among the workers left with nothing queued. The cut call's bits against
 the uncut kernel's (``KernelSpec``, the oracle numpy's matmul over the whole tile) for float32
 and float64, batched and transposed operands, into 2-4 blocks; the calls not cut (too
-small, integers, a NaN/inf test, a scale, an absent operand); a block-sparse product on two
+small, integers, a cast, a scale, an absent operand); a block-sparse product on two
 workers whose last call is cut, its result the bytes of the same run uncut and equal to
 numpy's tile loop, EXPLAIN ANALYZE's counts unchanged; a block never taken by the other worker
 taken back; a failure in the other worker's block fails the statement and leaves the pool able
