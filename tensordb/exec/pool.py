@@ -21,6 +21,10 @@ kernel's call (scipy, GraphBLAS) counts the flops of its stored entries, weighed
 ``SPARSE_FLOP_WEIGHT`` times a BLAS flop (``_work``), here and where a plan is found tiny. The
 count set for the last run is ``LocalExecutor.last_blas_threads``.
 
+Calls that do not divide evenly among the workers leave cores idle at the end of a run: the
+run's last matrix-product call is cut by rows among the workers with nothing queued (tail.py,
+``pool_run._Run._cut``; ``tail_cut``, and ``last_tail_cuts`` the calls the last run cut).
+
 A tiny plan (8 tasks and 16 MFLOP, or 64 tasks and 4 MFLOP; no memory budget to keep, host
 tiles) runs on the calling thread, in the same order and through the same task code: handing
 it to a worker and waiting for it to come back would cost more than its kernels. Ctrl-C then lands in that thread and ends
@@ -172,6 +176,9 @@ class LocalExecutor:
         self.pin_workers = True  # SET pin_workers: each worker thread on a core (see _pin)
         # a tiny plan runs as a straight line of calls (fastpath.py); off: through _Run
         self.fast_path = True
+        # the run's last matrix-product call cut by rows among idle workers (tail.py)
+        self.tail_cut = True
+        self.last_tail_cuts = 0  # calls the last run cut
 
     def _start(self) -> None:
         if not self.threads:
@@ -263,6 +270,7 @@ class LocalExecutor:
                     self._start()
                     result = run.go()
             finally:
+                self.last_tail_cuts = run.cuts
                 tiles.end_run(plan, run, result, sink)
                 # The run object lives on in reference cycles until a garbage collection: the
                 # output tiles it holds would stay with it after the caller lets them go.

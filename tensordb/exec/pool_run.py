@@ -3,7 +3,8 @@ the dataflow of its tasks (what is ready, which worker runs it, when a tile is f
 workers' queues or, for a tiny plan, on the calling thread (``go_inline``); aggregations fold
 each partial as it arrives; a stored output's tile is handed to the sink once final. A Load
 that only tasks on its own worker read is run by the first of them (``_Shape.lazy``), not
-queued. What a task
+queued. The run's last
+matrix-product call is cut by rows among the workers left idle (``tail.py``). What a task
 does and what it costs is the shared runtime's (``runtime.py``), where its tiles live the pool's
 ``tiles`` (``tiles.py``, ``gpu.py``).
 """
@@ -23,9 +24,11 @@ from ..physical.order import ranks
 from ..storage.sparse import tile_nbytes
 from ..storage.writer import TileStats, tile_stats
 from .budget import Budget, may_cross, temporary_bytes
+from .kernels import KernelSpec
 from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, plan_specs,
                       translate)
 from .spill import SpillFiles
+from .tail import row_split
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pool import LocalExecutor
@@ -88,6 +91,14 @@ class _Run:
         # device, each stays a task of its own.
         self.lazy = shape.lazy if self.budget is None and sparse else frozenset()
         self.waiting = dict(shape.waiting_lazy if self.lazy else shape.waiting)
+        # The tail (tail.py): kernel calls not yet started; a call started when none is left
+        # after it may be cut among the idle workers (host tiles, no admission, several
+        # workers, BLAS threads to spare for them: ``threads`` a call).
+        self.unstarted = shape.kernels
+        self.threads = ex.last_blas_threads or 1
+        self.cuts = 0  # calls cut in this run (``LocalExecutor.last_tail_cuts``)
+        self.may_cut = ex.tail_cut and ex.xp is np and self.budget is None and sparse \
+            and ex.workers > 1 and 2 * self.threads <= ex.cores
 
     def admit(self, item) -> bool:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
@@ -146,6 +157,7 @@ class _Run:
         order they would have taken them (folds first, then the plan's order)."""
         t0 = time.perf_counter()
         self.pending = 0
+        self.may_cut = False  # no other worker runs anything
         self._inline = []
         self._seq = itertools.count()
         try:
@@ -191,6 +203,8 @@ class _Run:
 
     def handle(self, w: int, item) -> None:
         """Run one queued item on worker ``w`` (called from the executor's worker threads)."""
+        if item[0] == "part":
+            return self._part(w, item[2], item[3])
         try:
             if self.control.error is None:
                 t0 = time.perf_counter()
@@ -251,6 +265,9 @@ class _Run:
             choice = self.plan.kernels[task.op] if isinstance(task, Kernel) else None
             if source is not None:  # a Load: a GPU may have its tile cached (devcache.py)
                 value = self.tiles.load(w, task, source, self.runner, op_of(self.plan, task))
+            elif choice is not None and self.may_cut and self._last_call() and \
+                    (value := self._cut(w, task, inputs, choice, dest)) is not None:
+                pass
             else:
                 value = self.runner.run(task, inputs, op_of(self.plan, task), choice=choice,
                                         out=dest, source=source,
@@ -266,6 +283,74 @@ class _Run:
         del inputs
         self._release(task.inputs)
         self._publish(w, task, value, stats)
+
+    # -- the tail (tail.py) ----------------------------------------------------------------------
+    def _last_call(self) -> bool:
+        """A kernel call starts: whether no other is left to start after it."""
+        with self.lock:
+            self.unstarted -= 1
+            return self.unstarted == 0
+
+    def _cut(self, w: int, task: Kernel, inputs: list, choice, dest):
+        """The run's last call cut by rows among the workers with nothing queued: their blocks
+        queued first on theirs, this worker's block run here, then any block a worker has not
+        taken run here too (``ReadyQueues.take_back``). The result, or None (not cut)."""
+        helpers = self.queues.idle(w)[:max(0, self.ex.cores // self.threads - 1)]
+        if not helpers:
+            return None
+        op = op_of(self.plan, task)
+        specs = plan_specs(self.plan, np)
+        spec = specs.get(task.op)
+        if spec is None:
+            spec = specs[task.op] = KernelSpec(op, np, choice)
+        it = iter(inputs)
+        args = [None if a is None else next(it) for a in task.args]
+        split = row_split(spec, args, task.arg_shapes, task.out_shape, dest, 1 + len(helpers))
+        if split is None:
+            return None
+        given = [(v, (self, "part", task, split, i))
+                 for i, v in enumerate(helpers[:len(split) - 1], 1)]
+        with self.lock:
+            self.pending += len(given)
+        split.given(len(given))
+        self.queues.put_many([(v, (-1, 0), item) for v, item in given])
+        self.cuts += 1
+        try:
+            self.control.check()
+            split.run(0)
+        finally:
+            for v, item in given:  # not taken yet: run here (or, after a failure, dropped)
+                if self.queues.take_back(v, item):
+                    with self.lock:
+                        self.pending -= 1
+                    try:
+                        if self.control.error is None:
+                            split.run(item[4])
+                    finally:
+                        split.ended()
+            split.done.wait()
+        if split.error is not None:
+            raise split.error
+        return split.result
+
+    def _part(self, w: int, split, i: int) -> None:
+        """Block ``i`` of a cut call, on worker ``w`` (its seconds count in ``w``'s busy time;
+        the call is counted once, by the worker that cut it)."""
+        t0, error = time.perf_counter(), None
+        try:
+            if self.control.error is None:
+                split.run(i)
+        except BaseException as exc:  # noqa: BLE001 - the cutting worker raises it
+            error = exc
+        finally:
+            split.ended(error)
+            with self.ledger.lock:
+                self.ledger.busy[w] += time.perf_counter() - t0
+            with self.lock:
+                self.pending -= 1
+                last = self.draining and self.pending == 0
+            if last:
+                self.drained.set()
 
     def _accumulate(self, w: int, agg: Aggregate, part_key: int) -> None:
         part = self._fetch(w, agg, part_key)
@@ -377,7 +462,7 @@ class _Shape:
     without them."""
 
     __slots__ = ("tasks", "outputs", "consumers", "refs", "waiting", "waiting_lazy",
-                 "acc_left", "agg_of", "keep", "lazy")
+                 "acc_left", "agg_of", "keep", "lazy", "kernels")
 
     @classmethod
     def of(cls, plan: TilePlan) -> "_Shape":
@@ -391,6 +476,7 @@ class _Shape:
         consumers = self.consumers = plan.consumers()
         self.refs = {k: len(v) for k, v in consumers.items()}
         self.waiting = {t.key: len(t.inputs) for t in plan.tasks if not isinstance(t, Aggregate)}
+        self.kernels = sum(isinstance(t, Kernel) for t in plan.tasks)
         self.acc_left = {t.key: len(t.parts) for t in plan.tasks if isinstance(t, Aggregate)}
         self.agg_of = {p: t.key for t in plan.tasks if isinstance(t, Aggregate) for p in t.parts}
         self.keep = frozenset(k for out in plan.outputs.values() if out.stored

@@ -54,6 +54,26 @@ class ReadyQueues:
         for w in wake:
             self.tokens[w].put(None)
 
+    def idle(self, w: int) -> list[int]:
+        """The workers other than ``w`` with nothing queued (running their last item, or
+        asleep: those first): those a run's tail call may be cut for (``tail.py``)."""
+        with self.lock:
+            free = [v for v, heap in enumerate(self.heaps) if v != w and not heap]
+            return sorted(free, key=lambda v: v not in self.sleeping)
+
+    def take_back(self, w: int, item) -> bool:
+        """Remove ``item`` (the very object put) from worker ``w``'s heap if it is still
+        there: True when it was, and ``w`` will never take it."""
+        with self.lock:
+            heap = self.heaps[w]
+            for i, entry in enumerate(heap):
+                if entry[2] is item:
+                    heap[i] = heap[-1]
+                    heap.pop()
+                    heapq.heapify(heap)
+                    return True
+        return False
+
     def get(self, w: int):
         """Worker ``w``'s best item, once its run admits it (``item[0].admit(item)``, called
         under the lock); None ends the worker."""
