@@ -15,6 +15,21 @@ table gives per workload the median over the rounds of each version's medians, t
 new/old, the range of the per-round ratios, NumPy's ratio between the two versions' processes
 (the same code: how much the machine moved), and new/old of tensordb's time over NumPy's in its
 own process (what a load that moves between processes disturbs less), with the load average.
+Every time is taken twice: wall (``perf_counter``) and CPU (``process_time``: all the process's
+threads, the pool's workers and OpenBLAS's helpers included). On this 2-core machine shared by
+several engineers the wall time of a call is mostly its waits for a core (at a load average of
+8-12 a square matmul's 1.4 s of CPU took 6-7 s of wall), which CPU time leaves out; spinning
+BLAS threads add to both. The table gives each with its per-round range.
+
+Two more modes (docs/benchmarks.md "The workload suite in sequence and alone"):
+
+- ``--fresh``: one process per workload and version, the versions alternating workload by
+  workload and round by round: no workload follows another in its process, so nothing a
+  previous workload left behind (caches, kept payloads, threads) can slow it;
+- ``--after NAME``: in one process per version, the workload NAME first, then the others
+  (those ``--only`` names, default all), then NAME again: its time last over its time first,
+  per version; what the new code leaves behind shows as a ratio the old code does not have.
+
 How long it takes: 2 x rounds processes; at a load average of 10-15 (five engineers' tests) one
 process took 6 to 14 minutes (2026-11-27); on a quiet machine it is not measured (a fraction of
 that: the processes got a fifth of a core).
