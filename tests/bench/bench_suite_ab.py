@@ -157,7 +157,7 @@ def after_table(args, got, loads, t_start) -> None:
     """--after: the workload's time last in the process (after the others) over its time first,
     per version; a state the new code leaves behind shows as a ratio the old code does not have."""
     med = statistics.median
-    print(f"{args.after!r} first, then the suite's other workloads, then it again, in one "
+    print(f"{args.after!r} first, then the other workloads (--only), then it again, in one "
           f"process; {len(got['old'])} rounds a version, alternating; load average "
           f"{min(loads):.1f}-{max(loads):.1f}; {time.perf_counter() - t_start:.0f} s")
     print("| version | tensordb wall last / first (per round) | tensordb CPU last / first | "
