@@ -11,7 +11,7 @@ import pytest
 import threadpoolctl
 
 import tensordb
-from tensordb.exec import pool, pool_run
+from tensordb.exec import pool, pool_run, tail
 
 RNG = np.random.default_rng(38)
 T = 256
@@ -67,6 +67,20 @@ def test_integer_products_are_not_cut_and_are_numpys(dtype):
             con.execute(PRODUCT)
             assert ex.last_tail_cuts == 0
             assert np.array_equal(con.tensor("C"), a @ b)  # small integers: exact
+
+
+def test_no_cut_where_the_blas_is_not_known_exact(monkeypatch):
+    """Where numpy's BLAS is not OpenBLAS on x86-64 the cut could change the last bits (MKL
+    picks kernels by the call's rows): nothing is cut, the answer is numpy's."""
+    monkeypatch.setattr(tail, "EXACT_BLAS", False)
+    a = _block_sparse(np.float32)
+    b = RNG.standard_normal((N, T)).astype(np.float32)
+    with _connect(a, b) as con:
+        ex = con.engine.executor()
+        for _ in range(5):
+            con.execute(PRODUCT)
+            assert ex.last_tail_cuts == 0
+            np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-4, atol=1e-3)
 
 
 def _blas_threads() -> list[int]:
