@@ -83,6 +83,36 @@ def test_no_cut_where_the_blas_is_not_known_exact(monkeypatch):
             np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("block", [0, 1])
+def test_a_failed_block_names_the_operation_as_the_uncut_call_does(monkeypatch, block):
+    """A block that fails (this worker's, 0, or the other's, 1) fails the statement with the
+    uncut call's error: the same class and the operation named."""
+    a = _block_sparse(np.float32)
+    b = RNG.standard_normal((N, T)).astype(np.float32)
+    real = tail.RowSplit.run
+
+    def run(self, i):
+        if i == block:
+            raise MemoryError("no room for block")
+        return real(self, i)
+
+    with _connect(a, b) as con:
+        con.execute(PRODUCT)
+        before = con.tensor("C").copy()
+        monkeypatch.setattr(tail.RowSplit, "run", run)
+        cut = None
+        for _ in range(20):
+            try:
+                con.execute(PRODUCT)
+            except tensordb.Error as exc:
+                cut = exc
+                break
+        assert cut is not None, "no run was cut"
+        assert isinstance(cut, tensordb.OperationalError)
+        assert "of C[i,k] = SUM(A[i,j] * B[j,k])" in str(cut).splitlines()[0], str(cut)
+        assert np.array_equal(con.tensor("C"), before)  # the failed statement changed nothing
+
+
 def _blas_threads() -> list[int]:
     return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
 
