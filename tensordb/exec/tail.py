@@ -95,7 +95,8 @@ class RowSplit:
 def row_split(spec, args: list, arg_shapes, out_shape, out, parts: int) -> RowSplit | None:
     """``spec``'s call on ``args`` cut into at most ``parts`` row blocks, or None where it is
     not a plain BLAS matmul that cuts without changing an answer (see the module's doc)."""
-    if parts < 2 or not EXACT_BLAS or spec.diagonal is not None or spec.xp is not np or spec.matmul is None \
+    if parts < 2 or not EXACT_BLAS or spec.diagonal is not None or spec.xp is not np \
+            or spec.matmul is None \
             or spec.choice.method != "matmul" or spec.test_inputs or spec.test_result \
             or spec.scale != 1 or spec.scale_first is not None:
         return None
