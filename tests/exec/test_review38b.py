@@ -4,6 +4,7 @@ numpy's); the BLAS limits set and put back the thread count through threadpoolct
 calls where its private names are missing, and put it back when the run raises."""
 from __future__ import annotations
 
+import threading
 import types
 
 import numpy as np
@@ -158,3 +159,37 @@ def test_blas_limits_put_back_after_an_exception():
             assert set(_blas_threads()) == {want}
             raise KeyboardInterrupt
     assert _blas_threads() == before
+
+
+def test_two_connections_cutting_at_once_in_two_threads():
+    """Two pools (two connections) on two threads at once, each run's last call cut where its
+    other worker is idle: every answer numpy's, no run hangs."""
+    a = _block_sparse(np.float32)
+    b = RNG.standard_normal((N, T)).astype(np.float32)
+    want = a @ b
+    cons = [_connect(a, b), _connect(a, b)]
+    cuts, bad, errors = [0, 0], [], []
+
+    def work(k: int) -> None:
+        try:
+            con = cons[k]
+            for _ in range(10):
+                con.execute(PRODUCT)
+                cuts[k] += con.engine.executor().last_tail_cuts
+                if not np.allclose(con.tensor("C"), want, rtol=1e-4, atol=1e-3):
+                    bad.append(k)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "a run hung"
+    finally:
+        for con in cons:
+            con.close()
+    assert not errors and not bad
+    assert sum(cuts) >= 1
