@@ -4,7 +4,9 @@ numpy's); the BLAS limits set and put back the thread count through threadpoolct
 calls where its private names are missing, and put it back when the run raises."""
 from __future__ import annotations
 
+import _thread
 import threading
+import time
 import types
 
 import numpy as np
@@ -193,3 +195,56 @@ def test_two_connections_cutting_at_once_in_two_threads():
             con.close()
     assert not errors and not bad
     assert sum(cuts) >= 1
+
+
+def test_ctrl_c_during_a_cut_call_stops_soon_and_leaves_nothing_running(monkeypatch):
+    """Ctrl-C (``interrupt_main``) while the blocks of a cut call run: the statement raises
+    KeyboardInterrupt within a second of the blocks' end, no block runs after it returns, the
+    stored tensor is the one before, and the next statement runs."""
+    a = _block_sparse(np.float32)
+    b = RNG.standard_normal((N, T)).astype(np.float32)
+    real = tail.RowSplit.run
+    running, started = [0], threading.Event()
+    lock = threading.Lock()
+
+    def slow(self, i):
+        with lock:
+            running[0] += 1
+        started.set()
+        try:
+            time.sleep(0.3)
+            return real(self, i)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    with _connect(a, b) as con:
+        con.execute(PRODUCT)
+        before = con.tensor("C").copy()
+        monkeypatch.setattr(tail.RowSplit, "run", slow)
+        interrupted = False
+        for _ in range(10):
+            started.clear()
+
+            def interrupt():
+                if started.wait(5):
+                    _thread.interrupt_main()
+
+            timer = threading.Thread(target=interrupt)
+            timer.start()
+            t0 = time.perf_counter()
+            try:
+                con.execute(PRODUCT)
+            except KeyboardInterrupt:
+                interrupted = True
+                assert time.perf_counter() - t0 < 1.5
+                assert running[0] == 0  # no block left running behind the caller's back
+            finally:
+                timer.join()
+            if interrupted:
+                break
+        assert interrupted, "no run was cut"
+        assert np.array_equal(con.tensor("C"), before)
+        monkeypatch.setattr(tail.RowSplit, "run", real)
+        con.execute(PRODUCT)
+        np.testing.assert_allclose(con.tensor("C"), a @ b, rtol=1e-4, atol=1e-3)
