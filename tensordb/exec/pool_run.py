@@ -316,21 +316,27 @@ class _Run:
         self.queues.put_many([(v, (-1, 0), item) for v, item in given])
         self.cuts += 1
         try:
-            self.control.check()
-            split.run(0)
-        finally:
-            for v, item in given:  # not taken yet: run here (or, after a failure, dropped)
-                if self.queues.take_back(v, item):
-                    with self.lock:
-                        self.pending -= 1
-                    try:
-                        if self.control.error is None:
-                            split.run(item[4])
-                    finally:
-                        split.ended()
-            split.done.wait()
-        if split.error is not None:
-            raise split.error
+            try:
+                self.control.check()
+                split.run(0)
+            finally:
+                for v, item in given:  # not taken yet: run here (or, after a failure, dropped)
+                    if self.queues.take_back(v, item):
+                        with self.lock:
+                            self.pending -= 1
+                        try:
+                            if self.control.error is None:
+                                split.run(item[4])
+                        finally:
+                            split.ended()
+                split.done.wait()
+            if split.error is not None:
+                raise split.error
+        except Exception as exc:  # named for its operation, as the uncut call's (runner.run)
+            err = translate(exc, op)
+            if err is exc:
+                raise
+            raise err from exc
         return split.result
 
     def _part(self, w: int, split, i: int) -> None:

@@ -15,7 +15,9 @@ contracted and free extents (OpenBLAS's small-matrix kernels, taken below about 
 multiplications on this machine's SkylakeX, sum in another order), boundaries not on a multiple
 of ``ROW_ALIGN`` rows (its edge kernels), a kernel that broadcasts, scales, converts or tests for
 NaN/inf (``KernelSpec``: the fallbacks that need the whole result), sparse, gathered or absent
-operands. tests/exec/test_tail_split.py checks the bits against the uncut call.
+operands. tests/exec/test_tail_cut.py checks the bits against the uncut call. The identity is
+OpenBLAS's on x86-64 (``EXACT_BLAS``): elsewhere (MKL, Accelerate, an ARM build's small-matrix
+kernels) a call's kernels may be picked by its rows, and nothing is cut.
 
 A block offered to another worker is taken back by the worker that cut the call if that worker
 has not taken it from its queue when it is done with its own block (``ReadyQueues.take_back``):
@@ -25,6 +27,7 @@ calls instead of one, never a wait for a worker that has not started.
 from __future__ import annotations
 
 import math
+import platform
 import threading
 
 import numpy as np
@@ -32,11 +35,24 @@ import numpy as np
 from ..storage.boxes import RowGather
 from ..storage.sparse import is_sparse
 
-__all__ = ["RowSplit", "row_split", "MIN_CALL_MULTS", "MIN_BLOCK_MULTS", "ROW_ALIGN"]
+__all__ = ["RowSplit", "row_split", "MIN_CALL_MULTS", "MIN_BLOCK_MULTS", "ROW_ALIGN", "EXACT_BLAS"]
 
 MIN_CALL_MULTS = 1 << 23   # a call of fewer multiplications is not cut (256^3 is 2^24)
 MIN_BLOCK_MULTS = 1 << 22  # nor into blocks of fewer (OpenBLAS's small-matrix path: < 1e6)
 ROW_ALIGN = 16             # block boundaries on a multiple of this many rows
+
+
+def _exact_blas() -> bool:
+    """Whether numpy's BLAS is OpenBLAS on x86-64 (numpy's build configuration says), where a
+    block of rows gets each element's dot product summed as the whole call would."""
+    try:
+        name = np.__config__.CONFIG["Build Dependencies"]["blas"]["name"]
+    except Exception:  # noqa: BLE001 - an older numpy, another build: not known to be exact
+        return False
+    return "openblas" in str(name).lower() and platform.machine().lower() in ("x86_64", "amd64")
+
+
+EXACT_BLAS = _exact_blas()  # the cut is made only where this holds
 
 
 class RowSplit:
@@ -79,7 +95,8 @@ class RowSplit:
 def row_split(spec, args: list, arg_shapes, out_shape, out, parts: int) -> RowSplit | None:
     """``spec``'s call on ``args`` cut into at most ``parts`` row blocks, or None where it is
     not a plain BLAS matmul that cuts without changing an answer (see the module's doc)."""
-    if parts < 2 or spec.diagonal is not None or spec.xp is not np or spec.matmul is None \
+    if parts < 2 or not EXACT_BLAS or spec.diagonal is not None or spec.xp is not np \
+            or spec.matmul is None \
             or spec.choice.method != "matmul" or spec.test_inputs or spec.test_result \
             or spec.scale != 1 or spec.scale_first is not None:
         return None

@@ -23,6 +23,12 @@ from tensordb.plan.ir import EinOp
 
 RNG = np.random.default_rng(26)
 
+# The bits of a cut call are the uncut call's only with OpenBLAS on x86-64 (tail.EXACT_BLAS);
+# elsewhere nothing is cut (tests/exec/test_review38b.py checks that) and these tests, which
+# compare bytes, do not apply.
+pytestmark = pytest.mark.skipif(not tail.EXACT_BLAS, reason="numpy's BLAS is not OpenBLAS "
+                                "on x86-64: the cut is not made")
+
 
 def _operand(shape, dtype):
     return RNG.standard_normal(shape).astype(dtype)
