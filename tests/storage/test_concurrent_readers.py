@@ -44,6 +44,24 @@ HOLD = textwrap.dedent("""
 """)
 
 
+def joined_version(con, k2: int) -> int:
+    """The version ``k`` (A = k, B = 2k) that one SQL statement joining A and B read, checked
+    whole: not older than ``k2``, read before. A tensor's SQL view holds its nonzeros only, so
+    version 0 (the writer's first, all zeros) joins to no rows; the statement counts each side
+    too, so that a half version (one side empty, the other not) is still told from it."""
+    rows = con.execute("SELECT min(A.value), max(A.value), min(B.value), max(B.value), "
+                       "count(*), (SELECT count(*) FROM A), (SELECT count(*) FROM B) "
+                       "FROM A JOIN B USING (i, j)").fetchall()
+    lo, hi, blo, bhi, count, in_a, in_b = rows[0]
+    if count == 0:  # version 0: neither side has a row
+        assert (lo, hi, blo, bhi, in_a, in_b) == (None, None, None, None, 0, 0), rows
+        assert k2 == 0, rows
+        return 0
+    assert lo == hi and blo == bhi == 2 * lo and count == in_a == in_b == N * N, rows
+    assert lo >= k2, rows  # never an older commit than one read before
+    return lo
+
+
 def test_a_reader_sees_whole_committed_versions_while_another_process_writes(tmp_path):
     root = str(tmp_path / "db")
     writer = start_script(WRITER, root, "60")
@@ -62,10 +80,7 @@ def test_a_reader_sees_whole_committed_versions_while_another_process_writes(tmp
                 both = con.einsum("ij,ij->ij", "A", "B")
                 k2 = round((both[0, 0] / 2) ** 0.5)  # A = k2 and B = 2 k2: A B = 2 k2^2
                 np.testing.assert_allclose(both, np.full((N, N), 2 * k2 * k2))
-                rows = con.execute("SELECT min(A.value), max(A.value), min(B.value), "
-                                   "max(B.value), count(*) FROM A JOIN B USING (i, j)").fetchall()
-                lo, hi, blo, bhi, count = rows[0]
-                assert lo == hi and blo == bhi == 2 * lo and count == N * N
+                lo = joined_version(con, k2)  # A and B in one SQL statement
                 seen.append(k)
                 assert k2 >= k and lo >= k2  # never an older commit than one read before
         open(root + ".stop", "w").close()

@@ -14,7 +14,7 @@ import pytest
 import tensordb
 from tensordb.storage import directory, identity
 from tests.harness import assert_payloads_referenced, kill9, run_script, start_script
-from tests.storage.test_concurrent_readers import HOLD, N, TILE, WRITER
+from tests.storage.test_concurrent_readers import HOLD, N, TILE, WRITER, joined_version
 
 # A writer that opens (beside a live reader), replaces A ``argv[2]`` times (A = previous + 1,
 # B = 2 A, one commit each) and closes; it prints how long its open took.
@@ -74,13 +74,7 @@ def test_a_writer_opens_and_commits_beside_a_reader_opened_first(tmp_path):
                 files = _files(con)  # (none while A = 0: zeros need no payload)
                 assert all(os.path.exists(f) for f in files)  # none deleted, none reused
                 checked += bool(files)
-                rows = con.execute("SELECT min(A.value), max(A.value), min(B.value), "
-                                   "max(B.value), count(*) FROM A JOIN B USING (i, j)").fetchall()
-                lo, hi, blo, bhi, count = rows[0]
-                if count == 0:  # A = 0 (the writer's first commit): no nonzero rows
-                    assert k == 0 and lo is None
-                else:
-                    assert lo == hi and blo == bhi == 2 * lo and count == N * N and lo >= k
+                joined_version(con, k)  # A and B in one SQL statement (A = 0: no rows)
                 seen.append(k)
             assert checked >= 6
             assert not con.store.view.own  # it moved on to the writer's published snapshots
