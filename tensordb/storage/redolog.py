@@ -240,13 +240,16 @@ class RedoLog:
         try:
             _write(self.fd, data, self.size)
             _sync(self.fd)
-        except OSError as err:
+        except BaseException as err:  # a Ctrl-C too: the record may be on disk, not counted
             undone = True
             try:
                 os.ftruncate(self.fd, self.size)
                 _sync(self.fd)
             except OSError:
                 undone, self.broken = False, True
+            if not isinstance(err, OSError):
+                err.undone = undone  # the caller undoes the commit as for a failed write
+                raise
             exc = OperationalError(f"cannot write the redo log {self.path}: "
                                    f"{err.strerror or err}")
             exc.undone = undone
