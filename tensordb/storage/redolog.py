@@ -12,7 +12,8 @@ A record is ``magic (4 bytes) | length (u32) | crc32 of the body (u32) | body``,
 the body is UTF-8 JSON (self-describing; never pickle): a list of rows ``{"old": meta,
 "meta": meta, "file": name, "entries": [...]}``. Opening the database replays the valid prefix
 (``replay``): a record cut short or with a bad checksum is a commit that never returned (its
-writer died inside ``append``), dropped with everything after it. Replay is idempotent: a row
+writer died inside ``append``), dropped with everything after it; one followed by a valid
+record is damage, not a torn append: OperationalError, the log kept (``read``). Replay is idempotent: a row
 applies only where the catalog holds exactly the version it replaced, so a log whose rows
 DuckDB already holds (a crash after the flush's COMMIT, before the log was emptied) changes
 nothing. docs/storage.md, "The durable steps of a commit".
@@ -102,7 +103,34 @@ def read(path: str) -> tuple[list[list[tuple]], int, int]:
         except (ValueError, KeyError, TypeError):
             break
         at += _HEAD.size + length
+    if at < len(data):
+        _check_tail(path, data, at, len(records))
     return records, at, len(data)
+
+
+def _valid_at(data: bytes, at: int) -> bool:
+    """Whether a whole record with a good checksum starts at ``at``."""
+    if at + _HEAD.size > len(data):
+        return False
+    magic, length, crc = _HEAD.unpack_from(data, at)
+    body = data[at + _HEAD.size: at + _HEAD.size + length]
+    return magic == MAGIC and len(body) == length and zlib.crc32(body) == crc
+
+
+def _check_tail(path: str, data: bytes, at: int, count: int) -> None:
+    """The bytes from ``at`` on are not a record. A torn append is the log's last record (an
+    append that fails is cut back, or no append follows it): if a valid record follows, the
+    log is damaged in the middle, and dropping the rest would lose commits that returned.
+    OperationalError then, leaving the log as it is."""
+    find = data.find(MAGIC, at + 1)
+    while find >= 0:
+        if _valid_at(data, find):
+            raise OperationalError(
+                f"the redo log {path} is damaged at byte {at} (record {count + 1}) and valid "
+                f"records follow it at byte {find}: they are commits that returned, so tensordb "
+                "does not drop them; keep a copy of the log and the database, and restore from "
+                "a backup (or move the log aside to open the catalog without them)")
+        find = data.find(MAGIC, find + 1)
 
 
 # -- applying records to a catalog ----------------------------------------------------------------
@@ -212,13 +240,16 @@ class RedoLog:
         try:
             _write(self.fd, data, self.size)
             _sync(self.fd)
-        except OSError as err:
+        except BaseException as err:  # a Ctrl-C too: the record may be on disk, not counted
             undone = True
             try:
                 os.ftruncate(self.fd, self.size)
                 _sync(self.fd)
             except OSError:
                 undone, self.broken = False, True
+            if not isinstance(err, OSError):
+                err.undone = undone  # the caller undoes the commit as for a failed write
+                raise
             exc = OperationalError(f"cannot write the redo log {self.path}: "
                                    f"{err.strerror or err}")
             exc.undone = undone

@@ -334,6 +334,13 @@ class StoreCommits:
                 if getattr(exc, "undone", False):  # else a record may name them: kept
                     self._remove_created(txn)  # (the next open's sweep knows)
                 raise
+            except BaseException as exc:  # a Ctrl-C inside the log's append: as a failed one
+                if getattr(exc, "undone", None) is None:
+                    raise
+                self._clear_cache()
+                if exc.undone:
+                    self._remove_created(txn)
+                raise
             if self.publisher is not None:
                 try:  # numbered before a retired file goes: a reader that comes now waits
                     self.publisher.committed()  # for the snapshot without it

@@ -171,8 +171,10 @@ def test_torn_tail_opens_old_state_and_check_is_clean(tmp_path):
 
 
 def test_bad_checksum_ends_the_valid_prefix(tmp_path):
-    """A record whose body does not match its crc32 ends the valid prefix: it and what
-    follows are a commit that never returned."""
+    """A record whose body does not match its crc32 ends the valid prefix: at the log's end it
+    is a commit that never returned (dropped); followed by a valid record it is damage, not a
+    torn append, and reading the log refuses (OperationalError) rather than drop commits that
+    returned (test_redolog.py opens such a database)."""
     path = tmp_path / "db"
     make(path)
     with tensordb.connect(path) as c:
@@ -180,6 +182,9 @@ def test_bad_checksum_ends_the_valid_prefix(tmp_path):
     one = redolog.encode([(metas[1], metas[1], "x", [])])
     bad = bytearray(one)
     bad[-2] ^= 0xFF
-    (path / redolog.LOG_FILE).write_bytes(one + bytes(bad) + one)
+    (path / redolog.LOG_FILE).write_bytes(one + one + bytes(bad))
     records, valid, size = redolog.read(str(path / redolog.LOG_FILE))
-    assert len(records) == 1 and valid == len(one) and size == 3 * len(one)
+    assert len(records) == 2 and valid == 2 * len(one) and size == 3 * len(one)
+    (path / redolog.LOG_FILE).write_bytes(one + bytes(bad) + one)
+    with pytest.raises(tensordb.OperationalError, match="damaged at byte"):
+        redolog.read(str(path / redolog.LOG_FILE))
