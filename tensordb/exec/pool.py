@@ -22,8 +22,9 @@ kernel's call (scipy, GraphBLAS) counts the flops of its stored entries, weighed
 count set for the last run is ``LocalExecutor.last_blas_threads``.
 
 Calls that do not divide evenly among the workers leave cores idle at the end of a run: the
-run's last matrix-product call is cut by rows among the workers with nothing queued (tail.py,
-``pool_run._Run._cut``; ``tail_cut``, and ``last_tail_cuts`` the calls the last run cut).
+run's last matrix-product call may be cut by rows among the workers with nothing queued
+(tail.py, ``pool_run._Run._cut``; ``tail_cut``, off unless ``TAIL_CUT``: it measured level on a
+2-core machine; ``last_tail_cuts`` the calls the last run cut).
 
 A tiny plan (8 tasks and 16 MFLOP, or 64 tasks and 4 MFLOP; no memory budget to keep, host
 tiles) runs on the calling thread, in the same order and through the same task code: handing
@@ -152,6 +153,10 @@ def _set_threads(lib, calls, n: int) -> None:
         lib.set_num_threads(n)
 
 
+# whether a new executor cuts a run's last matrix-product call (``LocalExecutor.tail_cut``)
+TAIL_CUT = False
+
+
 class LocalExecutor:
     """W in-process workers: threads that live as long as the executor, one queue each."""
 
@@ -176,8 +181,9 @@ class LocalExecutor:
         self.pin_workers = True  # SET pin_workers: each worker thread on a core (see _pin)
         # a tiny plan runs as a straight line of calls (fastpath.py); off: through _Run
         self.fast_path = True
-        # the run's last matrix-product call cut by rows among idle workers (tail.py)
-        self.tail_cut = True
+        # the run's last matrix-product call cut by rows among idle workers (tail.py): off
+        # unless TAIL_CUT says otherwise (it measured level on this 2-core VM, docs/benchmarks.md)
+        self.tail_cut = TAIL_CUT
         self.last_tail_cuts = 0  # calls the last run cut
 
     def _start(self) -> None:

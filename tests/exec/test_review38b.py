@@ -22,6 +22,12 @@ N = 4 * T
 PRODUCT = "C[i,k] = SUM(A[i,j] * B[j,k])"
 
 
+@pytest.fixture(autouse=True)
+def _tail_cut_on(monkeypatch):
+    """The cut is off by default (pool.TAIL_CUT); these tests turn it on."""
+    monkeypatch.setattr(pool, "TAIL_CUT", True)
+
+
 def _block_sparse(dtype) -> np.ndarray:
     a = np.zeros((N, N), dtype)
     for r, c in ((0, 0), (1, 2), (2, 3)):

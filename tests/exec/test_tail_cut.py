@@ -15,13 +15,20 @@ import numpy as np
 import pytest
 
 import tensordb
-from tensordb.exec import tail
+from tensordb.exec import pool, tail
 from tensordb.exec.kernels import KernelSpec
 from tensordb.exec.ready import ReadyQueues
 from tensordb.plan import scalar
 from tensordb.plan.ir import EinOp
 
 RNG = np.random.default_rng(26)
+
+
+@pytest.fixture(autouse=True)
+def _tail_cut_on(monkeypatch):
+    """The cut is off by default (pool.TAIL_CUT); these tests turn it on."""
+    monkeypatch.setattr(pool, "TAIL_CUT", True)
+
 
 # The bits of a cut call are the uncut call's only with OpenBLAS on x86-64 (tail.EXACT_BLAS);
 # elsewhere nothing is cut (tests/exec/test_review38b.py checks that) and these tests, which
@@ -174,6 +181,15 @@ def test_the_last_product_of_a_run_is_cut_and_its_answer_kept(tmp_path, on_disk)
         assert counts == (r.kernel_calls, r.bytes_moved, sorted(r.nnz.values()),
                           sorted(r.crc32.values()),
                           [(m.kernel_calls, m.bytes_moved) for m in r.ops])
+
+
+def test_the_cut_is_off_by_default(monkeypatch):
+    monkeypatch.undo()  # this file's fixture turns it on; a new connection's executor has it off
+    assert pool.TAIL_CUT is False
+    with _connect(None) as con:
+        ex = con.engine.executor()
+        assert ex.tail_cut is False
+        assert _runs(con, 3) == 0
 
 
 def test_a_block_not_taken_is_taken_back(monkeypatch):
