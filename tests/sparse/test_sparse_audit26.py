@@ -3,7 +3,9 @@ independent oracle: the scipy.sparse formats and pydata arrays no other test loa
 DOK arrays, GCXS), shortest paths by repeated min-plus against networkx's Dijkstra (the issue
 names networkx as the graph oracle; the other SSSP tests use scipy's csgraph), and the whole
 sparse path from the command line (`python -m tensordb`): a COO Parquet file loaded, an SpMM,
-the result and the graph exported, checked with numpy and DuckDB reading the files."""
+the result and the graph exported, checked with numpy and DuckDB reading the files; and 26
+statements mixing fills 0, +inf and -inf, an int64 and an empty sparse operand and a dense one,
+against numpy on the densified arrays (dtype and NaN included)."""
 from __future__ import annotations
 
 import subprocess
@@ -121,3 +123,81 @@ def test_the_command_line_loads_a_coo_parquet_file_multiplies_and_exports(tmp_pa
     for a, b, val in rows:
         back[a, b] = val
     np.testing.assert_array_equal(back, g)
+
+
+def _stored(con, name, a, fill, dense):
+    """Load scipy ``a`` as ``name`` with ``fill``; ``dense[name]`` is its numpy array."""
+    full = np.full(a.shape, fill, dtype=a.dtype)
+    coo = a.tocoo()
+    full[coo.row, coo.col] = coo.data
+    if fill == 0:
+        con.load(name, a)
+    else:
+        con.load(name, a, fill_value=fill)
+    dense[name] = full
+
+
+# statements over sparse operands of fill 0, +inf and -inf, an int64 one, an empty one and a
+# dense X, mixed; each against numpy on the densified arrays, dtype and NaN included
+MIXED = [
+    ("Y[i,k] = SUM(A[i,j] * X[j,k])", lambda D: D["A"] @ D["X"]),
+    ("Y[i,k] = MIN(P[i,j] + Q[j,k])", lambda D: (D["P"][:, :, None] + D["Q"][None]).min(1)),
+    ("Y[i,k] = MAX(N[i,j] + N[j,k])", lambda D: (D["N"][:, :, None] + D["N"][None]).max(1)),
+    ("Y[i,k] = MIN(P[i,j] + X[j,k])", lambda D: (D["P"][:, :, None] + D["X"][None]).min(1)),
+    ("Y[i,k] = MAX(A[i,j] * B[j,k])", lambda D: (D["A"][:, :, None] * D["B"][None]).max(1)),
+    ("Y[i,k] = MIN(A[i,j] * B[j,k])", lambda D: (D["A"][:, :, None] * D["B"][None]).min(1)),
+    ("Y[i,j] = P[i,j] + Q[i,j]", lambda D: D["P"] + D["Q"]),
+    ("Y[i,j] = A[i,j] * I[i,j]", lambda D: D["A"] * D["I"]),
+    ("Y[i,j] = I[i,j] + I[j,i]", lambda D: D["I"] + D["I"].T),
+    ("Y[i,k] = SUM(I[i,j] * I[j,k])", lambda D: D["I"] @ D["I"]),
+    ("Y[i] = MAX(I[i,j])", lambda D: D["I"].max(1)),
+    ("Y[i] = MIN(P[i,j])", lambda D: D["P"].min(1)),
+    ("Y[j] = MAX(P[i,j])", lambda D: D["P"].max(0)),
+    ("Y[i] = SUM(P[i,j])", lambda D: D["P"].sum(1)),
+    ("Y[i] = PROD(A[i,j])", lambda D: D["A"].prod(1)),
+    ("Y[i,k] = SUM(E[i,j] * X[j,k])", lambda D: D["E"] @ D["X"]),
+    ("Y[i,k] = SUM(E[i,j] * E[j,k])", lambda D: D["E"] @ D["E"]),
+    ("Y[i,k] = MIN(E[i,j] + A[j,k])", lambda D: (D["E"][:, :, None] + D["A"][None]).min(1)),
+    ("Y = SUM(A[i,j] * A[j,k] * A[k,i])", lambda D: np.einsum("ij,jk,ki->", D["A"], D["A"], D["A"])),
+    ("Y[i,j] = A[i,j] * SUM(X[i,r] * X[j,r])", lambda D: D["A"] * (D["X"] @ D["X"].T)),
+    ("Y[i,j] = EXP(0 - P[i,j])", lambda D: np.exp(-D["P"])),
+    ("Y[i,j] = P[i,j] - 1", lambda D: D["P"] - 1),
+    ("Y[i,j] = A[i,j] - B[j,i]", lambda D: D["A"] - D["B"].T),
+    ("Y[i,k] = SUM(A[i,j] * B[j,k]) + A[i,k]", lambda D: D["A"] @ D["B"] + D["A"]),
+    ("Y[i,k] = MIN(P[i,j] + P[j,k]) + 1", lambda D: (D["P"][:, :, None] + D["P"][None]).min(1) + 1),
+    ("Y[i] = MAX(A[i,j] * X[j,i])", lambda D: (D["A"] * D["X"].T).max(1)),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mixed_fills_dtypes_and_empty_operands_equal_numpy(seed, tmp_path):
+    rng = np.random.default_rng(seed)
+    n = 24
+
+    def matrix(dtype="float64", density=0.1):
+        a = sp.random_array((n, n), density=density, rng=rng, format="csr")
+        a.data = np.round(a.data * 8 - 3)
+        a.data[a.data == 0] = 1   # no stored zeros: the entries are what numpy sees
+        return sp.csr_array(a.astype(dtype))
+
+    dense = {}
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        for name, fill, dtype, density in (("A", 0.0, "float64", 0.1), ("B", 0.0, "float64", 0.1),
+                                           ("P", INF, "float64", 0.1), ("Q", INF, "float64", 0.1),
+                                           ("N", -INF, "float64", 0.1), ("I", 0, "int64", 0.1),
+                                           ("E", 0.0, "float64", 0.0)):
+            _stored(con, name, matrix(dtype, density), fill, dense)
+        x = np.round(rng.standard_normal((n, n)) * 3)
+        con.load("X", x)
+        dense["X"] = x
+        for sql, oracle in MIXED:
+            con.execute(sql)
+            got = con.tensor("Y")
+            with np.errstate(all="ignore"):
+                want = np.asarray(oracle(dense))
+            assert got.dtype == want.dtype, sql
+            np.testing.assert_array_equal(got, want, err_msg=sql)
+        # a product of fill 0 and fill +inf would be NaN wherever both are absent: refused
+        with pytest.raises(tensordb.ProgrammingError, match="cannot keep a fill"):
+            con.execute("Z[i,j] = A[i,j] * P[i,j]")
+        assert not any(t["name"] == "Z" for t in con.tensors())
