@@ -30,7 +30,7 @@ import duckdb
 
 from ..errors import OperationalError
 from . import catalog
-from ._duck import translating
+from ._duck import held_interrupt, translating
 from .meta import TensorMeta
 from .verify import mark_written
 
@@ -57,13 +57,16 @@ def flush_pending(store) -> None:
         pending, store._pending = store._pending, {}
         if pending:
             try:
-                conn.execute("BEGIN TRANSACTION")
-                catalog.store(conn, list(pending.values()))
-                conn.execute("COMMIT")
-            except duckdb.Error as exc:
+                with held_interrupt():  # a Ctrl-C: after the COMMIT, or never in the middle
+                    conn.execute("BEGIN TRANSACTION")
+                    catalog.store(conn, list(pending.values()))
+                    conn.execute("COMMIT")
+            except BaseException as exc:
                 with contextlib.suppress(duckdb.Error):
                     conn.execute("ROLLBACK")
-                store._pending = {**pending, **store._pending}
+                store._pending = {**pending, **store._pending}  # still in the log: kept
+                if not isinstance(exc, duckdb.Error):
+                    raise
                 raise OperationalError(
                     "cannot write the catalog rows of tensor(s) " + ", ".join(
                         repr(m.name) for _, m, _, _ in pending.values())
