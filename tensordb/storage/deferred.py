@@ -46,14 +46,17 @@ def _merge(into: dict, rows) -> None:
         into[key] = (base, meta, file, entries)
 
 
-def flush_pending(store) -> None:
+def flush_pending(store, cursor=None) -> None:
     """Write the rows ``land`` kept back (in a transaction of their own) and, on disk, empty
     the redo log that held them. On an error writing them they stay pending and
-    OperationalError says so; on one emptying the log (its rows are DuckDB's now) too."""
+    OperationalError says so; on one emptying the log (its rows are DuckDB's now) too.
+    ``cursor``: a connection of the catalog's own to write them on (the snapshot publisher's,
+    in its thread: a user's relation, which runs on the store's connection without the lock,
+    then cannot run inside this transaction, nor spoil it by failing)."""
     with store._lock:
-        conn = store._conn
-        if conn is None:
+        if store._conn is None:
             return
+        conn = store._conn if cursor is None else cursor
         pending, store._pending = store._pending, {}
         if pending:
             try:

@@ -81,12 +81,13 @@ def _remove_trees(paths) -> None:
 
 def _flusher(ref):
     """What a publisher calls before it reads the catalog (snapshots.py): the store's logged
-    rows written first (weakly held: the publisher's thread must not keep the store alive)."""
-    def flush() -> None:
+    rows written first, on the publisher's cursor (weakly held: the publisher's thread must
+    not keep the store alive)."""
+    def flush(cursor) -> None:
         store = ref()
         if store is not None and (store._pending or (
                 store.redo is not None and store.redo.dirty)):
-            deferred.flush_pending(store)
+            deferred.flush_pending(store, cursor)
     return flush
 
 

@@ -281,3 +281,107 @@ def test_the_publishers_flush_beside_a_relation_not_fetched(tmp_path):
     with tensordb.connect(path) as con:
         np.testing.assert_array_equal(con.tensor("A"), want)
         assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+OLDER = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    import tensordb
+    con = tensordb.connect(sys.argv[1])
+    con.load("A", np.arange(32.0).reshape(8, 4), tile=(4, 4))
+    for _ in range(3):
+        con.execute("A[i,j] = A[i,j] * 2 + 1")  # logged
+    print(con.store.meta("A").version, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def _raw_catalog(path):
+    """What a tensordb without the redo log reads: DuckDB's own rows, by plain DuckDB."""
+    import duckdb
+    duck = duckdb.connect(str(path / "catalog.duckdb"), read_only=True)
+    try:
+        versions = duck.execute("SELECT name, version FROM tensordb.tensors").fetchall()
+        files = {r[0] for r in duck.execute("SELECT file FROM tensordb.tiles").fetchall()}
+    finally:
+        duck.close()
+    return versions, files
+
+
+def test_a_log_left_by_a_crash_and_what_an_older_version_would_read(tmp_path):
+    """kill -9 with records in the log: DuckDB's own rows (all that a tensordb from before the
+    redo log reads, by plain DuckDB) still name A's first version, whose payload the logged
+    replaces retired, and not the payloads the log names, which such a version's sweep
+    deletes (docs/storage.md: no catalog version refuses it). An open for writing by this
+    version, closed, replays the log into DuckDB and removes it: the raw rows then name
+    exactly the payload files there are, with the newest version (numpy's values)."""
+    path = tmp_path / "db"
+    proc = run_script(OLDER, path)
+    assert_killed(proc.returncode, proc.stderr)
+    newest = int(proc.stdout.split()[0])
+    log = path / redolog.LOG_FILE
+    assert len(redolog.read(str(log))[0]) == 3
+    versions, files = _raw_catalog(path)
+    assert versions[0][1] < newest  # DuckDB holds an older version than the log
+    on_disk = set(os.listdir(path / "tiles"))
+    assert not (on_disk <= files)  # payloads only the log names: an older sweep's victims
+    with tensordb.connect(path) as con:  # this version: replayed, before its sweep
+        np.testing.assert_array_equal(con.tensor("A"), _steps(3))
+    assert not log.exists()
+    versions, files = _raw_catalog(path)
+    assert versions == [("A", newest)]
+    assert files == set(os.listdir(path / "tiles"))
+
+
+def test_a_users_query_beside_the_publishers_flush(tmp_path):
+    """The user's relations run on the catalog connection without the store's lock (a
+    relation keeps no result: each call runs it). One that fails (a real DuckDB conversion
+    error) and one that reads, each run while the publisher thread's flush has its DuckDB
+    transaction open: the user gets the error and the rows; the flush is not dragged into
+    the user's failure (it runs on the publisher's own cursor, a transaction of its own) and
+    lands: DuckDB holds the newest version, the log is empty."""
+    import threading
+    from tensordb.storage import catalog, deferred
+    path = tmp_path / "db"
+    con = tensordb.connect(path)
+    try:
+        con.load("A", A0, tile=(4, 4))
+        bad = con.sql("SELECT CAST(x AS INTEGER) AS y FROM (SELECT 'x' AS x)")
+        good = con.sql("SELECT 42 AS x")
+        con.execute(STEP)  # logged: held back
+        con.execute(STEP)
+        assert con.store.holds_rows
+        real, seen = catalog.store, []
+
+        def user():
+            try:
+                bad.fetchall()
+                seen.append("no error")
+            except tensordb.DataError as exc:
+                seen.append(type(exc).__name__)
+            seen.append(good.fetchall())
+
+        def store(duck, rows):  # inside the flush's transaction, in the publisher's thread
+            real(duck, rows)
+            thread = threading.Thread(target=user)
+            thread.start()
+            thread.join(30)
+
+        deferred.catalog.store = store
+        try:
+            thread = threading.Thread(target=con.store.publisher.publish)
+            thread.start()
+            thread.join(60)
+        finally:
+            deferred.catalog.store = real
+        assert seen == ["DataError", [(42,)]], seen  # the user's error, then the rows
+        assert not con.store.holds_rows  # the flush landed
+        assert os.path.getsize(path / redolog.LOG_FILE) == 0
+        version = con.store.meta("A").version
+        assert con.sql("SELECT version FROM tensordb.tensors").fetchall() == [(version,)]
+        np.testing.assert_array_equal(con.tensor("A"), _steps(2))
+    finally:
+        con.close()
+    with tensordb.connect(path) as con:
+        np.testing.assert_array_equal(con.tensor("A"), _steps(2))
+        assert [r["problem"] for r in con.check()] == ["ok"]
