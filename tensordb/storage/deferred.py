@@ -20,6 +20,9 @@ payloads' syncs, before any replaced payload is retired); ``flush`` writes the p
 DuckDB and then empties the log, at the next use of ``Store.duck``, before a snapshot is
 published for readers of other processes, at ``close``, and when the log passes its bound.
 A transaction of several commits lands (and logs its rows) once, when its outermost block ends.
+A Ctrl-C from before the record's append until the commit is recorded is held and raised after
+(``Store._end``, ``_duck.held_interrupt``); a flush that fails keeps its rows pending (they are
+in the log), and the snapshot publisher's flush writes them on its own cursor.
 """
 from __future__ import annotations
 
