@@ -166,9 +166,16 @@ class StoreCommits:
             if len({w.name.lower() for w, _ in items}) < len(items):
                 with self.transaction() as txn:
                     txns.append(txn)
-                    return [m for item in items for m in self._swap_rows([item], txns)]
-            metas = deferred.commit(self, items, txns)  # in memory: the rows kept back
-            return self._swap_rows(items, txns) if metas is None else metas
+                    metas = [m for item in items for m in self._swap_rows([item], txns)]
+            else:
+                metas = deferred.commit(self, items, txns)  # in memory: the rows kept back
+                if metas is None:
+                    metas = self._swap_rows(items, txns)
+            # marked here, not by the caller once this returns: a Ctrl-C in between would
+            # have its ``commit_all`` delete payloads that a landed commit names
+            for w, _ in items:
+                w._state = "committed"
+            return metas
         except BaseException:
             if txns and txns[0].committed:
                 # The COMMIT landed and something came after it (a Ctrl-C while the replaced

@@ -57,15 +57,23 @@ CTRL_C = textwrap.dedent("""
             return getattr(self.conn, attr)
 
     real = redolog.RedoLog.append
+    if where == "returned":  # the commit returned to the writer's commit_all, not yet marked
+        from tensordb.storage import store as st
+        commit_writers = st.Store._commit_writers
+        def returned(self, items):
+            metas = commit_writers(self, items)
+            os.kill(os.getpid(), signal.SIGINT)
+            return metas
+        st.Store._commit_writers = returned
     if where == "record":
         def append(self, rows):
             real(self, rows)  # the record durable: the Ctrl-C arrives in the bytecodes after
             os.kill(os.getpid(), signal.SIGINT)
         redolog.RedoLog.append = append
-    else:
+    elif where != "returned":
         con.store.duck = Conn(con.store._conn)
     try:
-        if where == "load":  # the same step, as a load (a commit outside the dialect's unit)
+        if where in ("load", "returned"):  # the same step, as a load (a commit outside the dialect's unit)
             con.load("A", np.asarray(con.tensor("A")) * 2 + 1, tile=(4, 4), replace=True)
         else:
             con.execute(STEP)
@@ -73,8 +81,10 @@ CTRL_C = textwrap.dedent("""
     except KeyboardInterrupt:
         raised = True
     redolog.RedoLog.append = real
-    if where != "record":
+    if where in ("commit", "load"):
         con.store.duck = con.store._conn.conn
+    if where == "returned":
+        st.Store._commit_writers = commit_writers
     live = np.asarray(con.tensor("A"))  # what this process goes on with
     with open(out + ".raised", "w") as f:
         f.write(str(raised))
@@ -90,11 +100,12 @@ CTRL_C = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("where", ["record", "commit", "load"])
+@pytest.mark.parametrize("where", ["record", "commit", "load", "returned"])
 def test_ctrl_c_after_the_commit_point_then_kill(tmp_path, where):
     """A real SIGINT right after the redo record's fdatasync (``record``), or after DuckDB's
     COMMIT returned (``commit``, the log off; ``load``: a load's replace, whose commit is
-    its own transaction rather than the dialect's unit): the statement raises KeyboardInterrupt, the
+    its own transaction rather than the dialect's unit; ``returned``: the load's commit has
+    returned to its writers, which are not marked committed yet): the statement raises KeyboardInterrupt, the
     step having landed (the Ctrl-C is held until the process has recorded the commit), and
     what the process reads afterwards is what the reopen after kill -9 finds. Without the
     hold the writer deleted its payload while the record (or DuckDB's row) named it."""
