@@ -297,7 +297,9 @@ class Store(StoreCatalog, StoreCommits):
     def close(self) -> None:
         """Close the catalog; an in-memory database's payload files are deleted."""
         publisher = getattr(self, "publisher", None)
-        if publisher is not None and getattr(self, "duck", None) is not None:
+        # _conn, not duck: that would write the logged rows first, and a failure there (a
+        # full disk) must not keep the database from closing (the log keeps them)
+        if publisher is not None and self._conn is not None:
             publisher.close()  # before the lock: its thread may be waiting for it
         with self._lock:
             if getattr(self, "spares", None) is not None:

@@ -160,16 +160,29 @@ FAILED_FLUSH = textwrap.dedent("""
     elif then == "publisher":  # logged after the two records kept
         con.execute(STEP)
         assert len(redolog.read(log)[0]) == 4, "the step was not logged"
+    elif then == "close":  # close's flush fails the same way: the log stays for the open
+        con.execute(STEP)  # after SQL: to DuckDB (the log flushed first)
+        con.execute(STEP)  # logged
+        deferred.catalog.store = store
+        con.close()  # closes all the same
+        deferred.catalog.store = real
+        assert len(redolog.read(log)[0]) >= 1, "close emptied the log"
+        with tensordb.connect(path, read_only=True) as r:  # released; a reader applies the log
+            want = np.arange(32.0).reshape(8, 4)
+            for _ in range(5):
+                want = want * 2 + 1
+            assert np.array_equal(np.asarray(r.tensor("A")), want), "the reader lost a step"
     os.kill(os.getpid(), signal.SIGKILL)
 """)
 
 
-@pytest.mark.parametrize("then, steps", [("kill", 3), ("step", 5), ("publisher", 4)])
+@pytest.mark.parametrize("then, steps", [("kill", 3), ("step", 5), ("publisher", 4),
+                                         ("close", 5)])
 def test_a_failed_flush_then_kill_keeps_every_returned_commit(tmp_path, then, steps):
     """The flush's INSERT fails inside DuckDB (a real DuckDB error after the rows were
     written in its transaction, as a full disk would), for SQL's flush or the publisher
     thread's: OperationalError, DuckDB rolls back, the log keeps its records; then kill -9 at
-    once, or after more steps: the reopen holds every step that returned (numpy's values)."""
+    once, or after more steps (or after a close whose flush fails too): the reopen holds every step that returned (numpy's values)."""
     path = tmp_path / "db"
     proc = run_script(FAILED_FLUSH, path, then)
     assert_killed(proc.returncode, proc.stderr)
