@@ -3,11 +3,15 @@ real SIGINT sent to itself at the point, or a real DuckDB error, then kill -9; t
 reopens the real database and compares with numpy's values and DuckDB's own rows.
 
 - a Ctrl-C in the bytecodes after the record's fdatasync (and after DuckDB's COMMIT, on the
-  path that writes DuckDB): the process and the disk agree on whether the step landed;
-- a flush whose DuckDB statements fail, then kill -9: every step that returned is there;
+  path that writes DuckDB, and as the commit returns to its writers): the process and the
+  disk agree that the step landed;
+- a flush whose DuckDB statements fail (SQL's, the publisher's, close's), then kill -9: every
+  step that returned is there;
 - DROP / CREATE of a name whose replace was logged and not flushed, then kill -9: the
   reopen shows the DROP's or CREATE's state, and the sweep keeps every named payload;
-- the publisher thread flushing the log beside a user's relation not fetched yet.
+- the publisher thread flushing the log beside a user's relations not fetched yet (one of
+  them failing inside the flush's transaction);
+- what a tensordb from before the log reads of a database a crash left with a log.
 """
 from __future__ import annotations
 
@@ -73,7 +77,7 @@ CTRL_C = textwrap.dedent("""
     elif where != "returned":
         con.store.duck = Conn(con.store._conn)
     try:
-        if where in ("load", "returned"):  # the same step, as a load (a commit outside the dialect's unit)
+        if where in ("load", "returned"):  # the step as a load: a commit of its own
             con.load("A", np.asarray(con.tensor("A")) * 2 + 1, tile=(4, 4), replace=True)
         else:
             con.execute(STEP)
@@ -105,8 +109,8 @@ def test_ctrl_c_after_the_commit_point_then_kill(tmp_path, where):
     """A real SIGINT right after the redo record's fdatasync (``record``), or after DuckDB's
     COMMIT returned (``commit``, the log off; ``load``: a load's replace, whose commit is
     its own transaction rather than the dialect's unit; ``returned``: the load's commit has
-    returned to its writers, which are not marked committed yet): the statement raises KeyboardInterrupt, the
-    step having landed (the Ctrl-C is held until the process has recorded the commit), and
+    returned to its writers, which are not marked committed yet): the statement raises
+    KeyboardInterrupt (the signal is sent at the point only), the step having landed (the Ctrl-C is held until the process has recorded the commit), and
     what the process reads afterwards is what the reopen after kill -9 finds. Without the
     hold the writer deleted its payload while the record (or DuckDB's row) named it."""
     path, out = tmp_path / "db", tmp_path / "live.npy"
