@@ -110,9 +110,12 @@ def test_ctrl_c_after_the_commit_point_then_kill(tmp_path, where):
     COMMIT returned (``commit``, the log off; ``load``: a load's replace, whose commit is
     its own transaction rather than the dialect's unit; ``returned``: the load's commit has
     returned to its writers, which are not marked committed yet): the statement raises
-    KeyboardInterrupt (the signal is sent at the point only), the step having landed (the Ctrl-C is held until the process has recorded the commit), and
-    what the process reads afterwards is what the reopen after kill -9 finds. Without the
-    hold the writer deleted its payload while the record (or DuckDB's row) named it."""
+    KeyboardInterrupt (the signal is sent at the point only), the step having landed (the
+    Ctrl-C is held until the process has recorded the commit), and what the process reads
+    afterwards is what the reopen after kill -9 finds. Without the hold (``record``) the
+    process forgot a durable record, and its next flush emptied the log under DuckDB's older
+    row; after a load's COMMIT (``load``, ``returned``) the writer deleted the payload that
+    the committed row named. ``commit`` (a dialect statement) agreed before too."""
     path, out = tmp_path / "db", tmp_path / "live.npy"
     proc = run_script(CTRL_C, path, out, where)
     assert_killed(proc.returncode, proc.stderr)
@@ -186,7 +189,8 @@ def test_a_failed_flush_then_kill_keeps_every_returned_commit(tmp_path, then, st
     """The flush's INSERT fails inside DuckDB (a real DuckDB error after the rows were
     written in its transaction, as a full disk would), for SQL's flush or the publisher
     thread's: OperationalError, DuckDB rolls back, the log keeps its records; then kill -9 at
-    once, or after more steps (or after a close whose flush fails too): the reopen holds every step that returned (numpy's values)."""
+    once, or after more steps (or after a close whose flush fails too): the reopen holds
+    every step that returned (numpy's values)."""
     path = tmp_path / "db"
     proc = run_script(FAILED_FLUSH, path, then)
     assert_killed(proc.returncode, proc.stderr)
