@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 
 import duckdb
@@ -9,7 +10,7 @@ import duckdb
 from .. import errors
 
 __all__ = ["translate", "translate_message", "translating", "is_interrupt", "note_interrupt",
-           "note_stream_error",
+           "note_stream_error", "held_interrupt",
            "quote_ident", "quote_str", "spelled_names"]
 
 # Most specific first: DuckDB's exception classes form a tree, ours too.
@@ -165,3 +166,40 @@ def spelled_names(query: str) -> list[str]:
             word = word[1:-1].replace('""', '"')
         out.append(word)
     return out
+
+
+class held_interrupt:
+    """Hold a Ctrl-C back while the block runs (a commit between its durable step and the
+    process recording it), then raise it: the block's work is done, as a Ctrl-C that came
+    after it. Python runs a SIGINT handler in the main thread only, between bytecodes, so only
+    there can a KeyboardInterrupt arrive; this swaps the main thread's handler for one that
+    notes the signal (DuckDB's own check for an interrupt, inside a statement, then finds none)
+    and restores it after. In another thread, or with a handler that is not Python's (ignored,
+    the default action), nothing is swapped. A block that raises keeps its exception; the
+    Ctrl-C held meanwhile is then dropped (the statement fails all the same). Nested blocks
+    leave it to the outermost."""
+
+    __slots__ = ("old", "caught")
+
+    def __enter__(self) -> "held_interrupt":
+        self.old, self.caught = None, None
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        old = signal.signal(signal.SIGINT, self)  # one system call each way (about 3 us)
+        if callable(old) and not isinstance(old, held_interrupt):
+            self.old = old
+        else:  # not Python's (nothing to hold), or held already by an outer block
+            signal.signal(signal.SIGINT, old)
+        return self
+
+    def __call__(self, signum, frame) -> None:  # the handler while held
+        self.caught = (signum, frame)
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if self.old is None:
+            return False
+        signal.signal(signal.SIGINT, self.old)
+        caught, self.caught = self.caught, None
+        if caught is not None and kind is None:
+            self.old(*caught)  # Python's handler: raises KeyboardInterrupt
+        return False

@@ -20,6 +20,9 @@ payloads' syncs, before any replaced payload is retired); ``flush`` writes the p
 DuckDB and then empties the log, at the next use of ``Store.duck``, before a snapshot is
 published for readers of other processes, at ``close``, and when the log passes its bound.
 A transaction of several commits lands (and logs its rows) once, when its outermost block ends.
+A Ctrl-C from before the record's append until the commit is recorded is held and raised after
+(``Store._end``, ``_duck.held_interrupt``); a flush that fails keeps its rows pending (they are
+in the log), and the snapshot publisher's flush writes them on its own cursor.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import duckdb
 
 from ..errors import OperationalError
 from . import catalog
-from ._duck import translating
+from ._duck import held_interrupt, translating
 from .meta import TensorMeta
 from .verify import mark_written
 
@@ -46,24 +49,30 @@ def _merge(into: dict, rows) -> None:
         into[key] = (base, meta, file, entries)
 
 
-def flush_pending(store) -> None:
+def flush_pending(store, cursor=None) -> None:
     """Write the rows ``land`` kept back (in a transaction of their own) and, on disk, empty
     the redo log that held them. On an error writing them they stay pending and
-    OperationalError says so; on one emptying the log (its rows are DuckDB's now) too."""
+    OperationalError says so; on one emptying the log (its rows are DuckDB's now) too.
+    ``cursor``: a connection of the catalog's own to write them on (the snapshot publisher's,
+    in its thread: a user's relation, which runs on the store's connection without the lock,
+    then cannot run inside this transaction, nor spoil it by failing)."""
     with store._lock:
-        conn = store._conn
-        if conn is None:
+        if store._conn is None:
             return
+        conn = store._conn if cursor is None else cursor
         pending, store._pending = store._pending, {}
         if pending:
             try:
-                conn.execute("BEGIN TRANSACTION")
-                catalog.store(conn, list(pending.values()))
-                conn.execute("COMMIT")
-            except duckdb.Error as exc:
+                with held_interrupt():  # a Ctrl-C: after the COMMIT, or never in the middle
+                    conn.execute("BEGIN TRANSACTION")
+                    catalog.store(conn, list(pending.values()))
+                    conn.execute("COMMIT")
+            except BaseException as exc:
                 with contextlib.suppress(duckdb.Error):
                     conn.execute("ROLLBACK")
-                store._pending = {**pending, **store._pending}
+                store._pending = {**pending, **store._pending}  # still in the log: kept
+                if not isinstance(exc, duckdb.Error):
+                    raise
                 raise OperationalError(
                     "cannot write the catalog rows of tensor(s) " + ", ".join(
                         repr(m.name) for _, m, _, _ in pending.values())

@@ -275,8 +275,9 @@ class Publisher:
         self._stop = False
         self._cursor = None
         self._thread: threading.Thread | None = None
-        # called under the store's lock before the catalog is read: a writer's rows kept back
-        # in its redo log go to DuckDB first (deferred.flush_pending)
+        # called with the publisher's cursor, under the store's lock, before the catalog is
+        # read: a writer's rows kept back in its redo log go to DuckDB first, on that cursor
+        # (deferred.flush_pending)
         self.before_publish = None
 
     def opened(self) -> None:
@@ -354,7 +355,7 @@ class Publisher:
         cur = self._cursor
         with self._store_lock:  # the number and the rows of one commit
             if self.before_publish is not None:
-                self.before_publish()
+                self.before_publish(cur)
             seq = self.counter
             cur.execute("BEGIN TRANSACTION")
             cur.execute(f"SELECT count(*) FROM {SCHEMA}.tensors").fetchall()

@@ -81,12 +81,13 @@ def _remove_trees(paths) -> None:
 
 def _flusher(ref):
     """What a publisher calls before it reads the catalog (snapshots.py): the store's logged
-    rows written first (weakly held: the publisher's thread must not keep the store alive)."""
-    def flush() -> None:
+    rows written first, on the publisher's cursor (weakly held: the publisher's thread must
+    not keep the store alive)."""
+    def flush(cursor) -> None:
         store = ref()
         if store is not None and (store._pending or (
                 store.redo is not None and store.redo.dirty)):
-            deferred.flush_pending(store)
+            deferred.flush_pending(store, cursor)
     return flush
 
 
@@ -296,7 +297,9 @@ class Store(StoreCatalog, StoreCommits):
     def close(self) -> None:
         """Close the catalog; an in-memory database's payload files are deleted."""
         publisher = getattr(self, "publisher", None)
-        if publisher is not None and getattr(self, "duck", None) is not None:
+        # _conn, not duck: that would write the logged rows first, and a failure there (a
+        # full disk) must not keep the database from closing (the log keeps them)
+        if publisher is not None and self._conn is not None:
             publisher.close()  # before the lock: its thread may be waiting for it
         with self._lock:
             if getattr(self, "spares", None) is not None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import CatalogError, Error, OperationalError, ProgrammingError
 from . import catalog, deferred, directory, objectdb
-from ._duck import translate, translating
+from ._duck import held_interrupt, translate, translating
 from .directory import remove as _remove
 from .meta import TensorMeta, check_dims, check_fill, check_grid, check_name, supported_dtype
 from .verify import mark_written
@@ -166,9 +166,16 @@ class StoreCommits:
             if len({w.name.lower() for w, _ in items}) < len(items):
                 with self.transaction() as txn:
                     txns.append(txn)
-                    return [m for item in items for m in self._swap_rows([item], txns)]
-            metas = deferred.commit(self, items, txns)  # in memory: the rows kept back
-            return self._swap_rows(items, txns) if metas is None else metas
+                    metas = [m for item in items for m in self._swap_rows([item], txns)]
+            else:
+                metas = deferred.commit(self, items, txns)  # in memory: the rows kept back
+                if metas is None:
+                    metas = self._swap_rows(items, txns)
+            # marked here, not by the caller once this returns: a Ctrl-C in between would
+            # have its ``commit_all`` delete payloads that a landed commit names
+            for w, _ in items:
+                w._state = "committed"
+            return metas
         except BaseException:
             if txns and txns[0].committed:
                 # The COMMIT landed and something came after it (a Ctrl-C while the replaced
@@ -308,8 +315,12 @@ class StoreCommits:
                 self._remove_created(txn)
 
     def _end(self, txn: _Txn) -> None:
-        """The outermost block of ``txn`` ended: commit it, then retire the replaced files."""
-        with self._lock:
+        """The outermost block of ``txn`` ended: commit it, then retire the replaced files.
+        A Ctrl-C is held from before the commit point (DuckDB's COMMIT, or the redo record's
+        append) until all of this is done, then raised (``held_interrupt``): one that came
+        after the commit point and before the process recorded the commit would have left a
+        durable commit that the process had forgotten (and its writers' payloads deleted)."""
+        with held_interrupt(), self._lock:
             self._txn = None
             if txn.external:
                 self._clear_cache()  # the user's own COMMIT or ROLLBACK decides what lands
