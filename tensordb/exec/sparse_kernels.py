@@ -40,17 +40,27 @@ from ..physical.choice import SPARSE_METHODS
 from ..plan.sparse_rules import have_graphblas
 from ..storage.boxes import RowGather
 from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
+from .sparse_bands import banded
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
            "SPARSE_METHODS"]
 
 
-def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None) -> np.ndarray:
+def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None,
+                check=None) -> np.ndarray:
     """One call of the sparse kernel ``choice.method`` names (on the CPU; a GPU densifies).
     ``out``: the output tile's buffer (its file's pages), which ``spmm`` computes into in row
     slabs, handing each finished slab to ``sink`` (``KernelSpec``); the others return a new
-    array, which the caller copies there."""
+    array, which the caller copies there. Given ``check``, a large call is made in row bands of
+    its sparse operand with ``check(fraction)`` between them (exec/sparse_bands.py: a Ctrl-C
+    stops it within a band); a small one is one call."""
+    def one(args, arg_shapes, out_shape, out, sink):
+        return _one_call(op, choice, args, arg_shapes, out_shape, out, sink)
+    return banded(one, op, choice, args, arg_shapes, out_shape, out, sink, check)
+
+
+def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None):
     if choice.method == "spmm":
         return spmm(op, choice, args, out_shape, out, sink)
     # a box over several CSR row tiles as one CSR array; a gather's rows taken
