@@ -21,8 +21,9 @@ Sizing: the work of a call is estimated from the entries of its banded operands 
 average work per entry (the other operand's entries per row, or its width), a few arithmetic
 operations, so a small call (the common case: a benchmark's 0.2-5 ms products) is one call and
 pays nothing else (``SMALL_WORK``). A large call's first band is ``SMALL_WORK`` of work; each
-later band is sized from the time the bands so far took, to ``BAND_SECONDS`` (at most
-``GROWTH`` times the band before it). ``FORCE_ROWS`` (tests) bands every call by that many rows.
+later band is sized from the time the band before it took, to ``BAND_SECONDS`` (at most
+``GROWTH`` times the band before it). What a semiring product makes of its other operand (its
+GraphBLAS matrix) is made once for all the bands (``_kept``). ``FORCE_ROWS`` (tests) bands every call by that many rows.
 """
 from __future__ import annotations
 
@@ -33,13 +34,14 @@ import numpy as np
 
 from ..sparsity import index_dtype
 from ..storage.boxes import RowGather
-from ..storage.sparse import Filled, RowSlabs, densify, is_sparse, stacked
+from ..storage.sparse import Filled, RowSlabs, densify, is_sparse
+from .graphcache import Sourced
 
 __all__ = ["banded", "BAND_SECONDS", "SMALL_WORK", "GROWTH", "FORCE_ROWS"]
 
-BAND_SECONDS = 0.1     # the kernel time one band aims at (a Ctrl-C waits at most about this)
-SMALL_WORK = 1 << 21   # estimated work (multiply-adds) under which a call is one call
-GROWTH = 4             # a band's work at most this many times the one before it
+BAND_SECONDS = 0.15    # the kernel time one band aims at (a Ctrl-C waits at most about this)
+SMALL_WORK = 1 << 22   # estimated work (multiply-adds) under which a call is one call
+GROWTH = 16            # a band's work at most this many times the one before it
 FORCE_ROWS = None      # tests: band every call this many rows at a time
 
 _ROW_METHODS = ("spmm", "semiring", "sddmm", "spjoin", "spreduce")  # the output keeps the rows
@@ -62,6 +64,8 @@ def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=N
     # operand, a gather's rows taken, a CSR tile banded on its columns made CSC
     args = [_sliceable(a, ax, choice.method == "spmm" and t == choice.sparse)
             for t, (a, ax) in enumerate(zip(args, axes))]
+    if choice.method == "semiring":  # the whole other operand: made GraphBLAS's once, not per band
+        args = [_kept(a) if ax is None else a for a, ax in zip(args, axes)]
     dtype = np.dtype(op.dtype)
     oax = op.out_labels.index(label) if label in op.out_labels else None
     usable = out is not None and oax is not None and tuple(out.shape) == tuple(out_shape) and \
@@ -151,8 +155,8 @@ def _plan(op, choice, args, out_shape):
     cw[1:] = _row_entries(S) * per_entry
     for t, (a, ax) in enumerate(zip(args, axes)):
         if t != k and ax is not None:
-            cw[1:] += (_row_entries(a) if _row_sparse(a, ax) else
-                       math.prod(a.shape) / max(1, a.shape[ax]))
+            cw[1:] += (_row_entries(a) if _row_sparse(a, ax) else  # banded on its columns:
+                       _nnz(a) / max(1, a.shape[ax]))              # their average entries
     cw[1:] += width  # the output's row (a dense one written, a sparse one's pointer)
     np.cumsum(cw, out=cw)
     return label, axes, cw
@@ -235,6 +239,19 @@ def _sliceable(a, ax, keep_slabs: bool):
     if is_sparse(a) and not isinstance(a, np.ndarray):
         return _oriented(a, ax)
     return np.asarray(a)
+
+
+def _kept(a):
+    """A semiring product's operand that every band reads whole, as a ``Sourced`` box of its
+    own (no stored origin: the graph cache does not hold it), so that what the kernel makes of
+    it (its GraphBLAS matrix, the test of its values: ``graphcache.remember``) is made once
+    for all the bands, as for a stored graph's box."""
+    if isinstance(a, Sourced) or not (isinstance(a, Filled) or (
+            is_sparse(a) and getattr(a, "format", "") == "csr")):
+        return a
+    if isinstance(a, Filled):
+        return Sourced(a.csr, a.fill) if getattr(a.csr, "format", "") == "csr" else a
+    return Sourced(a, 0.0)
 
 
 def _oriented(csr, ax):
