@@ -34,7 +34,7 @@ import numpy as np
 
 from ..sparsity import index_dtype
 from ..storage.boxes import RowGather
-from ..storage.sparse import Filled, RowSlabs, densify, is_sparse
+from ..storage.sparse import Filled, RowSlabs, densify, is_sparse, stacked
 from .graphcache import Sourced
 
 __all__ = ["banded", "BAND_SECONDS", "SMALL_WORK", "GROWTH", "FORCE_ROWS"]
@@ -62,8 +62,8 @@ def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=N
         return call(args, arg_shapes, out_shape, out, sink)
     # the operands made sliceable once: a box over row tiles stacked unless it is spmm's own
     # operand, a gather's rows taken, a CSR tile banded on its columns made CSC
-    args = [_sliceable(a, ax, choice.method == "spmm" and t == choice.sparse)
-            for t, (a, ax) in enumerate(zip(args, axes))]
+    args = [_sliceable(a, ax, choice.method == "spmm" and t == choice.sparse) if ax is not None
+            else stacked(a) for t, (a, ax) in enumerate(zip(args, axes))]  # stacked once
     if choice.method == "semiring":  # the whole other operand: made GraphBLAS's once, not per band
         args = [_kept(a) if ax is None else a for a, ax in zip(args, axes)]
     dtype = np.dtype(op.dtype)
