@@ -157,7 +157,8 @@ def _plan(op, choice, args, out_shape):
         if t != k and ax is not None:
             cw[1:] += (_row_entries(a) if _row_sparse(a, ax) else  # banded on its columns:
                        _nnz(a) / max(1, a.shape[ax]))              # their average entries
-    cw[1:] += width  # the output's row (a dense one written, a sparse one's pointer)
+    if choice.out_format != "csr":
+        cw[1:] += width  # the output's dense row written (a CSR one's entries: counted above)
     np.cumsum(cw, out=cw)
     return label, axes, cw
 
