@@ -193,6 +193,27 @@ def test_banded_csr_tiles_have_the_one_calls_entries(bands, dtype):
         assert _bits(x.data) == _bits(y.data)
 
 
+def test_a_banded_triangle_sum_of_fractional_floats_rounds_as_one_call_does(tmp_path, bands):
+    """The one reduction over the band label (masked SpGEMM to a scalar): the bands' sums are
+    added, a float sum in another order: equal to the one call and numpy to rounding (exact
+    for integers, above)."""
+    a = sp.random_array((N, N), density=0.08, rng=np.random.default_rng(9), format="csr")
+    d = a.toarray()
+    sql = "t = SUM(A[i,j] * A[j,k] * A[k,i])"
+    with tensordb.connect(tmp_path / "t.tdb") as con:
+        con.load("A", a)
+        assert _method(con, sql) == "masked"
+        bands.one()
+        con.execute(sql)
+        one = float(con.tensor("t"))
+        bands.force(6)
+        del bands.count[:]
+        con.execute(sql)
+        assert bands.count
+        assert float(con.tensor("t")) == pytest.approx(one, rel=1e-13)
+        assert one == pytest.approx(float(np.einsum("ij,jk,ki->", d, d, d)), rel=1e-13)
+
+
 def test_a_small_call_is_one_call(tmp_path, bands):
     """The common case: a product whose estimated work is small is not banded."""
     with tensordb.connect(tmp_path / "s.tdb") as con:
