@@ -23,7 +23,12 @@ operations, so a small call (the common case: a benchmark's 0.2-5 ms products) i
 pays nothing else (``SMALL_WORK``). A large call's first band is ``SMALL_WORK`` of work; each
 later band is sized from the time the band before it took, to ``BAND_SECONDS`` (at most
 ``GROWTH`` times the band before it). What a semiring product makes of its other operand (its
-GraphBLAS matrix) is made once for all the bands (``_kept``). ``FORCE_ROWS`` (tests) bands every call by that many rows.
+GraphBLAS matrix) is made once for all the bands (``_kept``), as is a SpGEMM's right operand
+(``sparse_kernels._spgemm``'s memo). ``FORCE_ROWS`` (tests) bands every call by that many rows.
+
+Left one call: a call whose sparse operand's rows are a contracted label (a vector times a
+matrix: an SSSP step's ``MIN(dist[j] + D[j,k])``; ``SUM(A[j,i] * B[j,k])``), where bands would
+split a sum, and a reduction of a row label other than the masked product's.
 """
 from __future__ import annotations
 
