@@ -104,7 +104,7 @@ class KernelSpec:
         check = check or _no_check
         check()
         if self.choice.method in SPARSE_METHODS and xp is np:  # exec/sparse_kernels.py
-            return sparse_call(self.op, self.choice, args, arg_shapes, out_shape, out, sink)
+            return sparse_call(self.op, self.choice, args, arg_shapes, out_shape, out, sink, check)
         if xp is np and self.blas and any(isinstance(a, RowGather) for a in args):
             # a batch of row products over gathers: a slab of rows at a time (exec/gathered.py)
             res = gathered.by_rows(self, self._matmul, None if self.scale_first is None else

@@ -341,7 +341,8 @@ def plus_times_csr(A, B):
     ([[2.0, 0.0], [0.0, 0.0]], 1)
     """
     gb = _gb()
-    a, b = (gb.io.from_scipy_sparse(x if x.format in ("csr", "csc") else x.tocsr())
+    a, b = (x if isinstance(x, gb.Matrix) else  # B already GraphBLAS's: a banded call's
+            gb.io.from_scipy_sparse(x if x.format in ("csr", "csc") else x.tocsr())
             for x in (A, B))
     csr = _unpack_csr(a.mxm(b, gb.semiring.plus_times).new(**_opts()))
     if count_nonzero(csr.data) != csr.nnz:  # a sum of exactly 0: absent in scipy's product

@@ -40,19 +40,31 @@ from ..physical.choice import SPARSE_METHODS
 from ..plan.sparse_rules import have_graphblas
 from ..storage.boxes import RowGather
 from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
+from .sparse_bands import banded
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
            "SPARSE_METHODS"]
 
 
-def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None) -> np.ndarray:
+def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None,
+                check=None) -> np.ndarray:
     """One call of the sparse kernel ``choice.method`` names (on the CPU; a GPU densifies).
     ``out``: the output tile's buffer (its file's pages), which ``spmm`` computes into in row
     slabs, handing each finished slab to ``sink`` (``KernelSpec``); the others return a new
-    array, which the caller copies there."""
+    array, which the caller copies there. Given ``check``, a large call is made in row bands of
+    its sparse operand with ``check(fraction)`` between them (exec/sparse_bands.py: a Ctrl-C
+    stops it within a band); a small one is one call."""
+    memo: dict = {}  # what the bands of one call share (a SpGEMM's right operand in GraphBLAS)
+
+    def one(args, arg_shapes, out_shape, out, sink):
+        return _one_call(op, choice, args, arg_shapes, out_shape, out, sink, memo)
+    return banded(one, op, choice, args, arg_shapes, out_shape, out, sink, check)
+
+
+def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None, memo=None):
     if choice.method == "spmm":
-        return spmm(op, choice, args, out_shape, out, sink)
+        return spmm(op, choice, args, out_shape, out, sink, memo)
     # a box over several CSR row tiles as one CSR array; a gather's rows taken
     args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]
     if choice.method == "spreduce":
@@ -70,11 +82,12 @@ def dense_args(args: list) -> list:
             a.take() if isinstance(a, RowGather) else a for a in args]
 
 
-def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
+def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> np.ndarray:
     """One call of a ``spmm`` kernel (see the module docstring): ``args`` in operand order, an
     absent tile None (the product is then 0). Given ``out`` (C-contiguous, the output's dtype,
     its labels the sparse matrix's rows then the others in ``D``'s order), the product is
-    computed into it in slabs of rows (``_into``), each handed to ``sink`` when finished."""
+    computed into it in slabs of rows (``_into``), each handed to ``sink`` when finished.
+    ``memo``: a dict the row bands of one call share (``sparse_call``)."""
     dtype = np.dtype(op.dtype)
     k = choice.sparse
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
@@ -122,7 +135,7 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
             return _to_output(np.asarray((S @ densify(D))).reshape(-1), [i], op.out_labels)
         B = D if d_labels == (j, rest[0]) else D.T
         if choice.out_format == "csr":  # the plan's estimate says sparse: CSR, never dense
-            return csr_output(_spgemm(S, B, dtype, choice.semiring == "plus_times"),
+            return csr_output(_spgemm(S, B, dtype, choice.semiring == "plus_times", memo),
                               [i] + rest, op.out_labels, dtype)
         return _to_output((S @ B).toarray(), [i] + rest, op.out_labels)
     if isinstance(D, RowGather) and S.format == "csc":  # GRAD's scatter-add: slabs of j
@@ -207,12 +220,21 @@ def _through_rows(S, D: RowGather, dtype):
     return E, base
 
 
-def _spgemm(S, B, dtype, graphblas: bool):
+def _spgemm(S, B, dtype, graphblas: bool, memo=None):
     """The CSR product of two sparse tiles, rows sorted: GraphBLAS's (its threads) where the
     plan chose it (``plan.kernel.spgemm_graphblas``: EXPLAIN's ``spmm x0 sparse (GraphBLAS
-    plus_times)``), else scipy's without a sort (``sorted_product``)."""
+    plus_times)``), else scipy's without a sort (``sorted_product``). ``memo`` (a dict the row
+    bands of one call share): B is copied into GraphBLAS once for all of them."""
     if graphblas and dtype.kind in "iuf" and have_graphblas():
         from .semiring import plus_times_csr
+        if memo is not None:
+            key = ("gb", id(B.data), id(B.indices), id(B.indptr), B.shape, B.format)
+            if key not in memo:
+                from .semiring import _gb
+                memo.clear()  # (B, its matrix): the arrays named by the key stay alive
+                memo[key] = (B, _gb().io.from_scipy_sparse(B if B.format in ("csr", "csc")
+                                                           else B.tocsr()))
+            B = memo[key][1]
         return plus_times_csr(S, B)
     return sorted_product(S, B)
 

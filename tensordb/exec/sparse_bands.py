@@ -1,0 +1,349 @@
+"""A large sparse kernel call run in row bands of its sparse operand, ``check`` between bands.
+
+One sparse kernel call (exec/sparse_kernels.py, exec/semiring.py) is one scipy or GraphBLAS
+call that Python cannot interrupt: a 30,000-row SpGEMM took 4.5 s, and Ctrl-C waited for it.
+A call whose estimated work is large is therefore made in bands of rows of its sparse operand
+(``choice.sparse``, a CSR tile, a ``Filled`` one or a ``RowSlabs`` box), each band the same
+kernel on those rows (and on the same rows of any other operand holding that label), with
+``check(fraction)`` between bands: a cancelled run (a Ctrl-C, another task's error) stops
+within one band, and the call reports its progress on the way.
+
+The band's label is the sparse operand's row label. Where the output keeps it, output row r
+depends only on the operands' row r, so the banded result is the one call's, bit for bit:
+dense bands are written into the output's rows (``out`` where the caller gave it, each band
+handed to ``sink`` where the rows are contiguous), CSR bands are concatenated (their entry
+arrays one after the other, nothing sorted again). The one reduction over the band label
+banded is the masked product (``masked``, a triangle count): the bands' scalar sums are added,
+exact for integers, a float sum in another order otherwise (as GraphBLAS's own threads sum).
+Any other call is one call.
+
+Sizing: the work of a call is estimated from the entries of its banded operands times the
+average work per entry (the other operand's entries per row, or its width), a few arithmetic
+operations, so a small call (the common case: a benchmark's 0.2-5 ms products) is one call and
+pays nothing else (``SMALL_WORK``). A large call's first band is ``SMALL_WORK`` of work; each
+later band is sized from the time the band before it took, to ``BAND_SECONDS`` (at most
+``GROWTH`` times the band before it). What a semiring product makes of its other operand (its
+GraphBLAS matrix) is made once for all the bands (``_kept``), as is a SpGEMM's right operand
+(``sparse_kernels._spgemm``'s memo). ``FORCE_ROWS`` (tests) bands every call by that many rows.
+
+Left one call: a call whose sparse operand's rows are a contracted label (a vector times a
+matrix: an SSSP step's ``MIN(dist[j] + D[j,k])``; ``SUM(A[j,i] * B[j,k])``), where bands would
+split a sum, and a reduction of a row label other than the masked product's.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ..sparsity import index_dtype
+from ..storage.boxes import RowGather
+from ..storage.sparse import Filled, RowSlabs, densify, is_sparse, stacked
+from .graphcache import Sourced
+
+__all__ = ["banded", "BAND_SECONDS", "SMALL_WORK", "GROWTH", "FORCE_ROWS"]
+
+BAND_SECONDS = 0.15    # the kernel time one band aims at (a Ctrl-C waits at most about this)
+SMALL_WORK = 1 << 22   # estimated work (multiply-adds) under which a call is one call
+GROWTH = 16            # a band's work at most this many times the one before it
+FORCE_ROWS = None      # tests: band every call this many rows at a time
+
+_ROW_METHODS = ("spmm", "semiring", "sddmm", "spjoin", "spreduce")  # the output keeps the rows
+
+
+def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=None,
+           check=None):
+    """``call(args, arg_shapes, out_shape, out, sink)`` (one sparse kernel call) made in row
+    bands where the work is large (see the module docstring), ``check(fraction)`` between
+    bands; else the one call."""
+    plan = None if check is None else _plan(op, choice, args, out_shape)
+    if plan is None:
+        return call(args, arg_shapes, out_shape, out, sink)
+    label, axes, cw = plan
+    rows = len(cw) - 1
+    total = float(cw[-1])
+    if FORCE_ROWS is None and total <= SMALL_WORK:
+        return call(args, arg_shapes, out_shape, out, sink)
+    # the operands made sliceable once: a box over row tiles stacked unless it is spmm's own
+    # operand, a gather's rows taken, a CSR tile banded on its columns made CSC
+    args = [_sliceable(a, ax, choice.method == "spmm" and t == choice.sparse) if ax is not None
+            else stacked(a) for t, (a, ax) in enumerate(zip(args, axes))]  # stacked once
+    if choice.method == "semiring":  # the whole other operand: made GraphBLAS's once, not per band
+        args = [_kept(a) if ax is None else a for a, ax in zip(args, axes)]
+    dtype = np.dtype(op.dtype)
+    oax = op.out_labels.index(label) if label in op.out_labels else None
+    usable = out is not None and oax is not None and tuple(out.shape) == tuple(out_shape) and \
+        out.dtype == dtype
+    band_out = usable and oax == 0 and out.flags.c_contiguous and choice.method == "spmm"
+    dest = None  # the dense result, made at the first band that returns dense rows
+    sinking = sink is not None and usable and oax == 0 and out.flags.c_contiguous
+    sparse_parts, acc = [], None
+    target = float(SMALL_WORK)
+    r0 = 0
+    while r0 < rows:
+        if r0:
+            check(float(cw[r0]) / total if total else r0 / rows)
+        if FORCE_ROWS is not None:
+            r1 = min(rows, r0 + FORCE_ROWS)
+        else:
+            r1 = int(np.searchsorted(cw, cw[r0] + target, side="right")) - 1
+            r1 = min(rows, max(r1, r0 + 1))
+            if float(cw[-1] - cw[r1]) <= 0.25 * target:  # a short rest: in this band
+                r1 = rows
+        b_args = [a if ax is None else _rows(a, ax, r0, r1) for a, ax in zip(args, axes)]
+        b_shapes = [s if ax is None else _with(s, ax, r1 - r0) for s, ax in zip(arg_shapes, axes)]
+        b_shape = tuple(out_shape) if oax is None else _with(out_shape, oax, r1 - r0)
+        view = out[r0:r1] if band_out else None
+        t0 = time.perf_counter()
+        res = call(b_args, b_shapes, b_shape, view, sink if sinking else None)
+        spent = time.perf_counter() - t0
+        done = float(cw[r1] - cw[r0])
+        if oax is None:  # a scalar sum over the bands (masked)
+            acc = res if acc is None else np.add(acc, res, dtype=dtype)
+        elif is_sparse(res) and not isinstance(res, np.ndarray):
+            sparse_parts.append((r0, r1, res))
+        else:
+            if dest is None:
+                dest = out if usable else np.empty(out_shape, dtype)
+            if res is not view:
+                at = _index(oax, r0, r1)
+                dest[at] = res
+                if sinking:
+                    sink(dest[r0:r1])
+        if FORCE_ROWS is None and spent > 0:
+            rate = done / spent  # the last band's: the first one's includes imports, caches
+            target = min(GROWTH * target, max(float(SMALL_WORK), rate * BAND_SECONDS))
+        r0 = r1
+    if oax is None:
+        return np.asarray(acc, dtype).reshape(out_shape)
+    if dest is None:
+        return _concat([p for _, _, p in sparse_parts], oax, out_shape)
+    for b0, b1, part in sparse_parts:  # bands returned sparse beside dense ones: densified
+        dest[_index(oax, b0, b1)] = densify(part)
+    return dest
+
+
+def _plan(op, choice, args, out_shape):
+    """(the band label, per operand the axis it has that label on or None, the cumulative
+    estimated work per row: ``rows + 1`` values), or None where the call is not banded."""
+    k = choice.sparse
+    if k is None or k >= len(args) or args[k] is None or len(op.inputs[k].labels) != 2:
+        return None
+    method = choice.method
+    S = args[k]
+    if not (isinstance(S, (RowSlabs, Filled)) or (is_sparse(S) and getattr(S, "format", "")
+                                                   == "csr")):
+        return None
+    label = op.inputs[k].labels[0]
+    if method in _ROW_METHODS:
+        if label not in op.out_labels:
+            return None
+    elif method != "masked" or op.out_labels:
+        return None
+    if len(args) != len(op.inputs) or any(a is None for a in args):
+        return None
+    axes = [o.labels.index(label) if label in o.labels else None for o in op.inputs]
+    if any(o.labels.count(label) > 1 for o in op.inputs):
+        return None
+    for a, ax in zip(args, axes):
+        if ax is not None and not (isinstance(a, (np.ndarray, RowSlabs, Filled, RowGather)) or
+                                   is_sparse(a)):
+            return None
+    rows = S.shape[0]
+    if rows < 2:
+        return None
+    cw = np.zeros(rows + 1, np.float64)
+    width = math.prod(out_shape) // max(1, out_shape[op.out_labels.index(label)]) \
+        if label in op.out_labels else 0
+    per_entry = _per_entry(op, choice, args, k)
+    cw[1:] = _row_entries(S) * per_entry
+    for t, (a, ax) in enumerate(zip(args, axes)):
+        if t != k and ax is not None:
+            cw[1:] += (_row_entries(a) if _row_sparse(a, ax) else  # banded on its columns:
+                       _nnz(a) / max(1, a.shape[ax]))              # their average entries
+    if choice.out_format != "csr":
+        cw[1:] += width  # the output's dense row written (a CSR one's entries: counted above)
+    np.cumsum(cw, out=cw)
+    return label, axes, cw
+
+
+def _per_entry(op, choice, args, k) -> float:
+    """The estimated work per entry of the sparse operand: the entries of the other operand's
+    row it meets (a sparse one: its average), or the other operand's width (a dense one)."""
+    method = choice.method
+    if method in ("spjoin", "spreduce"):
+        return 1.0
+    labels = op.inputs[k].labels
+    others = [t for t in range(len(args)) if t != k]
+    if method == "masked":
+        # M's entries meet X @ Y: each of X's entries meets a row of Y
+        x = next(t for t in others if labels[0] in op.inputs[t].labels)
+        y = next(t for t in others if t != x)
+        return max(1.0, _nnz(args[x]) * _avg_row(args[y]) / max(1, _nnz(args[k])))
+    j = labels[1]
+    work = 1.0
+    for t in others:
+        a, o = args[t], op.inputs[t]
+        if j in o.labels:
+            if _is_tile_sparse(a):
+                work = max(work, _nnz(a) / max(1, a.shape[o.labels.index(j)]))
+            else:
+                work = max(work, math.prod(a.shape) / max(1, a.shape[o.labels.index(j)]))
+        elif method == "sddmm":
+            work = max(work, math.prod(a.shape) / max(1, a.shape[0]))
+    return work
+
+
+def _is_tile_sparse(a) -> bool:
+    return isinstance(a, (RowSlabs, Filled)) or (a is not None and is_sparse(a) and
+                                                 not isinstance(a, np.ndarray))
+
+
+def _nnz(a) -> float:
+    if isinstance(a, Filled):
+        return float(a.csr.nnz)
+    if _is_tile_sparse(a):
+        return float(a.nnz)
+    return float(math.prod(np.shape(a)))
+
+
+def _avg_row(a) -> float:
+    shape = np.shape(a) if not _is_tile_sparse(a) else a.shape
+    return _nnz(a) / max(1, shape[0])
+
+
+def _row_sparse(a, ax) -> bool:
+    return _is_tile_sparse(a) and ax == 0
+
+
+def _row_entries(a) -> np.ndarray:
+    """The entries of each row of a sparse tile (a column-banded one: of each column)."""
+    if isinstance(a, RowSlabs):
+        counts = np.zeros(a.shape[0], np.float64)
+        for r0, p in a.parts:
+            counts[r0:r0 + p.shape[0]] = np.diff(p.indptr)
+        return counts
+    csr = a.csr if isinstance(a, Filled) else a
+    if getattr(csr, "format", "") == "csr":
+        return np.diff(csr.indptr).astype(np.float64)
+    csr = csr.tocsr()
+    return np.diff(csr.indptr).astype(np.float64)
+
+
+def _sliceable(a, ax, keep_slabs: bool):
+    """Operand ``a`` in a form whose rows (its axis ``ax``) are cheap views."""
+    if ax is None or a is None:
+        return a
+    if isinstance(a, RowGather):
+        a = a.take()
+    if isinstance(a, RowSlabs):
+        return a if keep_slabs and ax == 0 else _sliceable(a.tocsr(), ax, False)
+    if isinstance(a, Filled):
+        csr = a.csr
+        return Filled(_oriented(csr, ax), a.fill)
+    if is_sparse(a) and not isinstance(a, np.ndarray):
+        return _oriented(a, ax)
+    return np.asarray(a)
+
+
+def _kept(a):
+    """A semiring product's operand that every band reads whole, as a ``Sourced`` box of its
+    own (no stored origin: the graph cache does not hold it), so that what the kernel makes of
+    it (its GraphBLAS matrix, the test of its values: ``graphcache.remember``) is made once
+    for all the bands, as for a stored graph's box."""
+    if isinstance(a, Sourced) or not (isinstance(a, Filled) or (
+            is_sparse(a) and getattr(a, "format", "") == "csr")):
+        return a
+    if isinstance(a, Filled):
+        return Sourced(a.csr, a.fill) if getattr(a.csr, "format", "") == "csr" else a
+    return Sourced(a, 0.0)
+
+
+def _oriented(csr, ax):
+    """A sparse matrix as CSR where banded on its rows, CSC where on its columns."""
+    if ax == 0:
+        return csr if csr.format == "csr" else csr.tocsr()
+    return csr if csr.format == "csc" else csr.tocsc()
+
+
+def _rows(a, ax, r0: int, r1: int):
+    """Rows ``r0:r1`` of operand ``a`` along its axis ``ax``: views of its entries."""
+    if isinstance(a, RowSlabs):
+        parts = []
+        for p0, p in a.parts:
+            lo, hi = max(r0, p0), min(r1, p0 + p.shape[0])
+            if lo < hi:
+                parts.append((lo - r0, _major(p, lo - p0, hi - p0)))
+        return RowSlabs((r1 - r0, a.shape[1]), a.dtype, tuple(parts))
+    if isinstance(a, Filled):
+        return Filled(_major(a.csr, r0, r1), a.fill)
+    if isinstance(a, np.ndarray):
+        return a[_index(ax, r0, r1)]
+    return _major(a, r0, r1)
+
+
+def _major(m, r0: int, r1: int):
+    """Rows ``r0:r1`` of a CSR matrix (columns of a CSC one) sharing its entry arrays."""
+    import scipy.sparse as sp
+    ptr = m.indptr
+    lo, hi = int(ptr[r0]), int(ptr[r1])
+    cls = sp.csr_array if m.format == "csr" else sp.csc_array
+    shape = (r1 - r0, m.shape[1]) if m.format == "csr" else (m.shape[0], r1 - r0)
+    band = cls((m.data[lo:hi], m.indices[lo:hi], ptr[r0:r1 + 1] - ptr[r0]), shape=shape,
+               copy=False)
+    flags = getattr(m, "_has_canonical_format", None), getattr(m, "_has_sorted_indices", None)
+    if flags[0]:
+        band.has_canonical_format = True
+    elif flags[1]:
+        band.has_sorted_indices = True
+    return band
+
+
+def _with(shape, ax: int, n: int) -> tuple:
+    shape = list(shape)
+    shape[ax] = n
+    return tuple(shape)
+
+
+def _index(ax: int, r0: int, r1: int) -> tuple:
+    return (slice(None),) * ax + (slice(r0, r1),)
+
+
+def _concat(parts: list, oax: int, out_shape):
+    """The CSR bands (or ``Filled`` ones, one fill) of an output whose axis ``oax`` was banded
+    as one tile: rows one after the other (``oax`` 0), else stacked side by side."""
+    import scipy.sparse as sp
+    fills = {float(p.fill) if isinstance(p, Filled) else 0.0 for p in parts}
+    mats = [p.csr if isinstance(p, Filled) else p for p in parts]
+    fill = fills.pop() if len(fills) == 1 else None
+    if fill is None or any(getattr(m, "format", "") != "csr" for m in mats):
+        dest = np.empty(out_shape, np.result_type(*[m.dtype for m in mats]))
+        at = 0
+        for p in parts:
+            n = p.shape[oax]
+            dest[_index(oax, at, at + n)] = densify(p)
+            at += n
+        return dest
+    if oax != 0:
+        csr = sp.hstack(mats, format="csr")
+        csr.sum_duplicates()  # sorted (the bands' columns in order): only flags it
+    else:
+        nnz = sum(int(m.nnz) for m in mats)
+        idx = np.result_type(index_dtype(tuple(out_shape), nnz), *[m.indices.dtype for m in mats])
+        data = np.concatenate([m.data for m in mats])
+        indices = np.concatenate([m.indices for m in mats]).astype(idx, copy=False)
+        indptr = np.empty(out_shape[0] + 1, idx)
+        indptr[0] = 0
+        at, base = 1, 0
+        for m in mats:
+            n = m.shape[0]
+            indptr[at:at + n] = m.indptr[1:] + base
+            base += int(m.nnz)
+            at += n
+        csr = sp.csr_array((data, indices, indptr), shape=tuple(out_shape), copy=False)
+        if all(getattr(m, "_has_canonical_format", False) for m in mats):
+            csr.has_canonical_format = True
+        elif all(m.has_sorted_indices for m in mats):
+            csr.has_sorted_indices = True
+    return Filled(csr, fill) if fill else csr
