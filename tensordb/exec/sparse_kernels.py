@@ -40,6 +40,7 @@ from ..physical.choice import SPARSE_METHODS
 from ..plan.sparse_rules import have_graphblas
 from ..storage.boxes import RowGather
 from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
+from .graphcache import source_of
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
@@ -107,6 +108,9 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
         res = np.tensordot(np.asarray(S, dtype), np.asarray(D, dtype),
                            axes=(s_labels.index(j), axis))
         return _to_output(res, [i] + rest, op.out_labels)
+    # the stored boxes whose GraphBLAS copies the graph cache keeps (SpGEMM), in their own
+    # orientation, and whether the product reads them transposed
+    src = [(source_of(S) if S.dtype == dtype else None, s_labels != (i, j))]
     if S.dtype != dtype:
         S = S.astype(dtype)
     S = S if s_labels == (i, j) else S.T
@@ -117,12 +121,14 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
                            np.asarray(densify(D), dtype), axes=(1, axis))
         return _to_output(res, [i] + rest, op.out_labels)
     if is_sparse(D):  # both sparse and both finite: SpGEMM
+        src.append((source_of(D) if D.dtype == dtype else None, False))
         D = D.astype(dtype) if D.dtype != dtype else D
         if not rest:
             return _to_output(np.asarray((S @ densify(D))).reshape(-1), [i], op.out_labels)
+        src[1] = (src[1][0], d_labels != (j, rest[0]))
         B = D if d_labels == (j, rest[0]) else D.T
         if choice.out_format == "csr":  # the plan's estimate says sparse: CSR, never dense
-            return csr_output(_spgemm(S, B, dtype, choice.semiring == "plus_times"),
+            return csr_output(_spgemm(S, B, dtype, choice.semiring == "plus_times", src),
                               [i] + rest, op.out_labels, dtype)
         return _to_output((S @ B).toarray(), [i] + rest, op.out_labels)
     if isinstance(D, RowGather) and S.format == "csc":  # GRAD's scatter-add: slabs of j
@@ -207,13 +213,15 @@ def _through_rows(S, D: RowGather, dtype):
     return E, base
 
 
-def _spgemm(S, B, dtype, graphblas: bool):
+def _spgemm(S, B, dtype, graphblas: bool, sources=None):
     """The CSR product of two sparse tiles, rows sorted: GraphBLAS's (its threads) where the
     plan chose it (``plan.kernel.spgemm_graphblas``: EXPLAIN's ``spmm x0 sparse (GraphBLAS
-    plus_times)``), else scipy's without a sort (``sorted_product``)."""
+    plus_times)``), else scipy's without a sort (``sorted_product``). ``sources``: for each,
+    the stored box it is (or is the transpose of: ``(box, transposed)``) whose GraphBLAS copy
+    the graph cache keeps."""
     if graphblas and dtype.kind in "iuf" and have_graphblas():
         from .semiring import plus_times_csr
-        return plus_times_csr(S, B)
+        return plus_times_csr(S, B, sources)
     return sorted_product(S, B)
 
 
