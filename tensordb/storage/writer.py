@@ -344,9 +344,11 @@ class TensorWriter(ReservedTiles):
             self.entries[coords] = TileEntry(coords, starts, shape, offset, nbytes, nnz, crc,
                                              nonfinite, fmt)
             self._appended += 1
-            # a large tile, and every other tile's bytes written too: the file's fdatasync
-            # started now, from this worker, while the run goes on (``_close_file``)
-            if early and not self._appending:
+            # a large tile, every other tile's bytes written too, and no earlier such sync
+            # still running (one at a time: an output of many large tiles is not a sync each):
+            # the file's fdatasync started now, while the run goes on (``_close_file``)
+            if early and not self._appending and \
+                    (not self._early_jobs or self._early_jobs[-1].done()):
                 job = sync_early(fd)
                 if job is not None:
                     self._early_jobs.append(job)
@@ -465,9 +467,9 @@ class TensorWriter(ReservedTiles):
 
 
 # An appended tile of at least this many bytes starts the file's fdatasync as soon as its bytes
-# are written (and no other tile's are being written), on a helper thread: the commit waits for
-# the last such job, which covers every byte, where no tile was written after it, and syncs the
-# file itself otherwise (docs/storage.md "The durable steps of a commit", step b).
+# are written (no other tile's being written, no such sync of the file running), on a helper
+# thread: the commit waits for every such job and syncs the file itself only where a tile was
+# written after the last one started (docs/storage.md "The durable steps of a commit", step b).
 EARLY_SYNC_MIN = 1 << 20
 
 

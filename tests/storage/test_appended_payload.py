@@ -58,11 +58,12 @@ class Syncs:
     """Every fdatasync made (path, when it finished) and when the catalog's COMMIT began; the
     fdatasync raises ``fail`` (an OSError) for the first ``fail_first`` calls."""
 
-    def __init__(self, monkeypatch, fail=None, fail_first=0) -> None:
+    def __init__(self, monkeypatch, fail=None, fail_first=0, hold=None) -> None:
         self.calls: list[tuple[str, float]] = []
         self.commits: list[float] = []
         self.lock = threading.Lock()
         self.left = fail_first
+        self.started = 0
         real, end = staging._datasync, store_commit.StoreCommits._end
 
         def datasync(fd):
@@ -70,8 +71,11 @@ class Syncs:
             with self.lock:
                 failing = self.left > 0
                 self.left -= failing
+                self.started += 1
             if failing:
                 raise fail
+            if hold is not None:
+                assert hold.wait(30)
             real(fd)
             with self.lock:
                 self.calls.append((path, time.perf_counter()))
@@ -85,6 +89,12 @@ class Syncs:
     def on(self, path) -> list[float]:
         return [t for p, t in self.calls if p == os.fspath(path)]
 
+    def wait_for(self, path, n: int) -> None:
+        for _ in range(500):  # a sync runs on a helper thread, started by a tile's write
+            if len(self.on(path)) >= n:
+                return
+            time.sleep(0.01)
+
 
 def test_tiles_over_the_threshold_are_synced_as_written_and_the_commit_adds_no_sync(
         tmp_path, monkeypatch):
@@ -92,18 +102,41 @@ def test_tiles_over_the_threshold_are_synced_as_written_and_the_commit_adds_no_s
     assert min(t.data.nbytes for t in tiles) >= EARLY_SYNC_MIN
     with tensordb.connect(tmp_path / "db") as con:
         spy = Syncs(monkeypatch)
-        w = _write(con.store, "C", tiles, replace=False)
+        w = con.store.writer("C", (2 * ROWS, COLS), np.float64, (ROWS, COLS))
         path = w.path
-        for _ in range(200):  # each tile's sync runs on a helper thread, started by its write
-            if len(spy.on(path)) == 2:
-                break
-            time.sleep(0.01)
+        for r, t in enumerate(tiles):
+            assert w.write_tile((r, 0), t)
+            spy.wait_for(path, r + 1)
         assert len(spy.on(path)) == 2 and not spy.commits  # both before the commit began
         w.commit()
         assert len(spy.on(path)) == 2, spy.calls  # the commit waited for them: no third
         assert max(spy.on(path)) < spy.commits[-1]
         np.testing.assert_array_equal(con.sparse("C").toarray(), _want(tiles))
     with tensordb.connect(tmp_path / "db") as con:
+        np.testing.assert_array_equal(con.sparse("C").toarray(), _want(tiles))
+        assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+def test_one_early_sync_runs_at_a_time_and_the_commit_covers_the_rest(tmp_path, monkeypatch):
+    """A large tile written while the file's earlier sync still runs starts none of its own:
+    the commit syncs the file after both, so two syncs in all, not one a tile."""
+    tiles = [_tile(8, LARGE), _tile(9, LARGE)]
+    hold = threading.Event()
+    with tensordb.connect(tmp_path / "db") as con:
+        spy = Syncs(monkeypatch, hold=hold)
+        w = con.store.writer("C", (2 * ROWS, COLS), np.float64, (ROWS, COLS))
+        assert w.write_tile((0, 0), tiles[0])
+        for _ in range(500):
+            if spy.started:
+                break
+            time.sleep(0.01)
+        assert spy.started == 1  # the first tile's sync, held
+        assert w.write_tile((1, 0), tiles[1])
+        assert spy.started == 1  # none started for the second tile
+        hold.set()
+        w.commit()
+        syncs = spy.on(w.path)
+        assert len(syncs) == 2 and max(syncs) < spy.commits[-1], spy.calls
         np.testing.assert_array_equal(con.sparse("C").toarray(), _want(tiles))
         assert [r["problem"] for r in con.check()] == ["ok"]
 
