@@ -293,7 +293,7 @@ def _dense_result(C, fill, dtype):
     if fmt not in ("bitmapr", "bitmapc", "fullr", "fullc"):
         return None
     shape = (C.nrows, C.ncols)
-    d = C.ss.unpack(fmt, **_opts())
+    d = C.ss.unpack(fmt)
     values = d["values"]
     if d.get("is_iso"):  # one value for every entry
         values = np.broadcast_to(values.reshape(-1)[:1], shape)
@@ -313,7 +313,12 @@ def _unpack_csr(C):
     one pass, which scipy and the writer then take as they are: scipy's own conversion (to
     int64) and the writer's (to int32) were two copies of every index."""
     import scipy.sparse as sp
-    d = C.ss.unpack("csr", sort=True, **_opts())
+    # the sort at GraphBLAS's own thread count, not the run's (``_opts``): measured with
+    # GraphBLAS's own product in the same process, one thread here left the workers with no
+    # OpenMP team of their own, and libgomp, no longer seeing more threads than cores, spun
+    # its idle threads far longer after every call (GOMP_SPINCOUNT): the peer's call took 3x
+    # its CPU and the statement 40-50% more CPU (docs/benchmarks.md, spg39)
+    d = C.ss.unpack("csr", sort=True)
     values = d["values"]
     nnz = int(d["indptr"][-1])
     if d["is_iso"]:  # one value for every entry
