@@ -21,6 +21,12 @@ memory limit, least recently used entries leaving first. A box that is a view of
 mapping is read again at each hit (a view costs nothing, and a payload file may be reused once
 its version is retired); a box that is a copy (a column slab cut from a CSR tile) is kept.
 
+A box of a stored matrix of fill 0 that is a view of its payload (a whole CSR tile, a band of
+its rows) is read as before, a plain scipy CSR array, but tagged with a ``Sourced`` entry of its
+own (``source_of``): the SpGEMM kernel's GraphBLAS copy of a stored graph is kept there too (a
+2,048-node R-MAT graph's ``G @ G`` copied both operands into GraphBLAS at every statement). A
+fill-0 box that is a copy is not kept (it would hold memory nothing asked it to).
+
 >>> import numpy as np, scipy.sparse as sp
 >>> from tensordb.storage.sparse import Filled
 >>> box = Sourced(sp.csr_array(np.eye(2)), np.inf, ("d", 1, (0, 0), (2, 2)), "db")
@@ -38,7 +44,7 @@ import numpy as np
 from ..storage.sparse import Filled, tile_nbytes
 from .devcache import DeviceCache, _Entry
 
-__all__ = ["Sourced", "GraphCache", "GRAPHS", "remember", "CAPACITY_SHARE"]
+__all__ = ["Sourced", "GraphCache", "GRAPHS", "remember", "source_of", "CAPACITY_SHARE"]
 
 CAPACITY_SHARE = 8  # the cache holds at most 1/8 of the default memory limit
 
@@ -57,6 +63,37 @@ class Sourced(Filled):
 
 
 _SLOT_LOCK = threading.Lock()
+
+# fill-0 boxes (plain scipy CSR arrays, read afresh at each Load) and the entries whose slot they
+# share: id -> (a weak reference to the box, its Sourced); an entry leaves with its box
+_TAGS: dict[int, tuple] = {}
+_TAGS_LOCK = threading.Lock()
+
+
+def _tag(csr, box: "Sourced"):
+    """``csr`` (a Load's fill-0 box) with the slot of cache entry ``box`` (``source_of``)."""
+    key = id(csr)
+
+    def gone(ref, key=key):
+        with _TAGS_LOCK:
+            if _TAGS.get(key, (None,))[0] is ref:
+                del _TAGS[key]
+
+    with _TAGS_LOCK:
+        _TAGS[key] = (weakref.ref(csr, gone), box)
+    return csr
+
+
+def source_of(x):
+    """The ``Sourced`` whose slot keeps what kernels made of box ``x``: ``x`` itself, or the
+    entry of a tagged fill-0 box (the very object a Load gave: a transposed or converted copy
+    of it is not tagged); None for any other box."""
+    if isinstance(x, Sourced):
+        return x
+    found = _TAGS.get(id(x))
+    if found is not None and found[0]() is x:
+        return found[1]
+    return None
 
 
 def remember(box, key, make, size=None):
@@ -123,8 +160,19 @@ class GraphCache(DeviceCache):
             fresh = read()
             if isinstance(fresh, Filled):
                 return Sourced(fresh.csr, fresh.fill, kept.origin, kept.where, kept.slot)
+            if _plain_csr(fresh):  # a fill-0 box: tagged with the entry's slot
+                return _tag(fresh, kept)
             return fresh
         out = read()
+        if m.fill == 0 and _plain_csr(out) and not _owned(out):
+            self.misses += 1
+            box = Sourced(out, 0.0, key, where)
+            with self.lock:
+                if (key, where) not in self.entries:
+                    self._add((key, where), _entry(box, 0))
+                else:
+                    box = self.entries[(key, where)].array
+            return _tag(out, box)
         if not isinstance(out, Filled):
             return out
         self.misses += 1
@@ -174,6 +222,12 @@ class GraphCache(DeviceCache):
                 cache.committed(stored, retired)
 
         listeners.append(committed)
+
+
+def _plain_csr(x) -> bool:
+    """Whether ``x`` is a scipy CSR array (a fill-0 box of one stored tile or part of one)."""
+    return getattr(x, "format", None) == "csr" and not isinstance(x, Filled) and \
+        hasattr(x, "indptr")
 
 
 def _entry(box, nbytes: int) -> _Entry:

@@ -49,7 +49,7 @@ from ..plan.sparse_rules import SEMIRINGS, have_graphblas, mask_orientation
 from ..sparsity import index_dtype
 from ..storage.sparse import Filled, densify, is_sparse
 from ..storage.tilestats import count_nonzero
-from .graphcache import Sourced, remember
+from .graphcache import remember, source_of
 from .sparse_out import csr_output
 
 __all__ = ["semiring", "masked", "sddmm", "spjoin", "plus_times_csr", "threads", "CHUNK"]
@@ -231,7 +231,7 @@ def semiring(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     plus = name.endswith("plus")
     agg = np.minimum if name.startswith("min") else np.maximum
     # a stored box's matrix and the test of its values are made once (graphcache.py)
-    boxes = [b if x[0] is not None and isinstance(b, Sourced) and x[0].dtype == b.dtype else None
+    boxes = [source_of(b) if x[0] is not None and x[0].dtype == b.dtype else None
              for b, x in zip((S, D), (s, d))]
     with np.errstate(all="ignore"):
         bad = any(remember(b, ("bad", plus, fill), lambda x=x: _bad_values(
@@ -313,6 +313,11 @@ def _unpack_csr(C):
     one pass, which scipy and the writer then take as they are: scipy's own conversion (to
     int64) and the writer's (to int32) were two copies of every index."""
     import scipy.sparse as sp
+    # the sort at GraphBLAS's own thread count, not the run's (``_opts``): measured with
+    # GraphBLAS's own product in the same process, one thread here left the workers with no
+    # OpenMP team of their own, and libgomp, no longer seeing more threads than cores, spun
+    # its idle threads far longer after every call (GOMP_SPINCOUNT): the peer's call took 3x
+    # its CPU and the statement 40-50% more CPU (docs/benchmarks.md, spg39)
     d = C.ss.unpack("csr", sort=True)
     values = d["values"]
     nnz = int(d["indptr"][-1])
@@ -326,13 +331,26 @@ def _unpack_csr(C):
     return csr
 
 
-def plus_times_csr(A, B):
+def _operand(x, src):
+    """A GraphBLAS matrix of scipy matrix ``x``; ``src``: None, or ``(box, transposed)`` where
+    ``x`` is stored box ``box`` (its transpose), whose copy the graph cache keeps (``_to_gb``)
+    and GraphBLAS reads transposed (a descriptor, no copy)."""
+    box, transposed = src if src is not None else (None, False)
+    if box is not None and box.csr.dtype == x.dtype:
+        m = _to_gb(box.csr, None, box=box)
+        return m.T if transposed else m
+    return _gb().io.from_scipy_sparse(x if x.format in ("csr", "csc") else x.tocsr())
+
+
+def plus_times_csr(A, B, sources=None):
     """``A @ B`` of two scipy sparse matrices (one numeric dtype, not bool) by GraphBLAS's
     ``plus_times`` ``mxm`` (its threads: ``gb.ss.config['nthreads']``), as a CSR array of sorted
     rows with scipy's structure: an entry whose sum is 0 (or -0.0) left out, as scipy's product
     leaves it out. SpGEMM's CSR output (``sparse_kernels.spmm``): scipy's single-threaded
     product was 1.5-2.3x GraphBLAS's on R-MAT graphs. The sums may round differently from
-    scipy's (GraphBLAS's order of the terms), equal where they are exact.
+    scipy's (GraphBLAS's order of the terms), equal where they are exact. ``sources``: for
+    ``A`` and ``B``, None or the stored box (``graphcache.source_of``) each is, or is the
+    transpose of, as ``(box, transposed)``: its GraphBLAS copy is made once and kept.
 
     >>> import scipy.sparse as sp
     >>> A = sp.csr_array(np.array([[0.0, 2.0], [1.0, -3.0]]))
@@ -341,9 +359,8 @@ def plus_times_csr(A, B):
     ([[2.0, 0.0], [0.0, 0.0]], 1)
     """
     gb = _gb()
-    a, b = (x if isinstance(x, gb.Matrix) else  # B already GraphBLAS's: a banded call's
-            gb.io.from_scipy_sparse(x if x.format in ("csr", "csc") else x.tocsr())
-            for x in (A, B))
+    a, b = (x if isinstance(x, gb.Matrix) else _operand(x, src)  # B GraphBLAS's already: a
+            for x, src in zip((A, B), sources or (None, None)))      # banded call's (its memo)
     csr = _unpack_csr(a.mxm(b, gb.semiring.plus_times).new(**_opts()))
     if count_nonzero(csr.data) != csr.nnz:  # a sum of exactly 0: absent in scipy's product
         import scipy.sparse as sp

@@ -40,6 +40,7 @@ from ..physical.choice import SPARSE_METHODS
 from ..plan.sparse_rules import have_graphblas
 from ..storage.boxes import RowGather
 from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
+from .graphcache import source_of
 from .sparse_bands import banded
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
@@ -120,6 +121,9 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> n
         res = np.tensordot(np.asarray(S, dtype), np.asarray(D, dtype),
                            axes=(s_labels.index(j), axis))
         return _to_output(res, [i] + rest, op.out_labels)
+    # the stored boxes whose GraphBLAS copies the graph cache keeps (SpGEMM), in their own
+    # orientation, and whether the product reads them transposed
+    src = [(source_of(S) if S.dtype == dtype else None, s_labels != (i, j))]
     if S.dtype != dtype:
         S = S.astype(dtype)
     S = S if s_labels == (i, j) else S.T
@@ -130,12 +134,14 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> n
                            np.asarray(densify(D), dtype), axes=(1, axis))
         return _to_output(res, [i] + rest, op.out_labels)
     if is_sparse(D):  # both sparse and both finite: SpGEMM
+        src.append((source_of(D) if D.dtype == dtype else None, False))
         D = D.astype(dtype) if D.dtype != dtype else D
         if not rest:
             return _to_output(np.asarray((S @ densify(D))).reshape(-1), [i], op.out_labels)
+        src[1] = (src[1][0], d_labels != (j, rest[0]))
         B = D if d_labels == (j, rest[0]) else D.T
         if choice.out_format == "csr":  # the plan's estimate says sparse: CSR, never dense
-            return csr_output(_spgemm(S, B, dtype, choice.semiring == "plus_times", memo),
+            return csr_output(_spgemm(S, B, dtype, choice.semiring == "plus_times", src, memo),
                               [i] + rest, op.out_labels, dtype)
         return _to_output((S @ B).toarray(), [i] + rest, op.out_labels)
     if isinstance(D, RowGather) and S.format == "csc":  # GRAD's scatter-add: slabs of j
@@ -220,14 +226,16 @@ def _through_rows(S, D: RowGather, dtype):
     return E, base
 
 
-def _spgemm(S, B, dtype, graphblas: bool, memo=None):
+def _spgemm(S, B, dtype, graphblas: bool, sources=None, memo=None):
     """The CSR product of two sparse tiles, rows sorted: GraphBLAS's (its threads) where the
     plan chose it (``plan.kernel.spgemm_graphblas``: EXPLAIN's ``spmm x0 sparse (GraphBLAS
-    plus_times)``), else scipy's without a sort (``sorted_product``). ``memo`` (a dict the row
-    bands of one call share): B is copied into GraphBLAS once for all of them."""
+    plus_times)``), else scipy's without a sort (``sorted_product``). ``sources``: for each,
+    the stored box it is (or is the transpose of: ``(box, transposed)``) whose GraphBLAS copy
+    the graph cache keeps. ``memo`` (a dict the row bands of one call share): a B the graph
+    cache does not keep is copied into GraphBLAS once for all of them."""
     if graphblas and dtype.kind in "iuf" and have_graphblas():
         from .semiring import plus_times_csr
-        if memo is not None:
+        if memo is not None and (sources is None or sources[1][0] is None):
             key = ("gb", id(B.data), id(B.indices), id(B.indptr), B.shape, B.format)
             if key not in memo:
                 from .semiring import _gb
@@ -235,7 +243,7 @@ def _spgemm(S, B, dtype, graphblas: bool, memo=None):
                 memo[key] = (B, _gb().io.from_scipy_sparse(B if B.format in ("csr", "csc")
                                                            else B.tocsr()))
             B = memo[key][1]
-        return plus_times_csr(S, B)
+        return plus_times_csr(S, B, sources)
     return sorted_product(S, B)
 
 

@@ -20,11 +20,12 @@ def run_load(task: Load, reader, xp=np):
     """A box of a stored tensor: a memory-mapped view when possible, zeros where absent; a
     scipy CSR array when the box lies in a matrix's sparse tiles (on the CPU: only the spmm
     kernel reads it as it is, every other consumer densifies it, sparse_kernels.py); a box of
-    a matrix whose absent entries are not 0 comes from the graph cache (graphcache.py); a
+    a sparse matrix comes through the graph cache (graphcache.py: a ``Sourced`` where its
+    absent entries are not 0, a tagged view where they are 0); a
     ``RowGather`` for a gather by a vector (on the CPU: taken whole by a kernel that cannot
     read it as it is, ``dense_args``)."""
     if xp is np and reader.has_sparse:
-        if reader.meta.fill != 0 and reader.meta.ndim == 2:  # the semiring kernels' boxes
+        if reader.meta.ndim == 2:  # a matrix's boxes: their GraphBLAS copies kept (graphcache)
             out = GRAPHS.box(reader, task.starts, task.stops,
                              lambda: read_sparse_box(reader, task.starts, task.stops))
         else:

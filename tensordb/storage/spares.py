@@ -29,11 +29,24 @@ from . import memfiles
 from .directory import remove_payload
 from .reader import rename_private, rename_unused
 
-__all__ = ["SparePayloads"]
+__all__ = ["SparePayloads", "SPARE_MIN", "current_bytes"]
 
 MAX_FILES = 8
 MAX_BYTES = 1 << 30
 SLACK = 1 << 20  # a spare at most this much (or 1/8) larger than asked for is used, truncated
+SPARE_MIN = 1 << 16  # a payload appended tile by tile under this is written into a new file
+
+
+def current_bytes(store, name: str) -> int:
+    """The payload bytes of ``name``'s current version as the store's catalog cache holds them
+    (0 when it holds none: nothing is read from the catalog for this): the size of the spare
+    a replace appending its tiles one by one takes (``TensorWriter._open_appended``)."""
+    cache, lock = getattr(store, "_cache", None), getattr(store, "_lock", None)
+    if cache is None or lock is None:
+        return 0
+    with lock:
+        meta = cache.get(name.lower())
+    return int(getattr(meta, "nbytes", 0) or 0)
 
 
 class SparePayloads:

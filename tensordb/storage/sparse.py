@@ -358,7 +358,14 @@ def _row_slab(tile, r0: int, r1: int):
 
 def _csr(values, indices, indptr, shape):
     import scipy.sparse as sp
-    m = sp.csr_array((values, indices, indptr), shape=shape, copy=False)
+    if indices.dtype != indptr.dtype or values.ndim != 1:  # scipy's constructor makes them one
+        m = sp.csr_array((values, indices, indptr), shape=shape, copy=False)
+    else:
+        # the views as they are: scipy's constructor copies the values and indices of a view
+        # under half of the array it views (``prune``), which a band of a stored tile's rows
+        # often is: a copy at every Load, and a box the graph cache took for a copy of its own
+        m = sp.csr_array(shape, dtype=values.dtype)
+        m.data, m.indices, m.indptr = values, indices, indptr
     m.has_sorted_indices = True  # the encoder writes them sorted: scipy need not check or sort
     return m
 

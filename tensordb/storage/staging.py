@@ -16,7 +16,7 @@ import numpy as np
 from . import background
 
 __all__ = ["ALIGN", "STAGE_MAX", "STREAM_TILE_MAX", "StagingBuffers", "allocate", "no_wait",
-           "one_directory_sync", "open_payload", "sync_in_background", "write_all"]
+           "one_directory_sync", "open_payload", "sync_early", "sync_in_background", "write_all"]
 
 ALIGN = 64  # cache-line and SIMD friendly; NumPy and BLAS like aligned buffers
 
@@ -120,13 +120,30 @@ def no_wait() -> None:
     pass
 
 
-def sync_in_background(fd: int, directory: str):
+def sync_early(fd: int):
+    """Start ``fdatasync(fd)`` on a helper thread (then close ``fd``, a duplicate the job
+    owns): the job, or None where no helper can start (``fd`` is closed then)."""
+    job = background.submit(_fsync_close, fd)
+    if job is None:
+        os.close(fd)
+    return job
+
+
+def sync_in_background(fd: int, directory: str, early=(), covered: bool = False):
     """Make ``fd``'s bytes and ``directory``'s entries durable on helper threads (then close
     ``fd``): the file's ``fdatasync`` and the directory's ``fsync`` at once, so the file
     system's journal commits both together where one after the other waits for two commits;
     the caller writes its catalog rows meanwhile. The directory's fsync is shared by every
-    file of the commit (``_sync_dir``). Returns the wait (it raises their OSError)."""
-    jobs = [background.submit(_fsync_close, fd), _sync_dir(directory)]
+    file of the commit (``_sync_dir``). ``early``: the jobs (``sync_early``) that synced the
+    file during the run, each waited for too (a write-back error is reported to one fdatasync
+    of a file description only, so none is left unread); ``covered``: the last of them
+    started after the file's last byte was written, so no other fdatasync of the same bytes
+    is made. Returns the wait (it raises their OSError)."""
+    if covered and early:
+        os.close(fd)
+        jobs = [*early, _sync_dir(directory)]
+    else:
+        jobs = [*early, background.submit(_fsync_close, fd), _sync_dir(directory)]
     if None in jobs:  # the interpreter is shutting down: no new threads, sync here
         if jobs[0] is None:
             _fsync_close(fd)

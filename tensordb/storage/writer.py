@@ -32,11 +32,12 @@ from .identity import payload_name
 from .meta import TensorMeta
 from .reader import TileEntry
 from .reserved import ReservedTiles
+from .spares import SPARE_MIN, current_bytes
 from .sparse import (Filled, csr_parts, densify, encode, entries, fill_of, is_sparse,
                      stored_entries)
 from ..sparsity import choose_format
 from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
-                      one_directory_sync, open_payload, sync_in_background)
+                      one_directory_sync, open_payload, sync_early, sync_in_background)
 from .writeback import start_writeback
 from .tilestats import (_NNZ_BLOCK, _STATS_BLOCK, TileStats, count_nonzero, has_negative_zero,  # noqa: F401
                         has_nonfinite, tile_stats)
@@ -84,6 +85,12 @@ class TensorWriter(ReservedTiles):
         self._appending: set[tuple[int, ...]] = set()  # tiles whose bytes _append is writing
         self._uploads = None  # an object written in parts (objparts.PartUploads)
         self._in_memory = False  # an object staged with no local file, uploaded at commit
+        self._size_hint = current_bytes(store, name) if replace else 0  # (_open_appended)
+        self._appended = 0  # tiles whose bytes _append has written
+        # the fdatasync jobs large appended tiles started, and the count of tiles written when
+        # the last one started: it covers the whole file if none was written after it
+        self._early_jobs: list = []
+        self._early_at = -1
 
     def __repr__(self) -> str:
         return f"TensorWriter({self.name!r}, shape={self.shape}, tiles={len(self.entries)}, {self._state})"
@@ -303,7 +310,7 @@ class TensorWriter(ReservedTiles):
                 raise InternalError(f"tensor '{self.name}': tile {coords} written twice")
             try:
                 if self._fd is None:
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    self._fd = self._open_appended(nbytes)
                     self._memory = False  # a tile reserve() did not lay out: a file after all
                 fd = os.dup(self._fd)
             except OSError as exc:
@@ -313,6 +320,7 @@ class TensorWriter(ReservedTiles):
             offset = self._pos + (-self._pos % ALIGN)  # the gap before it: a hole, read as 0
             self._pos = offset + nbytes
             self._appending.add(coords)
+        early = False
         try:
             at = offset
             for part in parts:
@@ -321,20 +329,43 @@ class TensorWriter(ReservedTiles):
                     at += part.nbytes
             if self.store.fsync:
                 start_writeback(fd, offset, nbytes)
+                early = nbytes >= EARLY_SYNC_MIN
         except BaseException:
             with self._lock:
                 self._appending.discard(coords)
             self._fail()
-            raise
-        finally:
             os.close(fd)
+            raise
         with self._lock:
             self._appending.discard(coords)
             if self._state != "open":  # aborted while its bytes were written: the file is gone
+                os.close(fd)
                 raise InterfaceError(f"writer for '{self.name}' is already {self._state}")
             self.entries[coords] = TileEntry(coords, starts, shape, offset, nbytes, nnz, crc,
                                              nonfinite, fmt)
+            self._appended += 1
+            # a large tile, every other tile's bytes written too, and no earlier such sync
+            # still running (one at a time: an output of many large tiles is not a sync each):
+            # the file's fdatasync started now, while the run goes on (``_close_file``)
+            if early and not self._appending and \
+                    (not self._early_jobs or self._early_jobs[-1].done()):
+                job = sync_early(fd)
+                if job is not None:
+                    self._early_jobs.append(job)
+                    self._early_at = self._appended
+                return True
+        os.close(fd)
         return True
+
+    def _open_appended(self, first: int) -> int:
+        """The file tiles are appended to (``first``: the first one's bytes): a spare the size
+        of the version this one replaces (a sparse product's output each statement), renamed,
+        where the store has one (spares.py: its blocks and pages are not allocated again), else
+        a new file. Bytes past the last tile are left as they were: nothing reads them."""
+        hint = max(first, self._size_hint)
+        if hint >= SPARE_MIN and self.store.take_spare(hint, self.path) is not None:
+            return os.open(self.path, os.O_WRONLY)
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
     def _pwrite(self, fd: int, data, offset: int) -> None:
         """Write all of ``data`` (an array, or a slice of one) at ``offset`` of the file."""
@@ -405,7 +436,10 @@ class TensorWriter(ReservedTiles):
         if not sync:
             os.close(fd)
             return no_wait
-        return sync_in_background(fd, self.store.tiles_dir)
+        early, self._early_jobs = self._early_jobs, []
+        covered = bool(early) and self._early_at == self._appended and not self._reserved \
+            and not self._slots and self._staged is None and self._uploads is None
+        return sync_in_background(fd, self.store.tiles_dir, early, covered)
 
     def _fail(self) -> None:
         self._state = "aborted"
@@ -430,6 +464,13 @@ class TensorWriter(ReservedTiles):
     @property
     def has_file(self) -> bool:
         return bool(self.entries)
+
+
+# An appended tile of at least this many bytes starts the file's fdatasync as soon as its bytes
+# are written (no other tile's being written, no such sync of the file running), on a helper
+# thread: the commit waits for every such job and syncs the file itself only where a tile was
+# written after the last one started (docs/storage.md "The durable steps of a commit", step b).
+EARLY_SYNC_MIN = 1 << 20
 
 
 _NO_SYNCS = contextlib.nullcontext()  # commit_all's batch of directory syncs, where none is

@@ -172,3 +172,58 @@ def test_spgemm_names_graphblas_in_explain_and_scipy_without_it(monkeypatch):
             con.execute(STEP)
             want = _step(want, D)
             np.testing.assert_array_equal(con.tensor("dist"), want)
+
+
+def test_spgemm_keeps_its_operands_graphblas_copies_until_a_replace(tmp_path, monkeypatch):
+    """``C = G @ G`` of a stored graph of fill 0: both operands (a band of G's rows a call, and
+    G) are copied into GraphBLAS by the first statement only; a replaced G is copied afresh
+    and the product is the new graph's."""
+    import graphblas as gb
+    G1 = sp.csr_array(sp.random(600, 600, density=0.004, format="csr", random_state=1))
+    G2 = sp.csr_array(sp.random(600, 600, density=0.004, format="csr", random_state=2))
+    sql = "C[i,k] = SUM(G[i,j] * G[j,k])"
+    made = []
+    real = gb.io.from_scipy_sparse
+    monkeypatch.setattr(gb.io, "from_scipy_sparse",
+                        lambda x, *a, **k: made.append(x.shape) or real(x, *a, **k))
+    with tensordb.connect(tmp_path / "db", workers=2) as con:
+        con.load("G", G1)
+        assert "GraphBLAS plus_times" in con.explain(sql)
+        con.execute(sql)
+        first = len(made)
+        assert first >= 1 and _entries("G")  # (one box when the plan makes one call)
+        for _ in range(2):
+            con.execute(sql)
+            np.testing.assert_allclose(con.sparse("C").toarray(), (G1 @ G1).toarray(),
+                                       rtol=1e-12)
+        assert len(made) == first, made  # no copy after the first statement
+        con.load("G", G2, replace=True)
+        con.execute(sql)
+        assert len(made) > first
+        np.testing.assert_allclose(con.sparse("C").toarray(), (G2 @ G2).toarray(), rtol=1e-12)
+        version = con.store.meta("G").version
+        assert _entries("G") and all(k[1] == version for k in _entries("G"))
+
+
+def test_a_band_of_a_csr_tiles_rows_is_read_as_views_of_its_payload(tmp_path):
+    """A box of whole rows of one stored CSR tile shares the tile's memory (scipy's constructor
+    copied a band under half of the payload it views), so the graph cache keeps its slot."""
+    from tensordb.exec.graphcache import source_of
+    from tensordb.exec.tasks import run_load
+    from tensordb.physical.plan import Load
+    from tensordb.storage.sparse import read_sparse_box
+    G = sp.csr_array(sp.random(600, 600, density=0.01, format="csr", random_state=3))
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("G", G)
+        reader = con.store.open("G")
+        assert reader.meta.grid == ((0, 600), (0, 600))
+        tile = reader.stored_tile((0, 0))
+        for r0, r1 in ((0, 100), (100, 600), (250, 251), (0, 600)):
+            box = read_sparse_box(reader, (r0, 0), (r1, 600))
+            np.testing.assert_array_equal(box.toarray(), G[r0:r1].toarray())
+            if box.nnz:
+                assert np.shares_memory(box.data, tile.data)
+                assert np.shares_memory(box.indices, tile.indices)
+            loaded = run_load(Load(0, "G", (r0, 0), (r1, 600)), reader)
+            assert source_of(loaded) is not None  # tagged with its cache entry's slot
+            np.testing.assert_array_equal(loaded.toarray(), G[r0:r1].toarray())
