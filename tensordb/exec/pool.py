@@ -155,6 +155,9 @@ def _set_threads(lib, calls, n: int) -> None:
 
 # whether a new executor cuts a run's last matrix-product call (``LocalExecutor.tail_cut``)
 TAIL_CUT = False
+# whether a new executor cuts, before the run, the call that leaves its worker the last busy
+# (``LocalExecutor.pre_cut``; pool_run ``_Run._pre_cut``)
+PRE_CUT = True
 
 
 class LocalExecutor:
@@ -185,6 +188,8 @@ class LocalExecutor:
         # unless TAIL_CUT says otherwise (it measured level on this 2-core VM, docs/benchmarks.md)
         self.tail_cut = TAIL_CUT
         self.last_tail_cuts = 0  # calls the last run cut
+        self.pre_cut = PRE_CUT
+        self.last_pre_cuts = 0  # calls the last run cut before it started (0 or 1)
 
     def _start(self) -> None:
         if not self.threads:
@@ -277,6 +282,7 @@ class LocalExecutor:
                     result = run.go()
             finally:
                 self.last_tail_cuts = run.cuts
+                self.last_pre_cuts = int(run.precut is not None)
                 tiles.end_run(plan, run, result, sink)
                 # The run object lives on in reference cycles until a garbage collection: the
                 # output tiles it holds would stay with it after the caller lets them go.

@@ -29,6 +29,7 @@ from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_
                       translate)
 from .spill import SpillFiles
 from .tail import row_split
+from .tasks import tile_view
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pool import LocalExecutor
@@ -99,6 +100,11 @@ class _Run:
         self.cuts = 0  # calls cut in this run (``LocalExecutor.last_tail_cuts``)
         self.may_cut = ex.tail_cut and ex.xp is np and self.budget is None and sparse \
             and ex.workers > 1 and 2 * self.threads <= ex.cores
+        # The pre-cut (``_pre_cut``): a call whose second row block is the lightest worker's
+        # from the start; (key, RowSplit, the block's queued item) once made (``go``).
+        self.may_precut = ex.pre_cut and ex.xp is np and self.budget is None and sparse \
+            and ex.workers > 1 and bool(self.lazy)
+        self.precut = None
 
     def admit(self, item) -> bool:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
@@ -176,7 +182,8 @@ class _Run:
 
     def _queue_first(self) -> None:
         """Queue the tasks ready before any ran (no inputs but Loads their consumer runs):
-        listed first, as once workers run ``waiting`` changes under our feet."""
+        listed first, as once workers run ``waiting`` changes under our feet; and the
+        pre-cut call's second block, last on its worker's queue (``_pre_cut``)."""
         waiting, lazy = self.waiting, self.lazy
         first = [t for t in self.plan.tasks
                  if t.key in waiting and waiting[t.key] == 0 and t.key not in lazy]
@@ -184,11 +191,53 @@ class _Run:
             for t in first:
                 self._queue(t.worker, ("run", t))
             return
+        extra = self._pre_cut() if self.may_precut else []
         with self.lock:
-            self.pending += len(first)
+            self.pending += len(first) + len(extra)
         rank, n = self.rank, len(self.queues)
         self.queues.put_many([(t.worker % n, (1, rank.get(t.key, 0)), (self, "run", t))
-                              for t in first])
+                              for t in first] + extra)
+
+    def _pre_cut(self) -> list:
+        """The pre-cut: the calls of a run that do not divide evenly among the workers (nine
+        equal tile products on two: five and four) leave the lighter worker idle for the
+        heavier one's last call. Where the plan has such a call (``_Shape.precut``: the
+        heaviest worker's last call, and the lightest worker, at least three quarters of the
+        call's flops lighter), the call is cut by rows in two (tail.py ``row_split``: the
+        uncut call's bits) before the run starts: the second block is queued on the lighter
+        worker after all its own tasks, the first is the heavier worker's when it reaches the
+        call, and a block the lighter worker has not started by then is taken back (never a
+        wait for a worker that has not started). The call's operands are views of stored
+        tiles (Loads only its own worker would run: ``lazy``), read here. The items to queue."""
+        found = self.shape.precut_for(len(self.queues))
+        if found is None:
+            return []
+        key, heavy, light = found
+        plan = self.plan
+        task = plan.task(key)
+        views = []
+        for k in task.inputs:
+            load = plan.task(k)
+            view = tile_view(load, plan.readers[load.tensor])
+            if view is None:
+                return []  # a copy to make: not on the caller's thread before the run
+            views.append((load, view))
+        for load, view in views:
+            if load.key not in self.results:
+                self._publish(heavy, load, view)  # its worker's Load, made here
+        spec = plan_specs(plan, np).get(task.op)
+        if spec is None:
+            spec = plan_specs(plan, np)[task.op] = KernelSpec(op_of(plan, task), np,
+                                                              plan.kernels[task.op])
+        it = iter([self.results[k] for k in task.inputs])
+        args = [None if a is None else next(it) for a in task.args]
+        split = row_split(spec, args, task.arg_shapes, task.out_shape, self.dest.get(key), 2)
+        if split is None:
+            return []  # not a call that cuts without changing its bits: run whole
+        item = (self, "part", task, split, 1)
+        split.given(1)
+        self.precut = (key, split, item, light)
+        return [(light, (2, 0), item)]
 
     def _queue(self, worker: int, item) -> None:
         with self.lock:
@@ -265,6 +314,11 @@ class _Run:
             choice = self.plan.kernels[task.op] if isinstance(task, Kernel) else None
             if source is not None:  # a Load: a GPU may have its tile cached (devcache.py)
                 value = self.tiles.load(w, task, source, self.runner, op_of(self.plan, task))
+            elif self.precut is not None and task.key == self.precut[0]:
+                if self.may_cut:
+                    self._last_call()
+                _, split, item, light = self.precut
+                value = self._finish_split(task, split, [(light, item)])
             elif choice is not None and self.may_cut and self._last_call() and \
                     (value := self._cut(w, task, inputs, choice, dest)) is not None:
                 pass
@@ -315,6 +369,13 @@ class _Run:
         split.given(len(given))
         self.queues.put_many([(v, (-1, 0), item) for v, item in given])
         self.cuts += 1
+        return self._finish_split(task, split, given)
+
+    def _finish_split(self, task: Kernel, split, given: list):
+        """This worker's block of a cut call (0), then each block given to another worker
+        that it has not taken yet (``given``: (worker, queued item)), then a wait for those
+        being run there. The result (the whole call's)."""
+        op = op_of(self.plan, task)
         try:
             try:
                 self.control.check()
@@ -468,7 +529,7 @@ class _Shape:
     without them."""
 
     __slots__ = ("tasks", "outputs", "consumers", "refs", "waiting", "waiting_lazy",
-                 "acc_left", "agg_of", "keep", "lazy", "kernels")
+                 "acc_left", "agg_of", "keep", "lazy", "kernels", "rank", "_precut")
 
     @classmethod
     def of(cls, plan: TilePlan) -> "_Shape":
@@ -498,3 +559,32 @@ class _Shape:
             for c in consumers[k]:
                 waiting[c] -= 1
         self.waiting_lazy = waiting
+        self.rank = plan.rank or ranks(plan)
+        self._precut: dict[int, tuple | None] = {}  # workers -> ``precut_for``'s answer
+
+    def precut_for(self, workers: int) -> tuple | None:
+        """(the call to cut, its worker, the worker given its second half) where the plan's
+        kernel calls, on ``workers`` workers, leave the heaviest worker's flops ahead of the
+        lightest's by at least three quarters of its last call (in the plan's order: the
+        one it runs last), and that call reads only Loads its own worker runs (``lazy``);
+        else None. Cut in two, the call's half moves to the lightest worker: the makespan
+        drops by up to half the call (``_Run._pre_cut``)."""
+        if workers in self._precut:
+            return self._precut[workers]
+        found, flops, last = None, [0] * workers, [None] * workers
+        rank = self.rank
+        for t in self.tasks:
+            if isinstance(t, Kernel):
+                w = t.worker % workers
+                flops[w] += t.flops
+                if last[w] is None or rank.get(t.key, 0) >= rank.get(last[w].key, 0):
+                    last[w] = t
+        heavy = max(range(workers), key=flops.__getitem__)
+        light = min(range(workers), key=flops.__getitem__)
+        call = last[heavy]
+        if call is not None and heavy != light and call.flops > 0 and \
+                4 * (flops[heavy] - flops[light]) >= 3 * call.flops and call.inputs and \
+                all(k in self.lazy for k in call.inputs):
+            found = (call.key, heavy, light)
+        self._precut[workers] = found
+        return found
