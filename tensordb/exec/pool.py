@@ -285,8 +285,12 @@ class LocalExecutor:
                 self.last_pre_cuts = int(run.precut is not None)
                 tiles.end_run(plan, run, result, sink)
                 # The run object lives on in reference cycles until a garbage collection: the
-                # output tiles it holds would stay with it after the caller lets them go.
+                # output tiles it holds would stay with it after the caller lets them go (and
+                # the output buffers, views of an allocation the next statement's output may
+                # reuse once nothing refers to it: storage/memfiles.py ``take``).
                 run.results.clear()
+                run.dest = run.acc = {}
+                run.precut = None
         landed = run.landed  # copied to the host already, on their workers
         result.tiles = {k: landed[k] if k in landed else tiles.to_host(v)
                         for k, v in result.tiles.items()}

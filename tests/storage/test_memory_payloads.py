@@ -71,12 +71,21 @@ def test_a_small_output_round_trips_without_a_file(con, dtype, tmp_path):
     assert reader.to_numpy().tobytes() == want.tobytes()
 
 
-def test_an_output_of_1_mib_or_more_and_an_on_disk_output_are_files(tmp_path):
-    a = np.ones((512, 512), np.float32)  # 1 MiB: at the staging cache's floor
+def test_an_output_over_file_max_and_an_on_disk_output_are_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(memfiles, "FILE_MAX", 1 << 20)  # (8 MiB: a smaller test)
+    a = np.ones((512, 520), np.float32)  # just over 1 MiB
     with tensordb.connect(None) as mem:
         mem.load("A", a)
         mem.execute("B[i,j] = A[i,j] * 2")
         assert os.path.exists(_path(mem, "B")) and _kept(mem) == set()
+        np.testing.assert_array_equal(mem.tensor("B"), a * 2)
+    a = a[:, :512]
+    with tensordb.connect(None) as mem:
+        mem.load("A", a)
+        mem.execute("B[i,j] = A[i,j] * 2")
+        assert not os.path.exists(_path(mem, "B")) and _kept(mem) == {os.path.basename(
+            _path(mem, "B"))}
+        np.testing.assert_array_equal(mem.tensor("B"), a * 2)
     with tensordb.connect(tmp_path / "db") as disk:
         disk.load("A", a[:4, :4])
         disk.execute("B[i,j] = A[i,j] * 2")
