@@ -158,6 +158,12 @@ TAIL_CUT = False
 # whether a new executor cuts, before the run, the call that leaves its worker the last busy
 # (``LocalExecutor.pre_cut``; pool_run ``_Run._pre_cut``)
 PRE_CUT = True
+# whether the thread that runs a plan serves worker 0's queue itself (``LocalExecutor.
+# serve_caller``; pool_run ``_Run.serve``)
+SERVE_CALLER = True
+# ...where no kernel call of the plan is larger than this (flops, a sparse call's weighed): a
+# Ctrl-C lands in the calling thread, and waits for the C call it runs to return.
+SERVE_CALL_FLOPS = 1 << 28
 
 
 class LocalExecutor:
@@ -189,6 +195,8 @@ class LocalExecutor:
         self.tail_cut = TAIL_CUT
         self.last_tail_cuts = 0  # calls the last run cut
         self.pre_cut = PRE_CUT
+        # the calling thread serves worker 0's queue while a run goes (ready.py ``claim``)
+        self.serve_caller = SERVE_CALLER
         self.last_pre_cuts = 0  # calls the last run cut before it started (0 or 1)
 
     def _start(self) -> None:
@@ -270,6 +278,7 @@ class LocalExecutor:
         with self._lock, limits:
             plan = tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
+            run.serve = run.serve and _work(plan)[1] <= SERVE_CALL_FLOPS
             run.finished_tile = sink.finished if tiles.writes_destinations and sink else None
             if tiles.copies_out and sink is not None:  # a GPU's: to their buffers as finished
                 run.out_buffers, run.finished_out = buffers, sink.finished

@@ -30,6 +30,7 @@ from .spill import SpillFiles
 from .tail import row_split
 from .pool_shape import PlanShape as _Shape
 from .tasks import tile_view
+from .tiles import HostTiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pool import LocalExecutor
@@ -105,6 +106,12 @@ class _Run:
         self.may_precut = ex.pre_cut and ex.xp is np and self.budget is None and sparse \
             and ex.workers > 1 and bool(self.lazy)
         self.precut = None
+        # The calling thread serves worker 0's queue while the run goes (ready.py ``claim``):
+        # no wake-up of worker 0's thread at the start, none of this thread's at the end.
+        # Host tiles without admission (a budget's waits are the workers'), and no progress
+        # callback (this thread reports it while it waits: not while it runs a long call).
+        self.serve = ex.serve_caller and type(self.tiles) is HostTiles and \
+            self.budget is None and progress is None and ex.workers > 1
 
     def admit(self, item) -> bool:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
@@ -115,29 +122,47 @@ class _Run:
                                      force=self.control.error is not None)
         except BaseException as exc:  # noqa: BLE001 - the worker thread must live on
             self.control.fail(exc)  # the item runs, and is skipped: the run ends with exc
-            self.finished.set()
+            self._finished()
             return True
+
+    def _finished(self) -> None:
+        self.finished.set()
+        if self.serve:
+            self.queues.nudge()  # the caller may sleep in ``take``
 
     # -- scheduling ----------------------------------------------------------------------------
     def go(self) -> RunResult:
         t0 = time.perf_counter()
         control = self.control
         self.pending = 0  # items queued and not yet handled: the run ends when it drops to 0
+        serve, queues = self.serve, self.queues
         try:
+            if serve:  # this thread is worker 0 for the run (``serve``)
+                queues.claim(0)
             # The tasks ready at the start, queued at once: the first put wakes a worker,
             # whose Python then competes with this thread's for the interpreter while the
             # rest are put, and the other worker started 0.2 ms after it.
             self._queue_first()
             # Timed waits: a SIGINT that the OS hands to a worker thread does not wake a blocked
             # wait, but Python runs its handler (KeyboardInterrupt) here within a tick.
-            while not self.finished.wait(_TICK):
-                control.report()  # also while one long BLAS call runs: the CLI's bar appears
+            if serve:
+                finished, take, handle = self.finished, queues.take, self.handle
+                while not finished.is_set():
+                    item = take(0, _TICK)
+                    if item is not None:
+                        handle(0, item[1:])  # records an error (Ctrl-C too), ends the run
+                        item = None
+            else:
+                while not self.finished.wait(_TICK):
+                    control.report()  # also while one long BLAS call runs: the CLI's bar
             control.report()  # the last figure (workers count tasks; this thread reports)
         except BaseException as exc:  # Ctrl-C: stop the workers before giving up the run
             control.fail(exc)
             self.ex.queues.wake()  # workers waiting for room skip their queues now
             raise
         finally:
+            if serve:  # what is left of heap 0 (after a failure) is its thread's to drain
+                queues.release()
             with self.lock:  # let the workers drain what is already queued (they skip it)
                 self.draining = True
                 idle = self.pending == 0
@@ -163,7 +188,7 @@ class _Run:
         order they would have taken them (folds first, then the plan's order)."""
         t0 = time.perf_counter()
         self.pending = 0
-        self.may_cut = False  # no other worker runs anything
+        self.may_cut = self.serve = False  # no other worker runs anything
         self._inline = []
         self._seq = itertools.count()
         try:
@@ -268,7 +293,7 @@ class _Run:
                 self.ledger.ran(task, w, time.perf_counter() - t0)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller by go()
             self.control.fail(exc)
-            self.finished.set()
+            self._finished()
             self.ex.queues.wake()  # workers waiting for room skip their queues now
         finally:
             if self.budget is not None:
@@ -472,7 +497,7 @@ class _Run:
                 self.ledger.release(task.key)
         if task.key in self.lazy:  # its consumer is running it: counted down at the start
             if self.control.task_done() == self.control.total:  # pragma: no cover - never last
-                self.finished.set()
+                self._finished()
             return
         ready = []
         with self.lock:
@@ -489,7 +514,7 @@ class _Run:
             t = self.plan.task(c)
             self._queue(t.worker, ("run", t))
         if self.control.task_done() == self.control.total:
-            self.finished.set()
+            self._finished()
 
     def _land(self, key: int, value) -> None:
         """Device tile ``value`` of a stored output is final: copy it to the host now, on this
