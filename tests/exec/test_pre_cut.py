@@ -23,6 +23,12 @@ T = 256
 N = 4 * T
 PRODUCT = "C[i,k] = SUM(A[i,j] * B[j,k])"
 
+@pytest.fixture(autouse=True)
+def _pre_cut_on(monkeypatch):
+    """On by default (pool.PRE_CUT); set here so these tests hold if the default changes."""
+    monkeypatch.setattr(pool, "PRE_CUT", True)
+
+
 pytestmark = pytest.mark.skipif(not tail.EXACT_BLAS, reason="numpy's BLAS is not OpenBLAS "
                                 "on x86-64: nothing is cut")
 
@@ -74,10 +80,12 @@ def _counts(r):
             sorted(r.nonfinite.values()), [(m.kernel_calls, m.bytes_moved) for m in r.ops])
 
 
-def test_the_pre_cut_is_on_by_default():
-    assert pool.PRE_CUT is True
-    with _connect() as con:
-        assert con.engine.executor().pre_cut is True
+def test_a_new_executor_reads_the_default(monkeypatch):
+    for default in (False, True):
+        monkeypatch.setattr(pool, "PRE_CUT", default)
+        with _connect() as con:
+            assert con.engine.executor().pre_cut is default
+            assert _runs(con, _tile_products(A, B), 2) == (2 if default else 0)
 
 
 @pytest.mark.parametrize("on_disk", [False, True])

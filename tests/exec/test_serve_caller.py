@@ -55,6 +55,12 @@ def _connect(**kw) -> tensordb.Connection:
     return con
 
 
+@pytest.fixture(autouse=True)
+def _serving_on(monkeypatch):
+    """On by default (pool.SERVE_CALLER); set here so these tests hold if the default changes."""
+    monkeypatch.setattr(pool, "SERVE_CALLER", True)
+
+
 @pytest.fixture
 def loads(monkeypatch):
     """The names of the threads that ran each Load."""
@@ -74,7 +80,6 @@ def _threads(names) -> set[str]:
 
 
 def test_the_caller_runs_worker_0s_tasks_and_the_answer_is_the_same(loads):
-    assert pool.SERVE_CALLER is True
     with _connect() as con:
         ex = con.engine.executor()
         assert ex.serve_caller is True
