@@ -156,11 +156,14 @@ def _set_threads(lib, calls, n: int) -> None:
 # whether a new executor cuts a run's last matrix-product call (``LocalExecutor.tail_cut``)
 TAIL_CUT = False
 # whether a new executor cuts, before the run, the call that leaves its worker the last busy
-# (``LocalExecutor.pre_cut``; pool_run ``_Run._pre_cut``)
-PRE_CUT = True
+# (``LocalExecutor.pre_cut``; pool_split ``_pre_cut``): off until measured on a quiet machine
+# (under load 5-15 its block medians were 0.97-1.14x the uncut run's, minima level: blk39)
+PRE_CUT = False
 # whether the thread that runs a plan serves worker 0's queue itself (``LocalExecutor.
-# serve_caller``; pool_run ``_Run.serve``)
-SERVE_CALLER = True
+# serve_caller``; pool_run ``_Run.serve``): off until measured on a quiet machine (under load
+# its tenth percentiles were better, its minima 0.1-1 ms worse: the caller is not pinned and
+# may share worker 1's core; blk39, docs/benchmarks.md)
+SERVE_CALLER = False
 # ...where no kernel call of the plan is larger than this (flops, a sparse call's weighed): a
 # Ctrl-C lands in the calling thread, and waits for the C call it runs to return.
 SERVE_CALL_FLOPS = 1 << 28
