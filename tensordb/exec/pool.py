@@ -155,6 +155,18 @@ def _set_threads(lib, calls, n: int) -> None:
 
 # whether a new executor cuts a run's last matrix-product call (``LocalExecutor.tail_cut``)
 TAIL_CUT = False
+# whether a new executor cuts, before the run, the call that leaves its worker the last busy
+# (``LocalExecutor.pre_cut``; pool_split ``_pre_cut``): off until measured on a quiet machine
+# (under load 5-15 its block medians were 0.97-1.14x the uncut run's, minima level: blk39)
+PRE_CUT = False
+# whether the thread that runs a plan serves worker 0's queue itself (``LocalExecutor.
+# serve_caller``; pool_run ``_Run.serve``): off until measured on a quiet machine (under load
+# its tenth percentiles were better, its minima 0.1-1 ms worse: the caller is not pinned and
+# may share worker 1's core; blk39, docs/benchmarks.md)
+SERVE_CALLER = False
+# ...where no kernel call of the plan is larger than this (flops, a sparse call's weighed): a
+# Ctrl-C lands in the calling thread, and waits for the C call it runs to return.
+SERVE_CALL_FLOPS = 1 << 28
 
 
 class LocalExecutor:
@@ -185,6 +197,10 @@ class LocalExecutor:
         # unless TAIL_CUT says otherwise (it measured level on this 2-core VM, docs/benchmarks.md)
         self.tail_cut = TAIL_CUT
         self.last_tail_cuts = 0  # calls the last run cut
+        self.pre_cut = PRE_CUT
+        # the calling thread serves worker 0's queue while a run goes (ready.py ``claim``)
+        self.serve_caller = SERVE_CALLER
+        self.last_pre_cuts = 0  # calls the last run cut before it started (0 or 1)
 
     def _start(self) -> None:
         if not self.threads:
@@ -265,6 +281,7 @@ class LocalExecutor:
         with self._lock, limits:
             plan = tiles.start_run(plan, store)
             run = _Run(self, plan, progress, dest, store)
+            run.serve = run.serve and _work(plan)[1] <= SERVE_CALL_FLOPS
             run.finished_tile = sink.finished if tiles.writes_destinations and sink else None
             if tiles.copies_out and sink is not None:  # a GPU's: to their buffers as finished
                 run.out_buffers, run.finished_out = buffers, sink.finished
@@ -277,10 +294,15 @@ class LocalExecutor:
                     result = run.go()
             finally:
                 self.last_tail_cuts = run.cuts
+                self.last_pre_cuts = int(run.precut is not None)
                 tiles.end_run(plan, run, result, sink)
                 # The run object lives on in reference cycles until a garbage collection: the
-                # output tiles it holds would stay with it after the caller lets them go.
+                # output tiles it holds would stay with it after the caller lets them go (and
+                # the output buffers, views of an allocation the next statement's output may
+                # reuse once nothing refers to it: storage/memfiles.py ``take``).
                 run.results.clear()
+                run.dest = run.acc = {}
+                run.precut = None
         landed = run.landed  # copied to the host already, on their workers
         result.tiles = {k: landed[k] if k in landed else tiles.to_host(v)
                         for k, v in result.tiles.items()}

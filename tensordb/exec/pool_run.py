@@ -20,15 +20,15 @@ import numpy as np
 
 from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
-from ..physical.order import ranks
 from ..storage.sparse import tile_nbytes
 from ..storage.writer import TileStats, tile_stats
 from .budget import Budget, may_cross, temporary_bytes
-from .kernels import KernelSpec
 from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, plan_specs,
                       translate)
 from .spill import SpillFiles
-from .tail import row_split
+from .pool_shape import PlanShape as _Shape
+from .pool_split import Splits
+from .tiles import HostTiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pool import LocalExecutor
@@ -38,7 +38,7 @@ __all__ = ["_Run"]
 _TICK = 0.05  # seconds between checks for Ctrl-C while the caller waits for a run
 
 
-class _Run:
+class _Run(Splits):
     """One plan on the pool: the dataflow (what is ready, which worker runs it, when a tile is
     freed); the runtime runs each task and keeps the run's accounts."""
 
@@ -68,7 +68,7 @@ class _Run:
         self.finished = threading.Event()
         self.drained = threading.Event()
         self.draining = False
-        self.rank = plan.rank or ranks(plan)
+        self.rank = shape.rank  # (plan.rank or ranks(plan): once a plan)
         self.spill = SpillFiles(store)
         self._inline: list | None = None  # go_inline's ready heap
         self.finished_tile = None  # called with (key, tile) once a stored output's tile is final
@@ -99,6 +99,17 @@ class _Run:
         self.cuts = 0  # calls cut in this run (``LocalExecutor.last_tail_cuts``)
         self.may_cut = ex.tail_cut and ex.xp is np and self.budget is None and sparse \
             and ex.workers > 1 and 2 * self.threads <= ex.cores
+        # The pre-cut (``_pre_cut``): a call whose second row block is the lightest worker's
+        # from the start; (key, RowSplit, the block's queued item) once made (``go``).
+        self.may_precut = ex.pre_cut and ex.xp is np and self.budget is None and sparse \
+            and ex.workers > 1 and bool(self.lazy)
+        self.precut = None
+        # The calling thread serves worker 0's queue while the run goes (ready.py ``claim``):
+        # no wake-up of worker 0's thread at the start, none of this thread's at the end.
+        # Host tiles without admission (a budget's waits are the workers'), and no progress
+        # callback (this thread reports it while it waits: not while it runs a long call).
+        self.serve = ex.serve_caller and type(self.tiles) is HostTiles and \
+            self.budget is None and progress is None and ex.workers > 1
 
     def admit(self, item) -> bool:
         """May ``item`` (run, kind, task, ...) run now? Called under the queues' lock."""
@@ -109,29 +120,47 @@ class _Run:
                                      force=self.control.error is not None)
         except BaseException as exc:  # noqa: BLE001 - the worker thread must live on
             self.control.fail(exc)  # the item runs, and is skipped: the run ends with exc
-            self.finished.set()
+            self._finished()
             return True
+
+    def _finished(self) -> None:
+        self.finished.set()
+        if self.serve:
+            self.queues.nudge()  # the caller may sleep in ``take``
 
     # -- scheduling ----------------------------------------------------------------------------
     def go(self) -> RunResult:
         t0 = time.perf_counter()
         control = self.control
         self.pending = 0  # items queued and not yet handled: the run ends when it drops to 0
+        serve, queues = self.serve, self.queues
         try:
+            if serve:  # this thread is worker 0 for the run (``serve``)
+                queues.claim(0)
             # The tasks ready at the start, queued at once: the first put wakes a worker,
             # whose Python then competes with this thread's for the interpreter while the
             # rest are put, and the other worker started 0.2 ms after it.
             self._queue_first()
             # Timed waits: a SIGINT that the OS hands to a worker thread does not wake a blocked
             # wait, but Python runs its handler (KeyboardInterrupt) here within a tick.
-            while not self.finished.wait(_TICK):
-                control.report()  # also while one long BLAS call runs: the CLI's bar appears
+            if serve:
+                finished, take, handle = self.finished, queues.take, self.handle
+                while not finished.is_set():
+                    item = take(0, _TICK)
+                    if item is not None:
+                        handle(0, item[1:])  # records an error (Ctrl-C too), ends the run
+                        item = None
+            else:
+                while not self.finished.wait(_TICK):
+                    control.report()  # also while one long BLAS call runs: the CLI's bar
             control.report()  # the last figure (workers count tasks; this thread reports)
         except BaseException as exc:  # Ctrl-C: stop the workers before giving up the run
             control.fail(exc)
             self.ex.queues.wake()  # workers waiting for room skip their queues now
             raise
         finally:
+            if serve:  # what is left of heap 0 (after a failure) is its thread's to drain
+                queues.release()
             with self.lock:  # let the workers drain what is already queued (they skip it)
                 self.draining = True
                 idle = self.pending == 0
@@ -157,7 +186,7 @@ class _Run:
         order they would have taken them (folds first, then the plan's order)."""
         t0 = time.perf_counter()
         self.pending = 0
-        self.may_cut = False  # no other worker runs anything
+        self.may_cut = self.serve = False  # no other worker runs anything
         self._inline = []
         self._seq = itertools.count()
         try:
@@ -176,7 +205,8 @@ class _Run:
 
     def _queue_first(self) -> None:
         """Queue the tasks ready before any ran (no inputs but Loads their consumer runs):
-        listed first, as once workers run ``waiting`` changes under our feet."""
+        listed first, as once workers run ``waiting`` changes under our feet; and the
+        pre-cut call's second block, last on its worker's queue (``_pre_cut``)."""
         waiting, lazy = self.waiting, self.lazy
         first = [t for t in self.plan.tasks
                  if t.key in waiting and waiting[t.key] == 0 and t.key not in lazy]
@@ -184,11 +214,12 @@ class _Run:
             for t in first:
                 self._queue(t.worker, ("run", t))
             return
+        extra = self._pre_cut() if self.may_precut else []
         with self.lock:
-            self.pending += len(first)
+            self.pending += len(first) + len(extra)
         rank, n = self.rank, len(self.queues)
         self.queues.put_many([(t.worker % n, (1, rank.get(t.key, 0)), (self, "run", t))
-                              for t in first])
+                              for t in first] + extra)
 
     def _queue(self, worker: int, item) -> None:
         with self.lock:
@@ -219,7 +250,7 @@ class _Run:
                 self.ledger.ran(task, w, time.perf_counter() - t0)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller by go()
             self.control.fail(exc)
-            self.finished.set()
+            self._finished()
             self.ex.queues.wake()  # workers waiting for room skip their queues now
         finally:
             if self.budget is not None:
@@ -265,6 +296,11 @@ class _Run:
             choice = self.plan.kernels[task.op] if isinstance(task, Kernel) else None
             if source is not None:  # a Load: a GPU may have its tile cached (devcache.py)
                 value = self.tiles.load(w, task, source, self.runner, op_of(self.plan, task))
+            elif self.precut is not None and task.key == self.precut[0]:
+                if self.may_cut:
+                    self._last_call()
+                _, split, item, light = self.precut
+                value = self._finish_split(task, split, [(light, item)])
             elif choice is not None and self.may_cut and self._last_call() and \
                     (value := self._cut(w, task, inputs, choice, dest)) is not None:
                 pass
@@ -283,80 +319,6 @@ class _Run:
         del inputs
         self._release(task.inputs)
         self._publish(w, task, value, stats)
-
-    # -- the tail (tail.py) ----------------------------------------------------------------------
-    def _last_call(self) -> bool:
-        """A kernel call starts: whether no other is left to start after it."""
-        with self.lock:
-            self.unstarted -= 1
-            return self.unstarted == 0
-
-    def _cut(self, w: int, task: Kernel, inputs: list, choice, dest):
-        """The run's last call cut by rows among the workers with nothing queued: their blocks
-        queued first on theirs, this worker's block run here, then any block a worker has not
-        taken run here too (``ReadyQueues.take_back``). The result, or None (not cut)."""
-        helpers = self.queues.idle(w)[:max(0, self.ex.cores // self.threads - 1)]
-        if not helpers:
-            return None
-        op = op_of(self.plan, task)
-        specs = plan_specs(self.plan, np)
-        spec = specs.get(task.op)
-        if spec is None:
-            spec = specs[task.op] = KernelSpec(op, np, choice)
-        it = iter(inputs)
-        args = [None if a is None else next(it) for a in task.args]
-        split = row_split(spec, args, task.arg_shapes, task.out_shape, dest, 1 + len(helpers))
-        if split is None:
-            return None
-        given = [(v, (self, "part", task, split, i))
-                 for i, v in enumerate(helpers[:len(split) - 1], 1)]
-        with self.lock:
-            self.pending += len(given)
-        split.given(len(given))
-        self.queues.put_many([(v, (-1, 0), item) for v, item in given])
-        self.cuts += 1
-        try:
-            try:
-                self.control.check()
-                split.run(0)
-            finally:
-                for v, item in given:  # not taken yet: run here (or, after a failure, dropped)
-                    if self.queues.take_back(v, item):
-                        with self.lock:
-                            self.pending -= 1
-                        try:
-                            if self.control.error is None:
-                                split.run(item[4])
-                        finally:
-                            split.ended()
-                split.done.wait()
-            if split.error is not None:
-                raise split.error
-        except Exception as exc:  # named for its operation, as the uncut call's (runner.run)
-            err = translate(exc, op)
-            if err is exc:
-                raise
-            raise err from exc
-        return split.result
-
-    def _part(self, w: int, split, i: int) -> None:
-        """Block ``i`` of a cut call, on worker ``w`` (its seconds count in ``w``'s busy time;
-        the call is counted once, by the worker that cut it)."""
-        t0, error = time.perf_counter(), None
-        try:
-            if self.control.error is None:
-                split.run(i)
-        except BaseException as exc:  # noqa: BLE001 - the cutting worker raises it
-            error = exc
-        finally:
-            split.ended(error)
-            with self.ledger.lock:
-                self.ledger.busy[w] += time.perf_counter() - t0
-            with self.lock:
-                self.pending -= 1
-                last = self.draining and self.pending == 0
-            if last:
-                self.drained.set()
 
     def _accumulate(self, w: int, agg: Aggregate, part_key: int) -> None:
         part = self._fetch(w, agg, part_key)
@@ -411,7 +373,7 @@ class _Run:
                 self.ledger.release(task.key)
         if task.key in self.lazy:  # its consumer is running it: counted down at the start
             if self.control.task_done() == self.control.total:  # pragma: no cover - never last
-                self.finished.set()
+                self._finished()
             return
         ready = []
         with self.lock:
@@ -428,7 +390,7 @@ class _Run:
             t = self.plan.task(c)
             self._queue(t.worker, ("run", t))
         if self.control.task_done() == self.control.total:
-            self.finished.set()
+            self._finished()
 
     def _land(self, key: int, value) -> None:
         """Device tile ``value`` of a stored output is final: copy it to the host now, on this
@@ -454,47 +416,3 @@ class _Run:
                 self.spill.drop(k)
                 self.tiles.released(value)
 
-
-class _Shape:
-    """What every run of a plan starts from, worked out once a plan (kept in its ``memo``,
-    which a cached plan's rebound copies share): each task's consumers and the aggregation
-    each partial goes to (read only), and the counts a run copies and counts down.
-
-    ``lazy``: the Loads with no inputs whose consumers (kernels, re-tilings: no aggregation,
-    no stored output) all run on the Load's own worker. Such a Load is not a queued task: the
-    first of its consumers to start runs it, on that worker, just before its kernel (a
-    block-sparse product's 18 Loads were 18 items through the workers' queues, each one's
-    hand-off costing more than the view it makes). ``waiting_lazy`` counts a task's inputs
-    without them."""
-
-    __slots__ = ("tasks", "outputs", "consumers", "refs", "waiting", "waiting_lazy",
-                 "acc_left", "agg_of", "keep", "lazy", "kernels")
-
-    @classmethod
-    def of(cls, plan: TilePlan) -> "_Shape":
-        kept = plan.memo.get("pool_shape")
-        if kept is None or kept.tasks is not plan.tasks or kept.outputs is not plan.outputs:
-            kept = plan.memo["pool_shape"] = cls(plan)
-        return kept
-
-    def __init__(self, plan: TilePlan) -> None:
-        self.tasks, self.outputs = plan.tasks, plan.outputs
-        consumers = self.consumers = plan.consumers()
-        self.refs = {k: len(v) for k, v in consumers.items()}
-        self.waiting = {t.key: len(t.inputs) for t in plan.tasks if not isinstance(t, Aggregate)}
-        self.kernels = sum(isinstance(t, Kernel) for t in plan.tasks)
-        self.acc_left = {t.key: len(t.parts) for t in plan.tasks if isinstance(t, Aggregate)}
-        self.agg_of = {p: t.key for t in plan.tasks if isinstance(t, Aggregate) for p in t.parts}
-        self.keep = frozenset(k for out in plan.outputs.values() if out.stored
-                              for k in out.tiles.values())
-        worker = {t.key: t.worker for t in plan.tasks}
-        self.lazy = frozenset(
-            t.key for t in plan.tasks
-            if isinstance(t, Load) and not t.inputs and consumers[t.key]
-            and t.key not in self.keep and t.key not in self.agg_of
-            and all(c in self.waiting and worker[c] == t.worker for c in consumers[t.key]))
-        waiting = dict(self.waiting)
-        for k in self.lazy:
-            for c in consumers[k]:
-                waiting[c] -= 1
-        self.waiting_lazy = waiting

@@ -13,7 +13,7 @@ from .graphcache import GRAPHS
 from .kernels import KernelSpec, combine
 from .sparse_kernels import dense_args
 
-__all__ = ["run_load", "run_assemble", "run_kernel", "start_aggregate", "finish_aggregate", "run_aggregate"]
+__all__ = ["run_load", "tile_view", "run_assemble", "run_kernel", "start_aggregate", "finish_aggregate", "run_aggregate"]
 
 
 def run_load(task: Load, reader, xp=np):
@@ -44,6 +44,15 @@ def run_load(task: Load, reader, xp=np):
     if out is None:
         out = np.zeros(tuple(b - a for a, b in zip(task.starts, task.stops)), reader.meta.dtype)
     return out if xp is np else xp.asarray(out)
+
+
+def tile_view(task: Load, reader):
+    """``run_load(task, reader)`` on the CPU where it is a view of one stored dense tile (no
+    copy, no sparse box, no gather: what a caller may read on its own thread at no cost),
+    else None."""
+    if reader.has_sparse or hasattr(reader, "read_rows"):
+        return None
+    return _whole_tile(reader, task.starts, task.stops)
 
 
 def _whole_tile(reader, starts, stops):

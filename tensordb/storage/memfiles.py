@@ -17,12 +17,13 @@ code can all ask it.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 
 import numpy as np
 
 __all__ = ["keep", "get", "forget", "forget_under", "held_bytes", "paths_under", "room",
-           "MAX_BYTES"]
+           "take", "spare_bytes", "MAX_BYTES", "FILE_MAX", "SPARE_BYTES"]
 
 # The most bytes one database (its tiles directory) keeps here; beyond it an output goes to a
 # file as before. Payload files of an in-memory database were never the memory budget's, and a
@@ -30,8 +31,19 @@ __all__ = ["keep", "get", "forget", "forget_under", "held_bytes", "paths_under",
 # database of many small tensors holds outside the budget.
 MAX_BYTES = 256 << 20
 
+# The largest output kept here (reserved.py): a block-sparse product's 2 MiB output, in a
+# recycled payload file, cost each statement its file's rename, open, mapping and unmapping
+# (about 0.13 ms of a 3 ms statement, docs/benchmarks.md blk39); kept here, none of those.
+FILE_MAX = 8 << 20
+# A retired payload's allocation is kept for the next output of its size (``take``): a
+# repeated statement computes into memory the process has touched already, not new pages. At
+# most this many bytes of them a database, the oldest let go first.
+SPARE_BYTES = 16 << 20
+
 _FILES: dict[str, tuple[np.ndarray, tuple]] = {}  # path -> (bytes, identity)
 _HELD: dict[str, int] = {}  # tiles directory -> bytes kept for it
+_RAW: dict[str, np.ndarray] = {}  # path -> the allocation its bytes are (``keep``'s ``raw``)
+_SPARES: dict[str, list[np.ndarray]] = {}  # tiles directory -> retired allocations, oldest first
 _LOCK = threading.Lock()
 _SERIAL = itertools.count(1)
 
@@ -45,16 +57,21 @@ def room(directory: str, nbytes: int) -> bool:
     return _HELD.get(directory, 0) + nbytes <= MAX_BYTES
 
 
-def keep(path: str, data: np.ndarray) -> tuple:
+def keep(path: str, data: np.ndarray, raw: np.ndarray | None = None) -> tuple:
     """Hold ``data`` (read-only bytes) as the payload at ``path``; returns its identity, under
     which its tiles count as verified (verify.py): unique in this process, so a later payload of
-    the same name is another file."""
+    the same name is another file. ``raw``: the allocation ``data`` views (the writer's own,
+    from ``take`` or new), offered to ``take`` once the payload is let go."""
     ident = (path, "memory", next(_SERIAL), len(data))
     with _LOCK:
         old = _FILES.get(path)
         if old is not None:
             _HELD[_directory(path)] -= len(old[0])
         _FILES[path] = (data, ident)
+        if raw is not None:
+            _RAW[path] = raw
+        else:
+            _RAW.pop(path, None)
         d = _directory(path)
         _HELD[d] = _HELD.get(d, 0) + len(data)
     return ident
@@ -80,7 +97,38 @@ def forget(path: str) -> bool:
             _HELD[d] = left
         else:
             _HELD.pop(d, None)
+        raw = _RAW.pop(path, None)
+        if raw is not None and raw.nbytes <= SPARE_BYTES:
+            spares = _SPARES.setdefault(d, [])
+            spares.append(raw)  # (a reader may hold it still: ``take`` looks)
+            while sum(r.nbytes for r in spares) > SPARE_BYTES:
+                del spares[0]
     return True
+
+
+def take(path: str, nbytes: int) -> np.ndarray | None:
+    """A writable allocation of exactly ``nbytes`` for a new payload at ``path``: one a
+    payload of its database that was let go had (``forget``), if nothing refers to it any
+    more (no reader, no tile, no view of it: its reference count says so, as the staging
+    cache's does), else None."""
+    if not _SPARES:
+        return None
+    with _LOCK:
+        spares = _SPARES.get(_directory(path))
+        for k in range(len(spares) if spares else 0):
+            raw = spares[k]
+            # references: the list's, ``raw``'s and getrefcount's argument: no view of it
+            if raw.nbytes == nbytes and sys.getrefcount(raw) <= 3:
+                del spares[k]
+                return raw
+    return None
+
+
+def spare_bytes(directory: str) -> int:
+    """Bytes of let-go allocations kept for ``take`` for the database whose tiles are in
+    ``directory`` (tests)."""
+    with _LOCK:
+        return sum(r.nbytes for r in _SPARES.get(directory.rstrip("/"), ()))
 
 
 def forget_under(directory: str) -> None:
@@ -89,7 +137,9 @@ def forget_under(directory: str) -> None:
     with _LOCK:
         for path in [p for p in _FILES if p.startswith(prefix)]:
             del _FILES[path]
+            _RAW.pop(path, None)
         _HELD.pop(directory.rstrip("/"), None)
+        _SPARES.pop(directory.rstrip("/"), None)
 
 
 def held_bytes(directory: str | None = None) -> int:

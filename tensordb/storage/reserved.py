@@ -140,8 +140,7 @@ class ReservedTiles:
             # where the caller stages less (``stage_max``: under a small memory limit).
             in_process = objects is None and not remote and not large and \
                 not store.persistent and store.spares.enabled and \
-                pos + ALIGN < store.staging.min_bytes and \
-                memfiles.room(store.tiles_dir, pos)
+                pos <= memfiles.FILE_MAX and memfiles.room(store.tiles_dir, pos)
             try:
                 if in_process:
                     recycled = False
@@ -187,8 +186,10 @@ class ReservedTiles:
                 return {}
             if self._memory:  # its own allocation, kept as the payload: numpy's alignment
                 # (16 bytes) does for a tile under 1 MiB, and finding the pointer to align it
-                # to 64 and slicing cost 3 us an output
-                self._staged = self._raw = np.empty(pos, np.uint8)
+                # to 64 and slicing cost 3 us an output; a let-go payload's, where nothing
+                # refers to it any more (memfiles.take: pages touched already)
+                raw = memfiles.take(self.path, pos)
+                self._staged = self._raw = raw if raw is not None else np.empty(pos, np.uint8)
             elif self._map is None:  # staged: computed in anonymous memory, written at commit
                 raw = self._raw = self.store.staging.take(pos + ALIGN)
                 self._staged = raw[-raw.ctypes.data % ALIGN:][:pos]
@@ -406,7 +407,7 @@ class ReservedTiles:
             kept = staged.view()
             kept.flags.writeable = False
             self.kept_bytes = kept
-            self.kept_ident = memfiles.keep(self.path, kept)
+            self.kept_ident = memfiles.keep(self.path, kept, raw=staged)
             self._raw = None  # under the staging cache's floor: nothing to give back
             return
         if not self.store.persistent and self._raw is not None and \

@@ -80,12 +80,21 @@ def tile_stats(a: np.ndarray) -> tuple[int, bool, int]:
     return stats.result()
 
 
+# Elements up to which has_nonfinite tests each one (``isfinite``, vectorised: 6.5 us a 256 KiB
+# float32 block against 12.5 us for numpy's pairwise sum, best of 4000, blk39) rather than sum.
+_FINITE_BLOCK = 1 << 16
+
+
 def has_nonfinite(a: np.ndarray) -> bool:
-    """Whether a tile holds NaN or inf (its ``nonfinite`` catalog flag). One summing pass: a
-    finite sum proves every element finite; only a tile whose sum is not (it holds NaN or inf,
-    or its finite values overflow the sum) is looked at element by element."""
+    """Whether a tile holds NaN or inf (its ``nonfinite`` catalog flag). Up to
+    ``_FINITE_BLOCK`` elements (a block of ``tile_stats``), each element tested; a larger tile
+    in one summing pass: a finite sum proves every element finite; only a tile whose sum is not
+    (it holds NaN or inf, or its finite values overflow the sum) is looked at element by
+    element."""
     if a.dtype.kind not in "fc" or a.size == 0:
         return False
+    if a.size <= _FINITE_BLOCK:  # a block of tile_stats' sweep: its booleans stay in the cache
+        return not bool(np.isfinite(a).all())
     with np.errstate(all="ignore"):
         if np.isfinite(np.add.reduce(a, axis=None)):
             return False

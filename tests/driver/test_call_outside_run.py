@@ -133,9 +133,11 @@ def test_a_rolled_back_unit_forgets_the_reader_of_its_staged_output():
     con.close()
 
 
-def test_a_large_output_in_memory_is_computed_in_a_recycled_mapping():
+def test_a_large_output_in_memory_is_computed_in_a_recycled_mapping(monkeypatch):
+    from tensordb.storage import memfiles
+    monkeypatch.setattr(memfiles, "FILE_MAX", 1 << 20)  # (8 MiB: a smaller test)
     con = tensordb.connect(None, workers=2)
-    a = np.random.default_rng(2).standard_normal((512, 384))  # 1.5 MiB: at least the floor
+    a = np.random.default_rng(2).standard_normal((512, 384))  # 1.5 MiB: over FILE_MAX
     con.load("A", a)
     for _ in range(4):
         con.execute("A[i,j] = A[i,j] * 0.5 + 1;")

@@ -187,6 +187,8 @@ def test_ctrl_c_inside_a_load_ends_the_run_and_stores_nothing(monkeypatch, runs)
         return real(task, reader, xp)
 
     with _connect() as con:
+        # the Loads on the workers' threads (the caller's own: tests/exec/test_serve_caller.py)
+        con.engine.executor().serve_caller = False
         con.execute(PRODUCT)
         first = con.tensor("C")
         con.load("A", A * 3, tile=(T, T), replace=True)  # the same layout: the cached plan runs again

@@ -24,8 +24,10 @@ PRODUCT = "C[i,k] = SUM(A[i,j] * B[j,k])"
 
 @pytest.fixture(autouse=True)
 def _tail_cut_on(monkeypatch):
-    """The cut is off by default (pool.TAIL_CUT); these tests turn it on."""
+    """The cut is off by default (pool.TAIL_CUT); these tests turn it on, and the pre-cut
+    (pool.PRE_CUT, tests/exec/test_pre_cut.py) off: it would cut their last call first."""
     monkeypatch.setattr(pool, "TAIL_CUT", True)
+    monkeypatch.setattr(pool, "PRE_CUT", False)
 
 
 def _block_sparse(dtype) -> np.ndarray:

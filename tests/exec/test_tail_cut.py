@@ -26,8 +26,10 @@ RNG = np.random.default_rng(26)
 
 @pytest.fixture(autouse=True)
 def _tail_cut_on(monkeypatch):
-    """The cut is off by default (pool.TAIL_CUT); these tests turn it on."""
+    """The cut is off by default (pool.TAIL_CUT); these tests turn it on, and the pre-cut
+    (pool.PRE_CUT, tests/exec/test_pre_cut.py) off: it would cut their last call first."""
     monkeypatch.setattr(pool, "TAIL_CUT", True)
+    monkeypatch.setattr(pool, "PRE_CUT", False)
 
 
 # The bits of a cut call are the uncut call's only with OpenBLAS on x86-64 (tail.EXACT_BLAS);

@@ -71,12 +71,21 @@ def test_a_small_output_round_trips_without_a_file(con, dtype, tmp_path):
     assert reader.to_numpy().tobytes() == want.tobytes()
 
 
-def test_an_output_of_1_mib_or_more_and_an_on_disk_output_are_files(tmp_path):
-    a = np.ones((512, 512), np.float32)  # 1 MiB: at the staging cache's floor
+def test_an_output_over_file_max_and_an_on_disk_output_are_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(memfiles, "FILE_MAX", 1 << 20)  # (8 MiB: a smaller test)
+    a = np.ones((512, 520), np.float32)  # just over 1 MiB
     with tensordb.connect(None) as mem:
         mem.load("A", a)
         mem.execute("B[i,j] = A[i,j] * 2")
         assert os.path.exists(_path(mem, "B")) and _kept(mem) == set()
+        np.testing.assert_array_equal(mem.tensor("B"), a * 2)
+    a = a[:, :512]
+    with tensordb.connect(None) as mem:
+        mem.load("A", a)
+        mem.execute("B[i,j] = A[i,j] * 2")
+        assert not os.path.exists(_path(mem, "B")) and _kept(mem) == {os.path.basename(
+            _path(mem, "B"))}
+        np.testing.assert_array_equal(mem.tensor("B"), a * 2)
     with tensordb.connect(tmp_path / "db") as disk:
         disk.load("A", a[:4, :4])
         disk.execute("B[i,j] = A[i,j] * 2")
@@ -366,3 +375,59 @@ def test_a_reader_shipped_on_again_carries_the_bytes(con):
     box = tuple(slice(s, s + n) for s, n in zip(starts, shape))
     one[box] = want[box]
     np.testing.assert_array_equal(part, one)
+
+
+def _address(con, name: str) -> int:
+    return memfiles.get(_path(con, name))[0].__array_interface__["data"][0]
+
+
+def test_a_let_go_allocation_is_reused_only_when_nothing_refers_to_it(con, monkeypatch):
+    """A repeated 2 MiB output (over the staging cache's 1 MiB floor, under FILE_MAX) is kept
+    in the process and computed into the allocation of the version it replaced two steps
+    before (memfiles.take); a view of a version held by the caller is never written into: its
+    bytes stay that version's, and its allocation is reused only once the view is gone."""
+    w = np.random.default_rng(5).standard_normal((1024, 512), dtype=np.float32)  # 2 MiB
+    con.load("W", w)
+    step = "W[i,j] = W[i,j] * 0.5 + 1"
+    taken, take = [], memfiles.take
+
+    def counting(path, nbytes):
+        got = take(path, nbytes)
+        taken.append(None if got is None else got.__array_interface__["data"][0])
+        return got
+    monkeypatch.setattr(memfiles, "take", counting)
+    seen = set()
+    for _ in range(6):
+        con.execute(step)
+        w = w * np.float32(0.5) + np.float32(1)
+        assert not os.path.exists(_path(con, "W"))  # no file: kept here
+        seen.add(_address(con, "W"))
+    assert len(seen) <= 3  # the allocations take turns, not a new one each step
+    assert len(taken) == 6 and sum(t is not None for t in taken[-3:]) == 3, taken
+    assert memfiles.spare_bytes(con.store.tiles_dir) <= memfiles.SPARE_BYTES
+    np.testing.assert_array_equal(con.tensor("W"), w)
+    held_version = w
+    held = con.store.open("W").mapping()  # a view of this version's bytes, held
+    held_at = held.__array_interface__["data"][0]
+    del taken[:]
+    for _ in range(6):
+        con.execute(step)
+        w = w * np.float32(0.5) + np.float32(1)
+        assert _address(con, "W") != held_at and held_at not in taken
+        np.testing.assert_array_equal(con.tensor("W"), w)
+    reread = np.ndarray(held_version.shape, held_version.dtype, held, 0)
+    np.testing.assert_array_equal(reread, held_version)  # never written into
+    assert [r["problem"] for r in con.check()] == ["ok"]
+    del held, reread
+    import gc
+    gc.collect()
+    del taken[:]
+    for _ in range(4):
+        con.execute(step)
+        w = w * np.float32(0.5) + np.float32(1)
+    np.testing.assert_array_equal(con.tensor("W"), w)
+    assert sum(t is not None for t in taken) >= 3, taken
+    tiles_dir = con.store.tiles_dir
+    assert 0 < memfiles.spare_bytes(tiles_dir) <= memfiles.SPARE_BYTES
+    con.close()
+    assert memfiles.spare_bytes(tiles_dir) == 0  # closing lets the spares go

@@ -16,8 +16,16 @@ import pytest
 import tensordb
 from tensordb.storage.identity import payload_name
 from tensordb.storage import memfiles, payloads, spares
+from tensordb.storage.staging import ALIGN
 
 STEP = "W[i,j] = W[i,j] - 0.5 * G[i,j]"
+
+
+@pytest.fixture(autouse=True)
+def _files_from_1_mib(monkeypatch):
+    """These tests recycle payload files: an in-memory database's outputs of 1 MiB or more are
+    files here, as before memfiles.FILE_MAX (8 MiB) kept them in the process."""
+    monkeypatch.setattr(memfiles, "FILE_MAX", (1 << 20) - ALIGN - 1)
 
 
 def _values(shape=(256, 128)):
