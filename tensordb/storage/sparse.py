@@ -28,7 +28,7 @@ __all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_csr", "
            "decode", "densify", "densify_part", "is_sparse", "scatter_into", "entries", "fill_of",
            "tile_nbytes",
            "stored_entries",
-           "validate", "to_scipy", "read_sparse_box"]
+           "validate", "to_scipy", "read_sparse_box", "coo_rows_csr"]
 
 
 @dataclass(frozen=True)
@@ -347,12 +347,29 @@ def decode(buf, offset: int, nbytes: int, shape, dtype, fmt: str, name: str = "?
 
 
 def _row_slab(tile, r0: int, r1: int):
-    """Rows ``r0:r1`` of a CSR tile: views of its entries, new row pointers only."""
+    """Rows ``r0:r1`` of a CSR tile: views of its entries, new row pointers only (a matrix's COO
+    tile, hypersparse, is made CSR over those rows first: row pointers for them, its entries)."""
+    if isinstance(tile, CooTile):
+        return coo_rows_csr(tile, r0, r1)
     if (r0, r1) == (0, tile.shape[0]):
         return tile
     ptr = tile.indptr
     lo, hi = int(ptr[r0]), int(ptr[r1])
     return _csr(tile.data[lo:hi], tile.indices[lo:hi], ptr[r0:r1 + 1] - ptr[r0],
+                (r1 - r0, tile.shape[1]))
+
+
+def coo_rows_csr(tile: CooTile, r0: int = 0, r1: int | None = None):
+    """Rows ``r0:r1`` of a matrix's COO tile (entries in C order) as a scipy CSR array: row
+    pointers for those rows only, the entries there copied."""
+    r1 = tile.shape[0] if r1 is None else r1
+    rows = tile.coords[0]
+    lo, hi = np.searchsorted(rows, [r0, r1], side="left")
+    sub = rows[lo:hi].astype(np.int64) - r0
+    nse = int(hi - lo)
+    idx = index_dtype((r1 - r0, tile.shape[1]), nse)
+    indptr = np.searchsorted(sub, np.arange(r1 - r0 + 1), side="left").astype(idx)
+    return _csr(np.array(tile.values[lo:hi]), np.asarray(tile.coords[1][lo:hi], idx), indptr,
                 (r1 - r0, tile.shape[1]))
 
 
@@ -394,6 +411,8 @@ def to_scipy(tile):
     if _is_scipy(tile):
         return tile
     if isinstance(tile, CooTile):
+        if tile.ndim == 2:
+            return coo_rows_csr(tile)
         return sp.csr_array(sp.coo_array((tile.values, tuple(tile.coords)), shape=tile.shape))
     return sp.csr_array(tile)
 
