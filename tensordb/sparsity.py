@@ -4,7 +4,8 @@ and the planner reads the same sizes.
 
 A sparse tile holds its stored entries (``nse``: its nonzeros, and any ``-0.0``) as values plus
 indices: CSR for a matrix (row pointers, column indices), COO for any other rank (one index per
-dimension per entry), and for a matrix with more rows than entries (COO is then the smaller).
+dimension per entry), and for a hypersparse matrix (CSR more than twice COO's bytes: many more
+rows than entries).
 Indices are int32 where every extent and the entry count fit, int64 otherwise. A tile is stored sparse when that takes less than half the bytes of its dense form.
 
 >>> choose_format((1000, 1000), 2000, "float32")
@@ -35,6 +36,7 @@ HEADER_BYTES = 8          # a sparse payload starts with its entry count (int64)
 SPARSE_RATIO = 0.5        # sparse when its bytes are under this share of the dense bytes
 TARGET_TILE_NSE = 1 << 21  # stored entries a sparse tensor's default tile aims at (about 16 MiB)
 _INT32_MAX = np.iinfo(np.int32).max
+COO_GAIN = 2  # a matrix tile is COO where CSR would take more than twice its bytes
 MAX_TILE_ELEMENTS = 1 << 62  # a tile's C-order linear indices stay int64 (numpy's limit: 2**63-1)
 
 
@@ -67,15 +69,16 @@ def dense_nbytes(shape: Sequence[int], dtype) -> int:
 def choose_format(shape: Sequence[int], nse: int, dtype) -> str:
     """'dense', 'csr' (a matrix) or 'coo' (any rank of at least 1) for a tile of ``shape``
     with ``nse`` stored entries: sparse when its payload is under half its dense bytes; a matrix
-    is CSR unless COO is smaller (more rows than entries: CSR's row pointers would be most of
-    its bytes, 381 MiB for 5 entries in 10^8 rows)."""
+    is CSR unless CSR's bytes are more than twice COO's (about three times more rows than
+    entries: its row pointers would be most of its bytes, 381 MiB for 5 entries in 10^8
+    rows); a tile that is nearly as small as CSR stays CSR, the format its kernels read."""
     shape = tuple(int(n) for n in shape)
     if not shape:
         return "dense"
     fmt = "coo"
     if len(shape) == 2 and sparse_nbytes(shape, nse, dtype, "csr") <= \
-            sparse_nbytes(shape, nse, dtype, "coo"):
-        fmt = "csr"  # a matrix with fewer rows than entries; a hypersparse one is COO
+            COO_GAIN * sparse_nbytes(shape, nse, dtype, "coo"):
+        fmt = "csr"  # the kernels' format; a hypersparse matrix (rows >> entries) is COO
     if sparse_nbytes(shape, nse, dtype, fmt) < SPARSE_RATIO * dense_nbytes(shape, dtype):
         return fmt
     return "dense"

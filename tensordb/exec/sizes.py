@@ -11,7 +11,7 @@ from ..geometry import overlapping
 from ..physical.plan import Kernel, Load, TilePlan
 from ..plan.kernel import output_tile_bytes
 
-__all__ = ["planned_bytes", "sparse_box_bytes", "graphblas_bytes"]
+__all__ = ["planned_bytes", "sparse_box_bytes", "graphblas_bytes", "coo_box_bytes"]
 
 
 def planned_bytes(plan: TilePlan, task) -> int:
@@ -47,6 +47,29 @@ def sparse_box_bytes(plan: TilePlan, task: Load, building: bool = False) -> int 
         # and row pointers: each tile column's slice's, a band's, the box's, scipy's counts
         return 2 * held + 8 * (rows + 1) * (len(ranges[1]) + 3)
     return held + 8 * (rows + 1)
+
+
+def coo_box_bytes(plan: TilePlan, task: Load) -> int | None:
+    """The most bytes Load ``task``'s box of a tensor of rank 3 or more holds read as its
+    entries (``storage.sparse.read_sparse_box``: a ``CooTile``, int64 coordinates and the
+    values, with the tiles' decoded entries beside it while it is made): three times the
+    payloads of the sparse tiles it overlaps, at most what every element of the box as an
+    entry takes; None where it is not such a box (fill 0, every overlapped tile sparse)."""
+    reader = plan.readers.get(task.tensor)
+    meta = getattr(reader, "meta", None)
+    entries = getattr(reader, "entries", None)
+    if not getattr(reader, "has_sparse", False) or getattr(meta, "ndim", 0) < 3 or \
+            not isinstance(entries, dict) or meta.fill != 0:
+        return None
+    ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, task.starts, task.stops)]
+    present = [k for k in entries if all(k[d] in ranges[d] for d in range(meta.ndim))]
+    if not present or not all(entries[k].sparse for k in present):
+        return None
+    item = np.dtype(meta.dtype).itemsize
+    box = math.prod(b - a for a, b in zip(task.starts, task.stops))
+    per = 8 * meta.ndim + item
+    return min(3 * sum(int(entries[k].nbytes) for k in present) * (per // (4 * meta.ndim + item)
+                                                                      + 1), 2 * box * per)
 
 
 def graphblas_bytes(plan: TilePlan, task: Load) -> int | None:

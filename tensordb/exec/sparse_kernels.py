@@ -39,7 +39,8 @@ import numpy as np
 from ..physical.choice import SPARSE_METHODS
 from ..plan.sparse_rules import have_graphblas
 from ..storage.boxes import RowGather
-from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
+from ..storage.sparse import CooTile, RowSlabs, densify, is_sparse, stacked
+from .sparse_nd import reduce_nd
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
@@ -349,8 +350,20 @@ def spreduce(op, choice, args: list, out_shape) -> np.ndarray:
     if S is None:
         return np.zeros(out_shape, dtype)
     labels = op.inputs[0].labels
+    if isinstance(S, CooTile):  # rank 3 or more: on its entries, matricized (sparse_nd.py)
+        return reduce_nd(S, labels, op.out_labels, op.agg, dtype).reshape(out_shape)
     if not is_sparse(S):
         S = np.asarray(S)
+        if S.ndim > 2:  # the box read dense: NumPy's reduction
+            axes = tuple(d for d, l in enumerate(labels) if l not in op.out_labels)
+            kept = [l for l in labels if l in op.out_labels]
+            red = {"sum": np.sum, "max": np.max, "min": np.min}[op.agg]
+            res = red(S, axis=axes, dtype=dtype) if op.agg == "sum" and dtype.kind != "b" \
+                else red(S, axis=axes)
+            res = np.asarray(res).astype(dtype, copy=False)
+            if kept:
+                res = res.transpose([kept.index(l) for l in op.out_labels])
+            return np.array(res, dtype=dtype).reshape(out_shape)
     axis = None if not op.out_labels else 1 - labels.index(op.out_labels[0])
     if op.agg == "sum":
         res = S.sum(axis=axis, dtype=dtype if dtype.kind != "b" else None)

@@ -256,14 +256,15 @@ def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> in
 
 def sparse_reduction(op: EinOp, sparse: Sequence[int]) -> bool:
     """Whether ``op`` is ``AGG(S[i,j])`` over ``j``, ``i`` or both, for a stored sparse matrix
-    ``S`` read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
+    ``S`` (or a sparse tensor of higher rank over any of its labels, exec/sparse_nd.py) read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
     reduction of the stored entries that counts absent ones as zeros is then NumPy's answer."""
     if list(sparse) != [0] or len(op.inputs) != 1 or op.agg not in ("sum", "max", "min"):
         return False
     labels = op.inputs[0].labels
     prod = scalar.product_of(op.join)
     in_dtype = (op.in_dtypes or (op.dtype,))[0]
-    return (len(labels) == 2 and len(set(labels)) == 2 and len(op.out_labels) < 2
+    return (len(labels) >= 2 and len(set(labels)) == len(labels)
+            and len(op.out_labels) < len(labels) and len(set(op.out_labels)) == len(op.out_labels)
             and set(op.out_labels) <= set(labels) and prod is not None and prod[0] == 1
             and tuple(prod[1]) == (0,) and np.dtype(in_dtype) == np.dtype(op.dtype))
 

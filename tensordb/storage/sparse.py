@@ -427,6 +427,8 @@ def read_sparse_box(reader, starts, stops):
     if own is not None:  # computed sparse (a one-hot's rows, storage/boxes.py)
         return own(starts, stops)
     meta = reader.meta
+    if meta.ndim > 2 and reader.has_sparse:
+        return _coo_box(reader, starts, stops)
     if meta.ndim != 2 or not reader.has_sparse:
         return None
     starts, stops = tuple(int(x) for x in starts), tuple(int(x) for x in stops)
@@ -475,6 +477,41 @@ def read_sparse_box(reader, starts, stops):
         del row
     box = bands[0] if len(bands) == 1 else sp.vstack(bands, format="csr")
     return _filled(box, meta.fill)
+
+
+def _coo_box(reader, starts, stops) -> CooTile | None:
+    """The box ``[starts, stops)`` of a stored tensor of rank 3 or more as a ``CooTile`` (its
+    entries there, coordinates relative to the box, in C order) when every stored tile it
+    overlaps is sparse and the fill is 0; None otherwise (then read it dense)."""
+    from ..geometry import overlapping, tile_box
+    import itertools
+    meta = reader.meta
+    if meta.fill != 0:
+        return None
+    starts, stops = tuple(int(x) for x in starts), tuple(int(x) for x in stops)
+    ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, starts, stops)]
+    keys = [k for k in reader.entries if all(k[d] in ranges[d] for d in range(meta.ndim))] \
+        if math.prod(len(r) for r in ranges) > len(reader.entries) else \
+        [k for k in itertools.product(*ranges) if k in reader.entries]
+    if not keys or any(not reader.entries[k].sparse for k in keys):
+        return None
+    shape = tuple(z - a for a, z in zip(starts, stops))
+    coords, values = [], []
+    for k in sorted(keys):
+        tile = reader.stored_tile(k)
+        lo, _ = tile_box(meta.grid, k)
+        c = [np.asarray(tile.coords[d], np.int64) + (lo[d] - starts[d]) for d in range(meta.ndim)]
+        inside = np.ones(tile.values.size, bool)
+        for d in range(meta.ndim):
+            inside &= (c[d] >= 0) & (c[d] < shape[d])
+        coords.append(np.stack([x[inside] for x in c]) if c else np.zeros((0, 0), np.int64))
+        values.append(np.asarray(tile.values)[inside])
+    coords_all = np.concatenate(coords, axis=1)
+    vals = np.concatenate(values)
+    if len(keys) > 1 and vals.size > 1:  # tiles' entries interleave in the box's C order
+        order = np.lexsort(coords_all[::-1])
+        coords_all, vals = coords_all[:, order], vals[order]
+    return CooTile(shape, coords_all, vals)
 
 
 def _row_slabs(reader, row_tiles, col: int, r0: int, r1: int) -> RowSlabs:

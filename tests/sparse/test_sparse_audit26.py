@@ -218,9 +218,7 @@ def test_a_hypersparse_matrix_is_stored_in_proportion_to_its_nonzeros(tmp_path):
         assert info["bytes"] < 64 * 1024, info["bytes"]
 
 
-@pytest.mark.xfail(strict=True, raises=tensordb.OutOfMemoryError,
-                   reason="AUDIT26 R4: a reduction of a rank-3 sparse tensor densifies its tile, "
-                   "whose extents are the tensor's (tiles are sized by nonzeros)")
+# AUDIT26 R4 (fixed: a reduction of a rank-3 sparse tensor runs on its entries, exec/sparse_nd.py)
 def test_a_reduction_of_a_rank_3_sparse_tensor_with_large_extents(tmp_path):
     ext = 10**6
     with tensordb.connect(tmp_path / "db", memory_limit="1GB") as con:

@@ -1,0 +1,102 @@
+"""Sparse tiles of rank 3 and more (``storage.sparse.CooTile``) computed on their entries, never
+densified: the operand is matricized as pydata sparse's ``tensordot`` does, its labels grouped
+into the ones the output keeps (rows) and the ones the operation reduces (columns), each group's
+coordinates made one int64 id (``group_ids``: checked for overflow; where the product of a
+group's extents passes int64 the ids are compressed to the occupied ones), and the 2-D kernel of
+the rows applied.
+
+- ``reduce_nd``: SUM, MAX or MIN of a sparse tile over the labels the output lacks (the
+  ``spreduce`` kernel on a rank-3 or higher operand, exec/sparse_kernels.py); the output is
+  dense (its extents are the kept labels'), absent entries counting as the zeros they are:
+  NumPy's answer on the densified tile, NaN and inf included, for every dtype.
+
+>>> import numpy as np
+>>> from tensordb.storage.sparse import CooTile
+>>> t = CooTile((2, 3, 4), np.array([[0, 1, 1], [0, 0, 2], [3, 1, 1]]), np.array([1.0, 2.0, -5.0]))
+>>> reduce_nd(t, "abc", "a", "sum", np.float64).tolist()
+[1.0, -3.0]
+>>> reduce_nd(t, "abc", "ca", "max", np.float64).tolist()
+[[0.0, 0.0], [0.0, 2.0], [0.0, 0.0], [1.0, 0.0]]
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["group_ids", "reduce_nd"]
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def group_ids(coords: Sequence[np.ndarray], extents: Sequence[int],
+              n: int | None = None) -> tuple[np.ndarray, int]:
+    """(one int64 id per entry for its coordinates ``coords`` along ``extents``, the number of
+    ids): C-order linear ids where the product of the extents fits int64, else the occupied
+    coordinate tuples numbered in C order (``np.unique`` of their rows: proportional to the
+    entries, not the extents). No dimensions: every one of the ``n`` entries' id is 0, of 1.
+
+    >>> group_ids([np.array([0, 2]), np.array([5, 1])], (3, 10))
+    (array([ 5, 21]), 30)
+    >>> ids, n = group_ids([np.array([9, 0, 9]), np.array([1, 2, 1])], (10**10, 10**10))
+    >>> ids.tolist(), n
+    ([1, 0, 1], 2)
+    """
+    n = len(coords[0]) if len(coords) else int(n or 0)
+    if not len(extents):
+        return np.zeros(n, np.int64), 1
+    size = math.prod(int(e) for e in extents)
+    if size <= _INT64_MAX:
+        ids = np.zeros(n, np.int64)
+        for c, e in zip(coords, extents):
+            ids *= int(e)
+            ids += np.asarray(c, np.int64)
+        return ids, size
+    rows = np.stack([np.asarray(c, np.int64) for c in coords], axis=1)
+    uniq, ids = np.unique(rows, axis=0, return_inverse=True)
+    return ids.reshape(-1).astype(np.int64), int(len(uniq))
+
+
+def reduce_nd(tile, labels: Sequence[str], out_labels: Sequence[str], agg: str,
+              dtype) -> np.ndarray:
+    """AGG (``sum``, ``max``, ``min``) of a sparse tile ``tile`` (a ``CooTile``: ``coords``,
+    ``values``, ``shape``; labels ``labels``, each once) over the labels ``out_labels`` lacks:
+    the dense output in ``out_labels``' order and ``dtype`` (NumPy's ``einsum``/``max``/``min``
+    of the densified tile)."""
+    dtype = np.dtype(dtype)
+    labels, out_labels = list(labels), list(out_labels)
+    shape = tuple(int(n) for n in tile.shape)
+    kept = [labels.index(l) for l in out_labels]
+    gone = [d for d in range(len(labels)) if d not in kept]
+    out_shape = tuple(shape[d] for d in kept)
+    size = math.prod(out_shape)
+    coords, values = tile.coords, np.asarray(tile.values)
+    rows, _ = group_ids([coords[d] for d in kept], out_shape, values.size)  # dense output: its size fits
+    per_row = math.prod(shape[d] for d in gone)  # elements each output element reduces
+    if agg == "sum":
+        if dtype.kind == "b":
+            out = np.zeros(size, bool)
+            out[rows[values != 0]] = True
+        else:
+            out = np.zeros(size, dtype)
+            np.add.at(out, rows, values.astype(dtype, copy=False))
+        return out.reshape(out_shape)
+    if agg not in ("max", "min"):
+        raise ValueError(f"reduce_nd: unknown aggregate {agg!r}")
+    if per_row == 0 or size == 0:
+        return np.zeros(out_shape, dtype)
+    ufunc = np.maximum if agg == "max" else np.minimum
+    if dtype.kind == "b":
+        start = agg == "min"
+    elif dtype.kind == "f":
+        start = -np.inf if agg == "max" else np.inf
+    else:
+        info = np.iinfo(dtype)
+        start = info.min if agg == "max" else info.max
+    out = np.full(size, start, dtype)
+    ufunc.at(out, rows, values.astype(dtype, copy=False))
+    count = np.bincount(rows, minlength=size) if rows.size else np.zeros(size, np.int64)
+    partial = count < per_row  # an absent entry (a zero) takes part
+    out[partial] = ufunc(out[partial], np.zeros(1, dtype))
+    return out.reshape(out_shape)
