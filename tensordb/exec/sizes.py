@@ -41,6 +41,9 @@ def sparse_box_bytes(plan: TilePlan, task: Load, building: bool = False) -> int 
     meta, entries, ranges, present = found
     rows = task.stops[0] - task.starts[0]
     item = np.dtype(meta.dtype).itemsize
+    if meta.fill == 0 and all(entries[rc].format == "coo" for rc in present):
+        # a CooTile (hypersparse tiles), and the row pointers of the CSR a kernel makes of it
+        return coo_box_bytes(plan, task, matrix=True) + 8 * (rows + 1)
     held = min(sum(int(entries[rc].nbytes) for rc in present),
                math.prod(b - a for a, b in zip(task.starts, task.stops)) * (8 + item))
     if building and not _views(meta, ranges, present, task):
@@ -49,16 +52,17 @@ def sparse_box_bytes(plan: TilePlan, task: Load, building: bool = False) -> int 
     return held + 8 * (rows + 1)
 
 
-def coo_box_bytes(plan: TilePlan, task: Load) -> int | None:
+def coo_box_bytes(plan: TilePlan, task: Load, matrix: bool = False) -> int | None:
     """The most bytes Load ``task``'s box of a tensor of rank 3 or more holds read as its
     entries (``storage.sparse.read_sparse_box``: a ``CooTile``, int64 coordinates and the
     values, with the tiles' decoded entries beside it while it is made): three times the
     payloads of the sparse tiles it overlaps, at most what every element of the box as an
-    entry takes; None where it is not such a box (fill 0, every overlapped tile sparse)."""
+    entry takes; None where it is not such a box (fill 0, every overlapped tile sparse).
+    ``matrix``: a matrix's box of COO tiles (hypersparse), read so too."""
     reader = plan.readers.get(task.tensor)
     meta = getattr(reader, "meta", None)
     entries = getattr(reader, "entries", None)
-    if not getattr(reader, "has_sparse", False) or getattr(meta, "ndim", 0) < 3 or \
+    if not getattr(reader, "has_sparse", False) or getattr(meta, "ndim", 0) < (2 if matrix else 3) or \
             not isinstance(entries, dict) or meta.fill != 0:
         return None
     ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, task.starts, task.stops)]

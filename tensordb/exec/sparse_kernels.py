@@ -54,10 +54,12 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=No
     array, which the caller copies there."""
     if choice.method == "spmm":
         return spmm(op, choice, args, out_shape, out, sink)
-    # a box over several CSR row tiles as one CSR array; a gather's rows taken
+    if choice.method == "spreduce":  # a COO box (rank 3 or more, hypersparse) read as it is
+        return spreduce(op, choice, [a if isinstance(a, CooTile) else stacked(a) for a in args],
+                        out_shape)
+    # a box over several CSR row tiles, or a matrix's COO box, as one CSR array; a gather's
+    # rows taken
     args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]
-    if choice.method == "spreduce":
-        return spreduce(op, choice, args, out_shape)
     from . import semiring
     return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
 
@@ -85,6 +87,8 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
     S = S.take() if isinstance(S, RowGather) else S
+    if isinstance(S, CooTile):  # a hypersparse matrix's box: CSR over its rows
+        S = stacked(S)
     if isinstance(D, RowGather) and d_labels.index(j) != 0:  # read through S's columns: j first
         D = D.take()
     D = stacked(D)
@@ -350,7 +354,8 @@ def spreduce(op, choice, args: list, out_shape) -> np.ndarray:
     if S is None:
         return np.zeros(out_shape, dtype)
     labels = op.inputs[0].labels
-    if isinstance(S, CooTile):  # rank 3 or more: on its entries, matricized (sparse_nd.py)
+    if isinstance(S, CooTile):  # on its entries, matricized (sparse_nd.py): rank 3 or more,
+        # or a hypersparse matrix (no row pointers made)
         return reduce_nd(S, labels, op.out_labels, op.agg, dtype).reshape(out_shape)
     if not is_sparse(S):
         S = np.asarray(S)

@@ -104,7 +104,10 @@ class RowSlabs:
 
 
 def stacked(tile):
-    """``tile`` with a ``RowSlabs`` box made one CSR array (any other tile as it is)."""
+    """``tile`` with a ``RowSlabs`` box, or a matrix's ``CooTile`` box, made one CSR array (any
+    other tile as it is)."""
+    if isinstance(tile, CooTile) and tile.ndim == 2:
+        return coo_rows_csr(tile)
     return tile.tocsr() if isinstance(tile, RowSlabs) else tile
 
 
@@ -436,6 +439,10 @@ def read_sparse_box(reader, starts, stops):
     present = [(r, c) for r in ranges[0] for c in ranges[1] if (r, c) in reader.entries]
     if not present or any(not reader.entries[c].sparse for c in present):
         return None
+    if meta.fill == 0 and all(reader.entries[c].format == "coo" for c in present):
+        # hypersparse tiles: the box's entries as COO, no row pointers (``stacked`` makes
+        # it CSR for a kernel that needs one; a reduction reads it as it is)
+        return _coo_box(reader, starts, stops)
     if len(present) > 1 and len(ranges[1]) == 1 and \
             (meta.grid[1][ranges[1][0]], meta.grid[1][ranges[1][0] + 1]) == (starts[1], stops[1]):
         slabs = _row_slabs(reader, ranges[0], ranges[1][0], starts[0], stops[0])
@@ -480,9 +487,10 @@ def read_sparse_box(reader, starts, stops):
 
 
 def _coo_box(reader, starts, stops) -> CooTile | None:
-    """The box ``[starts, stops)`` of a stored tensor of rank 3 or more as a ``CooTile`` (its
-    entries there, coordinates relative to the box, in C order) when every stored tile it
-    overlaps is sparse and the fill is 0; None otherwise (then read it dense)."""
+    """The box ``[starts, stops)`` of a stored tensor of rank 3 or more (or of a matrix's COO
+    tiles) as a ``CooTile`` (its entries there, coordinates relative to the box, in C order)
+    when every stored tile it overlaps is sparse and the fill is 0; None otherwise (then read
+    it dense)."""
     from ..geometry import overlapping, tile_box
     import itertools
     meta = reader.meta
