@@ -80,7 +80,8 @@ def reduce_nd(tile, labels: Sequence[str], out_labels: Sequence[str], agg: str,
             out[rows[values != 0]] = True
         else:
             out = np.zeros(size, dtype)
-            np.add.at(out, rows, values.astype(dtype, copy=False))
+            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as in NumPy
+                np.add.at(out, rows, values.astype(dtype, copy=False))
         return out.reshape(out_shape)
     if agg not in ("max", "min"):
         raise ValueError(f"reduce_nd: unknown aggregate {agg!r}")
@@ -95,8 +96,9 @@ def reduce_nd(tile, labels: Sequence[str], out_labels: Sequence[str], agg: str,
         info = np.iinfo(dtype)
         start = info.min if agg == "max" else info.max
     out = np.full(size, start, dtype)
-    ufunc.at(out, rows, values.astype(dtype, copy=False))
-    count = np.bincount(rows, minlength=size) if rows.size else np.zeros(size, np.int64)
-    partial = count < per_row  # an absent entry (a zero) takes part
-    out[partial] = ufunc(out[partial], np.zeros(1, dtype))
+    with np.errstate(invalid="ignore"):  # a NaN wins, as in NumPy's max and min
+        ufunc.at(out, rows, values.astype(dtype, copy=False))
+        count = np.bincount(rows, minlength=size) if rows.size else np.zeros(size, np.int64)
+        partial = count < per_row  # an absent entry (a zero) takes part
+        out[partial] = ufunc(out[partial], np.zeros(1, dtype))
     return out.reshape(out_shape)
