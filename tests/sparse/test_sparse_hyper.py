@@ -126,7 +126,7 @@ def test_extents_past_int64_load_read_export_and_reduce(tmp_path):
         u[int(x)] = u.get(int(x), 0.0) + v
     assert out["t_u"][0] == [ext] and dict(zip(out["t_u"][1], out["t_u"][2])) == u
     assert out["t_max"] == 40.0
-    assert out["t_parquet"] == [(40, float((1.0 + k).sum()))]
+    assert out["t_parquet"] == [[40, float((1.0 + k).sum())]]
     assert out["t_sparse"] == "NotSupportedError"
 
 
