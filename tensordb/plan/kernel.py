@@ -526,7 +526,8 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
         return choice
     size = math.prod(op.out_shape)
     fmt = choose_format(op.out_shape, int(math.ceil(est_nnz)), op.dtype) if size else "dense"
-    returns = fmt if fmt != "dense" and choice.method in SPARSE_OUTPUT_METHODS and \
+    # the kernels return CSR tiles; the writer stores a hypersparse one COO (the format rule)
+    returns = "csr" if fmt != "dense" and choice.method in SPARSE_OUTPUT_METHODS and \
         len(op.out_labels) == 2 and not op.writes_diagonal else "dense"
     density = min(1.0, float(est_nnz) / size) if size and returns != "dense" else 1.0
     places = fmt == "dense"
