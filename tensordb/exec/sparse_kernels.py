@@ -40,7 +40,7 @@ from ..physical.choice import SPARSE_METHODS
 from ..plan.sparse_rules import have_graphblas
 from ..storage.boxes import RowGather
 from ..storage.sparse import CooTile, RowSlabs, densify, is_sparse, stacked
-from .sparse_nd import reduce_nd
+from .sparse_nd import contract_nd, reduce_nd
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
@@ -81,6 +81,8 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     dtype = np.dtype(op.dtype)
     k = choice.sparse
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
+    if len(s_labels) > 2:  # rank 3 or more (plan.kernel.spmm_nd_operand): sparse_nd.py
+        return _spmm_nd(op, k, args, out_shape, dtype)
     (j,) = [l for l in s_labels if l in d_labels]
     (i,) = [l for l in s_labels if l != j]
     S, D = args[k], args[1 - k]
@@ -337,6 +339,25 @@ def _csr_rows(S, r0: int, r1: int, lo: int, hi: int):
                      shape=(r1 - r0, S.shape[1]), copy=False)
     m.has_sorted_indices = True
     return m
+
+
+def _spmm_nd(op, k: int, args: list, out_shape, dtype) -> np.ndarray:
+    """An ``spmm`` whose sparse operand has rank 3 or more: on its entries where its box was
+    read as a ``CooTile`` (``sparse_nd.contract_nd``), else NumPy's einsum of the dense box."""
+    S, D = args[k], args[1 - k]
+    if S is None or D is None:
+        return np.zeros(out_shape, dtype)
+    D = D.take() if isinstance(D, RowGather) else D
+    D = np.asarray(densify(stacked(D)) if is_sparse(D) else D)
+    s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
+    if isinstance(S, CooTile):
+        return contract_nd(S, s_labels, D, d_labels, op.out_labels, dtype).reshape(out_shape)
+    names = {l: chr(97 + n) for n, l in enumerate(dict.fromkeys(s_labels + d_labels))}
+    eq = "".join(names[l] for l in s_labels) + "," + "".join(names[l] for l in d_labels) + \
+        "->" + "".join(names[l] for l in op.out_labels)
+    with np.errstate(invalid="ignore", over="ignore"):
+        res = np.einsum(eq, np.asarray(S).astype(dtype, copy=False), D.astype(dtype, copy=False))
+    return np.asarray(res, dtype).reshape(out_shape)
 
 
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:

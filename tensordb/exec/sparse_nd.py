@@ -9,6 +9,12 @@ the rows applied.
   ``spreduce`` kernel on a rank-3 or higher operand, exec/sparse_kernels.py); the output is
   dense (its extents are the kept labels'), absent entries counting as the zeros they are:
   NumPy's answer on the densified tile, NaN and inf included, for every dtype.
+- ``contract_nd``: ``SUM(T[...] * D[...])`` of a sparse tile ``T`` with a dense operand ``D``
+  known to hold no NaN or inf (the ``spmm`` kernel on a rank-3 or higher operand): ``T``'s
+  labels that ``D`` shares (contracted) are its columns, the ones the output keeps its rows (only
+  the occupied rows: CSR over them), a label of ``T`` alone and not kept summed into its entries
+  by scipy's duplicate sum; one scipy product with ``D`` laid out (contracted, the rest), its rows
+  scattered into the dense output.
 
 >>> import numpy as np
 >>> from tensordb.storage.sparse import CooTile
@@ -25,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["group_ids", "reduce_nd"]
+__all__ = ["group_ids", "reduce_nd", "contract_nd"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -102,3 +108,48 @@ def reduce_nd(tile, labels: Sequence[str], out_labels: Sequence[str], agg: str,
         partial = count < per_row  # an absent entry (a zero) takes part
         out[partial] = ufunc(out[partial], np.zeros(1, dtype))
     return out.reshape(out_shape)
+
+
+def contract_nd(tile, labels: Sequence[str], dense: np.ndarray, d_labels: Sequence[str],
+                out_labels: Sequence[str], dtype) -> np.ndarray:
+    """``SUM`` of ``tile[labels] * dense[d_labels]`` into ``out_labels`` (see the module
+    docstring): ``tile`` a ``CooTile``; the labels ``dense`` shares with it are contracted (none
+    is kept), each other label of ``dense`` is kept. NumPy's ``einsum`` of the densified tile
+    where ``dense`` is finite.
+
+    >>> from tensordb.storage.sparse import CooTile
+    >>> t = CooTile((2, 3, 4), np.array([[0, 1, 1], [0, 0, 2], [3, 1, 1]]),
+    ...             np.array([1.0, 2.0, -5.0]))
+    >>> d = np.arange(8.0).reshape(4, 2)
+    >>> contract_nd(t, "abc", d, "ck", "ka", np.float64).tolist()
+    [[6.0, -6.0], [7.0, -9.0]]
+    """
+    import scipy.sparse as sp
+    dtype = np.dtype(dtype)
+    labels, d_labels, out_labels = list(labels), list(d_labels), list(out_labels)
+    shape = dict(zip(labels, tile.shape))
+    shape.update(zip(d_labels, dense.shape))
+    shared = [l for l in labels if l in d_labels]
+    kept = [l for l in labels if l in out_labels]
+    free = [l for l in d_labels if l not in labels]
+    rows_n = math.prod(shape[l] for l in kept)
+    cols_n = math.prod(shape[l] for l in shared)
+    f_n = math.prod(shape[l] for l in free)
+    values = np.asarray(tile.values).astype(dtype, copy=False)
+    coords = tile.coords
+    rows, _ = group_ids([coords[labels.index(l)] for l in kept], [shape[l] for l in kept],
+                        values.size)
+    cols, _ = group_ids([coords[labels.index(l)] for l in shared], [shape[l] for l in shared],
+                        values.size)
+    occupied, local = np.unique(rows, return_inverse=True)  # CSR over the occupied rows only
+    S = sp.csr_array((values, (local.reshape(-1), cols)), shape=(occupied.size, cols_n))
+    S.sum_duplicates()  # a label of the tile alone, not kept: summed here
+    D = np.transpose(np.asarray(dense), [d_labels.index(l) for l in shared + free])
+    D = np.ascontiguousarray(D, dtype).reshape(cols_n, f_n)
+    out = np.zeros((rows_n, f_n), dtype)
+    if occupied.size:
+        with np.errstate(invalid="ignore", over="ignore"):
+            out[occupied] = np.asarray(S @ D, dtype)
+    res = out.reshape(tuple(shape[l] for l in kept + free))
+    order = [(kept + free).index(l) for l in out_labels]
+    return np.ascontiguousarray(res.transpose(order)) if order != list(range(len(order))) else res

@@ -35,7 +35,8 @@ def device_method(op: EinOp, choice: KernelChoice) -> str | None:
             np.dtype(op.dtype).name not in DEVICE_SPARSE_DTYPES:
         return None
     if choice.method == "spmm":
-        return "spmm" if len(op.inputs) == 2 else None
+        return "spmm" if len(op.inputs) == 2 and len(op.inputs[choice.sparse].labels) == 2 \
+            else None
     if choice.method == "spreduce":
         return "spreduce" if op.agg == "sum" and len(op.inputs[0].labels) == 2 else None
     return choice.method if choice.method in ("sddmm", "spjoin", "masked") else None

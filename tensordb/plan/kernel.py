@@ -11,7 +11,8 @@ The methods:
   or scales first;
 - ``contract``: another product-and-sum, by opt_einsum's contract (BLAS where it can);
 - ``spmm``: a two-operand product-and-sum whose operand ``sparse`` is a matrix stored with sparse
-  tiles and whose other operand is known to hold no NaN or inf: scipy.sparse's product
+  tiles (or a sparse tensor of rank 3 or more, matricized: ``spmm_nd_operand``) and whose other
+  operand is known to hold no NaN or inf: scipy.sparse's product
   (exec/sparse_kernels.py), the output dense, or CSR tiles where its estimated nonzeros make
   it sparse (``with_output``, as for the semiring, sampled and join kernels of
   plan/sparse_rules.py);
@@ -211,6 +212,8 @@ def sparse_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> t
     if not sparse or op.writes_diagonal:
         return None
     k = spmm_operand(op, sparse, finite)
+    if k is None:
+        k = spmm_nd_operand(op, sparse, finite)
     if k is not None:
         return "spmm", k
     if sparse_reduction(op, sparse):
@@ -251,6 +254,28 @@ def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> in
                 l != shared[0] and l not in op.out_labels for l in d):
             continue
         return k
+    return None
+
+
+def spmm_nd_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> int | None:
+    """The sparse operand of rank 3 or more of a ``SUM`` of the product of two operands (no
+    constant, one numeric dtype) that an ``spmm`` kernel computes on its entries
+    (exec/sparse_nd.py ``contract_nd``), or None: the other operand known finite, each operand's
+    labels distinct, the labels they share all contracted (none kept), every other label of the
+    other operand kept."""
+    prod = blas_product(op)
+    if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
+            np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
+        return None
+    for k in sparse:
+        s, d = op.inputs[k].labels, op.inputs[1 - k].labels
+        if len(s) < 3 or len(set(s)) != len(s) or len(set(d)) != len(d) or not finite[1 - k] \
+                or isinstance(op.inputs[k].tensor, OneHotName):
+            continue
+        shared = [l for l in s if l in d]
+        if shared and not any(l in op.out_labels for l in shared) and \
+                all(l in s or l in op.out_labels for l in d):
+            return k
     return None
 
 

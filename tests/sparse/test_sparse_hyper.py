@@ -295,3 +295,68 @@ def test_reduce_nd_directly_against_numpy():
                 got = reduce_nd(t, "abcd", out, agg, want.dtype)
                 np.testing.assert_array_equal(got, want) if agg != "sum" or dtype[0] != "f" \
                     else np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# -- R4: contractions of sparse tensors of rank 3 and more with a dense operand ---------------
+CONTRACTIONS = [
+    ("R[a,k] = SUM(T[a,b,c] * X[c,k])", "abc,ck->ak"),
+    ("R[k,a] = SUM(T[a,b,c] * X[c,k])", "abc,ck->ka"),
+    ("R[a,b,k] = SUM(T[a,b,c] * X[c,k])", "abc,ck->abk"),
+    ("R[k] = SUM(T[a,b,c] * Y[a,c,k])", "abc,ack->k"),
+    ("R[b] = SUM(X[c,k] * T[a,b,c] * 1)", None),  # a constant: not the sparse kernel's form
+    ("R[c,a] = SUM(V[b] * T[a,b,c])", "b,abc->ca"),
+    ("R = SUM(T[a,b,c] * Y[a,c,b])", None),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int64", "int32"])
+def test_rank_3_contractions_with_a_dense_operand_equal_numpy(tmp_path, dtype):
+    rng = np.random.default_rng(11 + DTYPES.index(dtype))
+    t = _tensor(rng, (9, 6, 8), 30, dtype, special=True)
+    x = rng.integers(-4, 5, (8, 3)).astype(dtype)
+    y = rng.integers(-4, 5, (9, 8, 3)).astype(dtype)
+    y2 = rng.integers(-4, 5, (9, 8, 6)).astype(dtype)
+    v = rng.integers(-4, 5, 6).astype(dtype)
+    with tensordb.connect(str(tmp_path / "db"), workers=2) as con:
+        con.load("T", t, tile=(4, 6, 8))  # three COO tiles
+        for name, a in [("X", x), ("V", v)]:
+            con.load(name, a)
+        con.load("Y", y if True else None)
+        for q, eq in CONTRACTIONS:
+            if q.startswith("R = SUM(T[a,b,c] * Y[a,c,b])"):
+                con.load("Y", y2, replace=True)
+                want = np.einsum("abc,acb->", t, y2)
+            elif eq is None:
+                want = np.einsum("ck,abc->b", x, t)
+            else:
+                ops = {"X": x, "Y": y, "V": v}
+                first, second = eq.split("->")[0].split(",")
+                dense = [ops[n] for n in ("X", "Y", "V") if f"{n}[" in q][0]
+                args = (t, dense) if first == "abc" else (dense, t)
+                with np.errstate(all="ignore"):
+                    want = np.einsum(eq, *args)
+            text = con.explain(q)
+            if eq is not None:
+                assert "spmm x" in text and "sparse" in text, (q, text)
+            con.execute(q)
+            got = con.tensor("R")
+            assert got.dtype == want.dtype, q
+            if dtype.startswith("float"):
+                np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=q)
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=q)
+
+
+def test_a_contraction_of_a_large_rank_3_sparse_tensor_runs_in_memory_of_its_entries(tmp_path):
+    ext = 10**6
+    with tensordb.connect(str(tmp_path / "db"), memory_limit="512MB") as con:
+        con.execute(f"CREATE TENSOR T FROM (SELECT (r * 7919) % {ext} AS a, (r * 104729) % 50 AS b,"
+                    f" (r * 31) % {ext} AS c, 1.0 + r AS v FROM range(200) t(r))"
+                    f" INDEX (a, b, c) VALUE v SHAPE ({ext}, 50, {ext})")
+        x = np.arange(50.0 * 2).reshape(50, 2)
+        con.load("X", x)
+        con.execute("R[a,k] = SUM(T[a,b,c] * X[b,k])")  # 4 x 10^13 elements dense
+        r = np.arange(200)
+        want = np.zeros((ext, 2))
+        np.add.at(want, (r * 7919) % ext, (1.0 + r)[:, None] * x[(r * 104729) % 50])
+        np.testing.assert_allclose(con.tensor("R"), want, rtol=1e-12)
