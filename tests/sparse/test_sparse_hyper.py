@@ -360,3 +360,15 @@ def test_a_contraction_of_a_large_rank_3_sparse_tensor_runs_in_memory_of_its_ent
         want = np.zeros((ext, 2))
         np.add.at(want, (r * 7919) % ext, (1.0 + r)[:, None] * x[(r * 104729) % 50])
         np.testing.assert_allclose(con.tensor("R"), want, rtol=1e-12)
+
+
+def test_a_tile_past_2_to_the_62_elements_is_refused_and_stores_nothing(tmp_path):
+    n = 10**10
+    with tensordb.connect(str(tmp_path / "db")) as con:
+        with pytest.raises(tensordb.ProgrammingError, match="more than a tile can"):
+            con.execute(f"CREATE TENSOR M FROM (SELECT 1 AS a, 2 AS b, 1.0 AS v) INDEX (a, b) "
+                        f"VALUE v SHAPE ({n}, {n}) TILE ({n}, {n})")
+        assert not any(t["name"] == "M" for t in con.tensors())
+        con.execute(f"CREATE TENSOR M FROM (SELECT 1 AS a, 2 AS b, 1.0 AS v) INDEX (a, b) "
+                    f"VALUE v SHAPE ({n}, {n}) TILE (100000000, {n})")
+        assert con.execute("SELECT * FROM M").fetchall() == [(1, 2, 1.0)]
