@@ -5,8 +5,10 @@ and the planner reads the same sizes.
 A sparse tile holds its stored entries (``nse``: its nonzeros, and any ``-0.0``) as values plus
 indices: CSR for a matrix (row pointers, column indices), COO for any other rank (one index per
 dimension per entry), and for a hypersparse matrix (CSR more than twice COO's bytes: many more
-rows than entries).
-Indices are int32 where every extent and the entry count fit, int64 otherwise. A tile is stored sparse when that takes less than half the bytes of its dense form.
+rows than entries). Indices are int32 where every extent and the entry count fit, int64
+otherwise. A tile is stored sparse when that takes less than half the bytes of its dense form.
+A sparse tensor's default tile holds at most ``MAX_TILE_ELEMENTS`` (2**62) elements, so an
+entry's linear index within its tile is an int64 (``fit_elements``).
 
 >>> choose_format((1000, 1000), 2000, "float32")
 'csr'
