@@ -40,7 +40,7 @@ from ..physical.choice import SPARSE_METHODS
 from ..plan.sparse_rules import have_graphblas
 from ..storage.boxes import RowGather
 from ..storage.sparse import CooTile, RowSlabs, densify, is_sparse, stacked
-from .sparse_nd import contract_nd, reduce_nd
+from .sparse_nd import contract_nd, reduce_nd, reduce_nd_csr
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
@@ -377,6 +377,9 @@ def spreduce(op, choice, args: list, out_shape) -> np.ndarray:
     labels = op.inputs[0].labels
     if isinstance(S, CooTile):  # on its entries, matricized (sparse_nd.py): rank 3 or more,
         # or a hypersparse matrix (no row pointers made)
+        if choice.out_format == "csr":  # a matrix output the plan says is sparse
+            return csr_output(reduce_nd_csr(S, labels, op.out_labels, op.agg, dtype),
+                              op.out_labels, op.out_labels, dtype)
         return reduce_nd(S, labels, op.out_labels, op.agg, dtype).reshape(out_shape)
     if not is_sparse(S):
         S = np.asarray(S)

@@ -8,7 +8,10 @@ the rows applied.
 - ``reduce_nd``: SUM, MAX or MIN of a sparse tile over the labels the output lacks (the
   ``spreduce`` kernel on a rank-3 or higher operand, exec/sparse_kernels.py); the output is
   dense (its extents are the kept labels'), absent entries counting as the zeros they are:
-  NumPy's answer on the densified tile, NaN and inf included, for every dtype.
+  NumPy's answer on the densified tile, NaN and inf included, for every dtype. Where the
+  plan says a matrix output is sparse (``KernelChoice.out_format``), ``reduce_nd_csr`` gives
+  it as CSR: its elements with an entry only (``S2[a,b] = SUM(T[a,b,c])`` of a 10^6-cubed
+  tensor is its entries, not 8 TB).
 - ``contract_nd``: ``SUM(T[...] * D[...])`` of a sparse tile ``T`` with a dense operand ``D``
   known to hold no NaN or inf (the ``spmm`` kernel on a rank-3 or higher operand): ``T``'s
   labels that ``D`` shares (contracted) are its columns, the ones the output keeps its rows (only
@@ -31,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["group_ids", "reduce_nd", "contract_nd"]
+__all__ = ["group_ids", "reduce_nd", "reduce_nd_csr", "contract_nd"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -153,3 +156,48 @@ def contract_nd(tile, labels: Sequence[str], dense: np.ndarray, d_labels: Sequen
     res = out.reshape(tuple(shape[l] for l in kept + free))
     order = [(kept + free).index(l) for l in out_labels]
     return np.ascontiguousarray(res.transpose(order)) if order != list(range(len(order))) else res
+
+
+def reduce_nd_csr(tile, labels: Sequence[str], out_labels: Sequence[str], agg: str, dtype):
+    """``reduce_nd`` into a matrix (two ``out_labels``) as a scipy CSR array: an element only
+    where the tile has an entry over it (the others are the 0 every absent entry is; one
+    whose MAX or MIN meets an absent entry takes that 0 in).
+
+    >>> from tensordb.storage.sparse import CooTile
+    >>> t = CooTile((2, 3, 4), np.array([[0, 1, 1], [0, 0, 2], [3, 1, 1]]),
+    ...             np.array([1.0, 2.0, -5.0]))
+    >>> reduce_nd_csr(t, "abc", "ca", "min", np.float64).toarray().tolist()
+    [[0.0, 0.0], [0.0, -5.0], [0.0, 0.0], [0.0, 0.0]]
+    """
+    import scipy.sparse as sp
+    dtype = np.dtype(dtype)
+    labels, out_labels = list(labels), list(out_labels)
+    shape = tuple(int(n) for n in tile.shape)
+    r_d, c_d = labels.index(out_labels[0]), labels.index(out_labels[1])
+    out_shape = (shape[r_d], shape[c_d])
+    per_el = math.prod(n for d, n in enumerate(shape) if d not in (r_d, c_d))
+    values = np.asarray(tile.values).astype(dtype, copy=False)
+    if not values.size:
+        return sp.csr_array(out_shape, dtype=dtype)
+    pairs = np.stack([np.asarray(tile.coords[r_d], np.int64),
+                      np.asarray(tile.coords[c_d], np.int64)], axis=1)
+    uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    n = len(uniq)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if agg == "sum":
+            if dtype.kind == "b":
+                acc = np.zeros(n, bool)
+                acc[inv[values != 0]] = True
+            else:
+                acc = np.zeros(n, dtype)
+                np.add.at(acc, inv, values)
+        elif agg in ("max", "min"):
+            ufunc = np.maximum if agg == "max" else np.minimum
+            acc = values[np.unique(inv, return_index=True)[1]].copy()  # each group's first
+            ufunc.at(acc, inv, values)
+            partial = np.bincount(inv, minlength=n) < per_el
+            acc[partial] = ufunc(acc[partial], np.zeros(1, dtype))
+        else:
+            raise ValueError(f"reduce_nd_csr: unknown aggregate {agg!r}")
+    return sp.csr_array((acc, (uniq[:, 0], uniq[:, 1])), shape=out_shape)

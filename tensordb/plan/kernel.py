@@ -71,7 +71,8 @@ TEMPORARY_SHARE = 4       # a chunked kernel's temporaries stay within 1/4 of a 
 METHODS = ("matmul", "contract", "broadcast", "spmm", "spreduce") + sparse_rules.METHODS
 SPARSE_METHODS = ("spmm", "spreduce") + sparse_rules.METHODS  # exec/sparse_kernels.py
 # the sparse methods whose matrix output tiles may come back sparse (``with_output``)
-SPARSE_OUTPUT_METHODS = ("spmm", "semiring", "sddmm", "spjoin")
+SPARSE_OUTPUT_METHODS = ("spmm", "semiring", "sddmm", "spjoin", "spreduce")  # spreduce: of a
+#                                        rank-3 or higher tensor into a matrix (sparse_nd.py)
 
 
 # -- chunks: what a broadcasting kernel holds per element of its join space ---------------------

@@ -372,3 +372,40 @@ def test_a_tile_past_2_to_the_62_elements_is_refused_and_stores_nothing(tmp_path
         con.execute(f"CREATE TENSOR M FROM (SELECT 1 AS a, 2 AS b, 1.0 AS v) INDEX (a, b) "
                     f"VALUE v SHAPE ({n}, {n}) TILE (100000000, {n})")
         assert con.execute("SELECT * FROM M").fetchall() == [(1, 2, 1.0)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rank_3_reductions_into_a_sparse_matrix_equal_numpy(tmp_path, dtype):
+    rng = np.random.default_rng(21 + DTYPES.index(dtype))
+    t = _tensor(rng, (60, 50, 4), 40, dtype, special=True)
+    with tensordb.connect(str(tmp_path / "db")) as con:
+        con.load("T", t)
+        for agg in ["SUM", "MAX", "MIN"]:
+            for out in ["ab", "ba", "ca"]:
+                q = f"R[{','.join(out)}] = {agg}(T[a,b,c])"
+                if out != "ca":  # 3,000 elements, at most 40 entries: CSR tiles from the kernel
+                    assert "csr tiles from the kernel" in con.explain(q), q
+                con.execute(q)
+                want = _numpy(agg, t, "abc", out)
+                got = con.tensor("R")
+                assert got.dtype == want.dtype, q
+                np.testing.assert_array_equal(got, want, err_msg=q) if dtype[0] != "f" or \
+                    agg != "SUM" else np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=q)
+
+
+def test_a_large_rank_3_tensor_reduces_into_a_sparse_matrix(tmp_path):
+    ext = 10**6
+    with tensordb.connect(str(tmp_path / "db"), memory_limit="512MB") as con:
+        con.execute(f"CREATE TENSOR T FROM (SELECT (r * 7919) % {ext} AS a, (r * 104729) % {ext} AS b,"
+                    f" r % 3 AS c, 1.0 + r AS v FROM range(300) t(r))"
+                    f" INDEX (a, b, c) VALUE v SHAPE ({ext}, {ext}, 3)")
+        con.execute("S[b,a] = SUM(T[a,b,c])")  # 8 TB dense
+        r = np.arange(300)
+        want = {}
+        for k in r:
+            key = (int((k * 104729) % ext), int((k * 7919) % ext))
+            want[key] = want.get(key, 0.0) + 1.0 + k
+        got = {(b, a): v for b, a, v in con.execute("SELECT * FROM S").fetchall()}
+        assert got == want
+        info = next(t for t in con.tensors() if t["name"] == "S")
+        assert info["nnz"] == len(want) and info["bytes"] < 64 * 1024
