@@ -89,8 +89,12 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None) -> np.ndarray:
     if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
     S = S.take() if isinstance(S, RowGather) else S
-    if isinstance(S, CooTile):  # a hypersparse matrix's box: CSR over its rows
-        S = stacked(S)
+    if isinstance(S, CooTile):  # a hypersparse matrix's box
+        if len(args) == 2 and not is_sparse(D) and not isinstance(D, RowGather):
+            # CSR over its occupied rows only, scattered into the output (sparse_nd.py): no
+            # row pointers for the rows it does not hold
+            return _spmm_nd(op, k, args, out_shape, dtype)
+        S = stacked(S)  # CSR over its rows
     if isinstance(D, RowGather) and d_labels.index(j) != 0:  # read through S's columns: j first
         D = D.take()
     D = stacked(D)
