@@ -409,3 +409,18 @@ def test_a_large_rank_3_tensor_reduces_into_a_sparse_matrix(tmp_path):
         assert got == want
         info = next(t for t in con.tensors() if t["name"] == "S")
         assert info["nnz"] == len(want) and info["bytes"] < 64 * 1024
+
+
+def test_rank_3_sparse_kernels_on_the_dask_executor(tmp_path):
+    rng = np.random.default_rng(5)
+    t = _tensor(rng, (20, 9, 30), 40, "float64")
+    x = rng.integers(-3, 4, (30, 2)).astype("float64")
+    with tensordb.connect(str(tmp_path / "db"), workers=2, executor="dask") as con:
+        con.load("T", t, tile=(10, 9, 30))
+        con.load("X", x)
+        for q, want in [("R[a] = SUM(T[a,b,c])", t.sum((1, 2))),
+                        ("R[c,b] = MAX(T[a,b,c])", t.max(0).T),
+                        ("R[a,b] = MIN(T[a,b,c])", t.min(2)),
+                        ("R[a,k] = SUM(T[a,b,c] * X[c,k])", np.einsum("abc,ck->ak", t, x))]:
+            con.execute(q)
+            np.testing.assert_allclose(con.tensor("R"), want, rtol=1e-12, err_msg=q)
