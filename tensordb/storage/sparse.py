@@ -22,41 +22,14 @@ import numpy as np
 
 from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
+from .sparse_coo import CooTile, coo_box, coo_rows_csr
 
 __all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_csr", "csr_parts",
            "encode_dense",
            "decode", "densify", "densify_part", "is_sparse", "scatter_into", "entries", "fill_of",
            "tile_nbytes",
            "stored_entries",
-           "validate", "to_scipy", "read_sparse_box", "coo_rows_csr"]
-
-
-@dataclass(frozen=True)
-class CooTile:
-    """A sparse tile of any rank: ``coords`` (ndim x nse, C order), ``values`` (nse)."""
-
-    shape: tuple[int, ...]
-    coords: np.ndarray
-    values: np.ndarray
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.values.dtype
-
-    @property
-    def nnz(self) -> int:  # stored entries, as scipy names them
-        return int(self.values.size)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def toarray(self, fill: float = 0.0) -> np.ndarray:
-        out = np.full(self.shape, fill, self.values.dtype) if fill else \
-            np.zeros(self.shape, self.values.dtype)
-        if self.values.size:
-            out[tuple(self.coords)] = self.values
-        return out
+           "validate", "to_scipy", "read_sparse_box"]
 
 
 def is_sparse(tile) -> bool:
@@ -362,20 +335,6 @@ def _row_slab(tile, r0: int, r1: int):
                 (r1 - r0, tile.shape[1]))
 
 
-def coo_rows_csr(tile: CooTile, r0: int = 0, r1: int | None = None):
-    """Rows ``r0:r1`` of a matrix's COO tile (entries in C order) as a scipy CSR array: row
-    pointers for those rows only, the entries there copied."""
-    r1 = tile.shape[0] if r1 is None else r1
-    rows = tile.coords[0]
-    lo, hi = np.searchsorted(rows, [r0, r1], side="left")
-    sub = rows[lo:hi].astype(np.int64) - r0
-    nse = int(hi - lo)
-    idx = index_dtype((r1 - r0, tile.shape[1]), nse)
-    indptr = np.searchsorted(sub, np.arange(r1 - r0 + 1), side="left").astype(idx)
-    return _csr(np.array(tile.values[lo:hi]), np.asarray(tile.coords[1][lo:hi], idx), indptr,
-                (r1 - r0, tile.shape[1]))
-
-
 def _csr(values, indices, indptr, shape):
     import scipy.sparse as sp
     m = sp.csr_array((values, indices, indptr), shape=shape, copy=False)
@@ -415,7 +374,7 @@ def to_scipy(tile):
         return tile
     if isinstance(tile, CooTile):
         if tile.ndim == 2:
-            return coo_rows_csr(tile)
+                return coo_rows_csr(tile)
         return sp.csr_array(sp.coo_array((tile.values, tuple(tile.coords)), shape=tile.shape))
     return sp.csr_array(tile)
 
@@ -431,7 +390,7 @@ def read_sparse_box(reader, starts, stops):
         return own(starts, stops)
     meta = reader.meta
     if meta.ndim > 2 and reader.has_sparse:
-        return _coo_box(reader, starts, stops)
+        return coo_box(reader, starts, stops)
     if meta.ndim != 2 or not reader.has_sparse:
         return None
     starts, stops = tuple(int(x) for x in starts), tuple(int(x) for x in stops)
@@ -442,7 +401,7 @@ def read_sparse_box(reader, starts, stops):
     if meta.fill == 0 and all(reader.entries[c].format == "coo" for c in present):
         # hypersparse tiles: the box's entries as COO, no row pointers (``stacked`` makes
         # it CSR for a kernel that needs one; a reduction reads it as it is)
-        return _coo_box(reader, starts, stops)
+        return coo_box(reader, starts, stops)
     if len(present) > 1 and len(ranges[1]) == 1 and \
             (meta.grid[1][ranges[1][0]], meta.grid[1][ranges[1][0] + 1]) == (starts[1], stops[1]):
         slabs = _row_slabs(reader, ranges[0], ranges[1][0], starts[0], stops[0])
@@ -484,42 +443,6 @@ def read_sparse_box(reader, starts, stops):
         del row
     box = bands[0] if len(bands) == 1 else sp.vstack(bands, format="csr")
     return _filled(box, meta.fill)
-
-
-def _coo_box(reader, starts, stops) -> CooTile | None:
-    """The box ``[starts, stops)`` of a stored tensor of rank 3 or more (or of a matrix's COO
-    tiles) as a ``CooTile`` (its entries there, coordinates relative to the box, in C order)
-    when every stored tile it overlaps is sparse and the fill is 0; None otherwise (then read
-    it dense)."""
-    from ..geometry import overlapping, tile_box
-    import itertools
-    meta = reader.meta
-    if meta.fill != 0:
-        return None
-    starts, stops = tuple(int(x) for x in starts), tuple(int(x) for x in stops)
-    ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, starts, stops)]
-    keys = [k for k in reader.entries if all(k[d] in ranges[d] for d in range(meta.ndim))] \
-        if math.prod(len(r) for r in ranges) > len(reader.entries) else \
-        [k for k in itertools.product(*ranges) if k in reader.entries]
-    if not keys or any(not reader.entries[k].sparse for k in keys):
-        return None
-    shape = tuple(z - a for a, z in zip(starts, stops))
-    coords, values = [], []
-    for k in sorted(keys):
-        tile = reader.stored_tile(k)
-        lo, _ = tile_box(meta.grid, k)
-        c = [np.asarray(tile.coords[d], np.int64) + (lo[d] - starts[d]) for d in range(meta.ndim)]
-        inside = np.ones(tile.values.size, bool)
-        for d in range(meta.ndim):
-            inside &= (c[d] >= 0) & (c[d] < shape[d])
-        coords.append(np.stack([x[inside] for x in c]) if c else np.zeros((0, 0), np.int64))
-        values.append(np.asarray(tile.values)[inside])
-    coords_all = np.concatenate(coords, axis=1)
-    vals = np.concatenate(values)
-    if len(keys) > 1 and vals.size > 1:  # tiles' entries interleave in the box's C order
-        order = np.lexsort(coords_all[::-1])
-        coords_all, vals = coords_all[:, order], vals[order]
-    return CooTile(shape, coords_all, vals)
 
 
 def _row_slabs(reader, row_tiles, col: int, r0: int, r1: int) -> RowSlabs:
