@@ -55,9 +55,9 @@ def sparse_box_bytes(plan: TilePlan, task: Load, building: bool = False) -> int 
 def coo_box_bytes(plan: TilePlan, task: Load, matrix: bool = False) -> int | None:
     """The most bytes Load ``task``'s box of a tensor of rank 3 or more holds read as its
     entries (``storage.sparse.read_sparse_box``: a ``CooTile``, int64 coordinates and the
-    values, with the tiles' decoded entries beside it while it is made): three times the
-    payloads of the sparse tiles it overlaps, at most what every element of the box as an
-    entry takes; None where it is not such a box (fill 0, every overlapped tile sparse).
+    values, twice while the tiles' parts are joined): the entries the payloads of the sparse
+    tiles it overlaps can hold, at most every element of the box; None where it is not such a
+    box (fill 0, every overlapped tile sparse).
     ``matrix``: a matrix's box of COO tiles (hypersparse), read so too."""
     reader = plan.readers.get(task.tensor)
     meta = getattr(reader, "meta", None)
@@ -71,9 +71,10 @@ def coo_box_bytes(plan: TilePlan, task: Load, matrix: bool = False) -> int | Non
         return None
     item = np.dtype(meta.dtype).itemsize
     box = math.prod(b - a for a, b in zip(task.starts, task.stops))
-    per = 8 * meta.ndim + item
-    return min(3 * sum(int(entries[k].nbytes) for k in present) * (per // (4 * meta.ndim + item)
-                                                                      + 1), 2 * box * per)
+    # at most this many entries (indices of 4 bytes at least); each held with int64
+    # coordinates, twice while the tiles' parts are joined
+    nse = min(sum(int(entries[k].nbytes) for k in present) // (4 * meta.ndim + item), box)
+    return 2 * nse * (8 * meta.ndim + item)
 
 
 def graphblas_bytes(plan: TilePlan, task: Load) -> int | None:
