@@ -186,7 +186,10 @@ class Snapshot:
                 continue
             entries = r.entries.values()
             profile = reach = None
-            if r.meta.ndim == 2 and r.has_sparse:
+            nnz = sum(int(e.nnz) for e in entries)
+            # (not for a hypersparse matrix: a count per row would be ~8 bytes a row, 80 GB
+            # for 10^10 rows of 5 entries, made at planning with no reservation)
+            if r.meta.ndim == 2 and r.has_sparse and r.meta.shape[0] <= 4 * nnz + (1 << 20):
                 profile = functools.partial(self._row_profile, name, r)
                 reach = functools.partial(row_reach, r)
             out[name] = StoredStats(tuple(sorted({e.format for e in entries})) or ("dense",),

@@ -35,7 +35,7 @@ from ..plan.memory import kernel_temporaries
 from ..storage.boxes import RowGather
 from ..storage.sparse import is_sparse
 from . import gpu_sparse
-from .sizes import graphblas_bytes, planned_bytes, sparse_box_bytes
+from .sizes import coo_box_bytes, graphblas_bytes, planned_bytes, sparse_box_bytes
 
 __all__ = ["Budget", "working_bytes", "temporary_bytes", "may_cross", "upper_bytes", "load_bytes",
            "device_upper_bytes",
@@ -178,6 +178,8 @@ def load_bytes(plan, task: Load, sparse_read: bool = True) -> int:
     anything else (a dense tile, a box some consumer densifies: ``sparse_read`` False) at its
     dense bytes (``runtime.planned_bytes``)."""
     csr = sparse_box_bytes(plan, task, building=True) if sparse_read else None
+    if csr is None and sparse_read:  # rank 3 or more: its entries as a CooTile
+        csr = coo_box_bytes(plan, task)
     return planned_bytes(plan, task) if csr is None else csr
 
 

@@ -38,7 +38,8 @@ import numpy as np
 from ..plan.aggregates import AGGREGATES
 from ..plan.device_kernel import DEVICE_SPARSE_DTYPES, device_method
 from ..plan.sparse_rules import mask_orientation
-from ..storage.sparse import Filled, RowSlabs, is_sparse, read_sparse_box, tile_nbytes
+from ..storage.sparse import (CooTile, Filled, RowSlabs, is_sparse, read_sparse_box, stacked,
+                              tile_nbytes)
 from .sizes import sparse_box_bytes
 
 __all__ = ["sparse_module", "is_device_sparse", "tile_bytes", "load", "load_bytes", "upload",
@@ -125,6 +126,8 @@ def load(task, reader, xp, xsparse):
             np.dtype(meta.dtype).name not in DEVICE_SPARSE_DTYPES:
         return None
     box = read_sparse_box(reader, task.starts, task.stops)
+    if isinstance(box, CooTile) and box.ndim == 2:  # hypersparse COO tiles: CSR of the box
+        box = stacked(box)
     if box is None or isinstance(box, Filled) or not (isinstance(box, RowSlabs) or
                                                       getattr(box, "format", None) == "csr"):
         return None

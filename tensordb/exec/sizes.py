@@ -11,7 +11,7 @@ from ..geometry import overlapping
 from ..physical.plan import Kernel, Load, TilePlan
 from ..plan.kernel import output_tile_bytes
 
-__all__ = ["planned_bytes", "sparse_box_bytes", "graphblas_bytes"]
+__all__ = ["planned_bytes", "sparse_box_bytes", "graphblas_bytes", "coo_box_bytes"]
 
 
 def planned_bytes(plan: TilePlan, task) -> int:
@@ -41,12 +41,40 @@ def sparse_box_bytes(plan: TilePlan, task: Load, building: bool = False) -> int 
     meta, entries, ranges, present = found
     rows = task.stops[0] - task.starts[0]
     item = np.dtype(meta.dtype).itemsize
+    if meta.fill == 0 and all(entries[rc].format == "coo" for rc in present):
+        # a CooTile (hypersparse tiles), and the row pointers of the CSR a kernel makes of it
+        return coo_box_bytes(plan, task, matrix=True) + 8 * (rows + 1)
     held = min(sum(int(entries[rc].nbytes) for rc in present),
                math.prod(b - a for a, b in zip(task.starts, task.stops)) * (8 + item))
     if building and not _views(meta, ranges, present, task):
         # and row pointers: each tile column's slice's, a band's, the box's, scipy's counts
         return 2 * held + 8 * (rows + 1) * (len(ranges[1]) + 3)
     return held + 8 * (rows + 1)
+
+
+def coo_box_bytes(plan: TilePlan, task: Load, matrix: bool = False) -> int | None:
+    """The most bytes Load ``task``'s box of a tensor of rank 3 or more holds read as its
+    entries (``storage.sparse.read_sparse_box``: a ``CooTile``, int64 coordinates and the
+    values, twice while the tiles' parts are joined): the entries the payloads of the sparse
+    tiles it overlaps can hold, at most every element of the box; None where it is not such a
+    box (fill 0, every overlapped tile sparse).
+    ``matrix``: a matrix's box of COO tiles (hypersparse), read so too."""
+    reader = plan.readers.get(task.tensor)
+    meta = getattr(reader, "meta", None)
+    entries = getattr(reader, "entries", None)
+    if not getattr(reader, "has_sparse", False) or getattr(meta, "ndim", 0) < (2 if matrix else 3) or \
+            not isinstance(entries, dict) or meta.fill != 0:
+        return None
+    ranges = [overlapping(b, a, z) for b, a, z in zip(meta.grid, task.starts, task.stops)]
+    present = [k for k in entries if all(k[d] in ranges[d] for d in range(meta.ndim))]
+    if not present or not all(entries[k].sparse for k in present):
+        return None
+    item = np.dtype(meta.dtype).itemsize
+    box = math.prod(b - a for a, b in zip(task.starts, task.stops))
+    # at most this many entries (indices of 4 bytes at least); each held with int64
+    # coordinates, twice while the tiles' parts are joined
+    nse = min(sum(int(entries[k].nbytes) for k in present) // (4 * meta.ndim + item), box)
+    return 2 * nse * (8 * meta.ndim + item)
 
 
 def graphblas_bytes(plan: TilePlan, task: Load) -> int | None:

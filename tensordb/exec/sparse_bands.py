@@ -39,7 +39,7 @@ import numpy as np
 
 from ..sparsity import index_dtype
 from ..storage.boxes import RowGather
-from ..storage.sparse import Filled, RowSlabs, densify, is_sparse, stacked
+from ..storage.sparse import CooTile, Filled, RowSlabs, densify, is_sparse, stacked
 from .graphcache import Sourced
 
 __all__ = ["banded", "BAND_SECONDS", "SMALL_WORK", "GROWTH", "FORCE_ROWS"]
@@ -141,8 +141,8 @@ def _plan(op, choice, args, out_shape):
             return None
     elif method != "masked" or op.out_labels:
         return None
-    if len(args) != len(op.inputs) or any(a is None for a in args):
-        return None
+    if len(args) != len(op.inputs) or any(a is None or isinstance(a, CooTile) for a in args):
+        return None  # a COO box (hypersparse, rank 3+) is read whole: its kernel is by entries
     axes = [o.labels.index(label) if label in o.labels else None for o in op.inputs]
     if any(o.labels.count(label) > 1 for o in op.inputs):
         return None

@@ -39,9 +39,10 @@ import numpy as np
 from ..physical.choice import SPARSE_METHODS
 from ..plan.sparse_rules import have_graphblas
 from ..storage.boxes import RowGather
-from ..storage.sparse import RowSlabs, densify, is_sparse, stacked
+from ..storage.sparse import CooTile, RowSlabs, densify, is_sparse, stacked
 from .graphcache import source_of
 from .sparse_bands import banded
+from .sparse_nd import contract_nd, reduce_nd, reduce_nd_csr
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
@@ -66,10 +67,12 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=No
 def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None, memo=None):
     if choice.method == "spmm":
         return spmm(op, choice, args, out_shape, out, sink, memo)
-    # a box over several CSR row tiles as one CSR array; a gather's rows taken
+    if choice.method == "spreduce":  # a COO box (rank 3 or more, hypersparse) read as it is
+        return spreduce(op, choice, [a if isinstance(a, CooTile) else stacked(a) for a in args],
+                        out_shape)
+    # a box over several CSR row tiles, or a matrix's COO box, as one CSR array; a gather's
+    # rows taken
     args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]
-    if choice.method == "spreduce":
-        return spreduce(op, choice, args, out_shape)
     from . import semiring
     return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
 
@@ -92,12 +95,20 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> n
     dtype = np.dtype(op.dtype)
     k = choice.sparse
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
+    if len(s_labels) > 2:  # rank 3 or more (plan.kernel.spmm_nd_operand): sparse_nd.py
+        return _spmm_nd(op, k, args, out_shape, dtype)
     (j,) = [l for l in s_labels if l in d_labels]
     (i,) = [l for l in s_labels if l != j]
     S, D = args[k], args[1 - k]
     if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
     S = S.take() if isinstance(S, RowGather) else S
+    if isinstance(S, CooTile):  # a hypersparse matrix's box
+        if len(args) == 2 and not is_sparse(D) and not isinstance(D, RowGather):
+            # CSR over its occupied rows only, scattered into the output (sparse_nd.py): no
+            # row pointers for the rows it does not hold
+            return _spmm_nd(op, k, args, out_shape, dtype)
+        S = stacked(S)  # CSR over its rows
     if isinstance(D, RowGather) and d_labels.index(j) != 0:  # read through S's columns: j first
         D = D.take()
     D = stacked(D)
@@ -364,6 +375,25 @@ def _csr_rows(S, r0: int, r1: int, lo: int, hi: int):
     return m
 
 
+def _spmm_nd(op, k: int, args: list, out_shape, dtype) -> np.ndarray:
+    """An ``spmm`` whose sparse operand has rank 3 or more: on its entries where its box was
+    read as a ``CooTile`` (``sparse_nd.contract_nd``), else NumPy's einsum of the dense box."""
+    S, D = args[k], args[1 - k]
+    if S is None or D is None:
+        return np.zeros(out_shape, dtype)
+    D = D.take() if isinstance(D, RowGather) else D
+    D = np.asarray(densify(stacked(D)) if is_sparse(D) else D)
+    s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
+    if isinstance(S, CooTile):
+        return contract_nd(S, s_labels, D, d_labels, op.out_labels, dtype).reshape(out_shape)
+    names = {l: chr(97 + n) for n, l in enumerate(dict.fromkeys(s_labels + d_labels))}
+    eq = "".join(names[l] for l in s_labels) + "," + "".join(names[l] for l in d_labels) + \
+        "->" + "".join(names[l] for l in op.out_labels)
+    with np.errstate(invalid="ignore", over="ignore"):
+        res = np.einsum(eq, np.asarray(S).astype(dtype, copy=False), D.astype(dtype, copy=False))
+    return np.asarray(res, dtype).reshape(out_shape)
+
+
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:
     order = [labels.index(l) for l in out_labels]
     if order != list(range(len(order))):
@@ -379,8 +409,24 @@ def spreduce(op, choice, args: list, out_shape) -> np.ndarray:
     if S is None:
         return np.zeros(out_shape, dtype)
     labels = op.inputs[0].labels
+    if isinstance(S, CooTile):  # on its entries, matricized (sparse_nd.py): rank 3 or more,
+        # or a hypersparse matrix (no row pointers made)
+        if choice.out_format == "csr":  # a matrix output the plan says is sparse
+            return csr_output(reduce_nd_csr(S, labels, op.out_labels, op.agg, dtype),
+                              op.out_labels, op.out_labels, dtype)
+        return reduce_nd(S, labels, op.out_labels, op.agg, dtype).reshape(out_shape)
     if not is_sparse(S):
         S = np.asarray(S)
+        if S.ndim > 2:  # the box read dense: NumPy's reduction
+            axes = tuple(d for d, l in enumerate(labels) if l not in op.out_labels)
+            kept = [l for l in labels if l in op.out_labels]
+            red = {"sum": np.sum, "max": np.max, "min": np.min}[op.agg]
+            res = red(S, axis=axes, dtype=dtype) if op.agg == "sum" and dtype.kind != "b" \
+                else red(S, axis=axes)
+            res = np.asarray(res).astype(dtype, copy=False)
+            if kept:
+                res = res.transpose([kept.index(l) for l in op.out_labels])
+            return np.array(res, dtype=dtype).reshape(out_shape)
     axis = None if not op.out_labels else 1 - labels.index(op.out_labels[0])
     if op.agg == "sum":
         res = S.sum(axis=axis, dtype=dtype if dtype.kind != "b" else None)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import DataError, ProgrammingError
+from ..errors import DataError, NotSupportedError, ProgrammingError
 from ..geometry import default_tile_shape, tile_box
 from ..sparsity import choose_format, is_sparse_overall, sparse_tile_shape
 from ..storage.meta import check_dims, check_tile_shape, supported_dtype
@@ -235,6 +235,7 @@ def from_object(obj):
 def to_sparse(reader):
     """A stored tensor as a sparse array built from its tiles' nonzeros (a sparse tile's entries,
     a dense tile's nonzeros; ``-0.0`` is a zero here): a ``scipy.sparse.csr_array`` for a matrix,
+    a ``scipy.sparse.coo_array`` for a hypersparse matrix (stored COO: ``sparsity.choose_format``),
     a pydata ``sparse.COO`` for any other rank (the optional package ``sparse``), and for a
     tensor whose fill value is not 0 (its ``fill_value``; scipy has none)."""
     from ..storage.views import coo_batches
@@ -249,11 +250,20 @@ def to_sparse(reader):
     if meta.ndim == 2 and not meta.fill:
         import scipy.sparse as sp
         idx = np.int32 if max(meta.shape + (values.size,)) < 2**31 else np.int64
+        if choose_format(meta.shape, values.size, meta.dtype) == "coo":
+            # hypersparse: CSR's row pointers would be most of it (80 GB for 10^10 rows)
+            return sp.coo_array((values, tuple(c.astype(idx) for c in coords)), shape=meta.shape)
         return sp.csr_array(sp.coo_array((values, tuple(c.astype(idx) for c in coords)),
                                          shape=meta.shape))
     from .._optional import require
     sparse = require("sparse", "con.sparse() of a tensor that is not a matrix, or whose fill "
                      "value is not 0")
+    if math.prod(meta.shape) > np.iinfo(np.int64).max:  # pydata's COO linearises its indices
+        raise NotSupportedError(
+            f"con.sparse('{meta.name}'): a pydata sparse.COO cannot hold shape {meta.shape} (its "
+            "element count passes int64)",
+            hint=f"read its entries with SELECT * FROM {meta.name}, or export them with "
+                 f"con.export('{meta.name}', 'entries.parquet')")
     return sparse.COO(np.stack(coords) if coords else np.zeros((0, values.size), np.int64),
                       values, shape=meta.shape, has_duplicates=False, sorted=False,
                       fill_value=meta.dtype.type(meta.fill))

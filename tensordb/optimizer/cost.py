@@ -210,7 +210,11 @@ class OpModel:
         # The kernel the lowering will choose (plan/kernel.py): the same function, the same
         # facts (the sparse operands, what is known finite, the fill values).
         fills = tuple(st[k].fill if k in st else 0.0 for k in range(len(op.inputs)))
-        choice = choose_kernel(op, None, budget, tuple(k for k in st if len(op.inputs[k].labels) == 2),
+        # (matrices; a tensor of rank 3 or more where the op has one or two operands, as the
+        # lowering's ``_sparsity``: a reduction or a contraction on its entries)
+        choice = choose_kernel(op, None, budget, tuple(
+            k for k in st if len(op.inputs[k].labels) == 2 or
+            (len(op.inputs[k].labels) > 2 and len(op.inputs) <= 2)),
                                tuple(f[0] for f in known), fills if st else ())
         kern = (choice.method, choice.sparse) if choice.sparse is not None else None
         ins = []

@@ -88,7 +88,8 @@ class _Lowering:
         (choice.spmm_operand, plan/sparse_rules.py), and to leave out a BLAS kernel's test of
         its inputs for NaN or inf."""
         sparse = tuple(k for k, o in enumerate(op.inputs) if (
-            o.tensor in self.readers and self.readers[o.tensor].meta.ndim == 2
+            o.tensor in self.readers and (self.readers[o.tensor].meta.ndim == 2 or (
+                self.readers[o.tensor].meta.ndim > 2 and len(op.inputs) <= 2))
             and self.readers[o.tensor].has_sparse) or o.tensor in self._made)
         # every input's finite fact also lets a BLAS kernel on inputs known finite skip its
         # NaN/inf test (plan/kernel.py)

@@ -50,7 +50,8 @@ def _task_bytes(plan: TilePlan, t) -> int:
         return math.prod(t.shape) * _itemsize(t.dtype)
     reader = getattr(plan, "readers", {}).get(t.tensor)
     item = _itemsize(reader.meta.dtype) if reader is not None else 8
-    return math.prod(b - a for a, b in zip(t.starts, t.stops)) * item
+    # a box of a sparse tensor whose extents pass int64 (its entries are what moves): capped
+    return min(math.prod(b - a for a, b in zip(t.starts, t.stops)) * item, 1 << 62)
 
 
 def place(plan: TilePlan) -> TilePlan:

@@ -21,7 +21,8 @@ def device_method(op: EinOp, choice: KernelChoice) -> str | None:
 
     - ``spmm`` of two operands: SpMM, SpMV (``S @ D``), SpGEMM (``S @ T``, CSR out where
       ``out_format`` says so); GRAD's three-operand scaled scatter-add runs dense;
-    - ``spreduce`` with SUM: the row or column sums of the stored entries; MAX and MIN dense;
+    - ``spreduce`` with SUM: the row or column sums of the stored entries; MAX and MIN dense
+      (and any reduction of a sparse tensor of rank 3 or more);
     - ``sddmm``: by its definition over the mask's stored coordinates (cupyx has no SDDMM);
     - ``spjoin``: cupyx's elementwise ``multiply``, ``+`` and ``-`` of two CSR tiles;
     - ``masked`` (the triangle count's ``SUM(A * B * C)``): ``(X @ Y).multiply(M).sum()``,
@@ -34,9 +35,10 @@ def device_method(op: EinOp, choice: KernelChoice) -> str | None:
             np.dtype(op.dtype).name not in DEVICE_SPARSE_DTYPES:
         return None
     if choice.method == "spmm":
-        return "spmm" if len(op.inputs) == 2 else None
+        return "spmm" if len(op.inputs) == 2 and len(op.inputs[choice.sparse].labels) == 2 \
+            else None
     if choice.method == "spreduce":
-        return "spreduce" if op.agg == "sum" else None
+        return "spreduce" if op.agg == "sum" and len(op.inputs[0].labels) == 2 else None
     return choice.method if choice.method in ("sddmm", "spjoin", "masked") else None
 
 

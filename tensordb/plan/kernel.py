@@ -11,7 +11,8 @@ The methods:
   or scales first;
 - ``contract``: another product-and-sum, by opt_einsum's contract (BLAS where it can);
 - ``spmm``: a two-operand product-and-sum whose operand ``sparse`` is a matrix stored with sparse
-  tiles and whose other operand is known to hold no NaN or inf: scipy.sparse's product
+  tiles (or a sparse tensor of rank 3 or more, matricized: ``spmm_nd_operand``) and whose other
+  operand is known to hold no NaN or inf: scipy.sparse's product
   (exec/sparse_kernels.py), the output dense, or CSR tiles where its estimated nonzeros make
   it sparse (``with_output``, as for the semiring, sampled and join kernels of
   plan/sparse_rules.py);
@@ -70,7 +71,8 @@ TEMPORARY_SHARE = 4       # a chunked kernel's temporaries stay within 1/4 of a 
 METHODS = ("matmul", "contract", "broadcast", "spmm", "spreduce") + sparse_rules.METHODS
 SPARSE_METHODS = ("spmm", "spreduce") + sparse_rules.METHODS  # exec/sparse_kernels.py
 # the sparse methods whose matrix output tiles may come back sparse (``with_output``)
-SPARSE_OUTPUT_METHODS = ("spmm", "semiring", "sddmm", "spjoin")
+SPARSE_OUTPUT_METHODS = ("spmm", "semiring", "sddmm", "spjoin", "spreduce")  # spreduce: of a
+#                                        rank-3 or higher tensor into a matrix (sparse_nd.py)
 
 
 # -- chunks: what a broadcasting kernel holds per element of its join space ---------------------
@@ -211,6 +213,8 @@ def sparse_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> t
     if not sparse or op.writes_diagonal:
         return None
     k = spmm_operand(op, sparse, finite)
+    if k is None:
+        k = spmm_nd_operand(op, sparse, finite)
     if k is not None:
         return "spmm", k
     if sparse_reduction(op, sparse):
@@ -254,16 +258,39 @@ def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> in
     return None
 
 
+def spmm_nd_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> int | None:
+    """The sparse operand of rank 3 or more of a ``SUM`` of the product of two operands (no
+    constant, one numeric dtype) that an ``spmm`` kernel computes on its entries
+    (exec/sparse_nd.py ``contract_nd``), or None: the other operand known finite, each operand's
+    labels distinct, the labels they share all contracted (none kept), every other label of the
+    other operand kept."""
+    prod = blas_product(op)
+    if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
+            np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
+        return None
+    for k in sparse:
+        s, d = op.inputs[k].labels, op.inputs[1 - k].labels
+        if len(s) < 3 or len(set(s)) != len(s) or len(set(d)) != len(d) or not finite[1 - k] \
+                or isinstance(op.inputs[k].tensor, OneHotName):
+            continue
+        shared = [l for l in s if l in d]
+        if shared and not any(l in op.out_labels for l in shared) and \
+                all(l in s or l in op.out_labels for l in d):
+            return k
+    return None
+
+
 def sparse_reduction(op: EinOp, sparse: Sequence[int]) -> bool:
     """Whether ``op`` is ``AGG(S[i,j])`` over ``j``, ``i`` or both, for a stored sparse matrix
-    ``S`` read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
+    ``S`` (or a sparse tensor of higher rank over any of its labels, exec/sparse_nd.py) read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
     reduction of the stored entries that counts absent ones as zeros is then NumPy's answer."""
     if list(sparse) != [0] or len(op.inputs) != 1 or op.agg not in ("sum", "max", "min"):
         return False
     labels = op.inputs[0].labels
     prod = scalar.product_of(op.join)
     in_dtype = (op.in_dtypes or (op.dtype,))[0]
-    return (len(labels) == 2 and len(set(labels)) == 2 and len(op.out_labels) < 2
+    return (len(labels) >= 2 and len(set(labels)) == len(labels)
+            and len(op.out_labels) < len(labels) and len(set(op.out_labels)) == len(op.out_labels)
             and set(op.out_labels) <= set(labels) and prod is not None and prod[0] == 1
             and tuple(prod[1]) == (0,) and np.dtype(in_dtype) == np.dtype(op.dtype))
 
@@ -525,7 +552,8 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
         return choice
     size = math.prod(op.out_shape)
     fmt = choose_format(op.out_shape, int(math.ceil(est_nnz)), op.dtype) if size else "dense"
-    returns = fmt if fmt != "dense" and choice.method in SPARSE_OUTPUT_METHODS and \
+    # the kernels return CSR tiles; the writer stores a hypersparse one COO (the format rule)
+    returns = "csr" if fmt != "dense" and choice.method in SPARSE_OUTPUT_METHODS and \
         len(op.out_labels) == 2 and not op.writes_diagonal else "dense"
     density = min(1.0, float(est_nnz) / size) if size and returns != "dense" else 1.0
     places = fmt == "dense"

@@ -13,6 +13,7 @@ import numpy as np
 from ..dtypes import check_dtype
 from ..errors import DataError, ProgrammingError
 from ..geometry import Grid, grid_shape, regular_grid
+from ..sparsity import MAX_TILE_ELEMENTS, fit_elements
 
 __all__ = ["TensorMeta", "check_name", "check_dims", "check_grid", "check_tile_shape",
            "default_dims", "supported_dtype", "MAX_DIMS", "check_fill"]
@@ -128,7 +129,12 @@ def check_tile_shape(tile, shape: Sequence[int], tensor: str) -> tuple[int, ...]
     if len(tile) != len(shape) or any(t < 1 and n > 0 for t, n in zip(tile, shape)):
         raise ProgrammingError(f"tensor '{tensor}': tile {tile} does not fit shape {tuple(shape)}",
                                hint="give one positive tile extent per dimension")
-    return tuple(max(1, min(t, n)) for t, n in zip(tile, shape))
+    tile = tuple(max(1, min(t, n)) for t, n in zip(tile, shape))
+    if math.prod(tile) > MAX_TILE_ELEMENTS:  # a tile's linear indices are int64
+        raise ProgrammingError(f"tensor '{tensor}': tile {tile} holds {math.prod(tile)} elements, "
+                               f"more than a tile can ({MAX_TILE_ELEMENTS}, 2**62)",
+                               hint=f"use a smaller tile, e.g. {fit_elements(tile)}")
+    return tile
 
 
 def check_grid(grid, shape: Sequence[int], tensor: str) -> Grid:

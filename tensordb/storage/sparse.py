@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
+from .sparse_coo import CooTile, coo_box, coo_rows_csr
 
 __all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_csr", "csr_parts",
            "encode_dense",
@@ -29,34 +30,6 @@ __all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_csr", "
            "tile_nbytes",
            "stored_entries",
            "validate", "to_scipy", "read_sparse_box"]
-
-
-@dataclass(frozen=True)
-class CooTile:
-    """A sparse tile of any rank: ``coords`` (ndim x nse, C order), ``values`` (nse)."""
-
-    shape: tuple[int, ...]
-    coords: np.ndarray
-    values: np.ndarray
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.values.dtype
-
-    @property
-    def nnz(self) -> int:  # stored entries, as scipy names them
-        return int(self.values.size)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def toarray(self, fill: float = 0.0) -> np.ndarray:
-        out = np.full(self.shape, fill, self.values.dtype) if fill else \
-            np.zeros(self.shape, self.values.dtype)
-        if self.values.size:
-            out[tuple(self.coords)] = self.values
-        return out
 
 
 def is_sparse(tile) -> bool:
@@ -104,7 +77,10 @@ class RowSlabs:
 
 
 def stacked(tile):
-    """``tile`` with a ``RowSlabs`` box made one CSR array (any other tile as it is)."""
+    """``tile`` with a ``RowSlabs`` box, or a matrix's ``CooTile`` box, made one CSR array (any
+    other tile as it is)."""
+    if isinstance(tile, CooTile) and tile.ndim == 2:
+        return coo_rows_csr(tile)
     return tile.tocsr() if isinstance(tile, RowSlabs) else tile
 
 
@@ -347,7 +323,10 @@ def decode(buf, offset: int, nbytes: int, shape, dtype, fmt: str, name: str = "?
 
 
 def _row_slab(tile, r0: int, r1: int):
-    """Rows ``r0:r1`` of a CSR tile: views of its entries, new row pointers only."""
+    """Rows ``r0:r1`` of a CSR tile: views of its entries, new row pointers only (a matrix's COO
+    tile, hypersparse, is made CSR over those rows first: row pointers for them, its entries)."""
+    if isinstance(tile, CooTile):
+        return coo_rows_csr(tile, r0, r1)
     if (r0, r1) == (0, tile.shape[0]):
         return tile
     ptr = tile.indptr
@@ -401,6 +380,8 @@ def to_scipy(tile):
     if _is_scipy(tile):
         return tile
     if isinstance(tile, CooTile):
+        if tile.ndim == 2:
+                return coo_rows_csr(tile)
         return sp.csr_array(sp.coo_array((tile.values, tuple(tile.coords)), shape=tile.shape))
     return sp.csr_array(tile)
 
@@ -415,6 +396,8 @@ def read_sparse_box(reader, starts, stops):
     if own is not None:  # computed sparse (a one-hot's rows, storage/boxes.py)
         return own(starts, stops)
     meta = reader.meta
+    if meta.ndim > 2 and reader.has_sparse:
+        return coo_box(reader, starts, stops)
     if meta.ndim != 2 or not reader.has_sparse:
         return None
     starts, stops = tuple(int(x) for x in starts), tuple(int(x) for x in stops)
@@ -422,6 +405,10 @@ def read_sparse_box(reader, starts, stops):
     present = [(r, c) for r in ranges[0] for c in ranges[1] if (r, c) in reader.entries]
     if not present or any(not reader.entries[c].sparse for c in present):
         return None
+    if meta.fill == 0 and all(reader.entries[c].format == "coo" for c in present):
+        # hypersparse tiles: the box's entries as COO, no row pointers (``stacked`` makes
+        # it CSR for a kernel that needs one; a reduction reads it as it is)
+        return coo_box(reader, starts, stops)
     if len(present) > 1 and len(ranges[1]) == 1 and \
             (meta.grid[1][ranges[1][0]], meta.grid[1][ranges[1][0] + 1]) == (starts[1], stops[1]):
         slabs = _row_slabs(reader, ranges[0], ranges[1][0], starts[0], stops[0])

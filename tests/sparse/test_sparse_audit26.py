@@ -206,8 +206,7 @@ def test_mixed_fills_dtypes_and_empty_operands_equal_numpy(seed, tmp_path):
 # -- gaps the audit found in the engine (AUDIT26.md, R3-R5): strict expected failures, so the
 # engine change that fixes one makes its test pass and the xfail must then be removed ------------
 
-@pytest.mark.xfail(strict=True, reason="AUDIT26 R3: a hypersparse matrix (rows >> nnz) is one CSR "
-                   "tile whose row pointers are proportional to its rows, not to its nonzeros")
+# AUDIT26 R3 (fixed: a matrix with more rows than entries is stored COO)
 def test_a_hypersparse_matrix_is_stored_in_proportion_to_its_nonzeros(tmp_path):
     rows = 2_000_000
     with tensordb.connect(tmp_path / "db") as con:
@@ -219,9 +218,7 @@ def test_a_hypersparse_matrix_is_stored_in_proportion_to_its_nonzeros(tmp_path):
         assert info["bytes"] < 64 * 1024, info["bytes"]
 
 
-@pytest.mark.xfail(strict=True, raises=tensordb.OutOfMemoryError,
-                   reason="AUDIT26 R4: a reduction of a rank-3 sparse tensor densifies its tile, "
-                   "whose extents are the tensor's (tiles are sized by nonzeros)")
+# AUDIT26 R4 (fixed: a reduction of a rank-3 sparse tensor runs on its entries, exec/sparse_nd.py)
 def test_a_reduction_of_a_rank_3_sparse_tensor_with_large_extents(tmp_path):
     ext = 10**6
     with tensordb.connect(tmp_path / "db", memory_limit="1GB") as con:
@@ -235,9 +232,7 @@ def test_a_reduction_of_a_rank_3_sparse_tensor_with_large_extents(tmp_path):
         np.testing.assert_array_equal(con.tensor("S"), want)
 
 
-@pytest.mark.xfail(strict=True, raises=tensordb.InternalError,
-                   reason="AUDIT26 R5: a sparse tile whose element count passes int64 fails in "
-                   "np.ravel_multi_index (formats/coo.py) as an InternalError")
+# AUDIT26 R5 (fixed: a sparse tile holds at most 2**62 elements, sparsity.fit_elements)
 def test_a_sparse_tensor_whose_dense_size_passes_int64_loads_or_is_refused_as_a_user_error(tmp_path):
     n = 10**10
     with tensordb.connect(tmp_path / "db") as con:
