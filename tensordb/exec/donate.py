@@ -29,7 +29,7 @@ from ..physical.plan import Kernel
 __all__ = ["donor"]
 
 # References to the operand's array while ``donor`` looks at it: the run's ``results``, the
-# call's ``inputs`` list, ``donor``'s ``inputs[j]`` local, and ``sys.getrefcount``'s argument.
+# call's ``inputs`` list, ``donor``'s ``value`` and ``sys.getrefcount``'s argument.
 _REFS = 4
 
 
