@@ -36,8 +36,9 @@ _REFS = 4
 def donor(plan, task: Kernel, inputs: list, refs: dict, keep) -> np.ndarray | None:
     """The array of one of ``task``'s operands (``inputs``, in ``task.inputs`` order) that its
     elementwise call may write its output over, or None. ``refs``: the run's count of the
-    consumers still to read each tile (read under the run's lock by the caller); ``keep``: the
-    tiles kept past the run."""
+    consumers still to read each tile, read without the run's lock (other workers lower other
+    counts meanwhile: a count of 1 for an operand of this call, which has not released it yet,
+    is this call's own and stays so); ``keep``: the tiles kept past the run."""
     op = plan.ops[task.op]
     choice = plan.kernels[task.op]
     if choice.method != "broadcast" or op.agg_labels or getattr(op, "writes_diagonal", False):
