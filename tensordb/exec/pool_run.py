@@ -23,6 +23,7 @@ from ..physical.plan import Aggregate, Kernel, Load, TilePlan
 from ..storage.sparse import tile_nbytes
 from ..storage.writer import TileStats, tile_stats
 from .budget import Budget, may_cross, temporary_bytes
+from .donate import donor
 from .runtime import (Ledger, RunControl, RunResult, TaskRunner, held_bytes, op_of, plan_specs,
                       translate)
 from .spill import SpillFiles
@@ -305,8 +306,11 @@ class _Run(Splits):
                     (value := self._cut(w, task, inputs, choice, dest)) is not None:
                 pass
             else:
+                out = dest if dest is not None or self.ex.xp is not np or \
+                    not isinstance(task, Kernel) else \
+                    donor(self.plan, task, inputs, self.refs, self.keep)  # donate.py
                 value = self.runner.run(task, inputs, op_of(self.plan, task), choice=choice,
-                                        out=dest, source=source,
+                                        out=out, source=source,
                                         sink=None if stats is None else stats.add)
         finally:
             if temps:
