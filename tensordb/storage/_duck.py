@@ -185,11 +185,14 @@ class held_interrupt:
         self.old, self.caught = None, None
         if threading.current_thread() is not threading.main_thread():
             return self
-        old = signal.signal(signal.SIGINT, self)  # one system call each way (about 3 us)
+        # Looked at first, swapped only when it is Python's and not held already: a nested
+        # block that swapped itself in and the outer block back lost a Ctrl-C that came in
+        # between (noted on the nested block, which holds nothing). A Ctrl-C before the swap
+        # raises before the block, as one that came before it.
+        old = signal.getsignal(signal.SIGINT)
         if callable(old) and not isinstance(old, held_interrupt):
+            signal.signal(signal.SIGINT, self)  # one system call each way (about 3 us)
             self.old = old
-        else:  # not Python's (nothing to hold), or held already by an outer block
-            signal.signal(signal.SIGINT, old)
         return self
 
     def __call__(self, signum, frame) -> None:  # the handler while held
