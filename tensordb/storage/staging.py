@@ -141,15 +141,16 @@ def sync_in_background(fd: int, directory: str, early=(), covered: bool = False)
     is made. Returns the wait (it raises their OSError)."""
     if covered and early:
         os.close(fd)
-        jobs = [*early, _sync_dir(directory)]
+        file_job = None
     else:
-        jobs = [*early, background.submit(_fsync_close, fd), _sync_dir(directory)]
-    if None in jobs:  # the interpreter is shutting down: no new threads, sync here
-        if jobs[0] is None:
+        file_job = background.submit(_fsync_close, fd)
+        if file_job is None:  # the interpreter is shutting down: no new threads, sync here
             _fsync_close(fd)
-        if jobs[1] is None:
-            _fsync_dir(directory)
-        jobs = [j for j in jobs if j is not None]
+    dir_job = _sync_dir(directory)
+    if dir_job is None:
+        _fsync_dir(directory)
+    # (the early jobs first: their positions are not the file's and the directory's jobs')
+    jobs = [j for j in (*early, file_job, dir_job) if j is not None]
 
     def wait() -> None:
         errors = []

@@ -194,3 +194,45 @@ def test_a_replace_appends_into_the_spare_of_an_earlier_version(tmp_path, memory
         with tensordb.connect(tmp_path / "db") as con:
             np.testing.assert_array_equal(con.sparse("C").toarray(), _want(versions[2]))
             assert [r["problem"] for r in con.check()] == ["ok"]
+
+
+@pytest.mark.parametrize("dir_job", [True, False])
+def test_a_file_synced_early_is_synced_again_when_no_helper_can_start(tmp_path, monkeypatch,
+                                                                       dir_job):
+    """Review rev39a: a file whose early fdatasync ran during the run and had bytes written after
+    it (not covered), closed when no helper thread can start (the interpreter shutting down:
+    ``background.submit`` gives None) is synced and closed on the caller's thread, its directory
+    too. ``sync_in_background`` looked at ``jobs[0]``/``jobs[1]`` for the file's and the
+    directory's jobs, which are after the early ones: the file's last bytes went unsynced (its
+    descriptor left open) before the redo record that names them."""
+    from concurrent.futures import Future
+
+    from tensordb.storage import staging
+    path = tmp_path / "payload"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"x" * 4096)
+    early = Future()
+    early.set_result(None)  # the early sync, finished before the last bytes were written
+    synced, dirs = [], []
+    real_close, real_dir, real_submit = staging._fsync_close, staging._fsync_dir, \
+        staging.background.submit
+
+    def fsync_close(f):
+        synced.append(f)
+        real_close(f)
+
+    def fsync_dir(d):
+        dirs.append(d)
+        real_dir(d)
+
+    def submit(fn, *args):  # no helper for the file; the directory's as ``dir_job`` says
+        return real_submit(fn, *args) if dir_job and fn is fsync_dir else None
+    monkeypatch.setattr(staging, "_fsync_close", fsync_close)
+    monkeypatch.setattr(staging, "_fsync_dir", fsync_dir)
+    monkeypatch.setattr(staging.background, "submit", submit)
+    wait = staging.sync_in_background(fd, str(tmp_path), [early], covered=False)
+    wait()
+    assert synced == [fd]  # the file's bytes synced, here
+    with pytest.raises(OSError):
+        os.fstat(fd)  # and its descriptor closed
+    assert dirs == [str(tmp_path)]  # the directory synced once
