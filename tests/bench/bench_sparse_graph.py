@@ -74,6 +74,20 @@ def main(argv=None) -> None:
                          "(17, the 131,072-node graph: 184M output entries, 42 s in GraphBLAS "
                          "on the shared machine)")
     ap.add_argument("--triangle-scale", type=int, default=13)
+    ap.add_argument("--edge-factor", type=int, default=8,
+                    help="R-MAT edges drawn a node for SSSP and triangles (8; Graph500 uses 16; "
+                         "10 gives the issue's 10M edges at --rmat-scale 20)")
+    ap.add_argument("--parts", default="sssp,triangles,products",
+                    help="which of the R-MAT section's parts run, comma-separated")
+    ap.add_argument("--scipy-max-work", type=float, default=2e9,
+                    help="skip scipy's unmasked (A @ A) .* A triangle count when its products "
+                         "(the sum of the squared degrees) exceed this (2e9: R-MAT scale 20 has "
+                         "2.1e10, and A @ A billions of entries); GraphBLAS's masked count is "
+                         "the check then")
+    ap.add_argument("--uniform", default="",
+                    help="NODES,EDGES: also min-plus and SpGEMM of a whole uniform random graph "
+                         "of that size (1000000,10000000: ~100M output entries, feasible where "
+                         "R-MAT scale 20's 3.1e9 are not)")
     ap.add_argument("--graph-only", action="store_true", help="only the R-MAT section")
     ap.add_argument("--memory", action="store_true",
                     help="the R-MAT section's database in memory (no fsync at each commit)")
@@ -88,6 +102,10 @@ def main(argv=None) -> None:
         for scale in [int(x) for x in str(args.product_scales).split(",") if x]:
             whole_graph_products(scale, W, args.runs, np.random.default_rng(2), gb, sp,
                                  args.memory)
+        if args.uniform:
+            nodes, edges = (int(x) for x in args.uniform.split(","))
+            whole_graph_products(None, W, args.runs, np.random.default_rng(2), gb, sp,
+                                 args.memory, uniform=(nodes, edges))
         return
     if args.graph_only:
         graph_section(args)
@@ -158,8 +176,9 @@ def graph_section(args) -> None:
     from scipy.sparse.csgraph import shortest_path
     W = args.workers or 2
     gb.ss.config["nthreads"] = W
+    parts = set(args.parts.split(","))
     rng = np.random.default_rng(1)
-    i, j = rmat(args.rmat_scale, 8, rng)
+    i, j = rmat(args.rmat_scale, args.edge_factor, rng)
     n = 1 << args.rmat_scale
     keep = i != j
     i, j = i[keep], j[keep]
@@ -170,8 +189,28 @@ def graph_section(args) -> None:
     loops = sp.coo_array((np.r_[loops.data, np.zeros(n)], (np.r_[loops.row, np.arange(n)],
                                                             np.r_[loops.col, np.arange(n)])),
                          shape=(n, n))
-    print(f"\nR-MAT scale {args.rmat_scale}: {n} nodes, {D.nnz} weighted edges; tensordb {W} "
-          f"workers, GraphBLAS {W} threads, scipy 1 thread; medians of {args.runs}")
+    if "sssp" in parts:
+        sssp(args, W, n, D, loops, gb, sp)
+    if "triangles" in parts:
+        triangles(args, W, rng, gb, sp)
+    # the whole-graph products: their output tiles come back from the kernels as CSR
+    if "products" in parts:
+        for scale in [int(x) for x in str(args.product_scales).split(",") if x]:
+            whole_graph_products(scale, W, args.runs, rng, gb, sp, args.memory)
+        if args.uniform:
+            nodes, edges = (int(x) for x in args.uniform.split(","))
+            whole_graph_products(None, W, args.runs, rng, gb, sp, args.memory,
+                                 uniform=(nodes, edges))
+
+
+def sssp(args, W, n, D, loops, gb, sp) -> None:
+    """Single-source shortest paths by min-plus steps, a statement a step, against GraphBLAS
+    ``vxm`` steps; the answer checked against scipy.sparse.csgraph's Dijkstra."""
+    from scipy.sparse.csgraph import shortest_path
+    print(f"\nR-MAT scale {args.rmat_scale} (edge factor {args.edge_factor}): {n} nodes, {D.nnz} "
+          f"weighted edges; tensordb {W} workers, GraphBLAS {W} threads, scipy 1 thread; medians "
+          f"of {args.runs}; database {'in memory' if args.memory else 'on disk'}; load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
     src = int(np.argmax(np.diff(D.indptr)))  # a hub: most of the graph is reachable
     with tempfile.TemporaryDirectory(prefix="tensordb-bench-rmat-") as root:
         with tensordb.connect(_database(root, args.memory), workers=W) as con:
@@ -222,32 +261,49 @@ def graph_section(args) -> None:
                   f"ms ({1e3 * t_block / steps:.1f} ms a step, {t_block / t_gb:.2f}x GraphBLAS); "
                   f"each statement alone {t_td / t_gb:.2f}x; database "
                   f"{'in memory' if args.memory else 'on disk'}")
-    ti, tj = rmat(args.triangle_scale, 8, rng)
+
+
+def triangles(args, W, rng, gb, sp) -> None:
+    """The triangle count of an undirected R-MAT graph (a masked SpGEMM), against GraphBLAS's
+    masked ``mxm`` and, where its unmasked product is small enough, scipy's (A @ A) .* A."""
+    ti, tj = rmat(args.triangle_scale, args.edge_factor, rng)
     tn = 1 << args.triangle_scale
     keep = ti != tj
     A = sp.csr_array(sp.coo_array((np.ones(int(keep.sum())), (ti[keep], tj[keep])), shape=(tn, tn)))
+    del ti, tj, keep
     A = sp.csr_array(((A + A.T) > 0).astype(np.float64))
-    print(f"R-MAT scale {args.triangle_scale}: {tn} nodes, {A.nnz // 2} undirected edges, largest "
-          f"degree {int(np.diff(A.indptr).max())}")
+    deg = np.diff(A.indptr).astype(np.int64)
+    work = int((deg ** 2).sum())
+    use_scipy = work <= args.scipy_max_work
+    print(f"\nR-MAT scale {args.triangle_scale} (edge factor {args.edge_factor}): {tn} nodes, "
+          f"{A.nnz // 2} undirected edges, largest degree {int(deg.max())}; unmasked A @ A "
+          f"{work:.3g} products ({'scipy timed' if use_scipy else 'over --scipy-max-work: scipy not run, GraphBLAS the check'}); "
+          f"database {'in memory' if args.memory else 'on disk'}; load {os.getloadavg()[0]:.1f}",
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="tensordb-bench-rmat-") as root:
-        with tensordb.connect(os.path.join(root, "g.tdb"), workers=W) as con:
+        with tensordb.connect(_database(root, args.memory), workers=W) as con:
             con.load("A", A)
             tri = "t = SUM(A[i,j] * A[j,k] * A[k,i])"
-            t_td = median_time(lambda: con.execute(tri), args.runs)
-            got = float(con.tensor("t"))
             M = gb.io.from_scipy_sparse(A)
-            t_gb = median_time(lambda: M.mxm(M, gb.semiring.plus_pair).new(mask=M.S)
-                               .reduce_scalar().new(), args.runs)
-            gb_count = M.mxm(M, gb.semiring.plus_pair).new(mask=M.S).reduce_scalar().new().value
-            t_sp = median_time(lambda: (A @ A).multiply(A).sum(), args.runs)
-            assert got == gb_count == (A @ A).multiply(A).sum()
+            res = {}
+
+            def gb_count():
+                res["gb"] = M.mxm(M, gb.semiring.plus_pair).new(mask=M.S).reduce_scalar().new()
+
+            t = alternate({"td": lambda: con.execute(tri), "gb": gb_count}, args.runs)
+            got = float(con.tensor("t"))
+            gb_count = res["gb"].value
+            assert got == gb_count, (got, gb_count)
+            t_sp = None
+            if use_scipy:
+                t_sp = median_time(lambda: (A @ A).multiply(A).sum(), args.runs)
+                assert got == (A @ A).multiply(A).sum()
             kernel = [k for k in con.explain(tri).splitlines() if "SUM(A" in k][0].split("  ")[-1]
             print(f"triangles ({int(got) // 6} of them; {kernel.strip()}): tensordb "
-                  f"{1e3 * t_td:.0f} ms, GraphBLAS masked mxm {1e3 * t_gb:.0f} ms, scipy "
-                  f"(A @ A) .* A {1e3 * t_sp:.0f} ms")
-    # the whole-graph products: their output tiles come back from the kernels as CSR
-    for scale in [int(x) for x in str(args.product_scales).split(",") if x]:
-        whole_graph_products(scale, W, args.runs, rng, gb, sp, args.memory)
+                  f"{1e3 * t['td']:.0f} ms, GraphBLAS masked mxm {1e3 * t['gb']:.0f} ms "
+                  f"({t['td'] / t['gb']:.2f}x; CPU {CPU['td']:.2f} s against {CPU['gb']:.2f} s)"
+                  + ("" if t_sp is None else f", scipy (A @ A) .* A {1e3 * t_sp:.0f} ms")
+                  + f"; answers equal; load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 CPU: dict = {}  # the last ``alternate``'s median process CPU seconds (every thread's)
@@ -290,12 +346,20 @@ def _database(root: str, memory: bool):
     return None if memory else os.path.join(root, "g.tdb")
 
 
-def whole_graph_products(scale: int, W: int, runs: int, rng, gb, sp, memory=False) -> None:
+def whole_graph_products(scale, W: int, runs: int, rng, gb, sp, memory=False,
+                         uniform=None) -> None:
     """min-plus ``MIN(D[i,j] + D[j,k])`` (D of fill +inf) and SpGEMM ``SUM(G[i,j] * G[j,k])``
-    of a whole R-MAT graph of 2**scale nodes, against GraphBLAS (``W`` threads) and scipy (one),
-    alternated; the answers (every entry, read from the stored CSR tiles) equal theirs."""
-    i, j = rmat(scale, 8, rng)
-    n = 1 << scale
+    of a whole R-MAT graph of 2**scale nodes (or, with ``uniform=(nodes, edges)``, of a uniform
+    random graph), against GraphBLAS (``W`` threads) and scipy (one), alternated; the answers
+    (every entry, read from the stored CSR tiles) equal theirs."""
+    if uniform is None:
+        i, j = rmat(scale, 8, rng)
+        n = 1 << scale
+        label = f"R-MAT scale {scale}"
+    else:
+        n, m = uniform
+        i, j = rng.integers(0, n, m), rng.integers(0, n, m)
+        label = "uniform random graph"
     w = rng.integers(1, 11, i.size).astype(np.float64)
     S = sp.csr_array(sp.coo_array((w, (i, j)), shape=(n, n)))
     S.sum_duplicates()
@@ -314,8 +378,9 @@ def whole_graph_products(scale: int, W: int, runs: int, rng, gb, sp, memory=Fals
             con.execute(sg)
             ref = S @ S
             assert abs(stored_csr(con, "C", sp) - ref).max() == 0
-            print(f"\nR-MAT scale {scale}: {n} nodes, {S.nnz} edges; medians of {runs}, "
-                  f"alternated (load {os.getloadavg()[0]:.1f})")
+            print(f"\n{label}: {n} nodes, {S.nnz} edges; medians of {runs}, alternated "
+                  f"(load {os.getloadavg()[0]:.1f}; database "
+                  f"{'in memory' if memory else 'on disk'})", flush=True)
             kern = {q: [k for k in con.explain(q).splitlines() if q in k][0]
                     .split("  ")[-1].strip() for q in (mp, sg)}
             out = {q: next(line.strip() for line in con.explain(q).splitlines()
@@ -325,7 +390,7 @@ def whole_graph_products(scale: int, W: int, runs: int, rng, gb, sp, memory=Fals
             print(f"min-plus D (x) D ({want.nnz} entries, stored {con.store.meta('P').nbytes / MiB:.1f}"
                   f" MiB; {kern[mp]}; {out[mp]}): tensordb {1e3 * t['td']:.1f} ms, GraphBLAS "
                   f"{1e3 * t['gb']:.1f} ms ({t['td'] / t['gb']:.2f}x; CPU {CPU['td']:.3f} s "
-                  f"against {CPU['gb']:.3f} s: {CPU['td'] / CPU['gb']:.2f}x)")
+                  f"against {CPU['gb']:.3f} s: {CPU['td'] / CPU['gb']:.2f}x)", flush=True)
             t = alternate({"td": lambda: con.execute(sg), "sp": lambda: S @ S,
                            "gb": lambda: G.mxm(G, gb.semiring.plus_times).new()}, runs)
             print(f"SpGEMM G @ G ({ref.nnz} entries, stored {con.store.meta('C').nbytes / MiB:.1f}"
@@ -333,7 +398,8 @@ def whole_graph_products(scale: int, W: int, runs: int, rng, gb, sp, memory=Fals
                   f"{1e3 * t['sp']:.1f} ms, GraphBLAS {1e3 * t['gb']:.1f} ms "
                   f"({t['td'] / t['gb']:.2f}x GraphBLAS; CPU {CPU['td']:.3f} s, scipy "
                   f"{CPU['sp']:.3f} s, GraphBLAS {CPU['gb']:.3f} s: "
-                  f"{CPU['td'] / CPU['gb']:.2f}x GraphBLAS)")
+                  f"{CPU['td'] / CPU['gb']:.2f}x GraphBLAS); load {os.getloadavg()[0]:.1f}",
+                  flush=True)
 
 if __name__ == "__main__":
     main()

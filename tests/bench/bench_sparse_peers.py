@@ -9,6 +9,8 @@ SELECT i, k, SUM(v * x) AS y FROM G JOIN X USING (j) GROUP BY ALL``, from DuckDB
 DuckDB table. tensordb runs the statement plan cached, from stored tensors to a stored result,
 on 1 and on 2 workers; every peer is timed in turn with it in each round (medians of
 ``--runs``; process CPU seconds beside wall time) and every answer is checked against scipy's.
+``--peers`` names the peers run beside scipy (default all three; ``--peers`` with no name: scipy
+alone, the quickest way to the issue's 1.5x figures; a peer left out reads ``-``).
 
 Sections (``--sections``):
 
@@ -106,9 +108,9 @@ class Duck:
 
 
 def products(G, X: np.ndarray, x: np.ndarray, runs: int, duck_max: int, label: str,
-             names=("G", "X", "v"), rows=None) -> None:
-    """SpMV and SpMM of ``G`` (scipy CSR) by tensordb on 1 and 2 workers and every peer; prints a
-    markdown table."""
+             names=("G", "X", "v"), rows=None, peers=("graphblas", "pydata", "duckdb")) -> None:
+    """SpMV and SpMM of ``G`` (scipy CSR) by tensordb on 1 and 2 workers and every peer (scipy
+    always; the others of ``peers``; a peer left out reads ``-``); prints a markdown table."""
     import graphblas as gb
     import scipy.sparse as sp
     import sparse as pydata
@@ -117,9 +119,10 @@ def products(G, X: np.ndarray, x: np.ndarray, runs: int, duck_max: int, label: s
     mv = f"w[i] = SUM({g}[i,j] * {v_}[j])"
     cols = X.shape[1]
     want_mm, want_mv = G @ X, G @ x
-    Gp = pydata.COO.from_scipy_sparse(G)
-    np.testing.assert_allclose(Gp @ X, want_mm, rtol=1e-4, atol=1e-3)
-    np.testing.assert_allclose(Gp @ x, want_mv, rtol=1e-4, atol=1e-3)
+    if "pydata" in peers:
+        Gp = pydata.COO.from_scipy_sparse(G)
+        np.testing.assert_allclose(Gp @ X, want_mm, rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(Gp @ x, want_mv, rtol=1e-4, atol=1e-3)
     # DuckDB's SpMM on as many of G's first rows as keep nnz x cols under duck_max
     if G.nnz * cols <= duck_max:
         r = G.shape[0]
@@ -137,24 +140,37 @@ def products(G, X: np.ndarray, x: np.ndarray, runs: int, duck_max: int, label: s
           "tensordb / scipy (CPU) | GraphBLAS / scipy | pydata / scipy | DuckDB / scipy |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for workers in (1, 2):
-        gb.ss.config["nthreads"] = workers
-        Gg = gb.io.from_scipy_sparse(G)
-        Xg = gb.Matrix.from_dense(X)
-        xg = gb.Vector.from_dense(x)
-        np.testing.assert_allclose(Gg.mxm(Xg).new().to_dense(fill_value=0), want_mm,
-                                   rtol=1e-4, atol=1e-3)
-        np.testing.assert_allclose(Gg.mxv(xg).new().to_dense(fill_value=0), want_mv,
-                                   rtol=1e-4, atol=1e-3)
-        duck = Duck(workers)
-        duck.put_sparse("G", G)
-        duck.put_dense("X1", x)
-        duck.spmv()
-        np.testing.assert_allclose(duck.result((G.shape[0],)), want_mv, rtol=1e-4, atol=1e-3)
-        duck.put_sparse("G", Gd)   # SpMM's G: all of it, or its first rows
-        duck.put_dense("X", X)
-        duck.spmm()
-        np.testing.assert_allclose(duck.result(want_duck.shape), want_duck, rtol=1e-4, atol=1e-3)
-        duck.put_sparse("G", G)    # SpMV's runs need all of G again
+        mv_fns, mm_fns = {}, {}
+        if "graphblas" in peers:
+            gb.ss.config["nthreads"] = workers
+            Gg = gb.io.from_scipy_sparse(G)
+            Xg = gb.Matrix.from_dense(X)
+            xg = gb.Vector.from_dense(x)
+            np.testing.assert_allclose(Gg.mxm(Xg).new().to_dense(fill_value=0), want_mm,
+                                       rtol=1e-4, atol=1e-3)
+            np.testing.assert_allclose(Gg.mxv(xg).new().to_dense(fill_value=0), want_mv,
+                                       rtol=1e-4, atol=1e-3)
+            mv_fns["gb"] = lambda: Gg.mxv(xg).new()
+            mm_fns["gb"] = lambda: Gg.mxm(Xg).new()
+        if "pydata" in peers:
+            mv_fns["pd"] = lambda: Gp @ x
+            mm_fns["pd"] = lambda: Gp @ X
+        duck = None
+        if "duckdb" in peers:
+            duck = Duck(workers)
+            duck.put_sparse("G", G)
+            duck.put_dense("X1", x)
+            duck.spmv()
+            np.testing.assert_allclose(duck.result((G.shape[0],)), want_mv, rtol=1e-4, atol=1e-3)
+            duck.put_sparse("G", Gd)   # SpMM's G: all of it, or its first rows
+            duck.put_dense("X", X)
+            duck.spmm()
+            np.testing.assert_allclose(duck.result(want_duck.shape), want_duck, rtol=1e-4,
+                                       atol=1e-3)
+            duck.put_sparse("G", G)    # SpMV's runs need all of G again
+            mv_fns["duck"] = duck.spmv
+            mm_fns["duck"] = duck.spmm
+            mm_fns["sp_duck"] = lambda: Gd @ X
         with tensordb.connect(None, workers=workers) as con:
             con.load(g, G)
             con.load(X_, X)
@@ -163,25 +179,34 @@ def products(G, X: np.ndarray, x: np.ndarray, runs: int, duck_max: int, label: s
             con.execute(mv)
             np.testing.assert_allclose(con.tensor("Y"), want_mm, rtol=1e-4, atol=1e-3)
             np.testing.assert_allclose(con.tensor("w"), want_mv, rtol=1e-4, atol=1e-3)
-            t = alternate({"td": lambda: con.execute(mv), "sp": lambda: G @ x,
-                           "gb": lambda: Gg.mxv(xg).new(), "pd": lambda: Gp @ x,
-                           "duck": duck.spmv}, runs)
+            t = alternate({"td": lambda: con.execute(mv), "sp": lambda: G @ x, **mv_fns}, runs)
             c = dict(CPU)
-            print(f"| {workers} | SpMV | {fmt(t['td'])} | {fmt(t['sp'])} | {fmt(t['gb'])} | "
-                  f"{fmt(t['pd'])} | {fmt(t['duck'])} | {t['td'] / t['sp']:.2f}x "
-                  f"({c['td'] / c['sp']:.2f}x) | {t['gb'] / t['sp']:.2f}x | "
-                  f"{t['pd'] / t['sp']:.2f}x | {t['duck'] / t['sp']:.1f}x |", flush=True)
-            duck.put_sparse("G", Gd)
-            t = alternate({"td": lambda: con.execute(mm), "sp": lambda: G @ X,
-                           "gb": lambda: Gg.mxm(Xg).new(), "pd": lambda: Gp @ X,
-                           "duck": duck.spmm, "sp_duck": lambda: Gd @ X}, runs)
+            print(f"| {workers} | SpMV | {fmt(t['td'])} | {fmt(t['sp'])} | {_f(t, 'gb')} | "
+                  f"{_f(t, 'pd')} | {_f(t, 'duck')} | {t['td'] / t['sp']:.2f}x "
+                  f"({c['td'] / c['sp']:.2f}x) | {_r(t, 'gb', 'sp')} | "
+                  f"{_r(t, 'pd', 'sp')} | {_r(t, 'duck', 'sp', 1)} |", flush=True)
+            if duck is not None:
+                duck.put_sparse("G", Gd)
+            t = alternate({"td": lambda: con.execute(mm), "sp": lambda: G @ X, **mm_fns}, runs)
             c = dict(CPU)
-            part = "" if r == G.shape[0] else f" (first {r:,} rows; scipy on them {fmt(t['sp_duck'])})"
-            print(f"| {workers} | SpMM x{cols} | {fmt(t['td'])} | {fmt(t['sp'])} | {fmt(t['gb'])} | "
-                  f"{fmt(t['pd'])} | {fmt(t['duck'])}{part} | {t['td'] / t['sp']:.2f}x "
-                  f"({c['td'] / c['sp']:.2f}x) | {t['gb'] / t['sp']:.2f}x | "
-                  f"{t['pd'] / t['sp']:.2f}x | {t['duck'] / t['sp_duck']:.1f}x |", flush=True)
-        duck.con.close()
+            part = "" if r == G.shape[0] or duck is None else \
+                f" (first {r:,} rows; scipy on them {fmt(t['sp_duck'])})"
+            print(f"| {workers} | SpMM x{cols} | {fmt(t['td'])} | {fmt(t['sp'])} | {_f(t, 'gb')} | "
+                  f"{_f(t, 'pd')} | {_f(t, 'duck')}{part} | {t['td'] / t['sp']:.2f}x "
+                  f"({c['td'] / c['sp']:.2f}x) | {_r(t, 'gb', 'sp')} | "
+                  f"{_r(t, 'pd', 'sp')} | {_r(t, 'duck', 'sp_duck', 1)} |", flush=True)
+        if duck is not None:
+            duck.con.close()
+
+
+def _f(t: dict, k: str) -> str:
+    """A peer's time, or ``-`` where it was left out (``--peers``)."""
+    return fmt(t[k]) if k in t else "-"
+
+
+def _r(t: dict, k: str, base: str, digits: int = 2) -> str:
+    """A peer's time over ``base``'s, or ``-`` where it was left out."""
+    return f"{t[k] / t[base]:.{digits}f}x" if k in t else "-"
 
 
 def zipf_bow(rng, docs: int, terms: int, doc_len: int, s: float):
@@ -286,6 +311,10 @@ def main(argv=None) -> None:
     ap.add_argument("--cooc-docs", type=int, default=5_000)
     ap.add_argument("--load-runs", type=int, default=1)
     ap.add_argument("--duck-max", type=int, default=40_000_000)
+    ap.add_argument("--peers", nargs="*", default=["graphblas", "pydata", "duckdb"],
+                    help="the peers beside scipy (always run) in the issue and rmat sections: "
+                         "any of graphblas, pydata, duckdb (none: tensordb against scipy alone, "
+                         "the quickest way to the 1.5x figures)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     print(f"load average {os.getloadavg()}", flush=True)
@@ -299,7 +328,7 @@ def main(argv=None) -> None:
         G.sum_duplicates()
         X = rng.standard_normal((n, args.cols), dtype=np.float32)
         products(G, X, X[:, 0].copy(), args.runs, args.duck_max,
-                 f"the issue's random graph ({args.edges:,} edges drawn)")
+                 f"the issue's random graph ({args.edges:,} edges drawn)", peers=args.peers)
     if "rmat" in args.sections:
         n = 1 << args.scale
         i, j = rmat(args.scale, args.edge_factor, rng)
@@ -308,7 +337,8 @@ def main(argv=None) -> None:
         G.sum_duplicates()
         del i, j
         X = rng.standard_normal((n, args.cols), dtype=np.float32)
-        products(G, X, X[:, 0].copy(), args.runs, args.duck_max, f"R-MAT scale {args.scale}")
+        products(G, X, X[:, 0].copy(), args.runs, args.duck_max, f"R-MAT scale {args.scale}",
+                 peers=args.peers)
     if "bow" in args.sections:
         bag_of_words(args)
     print(f"\nload average after: {os.getloadavg()}; {time.perf_counter() - t_start:.0f} s in all")
