@@ -346,7 +346,8 @@ def _concat(parts: list, oax: int, out_shape):
         at, base = 1, 0
         for m in mats:
             n = m.shape[0]
-            indptr[at:at + n] = m.indptr[1:] + base
+            # in idx (int64 once the total passes 2^31): an int32 band's indptr + base wraps
+            indptr[at:at + n] = m.indptr[1:].astype(idx, copy=False) + idx.type(base)
             base += int(m.nnz)
             at += n
         csr = sp.csr_array((data, indices, indptr), shape=tuple(out_shape), copy=False)
