@@ -230,3 +230,16 @@ def assert_payloads_referenced(con) -> None:
     referenced = {r[0] for r in con.store.duck.execute(
         "SELECT DISTINCT file FROM tensordb.tiles").fetchall()}
     assert set(os.listdir(con.store.tiles_dir)) == referenced
+
+
+def tile_products(a, b, tile: int):
+    """The block-sparse oracle: each present (not all-zero) ``tile`` x ``tile`` tile of ``a``
+    times its rows of ``b`` by numpy's matmul, summed into its row tile (the pool's tile
+    products one by one, as the pre-cut, tail-cut and serving tests compare bytes with)."""
+    import numpy as np
+    c = np.zeros((a.shape[0], b.shape[1]), a.dtype)
+    for i in range(0, a.shape[0], tile):
+        for j in range(0, a.shape[1], tile):
+            if a[i:i + tile, j:j + tile].any():
+                c[i:i + tile] += a[i:i + tile, j:j + tile] @ b[j:j + tile]
+    return c

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from tests.harness import tile_products
 from tensordb.exec import pool, pool_run, tail
 from tensordb.exec.ready import ReadyQueues
 
@@ -47,13 +48,7 @@ B = RNG.standard_normal((N, T)).astype(np.float32)
 
 
 def _tile_products(a, b):
-    """The oracle: each present tile's product by numpy's matmul, summed into its row tile."""
-    c = np.zeros((a.shape[0], b.shape[1]), a.dtype)
-    for i in range(0, a.shape[0], T):
-        for j in range(0, a.shape[1], T):
-            if a[i:i + T, j:j + T].any():
-                c[i:i + T] += a[i:i + T, j:j + T] @ b[j:j + T]
-    return c
+    return tile_products(a, b, T)
 
 
 def _connect(a=A, b=B, path=None, workers=2, **kw) -> tensordb.Connection:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from tests.harness import tile_products
 from tensordb.exec import pool, pool_run, runtime
 
 RNG = np.random.default_rng(391)
@@ -35,12 +36,7 @@ B = RNG.standard_normal((N, T))
 
 
 def _tile_products(a, b):
-    c = np.zeros((a.shape[0], b.shape[1]), a.dtype)
-    for i in range(0, a.shape[0], T):
-        for j in range(0, a.shape[1], T):
-            if a[i:i + T, j:j + T].any():
-                c[i:i + T] += a[i:i + T, j:j + T] @ b[j:j + T]
-    return c
+    return tile_products(a, b, T)
 
 
 WANT = _tile_products(A, B)

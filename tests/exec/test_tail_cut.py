@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tensordb
+from tests.harness import tile_products
 from tensordb.exec import pool, tail
 from tensordb.exec.kernels import KernelSpec
 from tensordb.exec.ready import ReadyQueues
@@ -133,13 +134,7 @@ PRODUCT = "C[i,k] = SUM(A[i,j] * B[j,k])"
 
 
 def _tile_products(a, b):
-    """The oracle: each present tile's product by numpy's matmul (one row tile, one tile)."""
-    c = np.zeros((a.shape[0], b.shape[1]), a.dtype)
-    for i in range(0, a.shape[0], T):
-        for j in range(0, a.shape[1], T):
-            if a[i:i + T, j:j + T].any():
-                c[i:i + T] += a[i:i + T, j:j + T] @ b[j:j + T]
-    return c
+    return tile_products(a, b, T)
 
 
 def _connect(path=None) -> tensordb.Connection:
