@@ -208,7 +208,8 @@ def _read_sparse(plan, graphblas: bool = False) -> set:
                 continue
             c = plan.kernels[t.op]
             ok[k] = c.method in SPARSE_METHODS and (
-                c.semiring is not None or c.method == "semiring" or pos == c.sparse)
+                c.semiring is not None or c.method == "semiring" or pos == c.sparse
+                or (c.method == "spjoin" and not c.gathers))  # a join: both operands
     return {k for k, v in ok.items() if v}
 
 

@@ -70,6 +70,9 @@ def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None
     if choice.method == "spreduce":  # a COO box (rank 3 or more, hypersparse) read as it is
         return spreduce(op, choice, [a if isinstance(a, CooTile) else stacked(a) for a in args],
                         out_shape)
+    if choice.method == "spjoin" and len(op.out_labels) > 2:  # rank 3+: on the entries
+        from .sparse_nd_join import spjoin_nd
+        return spjoin_nd(op, choice, args, arg_shapes, out_shape)
     # a box over several CSR row tiles, or a matrix's COO box, as one CSR array; a gather's
     # rows taken
     args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]

@@ -315,9 +315,12 @@ class KernelChoice:
     fallback: "KernelChoice | None" = None  # the variant next to a NaN or inf (not broadcast)
     fallback_on: tuple[str, ...] = ()   # when it is taken: 'inputs', 'result' (tests of the
     #                                     data), 'device' (a sparse method run dense, off the CPU)
-    out_format: str = "dense"           # a sparse method's output tiles: 'dense' or 'csr'
+    out_format: str = "dense"           # a sparse method's output tiles: 'dense', 'csr' or
+    #                                     'coo' (a join of rank 3 or more)
     out_density: float = 1.0            # the estimated share of its output elements stored
     out_places: bool = True             # the output sink gives its tiles dense places (with_output)
+    gathers: bool = False               # 'spjoin' of rank 3+: a dense partner gathered at the
+    #                                     sparse operand's entries (plan/sparse_nd_rules.py)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -347,6 +350,8 @@ class KernelChoice:
             return f"matmul x{self.layout.first}@x{self.layout.second}"
         if self.method == "semiring":
             return f"semiring {self.semiring} x{self.sparse} sparse (GraphBLAS)"
+        if self.method == "spjoin" and self.gathers:
+            return f"spjoin x{self.sparse} sparse (x{1 - self.sparse} gathered)"
         if self.method == "spjoin":
             return "spjoin x0 x1 sparse"
         if self.method == "spmm" and self.semiring is not None and self.out_format != "dense":
@@ -447,9 +452,13 @@ def _decide_anew(op: EinOp, sparse: tuple, finite: tuple, fills: tuple):
         tests = (("inputs",) if np.dtype(op.dtype).kind == "f" else ()) \
             if found[0] == "spmm" else ("device",)
         semiring = found[2] if len(found) > 2 else None
+        gathers = semiring == "gather"  # a dense partner gathered at the entries (rank 3+)
+        if gathers:
+            semiring = None
         if found[0] == "spmm" and spgemm_graphblas(op, zero_fill):
             semiring = "plus_times"
-        return op, KernelChoice(found[0], sparse=found[1], semiring=semiring), tests
+        return op, KernelChoice(found[0], sparse=found[1], semiring=semiring,
+                                gathers=gathers), tests
     prod = blas_product(op)
     if prod is None:
         return op, None, ()
@@ -552,9 +561,13 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
         return choice
     size = math.prod(op.out_shape)
     fmt = choose_format(op.out_shape, int(math.ceil(est_nnz)), op.dtype) if size else "dense"
-    # the kernels return CSR tiles; the writer stores a hypersparse one COO (the format rule)
+    # the kernels return CSR tiles; the writer stores a hypersparse one COO (the format rule);
+    # a join of rank 3 or more returns COO tiles (exec/sparse_nd_join.py)
     returns = "csr" if fmt != "dense" and choice.method in SPARSE_OUTPUT_METHODS and \
         len(op.out_labels) == 2 and not op.writes_diagonal else "dense"
+    if fmt != "dense" and choice.method == "spjoin" and len(op.out_labels) > 2 and \
+            not op.writes_diagonal:
+        returns = "coo"
     density = min(1.0, float(est_nnz) / size) if size and returns != "dense" else 1.0
     places = fmt == "dense"
     if (returns, density, places) == (choice.out_format, choice.out_density, choice.out_places):
@@ -569,7 +582,7 @@ def output_tile_bytes(op: EinOp, choice: KernelChoice, out_shape: Sequence[int])
     admission of a call (exec/runtime.py ``planned_bytes``) read it."""
     shape = tuple(int(n) for n in out_shape)
     dense = math.prod(shape) * np.dtype(op.dtype).itemsize
-    if choice.out_format == "dense" or len(shape) != 2:
+    if choice.out_format == "dense" or (len(shape) != 2 and choice.out_format != "coo"):
         return dense
     nse = int(math.ceil(choice.out_density * math.prod(shape)))
     return min(dense, sparse_nbytes(shape, nse, op.dtype, choice.out_format))

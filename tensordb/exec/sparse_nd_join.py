@@ -1,0 +1,153 @@
+"""Elementwise joins of sparse tensors of rank 3 and more (``storage.sparse.CooTile``) on their
+entries, never densified (the ``spjoin`` kernel on rank-3-or-higher operands; the matrix case
+is exec/semiring.py ``spjoin``):
+
+- two sparse operands (fill 0) over the output's labels, in any order: ``T * U``, ``T + U``,
+  ``T - U``. Each operand's entries get one id per coordinate tuple in the output's label
+  order (``_joint_ids``: C-order linear ids, or the occupied tuples numbered jointly where the
+  extent passes int64); the join is computed on the union of the ids (``np.union1d``, each
+  side's values placed by ``searchsorted``, 0 where it is absent) with NumPy's own ufunc, so
+  ``NaN * 0`` is NaN and ``inf - inf`` NaN exactly where NumPy's are. A product's entries
+  outside the intersection are 0 unless a NaN or inf met the other's 0: they are dropped
+  where 0, as the writer drops every 0.
+- a sparse operand ``T`` times a dense one ``D`` over some of ``T``'s labels, known to hold no
+  NaN or inf (the plan's rule, plan/sparse_nd_rules.py): ``T``'s pattern, each value times
+  ``D`` gathered at its coordinates. An absent entry of ``T`` times a negative ``D`` is
+  ``-0.0`` in NumPy; it is left absent (0.0) here, as the matrix kernels do.
+
+The result is a ``CooTile`` in C order where the plan says the output is sparse
+(``KernelChoice.out_format`` 'coo'), else the dense array.
+
+>>> import numpy as np
+>>> from tensordb.storage.sparse import CooTile
+>>> t = CooTile((2, 3, 4), np.array([[0, 1], [0, 2], [3, 1]]), np.array([1.0, 2.0]))
+>>> u = CooTile((2, 3, 4), np.array([[1, 1], [2, 0], [1, 0]]), np.array([5.0, 7.0]))
+>>> r = join_entries("+", [t, u], ["abc", "abc"], "abc", np.float64)
+>>> r.coords.tolist(), r.values.tolist()
+([[0, 1, 1], [0, 0, 2], [3, 0, 1]], [1.0, 7.0, 7.0])
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..storage.sparse import CooTile
+from .sparse_nd import group_ids
+
+__all__ = ["join_entries", "spjoin_nd"]
+
+_UFUNCS = {"*": np.multiply, "+": np.add, "-": np.subtract}
+
+
+def spjoin_nd(op, choice, args: list, arg_shapes, out_shape) -> object:
+    """One call of an ``spjoin`` kernel whose output has rank 3 or more (see the module
+    docstring): ``args`` the operands' boxes (a ``CooTile``, or a dense array: a dense stored
+    tile of a sparse tensor, or the dense partner; None: an absent box, all 0) of
+    ``arg_shapes``."""
+    ins = op.in_dtypes or (op.dtype,) * len(args)
+    args = [np.zeros(tuple(s), d) if a is None else a for a, s, d in zip(args, arg_shapes, ins)]
+    join = op.join
+    first = join.args[0].index
+    order = [first, 1 - first]
+    labels = [op.inputs[k].labels for k in order]
+    res = join_entries(join.fn, [args[k] for k in order], labels, op.out_labels, op.dtype,
+                       tuple(out_shape))
+    if choice.out_format == "dense":
+        return _dense(res)
+    return res
+
+
+def join_entries(fn: str, args: Sequence, labels: Sequence[Sequence[str]],
+                 out_labels: Sequence[str], dtype, out_shape=None) -> CooTile:
+    """``args[0] fn args[1]`` (``fn`` '*', '+' or '-'; each a ``CooTile`` or a dense array, of
+    ``labels``) into ``out_labels`` as a ``CooTile`` in C order. A dense operand whose labels
+    are fewer than the output's is gathered at the other's entries (a product only); a dense
+    operand over all of them is read as its entries."""
+    dtype = np.dtype(dtype)
+    ufunc = _UFUNCS[fn]
+    labels = [list(ls) for ls in labels]
+    out_labels = list(out_labels)
+    if out_shape is None:
+        ext = {}
+        for a, ls in zip(args, labels):
+            ext.update(zip(ls, a.shape))
+        out_shape = tuple(int(ext[l]) for l in out_labels)
+    full = [set(ls) == set(out_labels) for ls in labels]
+    if all(full):
+        (ca, va), (cb, vb) = (_entries(a, ls, out_labels) for a, ls in zip(args, labels))
+        ids, decode = _joint_ids([ca, cb], out_shape)
+        ia, ib = ids[:va.size], ids[va.size:]
+        union = np.union1d(ia, ib)
+        x = np.zeros(union.size, dtype)
+        y = np.zeros(union.size, dtype)
+        x[np.searchsorted(union, ia)] = va.astype(dtype, copy=False)
+        y[np.searchsorted(union, ib)] = vb.astype(dtype, copy=False)
+        with np.errstate(all="ignore"):
+            vals = np.asarray(ufunc(x, y)).astype(dtype, copy=False)
+        coords = decode(union)
+    else:
+        s = 0 if full[0] else 1
+        if not full[s] or fn != "*":
+            raise ValueError("join_entries: a dense partner over fewer labels joins by '*' only")
+        cs, vs = _entries(args[s], labels[s], out_labels)
+        dense = np.asarray(args[1 - s])
+        at = tuple(cs[out_labels.index(l)] for l in labels[1 - s])
+        dv = dense[at] if at else np.broadcast_to(dense, vs.shape)
+        pair = (vs.astype(dtype, copy=False), np.asarray(dv).astype(dtype, copy=False))
+        with np.errstate(all="ignore"):
+            vals = np.asarray(ufunc(*(pair if s == 0 else pair[::-1]))).astype(dtype, copy=False)
+        ids, _ = group_ids(cs, out_shape, vs.size)
+        sort = np.argsort(ids, kind="stable")
+        coords = cs[:, sort] if cs.size else cs
+        vals = vals[sort]
+    keep = _stored(vals)
+    if not keep.all():
+        coords, vals = coords[:, keep], vals[keep]
+    return CooTile(tuple(int(n) for n in out_shape), np.ascontiguousarray(coords, np.int64), vals)
+
+
+def _stored(vals: np.ndarray) -> np.ndarray:
+    """The values the storage keeps: not 0 (a -0.0 is kept, as ``stored_entries`` keeps it)."""
+    keep = vals != 0
+    if vals.dtype.kind == "f":
+        keep |= np.signbit(vals)
+        keep |= np.isnan(vals)
+    return keep
+
+
+def _entries(a, labels: list, out_labels: list) -> tuple[np.ndarray, np.ndarray]:
+    """(coordinates in ``out_labels``' order, an (ndim, n) int64 array; values) of operand ``a``:
+    a ``CooTile``'s entries, or a dense box's stored ones (not 0; -0.0 and NaN kept)."""
+    perm = [labels.index(l) for l in out_labels]
+    if isinstance(a, CooTile):
+        coords = np.asarray(a.coords, np.int64).reshape(len(labels), -1)
+        return coords[perm], np.asarray(a.values)
+    a = np.asarray(a)
+    idx = np.nonzero(_stored(a))
+    coords = np.stack([np.asarray(i, np.int64) for i in idx]) if idx else np.zeros((0, 0), np.int64)
+    return coords.reshape(len(labels), -1)[perm], a[idx]
+
+
+def _joint_ids(coords: Sequence[np.ndarray], shape: Sequence[int]):
+    """(one int64 id per entry of every ``coords`` ((ndim, n) arrays along ``shape``), ordered
+    as C order is; a function from sorted ids back to (ndim, n) coordinates): C-order linear
+    ids where the extent's size fits int64 (``sparse_nd.group_ids``), else the occupied tuples
+    of all of them numbered together."""
+    both = np.concatenate(coords, axis=1)
+    ids, size = group_ids(list(both), shape, both.shape[1])
+    if size == math.prod(int(n) for n in shape) and len(shape):
+        def decode(u):
+            return np.stack(np.unravel_index(u, tuple(shape))).astype(np.int64) \
+                if u.size else np.zeros((len(shape), 0), np.int64)
+        return ids, decode
+    uniq = np.unique(both.T, axis=0) if both.shape[1] else np.zeros((0, len(shape)), np.int64)
+    return ids, lambda u: np.ascontiguousarray(uniq[u].T)
+
+
+def _dense(tile: CooTile) -> np.ndarray:
+    out = np.zeros(tile.shape, np.asarray(tile.values).dtype)
+    if tile.values.size:
+        out[tuple(tile.coords)] = tile.values
+    return out
