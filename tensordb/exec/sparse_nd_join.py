@@ -52,19 +52,21 @@ def spjoin_nd(op, choice, args: list, arg_shapes, out_shape) -> object:
     first = join.args[0].index
     order = [first, 1 - first]
     labels = [op.inputs[k].labels for k in order]
+    sparse = order.index(choice.sparse) if choice.gathers else None
     res = join_entries(join.fn, [args[k] for k in order], labels, op.out_labels, op.dtype,
-                       tuple(out_shape))
+                       tuple(out_shape), sparse)
     if choice.out_format == "dense":
         return _dense(res)
     return res
 
 
 def join_entries(fn: str, args: Sequence, labels: Sequence[Sequence[str]],
-                 out_labels: Sequence[str], dtype, out_shape=None) -> CooTile:
+                 out_labels: Sequence[str], dtype, out_shape=None,
+                 gather: int | None = None) -> CooTile:
     """``args[0] fn args[1]`` (``fn`` '*', '+' or '-'; each a ``CooTile`` or a dense array, of
-    ``labels``) into ``out_labels`` as a ``CooTile`` in C order. A dense operand whose labels
-    are fewer than the output's is gathered at the other's entries (a product only); a dense
-    operand over all of them is read as its entries."""
+    ``labels``) into ``out_labels`` as a ``CooTile`` in C order. ``gather``: the operand whose
+    entries the product keeps, the other (dense, over some of the output's labels) gathered at
+    them; else both are read as their entries (a dense box's stored ones)."""
     dtype = np.dtype(dtype)
     ufunc = _UFUNCS[fn]
     labels = [list(ls) for ls in labels]
@@ -74,8 +76,7 @@ def join_entries(fn: str, args: Sequence, labels: Sequence[Sequence[str]],
         for a, ls in zip(args, labels):
             ext.update(zip(ls, a.shape))
         out_shape = tuple(int(ext[l]) for l in out_labels)
-    full = [set(ls) == set(out_labels) for ls in labels]
-    if all(full):
+    if gather is None:
         (ca, va), (cb, vb) = (_entries(a, ls, out_labels) for a, ls in zip(args, labels))
         ids, decode = _joint_ids([ca, cb], out_shape)
         ia, ib = ids[:va.size], ids[va.size:]
@@ -86,11 +87,17 @@ def join_entries(fn: str, args: Sequence, labels: Sequence[Sequence[str]],
         y[np.searchsorted(union, ib)] = vb.astype(dtype, copy=False)
         with np.errstate(all="ignore"):
             vals = np.asarray(ufunc(x, y)).astype(dtype, copy=False)
+        if fn == "*":  # outside the intersection: 0 (left absent, a -0.0 too) but a NaN's
+            both = np.zeros(union.size, bool)
+            both[np.searchsorted(union, np.intersect1d(ia, ib, assume_unique=True))] = True
+            if vals.dtype.kind == "f":
+                both |= np.isnan(vals)
+            union, vals = union[both], vals[both]
         coords = decode(union)
     else:
-        s = 0 if full[0] else 1
-        if not full[s] or fn != "*":
-            raise ValueError("join_entries: a dense partner over fewer labels joins by '*' only")
+        s = gather
+        if fn != "*":
+            raise ValueError("join_entries: a dense partner is gathered by '*' only")
         cs, vs = _entries(args[s], labels[s], out_labels)
         dense = np.asarray(args[1 - s])
         at = tuple(cs[out_labels.index(l)] for l in labels[1 - s])
