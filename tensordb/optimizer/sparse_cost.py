@@ -216,8 +216,9 @@ def made_stats(op: EinOp, choice, out_nnz: float, stats=None) -> StoredStats | N
     (('csr',), 5000, True)
     """
     from ..sparsity import sparse_nbytes
-    if choice is None or choice.out_format == "dense" or len(op.out_labels) != 2:
-        return None
+    if choice is None or choice.out_format == "dense" or (len(op.out_labels) != 2
+                                                         and choice.out_format != "coo"):
+        return None  # (a join of rank 3 or more returns COO tiles: sparse too)
     nnz = int(math.ceil(out_nnz))
     fill = 0.0
     if choice.method == "semiring":
