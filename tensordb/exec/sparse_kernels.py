@@ -384,6 +384,10 @@ def _spmm_nd(op, k: int, args: list, out_shape, dtype) -> np.ndarray:
     S, D = args[k], args[1 - k]
     if S is None or D is None:
         return np.zeros(out_shape, dtype)
+    if isinstance(S, CooTile) and isinstance(D, CooTile) and D.ndim > 2:  # SpGEMM on entries
+        from .sparse_nd_join import contract_coo
+        return contract_coo(S, op.inputs[k].labels, D, op.inputs[1 - k].labels, op.out_labels,
+                            dtype).reshape(out_shape)
     D = D.take() if isinstance(D, RowGather) else D
     D = np.asarray(densify(stacked(D)) if is_sparse(D) else D)
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels

@@ -18,6 +18,12 @@ is exec/semiring.py ``spjoin``):
 The result is a ``CooTile`` in C order where the plan says the output is sparse
 (``KernelChoice.out_format`` 'coo'), else the dense array.
 
+``contract_coo`` is the ``spmm`` of two sparse tensors of rank 3 or more (both known finite),
+``SUM(T[a,b,c] * U[a,c,k])``: each matricized on its entries, ``T`` as (its kept labels, the
+shared ones), ``U`` as (the shared ones, its others), the shared ids numbered jointly over the
+occupied ones (a kept shared label, a batch, is in both: the product is block-diagonal in it
+for free); one scipy SpGEMM, scattered into the dense output.
+
 >>> import numpy as np
 >>> from tensordb.storage.sparse import CooTile
 >>> t = CooTile((2, 3, 4), np.array([[0, 1], [0, 2], [3, 1]]), np.array([1.0, 2.0]))
@@ -36,7 +42,7 @@ import numpy as np
 from ..storage.sparse import CooTile
 from .sparse_nd import group_ids
 
-__all__ = ["join_entries", "spjoin_nd"]
+__all__ = ["join_entries", "spjoin_nd", "contract_coo"]
 
 _UFUNCS = {"*": np.multiply, "+": np.add, "-": np.subtract}
 
@@ -158,3 +164,51 @@ def _dense(tile: CooTile) -> np.ndarray:
     if tile.values.size:
         out[tuple(tile.coords)] = tile.values
     return out
+
+
+def contract_coo(S: CooTile, s_labels, D: CooTile, d_labels, out_labels, dtype) -> np.ndarray:
+    """``SUM`` of ``S[s_labels] * D[d_labels]`` into the dense ``out_labels`` (see the module
+    docstring): every label of ``D`` that ``S`` lacks is kept; a label of ``S`` alone and not
+    kept is summed by scipy's duplicate sum.
+
+    >>> s = CooTile((2, 3, 2), np.array([[0, 1], [2, 0], [1, 1]]), np.array([2.0, 3.0]))
+    >>> d = CooTile((2, 2, 2), np.array([[0, 1, 1], [1, 1, 0], [0, 1, 1]]),
+    ...             np.array([5.0, 7.0, 11.0]))
+    >>> contract_coo(s, "abc", d, "ack", "abk", np.float64)[1, 0].tolist()
+    [0.0, 21.0]
+    """
+    import scipy.sparse as sp
+    dtype = np.dtype(dtype)
+    s_labels, d_labels, out_labels = list(s_labels), list(d_labels), list(out_labels)
+    ext = dict(zip(s_labels, S.shape))
+    ext.update(zip(d_labels, D.shape))
+    shared = [l for l in s_labels if l in d_labels]
+    kept = [l for l in s_labels if l in out_labels]
+    free = [l for l in d_labels if l not in s_labels]
+    sc = np.asarray(S.coords, np.int64).reshape(len(s_labels), -1)
+    dc = np.asarray(D.coords, np.int64).reshape(len(d_labels), -1)
+    ns, nd = sc.shape[1], dc.shape[1]
+    out_shape = tuple(int(ext[l]) for l in kept + free)
+    rows_n = math.prod(int(ext[l]) for l in kept)
+    f_n = math.prod(int(ext[l]) for l in free)
+    out = np.zeros((rows_n, f_n), dtype)
+    if ns and nd and rows_n and f_n:
+        joint, _ = _joint_ids([sc[[s_labels.index(l) for l in shared]],
+                               dc[[d_labels.index(l) for l in shared]]],
+                              [ext[l] for l in shared])
+        mids, mid = np.unique(joint, return_inverse=True)  # the occupied shared ids only
+        mid = mid.reshape(-1)
+        rows, _ = group_ids([sc[s_labels.index(l)] for l in kept], [ext[l] for l in kept], ns)
+        occupied, r_local = np.unique(rows, return_inverse=True)
+        cols, _ = group_ids([dc[d_labels.index(l)] for l in free], [ext[l] for l in free], nd)
+        fcols, c_local = np.unique(cols, return_inverse=True)
+        A = sp.csr_array((np.asarray(S.values).astype(dtype, copy=False),
+                          (r_local.reshape(-1), mid[:ns])), shape=(occupied.size, mids.size))
+        B = sp.csr_array((np.asarray(D.values).astype(dtype, copy=False),
+                          (mid[ns:], c_local.reshape(-1))), shape=(mids.size, fcols.size))
+        with np.errstate(invalid="ignore", over="ignore"):
+            C = (A @ B).tocoo()
+        out[occupied[C.row], fcols[C.col]] = np.asarray(C.data, dtype)
+    res = out.reshape(out_shape)
+    order = [(kept + free).index(l) for l in out_labels]
+    return np.ascontiguousarray(res.transpose(order)) if order != list(range(len(order))) else res

@@ -227,3 +227,83 @@ def test_a_join_of_two_huge_sparse_tensors_stores_its_entries(tmp_path):
             assert info["nnz"] == len(want)
             assert info["bytes"] <= 64 * (len(want) + 1)  # its entries, not the extent
         assert con.check()[-1]["problem"] == "ok"
+
+
+# -- contractions that keep a shared label; two sparse operands (SpGEMM on the entries) -------
+BATCH = [("R[a,b,k] = SUM(T[a,b,c] * Y[a,c,k])", "abc,ack->abk"),
+         ("R[k,a] = SUM(T[a,b,c] * Y[a,c,k])", "abc,ack->ka"),
+         ("R[a,c,k] = SUM(Y[a,c,k] * T[a,b,c])", "ack,abc->ack"),
+         ("R[b,a] = SUM(T[a,b,c] * V[a])", "abc,a->ba")]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int64", "int32"])
+def test_contractions_keeping_a_shared_label_and_of_two_sparse_tensors_equal_numpy(tmp_path, dtype):
+    rng = np.random.default_rng(240 + DTYPES.index(dtype))
+    t = _tensor(rng, (9, 6, 8), 30, dtype, special=True)
+    tf = _tensor(rng, (9, 6, 8), 30, dtype)  # finite: a SpGEMM partner
+    y = rng.integers(-4, 5, (9, 8, 3)).astype(dtype)
+    v = rng.integers(-4, 5, 9).astype(dtype)
+    u = _tensor(rng, (9, 8, 30), 40, dtype)
+    for c in np.argwhere(tf != 0)[:10]:  # entries that meet
+        u[c[0], c[2], rng.integers(0, 30)] = 2
+    with tensordb.connect(str(tmp_path / "db"), workers=2) as con:
+        con.load("T", t, tile=(4, 6, 8))
+        con.load("TF", tf)
+        con.load("Y", y)
+        con.load("V", v)
+        con.load("U", u)
+        ops = {"T": t, "Y": y, "V": v}
+        for q, eq in BATCH:
+            names = [n for n in ("Y", "T", "V") if f"{n}[" in q]
+            names.sort(key=q.index)
+            assert "spmm x" in con.explain(q), q
+            con.execute(q)
+            with np.errstate(all="ignore"):
+                want = np.einsum(eq, *(ops[n] for n in names))
+            got = con.tensor("R")
+            assert got.dtype == want.dtype, q
+            np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=q) if dtype[0] == "f" \
+                else np.testing.assert_array_equal(got, want, err_msg=q)
+        for q, eq, a, b in [("R[a,b,k] = SUM(TF[a,b,c] * U[a,c,k])", "abc,ack->abk", tf, u),
+                            ("R[k,b] = SUM(U[a,c,k] * TF[a,b,c])", "ack,abc->kb", u, tf),
+                            ("R[a,b,k] = SUM(T[a,b,c] * U[a,c,k])", "abc,ack->abk", t, u)]:
+            text = con.explain(q)
+            # both finite: SpGEMM on the entries; a float T holds NaN (NaN * an absent 0): dense
+            assert ("spmm x" in text) == ("TF" in q or dtype[0] == "i"), (q, text)
+            con.execute(q)
+            with np.errstate(all="ignore"):
+                want = np.einsum(eq, a, b)
+            got = con.tensor("R")
+            assert got.dtype == want.dtype, q
+            np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=q) if dtype[0] == "f" \
+                else np.testing.assert_array_equal(got, want, err_msg=q)
+
+
+def test_a_spgemm_of_two_large_rank_3_tensors_runs_on_their_entries(tmp_path):
+    ext = 10**6  # T: 10^6 x 40 x 10^6, U: 10^6 x 40 x 3 (the contracted c, a batch a)
+    r = np.arange(300)
+    with tensordb.connect(str(tmp_path / "db"), memory_limit="512MB") as con:
+        con.execute(f"CREATE TENSOR T FROM (SELECT (r * 7919) % 50 AS a, (r * 31) % {ext} AS b,"
+                    f" r % 40 AS c, 1.0 + r AS v FROM range(300) t(r))"
+                    f" INDEX (a, b, c) VALUE v SHAPE (50, {ext}, 40)")
+        con.execute(f"CREATE TENSOR U FROM (SELECT (r * 7919) % 50 AS a, (r * 3) % 40 AS c,"
+                    f" r % 3 AS k, 2.0 + r AS v FROM range(300) t(r))"
+                    f" INDEX (a, c, k) VALUE v SHAPE (50, 40, 3)")
+        q = "R[b,k] = SUM(T[a,b,c] * U[a,c,k])"  # U as a dense 50x40x3 would do; sparse here
+        assert "spmm x0 sparse" in con.explain(q)
+        con.execute(q)
+        tv = {}
+        for i in r:
+            tv[(int(i * 7919 % 50), int(i * 31 % ext), int(i % 40))] = 1.0 + i
+        uv = {}
+        for i in r:
+            uv[(int(i * 7919 % 50), int(i * 3 % 40), int(i % 3))] = 2.0 + i
+        want = {}
+        for (a, b, c), x in tv.items():
+            for (a2, c2, k), y in uv.items():
+                if a2 == a and c2 == c:
+                    want[(b, k)] = want.get((b, k), 0.0) + x * y
+        got = {(b, k): v for b, k, v in con.execute("SELECT * FROM R").fetchall()}
+        assert set(got) == set(want)
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-12)
