@@ -307,3 +307,26 @@ def test_a_spgemm_of_two_large_rank_3_tensors_runs_on_their_entries(tmp_path):
         assert set(got) == set(want)
         for key in want:
             assert got[key] == pytest.approx(want[key], rel=1e-12)
+
+
+def test_a_joins_coo_result_feeds_later_statements_of_its_group(tmp_path):
+    rng = np.random.default_rng(17)
+    t = _tensor(rng, (19, 17, 23), 60, "float64")
+    u = _tensor(rng, (19, 17, 23), 60, "float64")
+    u.reshape(-1)[np.flatnonzero(t)[:20]] = 2.0  # entries that meet
+    x = rng.integers(-3, 4, (23, 4)).astype(float)
+    script = ("Y[a,b,c] = T[a,b,c] + U[a,b,c]; Z[a,b,c] = Y[a,b,c] * T[a,b,c]; "
+              "R[a] = SUM(Z[a,b,c]); Q[a,b,k] = SUM(Y[a,b,c] * XX[c,k]);")
+    with tensordb.connect(str(tmp_path / "db"), workers=2) as con:
+        con.load("T", t)
+        con.load("U", u)
+        con.load("XX", x)
+        text = con.explain(script)
+        assert "Y estimated" in text and "coo tiles from the kernel" in text, text
+        assert text.count("spjoin x0 x1 sparse") == 2, text
+        con.execute(script)
+        y = t + u
+        _check(con.tensor("Y"), y, "Y")
+        _check(con.tensor("Z"), y * t, "Z")
+        np.testing.assert_allclose(con.tensor("R"), (y * t).sum((1, 2)), rtol=1e-12)
+        np.testing.assert_allclose(con.tensor("Q"), np.einsum("abc,ck->abk", y, x), rtol=1e-12)
