@@ -73,10 +73,11 @@ def test_kill_during_a_hypersparse_load_or_replace_leaves_old_or_new(tmp_path, m
             formats = [r[0] for r in con.execute(
                 "SELECT format FROM tensordb.tiles WHERE tensor = 'H'").fetchall()]
             assert set(formats) == {"coo"} and len(formats) == N // TILE_ROWS
-            con.execute("S = SUM(H[i,j])")
-            assert float(con.tensor("S")) == pytest.approx(sum(NEW.values()), rel=1e-12)
+        files = sorted(os.listdir(os.path.join(root, "tiles")))
+        assert len(files) == 1, files  # the killed load's payload (or the old one) is gone
         report = con.check()
         assert report[-1]["problem"] == "ok", report
         assert_payloads_referenced(con)
-        files = sorted(os.listdir(os.path.join(root, "tiles")))
-        assert len(files) == 1, files  # the killed load's payload (or the old one) is gone
+        if point in ("after_commit", "after_load"):
+            con.execute("S = SUM(H[i,j])")  # the reopened COO tiles compute
+            assert float(con.tensor("S")) == pytest.approx(sum(NEW.values()), rel=1e-12)
