@@ -106,3 +106,126 @@ def test_rank_3_and_4_reductions_and_contractions_equal_numpy(tmp_path):
                     want = np.einsum(f"{labels},{d_labels}->{out}", a, d)
                 _same(np.asarray(con.tensor("R")), want, (q, shape, dtype))
     assert all(n >= 5 for n in seen.values()), seen  # the entry-wise kernels ran
+
+
+# -- hypersparse matrices: every tile COO --------------------------------------------------------
+def _hyper(rng, shape, nse, dtype):
+    a = np.zeros(shape, dtype)
+    lin = rng.choice(shape[0] * shape[1], nse, replace=False)
+    if np.dtype(dtype).kind == "b":
+        a.reshape(-1)[lin] = True
+    else:
+        a.reshape(-1)[lin] = (rng.integers(1, 9, nse) * rng.choice([-1, 1], nse)).astype(dtype)
+    return a
+
+
+def _spgemm(a, b):
+    """scipy's product of the matrices (counted in int64 for bool, then OR: einsum's answer)."""
+    a = sp.csr_array(a.astype(np.int64) if a.dtype == bool else a)
+    return a if b is None else a @ sp.csr_array(b.astype(np.int64) if b.dtype == bool else b)
+
+
+def _formats(con, *names):
+    return {r[0] for r in con.execute("SELECT format FROM tensordb.tiles WHERE tensor IN "
+                                      f"({', '.join('?' for _ in names)})", list(names)).fetchall()}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hypersparse_matrices_through_every_sparse_kernel_equal_numpy(tmp_path, dtype):
+    rng = np.random.default_rng(400 + DTYPES.index(dtype))
+    n = int(rng.integers(600, 900))
+    A, B = _hyper(rng, (n, n), 14, dtype), _hyper(rng, (n, n), 17, dtype)
+    A[5, :] = 0
+    A[5, 7], B[7, 9] = 1, 1  # a path i -> j -> k: SpGEMM, masked SpGEMM and min-plus meet
+    A[9, 5] = 1  # and a triangle 5 -> 7 -> 9 -> 5 (A, B, A)
+    num = "float64" if dtype == "bool" else dtype
+    X = rng.integers(-3, 4, (n, 3)).astype(num)
+    v = rng.integers(-3, 4, n).astype(num)
+    with tensordb.connect(str(tmp_path / "db")) as con:
+        con.load("A", sp.csr_array(A))
+        con.load("B", sp.csr_array(B), tile=(int(rng.integers(200, 900)), n))  # several tiles
+        assert _formats(con, "A", "B") == {"coo"}
+        for name, arr in [("X", X), ("vec", v)]:
+            con.load(name, arr)
+        with np.errstate(all="ignore"):
+            cases = [
+                ("R[i,k] = SUM(A[i,j] * X[j,k])", np.einsum("ij,jk->ik", A, X)),      # SpMM
+                ("R[j,k] = SUM(B[i,j] * X[i,k])", np.einsum("ij,ik->jk", B, X)),
+                ("R[i] = SUM(B[i,j] * vec[j])", np.einsum("ij,j->i", B, v)),            # SpMV
+                ("R[i,k] = SUM(A[i,j] * B[j,k])", _spgemm(A, B).toarray().astype(dtype)),  # SpGEMM
+                ("R[i] = SUM(B[i,j])", np.einsum("ij->i", B)),                        # spreduce
+                ("R[j] = MAX(B[i,j])", B.max(0)),
+                ("R[i] = MIN(A[i,j])", A.min(1)),
+                ("R = SUM(A[i,j])", np.einsum("ij->", A)),
+                ("R[i,j] = A[i,j] * B[i,j]", A * B),                                  # spjoin
+                ("R[i,j] = A[i,j] + B[j,i]", (A + B.T) if dtype != "bool" else A | B.T),
+                ("R = SUM(A[i,j] * B[j,k] * A[k,i])",                                    # masked
+                 np.asarray(_spgemm(A, B).multiply(_spgemm(A.T, None)).sum()).astype(dtype)),
+            ]
+        for q, want in cases:
+            con.execute(q)
+            _same(np.asarray(con.tensor("R")), np.asarray(want), (q, dtype))
+        if dtype != "bool":
+            U = rng.integers(-2, 3, (n, 4)).astype(dtype)
+            V = rng.integers(-2, 3, (n, 4)).astype(dtype)
+            con.load("U", U)
+            con.load("V", V)
+            q = "R[i,j] = SUM(A[i,j] * U[i,r] * V[j,r])"                            # SDDMM
+            assert "sddmm x" in con.explain(q), con.explain(q)
+            con.execute(q)
+            _same(np.asarray(con.tensor("R")), A * (U @ V.T), (q, dtype))
+        got = con.sparse("A")                                                          # exports
+        np.testing.assert_array_equal(sp.coo_array(got).toarray(), A)
+        con.export("B", str(tmp_path / "b.parquet"))
+        rows = duckdb.sql(f"SELECT * FROM '{tmp_path / 'b.parquet'}'").fetchall()
+        nz = np.nonzero(B)
+        assert sorted((int(i), int(j), v) for i, j, v in rows) == \
+            sorted(zip(nz[0].tolist(), nz[1].tolist(), B[nz].tolist()))
+        assert sorted(con.execute("SELECT * FROM A").fetchall()) == \
+            sorted(zip(*(x.tolist() for x in np.nonzero(A)), A[np.nonzero(A)].tolist()))
+        assert con.check()[-1]["problem"] == "ok"
+        if dtype.startswith("float"):                                                  # GRAD
+            W = rng.standard_normal((n, 3)).astype(dtype)
+            con.load("W", W)
+            con.execute("L = SUM(A[i,j] * X[j,k] * W[i,k]); dX = GRAD(L, X)")
+            _same(np.asarray(con.tensor("dX")), A.T @ W, ("GRAD", dtype), rtol=1e-4)
+    with tensordb.connect(str(tmp_path / "db"), executor="dask", workers=2) as con:     # Dask
+        for q, want in cases[:6]:
+            con.execute(q)
+            _same(np.asarray(con.tensor("R")), np.asarray(want), ("dask", q, dtype))
+
+
+def test_min_plus_of_a_hypersparse_matrix_of_fill_inf_equals_numpy(tmp_path):
+    rng = np.random.default_rng(41)
+    n = 3000
+    e = [(int(a), int(b), float(w)) for a, b, w in
+         zip(rng.integers(0, n, 12), rng.integers(0, n, 12), rng.integers(1, 9, 12))]
+    e += [(10, 20, 1.0), (20, 30, 2.0), (20, 40, 0.0)]  # paths, and a 0-weight edge
+    d = {}
+    for a, b, w in e:
+        d[(a, b)] = min(d.get((a, b), np.inf), w)
+    K = np.full((n, n), np.inf)
+    for (a, b), w in d.items():
+        K[a, b] = w
+    want = np.full((n, n), np.inf)  # min over j of K[i,j] + K[j,k]: only entries meet
+    for (a, b), w in d.items():
+        for (c, f), w2 in d.items():
+            if b == c:
+                want[a, f] = min(want[a, f], w + w2)
+    rows = ", ".join(f"({a}, {b}, {w})" for (a, b), w in d.items())
+    with tensordb.connect(str(tmp_path / "db")) as con:
+        con.execute(f"CREATE TENSOR K FROM (SELECT * FROM (VALUES {rows}) t(a, b, w)) INDEX (a, b) "
+                    f"VALUE w SHAPE ({n}, {n}) FILL +inf")
+        assert _formats(con, "K") == {"coo"}
+        q = "T[i,k] = MIN(K[i,j] + K[j,k])"
+        assert "min_plus" in con.explain(q)
+        con.execute(q)
+        np.testing.assert_array_equal(con.tensor("T"), want)
+        np.testing.assert_array_equal(con.tensor("K"), K)
+        s = con.sparse("K")  # pydata: it carries the fill
+        assert s.fill_value == np.inf
+        np.testing.assert_array_equal(s.todense(), K)
+        with tensordb.connect(str(tmp_path / "db")) as ro:  # a second connection: its own snapshot
+            np.testing.assert_array_equal(ro.tensor("T"), want)
+            np.testing.assert_array_equal(ro.tensor("K"), K)
+        assert con.check()[-1]["problem"] == "ok"
