@@ -246,25 +246,27 @@ def _result_bytes(op: EinOp, nnz: float | None) -> int:
 def refuse_unfillable(graph, sparse: Mapping[str, int], out_nnz: Mapping[str, float] | None,
                       memory_limit: int | None) -> None:
     """Refuse (OutOfMemoryError, before anything runs) an operation over a stored sparse input
-    whose output, in the format the plan gives it, is larger than ``memory_limit`` (without
-    one, the machine's memory) and more than twice every input's stored bytes: an output its
-    inputs cannot fill, such as ``deg[i] = SUM(G[i,j])`` of a 10^10 x 10^10 ``G`` of 5 entries, a
-    dense vector of 80 GB (a matrix output the plan makes sparse counts at its sparse bytes).
-    ``sparse``: stored input -> its stored bytes, for the inputs with sparse tiles; another
-    input counts at its dense bytes.
+    whose output, in the format the plan gives it, is larger than the machine's memory (or
+    ``memory_limit`` where that is larger) and more than twice its inputs' stored bytes: an
+    output its inputs cannot fill, such as ``deg[i] = SUM(G[i,j])`` of a 10^10 x 10^10 ``G`` of 5
+    entries, a dense vector of 80 GB (a matrix output the plan makes sparse counts at its
+    sparse bytes). A dense output below that is written tile by tile under ``memory_limit``, as
+    any other. ``sparse``: stored input -> its stored bytes, for the inputs with sparse tiles;
+    another input counts at its dense bytes. Here a ``memory_limit`` above the machine's counts:
 
     >>> from tensordb.plan.ir import EinOp, EinGraph, TensorInfo
-    >>> n = 10**10
+    >>> n = 10**17
     >>> op = EinOp.contraction("deg", "i", [("G", "ij")], {"i": n, "j": n})
     >>> g = EinGraph((TensorInfo("G", (n, n), "float64"),), (op,), ("deg",))
     >>> try:
-    ...     refuse_unfillable(g, {"G": 160}, None, 2**30)
+    ...     refuse_unfillable(g, {"G": 160}, None, 2**50)
     ... except OutOfMemoryError as e:
     ...     print(e.message)
-    deg[i] = SUM(G[i,j]): its output deg of shape (10000000000,) is dense: 74.5 GiB (float64), more than memory_limit (1.0 GiB) and than its inputs' 160 B (G: sparse, 160 B stored): nothing was run or changed
+    deg[i] = SUM(G[i,j]): its output deg of shape (100000000000000000,) is dense: 727595.8 TiB (float64), more than memory_limit (1024.0 TiB) and than its inputs' 160 B (G: sparse, 160 B stored): nothing was run or changed
     """
-    limit, what = (memory_limit, "memory_limit") if memory_limit else \
-        (physical_memory(), "this machine's memory")
+    machine = physical_memory() or 0
+    limit, what = (memory_limit, "memory_limit") if (memory_limit or 0) > machine else \
+        (machine, "this machine's memory")
     if not limit or not sparse:
         return
     dims = {t.name: t for t in graph.inputs}
