@@ -33,6 +33,7 @@ from ..errors import OutOfMemoryError, ProgrammingError
 from ..plan import fills as plan_fills, sparse_fuse, sparse_split
 from ..plan.builder import Graph
 from ..plan.ir import EinGraph
+from ..plan.memory import refuse_unfillable
 from .cache import PreparedCache, graph_key, plan_key, rebind, statements_key
 from .snapshot import Snapshot
 
@@ -177,6 +178,11 @@ def plan_graph(graph: EinGraph, pieces, snapshot: Snapshot, target: Target,
     input_fills = {n: r.meta.fill for n, r in readers.items()}
     fills = plan_fills.graph_fills(graph, input_fills)
     decomp = optimize(graph, pieces, snapshot, names, target)
+    # An output its sparse inputs cannot fill (a dense vector over a hypersparse matrix's
+    # 10^10 rows) is refused here, before anything runs (plan/memory.py)
+    refuse_unfillable(graph, {n: int(r.meta.nbytes) for n, r in readers.items()
+                              if getattr(r, "has_sparse", False)},
+                      decomp.details.get("output_nnz"), target.memory_limit)
     if target.cluster:  # EXPLAIN: the workers, threads and memory the plan was made for
         decomp.details["target"] = dict(target.cluster)
     decomp.details["output_fill"] = {n: f for n, f in fills.items() if f}

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -151,6 +152,8 @@ class _Input:
                                        # sparse tile a sparse kernel reads as it is: below 1)
     sparse: bool = False               # stored with sparse tiles (a copy when read: entries
                                        # sliced, or the box densified)
+    row_ptrs: bool = False             # a matrix of COO tiles (hypersparse) its kernel makes
+                                       # CSR of: row pointers of its box's rows (8 bytes each)
 
 
 @dataclass(frozen=True)
@@ -232,7 +235,7 @@ class OpModel:
                               (presence or {}).get(o.tensor),
                               zero_when_absent(op.join, {k}, finite - {k}, nonzero - {k}),
                               o.tensor not in produced, (grids or {}).get(o.tensor), held,
-                              k in st))
+                              k in st, k in st and _builds_row_ptrs(op, kern, k, st)))
         flops, out_nnz = float(op.flops), None
         if kern is not None:
             partner = op.inputs[1 - kern[1]].tensor if len(op.inputs) == 2 else None
@@ -273,7 +276,12 @@ class OpModel:
             not self.out_pos else self.out_itemsize * math.prod(out)
         for i in self.inputs:
             total += int(i.itemsize * math.prod(tile[p] for p in i.pos) * i.held)
-        return total
+        return total + self.row_ptr_bytes(tile)
+
+    def row_ptr_bytes(self, tile: Sequence[int]) -> int:
+        """The row pointers a kernel call builds over its COO (hypersparse) input boxes' rows:
+        a CSR of a 10^10-row box is 80 GB of them, whatever its entries."""
+        return sum(8 * (tile[i.pos[0]] + 1) for i in self.inputs if i.row_ptrs)
 
     def call_memory(self, d: Sequence[int]) -> memory.CallMemory:
         """What one kernel call on the largest tiles holds at once (plan/memory.py): the peak a
@@ -290,8 +298,10 @@ class OpModel:
         fan_in = math.prod(d[self.n_out:])
         # chunked along the label the lowering picks for these tiles
         chunk = chunk_label(self.op, extents) if self.kernel.index is None else None
-        return memory.call_memory(self.op, extents, fan_in, copied, self.kernel, self.handoff,
-                                  [i.held for i in self.inputs], chunk)
+        m = memory.call_memory(self.op, extents, fan_in, copied, self.kernel, self.handoff,
+                               [i.held for i in self.inputs], chunk)
+        ptrs = self.row_ptr_bytes(tile)
+        return dataclasses.replace(m, inputs=m.inputs + ptrs) if ptrs else m
 
     def peak(self, d: Sequence[int]) -> int:
         """Bytes a worker holds at once running this operation under tiling ``d``."""
@@ -523,4 +533,17 @@ def _require(vec: list[int], pos, need) -> bool:
         if vec[p] not in (1, n):
             return False
         vec[p] = n
+    return True
+
+
+def _builds_row_ptrs(op, kern, k: int, st) -> bool:
+    """Whether operand ``k`` (stored sparse: ``st[k]``) is a matrix of COO tiles that the
+    kernel ``kern`` ((method, sparse operand)) reads as CSR over its box's rows
+    (exec/sparse_kernels.py): every sparse kernel but a reduction's and SpMM's with a dense
+    partner, which work on the occupied rows only (exec/sparse_nd.py)."""
+    if kern is None or len(op.inputs[k].labels) != 2 or "coo" not in st[k].formats:
+        return False
+    if kern[0] == "spreduce" or (kern[0] == "spmm" and len(op.inputs) == 2 and
+                                 (1 - kern[1]) not in st):
+        return False
     return True

@@ -43,15 +43,17 @@ def _itemsize(dtype) -> int:
 
 
 def _task_bytes(plan: TilePlan, t) -> int:
-    """Bytes of the tile task ``t`` produces."""
+    """Bytes of the tile task ``t`` produces, at most 2^62: a box of a sparse tensor, or a
+    sparse kernel's output tile, whose extents pass int64 (its entries are what moves)."""
     if isinstance(t, Kernel):
-        return math.prod(t.out_shape) * _itemsize(plan.ops[t.op].dtype)
-    if isinstance(t, (Aggregate, Assemble)):
-        return math.prod(t.shape) * _itemsize(t.dtype)
-    reader = getattr(plan, "readers", {}).get(t.tensor)
-    item = _itemsize(reader.meta.dtype) if reader is not None else 8
-    # a box of a sparse tensor whose extents pass int64 (its entries are what moves): capped
-    return min(math.prod(b - a for a, b in zip(t.starts, t.stops)) * item, 1 << 62)
+        n = math.prod(t.out_shape) * _itemsize(plan.ops[t.op].dtype)
+    elif isinstance(t, (Aggregate, Assemble)):
+        n = math.prod(t.shape) * _itemsize(t.dtype)
+    else:
+        reader = getattr(plan, "readers", {}).get(t.tensor)
+        item = _itemsize(reader.meta.dtype) if reader is not None else 8
+        n = math.prod(b - a for a, b in zip(t.starts, t.stops)) * item
+    return min(n, 1 << 62)
 
 
 def place(plan: TilePlan) -> TilePlan:

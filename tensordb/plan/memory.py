@@ -43,6 +43,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..config import format_bytes, physical_memory
+from ..errors import OutOfMemoryError
 from ..shares import Shares
 from ..sparsity import choose_format, sparse_nbytes
 from .aggregates import ARG_AGGS
@@ -51,7 +53,7 @@ from .kernel import (SPARSE_METHODS, KernelChoice, choose_kernel, chunk_label, e
                      output_tile_bytes)
 
 __all__ = ["CallMemory", "PlanMemory", "worker_budget", "kernel_temporaries", "call_memory",
-           "project", "BLAS_FLOPS_PER_THREAD", "SPARSE_FLOPS_PER_THREAD",
+           "project", "refuse_unfillable", "BLAS_FLOPS_PER_THREAD", "SPARSE_FLOPS_PER_THREAD",
            "SPARSE_FLOP_WEIGHT"]
 
 # A BLAS thread per this many flops of a call (about 1 ms of one core): a call of a few MFLOP
@@ -242,3 +244,63 @@ def _result_bytes(op: EinOp, nnz: float | None) -> int:
         return dense
     fmt = "csr" if len(op.out_labels) == 2 else "coo"  # rank 3+: a join's COO tiles
     return min(dense, sparse_nbytes(op.out_shape, nse, op.dtype, fmt))
+
+
+def refuse_unfillable(graph, sparse: Mapping[str, int], out_nnz: Mapping[str, float] | None,
+                      memory_limit: int | None) -> None:
+    """Refuse (OutOfMemoryError, before anything runs) an operation over a stored sparse input
+    whose output, in the format the plan gives it, is larger than the machine's memory (or
+    ``memory_limit`` where that is larger) and more than twice its inputs' stored bytes: an
+    output its inputs cannot fill, such as ``deg[i] = SUM(G[i,j])`` of a 10^10 x 10^10 ``G`` of 5
+    entries, a dense vector of 80 GB (a matrix output the plan makes sparse counts at its
+    sparse bytes). A dense output below that is written tile by tile under ``memory_limit``, as
+    any other. ``sparse``: stored input -> its stored bytes, for the inputs with sparse tiles;
+    another input counts at its dense bytes. Here a ``memory_limit`` above the machine's counts:
+
+    >>> from tensordb.plan.ir import EinOp, EinGraph, TensorInfo
+    >>> n = 10**17
+    >>> op = EinOp.contraction("deg", "i", [("G", "ij")], {"i": n, "j": n})
+    >>> g = EinGraph((TensorInfo("G", (n, n), "float64"),), (op,), ("deg",))
+    >>> try:
+    ...     refuse_unfillable(g, {"G": 160}, None, 2**50)
+    ... except OutOfMemoryError as e:
+    ...     print(e.message)
+    deg[i] = SUM(G[i,j]): its output deg of shape (100000000000000000,) is dense: 727595.8 TiB (float64), more than memory_limit (1024.0 TiB) and than its inputs' 160 B (G: sparse, 160 B stored): nothing was run or changed
+    """
+    machine = physical_memory() or 0
+    limit, what = (memory_limit, "memory_limit") if (memory_limit or 0) > machine else \
+        (machine, "this machine's memory")
+    if not limit or not sparse:
+        return
+    dims = {t.name: t for t in graph.inputs}
+    for op in graph.ops:
+        if not any(o.tensor in sparse for o in op.inputs):
+            continue
+        nnz = (out_nnz or {}).get(op.output)
+        out, fmt = _output_bytes(op, nnz)
+        held = sum(sparse[o.tensor] if o.tensor in sparse else
+                   math.prod(dims[o.tensor].shape) * np.dtype(dims[o.tensor].dtype).itemsize
+                   if o.tensor in dims else math.prod(op.size[l] for l in o.labels) * 8
+                   for o in op.inputs)
+        if out > limit and out > 2 * held:
+            stored = ", ".join(f"{o.tensor}: sparse, {format_bytes(sparse[o.tensor])} stored"
+                               for o in op.inputs if o.tensor in sparse)
+            raise OutOfMemoryError(
+                f"{op.describe()}: its output {op.output} of shape {tuple(op.out_shape)} is "
+                f"{fmt}: {format_bytes(out)} ({np.dtype(op.dtype).name}), more than {what} "
+                f"({format_bytes(limit)}) and than its inputs' {format_bytes(held)} ({stored}): "
+                "nothing was run or changed",
+                hint="compute it over a slice of the rows, or an aggregate of it (a SUM over "
+                     "all its labels), or store the input with fewer rows")
+
+
+def _output_bytes(op: EinOp, nnz: float | None) -> tuple[int, str]:
+    """An output's bytes and format: dense, or its sparse bytes in the format the storage rule
+    picks (CSR, or COO for a hypersparse matrix or a rank 3+ join's output) where a sparse
+    kernel's estimated nonzeros ``nnz`` make it sparse (``_result_bytes``' rule)."""
+    dense = math.prod(op.out_shape) * np.dtype(op.dtype).itemsize
+    if _result_bytes(op, nnz) >= dense:
+        return dense, "dense"
+    nse = int(math.ceil(nnz))
+    fmt = choose_format(op.out_shape, nse, op.dtype)
+    return min(dense, sparse_nbytes(op.out_shape, nse, op.dtype, fmt)), fmt
