@@ -25,7 +25,9 @@ A box of a stored matrix of fill 0 that is a view of its payload (a whole CSR ti
 its rows) is read as before, a plain scipy CSR array, but tagged with a ``Sourced`` entry of its
 own (``source_of``): the SpGEMM kernel's GraphBLAS copy of a stored graph is kept there too (a
 2,048-node R-MAT graph's ``G @ G`` copied both operands into GraphBLAS at every statement). A
-fill-0 box that is a copy is not kept (it would hold memory nothing asked it to).
+fill-0 box that is a copy is not kept (it would hold memory nothing asked it to). Such an entry
+counts 0 bytes until a kernel keeps something in its slot, so the cache also holds at most
+``MAX_ENTRIES`` entries, the least recently used leaving first.
 
 >>> import numpy as np, scipy.sparse as sp
 >>> from tensordb.storage.sparse import Filled
@@ -44,9 +46,14 @@ import numpy as np
 from ..storage.sparse import Filled, tile_nbytes
 from .devcache import DeviceCache, _Entry
 
-__all__ = ["Sourced", "GraphCache", "GRAPHS", "remember", "source_of", "CAPACITY_SHARE"]
+__all__ = ["Sourced", "GraphCache", "GRAPHS", "remember", "source_of", "CAPACITY_SHARE",
+           "MAX_ENTRIES"]
 
 CAPACITY_SHARE = 8  # the cache holds at most 1/8 of the default memory limit
+# and at most this many entries: a fill-0 view box's entry counts 0 bytes until a kernel keeps
+# something in its slot, so the byte cap alone let one accumulate for every distinct box read
+# (a scan over many row bands of many tensors) until its version left
+MAX_ENTRIES = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,9 +134,10 @@ class GraphCache(DeviceCache):
     """Sourced boxes by ``(name, version, starts, stops)`` on "device" ``(database, payload)``
     (see the module's doc)."""
 
-    def __init__(self, capacity: int | None = None) -> None:
+    def __init__(self, capacity: int | None = None, max_entries: int = MAX_ENTRIES) -> None:
         super().__init__()
         self.capacity = capacity
+        self.max_entries = max_entries
         self.hits = self.misses = 0
         self._stores: list = []  # weak references to the stores that report commits here
 
@@ -172,6 +180,7 @@ class GraphCache(DeviceCache):
                     self._add((key, where), _entry(box, 0))
                 else:
                     box = self.entries[(key, where)].array
+            self._trim()
             return _tag(out, box)
         if not isinstance(out, Filled):
             return out
@@ -200,9 +209,15 @@ class GraphCache(DeviceCache):
         self._trim()
 
     def _trim(self) -> None:
+        """Least recently used entries leave while the cache holds more than its bytes or more
+        than ``max_entries`` entries (every entry is idle: a kernel holds what it reads)."""
         over = self.bytes - self._cap()
         if over > 0:
             self.make_room(over)
+        with self.lock:
+            while len(self.entries) > self.max_entries:
+                self._drop(next(iter(self.entries)))  # the least recently used
+                self.evicted += 1
 
     def listen(self, store) -> None:
         """Have ``store`` tell the cache its commits: replaced and dropped versions leave."""

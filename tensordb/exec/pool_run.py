@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import InternalError
 from ..physical.plan import Aggregate, Kernel, Load, TilePlan
+from ..storage import held_interrupt
 from ..storage.sparse import tile_nbytes
 from ..storage.writer import TileStats, tile_stats
 from .budget import Budget, may_cross, temporary_bytes
@@ -216,11 +217,12 @@ class _Run(Splits):
                 self._queue(t.worker, ("run", t))
             return
         extra = self._pre_cut() if self.may_precut else []
-        with self.lock:
-            self.pending += len(first) + len(extra)
         rank, n = self.rank, len(self.queues)
-        self.queues.put_many([(t.worker % n, (1, rank.get(t.key, 0)), (self, "run", t))
-                              for t in first] + extra)
+        items = [(t.worker % n, (1, rank.get(t.key, 0)), (self, "run", t)) for t in first] + extra
+        with held_interrupt():  # a Ctrl-C between count and put: go() waited for them forever
+            with self.lock:
+                self.pending += len(items)
+            self.queues.put_many(items)
 
     def _queue(self, worker: int, item) -> None:
         with self.lock:

@@ -63,12 +63,14 @@ is tensordb.sqlfront, the file formats (loads and exports) tensordb.formats; bot
 package and use only its public names (``Store.lock``, ``check_open``, ``in_transaction``,
 ``find``, ``views_of``, ``register_view``; the error translation and quoting above).
 """
-from ._duck import (first_row, is_interrupt, quote_ident, quote_str, spelled_names,  # noqa: E402
-                    translate, translate_message, translating)
+from ._duck import (first_row, held_interrupt, is_interrupt, quote_ident,  # noqa: E402
+                    quote_str, spelled_names, translate, translate_message, translating)
 from .store import Store, TensorMeta, TensorReader, TensorWriter  # noqa: E402
 
 __all__ = ["Store", "TensorMeta", "TensorReader", "TensorWriter",
            # DuckDB's errors as tensordb's, and quoting: for every package that runs SQL on the
            # store's connection (sqlfront/, formats/, session/), as storage itself does
            "translate", "translate_message", "translating", "is_interrupt", "quote_ident",
-           "quote_str", "first_row", "spelled_names"]
+           "quote_str", "first_row", "spelled_names",
+           # a Ctrl-C held over a step that must not be cut in two (exec/pool_run.py too)
+           "held_interrupt"]

@@ -71,7 +71,8 @@ class TensorWriter(ReservedTiles):
         self.entries: dict[tuple[int, ...], TileEntry] = {}
         self._fd: int | None = None
         self._pos = 0
-        self._lock = threading.Lock()
+        # reentrant: ``_fail`` takes it, and is called with it held (``_append``, ``reserve``)
+        self._lock = threading.RLock()
         self._state = "open"
         self._grid_shape = grid_shape(grid)
         self._map: mmap.mmap | None = None
@@ -442,19 +443,29 @@ class TensorWriter(ReservedTiles):
         return sync_in_background(fd, self.store.tiles_dir, early, covered)
 
     def _fail(self) -> None:
-        self._state = "aborted"
-        self._abort_upload()
-        self._give_back_staging()
-        try:
-            self._close_file(sync=False)
-        except OSError:  # pragma: no cover - the file is going away anyway
-            pass
-        memfiles.forget(self.path)  # bytes kept as the payload (memfiles.py), if any
-        if self.entries or os.path.exists(self.path):
+        """Abort: the payload file closed and removed, staging given back. Once, whichever
+        threads call it at once (an abort and a failing worker's append): the first marks the
+        writer aborted under its lock and takes the descriptor out of it, so no other closes it
+        a second time (by then possibly another file's number), and an ``_append`` that opens
+        the file (under the same lock) either runs before, its file removed here, or after, and
+        finds the writer aborted: no payload file is left behind."""
+        with self._lock:
+            if self._state == "aborted":
+                return
+            self._state = "aborted"
+        self._abort_upload()  # outside the lock: it waits for the upload's own threads
+        with self._lock:
+            self._give_back_staging()
             try:
-                os.unlink(self.path)
-            except FileNotFoundError:
+                self._close_file(sync=False)
+            except OSError:  # pragma: no cover - the file is going away anyway
                 pass
+            memfiles.forget(self.path)  # bytes kept as the payload (memfiles.py), if any
+            if self.entries or os.path.exists(self.path):
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
 
     @property
     def staged_bytes(self) -> int:

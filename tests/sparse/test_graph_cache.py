@@ -227,3 +227,29 @@ def test_a_band_of_a_csr_tiles_rows_is_read_as_views_of_its_payload(tmp_path):
             loaded = run_load(Load(0, "G", (r0, 0), (r1, 600)), reader)
             assert source_of(loaded) is not None  # tagged with its cache entry's slot
             np.testing.assert_array_equal(loaded.toarray(), G[r0:r1].toarray())
+
+
+def test_fill_0_view_boxes_entries_are_capped_least_recently_used_first(tmp_path, monkeypatch):
+    """A fill-0 view box's entry holds 0 bytes, so the byte cap never dropped one: reading 30
+    distinct bands of a stored graph left 30 entries until G's version left. Now at most
+    ``max_entries`` stay, the least recently used leaving first; every box read is G's rows."""
+    from tensordb.exec.graphcache import source_of
+    from tensordb.exec.tasks import run_load
+    from tensordb.physical.plan import Load
+    monkeypatch.setattr(GRAPHS, "max_entries", 8)
+    G = sp.csr_array(sp.random(600, 600, density=0.01, format="csr", random_state=4))
+    with tensordb.connect(tmp_path / "db") as con:
+        con.load("G", G)
+        reader = con.store.open("G")
+        bands = [(20 * b, 20 * b + 20) for b in range(30)]
+        for n, (r0, r1) in enumerate(bands):
+            loaded = run_load(Load(0, "G", (r0, 0), (r1, 600)), reader)
+            assert source_of(loaded) is not None
+            np.testing.assert_array_equal(loaded.toarray(), G[r0:r1].toarray())
+            if n >= 1:  # the first band, read again each time: the most recently used
+                again = run_load(Load(0, "G", (0, 0), (20, 600)), reader)
+                np.testing.assert_array_equal(again.toarray(), G[0:20].toarray())
+            assert len(GRAPHS) <= 8
+        kept = sorted((k[2][0], k[3][0]) for k in _entries("G"))
+        assert len(kept) == 8
+        assert kept == sorted([(0, 20)] + bands[-7:])  # the 7 latest and the one read again
