@@ -186,7 +186,9 @@ def load_bytes(plan, task: Load, sparse_read: bool = True) -> int:
 def _read_sparse(plan, graphblas: bool = False) -> set:
     """The keys of the Loads whose every consumer is a sparse kernel reading that operand as
     it is: the semiring kernels and GraphBLAS's SpGEMM (``KernelChoice.semiring``) any
-    operand, the other sparse methods the one they name sparse (``KernelChoice.sparse``).
+    operand, the other sparse methods the one they name sparse (``KernelChoice.sparse``), an
+    elementwise join of two sparse operands both, an ``spmm`` of two tensors of rank 3 or more
+    both.
     A Load read by any other task (a dense kernel, an assembly) is densified there.
     ``graphblas``: the keys of the Loads some GraphBLAS kernel (a semiring kernel, GraphBLAS's
     SpGEMM) reads, which copies them in."""
@@ -208,8 +210,16 @@ def _read_sparse(plan, graphblas: bool = False) -> set:
                 continue
             c = plan.kernels[t.op]
             ok[k] = c.method in SPARSE_METHODS and (
-                c.semiring is not None or c.method == "semiring" or pos == c.sparse)
+                c.semiring is not None or c.method == "semiring" or pos == c.sparse
+                or (c.method == "spjoin" and not c.gathers)  # a join: both operands
+                or (c.method == "spmm" and _rank3(plan, t, pos) and _rank3(plan, t, c.sparse)))
     return {k for k, v in ok.items() if v}
+
+
+def _rank3(plan, task, pos: int) -> bool:
+    """Whether operand ``pos`` of kernel ``task`` has rank 3 or more (an ``spmm`` of two such
+    sparse tensors reads both as their entries: exec/sparse_nd_join.py ``contract_coo``)."""
+    return len(plan.ops[task.op].inputs[pos].labels) > 2
 
 
 def _device_sparse(plan) -> set:

@@ -70,6 +70,9 @@ def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None
     if choice.method == "spreduce":  # a COO box (rank 3 or more, hypersparse) read as it is
         return spreduce(op, choice, [a if isinstance(a, CooTile) else stacked(a) for a in args],
                         out_shape)
+    if choice.method == "spjoin" and len(op.out_labels) > 2:  # rank 3+: on the entries
+        from .sparse_nd_join import spjoin_nd
+        return spjoin_nd(op, choice, args, arg_shapes, out_shape)
     # a box over several CSR row tiles, or a matrix's COO box, as one CSR array; a gather's
     # rows taken
     args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]
@@ -381,6 +384,10 @@ def _spmm_nd(op, k: int, args: list, out_shape, dtype) -> np.ndarray:
     S, D = args[k], args[1 - k]
     if S is None or D is None:
         return np.zeros(out_shape, dtype)
+    if isinstance(S, CooTile) and isinstance(D, CooTile) and D.ndim > 2:  # SpGEMM on entries
+        from .sparse_nd_join import contract_coo
+        return contract_coo(S, op.inputs[k].labels, D, op.inputs[1 - k].labels, op.out_labels,
+                            dtype).reshape(out_shape)
     D = D.take() if isinstance(D, RowGather) else D
     D = np.asarray(densify(stacked(D)) if is_sparse(D) else D)
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels

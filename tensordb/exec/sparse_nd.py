@@ -14,7 +14,8 @@ the rows applied.
   tensor is its entries, not 8 TB).
 - ``contract_nd``: ``SUM(T[...] * D[...])`` of a sparse tile ``T`` with a dense operand ``D``
   known to hold no NaN or inf (the ``spmm`` kernel on a rank-3 or higher operand): ``T``'s
-  labels that ``D`` shares (contracted) are its columns, the ones the output keeps its rows (only
+  labels that ``D`` shares (summed, or kept: a batch label, in the rows and the columns both)
+  are its columns, the ones the output keeps its rows (only
   the occupied rows: CSR over them), a label of ``T`` alone and not kept summed into its entries
   by scipy's duplicate sum; one scipy product with ``D`` laid out (contracted, the rest), its rows
   scattered into the dense output.
@@ -116,8 +117,8 @@ def reduce_nd(tile, labels: Sequence[str], out_labels: Sequence[str], agg: str,
 def contract_nd(tile, labels: Sequence[str], dense: np.ndarray, d_labels: Sequence[str],
                 out_labels: Sequence[str], dtype) -> np.ndarray:
     """``SUM`` of ``tile[labels] * dense[d_labels]`` into ``out_labels`` (see the module
-    docstring): ``tile`` a ``CooTile``; the labels ``dense`` shares with it are contracted (none
-    is kept), each other label of ``dense`` is kept. NumPy's ``einsum`` of the densified tile
+    docstring): ``tile`` a ``CooTile``; the labels ``dense`` shares with it are its columns
+    (summed, or kept as a batch), each other label of ``dense`` is kept. NumPy's ``einsum`` of the densified tile
     where ``dense`` is finite.
 
     >>> from tensordb.storage.sparse import CooTile

@@ -59,8 +59,11 @@ def read_sparse(op: EinOp, kern: tuple, st: dict) -> set[int]:
     method, k = kern[0], kern[1]
     if method in ("masked", "spjoin"):
         return set(st)
-    if method == "spmm":  # SpGEMM: a sparse matrix partner arrives as CSR and stays so
-        return {k} | {n for n in st if len(op.inputs[n].labels) == 2}
+    if method == "spmm":  # SpGEMM: a sparse matrix partner arrives as CSR and stays so (two
+        # sparse tensors of rank 3 or more: both as their entries, exec/sparse_nd_join.py)
+        nd = len(op.inputs[k].labels) > 2
+        return {k} | {n for n in st if len(op.inputs[n].labels) == 2 or
+                      (nd and len(op.inputs[n].labels) > 2)}
     if method == "semiring":
         return {n for n in st if st[n].fill == st[k].fill}
     return {k}
@@ -216,8 +219,9 @@ def made_stats(op: EinOp, choice, out_nnz: float, stats=None) -> StoredStats | N
     (('csr',), 5000, True)
     """
     from ..sparsity import sparse_nbytes
-    if choice is None or choice.out_format == "dense" or len(op.out_labels) != 2:
-        return None
+    if choice is None or choice.out_format == "dense" or (len(op.out_labels) != 2
+                                                         and choice.out_format != "coo"):
+        return None  # (a join of rank 3 or more returns COO tiles: sparse too)
     nnz = int(math.ceil(out_nnz))
     fill = 0.0
     if choice.method == "semiring":

@@ -24,7 +24,8 @@ def device_method(op: EinOp, choice: KernelChoice) -> str | None:
     - ``spreduce`` with SUM: the row or column sums of the stored entries; MAX and MIN dense
       (and any reduction of a sparse tensor of rank 3 or more);
     - ``sddmm``: by its definition over the mask's stored coordinates (cupyx has no SDDMM);
-    - ``spjoin``: cupyx's elementwise ``multiply``, ``+`` and ``-`` of two CSR tiles;
+    - ``spjoin``: cupyx's elementwise ``multiply``, ``+`` and ``-`` of two CSR tiles (a join
+      of rank 3 or more runs dense there);
     - ``masked`` (the triangle count's ``SUM(A * B * C)``): ``(X @ Y).multiply(M).sum()``,
       the unmasked SpGEMM then M's entries of it (scipy's form without GraphBLAS);
     - ``semiring`` (min-plus, max-times: no GPU library has them): dense, its broadcast variant
@@ -39,6 +40,8 @@ def device_method(op: EinOp, choice: KernelChoice) -> str | None:
             else None
     if choice.method == "spreduce":
         return "spreduce" if op.agg == "sum" and len(op.inputs[0].labels) == 2 else None
+    if choice.method == "spjoin" and len(op.out_labels) != 2:
+        return None  # rank 3 or more (exec/sparse_nd_join.py): dense on a GPU, its variant
     return choice.method if choice.method in ("sddmm", "spjoin", "masked") else None
 
 

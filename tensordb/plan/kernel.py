@@ -1,6 +1,8 @@
 """The kernel choice: how each operation's tile kernel computes, decided once, when the plan is
 lowered, and priced by the optimizer with the same function (``choose_kernel``).
 
+The forms that a BLAS or sparse kernel computes as NumPy would (``blas_product``,
+``matmul_layout``, ``sparse_kernel`` ...) are in plan/kernel_forms.py, re-exported here.
 The executor's kernels (exec/kernels.py) read a ``KernelChoice`` and decide nothing; EXPLAIN
 prints it (the ``kernel`` column); the memory model (plan/memory.py) reads its temporaries off it.
 The methods:
@@ -55,11 +57,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import InternalError
-from ..geometry import OneHotName
 from ..sparsity import choose_format, sparse_nbytes
 from . import scalar, sparse_rules
 from .aggregates import ARG_AGGS
 from .ir import EinOp
+from .kernel_forms import (MatmulLayout, blas_product, matmul_layout, merges, sparse_kernel,  # noqa: F401
+                           sparse_reduction, spgemm_graphblas, spmm_nd_operand, spmm_operand)
 
 __all__ = ["CHUNK_ELEMENTS", "TEMPORARY_SHARE", "METHODS", "MatmulLayout", "KernelChoice",
            "choose_kernel", "chunk_label", "chunk_elements", "element_bytes", "live_arrays", "blas_product",
@@ -127,174 +130,6 @@ def chunk_elements(budget: int | None, op: EinOp, per_element: int | None = None
     return max(1, min(CHUNK_ELEMENTS, int(budget) // TEMPORARY_SHARE // per_element))
 
 
-# -- BLAS and sparse kernels: when they give NumPy's answer ---------------------------------------
-
-@dataclass(frozen=True)
-class MatmulLayout:
-    """``matmul(X(b, m, k), Y(b, k, n))`` with X = operand ``first`` transposed by ``perm_first``
-    and Y = operand ``second`` by ``perm_second``; the groups name the labels of b, m, k and n."""
-
-    first: int
-    second: int
-    perm_first: tuple[int, ...]
-    perm_second: tuple[int, ...]
-    batch: tuple[str, ...]
-    free_first: tuple[str, ...]
-    contracted: tuple[str, ...]
-    free_second: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        if {self.first, self.second} != {0, 1}:
-            raise InternalError(f"a matmul layout takes operands 0 and 1, not {self.first}, {self.second}")
-        n_first = len(self.batch + self.free_first + self.contracted)
-        n_second = len(self.batch + self.contracted + self.free_second)
-        if sorted(self.perm_first) != list(range(n_first)) or \
-                sorted(self.perm_second) != list(range(n_second)):
-            raise InternalError(f"matmul permutations {self.perm_first}, {self.perm_second} do not "
-                                "match the label groups")
-
-
-def blas_product(op: EinOp):
-    """``scalar.product_of(op.join)`` when BLAS computes ``op`` as NumPy would (a sum of products
-    of every input, each once, in one dtype), else None."""
-    in_dtypes = op.in_dtypes or (op.dtype,) * len(op.inputs)
-    prod = scalar.product_of(op.join)
-    if (op.agg in ("sum", None) and prod is not None
-            and sorted(prod[1]) == list(range(len(op.inputs)))
-            and scalar.uniform_dtype(op.join, in_dtypes, op.dtype)):
-        return prod
-    return None
-
-
-def matmul_layout(op: EinOp) -> MatmulLayout | None:
-    """How to run a two-operand product as one batched matmul that yields the output in C order.
-
-    Labels are batch (both operands and the output), contracted (both, not the output) or free
-    (one operand and the output). When the output reads batch + free(first) + free(second), for
-    one order of the operands, the product is ``matmul(A(b,m,k), B(b,k,n))`` with no transpose of
-    the result. None when there is no such order.
-    """
-    if len(op.inputs) != 2:
-        return None
-    a, b = (o.labels for o in op.inputs)
-    if not a or not b or len(set(a)) != len(a) or len(set(b)) != len(b):
-        return None  # a scalar operand or a diagonal: the general path handles those
-    if any(l not in b and l not in op.out_labels for l in a) or \
-            any(l not in a and l not in op.out_labels for l in b):
-        return None  # a label summed inside one operand
-    out = op.out_labels
-    batch = [l for l in out if l in a and l in b]
-    contracted = [l for l in a if l in b and l not in out]
-    if list(out[:len(batch)]) != batch:
-        return None
-    rest = list(out[len(batch):])
-    if batch and rest and not contracted:
-        # a batch of outer products (``g[n] * G[n,f]``, GRAD's rows of a gather): matmul makes
-        # one tiny BLAS call per batch element, numpy's broadcasting multiply (``contract``)
-        # one pass, five to ten times faster at 500,000 rows
-        return None
-    for first, second, x, y in ((0, 1, a, b), (1, 0, b, a)):
-        free_x = [l for l in rest if l in x]
-        free_y = [l for l in rest if l in y]
-        if rest != free_x + free_y:
-            continue
-        perm_x = tuple(x.index(l) for l in batch + free_x + contracted)
-        perm_y = tuple(y.index(l) for l in batch + contracted + free_y)
-        return MatmulLayout(first, second, perm_x, perm_y, tuple(batch), tuple(free_x),
-                            tuple(contracted), tuple(free_y))
-    return None
-
-
-def sparse_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> tuple[str, int] | None:
-    """The sparse kernel ``op`` runs as, (method, the sparse operand), or None: ``spmm`` or
-    ``spreduce`` (physical/choice.py). ``sparse``: the operands stored as matrices with sparse
-    tiles; ``finite``: per operand, whether it is known to hold no NaN or inf. The lowering
-    chooses the kernel with it, and the optimizer prices the same kernel (optimizer/cost.py)."""
-    if not sparse or op.writes_diagonal:
-        return None
-    k = spmm_operand(op, sparse, finite)
-    if k is None:
-        k = spmm_nd_operand(op, sparse, finite)
-    if k is not None:
-        return "spmm", k
-    if sparse_reduction(op, sparse):
-        return "spreduce", 0
-    return None
-
-
-def spmm_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> int | None:
-    """The operand a sparse kernel takes as its sparse matrix, or None: ``op`` is a SUM of the
-    product of two operands (no constant, one dtype that is not bool), the sparse one a matrix
-    with one label contracted with the other operand and one kept in the output, the other
-    operand known finite, with distinct labels, all kept but the contracted one. The one-hot
-    rows of an index (``geometry.OneHotName``: GRAD's scatter-add of a gather) take any
-    partner: skipping their absent entries is the scatter-add itself (numpy's ``np.add.at``,
-    which adds a NaN or inf only to the rows the index names). GRAD's scatter-add of a row-scaled
-    gradient, ``SUM_n X[n,f] * H[n,r] * g[n]`` (X, the one-hot H, then g, in that order), is the
-    one three-operand form: H's entries are scaled by g, then multiplied by X."""
-    prod = blas_product(op)
-    if prod is None or op.agg != "sum" or len(op.inputs) not in (2, 3) or prod[0] != 1 or \
-            np.dtype(op.dtype).kind not in "iuf" or len(finite) != len(op.inputs):
-        return None
-    for k in sparse:
-        if len(op.inputs) == 3 and (k != 1 or not isinstance(op.inputs[1].tensor, OneHotName)):
-            continue  # three operands: only GRAD's scaled scatter-add (plan/grad.py), in order
-        s, d = op.inputs[k].labels, op.inputs[1 - k].labels
-        if not (finite[1 - k] or isinstance(op.inputs[k].tensor, OneHotName)) or len(s) != 2 \
-                or len(set(s)) != 2 or len(set(d)) != len(d):
-            continue
-        if len(op.inputs) == 3 and not (len(op.inputs[2].labels) == 1 and
-                                        op.inputs[2].labels[0] in s and
-                                        op.inputs[2].labels[0] in d):
-            continue  # the third operand: a vector on the contracted label (scales S's entries)
-        shared = [l for l in s if l in d]
-        if len(shared) != 1 or shared[0] in op.out_labels:
-            continue
-        kept = [l for l in s if l != shared[0]]
-        if kept[0] not in op.out_labels or any(
-                l != shared[0] and l not in op.out_labels for l in d):
-            continue
-        return k
-    return None
-
-
-def spmm_nd_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> int | None:
-    """The sparse operand of rank 3 or more of a ``SUM`` of the product of two operands (no
-    constant, one numeric dtype) that an ``spmm`` kernel computes on its entries
-    (exec/sparse_nd.py ``contract_nd``), or None: the other operand known finite, each operand's
-    labels distinct, the labels they share all contracted (none kept), every other label of the
-    other operand kept."""
-    prod = blas_product(op)
-    if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
-            np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
-        return None
-    for k in sparse:
-        s, d = op.inputs[k].labels, op.inputs[1 - k].labels
-        if len(s) < 3 or len(set(s)) != len(s) or len(set(d)) != len(d) or not finite[1 - k] \
-                or isinstance(op.inputs[k].tensor, OneHotName):
-            continue
-        shared = [l for l in s if l in d]
-        if shared and not any(l in op.out_labels for l in shared) and \
-                all(l in s or l in op.out_labels for l in d):
-            return k
-    return None
-
-
-def sparse_reduction(op: EinOp, sparse: Sequence[int]) -> bool:
-    """Whether ``op`` is ``AGG(S[i,j])`` over ``j``, ``i`` or both, for a stored sparse matrix
-    ``S`` (or a sparse tensor of higher rank over any of its labels, exec/sparse_nd.py) read as it is (no function, no constant, no cast) and AGG SUM, MAX or MIN: a
-    reduction of the stored entries that counts absent ones as zeros is then NumPy's answer."""
-    if list(sparse) != [0] or len(op.inputs) != 1 or op.agg not in ("sum", "max", "min"):
-        return False
-    labels = op.inputs[0].labels
-    prod = scalar.product_of(op.join)
-    in_dtype = (op.in_dtypes or (op.dtype,))[0]
-    return (len(labels) >= 2 and len(set(labels)) == len(labels)
-            and len(op.out_labels) < len(labels) and len(set(op.out_labels)) == len(op.out_labels)
-            and set(op.out_labels) <= set(labels) and prod is not None and prod[0] == 1
-            and tuple(prod[1]) == (0,) and np.dtype(in_dtype) == np.dtype(op.dtype))
-
-
 # -- the choice -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -315,9 +150,12 @@ class KernelChoice:
     fallback: "KernelChoice | None" = None  # the variant next to a NaN or inf (not broadcast)
     fallback_on: tuple[str, ...] = ()   # when it is taken: 'inputs', 'result' (tests of the
     #                                     data), 'device' (a sparse method run dense, off the CPU)
-    out_format: str = "dense"           # a sparse method's output tiles: 'dense' or 'csr'
+    out_format: str = "dense"           # a sparse method's output tiles: 'dense', 'csr' or
+    #                                     'coo' (a join of rank 3 or more)
     out_density: float = 1.0            # the estimated share of its output elements stored
     out_places: bool = True             # the output sink gives its tiles dense places (with_output)
+    gathers: bool = False               # 'spjoin' of rank 3+: a dense partner gathered at the
+    #                                     sparse operand's entries (plan/sparse_nd_rules.py)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -347,6 +185,8 @@ class KernelChoice:
             return f"matmul x{self.layout.first}@x{self.layout.second}"
         if self.method == "semiring":
             return f"semiring {self.semiring} x{self.sparse} sparse (GraphBLAS)"
+        if self.method == "spjoin" and self.gathers:
+            return f"spjoin x{self.sparse} sparse (x{1 - self.sparse} gathered)"
         if self.method == "spjoin":
             return "spjoin x0 x1 sparse"
         if self.method == "spmm" and self.semiring is not None and self.out_format != "dense":
@@ -447,9 +287,13 @@ def _decide_anew(op: EinOp, sparse: tuple, finite: tuple, fills: tuple):
         tests = (("inputs",) if np.dtype(op.dtype).kind == "f" else ()) \
             if found[0] == "spmm" else ("device",)
         semiring = found[2] if len(found) > 2 else None
+        gathers = semiring == "gather"  # a dense partner gathered at the entries (rank 3+)
+        if gathers:
+            semiring = None
         if found[0] == "spmm" and spgemm_graphblas(op, zero_fill):
             semiring = "plus_times"
-        return op, KernelChoice(found[0], sparse=found[1], semiring=semiring), tests
+        return op, KernelChoice(found[0], sparse=found[1], semiring=semiring,
+                                gathers=gathers), tests
     prod = blas_product(op)
     if prod is None:
         return op, None, ()
@@ -474,33 +318,9 @@ def _decide_anew(op: EinOp, sparse: tuple, finite: tuple, fills: tuple):
     lay = layout
     groups = {lay.first: (lay.perm_first, (len(lay.batch), len(lay.free_first))),
               lay.second: (lay.perm_second, (len(lay.batch), len(lay.contracted)))}
-    copies = tuple(np.dtype(d) != np.dtype(op.dtype) or k == first or not _merges(*groups[k])
+    copies = tuple(np.dtype(d) != np.dtype(op.dtype) or k == first or not merges(*groups[k])
                    for k, d in enumerate(ins))
     return op, KernelChoice("matmul", scale, first, layout, copies=copies), tests
-
-
-def spgemm_graphblas(op: EinOp, sparse: Sequence[int]) -> bool:
-    """Whether an ``spmm`` of ``op`` is a SpGEMM that GraphBLAS computes where its output
-    tiles are CSR (``with_output``): both operands stored sparse matrices, a numeric dtype,
-    python-graphblas installed. Its ``plus_times`` ``mxm`` (threaded) is then the product
-    (exec/semiring.py ``plus_times_csr``): scipy's, single-threaded, was 1.5-2.3x its time on
-    R-MAT graphs; else scipy's (exec/sparse_out.py ``sorted_product``)."""
-    return (len(op.inputs) == 2 and {0, 1} <= set(sparse)
-            and all(len(o.labels) == 2 for o in op.inputs)
-            and np.dtype(op.dtype).kind in "iuf" and sparse_rules.have_graphblas())
-
-
-def _merges(perm: tuple[int, ...], cuts: tuple[int, int]) -> bool:
-    """Whether an operand whose axes ``perm`` lays out as three groups (the first two of
-    ``cuts`` axes) reshapes to 3-d as a view: each group's axes are adjacent and in order (a
-    transposed matrix is a view too; BLAS reads it transposed, nothing is copied).
-
-    >>> _merges((1, 0), (0, 1)), _merges((0, 1, 2), (0, 2)), _merges((0, 2, 1), (0, 2))
-    (True, True, False)
-    """
-    a, b = cuts
-    return all(list(g) == list(range(g[0], g[0] + len(g)))
-               for g in (perm[:a], perm[a:a + b], perm[a + b:]) if g)
 
 
 def _broadcast(op: EinOp, ext: Mapping[str, int], budget: int | None,
@@ -552,9 +372,13 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
         return choice
     size = math.prod(op.out_shape)
     fmt = choose_format(op.out_shape, int(math.ceil(est_nnz)), op.dtype) if size else "dense"
-    # the kernels return CSR tiles; the writer stores a hypersparse one COO (the format rule)
+    # the kernels return CSR tiles; the writer stores a hypersparse one COO (the format rule);
+    # a join of rank 3 or more returns COO tiles (exec/sparse_nd_join.py)
     returns = "csr" if fmt != "dense" and choice.method in SPARSE_OUTPUT_METHODS and \
         len(op.out_labels) == 2 and not op.writes_diagonal else "dense"
+    if fmt != "dense" and choice.method == "spjoin" and len(op.out_labels) > 2 and \
+            not op.writes_diagonal:
+        returns = "coo"
     density = min(1.0, float(est_nnz) / size) if size and returns != "dense" else 1.0
     places = fmt == "dense"
     if (returns, density, places) == (choice.out_format, choice.out_density, choice.out_places):
@@ -569,7 +393,7 @@ def output_tile_bytes(op: EinOp, choice: KernelChoice, out_shape: Sequence[int])
     admission of a call (exec/runtime.py ``planned_bytes``) read it."""
     shape = tuple(int(n) for n in out_shape)
     dense = math.prod(shape) * np.dtype(op.dtype).itemsize
-    if choice.out_format == "dense" or len(shape) != 2:
+    if choice.out_format == "dense" or (len(shape) != 2 and choice.out_format != "coo"):
         return dense
     nse = int(math.ceil(choice.out_density * math.prod(shape)))
     return min(dense, sparse_nbytes(shape, nse, op.dtype, choice.out_format))

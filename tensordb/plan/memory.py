@@ -230,12 +230,15 @@ def project(graph, ops: Mapping[str, CallMemory], memory_limit: int | None,
 
 
 def _result_bytes(op: EinOp, nnz: float | None) -> int:
-    """An unstored result's bytes: dense, or a matrix's CSR bytes where a sparse kernel's
-    estimated nonzeros ``nnz`` make it sparse (``plan.kernel.with_output``'s rule)."""
+    """An unstored result's bytes: dense, or a matrix's CSR bytes (a join of rank 3 or more:
+    COO) where a sparse kernel's estimated nonzeros ``nnz`` make it sparse
+    (``plan.kernel.with_output``'s rule)."""
     dense = math.prod(op.out_shape) * np.dtype(op.dtype).itemsize
-    if nnz is None or len(op.out_labels) != 2 or op.writes_diagonal:
-        return dense
+    if nnz is None or len(op.out_labels) < 2 or op.writes_diagonal or (
+            len(op.out_labels) > 2 and (op.agg_labels or len(op.inputs) != 2)):
+        return dense  # rank 3+: only a join (spjoin) returns sparse (COO) tiles
     nse = int(math.ceil(nnz))
     if choose_format(op.out_shape, nse, op.dtype) == "dense":
         return dense
-    return min(dense, sparse_nbytes(op.out_shape, nse, op.dtype, "csr"))
+    fmt = "csr" if len(op.out_labels) == 2 else "coo"  # rank 3+: a join's COO tiles
+    return min(dense, sparse_nbytes(op.out_shape, nse, op.dtype, fmt))

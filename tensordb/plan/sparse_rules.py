@@ -39,6 +39,7 @@ import numpy as np
 
 from .ir import EinOp
 from .scalar import Call, Input
+from .sparse_nd_rules import spjoin_nd_kernel
 
 __all__ = ["choose", "have_graphblas", "semiring_kernel", "matrix_operand", "SEMIRINGS", "masked_kernel",
            "sddmm_kernel", "spjoin_kernel", "METHODS", "mask_orientation"]
@@ -196,7 +197,8 @@ def choose(op: EinOp, sparse: Sequence[int], finite: Sequence[bool],
     fills = tuple(fills) or (0.0,) * len(op.inputs)
     plain = tuple(k for k in sparse if fills[k] == 0)
     return (semiring_kernel(op, sparse, fills) or masked_kernel(op, plain, finite)
-            or sddmm_kernel(op, plain, finite) or spjoin_kernel(op, sparse, fills))
+            or sddmm_kernel(op, plain, finite) or spjoin_kernel(op, sparse, fills)
+            or spjoin_nd_kernel(op, sparse, finite, fills))
 
 
 def mask_orientation(op, k_mask: int) -> tuple:
