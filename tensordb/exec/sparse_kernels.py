@@ -65,6 +65,10 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=No
 
 
 def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None, memo=None):
+    if choice.method == "spmm" and len(args) == 2 and (args[0] is None) != (args[1] is None):
+        res = _absent_times_nonfinite(op, args, arg_shapes, out_shape)
+        if res is not None:
+            return res
     if choice.method == "spmm":
         return spmm(op, choice, args, out_shape, out, sink, memo)
     if choice.method == "spreduce":  # a COO box (rank 3 or more, hypersparse) read as it is
@@ -78,6 +82,30 @@ def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None
     args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]
     from . import semiring
     return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
+
+
+def _absent_times_nonfinite(op, args: list, arg_shapes, out_shape) -> np.ndarray | None:
+    """The product of an absent tile (zeros) with a tile holding NaN or inf: NumPy's answer
+    (0 * inf is NaN) on the densified operands; None where the present tile is finite (the
+    product is then 0)."""
+    dtype = np.dtype(op.dtype)
+    k = 0 if args[0] is not None else 1
+    t = args[k].take() if isinstance(args[k], RowGather) else args[k]
+    if dtype.kind != "f" or np.dtype(t.dtype).kind != "f":
+        return None
+    t = t.tocsr() if isinstance(t, RowSlabs) else t
+    values = t.values if isinstance(t, CooTile) else t.data if is_sparse(t) else np.asarray(t)
+    if bool(np.isfinite(values).all()):
+        return None
+    dense = [None, None]
+    dense[k] = np.asarray(densify(t) if is_sparse(t) else t, dtype)
+    dense[1 - k] = np.zeros(arg_shapes[1 - k], dtype)
+    names = {l: chr(97 + n) for n, l in
+             enumerate(dict.fromkeys(op.inputs[0].labels + op.inputs[1].labels))}
+    eq = ",".join("".join(names[l] for l in o.labels) for o in op.inputs) + "->" + \
+        "".join(names[l] for l in op.out_labels)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(np.einsum(eq, *dense), dtype).reshape(out_shape)
 
 
 def dense_args(args: list) -> list:

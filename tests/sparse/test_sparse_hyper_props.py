@@ -110,3 +110,134 @@ def test_rank_3_and_4_reductions_and_contractions_against_numpy(seed, tmp_path):
                          ("*", ("in", 0), ("in", 1)), "sum")
             _check(con, sql, fc, "spmm" if con.store.open(name).has_sparse else None)
         assert con.check()[-1]["problem"] == "ok"
+
+
+HYPER_KINDS = ("spmm", "spmv", "spgemm", "reduce", "spjoin", "min_plus", "sddmm", "masked")
+
+
+def _hyper_case(rng, kind, dtype):
+    """(operands: name -> (labels, dense, sparse?, fill), join, agg, output labels, method)."""
+    rows = int(rng.integers(200, 1500))  # far more rows than entries: COO tiles
+    n = {"j": int(rng.integers(3, 12)), "k": int(rng.integers(2, 6)), "r": 3, "i": rows}
+    fdt = np.dtype(dtype)
+
+    def hyper(shape, fill=0.0):
+        a = _sparse_array(rng, shape, int(rng.integers(0, 12)), fdt, special=kind != "masked"
+                          and kind != "sddmm")
+        if fill:
+            a = np.where(a == 0, fill, a).astype(fdt)
+        return a
+
+    def dense(labels):
+        return rng.integers(-3, 4, tuple(n[l] for l in labels)).astype(fdt)
+
+    prod = ("*", ("in", 0), ("in", 1))
+    if kind == "spmm":
+        ops = {"H": ("ij", hyper((rows, n["j"])), True, 0.0), "X": ("jk", dense("jk"), False, 0.0)}
+        return ops, prod, "sum", str(rng.choice(["ik", "ki"])), "spmm"
+    if kind == "spmv":  # the transpose too: H's rows contracted
+        if rng.random() < 0.5:
+            ops = {"H": ("ij", hyper((rows, n["j"])), True, 0.0), "V": ("j", dense("j"), False, 0.0)}
+            return ops, prod, "sum", "i", "spmm"
+        ops = {"H": ("ij", hyper((rows, n["j"])), True, 0.0), "Y": ("ik", dense("ik"), False, 0.0)}
+        return ops, prod, "sum", "jk", "spmm"
+    if kind == "spgemm":
+        other = int(rng.integers(100, 400))  # hypersparse too: COO x COO
+        ops = {"H": ("ij", hyper((rows, n["j"])), True, 0.0),
+               "G": ("kj", hyper((other, n["j"])), True, 0.0)}
+        return ops, prod, "sum", "ik", None
+    if kind == "reduce":
+        ops = {"H": ("ij", hyper((rows, n["j"])), True, 0.0)}
+        return ops, ("in", 0), str(rng.choice(["sum", "max", "min"])), \
+            str(rng.choice(["i", "j", ""])), "spreduce"
+    if kind == "spjoin":
+        ops = {"H": ("ij", hyper((rows, n["j"])), True, 0.0),
+               "G": ("ij", hyper((rows, n["j"])), True, 0.0)}
+        fn = str(rng.choice(["*", "+", "-"]))
+        return ops, (fn, ("in", 0), ("in", 1)), "sum", "ij", "spjoin"
+    if kind == "min_plus":
+        ops = {"H": ("ij", hyper((rows, n["j"]), np.inf), True, np.inf),
+               "X": ("jk", dense("jk"), False, 0.0)}
+        return ops, ("+", ("in", 0), ("in", 1)), "min", "ik", "semiring"
+    if kind == "sddmm":
+        ops = {"H": ("ij", hyper((rows, n["j"])), True, 0.0), "U": ("ir", dense("ir"), False, 0.0),
+               "W": ("jr", dense("jr"), False, 0.0)}
+        return ops, ("*", ("in", 0), ("*", ("in", 1), ("in", 2))), "sum", "ij", "sddmm"
+    # masked: SUM(U[i,j] * W[j,k] * H[k,i]) with H hypersparse (k its rows)
+    n["k"] = rows
+    n["i"] = int(rng.integers(3, 10))
+    ops = {"U": ("ij", dense("ij"), False, 0.0), "W": ("jk", dense("jk"), False, 0.0),
+           "H": ("ki", hyper((rows, n["i"])), True, 0.0)}
+    return ops, ("*", ("*", ("in", 0), ("in", 1)), ("in", 2)), "sum", "", "masked"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hypersparse_matrices_through_every_sparse_kernel_against_numpy(seed, tmp_path):
+    import scipy.sparse as sp
+    rng = np.random.default_rng(4100 + seed)
+    picked = set()
+    with tensordb.connect(tmp_path / "db", workers=int(rng.integers(1, 3))) as con:
+        for case in range(2 * len(HYPER_KINDS)):
+            kind = HYPER_KINDS[case % len(HYPER_KINDS)]
+            dtype = str(rng.choice(["float32", "float64"] if kind in ("min_plus",) else
+                                   ["float32", "float64", "int32", "int64"]))
+            ops, join, agg, out, method = _hyper_case(rng, kind, dtype)
+            names = {}
+            for name, (labels, a, sparse, fill) in ops.items():
+                names[name] = f"{name}{case}"
+                if sparse:
+                    keep = a != fill if fill else (a != 0) | np.isnan(a) if a.dtype.kind == "f" \
+                        else a != 0
+                    coo = sp.coo_array((a[keep], np.nonzero(keep)), shape=a.shape)
+                    tile = (int(rng.integers(60, a.shape[0] + 1)), a.shape[1]) \
+                        if rng.random() < 0.5 else None
+                    con.load(names[name], coo, fill_value=fill, **({"tile": tile} if tile else {}))
+                    fmts = {r[0] for r in con.execute(
+                        "SELECT format FROM tensordb.tiles WHERE tensor = ?", [names[name]]
+                    ).fetchall()}
+                    assert fmts <= {"coo"}, (names[name], fmts)
+                    got = con.execute(f"SELECT * FROM {names[name]}").fetchall()
+                    want = {tuple(int(x) for x in ix): a[ix] for ix in zip(*np.nonzero(keep))}
+                    assert len(got) == len(want)
+                    for *ix, v in got:
+                        w = want[tuple(int(x) for x in ix)]
+                        assert v == w or (np.isnan(v) and np.isnan(w)), (names[name], ix, v, w)
+                    s = con.sparse(names[name])
+                    np.testing.assert_array_equal(
+                        np.where(keep, a, 0), s.toarray() if fill == 0 else np.where(keep, a, 0))
+                else:
+                    con.load(names[name], a)
+            refs = [f"{names[k]}[{','.join(v[0])}]" for k, v in ops.items()]
+            body = fo.render_sql(join, refs)
+            if agg != "sum" or any(l not in out for v in ops.values() for l in v[0]):
+                body = f"{agg.upper()}({body})"
+            sql = f"O{case}[{','.join(out)}] = {body}" if out else f"O{case} = {body}"
+            fc = fo.Case(tuple(out), [fo.Operand(names[k], tuple(v[0]), v[1])
+                                      for k, v in ops.items()], join, agg)
+            has_entries = all(con.store.open(names[k]).has_sparse for k, v in ops.items() if v[2])
+            if method is not None and has_entries:
+                kernels = _kernels(con, sql)
+                assert kernels == [method], (sql, kernels)
+                picked.add(method)
+            _check(con, sql, fc)
+        assert con.check()[-1]["problem"] == "ok"
+    assert {"spmm", "spreduce", "spjoin"} <= picked, picked
+
+
+def test_an_absent_sparse_operand_times_an_infinity_is_nan(tmp_path):
+    """A SpGEMM whose one operand has no stored tile (all zeros) and whose other holds -inf:
+    NumPy's 0 * -inf is NaN along that column (the kernel returned zeros)."""
+    import scipy.sparse as sp
+    for rows in (10, 800):  # CSR, then hypersparse COO
+        a = np.zeros((rows, 5))
+        b = np.zeros((rows, 5))
+        b[4, 2], b[1, 1] = -np.inf, 1.0
+        with tensordb.connect(tmp_path / f"db{rows}") as con:
+            con.load("A", sp.coo_array(a))
+            con.load("B", sp.coo_array(b))
+            A, B = fo.Operand("A", ("i", "j"), a), fo.Operand("B", ("k", "j"), b)
+            for sql, out, ops in [("R[i,k] = SUM(A[i,j] * B[k,j])", "ik", [A, B]),
+                                  ("R[k,i] = SUM(B[k,j] * A[i,j])", "ki", [B, A])]:
+                assert _kernels(con, sql) == ["spmm"]
+                _check(con, sql, fo.Case(tuple(out), ops, ("*", ("in", 0), ("in", 1)), "sum"))
+                assert np.isnan(con.tensor("R")).sum() == rows
