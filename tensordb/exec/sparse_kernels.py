@@ -42,7 +42,7 @@ from ..storage.boxes import RowGather
 from ..storage.sparse import CooTile, RowSlabs, densify, is_sparse, stacked
 from .graphcache import source_of
 from .sparse_bands import banded
-from .sparse_nd import contract_nd, reduce_nd, reduce_nd_csr
+from .sparse_nd import contract_nd, reduce_nd, reduce_nd_coo, reduce_nd_csr
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
@@ -441,9 +441,22 @@ def spreduce(op, choice, args: list, out_shape) -> np.ndarray:
     labels the output lacks; scipy counts the absent entries as zeros (they are)."""
     dtype = np.dtype(op.dtype)
     S = args[0]
+    labels = op.inputs[0].labels
+    if choice.out_format == "coo":  # a sparse output of rank 1 (or 3 and more): its entries
+        if S is None:
+            return CooTile(tuple(out_shape), np.zeros((len(out_shape), 0), np.int64),
+                           np.zeros(0, dtype))
+        if not isinstance(S, CooTile):
+            S = S.take() if isinstance(S, RowGather) else stacked(S)
+            if not is_sparse(S):
+                import scipy.sparse as sp
+                S = sp.coo_array(np.asarray(S))
+            S = S.tocoo() if hasattr(S, "tocoo") else S
+            S = CooTile(tuple(S.shape), np.stack([np.asarray(c, np.int64) for c in S.coords]),
+                        np.asarray(S.data))
+        return reduce_nd_coo(S, labels, op.out_labels, op.agg, dtype)
     if S is None:
         return np.zeros(out_shape, dtype)
-    labels = op.inputs[0].labels
     if isinstance(S, CooTile):  # on its entries, matricized (sparse_nd.py): rank 3 or more,
         # or a hypersparse matrix (no row pointers made)
         if choice.out_format == "csr":  # a matrix output the plan says is sparse

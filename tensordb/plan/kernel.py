@@ -379,6 +379,8 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
     if fmt != "dense" and choice.method == "spjoin" and len(op.out_labels) > 2 and \
             not op.writes_diagonal:
         returns = "coo"
+    if fmt == "coo" and choice.method == "spreduce" and len(op.out_labels) != 2:
+        returns = "coo"  # a reduction's sparse vector (a hypersparse matrix's row sums)
     density = min(1.0, float(est_nnz) / size) if size and returns != "dense" else 1.0
     places = fmt == "dense"
     if (returns, density, places) == (choice.out_format, choice.out_density, choice.out_places):
