@@ -289,3 +289,50 @@ def test_a_vector_over_a_hypersparse_matrix_s_rows_is_sparse(tmp_path):
         got = {tuple(int(x) for x in g[:-1]): g[-1] for g in got if g[-1] != 0}
         assert got == {k: v for k, v in expect.items() if v != 0}, name
     assert out["check"] == "ok"
+
+
+@pytest.mark.parametrize("executor", ["dask", "pool"])
+def test_hypersparse_kernels_and_sparse_vectors_on_each_executor_and_a_second_reader(
+        executor, tmp_path):
+    """A hypersparse matrix (COO tiles, several) through SpMM, the reductions into a sparse
+    vector and a join on the Dask executor and the pool, read back from a second connection
+    (the snapshot reader) equal to numpy."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(4200)
+    g = _sparse_array(rng, (3000, 20), 9, "float64", special=False)
+    g[5, 3] = -0.0  # a stored -0.0 (an entry, not a zero)
+    x = rng.integers(-3, 4, (20, 2)).astype("float64")
+    db = tmp_path / "db"
+    kw = {"executor": "dask"} if executor == "dask" else {}
+    with np.errstate(all="ignore"):
+        cases = [("deg[i] = SUM(G[i,j])", "deg", g.sum(1)),
+                 ("mx[i] = MAX(G[i,j])", "mx", g.max(1)),
+                 ("mn[j] = MIN(G[i,j])", "mn", g.min(0)),
+                 ("P[i,k] = SUM(G[i,j] * X[j,k])", "P", g @ x),
+                 ("J[i,j] = G[i,j] * G[i,j]", "J", g * g)]
+    with tensordb.connect(db, workers=2, **kw) as con:
+        keep = (g != 0) | np.signbit(g)
+        con.load("G", sp.coo_array((g[keep], np.nonzero(keep)), shape=g.shape), tile=(700, 20))
+        con.load("X", x)
+        assert {r[0] for r in con.execute(
+            "SELECT format FROM tensordb.tiles WHERE tensor = 'G'").fetchall()} == {"coo"}
+        for q, name, want in cases:
+            con.execute(q)
+            np.testing.assert_array_equal(con.tensor(name), want, err_msg=q)
+        assert {r[0] for r in con.execute(
+            "SELECT format FROM tensordb.tiles WHERE tensor = 'deg'").fetchall()} == {"coo"}
+        # a reader in another process while this connection holds the database open
+        from tests.harness import run_script
+        proc = run_script(READER, db, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+        got = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+        for _, name, want in cases:
+            np.testing.assert_array_equal(np.array(got[name], dtype=float), want, err_msg=name)
+        assert con.check()[-1]["problem"] == "ok"
+
+
+READER = r"""
+import json, sys, tensordb
+with tensordb.connect(sys.argv[1], read_only=True) as con:
+    print(json.dumps({n: con.tensor(n).tolist() for n in ("deg", "mx", "mn", "P", "J")}))
+"""
