@@ -134,6 +134,13 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> n
     if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
     S = S.take() if isinstance(S, RowGather) else S
+    if len(args) == 2 and is_sparse(D) and (isinstance(S, CooTile) or isinstance(D, CooTile)):
+        # SpGEMM of a hypersparse box: on the entries, over the occupied row, shared and
+        # column ids only (no row pointers over a COO box's rows: 80 GB for G^T G of a
+        # 10^10-row G)
+        res = _spgemm_coo(op, choice, S, D, out_shape, dtype)
+        if res is not None:
+            return res
     if isinstance(S, CooTile):  # a hypersparse matrix's box
         if len(args) == 2 and not is_sparse(D) and not isinstance(D, RowGather):
             # CSR over its occupied rows only, scattered into the output (sparse_nd.py): no
@@ -404,6 +411,55 @@ def _csr_rows(S, r0: int, r1: int, lo: int, hi: int):
                      shape=(r1 - r0, S.shape[1]), copy=False)
     m.has_sorted_indices = True
     return m
+
+
+def _as_coo(t) -> CooTile:
+    """A 2-D sparse tile (a ``CooTile``, a CSR box, row slabs) as a ``CooTile``."""
+    if isinstance(t, CooTile):
+        return t
+    c = stacked(t).tocoo()
+    return CooTile(tuple(c.shape), np.stack([np.asarray(c.row, np.int64),
+                                             np.asarray(c.col, np.int64)]), np.asarray(c.data))
+
+
+def _spgemm_coo(op, choice, S, D, out_shape, dtype):
+    """The product of two sparse matrix tiles, one a hypersparse ``CooTile``, computed over the
+    ids its operands occupy (rows, shared, columns: as ``sparse_nd_join.contract_coo``), into
+    the output ``choice.out_format`` says (dense, or CSR over the output tile's rows); None
+    where a value is NaN or inf (NumPy's dense product then, whose 0 * inf is NaN) or it is
+    not a product of two matrices over one label."""
+    import scipy.sparse as sp
+    k = choice.sparse
+    s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
+    shared = [l for l in s_labels if l in d_labels]
+    if len(s_labels) != 2 or len(d_labels) != 2 or len(shared) != 1:
+        return None
+    S, D = _as_coo(S), _as_coo(D.take() if isinstance(D, RowGather) else D)
+    if dtype.kind == "f" and not (np.isfinite(S.values).all() and np.isfinite(D.values).all()):
+        return None
+    (j,) = shared
+    (i,) = [l for l in s_labels if l != j]
+    (f,) = [l for l in d_labels if l != j]
+    si, sj = S.coords[s_labels.index(i)], S.coords[s_labels.index(j)]
+    dj, df = D.coords[d_labels.index(j)], D.coords[d_labels.index(f)]
+    mids, mid = np.unique(np.concatenate([sj, dj]), return_inverse=True)
+    mid = mid.reshape(-1)
+    rows, r = np.unique(si, return_inverse=True)
+    cols, c = np.unique(df, return_inverse=True)
+    A = sp.csr_array((np.asarray(S.values).astype(dtype, copy=False), (r.reshape(-1), mid[:sj.size])),
+                     shape=(rows.size, mids.size))
+    B = sp.csr_array((np.asarray(D.values).astype(dtype, copy=False), (mid[sj.size:], c.reshape(-1))),
+                     shape=(mids.size, cols.size))
+    with np.errstate(invalid="ignore", over="ignore"):
+        C = (A @ B).tocoo()
+    shape = (S.shape[s_labels.index(i)], D.shape[d_labels.index(f)])
+    ri, ci, data = rows[C.row], cols[C.col], np.asarray(C.data, dtype)
+    if choice.out_format == "csr":
+        return csr_output(sp.csr_array((data, (ri, ci)), shape=shape), [i, f], op.out_labels,
+                          dtype)
+    out = np.zeros(shape, dtype)
+    out[ri, ci] = data
+    return _to_output(out, [i, f], op.out_labels).reshape(out_shape)
 
 
 def _spmm_nd(op, k: int, args: list, out_shape, dtype) -> np.ndarray:
