@@ -182,7 +182,9 @@ def plan_graph(graph: EinGraph, pieces, snapshot: Snapshot, target: Target,
     # 10^10 rows) is refused here, before anything runs (plan/memory.py)
     refuse_unfillable(graph, {n: int(r.meta.nbytes) for n, r in readers.items()
                               if getattr(r, "has_sparse", False)},
-                      decomp.details.get("output_nnz"), target.memory_limit)
+                      {name: c.out_bytes for name, c in getattr(
+                          decomp.details.get("cost"), "ops", {}).items()
+                       if c.out_bytes is not None}, target.memory_limit)
     if target.cluster:  # EXPLAIN: the workers, threads and memory the plan was made for
         decomp.details["target"] = dict(target.cluster)
     decomp.details["output_fill"] = {n: f for n, f in fills.items() if f}

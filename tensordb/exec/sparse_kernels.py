@@ -42,7 +42,7 @@ from ..storage.boxes import RowGather
 from ..storage.sparse import CooTile, RowSlabs, densify, is_sparse, stacked
 from .graphcache import source_of
 from .sparse_bands import banded
-from .sparse_nd import contract_nd, reduce_nd, reduce_nd_csr
+from .sparse_nd import contract_nd, reduce_nd, reduce_nd_coo, reduce_nd_csr
 from .sparse_out import combine_sparse, csr_output, sorted_product
 
 __all__ = ["spmm", "spreduce", "dense_args", "sparse_call", "combine_sparse", "csr_output",
@@ -65,6 +65,10 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=No
 
 
 def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None, memo=None):
+    if choice.method == "spmm" and len(args) == 2 and (args[0] is None) != (args[1] is None):
+        res = _absent_times_nonfinite(op, args, arg_shapes, out_shape)
+        if res is not None:
+            return res
     if choice.method == "spmm":
         return spmm(op, choice, args, out_shape, out, sink, memo)
     if choice.method == "spreduce":  # a COO box (rank 3 or more, hypersparse) read as it is
@@ -78,6 +82,30 @@ def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None
     args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]
     from . import semiring
     return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
+
+
+def _absent_times_nonfinite(op, args: list, arg_shapes, out_shape) -> np.ndarray | None:
+    """The product of an absent tile (zeros) with a tile holding NaN or inf: NumPy's answer
+    (0 * inf is NaN) on the densified operands; None where the present tile is finite (the
+    product is then 0)."""
+    dtype = np.dtype(op.dtype)
+    k = 0 if args[0] is not None else 1
+    t = args[k].take() if isinstance(args[k], RowGather) else args[k]
+    if dtype.kind != "f" or np.dtype(t.dtype).kind != "f":
+        return None
+    t = t.tocsr() if isinstance(t, RowSlabs) else t
+    values = t.values if isinstance(t, CooTile) else t.data if is_sparse(t) else np.asarray(t)
+    if bool(np.isfinite(values).all()):
+        return None
+    dense = [None, None]
+    dense[k] = np.asarray(densify(t) if is_sparse(t) else t, dtype)
+    dense[1 - k] = np.zeros(arg_shapes[1 - k], dtype)
+    names = {l: chr(97 + n) for n, l in
+             enumerate(dict.fromkeys(op.inputs[0].labels + op.inputs[1].labels))}
+    eq = ",".join("".join(names[l] for l in o.labels) for o in op.inputs) + "->" + \
+        "".join(names[l] for l in op.out_labels)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(np.einsum(eq, *dense), dtype).reshape(out_shape)
 
 
 def dense_args(args: list) -> list:
@@ -99,18 +127,25 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> n
     k = choice.sparse
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
     if len(s_labels) > 2:  # rank 3 or more (plan.kernel.spmm_nd_operand): sparse_nd.py
-        return _spmm_nd(op, k, args, out_shape, dtype)
+        return _spmm_nd(op, choice, k, args, out_shape, dtype)
     (j,) = [l for l in s_labels if l in d_labels]
     (i,) = [l for l in s_labels if l != j]
     S, D = args[k], args[1 - k]
     if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
     S = S.take() if isinstance(S, RowGather) else S
+    if len(args) == 2 and is_sparse(D) and (isinstance(S, CooTile) or isinstance(D, CooTile)):
+        # SpGEMM of a hypersparse box: on the entries, over the occupied row, shared and
+        # column ids only (no row pointers over a COO box's rows: 80 GB for G^T G of a
+        # 10^10-row G)
+        res = _spgemm_coo(op, choice, S, D, out_shape, dtype)
+        if res is not None:
+            return res
     if isinstance(S, CooTile):  # a hypersparse matrix's box
         if len(args) == 2 and not is_sparse(D) and not isinstance(D, RowGather):
             # CSR over its occupied rows only, scattered into the output (sparse_nd.py): no
             # row pointers for the rows it does not hold
-            return _spmm_nd(op, k, args, out_shape, dtype)
+            return _spmm_nd(op, choice, k, args, out_shape, dtype)
         S = stacked(S)  # CSR over its rows
     if isinstance(D, RowGather) and d_labels.index(j) != 0:  # read through S's columns: j first
         D = D.take()
@@ -378,9 +413,60 @@ def _csr_rows(S, r0: int, r1: int, lo: int, hi: int):
     return m
 
 
-def _spmm_nd(op, k: int, args: list, out_shape, dtype) -> np.ndarray:
-    """An ``spmm`` whose sparse operand has rank 3 or more: on its entries where its box was
-    read as a ``CooTile`` (``sparse_nd.contract_nd``), else NumPy's einsum of the dense box."""
+def _as_coo(t) -> CooTile:
+    """A 2-D sparse tile (a ``CooTile``, a CSR box, row slabs) as a ``CooTile``."""
+    if isinstance(t, CooTile):
+        return t
+    c = stacked(t).tocoo()
+    return CooTile(tuple(c.shape), np.stack([np.asarray(c.row, np.int64),
+                                             np.asarray(c.col, np.int64)]), np.asarray(c.data))
+
+
+def _spgemm_coo(op, choice, S, D, out_shape, dtype):
+    """The product of two sparse matrix tiles, one a hypersparse ``CooTile``, computed over the
+    ids its operands occupy (rows, shared, columns: as ``sparse_nd_join.contract_coo``), into
+    the output ``choice.out_format`` says (dense, or CSR over the output tile's rows); None
+    where a value is NaN or inf (NumPy's dense product then, whose 0 * inf is NaN) or it is
+    not a product of two matrices over one label."""
+    import scipy.sparse as sp
+    k = choice.sparse
+    s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
+    shared = [l for l in s_labels if l in d_labels]
+    if len(s_labels) != 2 or len(d_labels) != 2 or len(shared) != 1:
+        return None
+    S, D = _as_coo(S), _as_coo(D.take() if isinstance(D, RowGather) else D)
+    if dtype.kind == "f" and not (np.isfinite(S.values).all() and np.isfinite(D.values).all()):
+        return None
+    (j,) = shared
+    (i,) = [l for l in s_labels if l != j]
+    (f,) = [l for l in d_labels if l != j]
+    si, sj = S.coords[s_labels.index(i)], S.coords[s_labels.index(j)]
+    dj, df = D.coords[d_labels.index(j)], D.coords[d_labels.index(f)]
+    mids, mid = np.unique(np.concatenate([sj, dj]), return_inverse=True)
+    mid = mid.reshape(-1)
+    rows, r = np.unique(si, return_inverse=True)
+    cols, c = np.unique(df, return_inverse=True)
+    A = sp.csr_array((np.asarray(S.values).astype(dtype, copy=False), (r.reshape(-1), mid[:sj.size])),
+                     shape=(rows.size, mids.size))
+    B = sp.csr_array((np.asarray(D.values).astype(dtype, copy=False), (mid[sj.size:], c.reshape(-1))),
+                     shape=(mids.size, cols.size))
+    with np.errstate(invalid="ignore", over="ignore"):
+        C = (A @ B).tocoo()
+    shape = (S.shape[s_labels.index(i)], D.shape[d_labels.index(f)])
+    ri, ci, data = rows[C.row], cols[C.col], np.asarray(C.data, dtype)
+    if choice.out_format == "csr":
+        return csr_output(sp.csr_array((data, (ri, ci)), shape=shape), [i, f], op.out_labels,
+                          dtype)
+    out = np.zeros(shape, dtype)
+    out[ri, ci] = data
+    return _to_output(out, [i, f], op.out_labels).reshape(out_shape)
+
+
+def _spmm_nd(op, choice, k: int, args: list, out_shape, dtype) -> np.ndarray:
+    """An ``spmm`` whose sparse operand has rank 3 or more (or a hypersparse matrix's box): on
+    its entries where its box was read as a ``CooTile`` (``sparse_nd.contract_nd``; a matrix
+    output the plan makes sparse as CSR of the occupied rows' elements), else NumPy's einsum of
+    the dense box."""
     S, D = args[k], args[1 - k]
     if S is None or D is None:
         return np.zeros(out_shape, dtype)
@@ -392,6 +478,11 @@ def _spmm_nd(op, k: int, args: list, out_shape, dtype) -> np.ndarray:
     D = np.asarray(densify(stacked(D)) if is_sparse(D) else D)
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
     if isinstance(S, CooTile):
+        if choice.out_format == "csr" and len(op.out_labels) == 2:
+            import scipy.sparse as sp
+            (r, c), v = contract_nd(S, s_labels, D, d_labels, op.out_labels, dtype, entries=True)
+            return csr_output(sp.csr_array((v, (r, c)), shape=tuple(out_shape)),
+                              op.out_labels, op.out_labels, dtype)
         return contract_nd(S, s_labels, D, d_labels, op.out_labels, dtype).reshape(out_shape)
     names = {l: chr(97 + n) for n, l in enumerate(dict.fromkeys(s_labels + d_labels))}
     eq = "".join(names[l] for l in s_labels) + "," + "".join(names[l] for l in d_labels) + \
@@ -413,9 +504,22 @@ def spreduce(op, choice, args: list, out_shape) -> np.ndarray:
     labels the output lacks; scipy counts the absent entries as zeros (they are)."""
     dtype = np.dtype(op.dtype)
     S = args[0]
+    labels = op.inputs[0].labels
+    if choice.out_format == "coo":  # a sparse output of rank 1 (or 3 and more): its entries
+        if S is None:
+            return CooTile(tuple(out_shape), np.zeros((len(out_shape), 0), np.int64),
+                           np.zeros(0, dtype))
+        if not isinstance(S, CooTile):
+            S = S.take() if isinstance(S, RowGather) else stacked(S)
+            if not is_sparse(S):
+                import scipy.sparse as sp
+                S = sp.coo_array(np.asarray(S))
+            S = S.tocoo() if hasattr(S, "tocoo") else S
+            S = CooTile(tuple(S.shape), np.stack([np.asarray(c, np.int64) for c in S.coords]),
+                        np.asarray(S.data))
+        return reduce_nd_coo(S, labels, op.out_labels, op.agg, dtype)
     if S is None:
         return np.zeros(out_shape, dtype)
-    labels = op.inputs[0].labels
     if isinstance(S, CooTile):  # on its entries, matricized (sparse_nd.py): rank 3 or more,
         # or a hypersparse matrix (no row pointers made)
         if choice.out_format == "csr":  # a matrix output the plan says is sparse

@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["group_ids", "reduce_nd", "reduce_nd_csr", "contract_nd"]
+__all__ = ["group_ids", "reduce_nd", "reduce_nd_csr", "reduce_nd_coo", "contract_nd"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -115,11 +115,14 @@ def reduce_nd(tile, labels: Sequence[str], out_labels: Sequence[str], agg: str,
 
 
 def contract_nd(tile, labels: Sequence[str], dense: np.ndarray, d_labels: Sequence[str],
-                out_labels: Sequence[str], dtype) -> np.ndarray:
+                out_labels: Sequence[str], dtype, entries: bool = False):
     """``SUM`` of ``tile[labels] * dense[d_labels]`` into ``out_labels`` (see the module
     docstring): ``tile`` a ``CooTile``; the labels ``dense`` shares with it are its columns
     (summed, or kept as a batch), each other label of ``dense`` is kept. NumPy's ``einsum`` of the densified tile
-    where ``dense`` is finite.
+    where ``dense`` is finite. ``entries``: the output's elements over the tile's occupied rows
+    only, as (coordinates in ``out_labels``' order, an (ndim, n) int64 array; values), not the
+    dense output (a matrix output the plan makes sparse: ``R[a,b] = SUM(T[a,b,c] * x[c])`` of
+    a 10^6 x 10^6 x 4 ``T`` of 5 entries is 5 entries, not 7.3 TiB).
 
     >>> from tensordb.storage.sparse import CooTile
     >>> t = CooTile((2, 3, 4), np.array([[0, 1, 1], [0, 0, 2], [3, 1, 1]]),
@@ -150,6 +153,18 @@ def contract_nd(tile, labels: Sequence[str], dense: np.ndarray, d_labels: Sequen
     S.sum_duplicates()  # a label of the tile alone, not kept: summed here
     D = np.transpose(np.asarray(dense), [d_labels.index(l) for l in shared + free])
     D = np.ascontiguousarray(D, dtype).reshape(cols_n, f_n)
+    if entries:
+        with np.errstate(invalid="ignore", over="ignore"):
+            prod = np.asarray(S @ D, dtype).reshape(-1)
+        local = local.reshape(-1)
+        first = np.unique(local, return_index=True)[1]  # an entry of each occupied row
+        at = {l: np.repeat(np.asarray(coords[labels.index(l)], np.int64)[first], f_n)
+              for l in kept}
+        free_at = np.unravel_index(np.arange(f_n), tuple(shape[l] for l in free)) if free \
+            else ()
+        at.update({l: np.tile(np.asarray(c, np.int64), occupied.size)
+                   for l, c in zip(free, free_at)})
+        return np.stack([at[l] for l in out_labels]).reshape(len(out_labels), -1), prod
     out = np.zeros((rows_n, f_n), dtype)
     if occupied.size:
         with np.errstate(invalid="ignore", over="ignore"):
@@ -202,3 +217,49 @@ def reduce_nd_csr(tile, labels: Sequence[str], out_labels: Sequence[str], agg: s
         else:
             raise ValueError(f"reduce_nd_csr: unknown aggregate {agg!r}")
     return sp.csr_array((acc, (uniq[:, 0], uniq[:, 1])), shape=out_shape)
+
+
+def reduce_nd_coo(tile, labels: Sequence[str], out_labels: Sequence[str], agg: str, dtype):
+    """``reduce_nd`` into a sparse output of any rank but a matrix's (``out_labels``, at least
+    one) as a ``CooTile`` in C order: an element only where the tile has an entry over it, as
+    ``reduce_nd_csr`` (``deg[i] = SUM(G[i,j])`` of a 10^10-row hypersparse G is its occupied
+    rows, not 80 GB).
+
+    >>> from tensordb.storage.sparse import CooTile
+    >>> t = CooTile((2, 3, 4), np.array([[0, 1, 1], [0, 0, 2], [3, 1, 1]]),
+    ...             np.array([1.0, 2.0, -5.0]))
+    >>> r = reduce_nd_coo(t, "abc", "a", "sum", np.float64)
+    >>> r.shape, r.coords.tolist(), r.values.tolist()
+    ((2,), [[0, 1]], [1.0, -3.0])
+    """
+    from ..storage.sparse_coo import CooTile
+    dtype = np.dtype(dtype)
+    labels, out_labels = list(labels), list(out_labels)
+    shape = tuple(int(n) for n in tile.shape)
+    kept = [labels.index(l) for l in out_labels]
+    out_shape = tuple(shape[d] for d in kept)
+    per_el = math.prod(n for d, n in enumerate(shape) if d not in kept)
+    values = np.asarray(tile.values).astype(dtype, copy=False)
+    if not values.size:
+        return CooTile(out_shape, np.zeros((len(kept), 0), np.int64), values[:0])
+    keys = np.stack([np.asarray(tile.coords[d], np.int64) for d in kept], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)  # C order of the kept coordinates
+    inv = inv.reshape(-1)
+    n = len(uniq)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if agg == "sum":
+            if dtype.kind == "b":
+                acc = np.zeros(n, bool)
+                acc[inv[values != 0]] = True
+            else:
+                acc = np.zeros(n, dtype)
+                np.add.at(acc, inv, values)
+        elif agg in ("max", "min"):
+            ufunc = np.maximum if agg == "max" else np.minimum
+            acc = values[np.unique(inv, return_index=True)[1]].copy()  # each group's first
+            ufunc.at(acc, inv, values)
+            partial = np.bincount(inv, minlength=n) < per_el
+            acc[partial] = ufunc(acc[partial], np.zeros(1, dtype))
+        else:
+            raise ValueError(f"reduce_nd_coo: unknown aggregate {agg!r}")
+    return CooTile(out_shape, np.ascontiguousarray(uniq.T), acc)

@@ -126,6 +126,8 @@ class OpCost:
     memory: memory.CallMemory = memory.CallMemory()   # what the largest call holds (plan/memory.py)
     compute: float = 0.0     # the kernels' flops, where a sparse input makes them vary (cost())
     out_nnz: float | None = None  # a sparse kernel's estimated output nonzeros (OpModel.out_nnz)
+    out_bytes: int | None = None  # the whole output's bytes as its kernel returns it (dense, or
+                                  # its estimated entries where the kernel returns sparse tiles)
 
     @property
     def bytes(self) -> float:
@@ -398,7 +400,7 @@ class OpModel:
         compute = flops * prm.bytes_per_flop if self.sparse else 0.0
         return OpCost(join * f, agg * f, retile, prm.task_bytes * tasks, balance, k, fan_in, flops,
                       self.working_set(d), self.call_memory(d) if memory else _NO_MEMORY,
-                      compute, self.out_nnz)
+                      compute, self.out_nnz, self.out_bytes)
 
     @property
     def sparse(self) -> bool:
@@ -540,10 +542,10 @@ def _builds_row_ptrs(op, kern, k: int, st) -> bool:
     """Whether operand ``k`` (stored sparse: ``st[k]``) is a matrix of COO tiles that the
     kernel ``kern`` ((method, sparse operand)) reads as CSR over its box's rows
     (exec/sparse_kernels.py): every sparse kernel but a reduction's and SpMM's with a dense
-    partner, which work on the occupied rows only (exec/sparse_nd.py)."""
+    partner, which work on the occupied rows only (exec/sparse_nd.py), and SpGEMM, which works
+    on the occupied row, shared and column ids (exec/sparse_kernels.py ``_spgemm_coo``)."""
     if kern is None or len(op.inputs[k].labels) != 2 or "coo" not in st[k].formats:
         return False
-    if kern[0] == "spreduce" or (kern[0] == "spmm" and len(op.inputs) == 2 and
-                                 (1 - kern[1]) not in st):
+    if kern[0] == "spreduce" or (kern[0] == "spmm" and len(op.inputs) == 2):
         return False
     return True

@@ -348,7 +348,9 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
 
     - ``out_format``: a sparse kernel whose output is a matrix (``SPARSE_OUTPUT_METHODS``:
       SpGEMM, a semiring product, SDDMM, a sparse join) returns its output tiles as CSR
-      (exec/sparse_kernels.py, exec/semiring.py) where the output is sparse; else dense;
+      (exec/sparse_kernels.py, exec/semiring.py) where the output is sparse; else dense; a
+      ``spreduce`` whose output is a sparse vector (or of rank 3 and more) returns COO tiles
+      (``sparse_nd.reduce_nd_coo``: the row sums of a hypersparse matrix);
     - ``out_places``: whether the output sink (physical/sink.py) gives the output's tiles dense
       places to be computed in (buffers in its payload file). Not where the output is sparse,
       whatever the kernel returns: a kernel returning dense tiles of a sparse output (a row
@@ -366,7 +368,7 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
     >>> r = EinOp.contraction("r", "i", [("A", "ij")], {"i": 1000, "j": 1000})
     >>> c = with_output(KernelChoice("spreduce", sparse=0), r, 20)
     >>> c.out_format, c.out_places
-    ('dense', False)
+    ('coo', False)
     """
     if est_nnz is None:
         return choice
@@ -379,6 +381,8 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
     if fmt != "dense" and choice.method == "spjoin" and len(op.out_labels) > 2 and \
             not op.writes_diagonal:
         returns = "coo"
+    if fmt == "coo" and choice.method == "spreduce" and len(op.out_labels) != 2:
+        returns = "coo"  # a reduction's sparse vector (a hypersparse matrix's row sums)
     density = min(1.0, float(est_nnz) / size) if size and returns != "dense" else 1.0
     places = fmt == "dense"
     if (returns, density, places) == (choice.out_format, choice.out_density, choice.out_places):

@@ -232,13 +232,15 @@ def project(graph, ops: Mapping[str, CallMemory], memory_limit: int | None,
 
 
 def _result_bytes(op: EinOp, nnz: float | None) -> int:
-    """An unstored result's bytes: dense, or a matrix's CSR bytes (a join of rank 3 or more:
-    COO) where a sparse kernel's estimated nonzeros ``nnz`` make it sparse
+    """An unstored result's bytes: dense, or a matrix's CSR bytes (a join of rank 3 or more,
+    a reduction into a vector or a rank 3+ tensor: COO) where a sparse kernel's estimated nonzeros ``nnz`` make it sparse
     (``plan.kernel.with_output``'s rule)."""
     dense = math.prod(op.out_shape) * np.dtype(op.dtype).itemsize
-    if nnz is None or len(op.out_labels) < 2 or op.writes_diagonal or (
-            len(op.out_labels) > 2 and (op.agg_labels or len(op.inputs) != 2)):
-        return dense  # rank 3+: only a join (spjoin) returns sparse (COO) tiles
+    rank = len(op.out_labels)
+    join = len(op.inputs) == 2 and not op.agg_labels and rank > 2  # spjoin: COO tiles
+    reduction = len(op.inputs) == 1 and bool(op.agg_labels)  # spreduce: COO (a vector)
+    if nnz is None or op.writes_diagonal or not (rank == 2 or join or reduction):
+        return dense  # not a matrix: only a join or a reduction returns sparse (COO) tiles
     nse = int(math.ceil(nnz))
     if choose_format(op.out_shape, nse, op.dtype) == "dense":
         return dense
@@ -246,14 +248,15 @@ def _result_bytes(op: EinOp, nnz: float | None) -> int:
     return min(dense, sparse_nbytes(op.out_shape, nse, op.dtype, fmt))
 
 
-def refuse_unfillable(graph, sparse: Mapping[str, int], out_nnz: Mapping[str, float] | None,
+def refuse_unfillable(graph, sparse: Mapping[str, int], out_bytes: Mapping[str, int] | None,
                       memory_limit: int | None) -> None:
     """Refuse (OutOfMemoryError, before anything runs) an operation over a stored sparse input
     whose output, in the format the plan gives it, is larger than the machine's memory (or
     ``memory_limit`` where that is larger) and more than twice its inputs' stored bytes: an
     output its inputs cannot fill, such as ``deg[i] = SUM(G[i,j])`` of a 10^10 x 10^10 ``G`` of 5
     entries, a dense vector of 80 GB (a matrix output the plan makes sparse counts at its
-    sparse bytes). A dense output below that is written tile by tile under ``memory_limit``, as
+    sparse bytes: ``out_bytes``, the optimizer's ``OpCost.out_bytes``, the whole output as its
+    kernel returns it; an SpMM's output is dense whatever its estimated nonzeros). A dense output below that is written tile by tile under ``memory_limit``, as
     any other. ``sparse``: stored input -> its stored bytes, for the inputs with sparse tiles;
     another input counts at its dense bytes. Here a ``memory_limit`` above the machine's counts:
 
@@ -276,15 +279,17 @@ def refuse_unfillable(graph, sparse: Mapping[str, int], out_nnz: Mapping[str, fl
     for op in graph.ops:
         if not any(o.tensor in sparse for o in op.inputs):
             continue
-        nnz = (out_nnz or {}).get(op.output)
-        out, fmt = _output_bytes(op, nnz)
+        dense = math.prod(op.out_shape) * np.dtype(op.dtype).itemsize
+        out = min(dense, (out_bytes or {}).get(op.output, dense))
+        fmt = "dense" if out == dense else "sparse (its entries and row pointers)"
         held = sum(sparse[o.tensor] if o.tensor in sparse else
                    math.prod(dims[o.tensor].shape) * np.dtype(dims[o.tensor].dtype).itemsize
                    if o.tensor in dims else math.prod(op.size[l] for l in o.labels) * 8
                    for o in op.inputs)
         if out > limit and out > 2 * held:
-            stored = ", ".join(f"{o.tensor}: sparse, {format_bytes(sparse[o.tensor])} stored"
-                               for o in op.inputs if o.tensor in sparse)
+            stored = ", ".join(f"{t}: sparse, {format_bytes(sparse[t])} stored"
+                               for t in dict.fromkeys(o.tensor for o in op.inputs)
+                               if t in sparse)
             raise OutOfMemoryError(
                 f"{op.describe()}: its output {op.output} of shape {tuple(op.out_shape)} is "
                 f"{fmt}: {format_bytes(out)} ({np.dtype(op.dtype).name}), more than {what} "
@@ -293,14 +298,3 @@ def refuse_unfillable(graph, sparse: Mapping[str, int], out_nnz: Mapping[str, fl
                 hint="compute it over a slice of the rows, or an aggregate of it (a SUM over "
                      "all its labels), or store the input with fewer rows")
 
-
-def _output_bytes(op: EinOp, nnz: float | None) -> tuple[int, str]:
-    """An output's bytes and format: dense, or its sparse bytes in the format the storage rule
-    picks (CSR, or COO for a hypersparse matrix or a rank 3+ join's output) where a sparse
-    kernel's estimated nonzeros ``nnz`` make it sparse (``_result_bytes``' rule)."""
-    dense = math.prod(op.out_shape) * np.dtype(op.dtype).itemsize
-    if _result_bytes(op, nnz) >= dense:
-        return dense, "dense"
-    nse = int(math.ceil(nnz))
-    fmt = choose_format(op.out_shape, nse, op.dtype)
-    return min(dense, sparse_nbytes(op.out_shape, nse, op.dtype, fmt)), fmt
