@@ -190,6 +190,7 @@ class Store(StoreCatalog, StoreCommits):
         self.registered: dict[str, object] = {}
         self.scanning: dict[str, object] = {}
         self.spares = SparePayloads()  # retired payload files kept for reuse (spares.py)
+        self._strays: list[str] = []  # retired payloads whose retire failed (store_commit.py)
         self.staging = StagingBuffers()  # anonymous buffers of staged outputs, kept for reuse
         # Called as (versions stored, versions replaced or dropped), lists of TensorMeta, after
         # each COMMIT that lands (the GPU executor's device cache, exec/devcache.py); must not

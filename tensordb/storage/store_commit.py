@@ -366,7 +366,10 @@ class StoreCommits:
                     else:  # or waits while a reader of another process may still read it
                         self.publisher.retire(path, spare, self.spares)
                 except (OSError, Error):  # committed: what is left is reconciled at the next open
-                    pass
+                    if not self.persistent and self.objects is None:
+                        self._strays.append(path)  # an in-memory one has none: the next commit
+            if self._strays and not self.persistent and self.objects is None:
+                self._reclaim_strays()
             if self.publisher is not None:
                 self.publisher.collect()  # what waited for readers that have moved on or gone
             for file in txn.uploaded:  # the staging files of what is in the object store now
@@ -375,6 +378,25 @@ class StoreCommits:
             self._let_readers_go(txn.gone)
             self._refresh_views(txn.replaced)
             self._tell_listeners(txn.stored, txn.gone)
+
+    def _reclaim_strays(self) -> None:
+        """Retire again the payloads of an in-memory database whose retire failed (an error,
+        an interrupt in a thread where none is held), each only once the catalog proves it
+        unreferenced (``directory.unreferenced``); one that fails again waits for the next
+        commit. (On disk the next open's sweep deletes them.)"""
+        strays, self._strays = self._strays, []
+        try:
+            gone = set(directory.unreferenced(self.duck, strays))
+        except duckdb.Error:  # proves nothing: kept for the next commit
+            self._strays = strays
+            return
+        for path in strays:
+            if path not in gone:
+                continue  # referenced again (never, versions are not reused): not ours to delete
+            try:
+                self.spares.retire(path, keep=False)
+            except (OSError, Error):
+                self._strays.append(path)
 
     def _tell_listeners(self, stored, gone) -> None:
         for listener in list(self.commit_listeners):
