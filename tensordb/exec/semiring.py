@@ -407,10 +407,26 @@ def _dense_product_sum(op, args, dtype, out_shape) -> np.ndarray:
         kept = sorted(o.labels, key=labels.index)
         arr = np.einsum(f"{spec}->{''.join(chr(97 + labels.index(l)) for l in kept)}", a)
         views.append(arr.reshape([sizes[l] if l in o.labels else 1 for l in labels]))
+    # the join space in slabs of its first label, ``CHUNK`` elements each: the whole of it (a
+    # masked product's rows x columns x inner, counted at its entries by the budget) is never
+    # made at once; a slab's elements are the same numbers, its sums added slab after slab
+    full = [sizes[l] for l in labels]
+    red = tuple(range(len(op.out_labels), len(labels)))
+    step = max(1, CHUNK // max(math.prod(full[1:]), 1))
+    parts = []
     with np.errstate(all="ignore"):
-        res = np.asarray(scalar.evaluate(op.join, views), dtype)
-        res = np.broadcast_to(res, [sizes[l] for l in labels])
-        res = np.add.reduce(res, axis=tuple(range(len(op.out_labels), len(labels))), dtype=dtype)
+        for lo in range(0, full[0], step):
+            hi = min(full[0], lo + step)
+            res = np.asarray(scalar.evaluate(op.join, [v if v.shape[0] == 1 else v[lo:hi]
+                                                       for v in views]), dtype)
+            res = np.broadcast_to(res, [hi - lo] + full[1:])
+            parts.append(np.add.reduce(res, axis=red, dtype=dtype))
+        if not parts:
+            res = np.zeros(out_shape, dtype)
+        elif op.out_labels:
+            res = np.concatenate(parts, axis=0)
+        else:
+            res = np.add.reduce(np.asarray(parts, dtype), dtype=dtype)
     return np.ascontiguousarray(np.asarray(res, dtype).reshape(out_shape))
 
 
