@@ -197,7 +197,15 @@ def reduce_nd_csr(tile, labels: Sequence[str], out_labels: Sequence[str], agg: s
         return sp.csr_array(out_shape, dtype=dtype)
     pairs = np.stack([np.asarray(tile.coords[r_d], np.int64),
                       np.asarray(tile.coords[c_d], np.int64)], axis=1)
-    uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
+    uniq, acc = _grouped(pairs, values, agg, per_el, dtype)
+    return sp.csr_array((acc, (uniq[:, 0], uniq[:, 1])), shape=out_shape)
+
+
+def _grouped(keys: np.ndarray, values: np.ndarray, agg: str, per_el: int, dtype):
+    """(the distinct rows of ``keys`` in C order, the ``agg`` of each one's ``values``), each
+    group of ``per_el`` elements of which the absent ones are 0: a MAX or MIN with fewer entries
+    than that takes the 0 in; a SUM of bools is their OR, as np.einsum's."""
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     n = len(uniq)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -215,8 +223,8 @@ def reduce_nd_csr(tile, labels: Sequence[str], out_labels: Sequence[str], agg: s
             partial = np.bincount(inv, minlength=n) < per_el
             acc[partial] = ufunc(acc[partial], np.zeros(1, dtype))
         else:
-            raise ValueError(f"reduce_nd_csr: unknown aggregate {agg!r}")
-    return sp.csr_array((acc, (uniq[:, 0], uniq[:, 1])), shape=out_shape)
+            raise ValueError(f"unknown aggregate {agg!r}")
+    return uniq, acc
 
 
 def reduce_nd_coo(tile, labels: Sequence[str], out_labels: Sequence[str], agg: str, dtype):
@@ -243,23 +251,5 @@ def reduce_nd_coo(tile, labels: Sequence[str], out_labels: Sequence[str], agg: s
     if not values.size:
         return CooTile(out_shape, np.zeros((len(kept), 0), np.int64), values[:0])
     keys = np.stack([np.asarray(tile.coords[d], np.int64) for d in kept], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)  # C order of the kept coordinates
-    inv = inv.reshape(-1)
-    n = len(uniq)
-    with np.errstate(invalid="ignore", over="ignore"):
-        if agg == "sum":
-            if dtype.kind == "b":
-                acc = np.zeros(n, bool)
-                acc[inv[values != 0]] = True
-            else:
-                acc = np.zeros(n, dtype)
-                np.add.at(acc, inv, values)
-        elif agg in ("max", "min"):
-            ufunc = np.maximum if agg == "max" else np.minimum
-            acc = values[np.unique(inv, return_index=True)[1]].copy()  # each group's first
-            ufunc.at(acc, inv, values)
-            partial = np.bincount(inv, minlength=n) < per_el
-            acc[partial] = ufunc(acc[partial], np.zeros(1, dtype))
-        else:
-            raise ValueError(f"reduce_nd_coo: unknown aggregate {agg!r}")
+    uniq, acc = _grouped(keys, values, agg, per_el, dtype)  # C order of the kept coordinates
     return CooTile(out_shape, np.ascontiguousarray(uniq.T), acc)
