@@ -13,23 +13,11 @@ import pytest
 import tensordb
 from tensordb.exec.sparse_nd_join import join_entries
 from tensordb.storage.sparse import CooTile
+from tests.sparse.test_sparse_hyper import _tensor
 
 DTYPES = ["float64", "float32", "int64", "int32", "bool"]
 OPS = {"*": np.multiply, "+": np.add, "-": np.subtract}
 
-
-def _tensor(rng, shape, nse, dtype, special=False):
-    a = np.zeros(shape, dtype)
-    size = a.size
-    lin = rng.choice(size, min(nse, size), replace=False) if size else np.zeros(0, int)
-    if np.dtype(dtype).kind == "b":
-        a.reshape(-1)[lin] = True
-    else:
-        a.reshape(-1)[lin] = (rng.integers(1, 50, lin.size) * rng.choice([-1, 1], lin.size)
-                              ).astype(dtype)
-        if special and lin.size >= 3 and np.dtype(dtype).kind == "f":
-            a.reshape(-1)[lin[:3]] = [np.nan, np.inf, -np.inf]
-    return a
 
 
 def _ref(x):
