@@ -18,11 +18,17 @@ store reports it (``listen``; a Load also drops the other versions of what it re
 pool's admission drops entries first when a run needs room under its ``memory_limit``
 (``HostTiles.cache``, exec/budget.py). It holds at most ``CAPACITY_SHARE`` of the default
 memory limit, least recently used entries leaving first. A box that is a view of its payload's
-mapping is read again at each hit (a view costs nothing, and a payload file may be reused once
-its version is retired); a box that is a copy (a column slab cut from a CSR tile) is kept.
+mapping is kept as the view (0 bytes: the memory is the mapping's, not a copy): a hit costs no
+read, no decode and no scipy object (the issue's 50,000-node SpMV read its view again each
+statement: a tenth of its time). The view keeps its payload mapped, and a mapped payload is
+never recycled (``storage/payloads.rename_unused``; an in-memory payload's allocation is not
+taken while referenced, ``memfiles.take``), so its bytes stay that version's; the entry leaves
+when the version is retired or dropped (``listen``) or another version is read. A box that is a
+copy (a column slab cut from a CSR tile) is kept as well.
 
 A box of a stored matrix of fill 0 that is a view of its payload (a whole CSR tile, a band of
-its rows) is read as before, a plain scipy CSR array, but tagged with a ``Sourced`` entry of its
+its rows) is a plain scipy CSR array (the same object at each hit: nobody writes into it, its
+arrays are read-only views), tagged with a ``Sourced`` entry of its
 own (``source_of``): the SpGEMM kernel's GraphBLAS copy of a stored graph is kept there too (a
 2,048-node R-MAT graph's ``G @ G`` copied both operands into GraphBLAS at every statement). A
 fill-0 box that is a copy is not kept (it would hold memory nothing asked it to). Such an entry
@@ -149,7 +155,7 @@ class GraphCache(DeviceCache):
 
     def box(self, reader, starts, stops, read):
         """The box ``[starts, stops)`` of ``reader``'s tensor, a ``Filled`` that ``read()``
-        gives: from the cache (a view read again, its slot kept), else read and kept."""
+        gives (or a fill-0 view of a payload, tagged): from the cache, else read and kept."""
         m = reader.meta
         name = m.name.lower()
         key = (name, m.version, tuple(int(x) for x in starts), tuple(int(x) for x in stops))
@@ -163,14 +169,9 @@ class GraphCache(DeviceCache):
                 self.hits += 1
         if e is not None:
             kept = e.array
-            if _owned(kept.csr):
+            if m.fill != 0:
                 return kept
-            fresh = read()
-            if isinstance(fresh, Filled):
-                return Sourced(fresh.csr, fresh.fill, kept.origin, kept.where, kept.slot)
-            if _plain_csr(fresh):  # a fill-0 box: tagged with the entry's slot
-                return _tag(fresh, kept)
-            return fresh
+            return kept.csr  # a fill-0 box: the view kept, tagged with the entry's slot
         out = read()
         if m.fill == 0 and _plain_csr(out) and not _owned(out):
             self.misses += 1
