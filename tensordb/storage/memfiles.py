@@ -34,7 +34,10 @@ MAX_BYTES = 256 << 20
 # The largest output kept here (reserved.py): a block-sparse product's 2 MiB output, in a
 # recycled payload file, cost each statement its file's rename, open, mapping and unmapping
 # (about 0.13 ms of a 3 ms statement, docs/benchmarks.md blk39); kept here, none of those.
-FILE_MAX = 8 << 20
+# 16 MiB since spmv40b: the SpMM x64 (50,000 x 64 float32, 12.2 MiB) computed into a
+# recycled file's mapping took 21 ms a statement, its 3,125 pages faulted in afresh each time,
+# against 16 ms in a spare allocation here (scipy's own ``G @ X``: 12 ms).
+FILE_MAX = 16 << 20
 # A retired payload's allocation is kept for the next output of its size (``take``): a
 # repeated statement computes into memory the process has touched already, not new pages. At
 # most this many bytes of them a database, the oldest let go first.

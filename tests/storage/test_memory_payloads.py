@@ -431,3 +431,29 @@ def test_a_let_go_allocation_is_reused_only_when_nothing_refers_to_it(con, monke
     assert 0 < memfiles.spare_bytes(tiles_dir) <= memfiles.SPARE_BYTES
     con.close()
     assert memfiles.spare_bytes(tiles_dir) == 0  # closing lets the spares go
+
+
+def test_an_spmm_output_of_12_mib_is_kept_in_the_process_and_reuses_its_spare(con):
+    """The issue's SpMM shape (a sparse matrix times 64 dense columns, 12.2 MiB of float32
+    output; FILE_MAX 16 MiB since spmv40b) has no payload file in an in-memory database: a
+    repeated statement computes into the allocation a replaced version let go (no new pages),
+    and every answer is numpy's product of the densified inputs."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(9)
+    n, cols = 50_000, 64
+    G = sp.csr_array(sp.coo_array((rng.random(20_000, dtype=np.float32) + 0.5,
+                                   (rng.integers(0, n, 20_000), rng.integers(0, n, 20_000))),
+                                  shape=(n, n)))
+    G.sum_duplicates()
+    X = rng.standard_normal((n, cols), dtype=np.float32)
+    con.load("G", G)
+    con.load("X", X)
+    want = (G.astype(np.float64) @ X.astype(np.float64))
+    seen = set()
+    for _ in range(4):
+        con.execute("Y[i,k] = SUM(G[i,j] * X[j,k])")
+        assert not os.path.exists(_path(con, "Y"))  # no file: kept here
+        seen.add(_address(con, "Y"))
+        np.testing.assert_allclose(con.tensor("Y"), want, rtol=1e-5, atol=1e-5)
+    assert len(seen) <= 3  # the allocations take turns, not a new one each statement
+    assert memfiles.spare_bytes(con.store.tiles_dir) <= memfiles.SPARE_BYTES
