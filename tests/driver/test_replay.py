@@ -313,9 +313,11 @@ def test_kill_9_during_replayed_steps_leaves_one_step_s_state(tmp_path, delay):
     con.close()
 
 
-def test_a_plan_with_a_sparse_kernel_is_not_replayed():
-    """A sparse kernel's operation (its output's nonzeros estimated: output_nnz) is planned
-    by the ordinary path at each call, as replay.py and architecture.md say; against scipy."""
+def test_a_sparse_kernel_into_a_tensor_it_does_not_read_is_replayed():
+    """A sparse kernel's operation (its output's nonzeros estimated: output_nnz) whose group
+    replaces none of its inputs reads the versions its plan was made for: replayed (spmv40b),
+    and its answers are scipy's; a replace of its sparse input between calls (another
+    statement) ends the replay, and the next call reads the new matrix."""
     import scipy.sparse as sp
     con = _connect("memory", None)
     s = sp.random(40, 30, density=0.05, random_state=7, format="csr")
@@ -330,5 +332,32 @@ def test_a_plan_with_a_sparse_kernel_is_not_replayed():
         got = got.toarray() if hasattr(got, "toarray") else np.asarray(got)
         np.testing.assert_allclose(got, s.toarray() * (u @ v.T), rtol=1e-12, atol=1e-15)
     assert con.engine.last_plan is not None
+    replays = con.engine.cache.replay.replays
+    assert replays == 1  # the third call (the second's binding saw C made by the first)
+    s2 = sp.random(40, 30, density=0.2, random_state=8, format="csr")
+    con.load("S", s2, replace=True)
+    for k in range(2):
+        con.execute("C[i,j] = S[i,j] * SUM(U[i,r] * V[j,r]);")
+        got = con.tensor("C")
+        got = got.toarray() if hasattr(got, "toarray") else np.asarray(got)
+        np.testing.assert_allclose(got, s2.toarray() * (u @ v.T), rtol=1e-12, atol=1e-15)
+    assert con.engine.cache.replay.replays == replays + 1  # planned again after the load
+    con.close()
+
+
+def test_a_sparse_kernel_that_replaces_its_own_input_is_not_replayed():
+    """Where the group replaces an input of a sparse kernel's plan (the power iteration's
+    ``v[i] = SUM(G[i,j] * v[j])``), each call is planned by the ordinary path: its cuts and
+    estimates may rest on what it replaced. Against numpy, step by step."""
+    import scipy.sparse as sp
+    con = _connect("memory", None)
+    g = sp.random(60, 60, density=0.1, random_state=3, format="csr")
+    v = np.random.default_rng(3).standard_normal(60)
+    con.load("G", g)
+    con.load("v", v)
+    for k in range(3):
+        con.execute("v[i] = SUM(G[i,j] * v[j])")
+        v = g.toarray() @ v
+        np.testing.assert_allclose(con.tensor("v"), v, rtol=1e-12, atol=1e-12)
     assert con.engine.cache.replay.replays == 0
     con.close()

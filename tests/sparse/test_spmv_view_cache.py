@@ -2,7 +2,8 @@
 a plan-cached SpMV reads no payload, decodes nothing and builds no scipy object on a hit. A kept
 view must never answer for another version: a replaced matrix, a dropped and re-made one, a
 rolled-back replace, a commit of another connection on the same database, each gives the new
-answer (numpy's product of the densified inputs), in memory and on disk."""
+answer (numpy's product of the densified inputs), in memory and on disk, where the repeated
+statement is replayed (driver/replay.py) as where it is planned again."""
 from __future__ import annotations
 
 import numpy as np
@@ -65,6 +66,7 @@ def test_a_hit_serves_the_kept_view_and_a_replace_serves_the_new_matrix(where):
         _mv(con, G1, v)
         _mv(con, G1, v)
         assert GRAPHS.hits == hits + 2
+        assert con.engine.cache.replay.replays >= 1  # the replay path serves it too (replay.py)
         assert GRAPHS.entries[key].array.csr is kept and GRAPHS.entries[key].nbytes == 0
         first = _versions("G")
         con.load("G", G2, replace=True)
