@@ -7,7 +7,8 @@ and ``Y[i,k] = SUM(G[i,j] * X[j,k])`` alternated with scipy's ``G @ x`` in one p
 The issue's graph (``--nodes`` 50,000, ``--edges`` 500,000 random float32 edges, as
 bench_sparse_peers ``--sections issue``), in memory; medians and minimums of ``--n`` calls each,
 wall and process CPU, the answers checked against scipy's. ``--profile``: cProfile of ``--n``
-SpMV statements on the first worker count, the top functions by own time.
+SpMV statements on the first worker count, the top functions by own time. ``--rmat`` SCALE:
+bench_sparse_scale's R-MAT graph of that scale instead.
 """
 from __future__ import annotations
 
@@ -39,6 +40,19 @@ def graph(nodes: int, edges: int, cols: int):
     return G, X, X[:, 0].copy()
 
 
+def rmat_graph(scale: int, cols: int):
+    import scipy.sparse as sp
+    from tests.bench.bench_sparse_graph import rmat
+    rng = np.random.default_rng(0)
+    n = 1 << scale
+    i, j = rmat(scale, 10, rng)
+    G = sp.csr_array(sp.coo_array((np.ones(i.size, np.float32), (i.astype(np.int32),
+                                                                 j.astype(np.int32))), shape=(n, n)))
+    G.sum_duplicates()
+    X = rng.standard_normal((n, cols), dtype=np.float32)
+    return G, X, X[:, 0].copy()
+
+
 def ab(fns: dict, n: int) -> dict:
     wall = {k: [] for k in fns}
     cpu = {k: [] for k in fns}
@@ -62,8 +76,11 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--mm-n", type=int, default=40)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--rmat", type=int, default=0,
+                    help="bench_sparse_scale's R-MAT graph of this scale instead (edge factor 10)")
     args = ap.parse_args(argv)
-    G, X, x = graph(args.nodes, args.edges, args.cols)
+    G, X, x = graph(args.nodes, args.edges, args.cols) if not args.rmat else rmat_graph(
+        args.rmat, args.cols)
     mv, mm = "w[i] = SUM(G[i,j] * v[j])", "Y[i,k] = SUM(G[i,j] * X[j,k])"
     print(f"{args.nodes:,} nodes, {G.nnz:,} stored; load {os.getloadavg()}", flush=True)
     for workers in args.workers:
