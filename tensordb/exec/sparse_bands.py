@@ -32,6 +32,7 @@ split a sum, and a reduction of a row label other than the masked product's.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import time
 
@@ -62,7 +63,7 @@ def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=N
         return call(args, arg_shapes, out_shape, out, sink)
     label, axes, cw = plan
     rows = len(cw) - 1
-    total = float(cw[-1])
+    total = cw[rows]
     if FORCE_ROWS is None and total <= SMALL_WORK:
         return call(args, arg_shapes, out_shape, out, sink)
     # the operands made sliceable once: a box over row tiles stacked unless it is spmm's own
@@ -83,13 +84,12 @@ def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=N
     r0 = 0
     while r0 < rows:
         if r0:
-            check(float(cw[r0]) / total if total else r0 / rows)
+            check(cw[r0] / total if total else r0 / rows)
         if FORCE_ROWS is not None:
             r1 = min(rows, r0 + FORCE_ROWS)
         else:
-            r1 = int(np.searchsorted(cw, cw[r0] + target, side="right")) - 1
-            r1 = min(rows, max(r1, r0 + 1))
-            if float(cw[-1] - cw[r1]) <= 0.25 * target:  # a short rest: in this band
+            r1 = min(rows, max(cw.last_within(r0, cw[r0] + target), r0 + 1))
+            if total - cw[r1] <= 0.25 * target:  # a short rest: in this band
                 r1 = rows
         b_args = [a if ax is None else _rows(a, ax, r0, r1) for a, ax in zip(args, axes)]
         b_shapes = [s if ax is None else _with(s, ax, r1 - r0) for s, ax in zip(arg_shapes, axes)]
@@ -98,7 +98,7 @@ def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=N
         t0 = time.perf_counter()
         res = call(b_args, b_shapes, b_shape, view, sink if sinking else None)
         spent = time.perf_counter() - t0
-        done = float(cw[r1] - cw[r0])
+        done = cw[r1] - cw[r0]
         if oax is None:  # a scalar sum over the bands (masked)
             acc = res if acc is None else np.add(acc, res, dtype=dtype)
         elif is_sparse(res) and not isinstance(res, np.ndarray):
@@ -126,7 +126,8 @@ def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=N
 
 def _plan(op, choice, args, out_shape):
     """(the band label, per operand the axis it has that label on or None, the cumulative
-    estimated work per row: ``rows + 1`` values), or None where the call is not banded."""
+    estimated work per row: a ``_Cumulative``, ``rows + 1`` values), or None where the call is
+    not banded."""
     k = choice.sparse
     if k is None or k >= len(args) or args[k] is None or len(op.inputs[k].labels) != 2:
         return None
@@ -164,16 +165,71 @@ def _plan(op, choice, args, out_shape):
         total += float(width) * rows
     if FORCE_ROWS is None and total <= SMALL_WORK:
         return None
-    cw = np.zeros(rows + 1, np.float64)
-    cw[1:] = _row_entries(S) * per_entry
+    terms, per_row = [(per_entry, _entries_before(S))], 0.0
     for t, (a, ax) in enumerate(zip(args, axes)):
         if t != k and ax is not None:
-            cw[1:] += (_row_entries(a) if _row_sparse(a, ax) else  # banded on its columns:
-                       _nnz(a) / max(1, a.shape[ax]))              # their average entries
+            if _row_sparse(a, ax):
+                terms.append((1.0, _entries_before(a)))
+            else:  # banded on its columns: their average entries
+                per_row += _nnz(a) / max(1, a.shape[ax])
     if choice.out_format != "csr":
-        cw[1:] += width  # the output's dense row written (a CSR one's entries: counted above)
-    np.cumsum(cw, out=cw)
-    return label, axes, cw
+        per_row += width  # the output's dense row written (a CSR one's entries: counted above)
+    return label, axes, _Cumulative(rows, per_row, terms)
+
+
+class _Cumulative:
+    """The estimated work of a call's rows before row ``r`` (``self[r]``, ``r`` in ``0..rows``:
+    what a cumulative sum of the work per row would hold), each value computed where asked from
+    the operands' row pointers, which are their cumulative entry counts already: no per-row
+    array is made. (One was: on a 2^20-row SpMV its 8 MiB faulted in, a diff and a cumsum took
+    6 ms of a 37 ms statement, on every worker.) A call asks a few values a band."""
+
+    __slots__ = ("rows", "per_row", "terms")
+
+    def __init__(self, rows: int, per_row: float, terms: list) -> None:
+        self.rows, self.per_row, self.terms = rows, float(per_row), terms
+
+    def __len__(self) -> int:
+        return self.rows + 1
+
+    def __getitem__(self, r: int) -> float:
+        return self.per_row * r + sum(c * before(r) for c, before in self.terms)
+
+    def last_within(self, r0: int, limit: float) -> int:
+        """The last row ``r >= r0`` with ``self[r] <= limit`` (``self[r0]`` is): the values
+        do not decrease, so a bisection (``np.searchsorted(cw, limit, "right") - 1``)."""
+        lo, hi = r0, self.rows
+        if self[hi] <= limit:
+            return hi
+        while hi - lo > 1:  # self[lo] <= limit < self[hi]
+            mid = (lo + hi) // 2
+            if self[mid] <= limit:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+def _entries_before(a):
+    """For a sparse tile banded on its rows: a function of ``r`` giving its entries in the
+    rows before ``r``, read off its row pointers."""
+    if isinstance(a, RowSlabs):
+        starts = [p0 for p0, _ in a.parts]
+        bases = np.concatenate([[0], np.cumsum([int(p.nnz) for _, p in a.parts])]).tolist()
+        parts = a.parts
+
+        def before(r: int) -> int:
+            n = bisect.bisect_right(starts, r) - 1
+            if n < 0:
+                return 0
+            p0, p = parts[n]
+            return bases[n] + int(p.indptr[min(r - p0, p.shape[0])])
+        return before
+    m = a.csr if isinstance(a, Filled) else a
+    if getattr(m, "format", "") != "csr":
+        m = m.tocsr()
+    ptr = m.indptr
+    return lambda r: int(ptr[r])
 
 
 def _per_entry(op, choice, args, k) -> float:
@@ -223,20 +279,6 @@ def _avg_row(a) -> float:
 
 def _row_sparse(a, ax) -> bool:
     return _is_tile_sparse(a) and ax == 0
-
-
-def _row_entries(a) -> np.ndarray:
-    """The entries of each row of a sparse tile (a column-banded one: of each column)."""
-    if isinstance(a, RowSlabs):
-        counts = np.zeros(a.shape[0], np.float64)
-        for r0, p in a.parts:
-            counts[r0:r0 + p.shape[0]] = np.diff(p.indptr)
-        return counts
-    csr = a.csr if isinstance(a, Filled) else a
-    if getattr(csr, "format", "") == "csr":
-        return np.diff(csr.indptr).astype(np.float64)
-    csr = csr.tocsr()
-    return np.diff(csr.indptr).astype(np.float64)
 
 
 def _sliceable(a, ax, keep_slabs: bool):
