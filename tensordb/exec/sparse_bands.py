@@ -340,8 +340,15 @@ def _major(m, r0: int, r1: int):
     lo, hi = int(ptr[r0]), int(ptr[r1])
     cls = sp.csr_array if m.format == "csr" else sp.csc_array
     shape = (r1 - r0, m.shape[1]) if m.format == "csr" else (m.shape[0], r1 - r0)
-    band = cls((m.data[lo:hi], m.indices[lo:hi], ptr[r0:r1 + 1] - ptr[r0]), shape=shape,
-               copy=False)
+    data, indices, indptr = m.data[lo:hi], m.indices[lo:hi], ptr[r0:r1 + 1] - ptr[r0]
+    if indices.dtype == indptr.dtype and data.ndim == 1:
+        # the views as they are (as storage.sparse's row slabs): scipy's constructor copies a
+        # view under half of the array it views (its ``prune``), which a band of a stored
+        # tile's rows often is: a copy of the band's entries (uncounted) at every band
+        band = cls(shape, dtype=m.dtype)
+        band.data, band.indices, band.indptr = data, indices, indptr
+    else:
+        band = cls((data, indices, indptr), shape=shape, copy=False)
     flags = getattr(m, "_has_canonical_format", None), getattr(m, "_has_sorted_indices", None)
     if flags[0]:
         band.has_canonical_format = True

@@ -118,3 +118,21 @@ def test_sized_bands_equal_the_one_call_bit_for_bit(tmp_path, sized, dtype, tile
                                        np.asarray(expect, np.float64), rtol=1e-5, err_msg=sql)
             if method in ("spmm", "sddmm", "spjoin", "masked"):
                 assert len(made) > 1 and all(r1 > r0 for r0, r1 in made), sql  # banded
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+def test_a_band_views_its_matrix_entries(fmt):
+    """A band of a few rows (columns of a CSC matrix) shares the matrix's entry arrays: scipy's
+    constructor would copy a view under half of its array (``prune``), a copy at every band."""
+    m = _matrix(400, 300, 0.05, 4)
+    m = m if fmt == "csr" else sp.csc_array(m)
+    band = sparse_bands._major(m, 30, 60)
+    assert np.shares_memory(band.data, m.data) and np.shares_memory(band.indices, m.indices)
+    dense = m.toarray()
+    want = dense[30:60] if fmt == "csr" else dense[:, 30:60]
+    assert band.format == fmt and band.shape == want.shape
+    np.testing.assert_array_equal(band.toarray(), want)
+    x = np.arange(band.shape[1], dtype=np.float64)
+    sliced = m[30:60] if fmt == "csr" else m[:, 30:60]  # scipy's own copy of the rows
+    np.testing.assert_array_equal(band @ x, sliced @ x)
+    np.testing.assert_allclose(band @ x, want @ x, rtol=1e-12)
