@@ -22,7 +22,10 @@ average work per entry (the other operand's entries per row, or its width), a fe
 operations, so a small call (the common case: a benchmark's 0.2-5 ms products) is one call and
 pays nothing else (``SMALL_WORK``). A large call's first band is ``SMALL_WORK`` of work; each
 later band is sized from the time the band before it took, to ``BAND_SECONDS`` (at most
-``GROWTH`` times the band before it). What a semiring product makes of its other operand (its
+``GROWTH`` times the band before it). A band's last row is found by bisection on the work
+before each row, computed where asked from the operands' row pointers (``_Cumulative``): no
+per-row array is made for a call (on a 2^20-row SpMV one cost 6 ms of a 37 ms statement).
+A band's rows are views of its operands' entries (``_major``). What a semiring product makes of its other operand (its
 GraphBLAS matrix) is made once for all the bands (``_kept``), as is a SpGEMM's right operand
 (``sparse_kernels._spgemm``'s memo). ``FORCE_ROWS`` (tests) bands every call by that many rows.
 
