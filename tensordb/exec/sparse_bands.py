@@ -25,9 +25,9 @@ later band is sized from the time the band before it took, to ``BAND_SECONDS`` (
 ``GROWTH`` times the band before it). A band's last row is found by bisection on the work
 before each row, computed where asked from the operands' row pointers (``_Cumulative``): no
 per-row array is made for a call (on a 2^20-row SpMV one cost 6 ms of a 37 ms statement).
-A band's rows are views of its operands' entries (``_major``). What a semiring product makes of its other operand (its
-GraphBLAS matrix) is made once for all the bands (``_kept``), as is a SpGEMM's right operand
-(``sparse_kernels._spgemm``'s memo). ``FORCE_ROWS`` (tests) bands every call by that many rows.
+A band's rows are views of its operands' entries (``_major``). What a semiring product
+makes of its other operand (its GraphBLAS matrix) is made once for all the bands (``_kept``),
+as is a SpGEMM's right operand (``sparse_kernels._spgemm``'s memo). ``FORCE_ROWS`` (tests) bands every call by that many rows.
 
 Left one call: a call whose sparse operand's rows are a contracted label (a vector times a
 matrix: an SSSP step's ``MIN(dist[j] + D[j,k])``; ``SUM(A[j,i] * B[j,k])``), where bands would
