@@ -65,6 +65,8 @@ def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=N
     total = float(cw[-1])
     if FORCE_ROWS is None and total <= SMALL_WORK:
         return call(args, arg_shapes, out_shape, out, sink)
+    if not _one_path(op, choice, args):
+        return call(args, arg_shapes, out_shape, out, sink)
     # the operands made sliceable once: a box over row tiles stacked unless it is spmm's own
     # operand, a gather's rows taken, a CSR tile banded on its columns made CSC
     args = [_sliceable(a, ax, choice.method == "spmm" and t == choice.sparse) if ax is not None
@@ -174,6 +176,54 @@ def _plan(op, choice, args, out_shape):
         cw[1:] += width  # the output's dense row written (a CSR one's entries: counted above)
     np.cumsum(cw, out=cw)
     return label, axes, cw
+
+
+def _one_path(op, choice, args) -> bool:
+    """Whether every band takes the path the one call takes. A kernel tests its operands'
+    values and computes densely with numpy where they fail (a NaN or inf: SpGEMM, a join's
+    product, a semiring; dot products that may overflow: sddmm, the masked product). A band of
+    finite rows passes where the whole call fails, and its rows then differ from the one
+    call's in the sign of a zero (numpy's ``-6 * 0`` is -0.0, an absent entry's product 0.0),
+    a NaN's sign or a sum's rounding: such a call is one call."""
+    dtype = np.dtype(op.dtype)
+    k = choice.sparse
+    if dtype.kind != "f" or choice.method == "spreduce" or (
+            choice.method == "spmm" and not any(_is_tile_sparse(a) for t, a in
+                                                enumerate(args) if t != k)):
+        return True  # no test of the values (SpMM's partner is known finite when planned)
+    values = [_values(a) for a in args]
+    big = float(np.finfo(dtype).max)
+    with np.errstate(all="ignore"):
+        for v in values:
+            if v.dtype.kind != "f" or not v.size:
+                continue
+            if not bool(np.isfinite(v).all()) or (v.dtype.itemsize > dtype.itemsize and
+                                                  float(np.abs(v).max()) > big):
+                return False  # (a float64 value past float32's largest is its inf)
+        if choice.method in ("sddmm", "masked"):
+            from .semiring import may_overflow
+            mask = op.inputs[k].labels
+            inner = {l: np.shape(a)[o.labels.index(l)] if not _is_tile_sparse(a) else
+                     a.shape[o.labels.index(l)] for t, (a, o) in enumerate(zip(args, op.inputs))
+                     if t != k for l in o.labels if l not in mask}
+            return not may_overflow(dtype, math.prod(inner.values()),
+                                    *[v for t, v in enumerate(values) if t != k])
+    return True
+
+
+def _values(a) -> np.ndarray:
+    """The stored values of an operand: a sparse tile's entries, a dense one's elements."""
+    if isinstance(a, RowGather):
+        a = a.take()
+    if isinstance(a, Filled):
+        return np.asarray(a.csr.data)
+    if isinstance(a, RowSlabs):
+        return np.concatenate([np.asarray(p.data) for _, p in a.parts] or [np.zeros(0, a.dtype)])
+    if isinstance(a, CooTile):
+        return np.asarray(a.values)
+    if _is_tile_sparse(a):
+        return np.asarray(a.data)
+    return np.asarray(a).reshape(-1)
 
 
 def _per_entry(op, choice, args, k) -> float:
