@@ -553,3 +553,64 @@ def test_a_banded_calls_peak_is_the_one_calls_and_a_band(bands):
         for rows in (500, 50):
             assert peaks[rows] <= 1.05 * peaks[None] + 4 * rows * band_bytes + (1 << 18), \
                 (o.output, peaks)
+
+
+def test_the_gpu_stand_in_makes_one_device_call_with_numpys_answer(tmp_path, bands):
+    """On the GPU executor (tests/fakecupy standing in for CuPy) a sparse kernel is a device
+    call, never banded (``sparse_bands`` is the CPU's): with bands forced no band is made, the
+    answers are numpy's and the CPU's banded ones; without CuPy, ``executor='gpu'`` is a
+    NotSupportedError naming the statement, and the connection stays usable."""
+    from tests.exec.test_gpu_sparse import _gpu
+    from tests.fakecupy.cupy import DeviceXp
+    ops, cases = _row_cases(np.float64)
+    cases = [c for c in cases if c[1] in ("spmm", "spjoin", "sddmm")]
+    with tensordb.connect(tmp_path / "g.tdb") as con:
+        for name, a in ops.items():
+            con.load(name, a)
+        cpu = {}
+        bands.force(3)
+        for sql, _, _ in cases:
+            con.execute(sql)
+            cpu[sql] = con.tensor(sql.split("[")[0])
+        _gpu(con, DeviceXp())
+        del bands.count[:]
+        for sql, _, expect in cases:
+            con.execute(sql)
+            got = con.tensor(sql.split("[")[0])
+            _same(got, expect)
+            _same(got, cpu[sql])
+        assert bands.count == []
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        with tensordb.connect(tmp_path / "n.tdb", executor="gpu") as con:
+            con.load("A", ops["A"])
+            with pytest.raises(tensordb.NotSupportedError, match="CuPy") as err:
+                con.execute("C[i,k] = SUM(A[i,j] * A[j,k])")
+            assert "C[i,k]" in str(err.value)
+            assert not con.store.has("C")
+            con.execute("SET executor = 'local'")
+            con.execute("C[i,k] = SUM(A[i,j] * A[j,k])")
+            _same(con.tensor("C"), ops["A"].toarray() @ ops["A"].toarray())
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_rises_band_by_band_and_ends_at_the_total(tmp_path, bands, workers):
+    """The connection's progress callback during a SpGEMM banded a row at a time: one report a
+    band at least, never falling, the last ``done == total``."""
+    A = sp.random_array((200, 200), density=0.03, rng=np.random.default_rng(1), format="csr")
+    with tensordb.connect(tmp_path / "p.tdb", workers=workers) as con:
+        con.load("A", A)
+        seen = []
+        bands.force(1)
+        con.progress_callback = lambda done, total: seen.append((done, total))
+        try:
+            con.execute("C[i,k] = SUM(A[i,j] * A[j,k])")
+        finally:
+            con.progress_callback = None
+        np.testing.assert_allclose(densify(con.tensor("C")), A.toarray() @ A.toarray(),
+                                   rtol=1e-12)
+    fractions = [d / t for d, t in seen]
+    assert len(seen) >= 200
+    assert fractions == sorted(fractions)
+    assert seen[-1][0] == seen[-1][1]
