@@ -68,7 +68,7 @@ def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=N
     total = float(cw[-1])
     if FORCE_ROWS is None and total <= SMALL_WORK:
         return call(args, arg_shapes, out_shape, out, sink)
-    if not _one_path(op, choice, args):
+    if not _one_path(op, choice, args, axes):
         return call(args, arg_shapes, out_shape, out, sink)
     # the operands made sliceable once: a box over row tiles stacked unless it is spmm's own
     # operand, a gather's rows taken, a CSR tile banded on its columns made CSC
@@ -181,36 +181,41 @@ def _plan(op, choice, args, out_shape):
     return label, axes, cw
 
 
-def _one_path(op, choice, args) -> bool:
+def _one_path(op, choice, args, axes) -> bool:
     """Whether every band takes the path the one call takes. A kernel tests its operands'
     values and computes densely with numpy where they fail (a NaN or inf: SpGEMM, a join's
-    product, a semiring; dot products that may overflow: sddmm, the masked product). A band of
-    finite rows passes where the whole call fails, and its rows then differ from the one
-    call's in the sign of a zero (numpy's ``-6 * 0`` is -0.0, an absent entry's product 0.0),
-    a NaN's sign or a sum's rounding: such a call is one call."""
+    product, max-times; a NaN or the fill's opposite infinity: min-plus, max-plus; dot products
+    that may overflow: sddmm, the masked product). A band of passing rows of an operand that
+    fails as a whole would take the sparse path, its rows then not the one call's (the sign of
+    a zero: numpy's ``-6 * 0`` is -0.0, an absent entry's product 0.0; a NaN's sign; a sum's
+    rounding): such a call is one call. An operand every band reads whole is tested whole."""
     dtype = np.dtype(op.dtype)
     k = choice.sparse
     if dtype.kind != "f" or choice.method == "spreduce" or (
             choice.method == "spmm" and not any(_is_tile_sparse(a) for t, a in
                                                 enumerate(args) if t != k)):
         return True  # no test of the values (SpMM's partner is known finite when planned)
-    values = [_values(a) for a in args]
-    big = float(np.finfo(dtype).max)
+    name = (choice.semiring or "") if choice.method == "semiring" else ""
+    worst = -np.inf if name.startswith("min") else np.inf  # meets a plus semiring's fill: NaN
     with np.errstate(all="ignore"):
-        for v in values:
+        for a, ax in zip(args, axes):
+            v = _values(a) if ax is not None else np.zeros(0)
             if v.dtype.kind != "f" or not v.size:
                 continue
-            if not bool(np.isfinite(v).all()) or (v.dtype.itemsize > dtype.itemsize and
-                                                  float(np.abs(v).max()) > big):
-                return False  # (a float64 value past float32's largest is its inf)
+            v = v.astype(dtype, copy=False) if v.dtype.itemsize > dtype.itemsize else v
+            if name.endswith("plus"):
+                bad = bool(np.isnan(v).any() or (v == worst).any())
+            else:
+                bad = not bool(np.isfinite(v).all())
+            if bad:
+                return False
         if choice.method in ("sddmm", "masked"):
             from .semiring import may_overflow
             mask = op.inputs[k].labels
-            inner = {l: np.shape(a)[o.labels.index(l)] if not _is_tile_sparse(a) else
-                     a.shape[o.labels.index(l)] for t, (a, o) in enumerate(zip(args, op.inputs))
-                     if t != k for l in o.labels if l not in mask}
+            inner = {l: a.shape[o.labels.index(l)] for t, (a, o) in
+                     enumerate(zip(args, op.inputs)) if t != k for l in o.labels if l not in mask}
             return not may_overflow(dtype, math.prod(inner.values()),
-                                    *[v for t, v in enumerate(values) if t != k])
+                                    *[_values(a) for t, a in enumerate(args) if t != k])
     return True
 
 
@@ -218,8 +223,10 @@ def _values(a) -> np.ndarray:
     """The stored values of an operand: a sparse tile's entries, a dense one's elements."""
     if isinstance(a, RowGather):
         a = a.take()
-    if isinstance(a, Filled):
-        return np.asarray(a.csr.data)
+    if isinstance(a, Filled):  # and the fill, where an element is absent
+        data = np.asarray(a.csr.data)
+        full = a.csr.nnz >= math.prod(a.shape)
+        return data if full or not a.fill else np.append(data, data.dtype.type(a.fill))
     if isinstance(a, RowSlabs):
         return np.concatenate([np.asarray(p.data) for _, p in a.parts] or [np.zeros(0, a.dtype)])
     if isinstance(a, CooTile):
