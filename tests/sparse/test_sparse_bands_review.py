@@ -270,6 +270,35 @@ def test_min_plus_and_max_plus_bands_keep_the_fill(tmp_path, bands, fill, agg, d
             assert con.store.meta(name).nnz == np.count_nonzero(want != fill)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_min_plus_over_a_whole_operand_holding_inf_is_still_banded(tmp_path, bands, dtype):
+    """The value test is the kernel's own and only on what is banded: min-plus of a sparse
+    ``+inf``-fill matrix and a dense distance matrix holding ``+inf`` (unreached: read whole by
+    every band) is banded, the one call's bit for bit and numpy's; a NaN in the banded matrix
+    (the kernel's dense path) makes it one call."""
+    rng = np.random.default_rng(12)
+    D = _graph(N, 0.1, 13, dtype)
+    X = np.round(rng.random((N, 6)) * 8).astype(dtype)
+    X[rng.random(X.shape) < 0.3] = INF
+    Dd = np.where(D.toarray() != 0, D.toarray(), INF).astype(dtype)
+    with tensordb.connect(tmp_path / "d.tdb") as con:
+        con.load("D", D, fill_value=INF)
+        con.load("X", X)
+        for sql, want in (("P[i,k] = MIN(D[i,j] + X[j,k])", (Dd[:, :, None] + X[None]).min(1)),
+                          ("Q[k,i] = MIN(X[j,k] + D[i,j])", (Dd[:, :, None] + X[None]).min(1).T)):
+            assert "semiring min_plus" in con.explain(sql)
+            one, made = _each_force(con, bands, sql)
+            assert len(made[1]) >= N, sql
+            _same(one, want)
+        Dn = D.copy()
+        Dn.data[3] = np.nan
+        con.load("D", Dn, fill_value=INF, replace=True)
+        Dd = np.where(Dn.toarray() != 0, Dn.toarray(), INF).astype(dtype)
+        one, made = _each_force(con, bands, "P[i,k] = MIN(D[i,j] + X[j,k])")
+        assert made[1] == []
+        _same(one, (Dd[:, :, None] + X[None]).min(1))
+
+
 # -- the kernel call itself: outputs -------------------------------------------------------------
 
 def _op(out, out_labels, inputs, n, dtype, join=None, agg="sum"):
