@@ -328,6 +328,7 @@ def _csr_equal(x, y):
     assert x.has_canonical_format
     for r in range(x.shape[0]):  # sorted, no duplicates
         assert (np.diff(x.indices[x.indptr[r]:x.indptr[r + 1]]) > 0).all()
+    assert (x.indptr.dtype, x.indices.dtype) == (y.indptr.dtype, y.indices.dtype)
     np.testing.assert_array_equal(x.indptr, y.indptr)
     np.testing.assert_array_equal(x.indices, y.indices)
     assert _bits(x.data) == _bits(y.data)
@@ -400,6 +401,22 @@ def test_spmm_bands_write_the_callers_out_and_sink_its_rows_in_order(bands):
                       check=lambda f=None: None)
     assert got is not out and got.dtype == np.float64 and not out.any()
     np.testing.assert_array_equal(got, want)
+    # a semiring's dense bands: copied into ``out``'s rows, each band's rows sunk after it
+    mt = _op("X", "ik", [("A", "ij"), ("M", "jk")], n, np.float64, join="x0 * x1", agg="max")
+    c = choose_kernel(mt, sparse=(0,), finite=(True, True))
+    assert c.method == "semiring"
+    bands.one()
+    one = sparse_call(mt, c, [A, M], [(n, n), (n, 6)], (n, 6), check=lambda f=None: None)
+    for rows in (1, 7, n - 1):
+        out, sunk = np.full((n, 6), np.nan), []
+        bands.force(rows)
+        got = sparse_call(mt, c, [A, M], [(n, n), (n, 6)], (n, 6), out=out,
+                          sink=lambda slab: sunk.append(slab.copy()), check=lambda f=None: None)
+        want = (A.toarray()[:, :, None] * M[None]).max(1)
+        assert got is out
+        assert _bits(out) == _bits(one)  # (numpy's MAX of 0.0 and -0.0 keeps the first one)
+        np.testing.assert_array_equal(out, want)
+        assert _bits(np.concatenate(sunk)) == _bits(one)
 
 
 def test_a_gathers_rows_banded_as_the_one_call(bands):
