@@ -198,8 +198,7 @@ def _one_path(op, choice, args, axes) -> bool:
     name = (choice.semiring or "") if choice.method == "semiring" else ""
     worst = -np.inf if name.startswith("min") else np.inf  # meets a plus semiring's fill: NaN
     with np.errstate(all="ignore"):
-        for a, ax in zip(args, axes):
-            v = _values(a) if ax is not None else np.zeros(0)
+        for v in (v for a, ax in zip(args, axes) if ax is not None for v in _values(a)):
             if v.dtype.kind != "f" or not v.size:
                 continue
             v = v.astype(dtype, copy=False) if v.dtype.itemsize > dtype.itemsize else v
@@ -214,26 +213,30 @@ def _one_path(op, choice, args, axes) -> bool:
             mask = op.inputs[k].labels
             inner = {l: a.shape[o.labels.index(l)] for t, (a, o) in
                      enumerate(zip(args, op.inputs)) if t != k for l in o.labels if l not in mask}
+            peaks = [max((float(np.max(np.abs(v))) for v in _values(a) if v.size), default=0.0)
+                     for t, a in enumerate(args) if t != k]  # the largest magnitude of each
             return not may_overflow(dtype, math.prod(inner.values()),
-                                    *[_values(a) for t, a in enumerate(args) if t != k])
+                                    *[np.full(1, p) for p in peaks])
     return True
 
 
-def _values(a) -> np.ndarray:
-    """The stored values of an operand: a sparse tile's entries, a dense one's elements."""
+def _values(a) -> list:
+    """The values of an operand, as arrays (no copy): a sparse tile's entries (and the fill of a
+    ``Filled`` where an element is absent), a dense one's elements."""
     if isinstance(a, RowGather):
         a = a.take()
-    if isinstance(a, Filled):  # and the fill, where an element is absent
+    if isinstance(a, Filled):
         data = np.asarray(a.csr.data)
-        full = a.csr.nnz >= math.prod(a.shape)
-        return data if full or not a.fill else np.append(data, data.dtype.type(a.fill))
+        if not a.fill or a.csr.nnz >= math.prod(a.shape):
+            return [data]
+        return [data, np.full(1, a.fill, data.dtype)]
     if isinstance(a, RowSlabs):
-        return np.concatenate([np.asarray(p.data) for _, p in a.parts] or [np.zeros(0, a.dtype)])
+        return [np.asarray(p.data) for _, p in a.parts] or [np.zeros(0, a.dtype)]
     if isinstance(a, CooTile):
-        return np.asarray(a.values)
+        return [np.asarray(a.values)]
     if _is_tile_sparse(a):
-        return np.asarray(a.data)
-    return np.asarray(a).reshape(-1)
+        return [np.asarray(a.data)]
+    return [np.asarray(a).reshape(-1)]
 
 
 def _per_entry(op, choice, args, k) -> float:
