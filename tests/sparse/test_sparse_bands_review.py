@@ -675,3 +675,23 @@ def test_progress_rises_band_by_band_and_ends_at_the_total(tmp_path, bands, work
     assert len(seen) >= 200
     assert fractions == sorted(fractions)
     assert seen[-1][0] == seen[-1][1]
+
+
+def test_int32_sums_that_wrap_band_as_numpy_wraps(tmp_path, bands):
+    """int32 products past 2^31 (a triangle count summed over the bands, a SpGEMM): the bands'
+    sums wrap as the one call's and numpy's do (modular, so in any order)."""
+    a = sp.random_array((N, N), density=0.15, rng=np.random.default_rng(2), format="csr")
+    a.data = np.round(a.data * 3000) + 1000
+    a = a.astype(np.int32)
+    d = a.toarray()
+    with np.errstate(all="ignore"):
+        tri = np.einsum("ij,jk,ki->", d, d, d, dtype=np.int32)
+    assert not -(1 << 31) <= int(np.einsum("ij,jk,ki->", d, d, d, dtype=np.int64)) < 1 << 31
+    with tensordb.connect(tmp_path / "w.tdb") as con:
+        con.load("A", a)
+        for sql, want in (("t = SUM(A[i,j] * A[j,k] * A[k,i])", tri), ("C[i,k] = SUM(A[i,j] * A[j,k])",
+                                                                        d @ d)):
+            one, made = _each_force(con, bands, sql, forces=(1, 7))
+            assert made[1]
+            assert np.asarray(one).dtype == np.int32
+            _same(one, want)
