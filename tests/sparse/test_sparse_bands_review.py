@@ -689,8 +689,8 @@ def test_int32_sums_that_wrap_band_as_numpy_wraps(tmp_path, bands):
     assert not -(1 << 31) <= int(np.einsum("ij,jk,ki->", d, d, d, dtype=np.int64)) < 1 << 31
     with tensordb.connect(tmp_path / "w.tdb") as con:
         con.load("A", a)
-        for sql, want in (("t = SUM(A[i,j] * A[j,k] * A[k,i])", tri), ("C[i,k] = SUM(A[i,j] * A[j,k])",
-                                                                        d @ d)):
+        for sql, want in (("t = SUM(A[i,j] * A[j,k] * A[k,i])", tri),
+                          ("C[i,k] = SUM(A[i,j] * A[j,k])", d @ d)):
             one, made = _each_force(con, bands, sql, forces=(1, 7))
             assert made[1]
             assert np.asarray(one).dtype == np.int32
