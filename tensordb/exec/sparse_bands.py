@@ -29,8 +29,8 @@ GraphBLAS matrix) is made once for all the bands (``_kept``), as is a SpGEMM's r
 Left one call: a call whose sparse operand's rows are a contracted label (a vector times a
 matrix: an SSSP step's ``MIN(dist[j] + D[j,k])``; ``SUM(A[j,i] * B[j,k])``), where bands would
 split a sum, and a reduction of a row label other than the masked product's; a float call whose
-operands hold a NaN or inf, or whose SDDMM or masked dot products could overflow (``_one_path``):
-the kernel tests the values it is given and computes those densely, so a band of finite rows
+banded operands hold values the kernel computes densely (a NaN or inf; min-plus: a NaN or -inf),
+or whose SDDMM or masked dot products could overflow (``_one_path``): a band of passing rows
 would take another path than the one call (its zeros' signs and NaNs not the one call's).
 """
 from __future__ import annotations
