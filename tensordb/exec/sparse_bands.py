@@ -31,7 +31,10 @@ as is a SpGEMM's right operand (``sparse_kernels._spgemm``'s memo). ``FORCE_ROWS
 
 Left one call: a call whose sparse operand's rows are a contracted label (a vector times a
 matrix: an SSSP step's ``MIN(dist[j] + D[j,k])``; ``SUM(A[j,i] * B[j,k])``), where bands would
-split a sum, and a reduction of a row label other than the masked product's.
+split a sum, and a reduction of a row label other than the masked product's; a float call whose
+banded operands hold values the kernel computes densely (a NaN or inf; min-plus: a NaN or -inf),
+or whose SDDMM or masked dot products could overflow (``_one_path``): a band of passing rows
+would take another path than the one call (its zeros' signs and NaNs not the one call's).
 """
 from __future__ import annotations
 
@@ -68,6 +71,8 @@ def banded(call, op, choice, args: list, arg_shapes, out_shape, out=None, sink=N
     rows = len(cw) - 1
     total = cw[rows]
     if FORCE_ROWS is None and total <= SMALL_WORK:
+        return call(args, arg_shapes, out_shape, out, sink)
+    if not _one_path(op, choice, args, axes):
         return call(args, arg_shapes, out_shape, out, sink)
     # the operands made sliceable once: a box over row tiles stacked unless it is spmm's own
     # operand, a gather's rows taken, a CSR tile banded on its columns made CSC
@@ -233,6 +238,64 @@ def _entries_before(a):
         m = m.tocsr()
     ptr = m.indptr
     return lambda r: int(ptr[r])
+
+
+def _one_path(op, choice, args, axes) -> bool:
+    """Whether every band takes the path the one call takes. A kernel tests its operands'
+    values and computes densely with numpy where they fail (a NaN or inf: SpGEMM, a join's
+    product, max-times; a NaN or the fill's opposite infinity: min-plus, max-plus; dot products
+    that may overflow: sddmm, the masked product). A band of passing rows of an operand that
+    fails as a whole would take the sparse path, its rows then not the one call's (the sign of
+    a zero: numpy's ``-6 * 0`` is -0.0, an absent entry's product 0.0; a NaN's sign; a sum's
+    rounding): such a call is one call. An operand every band reads whole is tested whole."""
+    dtype = np.dtype(op.dtype)
+    k = choice.sparse
+    if dtype.kind != "f" or choice.method == "spreduce" or (
+            choice.method == "spmm" and not any(_is_tile_sparse(a) for t, a in
+                                                enumerate(args) if t != k)):
+        return True  # no test of the values (SpMM's partner is known finite when planned)
+    name = (choice.semiring or "") if choice.method == "semiring" else ""
+    worst = -np.inf if name.startswith("min") else np.inf  # meets a plus semiring's fill: NaN
+    with np.errstate(all="ignore"):
+        for v in (v for a, ax in zip(args, axes) if ax is not None for v in _values(a)):
+            if v.dtype.kind != "f" or not v.size:
+                continue
+            v = v.astype(dtype, copy=False) if v.dtype.itemsize > dtype.itemsize else v
+            if name.endswith("plus"):
+                bad = bool(np.isnan(v).any() or (v == worst).any())
+            else:
+                bad = not bool(np.isfinite(v).all())
+            if bad:
+                return False
+        if choice.method in ("sddmm", "masked"):
+            from .semiring import may_overflow
+            mask = op.inputs[k].labels
+            inner = {l: a.shape[o.labels.index(l)] for t, (a, o) in
+                     enumerate(zip(args, op.inputs)) if t != k for l in o.labels if l not in mask}
+            peaks = [max((float(np.max(np.abs(v))) for v in _values(a) if v.size), default=0.0)
+                     for t, a in enumerate(args) if t != k]  # the largest magnitude of each
+            return not may_overflow(dtype, math.prod(inner.values()),
+                                    *[np.full(1, p) for p in peaks])
+    return True
+
+
+def _values(a) -> list:
+    """The values of an operand, as arrays (no copy): a sparse tile's entries (and the fill of a
+    ``Filled`` where an element is absent), a dense one's elements."""
+    if isinstance(a, RowGather):
+        a = a.take()
+    if isinstance(a, Filled):
+        data = np.asarray(a.csr.data)
+        if not a.fill or a.csr.nnz >= math.prod(a.shape):
+            return [data]
+        return [data, np.full(1, a.fill, data.dtype)]
+    if isinstance(a, RowSlabs):
+        return [np.asarray(p.data) for _, p in a.parts] or [np.zeros(0, a.dtype)]
+    if isinstance(a, CooTile):
+        return [np.asarray(a.values)]
+    if _is_tile_sparse(a):
+        return [np.asarray(a.data)]
+    return [np.asarray(a).reshape(-1)]
 
 
 def _per_entry(op, choice, args, k) -> float:
