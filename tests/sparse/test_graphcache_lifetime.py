@@ -1,0 +1,120 @@
+"""How long the graph cache (exec/graphcache.py) keeps a fill-0 matrix's view, and what names it.
+
+A kept view pins its payload's mapping: it must leave when its version is replaced or its
+database closes (else a replaced or closed tensor's file, deleted, stays mapped and on disk), and
+its name must not be taken by another payload (a database reopened numbers its versions from the
+highest it finds, so a tensor dropped and made again can get the old version and payload name).
+Answers are numpy's product of the densified inputs; what is mapped is read from /proc."""
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tensordb
+from tensordb.exec import graphcache
+from tensordb.exec.graphcache import GRAPHS
+
+MV = "w[i] = SUM(G[i,j] * v[j])"
+N = 300
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc")
+
+
+def _graph(seed: int):
+    rng = np.random.default_rng(seed)
+    G = sp.csr_array(sp.coo_array((rng.random(3000) + 0.5, (rng.integers(0, N, 3000),
+                                                            rng.integers(0, N, 3000))),
+                                  shape=(N, N)))
+    G.sum_duplicates()
+    return G
+
+
+def _mv(con, G, v) -> None:
+    con.execute(MV)
+    np.testing.assert_allclose(con.tensor("w"), np.einsum("ij,j->i", G.toarray(), v),
+                               rtol=1e-12, atol=1e-12)
+
+
+def _mapped(directory: str) -> list[str]:
+    """The payload files under ``directory`` this process maps (a deleted one marked so)."""
+    gc.collect()
+    with open("/proc/self/maps") as f:
+        return sorted({line.split(None, 5)[5].strip() for line in f
+                       if len(line.split(None, 5)) == 6 and directory in line})
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache():
+    GRAPHS.clear()
+    yield
+    GRAPHS.clear()
+
+
+@pytest.fixture(params=["memory", "disk"])
+def where(request, tmp_path):
+    return None if request.param == "memory" else tmp_path / "g.tdb"
+
+
+def test_a_version_number_taken_again_after_a_reopen_is_read_again(tmp_path):
+    """Dropped and made again after a reopen, G gets its old version and payload name: the
+    view kept from the first open (the old, deleted file) must not answer for it."""
+    path = tmp_path / "g.tdb"
+    G1, G2 = _graph(1), _graph(2)
+    v = np.random.default_rng(0).standard_normal(N)
+    with tensordb.connect(path, workers=1) as con:
+        con.load("G", G1)
+        con.load("v", v)
+        _mv(con, G1, v)
+        _mv(con, G1, v)
+        first = con.store.meta("G").version
+    with tensordb.connect(path, workers=1) as con:  # no statement runs: no commit is heard
+        con.execute("DROP TENSOR w")
+        con.execute("DROP TENSOR G")
+        con.execute("DROP TENSOR v")
+    with tensordb.connect(path, workers=1) as con:
+        con.load("G", G2)
+        con.load("v", v)
+        assert con.store.meta("G").version == first  # the case: the same name, version, box
+        _mv(con, G2, v)
+        _mv(con, G2, v)
+
+
+def test_replaced_versions_are_let_go(where):
+    """Replaced five times with an SpMV between: only the current G's and v's payloads stay
+    mapped (each replaced one's view was kept, and its file held, before)."""
+    v = np.random.default_rng(1).standard_normal(N)
+    with tensordb.connect(where, workers=1) as con:
+        con.load("v", v)
+        tiles = con.store.tiles_dir
+        for k in range(5):
+            G = _graph(10 + k)
+            con.load("G", G, replace=True)
+            _mv(con, G, v)
+            _mv(con, G, v)
+        mapped = _mapped(tiles)
+        assert len(mapped) <= 2 and not any("(deleted)" in m for m in mapped), mapped
+        assert len(graphcache._TAGS) <= 1
+
+
+def test_a_closed_database_lets_go_of_its_views(where):
+    """Closed, a database's kept views leave the cache, and none of its payloads stays mapped
+    (an in-memory database's files are deleted at close: their space was held)."""
+    G = _graph(3)
+    v = np.random.default_rng(2).standard_normal(N)
+    with tensordb.connect(where, workers=1) as con:
+        con.load("G", G)
+        con.load("v", v)
+        _mv(con, G, v)
+        _mv(con, G, v)
+        tiles, database = con.store.tiles_dir, con.store.database
+        assert any(w[1][0] == database for w in GRAPHS.entries)
+    assert not any(w[1][0] == database for w in GRAPHS.entries)
+    del con  # (a closed connection keeps its last plan, and that its readers)
+    assert _mapped(tiles) == []
+    with tensordb.connect(where, workers=1) as con:  # and a reopen reads it again
+        if where is not None:
+            _mv(con, G, v)
