@@ -118,3 +118,64 @@ def test_a_closed_database_lets_go_of_its_views(where):
     with tensordb.connect(where, workers=1) as con:  # and a reopen reads it again
         if where is not None:
             _mv(con, G, v)
+
+
+def _worker_state():
+    """(graph cache entries, deleted payload files mapped) in a Dask worker."""
+    gc.collect()
+    with open("/proc/self/maps") as f:
+        deleted = sum(1 for line in f if ".bin" in line and "(deleted)" in line)
+    return len(GRAPHS.entries), deleted
+
+
+def test_a_dask_worker_lets_go_of_replaced_versions(tmp_path):
+    """A Dask worker hears no commit: the next read of G at its new version drops the views of
+    the old ones there (each held its deleted payload file mapped before)."""
+    v = np.random.default_rng(4).standard_normal(N)
+    with tensordb.connect(tmp_path / "g.tdb", workers=2, executor="dask") as con:
+        con.load("v", v)
+        for k in range(4):
+            G = _graph(20 + k)
+            con.load("G", G, replace=True)
+            _mv(con, G, v)
+            _mv(con, G, v)
+        states = con.engine.executor().client.run(_worker_state).values()
+        assert all(entries <= 1 and deleted == 0 for entries, deleted in states), states
+
+
+STATEMENTS = [  # each reads G's kept view as an SpMV, SpMM, SpGEMM, transposed, masked, join
+    ("w[i] = SUM(G[i,j] * v[j])", lambda G, v, X: np.einsum("ij,j->i", G, v)),
+    ("Y[i,k] = SUM(G[i,j] * X[j,k])", lambda G, v, X: np.einsum("ij,jk->ik", G, X)),
+    ("Q[i,k] = SUM(G[i,j] * G[j,k])", lambda G, v, X: np.einsum("ij,jk->ik", G, G)),
+    ("t[j] = SUM(G[i,j] * v[i])", lambda G, v, X: np.einsum("ij,i->j", G, v)),
+    ("H[i,j] = G[i,j] * G[i,j]", lambda G, v, X: G * G),
+    ("s[i] = SUM(G[i,j])", lambda G, v, X: G.sum(axis=1)),
+]
+
+
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_no_statement_changes_the_kept_matrix(where, tmp_path):
+    """Every kind of statement, each twice, on the same kept CSR object: its arrays stay the
+    loaded matrix's (read-only, bit for bit) and every answer is numpy's."""
+    G = _graph(8)
+    rng = np.random.default_rng(5)
+    v, X = rng.standard_normal(N), rng.standard_normal((N, 4))
+    dense = G.toarray()
+    with tensordb.connect(None if where == "memory" else tmp_path / "g.tdb", workers=2) as con:
+        con.load("G", G)
+        con.load("v", v)
+        con.load("X", X)
+        for _ in range(2):
+            for sql, want in STATEMENTS:
+                con.execute(sql)
+                out = sql.split("[")[0]
+                np.testing.assert_allclose(con.tensor(out), want(dense, v, X), rtol=1e-10,
+                                           atol=1e-10, err_msg=sql)
+        kept = [e.array.csr for w, e in GRAPHS.entries.items() if w[0][0] == "g"]
+        assert kept
+        for csr in kept:
+            assert not (csr.data.flags.writeable or csr.indices.flags.writeable
+                        or csr.indptr.flags.writeable)
+            np.testing.assert_array_equal(csr.toarray(), dense)
+            np.testing.assert_array_equal(csr.indptr, G.indptr)
+            np.testing.assert_array_equal(csr.indices, G.indices)
