@@ -7,9 +7,12 @@ copies it in: 1.1M entries of an R-MAT graph were a 6 ms copy a step beside Grap
 So a Load of a box of a stored matrix whose absent entries are not 0 (``storage.sparse.Filled``:
 only the semiring kernels read such a box as it is) gives a ``Sourced`` box: the same ``Filled``,
 named by what names its contents, ``(tensor, version, starts, stops)`` of one database's payload
-file, with a ``slot`` where the kernel keeps what it made of it (the GraphBLAS matrix in each
-dtype, the values' check). Versions are never reused while a database is open and payloads are
-immutable once committed, so the name names the bytes.
+file and that file's identity (``verify.file_identity``: its inode and times; an in-memory
+payload's serial), with a ``slot`` where the kernel keeps what it made of it (the GraphBLAS
+matrix in each dtype, the values' check). Payloads are immutable once committed and versions are
+never reused while a database is open; a database reopened numbers them from the highest it
+finds, so a tensor dropped and made again can get an old version and payload name, and only the
+identity tells the files apart (a kept view keeps its file's inode from being reused).
 
 The cache is ``devcache.DeviceCache``'s (the GPU executor's tiles kept between runs, by the same
 key), its "device" the database's payload file: least recently used first, every entry idle (a
@@ -23,7 +26,8 @@ read, no decode and no scipy object (the issue's 50,000-node SpMV read its view 
 statement: a tenth of its time). The view keeps its payload mapped, and a mapped payload is
 never recycled (``storage/payloads.rename_unused``; an in-memory payload's allocation is not
 taken while referenced, ``memfiles.take``), so its bytes stay that version's; the entry leaves
-when the version is retired or dropped (``listen``) or another version is read. A box that is a
+when the version is retired or dropped (``listen``), another version is read, or the database
+closes (``closed``: a closed in-memory database's deleted files stayed mapped before). A box that is a
 copy (a column slab cut from a CSR tile) is kept as well.
 
 A box of a stored matrix of fill 0 that is a view of its payload (a whole CSR tile, a band of
