@@ -179,3 +179,25 @@ def test_no_statement_changes_the_kept_matrix(where, tmp_path):
             np.testing.assert_array_equal(csr.toarray(), dense)
             np.testing.assert_array_equal(csr.indptr, G.indptr)
             np.testing.assert_array_equal(csr.indices, G.indices)
+
+
+def test_a_dropped_matrix_leaves_no_mapping_and_no_file(where):
+    """DROP TENSOR G after SpMVs: its view leaves the cache, its payload is neither mapped (a
+    deleted file whose space stays taken) nor left in tiles/, and CHECK DATABASE is clean."""
+    G = _graph(30)
+    v = np.random.default_rng(6).standard_normal(N)
+    with tensordb.connect(where, workers=1) as con:
+        con.load("G", G)
+        con.load("v", v)
+        _mv(con, G, v)
+        _mv(con, G, v)
+        tiles = con.store.tiles_dir
+        (file,) = {r[0] for r in con.sql(
+            "SELECT DISTINCT file FROM tensordb.tiles WHERE tensor = 'G'").fetchall()}
+        con.execute("DROP TENSOR G")
+        assert not any(w[0][0] == "g" for w in GRAPHS.entries)
+        con.execute("s = SUM(v[i])")  # (the connection's last plan held G's reader till now)
+        np.testing.assert_allclose(float(con.tensor("s")), v.sum(), rtol=1e-12)
+        assert not [m for m in _mapped(tiles) if file in m]
+        assert not os.path.exists(os.path.join(tiles, file))
+        assert con.execute("CHECK DATABASE").fetchall() == [(None, None, None, None, "ok")]
