@@ -201,3 +201,33 @@ def test_a_dropped_matrix_leaves_no_mapping_and_no_file(where):
         assert not [m for m in _mapped(tiles) if file in m]
         assert not os.path.exists(os.path.join(tiles, file))
         assert con.execute("CHECK DATABASE").fetchall() == [(None, None, None, None, "ok")]
+
+
+def test_a_cluster_s_worker_reads_a_version_taken_again_after_a_reopen(tmp_path):
+    """A Dask cluster that outlives the connections (other processes: no close is heard
+    there): G dropped and made again after a reopen has its old version and payload name; the
+    worker's kept view of the first G (its deleted file) must not answer for it."""
+    from tensordb.exec.dask import local_cluster
+    path = tmp_path / "g.tdb"
+    G1, G2 = _graph(40), _graph(41)
+    v = np.random.default_rng(7).standard_normal(N)
+    cluster = local_cluster(1)
+    spec = f"dask://{cluster.scheduler_address}"
+    try:
+        with tensordb.connect(path, workers=1, executor=spec) as con:
+            con.load("G", G1)
+            con.load("v", v)
+            _mv(con, G1, v)
+            _mv(con, G1, v)
+            first = con.store.meta("G").version
+        with tensordb.connect(path, workers=1) as con:
+            for name in ("w", "G", "v"):
+                con.execute(f"DROP TENSOR {name}")
+        with tensordb.connect(path, workers=1, executor=spec) as con:
+            con.load("G", G2)
+            con.load("v", v)
+            assert con.store.meta("G").version == first
+            _mv(con, G2, v)
+            _mv(con, G2, v)
+    finally:
+        cluster.close()
