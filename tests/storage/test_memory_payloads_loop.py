@@ -97,3 +97,20 @@ def test_rolled_back_blocks_return_their_allocations(con):
     assert memfiles.held_bytes(con.store.tiles_dir) == N * N * 8
     assert memfiles.spare_bytes(con.store.tiles_dir) <= memfiles.SPARE_BYTES
     assert grown < 6 * N * N * 8, grown
+
+
+def test_on_the_dask_executor_every_output_is_a_file_its_workers_read():
+    """Dask workers are other processes: an in-memory database's 8 MiB output gets a payload
+    file there (nothing kept in this process), and the next statement's workers read it."""
+    A, Bs, wants = _data()
+    with tensordb.connect(None, workers=2, executor="dask") as con:
+        con.load("A", A)
+        con.load("B", Bs[0])
+        for step in range(2):
+            if step:
+                con.load("B", Bs[1], replace=True)
+            con.execute("W[i,k] = SUM(A[i,j] * B[j,k])")
+            con.execute("s[i] = SUM(W[i,k])")
+            assert memfiles.held_bytes(con.store.tiles_dir) == 0
+            np.testing.assert_array_equal(con.tensor("W"), wants[step])
+            np.testing.assert_array_equal(con.tensor("s"), wants[step].sum(axis=1))
