@@ -7,9 +7,12 @@ copies it in: 1.1M entries of an R-MAT graph were a 6 ms copy a step beside Grap
 So a Load of a box of a stored matrix whose absent entries are not 0 (``storage.sparse.Filled``:
 only the semiring kernels read such a box as it is) gives a ``Sourced`` box: the same ``Filled``,
 named by what names its contents, ``(tensor, version, starts, stops)`` of one database's payload
-file, with a ``slot`` where the kernel keeps what it made of it (the GraphBLAS matrix in each
-dtype, the values' check). Versions are never reused while a database is open and payloads are
-immutable once committed, so the name names the bytes.
+file and that file's identity (``verify.file_identity``: its inode and times; an in-memory
+payload's serial), with a ``slot`` where the kernel keeps what it made of it (the GraphBLAS
+matrix in each dtype, the values' check). Payloads are immutable once committed and versions are
+never reused while a database is open; a database reopened numbers them from the highest it
+finds, so a tensor dropped and made again can get an old version and payload name, and only the
+identity tells the files apart (a kept view keeps its file's inode from being reused).
 
 The cache is ``devcache.DeviceCache``'s (the GPU executor's tiles kept between runs, by the same
 key), its "device" the database's payload file: least recently used first, every entry idle (a
@@ -23,7 +26,8 @@ read, no decode and no scipy object (the issue's 50,000-node SpMV read its view 
 statement: a tenth of its time). The view keeps its payload mapped, and a mapped payload is
 never recycled (``storage/payloads.rename_unused``; an in-memory payload's allocation is not
 taken while referenced, ``memfiles.take``), so its bytes stay that version's; the entry leaves
-when the version is retired or dropped (``listen``) or another version is read. A box that is a
+when the version is retired or dropped (``listen``), another version is read, or the database
+closes (``closed``: a closed in-memory database's deleted files stayed mapped before). A box that is a
 copy (a column slab cut from a CSR tile) is kept as well.
 
 A box of a stored matrix of fill 0 that is a view of its payload (a whole CSR tile, a band of
@@ -77,8 +81,10 @@ class Sourced(Filled):
 
 _SLOT_LOCK = threading.Lock()
 
-# fill-0 boxes (plain scipy CSR arrays, read afresh at each Load) and the entries whose slot they
-# share: id -> (a weak reference to the box, its Sourced); an entry leaves with its box
+# fill-0 boxes (plain scipy CSR arrays, kept by their cache entries) and the entries whose slot
+# they share: id -> (a weak reference to the box, one to its Sourced); a tag leaves with its box.
+# Both weak: the Sourced holds the box, so a strong one here kept every box ever read (and its
+# payload's mapping) alive after its entry left.
 _TAGS: dict[int, tuple] = {}
 _TAGS_LOCK = threading.Lock()
 
@@ -93,7 +99,7 @@ def _tag(csr, box: "Sourced"):
                 del _TAGS[key]
 
     with _TAGS_LOCK:
-        _TAGS[key] = (weakref.ref(csr, gone), box)
+        _TAGS[key] = (weakref.ref(csr, gone), weakref.ref(box))
     return csr
 
 
@@ -105,7 +111,7 @@ def source_of(x):
         return x
     found = _TAGS.get(id(x))
     if found is not None and found[0]() is x:
-        return found[1]
+        return found[1]()  # None once its entry left the cache
     return None
 
 
@@ -159,9 +165,10 @@ class GraphCache(DeviceCache):
         m = reader.meta
         name = m.name.lower()
         key = (name, m.version, tuple(int(x) for x in starts), tuple(int(x) for x in stops))
-        where = (getattr(reader, "database", None), getattr(reader, "path", None))
+        where = (getattr(reader, "database", None), getattr(reader, "path", None), _ident(reader))
         with self.lock:
-            for w in [w for w in self.names.get(name, ()) if w[1] == where and w[0][1] != m.version]:
+            for w in [w for w in self.names.get(name, ())
+                      if w[1][0] == where[0] and w[0][1] != m.version]:
                 self._drop(w)  # another version of it, in this database: stale
             e = self.entries.get((key, where))
             if e is not None:
@@ -237,7 +244,38 @@ class GraphCache(DeviceCache):
             if cache is not None:
                 cache.committed(stored, retired)
 
+        def closed(store, ref=ref):
+            cache = ref()
+            if cache is not None:
+                cache.closed(store)
+
         listeners.append(committed)
+        closers = getattr(store, "close_listeners", None)
+        if closers is not None:
+            closers.append(closed)
+
+    def closed(self, store) -> None:
+        """``store`` closed: the entries of its database leave (a kept view would hold its
+        payload mapped, an in-memory database's deleted file or bytes included, counted 0
+        bytes, until 4096 other entries pushed it out)."""
+        database = getattr(store, "database", None)
+        with self.lock:
+            for where in [w for w in self.entries if w[1][0] == database]:
+                self._drop(where)
+            self._stores = [r for r in self._stores if r() is not None and r() is not store]
+
+
+def _ident(reader):
+    """The identity of the payload ``reader`` maps (verify.file_identity: the file's inode and
+    times; an in-memory payload's serial): part of an entry's name, as a version number is not
+    unique across opens of a database (the next one is the highest found plus one, so a tensor
+    dropped and made again after a reopen can have its old version and payload name). Mapped
+    once per reader; a kept view keeps its file, and so its inode, from being reused."""
+    mapping = getattr(reader, "mapping", None)
+    if mapping is None or getattr(reader, "path", None) is None:
+        return None
+    mapping()
+    return getattr(reader, "_ident", None)
 
 
 def _plain_csr(x) -> bool:

@@ -196,6 +196,9 @@ class Store(StoreCatalog, StoreCommits):
         # each COMMIT that lands (the GPU executor's device cache, exec/devcache.py); must not
         # raise.
         self.commit_listeners: list[Callable] = []
+        # Called with the store once it is closed (the graph cache lets go of its payloads'
+        # views, exec/graphcache.py); must not raise.
+        self.close_listeners: list[Callable] = []
         if path is None:
             if read_only:
                 raise ProgrammingError("an in-memory database cannot be opened read-only")
@@ -336,6 +339,11 @@ class Store(StoreCatalog, StoreCommits):
                     memfiles.forget_under(self.tiles_dir)  # its payloads kept in memory
                 if self._cleanup is not None:
                     self._cleanup()
+        for listener in list(getattr(self, "close_listeners", ())):
+            try:
+                listener(self)
+            except Exception:  # noqa: BLE001 - closed all the same; a cache is no record
+                pass
 
     _conn = None  # the catalog's DuckDB connection
     _memory_tiles = None  # an in-memory database's directory on a tmpfs (or None)
