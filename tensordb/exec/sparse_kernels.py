@@ -467,6 +467,9 @@ def _spmm_nd(op, choice, k: int, args: list, out_shape, dtype) -> np.ndarray:
     its entries where its box was read as a ``CooTile`` (``sparse_nd.contract_nd``; a matrix
     output the plan makes sparse as CSR of the occupied rows' elements), else NumPy's einsum of
     the dense box."""
+    if choice.out_format == "coo":  # an output the plan says is sparse: its entries
+        from .sparse_nd_out import spmm_nd_coo
+        return spmm_nd_coo(op, k, args, out_shape, dtype)
     S, D = args[k], args[1 - k]
     if S is None or D is None:
         return np.zeros(out_shape, dtype)
