@@ -19,7 +19,7 @@ a ``CooTile`` of the product's entries in C order, never the dense output.
 >>> t = CooTile((2, 3, 4), np.array([[0, 1, 1], [0, 0, 2], [3, 1, 1]]), np.array([1.0, 2.0, -5.0]))
 >>> r = spmm_nd_coo(op, 0, [t, np.arange(8.0).reshape(4, 2)], (2, 3, 2), np.float64)
 >>> r.coords.tolist(), r.values.tolist()
-([[0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 2, 2], [0, 1, 0, 1, 0, 1], [6.0, 7.0, 4.0, 5.0, -6.0, -9.0]]
+([[0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 2, 2], [0, 1, 0, 1, 0, 1]], [6.0, 7.0, 4.0, 6.0, -10.0, -15.0])
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ import numpy as np
 
 from ..storage.boxes import RowGather
 from ..storage.sparse import CooTile, densify, entries, fill_of, is_sparse, stacked
-from .sparse_nd import contract_nd
+from .sparse_nd import contract_nd, group_ids
 from .sparse_nd_join import contract_coo
 
-__all__ = ["spmm_nd_coo", "coo_of"]
+__all__ = ["spmm_nd_coo", "coo_of", "combine_coo"]
 
 
 def coo_of(shape, coords: np.ndarray, values: np.ndarray, dtype) -> CooTile:
@@ -94,3 +94,37 @@ def spmm_nd_coo(op, k: int, args: list, out_shape, dtype) -> CooTile:
                          dtype).reshape(tuple(out_shape))
     nz = np.nonzero(res if dtype.kind != "f" else (res != 0) | np.signbit(res) | np.isnan(res))
     return coo_of(out_shape, np.stack(nz) if nz else np.zeros((0, 0), np.int64), res[nz], dtype)
+
+
+def combine_coo(ufunc, acc: CooTile, part: CooTile) -> CooTile:
+    """``ufunc`` (the SUM's add, MAX's maximum, MIN's minimum) of two partial results of one
+    COO output tile (the contracted label split over calls) on the union of their entries:
+    both where both hold one, else the one with the other's absent 0; nothing made in
+    proportion to the tile's extents (``group_ids`` numbers the coordinates, compressing them
+    where the tile's element count passes int64).
+
+    >>> a = CooTile((2, 3, 4), np.array([[0, 1], [1, 2], [3, 0]]), np.array([1.0, 2.0]))
+    >>> b = CooTile((2, 3, 4), np.array([[1, 1], [0, 2], [0, 0]]), np.array([5.0, 7.0]))
+    >>> r = combine_coo(np.add, a, b)
+    >>> r.coords.tolist(), r.values.tolist()
+    ([[0, 1, 1], [1, 0, 2], [3, 0, 0]], [1.0, 5.0, 9.0])
+    """
+    dtype = np.result_type(acc.values, part.values)
+    coords = np.concatenate([np.asarray(acc.coords, np.int64).reshape(acc.ndim, -1),
+                             np.asarray(part.coords, np.int64).reshape(part.ndim, -1)], axis=1)
+    values = np.concatenate([acc.values.astype(dtype, copy=False),
+                             part.values.astype(dtype, copy=False)])
+    if not values.size:
+        return CooTile(acc.shape, coords, values)
+    ids, _ = group_ids(list(coords), acc.shape, values.size)
+    uniq, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    out = values[first].copy()
+    twice = np.bincount(inv, minlength=uniq.size) > 1
+    with np.errstate(invalid="ignore", over="ignore"):
+        later = np.ones(values.size, bool)
+        later[first] = False  # each id's second entry (a partial holds an id once)
+        out[inv[later]] = ufunc(out[inv[later]], values[later])
+        if ufunc is not np.add:  # one side absent: its 0 takes part in a MAX or MIN
+            out[~twice] = ufunc(out[~twice], np.zeros(1, dtype))
+    return coo_of(acc.shape, coords[:, first], out, dtype)
