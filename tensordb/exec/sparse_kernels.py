@@ -77,6 +77,10 @@ def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None
     if choice.method == "spjoin" and len(op.out_labels) > 2:  # rank 3+: on the entries
         from .sparse_nd_join import spjoin_nd
         return spjoin_nd(op, choice, args, arg_shapes, out_shape)
+    if choice.method == "spjoin":  # a hypersparse box or output: on the entries, no row
+        from .sparse_hyper import on_entries, spjoin_matrix  # pointers over the box's rows
+        if on_entries(choice, args):
+            return spjoin_matrix(op, choice, args, arg_shapes, out_shape)
     # a box over several CSR row tiles, or a matrix's COO box, as one CSR array; a gather's
     # rows taken
     args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]

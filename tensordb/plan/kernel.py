@@ -387,6 +387,8 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
     if fmt != "dense" and choice.method == "spjoin" and len(op.out_labels) > 2 and \
             not op.writes_diagonal:
         returns = "coo"
+    if fmt == "coo" and choice.method == "spjoin" and len(op.out_labels) == 2:
+        returns = "coo"  # a hypersparse matrix: its entries, no row pointers (sparse_hyper.py)
     if fmt == "coo" and choice.method == "spreduce" and len(op.out_labels) != 2:
         returns = "coo"  # a reduction's sparse vector (a hypersparse matrix's row sums)
     if fmt != "dense" and choice.method == "spmm" and len(op.out_labels) != 2 and \
