@@ -113,18 +113,23 @@ def test_outputs_hypersparse_inputs_cannot_fill_are_refused_at_planning(tmp_path
 
 
 @pytest.mark.parametrize("formats,counted", [(("coo",), True), (("csr",), False)])
-def test_the_row_pointers_of_coo_boxes_count_in_a_joins_calls_memory(formats, counted):
+def test_the_row_pointers_of_coo_boxes_count_in_a_semirings_calls_memory(formats, counted):
     n = 10**8
-    op = EinOp.contraction("C", "ij", [("A", "ij"), ("B", "ij")], {"i": n, "j": n})
+    op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": n, "j": n, "k": n},
+                           agg="max")
     st = StoredStats(formats, 5, 200)
     m = OpModel.of(op, {"A": "float64", "B": "float64"}, 1, stats={"A": st, "B": st})
-    assert m.sparse_kernel == ("spjoin", 0)  # an elementwise product of two sparse matrices
-    for d in [(1, 1), (4, 2), (100, 1000)]:
+    assert m.sparse_kernel == ("semiring", 0)  # max-times of two sparse matrices
+    for d in [(1, 1, 1), (4, 2, 1), (100, 1000, 7)]:
         tile = [-(-n // p) for p in d]
-        ptrs = 2 * 8 * (tile[0] + 1)  # A's and B's boxes, each CSR over its rows i
+        ptrs = 8 * (tile[0] + 1) + 8 * (tile[2] + 1)  # A CSR over its rows i, B over its j
         assert m.row_ptr_bytes(tile) == (ptrs if counted else 0)
         # what the optimizer fits to the budget: the call's memory holds them
         assert m.call_memory(d).inputs >= (ptrs if counted else 0)
+    # an elementwise join of COO boxes runs on their entries (exec/sparse_hyper.py): none
+    join = EinOp.contraction("C", "ij", [("A", "ij"), ("B", "ij")], {"i": n, "j": n})
+    mj = OpModel.of(join, {"A": "float64", "B": "float64"}, 1, stats={"A": st, "B": st})
+    assert mj.sparse_kernel == ("spjoin", 0) and mj.row_ptr_bytes([n, n]) == 0
     # SpGEMM of COO boxes works on the occupied ids (sparse_kernels._spgemm_coo): none counted
     mm = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": n, "j": n, "k": n})
     mg = OpModel.of(mm, {"A": "float64", "B": "float64"}, 1, stats={"A": st, "B": st})
