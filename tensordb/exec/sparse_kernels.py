@@ -77,6 +77,10 @@ def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None
     if choice.method == "spjoin" and len(op.out_labels) > 2:  # rank 3+: on the entries
         from .sparse_nd_join import spjoin_nd
         return spjoin_nd(op, choice, args, arg_shapes, out_shape)
+    if choice.method == "spjoin":  # a hypersparse box or output: on the entries, no row
+        from .sparse_hyper import on_entries, spjoin_matrix  # pointers over the box's rows
+        if on_entries(choice, args):
+            return spjoin_matrix(op, choice, args, arg_shapes, out_shape)
     # a box over several CSR row tiles, or a matrix's COO box, as one CSR array; a gather's
     # rows taken
     args = [a.take() if isinstance(a, RowGather) else stacked(a) for a in args]
@@ -467,6 +471,9 @@ def _spmm_nd(op, choice, k: int, args: list, out_shape, dtype) -> np.ndarray:
     its entries where its box was read as a ``CooTile`` (``sparse_nd.contract_nd``; a matrix
     output the plan makes sparse as CSR of the occupied rows' elements), else NumPy's einsum of
     the dense box."""
+    if choice.out_format == "coo":  # an output the plan says is sparse: its entries
+        from .sparse_nd_out import spmm_nd_coo
+        return spmm_nd_coo(op, k, args, out_shape, dtype)
     S, D = args[k], args[1 - k]
     if S is None or D is None:
         return np.zeros(out_shape, dtype)

@@ -166,10 +166,13 @@ def _dense(tile: CooTile) -> np.ndarray:
     return out
 
 
-def contract_coo(S: CooTile, s_labels, D: CooTile, d_labels, out_labels, dtype) -> np.ndarray:
+def contract_coo(S: CooTile, s_labels, D: CooTile, d_labels, out_labels, dtype,
+                 entries: bool = False):
     """``SUM`` of ``S[s_labels] * D[d_labels]`` into the dense ``out_labels`` (see the module
     docstring): every label of ``D`` that ``S`` lacks is kept; a label of ``S`` alone and not
-    kept is summed by scipy's duplicate sum.
+    kept is summed by scipy's duplicate sum. ``entries``: the product's entries only, as
+    (coordinates in ``out_labels``' order, an (ndim, n) int64 array; values), nothing made in
+    proportion to the output's extents (``D`` may be a matrix: ``SUM(T[a,b,c] * U[c,k])``).
 
     >>> s = CooTile((2, 3, 2), np.array([[0, 1], [2, 0], [1, 1]]), np.array([2.0, 3.0]))
     >>> d = CooTile((2, 2, 2), np.array([[0, 1, 1], [1, 1, 0], [0, 1, 1]]),
@@ -191,7 +194,7 @@ def contract_coo(S: CooTile, s_labels, D: CooTile, d_labels, out_labels, dtype) 
     out_shape = tuple(int(ext[l]) for l in kept + free)
     rows_n = math.prod(int(ext[l]) for l in kept)
     f_n = math.prod(int(ext[l]) for l in free)
-    out = np.zeros((rows_n, f_n), dtype)
+    out = None if entries else np.zeros((rows_n, f_n), dtype)
     if ns and nd and rows_n and f_n:
         joint, _ = _joint_ids([sc[[s_labels.index(l) for l in shared]],
                                dc[[d_labels.index(l) for l in shared]]],
@@ -199,16 +202,23 @@ def contract_coo(S: CooTile, s_labels, D: CooTile, d_labels, out_labels, dtype) 
         mids, mid = np.unique(joint, return_inverse=True)  # the occupied shared ids only
         mid = mid.reshape(-1)
         rows, _ = group_ids([sc[s_labels.index(l)] for l in kept], [ext[l] for l in kept], ns)
-        occupied, r_local = np.unique(rows, return_inverse=True)
+        occupied, r_first, r_local = np.unique(rows, return_index=True, return_inverse=True)
         cols, _ = group_ids([dc[d_labels.index(l)] for l in free], [ext[l] for l in free], nd)
-        fcols, c_local = np.unique(cols, return_inverse=True)
+        fcols, c_first, c_local = np.unique(cols, return_index=True, return_inverse=True)
         A = sp.csr_array((np.asarray(S.values).astype(dtype, copy=False),
                           (r_local.reshape(-1), mid[:ns])), shape=(occupied.size, mids.size))
         B = sp.csr_array((np.asarray(D.values).astype(dtype, copy=False),
                           (mid[ns:], c_local.reshape(-1))), shape=(mids.size, fcols.size))
         with np.errstate(invalid="ignore", over="ignore"):
             C = (A @ B).tocoo()
+        if entries:  # each occupied row's and column's coordinates, from one of its entries
+            at = {l: sc[s_labels.index(l)][r_first][C.row] for l in kept}
+            at.update({l: dc[d_labels.index(l)][c_first][C.col] for l in free})
+            return np.stack([at[l] for l in out_labels]).reshape(len(out_labels), -1), \
+                np.asarray(C.data, dtype)
         out[occupied[C.row], fcols[C.col]] = np.asarray(C.data, dtype)
+    if entries:
+        return np.zeros((len(out_labels), 0), np.int64), np.zeros(0, dtype)
     res = out.reshape(out_shape)
     order = [(kept + free).index(l) for l in out_labels]
     return np.ascontiguousarray(res.transpose(order)) if order != list(range(len(order))) else res

@@ -66,6 +66,9 @@ def combine_sparse(agg: str, acc, part):
     fill 0 adds the partials; min-plus's partials, fill +inf, take their MIN). Otherwise both
     are densified with their fills (``acc`` made a private array) and combined in place."""
     ufunc = AGGREGATES[agg].ufunc
+    if isinstance(acc, CooTile) and isinstance(part, CooTile):  # COO outputs: on the entries
+        from .sparse_nd_out import combine_coo
+        return combine_coo(ufunc, acc, part)
     if not (is_sparse(acc) and is_sparse(part)) or isinstance(acc, CooTile) or \
             isinstance(part, CooTile) or not _same(fill_of(acc), fill_of(part)):
         acc = densify(acc) if is_sparse(acc) else acc

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..physical.plan import Aggregate, Assemble, Kernel, Load
 from ..plan.aggregates import AGGREGATES
-from ..storage.sparse import densify, is_sparse, read_sparse_box
+from ..storage.sparse import CooTile, densify, is_sparse, read_sparse_box
 from .gpu_sparse import dense, is_device_sparse
 from .graphcache import GRAPHS
 from .kernels import KernelSpec, combine
@@ -84,6 +84,8 @@ def run_assemble(task: Assemble, sources: list, xp=np):
     if xp is np and len(task.shape) == 2 and sources and all(
             is_sparse(s) and getattr(s, "format", None) == "csr" for s in sources):
         return _assemble_csr(task, sources)
+    if xp is np and sources and all(isinstance(s, CooTile) for s in sources):
+        return _assemble_coo(task, sources)  # COO tiles (rank 3+, hypersparse): entries
     sources = dense_args(sources) if xp is np else [dense(s, xp) for s in sources]  # device CSR
     whole = len(task.pieces) == 1 and all(
         (a, b) == (0, n) for (a, b), n in zip(task.pieces[0][2], task.shape))
@@ -91,6 +93,23 @@ def run_assemble(task: Assemble, sources: list, xp=np):
     for (_, src_sl, dst_sl), src in zip(task.pieces, sources):
         out[tuple(slice(a, b) for a, b in dst_sl)] = src[tuple(slice(a, b) for a, b in src_sl)]
     return out
+
+
+def _assemble_coo(task: Assemble, sources: list):
+    """``run_assemble`` of ``CooTile`` pieces (fill 0): the entries inside each piece's box,
+    shifted to its place, as one ``CooTile`` of the task's shape in C order (nothing made in
+    proportion to its extents: a 10^10-row box stays its entries)."""
+    from .sparse_nd_out import coo_of
+    coords, vals = [], []
+    for (_, src_sl, dst_sl), src in zip(task.pieces, sources):
+        c = np.asarray(src.coords, np.int64).reshape(len(task.shape), -1)
+        inside = np.ones(c.shape[1], bool)
+        for d, (a, b) in enumerate(src_sl):
+            inside &= (c[d] >= a) & (c[d] < b)
+        shift = np.array([dst[0] - sl[0] for sl, dst in zip(src_sl, dst_sl)], np.int64)
+        coords.append(c[:, inside] + shift[:, None])
+        vals.append(np.asarray(src.values)[inside])
+    return coo_of(task.shape, np.concatenate(coords, axis=1), np.concatenate(vals), task.dtype)
 
 
 def _assemble_csr(task: Assemble, sources: list):

@@ -542,10 +542,11 @@ def _builds_row_ptrs(op, kern, k: int, st) -> bool:
     """Whether operand ``k`` (stored sparse: ``st[k]``) is a matrix of COO tiles that the
     kernel ``kern`` ((method, sparse operand)) reads as CSR over its box's rows
     (exec/sparse_kernels.py): every sparse kernel but a reduction's and SpMM's with a dense
-    partner, which work on the occupied rows only (exec/sparse_nd.py), and SpGEMM, which works
-    on the occupied row, shared and column ids (exec/sparse_kernels.py ``_spgemm_coo``)."""
+    partner, which work on the occupied rows only (exec/sparse_nd.py), SpGEMM, which works
+    on the occupied row, shared and column ids (exec/sparse_kernels.py ``_spgemm_coo``), and
+    the elementwise join, on the entries (exec/sparse_hyper.py)."""
     if kern is None or len(op.inputs[k].labels) != 2 or "coo" not in st[k].formats:
         return False
-    if kern[0] == "spreduce" or (kern[0] == "spmm" and len(op.inputs) == 2):
+    if kern[0] in ("spreduce", "spjoin") or (kern[0] == "spmm" and len(op.inputs) == 2):
         return False
     return True

@@ -181,8 +181,11 @@ def sparse_out_nnz(op: EinOp, kern: tuple, nnz: int, other: int | None,
     d = op.inputs[1 - k].labels
     n_d = math.prod(op.size[l] for l in d)
     pd = 1.0 if other is None or not n_d else min(1.0, other / n_d)
-    shared = math.prod(op.size[l] for l in s if l in d)
-    return out * (1.0 - (1.0 - ps * pd) ** shared)
+    shared = math.prod(op.size[l] for l in s if l in d and l not in op.out_labels)
+    reached = math.prod(op.size[l] for l in d if l not in s)  # the elements one entry reaches
+    # a kept shared label (a batch) is not summed: each entry of S meets its own batch only,
+    # and reaches at most ``reached`` output elements (an upper bound, whatever the spread)
+    return min(out * (1.0 - (1.0 - ps * pd) ** shared), float(nnz) * reached)
 
 
 def spmm_rows(kern: tuple | None, positions) -> tuple[int | None, tuple[int, ...]]:

@@ -350,7 +350,9 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
       SpGEMM, a semiring product, SDDMM, a sparse join) returns its output tiles as CSR
       (exec/sparse_kernels.py, exec/semiring.py) where the output is sparse; else dense; a
       ``spreduce`` whose output is a sparse vector (or of rank 3 and more) returns COO tiles
-      (``sparse_nd.reduce_nd_coo``: the row sums of a hypersparse matrix);
+      (``sparse_nd.reduce_nd_coo``: the row sums of a hypersparse matrix), as does an ``spmm``
+      of a sparse operand of rank 3 or more into an output that is not a matrix
+      (``sparse_nd.contract_nd`` / ``sparse_nd_join.contract_coo`` with ``entries``);
     - ``out_places``: whether the output sink (physical/sink.py) gives the output's tiles dense
       places to be computed in (buffers in its payload file). Not where the output is sparse,
       whatever the kernel returns: a kernel returning dense tiles of a sparse output (a row
@@ -369,6 +371,10 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
     >>> c = with_output(KernelChoice("spreduce", sparse=0), r, 20)
     >>> c.out_format, c.out_places
     ('coo', False)
+    >>> t = EinOp.contraction("R", "abk", [("T", "abc"), ("U", "ck")], {"a": 10**5, "b": 10**5,
+    ...                       "c": 10**5, "k": 4})
+    >>> with_output(KernelChoice("spmm", sparse=0), t, 4000).out_format
+    'coo'
     """
     if est_nnz is None:
         return choice
@@ -381,8 +387,13 @@ def with_output(choice: KernelChoice, op: EinOp, est_nnz: float | None) -> Kerne
     if fmt != "dense" and choice.method == "spjoin" and len(op.out_labels) > 2 and \
             not op.writes_diagonal:
         returns = "coo"
+    if fmt == "coo" and choice.method == "spjoin" and len(op.out_labels) == 2:
+        returns = "coo"  # a hypersparse matrix: its entries, no row pointers (sparse_hyper.py)
     if fmt == "coo" and choice.method == "spreduce" and len(op.out_labels) != 2:
         returns = "coo"  # a reduction's sparse vector (a hypersparse matrix's row sums)
+    if fmt != "dense" and choice.method == "spmm" and len(op.out_labels) != 2 and \
+            len(op.inputs[choice.sparse].labels) > 2 and not op.writes_diagonal:
+        returns = "coo"  # a contraction of a rank 3+ tensor on its entries (sparse_nd.py)
     density = min(1.0, float(est_nnz) / size) if size and returns != "dense" else 1.0
     places = fmt == "dense"
     if (returns, density, places) == (choice.out_format, choice.out_density, choice.out_places):

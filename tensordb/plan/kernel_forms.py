@@ -111,9 +111,11 @@ def sparse_kernel(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) -> t
     chooses the kernel with it, and the optimizer prices the same kernel (optimizer/cost.py)."""
     if not sparse or op.writes_diagonal:
         return None
-    k = spmm_operand(op, sparse, finite)
+    # a sparse operand of rank 3 or more first: taking its matrix partner as the sparse one
+    # would densify it (``R[a,b,k] = SUM(T[a,b,c] * U[c,k])`` of a 10^5-cubed T, both sparse)
+    k = spmm_nd_operand(op, sparse, finite)
     if k is None:
-        k = spmm_nd_operand(op, sparse, finite)
+        k = spmm_operand(op, sparse, finite)
     if k is not None:
         return "spmm", k
     if sparse_reduction(op, sparse):

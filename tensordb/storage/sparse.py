@@ -24,7 +24,7 @@ from ..errors import DataError
 from ..sparsity import HEADER_BYTES, SPARSE_FORMATS, index_dtype, sparse_nbytes
 from .sparse_coo import CooTile, coo_box, coo_rows_csr
 
-__all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_csr", "csr_parts",
+__all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_coo", "in_c_order", "encode_csr", "csr_parts",
            "encode_dense",
            "decode", "densify", "densify_part", "is_sparse", "scatter_into", "entries", "fill_of",
            "tile_nbytes",
@@ -252,6 +252,51 @@ def encode(shape, dtype, lin: np.ndarray, values: np.ndarray, fmt: str) -> np.nd
     return out
 
 
+def encode_coo(shape, dtype, coords: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The ``coo`` payload (uint8) of a tile from its entries' coordinates per dimension
+    (``coords``, ndim x nse, in C order, distinct) and ``values``: ``encode``'s layout (the
+    format stores a coordinate per dimension), with no linear index made, so a tile whose
+    element count passes int64 (a 10^7-cubed output tile, 10^21 elements) is written too.
+
+    >>> import numpy as np
+    >>> c, v = np.array([[0, 2], [1, 0]]), np.array([1.0, 2.0])
+    >>> bool((encode_coo((3, 4), np.float64, c, v) == encode((3, 4), np.float64,
+    ...                                                      np.array([1, 8]), v, "coo")).all())
+    True
+    """
+    shape = tuple(int(n) for n in shape)
+    dtype = np.dtype(dtype)
+    coords = np.asarray(coords).reshape(len(shape), -1)
+    nse = int(coords.shape[1])
+    idx = index_dtype(shape, nse)
+    parts = [np.array([nse], np.int64), np.ascontiguousarray(values, dtype),
+             np.zeros(-(nse * dtype.itemsize) % 8, np.uint8)] + \
+        [np.ascontiguousarray(c, idx) for c in coords]
+    out = np.empty(sparse_nbytes(shape, nse, dtype, "coo"), np.uint8)
+    at = 0
+    for p in parts:
+        out[at:at + p.nbytes] = p.reshape(-1).view(np.uint8)
+        at += p.nbytes
+    return out
+
+
+def in_c_order(coords: np.ndarray) -> bool:
+    """Whether the entries at ``coords`` (ndim x n) are in C order and distinct, compared a
+    dimension at a time (no linear index: the tile's element count may pass int64).
+
+    >>> import numpy as np
+    >>> in_c_order(np.array([[0, 0, 1], [2, 3, 0]])), in_c_order(np.array([[0, 0], [3, 3]]))
+    (True, False)
+    """
+    c = np.asarray(coords, np.int64)
+    if c.ndim != 2 or c.shape[1] < 2:
+        return True
+    d = np.diff(c, axis=1)
+    nz = d != 0
+    first = np.argmax(nz, axis=0)  # the first dimension where neighbours differ
+    return bool(nz.any(axis=0).all() and (d[first, np.arange(d.shape[1])] > 0).all())
+
+
 def encode_csr(shape, dtype, indptr: np.ndarray, indices: np.ndarray,
                values: np.ndarray) -> np.ndarray:
     """The ``csr`` payload (uint8) of a matrix tile from its CSR arrays (column indices sorted
@@ -356,10 +401,8 @@ def validate(tile, name: str, coords) -> list[str]:
         c = tile.coords.astype(np.int64)
         if c.size and (c.min() < 0 or any(c[d].max() >= n for d, n in enumerate(tile.shape))):
             return ["sparse tile: a coordinate is outside the tile"]
-        if c.shape[1] > 1:
-            lin = np.ravel_multi_index(tuple(c), tile.shape)
-            if np.any(np.diff(lin) <= 0):
-                return ["sparse tile: entries out of order or repeated"]
+        if not in_c_order(c):  # per dimension: the tile's linear ids may pass int64
+            return ["sparse tile: entries out of order or repeated"]
         return []
     ptr = tile.indptr.astype(np.int64)
     ind = tile.indices.astype(np.int64)

@@ -33,9 +33,9 @@ from .meta import TensorMeta
 from .reader import TileEntry
 from .reserved import ReservedTiles
 from .spares import SPARE_MIN, current_bytes
-from .sparse import (Filled, csr_parts, densify, encode, entries, fill_of, is_sparse,
-                     stored_entries)
-from ..sparsity import choose_format
+from .sparse import (CooTile, Filled, csr_parts, densify, encode, encode_coo, encode_csr,
+                     entries, fill_of, in_c_order, is_sparse, stored_entries)
+from ..sparsity import MAX_TILE_ELEMENTS, choose_format
 from .staging import (ALIGN, STAGE_MAX, STREAM_TILE_MAX, StagingBuffers, no_wait,  # noqa: F401
                       one_directory_sync, open_payload, sync_early, sync_in_background)
 from .writeback import start_writeback
@@ -200,8 +200,40 @@ class TensorWriter(ReservedTiles):
                     crc = checksum(part, crc)
                 return self._append(coords, starts, shape, parts, int(nnz), crc,
                                     has_nonfinite(data) or not math.isfinite(self.fill), "csr")
+        if isinstance(tile, CooTile) and math.prod(shape) > MAX_TILE_ELEMENTS:
+            return self.write_coords(coords, tile.coords, tile.values)
         lin, values = entries(tile)
         return self.write_entries(coords, lin, values)
+
+    def write_coords(self, coords: Sequence[int], at: np.ndarray, values: np.ndarray) -> bool:
+        """Store tile ``coords`` of a tensor of fill 0 from its entries at ``at`` (ndim x n, in
+        the tile, distinct) with ``values``, never through linear indices: a tile whose element
+        count passes int64 (the COO output tile of a 10^7-cubed contraction, 10^21 elements)
+        is stored COO (the format's coordinates per dimension: ``encode_coo``), or CSR where
+        the format rule says so of a matrix. False (nothing stored) when no value is nonzero."""
+        coords = tuple(int(c) for c in coords)
+        starts, stops = tile_box(self.grid, coords)
+        shape = tuple(b - a for a, b in zip(starts, stops))
+        if self.fill != 0:
+            raise InternalError(f"tensor '{self.name}': entries by coordinates need fill 0")
+        values = np.asarray(values, self.dtype)
+        at = np.asarray(at, np.int64).reshape(len(shape), -1)
+        keep = stored_entries(values)  # nonzeros, NaN and -0.0
+        if keep.size != values.size:
+            at, values = at[:, keep], values[keep]
+        if not in_c_order(at):
+            order = np.lexsort(at[::-1])
+            at, values = at[:, order], values[order]
+        nnz = count_nonzero(values)
+        if nnz == 0:
+            return False
+        if choose_format(shape, values.size, self.dtype) == "csr":
+            indptr = np.searchsorted(at[0], np.arange(shape[0] + 1), side="left")
+            payload, fmt = encode_csr(shape, self.dtype, indptr, at[1], values), "csr"
+        else:  # a tile past int64 elements is never dense: its dense bytes pass any memory
+            payload, fmt = encode_coo(shape, self.dtype, at, values), "coo"
+        return self._append(coords, starts, shape, payload, int(nnz), checksum(payload),
+                            has_nonfinite(values), fmt)
 
     def _csr_stats(self, parts: list) -> tuple[int, bool, int] | None:
         """(nnz, nonfinite, crc32) of a CSR payload (``csr_parts``: the entry count, values,

@@ -1,9 +1,11 @@
 """The plan-time memory of hypersparse inputs (every tile COO): an output its sparse inputs
-cannot fill (``R3[a,b,k] = SUM(T[a,b,c] * W[c,k])`` of a 10^6 x 10^6 x 4 T of 5 entries, a dense
-tensor of 14.6 TiB: more than the machine's memory, with or without ``memory_limit``) is refused
+cannot fill (``R3i[a,b,k] = SUM(T[a,b,c] * Wi[c,k])`` of a 10^6 x 10^6 x 4 T of 5 entries and a
+Wi holding inf, a dense tensor of 14.6 TiB: more than the machine's memory, with or without
+``memory_limit``) is refused
 at planning, naming the statement, the output, its shape and bytes, where the kernel's output is
 sparse it runs (``deg[i] = SUM(G[i,j])`` of a 10^11-row G: a sparse vector; ``R[a,b] =
-SUM(T[a,b,c] * x[c])``: CSR of T's occupied rows); the row pointers
+SUM(T[a,b,c] * x[c])``: CSR of T's occupied rows; ``R3`` with a finite W: COO tiles of its
+entries); the row pointers
 a kernel builds over a COO box's rows (SpGEMM, spjoin) count in the plan's projected peak, so a
 plan that would build 80 GB of them is refused at planning under ``memory_limit`` (and placed
 without an overflow without one). Each runs in a child under an RLIMIT_AS, so a regression fails
@@ -37,7 +39,11 @@ for limit in [None, "1GB"]:
                     "INDEX (c) VALUE v SHAPE (4)")
         con.execute("CREATE TENSOR W FROM (SELECT r // 2 AS c, r % 2 AS k, 1.0 + r AS v "
                     "FROM range(8) t(r)) INDEX (c, k) VALUE v SHAPE (4, 2)")
-        qs = ["R3[a,b,k] = SUM(T[a,b,c] * W[c,k])", "deg[i] = SUM(G[i,j])", "m[j] = MAX(G[i,j])",
+        con.execute("CREATE TENSOR Wi FROM (SELECT r // 2 AS c, r % 2 AS k, CASE WHEN r = 3 "
+                    "THEN 'inf'::DOUBLE ELSE 1.0 + r END AS v FROM range(8) t(r)) INDEX (c, k) "
+                    "VALUE v SHAPE (4, 2)")
+        qs = ["R3i[a,b,k] = SUM(T[a,b,c] * Wi[c,k])", "R3[a,b,k] = SUM(T[a,b,c] * W[c,k])",
+              "deg[i] = SUM(G[i,j])", "m[j] = MAX(G[i,j])",
               "R[a,b] = SUM(T[a,b,c] * x[c])"] + \
             (["R2[i,k] = SUM(G[i,j] * G[j,k])"] if limit else [])
         for q in qs:
@@ -69,14 +75,21 @@ def test_outputs_hypersparse_inputs_cannot_fill_are_refused_at_planning(tmp_path
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     out = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     for limit in ["None", "1GB"]:
-        q = "R3[a,b,k] = SUM(T[a,b,c] * W[c,k])"
+        # Wi holds an inf: T's absent 0s times it are NaN, the product is dense: refused
+        q = "R3i[a,b,k] = SUM(T[a,b,c] * Wi[c,k])"
         (kind, msg), names = out[f"{limit} {q}"]
         assert kind == "OutOfMemoryError", msg
         assert msg.startswith(q), msg
         if limit == "None" or "no tiling fits" not in msg:  # under 1 GB the optimizer may refuse first
-            assert "its output R3 of shape (1000000, 1000000, 2) is dense: 14.6 TiB" in msg \
+            assert "its output R3i of shape (1000000, 1000000, 2) is dense: 14.6 TiB" in msg \
                 and "T: sparse" in msg, msg
-        assert "R3" not in names  # nothing stored
+        assert "R3i" not in names  # nothing stored
+        # W finite: COO tiles of T's 5 entries times W's 2 columns (lim41), not 14.6 TiB
+        (kind, coords, data), names = out[f"{limit} R3[a,b,k] = SUM(T[a,b,c] * W[c,k])"]
+        w = {(r // 2, r % 2): 1.0 + r for r in range(8)}
+        want = sorted(((r * 100003, r * 99991, k), (1.5 + r) * w[(r % 4, k)])
+                      for r in range(5) for k in range(2))
+        assert kind == "ran" and sorted(zip(zip(*coords), data)) == want, (coords, data)
         # a reduction into a vector of the hypersparse rows: a sparse vector, its 5 entries
         for q, agg in [("deg[i] = SUM(G[i,j])", 0), ("m[j] = MAX(G[i,j])", 1)]:
             (kind, coords, data), names = out[f"{limit} {q}"]
@@ -100,18 +113,23 @@ def test_outputs_hypersparse_inputs_cannot_fill_are_refused_at_planning(tmp_path
 
 
 @pytest.mark.parametrize("formats,counted", [(("coo",), True), (("csr",), False)])
-def test_the_row_pointers_of_coo_boxes_count_in_a_joins_calls_memory(formats, counted):
+def test_the_row_pointers_of_coo_boxes_count_in_a_semirings_calls_memory(formats, counted):
     n = 10**8
-    op = EinOp.contraction("C", "ij", [("A", "ij"), ("B", "ij")], {"i": n, "j": n})
+    op = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": n, "j": n, "k": n},
+                           agg="max")
     st = StoredStats(formats, 5, 200)
     m = OpModel.of(op, {"A": "float64", "B": "float64"}, 1, stats={"A": st, "B": st})
-    assert m.sparse_kernel == ("spjoin", 0)  # an elementwise product of two sparse matrices
-    for d in [(1, 1), (4, 2), (100, 1000)]:
+    assert m.sparse_kernel == ("semiring", 0)  # max-times of two sparse matrices
+    for d in [(1, 1, 1), (4, 2, 1), (100, 1000, 7)]:
         tile = [-(-n // p) for p in d]
-        ptrs = 2 * 8 * (tile[0] + 1)  # A's and B's boxes, each CSR over its rows i
+        ptrs = 8 * (tile[0] + 1) + 8 * (tile[2] + 1)  # A CSR over its rows i, B over its j
         assert m.row_ptr_bytes(tile) == (ptrs if counted else 0)
         # what the optimizer fits to the budget: the call's memory holds them
         assert m.call_memory(d).inputs >= (ptrs if counted else 0)
+    # an elementwise join of COO boxes runs on their entries (exec/sparse_hyper.py): none
+    join = EinOp.contraction("C", "ij", [("A", "ij"), ("B", "ij")], {"i": n, "j": n})
+    mj = OpModel.of(join, {"A": "float64", "B": "float64"}, 1, stats={"A": st, "B": st})
+    assert mj.sparse_kernel == ("spjoin", 0) and mj.row_ptr_bytes([n, n]) == 0
     # SpGEMM of COO boxes works on the occupied ids (sparse_kernels._spgemm_coo): none counted
     mm = EinOp.contraction("C", "ik", [("A", "ij"), ("B", "jk")], {"i": n, "j": n, "k": n})
     mg = OpModel.of(mm, {"A": "float64", "B": "float64"}, 1, stats={"A": st, "B": st})
