@@ -1,7 +1,6 @@
 """DuckDB error translation and quoting: no duckdb exception leaves the storage package."""
 from __future__ import annotations
 
-import _signal  # signal's functions without its enum wrapping (about 7 us a commit)
 import contextlib
 import signal
 import threading
@@ -169,14 +168,6 @@ def spelled_names(query: str) -> list[str]:
     return out
 
 
-# The C functions ``signal.signal`` and ``signal.getsignal`` wrap: the wrappers turn the
-# signal number and the handlers into enum members and back (an enum lookup each, 5 us of the
-# 6 us each call took; a commit swaps the handler in and out). The handlers they take and give
-# are the same objects, but for SIG_DFL and SIG_IGN (plain ints here), which are not callable
-# and never swapped.
-_getsignal, _setsignal, _SIGINT = _signal.getsignal, _signal.signal, int(signal.SIGINT)
-
-
 class held_interrupt:
     """Hold a Ctrl-C back while the block runs (a commit between its durable step and the
     process recording it), then raise it: the block's work is done, as a Ctrl-C that came
@@ -198,9 +189,9 @@ class held_interrupt:
         # block that swapped itself in and the outer block back lost a Ctrl-C that came in
         # between (noted on the nested block, which holds nothing). A Ctrl-C before the swap
         # raises before the block, as one that came before it.
-        old = _getsignal(_SIGINT)
+        old = signal.getsignal(signal.SIGINT)
         if callable(old) and not isinstance(old, held_interrupt):
-            _setsignal(_SIGINT, self)  # one system call each way (0.3 us)
+            signal.signal(signal.SIGINT, self)  # one system call each way (about 3 us)
             self.old = old
         return self
 
@@ -210,7 +201,7 @@ class held_interrupt:
     def __exit__(self, kind, exc, tb) -> bool:
         if self.old is None:
             return False
-        _setsignal(_SIGINT, self.old)
+        signal.signal(signal.SIGINT, self.old)
         caught, self.caught = self.caught, None
         if caught is not None and kind is None:
             self.old(*caught)  # Python's handler: raises KeyboardInterrupt

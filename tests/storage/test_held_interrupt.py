@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import types
 
 import pytest
 
@@ -72,16 +73,15 @@ def test_a_ctrl_c_as_a_nested_block_starts_reaches_the_outermost(monkeypatch):
         got = real.getsignal(sig)
         fire_once()
         return got
+    proxy = types.SimpleNamespace(SIGINT=real.SIGINT, signal=_signal, getsignal=_getsignal)
     before = real.getsignal(real.SIGINT)
     outer = held_interrupt()
     with pytest.raises(KeyboardInterrupt):
         with outer:
             state["outer"] = outer
-            # the C functions held_interrupt calls (_duck._getsignal, _duck._setsignal)
-            monkeypatch.setattr(_duck, "_getsignal", _getsignal)
-            monkeypatch.setattr(_duck, "_setsignal", _signal)
+            monkeypatch.setattr(_duck, "signal", proxy)
             with held_interrupt():
                 pass
-            monkeypatch.undo()
+            monkeypatch.setattr(_duck, "signal", real)
             assert state["fired"]
     assert real.getsignal(real.SIGINT) is before
