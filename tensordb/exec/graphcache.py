@@ -230,9 +230,10 @@ class GraphCache(DeviceCache):
     def listen(self, store) -> None:
         """Have ``store`` tell the cache its commits: replaced and dropped versions leave."""
         with self.lock:
+            for r in self._stores:  # every run asks: a store told already returns here
+                if r() is store:
+                    return
             self._stores = [r for r in self._stores if r() is not None]
-            if any(r() is store for r in self._stores):
-                return
             self._stores.append(weakref.ref(store))
         listeners = getattr(store, "commit_listeners", None)
         if listeners is None:

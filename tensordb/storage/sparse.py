@@ -34,6 +34,8 @@ __all__ = ["CooTile", "Filled", "RowSlabs", "stacked", "encode", "encode_coo", "
 
 def is_sparse(tile) -> bool:
     """Whether ``tile`` is a decoded sparse tile (not a dense array)."""
+    if type(tile) is np.ndarray:  # the common answer first (asked ten times a statement)
+        return False
     return isinstance(tile, (CooTile, Filled, RowSlabs)) or _is_scipy(tile)
 
 

@@ -253,3 +253,32 @@ def test_fill_0_view_boxes_entries_are_capped_least_recently_used_first(tmp_path
         kept = sorted((k[2][0], k[3][0]) for k in _entries("G"))
         assert len(kept) == 8
         assert kept == sorted([(0, 20)] + bands[-7:])  # the 7 latest and the one read again
+
+
+
+def test_a_store_is_listened_to_once_however_many_runs_and_a_new_one_too():
+    """Every run tells the cache its store (``GraphCache.listen``): the first run on a store
+    adds the cache's commit listener, the later ones none; another database gets its own;
+    and each keeps dropping a replaced graph's entries (the SpMV after a replace answers with
+    the new graph, against scipy's)."""
+    D1, D2 = _graph(300, 2000, 5), _graph(300, 2000, 6)
+    x = np.random.default_rng(7).standard_normal(300)
+    added = []
+    for _ in range(2):
+        with tensordb.connect(None) as con:
+            con.load("D", D1)
+            con.load("x", x)
+            con.execute("y[i] = SUM(D[i,j] * x[j])")
+            after_first = list(con.store.commit_listeners)
+            for _ in range(3):
+                con.execute("y[i] = SUM(D[i,j] * x[j])")
+            assert con.store.commit_listeners == after_first
+            np.testing.assert_allclose(con.tensor("y"), D1 @ x, rtol=1e-12)
+            assert _entries("D")
+            con.execute("DROP TENSOR D")
+            con.load("D", D2)
+            con.execute("y[i] = SUM(D[i,j] * x[j])")
+            np.testing.assert_allclose(con.tensor("y"), D2 @ x, rtol=1e-12)
+            assert con.store.commit_listeners == after_first
+            added.append(len(after_first))
+    assert added[0] == added[1] >= 1  # each store: its own listener, added at its first run
