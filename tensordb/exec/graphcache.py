@@ -93,10 +93,11 @@ def _tag(csr, box: "Sourced"):
     """``csr`` (a Load's fill-0 box) with the slot of cache entry ``box`` (``source_of``)."""
     key = id(csr)
 
-    def gone(ref, key=key):
-        with _TAGS_LOCK:
-            if _TAGS.get(key, (None,))[0] is ref:
-                del _TAGS[key]
+    def gone(ref, key=key, tags=_TAGS, lock=_TAGS_LOCK):
+        # the dict and lock bound here: at interpreter exit the module's globals are None
+        with lock:
+            if tags.get(key, (None,))[0] is ref:
+                del tags[key]
 
     with _TAGS_LOCK:
         _TAGS[key] = (weakref.ref(csr, gone), weakref.ref(box))
