@@ -177,8 +177,16 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> n
         S = S.astype(dtype)
     S = S if s_labels == (i, j) else S.T
     if is_sparse(D) and not _finite_data(dtype, S, D):
-        # a sparse intermediate holding inf or NaN (an overflowed product: stored inputs are
-        # known finite when planned): NumPy's dense product, whose 0 * inf is NaN
+        # one holding inf or NaN (a stored one, or an overflowed intermediate): NumPy's
+        # product, whose inf * 0 is NaN, on the entries (exec/sparse_nonfinite.py)
+        if len(rest) == 1:
+            from .sparse_nonfinite import spgemm_nonfinite
+            sc, dc = S.tocoo(), stacked(D).tocoo()
+            dj, dk = (dc.row, dc.col) if axis == 0 else (dc.col, dc.row)
+            shape = (S.shape[0], dc.shape[1 - axis])
+            ri, ci, data = spgemm_nonfinite((sc.row, sc.col, sc.data), (dj, dk, dc.data),
+                                            shape, dtype)
+            return _spgemm_out(op, choice, ri, ci, data, shape, [i] + rest, out_shape, dtype)
         res = np.tensordot(densify(S).astype(dtype, copy=False),
                            np.asarray(densify(D), dtype), axes=(1, axis))
         return _to_output(res, [i] + rest, op.out_labels)
@@ -426,8 +434,8 @@ def _spgemm_coo(op, choice, S, D, out_shape, dtype):
     """The product of two sparse matrix tiles, one a hypersparse ``CooTile``, computed over the
     ids its operands occupy (rows, shared, columns: as ``sparse_nd_join.contract_coo``), into
     the output ``choice.out_format`` says (dense, or CSR over the output tile's rows); None
-    where a value is NaN or inf (NumPy's dense product then, whose 0 * inf is NaN) or it is
-    not a product of two matrices over one label."""
+    where it is not a product of two matrices over one label. A NaN or inf meeting an
+    absent entry is NumPy's NaN (exec/sparse_nonfinite.py)."""
     import scipy.sparse as sp
     k = choice.sparse
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
@@ -435,13 +443,17 @@ def _spgemm_coo(op, choice, S, D, out_shape, dtype):
     if len(s_labels) != 2 or len(d_labels) != 2 or len(shared) != 1:
         return None
     S, D = _as_coo(S), _as_coo(D.take() if isinstance(D, RowGather) else D)
-    if dtype.kind == "f" and not (np.isfinite(S.values).all() and np.isfinite(D.values).all()):
-        return None
     (j,) = shared
     (i,) = [l for l in s_labels if l != j]
     (f,) = [l for l in d_labels if l != j]
     si, sj = S.coords[s_labels.index(i)], S.coords[s_labels.index(j)]
     dj, df = D.coords[d_labels.index(j)], D.coords[d_labels.index(f)]
+    shape = (S.shape[s_labels.index(i)], D.shape[d_labels.index(f)])
+    if dtype.kind == "f" and not (np.isfinite(S.values).all() and np.isfinite(D.values).all()):
+        # NumPy's inf * 0 where an absent entry meets a non-finite one: on the entries still
+        from .sparse_nonfinite import spgemm_nonfinite
+        ri, ci, data = spgemm_nonfinite((si, sj, S.values), (dj, df, D.values), shape, dtype)
+        return _spgemm_out(op, choice, ri, ci, data, shape, [i, f], out_shape, dtype)
     mids, mid = np.unique(np.concatenate([sj, dj]), return_inverse=True)
     mid = mid.reshape(-1)
     rows, r = np.unique(si, return_inverse=True)
@@ -452,14 +464,19 @@ def _spgemm_coo(op, choice, S, D, out_shape, dtype):
                      shape=(mids.size, cols.size))
     with np.errstate(invalid="ignore", over="ignore"):
         C = (A @ B).tocoo()
-    shape = (S.shape[s_labels.index(i)], D.shape[d_labels.index(f)])
     ri, ci, data = rows[C.row], cols[C.col], np.asarray(C.data, dtype)
+    return _spgemm_out(op, choice, ri, ci, data, shape, [i, f], out_shape, dtype)
+
+
+def _spgemm_out(op, choice, ri, ci, data, shape, labels, out_shape, dtype):
+    """A SpGEMM's elements (each once) as the output ``choice.out_format`` says."""
+    import scipy.sparse as sp
     if choice.out_format == "csr":
-        return csr_output(sp.csr_array((data, (ri, ci)), shape=shape), [i, f], op.out_labels,
+        return csr_output(sp.csr_array((data, (ri, ci)), shape=shape), labels, op.out_labels,
                           dtype)
     out = np.zeros(shape, dtype)
     out[ri, ci] = data
-    return _to_output(out, [i, f], op.out_labels).reshape(out_shape)
+    return _to_output(out, labels, op.out_labels).reshape(out_shape)
 
 
 def _spmm_nd(op, choice, k: int, args: list, out_shape, dtype) -> np.ndarray:

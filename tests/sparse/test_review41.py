@@ -34,3 +34,82 @@ def test_a_join_whose_box_of_one_operand_is_absent_reads_no_zeros(tmp_path, piec
             want = {k: v for k, v in want.items() if v != 0}
             got = {(a, b, c): v for a, b, c, v in con.execute("SELECT * FROM X").fetchall()}
             assert got == want, q
+
+
+def _mat(rng, shape, nnz, dtype, special=()):
+    a = np.zeros(shape, dtype)
+    lin = rng.choice(a.size, nnz, replace=False)
+    a.reshape(-1)[lin] = rng.integers(-5, 6, nnz).astype(dtype) + 0.5
+    a.reshape(-1)[lin[:len(special)]] = special
+    return a
+
+
+def test_spgemm_nonfinite_directly_equals_numpy():
+    from tensordb.exec.sparse_nonfinite import spgemm_nonfinite
+    rng = np.random.default_rng(41)
+    for trial in range(60):
+        n, m, p = rng.integers(1, 9, 3)
+        dtype = np.dtype(["float64", "float32"][trial % 2])
+        sp_ = [np.inf, -np.inf, np.nan][: int(rng.integers(0, 3))]
+        dp_ = [np.nan, np.inf][: int(rng.integers(0, 2))]
+        s = _mat(rng, (n, m), int(rng.integers(len(sp_), n * m + 1)), dtype, sp_)
+        d = _mat(rng, (m, p), int(rng.integers(len(dp_), m * p + 1)), dtype, dp_)
+        si, sj = np.nonzero(s)
+        dj, dk = np.nonzero(d)
+        r, c, v = spgemm_nonfinite((si, sj, s[si, sj]), (dj, dk, d[dj, dk]), (n, p), dtype)
+        got = np.zeros((n, p), dtype)
+        got[r, c] = v
+        with np.errstate(all="ignore"):
+            want = s @ d
+        assert v.dtype == dtype
+        assert len(set(zip(r.tolist(), c.tolist()))) == r.size  # each element once
+        np.testing.assert_array_equal(got, want, err_msg=f"{s}\n{d}")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_spgemm_with_a_stored_inf_or_nan_equals_numpy(tmp_path, workers):
+    rng = np.random.default_rng(42 + workers)
+    with tensordb.connect(str(tmp_path / "db"), workers=workers) as con:
+        for dtype in ("float64", "float32"):
+            for sg, sh in [([np.inf], []), ([], [np.nan]), ([-np.inf], [np.nan])]:
+                for tiles in [{}, {"G": (40, 60), "H": (45, 150)}]:
+                    g = _mat(rng, (120, 90), 30, dtype, sg)
+                    h = _mat(rng, (90, 150), 30, dtype, sh)
+                    con.load("G", g, replace=True, **({"tile": tiles["G"]} if tiles else {}))
+                    con.load("H", h, replace=True, **({"tile": tiles["H"]} if tiles else {}))
+                    for q, eq in [("R[i,k] = SUM(G[i,j] * H[j,k])", "ij,jk->ik"),
+                                  ("R[k,i] = SUM(H[j,k] * G[i,j])", "ij,jk->ki"),
+                                  ("R[i,k] = SUM(G[i,j] * H[j,k]) WITH (PIECES i 2, j 3)",
+                                   "ij,jk->ik")]:
+                        con.execute(q)
+                        with np.errstate(all="ignore"):
+                            want = np.einsum(eq, g, h)
+                        got = con.tensor("R")
+                        assert got.dtype == want.dtype, q
+                        np.testing.assert_array_equal(got, want, err_msg=q)
+
+
+def test_a_hypersparse_spgemm_holding_inf_runs_on_its_entries(tmp_path):
+    """G of 10^6 x 10^6 with 5 entries, one inf, times H: NumPy's answer is a row of NaN (inf
+    times H's absent zeros) but where H has an entry. The plan (CSR output, 7.6 MiB) ran a
+    dense tensordot: 7.28 TiB, OutOfMemoryError."""
+    n = 10**6
+    with tensordb.connect(str(tmp_path / "db"), memory_limit="2GB") as con:
+        con.execute(f"CREATE TENSOR G FROM (SELECT r * 7 AS i, r * 7 AS j, CASE WHEN r = 3 "
+                    f"THEN 'inf'::DOUBLE ELSE 1.0 + r END AS v FROM range(5) t(r)) INDEX (i, j) "
+                    f"VALUE v SHAPE ({n}, {n})")
+        con.execute(f"CREATE TENSOR H FROM (SELECT r * 7 AS j, r * 13 AS k, 2.0 + r AS v "
+                    f"FROM range(5) t(r)) INDEX (j, k) VALUE v SHAPE ({n}, {n})")
+        q = "R[i,k] = SUM(G[i,j] * H[j,k])"
+        assert "spmm x0 sparse" in con.explain(q)
+        con.execute(q)
+        g = {(7 * r, 7 * r): (np.inf if r == 3 else 1.0 + r) for r in range(5)}
+        h = {(7 * r, 13 * r): 2.0 + r for r in range(5)}
+        want = {(i, k): gv * hv for (i, j), gv in g.items() for (j2, k), hv in h.items()
+                if j == j2 and i != 21}
+        rows = con.execute("SELECT i, k, value FROM R WHERE i <> 21").fetchall()
+        assert {(i, k): v for i, k, v in rows} == want
+        nan_row = con.execute("SELECT count(*), count(*) FILTER (WHERE isnan(value)), "
+                              "max(value) FILTER (WHERE NOT isnan(value)) FROM R WHERE i = 21"
+                              ).fetchall()
+        assert nan_row == [(n, n - 1, np.inf)]  # inf * 5.0 at k = 39, inf * 0 elsewhere
