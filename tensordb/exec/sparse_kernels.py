@@ -66,7 +66,7 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=No
 
 def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None, memo=None):
     if choice.method == "spmm" and len(args) == 2 and (args[0] is None) != (args[1] is None):
-        res = _absent_times_nonfinite(op, args, arg_shapes, out_shape)
+        res = _absent_times_nonfinite(op, args, arg_shapes, out_shape, choice)
         if res is not None:
             return res
     if choice.method == "spmm":
@@ -84,10 +84,11 @@ def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None
     return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
 
 
-def _absent_times_nonfinite(op, args: list, arg_shapes, out_shape) -> np.ndarray | None:
+def _absent_times_nonfinite(op, args: list, arg_shapes, out_shape, choice=None):
     """The product of an absent tile (zeros) with a tile holding NaN or inf: NumPy's answer
-    (0 * inf is NaN) on the densified operands; None where the present tile is finite (the
-    product is then 0)."""
+    (0 * inf is NaN): of two matrices, on the present one's entries (exec/sparse_nonfinite.py:
+    NaN rows or columns, as the output ``choice.out_format`` says), else on the densified
+    operands; None where the present tile is finite (the product is then 0)."""
     dtype = np.dtype(op.dtype)
     k = 0 if args[0] is not None else 1
     t = args[k].take() if isinstance(args[k], RowGather) else args[k]
@@ -97,6 +98,21 @@ def _absent_times_nonfinite(op, args: list, arg_shapes, out_shape) -> np.ndarray
     values = t.values if isinstance(t, CooTile) else t.data if is_sparse(t) else np.asarray(t)
     if bool(np.isfinite(values).all()):
         return None
+    labels = [o.labels for o in op.inputs]
+    shared = [l for l in labels[0] if l in labels[1]]
+    if choice is not None and (is_sparse(t) or isinstance(t, CooTile)) and len(shared) == 1 \
+            and all(len(ls) == 2 for ls in labels) and len(op.out_labels) == 2:
+        from .sparse_nonfinite import spgemm_nonfinite
+        (j,) = shared
+        (a,), (b,) = ([l for l in ls if l != j] for ls in labels)
+        c = _as_coo(t)
+        sides = [(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype))] * 2
+        order = [labels[0].index(a), labels[0].index(j)] if k == 0 else \
+            [labels[1].index(j), labels[1].index(b)]
+        sides[k] = (c.coords[order[0]], c.coords[order[1]], c.values)
+        shape = (arg_shapes[0][labels[0].index(a)], arg_shapes[1][labels[1].index(b)])
+        ri, ci, data = spgemm_nonfinite(sides[0], sides[1], shape, dtype)
+        return _spgemm_out(op, choice, ri, ci, data, shape, [a, b], out_shape, dtype)
     dense = [None, None]
     dense[k] = np.asarray(densify(t) if is_sparse(t) else t, dtype)
     dense[1 - k] = np.zeros(arg_shapes[1 - k], dtype)

@@ -113,3 +113,29 @@ def test_a_hypersparse_spgemm_holding_inf_runs_on_its_entries(tmp_path):
                               "max(value) FILTER (WHERE NOT isnan(value)) FROM R WHERE i = 21"
                               ).fetchall()
         assert nan_row == [(n, n - 1, np.inf)]  # inf * 5.0 at k = 39, inf * 0 elsewhere
+
+
+@pytest.mark.parametrize("inf_in", ["G", "H"])
+def test_an_absent_tile_times_a_hypersparse_tile_holding_inf(tmp_path, inf_in):
+    """G's second column tile (j >= n/2) meets H's absent second row tile: inf * 0 is NaN over
+    a row (or a column) of the output. The present COO tile was densified: 3.64 TiB."""
+    n = 10**6
+    inf = "CASE WHEN r = 3 THEN 'inf'::DOUBLE ELSE 1.0 + r END"
+    with tensordb.connect(str(tmp_path / "db"), memory_limit="2GB") as con:
+        # the inf at (21, n - 3) of G, or at (n - 3, 39) of H: in the tile the other lacks
+        g_j = f"CASE WHEN r = 3 THEN {n} - 3 ELSE r * 7 END" if inf_in == "G" else "r * 7"
+        h_j = f"CASE WHEN r = 3 THEN {n} - 3 ELSE r * 7 END" if inf_in == "H" else "r * 7"
+        con.execute(f"CREATE TENSOR G FROM (SELECT r * 7 AS i, {g_j} AS j, "
+                    f"{inf if inf_in == 'G' else '1.0 + r'} AS v FROM range(5) t(r)) "
+                    f"INDEX (i, j) VALUE v SHAPE ({n}, {n}) TILE ({n}, {n // 2})")
+        con.execute(f"CREATE TENSOR H FROM (SELECT {h_j} AS j, r * 13 AS k, "
+                    f"{inf if inf_in == 'H' else '2.0 + r'} AS v FROM range(5) t(r)) "
+                    f"INDEX (j, k) VALUE v SHAPE ({n}, {n}) TILE ({n // 2}, {n})")
+        con.execute("R[i,k] = SUM(G[i,j] * H[j,k]) WITH (PIECES j 2)")
+        line = "i = 21" if inf_in == "G" else "k = 39"
+        assert con.execute(f"SELECT count(*), count(*) FILTER (WHERE isnan(value)) FROM R "
+                           f"WHERE {line}").fetchall() == [(n, n)]
+        others = con.execute(f"SELECT i, k, value FROM R WHERE NOT ({line})").fetchall()
+        h = 1.0 if inf_in == "H" else 2.0
+        want = {(7 * r, 13 * r): (1.0 + r) * (h + r) for r in range(5) if r != 3}
+        assert {(i, k): v for i, k, v in others} == want
