@@ -150,6 +150,12 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> n
     if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
     S = S.take() if isinstance(S, RowGather) else S
+    if len(args) == 2 and isinstance(D, CooTile) and D.ndim > 2:
+        # a matrix times a sparse tensor of rank 3 or more (known finite): on the entries
+        # where the matrix is finite too, else (its inf * 0 is NaN) the tensor densified
+        if _finite_data(dtype, _as_coo(S)):
+            return _coo_product(op, choice, k, S, D, out_shape, dtype)
+        D = densify(D)
     if len(args) == 2 and is_sparse(D) and (isinstance(S, CooTile) or isinstance(D, CooTile)):
         # SpGEMM of a hypersparse box: on the entries, over the occupied row, shared and
         # column ids only (no row pointers over a COO box's rows: 80 GB for G^T G of a
@@ -246,7 +252,8 @@ def _finite_data(dtype, *tiles) -> bool:
     if np.dtype(dtype).kind not in "fc":
         return True
     with np.errstate(all="ignore"):
-        return all(bool(np.isfinite(t.data).all()) for t in tiles)
+        return all(bool(np.isfinite(t.values if isinstance(t, CooTile) else t.data).all())
+                   for t in tiles)
 
 
 def _gathered_slabs(S, D: RowGather, dtype):
@@ -503,11 +510,11 @@ def _spmm_nd(op, choice, k: int, args: list, out_shape, dtype) -> np.ndarray:
     S, D = args[k], args[1 - k]
     if S is None or D is None:
         return np.zeros(out_shape, dtype)
-    if isinstance(S, CooTile) and isinstance(D, CooTile) and D.ndim > 2:  # SpGEMM on entries
-        from .sparse_nd_join import contract_coo
-        return contract_coo(S, op.inputs[k].labels, D, op.inputs[1 - k].labels, op.out_labels,
-                            dtype).reshape(out_shape)
     D = D.take() if isinstance(D, RowGather) else D
+    if isinstance(S, CooTile) and S.ndim > 2 and (
+            (isinstance(D, CooTile) and D.ndim > 1) or (is_sparse(D) and len(D.shape) == 2)):
+        # SpGEMM on the entries (a sparse matrix partner too: not densified)
+        return _coo_product(op, choice, k, S, D, out_shape, dtype)
     D = np.asarray(densify(stacked(D)) if is_sparse(D) else D)
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
     if isinstance(S, CooTile):
@@ -523,6 +530,21 @@ def _spmm_nd(op, choice, k: int, args: list, out_shape, dtype) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         res = np.einsum(eq, np.asarray(S).astype(dtype, copy=False), D.astype(dtype, copy=False))
     return np.asarray(res, dtype).reshape(out_shape)
+
+
+def _coo_product(op, choice, k: int, S, D, out_shape, dtype):
+    """The SpGEMM of sparse operand ``k`` ``S`` and ``D``, one of rank 3 or more, both finite,
+    on their entries (exec/sparse_nd_join.py ``contract_coo``): dense, or CSR where the plan
+    says a matrix output is sparse."""
+    from .sparse_nd_join import contract_coo
+    S, D = (t if isinstance(t, CooTile) else _as_coo(t) for t in (S, D))
+    args = (S, op.inputs[k].labels, D, op.inputs[1 - k].labels, op.out_labels, dtype)
+    if choice.out_format == "csr" and len(op.out_labels) == 2:
+        import scipy.sparse as sp
+        (r, c), v = contract_coo(*args, entries=True)
+        return csr_output(sp.csr_array((v, (r, c)), shape=tuple(out_shape)),
+                          op.out_labels, op.out_labels, dtype)
+    return contract_coo(*args).reshape(out_shape)
 
 
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:

@@ -172,10 +172,13 @@ def _dense(tile: CooTile) -> np.ndarray:
     return out
 
 
-def contract_coo(S: CooTile, s_labels, D: CooTile, d_labels, out_labels, dtype) -> np.ndarray:
+def contract_coo(S: CooTile, s_labels, D: CooTile, d_labels, out_labels, dtype,
+                 entries: bool = False):
     """``SUM`` of ``S[s_labels] * D[d_labels]`` into the dense ``out_labels`` (see the module
     docstring): every label of ``D`` that ``S`` lacks is kept; a label of ``S`` alone and not
-    kept is summed by scipy's duplicate sum.
+    kept is summed by scipy's duplicate sum. ``entries``: the product's elements only, as
+    (coordinates in ``out_labels``' order, an (ndim, n) int64 array; values), not the dense
+    output (a matrix output the plan makes sparse: ``R[a,k] = SUM(T[a,b,c] * M[c,k])``).
 
     >>> s = CooTile((2, 3, 2), np.array([[0, 1], [2, 0], [1, 1]]), np.array([2.0, 3.0]))
     >>> d = CooTile((2, 2, 2), np.array([[0, 1, 1], [1, 1, 0], [0, 1, 1]]),
@@ -197,7 +200,8 @@ def contract_coo(S: CooTile, s_labels, D: CooTile, d_labels, out_labels, dtype) 
     out_shape = tuple(int(ext[l]) for l in kept + free)
     rows_n = math.prod(int(ext[l]) for l in kept)
     f_n = math.prod(int(ext[l]) for l in free)
-    out = np.zeros((rows_n, f_n), dtype)
+    out = None if entries else np.zeros((rows_n, f_n), dtype)
+    got = (np.zeros((len(out_labels), 0), np.int64), np.zeros(0, dtype))
     if ns and nd and rows_n and f_n:
         joint, _ = _joint_ids([sc[[s_labels.index(l) for l in shared]],
                                dc[[d_labels.index(l) for l in shared]]],
@@ -214,7 +218,17 @@ def contract_coo(S: CooTile, s_labels, D: CooTile, d_labels, out_labels, dtype) 
                           (mid[ns:], c_local.reshape(-1))), shape=(mids.size, fcols.size))
         with np.errstate(invalid="ignore", over="ignore"):
             C = (A @ B).tocoo()
-        out[occupied[C.row], fcols[C.col]] = np.asarray(C.data, dtype)
+        if entries:  # each element's coordinates read off an entry of its row and column
+            first_s = np.unique(r_local.reshape(-1), return_index=True)[1]
+            first_d = np.unique(c_local.reshape(-1), return_index=True)[1]
+            at = {l: sc[s_labels.index(l)][first_s][C.row] for l in kept}
+            at.update({l: dc[d_labels.index(l)][first_d][C.col] for l in free})
+            got = (np.stack([np.asarray(at[l], np.int64) for l in out_labels]).reshape(
+                len(out_labels), -1), np.asarray(C.data, dtype))
+        else:
+            out[occupied[C.row], fcols[C.col]] = np.asarray(C.data, dtype)
+    if entries:
+        return got
     res = out.reshape(out_shape)
     order = [(kept + free).index(l) for l in out_labels]
     return np.ascontiguousarray(res.transpose(order)) if order != list(range(len(order))) else res

@@ -139,3 +139,58 @@ def test_an_absent_tile_times_a_hypersparse_tile_holding_inf(tmp_path, inf_in):
         h = 1.0 if inf_in == "H" else 2.0
         want = {(7 * r, 13 * r): (1.0 + r) * (h + r) for r in range(5) if r != 3}
         assert {(i, k): v for i, k, v in others} == want
+
+
+ND = [("R[a,b,k] = SUM(T[a,b,c] * M[c,k])", "abc,ck->abk"),  # M the sparse operand: was an
+      ("R[k,a] = SUM(T[a,b,c] * M[c,k])", "abc,ck->ka"),    # InternalError (CooTile.data)
+      ("R[a,k] = SUM(M[c,k] * T[a,b,c])", "ck,abc->ak"),
+      ("R[b,c] = SUM(T[a,b,c] * M[c,a])", "abc,ca->bc"),
+      ("R[c,b] = SUM(T[a,b,c] * M[c,a])", "abc,ca->cb"),
+      ("R[k] = SUM(T[a,b,c] * M[c,k])", "abc,ck->k"),
+      ("R[a,k] = SUM(T[a,b,c] * M[c,k]) WITH (PIECES a 2, c 2)", "abc,ck->ak"),
+      ("R[a,b,k] = SUM(T[a,b,c] * U[a,c,k])", "abc,ack->abk"),
+      ("R[a,k] = SUM(T[a,b,c] * U[a,c,k])", "abc,ack->ak"),
+      ("R[k,b] = SUM(T[a,b,c] * U[a,c,k]) WITH (PIECES a 2, c 2)", "abc,ack->kb")]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int64", "int32"])
+def test_a_rank_3_sparse_tensor_times_a_sparse_matrix_or_tensor_equals_numpy(tmp_path, dtype,
+                                                                             workers):
+    from tests.sparse.test_sparse_hyper import _tensor
+    rng = np.random.default_rng(4100 + workers)
+    with tensordb.connect(str(tmp_path / "db"), workers=workers) as con:
+        for special in ("", "T", "M") if dtype.startswith("float") else ("",):
+            t = _tensor(rng, (30, 25, 40), 40, dtype, special=special == "T")
+            m = _tensor(rng, (40, 30), 25, dtype, special=special == "M")
+            u = _tensor(rng, (30, 40, 30), 40, dtype, special=special == "M")
+            con.load("T", t, replace=True)
+            con.load("M", m, replace=True)
+            con.load("U", u, replace=True)
+            for q, eq in ND:
+                ops = [t, m if "M[" in q else u]
+                con.execute(q)
+                with np.errstate(all="ignore"):
+                    want = np.einsum(eq, *(ops[::-1] if eq.startswith("ck") else ops))
+                got = con.tensor("R")
+                assert got.dtype == want.dtype, q
+                np.testing.assert_array_equal(got, want, err_msg=f"{special} {q}")
+
+
+def test_a_hypersparse_rank_3_tensor_times_a_hypersparse_matrix_keeps_it_sparse(tmp_path):
+    """R[a,k] = SUM(T[a,b,c] * M[c,k]), M of 10^5 x 10^5 with 5 entries: the plan holds M as
+    its entries (8 KiB), the kernel densified it (74.5 GiB, OutOfMemoryError); the CSR output
+    the plan names is what the kernel returns."""
+    n = 10**5
+    with tensordb.connect(str(tmp_path / "db"), memory_limit="2GB") as con:
+        con.execute(f"CREATE TENSOR T FROM (SELECT r * 7 AS a, r * 3 AS b, r * 11 AS c, "
+                    f"1.0 + r AS v FROM range(5) t(r)) INDEX (a, b, c) VALUE v "
+                    f"SHAPE (1000, 1000, {n})")
+        con.execute(f"CREATE TENSOR M FROM (SELECT r * 11 AS c, r * 13 AS k, 2.0 + r AS v "
+                    f"FROM range(5) t(r)) INDEX (c, k) VALUE v SHAPE ({n}, {n})")
+        q = "R[a,k] = SUM(T[a,b,c] * M[c,k])"
+        text = con.explain(q)
+        assert "spmm x0 sparse" in text and "csr tiles from the kernel" in text, text
+        con.execute(q)
+        want = {(7 * r, 13 * r): (1.0 + r) * (2.0 + r) for r in range(5)}
+        assert {(a, k): v for a, k, v in con.execute("SELECT * FROM R").fetchall()} == want
