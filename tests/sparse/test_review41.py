@@ -3,6 +3,8 @@ each test is a case the review found wrong or worth pinning, checked against Num
 densified inputs (or a dict of entries where the extent is too large to densify)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -266,3 +268,26 @@ def test_a_hypersparse_matrix_product_holding_nan_is_its_entries(tmp_path):
             assert got.keys() == want.keys(), q
             np.testing.assert_array_equal([got[k] for k in sorted(got)],
                                           [want[k] for k in sorted(want)], err_msg=q)
+
+
+def test_a_join_of_tensors_past_2_62_elements_is_cut_into_storable_output_tiles(tmp_path):
+    """T + U of 10^7-cubed sparse tensors (10^21 elements, each stored in 217 tiles): the plan
+    was one kernel call whose output tile the writer cannot index (DataError 'invalid dims' at
+    run time); its output tiles are now at most 2**62 elements."""
+    n = 10**7
+    with tensordb.connect(str(tmp_path / "db"), memory_limit="2GB") as con:
+        ents = {}
+        for name, m in [("T", 17), ("U", 13)]:
+            con.execute(f"CREATE TENSOR {name} FROM (SELECT r * 7919 AS a, r * 31 AS b, "
+                        f"r * {m} AS c, 1.0 + r AS v FROM range(50) t(r)) INDEX (a, b, c) "
+                        f"VALUE v SHAPE ({n}, {n}, {n})")
+            ents[name] = {(7919 * r, 31 * r, m * r): 1.0 + r for r in range(50)}
+        for fn in OPS:
+            con.execute(f"X[a,b,c] = T[a,b,c] {fn} U[a,b,c]")
+            t, u = ents["T"], ents["U"]
+            keys = set(t) & set(u) if fn == "*" else set(t) | set(u)
+            want = {k: OPS[fn](t.get(k, 0.0), u.get(k, 0.0)) for k in keys}
+            got = {(a, b, c): v for a, b, c, v in con.execute("SELECT * FROM X").fetchall()}
+            assert got == {k: v for k, v in want.items() if v != 0}, fn
+            info = next(x for x in con.tensors() if x["name"] == "X")
+            assert math.prod(info["tile_shape"]) <= 2**62
