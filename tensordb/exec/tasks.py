@@ -7,7 +7,7 @@ import numpy as np
 
 from ..physical.plan import Aggregate, Assemble, Kernel, Load
 from ..plan.aggregates import AGGREGATES
-from ..storage.sparse import densify, is_sparse, read_sparse_box
+from ..storage.sparse import CooTile, densify, is_sparse, read_sparse_box
 from .gpu_sparse import dense, is_device_sparse
 from .graphcache import GRAPHS
 from .kernels import KernelSpec, combine
@@ -84,6 +84,8 @@ def run_assemble(task: Assemble, sources: list, xp=np):
     if xp is np and len(task.shape) == 2 and sources and all(
             is_sparse(s) and getattr(s, "format", None) == "csr" for s in sources):
         return _assemble_csr(task, sources)
+    if xp is np and sources and all(isinstance(s, CooTile) for s in sources):
+        return _assemble_coo(task, sources)  # a rank-3+ sparse intermediate: its entries
     sources = dense_args(sources) if xp is np else [dense(s, xp) for s in sources]  # device CSR
     whole = len(task.pieces) == 1 and all(
         (a, b) == (0, n) for (a, b), n in zip(task.pieces[0][2], task.shape))
@@ -107,6 +109,25 @@ def _assemble_csr(task: Assemble, sources: list):
                         (np.concatenate(rows), np.concatenate(cols))), shape=task.shape).tocsr()
     out.sum_duplicates()  # the pieces are disjoint: this sorts each row's columns
     return out
+
+
+def _assemble_coo(task: Assemble, sources: list) -> CooTile:
+    """``run_assemble`` of COO pieces (a join's sparse output of rank 3 or more, fill 0,
+    re-cut for a consumer): the entries inside each piece's box, shifted to its place, as one
+    ``CooTile`` of the task's shape in C order (not the box densified: 10^21 elements)."""
+    coords, vals = [], []
+    for (_, src_sl, dst_sl), src in zip(task.pieces, sources):
+        c = np.asarray(src.coords, np.int64).reshape(len(task.shape), -1)
+        inside = np.ones(c.shape[1], bool)
+        for d, (a, b) in enumerate(src_sl):
+            inside &= (c[d] >= a) & (c[d] < b)
+        shift = np.array([t[0] - s[0] for s, t in zip(src_sl, dst_sl)], np.int64)
+        coords.append(c[:, inside] + shift[:, None])
+        vals.append(np.asarray(src.values)[inside])
+    c = np.concatenate(coords, axis=1)
+    v = np.concatenate(vals).astype(task.dtype, copy=False)
+    order = np.lexsort(c[::-1]) if c.shape[1] else np.zeros(0, np.int64)
+    return CooTile(tuple(task.shape), np.ascontiguousarray(c[:, order]), v[order])
 
 
 def run_kernel(task: Kernel, spec: KernelSpec, args: list, out=None, check=None, sink=None):

@@ -291,3 +291,37 @@ def test_a_join_of_tensors_past_2_62_elements_is_cut_into_storable_output_tiles(
             assert got == {k: v for k, v in want.items() if v != 0}, fn
             info = next(x for x in con.tensors() if x["name"] == "X")
             assert math.prod(info["tile_shape"]) <= 2**62
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_joins_coo_tiles_re_cut_for_a_later_statement_stay_entries(tmp_path, workers):
+    """X = T + U (COO tiles of rank 3) then reductions of X over another tiling: the Assemble
+    that re-cuts X's tiles densified them (10^21 elements at 10^7 cubed: DataError 'array is
+    too big'); at a small extent every consumer equals NumPy."""
+    from tests.sparse.test_sparse_hyper import _tensor
+    rng = np.random.default_rng(4300 + workers)
+    with tensordb.connect(str(tmp_path / "db"), workers=workers) as con:
+        t = _tensor(rng, (30, 24, 40), 40, "float64", special=True)
+        u = _tensor(rng, (30, 24, 40), 40, "float64")
+        con.load("T", t)
+        con.load("U", u)
+        script = ("X[a,b,c] = T[a,b,c] + U[a,b,c] WITH (PIECES c 4); "
+                  "Y[a,b] = SUM(X[a,b,c]) WITH (PIECES a 3); Z[c] = MAX(X[a,b,c]); "
+                  "W[b,c,a] = X[a,b,c] * T[a,b,c] WITH (PIECES a 2)")
+        con.execute(script)
+        x = t + u
+        with np.errstate(all="ignore"):
+            for name, want in [("X", x), ("Y", x.sum(axis=2)), ("Z", x.max(axis=(0, 1))),
+                               ("W", (x * t).transpose(1, 2, 0))]:
+                got = con.tensor(name)
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(got, want, err_msg=name)
+    n = 10**7
+    with tensordb.connect(str(tmp_path / "big"), memory_limit="2GB", workers=workers) as con:
+        for name, m in [("T", 17), ("U", 13)]:
+            con.execute(f"CREATE TENSOR {name} FROM (SELECT r * 7919 AS a, r * 31 AS b, "
+                        f"r * {m} AS c, 1.0 + r AS v FROM range(50) t(r)) INDEX (a, b, c) "
+                        f"VALUE v SHAPE ({n}, {n}, {n})")
+        con.execute("X[a,b,c] = T[a,b,c] + U[a,b,c]; Y[a,b] = SUM(X[a,b,c])")
+        want = {(7919 * r, 31 * r): 2 * (1.0 + r) for r in range(50)}
+        assert {(a, b): v for a, b, v in con.execute("SELECT * FROM Y").fetchall()} == want
