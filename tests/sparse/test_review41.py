@@ -325,3 +325,27 @@ def test_a_joins_coo_tiles_re_cut_for_a_later_statement_stay_entries(tmp_path, w
         con.execute("X[a,b,c] = T[a,b,c] + U[a,b,c]; Y[a,b] = SUM(X[a,b,c])")
         want = {(7919 * r, 31 * r): 2 * (1.0 + r) for r in range(50)}
         assert {(a, b): v for a, b, v in con.execute("SELECT * FROM Y").fetchall()} == want
+
+
+def test_the_reviewed_kernels_on_the_dask_executor(tmp_path):
+    """Once on Dask: a SpGEMM holding inf, a matrix product holding NaN, a rank-3 tensor times
+    a sparse matrix, and a rank-3 join re-cut for a reduction: NumPy's answers."""
+    from tests.sparse.test_sparse_hyper import _tensor
+    rng = np.random.default_rng(4400)
+    with tensordb.connect(str(tmp_path / "db"), workers=2, executor="dask") as con:
+        g = _mat(rng, (120, 90), 30, "float64", [np.inf])
+        h = _mat(rng, (90, 150), 30, "float64", [np.nan])
+        a = _mat(rng, (120, 90), 30, "float64", [np.nan])
+        t = _tensor(rng, (30, 24, 40), 40, "float64")
+        u = _tensor(rng, (30, 24, 40), 40, "float64", special=True)
+        m = _tensor(rng, (40, 30), 25, "float64")
+        for name, x in [("G", g), ("H", h), ("A", a), ("T", t), ("U", u), ("M", m)]:
+            con.load(name, x)
+        con.execute("R[i,k] = SUM(G[i,j] * H[j,k]); P[i,j] = A[i,j] * G[i,j]; "
+                    "Q[a,k] = SUM(T[a,b,c] * M[c,k]); X[a,b,c] = T[a,b,c] - U[a,b,c] "
+                    "WITH (PIECES c 4); Y[a,b] = SUM(X[a,b,c]) WITH (PIECES a 3)")
+        with np.errstate(all="ignore"):
+            want = {"R": g @ h, "P": a * g, "Q": np.einsum("abc,ck->ak", t, m),
+                    "Y": (t - u).sum(axis=2)}
+        for name, w in want.items():
+            np.testing.assert_array_equal(con.tensor(name), w, err_msg=name)
