@@ -187,8 +187,8 @@ def _read_sparse(plan, graphblas: bool = False) -> set:
     """The keys of the Loads whose every consumer is a sparse kernel reading that operand as
     it is: the semiring kernels and GraphBLAS's SpGEMM (``KernelChoice.semiring``) any
     operand, the other sparse methods the one they name sparse (``KernelChoice.sparse``), an
-    elementwise join of two sparse operands both, an ``spmm`` of two tensors of rank 3 or more
-    both.
+    elementwise join of two sparse operands both, an ``spmm`` of a tensor of rank 3 or more
+    both (its partner a matrix or of rank 3 or more: exec/sparse_nd_join.py ``contract_coo``).
     A Load read by any other task (a dense kernel, an assembly) is densified there.
     ``graphblas``: the keys of the Loads some GraphBLAS kernel (a semiring kernel, GraphBLAS's
     SpGEMM) reads, which copies them in."""
@@ -212,7 +212,8 @@ def _read_sparse(plan, graphblas: bool = False) -> set:
             ok[k] = c.method in SPARSE_METHODS and (
                 c.semiring is not None or c.method == "semiring" or pos == c.sparse
                 or (c.method == "spjoin" and not c.gathers)  # a join: both operands
-                or (c.method == "spmm" and _rank3(plan, t, pos) and _rank3(plan, t, c.sparse)))
+                or (c.method == "spmm" and _rank3(plan, t, c.sparse)
+                    and len(plan.ops[t.op].inputs[pos].labels) > 1))
     return {k for k, v in ok.items() if v}
 
 

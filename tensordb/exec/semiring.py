@@ -500,8 +500,11 @@ def sddmm(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
 
 def spjoin(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
     """One call of an ``spjoin`` kernel (see the module docstring)."""
+    import scipy.sparse as sp
     dtype = np.dtype(op.dtype)
-    args = _materialize(args, arg_shapes, op)
+    # an absent tile: no entries (not its zeros: a hypersparse matrix's box is terabytes)
+    args = [sp.csr_array(tuple(s), dtype=dtype) if x is None else x
+            for x, s in zip(args, arg_shapes)]
     a, b = (_matrix(x, o.labels != op.out_labels, dtype) for x, o in zip(args, op.inputs))
     fn = op.join.fn
     first = op.join.args[0].index
@@ -510,15 +513,34 @@ def spjoin(op, choice, args: list, arg_shapes, out_shape) -> np.ndarray:
         x, y = _dense(*a), _dense(*b)
     elif fn == "*":
         with np.errstate(all="ignore"):
-            finite = all(np.isfinite(t[0].data).all() for t in (a, b) if dtype.kind == "f")
-        if finite:
-            return _join_result(a[0].multiply(b[0]), choice, dtype)
-        x, y = _dense(*a), _dense(*b)
+            res = a[0].multiply(b[0]).tocsr()
+            if dtype.kind == "f":  # NumPy's NaN where a NaN or inf meets an absent 0
+                res = res + _nonfinite_meets_absent(a[0], b[0], dtype)
+        return _join_result(res, choice, dtype)
     else:
         return _join_result(a[0] + b[0] if fn == "+" else a[0] - b[0], choice, dtype)
     with np.errstate(all="ignore"):
         res = x * y if fn == "*" else x + y if fn == "+" else x - y
     return np.ascontiguousarray(res, dtype=dtype)
+
+
+def _nonfinite_meets_absent(a, b, dtype):
+    """A CSR of NaN at each NaN or inf entry of ``a`` (``b``) where the other has no entry
+    (``inf * 0`` is NaN in NumPy), the rest absent."""
+    import scipy.sparse as sp
+    rows, cols = [], []
+    for x, y in ((a, b), (b, a)):
+        c = x.tocoo()
+        bad = ~np.isfinite(c.data)
+        r, k = c.row[bad], c.col[bad]
+        if r.size:
+            absent = np.asarray(y[r, k]).reshape(-1) == 0  # absent (or a stored 0: NaN too)
+            rows.append(r[absent]), cols.append(k[absent])
+    n = sum(len(r) for r in rows)
+    if not n:
+        return sp.csr_array(a.shape, dtype=dtype)
+    return sp.csr_array((np.full(n, np.nan, dtype), (np.concatenate(rows), np.concatenate(cols))),
+                        shape=a.shape)
 
 
 def _join_result(res, choice, dtype):

@@ -66,7 +66,7 @@ def sparse_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=No
 
 def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None, memo=None):
     if choice.method == "spmm" and len(args) == 2 and (args[0] is None) != (args[1] is None):
-        res = _absent_times_nonfinite(op, args, arg_shapes, out_shape)
+        res = _absent_times_nonfinite(op, args, arg_shapes, out_shape, choice)
         if res is not None:
             return res
     if choice.method == "spmm":
@@ -88,10 +88,11 @@ def _one_call(op, choice, args: list, arg_shapes, out_shape, out=None, sink=None
     return getattr(semiring, choice.method)(op, choice, args, arg_shapes, out_shape)
 
 
-def _absent_times_nonfinite(op, args: list, arg_shapes, out_shape) -> np.ndarray | None:
+def _absent_times_nonfinite(op, args: list, arg_shapes, out_shape, choice=None):
     """The product of an absent tile (zeros) with a tile holding NaN or inf: NumPy's answer
-    (0 * inf is NaN) on the densified operands; None where the present tile is finite (the
-    product is then 0)."""
+    (0 * inf is NaN): of two matrices, on the present one's entries (exec/sparse_nonfinite.py:
+    NaN rows or columns, as the output ``choice.out_format`` says), else on the densified
+    operands; None where the present tile is finite (the product is then 0)."""
     dtype = np.dtype(op.dtype)
     k = 0 if args[0] is not None else 1
     t = args[k].take() if isinstance(args[k], RowGather) else args[k]
@@ -101,6 +102,21 @@ def _absent_times_nonfinite(op, args: list, arg_shapes, out_shape) -> np.ndarray
     values = t.values if isinstance(t, CooTile) else t.data if is_sparse(t) else np.asarray(t)
     if bool(np.isfinite(values).all()):
         return None
+    labels = [o.labels for o in op.inputs]
+    shared = [l for l in labels[0] if l in labels[1]]
+    if choice is not None and (is_sparse(t) or isinstance(t, CooTile)) and len(shared) == 1 \
+            and all(len(ls) == 2 for ls in labels) and len(op.out_labels) == 2:
+        from .sparse_nonfinite import spgemm_nonfinite
+        (j,) = shared
+        (a,), (b,) = ([l for l in ls if l != j] for ls in labels)
+        c = _as_coo(t)
+        sides = [(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype))] * 2
+        order = [labels[0].index(a), labels[0].index(j)] if k == 0 else \
+            [labels[1].index(j), labels[1].index(b)]
+        sides[k] = (c.coords[order[0]], c.coords[order[1]], c.values)
+        shape = (arg_shapes[0][labels[0].index(a)], arg_shapes[1][labels[1].index(b)])
+        ri, ci, data = spgemm_nonfinite(sides[0], sides[1], shape, dtype)
+        return _spgemm_out(op, choice, ri, ci, data, shape, [a, b], out_shape, dtype)
     dense = [None, None]
     dense[k] = np.asarray(densify(t) if is_sparse(t) else t, dtype)
     dense[1 - k] = np.zeros(arg_shapes[1 - k], dtype)
@@ -138,6 +154,12 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> n
     if S is None or D is None or (len(args) == 3 and args[2] is None):
         return np.zeros(out_shape, dtype)
     S = S.take() if isinstance(S, RowGather) else S
+    if len(args) == 2 and isinstance(D, CooTile) and D.ndim > 2:
+        # a matrix times a sparse tensor of rank 3 or more (known finite): on the entries
+        # where the matrix is finite too, else (its inf * 0 is NaN) the tensor densified
+        if _finite_data(dtype, _as_coo(S)):
+            return _coo_product(op, choice, k, S, D, out_shape, dtype)
+        D = densify(D)
     if len(args) == 2 and is_sparse(D) and (isinstance(S, CooTile) or isinstance(D, CooTile)):
         # SpGEMM of a hypersparse box: on the entries, over the occupied row, shared and
         # column ids only (no row pointers over a COO box's rows: 80 GB for G^T G of a
@@ -181,8 +203,16 @@ def spmm(op, choice, args: list, out_shape, out=None, sink=None, memo=None) -> n
         S = S.astype(dtype)
     S = S if s_labels == (i, j) else S.T
     if is_sparse(D) and not _finite_data(dtype, S, D):
-        # a sparse intermediate holding inf or NaN (an overflowed product: stored inputs are
-        # known finite when planned): NumPy's dense product, whose 0 * inf is NaN
+        # one holding inf or NaN (a stored one, or an overflowed intermediate): NumPy's
+        # product, whose inf * 0 is NaN, on the entries (exec/sparse_nonfinite.py)
+        if len(rest) == 1:
+            from .sparse_nonfinite import spgemm_nonfinite
+            sc, dc = S.tocoo(), stacked(D).tocoo()
+            dj, dk = (dc.row, dc.col) if axis == 0 else (dc.col, dc.row)
+            shape = (S.shape[0], dc.shape[1 - axis])
+            ri, ci, data = spgemm_nonfinite((sc.row, sc.col, sc.data), (dj, dk, dc.data),
+                                            shape, dtype)
+            return _spgemm_out(op, choice, ri, ci, data, shape, [i] + rest, out_shape, dtype)
         res = np.tensordot(densify(S).astype(dtype, copy=False),
                            np.asarray(densify(D), dtype), axes=(1, axis))
         return _to_output(res, [i] + rest, op.out_labels)
@@ -226,7 +256,8 @@ def _finite_data(dtype, *tiles) -> bool:
     if np.dtype(dtype).kind not in "fc":
         return True
     with np.errstate(all="ignore"):
-        return all(bool(np.isfinite(t.data).all()) for t in tiles)
+        return all(bool(np.isfinite(t.values if isinstance(t, CooTile) else t.data).all())
+                   for t in tiles)
 
 
 def _gathered_slabs(S, D: RowGather, dtype):
@@ -430,8 +461,8 @@ def _spgemm_coo(op, choice, S, D, out_shape, dtype):
     """The product of two sparse matrix tiles, one a hypersparse ``CooTile``, computed over the
     ids its operands occupy (rows, shared, columns: as ``sparse_nd_join.contract_coo``), into
     the output ``choice.out_format`` says (dense, or CSR over the output tile's rows); None
-    where a value is NaN or inf (NumPy's dense product then, whose 0 * inf is NaN) or it is
-    not a product of two matrices over one label."""
+    where it is not a product of two matrices over one label. A NaN or inf meeting an
+    absent entry is NumPy's NaN (exec/sparse_nonfinite.py)."""
     import scipy.sparse as sp
     k = choice.sparse
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
@@ -439,13 +470,17 @@ def _spgemm_coo(op, choice, S, D, out_shape, dtype):
     if len(s_labels) != 2 or len(d_labels) != 2 or len(shared) != 1:
         return None
     S, D = _as_coo(S), _as_coo(D.take() if isinstance(D, RowGather) else D)
-    if dtype.kind == "f" and not (np.isfinite(S.values).all() and np.isfinite(D.values).all()):
-        return None
     (j,) = shared
     (i,) = [l for l in s_labels if l != j]
     (f,) = [l for l in d_labels if l != j]
     si, sj = S.coords[s_labels.index(i)], S.coords[s_labels.index(j)]
     dj, df = D.coords[d_labels.index(j)], D.coords[d_labels.index(f)]
+    shape = (S.shape[s_labels.index(i)], D.shape[d_labels.index(f)])
+    if dtype.kind == "f" and not (np.isfinite(S.values).all() and np.isfinite(D.values).all()):
+        # NumPy's inf * 0 where an absent entry meets a non-finite one: on the entries still
+        from .sparse_nonfinite import spgemm_nonfinite
+        ri, ci, data = spgemm_nonfinite((si, sj, S.values), (dj, df, D.values), shape, dtype)
+        return _spgemm_out(op, choice, ri, ci, data, shape, [i, f], out_shape, dtype)
     mids, mid = np.unique(np.concatenate([sj, dj]), return_inverse=True)
     mid = mid.reshape(-1)
     rows, r = np.unique(si, return_inverse=True)
@@ -456,14 +491,19 @@ def _spgemm_coo(op, choice, S, D, out_shape, dtype):
                      shape=(mids.size, cols.size))
     with np.errstate(invalid="ignore", over="ignore"):
         C = (A @ B).tocoo()
-    shape = (S.shape[s_labels.index(i)], D.shape[d_labels.index(f)])
     ri, ci, data = rows[C.row], cols[C.col], np.asarray(C.data, dtype)
+    return _spgemm_out(op, choice, ri, ci, data, shape, [i, f], out_shape, dtype)
+
+
+def _spgemm_out(op, choice, ri, ci, data, shape, labels, out_shape, dtype):
+    """A SpGEMM's elements (each once) as the output ``choice.out_format`` says."""
+    import scipy.sparse as sp
     if choice.out_format == "csr":
-        return csr_output(sp.csr_array((data, (ri, ci)), shape=shape), [i, f], op.out_labels,
+        return csr_output(sp.csr_array((data, (ri, ci)), shape=shape), labels, op.out_labels,
                           dtype)
     out = np.zeros(shape, dtype)
     out[ri, ci] = data
-    return _to_output(out, [i, f], op.out_labels).reshape(out_shape)
+    return _to_output(out, labels, op.out_labels).reshape(out_shape)
 
 
 def _spmm_nd(op, choice, k: int, args: list, out_shape, dtype) -> np.ndarray:
@@ -477,11 +517,11 @@ def _spmm_nd(op, choice, k: int, args: list, out_shape, dtype) -> np.ndarray:
     S, D = args[k], args[1 - k]
     if S is None or D is None:
         return np.zeros(out_shape, dtype)
-    if isinstance(S, CooTile) and isinstance(D, CooTile) and D.ndim > 2:  # SpGEMM on entries
-        from .sparse_nd_join import contract_coo
-        return contract_coo(S, op.inputs[k].labels, D, op.inputs[1 - k].labels, op.out_labels,
-                            dtype).reshape(out_shape)
     D = D.take() if isinstance(D, RowGather) else D
+    if isinstance(S, CooTile) and S.ndim > 2 and (
+            (isinstance(D, CooTile) and D.ndim > 1) or (is_sparse(D) and len(D.shape) == 2)):
+        # SpGEMM on the entries (a sparse matrix partner too: not densified)
+        return _coo_product(op, choice, k, S, D, out_shape, dtype)
     D = np.asarray(densify(stacked(D)) if is_sparse(D) else D)
     s_labels, d_labels = op.inputs[k].labels, op.inputs[1 - k].labels
     if isinstance(S, CooTile):
@@ -497,6 +537,21 @@ def _spmm_nd(op, choice, k: int, args: list, out_shape, dtype) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         res = np.einsum(eq, np.asarray(S).astype(dtype, copy=False), D.astype(dtype, copy=False))
     return np.asarray(res, dtype).reshape(out_shape)
+
+
+def _coo_product(op, choice, k: int, S, D, out_shape, dtype):
+    """The SpGEMM of sparse operand ``k`` ``S`` and ``D``, one of rank 3 or more, both finite,
+    on their entries (exec/sparse_nd_join.py ``contract_coo``): dense, or CSR where the plan
+    says a matrix output is sparse."""
+    from .sparse_nd_join import contract_coo
+    S, D = (t if isinstance(t, CooTile) else _as_coo(t) for t in (S, D))
+    args = (S, op.inputs[k].labels, D, op.inputs[1 - k].labels, op.out_labels, dtype)
+    if choice.out_format == "csr" and len(op.out_labels) == 2:
+        import scipy.sparse as sp
+        (r, c), v = contract_coo(*args, entries=True)
+        return csr_output(sp.csr_array((v, (r, c)), shape=tuple(out_shape)),
+                          op.out_labels, op.out_labels, dtype)
+    return contract_coo(*args).reshape(out_shape)
 
 
 def _to_output(res: np.ndarray, labels, out_labels) -> np.ndarray:

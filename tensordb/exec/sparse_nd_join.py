@@ -53,7 +53,8 @@ def spjoin_nd(op, choice, args: list, arg_shapes, out_shape) -> object:
     tile of a sparse tensor, or the dense partner; None: an absent box, all 0) of
     ``arg_shapes``."""
     ins = op.in_dtypes or (op.dtype,) * len(args)
-    args = [np.zeros(tuple(s), d) if a is None else a for a, s, d in zip(args, arg_shapes, ins)]
+    # an absent box is no entries, never its zeros (a box of a 10^15-element tensor)
+    args = [_no_entries(s, d) if a is None else a for a, s, d in zip(args, arg_shapes, ins)]
     join = op.join
     first = join.args[0].index
     order = [first, 1 - first]
@@ -119,6 +120,11 @@ def join_entries(fn: str, args: Sequence, labels: Sequence[Sequence[str]],
     if not keep.all():
         coords, vals = coords[:, keep], vals[keep]
     return CooTile(tuple(int(n) for n in out_shape), np.ascontiguousarray(coords, np.int64), vals)
+
+
+def _no_entries(shape, dtype) -> CooTile:
+    return CooTile(tuple(int(n) for n in shape), np.zeros((len(shape), 0), np.int64),
+                   np.zeros(0, dtype))
 
 
 def _stored(vals: np.ndarray) -> np.ndarray:

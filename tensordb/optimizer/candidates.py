@@ -37,6 +37,7 @@ from ..config import format_bytes
 from ..errors import OutOfMemoryError, ProgrammingError
 from ..plan.aggregates import ARG_AGGS
 from ..plan.ir import EinGraph
+from ..sparsity import MAX_TILE_ELEMENTS
 from .cost import OpModel
 
 __all__ = ["candidates", "pieces_per_op", "divisors", "MAX_CALLS_PER_WORKER"]
@@ -103,9 +104,14 @@ def candidates(model: OpModel, fixed: Mapping[str, int] | None = None,
     # Block-sparse inputs: also the tiling on their stored grid (fixed pieces permitting).
     cands += [v for v in model.aligned() if v not in cands
               and all(not f or f == x for f, x in zip(fixed_t, v))]
-    if budget is None:
+    # an output tile of more than 2**62 elements cannot be stored (its linear indices pass
+    # int64): a join of two 10^7-cubed sparse tensors is cut into more calls, as for memory
+    if budget is None and not any(_too_big(model, v) for v in cands):
         return cands
-    fits = [v for v in cands if model.peak(v) <= budget]
+
+    def fit(v, peak) -> bool:
+        return not _too_big(model, v) and (budget is None or peak <= budget)
+    fits = [v for v in cands if fit(v, model.peak(v) if budget is not None else 0)]
     # More kernel calls than this per worker is not a plan anyone wants to run: stop there.
     limit = max(p, 1) * MAX_CALLS_PER_WORKER
     total, level = base, cands
@@ -115,9 +121,14 @@ def candidates(model: OpModel, fixed: Mapping[str, int] | None = None,
         level = _level(sizes, fixed_t, total) or level
         peaks = [model.peak(v) for v in level]
         smallest = min([smallest, *peaks])
-        fits = [v for v, peak in zip(level, peaks) if peak <= budget]
+        fits = [v for v, peak in zip(level, peaks) if fit(v, peak)]
     if not fits:
         op = model.op
+        if budget is None or smallest <= budget:
+            raise OutOfMemoryError(
+                f"{op.describe()}: no tiling keeps its output tiles within {MAX_TILE_ELEMENTS} "
+                f"(2**62) elements with up to {min(total, limit)} kernel calls",
+                hint="compute it over a slice of its labels")
         raise OutOfMemoryError(
             f"{op.describe()}: no tiling fits the memory budget: the smallest projected peak, "
             f"with labels {', '.join(f'{l}={n}' for l, n in zip(model.labels, sizes))} cut into "
@@ -126,6 +137,13 @@ def candidates(model: OpModel, fixed: Mapping[str, int] | None = None,
             "worker(s))",
             hint="raise memory_limit, use fewer workers, or fix fewer pieces")
     return fits
+
+
+def _too_big(model: OpModel, v) -> bool:
+    """Whether tiling ``v`` makes an output tile of more than ``MAX_TILE_ELEMENTS``."""
+    tile = [-(-n // k) if n else 0 for n, k in zip(model.sizes, v)]
+    out = [tile[p] for p in model.out_pos] if model.out_pos else tile[: model.n_out]
+    return math.prod(out) > MAX_TILE_ELEMENTS
 
 
 def pieces_per_op(graph: EinGraph, pieces: Mapping[str, Mapping[str, int]] | None

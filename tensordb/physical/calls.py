@@ -21,7 +21,7 @@ import numpy as np
 
 from ..plan.aggregates import AGGREGATES
 from ..plan.ir import EinOp
-from .plan import Aggregate, CallBlock, OpStats
+from .plan import BYTES_CAP, Aggregate, CallBlock, OpStats
 
 __all__ = ["Layout", "Layouts", "LAYOUTS", "Calls", "grid_rows"]
 
@@ -68,7 +68,8 @@ class Layout:
         flops_per_elem = max(1, op.flops // max(1, math.prod(op.size[l] for l in labels)))
         self.flops = flops_per_elem * ext.prod(axis=1)
         self.flops_total = int(self.flops.sum())
-        self.out_bytes = ext[:, list(out_pos)].prod(axis=1) * np.dtype(op.dtype).itemsize
+        item = np.dtype(op.dtype).itemsize  # a sparse output's tile may pass int64 in bytes
+        self.out_bytes = np.minimum(ext[:, list(out_pos)].prod(axis=1), BYTES_CAP // item) * item
         self.out_shapes = ext[:, list(out_pos)]
         self.out_coords = [tuple(c) for c in coords[starts][:, list(out_pos)].tolist()]
         self.out_index = tuple(coords[starts][:, list(out_pos)].T)

@@ -31,7 +31,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from .plan import Aggregate, Assemble, CallBlock, Columns, Kernel, Load, Once, TilePlan
+from .plan import (BYTES_CAP, Aggregate, Assemble, CallBlock, Columns, Kernel, Load, Once,
+                   TilePlan)
 
 __all__ = ["place", "transfers", "worker_flops", "SLACK"]
 
@@ -43,8 +44,9 @@ def _itemsize(dtype) -> int:
 
 
 def _task_bytes(plan: TilePlan, t) -> int:
-    """Bytes of the tile task ``t`` produces, at most 2^62: a box of a sparse tensor, or a
-    sparse kernel's output tile, whose extents pass int64 (its entries are what moves)."""
+    """Bytes of the tile task ``t`` produces, at most ``BYTES_CAP`` (2^56): a box of a sparse
+    tensor, or a sparse kernel's output tile, whose extents pass int64 (its entries are what
+    moves); a call's inputs summed in int64 stay below 2^63."""
     if isinstance(t, Kernel):
         n = math.prod(t.out_shape) * _itemsize(plan.ops[t.op].dtype)
     elif isinstance(t, (Aggregate, Assemble)):
@@ -53,7 +55,7 @@ def _task_bytes(plan: TilePlan, t) -> int:
         reader = getattr(plan, "readers", {}).get(t.tensor)
         item = _itemsize(reader.meta.dtype) if reader is not None else 8
         n = math.prod(b - a for a, b in zip(t.starts, t.stops)) * item
-    return min(n, 1 << 62)
+    return min(n, BYTES_CAP)
 
 
 def place(plan: TilePlan) -> TilePlan:
@@ -123,7 +125,7 @@ class _Placer:
         self.where_arr = np.full(cols.n_keys, -1, dtype=np.int64)
         self.size = np.zeros(cols.n_keys, dtype=np.int64)  # bytes of each task's tile
         for b in cols.blocks:
-            self.size[b.keys] = b.out_bytes
+            self.size[b.keys] = np.minimum(b.out_bytes, BYTES_CAP)
         self.assembled: dict[int, tuple[int, ...]] = {}  # Assemble key -> its inputs
         self.loads: list[int] = []
         for t in cols.others:
@@ -259,7 +261,7 @@ def _facts(n_ops: int, cols: Columns, placer: _Placer) -> dict:
         pairs.append((args * p + on[:, None])[load])
         moved = read & ~load & (where[args] != on[:, None])
         if 0 <= b.op < len(per_op):
-            per_op[b.op] += int(size[args][moved].sum())
+            per_op[b.op] += int(size[args][moved].sum(dtype=object))  # no int64 wrap
     for t in cols.others:
         for k in t.inputs:
             if is_load[k]:

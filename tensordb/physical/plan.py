@@ -33,6 +33,10 @@ from .choice import KernelChoice, choose_kernel
 __all__ = ["Load", "Assemble", "Kernel", "Aggregate", "Task", "OutputTiles", "OpStats", "TilePlan",
            "CallBlock", "Columns", "Once", "describe_tasks"]
 
+# A task's bytes as placement counts them, at most: a sparse tile's extents can pass int64 in
+# bytes (its entries are what moves), and a call's inputs summed in int64 stay below 2^63.
+BYTES_CAP = 1 << 56
+
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (starts, stops)
 
 
@@ -135,7 +139,8 @@ class CallBlock:
             args[r, :len(k.args)] = [-1 if a is None else a for a in k.args]
         return cls(op, np.array([k.key for k in kernels], dtype=np.int64), np.zeros((n, 0), np.int64),
                    args, np.array([k.flops for k in kernels], dtype=np.int64),
-                   np.array([math.prod(k.out_shape) * itemsize for k in kernels], dtype=np.int64),
+                   np.array([min(math.prod(k.out_shape) * itemsize, BYTES_CAP)
+                             for k in kernels], dtype=np.int64),
                    (), (), (), list(kernels))
 
     def kernels(self) -> list[Kernel]:

@@ -165,9 +165,9 @@ def spmm_nd_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) ->
     (exec/sparse_nd.py ``contract_nd``), or None: the other operand known finite, each operand's
     labels distinct, the labels they share summed or kept (a kept one, a batch label, is in the
     rows and the columns both: each entry meets only its own batch of the other operand), every
-    other label of the other operand kept. Where the other operand is a stored sparse tensor of
-    rank 3 or more too (a SpGEMM on the entries), both must be known finite (a NaN times an
-    absent 0 is NumPy's NaN)."""
+    other label of the other operand kept. Where the other operand is a stored sparse tensor
+    too (a matrix, or of rank 3 or more: a SpGEMM on the entries), both must be known finite (a
+    NaN times an absent 0 is NumPy's NaN)."""
     prod = blas_product(op)
     if prod is None or op.agg != "sum" or len(op.inputs) != 2 or prod[0] != 1 or \
             np.dtype(op.dtype).kind not in "iuf" or len(finite) != 2:
@@ -178,7 +178,7 @@ def spmm_nd_operand(op: EinOp, sparse: Sequence[int], finite: Sequence[bool]) ->
                 or isinstance(op.inputs[k].tensor, OneHotName):
             continue
         shared = [l for l in s if l in d]
-        if (1 - k) in sparse and len(d) > 2 and not finite[k]:
+        if (1 - k) in sparse and not finite[k]:  # SpGEMM on the entries: both finite
             continue
         if shared and all(l in s or l in op.out_labels for l in d):
             return k
