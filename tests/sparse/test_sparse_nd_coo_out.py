@@ -60,13 +60,18 @@ def test_contractions_of_a_rank_3_sparse_tensor_return_coo_tiles_equal_to_numpy(
         ops["F"] = rng.integers(-4, 5, (5, 6)).astype(dtype)
         con.load("F", ops["F"], replace=True)
         for q, eq, first, other in QUERIES:
+            # a sparse partner of a T holding NaN/inf: the product is dense (a NaN of T times
+            # an absent 0 of S is NumPy's NaN; plan/kernel_forms.spmm_nd_operand)
+            on_entries = other != "S" or np.dtype(dtype).kind != "f"
             text = con.explain(q + pieces)
-            assert "spmm x" in text and "coo tiles from the kernel" in text, (q, text)
+            if on_entries:
+                assert "spmm x" in text and "coo tiles from the kernel" in text, (q, text)
             con.execute(q + pieces)
             with np.errstate(all="ignore"):
                 want = np.einsum(eq, ops[first], ops[other])
             _close(con.tensor("R"), want, q + pieces)
-            assert _formats(con, "R") <= {"coo"}, (q, _formats(con, "R"))
+            if on_entries:
+                assert _formats(con, "R") <= {"coo"}, (q, _formats(con, "R"))
             # the entries SELECT * yields: the nonzeros of NumPy's answer
             rows = con.execute("SELECT * FROM R").fetchall()
             nz = np.argwhere(want != 0)
@@ -83,7 +88,7 @@ def test_a_float_tensor_holding_nan_with_a_sparse_partner_is_numpys_nan(tmp_path
         con.load("T", t)
         con.load("U", u)
         q = "R[a,b,k] = SUM(T[a,b,c] * U[c,k])"
-        assert "spmm x0 sparse" in con.explain(q)
+        assert "spmm x0 sparse" not in con.explain(q)  # not on the entries: computed dense
         con.execute(q)
         with np.errstate(all="ignore"):
             want = np.einsum("abc,ck->abk", t, u)
