@@ -12,31 +12,14 @@ import os
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 import tensordb
 from tensordb.exec import graphcache
 from tensordb.exec.graphcache import GRAPHS
-
-MV = "w[i] = SUM(G[i,j] * v[j])"
-N = 300
+from tests.sparse.test_spmv_view_cache import (  # noqa: F401 (fixtures)
+    MV, N, _empty_cache, _graph, _mv, where)
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc")
-
-
-def _graph(seed: int):
-    rng = np.random.default_rng(seed)
-    G = sp.csr_array(sp.coo_array((rng.random(3000) + 0.5, (rng.integers(0, N, 3000),
-                                                            rng.integers(0, N, 3000))),
-                                  shape=(N, N)))
-    G.sum_duplicates()
-    return G
-
-
-def _mv(con, G, v) -> None:
-    con.execute(MV)
-    np.testing.assert_allclose(con.tensor("w"), np.einsum("ij,j->i", G.toarray(), v),
-                               rtol=1e-12, atol=1e-12)
 
 
 def _mapped(directory: str) -> list[str]:
@@ -45,18 +28,6 @@ def _mapped(directory: str) -> list[str]:
     with open("/proc/self/maps") as f:
         return sorted({line.split(None, 5)[5].strip() for line in f
                        if len(line.split(None, 5)) == 6 and directory in line})
-
-
-@pytest.fixture(autouse=True)
-def _empty_cache():
-    GRAPHS.clear()
-    yield
-    GRAPHS.clear()
-
-
-@pytest.fixture(params=["memory", "disk"])
-def where(request, tmp_path):
-    return None if request.param == "memory" else tmp_path / "g.tdb"
 
 
 def test_a_version_number_taken_again_after_a_reopen_is_read_again(tmp_path):

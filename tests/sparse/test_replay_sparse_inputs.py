@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 
 import tensordb
-from tensordb.exec.graphcache import GRAPHS
+from tests.sparse.test_spmv_view_cache import _empty_cache  # noqa: F401 (an autouse fixture)
 
 N = 200
 
@@ -22,13 +22,6 @@ def _graph(seed: int, density: float = 0.05):
 
 def _dense(x) -> np.ndarray:
     return x.toarray() if hasattr(x, "toarray") else np.asarray(x)
-
-
-@pytest.fixture(autouse=True)
-def _empty_cache():
-    GRAPHS.clear()
-    yield
-    GRAPHS.clear()
 
 
 @pytest.fixture(params=["memory", "disk"])
